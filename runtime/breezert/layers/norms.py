@@ -1,0 +1,48 @@
+"""RMS norms of the three sub-models: Llama/Qwen ``w * x̂`` and Gemma ``(1 + w) * x̂``.
+
+Owns: the two norm modules and their init convention (Llama/Qwen weights start at 1, Gemma at 0).
+Must not: fuse residual adds or know which sub-model uses them.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+
+def rms_normalize(x: torch.Tensor, eps: float) -> torch.Tensor:
+    """Returns ``x / rms(x)`` over the last dimension, computed in fp32."""
+    xf = x.float()
+    return xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+
+
+class RMSNorm(nn.Module):
+    """Llama/Qwen RMSNorm: ``w * (x / rms(x))``; the weight is initialised to 1."""
+
+    def __init__(self, dim: int, eps: float = 1e-6) -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # NOTE: HF casts the normalized value back to the input dtype before the weight multiply.
+        return self.weight * rms_normalize(x, self.eps).to(x.dtype)
+
+    def reset_parameters(self) -> None:
+        nn.init.ones_(self.weight)
+
+
+class GemmaRMSNorm(nn.Module):
+    """Gemma RMSNorm: ``(1 + w) * (x / rms(x))`` in fp32; the weight is initialised to 0."""
+
+    def __init__(self, dim: int, eps: float = 1e-6) -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.zeros(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = rms_normalize(x, self.eps) * (1.0 + self.weight.float())
+        return out.to(x.dtype)
+
+    def reset_parameters(self) -> None:
+        nn.init.zeros_(self.weight)

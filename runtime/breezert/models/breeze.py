@@ -1,0 +1,136 @@
+"""The Breeze-TTS-2 language model as one module whose ``state_dict`` uses the released names.
+
+Owns: wiring of text encoder, projection, backbone, fp32 ``lm_head`` and depth decoder; prompt
+embeddings; the tied audio table (``depth_decoder.model.embed_tokens``, registered once); random
+init and parameter counting. Must not: sample, hold KV or read checkpoint files.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from breezert.layers.norms import GemmaRMSNorm, RMSNorm
+from breezert.models.backbone import Qwen3Backbone
+from breezert.models.config import (
+    AUDIO_EOS_TOKEN_ID,
+    AUDIO_TOKEN_ID,
+    CODEBOOK_EOS_ID,
+    BreezeConfig,
+    ConfigError,
+)
+from breezert.models.depth import DepthDecoder
+from breezert.models.prompt import Prompt
+from breezert.models.text_encoder import T5Gemma2TextEncoder
+
+
+class BreezeModel(nn.Module):
+    """Text encoder + projection + Qwen3 backbone + ``lm_head`` + depth decoder (live tensors)."""
+
+    def __init__(self, cfg: BreezeConfig) -> None:
+        super().__init__()
+        if cfg.depth.audio_embed_size != cfg.hidden_size:
+            raise ConfigError(
+                f"depth audio_embed_size={cfg.depth.audio_embed_size} != "
+                f"hidden_size={cfg.hidden_size}: the audio table feeds the backbone directly"
+            )
+        if cfg.depth.backbone_hidden_size != cfg.hidden_size:
+            raise ConfigError(
+                f"depth backbone_hidden_size={cfg.depth.backbone_hidden_size} != "
+                f"hidden_size={cfg.hidden_size}"
+            )
+        self.cfg = cfg
+        self.text_encoder = T5Gemma2TextEncoder(cfg.text_encoder)
+        self.text_encoder_proj = nn.Linear(
+            cfg.text_encoder.hidden_size, cfg.hidden_size, bias=False
+        )
+        self.backbone_model = Qwen3Backbone(cfg.backbone)
+        self.lm_head = nn.Linear(cfg.hidden_size, cfg.backbone.vocab_size, bias=False)
+        self.depth_decoder = DepthDecoder(cfg.depth)
+
+    @property
+    def backbone(self) -> Qwen3Backbone:
+        """Alias of ``backbone_model`` (the released name)."""
+        return self.backbone_model
+
+    @property
+    def audio_embedding(self) -> nn.Embedding:
+        """The single tied audio table ``[16 * 2051, D]``, shared by backbone and depth decoder."""
+        return self.depth_decoder.model.embed_tokens
+
+    def audio_frame_embeds(self, codes: torch.Tensor) -> torch.Tensor:
+        """Backbone input rows ``[R, D]`` of ``codes [R, 16]``: ``sum_k E[code_k + 2051 k]``."""
+        vocab = self.cfg.audio_vocab_size
+        offsets = torch.arange(codes.shape[-1], device=codes.device) * vocab  # [16]
+        return self.audio_embedding(codes + offsets).sum(dim=-2)
+
+    def encode_text_segments(
+        self, input_ids: torch.Tensor, seg_lens: Sequence[int] | torch.Tensor
+    ) -> torch.Tensor:
+        """Encodes a packed batch of independent segments and projects it -> ``[N, D]``."""
+        return self.text_encoder_proj(self.text_encoder(input_ids, seg_lens))
+
+    def prompt_embeds(self, prompt: Prompt) -> torch.Tensor:
+        """Prefill rows ``[L, D]`` of one branch (SPEC §2.2)."""
+        return self.prompt_embeds_many([prompt])[0]
+
+    def prompt_embeds_many(self, prompts: Sequence[Prompt]) -> list[torch.Tensor]:
+        """Prefill rows of several branches, with all their text segments in one encoder call."""
+        weight = self.text_encoder_proj.weight
+        device = weight.device
+        outs = [weight.new_zeros(p.num_tokens, self.cfg.hidden_size) for p in prompts]  # [L, D]
+        segments = [seg for p in prompts for seg in p.text_segments()]
+        if segments:
+            encoded = self.encode_text_segments(
+                torch.cat(segments).to(device), [int(s.shape[0]) for s in segments]
+            )  # [N, D]
+            offset = 0
+            for out, prompt in zip(outs, prompts, strict=True):
+                for start, length in prompt.text_spans:
+                    out[start : start + length] = encoded[offset : offset + length]
+                    offset += length
+        for out, prompt in zip(outs, prompts, strict=True):
+            self._place_audio(out, prompt)
+        return outs
+
+    def _place_audio(self, out: torch.Tensor, prompt: Prompt) -> None:
+        ids = prompt.input_ids.to(out.device)
+        audio_pos = (ids == AUDIO_TOKEN_ID).nonzero().flatten()
+        eos_pos = (ids == AUDIO_EOS_TOKEN_ID).nonzero().flatten()
+        num_ref = 0 if prompt.ref_codes is None else int(prompt.ref_codes.shape[0])
+        if audio_pos.numel() != num_ref:
+            raise ValueError(f"prompt has {audio_pos.numel()} AUDIO ids but {num_ref} ref frames")
+        if num_ref:
+            assert prompt.ref_codes is not None
+            out[audio_pos] = self.audio_frame_embeds(prompt.ref_codes.to(out.device))
+        if eos_pos.numel():
+            eos_frame = torch.full(
+                (1, self.cfg.num_codebooks), CODEBOOK_EOS_ID, dtype=torch.long, device=out.device
+            )
+            out[eos_pos] = self.audio_frame_embeds(eos_frame)
+
+    def first_code_logits(self, h_last: torch.Tensor) -> torch.Tensor:
+        """fp32 backbone logits ``[R, 2052]`` (2051 = frame EOS) from final-normed ``h_last``."""
+        return F.linear(h_last.float(), self.lm_head.weight.float())
+
+    @torch.no_grad()
+    def init_random_(
+        self, generator: torch.Generator | None = None, std: float = 0.02
+    ) -> BreezeModel:
+        """Random init: N(0, std) everywhere, Gemma ``(1+w)`` norms 0, Llama/Qwen norms 1."""
+        for module in self.modules():
+            for param in module.parameters(recurse=False):
+                if isinstance(module, GemmaRMSNorm):
+                    param.zero_()
+                elif isinstance(module, RMSNorm):
+                    param.fill_(1.0)
+                else:
+                    param.normal_(0.0, std, generator=generator)
+        return self
+
+    def count_parameters(self) -> int:
+        """Number of live parameters (the tied audio table counted once)."""
+        return sum(p.numel() for p in self.parameters())

@@ -1,0 +1,580 @@
+"""Qwen3-TTS-Tokenizer-12Hz decoder (codes -> 24 kHz waveform) with exact slot-arena streaming.
+
+Owns: the decoder modules under the released ``decoder.*`` names, one step function shared by the
+full and the incremental decode, the per-slot stream state arena and a random init. Must not: know
+requests or schedules, read files, or call ``.item()`` on the decode path.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from breezert.models.config import CodecConfig
+
+_RESIDUAL_DILATIONS = (1, 3, 9)
+_CONV_KERNEL = 7  # decoder[0], residual conv1, ConvNeXt depthwise and final conv
+_PRE_CONV_KERNEL = 3
+
+
+# ------------------------------------------------------------------------------- state layout
+def _conv_state_spec(cfg: CodecConfig) -> tuple[tuple[str, int, int], ...]:
+    """``(name, channels, length)`` of every conv input history, in the order a step visits them.
+
+    Causal convs keep ``(k - 1) * dilation`` input samples; a DecoderBlock transposed conv keeps
+    ``(k - 1) // s`` = 1 input frame (the official runtime's choice, smaller than the output tail).
+    Upsample transposed convs (k == s) keep nothing.
+    """
+    spec: list[tuple[str, int, int]] = [("pre_conv", cfg.codebook_dim, _PRE_CONV_KERNEL - 1)]
+    for i, _ in enumerate(cfg.upsampling_ratios):
+        spec.append((f"upsample.{i}.1.dwconv", cfg.latent_dim, _CONV_KERNEL - 1))
+    spec.append(("decoder.0", cfg.latent_dim, _CONV_KERNEL - 1))
+    for b, _ in enumerate(cfg.upsample_rates):
+        in_dim, out_dim = cfg.decoder_dim // 2**b, cfg.decoder_dim // 2 ** (b + 1)
+        spec.append((f"decoder.{b + 1}.block.1", in_dim, 1))
+        for j, d in enumerate(_RESIDUAL_DILATIONS):
+            spec.append((f"decoder.{b + 1}.block.{j + 2}.conv1", out_dim, (_CONV_KERNEL - 1) * d))
+    out_dim = cfg.decoder_dim // 2 ** len(cfg.upsample_rates)
+    spec.append((f"decoder.{len(cfg.upsample_rates) + 2}", out_dim, _CONV_KERNEL - 1))
+    return tuple(spec)
+
+
+def _kv_state_shape(cfg: CodecConfig) -> tuple[int, ...]:
+    # [num_layers, 2 (K, V), num_kv_heads, window - 1, head_dim]
+    return (cfg.num_layers, 2, cfg.num_kv_heads, cfg.sliding_window - 1, cfg.head_dim)
+
+
+def stream_state_numel(cfg: CodecConfig) -> int:
+    """Values of exact decoder state one stream carries (conv histories plus the K/V window)."""
+    conv = sum(c * n for _, c, n in _conv_state_spec(cfg))
+    return conv + math.prod(_kv_state_shape(cfg))
+
+
+@dataclass
+class CodecStreamState:
+    """Exact decoder state of a batch of streams; the leading dim is the slot (or batch row)."""
+
+    conv: Tensor  # [S, num_conv_values]  flat causal-conv input histories
+    kv: Tensor  # [S, num_layers, 2, num_kv_heads, window - 1, head_dim]  RoPE'd keys, values
+    pos: Tensor  # [S] int64  frames decoded so far (absolute RoPE position of the next frame)
+
+    @staticmethod
+    def zeros(
+        cfg: CodecConfig, num_slots: int, device: torch.device | str | None, dtype: torch.dtype
+    ) -> CodecStreamState:
+        num_conv = sum(c * n for _, c, n in _conv_state_spec(cfg))
+        return CodecStreamState(
+            conv=torch.zeros(num_slots, num_conv, device=device, dtype=dtype),
+            kv=torch.zeros(num_slots, *_kv_state_shape(cfg), device=device, dtype=dtype),
+            pos=torch.zeros(num_slots, device=device, dtype=torch.long),
+        )
+
+    def gather(self, slot_ids: Tensor) -> CodecStreamState:
+        return CodecStreamState(self.conv[slot_ids], self.kv[slot_ids], self.pos[slot_ids])
+
+    def scatter_(self, slot_ids: Tensor, new: CodecStreamState) -> None:
+        self.conv.index_copy_(0, slot_ids, new.conv)
+        self.kv.index_copy_(0, slot_ids, new.kv)
+        self.pos.index_copy_(0, slot_ids, new.pos)
+
+    def reset_(self, slot_ids: Tensor) -> None:
+        # NOTE: zeroing K/V is not needed for exactness (pos 0 masks every cached key), but it
+        # keeps stale non-finite values out of the masked matmul.
+        self.conv.index_fill_(0, slot_ids, 0)
+        self.kv.index_fill_(0, slot_ids, 0)
+        self.pos.index_fill_(0, slot_ids, 0)
+
+
+class _Carry:
+    """Hands out the conv histories of one step in visiting order and collects the new ones."""
+
+    def __init__(self, flat: Tensor, spec: tuple[tuple[str, int, int], ...]) -> None:
+        sizes = [c * n for _, c, n in spec]
+        chunks = flat.split(sizes, dim=1)  # each [B, C * n]
+        self._old = [x.view(flat.shape[0], c, n) for x, (_, c, n) in zip(chunks, spec, strict=True)]
+        self._spec = spec
+        self._new: list[Tensor] = []
+
+    def extend(self, x: Tensor, length: int) -> Tensor:
+        """Prepends the stored history to ``x`` [B, C, T] and keeps its last ``length`` samples."""
+        i = len(self._new)
+        name, channels, expect = self._spec[i]
+        assert (channels, expect) == (x.shape[1], length), f"state spec mismatch at {name}"
+        full = torch.cat([self._old[i], x], dim=-1)  # [B, C, length + T]
+        self._new.append(full[..., full.shape[-1] - length :])
+        return full
+
+    def flat(self) -> Tensor:
+        assert len(self._new) == len(self._spec), "step did not visit every stateful conv"
+        b = self._old[0].shape[0]
+        return torch.cat([h.reshape(b, -1) for h in self._new], dim=1)  # [B, num_conv_values]
+
+
+# ------------------------------------------------------------------------------- conv modules
+class _CausalConv(nn.Module):
+    """Causal stride-1 Conv1d: left context comes from the carried history, never zero padding."""
+
+    def __init__(
+        self, cin: int, cout: int, kernel: int, dilation: int = 1, groups: int = 1
+    ) -> None:
+        super().__init__()
+        self.conv = nn.Conv1d(cin, cout, kernel, dilation=dilation, groups=groups)
+        self.history = (kernel - 1) * dilation
+
+    def forward(self, x: Tensor, carry: _Carry) -> Tensor:
+        if self.history:
+            x = carry.extend(x, self.history)
+        return self.conv(x)  # [B, cout, T]
+
+
+class _CausalTransConv(nn.Module):
+    """ConvTranspose1d trimmed to ``T * s`` outputs; keeps ``(k - 1) // s`` input frames."""
+
+    def __init__(self, cin: int, cout: int, kernel: int, stride: int) -> None:
+        super().__init__()
+        self.conv = nn.ConvTranspose1d(cin, cout, kernel, stride=stride)
+        self.stride = stride
+        self.history = (kernel - 1) // stride
+
+    def forward(self, x: Tensor, carry: _Carry) -> Tensor:
+        num_new = x.shape[-1]
+        if self.history:
+            x = carry.extend(x, self.history)
+        start = self.history * self.stride
+        return self.conv(x)[..., start : start + num_new * self.stride]  # [B, cout, T * s]
+
+
+class SnakeBeta(nn.Module):
+    """``x + sin^2(x * e^alpha) / (e^beta + 1e-9)`` with per-channel log-space alpha and beta."""
+
+    def __init__(self, channels: int) -> None:
+        super().__init__()
+        self.alpha = nn.Parameter(torch.zeros(channels))
+        self.beta = nn.Parameter(torch.zeros(channels))
+
+    def forward(self, x: Tensor) -> Tensor:
+        alpha = self.alpha.exp()[None, :, None]  # [1, C, 1]
+        beta = self.beta.exp()[None, :, None]
+        return x + (1.0 / (beta + 1e-9)) * torch.sin(x * alpha).pow(2)
+
+
+class _ConvNeXt(nn.Module):
+    def __init__(self, dim: int) -> None:
+        super().__init__()
+        self.dwconv = _CausalConv(dim, dim, _CONV_KERNEL, groups=dim)
+        self.norm = nn.LayerNorm(dim, eps=1e-6)
+        self.pwconv1 = nn.Linear(dim, 4 * dim)
+        self.act = nn.GELU()
+        self.pwconv2 = nn.Linear(4 * dim, dim)
+        self.gamma = nn.Parameter(torch.full((dim,), 1e-6))
+
+    def forward(self, x: Tensor, carry: _Carry) -> Tensor:
+        h = self.dwconv(x, carry).transpose(1, 2)  # [B, T, C]
+        h = self.pwconv2(self.act(self.pwconv1(self.norm(h))))
+        return x + (self.gamma * h).transpose(1, 2)  # [B, C, T]
+
+
+class _ResidualUnit(nn.Module):
+    def __init__(self, dim: int, dilation: int) -> None:
+        super().__init__()
+        self.act1 = SnakeBeta(dim)
+        self.conv1 = _CausalConv(dim, dim, _CONV_KERNEL, dilation=dilation)
+        self.act2 = SnakeBeta(dim)
+        self.conv2 = _CausalConv(dim, dim, 1)
+
+    def forward(self, x: Tensor, carry: _Carry) -> Tensor:
+        h = self.conv1(self.act1(x), carry)
+        return x + self.conv2(self.act2(h), carry)
+
+
+class _DecoderBlock(nn.Module):
+    def __init__(self, in_dim: int, out_dim: int, rate: int) -> None:
+        super().__init__()
+        units = [_ResidualUnit(out_dim, d) for d in _RESIDUAL_DILATIONS]
+        self.block = nn.ModuleList(
+            [SnakeBeta(in_dim), _CausalTransConv(in_dim, out_dim, 2 * rate, rate), *units]
+        )
+
+    def forward(self, x: Tensor, carry: _Carry) -> Tensor:
+        x = self.block[1](self.block[0](x), carry)  # [B, out_dim, T * rate]
+        for unit in self.block[2:]:
+            x = unit(x, carry)
+        return x
+
+
+# ------------------------------------------------------------------------------- quantizer
+class _Codebook(nn.Module):
+    def __init__(self, size: int, dim: int) -> None:
+        super().__init__()
+        self.register_buffer("embedding_sum", torch.zeros(size, dim))
+        self.register_buffer("cluster_usage", torch.ones(size))
+
+    def decode(self, codes: Tensor) -> Tensor:
+        # Gathering rows first gives the same values as dividing the whole table, for B*T rows.
+        usage = self.cluster_usage.clamp(min=1e-5)[codes]  # [B, T]
+        return self.embedding_sum[codes] / usage[..., None]  # [B, T, dim]
+
+
+class _VectorQuantization(nn.Module):
+    def __init__(self, size: int, dim: int) -> None:
+        super().__init__()
+        self._codebook = _Codebook(size, dim)
+
+
+class _ResidualVQ(nn.Module):
+    def __init__(self, size: int, dim: int, num_quantizers: int) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList([_VectorQuantization(size, dim) for _ in range(num_quantizers)])
+
+
+class _ResidualVectorQuantizer(nn.Module):
+    def __init__(self, cfg: CodecConfig, num_quantizers: int) -> None:
+        super().__init__()
+        dim = cfg.codebook_dim // 2
+        self.input_proj = nn.Conv1d(cfg.codebook_dim, dim, 1, bias=False)  # encode only
+        self.output_proj = nn.Conv1d(dim, cfg.codebook_dim, 1, bias=False)
+        self.vq = _ResidualVQ(cfg.codebook_size, dim, num_quantizers)
+
+    def decode(self, codes: Tensor) -> Tensor:
+        # codes [B, T, K] -> [B, codebook_dim, T]; summed in codebook order like the reference.
+        quantized = self.vq.layers[0]._codebook.decode(codes[..., 0])
+        for k in range(1, codes.shape[-1]):
+            quantized = quantized + self.vq.layers[k]._codebook.decode(codes[..., k])
+        return self.output_proj(quantized.transpose(1, 2))
+
+
+class _SplitQuantizer(nn.Module):
+    def __init__(self, cfg: CodecConfig) -> None:
+        super().__init__()
+        self.num_first = cfg.num_semantic_quantizers
+        self.rvq_first = _ResidualVectorQuantizer(cfg, self.num_first)
+        self.rvq_rest = _ResidualVectorQuantizer(cfg, cfg.num_quantizers - self.num_first)
+
+    def decode(self, codes: Tensor) -> Tensor:
+        first = self.rvq_first.decode(codes[..., : self.num_first])
+        return first + self.rvq_rest.decode(codes[..., self.num_first :])  # [B, codebook_dim, T]
+
+
+# ------------------------------------------------------------------------------- transformer
+def _window_mask(pos: Tensor, num_new: int, window: int) -> tuple[Tensor, Tensor]:
+    """Absolute query positions [B, T] and the keep-mask [B, 1, T, window - 1 + T].
+
+    Key slot j < window - 1 holds position ``pos - (window - 1) + j`` (negative = never filled);
+    the rest are the new frames. A query at q sees keys with ``q - window < k <= q``, k >= 0.
+    """
+    q_pos = pos[:, None] + torch.arange(num_new, device=pos.device)  # [B, T]
+    past = torch.arange(1 - window, 0, device=pos.device)  # [window - 1]
+    k_pos = torch.cat([pos[:, None] + past, q_pos], dim=1)  # [B, window - 1 + T]
+    rel = q_pos[:, :, None] - k_pos[:, None, :]  # [B, T, window - 1 + T]
+    keep = (k_pos[:, None, :] >= 0) & (rel >= 0) & (rel < window)
+    return q_pos, keep[:, None]
+
+
+def _rope(q_pos: Tensor, head_dim: int, theta: float, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
+    # Same arithmetic as the transformers "default" rope (fp32, then cast): [B, T, head_dim] each.
+    exponent = torch.arange(0, head_dim, 2, device=q_pos.device).float() / head_dim
+    inv_freq = 1.0 / (theta**exponent)  # [head_dim / 2]
+    freqs = q_pos[..., None].float() * inv_freq
+    emb = torch.cat([freqs, freqs], dim=-1)
+    return emb.cos().to(dtype), emb.sin().to(dtype)
+
+
+def _apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    # x [B, H, T, D]; cos/sin [B, T, D]
+    half = x.shape[-1] // 2
+    rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
+    return x * cos[:, None] + rotated * sin[:, None]
+
+
+class _RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: Tensor) -> Tensor:
+        h = x.float()
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * h.to(x.dtype)
+
+
+class _LayerScale(nn.Module):
+    def __init__(self, dim: int, init: float) -> None:
+        super().__init__()
+        self.scale = nn.Parameter(torch.full((dim,), init))
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.scale * x
+
+
+class _Attention(nn.Module):
+    def __init__(self, cfg: CodecConfig) -> None:
+        super().__init__()
+        self.num_heads, self.num_kv_heads, self.head_dim = (
+            cfg.num_heads,
+            cfg.num_kv_heads,
+            cfg.head_dim,
+        )
+        self.q_proj = nn.Linear(cfg.hidden_size, cfg.num_heads * cfg.head_dim, bias=False)
+        self.k_proj = nn.Linear(cfg.hidden_size, cfg.num_kv_heads * cfg.head_dim, bias=False)
+        self.v_proj = nn.Linear(cfg.hidden_size, cfg.num_kv_heads * cfg.head_dim, bias=False)
+        self.o_proj = nn.Linear(cfg.num_heads * cfg.head_dim, cfg.hidden_size, bias=False)
+
+    def forward(
+        self, x: Tensor, cos: Tensor, sin: Tensor, kv: Tensor, keep: Tensor
+    ) -> tuple[Tensor, Tensor]:
+        # x [B, T, hidden]; kv [B, 2, Hkv, W-1, D] (cached, already rotated); keep [B, 1, T, W-1+T]
+        b, t, _ = x.shape
+        q = self.q_proj(x).view(b, t, self.num_heads, self.head_dim).transpose(1, 2)
+        k = self.k_proj(x).view(b, t, self.num_kv_heads, self.head_dim).transpose(1, 2)
+        v = self.v_proj(x).view(b, t, self.num_kv_heads, self.head_dim).transpose(1, 2)
+        q, k = _apply_rope(q, cos, sin), _apply_rope(k, cos, sin)
+        k = torch.cat([kv[:, 0], k], dim=2)  # [B, Hkv, W-1+T, D]
+        v = torch.cat([kv[:, 1], v], dim=2)
+        keep_len = kv.shape[3]
+        new_kv = torch.stack([k[:, :, -keep_len:], v[:, :, -keep_len:]], dim=1) if keep_len else kv
+        rep = self.num_heads // self.num_kv_heads
+        if rep > 1:
+            k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=keep)  # [B, H, T, D]
+        return self.o_proj(out.transpose(1, 2).reshape(b, t, -1)), new_kv
+
+
+class _Mlp(nn.Module):
+    def __init__(self, cfg: CodecConfig) -> None:
+        super().__init__()
+        self.gate_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
+        self.up_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class _TransformerLayer(nn.Module):
+    def __init__(self, cfg: CodecConfig) -> None:
+        super().__init__()
+        self.input_layernorm = _RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.self_attn = _Attention(cfg)
+        self.self_attn_layer_scale = _LayerScale(cfg.hidden_size, cfg.layer_scale_initial_scale)
+        self.post_attention_layernorm = _RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.mlp = _Mlp(cfg)
+        self.mlp_layer_scale = _LayerScale(cfg.hidden_size, cfg.layer_scale_initial_scale)
+
+    def forward(
+        self, x: Tensor, cos: Tensor, sin: Tensor, kv: Tensor, keep: Tensor
+    ) -> tuple[Tensor, Tensor]:
+        h, new_kv = self.self_attn(self.input_layernorm(x), cos, sin, kv, keep)
+        x = x + self.self_attn_layer_scale(h)
+        x = x + self.mlp_layer_scale(self.mlp(self.post_attention_layernorm(x)))
+        return x, new_kv
+
+
+class _PreTransformer(nn.Module):
+    def __init__(self, cfg: CodecConfig) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.input_proj = nn.Linear(cfg.latent_dim, cfg.hidden_size)
+        self.layers = nn.ModuleList([_TransformerLayer(cfg) for _ in range(cfg.num_layers)])
+        self.norm = _RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.output_proj = nn.Linear(cfg.hidden_size, cfg.latent_dim)
+
+    def forward(self, x: Tensor, kv: Tensor, pos: Tensor) -> tuple[Tensor, Tensor]:
+        # x [B, T, latent]; kv [B, L, 2, Hkv, W-1, D]; pos [B] -> ([B, T, latent], new kv)
+        h = self.input_proj(x)
+        q_pos, keep = _window_mask(pos, x.shape[1], self.cfg.sliding_window)
+        cos, sin = _rope(q_pos, self.cfg.head_dim, self.cfg.rope_theta, h.dtype)
+        new_kv = []
+        for i, layer in enumerate(self.layers):
+            h, layer_kv = layer(h, cos, sin, kv[:, i], keep)
+            new_kv.append(layer_kv)
+        return self.output_proj(self.norm(h)), torch.stack(new_kv, dim=1)
+
+
+# ------------------------------------------------------------------------------- decoder
+class CodecDecoder(nn.Module):
+    """Qwen3-TTS-Tokenizer-12Hz decoder; ``state_dict()`` keys are the file's ``decoder.*`` keys."""
+
+    def __init__(self, cfg: CodecConfig) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.quantizer = _SplitQuantizer(cfg)
+        self.pre_conv = _CausalConv(cfg.codebook_dim, cfg.latent_dim, _PRE_CONV_KERNEL)
+        self.pre_transformer = _PreTransformer(cfg)
+        self.upsample = nn.ModuleList(
+            nn.ModuleList(
+                [_CausalTransConv(cfg.latent_dim, cfg.latent_dim, f, f), _ConvNeXt(cfg.latent_dim)]
+            )
+            for f in cfg.upsampling_ratios
+        )
+        dims = [cfg.decoder_dim // 2**i for i in range(len(cfg.upsample_rates) + 1)]
+        blocks = [_DecoderBlock(dims[i], dims[i + 1], r) for i, r in enumerate(cfg.upsample_rates)]
+        self.decoder = nn.ModuleList(
+            [
+                _CausalConv(cfg.latent_dim, cfg.decoder_dim, _CONV_KERNEL),
+                *blocks,
+                SnakeBeta(dims[-1]),
+                _CausalConv(dims[-1], 1, _CONV_KERNEL),
+            ]
+        )
+        self._state_spec = _conv_state_spec(cfg)
+
+    def state_numel(self) -> int:
+        """Values of exact decoder state per stream (SPEC §3.3: about 1.30 M at real size)."""
+        return stream_state_numel(self.cfg)
+
+    def new_state(
+        self,
+        num_streams: int,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
+    ) -> CodecStreamState:
+        """Fresh (position 0, zero history) state for ``num_streams`` streams."""
+        ref = self.pre_conv.conv.weight
+        return CodecStreamState.zeros(
+            self.cfg,
+            num_streams,
+            ref.device if device is None else device,
+            ref.dtype if dtype is None else dtype,
+        )
+
+    @torch.no_grad()
+    def step(self, codes: Tensor, state: CodecStreamState) -> tuple[Tensor, CodecStreamState]:
+        """Decodes the next ``F`` frames of ``B`` streams exactly, given their state.
+
+        Args:
+            codes: ``[B, F, num_quantizers]`` int64 codes in 0..codebook_size-1.
+            state: per-row state (``B`` leading); left untouched.
+
+        Returns:
+            ``(wav [B, F * samples_per_frame] in [-1, 1], state after the F frames)``.
+        """
+        if codes.dim() != 3 or codes.shape[-1] != self.cfg.num_quantizers:
+            raise ValueError(
+                f"codes must be [B, F, {self.cfg.num_quantizers}], got {tuple(codes.shape)}"
+            )
+        carry = _Carry(state.conv, self._state_spec)
+        x = self.pre_conv(self.quantizer.decode(codes), carry)  # [B, latent, F]
+        h, kv = self.pre_transformer(x.transpose(1, 2), state.kv, state.pos)  # [B, F, latent]
+        x = h.transpose(1, 2)  # [B, latent, F]
+        for tconv, convnext in self.upsample:
+            x = convnext(tconv(x, carry), carry)  # [B, latent, F * prod(ratios)]
+        x = self.decoder[0](x, carry)  # [B, decoder_dim, ...]
+        for block in self.decoder[1:-2]:
+            x = block(x, carry)
+        x = self.decoder[-1](self.decoder[-2](x), carry)  # [B, 1, F * samples_per_frame]
+        new = CodecStreamState(carry.flat(), kv, state.pos + codes.shape[1])
+        return x.squeeze(1).clamp(-1.0, 1.0), new
+
+    @torch.no_grad()
+    def decode(self, codes: Tensor) -> Tensor:
+        """Full causal decode: codes ``[B, T, 16]`` -> waveform ``[B, T * 1920]`` in [-1, 1].
+
+        NOTE: unlike qwen_tts ``chunked_decode`` this never re-windows past 300 frames; the two
+        agree up to 300 frames, and this one equals the streaming decoder at any length.
+        """
+        wav, _ = self.step(codes, self.new_state(codes.shape[0]))
+        return wav
+
+
+class StreamingCodec:
+    """Exact incremental decode for up to ``max_slots`` streams held in a preallocated arena.
+
+    Rows of one ``decode`` call may sit at different positions; they run as one batched forward.
+    """
+
+    def __init__(
+        self,
+        decoder: CodecDecoder,
+        max_slots: int,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
+    ) -> None:
+        self.decoder = decoder
+        self.max_slots = max_slots
+        self.state = decoder.new_state(max_slots, device=device, dtype=dtype)
+
+    @property
+    def positions(self) -> Tensor:
+        """[max_slots] int64 frames decoded so far per slot."""
+        return self.state.pos
+
+    def reset(self, slot_ids: Tensor) -> None:
+        """Zeroes the histories of ``slot_ids`` and rewinds them to frame 0."""
+        self.state.reset_(slot_ids.to(self.state.pos.device))
+
+    @torch.no_grad()
+    def decode(self, slot_ids: Tensor, codes: Tensor) -> Tensor:
+        """Decodes ``codes [B, F, 16]`` for the distinct ``slot_ids [B]``; returns ``[B, F*1920]``.
+
+        Gathers the slots' state, runs one batched step and writes the new state back.
+        """
+        slot_ids = slot_ids.to(self.state.pos.device)
+        wav, new = self.decoder.step(codes, self.state.gather(slot_ids))
+        self.state.scatter_(slot_ids, new)
+        return wav
+
+
+# ------------------------------------------------------------------------------- random init
+def _normal_(t: Tensor, std: float, generator: torch.Generator | None) -> None:
+    # Draw on CPU in fp32 so a seed gives the same weights on every device and dtype.
+    t.copy_(torch.randn(t.shape, generator=generator) * std)
+
+
+def _init_codebooks_(quantizer: _SplitQuantizer, generator: torch.Generator | None) -> None:
+    for group in (quantizer.rvq_first, quantizer.rvq_rest):
+        for vq in group.vq.layers:
+            book = vq._codebook
+            usage = 0.5 + torch.rand(book.cluster_usage.shape, generator=generator)  # > 0
+            emb = torch.randn(book.embedding_sum.shape, generator=generator)
+            book.cluster_usage.copy_(usage)
+            book.embedding_sum.copy_(emb * usage[:, None])  # embedding rows ~ N(0, 1)
+        # Unit-variance group output whatever the number of summed codebooks.
+        dim, num_books = group.output_proj.weight.shape[1], len(group.vq.layers)
+        _normal_(group.output_proj.weight, (dim * num_books) ** -0.5, generator)
+        _normal_(group.input_proj.weight, group.input_proj.weight.shape[1] ** -0.5, generator)
+
+
+@torch.no_grad()
+def init_codec_random_(
+    decoder: CodecDecoder, generator: torch.Generator | None = None, out_gain: float = 0.05
+) -> CodecDecoder:
+    """Random weights under which random codes give finite, audible, mostly unclipped audio.
+
+    Convs and linears get ``N(0, 1 / fan_in)`` (transposed convs count ``in * k / s``), biases 0,
+    norms 1, layer scales and ConvNeXt gammas ``layer_scale_initial_scale``, SnakeBeta log-params
+    ``N(0, 0.1^2)``; the final conv is scaled by ``out_gain`` to keep the waveform well inside
+    [-1, 1]. Returns ``decoder`` (modified in place).
+    """
+    scale = decoder.cfg.layer_scale_initial_scale
+    for module in decoder.modules():
+        if isinstance(module, (nn.Conv1d, nn.ConvTranspose1d, nn.Linear)):
+            w = module.weight
+            if isinstance(module, nn.ConvTranspose1d):
+                fan_in = w.shape[0] * w.shape[2] // module.stride[0]
+            else:
+                fan_in = w[0].numel()
+            _normal_(w, fan_in**-0.5, generator)
+            if module.bias is not None:
+                module.bias.zero_()
+        elif isinstance(module, (_RMSNorm, nn.LayerNorm)):
+            module.weight.fill_(1.0)
+            if getattr(module, "bias", None) is not None:
+                module.bias.zero_()
+        elif isinstance(module, _LayerScale):
+            module.scale.fill_(scale)
+        elif isinstance(module, _ConvNeXt):
+            module.gamma.fill_(scale)
+        elif isinstance(module, SnakeBeta):
+            _normal_(module.alpha, 0.1, generator)
+            _normal_(module.beta, 0.1, generator)
+    _init_codebooks_(decoder.quantizer, generator)
+    for module in decoder.modules():
+        if isinstance(module, _ResidualUnit):  # keep 12 stacked residual adds from compounding
+            module.conv2.conv.weight.mul_(0.3)
+    decoder.decoder[-1].conv.weight.mul_(out_gain)
+    return decoder

@@ -1,0 +1,155 @@
+"""Llama depth decoder of Breeze-TTS-2: fills codebooks 1..15 of one frame, R rows at a time.
+
+Owns: the decoder (names = checkpoint ``depth_decoder.*`` minus the prefix), including the single
+tied audio table ``model.embed_tokens`` that the backbone reads too, and a frame-local step API.
+Must not: sample, mix CFG branches or keep KV between frames (the caller owns the cache tensor).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from breezert.layers.attention import sdpa_gqa
+from breezert.layers.norms import RMSNorm
+from breezert.layers.rope import Rope, apply_rope, llama3_inv_freq
+from breezert.models.backbone import SiluMLP
+from breezert.models.config import DepthConfig
+
+
+class DepthAttention(nn.Module):
+    def __init__(self, cfg: DepthConfig) -> None:
+        super().__init__()
+        self.num_heads, self.num_kv_heads = cfg.num_heads, cfg.num_kv_heads
+        self.head_dim = cfg.head_dim
+        d, hd = cfg.hidden_size, cfg.head_dim
+        self.q_proj = nn.Linear(d, cfg.num_heads * hd, bias=False)
+        self.k_proj = nn.Linear(d, cfg.num_kv_heads * hd, bias=False)
+        self.v_proj = nn.Linear(d, cfg.num_kv_heads * hd, bias=False)
+        self.o_proj = nn.Linear(cfg.num_heads * hd, d, bias=False)
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        layer_cache: torch.Tensor,
+        position: int,
+    ) -> torch.Tensor:
+        r = x.shape[0]
+        q = apply_rope(self.q_proj(x).view(r, self.num_heads, self.head_dim), cos, sin)
+        k = apply_rope(self.k_proj(x).view(r, self.num_kv_heads, self.head_dim), cos, sin)
+        layer_cache[0, :, :, position] = k  # cache [2, R, KVH, P, D]
+        layer_cache[1, :, :, position] = self.v_proj(x).view(r, self.num_kv_heads, self.head_dim)
+        keys = layer_cache[0, :, :, : position + 1].to(q.dtype)  # [R, KVH, p+1, D]
+        values = layer_cache[1, :, :, : position + 1].to(q.dtype)
+        out = sdpa_gqa(q[:, :, None, :], keys, values)  # [R, H, 1, D]
+        return self.o_proj(out.reshape(r, -1))
+
+
+class DepthLayer(nn.Module):
+    def __init__(self, cfg: DepthConfig) -> None:
+        super().__init__()
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.self_attn = DepthAttention(cfg)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.mlp = SiluMLP(cfg.hidden_size, cfg.intermediate_size)
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        layer_cache: torch.Tensor,
+        position: int,
+    ) -> torch.Tensor:
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, layer_cache, position)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class DepthModel(nn.Module):
+    """``depth_decoder.model``: tied audio table, input projector, layers, final norm."""
+
+    def __init__(self, cfg: DepthConfig) -> None:
+        super().__init__()
+        self.embed_tokens = nn.Embedding(cfg.num_codebooks * cfg.vocab_size, cfg.audio_embed_size)
+        self.inputs_embeds_projector = nn.Linear(
+            cfg.backbone_hidden_size, cfg.hidden_size, bias=False
+        )
+        self.layers = nn.ModuleList(DepthLayer(cfg) for _ in range(cfg.num_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+
+
+class CodebooksHead(nn.Module):
+    """Per-codebook output heads ``weight [15, d, vocab]``, applied as ``h @ weight[j - 1]``."""
+
+    def __init__(self, cfg: DepthConfig) -> None:
+        super().__init__()
+        num_heads = cfg.num_codebooks - 1
+        self.weight = nn.Parameter(torch.zeros(num_heads, cfg.hidden_size, cfg.vocab_size))
+
+
+class DepthDecoder(nn.Module):
+    """Frame-local depth decoder.
+
+    Position 0 takes the backbone's last hidden state, position ``p >= 1`` the embedding of code
+    ``c_{p-1}`` (codebook ``p - 1``); the hidden state at position ``j`` gives codebook ``j``.
+    """
+
+    def __init__(self, cfg: DepthConfig) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.model = DepthModel(cfg)
+        self.codebooks_head = CodebooksHead(cfg)
+        self.rope = Rope(
+            llama3_inv_freq(
+                cfg.head_dim,
+                cfg.rope_theta,
+                cfg.rope_factor,
+                cfg.rope_low_freq_factor,
+                cfg.rope_high_freq_factor,
+                cfg.rope_original_max_position,
+            )
+        )
+
+    @property
+    def max_positions(self) -> int:
+        """Positions per frame: 0 (backbone state) .. num_codebooks - 1."""
+        return self.cfg.num_codebooks
+
+    def new_cache(
+        self, num_rows: int, *, dtype: torch.dtype | None = None, device: torch.device | None = None
+    ) -> torch.Tensor:
+        """Returns an empty frame cache ``[L, 2, R, KVH, num_codebooks, D]``."""
+        c = self.cfg
+        shape = (c.num_layers, 2, num_rows, c.num_kv_heads, self.max_positions, c.head_dim)
+        weight = self.model.norm.weight
+        return torch.zeros(shape, dtype=dtype or weight.dtype, device=device or weight.device)
+
+    def embed_code(self, codes: torch.Tensor, codebook: int) -> torch.Tensor:
+        """Audio-table rows of ``codes [R]`` in ``codebook``: ``E[code + vocab * codebook]``."""
+        return self.model.embed_tokens(codes + self.cfg.vocab_size * codebook)  # [R, audio_embed]
+
+    def step(self, x: torch.Tensor, position: int, cache: torch.Tensor) -> torch.Tensor:
+        """Runs one position for R rows and returns the final-normed hidden ``[R, d]``.
+
+        Args:
+            x: ``[R, backbone_hidden]``: the backbone ``h_last`` at position 0, else
+                ``embed_code(c_{p-1}, p - 1)``.
+            position: 0..num_codebooks-1; earlier positions of ``cache`` must be filled.
+            cache: ``[L, 2, R, KVH, num_codebooks, D]``, written in place at ``position``.
+        """
+        if not 0 <= position < self.max_positions:
+            raise ValueError(f"depth position {position} outside 0..{self.max_positions - 1}")
+        h = self.model.inputs_embeds_projector(x)  # [R, d]
+        pos = torch.full((x.shape[0],), position, device=x.device)
+        cos, sin = self.rope.cos_sin(pos)  # [R, head_dim]
+        for layer_idx, layer in enumerate(self.model.layers):
+            h = layer(h, cos, sin, cache[layer_idx], position)
+        return self.model.norm(h)
+
+    def logits(self, hidden: torch.Tensor, codebook: int) -> torch.Tensor:
+        """fp32 logits ``[R, vocab]`` of ``codebook`` (1..15): ``hidden @ codebooks_head[j-1]``."""
+        if not 1 <= codebook < self.cfg.num_codebooks:
+            raise ValueError(f"codebook {codebook} outside 1..{self.cfg.num_codebooks - 1}")
+        return hidden.float() @ self.codebooks_head.weight[codebook - 1].float()

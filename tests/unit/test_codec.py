@@ -1,0 +1,188 @@
+"""Codec decoder unit tests on a tiny random decoder: streaming == offline, slots, reset, sizes.
+
+Owns CPU-only checks of ``breezert.models.codec``; golden weights are tested in
+``tests/golden/test_codec_golden.py``. Must not read fixtures or need a GPU.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+from breezert.models.codec import (
+    CodecDecoder,
+    StreamingCodec,
+    init_codec_random_,
+    stream_state_numel,
+)
+from breezert.models.config import BreezeConfig
+
+pytestmark = pytest.mark.unit
+
+SPF = 1920  # samples per frame
+NUM_FRAMES = 100  # longer than the 72-frame attention window
+ATOL = 1e-5
+
+
+@pytest.fixture(scope="module")
+def decoder() -> CodecDecoder:
+    dec = CodecDecoder(BreezeConfig.tiny().codec)
+    init_codec_random_(dec, torch.Generator().manual_seed(0))
+    return dec.eval()
+
+
+@pytest.fixture(scope="module")
+def codes() -> torch.Tensor:
+    return torch.randint(0, 2048, (3, NUM_FRAMES, 16), generator=torch.Generator().manual_seed(1))
+
+
+@pytest.fixture(scope="module")
+def full_wav(decoder: CodecDecoder, codes: torch.Tensor) -> torch.Tensor:
+    return decoder.decode(codes)  # [3, NUM_FRAMES * SPF]
+
+
+def _schedule(kind: str, total: int) -> list[int]:
+    if kind == "ramp":
+        sizes = [1, 2, 4, 8, 16]
+    elif kind == "ones":
+        sizes = [1]
+    else:
+        gen = torch.Generator().manual_seed(7)
+        sizes = torch.randint(1, 12, (total,), generator=gen).tolist()
+    out: list[int] = []
+    while sum(out) < total:
+        size = sizes[len(out)] if len(out) < len(sizes) else sizes[-1]
+        out.append(min(size, total - sum(out)))
+    return out
+
+
+def _stream(sc: StreamingCodec, slot: int, codes: torch.Tensor, sizes: list[int]) -> torch.Tensor:
+    # codes [T, 16] -> wav [sum(sizes) * SPF], decoding one chunk per call in slot ``slot``.
+    wavs, start = [], 0
+    for size in sizes:
+        wavs.append(sc.decode(torch.tensor([slot]), codes[None, start : start + size])[0])
+        start += size
+    return torch.cat(wavs)
+
+
+def test_full_decode_shape_and_range(full_wav: torch.Tensor) -> None:
+    assert full_wav.shape == (3, NUM_FRAMES * SPF)
+    assert full_wav.dtype == torch.float32
+    assert full_wav.abs().max() <= 1.0
+
+
+def test_random_init_gives_audible_unclipped_audio(full_wav: torch.Tensor) -> None:
+    assert torch.isfinite(full_wav).all()
+    assert full_wav.pow(2).mean().sqrt() > 1e-4
+    assert full_wav.abs().max() <= 1.0
+    assert (full_wav.abs() >= 1.0).float().mean() < 0.01  # not clipping everywhere
+
+
+@pytest.mark.parametrize("kind", ["ramp", "ones", "random"])
+def test_streaming_equals_full(
+    decoder: CodecDecoder, codes: torch.Tensor, full_wav: torch.Tensor, kind: str
+) -> None:
+    frames = 80 if kind == "ones" else NUM_FRAMES  # 80 one-frame calls still pass the window
+    sc = StreamingCodec(decoder, max_slots=4)
+    wav = _stream(sc, 2, codes[0, :frames], _schedule(kind, frames))
+    torch.testing.assert_close(wav, full_wav[0, : frames * SPF], atol=ATOL, rtol=0)
+    assert sc.positions.tolist() == [0, 0, frames, 0]
+
+
+def test_batched_slots_at_different_positions(
+    decoder: CodecDecoder, codes: torch.Tensor, full_wav: torch.Tensor
+) -> None:
+    sc = StreamingCodec(decoder, max_slots=8)
+    arena = (sc.state.conv.data_ptr(), sc.state.kv.data_ptr(), sc.state.pos.data_ptr())
+    slots, warm_sizes = [4, 1, 6], [[], [5] * 6, [1, 2, 2, 2, 68]]
+    # Bring each slot to its own history (0, 30, 75 frames), each with its own chunk sizes.
+    parts = [
+        [_stream(sc, s, codes[i, : sum(sizes)], sizes)] if sizes else []
+        for i, (s, sizes) in enumerate(zip(slots, warm_sizes, strict=True))
+    ]
+    cursor = [sum(sizes) for sizes in warm_sizes]
+    for size in [1, 2, 4, 3, 1]:  # one batched forward per call, different histories per row
+        batch = torch.stack([codes[i, c : c + size] for i, c in enumerate(cursor)])
+        wav = sc.decode(torch.tensor(slots), batch)
+        for i in range(3):
+            parts[i].append(wav[i])
+            cursor[i] += size
+    wav = sc.decode(
+        torch.tensor([6, 4]),
+        torch.stack([codes[2, cursor[2] : cursor[2] + 5], codes[0, cursor[0] : cursor[0] + 5]]),
+    )
+    parts[2].append(wav[0])
+    parts[0].append(wav[1])
+    cursor[2] += 5
+    cursor[0] += 5
+    for i in range(3):
+        got = torch.cat(parts[i])
+        torch.testing.assert_close(got, full_wav[i, : cursor[i] * SPF], atol=ATOL, rtol=0)
+    assert sc.positions[slots].tolist() == cursor
+    assert arena == (sc.state.conv.data_ptr(), sc.state.kv.data_ptr(), sc.state.pos.data_ptr())
+
+
+def test_grouped_kv_heads_stream_exactly(codes: torch.Tensor) -> None:
+    cfg = dataclasses.replace(BreezeConfig.tiny().codec, num_kv_heads=1)
+    dec = init_codec_random_(CodecDecoder(cfg), torch.Generator().manual_seed(2))
+    full = dec.decode(codes[:1, :80])
+    sc = StreamingCodec(dec, max_slots=1)
+    wav = _stream(sc, 0, codes[0, :80], [8] * 10)
+    torch.testing.assert_close(wav, full[0], atol=ATOL, rtol=0)
+
+
+def test_reset_makes_a_slot_fresh(
+    decoder: CodecDecoder, codes: torch.Tensor, full_wav: torch.Tensor
+) -> None:
+    sc = StreamingCodec(decoder, max_slots=3)
+    _stream(sc, 0, codes[1, :40], [8] * 5)
+    first = _stream(sc, 1, codes[2, :10], [10])
+    sc.reset(torch.tensor([0]))
+    assert sc.positions.tolist() == [0, 10, 0]
+    wav = _stream(sc, 0, codes[0, :20], [1, 3, 16])
+    torch.testing.assert_close(wav, full_wav[0, : 20 * SPF], atol=ATOL, rtol=0)
+    rest = _stream(sc, 1, codes[2, 10:20], [4, 6])  # the untouched slot carries on exactly
+    torch.testing.assert_close(torch.cat([first, rest]), full_wav[2, : 20 * SPF], atol=ATOL, rtol=0)
+
+
+def test_decode_is_causal(decoder: CodecDecoder, codes: torch.Tensor) -> None:
+    changed = codes[:1].clone()
+    changed[:, 20:] = (changed[:, 20:] + 1) % 2048
+    a, b = decoder.decode(codes[:1, :30]), decoder.decode(changed[:, :30])
+    torch.testing.assert_close(a[:, : 20 * SPF], b[:, : 20 * SPF], atol=0, rtol=0)
+    assert not torch.equal(a[:, 20 * SPF :], b[:, 20 * SPF :])
+
+
+def test_codebook_buffers_are_read_live(decoder: CodecDecoder, codes: torch.Tensor) -> None:
+    # The embedding is embedding_sum / clamp(cluster_usage): scaling both must change nothing.
+    dec = CodecDecoder(decoder.cfg)
+    state = {k: v.clone() for k, v in decoder.state_dict().items()}
+    for k in state:
+        if k.endswith(("embedding_sum", "cluster_usage")):
+            state[k] *= 4.0
+    dec.load_state_dict(state, strict=True)
+    torch.testing.assert_close(dec.decode(codes[:1, :6]), decoder.decode(codes[:1, :6]))
+
+
+def test_arena_size_matches_state_numel(decoder: CodecDecoder) -> None:
+    sc = StreamingCodec(decoder, max_slots=5)
+    per_slot = sc.state.conv[0].numel() + sc.state.kv[0].numel()
+    assert per_slot == stream_state_numel(decoder.cfg) == decoder.state_numel()
+    assert sc.state.kv.shape == (5, 2, 2, 2, 71, 8)  # [S, L, K/V, Hkv, window - 1, D]
+
+
+def test_full_size_builds_on_meta_with_spec_state_size() -> None:
+    cfg = BreezeConfig.full().codec
+    with torch.device("meta"):
+        dec = CodecDecoder(cfg)
+    assert dec.pre_conv.conv.weight.shape == (1024, 512, 3)
+    assert abs(dec.state_numel() - 1.30e6) / 1.30e6 < 0.01  # SPEC §3.3
+    sc = StreamingCodec(dec, max_slots=2)
+    assert sc.state.kv.shape == (2, 8, 2, 16, 71, 64)
+    assert sc.state.conv.device.type == "meta"
+
+
+def test_bad_codes_shape_is_rejected(decoder: CodecDecoder) -> None:
+    with pytest.raises(ValueError, match="codes must be"):
+        decoder.decode(torch.zeros(1, 4, 8, dtype=torch.long))

@@ -1,0 +1,200 @@
+"""Sampling functions on hand-made logits, SamplingParams validation, and the reference generator's
+seeding, EOS and length limits on a tiny random model."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+
+import pytest
+import torch
+
+from breezert.layers.sampling import (
+    SamplingParams,
+    apply_repetition_penalty,
+    apply_temperature,
+    apply_top_k,
+    apply_top_p,
+    cfg_mix,
+    sample,
+    seen_mask,
+    suppress_reserved,
+)
+from breezert.models.breeze import BreezeModel
+from breezert.models.config import BreezeConfig
+from breezert.models.generate import generate_frames
+from breezert.models.prompt import Prompt, design_prompt, plain_prompt
+
+pytestmark = pytest.mark.unit
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _one_thread() -> Iterator[None]:
+    """Tiny models gain nothing from intra-op threads, which stall when a core is busy."""
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(previous)
+
+
+NEG_INF = float("-inf")
+
+
+def test_repetition_penalty_hf_semantics() -> None:
+    logits = torch.tensor([[2.0, -2.0, 1.0, 0.5]])
+    seen = seen_mask([[0, 1, 1, 0]], 4)  # duplicates count once
+    out = apply_repetition_penalty(logits, seen, 2.0)
+    assert torch.equal(out, torch.tensor([[1.0, -4.0, 1.0, 0.5]]))
+    assert torch.equal(apply_repetition_penalty(logits, seen_mask([[]], 4), 2.0), logits)
+
+
+def test_repetition_penalty_per_row() -> None:
+    logits = torch.tensor([[3.0, 1.0], [3.0, 1.0]])
+    out = apply_repetition_penalty(logits, seen_mask([[0], [0]], 2), torch.tensor([1.0, 3.0]))
+    assert torch.equal(out, torch.tensor([[3.0, 1.0], [1.0, 1.0]]))
+
+
+def test_suppress_reserved_keeps_eos() -> None:
+    backbone = suppress_reserved(torch.zeros(2, 2052))
+    assert torch.isinf(backbone[:, 2048:2051]).all() and (backbone[:, 2048:2051] < 0).all()
+    assert (backbone[:, 2051] == 0).all() and (backbone[:, :2048] == 0).all()
+    depth = suppress_reserved(torch.zeros(1, 2051))
+    assert torch.isinf(depth[:, 2048:]).all() and (depth[:, :2048] == 0).all()
+
+
+def test_top_k_keeps_ties_and_zero_is_off() -> None:
+    logits = torch.tensor([[3.0, 2.0, 2.0, 1.0]])
+    assert torch.equal(apply_top_k(logits, 2), torch.tensor([[3.0, 2.0, 2.0, NEG_INF]]))
+    assert torch.equal(apply_top_k(logits, 1), torch.tensor([[3.0, NEG_INF, NEG_INF, NEG_INF]]))
+    assert torch.equal(apply_top_k(logits, 0), logits)
+    assert torch.equal(apply_top_k(logits, 10), logits)
+
+
+def test_top_p_keeps_first_token_crossing() -> None:
+    logits = torch.tensor([[0.3, 0.5, 0.2]]).log()
+    assert torch.isinf(apply_top_p(logits, 0.6)[0, 2])  # 0.5 + 0.3 crosses 0.6: keep both
+    assert torch.isfinite(apply_top_p(logits, 0.6)[0, :2]).all()
+    kept = torch.isfinite(apply_top_p(logits, 0.4)).tolist()
+    assert kept == [[False, True, False]]
+    assert torch.equal(apply_top_p(logits, 1.0), logits)
+
+
+def test_temperature_cfg_and_greedy() -> None:
+    logits = torch.tensor([[1.0, 4.0], [2.0, 6.0]])
+    assert torch.equal(
+        apply_temperature(logits, torch.tensor([2.0, 0.0])), torch.tensor([[0.5, 2.0], [2.0, 6.0]])
+    )
+    mixed = cfg_mix(torch.tensor([2.0, 1.0]), torch.tensor([1.0, 1.0]), 3.0)
+    assert torch.equal(mixed, torch.tensor([4.0, 1.0]))
+    assert sample(logits, 0.0, 50, 1.0).tolist() == [1, 1]
+
+
+def test_sample_masked_ids_never_drawn_and_seeded() -> None:
+    logits = suppress_reserved(torch.zeros(3, 2052))
+    gens = [torch.Generator().manual_seed(s) for s in (1, 2, 1)]
+    first = sample(logits, 1.0, 0, 1.0, gens)
+    assert ((first < 2048) | (first == 2051)).all()
+    assert first[0] == first[2]  # same seed per row -> same draw
+    gens = [torch.Generator().manual_seed(s) for s in (1, 2, 1)]
+    assert torch.equal(sample(logits, 1.0, 0, 1.0, gens), first)
+
+
+def test_sample_top_k_one_is_argmax() -> None:
+    logits = torch.randn(4, 100, generator=torch.Generator().manual_seed(0))
+    gens = [torch.Generator().manual_seed(i) for i in range(4)]
+    assert torch.equal(sample(logits, 0.9, 1, 1.0, gens), logits.argmax(-1))
+
+
+def test_sampling_params_defaults() -> None:
+    p = SamplingParams()
+    assert (p.temperature, p.top_k, p.top_p, p.repetition_penalty) == (0.9, 50, 1.0, 1.1)
+    assert (p.depth_temperature, p.depth_top_k, p.depth_top_p) == (0.9, 50, 1.0)
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("temperature", -0.1),
+        ("temperature", math.nan),
+        ("temperature", math.inf),
+        ("top_k", -1),
+        ("top_k", 2.5),
+        ("top_p", 0.0),
+        ("top_p", 1.5),
+        ("top_p", math.nan),
+        ("repetition_penalty", 0.0),
+        ("repetition_penalty", math.inf),
+        ("repetition_penalty", math.nan),
+        ("depth_temperature", -1.0),
+        ("depth_top_k", -3),
+        ("depth_top_p", 0.0),
+        ("depth_top_p", math.nan),
+        ("temperature", "hot"),
+    ],
+)
+def test_sampling_params_validation_names_field(field: str, value: object) -> None:
+    with pytest.raises(ValueError, match=field):
+        SamplingParams(**{field: value})  # type: ignore[arg-type]
+
+
+# ------------------------------------------------------------------ generation on a tiny model
+@pytest.fixture(scope="module")
+def tiny() -> BreezeModel:
+    return BreezeModel(BreezeConfig.tiny()).init_random_(torch.Generator().manual_seed(0)).eval()
+
+
+@pytest.fixture(scope="module")
+def prompt() -> Prompt:
+    return plain_prompt([2, 100, 200, 300, 256000, 400])
+
+
+def _run(model: BreezeModel, prompt: Prompt, seed: int, **kwargs: object) -> torch.Tensor:
+    frames = generate_frames(
+        model, prompt, SamplingParams(), torch.Generator().manual_seed(seed), **kwargs
+    )
+    return torch.stack(list(frames))
+
+
+def test_same_seed_same_codes_different_seed_different(tiny: BreezeModel, prompt: Prompt) -> None:
+    a = _run(tiny, prompt, 7, max_frames=3, ignore_eos=True)
+    b = _run(tiny, prompt, 7, max_frames=3, ignore_eos=True)
+    c = _run(tiny, prompt, 8, max_frames=3, ignore_eos=True)
+    assert a.shape == (3, 16) and a.dtype == torch.long
+    assert ((a >= 0) & (a < 2048)).all()
+    assert torch.equal(a, b)
+    assert not torch.equal(a, c)
+
+
+def test_eos_stops_generation(
+    tiny: BreezeModel, prompt: Prompt, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    calls = {"n": 0}
+    original = tiny.first_code_logits
+
+    def forced_eos_at_frame_2(h_last: torch.Tensor) -> torch.Tensor:
+        logits = original(h_last)
+        calls["n"] += 1
+        if calls["n"] == 3:
+            logits[:, 2051] = 1e4
+        return logits
+
+    monkeypatch.setattr(tiny, "first_code_logits", forced_eos_at_frame_2)
+    assert _run(tiny, prompt, 0, max_frames=10).shape == (2, 16)
+    calls["n"] = 0
+    assert _run(tiny, prompt, 0, max_frames=4, ignore_eos=True).shape == (4, 16)
+
+
+def test_max_seq_len_limit(tiny: BreezeModel, prompt: Prompt) -> None:
+    frames = _run(
+        tiny, prompt, 0, max_frames=10, ignore_eos=True, max_seq_len=prompt.num_tokens + 3
+    )
+    assert frames.shape == (2, 16)  # stops once prefill_len + t >= max_seq_len - 1
+
+
+def test_cfg_scale_zero_runs_negative_only(tiny: BreezeModel) -> None:
+    design = design_prompt([2, 100, 200, 300], [2, 7, 8], speaker="S1")
+    assert design.negative is not None
+    greedy = SamplingParams.greedy()
+    only_neg = list(generate_frames(tiny, design, greedy, None, 2, cfg_scale=0.0, ignore_eos=True))
+    plain = list(generate_frames(tiny, design.negative, greedy, None, 2, ignore_eos=True))
+    assert torch.equal(torch.stack(only_neg), torch.stack(plain))
