@@ -1,0 +1,285 @@
+"""Runtime configuration: one frozen pydantic model per concern, combined in ``EngineConfig``.
+
+Owns the defaults, units and validation of every runtime knob, and the two entry points
+``EngineConfig.from_file`` (TOML) and ``apply_env_overrides`` (the ONLY environment read). Must not
+touch torch, devices or files beyond that one TOML read. Values measured at startup (KV blocks that
+fit in memory, captured buckets) belong in the worker's resolved layout, never back in here.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import sys
+from collections.abc import Mapping
+from itertools import pairwise
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, model_validator
+
+from breezert.errors import InvalidConfig
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - python 3.10
+    import tomli as tomllib
+
+NO_CUDA_GRAPH_ENV = "BREEZERT_NO_CUDA_GRAPH"
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid", use_attribute_docstrings=True)
+
+
+def _check_buckets(name: str, buckets: tuple[int, ...]) -> None:
+    if not buckets:
+        raise ValueError(f"{name} must not be empty")
+    if any(b <= 0 for b in buckets) or any(a >= b for a, b in pairwise(buckets)):
+        raise ValueError(f"{name}={buckets} must be positive and strictly increasing")
+
+
+class ModelConfig(_Frozen):
+    """Which weights to load and where to run them."""
+
+    path: str | None = None
+    """Checkpoint directory (released HF layout). ``None``: random weights of ``preset``."""
+    preset: Literal["tiny", "full"] = "tiny"
+    """Model dimensions for random weights when ``path`` is ``None``."""
+    dtype: Literal["bfloat16", "float16", "float32"] = "float32"
+    """Weight and activation dtype (logits are computed in float32 regardless)."""
+    device: Literal["cpu", "cuda", "auto"] = "auto"
+    """``auto``: cuda when available, else cpu."""
+    seed: int = Field(default=0, ge=0)
+    """Seed of the random weight init (only used when ``path`` is ``None``)."""
+
+
+class CacheConfig(_Frozen):
+    """Backbone paged KV cache and codec state arena."""
+
+    block_size: int = Field(default=16, gt=0, le=1024)
+    """Tokens per KV block."""
+    num_blocks: int | None = Field(default=None, gt=0)
+    """KV blocks in the pool. ``None``: derive at startup (see
+    ``EngineConfig.worst_case_num_blocks``; the worker may lower it to what fits in memory)."""
+    max_codec_slots: int | None = Field(default=None, gt=0)
+    """Streams with codec state. ``None`` = ``max_running_requests``; the codec slot of a request
+    is its batch slot, so a value must be >= ``max_running_requests``."""
+
+
+class SchedulerConfig(_Frozen):
+    """Admission, per-stage batch limits and the chunk schedule."""
+
+    max_running_requests: int = Field(default=16, gt=0, le=4096)
+    """Requests holding a slot at once (slots 0..max_running_requests-1)."""
+    max_queued_requests: int = Field(default=64, ge=0)
+    """Requests waiting for a slot; one more raises ``EngineOverloaded``."""
+    max_model_len: int = Field(default=2048, gt=2)
+    """Backbone context per branch in tokens (prompt + frames); a segment stops at
+    ``prompt_len + frames == max_model_len - 1`` (SPEC §2.5)."""
+    max_lookahead_segments: int = Field(default=1, ge=0)
+    """Segments after the active one that may text-encode and prefill ahead (each holds KV)."""
+    max_text_encode_requests: int = Field(default=8, gt=0)
+    """Requests per TEXT_ENCODE step."""
+    max_text_encode_tokens: int = Field(default=2048, gt=0)
+    """Text tokens per TEXT_ENCODE step (a longer single segment still runs alone)."""
+    max_prefill_requests: int = Field(default=8, gt=0)
+    """Requests per PREFILL step."""
+    max_prefill_tokens: int = Field(default=512, gt=0)
+    """Prompt tokens per PREFILL step (chunked-prefill budget; long prompts span steps)."""
+    max_decode_requests: int = Field(default=16, gt=0)
+    """Requests per DECODE step."""
+    max_decode_rows: int = Field(default=32, ge=2)
+    """Rows per DECODE step; a CFG request takes 2."""
+    max_depth_requests: int = Field(default=16, gt=0)
+    """Requests per DEPTH step."""
+    max_depth_rows: int = Field(default=32, ge=2)
+    """Rows per DEPTH step; a CFG request takes 2."""
+    max_codec_requests: int = Field(default=16, gt=0)
+    """Streams per CODEC step."""
+    max_codec_frames: int = Field(default=64, gt=0, le=64)
+    """Frames per CODEC item, i.e. the largest chunk (80 ms per frame)."""
+    default_chunk_schedule: tuple[int, ...] = (1, 2, 4, 8, 16)
+    """Frames per chunk, in order; the last entry repeats."""
+    default_max_frames: int = Field(default=750, gt=0)
+    """Frame limit per segment when a request gives none (750 = 60 s of audio)."""
+    starvation_limit_s: float = Field(default=0.5, gt=0)
+    """A streaming request without a new chunk for this long gets served first."""
+
+    @model_validator(mode="after")
+    def _check(self) -> SchedulerConfig:
+        schedule = self.default_chunk_schedule
+        if not schedule or any(n <= 0 or n > self.max_codec_frames for n in schedule):
+            raise ValueError(
+                f"default_chunk_schedule={schedule} needs entries in 1..max_codec_frames"
+                f"={self.max_codec_frames}"
+            )
+        if self.default_max_frames >= self.max_model_len - 1:
+            raise ValueError(
+                f"default_max_frames={self.default_max_frames} must be < max_model_len - 1"
+                f"={self.max_model_len - 1}"
+            )
+        if not math.isfinite(self.starvation_limit_s):
+            raise ValueError(f"starvation_limit_s={self.starvation_limit_s} must be finite")
+        return self
+
+
+class GraphConfig(_Frozen):
+    """CUDA graphs and torch.compile; all off runs the same code eagerly (CPU included)."""
+
+    enable_cuda_graphs: bool = False
+    """Capture and replay CUDA graphs per (stage, bucket); eager fallback past the last bucket."""
+    compile_depth: bool = False
+    """``torch.compile`` the depth decoder's per-codebook step."""
+    decode_batch_buckets: tuple[int, ...] = (1, 2, 4, 8, 16, 32)
+    """DECODE batch sizes in rows (CFG branches count)."""
+    depth_batch_buckets: tuple[int, ...] = (1, 2, 4, 8, 16, 32)
+    """DEPTH batch sizes in rows (CFG branches count)."""
+    prefill_token_buckets: tuple[int, ...] = (16, 32, 64, 128, 256, 512)
+    """PREFILL tokens per step."""
+    text_encode_buckets: tuple[int, ...] = (32, 64, 128)
+    """Padded tokens per text piece (longer pieces run uncaptured)."""
+    codec_buckets: tuple[int, ...] = (1, 2, 4, 8, 16)
+    """CODEC batch sizes in streams."""
+
+    @model_validator(mode="after")
+    def _check(self) -> GraphConfig:
+        for name in (
+            "decode_batch_buckets",
+            "depth_batch_buckets",
+            "prefill_token_buckets",
+            "text_encode_buckets",
+            "codec_buckets",
+        ):
+            _check_buckets(name, getattr(self, name))
+        return self
+
+
+class ServingConfig(_Frozen):
+    """The HTTP/WebRTC server in front of the engine."""
+
+    host: str = "127.0.0.1"
+    """Bind address."""
+    port: int = Field(default=8080, ge=0, le=65535)
+    """Bind port (0 = any free port)."""
+    max_peers: int = Field(default=16, gt=0)
+    """Concurrent WebRTC peers."""
+    max_text_chars: int = Field(default=4096, gt=0)
+    """Characters of text per request (all segments)."""
+    auth_token: SecretStr | None = None
+    """Bearer token required from clients; ``None`` = no auth (local use only)."""
+
+
+class EngineConfig(_Frozen):
+    """The whole runtime configuration, loaded with ``EngineConfig.from_file``."""
+
+    model: ModelConfig = ModelConfig()
+    cache: CacheConfig = CacheConfig()
+    scheduler: SchedulerConfig = SchedulerConfig()
+    graph: GraphConfig = GraphConfig()
+    serving: ServingConfig = ServingConfig()
+
+    @model_validator(mode="after")
+    def _check(self) -> EngineConfig:
+        uses_graphs = self.graph.enable_cuda_graphs or self.graph.compile_depth
+        if self.model.device == "cpu" and uses_graphs:
+            raise ValueError(
+                "model.device='cpu' needs graph.enable_cuda_graphs=false and "
+                "graph.compile_depth=false"
+            )
+        slots = self.cache.max_codec_slots
+        if slots is not None and slots < self.scheduler.max_running_requests:
+            raise ValueError(
+                f"cache.max_codec_slots={slots} must be >= scheduler.max_running_requests"
+                f"={self.scheduler.max_running_requests}"
+            )
+        return self
+
+    @classmethod
+    def from_file(cls, path: str | os.PathLike[str]) -> EngineConfig:
+        """Loads a TOML file with sections ``[model]``, ``[cache]``, ``[scheduler]``, ``[graph]``,
+        ``[serving]`` (all optional; unknown keys are rejected).
+
+        Raises:
+            InvalidConfig: the file is not valid TOML, or a value is invalid; the message names
+                the file and each field path (e.g. ``scheduler.max_running_requests``).
+        """
+        path = Path(path)
+        try:
+            data = tomllib.loads(path.read_text(encoding="utf-8"))
+        except tomllib.TOMLDecodeError as exc:
+            raise InvalidConfig(f"{path}: invalid TOML: {exc}") from None
+        return cls.from_dict(data, source=str(path))
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any], *, source: str = "<dict>") -> EngineConfig:
+        """Validates a nested mapping shaped like the TOML file; errors as in ``from_file``."""
+        try:
+            return cls.model_validate(dict(data))
+        except ValidationError as exc:
+            raise InvalidConfig(f"{source}: {_describe(exc)}") from None
+
+    def graph_key(self) -> tuple[Any, ...]:
+        """The fields that change captured graphs or compiled code (cache key for warmup)."""
+        g = self.graph
+        return (
+            self.model.path,
+            self.model.preset,
+            self.model.dtype,
+            self.cache.block_size,
+            self.cache.num_blocks,
+            g.enable_cuda_graphs,
+            g.compile_depth,
+            g.decode_batch_buckets,
+            g.depth_batch_buckets,
+            g.prefill_token_buckets,
+            g.text_encode_buckets,
+            g.codec_buckets,
+        )
+
+    def worst_case_num_blocks(self) -> int:
+        """KV blocks for every running request at full context with CFG and full lookahead:
+        ``max_running_requests * 2 * (1 + max_lookahead_segments) * ceil(max_model_len /
+        block_size)``. What ``cache.num_blocks=None`` derives before any memory cap."""
+        s = self.scheduler
+        per_branch = -(-s.max_model_len // self.cache.block_size)
+        return s.max_running_requests * 2 * (1 + s.max_lookahead_segments) * per_branch
+
+
+def _describe(exc: ValidationError) -> str:
+    parts = []
+    for err in exc.errors():
+        loc = ".".join(str(p) for p in err["loc"])
+        message = str(err["msg"]).removeprefix("Value error, ")
+        if err["type"] == "value_error":  # our validators: the message starts with the field
+            parts.append(f"{loc}.{message}" if loc else message)
+            continue
+        if "auth_token" not in loc:  # never echo a secret back
+            message += f" (got {repr(err.get('input'))[:60]})"
+        parts.append(f"{loc}: {message}")
+    return "; ".join(parts)
+
+
+def apply_env_overrides(
+    cfg: EngineConfig, environ: Mapping[str, str] | None = None
+) -> EngineConfig:
+    """Applies the environment switches BreezeRT honours; the only place that reads them.
+
+    ``BREEZERT_NO_CUDA_GRAPH=1`` turns off ``graph.enable_cuda_graphs`` and
+    ``graph.compile_depth``. Unset, empty or ``0`` changes nothing.
+
+    Args:
+        cfg: The loaded config (not modified).
+        environ: The environment to read; ``os.environ`` when ``None``.
+
+    Raises:
+        InvalidConfig: the variable holds something other than 0/1/true/false/yes/no.
+    """
+    env = os.environ if environ is None else environ
+    raw = env.get(NO_CUDA_GRAPH_ENV, "").strip().lower()
+    if raw in ("", "0", "false", "no"):
+        return cfg
+    if raw not in ("1", "true", "yes"):
+        raise InvalidConfig(f"{NO_CUDA_GRAPH_ENV}={raw!r}: expected 1 or 0")
+    graph = cfg.graph.model_copy(update={"enable_cuda_graphs": False, "compile_depth": False})
+    return cfg.model_copy(update={"graph": graph})

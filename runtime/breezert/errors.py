@@ -1,0 +1,45 @@
+"""The typed errors BreezeRT raises to its callers.
+
+Owns the exception hierarchy only (all derive from ``BreezeRTError``). Must not import torch or
+any other BreezeRT module, so every layer, the plugin included, can catch these cheaply.
+"""
+
+from __future__ import annotations
+
+
+class BreezeRTError(Exception):
+    """Base class of every error BreezeRT raises on purpose."""
+
+
+class EngineOverloaded(BreezeRTError):
+    """The waiting queue is full (``max_queued_requests``); retry later or elsewhere."""
+
+
+class RequestFailed(BreezeRTError):
+    """A request ended with an error; other requests are unaffected.
+
+    Attributes:
+        request_id: The failed request.
+        reason: A short description of the cause (never the synthesized text).
+    """
+
+    def __init__(self, request_id: str, reason: str) -> None:
+        super().__init__(f"request {request_id} failed: {reason}")
+        self.request_id = request_id
+        self.reason = reason
+
+
+class RequestAborted(BreezeRTError):
+    """A request was aborted (by the caller or by cancelling its consumer)."""
+
+    def __init__(self, request_id: str) -> None:
+        super().__init__(f"request {request_id} was aborted")
+        self.request_id = request_id
+
+
+class InvalidRequest(BreezeRTError, ValueError):
+    """A request's own fields are invalid; the message names the field."""
+
+
+class InvalidConfig(BreezeRTError, ValueError):
+    """A config file or value is invalid; the message names the field path."""

@@ -1,0 +1,629 @@
+"""Scheduler: picks which requests advance which stage under slot, token, row and block budgets.
+
+Owns the ``Request`` lifecycle (admission, segments, KV blocks, chunks, finish) and emits one
+``StepPlan`` per step, then consumes its ``StepResult``. Never imports torch and never reads the
+clock: every method takes ``now`` (monotonic seconds). The stage choice and the chunk size are
+policy objects (``StagePolicy``, ``ChunkPolicy``) so the deadline predictor can replace them.
+
+One step: ``plan = schedule(now)``; the worker runs it; ``events = commit(plan, result, now)``.
+"""
+
+from __future__ import annotations
+
+import heapq
+from bisect import insort_right
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from breezert.config import SchedulerConfig
+from breezert.errors import EngineOverloaded, InvalidRequest
+from breezert.request import CODEBOOK_SIZE, Request, RequestStatus, Segment, SegmentPhase
+from breezert.sched.block_pool import BlockPool
+from breezert.sched.plan import (
+    FRAME_EOS_ID,
+    CodecItem,
+    DecodeBranch,
+    DecodeItem,
+    DepthItem,
+    NewRequestData,
+    PrefillItem,
+    Stage,
+    StageItem,
+    StepPlan,
+    StepResult,
+    TextEncodeItem,
+)
+
+# ----------------------------------------------------------------------------- events
+
+
+@dataclass(frozen=True, slots=True)
+class ChunkEmitted:
+    """A CODEC item was decoded: frames ``start_frame..start_frame+num_frames-1`` are audio."""
+
+    request_id: str
+    chunk_index: int
+    start_frame: int
+    num_frames: int
+    is_final: bool
+    time: float
+
+
+@dataclass(frozen=True, slots=True)
+class SegmentEnded:
+    """A segment stopped generating (its KV blocks are free again)."""
+
+    request_id: str
+    segment_index: int
+    num_frames: int
+    reason: str
+    """``eos`` or ``max_frames``."""
+
+
+@dataclass(frozen=True, slots=True)
+class RequestFinished:
+    """A request reached a terminal status; its slot is released in the next plan."""
+
+    request_id: str
+    status: RequestStatus
+    error: str | None
+    time: float
+
+
+SchedulerEvent = ChunkEmitted | SegmentEnded | RequestFinished
+
+
+@dataclass(frozen=True, slots=True)
+class SchedulerStats:
+    """A snapshot for metrics."""
+
+    num_running: int
+    num_waiting: int
+    num_free_slots: int
+    num_free_blocks: int
+    num_blocks: int
+    num_steps: dict[str, int]  # per Stage value
+    num_finished: dict[str, int]  # per terminal RequestStatus value
+
+
+# ----------------------------------------------------------------------------- policies
+
+
+class ChunkPolicy(Protocol):
+    """Decides how many frames the request's next chunk has (the predictor's hook)."""
+
+    def chunk_frames(self, request: Request, now: float) -> int:
+        """Frames of the next chunk; clamped to 1..max_codec_frames by the scheduler."""
+        ...
+
+
+class ScheduleChunkPolicy:
+    """Default: follow the request's chunk schedule (1, 2, 4, 8, 16, 16, ...)."""
+
+    def chunk_frames(self, request: Request, now: float) -> int:
+        return request.current_chunk_target
+
+
+class StagePolicy(Protocol):
+    """Ranks ready (request, stage) pairs; the smallest key is served first."""
+
+    def priority_key(self, request: Request, stage: Stage, now: float) -> tuple[float, ...]:
+        ...
+
+
+# Lower = closer to audio output.
+_OUTPUT_ORDER = {Stage.CODEC: 0, Stage.DEPTH: 1, Stage.DECODE: 2, Stage.PREFILL: 3,
+                 Stage.TEXT_ENCODE: 4}
+
+
+class DefaultStagePolicy:
+    """Three classes, in order:
+
+    1. starving streams: emitted a chunk, but none for more than ``starvation_limit_s``
+       (oldest last chunk first);
+    2. startup work: no chunk yet (higher priority, then earlier arrival);
+    3. active streams: longest-waiting ready stage first (in steps), ties go to the stage
+       closer to output (CODEC > DEPTH > DECODE > PREFILL > TEXT_ENCODE).
+
+    NOTE(scheduler): in class 3 the wait comes before the output order. With output order first,
+    the DEPTH/DECODE ping-pong of any stream would starve the next segment's lookahead PREFILL
+    forever (a gap at every segment boundary). Waiting in steps rather than seconds keeps the
+    order independent of step durations; lockstep streams still batch together.
+    """
+
+    def __init__(self, starvation_limit_s: float) -> None:
+        self.starvation_limit_s = starvation_limit_s
+
+    def priority_key(self, request: Request, stage: Stage, now: float) -> tuple[float, ...]:
+        closeness = _OUTPUT_ORDER[stage]
+        last = request.last_chunk_time
+        if last is None:
+            return (1, -request.priority, request.enqueue_time, closeness)
+        if now - last > self.starvation_limit_s:
+            return (0, last, closeness)
+        return (2, request.stage_ready_step[stage], closeness)
+
+
+_Ready = tuple[tuple[float, ...], Request, Stage]
+_PREP_STAGES = {SegmentPhase.TEXT_ENCODE: Stage.TEXT_ENCODE, SegmentPhase.PREFILL: Stage.PREFILL}
+
+
+# ----------------------------------------------------------------------------- scheduler
+
+
+class Scheduler:
+    """Multi-stage scheduler over requests, slots and a ``BlockPool``.
+
+    Args:
+        config: Budgets and defaults.
+        block_pool: The backbone KV block pool (the scheduler owns allocation).
+        stage_policy: Ranks ready work; ``DefaultStagePolicy`` when ``None``.
+        chunk_policy: Sizes chunks; ``ScheduleChunkPolicy`` when ``None``.
+    """
+
+    def __init__(
+        self,
+        config: SchedulerConfig,
+        block_pool: BlockPool,
+        *,
+        stage_policy: StagePolicy | None = None,
+        chunk_policy: ChunkPolicy | None = None,
+    ) -> None:
+        self.config = config
+        self.block_pool = block_pool
+        self.stage_policy = stage_policy or DefaultStagePolicy(config.starvation_limit_s)
+        self.chunk_policy = chunk_policy or ScheduleChunkPolicy()
+        self._requests: dict[str, Request] = {}  # waiting + running
+        self._waiting: list[Request] = []  # sorted by (-priority, enqueue_time), FIFO on ties
+        self._running: dict[str, Request] = {}  # admission order
+        self._free_slots = list(range(config.max_running_requests))  # a heap: lowest first
+        self._new_requests: list[NewRequestData] = []
+        self._released: list[str] = []
+        self._step_id = 0
+        self._inflight: StepPlan | None = None
+        self._num_steps = {stage.value: 0 for stage in Stage}
+        self._num_finished = {s.value: 0 for s in RequestStatus if s.is_finished}
+
+    # ------------------------------------------------------------------ requests in
+    def add_request(self, request: Request, now: float) -> None:
+        """Queues a new request (WAITING) and admits it right away if a slot and blocks allow.
+
+        Raises:
+            InvalidRequest: duplicate id, or a segment that can never fit (too long for
+                ``max_model_len`` or for the whole block pool).
+            EngineOverloaded: it would be the (max_queued_requests+1)-th waiting request.
+        """
+        if request.request_id in self._requests or request.status is not RequestStatus.WAITING:
+            raise InvalidRequest(f"request_id={request.request_id!r} is already known")
+        self._resolve_defaults(request)
+        for segment in request.segments:
+            self._check_segment(request, segment)
+        self._admit()  # requests already admissible go first
+        request.enqueue_time = now
+        self._requests[request.request_id] = request
+        insort_right(self._waiting, request, key=lambda r: (-r.priority, r.enqueue_time))
+        self._admit()
+        max_queued = self.config.max_queued_requests
+        if request.status is RequestStatus.WAITING and len(self._waiting) > max_queued:
+            self._waiting.remove(request)
+            del self._requests[request.request_id]
+            raise EngineOverloaded(f"{max_queued} requests already waiting "
+                                   f"(max_queued_requests={max_queued})")
+
+    def append_segment(self, request_id: str, segment: Segment, now: float) -> None:
+        """Adds a text segment to a live request whose input is still open.
+
+        Raises:
+            InvalidRequest: unknown or finished request, input closed, or a bad segment.
+        """
+        request = self._live(request_id)
+        if request.input_closed:
+            raise InvalidRequest(f"request {request_id}: input is closed")
+        self._check_segment(request, segment)
+        request.add_segment(segment)
+        self._admit()
+
+    def close_input(self, request_id: str, now: float) -> list[SchedulerEvent]:
+        """Marks that no more segments come; finishes the request if nothing is left to do."""
+        request = self._live(request_id)
+        request.input_closed = True
+        return self._maybe_finish(request, now)
+
+    def abort(self, request_id: str, now: float) -> list[SchedulerEvent]:
+        """Aborts a waiting or running request, freeing its slot and blocks at once.
+
+        Returns ``[]`` for an unknown or already finished request.
+        """
+        request = self._requests.get(request_id)
+        if request is None:
+            return []
+        return [self._finish(request, RequestStatus.ABORTED, now)]
+
+    # ------------------------------------------------------------------ one step
+    def schedule(self, now: float) -> StepPlan | None:
+        """Admits what fits, then plans one stage over a batch; ``None`` if nothing is ready.
+
+        Raises:
+            RuntimeError: the previous plan has not been committed.
+        """
+        if self._inflight is not None:
+            raise RuntimeError(f"step {self._inflight.step_id} is not committed yet")
+        self._admit()
+        ready, codec_frames = self._ready_pairs(now)
+        if not ready:
+            return None
+        ready.sort(key=lambda pair: pair[0])
+        stage = ready[0][2]
+        candidates = [request for _, request, s in ready if s is stage]
+        items = self._build_items(stage, candidates, codec_frames)
+        self._mark_served(stage, items, now)
+        self._step_id += 1
+        plan = StepPlan(self._step_id, stage, tuple(items), tuple(self._new_requests),
+                        tuple(self._released))
+        self._new_requests.clear()
+        self._released.clear()
+        self._num_steps[stage.value] += 1
+        self._inflight = plan
+        return plan
+
+    def commit(self, plan: StepPlan, result: StepResult, now: float) -> list[SchedulerEvent]:
+        """Applies the worker's result of ``plan``; returns what happened, in order.
+
+        A ``failed`` entry fails that request only. Items of requests that ended meanwhile
+        (aborted) are ignored.
+
+        Raises:
+            ValueError: ``plan`` is not the plan in flight, or ``result`` belongs to another step.
+        """
+        inflight = self._inflight
+        if inflight is None or plan.step_id != inflight.step_id or result.step_id != plan.step_id:
+            raise ValueError(f"commit of step {result.step_id} does not match the plan in flight")
+        self._inflight = None
+        events: list[SchedulerEvent] = []
+        for request_id, reason in result.failed.items():
+            if request_id in self._running:
+                events.append(self._finish(self._running[request_id], RequestStatus.FAILED,
+                                           now, reason))
+        for item in plan.items:
+            request = self._running.get(item.request_id)
+            if request is not None:
+                events.extend(self._apply(request, item, result, now))
+        for request_id in dict.fromkeys(plan.request_ids):
+            if request_id in self._running:
+                events.extend(self._maybe_finish(self._running[request_id], now))
+        return events
+
+    # ------------------------------------------------------------------ queries
+    def has_work(self) -> bool:
+        """Whether any request is waiting or running (``schedule`` may still return ``None``
+        while every running request waits for input)."""
+        return bool(self._requests)
+
+    def get_request(self, request_id: str) -> Request | None:
+        """The live (waiting or running) request, or ``None``."""
+        return self._requests.get(request_id)
+
+    @property
+    def num_running(self) -> int:
+        return len(self._running)
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self._waiting)
+
+    def stats(self) -> SchedulerStats:
+        pool = self.block_pool
+        return SchedulerStats(len(self._running), len(self._waiting), len(self._free_slots),
+                              pool.num_free, pool.num_blocks, dict(self._num_steps),
+                              dict(self._num_finished))
+
+    # ------------------------------------------------------------------ admission
+    def _resolve_defaults(self, request: Request) -> None:
+        cfg = self.config
+        request.max_frames = request.max_frames or cfg.default_max_frames
+        request.chunk_schedule = request.chunk_schedule or cfg.default_chunk_schedule
+        if max(request.chunk_schedule) > cfg.max_codec_frames:
+            raise InvalidRequest(f"chunk_schedule={request.chunk_schedule}: entries must be <= "
+                                 f"max_codec_frames={cfg.max_codec_frames}")
+
+    def _check_segment(self, request: Request, segment: Segment) -> None:
+        assert request.max_frames is not None
+        if segment.num_branches != request.num_branches:
+            raise InvalidRequest(f"prompt_lens={segment.prompt_lens}: request "
+                                 f"{request.request_id} has {request.num_branches} CFG branch(es)")
+        limit = self.config.max_model_len - 1 - max(segment.prompt_lens)
+        segment.max_frames = min(request.max_frames, limit)
+        if segment.max_frames <= 0:
+            raise InvalidRequest(f"prompt_lens={segment.prompt_lens}: no room for frames within "
+                                 f"max_model_len={self.config.max_model_len}")
+        need = sum(segment.blocks_per_branch(self.block_pool.block_size))
+        if need > self.block_pool.num_blocks:
+            raise InvalidRequest(f"prompt_lens={segment.prompt_lens}: needs {need} KV blocks, "
+                                 f"the pool has {self.block_pool.num_blocks}")
+
+    def _admit(self) -> None:
+        """Hands out blocks and slots: running requests' active segments, then waiting
+        requests (strict priority/FIFO order: a request that does not fit blocks those behind
+        it), then lookahead segments."""
+        for request in self._running.values():
+            self._allocate_segments(request, lookahead=0)
+        for request in list(self._waiting):
+            if not self._free_slots:
+                break
+            if not request.segments:
+                continue  # open input without text yet: nothing to admit, blocks nobody
+            if not self._allocate(request.segments[0]):
+                break
+            self._start(request)
+        for request in self._running.values():
+            self._allocate_segments(request, lookahead=self.config.max_lookahead_segments)
+
+    def _start(self, request: Request) -> None:
+        self._waiting.remove(request)
+        request.status = RequestStatus.RUNNING
+        request.slot = heapq.heappop(self._free_slots)
+        self._running[request.request_id] = request
+        self._new_requests.append(NewRequestData(
+            request_id=request.request_id, slot=request.slot, num_branches=request.num_branches,
+            cfg_scale=request.cfg_scale, seed=request.seed, sampling=request.sampling,
+            ignore_eos=request.ignore_eos, payload=request.payload,
+        ))
+
+    def _allocate_segments(self, request: Request, lookahead: int) -> None:
+        active = request.active_segment
+        if active is None:
+            return
+        for segment in request.segments[active.index: active.index + 1 + lookahead]:
+            if segment.phase is SegmentPhase.QUEUED and not self._allocate(segment):
+                return
+
+    def _allocate(self, segment: Segment) -> bool:
+        need = segment.blocks_per_branch(self.block_pool.block_size)
+        if not self.block_pool.can_allocate(sum(need)):
+            return False
+        segment.block_ids = tuple(tuple(self.block_pool.allocate(n)) for n in need)
+        segment.phase = SegmentPhase.TEXT_ENCODE
+        return True
+
+    # ------------------------------------------------------------------ readiness
+    def _ready_pairs(self, now: float) -> tuple[list[_Ready], dict[str, int]]:
+        """Ready (key, request, stage) triples, and the CODEC item size per codec-ready request
+        (the chunk policy is asked once per request and step)."""
+        pairs: list[_Ready] = []
+        codec_frames: dict[str, int] = {}
+        for request in self._running.values():
+            num_frames = self._codec_frames(request, now)
+            if num_frames > 0:
+                codec_frames[request.request_id] = num_frames
+            stages = self._ready_stages(request, is_codec_ready=num_frames > 0)
+            request.stage_ready_step = {
+                s: request.stage_ready_step.get(s, self._step_id) for s in stages
+            }
+            for stage in stages:
+                pairs.append((self.stage_policy.priority_key(request, stage, now), request, stage))
+        return pairs, codec_frames
+
+    def _ready_stages(self, request: Request, is_codec_ready: bool) -> list[Stage]:
+        """Generation stages of the active segment; TEXT_ENCODE/PREFILL of lookahead segments
+        only while the active one generates (see ``_segments_in``); CODEC as computed."""
+        stages: list[Stage] = []
+        active = request.active_segment
+        if active is not None and active.is_generating:
+            later = {seg.phase for seg in request.segments[active.index + 1:]}
+            stages += [stage for phase, stage in _PREP_STAGES.items() if phase in later]
+            is_depth = active.phase is SegmentPhase.DEPTH
+            stages.append(Stage.DEPTH if is_depth else Stage.DECODE)
+        elif active is not None and active.phase in _PREP_STAGES:
+            stages.append(_PREP_STAGES[active.phase])
+        if is_codec_ready:
+            stages.append(Stage.CODEC)
+        return stages
+
+    def _codec_frames(self, request: Request, now: float) -> int:
+        """Frames of the CODEC item the request could run now (0 = not ready)."""
+        pending = request.num_pending_frames
+        if pending <= 0:
+            return 0
+        target = self.chunk_policy.chunk_frames(request, now)
+        target = max(1, min(target, self.config.max_codec_frames))
+        if pending >= target:
+            return target
+        # Flush when no segment can generate now: generation is done (that implies a gap), or
+        # the next segment is not ready or not there yet (a gap in the audio anyway).
+        return pending if request.is_at_gap else 0
+
+    # ------------------------------------------------------------------ batching
+    def _build_items(self, stage: Stage, candidates: list[Request],
+                     codec_frames: dict[str, int]) -> list[StageItem]:
+        if stage is Stage.TEXT_ENCODE:
+            return self._text_encode_items(candidates)
+        if stage is Stage.PREFILL:
+            return self._prefill_items(candidates)
+        if stage is Stage.CODEC:
+            return self._codec_items(candidates, codec_frames)
+        return self._generate_items(stage, candidates)
+
+    def _text_encode_items(self, candidates: list[Request]) -> list[StageItem]:
+        cfg = self.config
+        items: list[StageItem] = []
+        num_tokens = num_requests = 0
+        for request in candidates:
+            if num_requests == cfg.max_text_encode_requests:
+                break
+            before = len(items)
+            for seg in _segments_in(request, SegmentPhase.TEXT_ENCODE):
+                assert seg.num_text_tokens is not None
+                if items and num_tokens + seg.num_text_tokens > cfg.max_text_encode_tokens:
+                    break  # the first item always runs, even when longer than the budget
+                items.append(TextEncodeItem(request.request_id, _slot(request), seg.index,
+                                            seg.num_text_tokens, seg.prompt))
+                num_tokens += seg.num_text_tokens
+            num_requests += len(items) > before
+        return items
+
+    def _prefill_items(self, candidates: list[Request]) -> list[StageItem]:
+        items: list[StageItem] = []
+        budget, num_requests = self.config.max_prefill_tokens, 0
+        for request in candidates:
+            if num_requests == self.config.max_prefill_requests or budget == 0:
+                break
+            before = len(items)
+            for seg in _segments_in(request, SegmentPhase.PREFILL):
+                for branch, (length, cursor) in enumerate(zip(seg.prompt_lens,
+                                                              seg.prefill_cursors, strict=True)):
+                    num_tokens = min(length - cursor, budget)
+                    if num_tokens <= 0:
+                        continue
+                    items.append(PrefillItem(
+                        request.request_id, _slot(request), seg.index, branch, cursor,
+                        num_tokens, seg.block_ids[branch], cursor + num_tokens == length))
+                    budget -= num_tokens
+            num_requests += len(items) > before
+        return items
+
+    def _generate_items(self, stage: Stage, candidates: list[Request]) -> list[StageItem]:
+        """DECODE or DEPTH over each candidate's active segment, within request/row limits."""
+        cfg = self.config
+        if stage is Stage.DECODE:
+            max_requests, max_rows = cfg.max_decode_requests, cfg.max_decode_rows
+        else:
+            max_requests, max_rows = cfg.max_depth_requests, cfg.max_depth_rows
+        items: list[StageItem] = []
+        num_rows = 0
+        for request in candidates:
+            if len(items) == max_requests:
+                break
+            seg = request.active_segment
+            assert seg is not None
+            if num_rows + seg.num_branches > max_rows:
+                continue  # a 1-branch request behind may still fit
+            num_rows += seg.num_branches
+            items.append(_decode_item(request, seg) if stage is Stage.DECODE
+                         else _depth_item(request, seg))
+        return items
+
+    def _codec_items(self, candidates: list[Request],
+                     codec_frames: dict[str, int]) -> list[StageItem]:
+        items: list[StageItem] = []
+        for request in candidates[: self.config.max_codec_requests]:
+            num_frames = codec_frames[request.request_id]
+            items.append(CodecItem(
+                request.request_id, _slot(request), request.num_decoded_frames, num_frames,
+                is_first_chunk=request.num_chunks == 0,
+                is_final=request.is_generation_done and num_frames == request.num_pending_frames,
+            ))
+        return items
+
+    def _mark_served(self, stage: Stage, items: Sequence[StageItem], now: float) -> None:
+        for request_id in {item.request_id for item in items}:
+            request = self._running[request_id]
+            request.stage_ready_step.pop(stage, None)
+            if request.first_scheduled_time is None:
+                request.first_scheduled_time = now
+
+    # ------------------------------------------------------------------ results
+    def _apply(self, request: Request, item: StageItem, result: StepResult,
+               now: float) -> list[SchedulerEvent]:
+        if isinstance(item, TextEncodeItem):
+            request.segments[item.segment_index].phase = SegmentPhase.PREFILL
+        elif isinstance(item, PrefillItem):
+            seg = request.segments[item.segment_index]
+            assert seg.prefill_cursors[item.branch] == item.start_pos
+            seg.prefill_cursors[item.branch] += item.num_tokens
+            if seg.prefill_cursors == list(seg.prompt_lens):
+                seg.phase = SegmentPhase.DEPTH
+        elif isinstance(item, DecodeItem):
+            request.segments[item.segment_index].phase = SegmentPhase.DEPTH
+        elif isinstance(item, DepthItem):
+            return self._apply_depth(request, item, result.first_codes.get(item.request_id), now)
+        elif isinstance(item, CodecItem):
+            request.num_decoded_frames += item.num_frames
+            request.chunk_emit_times.append(now)
+            return [ChunkEmitted(request.request_id, request.num_chunks - 1, item.start_frame,
+                                 item.num_frames, item.is_final, now)]
+        return []
+
+    def _apply_depth(self, request: Request, item: DepthItem, code: int | None,
+                     now: float) -> list[SchedulerEvent]:
+        seg = request.segments[item.segment_index]
+        if code == FRAME_EOS_ID:
+            return [self._end_segment(request, seg, "eos")]
+        if code is None or not 0 <= code < CODEBOOK_SIZE:
+            reason = f"DEPTH returned first code {code!r} (expected 0..2047 or EOS 2051)"
+            return [self._finish(request, RequestStatus.FAILED, now, reason)]
+        seg.num_frames += 1
+        request.num_frames += 1
+        if seg.num_frames >= seg.max_frames:
+            return [self._end_segment(request, seg, "max_frames")]
+        seg.phase = SegmentPhase.DECODE
+        return []
+
+    def _end_segment(self, request: Request, seg: Segment, reason: str) -> SegmentEnded:
+        seg.phase = SegmentPhase.ENDED
+        seg.end_reason = reason
+        self._free_blocks(seg)
+        return SegmentEnded(request.request_id, seg.index, seg.num_frames, reason)
+
+    def _maybe_finish(self, request: Request, now: float) -> list[SchedulerEvent]:
+        if request.is_generation_done and request.num_pending_frames == 0:
+            return [self._finish(request, RequestStatus.FINISHED, now)]
+        return []
+
+    def _finish(self, request: Request, status: RequestStatus, now: float,
+                error: str | None = None) -> RequestFinished:
+        """Moves a live request to a terminal status and frees everything it holds."""
+        if request.status is RequestStatus.WAITING:
+            self._waiting.remove(request)
+        else:
+            for seg in request.segments:
+                self._free_blocks(seg)
+            assert request.slot is not None
+            heapq.heappush(self._free_slots, request.slot)
+            del self._running[request.request_id]
+            pending = [d for d in self._new_requests if d.request_id != request.request_id]
+            if len(pending) == len(self._new_requests):
+                self._released.append(request.request_id)  # the worker knows it: release
+            self._new_requests[:] = pending
+        del self._requests[request.request_id]
+        request.status, request.finish_time, request.error = status, now, error
+        self._num_finished[status.value] += 1
+        return RequestFinished(request.request_id, status, error, now)
+
+    def _free_blocks(self, seg: Segment) -> None:
+        for table in seg.block_ids:
+            self.block_pool.free(table)
+        seg.block_ids = ()
+
+    def _live(self, request_id: str) -> Request:
+        request = self._requests.get(request_id)
+        if request is None:
+            raise InvalidRequest(f"request_id={request_id!r} is unknown or already finished")
+        return request
+
+
+def _segments_in(request: Request, phase: SegmentPhase) -> list[Segment]:
+    """Segments in ``phase`` that may run now: the active one, and lookahead segments only once
+    the active one generates (lookahead must never delay the active segment's first frame)."""
+    active = request.active_segment
+    if active is None:
+        return []
+    return [s for s in request.segments
+            if s.phase is phase and (s is active or active.is_generating)]
+
+
+def _slot(request: Request) -> int:
+    assert request.slot is not None, f"request {request.request_id} has no slot"
+    return request.slot
+
+
+def _decode_item(request: Request, seg: Segment) -> DecodeItem:
+    frame_index = seg.num_frames - 1  # feed the frame DEPTH just produced
+    branches = tuple(DecodeBranch(seg.prompt_lens[b] + frame_index, seg.block_ids[b])
+                     for b in range(seg.num_branches))
+    return DecodeItem(request.request_id, _slot(request), seg.index, frame_index, branches)
+
+
+def _depth_item(request: Request, seg: Segment) -> DepthItem:
+    return DepthItem(request.request_id, _slot(request), seg.index, seg.num_frames,
+                     seg.num_branches, request.num_frames)

@@ -1,0 +1,51 @@
+"""Suite-wide rules: every test module declares exactly one kind marker; gpu tests need CUDA.
+
+Owns marker enforcement (collection fails when a module lacks its ``pytestmark`` or has two kinds)
+and the CUDA skip. Must not import torch at module level: CPU-only runs stay torch-free here.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import pytest
+
+KIND_MARKERS = ("unit", "golden", "integration", "gpu")
+
+
+def _module_kinds(module: object) -> list[str]:
+    marks = getattr(module, "pytestmark", [])
+    if not isinstance(marks, (list, tuple)):
+        marks = [marks]
+    return [mark.name for mark in marks if getattr(mark, "name", None) in KIND_MARKERS]
+
+
+@functools.lru_cache(maxsize=1)
+def _cuda_available() -> bool:
+    try:
+        import torch
+    except Exception:  # any import failure means: no usable CUDA
+        return False
+    return bool(torch.cuda.is_available())
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    bad: dict[str, list[str]] = {}
+    for item in items:
+        module = item.getparent(pytest.Module)
+        if module is None:
+            continue
+        kinds = _module_kinds(module.obj)
+        if len(kinds) != 1:
+            bad[module.nodeid] = kinds
+    if bad:
+        lines = [f"  {nodeid}: found {kinds or 'none'}" for nodeid, kinds in sorted(bad.items())]
+        raise pytest.UsageError(
+            "each test module needs exactly one of pytestmark = pytest.mark.{"
+            + ",".join(KIND_MARKERS) + "}:\n" + "\n".join(lines)
+        )
+    gpu_items = [item for item in items if item.get_closest_marker("gpu") is not None]
+    if gpu_items and not _cuda_available():
+        skip = pytest.mark.skip(reason="needs CUDA (torch.cuda.is_available() is False)")
+        for item in gpu_items:
+            item.add_marker(skip)

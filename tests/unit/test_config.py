@@ -1,0 +1,129 @@
+"""EngineConfig: the shipped TOML profiles, validation messages naming fields, env overrides."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from breezert.config import (
+    CacheConfig,
+    EngineConfig,
+    GraphConfig,
+    ModelConfig,
+    SchedulerConfig,
+    ServingConfig,
+    apply_env_overrides,
+)
+from breezert.errors import InvalidConfig
+from pydantic import ValidationError
+
+pytestmark = pytest.mark.unit
+
+CONFIGS = Path(__file__).resolve().parents[2] / "configs"
+
+
+@pytest.mark.parametrize("name", ["tiny.toml", "cpu-tiny.toml", "h200-latency.toml"])
+def test_shipped_profiles_load(name: str) -> None:
+    cfg = EngineConfig.from_file(CONFIGS / name)
+    assert isinstance(cfg.scheduler, SchedulerConfig)
+
+
+def test_profiles_have_the_promised_settings() -> None:
+    tiny = EngineConfig.from_file(CONFIGS / "cpu-tiny.toml")
+    assert (tiny.model.preset, tiny.model.device, tiny.graph.enable_cuda_graphs) == (
+        "tiny", "cpu", False)
+    h200 = EngineConfig.from_file(CONFIGS / "h200-latency.toml")
+    assert (h200.model.preset, h200.model.dtype, h200.model.device) == ("full", "bfloat16", "cuda")
+    assert h200.graph.enable_cuda_graphs and h200.graph.compile_depth
+    assert h200.scheduler.max_running_requests == 64
+    assert max(h200.graph.decode_batch_buckets) >= 2 * 64  # CFG rows
+    assert h200.cache.num_blocks is None and h200.worst_case_num_blocks() == 32768
+
+
+def test_defaults_are_valid_and_frozen() -> None:
+    cfg = EngineConfig()
+    assert cfg.scheduler.default_chunk_schedule == (1, 2, 4, 8, 16)
+    with pytest.raises(ValidationError):
+        cfg.scheduler.max_running_requests = 3  # type: ignore[misc]
+
+
+def test_every_field_has_a_description() -> None:
+    for model in (ModelConfig, CacheConfig, SchedulerConfig, GraphConfig, ServingConfig):
+        for name, info in model.model_fields.items():
+            assert info.description, f"{model.__name__}.{name} has no docstring"
+
+
+def write(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "cfg.toml"
+    path.write_text(text)
+    return path
+
+
+def test_unknown_keys_are_rejected_with_their_path(tmp_path: Path) -> None:
+    path = write(tmp_path, "[scheduler]\nmax_runing_requests = 4\n")
+    with pytest.raises(InvalidConfig, match=r"scheduler\.max_runing_requests"):
+        EngineConfig.from_file(path)
+    with pytest.raises(InvalidConfig, match=r"sheduler"):
+        EngineConfig.from_file(write(tmp_path, "[sheduler]\n"))
+
+
+@pytest.mark.parametrize(
+    ("toml", "field"),
+    [
+        ("[scheduler]\nmax_running_requests = 0", "scheduler.max_running_requests"),
+        ("[scheduler]\nmax_codec_frames = 65", "scheduler.max_codec_frames"),
+        ("[scheduler]\nstarvation_limit_s = -1.0", "scheduler.starvation_limit_s"),
+        ("[scheduler]\ndefault_chunk_schedule = [1, 0]", "default_chunk_schedule"),
+        ("[scheduler]\nmax_codec_frames = 8\ndefault_chunk_schedule = [1, 16]",
+         "default_chunk_schedule"),
+        ("[scheduler]\nmax_model_len = 100\ndefault_max_frames = 200", "default_max_frames"),
+        ("[scheduler]\nmax_decode_rows = 1", "scheduler.max_decode_rows"),
+        ("[model]\ndevice = \"tpu\"", "model.device"),
+        ("[model]\npreset = \"huge\"", "model.preset"),
+        ("[cache]\nblock_size = 0", "cache.block_size"),
+        ("[graph]\ndecode_batch_buckets = [4, 2]", "decode_batch_buckets"),
+        ("[serving]\nport = 70000", "serving.port"),
+        ("[model]\ndevice = \"cpu\"\n[graph]\nenable_cuda_graphs = true", "enable_cuda_graphs"),
+        ("[scheduler]\nmax_running_requests = 8\n[cache]\nmax_codec_slots = 4",
+         "cache.max_codec_slots"),
+    ],
+)
+def test_invalid_values_name_the_field(tmp_path: Path, toml: str, field: str) -> None:
+    with pytest.raises(InvalidConfig, match=field.replace(".", r"\.")) as excinfo:
+        EngineConfig.from_file(write(tmp_path, toml + "\n"))
+    assert isinstance(excinfo.value, ValueError)
+    assert "cfg.toml" in str(excinfo.value)
+
+
+def test_invalid_toml_is_reported(tmp_path: Path) -> None:
+    with pytest.raises(InvalidConfig, match="invalid TOML"):
+        EngineConfig.from_file(write(tmp_path, "[scheduler\n"))
+
+
+def test_auth_token_is_secret_and_never_echoed(tmp_path: Path) -> None:
+    cfg = EngineConfig.from_file(write(tmp_path, '[serving]\nauth_token = "hunter2"\n'))
+    assert cfg.serving.auth_token is not None
+    assert cfg.serving.auth_token.get_secret_value() == "hunter2"
+    assert "hunter2" not in repr(cfg)
+    with pytest.raises(InvalidConfig) as excinfo:
+        EngineConfig.from_file(write(tmp_path, "[serving]\nauth_token = 12345678\n"))
+    assert "12345678" not in str(excinfo.value)
+
+
+def test_env_override_is_explicit() -> None:
+    cfg = EngineConfig.from_file(CONFIGS / "h200-latency.toml")
+    assert apply_env_overrides(cfg, {}) is cfg
+    assert apply_env_overrides(cfg, {"BREEZERT_NO_CUDA_GRAPH": "0"}) is cfg
+    off = apply_env_overrides(cfg, {"BREEZERT_NO_CUDA_GRAPH": "1"})
+    assert not off.graph.enable_cuda_graphs and not off.graph.compile_depth
+    assert cfg.graph.enable_cuda_graphs  # the input is unchanged
+    with pytest.raises(InvalidConfig, match="BREEZERT_NO_CUDA_GRAPH"):
+        apply_env_overrides(cfg, {"BREEZERT_NO_CUDA_GRAPH": "maybe"})
+
+
+def test_graph_key_covers_graph_fields_only() -> None:
+    base = EngineConfig()
+    other_sched = EngineConfig.from_dict({"scheduler": {"starvation_limit_s": 2.0}})
+    other_buckets = EngineConfig.from_dict({"graph": {"codec_buckets": [1, 2]}})
+    assert base.graph_key() == other_sched.graph_key()
+    assert base.graph_key() != other_buckets.graph_key()
