@@ -25,7 +25,7 @@ from breezert.models.config import FRAME_EOS_ID
 from breezert.models.prompt import Prompt
 
 
-def _branches(prompt: Prompt, cfg_scale: float) -> list[Prompt]:
+def cfg_branches(prompt: Prompt, cfg_scale: float) -> list[Prompt]:
     """Cond (+ negative) prompts to run; scale 0 runs only the negative (SPEC §2.4)."""
     if cfg_scale == 1.0 or prompt.negative is None:
         # NOTE: plain and clone prompts define no negative, so CFG does not apply to them.
@@ -63,7 +63,7 @@ def generate_frames(
         max_seq_len: stop once ``prefill_len + t >= max_seq_len - 1`` (default: model config).
     """
     limit = model.cfg.max_seq_len if max_seq_len is None else max_seq_len
-    branches = _branches(prompt, cfg_scale)
+    branches = cfg_branches(prompt, cfg_scale)
     bb = model.cfg.backbone
     weight = model.lm_head.weight
     kv = DenseKVCache(

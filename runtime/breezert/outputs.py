@@ -1,0 +1,46 @@
+"""What the runtime hands to its callers: ``AudioChunk``.
+
+Owns: the chunk dataclass and PCM conversions. Must not: hold tensors or engine state.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class AudioChunk:
+    """One chunk of a request's audio: ``frame_end - frame_start`` codec frames of PCM."""
+
+    request_id: str
+    pcm: np.ndarray
+    """float32 mono samples in [-1, 1], ``1920 * num_frames`` of them at ``sample_rate``."""
+    sample_rate: int
+    frame_start: int
+    """Index of the chunk's first frame in the request's audio (0-based, across segments)."""
+    frame_end: int
+    segment_index: int
+    """Text segment whose frames this chunk carries (the last one, if it spans two)."""
+    created_time: float
+    """``time.monotonic()`` when the chunk left the engine."""
+    is_final: bool = False
+    """True for the request's last chunk."""
+
+    @property
+    def num_frames(self) -> int:
+        return self.frame_end - self.frame_start
+
+    @property
+    def duration_s(self) -> float:
+        return len(self.pcm) / self.sample_rate
+
+    def pcm16(self) -> bytes:
+        """Little-endian signed 16-bit PCM bytes."""
+        return float_to_pcm16(self.pcm)
+
+
+def float_to_pcm16(pcm: np.ndarray) -> bytes:
+    clipped = np.clip(pcm, -1.0, 1.0)
+    return (clipped * 32767.0).round().astype("<i2").tobytes()
