@@ -1,0 +1,222 @@
+"""The synchronous engine: ``step()`` = schedule → execute → commit.
+
+Owns: turning ``SynthesisRequest``s into scheduler ``Request``s (tokenizing on the host), the
+engine lock that makes ``add_request``/``abort``/``append_text`` safe from other threads, and
+assembling ``AudioChunk``s and request outcomes from a step. Must not: run asyncio, make policy
+decisions (the scheduler does) or touch tensors (the worker does).
+"""
+
+from __future__ import annotations
+
+import logging
+import secrets
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from breezert.config import EngineConfig
+from breezert.errors import InvalidRequest
+from breezert.loader import Checkpoint
+from breezert.metrics import EngineMetrics
+from breezert.models.generate import cfg_branches
+from breezert.outputs import AudioChunk
+from breezert.prompting import make_prompt
+from breezert.request import Request, RequestStatus, Segment, SynthesisRequest
+from breezert.sched.block_pool import BlockPool
+from breezert.sched.plan import StepPlan, StepResult
+from breezert.sched.scheduler import ChunkEmitted, RequestFinished, Scheduler, SchedulerEvent
+from breezert.stages import StageOutput
+from breezert.worker.model_runner import ModelRunner
+
+logger = logging.getLogger("breezert.engine")
+
+
+@dataclass(frozen=True)
+class RequestOutcome:
+    """A request reached a terminal status (the last output it gets)."""
+
+    request_id: str
+    status: RequestStatus
+    error: str | None = None
+
+
+EngineOutput = AudioChunk | RequestOutcome
+
+
+@dataclass(frozen=True)
+class PlaybackReport:
+    """The listener's playback buffer for one request, as last reported."""
+
+    buffered_s: float
+    """Audio queued ahead of the listener's playhead, seconds."""
+    measured_at: float
+    """``time.monotonic()`` when it was measured."""
+    source: str
+    """Where it came from: ``simulated``, ``webrtc``, ``livekit-source``, ``livekit-client``."""
+
+
+class Engine:
+    """Multi-stage TTS engine over one model. Thread-safe entry points; ``step`` on one thread."""
+
+    def __init__(
+        self,
+        config: EngineConfig,
+        checkpoint: Checkpoint | None = None,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        from breezert.runtime_setup import build_runner, load_engine_checkpoint
+
+        self.config = config
+        self.checkpoint = checkpoint or load_engine_checkpoint(config.model)
+        self.clock = clock
+        self.runner: ModelRunner = build_runner(config, self.checkpoint)
+        layout = self.runner.layout
+        self.block_pool = BlockPool(layout.num_blocks, layout.block_size)
+        self.scheduler = Scheduler(config.scheduler, self.block_pool)
+        self.metrics = EngineMetrics()
+        self.playback: dict[str, PlaybackReport] = {}
+        self._lock = threading.RLock()
+        self._pending: list[EngineOutput] = []  # outcomes produced outside step()
+        self._max_seq_len = min(config.scheduler.max_model_len, self.checkpoint.config.max_seq_len)
+
+    # ----------------------------------------------------------------- requests
+    def add_request(self, request: SynthesisRequest) -> str:
+        """Queues ``request``; raises ``InvalidRequest`` or ``EngineOverloaded`` at once."""
+        if request.seed is None:  # a known seed makes every request reproducible
+            from dataclasses import replace
+
+            request = replace(request, seed=secrets.randbits(63))
+        segments = [self._segment(request, text) for text in request.segments]
+        logical = Request.from_synthesis(request, segments, payload=request)
+        logical.num_branches = self._num_branches(request)
+        with self._lock:
+            now = self.clock()
+            self.scheduler.add_request(logical, now)
+            self.metrics.request_added(logical.request_id, now)
+        return logical.request_id
+
+    def append_text(self, request_id: str, text: str) -> None:
+        """Adds a text segment to a running turn (its input must still be open)."""
+        with self._lock:
+            request = self._live_request(request_id)
+            synth = request.payload
+        segment = self._segment(synth, text)
+        with self._lock:
+            self.scheduler.append_segment(request_id, segment, self.clock())
+
+    def close_input(self, request_id: str) -> None:
+        """No more segments: the turn ends after the last one."""
+        with self._lock:
+            self._live_request(request_id)
+            self._pending.extend(self._outcomes(self.scheduler.close_input(request_id, self.clock())))
+
+    def abort(self, request_id: str) -> None:
+        """Stops a request at once and frees its slot, blocks and codec state."""
+        with self._lock:
+            self._pending.extend(self._outcomes(self.scheduler.abort(request_id, self.clock())))
+            self.playback.pop(request_id, None)
+
+    def report_playback(
+        self, request_id: str, buffered_s: float, measured_at: float, source: str
+    ) -> None:
+        """Stores the listener's real playback-buffer level for ``request_id``."""
+        if not buffered_s >= 0.0:
+            raise InvalidRequest(f"buffered_s={buffered_s!r} must be a number >= 0")
+        with self._lock:
+            if self.scheduler.get_request(request_id) is not None:
+                self.playback[request_id] = PlaybackReport(buffered_s, measured_at, source)
+
+    def has_work(self) -> bool:
+        with self._lock:
+            return bool(self._pending) or self.scheduler.has_work()
+
+    # --------------------------------------------------------------------- step
+    def step(self) -> list[EngineOutput]:
+        """One scheduler step: plan → run on the worker → commit; returns what it produced."""
+        with self._lock:
+            plan = self.scheduler.schedule(self.clock())
+        if plan is None:
+            return self._drain_pending()
+        start = self.clock()
+        out = self.runner.execute(plan)
+        end = self.clock()
+        with self._lock:
+            result = StepResult(plan.step_id, out.first_codes, out.failed)
+            events = self.scheduler.commit(plan, result, end)
+            self.metrics.record_step(plan.stage.value, plan.num_rows, end - start)
+            return self._drain_pending() + self._outputs(plan, out, events, end)
+
+    # ------------------------------------------------------------------ helpers
+    def _outputs(
+        self, plan: StepPlan, out: StageOutput, events: list[SchedulerEvent], now: float
+    ) -> list[EngineOutput]:
+        chunks = {(c.request_id, c.start_frame): c for c in out.chunks}
+        outputs: list[EngineOutput] = []
+        for event in events:
+            if isinstance(event, ChunkEmitted):
+                decoded = chunks.pop((event.request_id, event.start_frame))
+                segment = self._segment_of(event.request_id, event.start_frame + event.num_frames)
+                outputs.append(AudioChunk(
+                    request_id=event.request_id, pcm=decoded.pcm,
+                    sample_rate=self.checkpoint.config.codec.sample_rate,
+                    frame_start=event.start_frame,
+                    frame_end=event.start_frame + event.num_frames,
+                    segment_index=segment, created_time=now, is_final=event.is_final,
+                ))
+                self.metrics.chunk_emitted(event.request_id, event.num_frames, now)
+        outputs.extend(self._outcomes(events))
+        return outputs
+
+    def _outcomes(self, events: list[SchedulerEvent]) -> list[EngineOutput]:
+        outcomes: list[EngineOutput] = []
+        for event in events:
+            if isinstance(event, RequestFinished):
+                self.metrics.request_finished(event.request_id, event.status.value, event.time)
+                self.playback.pop(event.request_id, None)
+                outcomes.append(RequestOutcome(event.request_id, event.status, event.error))
+        return outcomes
+
+    def _drain_pending(self) -> list[EngineOutput]:
+        with self._lock:
+            pending, self._pending = self._pending, []
+        return pending
+
+    def _segment(self, request: SynthesisRequest, text: str) -> Segment:
+        prompt = make_prompt(
+            self.checkpoint.tokenizer, text, speaker=request.speaker,
+            instructions=request.instructions, reference=request.reference,
+            max_seq_len=self._max_seq_len,
+        )
+        branches = cfg_branches(prompt, float(request.cfg_scale))
+        return Segment(
+            prompt_lens=tuple(p.num_tokens for p in branches), prompt=branches,
+            num_text_tokens=sum(len(s) for p in branches for s in p.text_segments()),
+        )
+
+    def _num_branches(self, request: SynthesisRequest) -> int:
+        probe = make_prompt(
+            self.checkpoint.tokenizer, "probe", speaker=request.speaker,
+            instructions=request.instructions, reference=request.reference,
+            max_seq_len=self._max_seq_len,
+        )
+        return len(cfg_branches(probe, float(request.cfg_scale)))
+
+    def _segment_of(self, request_id: str, frame_end: int) -> int:
+        """Index of the segment holding frame ``frame_end - 1`` of the request's audio."""
+        request = self.scheduler.get_request(request_id)
+        if request is None:
+            return 0
+        total = 0
+        for segment in request.segments:
+            total += segment.num_frames
+            if frame_end <= total:
+                return segment.index
+        return max(len(request.segments) - 1, 0)
+
+    def _live_request(self, request_id: str) -> Request:
+        request = self.scheduler.get_request(request_id)
+        if request is None or request.status.is_finished:
+            raise InvalidRequest(f"request_id={request_id!r} is not running")
+        return request

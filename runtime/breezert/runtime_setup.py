@@ -1,0 +1,55 @@
+"""Start-up: weights for ``ModelConfig`` and a ``ModelRunner`` sized for ``EngineConfig``.
+
+Owns: choosing the device, loading a checkpoint folder or building random weights of a preset,
+and resolving the KV block count. Must not: schedule or run requests.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from breezert.config import EngineConfig, ModelConfig
+from breezert.layers.sampling import SamplingParams
+from breezert.loader import Checkpoint, GenerationDefaults, load_checkpoint
+from breezert.offline import default_sampling
+from breezert.random_init import build_random
+from breezert.tokenizer import BreezeTokenizer, build_byte_tokenizer
+from breezert.worker.model_runner import ModelRunner
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name == "cuda" and not torch.cuda.is_available():
+        raise ValueError("model.device='cuda' but CUDA is not available; use 'cpu' or 'auto'")
+    return torch.device(name)
+
+
+def load_engine_checkpoint(cfg: ModelConfig) -> Checkpoint:
+    """The checkpoint at ``cfg.path``, or random weights of ``cfg.preset`` when it is unset."""
+    device = resolve_device(cfg.device)
+    dtype = _DTYPES[cfg.dtype]
+    if cfg.path is not None:
+        return load_checkpoint(cfg.path, device=device, dtype=dtype)
+    config, model, codec = build_random(cfg.preset, seed=cfg.seed, device=device, dtype=dtype)
+    from dataclasses import replace
+
+    return Checkpoint(
+        path=None, config=replace(config, dtype=cfg.dtype), model=model, codec=codec,
+        tokenizer=BreezeTokenizer(build_byte_tokenizer()), generation=GenerationDefaults(),
+    )
+
+
+def build_runner(cfg: EngineConfig, ckpt: Checkpoint) -> ModelRunner:
+    """A ``ModelRunner`` with the configured slots and a KV pool of the resolved size."""
+    num_blocks = cfg.cache.num_blocks or cfg.worst_case_num_blocks()
+    sampling: SamplingParams = default_sampling(ckpt)
+    return ModelRunner(
+        ckpt,
+        max_slots=cfg.scheduler.max_running_requests,
+        num_blocks=num_blocks,
+        block_size=cfg.cache.block_size,
+        default_sampling=sampling,
+    )

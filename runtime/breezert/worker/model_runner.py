@@ -1,0 +1,133 @@
+"""Runs one ``StepPlan`` on the device: release slots, set up new requests, run the stage.
+
+Owns: the device, the paged KV cache, the codec state arena, the slot table and the five stage
+runners. Stage-agnostic: it dispatches a plan to its stage and isolates per-request failures.
+Must not: decide what runs next (the scheduler does) or touch ``Request`` objects.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import torch
+
+from breezert.layers.sampling import SamplingParams
+from breezert.loader import Checkpoint
+from breezert.models.codec import StreamingCodec
+from breezert.sched.plan import NewRequestData, Stage, StageItem, StepPlan
+from breezert.stages import StageOutput
+from breezert.stages.backbone import DecodeStage, PrefillStage
+from breezert.stages.codec import CodecStage
+from breezert.stages.depth import DepthStage
+from breezert.stages.text_encode import TextEncodeStage
+from breezert.worker.batch_state import BatchState, SlotState
+from breezert.worker.kv_cache import PagedKVCache
+
+logger = logging.getLogger("breezert.worker")
+
+FaultHook = Callable[[Stage, str], None]
+"""Called with (stage, request_id) before each item runs; raising fails that request only.
+Tests use it to inject failures."""
+
+
+@dataclass(frozen=True)
+class ResolvedLayout:
+    """Sizes measured or derived at start-up (never written back into the config)."""
+
+    num_blocks: int
+    block_size: int
+    max_slots: int
+    kv_cache_bytes: int
+
+
+class ModelRunner:
+    def __init__(
+        self,
+        checkpoint: Checkpoint,
+        *,
+        max_slots: int,
+        num_blocks: int,
+        block_size: int,
+        default_sampling: SamplingParams,
+    ) -> None:
+        self.ckpt = checkpoint
+        model = checkpoint.model
+        bb = checkpoint.config.backbone
+        self.device = checkpoint.device
+        self.default_sampling = default_sampling
+        self.kv = PagedKVCache(
+            bb.num_layers, num_blocks, block_size, bb.num_kv_heads, bb.head_dim,
+            dtype=model.lm_head.weight.dtype, device=self.device,
+        )
+        self.codec = StreamingCodec(checkpoint.codec, max_slots, device=checkpoint.codec_device)
+        self.batch = BatchState(max_slots)
+        self.stages = {
+            Stage.TEXT_ENCODE: TextEncodeStage(model),
+            Stage.PREFILL: PrefillStage(model, self.kv),
+            Stage.DECODE: DecodeStage(model, self.kv),
+            Stage.DEPTH: DepthStage(model),
+            Stage.CODEC: CodecStage(self.codec),
+        }
+        self.layout = ResolvedLayout(num_blocks, block_size, max_slots, self.kv.nbytes)
+        self.fault_hook: FaultHook | None = None
+
+    @torch.inference_mode()
+    def execute(self, plan: StepPlan) -> StageOutput:
+        for request_id in plan.finished_request_ids:
+            self.batch.release_request(request_id)
+        failed: dict[str, str] = {}
+        for new in plan.new_requests:
+            try:
+                self.batch.add(new.slot, self._new_slot_state(new))
+            except Exception as exc:  # a bad request must not take the engine down
+                failed[new.request_id] = f"set-up failed: {exc}"
+        items = self._runnable(plan.stage, plan.items, failed)
+        out = StageOutput()
+        if items:
+            try:
+                out = self.stages[plan.stage].run(items, self.batch)
+            except Exception as exc:
+                logger.exception("stage %s failed for %d request(s)", plan.stage.value, len(items))
+                reason = f"{plan.stage.value} step failed: {type(exc).__name__}: {exc}"
+                failed.update({item.request_id: reason for item in items})
+                out = StageOutput()
+        out.failed.update(failed)
+        return out
+
+    def _runnable(
+        self, stage: Stage, items: Sequence[StageItem], failed: dict[str, str]
+    ) -> list[StageItem]:
+        """Items whose request is healthy; the fault hook may fail individual requests."""
+        runnable = []
+        for item in items:
+            if item.request_id in failed:
+                continue
+            if self.fault_hook is not None:
+                try:
+                    self.fault_hook(stage, item.request_id)
+                except Exception as exc:
+                    failed[item.request_id] = f"{stage.value}: {type(exc).__name__}: {exc}"
+                    continue
+            runnable.append(item)
+        return runnable
+
+    def _new_slot_state(self, new: NewRequestData) -> SlotState:
+        generator = torch.Generator(device=self.device)
+        if new.seed is None:
+            generator.seed()
+        else:
+            generator.manual_seed(new.seed)
+        return SlotState(
+            request_id=new.request_id,
+            num_branches=new.num_branches,
+            cfg_scale=new.cfg_scale,
+            sampling=new.sampling or self.default_sampling,
+            generator=generator,
+            ignore_eos=new.ignore_eos,
+        )
+
+    def release_all(self) -> None:
+        """Drops every slot (used when the engine shuts down or recovers from a fault)."""
+        self.batch = BatchState(len(self.batch._slots))
