@@ -14,7 +14,7 @@ $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	# The CPU torch wheel: a bare 'torch' would pull a multi-GB CUDA build.
 	$(PIP) install "torch==2.13.0"
-	$(PIP) install -e ".[test,serve,bench]"
+	$(PIP) install -e ".[test,serve,agents,bench]"
 	touch $(STAMP)
 
 install: $(STAMP)

@@ -79,6 +79,8 @@ class Engine:
         self.playback: dict[str, PlaybackReport] = {}
         self._lock = threading.RLock()
         self._pending: list[EngineOutput] = []  # outcomes produced outside step()
+        self.last_step_ran = False
+        """Whether the last ``step`` ran a plan (False: nothing was runnable)."""
         self._max_seq_len = min(config.scheduler.max_model_len, self.checkpoint.config.max_seq_len)
 
     # ----------------------------------------------------------------- requests
@@ -137,6 +139,7 @@ class Engine:
         """One scheduler step: plan → run on the worker → commit; returns what it produced."""
         with self._lock:
             plan = self.scheduler.schedule(self.clock())
+        self.last_step_ran = plan is not None
         if plan is None:
             return self._drain_pending()
         start = self.clock()

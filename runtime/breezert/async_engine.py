@@ -1,0 +1,186 @@
+"""asyncio facade over ``Engine``: the engine loop on its own thread, one output queue per request.
+
+Owns: the engine thread, routing each step's outputs to the awaiting request's queue on its
+event loop, and turning a cancelled or abandoned consumer into ``Engine.abort``. Must not: call
+the GPU or make scheduling decisions; everything goes through ``Engine``'s thread-safe methods.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+from breezert.config import EngineConfig
+from breezert.engine import Engine, EngineOutput, RequestOutcome
+from breezert.errors import BreezeRTError, RequestAborted, RequestFailed
+from breezert.outputs import AudioChunk
+from breezert.request import RequestStatus, SynthesisRequest
+
+logger = logging.getLogger("breezert.async_engine")
+
+
+@dataclass
+class _Route:
+    loop: asyncio.AbstractEventLoop
+    queue: asyncio.Queue[EngineOutput | BaseException]
+
+
+class AsyncEngine:
+    """Runs ``Engine.step`` in a background thread; ``synthesize`` streams ``AudioChunk``s.
+
+    One ``AsyncEngine`` serves any number of event loops and requests; create it once per
+    process (``AsyncEngine.from_config``) and share it.
+    """
+
+    def __init__(self, engine: Engine, *, idle_wait_s: float = 0.05) -> None:
+        self.engine = engine
+        self._idle_wait_s = idle_wait_s
+        self._routes: dict[str, _Route] = {}
+        self._routes_lock = threading.Lock()
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._fatal: BaseException | None = None
+
+    @staticmethod
+    def from_config(config: EngineConfig, **kwargs: Any) -> AsyncEngine:
+        return AsyncEngine(Engine(config), **kwargs)
+
+    # --------------------------------------------------------------- lifecycle
+    def start(self) -> None:
+        """Starts the engine thread (idempotent)."""
+        if self._thread is not None and self._thread.is_alive():
+            return
+        self._stop.clear()
+        self._thread = threading.Thread(target=self._run, name="breezert-engine", daemon=True)
+        self._thread.start()
+
+    async def aclose(self) -> None:
+        """Aborts every request, stops the engine thread and waits for it."""
+        with self._routes_lock:
+            request_ids = list(self._routes)
+        for request_id in request_ids:
+            self.engine.abort(request_id)
+        self._stop.set()
+        self._wake.set()
+        if self._thread is not None:
+            await asyncio.get_running_loop().run_in_executor(None, self._thread.join)
+            self._thread = None
+
+    @property
+    def is_running(self) -> bool:
+        return self._thread is not None and self._thread.is_alive() and self._fatal is None
+
+    # ---------------------------------------------------------------- requests
+    async def synthesize(self, request: SynthesisRequest) -> AsyncIterator[AudioChunk]:
+        """Streams the request's chunks. Raises ``RequestFailed`` / ``RequestAborted`` on those
+        outcomes; leaving the loop early or cancelling the consumer aborts the request."""
+        request_id = self.submit(request)
+        async for chunk in self.stream(request_id):
+            yield chunk
+
+    def submit(self, request: SynthesisRequest) -> str:
+        """Queues ``request`` and opens its output route; use ``stream`` to read it.
+
+        Raises ``InvalidRequest`` / ``EngineOverloaded`` at once.
+        """
+        if self._fatal is not None:
+            raise BreezeRTError(f"engine stopped after a fatal error: {self._fatal}")
+        self.start()
+        route = _Route(asyncio.get_running_loop(), asyncio.Queue())
+        assert request.request_id is not None
+        with self._routes_lock:
+            if request.request_id in self._routes:
+                raise BreezeRTError(f"request_id={request.request_id!r} is already streaming")
+            self._routes[request.request_id] = route
+        try:
+            self.engine.add_request(request)
+        except BaseException:
+            with self._routes_lock:
+                self._routes.pop(request.request_id, None)
+            raise
+        self._wake.set()
+        return request.request_id
+
+    async def stream(self, request_id: str) -> AsyncIterator[AudioChunk]:
+        """Yields the chunks of a submitted request until it finishes."""
+        with self._routes_lock:
+            route = self._routes.get(request_id)
+        if route is None:
+            raise BreezeRTError(f"request_id={request_id!r} was not submitted here")
+        finished = False
+        try:
+            while True:
+                item = await route.queue.get()
+                if isinstance(item, BaseException):
+                    finished = True
+                    raise item
+                if isinstance(item, RequestOutcome):
+                    finished = True
+                    _raise_for(item)
+                    return
+                yield item
+        finally:
+            with self._routes_lock:
+                self._routes.pop(request_id, None)
+            if not finished:  # consumer cancelled or stopped early: free everything now
+                self.engine.abort(request_id)
+                self._wake.set()
+
+    def append_text(self, request_id: str, text: str) -> None:
+        self.engine.append_text(request_id, text)
+        self._wake.set()
+
+    def close_input(self, request_id: str) -> None:
+        self.engine.close_input(request_id)
+        self._wake.set()
+
+    def abort(self, request_id: str) -> None:
+        self.engine.abort(request_id)
+        self._wake.set()
+
+    def report_playback(
+        self, request_id: str, buffered_s: float, measured_at: float, source: str
+    ) -> None:
+        self.engine.report_playback(request_id, buffered_s, measured_at, source)
+
+    def metrics(self) -> dict[str, Any]:
+        return self.engine.metrics.snapshot()
+
+    # ------------------------------------------------------------ engine thread
+    def _run(self) -> None:
+        try:
+            while not self._stop.is_set():
+                self._wake.clear()  # before the step: a wake-up during it is not lost
+                for output in self.engine.step():
+                    self._route(output)
+                if not self.engine.last_step_ran:  # nothing runnable: sleep until woken
+                    self._wake.wait(self._idle_wait_s)
+        except BaseException as exc:  # fatal: fail every open request loudly
+            logger.exception("engine loop died")
+            self._fatal = exc
+            with self._routes_lock:
+                routes = list(self._routes.items())
+            for request_id, route in routes:
+                failure = RequestFailed(request_id, f"engine stopped: {exc}")
+                route.loop.call_soon_threadsafe(route.queue.put_nowait, failure)
+
+    def _route(self, output: EngineOutput) -> None:
+        with self._routes_lock:
+            route = self._routes.get(output.request_id)
+        if route is not None:
+            try:
+                route.loop.call_soon_threadsafe(route.queue.put_nowait, output)
+            except RuntimeError:  # the consumer's loop is closed
+                self.engine.abort(output.request_id)
+
+
+def _raise_for(outcome: RequestOutcome) -> None:
+    if outcome.status is RequestStatus.FAILED:
+        raise RequestFailed(outcome.request_id, outcome.error or "unknown error")
+    if outcome.status is RequestStatus.ABORTED:
+        raise RequestAborted(outcome.request_id)
