@@ -36,8 +36,8 @@ def chunk_sizes(schedule: Sequence[int]) -> Iterator[int]:
 def _request_frames(ckpt: Checkpoint, request: SynthesisRequest) -> Iterator[tuple[int, torch.Tensor]]:
     """(segment index, frame [16]) for every frame of every segment, one RNG stream."""
     params = request.sampling or default_sampling(ckpt)
-    generator = torch.Generator(device="cpu")
-    generator.manual_seed(request.seed if request.seed is not None else 0)
+    seed = request.seed if request.seed is not None else 0
+    produced = 0
     segments = [request.text] if isinstance(request.text, str) else list(request.text)
     max_frames = request.max_frames or ckpt.generation.max_new_tokens
     for index, text in enumerate(segments):
@@ -46,9 +46,10 @@ def _request_frames(ckpt: Checkpoint, request: SynthesisRequest) -> Iterator[tup
             reference=request.reference, max_seq_len=ckpt.config.max_seq_len,
         )
         for frame in generate_frames(
-            ckpt.model, prompt, params, generator, max_frames=max_frames,
-            cfg_scale=request.cfg_scale, ignore_eos=request.ignore_eos,
+            ckpt.model, prompt, params, seed, max_frames=max_frames,
+            cfg_scale=request.cfg_scale, ignore_eos=request.ignore_eos, frame_offset=produced,
         ):
+            produced += 1
             yield index, frame
 
 

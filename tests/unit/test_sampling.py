@@ -86,23 +86,50 @@ def test_temperature_cfg_and_greedy() -> None:
     )
     mixed = cfg_mix(torch.tensor([2.0, 1.0]), torch.tensor([1.0, 1.0]), 3.0)
     assert torch.equal(mixed, torch.tensor([4.0, 1.0]))
-    assert sample(logits, 0.0, 50, 1.0).tolist() == [1, 1]
+    zeros = torch.zeros(2, dtype=torch.long)
+    assert sample(logits, 0.0, 50, 1.0, zeros, zeros).tolist() == [1, 1]
 
 
 def test_sample_masked_ids_never_drawn_and_seeded() -> None:
     logits = suppress_reserved(torch.zeros(3, 2052))
-    gens = [torch.Generator().manual_seed(s) for s in (1, 2, 1)]
-    first = sample(logits, 1.0, 0, 1.0, gens)
+    seeds = torch.tensor([1, 2, 1])
+    counters = torch.zeros(3, dtype=torch.long)
+    first = sample(logits, 1.0, 0, 1.0, seeds, counters)
     assert ((first < 2048) | (first == 2051)).all()
-    assert first[0] == first[2]  # same seed per row -> same draw
-    gens = [torch.Generator().manual_seed(s) for s in (1, 2, 1)]
-    assert torch.equal(sample(logits, 1.0, 0, 1.0, gens), first)
+    assert first[0] == first[2]  # same seed and counter -> same draw
+    assert torch.equal(sample(logits, 1.0, 0, 1.0, seeds, counters), first)
+    # A row's draw depends on its own (seed, counter) only, never on its batch neighbours.
+    alone = sample(logits[1:2], 1.0, 0, 1.0, seeds[1:2], counters[1:2])
+    assert alone.item() == first[1].item()
+
+
+def test_sample_counters_and_seeds_give_independent_draws() -> None:
+    logits = torch.zeros(1, 2051)
+    draws = {
+        sample(logits, 1.0, 0, 1.0, torch.tensor([seed]), torch.tensor([counter])).item()
+        for seed in (0, 1, 2) for counter in range(20)
+    }
+    assert len(draws) > 50  # 60 draws over 2051 equally likely ids: nearly all distinct
+
+
+def test_sample_matches_softmax_distribution() -> None:
+    probs = torch.tensor([0.5, 0.3, 0.15, 0.05])
+    logits = probs.log().expand(4000, 4).contiguous()
+    seeds = torch.full((4000,), 11)
+    draws = sample(logits, 1.0, 0, 1.0, seeds, torch.arange(4000))
+    freq = torch.bincount(draws, minlength=4).float() / 4000
+    assert torch.allclose(freq, probs, atol=0.03)
+    # top-k 2 renormalises over the two most likely ids; top-p 0.6 keeps ids 0 and 1 as well.
+    for k, p in ((2, 1.0), (0, 0.6)):
+        draws = sample(logits, 1.0, k, p, seeds, torch.arange(4000))
+        freq = torch.bincount(draws, minlength=4).float() / 4000
+        assert torch.allclose(freq, torch.tensor([0.625, 0.375, 0.0, 0.0]), atol=0.03)
 
 
 def test_sample_top_k_one_is_argmax() -> None:
     logits = torch.randn(4, 100, generator=torch.Generator().manual_seed(0))
-    gens = [torch.Generator().manual_seed(i) for i in range(4)]
-    assert torch.equal(sample(logits, 0.9, 1, 1.0, gens), logits.argmax(-1))
+    seeds = torch.arange(4)
+    assert torch.equal(sample(logits, 0.9, 1, 1.0, seeds, seeds * 0), logits.argmax(-1))
 
 
 def test_sampling_params_defaults() -> None:
@@ -150,7 +177,7 @@ def prompt() -> Prompt:
 
 def _run(model: BreezeModel, prompt: Prompt, seed: int, **kwargs: object) -> torch.Tensor:
     frames = generate_frames(
-        model, prompt, SamplingParams(), torch.Generator().manual_seed(seed), **kwargs
+        model, prompt, SamplingParams(), seed, **kwargs
     )
     return torch.stack(list(frames))
 
@@ -195,6 +222,6 @@ def test_cfg_scale_zero_runs_negative_only(tiny: BreezeModel) -> None:
     design = design_prompt([2, 100, 200, 300], [2, 7, 8], speaker="S1")
     assert design.negative is not None
     greedy = SamplingParams.greedy()
-    only_neg = list(generate_frames(tiny, design, greedy, None, 2, cfg_scale=0.0, ignore_eos=True))
-    plain = list(generate_frames(tiny, design.negative, greedy, None, 2, ignore_eos=True))
+    only_neg = list(generate_frames(tiny, design, greedy, 0, 2, cfg_scale=0.0, ignore_eos=True))
+    plain = list(generate_frames(tiny, design.negative, greedy, 0, 2, ignore_eos=True))
     assert torch.equal(torch.stack(only_neg), torch.stack(plain))

@@ -1,8 +1,8 @@
 """Sampling of first codes and depth codes: pure tensor functions plus validated parameters.
 
 Owns: ``SamplingParams`` (validation, generation_config defaults) and the official processing
-order penalty -> suppress reserved ids -> temperature -> top-k -> top-p -> softmax -> one draw per
-row with that row's ``torch.Generator``. Must not: know about requests, KV or the models.
+order penalty -> suppress reserved ids -> temperature -> top-k -> top-p -> one draw per row from a
+counter-based RNG keyed by (request seed, draw counter). Must not: know about requests, KV or the models.
 """
 
 from __future__ import annotations
@@ -129,16 +129,64 @@ def apply_top_k(logits: torch.Tensor, top_k: PerRow) -> torch.Tensor:
 
 
 def apply_top_p(logits: torch.Tensor, top_p: PerRow) -> torch.Tensor:
-    """Nucleus filter: keeps the most likely ids up to and including the first to reach top_p."""
-    p = _per_row(top_p, logits.shape[0], torch.float32, logits.device)[:, None]  # [R, 1]
-    if bool((p >= 1).all()):
-        return logits
-    sorted_logits, order = logits.sort(dim=-1, descending=True)  # [R, V]
-    probs = sorted_logits.float().softmax(dim=-1)
+    """Nucleus filter: keeps the most likely ids up to and including the first to reach top_p.
+
+    Branch-free (no host sync), so it can run inside a CUDA graph; p = 1 removes nothing.
+    """
+    return filter_top_k_top_p(logits, 0, top_p)
+
+
+def filter_top_k_top_p(logits: torch.Tensor, top_k: PerRow, top_p: PerRow) -> torch.Tensor:
+    """``apply_top_p(apply_top_k(logits, k), p)`` with one sort and no host sync."""
+    num_rows, vocab = logits.shape
+    k = _per_row(top_k, num_rows, torch.long, logits.device)[:, None]  # [R, 1]
+    p = _per_row(top_p, num_rows, torch.float32, logits.device)[:, None]  # [R, 1]
+    sorted_desc, order = logits.sort(dim=-1, descending=True)  # [R, V]
+    kth = sorted_desc.gather(-1, k.clamp(1, vocab) - 1)  # [R, 1]
+    drop_k = (sorted_desc < kth) & (k > 0)  # ties with the k-th value are kept
+    probs = sorted_desc.masked_fill(drop_k, float("-inf")).float().softmax(dim=-1)
     mass_before = probs.cumsum(dim=-1) - probs  # exclusive cumulative mass
-    remove_sorted = (mass_before >= p) & (p < 1)
-    remove = torch.zeros_like(remove_sorted).scatter(-1, order, remove_sorted)
-    return logits.masked_fill(remove, float("-inf"))
+    drop_sorted = drop_k | ((mass_before >= p) & (p < 1))
+    drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
+    return logits.masked_fill(drop, float("-inf"))
+
+
+# Counter-based RNG: a draw is a pure function of (request seed, draw counter, column), so codes
+# do not depend on batching, scheduling, device or graph replay, and there is no generator state
+# to carry: the request's stream continues across segments by its frame counter alone.
+_MASK32 = 0xFFFFFFFF
+
+
+def _mul32(x: torch.Tensor, c: int) -> torch.Tensor:
+    """``x * c mod 2**32`` exactly in int64 (x < 2**32), without overflowing 63 bits."""
+    lo, hi = c & 0xFFFF, c >> 16
+    return (x * lo + (((x * hi) & 0xFFFF) << 16)) & _MASK32
+
+
+def _hash32(x: torch.Tensor) -> torch.Tensor:
+    """lowbias32 (C. Wellons): a strong 32-bit integer mix, on int64 tensors holding 32 bits."""
+    x = x & _MASK32
+    x = x ^ (x >> 16)
+    x = _mul32(x, 0x7FEB352D)
+    x = x ^ (x >> 15)
+    x = _mul32(x, 0x846CA68B)
+    return x ^ (x >> 16)
+
+
+def counter_uniform(seeds: torch.Tensor, counters: torch.Tensor, width: int) -> torch.Tensor:
+    """``[R, width]`` float32 uniforms in (0, 1) from ``seeds [R]`` and ``counters [R]`` (int64)."""
+    seeds = seeds.to(torch.long)
+    row = _hash32(_hash32(seeds & _MASK32) ^ (seeds >> 32) & _MASK32)
+    row = _hash32(row ^ (counters.to(torch.long) & _MASK32))  # [R]
+    cols = torch.arange(width, device=seeds.device, dtype=torch.long)
+    bits = _hash32(_hash32(row[:, None] + _mul32(cols, 0x9E3779B1)[None, :]) ^ row[:, None])
+    return ((bits >> 8).to(torch.float32) + 0.5) * (1.0 / (1 << 24))
+
+
+def draw_counter(frame_index: torch.Tensor | int, codebook: int) -> torch.Tensor | int:
+    """Counter of a request's draw for ``codebook`` (0 = first code) of its frame ``frame_index``
+    (counted over the whole request, across segments)."""
+    return frame_index * 16 + codebook
 
 
 def sample(
@@ -146,24 +194,21 @@ def sample(
     temperature: PerRow,
     top_k: PerRow,
     top_p: PerRow,
-    generators: Sequence[torch.Generator | None] | None = None,
+    seeds: torch.Tensor,
+    counters: torch.Tensor,
 ) -> torch.Tensor:
-    """Temperature -> top-k -> top-p -> softmax -> one draw per row ``[R]`` (T = 0: argmax).
+    """Temperature -> top-k -> top-p -> one categorical draw per row ``[R]`` (T = 0: argmax).
+
+    The draw is Gumbel-max over the filtered logits, which samples exactly from their softmax;
+    its noise comes from ``counter_uniform(seeds, counters)``. Branch-free and sync-free.
 
     Args:
         logits: ``[R, V]`` after penalty and suppression.
-        generators: one ``torch.Generator`` per row (None = the global RNG).
+        seeds, counters: ``[R]`` int64 per-row request seed and draw counter.
     """
-    num_rows = logits.shape[0]
+    num_rows, vocab = logits.shape
     t = _per_row(temperature, num_rows, torch.float32, logits.device)
-    greedy = logits.argmax(dim=-1)  # [R]
-    if bool((t == 0).all()):
-        return greedy
-    filtered = apply_top_p(apply_top_k(apply_temperature(logits.float(), t), top_k), top_p)
-    probs = filtered.softmax(dim=-1)  # [R, V]
-    out = greedy.clone()
-    for row in range(num_rows):
-        if t[row] > 0:
-            gen = generators[row] if generators is not None else None
-            out[row] = torch.multinomial(probs[row], 1, generator=gen)[0]
-    return out
+    filtered = filter_top_k_top_p(apply_temperature(logits.float(), t), top_k, top_p)
+    gumbel = -torch.log(-torch.log(counter_uniform(seeds, counters, vocab)))
+    drawn = (filtered + gumbel).argmax(dim=-1)
+    return torch.where(t > 0, drawn, logits.argmax(dim=-1))

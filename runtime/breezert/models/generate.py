@@ -16,6 +16,7 @@ from breezert.layers.sampling import (
     SamplingParams,
     apply_repetition_penalty,
     cfg_mix,
+    draw_counter,
     sample,
     seen_mask,
     suppress_reserved,
@@ -47,20 +48,23 @@ def generate_frames(
     model: BreezeModel,
     prompt: Prompt,
     params: SamplingParams,
-    generator: torch.Generator | None = None,
+    seed: int = 0,
     max_frames: int = 1500,
     cfg_scale: float = 1.0,
     ignore_eos: bool = False,
     *,
     max_seq_len: int | None = None,
+    frame_offset: int = 0,
 ) -> Iterator[torch.Tensor]:
     """Yields frames ``[16]`` (long, codes < 2048) one by one until EOS or a limit.
 
     Args:
-        generator: the request's RNG; per frame one draw for code 0, then one per codebook 1..15.
+        seed: the request's RNG seed; frame t's draws use counters ``draw_counter(t, j)``.
         cfg_scale: guidance scale s; CFG runs only when s != 1 and the prompt has a negative.
         ignore_eos: never stop on EOS (2051 is masked out instead of sampled).
         max_seq_len: stop once ``prefill_len + t >= max_seq_len - 1`` (default: model config).
+        frame_offset: frames the request produced before this prompt (earlier segments), so the
+            RNG stream continues across segments.
     """
     limit = model.cfg.max_seq_len if max_seq_len is None else max_seq_len
     branches = cfg_branches(prompt, cfg_scale)
@@ -77,7 +81,7 @@ def generate_frames(
     last = torch.tensor(lens).cumsum(0) - 1
     h_last = hidden[last.to(hidden.device)]  # [B, D]
     history: list[int] = []
-    gens = [generator]
+    seeds = torch.tensor([seed], dtype=torch.long, device=weight.device)
     for t in range(max_frames):
         if max(lens) + t >= limit - 1:
             return
@@ -88,10 +92,11 @@ def generate_frames(
         logits = suppress_reserved(logits)
         if ignore_eos:
             logits[:, FRAME_EOS_ID] = float("-inf")
-        code0 = sample(logits, params.temperature, params.top_k, params.top_p, gens)  # [1]
+        counter = torch.tensor([draw_counter(frame_offset + t, 0)], device=weight.device)
+        code0 = sample(logits, params.temperature, params.top_k, params.top_p, seeds, counter)
         if int(code0[0]) == FRAME_EOS_ID:
             return
-        frame = depth_frame(model, h_last, code0, params, gens, cfg_scale)  # [16]
+        frame = depth_frame(model, h_last, code0, params, seeds, frame_offset + t, cfg_scale)
         yield frame
         history.append(int(code0[0]))
         step_embeds = model.audio_frame_embeds(frame[None].to(weight.device))  # [1, D]
@@ -104,7 +109,8 @@ def depth_frame(
     h_last: torch.Tensor,
     code0: torch.Tensor,
     params: SamplingParams,
-    generators: list[torch.Generator | None],
+    seeds: torch.Tensor,
+    frame_index: int,
     cfg_scale: float = 1.0,
 ) -> torch.Tensor:
     """Fills codebooks 1..15 for one logical request with B = 1 or 2 (CFG) branch rows.
@@ -112,6 +118,7 @@ def depth_frame(
     Args:
         h_last: ``[B, D]`` backbone states (cond first, then uncond).
         code0: ``[1]`` the sampled first code, fed to every branch.
+        seeds: ``[1]`` the request's seed; ``frame_index`` its frame counter.
     """
     depth = model.depth_decoder
     num_rows = h_last.shape[0]
@@ -122,9 +129,9 @@ def depth_frame(
         x = depth.embed_code(codes[-1].expand(num_rows), j - 1)  # [B, D]
         logits = _mix(depth.logits(depth.step(x, j, cache), j), cfg_scale)  # [1, 2051]
         logits = suppress_reserved(logits)
+        counter = torch.tensor([draw_counter(frame_index, j)], device=h_last.device)
+        p = params
         codes.append(
-            sample(
-                logits, params.depth_temperature, params.depth_top_k, params.depth_top_p, generators
-            )
+            sample(logits, p.depth_temperature, p.depth_top_k, p.depth_top_p, seeds, counter)
         )
     return torch.cat(codes).cpu()  # [16]

@@ -1,8 +1,8 @@
 """DEPTH: sample one frame per request: first code from the backbone state, then 15 depth codes.
 
 Owns: the first-code logits (fp32 ``lm_head``), CFG mixing per request, the repetition penalty
-over the segment's first codes, reserved-id and EOS masking, per-request sampling with each
-request's own generator, and the 15-step depth loop batched over every row. Must not: run the
+over the segment's first codes, reserved-id and EOS masking, per-request sampling from each
+request's counter-based RNG stream, and the 15-step depth loop batched over every row. Must not: run the
 backbone or the codec.
 """
 
@@ -15,6 +15,7 @@ import torch
 from breezert.layers.sampling import (
     apply_repetition_penalty,
     cfg_mix,
+    draw_counter,
     sample,
     seen_mask,
     suppress_reserved,
@@ -48,7 +49,10 @@ class DepthStage:
                     segment.history.clear()
         hidden = torch.stack([h for seg in segments for h in seg.hidden])  # [R, D]
         spans = _row_spans(slots)
-        code0 = self._first_codes(hidden, spans, slots, segments)  # [B]
+        device = hidden.device
+        seeds = torch.tensor([slot.seed for slot in slots], dtype=torch.long, device=device)
+        frames_at = torch.tensor([item.output_frame_index for item in items], device=device)
+        code0 = self._first_codes(hidden, spans, slots, segments, seeds, frames_at)  # [B]
         out = StageOutput(
             first_codes={item.request_id: int(c) for item, c in zip(items, code0.tolist())}
         )
@@ -57,8 +61,10 @@ class DepthStage:
             return out
         kept_slots = [slots[i] for i in keep]
         rows = torch.tensor([r for i in keep for r in range(spans[i][0], spans[i][0] + spans[i][1])])
+        kept = torch.tensor(keep, device=device)
         frames = self._depth_codes(
-            hidden[rows.to(hidden.device)], code0[keep], _row_spans(kept_slots), kept_slots
+            hidden[rows.to(device)], code0[kept], _row_spans(kept_slots), kept_slots,
+            seeds[kept], frames_at[kept],
         )  # [B', 16]
         for i, frame in zip(keep, frames.cpu()):
             segments[i].history.append(int(frame[0]))
@@ -72,6 +78,8 @@ class DepthStage:
         spans: Sequence[tuple[int, int, float]],
         slots: Sequence[SlotState],
         segments: Sequence[SegmentState],
+        seeds: torch.Tensor,
+        frames_at: torch.Tensor,
     ) -> torch.Tensor:
         logits = _mix_rows(self.model.first_code_logits(hidden), spans)  # [B, 2052]
         penalty = torch.tensor([s.sampling.repetition_penalty for s in slots])
@@ -87,7 +95,8 @@ class DepthStage:
             torch.tensor([p.temperature for p in params]),
             torch.tensor([p.top_k for p in params]),
             torch.tensor([p.top_p for p in params]),
-            [s.generator for s in slots],
+            seeds,
+            draw_counter(frames_at, 0),
         )
 
     def _depth_codes(
@@ -96,6 +105,8 @@ class DepthStage:
         code0: torch.Tensor,
         spans: Sequence[tuple[int, int, float]],
         slots: Sequence[SlotState],
+        seeds: torch.Tensor,
+        frames_at: torch.Tensor,
     ) -> torch.Tensor:
         """The 15-codebook loop for ``R`` rows of ``B`` requests → frames ``[B, 16]``."""
         depth = self.model.depth_decoder
@@ -108,14 +119,14 @@ class DepthStage:
         temperature = torch.tensor([p.depth_temperature for p in params])
         top_k = torch.tensor([p.depth_top_k for p in params])
         top_p = torch.tensor([p.depth_top_p for p in params])
-        generators = [s.generator for s in slots]
         cache = depth.new_cache(num_rows)
         depth.step(hidden, 0, cache)
         codes = [code0.to(hidden.device)]
         for j in range(1, self.model.cfg.num_codebooks):
             x = depth.embed_code(codes[-1][row_owner], j - 1)  # [R, D]
             logits = _mix_rows(depth.logits(depth.step(x, j, cache), j), spans)  # [B, 2051]
-            codes.append(sample(suppress_reserved(logits), temperature, top_k, top_p, generators))
+            counters = draw_counter(frames_at, j)
+            codes.append(sample(suppress_reserved(logits), temperature, top_k, top_p, seeds, counters))
         return torch.stack(codes, dim=1)  # [B, 16]
 
 

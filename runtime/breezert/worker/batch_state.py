@@ -1,6 +1,6 @@
 """Per-slot worker state: what each running request needs between its stage steps.
 
-Owns: the slot table (``slot -> SlotState``), each request's generator, sampling settings, the
+Owns: the slot table (``slot -> SlotState``), each request's RNG seed, sampling settings, the
 per-segment prompt embeddings, last hidden states, repetition history and the frames waiting for
 the codec. Must not: make decisions (the scheduler does) or run models (the stages do).
 """
@@ -39,7 +39,8 @@ class SlotState:
     num_branches: int
     cfg_scale: float
     sampling: SamplingParams
-    generator: torch.Generator
+    seed: int
+    """The request's RNG seed (draws are keyed by seed and frame counter)."""
     ignore_eos: bool
     segments: dict[int, SegmentState] = field(default_factory=dict)
     frames: dict[int, torch.Tensor] = field(default_factory=dict)

@@ -8,6 +8,7 @@ Must not: decide what runs next (the scheduler does) or touch ``Request`` object
 from __future__ import annotations
 
 import logging
+import secrets
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -114,17 +115,13 @@ class ModelRunner:
         return runnable
 
     def _new_slot_state(self, new: NewRequestData) -> SlotState:
-        generator = torch.Generator(device=self.device)
-        if new.seed is None:
-            generator.seed()
-        else:
-            generator.manual_seed(new.seed)
+        seed = new.seed if new.seed is not None else secrets.randbits(63)
         return SlotState(
             request_id=new.request_id,
             num_branches=new.num_branches,
             cfg_scale=new.cfg_scale,
             sampling=new.sampling or self.default_sampling,
-            generator=generator,
+            seed=seed,
             ignore_eos=new.ignore_eos,
         )
 
