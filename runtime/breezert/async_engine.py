@@ -160,6 +160,10 @@ class AsyncEngine:
                     self._route(output)
                 if not self.engine.last_step_ran:  # nothing runnable: sleep until woken
                     self._wake.wait(self._idle_wait_s)
+            # NOTE: aclose() aborts every request just before it stops the loop; no step returns
+            # those outcomes, so route them here or their consumers wait forever.
+            for output in self.engine.drain():
+                self._route(output)
         except BaseException as exc:  # fatal: fail every open request loudly
             logger.exception("engine loop died")
             self._fatal = exc

@@ -133,8 +133,10 @@ class GraphConfig(_Frozen):
     """``torch.compile`` the depth decoder's per-codebook step."""
     decode_batch_buckets: tuple[int, ...] = (1, 2, 4, 8, 16, 32)
     """DECODE batch sizes in rows (CFG branches count)."""
+    decode_context_buckets: tuple[int, ...] = (256, 512, 1024, 2048)
+    """Attention context lengths in tokens (DECODE and PREFILL keys are padded up to one)."""
     depth_batch_buckets: tuple[int, ...] = (1, 2, 4, 8, 16, 32)
-    """DEPTH batch sizes in rows (CFG branches count)."""
+    """DEPTH batch sizes in requests (a CFG graph runs two rows per request)."""
     prefill_token_buckets: tuple[int, ...] = (16, 32, 64, 128, 256, 512)
     """PREFILL tokens per step."""
     text_encode_buckets: tuple[int, ...] = (32, 64, 128)
@@ -146,6 +148,7 @@ class GraphConfig(_Frozen):
     def _check(self) -> GraphConfig:
         for name in (
             "decode_batch_buckets",
+            "decode_context_buckets",
             "depth_batch_buckets",
             "prefill_token_buckets",
             "text_encode_buckets",
@@ -231,6 +234,7 @@ class EngineConfig(_Frozen):
             g.enable_cuda_graphs,
             g.compile_depth,
             g.decode_batch_buckets,
+            g.decode_context_buckets,
             g.depth_batch_buckets,
             g.prefill_token_buckets,
             g.text_encode_buckets,

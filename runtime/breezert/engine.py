@@ -66,8 +66,10 @@ class Engine:
         *,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
+        from breezert.config import apply_env_overrides
         from breezert.runtime_setup import build_runner, load_engine_checkpoint
 
+        config = apply_env_overrides(config)
         self.config = config
         self.checkpoint = checkpoint or load_engine_checkpoint(config.model)
         self.clock = clock
@@ -91,8 +93,8 @@ class Engine:
 
             request = replace(request, seed=secrets.randbits(63))
         segments = [self._segment(request, text) for text in request.segments]
-        logical = Request.from_synthesis(request, segments, payload=request)
-        logical.num_branches = self._num_branches(request)
+        logical = Request.from_synthesis(request, segments, payload=request,
+                                         num_branches=self._num_branches(request))
         with self._lock:
             now = self.clock()
             self.scheduler.add_request(logical, now)
@@ -130,6 +132,11 @@ class Engine:
             if self.scheduler.get_request(request_id) is not None:
                 self.playback[request_id] = PlaybackReport(buffered_s, measured_at, source)
 
+    def drain(self) -> list[EngineOutput]:
+        """Outcomes produced outside ``step`` (``abort``, ``close_input``) that no step returned
+        yet; for a caller that stops stepping (``AsyncEngine.aclose``)."""
+        return self._drain_pending()
+
     def has_work(self) -> bool:
         with self._lock:
             return bool(self._pending) or self.scheduler.has_work()
@@ -141,6 +148,7 @@ class Engine:
             plan = self.scheduler.schedule(self.clock())
         self.last_step_ran = plan is not None
         if plan is None:
+            self._release_idle()
             return self._drain_pending()
         start = self.clock()
         out = self.runner.execute(plan)
@@ -180,6 +188,13 @@ class Engine:
                 self.playback.pop(event.request_id, None)
                 outcomes.append(RequestOutcome(event.request_id, event.status, event.error))
         return outcomes
+
+    def _release_idle(self) -> None:
+        """Hands pending slot releases to the worker when no plan carries them (idle engine)."""
+        with self._lock:
+            released = self.scheduler.take_released()
+        for request_id in released:
+            self.runner.batch.release_request(request_id)
 
     def _drain_pending(self) -> list[EngineOutput]:
         with self._lock:

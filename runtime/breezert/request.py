@@ -295,6 +295,7 @@ class Request:
         segments: Sequence[Segment],
         *,
         payload: Any = None,
+        num_branches: int | None = None,
     ) -> Request:
         """Builds the logical request of a ``SynthesisRequest``; defaults left ``None`` are
         resolved by ``Scheduler.add_request`` from its ``SchedulerConfig``.
@@ -303,6 +304,9 @@ class Request:
             synth: The validated user request.
             segments: One tokenized ``Segment`` per text segment of ``synth`` (same order).
             payload: Forwarded to the worker in ``NewRequestData.payload``.
+            num_branches: CFG branches of every segment; ``None`` = ``num_cfg_branches``. The
+                engine passes what the prompt has: plain and clone prompts have no negative,
+                so they run one branch whatever the scale.
 
         Raises:
             InvalidRequest: segment count or CFG branch count mismatch.
@@ -313,7 +317,7 @@ class Request:
         return cls(
             request_id=synth.request_id,
             segments=list(segments),
-            num_branches=num_cfg_branches(float(synth.cfg_scale)),
+            num_branches=num_branches or num_cfg_branches(float(synth.cfg_scale)),
             priority=synth.priority,
             chunk_schedule=synth.chunk_schedule,
             max_frames=synth.max_frames,

@@ -6,6 +6,8 @@ and resolving the KV block count. Must not: schedule or run requests.
 
 from __future__ import annotations
 
+import time
+
 import torch
 
 from breezert.config import EngineConfig, ModelConfig
@@ -43,13 +45,20 @@ def load_engine_checkpoint(cfg: ModelConfig) -> Checkpoint:
 
 
 def build_runner(cfg: EngineConfig, ckpt: Checkpoint) -> ModelRunner:
-    """A ``ModelRunner`` with the configured slots and a KV pool of the resolved size."""
+    """A ``ModelRunner`` with the configured slots and a KV pool of the resolved size, its
+    graphs captured (warm-up) when they are enabled."""
     num_blocks = cfg.cache.num_blocks or cfg.worst_case_num_blocks()
     sampling: SamplingParams = default_sampling(ckpt)
-    return ModelRunner(
+    runner = ModelRunner(
         ckpt,
         max_slots=cfg.scheduler.max_running_requests,
         num_blocks=num_blocks,
         block_size=cfg.cache.block_size,
         default_sampling=sampling,
+        graph=cfg.graph,
     )
+    if runner.uses_graphs:
+        start = time.monotonic()
+        runner.warmup_stage_s = runner.warmup(cfg.scheduler.max_codec_frames)
+        runner.warmup_s = time.monotonic() - start
+    return runner

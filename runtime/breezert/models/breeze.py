@@ -79,20 +79,29 @@ class BreezeModel(nn.Module):
 
     def prompt_embeds_many(self, prompts: Sequence[Prompt]) -> list[torch.Tensor]:
         """Prefill rows of several branches, with all their text segments in one encoder call."""
-        weight = self.text_encoder_proj.weight
-        device = weight.device
-        outs = [weight.new_zeros(p.num_tokens, self.cfg.hidden_size) for p in prompts]  # [L, D]
         segments = [seg for p in prompts for seg in p.text_segments()]
+        encoded = None
         if segments:
+            device = self.text_encoder_proj.weight.device
             encoded = self.encode_text_segments(
                 torch.cat(segments).to(device), [int(s.shape[0]) for s in segments]
             )  # [N, D]
-            offset = 0
-            for out, prompt in zip(outs, prompts, strict=True):
-                for start, length in prompt.text_spans:
-                    out[start : start + length] = encoded[offset : offset + length]
-                    offset += length
-        for out, prompt in zip(outs, prompts, strict=True):
+        return self.assemble_prompt_embeds(prompts, encoded)
+
+    def assemble_prompt_embeds(
+        self, prompts: Sequence[Prompt], encoded: torch.Tensor | None
+    ) -> list[torch.Tensor]:
+        """Places encoded text rows (``prompts``' segments in order, packed) and reference /
+        audio-EOS frame rows into one ``[L, D]`` tensor per prompt."""
+        weight = self.text_encoder_proj.weight
+        outs = [torch.zeros(p.num_tokens, self.cfg.hidden_size, dtype=weight.dtype,
+                            device=weight.device) for p in prompts]
+        offset = 0
+        for out, prompt in zip(outs, prompts):
+            for start, length in prompt.text_spans:
+                assert encoded is not None
+                out[start : start + length] = encoded[offset : offset + length]
+                offset += length
             self._place_audio(out, prompt)
         return outs
 

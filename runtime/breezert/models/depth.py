@@ -34,16 +34,20 @@ class DepthAttention(nn.Module):
         cos: torch.Tensor,
         sin: torch.Tensor,
         layer_cache: torch.Tensor,
-        position: int,
+        position: torch.Tensor,
     ) -> torch.Tensor:
+        """``position`` is a 1-element long tensor, so one compiled graph serves every step."""
         r = x.shape[0]
         q = apply_rope(self.q_proj(x).view(r, self.num_heads, self.head_dim), cos, sin)
         k = apply_rope(self.k_proj(x).view(r, self.num_kv_heads, self.head_dim), cos, sin)
-        layer_cache[0, :, :, position] = k  # cache [2, R, KVH, P, D]
-        layer_cache[1, :, :, position] = self.v_proj(x).view(r, self.num_kv_heads, self.head_dim)
-        keys = layer_cache[0, :, :, : position + 1].to(q.dtype)  # [R, KVH, p+1, D]
-        values = layer_cache[1, :, :, : position + 1].to(q.dtype)
-        out = sdpa_gqa(q[:, :, None, :], keys, values)  # [R, H, 1, D]
+        v = self.v_proj(x).view(r, self.num_kv_heads, self.head_dim)
+        layer_cache[0].index_copy_(2, position, k[:, :, None, :])  # cache [2, R, KVH, P, D]
+        layer_cache[1].index_copy_(2, position, v[:, :, None, :])
+        # All P slots with a mask (slot <= position): fixed shapes whatever the step.
+        slots = torch.arange(layer_cache.shape[3], device=x.device)
+        mask = (slots <= position)[None, None, None, :]  # [1, 1, 1, P]
+        keys, values = layer_cache[0].to(q.dtype), layer_cache[1].to(q.dtype)  # [R, KVH, P, D]
+        out = sdpa_gqa(q[:, :, None, :], keys, values, mask)  # [R, H, 1, D]
         return self.o_proj(out.reshape(r, -1))
 
 
@@ -61,7 +65,7 @@ class DepthLayer(nn.Module):
         cos: torch.Tensor,
         sin: torch.Tensor,
         layer_cache: torch.Tensor,
-        position: int,
+        position: torch.Tensor,
     ) -> torch.Tensor:
         x = x + self.self_attn(self.input_layernorm(x), cos, sin, layer_cache, position)
         return x + self.mlp(self.post_attention_layernorm(x))
@@ -141,11 +145,19 @@ class DepthDecoder(nn.Module):
         """
         if not 0 <= position < self.max_positions:
             raise ValueError(f"depth position {position} outside 0..{self.max_positions - 1}")
+        pos = torch.full((1,), position, device=x.device, dtype=torch.long)
+        cos, sin = self.rope.cos_sin(pos.expand(x.shape[0]))  # [R, head_dim]
+        return self.run_layers(x, cos, sin, cache, pos)
+
+    def run_layers(
+        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: torch.Tensor,
+        pos: torch.Tensor,
+    ) -> torch.Tensor:
+        """Projector, layers and final norm for one position (``pos`` a 1-element tensor): the
+        unit ``worker/compile.py`` compiles, identical for every step and batch size."""
         h = self.model.inputs_embeds_projector(x)  # [R, d]
-        pos = torch.full((x.shape[0],), position, device=x.device)
-        cos, sin = self.rope.cos_sin(pos)  # [R, head_dim]
         for layer_idx, layer in enumerate(self.model.layers):
-            h = layer(h, cos, sin, cache[layer_idx], position)
+            h = layer(h, cos, sin, cache[layer_idx], pos)
         return self.model.norm(h)
 
     def logits(self, hidden: torch.Tensor, codebook: int) -> torch.Tensor:

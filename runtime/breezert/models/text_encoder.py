@@ -121,6 +121,13 @@ class T5Gemma2TextEncoder(nn.Module):
         ``seg_lens`` is a list of lengths or a ``cu_seqlens`` LongTensor ``[S + 1]`` (0, ..., N).
         """
         seg_ids, positions = segment_layout(seg_lens, input_ids.shape[0], input_ids.device)
+        return self.encode(input_ids, seg_ids, positions)
+
+    def encode(
+        self, input_ids: torch.Tensor, seg_ids: torch.Tensor, positions: torch.Tensor
+    ) -> torch.Tensor:
+        """Like ``forward`` from per-token segment ids and positions ``[N]`` (fixed shapes, no
+        host sync: graph-capturable; padding tokens get a segment id of their own)."""
         masks = {
             FULL: seg_ids[:, None] == seg_ids[None, :],  # [N, N] block diagonal
             SLIDING: sliding_block_mask(seg_ids, positions, self.cfg.sliding_window),

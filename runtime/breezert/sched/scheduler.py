@@ -294,6 +294,16 @@ class Scheduler:
                 events.extend(self._maybe_finish(self._running[request_id], now))
         return events
 
+    def take_released(self) -> tuple[str, ...]:
+        """Releases not yet sent in a plan; the caller hands them to the worker itself.
+
+        For when ``schedule`` returns ``None``: without a next plan, an idle worker would keep
+        the finished requests' slot state forever.
+        """
+        released = tuple(self._released)
+        self._released.clear()
+        return released
+
     # ------------------------------------------------------------------ queries
     def has_work(self) -> bool:
         """Whether any request is waiting or running (``schedule`` may still return ``None``

@@ -1,8 +1,8 @@
 """PREFILL and DECODE: the Qwen3 backbone over the paged KV cache.
 
-Owns: gathering each item's input rows (prompt-embedding chunks, or the last frame's summed
-audio embedding), the KV runs of the step, and storing each branch's last hidden state.
-Must not: sample (DEPTH does) or pick blocks (the scheduler does).
+Owns: gathering each item's input rows (prompt-embedding chunks, or the last frame's codes),
+bucket-padded KV metadata, the graphed forward functions, and storing each branch's last hidden
+state. Must not: sample (DEPTH does) or pick blocks (the scheduler does).
 """
 
 from __future__ import annotations
@@ -15,37 +15,102 @@ from breezert.models.breeze import BreezeModel
 from breezert.sched.plan import DecodeItem, PrefillItem
 from breezert.stages import StageOutput
 from breezert.worker.batch_state import BatchState
-from breezert.worker.kv_cache import KVRun, PagedKVCache
+from breezert.worker.cuda_graphs import GraphRunner, bucket_for
+from breezert.worker.kv_cache import GatherKV, KVRun, PagedKVCache, StepMeta
+
+
+def backbone_prefill(
+    model: BreezeModel, kv: torch.Tensor, embeds: torch.Tensor, positions: torch.Tensor,
+    write_rows: torch.Tensor, read_rows: torch.Tensor, mask: torch.Tensor,
+) -> dict[str, torch.Tensor]:
+    """Packed prompt rows ``embeds [N, D]`` → final-normed hidden ``[N, D]``."""
+    view = GatherKV(kv, write_rows, read_rows, mask)
+    return {"hidden": model.backbone_model(embeds, positions, view)}
+
+
+def backbone_decode(
+    model: BreezeModel, kv: torch.Tensor, codes: torch.Tensor, positions: torch.Tensor,
+    write_rows: torch.Tensor, read_rows: torch.Tensor, mask: torch.Tensor,
+) -> dict[str, torch.Tensor]:
+    """One step for rows fed the frames ``codes [R, 16]`` → hidden ``[R, D]``."""
+    view = GatherKV(kv, write_rows, read_rows, mask)
+    embeds = model.audio_frame_embeds(codes)  # [R, D]
+    return {"hidden": model.backbone_model(embeds, positions, view)}
+
+
+def _meta_inputs(meta: StepMeta, device: torch.device) -> dict[str, torch.Tensor]:
+    return {
+        "positions": meta.positions.to(device, non_blocking=True),
+        "write_rows": meta.write_rows.to(device, non_blocking=True),
+        "read_rows": meta.read_rows.to(device, non_blocking=True),
+        "mask": meta.mask.to(device, non_blocking=True),
+    }
 
 
 class PrefillStage:
-    def __init__(self, model: BreezeModel, kv: PagedKVCache) -> None:
-        self.model = model
-        self.kv = kv
+    def __init__(
+        self, model: BreezeModel, kv: PagedKVCache, graphs: GraphRunner,
+        token_buckets: Sequence[int], context_buckets: Sequence[int],
+    ) -> None:
+        self.model, self.kv, self.graphs = model, kv, graphs
+        self.token_buckets, self.context_buckets = tuple(token_buckets), tuple(context_buckets)
+        self.device = model.lm_head.weight.device
+
+    def shape_for(self, num_tokens: int, num_keys: int) -> tuple[int, int]:
+        if self.graphs.enabled:
+            n = bucket_for(num_tokens, self.token_buckets)
+            k = bucket_for(max(num_keys, n or 0), self.context_buckets)
+            if n is not None and k is not None:
+                return n, k
+        return num_tokens, num_keys
 
     def run(self, items: Sequence[PrefillItem], batch: BatchState) -> StageOutput:
         rows, runs = [], []
         for item in items:
             segment = batch.get(item.slot, item.request_id).segments[item.segment_index]
             assert segment.embeds is not None, "PREFILL before TEXT_ENCODE"
-            rows.append(segment.embeds[item.branch][item.start_pos : item.start_pos + item.num_tokens])
+            end = item.start_pos + item.num_tokens
+            rows.append(segment.embeds[item.branch][item.start_pos : end])
             runs.append(KVRun(item.block_ids, item.start_pos, item.num_tokens))
-        positions = self.kv.begin_step(runs)
-        hidden = self.model.backbone_model(torch.cat(rows), positions, self.kv)  # [N, D]
-        ends = torch.tensor([r.num_new for r in runs]).cumsum(0) - 1
-        for item, end in zip(items, ends.tolist()):
+        num_tokens = sum(r.num_new for r in runs)
+        shape = self.shape_for(num_tokens, sum(r.start + r.num_new for r in runs))
+        meta = self.kv.packed_meta(runs, *shape)
+        embeds = torch.cat(rows)
+        if shape[0] > num_tokens:
+            embeds = torch.cat([embeds, embeds.new_zeros(shape[0] - num_tokens, embeds.shape[1])])
+        inputs = {"embeds": embeds, **_meta_inputs(meta, self.device)}
+        hidden = self.graphs(shape, inputs)["hidden"]
+        for item, last in zip(items, meta.last_index):
             if item.is_last_chunk:
                 segment = batch.get(item.slot, item.request_id).segments[item.segment_index]
-                segment.hidden[item.branch] = hidden[end]
+                segment.hidden[item.branch] = hidden[last].clone()
                 if all(h is not None for h in segment.hidden):
                     segment.embeds = None  # prompt rows are no longer needed
         return StageOutput()
 
+    def example_inputs(self, num_tokens: int, num_keys: int) -> dict[str, torch.Tensor]:
+        meta = self.kv.packed_meta([], num_tokens, num_keys)
+        d = self.model.cfg.hidden_size
+        embeds = torch.randn(num_tokens, d, device=self.device, dtype=self.model.lm_head.weight.dtype)
+        return {"embeds": embeds, **_meta_inputs(meta, self.device)}
+
 
 class DecodeStage:
-    def __init__(self, model: BreezeModel, kv: PagedKVCache) -> None:
-        self.model = model
-        self.kv = kv
+    def __init__(
+        self, model: BreezeModel, kv: PagedKVCache, graphs: GraphRunner,
+        row_buckets: Sequence[int], context_buckets: Sequence[int],
+    ) -> None:
+        self.model, self.kv, self.graphs = model, kv, graphs
+        self.row_buckets, self.context_buckets = tuple(row_buckets), tuple(context_buckets)
+        self.device = model.lm_head.weight.device
+
+    def shape_for(self, num_rows: int, context: int) -> tuple[int, int]:
+        if self.graphs.enabled:
+            r = bucket_for(num_rows, self.row_buckets)
+            t = bucket_for(context, self.context_buckets)
+            if r is not None and t is not None:
+                return r, t
+        return num_rows, context
 
     def run(self, items: Sequence[DecodeItem], batch: BatchState) -> StageOutput:
         frames, runs = [], []
@@ -55,14 +120,22 @@ class DecodeStage:
             for branch in item.branches:
                 frames.append(segment.last_frame)
                 runs.append(KVRun(branch.block_ids, branch.position, 1))
-        positions = self.kv.begin_step(runs)
-        device = self.model.lm_head.weight.device
-        embeds = self.model.audio_frame_embeds(torch.stack(frames).to(device))  # [R, D]
-        hidden = self.model.backbone_model(embeds, positions, self.kv)  # [R, D]
+        shape = self.shape_for(len(runs), max(r.start + 1 for r in runs))
+        meta = self.kv.decode_meta(runs, *shape)
+        codes = torch.zeros(shape[0], frames[0].shape[0], dtype=torch.long)
+        codes[: len(frames)] = torch.stack(frames)
+        inputs = {"codes": codes.to(self.device, non_blocking=True),
+                  **_meta_inputs(meta, self.device)}
+        hidden = self.graphs(shape, inputs)["hidden"]
         row = 0
         for item in items:
             segment = batch.get(item.slot, item.request_id).segments[item.segment_index]
             for b in range(len(item.branches)):
-                segment.hidden[b] = hidden[row]
+                segment.hidden[b] = hidden[row].clone()
                 row += 1
         return StageOutput()
+
+    def example_inputs(self, num_rows: int, context: int) -> dict[str, torch.Tensor]:
+        meta = self.kv.decode_meta([], num_rows, context)
+        codes = torch.zeros(num_rows, self.model.cfg.num_codebooks, dtype=torch.long)
+        return {"codes": codes.to(self.device), **_meta_inputs(meta, self.device)}

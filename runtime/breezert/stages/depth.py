@@ -1,9 +1,10 @@
 """DEPTH: sample one frame per request: first code from the backbone state, then 15 depth codes.
 
-Owns: the first-code logits (fp32 ``lm_head``), CFG mixing per request, the repetition penalty
-over the segment's first codes, reserved-id and EOS masking, per-request sampling from each
-request's counter-based RNG stream, and the 15-step depth loop batched over every row. Must not: run the
-backbone or the codec.
+Owns: ``depth_frames`` — one branch-free, sync-free tensor function for a whole frame (fp32
+``lm_head``, per-request CFG, repetition penalty, reserved-id and EOS masking, counter-based
+sampling, the 15-step depth loop) that runs eagerly on CPU and as ONE CUDA graph per
+(request bucket, CFG layout) on GPU — and the host side that packs slot state into its inputs.
+Must not: run the backbone or the codec.
 """
 
 from __future__ import annotations
@@ -14,126 +15,146 @@ import torch
 
 from breezert.layers.sampling import (
     apply_repetition_penalty,
-    cfg_mix,
     draw_counter,
     sample,
-    seen_mask,
     suppress_reserved,
 )
 from breezert.models.breeze import BreezeModel
 from breezert.models.config import FRAME_EOS_ID
 from breezert.sched.plan import DepthItem
 from breezert.stages import StageOutput
-from breezert.worker.batch_state import BatchState, SegmentState, SlotState
+from breezert.worker.batch_state import BatchState
+from breezert.worker.cuda_graphs import GraphRunner, bucket_for
 
 
-def _mix_rows(logits: torch.Tensor, spans: Sequence[tuple[int, int, float]]) -> torch.Tensor:
-    """``[R, V]`` branch rows → ``[B, V]``: the cond row alone, or ``u + s (c - u)`` with CFG."""
-    mixed = [
-        logits[start] if num == 1 else cfg_mix(logits[start], logits[start + 1], scale)
-        for start, num, scale in spans
-    ]
-    return torch.stack(mixed)
+def _guide(logits: torch.Tensor, num: int, has_cfg: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """Rows ``[B]`` (no CFG) or ``[2B]`` (cond rows then uncond rows) → ``[B, V]``.
+
+    Requests without CFG keep their cond row exactly; the others get ``u + s (c - u)``.
+    """
+    cond = logits[:num]
+    if logits.shape[0] == num:
+        return cond
+    uncond = logits[num:]
+    mixed = uncond + scale[:, None] * (cond - uncond)
+    return torch.where(has_cfg[:, None], mixed, cond)
+
+
+def depth_frames(
+    model: BreezeModel,
+    hidden: torch.Tensor,  # [R, D], R = B or 2B (cond rows, then uncond rows)
+    has_cfg: torch.Tensor,  # [B] bool
+    cfg_scale: torch.Tensor,  # [B] float32
+    seen: torch.Tensor,  # [B, 2052] bool: first codes generated before in this segment
+    penalty: torch.Tensor,  # [B] float32
+    no_eos: torch.Tensor,  # [B] bool
+    sampling: torch.Tensor,  # [B, 6] float32: T, top-k, top-p, depth T, top-k, top-p
+    seeds: torch.Tensor,  # [B] int64
+    frames_at: torch.Tensor,  # [B] int64: index of this frame in the request's audio
+) -> dict[str, torch.Tensor]:
+    """One frame per request → ``{"codes": [B, 16]}`` (``codes[:, 0] == 2051`` means EOS)."""
+    num = has_cfg.shape[0]
+    logits = _guide(model.first_code_logits(hidden), num, has_cfg, cfg_scale)  # [B, 2052]
+    logits = suppress_reserved(apply_repetition_penalty(logits, seen, penalty))
+    eos_col = torch.zeros_like(logits, dtype=torch.bool)
+    eos_col[:, FRAME_EOS_ID] = True
+    logits = logits.masked_fill(eos_col & no_eos[:, None], float("-inf"))
+    top_k = sampling[:, 1].long()
+    code = sample(logits, sampling[:, 0], top_k, sampling[:, 2], seeds, draw_counter(frames_at, 0))
+    depth = model.depth_decoder
+    owner = torch.arange(hidden.shape[0], device=hidden.device) % num  # row -> request
+    cache = depth.new_cache(hidden.shape[0])
+    depth.step(hidden, 0, cache)
+    codes = [code]
+    depth_k = sampling[:, 4].long()
+    for j in range(1, model.cfg.num_codebooks):
+        x = depth.embed_code(codes[-1].clamp(max=FRAME_EOS_ID - 1)[owner], j - 1)  # [R, D]
+        logits = _guide(depth.logits(depth.step(x, j, cache), j), num, has_cfg, cfg_scale)
+        counters = draw_counter(frames_at, j)
+        codes.append(
+            sample(suppress_reserved(logits), sampling[:, 3], depth_k, sampling[:, 5], seeds, counters)
+        )
+    return {"codes": torch.stack(codes, dim=1)}
 
 
 class DepthStage:
-    def __init__(self, model: BreezeModel) -> None:
+    def __init__(self, model: BreezeModel, graphs: GraphRunner, buckets: Sequence[int]) -> None:
         self.model = model
+        self.graphs = graphs
+        self.buckets = tuple(sorted(buckets))
+        self.device = model.lm_head.weight.device
 
     def run(self, items: Sequence[DepthItem], batch: BatchState) -> StageOutput:
         slots = [batch.get(item.slot, item.request_id) for item in items]
         segments = [slot.segments[item.segment_index] for item, slot in zip(items, slots)]
-        if any(item.frame_index == 0 for item in items):
-            for item, segment in zip(items, segments):
-                if item.frame_index == 0:
-                    segment.history.clear()
-        hidden = torch.stack([h for seg in segments for h in seg.hidden])  # [R, D]
-        spans = _row_spans(slots)
-        device = hidden.device
-        seeds = torch.tensor([slot.seed for slot in slots], dtype=torch.long, device=device)
-        frames_at = torch.tensor([item.output_frame_index for item in items], device=device)
-        code0 = self._first_codes(hidden, spans, slots, segments, seeds, frames_at)  # [B]
-        out = StageOutput(
-            first_codes={item.request_id: int(c) for item, c in zip(items, code0.tolist())}
-        )
-        keep = [i for i, c in enumerate(code0.tolist()) if c != FRAME_EOS_ID]
-        if not keep:
-            return out
-        kept_slots = [slots[i] for i in keep]
-        rows = torch.tensor([r for i in keep for r in range(spans[i][0], spans[i][0] + spans[i][1])])
-        kept = torch.tensor(keep, device=device)
-        frames = self._depth_codes(
-            hidden[rows.to(device)], code0[kept], _row_spans(kept_slots), kept_slots,
-            seeds[kept], frames_at[kept],
-        )  # [B', 16]
-        for i, frame in zip(keep, frames.cpu()):
-            segments[i].history.append(int(frame[0]))
-            segments[i].last_frame = frame
-            slots[i].frames[items[i].output_frame_index] = frame
+        for item, segment in zip(items, segments):
+            if item.frame_index == 0:
+                segment.history.clear()
+        num = len(items)
+        size = bucket_for(num, self.buckets) if self.graphs.enabled else None
+        size = size or num
+        use_cfg = any(slot.num_branches == 2 for slot in slots)
+        inputs = self._inputs(items, slots, segments, size, use_cfg)
+        codes = self.graphs((size, use_cfg), inputs)["codes"][:num].cpu()  # [B, 16]
+        out = StageOutput()
+        for item, slot, segment, frame in zip(items, slots, segments, codes):
+            code0 = int(frame[0])
+            out.first_codes[item.request_id] = code0
+            if code0 != FRAME_EOS_ID:
+                segment.history.append(code0)
+                segment.last_frame = frame
+                slot.frames[item.output_frame_index] = frame
         return out
 
-    def _first_codes(
-        self,
-        hidden: torch.Tensor,
-        spans: Sequence[tuple[int, int, float]],
-        slots: Sequence[SlotState],
-        segments: Sequence[SegmentState],
-        seeds: torch.Tensor,
-        frames_at: torch.Tensor,
-    ) -> torch.Tensor:
-        logits = _mix_rows(self.model.first_code_logits(hidden), spans)  # [B, 2052]
-        penalty = torch.tensor([s.sampling.repetition_penalty for s in slots])
-        if any(seg.history for seg in segments):
-            seen = seen_mask([seg.history for seg in segments], logits.shape[-1], logits.device)
-            logits = apply_repetition_penalty(logits, seen, penalty.to(logits.device))
-        logits = suppress_reserved(logits)
-        no_eos = torch.tensor([s.ignore_eos for s in slots], device=logits.device)
-        logits[:, FRAME_EOS_ID] = logits[:, FRAME_EOS_ID].masked_fill(no_eos, float("-inf"))
-        params = [s.sampling for s in slots]
-        return sample(
-            logits,
-            torch.tensor([p.temperature for p in params]),
-            torch.tensor([p.top_k for p in params]),
-            torch.tensor([p.top_p for p in params]),
-            seeds,
-            draw_counter(frames_at, 0),
+    def _inputs(self, items, slots, segments, size: int, use_cfg: bool) -> dict[str, torch.Tensor]:
+        """Host-built, bucket-padded inputs of ``depth_frames`` (padding rows copy row 0)."""
+        num = len(items)
+        pad = [0] * (size - num)
+        cond = [seg.hidden[0] for seg in segments]
+        rows = cond + [cond[i] for i in pad]
+        if use_cfg:
+            uncond = [seg.hidden[-1] for seg in segments]  # a 1-branch request repeats its row
+            rows += uncond + [uncond[i] for i in pad]
+        seen = torch.zeros(size, self.model.cfg.backbone.vocab_size, dtype=torch.bool)
+        for i, seg in enumerate(segments):
+            if seg.history:
+                seen[i, torch.tensor(seg.history)] = True
+        order = list(range(num)) + pad
+        params = [slots[i].sampling for i in order]
+        sampling = torch.tensor(
+            [[p.temperature, p.top_k, p.top_p, p.depth_temperature, p.depth_top_k, p.depth_top_p]
+             for p in params], dtype=torch.float32,
         )
+        dev = self.device
+        return {
+            "hidden": torch.stack(rows),
+            "has_cfg": torch.tensor([slots[i].num_branches == 2 for i in order], device=dev),
+            "cfg_scale": torch.tensor([slots[i].cfg_scale for i in order], device=dev),
+            "seen": seen.to(dev),
+            "penalty": torch.tensor([p.repetition_penalty for p in params], device=dev),
+            "no_eos": torch.tensor([slots[i].ignore_eos for i in order], device=dev),
+            "sampling": sampling.to(dev),
+            "seeds": torch.tensor([slots[i].seed for i in order], dtype=torch.long, device=dev),
+            "frames_at": torch.tensor(
+                [items[i].output_frame_index for i in order], dtype=torch.long, device=dev
+            ),
+        }
 
-    def _depth_codes(
-        self,
-        hidden: torch.Tensor,
-        code0: torch.Tensor,
-        spans: Sequence[tuple[int, int, float]],
-        slots: Sequence[SlotState],
-        seeds: torch.Tensor,
-        frames_at: torch.Tensor,
-    ) -> torch.Tensor:
-        """The 15-codebook loop for ``R`` rows of ``B`` requests → frames ``[B, 16]``."""
-        depth = self.model.depth_decoder
-        num_rows = hidden.shape[0]
-        # Each request's code is fed to all of its branch rows.
-        row_owner = torch.tensor(
-            [b for b, (_, num, _) in enumerate(spans) for _ in range(num)], device=hidden.device
-        )
-        params = [s.sampling for s in slots]
-        temperature = torch.tensor([p.depth_temperature for p in params])
-        top_k = torch.tensor([p.depth_top_k for p in params])
-        top_p = torch.tensor([p.depth_top_p for p in params])
-        cache = depth.new_cache(num_rows)
-        depth.step(hidden, 0, cache)
-        codes = [code0.to(hidden.device)]
-        for j in range(1, self.model.cfg.num_codebooks):
-            x = depth.embed_code(codes[-1][row_owner], j - 1)  # [R, D]
-            logits = _mix_rows(depth.logits(depth.step(x, j, cache), j), spans)  # [B, 2051]
-            counters = draw_counter(frames_at, j)
-            codes.append(sample(suppress_reserved(logits), temperature, top_k, top_p, seeds, counters))
-        return torch.stack(codes, dim=1)  # [B, 16]
-
-
-def _row_spans(slots: Sequence[SlotState]) -> list[tuple[int, int, float]]:
-    """(first row, number of rows, cfg scale) of each request in the stacked hidden rows."""
-    spans, start = [], 0
-    for slot in slots:
-        spans.append((start, slot.num_branches, slot.cfg_scale))
-        start += slot.num_branches
-    return spans
+    def example_inputs(self, size: int, use_cfg: bool) -> dict[str, torch.Tensor]:
+        """Dummy inputs of a bucket, for capture at start-up."""
+        dev, d = self.device, self.model.cfg.hidden_size
+        rows = 2 * size if use_cfg else size
+        dtype = self.model.lm_head.weight.dtype
+        return {
+            "hidden": torch.randn(rows, d, device=dev, dtype=dtype),
+            "has_cfg": torch.full((size,), use_cfg, device=dev),
+            "cfg_scale": torch.ones(size, device=dev),
+            "seen": torch.zeros(size, self.model.cfg.backbone.vocab_size, dtype=torch.bool,
+                                device=dev),
+            "penalty": torch.ones(size, device=dev),
+            "no_eos": torch.zeros(size, dtype=torch.bool, device=dev),
+            "sampling": torch.tensor([[0.9, 50, 1.0, 0.9, 50, 1.0]], device=dev).expand(size, 6)
+            .contiguous(),
+            "seeds": torch.arange(size, device=dev),
+            "frames_at": torch.zeros(size, dtype=torch.long, device=dev),
+        }

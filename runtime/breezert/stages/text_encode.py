@@ -1,23 +1,36 @@
 """TEXT_ENCODE: every text piece of the batch's segments through T5Gemma2 in one packed call.
 
-Owns: turning ``TextEncodeItem`` prompts into per-branch prefill rows (text rows, reference
-frames, audio-EOS row) held in the segment's state. Must not: run the backbone.
+Owns: packing the pieces of all items (each piece attends only to itself), padding to a token
+bucket for the graphed encoder, and assembling per-branch prefill rows (text rows, reference
+frames, audio-EOS row) into the segment's state. Must not: run the backbone.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
+import torch
+
 from breezert.models.breeze import BreezeModel
 from breezert.models.prompt import Prompt
 from breezert.sched.plan import TextEncodeItem
 from breezert.stages import StageOutput
 from breezert.worker.batch_state import BatchState, SegmentState
+from breezert.worker.cuda_graphs import GraphRunner, bucket_for
+
+
+def encode_text(
+    model: BreezeModel, input_ids: torch.Tensor, seg_ids: torch.Tensor, positions: torch.Tensor
+) -> dict[str, torch.Tensor]:
+    """Packed pieces ``[N]`` → projected encoder rows ``[N, D]``."""
+    rows = model.text_encoder.encode(input_ids, seg_ids, positions)
+    return {"rows": model.text_encoder_proj(rows)}
 
 
 class TextEncodeStage:
-    def __init__(self, model: BreezeModel) -> None:
-        self.model = model
+    def __init__(self, model: BreezeModel, graphs: GraphRunner, buckets: Sequence[int]) -> None:
+        self.model, self.graphs, self.buckets = model, graphs, tuple(buckets)
+        self.device = model.lm_head.weight.device
 
     def run(self, items: Sequence[TextEncodeItem], batch: BatchState) -> StageOutput:
         prompts: list[Prompt] = []
@@ -28,9 +41,36 @@ class TextEncodeStage:
             batch.get(item.slot, item.request_id).segments[item.segment_index] = segment
             prompts.extend(branch_prompts)
             owners.append((segment, len(branch_prompts)))
-        embeds = self.model.prompt_embeds_many(prompts)  # one [L_b, D] per branch
+        pieces = [piece for p in prompts for piece in p.text_segments()]
+        encoded = self._encode(pieces) if pieces else None
+        embeds = self.model.assemble_prompt_embeds(prompts, encoded)
         offset = 0
         for segment, num in owners:
             segment.embeds = embeds[offset : offset + num]
             offset += num
         return StageOutput()
+
+    def _encode(self, pieces: list[torch.Tensor]) -> torch.Tensor:
+        num = sum(int(p.shape[0]) for p in pieces)
+        size = (bucket_for(num, self.buckets) if self.graphs.enabled else None) or num
+        inputs = self.pack(pieces, size)
+        return self.graphs(size, inputs)["rows"][:num].clone()
+
+    def pack(self, pieces: list[torch.Tensor], size: int) -> dict[str, torch.Tensor]:
+        """Token ids, segment ids and positions ``[size]``; padding is one extra segment."""
+        ids = torch.zeros(size, dtype=torch.long)
+        seg_ids = torch.full((size,), len(pieces), dtype=torch.long)
+        positions = torch.zeros(size, dtype=torch.long)
+        offset = 0
+        for index, piece in enumerate(pieces):
+            n = int(piece.shape[0])
+            ids[offset : offset + n] = piece
+            seg_ids[offset : offset + n] = index
+            positions[offset : offset + n] = torch.arange(n)
+            offset += n
+        positions[offset:] = torch.arange(size - offset)
+        dev = self.device
+        return {"input_ids": ids.to(dev), "seg_ids": seg_ids.to(dev), "positions": positions.to(dev)}
+
+    def example_inputs(self, size: int) -> dict[str, torch.Tensor]:
+        return self.pack([torch.full((size,), 2, dtype=torch.long)], size)

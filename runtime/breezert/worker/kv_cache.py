@@ -1,8 +1,9 @@
 """The backbone's paged KV cache: one preallocated tensor of blocks, read through block tables.
 
-Owns: the ``[layers, 2, num_blocks, block_size, KVH, D]`` tensor and the per-step attention
-metadata (one run of new tokens per sequence, with its block table and start position).
-Implements the ``KVCache`` contract of ``layers/attention.py``. Must not: choose blocks (the
+Owns: the ``[layers, 2, (num_blocks + 1) * block_size, KVH, D]`` tensor (the extra block is a
+scratch area that padding tokens write to and read from), host-side metadata builders that turn
+block tables into fixed-shape gather indices and masks, and ``GatherKV``, the per-forward view
+implementing the ``KVCache`` contract of ``layers/attention.py``. Must not: choose blocks (the
 scheduler's ``BlockPool`` does) or know about requests.
 """
 
@@ -13,7 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
-from breezert.layers.attention import causal_mask, sdpa_gqa
+from breezert.layers.attention import sdpa_gqa
 
 
 @dataclass(frozen=True)
@@ -23,6 +24,47 @@ class KVRun:
     block_ids: Sequence[int]
     start: int
     num_new: int
+
+
+class GatherKV:
+    """One forward's attention over the paged cache, from fixed-shape index tensors.
+
+    Decode form (every sequence adds one token): ``read_rows [R, T]`` and ``mask [R, 1, 1, T]``.
+    Packed form (prefill): ``read_rows [Tk]`` and ``mask [N, Tk]``; query ``i`` may read key ``j``
+    iff they belong to the same sequence and key position <= query position.
+    """
+
+    def __init__(
+        self, kv: torch.Tensor, write_rows: torch.Tensor, read_rows: torch.Tensor,
+        mask: torch.Tensor,
+    ) -> None:
+        self.kv, self.write_rows, self.read_rows, self.mask = kv, write_rows, read_rows, mask
+
+    def attend(
+        self, layer_idx: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
+    ) -> torch.Tensor:
+        store = self.kv[layer_idx]  # [2, rows, KVH, D]
+        store[0].index_copy_(0, self.write_rows, k.to(store.dtype))
+        store[1].index_copy_(0, self.write_rows, v.to(store.dtype))
+        keys = store[0][self.read_rows].to(q.dtype)
+        values = store[1][self.read_rows].to(q.dtype)
+        if self.read_rows.dim() == 2:  # decode: [R, T, KVH, D]
+            out = sdpa_gqa(q[:, :, None, :], keys.transpose(1, 2), values.transpose(1, 2), self.mask)
+            return out[:, :, 0, :]  # [R, H, D]
+        out = sdpa_gqa(q.transpose(0, 1), keys.transpose(0, 1), values.transpose(0, 1), self.mask)
+        return out.transpose(0, 1)  # [N, H, D]
+
+
+@dataclass(frozen=True)
+class StepMeta:
+    """Host-built metadata of one backbone step (CPU tensors, padded to a bucket)."""
+
+    positions: torch.Tensor  # [N] long
+    write_rows: torch.Tensor  # [N] long
+    read_rows: torch.Tensor  # [R, T] (decode) or [Tk] (packed)
+    mask: torch.Tensor  # [R, 1, 1, T] or [N, Tk] bool
+    num_tokens: int  # real (unpadded) tokens
+    last_index: list[int]  # index of each run's last token in the step
 
 
 class PagedKVCache:
@@ -41,16 +83,11 @@ class PagedKVCache:
     ) -> None:
         self.block_size = block_size
         self.num_blocks = num_blocks
-        # [layers, 2, blocks * block_size, KVH, D]: blocks flattened so a token is one row.
+        self.scratch_row = num_blocks * block_size  # first row of the scratch block
         self.kv = torch.zeros(
-            (num_layers, 2, num_blocks * block_size, num_kv_heads, head_dim),
+            (num_layers, 2, (num_blocks + 1) * block_size, num_kv_heads, head_dim),
             dtype=dtype, device=device,
         )
-        self._runs: list[KVRun] = []
-        self._write_rows = torch.empty(0, dtype=torch.long)
-        self._read_rows: torch.Tensor | None = None  # [R, T_max] for an all-decode step
-        self._read_mask: torch.Tensor | None = None  # [R, 1, 1, T_max]
-        self._run_rows: list[torch.Tensor] = []
 
     @property
     def nbytes(self) -> int:
@@ -63,53 +100,52 @@ class PagedKVCache:
             raise ValueError(
                 f"sequence of {end} tokens needs {needed} blocks, its table has {len(block_ids)}"
             )
-        blocks = torch.tensor(block_ids[:needed], dtype=torch.long)
+        blocks = torch.tensor(list(block_ids[:needed]), dtype=torch.long)
         offsets = torch.arange(self.block_size, dtype=torch.long)
         return (blocks[:, None] * self.block_size + offsets[None, :]).flatten()[:end]
 
-    def begin_step(self, runs: Sequence[KVRun]) -> torch.Tensor:
-        """Sets this step's metadata; returns the new tokens' positions ``[N]``."""
-        device = self.kv.device
-        self._runs = list(runs)
-        self._run_rows = [self._rows(r.block_ids, r.start + r.num_new) for r in runs]
-        self._write_rows = torch.cat(
-            [rows[r.start :] for rows, r in zip(self._run_rows, runs)]
-        ).to(device)
-        self._read_rows = self._read_mask = None
-        if runs and all(r.num_new == 1 for r in runs):
-            # All-decode step: one padded gather and one SDPA call for every sequence.
-            lengths = [len(rows) for rows in self._run_rows]
-            t_max = max(lengths)
-            read = torch.zeros(len(runs), t_max, dtype=torch.long)
-            mask = torch.zeros(len(runs), t_max, dtype=torch.bool)
-            for i, rows in enumerate(self._run_rows):
-                read[i, : len(rows)] = rows
-                mask[i, : len(rows)] = True
-            self._read_rows = read.to(device)
-            self._read_mask = mask[:, None, None, :].to(device)
-        self._run_rows = [rows.to(device) for rows in self._run_rows]
-        positions = [torch.arange(r.start, r.start + r.num_new) for r in runs]
-        return torch.cat(positions).to(device) if positions else torch.empty(0, dtype=torch.long)
+    def decode_meta(self, runs: Sequence[KVRun], num_rows: int, context: int) -> StepMeta:
+        """One new token per run, padded to ``num_rows`` rows and ``context`` keys."""
+        read = torch.full((num_rows, context), self.scratch_row, dtype=torch.long)
+        mask = torch.zeros(num_rows, context, dtype=torch.bool)
+        mask[:, 0] = True  # padding rows read the scratch row: finite, ignored
+        write = torch.full((num_rows,), self.scratch_row, dtype=torch.long)
+        positions = torch.zeros(num_rows, dtype=torch.long)
+        for i, run in enumerate(runs):
+            assert run.num_new == 1, "decode_meta takes single-token runs"
+            rows = self._rows(run.block_ids, run.start + 1)
+            if len(rows) > context:
+                raise ValueError(f"context {len(rows)} exceeds the padded length {context}")
+            read[i, : len(rows)] = rows
+            mask[i, : len(rows)] = True
+            write[i] = rows[-1]
+            positions[i] = run.start
+        return StepMeta(positions, write, read, mask[:, None, None, :], len(runs),
+                        list(range(len(runs))))
 
-    def attend(
-        self, layer_idx: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
-    ) -> torch.Tensor:
-        """Writes ``k, v [N, KVH, D]`` and returns causal attention ``[N, H, D]``."""
-        store = self.kv[layer_idx]  # [2, rows, KVH, D]
-        store[0].index_copy_(0, self._write_rows, k.to(store.dtype))
-        store[1].index_copy_(0, self._write_rows, v.to(store.dtype))
-        if self._read_rows is not None:
-            keys = store[0][self._read_rows].transpose(1, 2).to(q.dtype)  # [R, KVH, T, D]
-            values = store[1][self._read_rows].transpose(1, 2).to(q.dtype)
-            out = sdpa_gqa(q[:, :, None, :], keys, values, self._read_mask)  # [R, H, 1, D]
-            return out[:, :, 0, :]
-        out = torch.empty_like(q)
-        offset = 0
-        for run, rows in zip(self._runs, self._run_rows):
-            keys = store[0][rows].transpose(0, 1).to(q.dtype)  # [KVH, T, D]
-            values = store[1][rows].transpose(0, 1).to(q.dtype)
-            q_run = q[offset : offset + run.num_new].transpose(0, 1)  # [H, n, D]
-            mask = causal_mask(run.start, run.num_new, q.device)
-            out[offset : offset + run.num_new] = sdpa_gqa(q_run, keys, values, mask).transpose(0, 1)
-            offset += run.num_new
-        return out
+    def packed_meta(self, runs: Sequence[KVRun], num_tokens: int, num_keys: int) -> StepMeta:
+        """Runs of new tokens packed into ``num_tokens`` queries over ``num_keys`` keys."""
+        positions = torch.zeros(num_tokens, dtype=torch.long)
+        write = torch.full((num_tokens,), self.scratch_row, dtype=torch.long)
+        read = torch.full((num_keys,), self.scratch_row, dtype=torch.long)
+        mask = torch.zeros(num_tokens, num_keys, dtype=torch.bool)
+        q_off = k_off = 0
+        last = []
+        for run in runs:
+            end = run.start + run.num_new
+            rows = self._rows(run.block_ids, end)
+            q_slice = slice(q_off, q_off + run.num_new)
+            read[k_off : k_off + end] = rows
+            write[q_slice] = rows[run.start :]
+            positions[q_slice] = torch.arange(run.start, end)
+            q_pos = torch.arange(run.start, end)[:, None]
+            mask[q_slice, k_off : k_off + end] = torch.arange(end)[None, :] <= q_pos
+            q_off += run.num_new
+            k_off += end
+            last.append(q_off - 1)
+        if q_off > num_tokens or k_off > num_keys:
+            raise ValueError(f"{q_off} tokens / {k_off} keys exceed the padding {num_tokens}/{num_keys}")
+        pad_mask = torch.zeros(num_keys, dtype=torch.bool)
+        pad_mask[k_off:] = True  # padding queries read the scratch keys only
+        mask[q_off:] = pad_mask if k_off < num_keys else True
+        return StepMeta(positions, write, read, mask, q_off, last)

@@ -14,15 +14,20 @@ from dataclasses import dataclass
 
 import torch
 
+from functools import partial
+
+from breezert.config import GraphConfig
 from breezert.layers.sampling import SamplingParams
 from breezert.loader import Checkpoint
 from breezert.models.codec import StreamingCodec
 from breezert.sched.plan import NewRequestData, Stage, StageItem, StepPlan
 from breezert.stages import StageOutput
-from breezert.stages.backbone import DecodeStage, PrefillStage
-from breezert.stages.codec import CodecStage
-from breezert.stages.depth import DepthStage
-from breezert.stages.text_encode import TextEncodeStage
+from breezert.stages.backbone import DecodeStage, PrefillStage, backbone_decode, backbone_prefill
+from breezert.stages.codec import CodecStage, codec_step
+from breezert.stages.depth import DepthStage, depth_frames
+from breezert.stages.text_encode import TextEncodeStage, encode_text
+from breezert.worker.compile import compile_depth_layers
+from breezert.worker.cuda_graphs import GraphFn, GraphRunner
 from breezert.worker.batch_state import BatchState, SlotState
 from breezert.worker.kv_cache import PagedKVCache
 
@@ -52,27 +57,60 @@ class ModelRunner:
         num_blocks: int,
         block_size: int,
         default_sampling: SamplingParams,
+        graph: GraphConfig | None = None,
     ) -> None:
         self.ckpt = checkpoint
         model = checkpoint.model
         bb = checkpoint.config.backbone
         self.device = checkpoint.device
         self.default_sampling = default_sampling
+        self.graph_config = graph = graph or GraphConfig()
+        use_graphs = graph.enable_cuda_graphs and self.device.type == "cuda"
         self.kv = PagedKVCache(
             bb.num_layers, num_blocks, block_size, bb.num_kv_heads, bb.head_dim,
             dtype=model.lm_head.weight.dtype, device=self.device,
         )
-        self.codec = StreamingCodec(checkpoint.codec, max_slots, device=checkpoint.codec_device)
+        # One arena slot more than the batch: bucket padding decodes into it.
+        self.codec = StreamingCodec(checkpoint.codec, max_slots + 1, device=checkpoint.codec_device)
         self.batch = BatchState(max_slots)
+        if graph.compile_depth and self.device.type == "cuda":
+            compile_depth_layers(model)
+
+        def runner(name: str, fn: GraphFn) -> GraphRunner:
+            return GraphRunner(name, fn, enabled=use_graphs, device=self.device)
+
         self.stages = {
-            Stage.TEXT_ENCODE: TextEncodeStage(model),
-            Stage.PREFILL: PrefillStage(model, self.kv),
-            Stage.DECODE: DecodeStage(model, self.kv),
-            Stage.DEPTH: DepthStage(model),
-            Stage.CODEC: CodecStage(self.codec),
+            Stage.TEXT_ENCODE: TextEncodeStage(
+                model, runner("text_encode", partial(encode_text, model)), graph.text_encode_buckets
+            ),
+            Stage.PREFILL: PrefillStage(
+                model, self.kv, runner("prefill", partial(backbone_prefill, model, self.kv.kv)),
+                graph.prefill_token_buckets, graph.decode_context_buckets,
+            ),
+            Stage.DECODE: DecodeStage(
+                model, self.kv, runner("decode", partial(backbone_decode, model, self.kv.kv)),
+                graph.decode_batch_buckets, graph.decode_context_buckets,
+            ),
+            Stage.DEPTH: DepthStage(
+                model, runner("depth", partial(depth_frames, model)), graph.depth_batch_buckets
+            ),
+            Stage.CODEC: CodecStage(
+                self.codec, runner("codec", partial(codec_step, self.codec)), graph.codec_buckets
+            ),
         }
         self.layout = ResolvedLayout(num_blocks, block_size, max_slots, self.kv.nbytes)
         self.fault_hook: FaultHook | None = None
+        self.uses_graphs = use_graphs
+        self.warmup_s: float | None = None
+        """Seconds spent capturing graphs at start-up (None: graphs off)."""
+        self.warmup_stage_s: dict[str, float] = {}
+
+    @torch.inference_mode()
+    def warmup(self, max_codec_frames: int = 16) -> dict[str, float]:
+        """Captures every configured bucket (largest first) and returns seconds per stage."""
+        from breezert.worker.warmup import capture_all
+
+        return capture_all(self, max_codec_frames)
 
     @torch.inference_mode()
     def execute(self, plan: StepPlan) -> StageOutput:

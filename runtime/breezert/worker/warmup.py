@@ -1,0 +1,43 @@
+"""Start-up warm-up: capture every configured graph bucket before serving.
+
+Owns: enumerating each stage's bucket keys (largest first, so smaller graphs reuse the pool)
+and capturing them with the stage's example inputs. Must not: run requests.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING
+
+from breezert.sched.plan import Stage
+
+if TYPE_CHECKING:
+    from breezert.worker.model_runner import ModelRunner
+
+
+def capture_all(runner: ModelRunner, max_codec_frames: int) -> dict[str, float]:
+    """Captures all buckets of all stages; returns seconds spent per stage."""
+    g = runner.graph_config
+    s = runner.stages
+    contexts = sorted(g.decode_context_buckets, reverse=True)
+    plan = {
+        Stage.TEXT_ENCODE: [(n, lambda n=n: s[Stage.TEXT_ENCODE].example_inputs(n))
+                            for n in sorted(g.text_encode_buckets, reverse=True)],
+        Stage.PREFILL: [((n, k), lambda n=n, k=k: s[Stage.PREFILL].example_inputs(n, k))
+                        for n in sorted(g.prefill_token_buckets, reverse=True)
+                        for k in contexts if k >= n],
+        Stage.DECODE: [((r, t), lambda r=r, t=t: s[Stage.DECODE].example_inputs(r, t))
+                       for r in sorted(g.decode_batch_buckets, reverse=True) for t in contexts],
+        Stage.DEPTH: [((b, cfg), lambda b=b, cfg=cfg: s[Stage.DEPTH].example_inputs(b, cfg))
+                      for b in sorted(g.depth_batch_buckets, reverse=True) for cfg in (True, False)],
+        Stage.CODEC: [((b, f), lambda b=b, f=f: s[Stage.CODEC].example_inputs(b, f))
+                      for b in sorted(g.codec_buckets, reverse=True)
+                      for f in s[Stage.CODEC].frame_buckets(max_codec_frames)],
+    }
+    seconds: dict[str, float] = {}
+    for stage, keys in plan.items():
+        start = time.monotonic()
+        for key, make_inputs in keys:
+            s[stage].graphs.capture(key, make_inputs())
+        seconds[stage.value] = time.monotonic() - start
+    return seconds

@@ -1,0 +1,159 @@
+"""GPU: every captured graph equals its eager function, engine audio with graphs equals eager,
+batch invariance with fixed buckets, and the full-size random model streams.
+
+Run on a CUDA machine: ``python -m pytest tests/gpu -q`` (skipped without CUDA).
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pytest
+import torch
+
+from breezert.config import EngineConfig
+from breezert.engine import Engine, RequestOutcome
+from breezert.layers.sampling import SamplingParams
+from breezert.request import SynthesisRequest
+from breezert.sched.plan import Stage
+
+pytestmark = pytest.mark.gpu
+
+TINY = {
+    "model": {"preset": "tiny", "dtype": "float32", "device": "cuda", "seed": 0},
+    "cache": {"block_size": 16, "num_blocks": 512},
+    "scheduler": {"max_running_requests": 16, "max_model_len": 512, "max_prefill_tokens": 256,
+                  "max_decode_rows": 32, "max_depth_rows": 32, "default_max_frames": 64},
+    "graph": {"enable_cuda_graphs": True, "compile_depth": False,
+              "decode_batch_buckets": [1, 2, 4, 8, 16, 32], "decode_context_buckets": [64, 512],
+              "depth_batch_buckets": [1, 2, 4, 8, 16], "prefill_token_buckets": [32, 64, 256],
+              "text_encode_buckets": [32, 64, 128, 256], "codec_buckets": [1, 2, 4, 8, 16]},
+}
+
+
+def _config(overrides: dict | None = None) -> EngineConfig:
+    data = {k: dict(v) for k, v in TINY.items()}
+    for section, values in (overrides or {}).items():
+        data[section].update(values)
+    return EngineConfig.from_dict(data)
+
+
+def _run(engine: Engine, requests: list[SynthesisRequest]) -> dict[str, np.ndarray]:
+    audio: dict[str, list[np.ndarray]] = {r.request_id: [] for r in requests}
+    for r in requests:
+        engine.add_request(r)
+    while engine.has_work():
+        for out in engine.step():
+            if isinstance(out, RequestOutcome):
+                assert out.error is None, out.error
+            else:
+                audio[out.request_id].append(out.pcm)
+    return {k: np.concatenate(v) for k, v in audio.items()}
+
+
+def _requests(n: int, prefix: str, greedy: bool = False) -> list[SynthesisRequest]:
+    sampling = SamplingParams.greedy() if greedy else SamplingParams()
+    return [
+        SynthesisRequest(text=f"Request {i} speaks a short sentence.", seed=100 + i,
+                         sampling=sampling, max_frames=24 + i, ignore_eos=True,
+                         request_id=f"{prefix}{i}", cfg_scale=1.0 if i % 3 else 2.0,
+                         instructions=None if i % 3 else "calm")
+        for i in range(n)
+    ]
+
+
+@pytest.fixture(scope="module")
+def graph_engine() -> Engine:
+    engine = Engine(_config())
+    assert engine.runner.warmup_s is not None
+    return engine
+
+
+def _randomize(stage: Stage, inputs: dict[str, torch.Tensor], engine: Engine) -> None:
+    """Realistic, non-trivial values for a stage's example inputs (in place)."""
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    if stage is Stage.TEXT_ENCODE:
+        inputs["input_ids"].random_(3, 5000, generator=gen)
+    elif stage is Stage.DEPTH:
+        inputs["hidden"].normal_(generator=gen)
+    elif stage is Stage.CODEC:
+        inputs["codes"].random_(0, 2048, generator=gen)
+    elif stage is Stage.PREFILL:
+        inputs["embeds"].normal_(generator=gen)
+    elif stage is Stage.DECODE:
+        inputs["codes"].random_(0, 2048, generator=gen)
+
+
+def test_every_graph_equals_eager(graph_engine: Engine) -> None:
+    runner = graph_engine.runner
+    runner.kv.kv.normal_()  # scratch and real rows hold finite, non-zero values
+    for stage, stage_runner in runner.stages.items():
+        graphs = stage_runner.graphs
+        assert graphs.keys, f"no {stage.value} graph captured"
+        for key in graphs.keys:
+            inputs = stage_runner.example_inputs(*key) if isinstance(key, tuple) else (
+                stage_runner.example_inputs(key)
+            )
+            _randomize(stage, inputs, graph_engine)
+            saved = runner.codec.state.conv.clone(), runner.codec.state.kv.clone()
+            eager = {k: v.clone() for k, v in graphs.fn(**inputs).items()}
+            runner.codec.state.conv.copy_(saved[0])
+            runner.codec.state.kv.copy_(saved[1])
+            replay = graphs(key, inputs)
+            for name, value in eager.items():
+                got = replay[name]
+                if value.dtype in (torch.long, torch.int32):
+                    assert torch.equal(got, value), f"{stage.value} {key} {name} differs"
+                else:
+                    err = (got.float() - value.float()).abs().max().item()
+                    assert err <= 1e-4 * max(1.0, value.float().abs().max().item()), (
+                        f"{stage.value} {key} {name}: max error {err}"
+                    )
+
+
+def test_engine_audio_graphs_equal_eager(graph_engine: Engine) -> None:
+    eager = Engine(_config({"graph": {"enable_cuda_graphs": False}}))
+    with_graphs = _run(graph_engine, _requests(6, "g", greedy=True))
+    without = _run(eager, _requests(6, "g", greedy=True))
+    for key, audio in without.items():
+        assert with_graphs[key].shape == audio.shape
+        assert np.abs(with_graphs[key] - audio).max() < 1e-3
+    replays = {s.value: r.graphs.num_replays for s, r in graph_engine.runner.stages.items()}
+    assert all(n > 0 for n in replays.values()), replays
+
+
+def test_batch_invariance_with_fixed_buckets() -> None:
+    # One bucket per stage: a request runs the same kernels alone or among 15 others.
+    fixed = {"decode_batch_buckets": [32], "decode_context_buckets": [512],
+             "depth_batch_buckets": [16], "prefill_token_buckets": [256],
+             "text_encode_buckets": [256], "codec_buckets": [16]}
+    engine = Engine(_config({"graph": fixed}))
+    alone = _run(engine, _requests(1, "solo"))["solo0"]
+    crowd = _requests(16, "crowd")
+    crowd[0] = _requests(1, "solo")[0]
+    together = _run(engine, crowd)["solo0"]
+    np.testing.assert_array_equal(alone, together)
+
+
+def test_full_size_random_model_streams() -> None:
+    config = EngineConfig.from_dict({
+        "model": {"preset": "full", "dtype": "bfloat16", "device": "cuda"},
+        "cache": {"block_size": 16, "num_blocks": 2048},
+        "scheduler": {"max_running_requests": 4, "max_model_len": 2048},
+        "graph": {"enable_cuda_graphs": True, "compile_depth": False,
+                  "decode_batch_buckets": [1, 2], "decode_context_buckets": [256],
+                  "depth_batch_buckets": [1, 2], "prefill_token_buckets": [64],
+                  "text_encode_buckets": [64], "codec_buckets": [1, 2]},
+    })
+    start = time.monotonic()
+    engine = Engine(config)
+    startup = time.monotonic() - start
+    assert engine.checkpoint.model.count_parameters() == 2_850_155_520
+    request = SynthesisRequest(text="The full-size model streams.", seed=1, max_frames=20,
+                               ignore_eos=True, request_id="full")
+    t0 = time.monotonic()
+    audio = _run(engine, [request])["full"]
+    print(f"full-size: start-up {startup:.1f} s, 20 frames in {time.monotonic() - t0:.3f} s")
+    assert audio.shape == (20 * 1920,)
+    assert np.isfinite(audio).all() and np.abs(audio).max() > 0
