@@ -130,7 +130,9 @@ class GraphConfig(_Frozen):
     enable_cuda_graphs: bool = False
     """Capture and replay CUDA graphs per (stage, bucket); eager fallback past the last bucket."""
     compile_depth: bool = False
-    """``torch.compile`` the depth decoder's per-codebook step."""
+    """``torch.compile`` the whole depth frame (15-step loop with sampling) as one unit."""
+    compile_backbone: bool = False
+    """``torch.compile`` each backbone layer around its (uncompiled) paged attention."""
     decode_batch_buckets: tuple[int, ...] = (1, 2, 4, 8, 16, 32)
     """DECODE batch sizes in rows (CFG branches count)."""
     decode_context_buckets: tuple[int, ...] = (256, 512, 1024, 2048)
@@ -233,6 +235,7 @@ class EngineConfig(_Frozen):
             self.cache.num_blocks,
             g.enable_cuda_graphs,
             g.compile_depth,
+            g.compile_backbone,
             g.decode_batch_buckets,
             g.decode_context_buckets,
             g.depth_batch_buckets,

@@ -70,46 +70,67 @@ def graph_engine() -> Engine:
     return engine
 
 
-def _randomize(stage: Stage, inputs: dict[str, torch.Tensor], engine: Engine) -> None:
-    """Realistic, non-trivial values for a stage's example inputs (in place)."""
+def _stage_inputs(stage: Stage, key, engine: Engine) -> dict[str, torch.Tensor]:
+    """Realistic inputs for one captured bucket: real KV rows and slots, random values (padding
+    rows/tokens that all write one scratch row would make the comparison racy)."""
+    from breezert.stages.backbone import _meta_inputs
+    from breezert.worker.kv_cache import KVRun
+
+    runner = engine.runner
+    st = runner.stages[stage]
     gen = torch.Generator(device="cuda").manual_seed(0)
+    if stage is Stage.PREFILL:
+        n, k = key
+        runs = [KVRun(list(range(n // 16 + 1)), 0, n)]
+        inputs = {"embeds": torch.randn(n, engine.checkpoint.config.hidden_size, device="cuda",
+                                        generator=gen),
+                  **_meta_inputs(runner.kv.packed_meta(runs, n, k), torch.device("cuda"))}
+        return inputs
+    if stage is Stage.DECODE:
+        r, t = key
+        runs = [KVRun([3 * i, 3 * i + 1, 3 * i + 2], min(t - 1, 10 + i), 1) for i in range(r)]
+        codes = torch.randint(0, 2048, (r, 16), device="cuda", generator=gen)
+        return {"codes": codes,
+                **_meta_inputs(runner.kv.decode_meta(runs, r, t), torch.device("cuda"))}
+    inputs = st.example_inputs(*key) if isinstance(key, tuple) else st.example_inputs(key)
     if stage is Stage.TEXT_ENCODE:
         inputs["input_ids"].random_(3, 5000, generator=gen)
     elif stage is Stage.DEPTH:
         inputs["hidden"].normal_(generator=gen)
     elif stage is Stage.CODEC:
+        b = key[0]
+        inputs["slot_ids"].copy_(torch.arange(b, device="cuda"))  # distinct real slots
         inputs["codes"].random_(0, 2048, generator=gen)
-    elif stage is Stage.PREFILL:
-        inputs["embeds"].normal_(generator=gen)
-    elif stage is Stage.DECODE:
-        inputs["codes"].random_(0, 2048, generator=gen)
+    return inputs
 
 
 def test_every_graph_equals_eager(graph_engine: Engine) -> None:
     runner = graph_engine.runner
-    runner.kv.kv.normal_()  # scratch and real rows hold finite, non-zero values
+    runner.kv.kv.normal_()  # every row holds finite, non-zero values
     for stage, stage_runner in runner.stages.items():
-        graphs = stage_runner.graphs
-        assert graphs.keys, f"no {stage.value} graph captured"
-        for key in graphs.keys:
-            inputs = stage_runner.example_inputs(*key) if isinstance(key, tuple) else (
-                stage_runner.example_inputs(key)
-            )
-            _randomize(stage, inputs, graph_engine)
-            saved = runner.codec.state.conv.clone(), runner.codec.state.kv.clone()
-            eager = {k: v.clone() for k, v in graphs.fn(**inputs).items()}
-            runner.codec.state.conv.copy_(saved[0])
-            runner.codec.state.kv.copy_(saved[1])
-            replay = graphs(key, inputs)
-            for name, value in eager.items():
-                got = replay[name]
-                if value.dtype in (torch.long, torch.int32):
-                    assert torch.equal(got, value), f"{stage.value} {key} {name} differs"
-                else:
-                    err = (got.float() - value.float()).abs().max().item()
-                    assert err <= 1e-4 * max(1.0, value.float().abs().max().item()), (
-                        f"{stage.value} {key} {name}: max error {err}"
-                    )
+        for graphs in (stage_runner.graphs, getattr(stage_runner, "full_sort_graphs", None)):
+            if graphs is None:
+                continue
+            assert graphs.keys, f"no {graphs.name} graph captured"
+            for key in graphs.keys:
+                _compare(graphs, key, _stage_inputs(stage, key, graph_engine), runner)
+
+
+def _compare(graphs, key, inputs: dict[str, torch.Tensor], runner) -> None:
+    state = runner.codec.state
+    saved = state.conv.clone(), state.kv.clone(), state.pos.clone(), runner.kv.kv.clone()
+    eager = {k: v.clone() for k, v in graphs.fn(**inputs).items()}
+    state.conv.copy_(saved[0]), state.kv.copy_(saved[1]), state.pos.copy_(saved[2])
+    runner.kv.kv.copy_(saved[3])
+    replay = graphs(key, inputs)
+    for name, value in eager.items():
+        got = replay[name]
+        if value.dtype in (torch.long, torch.int32):
+            assert torch.equal(got, value), f"{graphs.name} {key} {name} differs"
+        else:
+            err = (got.float() - value.float()).abs().max().item()
+            scale = max(1.0, value.float().abs().max().item())
+            assert err <= 1e-4 * scale, f"{graphs.name} {key} {name}: max error {err}"
 
 
 def test_engine_audio_graphs_equal_eager(graph_engine: Engine) -> None:

@@ -43,10 +43,10 @@ def sdpa_gqa(
 
     ``mask`` is boolean (True = attend), broadcastable to ``[..., H, Nq, Nk]``.
     """
-    num_rep = q.shape[-3] // k.shape[-3]
-    if num_rep > 1:
-        k = k.repeat_interleave(num_rep, dim=-3)  # [..., H, Nk, D]
-        v = v.repeat_interleave(num_rep, dim=-3)
+    if q.shape[-3] != k.shape[-3]:  # GQA: SDPA reads each K/V head for its query group
+        return F.scaled_dot_product_attention(
+            q, k, v, attn_mask=mask, scale=scale, enable_gqa=True
+        )
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
 
 

@@ -136,19 +136,32 @@ def apply_top_p(logits: torch.Tensor, top_p: PerRow) -> torch.Tensor:
     return filter_top_k_top_p(logits, 0, top_p)
 
 
-def filter_top_k_top_p(logits: torch.Tensor, top_k: PerRow, top_p: PerRow) -> torch.Tensor:
-    """``apply_top_p(apply_top_k(logits, k), p)`` with one sort and no host sync."""
+def filter_top_k_top_p(
+    logits: torch.Tensor, top_k: PerRow, top_p: PerRow, max_k: int | None = None
+) -> torch.Tensor:
+    """``apply_top_p(apply_top_k(logits, k), p)`` with one sort and no host sync.
+
+    With ``max_k`` (every row's k in 1..max_k) only the ``max_k`` largest logits are sorted, by
+    ``topk``: far cheaper than sorting the vocabulary. Ids tied with the k-th value are kept
+    either way; with ``max_k`` their mass is left out of the top-p sum only when such ties fall
+    beyond the ``max_k`` largest.
+    """
     num_rows, vocab = logits.shape
     k = _per_row(top_k, num_rows, torch.long, logits.device)[:, None]  # [R, 1]
     p = _per_row(top_p, num_rows, torch.float32, logits.device)[:, None]  # [R, 1]
-    sorted_desc, order = logits.sort(dim=-1, descending=True)  # [R, V]
-    kth = sorted_desc.gather(-1, k.clamp(1, vocab) - 1)  # [R, 1]
-    drop_k = (sorted_desc < kth) & (k > 0)  # ties with the k-th value are kept
-    probs = sorted_desc.masked_fill(drop_k, float("-inf")).float().softmax(dim=-1)
+    if max_k is not None:
+        sorted_desc, order = logits.topk(min(max_k, vocab), dim=-1)  # [R, K] descending
+    else:
+        sorted_desc, order = logits.sort(dim=-1, descending=True)  # [R, V]
+    kth = sorted_desc.gather(-1, k.clamp(1, sorted_desc.shape[-1]) - 1)  # [R, 1]
+    drop_k_sorted = (sorted_desc < kth) & (k > 0)  # ties with the k-th value are kept
+    probs = sorted_desc.masked_fill(drop_k_sorted, float("-inf")).float().softmax(dim=-1)
     mass_before = probs.cumsum(dim=-1) - probs  # exclusive cumulative mass
-    drop_sorted = drop_k | ((mass_before >= p) & (p < 1))
-    drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
-    return logits.masked_fill(drop, float("-inf"))
+    drop_p_sorted = (mass_before >= p) & (p < 1)
+    drop_p = torch.zeros(num_rows, vocab, dtype=torch.bool, device=logits.device)
+    drop_p = drop_p.scatter(-1, order, drop_p_sorted)
+    drop_k = (logits < kth) & (k > 0)
+    return logits.masked_fill(drop_k | drop_p, float("-inf"))
 
 
 # Counter-based RNG: a draw is a pure function of (request seed, draw counter, column), so codes
@@ -196,6 +209,7 @@ def sample(
     top_p: PerRow,
     seeds: torch.Tensor,
     counters: torch.Tensor,
+    max_k: int | None = None,
 ) -> torch.Tensor:
     """Temperature -> top-k -> top-p -> one categorical draw per row ``[R]`` (T = 0: argmax).
 
@@ -205,10 +219,11 @@ def sample(
     Args:
         logits: ``[R, V]`` after penalty and suppression.
         seeds, counters: ``[R]`` int64 per-row request seed and draw counter.
+        max_k: a bound on every row's top-k (see ``filter_top_k_top_p``), or None.
     """
     num_rows, vocab = logits.shape
     t = _per_row(temperature, num_rows, torch.float32, logits.device)
-    filtered = filter_top_k_top_p(apply_temperature(logits.float(), t), top_k, top_p)
+    filtered = filter_top_k_top_p(apply_temperature(logits.float(), t), top_k, top_p, max_k)
     gumbel = -torch.log(-torch.log(counter_uniform(seeds, counters, vocab)))
     drawn = (filtered + gumbel).argmax(dim=-1)
     return torch.where(t > 0, drawn, logits.argmax(dim=-1))

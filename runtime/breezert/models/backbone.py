@@ -13,6 +13,7 @@ from torch import nn
 
 from breezert.layers.attention import KVCache
 from breezert.layers.norms import RMSNorm
+from breezert.layers.fused import fuse_linears_
 from breezert.layers.rope import Rope, apply_rope, default_inv_freq
 from breezert.models.config import BackboneConfig
 
@@ -29,6 +30,17 @@ class Qwen3Attention(nn.Module):
         self.o_proj = nn.Linear(cfg.num_heads * hd, d, bias=False)
         self.q_norm = RMSNorm(hd, cfg.rms_norm_eps)
         self.k_norm = RMSNorm(hd, cfg.rms_norm_eps)
+        self.qkv_weight: torch.Tensor | None = None  # set by fuse_(): one GEMM for q, k, v
+
+    def fuse_(self) -> None:
+        self.qkv_weight = fuse_linears_(self.q_proj, self.k_proj, self.v_proj)
+
+    def project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``x [N, d]`` → q ``[N, H*D]``, k and v ``[N, KVH*D]``."""
+        if self.qkv_weight is None:
+            return self.q_proj(x), self.k_proj(x), self.v_proj(x)
+        q_size, kv_size = self.q_proj.weight.shape[0], self.k_proj.weight.shape[0]
+        return F.linear(x, self.qkv_weight).split([q_size, kv_size, kv_size], dim=-1)
 
     def forward(
         self,
@@ -39,9 +51,10 @@ class Qwen3Attention(nn.Module):
         layer_idx: int,
     ) -> torch.Tensor:
         n = x.shape[0]
-        q = self.q_norm(self.q_proj(x).view(n, self.num_heads, self.head_dim))  # [N, H, D]
-        k = self.k_norm(self.k_proj(x).view(n, self.num_kv_heads, self.head_dim))  # [N, KVH, D]
-        v = self.v_proj(x).view(n, self.num_kv_heads, self.head_dim)  # [N, KVH, D]
+        q, k, v = self.project(x)
+        q = self.q_norm(q.reshape(n, self.num_heads, self.head_dim))  # [N, H, D]
+        k = self.k_norm(k.reshape(n, self.num_kv_heads, self.head_dim))  # [N, KVH, D]
+        v = v.reshape(n, self.num_kv_heads, self.head_dim)  # [N, KVH, D]
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         out = kv.attend(layer_idx, q, k, v)  # [N, H, D]
         return self.o_proj(out.reshape(n, -1))
@@ -55,9 +68,16 @@ class SiluMLP(nn.Module):
         self.gate_proj = nn.Linear(hidden_size, intermediate_size, bias=False)
         self.up_proj = nn.Linear(hidden_size, intermediate_size, bias=False)
         self.down_proj = nn.Linear(intermediate_size, hidden_size, bias=False)
+        self.gate_up_weight: torch.Tensor | None = None  # set by fuse_(): one GEMM
+
+    def fuse_(self) -> None:
+        self.gate_up_weight = fuse_linears_(self.gate_proj, self.up_proj)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        if self.gate_up_weight is None:
+            return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        gate, up = F.linear(x, self.gate_up_weight).chunk(2, dim=-1)
+        return self.down_proj(F.silu(gate) * up)
 
 
 class Qwen3Layer(nn.Module):

@@ -140,6 +140,15 @@ class BreezeModel(nn.Module):
                     param.normal_(0.0, std, generator=generator)
         return self
 
+    @torch.no_grad()
+    def fuse_projections_(self) -> BreezeModel:
+        """Packs q/k/v and gate/up weights of the backbone and depth layers into one GEMM each
+        (weights become views of the packed tensors; ``state_dict`` is unchanged)."""
+        for module in self.modules():
+            if module is not self and hasattr(module, "fuse_"):
+                module.fuse_()
+        return self
+
     def count_parameters(self) -> int:
         """Number of live parameters (the tied audio table counted once)."""
         return sum(p.numel() for p in self.parameters())

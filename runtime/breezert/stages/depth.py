@@ -9,7 +9,7 @@ Must not: run the backbone or the codec.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 
@@ -51,8 +51,15 @@ def depth_frames(
     sampling: torch.Tensor,  # [B, 6] float32: T, top-k, top-p, depth T, top-k, top-p
     seeds: torch.Tensor,  # [B] int64
     frames_at: torch.Tensor,  # [B] int64: index of this frame in the request's audio
+    *,
+    max_k: int | None = None,
+    sampler: Callable[..., torch.Tensor] = sample,
 ) -> dict[str, torch.Tensor]:
-    """One frame per request → ``{"codes": [B, 16]}`` (``codes[:, 0] == 2051`` means EOS)."""
+    """One frame per request → ``{"codes": [B, 16]}`` (``codes[:, 0] == 2051`` means EOS).
+
+    ``max_k``: every row's top-k lies in 1..max_k, so sampling sorts only the top ``max_k``.
+    ``sampler``: ``layers.sampling.sample`` or a compiled version of it.
+    """
     num = has_cfg.shape[0]
     logits = _guide(model.first_code_logits(hidden), num, has_cfg, cfg_scale)  # [B, 2052]
     logits = suppress_reserved(apply_repetition_penalty(logits, seen, penalty))
@@ -60,7 +67,9 @@ def depth_frames(
     eos_col[:, FRAME_EOS_ID] = True
     logits = logits.masked_fill(eos_col & no_eos[:, None], float("-inf"))
     top_k = sampling[:, 1].long()
-    code = sample(logits, sampling[:, 0], top_k, sampling[:, 2], seeds, draw_counter(frames_at, 0))
+    code = sampler(
+        logits, sampling[:, 0], top_k, sampling[:, 2], seeds, draw_counter(frames_at, 0), max_k
+    )
     depth = model.depth_decoder
     owner = torch.arange(hidden.shape[0], device=hidden.device) % num  # row -> request
     cache = depth.new_cache(hidden.shape[0])
@@ -72,15 +81,25 @@ def depth_frames(
         logits = _guide(depth.logits(depth.step(x, j, cache), j), num, has_cfg, cfg_scale)
         counters = draw_counter(frames_at, j)
         codes.append(
-            sample(suppress_reserved(logits), sampling[:, 3], depth_k, sampling[:, 5], seeds, counters)
+            sampler(suppress_reserved(logits), sampling[:, 3], depth_k, sampling[:, 5], seeds,
+                    counters, max_k)
         )
     return {"codes": torch.stack(codes, dim=1)}
 
 
+TOP_K_BOUND = 64
+"""Batches whose every top-k is in 1..TOP_K_BOUND (the default is 50) sample with a cheap
+``topk``; others use the full-sort graphs."""
+
+
 class DepthStage:
-    def __init__(self, model: BreezeModel, graphs: GraphRunner, buckets: Sequence[int]) -> None:
+    def __init__(
+        self, model: BreezeModel, graphs: GraphRunner, full_sort_graphs: GraphRunner,
+        buckets: Sequence[int],
+    ) -> None:
         self.model = model
-        self.graphs = graphs
+        self.graphs = graphs  # depth_frames with max_k=TOP_K_BOUND
+        self.full_sort_graphs = full_sort_graphs  # depth_frames with max_k=None
         self.buckets = tuple(sorted(buckets))
         self.device = model.lm_head.weight.device
 
@@ -95,7 +114,11 @@ class DepthStage:
         size = size or num
         use_cfg = any(slot.num_branches == 2 for slot in slots)
         inputs = self._inputs(items, slots, segments, size, use_cfg)
-        codes = self.graphs((size, use_cfg), inputs)["codes"][:num].cpu()  # [B, 16]
+        bounded = all(
+            1 <= k <= TOP_K_BOUND for s in slots for k in (s.sampling.top_k, s.sampling.depth_top_k)
+        )
+        graphs = self.graphs if bounded else self.full_sort_graphs
+        codes = graphs((size, use_cfg), inputs)["codes"][:num].cpu()  # [B, 16]
         out = StageOutput()
         for item, slot, segment, frame in zip(items, slots, segments, codes):
             code0 = int(frame[0])

@@ -48,6 +48,7 @@ class GraphRunner:
     def keys(self) -> list[Hashable]:
         return list(self._graphs)
 
+    @torch.inference_mode()
     def capture(self, key: Hashable, example: Mapping[str, torch.Tensor], warmup: int = 2) -> None:
         """Captures ``fn`` on copies of ``example`` (run ``warmup`` times eagerly first)."""
         if not self.enabled or key in self._graphs:
@@ -64,6 +65,7 @@ class GraphRunner:
             outputs = self.fn(**inputs)
         self._graphs[key] = _Captured(graph, inputs, outputs)
 
+    @torch.inference_mode()
     def __call__(self, key: Hashable, inputs: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         captured = self._graphs.get(key) if self.enabled else None
         if captured is None:

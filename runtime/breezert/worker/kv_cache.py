@@ -40,6 +40,7 @@ class GatherKV:
     ) -> None:
         self.kv, self.write_rows, self.read_rows, self.mask = kv, write_rows, read_rows, mask
 
+    @torch.compiler.disable  # in-place writes into the shared cache stay out of compiled code
     def attend(
         self, layer_idx: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
     ) -> torch.Tensor:

@@ -24,9 +24,9 @@ from breezert.sched.plan import NewRequestData, Stage, StageItem, StepPlan
 from breezert.stages import StageOutput
 from breezert.stages.backbone import DecodeStage, PrefillStage, backbone_decode, backbone_prefill
 from breezert.stages.codec import CodecStage, codec_step
-from breezert.stages.depth import DepthStage, depth_frames
+from breezert.stages.depth import TOP_K_BOUND, DepthStage
 from breezert.stages.text_encode import TextEncodeStage, encode_text
-from breezert.worker.compile import compile_depth_layers
+from breezert.worker.compile import compile_backbone_layers, depth_fn
 from breezert.worker.cuda_graphs import GraphFn, GraphRunner
 from breezert.worker.batch_state import BatchState, SlotState
 from breezert.worker.kv_cache import PagedKVCache
@@ -73,8 +73,9 @@ class ModelRunner:
         # One arena slot more than the batch: bucket padding decodes into it.
         self.codec = StreamingCodec(checkpoint.codec, max_slots + 1, device=checkpoint.codec_device)
         self.batch = BatchState(max_slots)
-        if graph.compile_depth and self.device.type == "cuda":
-            compile_depth_layers(model)
+        model.fuse_projections_()
+        if graph.compile_backbone and self.device.type == "cuda":
+            compile_backbone_layers(model)
 
         def runner(name: str, fn: GraphFn) -> GraphRunner:
             return GraphRunner(name, fn, enabled=use_graphs, device=self.device)
@@ -92,7 +93,10 @@ class ModelRunner:
                 graph.decode_batch_buckets, graph.decode_context_buckets,
             ),
             Stage.DEPTH: DepthStage(
-                model, runner("depth", partial(depth_frames, model)), graph.depth_batch_buckets
+                model,
+                runner("depth", depth_fn(model, TOP_K_BOUND, graph.compile_depth)),
+                runner("depth_full_sort", depth_fn(model, None, graph.compile_depth)),
+                graph.depth_batch_buckets,
             ),
             Stage.CODEC: CodecStage(
                 self.codec, runner("codec", partial(codec_step, self.codec)), graph.codec_buckets

@@ -1,0 +1,110 @@
+"""Per-stage step times of the full-size random model on one GPU (CUDA events, graph replays).
+
+Usage (GPU machine, repo root): ``PYTHONPATH=runtime python bench/stage_timing.py --out X.json``
+Prints a table and writes JSON: for each batch size, eager vs graph (vs compiled+graph) times of
+one DECODE step (context 512), one DEPTH frame (15-step loop with sampling), and one CODEC chunk.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import subprocess
+import time
+from datetime import datetime, timezone
+
+import torch
+
+from breezert.config import EngineConfig
+from breezert.runtime_setup import build_runner, load_engine_checkpoint
+from breezert.sched.plan import Stage
+
+
+def _time(fn, iters: int = 20) -> float:
+    """Median milliseconds of ``fn()`` over ``iters`` runs, timed with CUDA events."""
+    for _ in range(3):
+        fn()
+    times = []
+    for _ in range(iters):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(end))
+    return sorted(times)[len(times) // 2]
+
+
+def measure(batches: list[int], compile_depth: bool, context: int) -> dict:
+    cfg = EngineConfig.from_dict({
+        "model": {"preset": "full", "dtype": "bfloat16", "device": "cuda"},
+        "cache": {"block_size": 16, "num_blocks": 4096},
+        "scheduler": {"max_running_requests": max(batches), "max_model_len": 2048,
+                      "max_decode_rows": 2 * max(batches), "max_depth_rows": 2 * max(batches)},
+        "graph": {"enable_cuda_graphs": True, "compile_depth": compile_depth,
+                  "compile_backbone": False,
+                  "decode_batch_buckets": batches, "decode_context_buckets": [context],
+                  "depth_batch_buckets": batches, "prefill_token_buckets": [64],
+                  "text_encode_buckets": [64], "codec_buckets": batches},
+    })
+    ckpt = load_engine_checkpoint(cfg.model)
+    start = time.monotonic()
+    runner = build_runner(cfg, ckpt)
+    startup = time.monotonic() - start
+    rows = []
+    with torch.inference_mode():
+        for b in batches:
+            row = {"batch": b}
+            for name, stage, key in (("decode", Stage.DECODE, (b, context)),
+                                     ("depth", Stage.DEPTH, (b, False)),
+                                     ("depth_cfg", Stage.DEPTH, (b, True)),
+                                     ("codec", Stage.CODEC, (b, 1)),
+                                     ("codec16", Stage.CODEC, (b, 16))):
+                st = runner.stages[stage]
+                inputs = st.example_inputs(*key)
+                row[f"{name}_eager_ms"] = _time(lambda: st.graphs.fn(**inputs), 5)
+                row[f"{name}_graph_ms"] = _time(lambda: st.graphs(key, inputs))
+            row["frame_step_graph_ms"] = row["decode_graph_ms"] + row["depth_graph_ms"]
+            rows.append(row)
+            print(json.dumps(row))
+    return {"compile_depth": compile_depth, "context": context, "startup_s": startup,
+            "warmup_stage_s": runner.warmup_stage_s, "rows": rows}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--batches", default="1,4,16,32,64")
+    parser.add_argument("--context", type=int, default=512)
+    parser.add_argument("--compile", choices=["off", "on", "both"], default="both")
+    parser.add_argument("--out", default=None)
+    args = parser.parse_args()
+    batches = [int(b) for b in args.batches.split(",")]
+    modes = {"off": [False], "on": [True], "both": [False, True]}[args.compile]
+    try:
+        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
+                                text=True).stdout.strip() or "unknown"
+    except OSError:
+        commit = "unknown"
+    doc = {
+        "gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
+        "cuda": torch.version.cuda, "date": datetime.now(timezone.utc).isoformat(),
+        "host": platform.node(), "commit": commit,
+        "runs": [measure(batches, c, args.context) for c in modes],
+    }
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(doc, f, indent=2)
+    for run in doc["runs"]:
+        print(f"compile_depth={run['compile_depth']} start-up {run['startup_s']:.1f} s "
+              f"{run['warmup_stage_s']}")
+        print("batch | decode eager/graph | depth eager/graph | depth+cfg | codec 1f/16f | frame")
+        for r in run["rows"]:
+            print(f"{r['batch']:5d} | {r['decode_eager_ms']:6.2f} / {r['decode_graph_ms']:6.2f} | "
+                  f"{r['depth_eager_ms']:6.2f} / {r['depth_graph_ms']:6.2f} | "
+                  f"{r['depth_cfg_graph_ms']:6.2f} | {r['codec_graph_ms']:5.2f} / "
+                  f"{r['codec16_graph_ms']:6.2f} | {r['frame_step_graph_ms']:6.2f}")
+
+
+if __name__ == "__main__":
+    main()
