@@ -49,3 +49,18 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         skip = pytest.mark.skip(reason="needs CUDA (torch.cuda.is_available() is False)")
         for item in gpu_items:
             item.add_marker(skip)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _one_torch_thread():  # type: ignore[no-untyped-def]
+    """Tiny CPU models gain nothing from intra-op threads, and those stall whenever the other
+    core is busy (CI has two): run the suite on one. Imported lazily, like the CUDA check."""
+    try:
+        import torch
+    except Exception:  # torch-free runs (scheduler-only) need nothing here
+        yield
+        return
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(previous)

@@ -7,7 +7,6 @@ dropping the dead ``codec_model.*`` / ``embed_text_tokens`` tensors, then ``stri
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -24,15 +23,6 @@ from breezert.models.prompt import Prompt, build_prompt
 from tests.golden._paths import golden_dir
 
 pytestmark = pytest.mark.golden
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread() -> Iterator[None]:
-    """Tiny models gain nothing from intra-op threads, which stall when a core is busy."""
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
 
 
 CASES = [

@@ -7,7 +7,6 @@ codes and codec waveform. Must not: regenerate fixtures.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -25,15 +24,6 @@ from tests.golden.test_lm_golden import Golden, _prompt
 pytestmark = pytest.mark.golden
 
 ATOL = 1e-5
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread() -> Iterator[None]:
-    """Tiny models gain nothing from intra-op threads, which stall when a core is busy."""
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
 
 
 @pytest.fixture(scope="module")

@@ -8,12 +8,11 @@ from __future__ import annotations
 
 import re
 import wave
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
 import pytest
-import torch
 
 from breezert.cli import main
 from breezert.loader import Checkpoint, load_checkpoint
@@ -25,15 +24,6 @@ pytestmark = pytest.mark.integration
 SAMPLE_RATE = 24000
 SAMPLES_PER_FRAME = 1920
 FRAMES = re.compile(r"frames\s+(\d+)-(\d+)")
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread() -> Iterator[None]:
-    """Tiny models gain nothing from intra-op threads, which stall when a core is busy."""
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
 
 
 def _run(argv: Sequence[str]) -> int:

@@ -3,7 +3,6 @@ depth step shapes, prompt validation and random init."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 
 import pytest
 import torch
@@ -17,15 +16,6 @@ from breezert.models.prompt import build_prompt, speaker_token_id
 from breezert.models.text_encoder import T5Gemma2TextEncoder, sliding_block_mask
 
 pytestmark = pytest.mark.unit
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread() -> Iterator[None]:
-    """Tiny models gain nothing from intra-op threads, which stall when a core is busy."""
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
 
 
 LIVE_PREFIXES = (

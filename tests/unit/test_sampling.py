@@ -4,7 +4,6 @@ seeding, EOS and length limits on a tiny random model."""
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
 
 import pytest
 import torch
@@ -26,15 +25,6 @@ from breezert.models.generate import generate_frames
 from breezert.models.prompt import Prompt, design_prompt, plain_prompt
 
 pytestmark = pytest.mark.unit
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread() -> Iterator[None]:
-    """Tiny models gain nothing from intra-op threads, which stall when a core is busy."""
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
 
 
 NEG_INF = float("-inf")

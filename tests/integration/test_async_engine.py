@@ -1,0 +1,166 @@
+"""``AsyncEngine`` on the tiny random model (CPU): concurrent consumers, cancel/abort, failures.
+
+Owns the asyncio contract: chunks stream per request, cancelling or leaving a consumer aborts its
+request and frees every resource, failures reach the consumer as ``RequestFailed``, turns grow
+through ``append_text``/``close_input``, and ``aclose`` stops the thread. Must not need a GPU.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from breezert.async_engine import AsyncEngine
+from breezert.config import EngineConfig
+from breezert.engine import Engine
+from breezert.errors import RequestAborted, RequestFailed
+from breezert.layers.sampling import SamplingParams
+from breezert.offline import stream_sequential
+from breezert.outputs import AudioChunk
+from breezert.request import SynthesisRequest
+from breezert.sched.plan import Stage
+
+pytestmark = pytest.mark.integration
+
+CONFIG = Path(__file__).resolve().parents[2] / "configs" / "tiny.toml"
+SAMPLING = SamplingParams(temperature=0.9, depth_temperature=0.8)
+TIMEOUT_S = 20.0
+
+
+@pytest.fixture(scope="module")
+def engine() -> Engine:
+    return Engine(EngineConfig.from_file(CONFIG))
+
+
+@pytest.fixture
+async def aengine(engine: Engine) -> AsyncIterator[AsyncEngine]:
+    async_engine = AsyncEngine(engine, idle_wait_s=0.005)
+    yield async_engine
+    await async_engine.aclose()
+    engine.runner.fault_hook = None
+
+
+def make(request_id: str, frames: int, **kwargs: object) -> SynthesisRequest:
+    kwargs.setdefault("text", f"Request {request_id} is speaking now.")
+    return SynthesisRequest(seed=len(request_id) + frames, max_frames=frames, ignore_eos=True,
+                            sampling=SAMPLING, request_id=request_id,
+                            **kwargs)  # type: ignore[arg-type]
+
+
+async def collect(chunks: AsyncIterator[AudioChunk]) -> list[AudioChunk]:
+    return [chunk async for chunk in chunks]
+
+
+async def wait_released(engine: Engine) -> None:
+    """Polls until nothing is running and pool, slots and the worker's slot table are free."""
+    async def released() -> None:
+        while (engine.scheduler.has_work() or engine.runner.batch.num_active
+               or engine.block_pool.num_free != engine.block_pool.num_blocks):
+            await asyncio.sleep(0.005)
+
+    await asyncio.wait_for(released(), TIMEOUT_S)
+    assert engine.scheduler.stats().num_free_slots == engine.config.scheduler.max_running_requests
+
+
+async def test_eight_concurrent_consumers_complete(aengine: AsyncEngine) -> None:
+    requests = [make(f"c{i}", frames=4 + i) for i in range(8)]
+    results = await asyncio.wait_for(
+        asyncio.gather(*(collect(aengine.synthesize(r)) for r in requests)), TIMEOUT_S)
+    for request, chunks in zip(requests, results):
+        assert {c.request_id for c in chunks} == {request.request_id}
+        assert [c.frame_start for c in chunks[1:]] == [c.frame_end for c in chunks[:-1]]
+        assert chunks[0].frame_start == 0 and chunks[-1].frame_end == request.max_frames
+        assert chunks[-1].is_final and sum(len(c.pcm) for c in chunks) == 1920 * request.max_frames
+    await wait_released(aengine.engine)
+
+
+async def test_cancelling_the_consumer_aborts_the_request(aengine: AsyncEngine) -> None:
+    engine, two_chunks = aengine.engine, asyncio.Event()
+    aborted_before = engine.metrics.counters.get("requests_aborted", 0)
+
+    async def consume() -> None:
+        async for chunk in aengine.synthesize(make("cancelled", frames=400)):
+            if chunk.frame_end >= 3:
+                two_chunks.set()
+
+    task = asyncio.create_task(consume())
+    await asyncio.wait_for(two_chunks.wait(), TIMEOUT_S)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    await wait_released(engine)
+    assert engine.metrics.counters["requests_aborted"] == aborted_before + 1
+
+
+async def test_breaking_out_early_aborts_the_request(aengine: AsyncEngine) -> None:
+    engine = aengine.engine
+    aborted_before = engine.metrics.counters.get("requests_aborted", 0)
+    async for chunk in aengine.synthesize(make("left", frames=400)):
+        assert chunk.frame_start == 0
+        break
+    # The generator is closed when it is collected (at once in CPython), which aborts.
+    await wait_released(engine)
+    assert engine.metrics.counters["requests_aborted"] == aborted_before + 1
+
+
+async def test_failing_request_raises_request_failed(aengine: AsyncEngine) -> None:
+    def fault(stage: Stage, request_id: str) -> None:
+        if stage is Stage.DEPTH and request_id == "boom":
+            raise RuntimeError("injected fault")
+
+    aengine.engine.runner.fault_hook = fault
+    healthy = asyncio.ensure_future(collect(aengine.synthesize(make("healthy", frames=6))))
+    with pytest.raises(RequestFailed, match="injected fault") as failure:
+        await asyncio.wait_for(collect(aengine.synthesize(make("boom", frames=6))), TIMEOUT_S)
+    assert failure.value.request_id == "boom" and "depth" in failure.value.reason
+    assert (await asyncio.wait_for(healthy, TIMEOUT_S))[-1].frame_end == 6
+    await wait_released(aengine.engine)
+
+
+async def test_append_text_and_close_input_make_a_two_segment_turn(
+    aengine: AsyncEngine,
+) -> None:
+    request_id = aengine.submit(make("turn", frames=6, text="seg one", input_closed=False))
+    chunks: list[AudioChunk] = []
+
+    async def consume() -> None:
+        async for chunk in aengine.stream(request_id):
+            if not chunks:
+                aengine.append_text(request_id, "seg two")
+                aengine.close_input(request_id)
+            chunks.append(chunk)
+
+    await asyncio.wait_for(consume(), TIMEOUT_S)
+    assert {c.segment_index for c in chunks} == {0, 1} and chunks[-1].frame_end == 12
+    whole = make("turn", frames=6, text=["seg one", "seg two"])
+    reference = np.concatenate([c.pcm for c in stream_sequential(aengine.engine.checkpoint, whole)])
+    np.testing.assert_allclose(np.concatenate([c.pcm for c in chunks]), reference, atol=1e-5,
+                               rtol=0)
+    await wait_released(aengine.engine)
+
+
+async def test_aclose_aborts_open_streams_and_stops_the_thread(aengine: AsyncEngine) -> None:
+    first_chunk = asyncio.Event()
+
+    async def consume(chunks: AsyncIterator[AudioChunk]) -> None:
+        async for _ in chunks:
+            first_chunk.set()
+
+    # An open turn without text (never runnable) and a stream closed right on a chunk, when
+    # the engine thread is between two steps.
+    idle = asyncio.ensure_future(collect(aengine.stream(
+        aengine.submit(make("idle", frames=4, text=[], input_closed=False)))))
+    busy = asyncio.ensure_future(consume(aengine.synthesize(make("busy", frames=400))))
+    await asyncio.wait_for(first_chunk.wait(), TIMEOUT_S)
+    thread = aengine._thread
+    assert thread is not None and aengine.is_running
+    await asyncio.wait_for(aengine.aclose(), TIMEOUT_S)
+    assert not thread.is_alive() and not aengine.is_running
+    for consumer in (idle, busy):  # each hears of it; none waits forever
+        with pytest.raises(RequestAborted):
+            await asyncio.wait_for(consumer, TIMEOUT_S)
+    assert not aengine.engine.has_work()
