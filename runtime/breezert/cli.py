@@ -60,6 +60,58 @@ def build_parser() -> argparse.ArgumentParser:
     synth.add_argument("--chunks", type=_chunks, default=(1, 2, 4, 8, 16),
                        help="frames per chunk, last repeating (default 1,2,4,8,16)")
     synth.add_argument("--device", default="cpu")
+
+    bench = sub.add_parser("bench", help="serving benchmark: TTFB, underruns, RTF per variant/load")
+    bench.add_argument("--config", type=Path, default=None,
+                       help="engine profile (default: configs/h200-latency.toml with CUDA, "
+                            "else configs/cpu-tiny.toml)")
+    bench.add_argument("--texts", type=Path, default=None,
+                       help="id<TAB>text file (default: ../shared/bench/texts_en.tsv, else a "
+                            "built-in list)")
+    bench.add_argument("--concurrency", default=None,
+                       help="closed loop: requests in flight, comma list (default 1,4,8,16,32,64 "
+                            "unless --rate is given)")
+    bench.add_argument("--rate", default=None,
+                       help="open loop: Poisson arrivals in requests/s, comma list")
+    bench.add_argument("--num-requests", type=int, default=300, help="measured requests per run")
+    bench.add_argument("--warmup", type=int, default=2, help="unmeasured requests before each run")
+    bench.add_argument("--variants", default=None,
+                       help="comma list of fixed16-eager, progressive-eager, "
+                            "progressive-compiled, progressive-graphs, naive, config (the "
+                            "profile as is), or names defined with --variant")
+    bench.add_argument("--variant", action="append", default=[],
+                       metavar="NAME=[BASE;]SECTION.KEY=VALUE;...", help="define a variant")
+    bench.add_argument("--out", type=Path, default=None,
+                       help="result JSON (default bench/results/<config>-<date>.json); PNG beside")
+    bench.add_argument("--seed", type=int, default=0)
+    bench.add_argument("--feedback", action=argparse.BooleanOptionalAction, default=True,
+                       help="the simulated listener calls report_playback every 100 ms")
+    bench.add_argument("--request-timeout", type=float, default=300.0, help="seconds per request")
+    bench.add_argument("--run-budget", type=float, default=None,
+                       help="seconds per run after which no new request starts")
+    bench.add_argument("--naive-requests", type=int, default=20,
+                       help="requests of the naive baseline (sequential)")
+    bench.add_argument("--model", default=None, help="checkpoint folder (sets model.path)")
+    bench.add_argument("--device", choices=["cpu", "cuda", "auto"], default=None,
+                       help="sets model.device")
+    bench.add_argument("--torch-threads", type=int, default=None,
+                       help="intra-op threads (default: 1 on CPU, torch's default on GPU)")
+    bench.add_argument("--git-commit", default=None,
+                       help="commit to record when the tree is not a git checkout")
+
+    serve = sub.add_parser("serve", help="HTTP/WebSocket/WebRTC server with the demo page")
+    serve.add_argument("--config", type=Path, default=None,
+                       help="engine profile TOML (default: built-in defaults, tiny random model)")
+    serve.add_argument("--model", default=None, help="checkpoint folder (sets model.path)")
+    serve.add_argument("--host", default=None, help="bind address (default: [serving] host)")
+    serve.add_argument("--port", type=int, default=None, help="bind port (default: [serving] port)")
+    serve.add_argument("--ice-address", action="append", default=None, metavar="IP",
+                       help="gather WebRTC candidates on this address only (repeatable; default: "
+                            "every interface, plus loopback when bound to loopback)")
+    serve.add_argument("--frame-ms", type=int, choices=[10, 20], default=20,
+                       help="default WebRTC frame duration")
+    serve.add_argument("--device", choices=["cpu", "cuda", "auto"], default=None,
+                       help="sets model.device")
     return parser
 
 
@@ -116,6 +168,53 @@ def cmd_synth(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_bench(args: argparse.Namespace) -> int:
+    from breezert.bench.report import plot, text_report, write_json
+    from breezert.bench.options import options_from_args
+    from breezert.bench.runner import run_benchmark
+
+    options, out = options_from_args(args)
+    doc = run_benchmark(options, on_update=lambda partial: write_json(partial, out))
+    write_json(doc, out)
+    png = plot(doc, out.with_suffix(".png"))
+    print(text_report(doc))
+    print(f"wrote {out}" + (f" and {png}" if png else " (no PNG: matplotlib is not installed)"))
+    return 0 if doc["runs"] else 1
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    import logging
+
+    from aiohttp import web
+
+    from breezert.async_engine import AsyncEngine
+    from breezert.config import EngineConfig, apply_env_overrides
+    from breezert.server import create_app
+
+    cfg = EngineConfig.from_file(args.config) if args.config else EngineConfig()
+    model = {k: v for k, v in {"path": args.model, "device": args.device}.items() if v is not None}
+    serving = {k: v for k, v in {"host": args.host, "port": args.port}.items() if v is not None}
+    cfg = EngineConfig.from_dict({
+        **cfg.model_dump(), "model": {**cfg.model.model_dump(), **model},
+        "serving": {**cfg.serving.model_dump(), **serving},
+    }, source="command line")
+    cfg = apply_env_overrides(cfg)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    engine = AsyncEngine.from_config(cfg)
+    app = create_app(engine, cfg.serving, ice_addresses=args.ice_address, frame_ms=args.frame_ms)
+
+    async def close_engine(_: web.Application) -> None:
+        await engine.aclose()
+
+    app.on_cleanup.append(close_engine)
+    host, port = cfg.serving.host, cfg.serving.port
+    shown = f"[{host}]" if ":" in host else host
+    if port:
+        print(f"BreezeRT serving on http://{shown}:{port}/  (demo page; API under /v1/, "
+              f"/healthz, /readyz, /metrics)", flush=True)
+    web.run_app(app, host=host, port=port, print=None if port else print)
+    return 0
+
 def write_wav(path: Path, audio: np.ndarray, sample_rate: int) -> None:
     """Mono 16-bit PCM WAV."""
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -129,7 +228,8 @@ def write_wav(path: Path, audio: np.ndarray, sample_rate: int) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    commands = {"init-random": cmd_init_random, "synth": cmd_synth}
+    commands = {"init-random": cmd_init_random, "synth": cmd_synth, "bench": cmd_bench,
+                "serve": cmd_serve}
     try:
         return commands[args.command](args)
     except (BreezeRTError, ValueError, FileNotFoundError) as exc:

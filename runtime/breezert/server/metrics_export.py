@@ -1,0 +1,117 @@
+"""``/metrics``: the engine's metrics snapshot and the server's counters as Prometheus text.
+
+Owns: the exposition format (text 0.0.4) and the metric names. Must not: compute anything the
+engine or server state does not already hold; it only formats a snapshot.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+from aiohttp import web
+
+from breezert.server.app import STATE, Histogram, ServerState
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+
+def setup(app: web.Application) -> None:
+    app.router.add_get("/metrics", metrics)
+
+
+async def metrics(request: web.Request) -> web.Response:
+    state = request.app[STATE]
+    text = render(state.engine.metrics(), state, queue_depth(state.engine))
+    return web.Response(body=text.encode(), headers={"Content-Type": CONTENT_TYPE})
+
+
+def queue_depth(engine: Any) -> int | None:
+    """Requests waiting for a slot (``None`` when the engine does not say)."""
+    scheduler = getattr(getattr(engine, "engine", None), "scheduler", None)
+    value = getattr(scheduler, "num_waiting", None)  # a len(): safe without the engine lock
+    return int(value) if value is not None else None
+
+
+def render(snapshot: Mapping[str, Any], state: ServerState, queue: int | None) -> str:
+    """Prometheus text for an ``EngineMetrics.snapshot()`` plus the server's counters."""
+    out: list[str] = []
+    hist = snapshot.get("ttfb_histogram", {})
+    ttfb = snapshot.get("ttfb_s", {})
+    _histogram(out, "breezert_ttfb_seconds", "Request enqueue to first audio chunk out of the "
+               "engine.", hist.get("buckets_s", ()), hist.get("counts", ()),
+               ttfb.get("mean", 0.0) * ttfb.get("count", 0), ttfb.get("count", 0))
+    first = state.first_audio
+    _histogram(out, "breezert_first_audio_seconds", "say to first audio frame sent on the "
+               "connection (WebRTC, WebSocket).", first.buckets_s, first.counts, first.total,
+               first.count)
+    _metric(out, "breezert_underruns_total", "counter", "Playout concealment events reported by "
+            "WebRTC receivers while a turn was playing.", [((), state.underruns_total)])
+    _metric(out, "breezert_starved_frames_total", "counter", "Frames sent as silence inside a "
+            "turn because its audio had not arrived yet.", [((), state.starved_frames_total)])
+    _metric(out, "breezert_active_streams", "gauge", "Requests in the engine (waiting or "
+            "running).", [((), snapshot.get("active_requests", 0))])
+    _metric(out, "breezert_connections", "gauge", "Open client connections by kind.", [
+        ((("kind", "webrtc"),), len(state.peers)),
+        ((("kind", "websocket"),), state.num_ws_sessions),
+        ((("kind", "http_stream"),), state.num_http_streams),
+    ])
+    if queue is not None:
+        _metric(out, "breezert_queue_depth", "gauge", "Requests waiting for an engine slot.",
+                [((), queue)])
+    _stage_summaries(out, snapshot.get("stages", {}))
+    counters = snapshot.get("counters", {})
+    requests = [((("status", k.removeprefix("requests_")),), v) for k, v in sorted(counters.items())
+                if k.startswith("requests_") and k != "requests_added"]
+    _metric(out, "breezert_requests_finished_total", "counter", "Requests by terminal status.",
+            requests)
+    _metric(out, "breezert_requests_added_total", "counter", "Requests accepted by the engine.",
+            [((), counters.get("requests_added", 0))])
+    _metric(out, "breezert_chunks_emitted_total", "counter", "Audio chunks out of the engine.",
+            [((), counters.get("chunks_emitted", 0))])
+    return "\n".join(out) + "\n"
+
+
+def _stage_summaries(out: list[str], stages: Mapping[str, Any]) -> None:
+    out.append("# HELP breezert_stage_step_seconds Engine step time per stage (recent window).")
+    out.append("# TYPE breezert_stage_step_seconds summary")
+    for stage, data in sorted(stages.items()):
+        step = data.get("step_s", {})
+        for q in ("p50", "p95", "p99"):
+            if q in step:
+                quantile = f"0.{q[1:]}"
+                out.append(f'breezert_stage_step_seconds{{stage="{stage}",quantile="{quantile}"}} '
+                           f"{_num(step[q])}")
+        count = step.get("count", 0)
+        out.append(f'breezert_stage_step_seconds_sum{{stage="{stage}"}} '
+                   f"{_num(step.get('mean', 0.0) * count)}")
+        out.append(f'breezert_stage_step_seconds_count{{stage="{stage}"}} {count}')
+
+
+def _histogram(out: list[str], name: str, help_text: str, buckets: Sequence[float],
+               counts: Sequence[int], total: float, count: int) -> None:
+    out.append(f"# HELP {name} {help_text}")
+    out.append(f"# TYPE {name} histogram")
+    cumulative = 0
+    for bound, n in zip(buckets, counts):
+        cumulative += n
+        out.append(f'{name}_bucket{{le="{_num(bound)}"}} {cumulative}')
+    out.append(f'{name}_bucket{{le="+Inf"}} {count}')
+    out.append(f"{name}_sum {_num(total)}")
+    out.append(f"{name}_count {count}")
+
+
+def _metric(out: list[str], name: str, kind: str, help_text: str,
+            samples: Iterable[tuple[tuple[tuple[str, str], ...], float]]) -> None:
+    out.append(f"# HELP {name} {help_text}")
+    out.append(f"# TYPE {name} {kind}")
+    for labels, value in samples:
+        label_text = ",".join(f'{k}="{v}"' for k, v in labels)
+        out.append(f"{name}{{{label_text}}} {_num(value)}" if labels else f"{name} {_num(value)}")
+
+
+def _num(value: float) -> str:
+    return repr(float(value)) if isinstance(value, float) else str(value)
+
+
+__all__ = ["Histogram", "render", "setup"]

@@ -1,0 +1,276 @@
+"""One conversation's turns: say/append/end/cancel -> engine requests -> an audio sink.
+
+Owns: the turn lifecycle shared by the DataChannel and the WebSocket (one turn at a time per
+connection), text limits, mapping engine errors to protocol errors, and the server's
+``turn_started`` / ``first_audio`` / ``turn_done`` messages. Must not: know the transport or the
+audio format; a ``TurnSink`` turns chunks into frames or bytes, ``send`` delivers messages.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field, replace
+from typing import Any, Protocol
+
+from breezert.errors import EngineOverloaded, InvalidRequest, RequestAborted, RequestFailed
+from breezert.outputs import AudioChunk
+from breezert.request import SynthesisRequest
+from breezert.server.protocol import (
+    Append,
+    Cancel,
+    End,
+    Message,
+    Playback,
+    ProtocolError,
+    Say,
+    event,
+)
+from breezert_agent.audio import ENGINE_SAMPLE_RATE
+
+logger = logging.getLogger("breezert.server")
+
+
+class PlayoutMarks(Protocol):
+    """What a sink reports about a turn's playout (``breezert_agent.webrtc.TurnPlayout``)."""
+
+    first_frame: asyncio.Event
+    first_frame_time: float | None
+    num_starved_frames: int
+
+
+class TurnSink(Protocol):
+    """Where a turn's audio goes: a WebRTC track or a WebSocket."""
+
+    def begin(self, turn_id: str, sample_rate: int, say: Say) -> PlayoutMarks: ...
+    async def write(self, turn_id: str, chunk: AudioChunk) -> None: ...
+    async def finish(self, turn_id: str) -> None:
+        """The engine is done: flush and return once the turn's audio has been sent."""
+    def cancel(self, turn_id: str) -> None:
+        """Barge-in: drop the turn's queued audio at once."""
+
+
+@dataclass(eq=False)
+class _Turn:
+    request_id: str
+    client_request_id: str | None
+    say_time: float
+    is_input_open: bool
+    num_chars: int
+    marks: PlayoutMarks | None = None
+    task: asyncio.Task[None] | None = field(default=None, repr=False)
+    status: str | None = None  # set once turn_done is sent
+    concealment_events: int = 0
+
+
+class TurnController:
+    """Runs one connection's turns against the engine, one at a time.
+
+    Args:
+        engine: The shared ``AsyncEngine``.
+        sink: Receives each turn's chunks.
+        send: Delivers a server message (JSON text) to the client.
+        max_text_chars: Characters per turn over ``say`` and all ``append``s.
+        request_options: Extra ``SynthesisRequest`` fields for every turn (server policy).
+        clock: Monotonic time source, the same one the sink stamps playout with.
+    """
+
+    def __init__(
+        self,
+        engine: Any,
+        sink: TurnSink,
+        send: Callable[[str], Awaitable[None]],
+        *,
+        max_text_chars: int,
+        request_options: Mapping[str, Any] | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        on_first_audio: Callable[[float], None] | None = None,
+    ) -> None:
+        self.engine = engine
+        self.sink = sink
+        self._send = send
+        self._max_text_chars = max_text_chars
+        self._request_options = dict(request_options or {})
+        self._clock = clock
+        self._on_first_audio = on_first_audio
+        self.active: _Turn | None = None
+
+    @property
+    def active_request_id(self) -> str | None:
+        return self.active.request_id if self.active is not None else None
+
+    async def handle(self, message: Message) -> None:
+        """Applies one client message; raises ``ProtocolError`` when it cannot apply."""
+        if isinstance(message, Say):
+            await self._say(message)
+        elif isinstance(message, Append):
+            self._append(message.text)
+        elif isinstance(message, End):
+            turn = self.active
+            if turn is None:
+                raise ProtocolError("no_open_turn", "end needs a turn started with say")
+            if turn.is_input_open:  # ending an already closed turn is harmless: a no-op
+                turn.is_input_open = False
+                self._call_engine(self.engine.close_input, turn.request_id)
+        elif isinstance(message, Cancel):
+            await self.cancel()
+        elif isinstance(message, Playback):
+            self.report_playback(message.buffered_s, self._clock() - message.age_s,
+                                 message.source)
+        else:  # playout is the transport's business
+            raise ProtocolError("unknown_type", f"{type(message).__name__} is not a turn message")
+
+    def report_playback(self, buffered_s: float, measured_at: float, source: str) -> None:
+        """Forwards the listener's buffer level for the active turn (ignored between turns)."""
+        turn = self.active
+        if turn is None:
+            return
+        # InvalidRequest: the request just finished; telemetry may race the turn's end.
+        with contextlib.suppress(InvalidRequest):
+            self.engine.report_playback(turn.request_id, buffered_s, measured_at, source)
+
+    async def cancel(self) -> None:
+        """Barge-in: silence at once, abort the engine request, report ``turn_done``."""
+        turn = self.active
+        if turn is None:
+            return
+        self.sink.cancel(turn.request_id)
+        self.engine.abort(turn.request_id)
+        if turn.task is not None:
+            turn.task.cancel()
+            await asyncio.gather(turn.task, return_exceptions=True)
+        await self._done(turn, "cancelled")
+
+    async def aclose(self) -> None:
+        await self.cancel()
+
+    # ------------------------------------------------------------------ turns
+    async def _say(self, say: Say) -> None:
+        if self.active is not None:
+            raise ProtocolError("turn_active",
+                                "a turn is already playing; send cancel first (barge-in)")
+        self._check_chars(say.num_chars, 0)
+        request = self._request(say)
+        say_time = self._clock()
+        request_id = self._call_engine(self.engine.submit, request)
+        turn = _Turn(request_id, say.client_request_id, say_time, say.more, say.num_chars)
+        try:
+            turn.marks = self.sink.begin(request_id, ENGINE_SAMPLE_RATE, say)
+            self.active = turn
+            await self._send(event("turn_started", **self._ids(turn)))
+        except BaseException:  # nobody will consume the request: free it now
+            self.engine.abort(request_id)
+            self.active = None
+            raise
+        turn.task = asyncio.create_task(self._run(turn), name=f"turn-{request_id}")
+
+    def _request(self, say: Say) -> SynthesisRequest:
+        options = {**self._request_options, **say.options}
+        temperature = options.pop("temperature", None)
+        if temperature is not None:
+            base = getattr(getattr(getattr(self.engine, "engine", None), "runner", None),
+                           "default_sampling", None)
+            if base is None:
+                raise ProtocolError("invalid_request", "temperature is not supported here")
+            try:
+                options["sampling"] = replace(base, temperature=temperature)
+            except ValueError as exc:
+                raise ProtocolError("invalid_request", str(exc)) from None
+        try:
+            return SynthesisRequest(text=say.text, input_closed=not say.more, **options)
+        except (InvalidRequest, TypeError) as exc:
+            raise ProtocolError("invalid_request", str(exc)) from None
+
+    @staticmethod
+    def _ids(turn: _Turn) -> dict[str, Any]:
+        ids: dict[str, Any] = {"turn_id": turn.request_id, "request_id": turn.request_id}
+        if turn.client_request_id is not None:
+            ids["client_request_id"] = turn.client_request_id
+        return ids
+
+    def _append(self, text: str) -> None:
+        turn = self._open_turn("append")
+        self._check_chars(len(text), turn.num_chars)
+        if text.strip():  # whitespace-only pieces carry nothing to say
+            self._call_engine(self.engine.append_text, turn.request_id, text)
+        turn.num_chars += len(text)
+
+    async def _run(self, turn: _Turn) -> None:
+        status, error = "finished", None
+        first = asyncio.create_task(self._report_first_audio(turn))
+        try:
+            async with contextlib.aclosing(self.engine.stream(turn.request_id)) as chunks:
+                async for chunk in chunks:
+                    await self.sink.write(turn.request_id, chunk)
+            await self.sink.finish(turn.request_id)
+        except RequestAborted:
+            status = "aborted"
+        except RequestFailed as exc:
+            status, error = "failed", exc.reason
+        except asyncio.CancelledError:
+            first.cancel()
+            raise
+        except Exception as exc:  # a sink fault ends this turn only
+            logger.exception("turn %s failed in its sink", turn.request_id)
+            self.engine.abort(turn.request_id)
+            status, error = "failed", f"{type(exc).__name__}: {exc}"
+        if status != "finished":
+            self.sink.cancel(turn.request_id)  # drop what is left; releases the sink's turn
+        assert turn.marks is not None
+        if turn.marks.first_frame.is_set():
+            await first  # first_audio goes out before turn_done
+        first.cancel()
+        await self._done(turn, status, error)
+
+    async def _report_first_audio(self, turn: _Turn) -> None:
+        assert turn.marks is not None
+        await turn.marks.first_frame.wait()
+        if turn.marks.first_frame_time is None or turn.status is not None:
+            return
+        first_audio_s = turn.marks.first_frame_time - turn.say_time
+        if self._on_first_audio is not None:
+            self._on_first_audio(first_audio_s)
+        await self._send(event("first_audio", **self._ids(turn),
+                               server_ms=round(first_audio_s * 1000, 1)))
+
+    async def _done(self, turn: _Turn, status: str, error: str | None = None) -> None:
+        if turn.status is not None:
+            return
+        turn.status = status
+        if self.active is turn:
+            self.active = None
+        fields: dict[str, Any] = {**self._ids(turn), "status": status}
+        if error is not None:
+            fields["error"] = error
+        if turn.marks is not None:
+            fields["starved_frames"] = turn.marks.num_starved_frames
+        fields["concealment_events"] = turn.concealment_events
+        await self._send(event("turn_done", **fields))
+
+    # ------------------------------------------------------------------ helpers
+    def _open_turn(self, kind: str) -> _Turn:
+        turn = self.active
+        if turn is None or not turn.is_input_open:
+            raise ProtocolError("no_open_turn", f"{kind} needs a turn started with say and "
+                                "more=true (or input_closed=false)")
+        return turn
+
+    def _check_chars(self, num_new: int, num_before: int) -> None:
+        if num_new + num_before > self._max_text_chars:
+            raise ProtocolError(
+                "text_too_long",
+                f"the turn's text would be {num_new + num_before} characters; the limit is "
+                f"{self._max_text_chars}",
+            )
+
+    def _call_engine(self, fn: Callable[..., Any], *args: Any) -> Any:
+        try:
+            return fn(*args)
+        except InvalidRequest as exc:
+            raise ProtocolError("invalid_request", str(exc)) from None
+        except EngineOverloaded as exc:
+            raise ProtocolError("overloaded", f"the engine is at capacity, retry later: {exc}") \
+                from None

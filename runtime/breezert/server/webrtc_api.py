@@ -1,0 +1,253 @@
+"""``POST /v1/webrtc/offer``: one aiortc peer per offer, its audio track and "control" channel.
+
+Owns: SDP offer -> answer (no STUN, host candidates per ``ice.py``, codec bound to the track),
+the peer registry and its ``max_peers`` limit, the DataChannel loop (turn messages to the
+``TurnController``, ``playout`` stats to ``report_playback``) and closing peers cleanly. Must
+not: frame or pace audio (``EngineAudioTrack`` does) or block on one peer's work.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import uuid
+from typing import Any
+
+from aiohttp import web
+from aiortc import RTCConfiguration, RTCPeerConnection, RTCRtpSender, RTCSessionDescription
+from aiortc.sdp import SessionDescription
+
+from breezert.outputs import AudioChunk
+from breezert.server.app import STATE, ServerState, json_error, read_json_object
+from breezert.server.ice import host_addresses
+from breezert.server.playout import PlayoutTracker
+from breezert.server.protocol import (
+    Playout,
+    ProtocolError,
+    Say,
+    error_event,
+    event,
+    parse_message,
+)
+from breezert.server.turns import TurnController
+from breezert_agent.audio import FRAME_MS_CHOICES
+from breezert_agent.webrtc import SUPPORTED_CODECS, EngineAudioTrack, TurnPlayout
+
+logger = logging.getLogger("breezert.server")
+CONTROL_LABEL = "control"
+CONNECT_TIMEOUT_S = 30.0
+MAX_INBOX = 256  # control messages waiting to be handled; a flood past this is dropped
+
+
+def setup(app: web.Application) -> None:
+    app.router.add_post("/v1/webrtc/offer", offer)
+    app.on_shutdown.append(_close_all)
+
+
+async def offer(request: web.Request) -> web.Response:
+    state = request.app[STATE]
+    body = await read_json_object(request)
+    if isinstance(body, web.Response):
+        return body
+    sdp, frame_ms = body.get("sdp"), body.get("frame_ms", state.frame_ms)
+    if body.get("type", "offer") != "offer":
+        return json_error(400, f"type={body.get('type')!r}: only an 'offer' is accepted",
+                          param="type")
+    if not isinstance(sdp, str) or not sdp.strip():
+        return json_error(400, "sdp is required: the offer's SDP text", param="sdp")
+    if frame_ms not in FRAME_MS_CHOICES:
+        return json_error(400, f"frame_ms={frame_ms!r} must be one of {FRAME_MS_CHOICES}",
+                          param="frame_ms")
+    if len(state.peers) >= state.serving.max_peers:
+        return json_error(503, f"too many peers: {len(state.peers)} of "
+                          f"{state.serving.max_peers} are connected; retry later",
+                          type="overloaded_error", code="too_many_peers")
+    peer = PeerSession(state, frame_ms)
+    try:
+        answer = await peer.answer(sdp)
+    except OfferError as exc:
+        await peer.close()
+        return json_error(400, str(exc), param="sdp", code="bad_offer")
+    except Exception:
+        await peer.close()
+        raise
+    return web.json_response({"type": "answer", "sdp": answer, "peer_id": peer.peer_id,
+                              "codec": peer.track.codec, "frame_ms": frame_ms})
+
+
+class OfferError(ValueError):
+    """The offer cannot be answered; the message says why."""
+
+
+class TrackSink:
+    """Plays turns on the peer's ``EngineAudioTrack``."""
+
+    def __init__(self, track: EngineAudioTrack, state: ServerState) -> None:
+        self.track = track
+        self._state = state
+        self._turns: dict[str, TurnPlayout] = {}
+
+    def begin(self, turn_id: str, sample_rate: int, say: Say) -> TurnPlayout:
+        turn = self.track.begin_turn(turn_id, sample_rate)
+        self._turns[turn_id] = turn
+        return turn
+
+    async def write(self, turn_id: str, chunk: AudioChunk) -> None:
+        self.track.push(turn_id, chunk.pcm)
+
+    async def finish(self, turn_id: str) -> None:
+        self.track.end_turn(turn_id)
+        turn = self._turns.get(turn_id)
+        if turn is not None:
+            await turn.drained.wait()
+            self._forget(turn_id)
+
+    def cancel(self, turn_id: str) -> None:
+        self.track.clear()
+        self._forget(turn_id)
+
+    def _forget(self, turn_id: str) -> None:
+        turn = self._turns.pop(turn_id, None)
+        if turn is not None:
+            self._state.starved_frames_total += turn.num_starved_frames
+
+
+class PeerSession:
+    """One browser or telephony peer: a peer connection, its track, its control channel."""
+
+    def __init__(self, state: ServerState, frame_ms: int) -> None:
+        self.peer_id = uuid.uuid4().hex
+        self.state = state
+        self.pc = RTCPeerConnection(RTCConfiguration(iceServers=[]))  # no STUN: host candidates
+        self.track = EngineAudioTrack(frame_ms=frame_ms, clock=state.clock)
+        self.controller = TurnController(
+            state.engine, TrackSink(self.track, state), self._send,
+            max_text_chars=state.serving.max_text_chars, request_options=state.request_options,
+            clock=state.clock, on_first_audio=state.first_audio.observe,
+        )
+        self.playout = PlayoutTracker()
+        self.channel: Any = None
+        self._inbox: asyncio.Queue[str | bytes | None] = asyncio.Queue(MAX_INBOX)
+        self._tasks = [asyncio.create_task(self._serve_inbox()),
+                       asyncio.create_task(self._close_if_not_connected())]
+        self._closed = False
+        state.peers.add(self)
+        self.pc.on("datachannel", self._on_datachannel)
+        self.pc.on("connectionstatechange", self._on_connection_state)
+
+    async def answer(self, offer_sdp: str) -> str:
+        """Applies the offer and returns the answer SDP (candidates included, no trickle)."""
+        transceiver = self.pc.addTransceiver(self.track, direction="sendonly")
+        transceiver.setCodecPreferences([
+            c for c in RTCRtpSender.getCapabilities("audio").codecs
+            if c.mimeType.lower() in SUPPORTED_CODECS
+        ])
+        try:
+            await self.pc.setRemoteDescription(RTCSessionDescription(offer_sdp, "offer"))
+        except Exception as exc:  # noqa: BLE001 - aiortc raises ValueError, AssertionError, ...
+            raise OfferError(_offer_problem(exc)) from None
+        if transceiver.mid is None:
+            raise OfferError("the offer has no audio m-line: add a recvonly audio transceiver")
+        answer = await self.pc.createAnswer()
+        self.track.use_codec(_first_audio_codec(answer.sdp))
+        with host_addresses(self.state.ice):
+            await self.pc.setLocalDescription(answer)
+        return self.pc.localDescription.sdp
+
+    async def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self.state.peers.discard(self)
+        await self.controller.aclose()
+        with contextlib.suppress(asyncio.QueueFull):
+            self._inbox.put_nowait(None)
+        for task in self._tasks:
+            if task is not asyncio.current_task():
+                task.cancel()
+        self.track.stop()
+        await self.pc.close()
+
+    # ------------------------------------------------------------------ control channel
+    def _on_datachannel(self, channel: Any) -> None:
+        if channel.label != CONTROL_LABEL or self.channel is not None:
+            channel.close()
+            return
+        self.channel = channel
+        channel.on("message", self._on_message)
+        ready = event("ready", peer_id=self.peer_id, codec=self.track.codec,
+                      frame_ms=self.track.frame_ms)
+        if channel.readyState == "open":
+            channel.send(ready)
+        else:
+            channel.on("open", lambda: channel.send(ready))
+
+    def _on_message(self, raw: str | bytes) -> None:
+        try:
+            self._inbox.put_nowait(raw)
+        except asyncio.QueueFull:
+            logger.warning("peer %s floods its control channel; message dropped", self.peer_id)
+
+    async def _serve_inbox(self) -> None:
+        """Handles control messages one by one, in order; a bad one gets an error reply."""
+        while (raw := await self._inbox.get()) is not None:
+            try:
+                message = parse_message(raw)
+                if isinstance(message, Playout):
+                    self._on_playout(message)
+                else:
+                    await self.controller.handle(message)
+            except ProtocolError as exc:
+                await self._send(error_event(exc.code, exc.message))
+            except Exception as exc:  # keep the peer usable whatever one message did
+                logger.exception("control message failed on peer %s", self.peer_id)
+                await self._send(error_event("internal", f"{type(exc).__name__}: {exc}"))
+
+    def _on_playout(self, stats: Playout) -> None:
+        estimate = self.playout.update(stats)
+        turn = self.controller.active
+        if turn is None:
+            return
+        if turn.marks is not None and turn.marks.first_frame_time is not None:
+            turn.concealment_events += estimate.new_concealment_events
+            self.state.underruns_total += estimate.new_concealment_events
+        # The listener's buffer: the browser's jitter buffer plus what still waits in our track.
+        buffered_s = estimate.jitter_buffer_s + self.track.queued_s
+        self.controller.report_playback(buffered_s, self.state.clock(), "webrtc")
+
+    async def _send(self, text: str) -> None:
+        channel = self.channel
+        if channel is not None and channel.readyState == "open":
+            channel.send(text)
+
+    # ------------------------------------------------------------------ lifecycle
+    async def _on_connection_state(self) -> None:
+        if self.pc.connectionState in ("failed", "closed"):
+            await self.close()
+
+    async def _close_if_not_connected(self) -> None:
+        await asyncio.sleep(CONNECT_TIMEOUT_S)
+        if self.pc.connectionState != "connected":
+            logger.info("peer %s did not connect within %.0f s; closing", self.peer_id,
+                        CONNECT_TIMEOUT_S)
+            await self.close()
+
+
+def _first_audio_codec(sdp: str) -> str:
+    for media in SessionDescription.parse(sdp).media:
+        if media.kind == "audio" and media.rtp.codecs:
+            return media.rtp.codecs[0].mimeType
+    raise OfferError("no common audio codec: offer opus, PCMU or PCMA")
+
+
+def _offer_problem(exc: Exception) -> str:
+    text = str(exc) or type(exc).__name__
+    if "send parameters" in text:
+        return "no common audio codec: offer opus, PCMU or PCMA"
+    return f"invalid SDP offer: {text}"
+
+
+async def _close_all(app: web.Application) -> None:
+    peers = list(app[STATE].peers)
+    await asyncio.gather(*(peer.close() for peer in peers), return_exceptions=True)

@@ -1,0 +1,165 @@
+"""Shared helpers of the server tests: one tiny CPU engine per module, an app on a real port.
+
+Owns: the engine fixture factory, ``serve`` (the aiohttp app on a random port through aiohttp's
+test server), ``wait_idle`` (the engine's slots and KV blocks all free again) and
+``ReplayEngine`` (a stand-in engine for transport-only checks). Not a test module; the server
+test modules import it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Mapping
+from pathlib import Path
+from typing import Any
+
+from aiohttp import web
+from aiohttp.test_utils import TestServer
+from breezert.async_engine import AsyncEngine
+from breezert.config import EngineConfig, ServingConfig
+from breezert.server import create_app
+from breezert.server.app import STATE, ServerState
+
+CONFIG = Path(__file__).resolve().parents[2] / "configs" / "cpu-tiny.toml"
+FRAMES_PER_TURN = 12
+"""Every test turn is exactly this many codec frames (80 ms each): 0.96 s of audio."""
+REQUEST_OPTIONS = {"max_frames": FRAMES_PER_TURN, "ignore_eos": True, "seed": 7}
+SAMPLES_PER_FRAME = 1920  # 24 kHz
+
+
+def make_engine() -> AsyncEngine:
+    return AsyncEngine.from_config(EngineConfig.from_file(CONFIG), idle_wait_s=0.005)
+
+
+def close_engine(engine: AsyncEngine) -> None:
+    asyncio.run(engine.aclose())
+
+
+@contextlib.asynccontextmanager
+async def serve(
+    engine: AsyncEngine,
+    *,
+    host: str = "127.0.0.1",
+    serving: Mapping[str, Any] | None = None,
+    request_options: Mapping[str, Any] | None = None,
+    warmup: bool = True,
+    **kwargs: Any,
+) -> AsyncIterator[tuple[str, web.Application]]:
+    """Runs the app on ``host`` and a free port; yields (base URL, app) once it is ready."""
+    config = ServingConfig(host=host, port=0, **dict(serving or {}))
+    options = REQUEST_OPTIONS if request_options is None else request_options
+    app = create_app(engine, config, request_options=options, warmup=warmup, **kwargs)
+    server = TestServer(app, host=host, port=0)
+    await server.start_server()
+    for _ in range(500):
+        if app[STATE].is_ready or app[STATE].warmup_error:
+            break
+        await asyncio.sleep(0.01)
+    assert app[STATE].is_ready, app[STATE].warmup_error or "warm-up took over 5 s"
+    try:
+        yield str(server.make_url("")).rstrip("/"), app
+    finally:
+        await server.close()
+
+
+def state_of(app: web.Application) -> ServerState:
+    return app[STATE]
+
+
+async def wait_idle(engine: AsyncEngine, timeout_s: float = 5.0) -> None:
+    """Waits until no request holds a slot or a KV block (raises on timeout)."""
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while True:
+        stats = engine.engine.scheduler.stats()
+        max_slots = engine.engine.config.scheduler.max_running_requests
+        if (stats.num_running == 0 and stats.num_waiting == 0
+                and stats.num_free_blocks == stats.num_blocks
+                and stats.num_free_slots == max_slots):
+            return
+        if asyncio.get_running_loop().time() > deadline:
+            raise AssertionError(f"engine still busy after {timeout_s} s: {stats}")
+        await asyncio.sleep(0.02)
+
+
+class ReplayEngine:
+    """Stands in for ``AsyncEngine`` where a test checks the transport, not synthesis.
+
+    Each request yields ``num_frames`` codec frames of a continuous two-tone signal (never
+    silent) on the 1, 2, 4, 8, 16 chunk schedule: the first chunk ``first_chunk_s`` after
+    submit, each next one after a ``1 / speedup`` share of the previous chunk's duration, so
+    it always stays ahead of real time whatever else loads the CPU.
+    """
+
+    is_running = True
+
+    def __init__(self, *, num_frames: int = FRAMES_PER_TURN, first_chunk_s: float = 0.03,
+                 speedup: float = 4.0, fail_after_chunks: int | None = None) -> None:
+        self.num_frames = num_frames
+        self.fail_after_chunks = fail_after_chunks
+        """Fail the next request after this many chunks (``RequestFailed``), then behave."""
+        self.first_chunk_s = first_chunk_s
+        self.speedup = speedup
+        self._queues: dict[str, asyncio.Queue[Any]] = {}
+        self._tasks: dict[str, asyncio.Task[None]] = {}
+        self.num_samples_sent = 0
+
+    def submit(self, request: Any) -> str:
+        request_id = request.request_id
+        self._queues[request_id] = asyncio.Queue()
+        self._tasks[request_id] = asyncio.create_task(self._produce(request_id))
+        return request_id
+
+    async def _produce(self, request_id: str) -> None:
+        import numpy as np
+        from breezert.errors import RequestFailed
+        from breezert.outputs import AudioChunk
+
+        queue = self._queues[request_id]
+        await asyncio.sleep(self.first_chunk_s)
+        start, sizes = 0, [1, 2, 4, 8, 16]
+        fail_after, self.fail_after_chunks = self.fail_after_chunks, None
+        while start < self.num_frames:
+            if fail_after is not None and start >= sum([1, 2, 4, 8, 16][:fail_after]):
+                queue.put_nowait(RequestFailed(request_id, "injected fault"))
+                return
+            n = min(sizes[0] if sizes else 16, self.num_frames - start)
+            sizes = sizes[1:]
+            t = np.arange(start * SAMPLES_PER_FRAME, (start + n) * SAMPLES_PER_FRAME) / 24000
+            pcm = (0.3 * np.sin(2 * np.pi * 220 * t) + 0.2 * np.sin(2 * np.pi * 1250 * t))
+            queue.put_nowait(AudioChunk(request_id, pcm.astype(np.float32), 24000, start,
+                                        start + n, 0, 0.0, start + n == self.num_frames))
+            self.num_samples_sent += len(pcm)
+            start += n
+            await asyncio.sleep(n * 0.08 / self.speedup)
+        queue.put_nowait(None)
+
+    async def stream(self, request_id: str) -> AsyncIterator[Any]:
+        queue = self._queues[request_id]
+        while (item := await queue.get()) is not None:
+            if isinstance(item, BaseException):
+                raise item
+            yield item
+        self._queues.pop(request_id, None)
+
+    def abort(self, request_id: str) -> None:
+        from breezert.errors import RequestAborted
+
+        task = self._tasks.pop(request_id, None)
+        if task is not None:
+            task.cancel()
+        queue = self._queues.get(request_id)
+        if queue is not None:
+            queue.put_nowait(RequestAborted(request_id))
+
+    def append_text(self, request_id: str, text: str) -> None:
+        pass
+
+    def close_input(self, request_id: str) -> None:
+        pass
+
+    def report_playback(self, *args: Any) -> None:
+        pass
+
+    def metrics(self) -> dict[str, Any]:
+        return {}

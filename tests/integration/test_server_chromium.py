@@ -1,0 +1,252 @@
+"""The demo page in headless Chromium, in a network namespace the test creates, against the server.
+
+Owns: the browser path end to end: the page connects (host candidates only, no STUN), speaks a
+sentence, and the test reads the first audible time (AnalyserNode onset on the page) and
+``concealmentEvents`` (must not grow during speech), and checks that the page's 100 ms playout
+stats reached ``report_playback``. Chromium runs in its own netns joined to the host by a veth
+pair; without the privileges for that it falls back to loopback and says so. It is driven over
+the DevTools protocol on a pipe (``--remote-debugging-pipe``), so no port crosses namespaces.
+Skipped only when no Chromium binary exists (``make test`` installs Debian's ``chromium``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import shutil
+import subprocess
+import tempfile
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
+
+import pytest
+from breezert.async_engine import AsyncEngine
+
+from tests.integration._server import close_engine, make_engine, serve
+
+pytestmark = pytest.mark.integration
+
+CHROMIUM_NAMES = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable")
+INSTALL_HINT = "apt-get install -y --no-install-recommends chromium"
+FIRST_AUDIBLE_LIMIT_MS = 3000.0  # generous for CI; the measured figure is printed
+SENTENCE = "Hello from BreezeRT in a headless browser."
+
+
+def _chromium() -> str | None:
+    for name in CHROMIUM_NAMES:
+        path = shutil.which(name)
+        if path:
+            return path
+    return None
+
+
+@pytest.fixture(scope="module")
+def engine() -> Iterator[AsyncEngine]:
+    engine = make_engine()
+    yield engine
+    close_engine(engine)
+
+
+# ----------------------------------------------------------------------------- network namespace
+
+
+def _ip(*args: str) -> None:
+    subprocess.run(["ip", *args], check=True, capture_output=True, timeout=10)
+
+
+@contextlib.contextmanager
+def network_namespace() -> Iterator[tuple[list[str], str]]:
+    """Yields (command prefix that runs inside the namespace, host address the page dials).
+
+    Creates netns ``brz<pid>`` with a veth pair 10.213.N.1 (host) <-> 10.213.N.2 (namespace).
+    Falls back to ([], "127.0.0.1") with a printed notice when that is not permitted.
+    """
+    pid = os.getpid() % 100000
+    ns, host_if, ns_if = f"brz{pid}", f"brzh{pid}", f"brzn{pid}"
+    subnet = f"10.213.{pid % 250}"
+    try:
+        _ip("netns", "add", ns)
+    except (OSError, subprocess.SubprocessError) as exc:
+        detail = getattr(exc, "stderr", b"") or str(exc)
+        print(f"\nnetwork namespace not available ({detail!r}); falling back to loopback")
+        yield [], "127.0.0.1"
+        return
+    try:
+        _ip("link", "add", host_if, "type", "veth", "peer", "name", ns_if)
+        _ip("link", "set", ns_if, "netns", ns)
+        _ip("addr", "add", f"{subnet}.1/30", "dev", host_if)
+        _ip("link", "set", host_if, "up")
+        _ip("-n", ns, "addr", "add", f"{subnet}.2/30", "dev", ns_if)
+        _ip("-n", ns, "link", "set", ns_if, "up")
+        _ip("-n", ns, "link", "set", "lo", "up")
+        print(f"\nChromium runs in netns {ns} ({subnet}.2) via veth to the server at {subnet}.1")
+        yield ["ip", "netns", "exec", ns], f"{subnet}.1"
+    finally:
+        with contextlib.suppress(Exception):
+            _ip("link", "del", host_if)  # deletes both ends
+        with contextlib.suppress(Exception):
+            _ip("netns", "del", ns)
+
+
+# ----------------------------------------------------------------------------- DevTools over a pipe
+
+
+class DevTools:
+    """A minimal Chrome DevTools Protocol client over ``--remote-debugging-pipe`` (fds 3/4)."""
+
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.WriteTransport) -> None:
+        self._reader, self._writer = reader, writer
+        self._next_id = 0
+        self._pending: dict[int, asyncio.Future[dict[str, Any]]] = {}
+        self.console: list[str] = []
+        self._task = asyncio.create_task(self._read())
+
+    async def _read(self) -> None:
+        while True:
+            try:
+                raw = await self._reader.readuntil(b"\0")
+            except (asyncio.IncompleteReadError, ConnectionError):
+                for future in self._pending.values():
+                    future.done() or future.set_exception(ConnectionError("browser exited"))
+                return
+            message = json.loads(raw[:-1])
+            future = self._pending.pop(message.get("id", -1), None)
+            if future is not None and not future.done():
+                future.set_result(message)
+            elif message.get("method") == "Runtime.consoleAPICalled":
+                args = message["params"]["args"]
+                self.console.append(" ".join(str(a.get("value", "")) for a in args))
+
+    async def call(self, method: str, params: dict[str, Any] | None = None,
+                   session_id: str | None = None, timeout_s: float = 20.0) -> dict[str, Any]:
+        self._next_id += 1
+        message: dict[str, Any] = {"id": self._next_id, "method": method, "params": params or {}}
+        if session_id:
+            message["sessionId"] = session_id
+        future = asyncio.get_running_loop().create_future()
+        self._pending[self._next_id] = future
+        self._writer.write(json.dumps(message).encode() + b"\0")
+        reply = await asyncio.wait_for(future, timeout_s)
+        if "error" in reply:
+            raise RuntimeError(f"{method}: {reply['error']}")
+        return reply["result"]
+
+    async def evaluate(self, session_id: str, expression: str, *, await_promise: bool = False,
+                       timeout_s: float = 20.0) -> Any:
+        result = await self.call("Runtime.evaluate", {
+            "expression": expression, "returnByValue": True, "awaitPromise": await_promise,
+        }, session_id, timeout_s)
+        if "exceptionDetails" in result:
+            raise RuntimeError(f"page error: {result['exceptionDetails']}")
+        return result["result"].get("value")
+
+    def close(self) -> None:
+        self._task.cancel()
+        self._writer.close()
+
+
+@contextlib.asynccontextmanager
+async def chromium(binary: str, prefix: list[str]) -> AsyncIterator[DevTools]:
+    """Headless Chromium (inside ``prefix``'s namespace) with DevTools on fds 3 and 4."""
+    profile = tempfile.mkdtemp(prefix="breezert-chromium-")
+    cmd_r, cmd_w = os.pipe()
+    resp_r, resp_w = os.pipe()
+    flags = [
+        "--headless", "--no-sandbox", "--disable-gpu", "--use-fake-ui-for-media-stream",
+        "--autoplay-policy=no-user-gesture-required", "--disable-background-networking",
+        "--disable-component-update", "--disable-sync", "--no-first-run",
+        "--disable-dev-shm-usage", "--disable-features=WebRtcHideLocalIpsWithMdns",
+        f"--user-data-dir={profile}", "--remote-debugging-pipe", "about:blank",
+    ]
+    # Chromium reads DevTools commands on fd 3 and writes replies on fd 4.
+    shell = f'exec 3<&{cmd_r} 4>&{resp_w} {cmd_r}<&- {resp_w}>&-; exec "$@"'
+    log = os.open(os.path.join(profile, "stderr.log"), os.O_WRONLY | os.O_CREAT, 0o600)
+    proc = await asyncio.create_subprocess_exec(
+        "bash", "-c", shell, "bash", *prefix, binary, *flags,
+        pass_fds=(cmd_r, resp_w), stdout=log, stderr=log,
+    )
+    os.close(cmd_r)
+    os.close(resp_w)
+    loop = asyncio.get_running_loop()
+    reader = asyncio.StreamReader(limit=1 << 24)
+    await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader),
+                                 os.fdopen(resp_r, "rb", 0))
+    writer, _ = await loop.connect_write_pipe(asyncio.Protocol, os.fdopen(cmd_w, "wb", 0))
+    devtools = DevTools(reader, writer)
+    try:
+        yield devtools
+    finally:
+        with contextlib.suppress(Exception):
+            await devtools.call("Browser.close", timeout_s=5)
+        devtools.close()
+        try:
+            await asyncio.wait_for(proc.wait(), 10)
+        except asyncio.TimeoutError:
+            proc.kill()
+            await proc.wait()
+        os.close(log)
+        shutil.rmtree(profile, ignore_errors=True)
+
+
+async def _open_page(devtools: DevTools, url: str) -> str:
+    targets = await devtools.call("Target.getTargets")
+    page = next(t for t in targets["targetInfos"] if t["type"] == "page")
+    session = (await devtools.call("Target.attachToTarget",
+                                   {"targetId": page["targetId"], "flatten": True}))["sessionId"]
+    await devtools.call("Runtime.enable", session_id=session)
+    await devtools.call("Page.navigate", {"url": url}, session)
+    for _ in range(200):
+        if await devtools.evaluate(session, "typeof window.breezert") == "object":
+            return session
+        await asyncio.sleep(0.05)
+    raise AssertionError("the demo page did not load")
+
+
+# ----------------------------------------------------------------------------- the test
+
+
+async def test_demo_page_speaks_without_concealment(engine: AsyncEngine, monkeypatch) -> None:
+    binary = _chromium()
+    if binary is None:
+        pytest.skip(f"no Chromium binary ({', '.join(CHROMIUM_NAMES)}) on PATH; install it "
+                    f"with: {INSTALL_HINT}")
+    reports: list[tuple[float, str]] = []
+    real = engine.report_playback
+
+    def record(request_id: str, buffered_s: float, measured_at: float, source: str) -> None:
+        reports.append((buffered_s, source))
+        real(request_id, buffered_s, measured_at, source)
+
+    monkeypatch.setattr(engine, "report_playback", record)
+    options = {"max_frames": 25, "ignore_eos": True, "seed": 3}  # 2 s of speech
+    with network_namespace() as (prefix, host):
+        async with serve(engine, host=host, request_options=options) as (url, _), \
+                chromium(binary, prefix) as devtools:
+            session = await _open_page(devtools, f"{url}/")
+            await devtools.evaluate(session, "breezert.connect()", await_promise=True)
+            await asyncio.sleep(0.5)  # let the jitter buffer settle on the silence stream
+            await devtools.evaluate(session, f"breezert.speak({json.dumps(SENTENCE)})",
+                                    await_promise=True)
+            state: dict[str, Any] = {}
+            for _ in range(150):
+                state = await devtools.evaluate(session, "breezert.state")
+                if state["turnDone"] is not None:
+                    break
+                await asyncio.sleep(0.1)
+            await asyncio.sleep(0.4)  # the tail plays out and two more playout reports go up
+            state = await devtools.evaluate(session, "breezert.state")
+    assert state["turnDone"] is not None, f"no turn_done; page log: {state['log'][-10:]}"
+    assert state["turnDone"]["status"] == "finished" and not state["errors"], state["errors"]
+    first_ms = state["firstAudibleMs"]
+    assert first_ms is not None, "the AnalyserNode never heard the speech"
+    growth = state["concealmentEvents"] - state["concealmentAtFirstAudio"]
+    print(f"Chromium ({'netns' if prefix else 'loopback'}): first audible {first_ms:.0f} ms "
+          f"after say (server sent first frame {state['serverFirstAudioMs']:.0f} ms after say), "
+          f"jitter buffer {state['jitterBufferMs']:.0f} ms, concealment events during speech "
+          f"{growth}, engine-late ticks {state['turnDone']['starved_frames']}, "
+          f"{len(reports)} playout reports")
+    assert first_ms < FIRST_AUDIBLE_LIMIT_MS
+    assert growth == 0, "the browser concealed (lost or late packets) during speech"
+    assert reports and all(source == "webrtc" and 0 <= b < 2.0 for b, source in reports)

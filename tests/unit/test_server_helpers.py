@@ -1,0 +1,221 @@
+"""Pure pieces of the server: PCM helpers, the turn protocol, playout deltas, ICE scope, metrics.
+
+Owns: the parsing/validation rules of control messages, the jitter-buffer delta arithmetic,
+loopback candidate selection and the Prometheus text shape. Must not: start an engine, a server
+or a peer connection.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import wave
+
+import aioice.ice
+import numpy as np
+import pytest
+from breezert.config import ServingConfig
+from breezert.server import ice
+from breezert.server.app import Histogram, ServerState
+from breezert.server.metrics_export import render
+from breezert.server.playout import PlayoutTracker
+from breezert.server.protocol import (
+    Append,
+    Cancel,
+    End,
+    Playback,
+    Playout,
+    ProtocolError,
+    Say,
+    parse_message,
+)
+
+from breezert_agent import audio
+
+pytestmark = pytest.mark.unit
+
+
+# ----------------------------------------------------------------------------- audio helpers
+
+
+def test_samples_per_frame_and_framing() -> None:
+    assert audio.samples_per_frame(48000, 10) == 480
+    assert audio.samples_per_frame(8000, 20) == 160
+    with pytest.raises(ValueError, match="frame_ms=1"):
+        audio.samples_per_frame(44100, 1)
+    frames, rest = audio.split_frames(np.arange(10, dtype=np.float32), 4)
+    assert [f.tolist() for f in frames] == [[0, 1, 2, 3], [4, 5, 6, 7]] and rest.tolist() == [8, 9]
+
+
+def test_pcm16_round_trip_and_clipping() -> None:
+    pcm = np.array([0.0, 0.5, -0.5, 1.5, -1.5], np.float32)
+    data = audio.float_to_pcm16(pcm)
+    assert len(data) == 10
+    back = audio.pcm16_to_float(data)
+    assert np.allclose(back, np.clip(pcm, -1, 1), atol=1e-4)
+    with pytest.raises(ValueError, match="even"):
+        audio.pcm16_to_float(b"\x00")
+
+
+def test_wav_is_readable_by_the_stdlib() -> None:
+    data = audio.encode_wav(np.zeros(2400, np.float32), 24000)
+    with wave.open(io.BytesIO(data)) as w:
+        assert (w.getnchannels(), w.getsampwidth(), w.getframerate(), w.getnframes()) == \
+            (1, 2, 24000, 2400)
+    assert len(audio.wav_header(24000, None)) == 44
+
+
+@pytest.mark.parametrize("out_rate", [48000, 8000, 24000])
+def test_streaming_resampler_keeps_the_duration(out_rate: int) -> None:
+    resampler = audio.new_resampler(24000, out_rate)
+    assert (resampler is None) == (out_rate == 24000)
+    pieces = [audio.resample_chunk(resampler, np.ones(1920, np.float32)) for _ in range(5)]
+    pieces.append(audio.resample_chunk(resampler, np.zeros(0, np.float32), last=True))
+    assert sum(len(p) for p in pieces) == 5 * 1920 * out_rate // 24000
+
+
+# ----------------------------------------------------------------------------- protocol
+
+
+def test_parse_turn_messages() -> None:
+    assert parse_message('{"type": "say", "text": "Hi", "voice": "S1"}') == \
+        Say(text=("Hi",), options={"speaker": "S1"})
+    assert parse_message('{"type": "say", "more": true}') == Say(text=(), more=True)
+    assert parse_message('{"type": "append", "text": " more"}') == Append(" more")
+    assert parse_message('{"type": "end"}') == End()
+    assert parse_message(b'{"type": "cancel"}') == Cancel()
+    playout = parse_message(json.dumps({"type": "playout", "jitterBufferDelay": 1.5,
+                                        "jitterBufferEmittedCount": 48000}))
+    assert isinstance(playout, Playout) and playout.jitter_buffer_delay == 1.5
+    assert parse_message('{"type": "playback", "buffered_s": 0.2, "source": "livekit-source"}') \
+        == Playback(0.2, 0.0, "livekit-source")
+
+
+def test_say_takes_segments_engine_options_and_either_flag() -> None:
+    say = parse_message(json.dumps({
+        "type": "say", "request_id": "c-1", "text": ["One.", "  ", "Two."], "speaker": "[S2]",
+        "instructions": "calm", "seed": 3, "cfg_scale": 1.5, "temperature": 0.7,
+        "max_frames": 40, "priority": 1, "chunk_schedule": [2, 4], "input_closed": False,
+        "format": "opus",
+    }))
+    assert isinstance(say, Say)
+    assert say.text == ("One.", "Two.") and say.num_chars == 8 and say.more
+    assert say.client_request_id == "c-1" and say.format == "opus"
+    assert say.options == {"speaker": "[S2]", "instructions": "calm", "seed": 3,
+                           "cfg_scale": 1.5, "temperature": 0.7, "max_frames": 40,
+                           "priority": 1, "chunk_schedule": (2, 4)}
+    with pytest.raises(ProtocolError, match="contradict"):
+        parse_message('{"type": "say", "text": "x", "more": true, "input_closed": true}')
+
+
+@pytest.mark.parametrize("raw,code", [
+    ("{not json", "bad_json"),
+    ("[1, 2]", "bad_message"),
+    ('{"type": "dance"}', "unknown_type"),
+    ('{"type": "say"}', "missing_field"),
+    ('{"type": "say", "text": 5}', "bad_field"),
+    ('{"type": "say", "text": ["a", 1]}', "bad_field"),
+    ('{"type": "say", "text": "x", "more": "yes"}', "bad_field"),
+    ('{"type": "say", "text": "x", "max_frames": 1.5}', "bad_field"),
+    ('{"type": "say", "text": "x", "cfg_scale": true}', "bad_field"),
+    ('{"type": "playback"}', "missing_field"),
+    ('{"type": "playback", "buffered_s": 0.1, "age_s": -1}', "bad_field"),
+    ('{"type": "say", "text": "  "}', "empty_text"),
+    ('{"type": "say", "text": "x", "seed": "7"}', "bad_field"),
+    ('{"type": "say", "text": "x", "voice": 3}', "bad_field"),
+    ('{"type": "say", "text": "x", "format": "mp3"}', "bad_field"),
+    ('{"type": "append"}', "missing_field"),
+    ('{"type": "playout", "jitterBufferDelay": 1}', "missing_field"),
+    ('{"type": "playout", "jitterBufferDelay": -1, "jitterBufferEmittedCount": 1}', "bad_field"),
+    ("x" * 70000, "message_too_large"),
+])
+def test_bad_messages_name_the_problem(raw: str, code: str) -> None:
+    with pytest.raises(ProtocolError) as info:
+        parse_message(raw)
+    assert info.value.code == code and info.value.message
+
+
+def test_websocket_does_not_take_playout() -> None:
+    with pytest.raises(ProtocolError, match="unknown"):
+        parse_message('{"type": "playout", "jitterBufferDelay": 0, '
+                      '"jitterBufferEmittedCount": 0}', allow_playout=False)
+
+
+# ----------------------------------------------------------------------------- playout
+
+
+def _stats(delay: float, emitted: float, events: float = 0, target: float | None = None) -> Playout:
+    return Playout(jitter_buffer_delay=delay, jitter_buffer_emitted_count=emitted,
+                   jitter_buffer_target_delay=target, concealment_events=events)
+
+
+def test_playout_tracker_uses_deltas_not_lifetime_averages() -> None:
+    tracker = PlayoutTracker()
+    first = tracker.update(_stats(delay=48000 * 0.3, emitted=48000, target=48000 * 0.2))
+    assert first.jitter_buffer_s == pytest.approx(0.3) and first.new_concealment_events == 0
+    # The next 4800 samples each waited 60 ms: the current delay, not the lifetime mean.
+    now = tracker.update(_stats(48000 * 0.3 + 4800 * 0.06, 52800, events=2,
+                                target=48000 * 0.2 + 4800 * 0.05))
+    assert now.jitter_buffer_s == pytest.approx(0.06) and now.target_s == pytest.approx(0.05)
+    assert now.new_concealment_events == 2
+    same = tracker.update(_stats(48000 * 0.3 + 4800 * 0.06, 52800, events=2))
+    assert same.jitter_buffer_s == pytest.approx(0.06) and same.new_concealment_events == 0
+    restarted = tracker.update(_stats(480 * 0.1, 480))  # counters went backwards: new receiver
+    assert restarted.jitter_buffer_s == pytest.approx(0.1)
+
+
+# ----------------------------------------------------------------------------- ICE scope
+
+
+def test_loopback_bind_adds_loopback_candidates() -> None:
+    assert ice.scope_for("127.0.0.1") == ice.HostAddresses(extra=("127.0.0.1",))
+    assert ice.scope_for("::1") == ice.HostAddresses(extra=("::1",))
+    assert ice.scope_for("0.0.0.0") == ice.HostAddresses()
+    assert ice.scope_for("127.0.0.1", ["10.0.0.5"]) == ice.HostAddresses(only=("10.0.0.5",))
+
+
+def test_scoped_host_addresses_only_apply_inside_the_scope() -> None:
+    ice.install()
+    default = aioice.ice.get_host_addresses(True, False)
+    assert "127.0.0.1" not in default  # aioice's own rule
+    with ice.host_addresses(ice.HostAddresses(extra=("127.0.0.1",))):
+        assert aioice.ice.get_host_addresses(True, False) == default + ["127.0.0.1"]
+    with ice.host_addresses(ice.HostAddresses(only=("127.0.0.1", "::1"))):
+        assert aioice.ice.get_host_addresses(True, False) == ["127.0.0.1"]
+        assert aioice.ice.get_host_addresses(True, True) == ["127.0.0.1", "::1"]
+    assert aioice.ice.get_host_addresses(True, False) == default
+
+
+# ----------------------------------------------------------------------------- metrics
+
+
+def test_prometheus_text_from_a_snapshot() -> None:
+    snapshot = {
+        "counters": {"requests_added": 3, "requests_finished": 2, "requests_aborted": 1,
+                     "chunks_emitted": 9},
+        "stages": {"decode": {"step_s": {"count": 4, "mean": 0.002, "p50": 0.002, "p95": 0.003,
+                                         "p99": 0.004, "max": 0.004}, "rows": {"count": 4}}},
+        "ttfb_s": {"count": 2, "mean": 0.05},
+        "ttfb_histogram": {"buckets_s": [0.01, 0.1], "counts": [0, 1, 1]},
+        "active_requests": 1,
+    }
+    state = ServerState(engine=None, serving=ServingConfig(), request_options={},
+                        ice=ice.HostAddresses(), underruns_total=4)
+    state.first_audio = Histogram((0.1, 1.0))
+    state.first_audio.observe(0.05)
+    text = render(snapshot, state, queue=2)
+    lines = set(text.splitlines())
+    for line in (
+        'breezert_ttfb_seconds_bucket{le="0.01"} 0', 'breezert_ttfb_seconds_bucket{le="0.1"} 1',
+        'breezert_ttfb_seconds_bucket{le="+Inf"} 2', "breezert_ttfb_seconds_sum 0.1",
+        "breezert_ttfb_seconds_count 2", 'breezert_first_audio_seconds_bucket{le="0.1"} 1',
+        "breezert_underruns_total 4", "breezert_active_streams 1", "breezert_queue_depth 2",
+        'breezert_stage_step_seconds{stage="decode",quantile="0.95"} 0.003',
+        'breezert_stage_step_seconds_count{stage="decode"} 4',
+        'breezert_requests_finished_total{status="aborted"} 1',
+        'breezert_connections{kind="webrtc"} 0',
+    ):
+        assert line in lines, line
+    for line in text.splitlines():  # every sample line is "name{labels} number"
+        if not line.startswith("#"):
+            float(line.rsplit(" ", 1)[1])
