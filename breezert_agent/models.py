@@ -1,0 +1,37 @@
+"""Literal aliases and defaults shared by the plugin's modules; no behaviour lives here."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+TTSModels = Literal["breeze-tts-2"]
+"""The model family the runtime serves (one checkpoint per runtime)."""
+
+TTSSpeakers = Literal[
+    "[S0]", "[S1]", "[S2]", "[S3]", "[S4]", "[S5]", "[S6]", "[S7]", "[S8]", "[S9]"
+]
+"""Speaker tokens Breeze-TTS-2 knows (``"S3"`` is accepted too)."""
+
+FrameSizeMs = Literal[10, 20]
+"""Duration of each ``rtc.AudioFrame`` the plugin emits."""
+
+PlaybackSource = Literal["livekit-source", "livekit-client"]
+"""``source`` tag of playback feedback: our ``rtc.AudioSource`` queue (sender side only), or
+that plus the listener's jitter buffer reported by ``examples/playout_reporter.js``."""
+
+DEFAULT_MODEL: TTSModels = "breeze-tts-2"
+DEFAULT_SPEAKER = "[S0]"
+SAMPLE_RATE = 24000
+"""The codec's output rate; audio leaves the plugin at this rate, mono."""
+NUM_CHANNELS = 1
+DEFAULT_FRAME_SIZE_MS: FrameSizeMs = 20
+PLAYOUT_TOPIC = "breezert.playout"
+"""Data topic on which the listener-side reporter publishes its ``getStats()`` samples."""
+DEFAULT_FEEDBACK_INTERVAL_S = 0.05
+"""How often a running turn reports its playback buffer to the engine."""
+LISTENER_STATS_MAX_AGE_S = 0.5
+"""Listener stats older than this are ignored (the reporter sends one every 100 ms)."""
+MAX_SEGMENT_CHARS = 300
+"""A sentence longer than this is cut at a word boundary so that one segment stays one prompt."""
+SPEECH_STREAM_PATH = "/v1/audio/speech/stream"
+"""WebSocket route of ``breezert serve`` for streamed turns."""

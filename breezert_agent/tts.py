@@ -1,0 +1,550 @@
+"""LiveKit Agents TTS over BreezeRT: ``TTS``, ``ChunkedStream``, ``SynthesizeStream``.
+
+Owns: the sentence splitter that turns LLM tokens into engine segments (one engine request per
+turn), the options snapshot per stream, audio out through the ``AudioEmitter`` in 10/20 ms
+frames, reporting playback (``playout.PlayoutFeedback``) while a turn plays, and the mapping of
+runtime errors to the ``APIError`` family. Must not: import torch, log synthesized text, or
+reach the runtime other than through ``client.RuntimeClient``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+import weakref
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any, Literal
+
+from livekit import rtc
+from livekit.agents import (
+    DEFAULT_API_CONNECT_OPTIONS,
+    NOT_GIVEN,
+    APIConnectionError,
+    APIConnectOptions,
+    APIError,
+    APIStatusError,
+    APITimeoutError,
+    NotGivenOr,
+    tts,
+    utils,
+)
+
+from breezert.errors import (
+    BreezeRTError,
+    EngineOverloaded,
+    InvalidRequest,
+    RequestAborted,
+    RequestFailed,
+)
+
+from .client import (
+    InProcessRuntimeClient,
+    RemoteRuntimeClient,
+    RuntimeClient,
+    RuntimeUnavailable,
+    Turn,
+    TurnOptions,
+)
+from .log import logger
+from .playout import PlayoutFeedback
+from .models import (
+    DEFAULT_FEEDBACK_INTERVAL_S,
+    DEFAULT_FRAME_SIZE_MS,
+    DEFAULT_MODEL,
+    DEFAULT_SPEAKER,
+    MAX_SEGMENT_CHARS,
+    NUM_CHANNELS,
+    SAMPLE_RATE,
+    FrameSizeMs,
+    TTSSpeakers,
+)
+
+if TYPE_CHECKING:
+    import aiohttp
+    from livekit.agents.voice import io
+
+    from breezert.config import EngineConfig
+
+# ----------------------------------------------------------------------------- sentence splitter
+
+_CLOSERS = "\"')]}»”’」』"
+_CJK_ENDS = "。！？"
+# NOTE(breezert): only words that rarely end a sentence ("no." does, so "No. 5" splits).
+_ABBREVIATIONS = frozenset(
+    "mr mrs ms dr prof sr jr st vs etc e.g i.e inc ltd corp fig approx dept mt "
+    "jan feb apr jun jul aug sep sept oct nov dec u.s u.k a.m p.m ph.d cf al".split()
+)
+
+
+def _has_word(text: str) -> bool:
+    return any(ch.isalnum() for ch in text)
+
+
+def _skip(text: str, i: int, chars: str) -> int:
+    while i < len(text) and text[i] in chars:
+        i += 1
+    return i
+
+
+def _word_before(text: str, i: int) -> str:
+    start = i
+    while start > 0 and (text[start - 1].isalnum() or text[start - 1] == "."):
+        start -= 1
+    return text[start:i].lower()
+
+
+class SentenceSplitter:
+    """Cuts streamed text into sentences as soon as each one is known to be complete.
+
+    A sentence ends at ``!``/``?``/``。！？`` (at once, even at the end of the text so far), at
+    ``.``/``…`` followed by a space and a word that is not lower case (so ``3.14``, ``e.g. this``,
+    ``Mr. Smith`` and ``J. K.`` do not split; this waits for the next word), or at a newline.
+    There is no minimum length; pieces without a letter or digit join the next sentence, and a
+    sentence over ``max_chars`` is cut at its last space.
+    """
+
+    def __init__(self, *, max_chars: int = MAX_SEGMENT_CHARS) -> None:
+        self._buf = ""
+        self._pos = 0  # scanning resumes here (the buffer before it holds no boundary)
+        self._max_chars = max_chars
+
+    def push(self, text: str) -> list[str]:
+        """Adds text; returns the sentences it completed, in order."""
+        self._buf += text
+        sentences: list[str] = []
+        while (cut := self._next_cut()) is not None:
+            self._take(cut, sentences)
+        while len(self._buf) > self._max_chars:
+            space = self._buf.rfind(" ", 0, self._max_chars)
+            self._take(space if space > 0 else self._max_chars, sentences)
+        return sentences
+
+    def flush(self) -> list[str]:
+        """Everything still buffered, as one last piece (if it holds any text)."""
+        sentences: list[str] = []
+        self._take(len(self._buf), sentences)
+        return sentences
+
+    def _take(self, cut: int, out: list[str]) -> None:
+        piece, self._buf, self._pos = self._buf[:cut].strip(), self._buf[cut:], 0
+        if piece:
+            out.append(piece)
+
+    def _next_cut(self) -> int | None:
+        buf, i = self._buf, self._pos
+        while i < len(buf):
+            cut, resume = self._boundary_at(buf, i)
+            if cut is not None:
+                if _has_word(buf[:cut]):
+                    return cut
+                i = cut  # only punctuation so far: it joins the next sentence
+            elif resume is not None:
+                i = resume
+            else:  # undecided: wait for more text
+                self._pos = i
+                return None
+        self._pos = len(buf)
+        return None
+
+    @staticmethod
+    def _boundary_at(buf: str, i: int) -> tuple[int | None, int | None]:
+        """(cut, None) = a sentence ends before ``cut``; (None, j) = no boundary here, go on at
+        ``j``; (None, None) = cannot tell until more text arrives."""
+        ch, n = buf[i], len(buf)
+        if ch == "\n":
+            return i + 1, None
+        if ch in _CJK_ENDS:
+            return _skip(buf, _skip(buf, i + 1, _CJK_ENDS), _CLOSERS), None
+        if ch in "!?":
+            j = _skip(buf, _skip(buf, i + 1, "!?.…"), _CLOSERS)
+            return (j, None) if j == n or buf[j].isspace() else (None, j)
+        if ch not in ".…":
+            return None, i + 1
+        j = _skip(buf, _skip(buf, i + 1, ".…!?"), _CLOSERS)
+        if j == n:
+            return None, None  # "3." may become "3.14"
+        if not buf[j].isspace():
+            return None, j  # decimals, URLs, "e.g"
+        k = j
+        while k < n and buf[k].isspace():
+            k += 1
+        if k == n:
+            return None, None  # need the next word to tell "Mr. Smith" from "end. Next"
+        word = _word_before(buf, i).lstrip(".")
+        if buf[k].islower() or word in _ABBREVIATIONS or (len(word) == 1 and word.isalpha()):
+            return None, k
+        return j, None
+
+
+def split_sentences(text: str) -> list[str]:
+    """A whole text cut the way ``SentenceSplitter`` cuts a stream of it."""
+    splitter = SentenceSplitter()
+    return splitter.push(text) + splitter.flush()
+
+
+# ----------------------------------------------------------------------------- plugin
+
+
+@dataclass
+class _TTSOptions:
+    speaker: str
+    instructions: str | None
+    cfg_scale: float
+    seed: int | None
+    temperature: float | None
+    chunk_schedule: tuple[int, ...] | None
+    max_frames: int | None
+    priority: int
+    frame_size_ms: int
+
+    def turn_options(self) -> TurnOptions:
+        return TurnOptions(
+            speaker=self.speaker, instructions=self.instructions, cfg_scale=self.cfg_scale,
+            seed=self.seed, temperature=self.temperature, chunk_schedule=self.chunk_schedule,
+            max_frames=self.max_frames, priority=self.priority,
+        )
+
+
+def _check_frame_size(frame_size_ms: int) -> int:
+    if frame_size_ms not in (10, 20):
+        raise ValueError(f"frame_size_ms={frame_size_ms!r} must be 10 or 20")
+    return frame_size_ms
+
+
+class TTS(tts.TTS[Literal["metrics_collected", "error"]]):  # no events of its own
+    def __init__(
+        self,
+        *,
+        base_url: str | None = None,
+        config: str | os.PathLike[str] | EngineConfig | None = None,
+        client: RuntimeClient | None = None,
+        auth_token: str | None = None,
+        speaker: TTSSpeakers | str = DEFAULT_SPEAKER,
+        instructions: str | None = None,
+        cfg_scale: float = 1.0,
+        seed: int | None = None,
+        temperature: float | None = None,
+        chunk_schedule: Sequence[int] | None = None,
+        max_frames: int | None = None,
+        priority: int = 0,
+        frame_size_ms: FrameSizeMs = DEFAULT_FRAME_SIZE_MS,
+        feedback_interval_s: float = DEFAULT_FEEDBACK_INTERVAL_S,
+        http_session: aiohttp.ClientSession | None = None,
+    ) -> None:
+        """BreezeRT text-to-speech: one engine request per turn, streamed sentence by sentence.
+
+        With no arguments it runs the embedded default (tiny random model, CPU) in-process, on
+        an engine shared by every ``TTS`` of the process (see ``client.load_engine``).
+
+        Args:
+            base_url: A ``breezert serve`` (``http://host:8080``): run turns remotely over its
+                WebSocket. Exclusive with ``config`` and ``client``.
+            config: ``EngineConfig`` or TOML path for the in-process engine.
+            client: Any ``RuntimeClient`` (tests, custom transports); not closed by ``aclose``.
+            auth_token: Bearer token for ``base_url`` (default: ``BREEZERT_AUTH_TOKEN``).
+            speaker: ``[S0]``..``[S9]``.
+            instructions: Voice direction text, or ``None``.
+            cfg_scale: Classifier-free guidance scale (1 = off).
+            seed: Seed of each turn's sampling; ``None`` = random per turn.
+            temperature: Backbone temperature; ``None`` = the checkpoint's default.
+            chunk_schedule: Frames per engine chunk (last repeats); ``None`` = engine default.
+            max_frames: Frame limit per sentence (80 ms each); ``None`` = engine default.
+            priority: Engine priority of this agent's turns.
+            frame_size_ms: Duration of each emitted ``rtc.AudioFrame`` (10 or 20).
+            feedback_interval_s: Playback feedback period while a turn plays.
+            http_session: aiohttp session for ``base_url`` (default: one of its own).
+        """
+        super().__init__(
+            capabilities=tts.TTSCapabilities(streaming=True),
+            sample_rate=SAMPLE_RATE,
+            num_channels=NUM_CHANNELS,
+        )
+        if sum(x is not None for x in (base_url, config, client)) > 1:
+            raise ValueError("give at most one of base_url, config and client")
+        if not feedback_interval_s > 0:
+            raise ValueError(f"feedback_interval_s={feedback_interval_s!r} must be > 0")
+        self._opts = _TTSOptions(
+            speaker=speaker, instructions=instructions, cfg_scale=cfg_scale, seed=seed,
+            temperature=temperature,
+            chunk_schedule=tuple(chunk_schedule) if chunk_schedule is not None else None,
+            max_frames=max_frames, priority=priority,
+            frame_size_ms=_check_frame_size(frame_size_ms),
+        )
+        self._owns_client = client is None
+        if client is not None:
+            self._client: RuntimeClient = client
+        elif base_url is not None:
+            self._client = RemoteRuntimeClient(
+                base_url, auth_token=auth_token or os.environ.get("BREEZERT_AUTH_TOKEN"),
+                http_session=http_session,
+            )
+        else:
+            self._client = InProcessRuntimeClient(config)
+        self._feedback_interval_s = feedback_interval_s
+        self._playout = PlayoutFeedback()
+        self._streams: weakref.WeakSet[SynthesizeStream | ChunkedStream] = weakref.WeakSet()
+
+    @property
+    def model(self) -> str:
+        return DEFAULT_MODEL
+
+    @property
+    def provider(self) -> str:
+        return "breezert"
+
+    @property
+    def client(self) -> RuntimeClient:
+        return self._client
+
+    @property
+    def playout(self) -> PlayoutFeedback:
+        """Playback feedback state (what is reported to the engine, and from where)."""
+        return self._playout
+
+    def update_options(
+        self,
+        *,
+        speaker: NotGivenOr[TTSSpeakers | str] = NOT_GIVEN,
+        instructions: NotGivenOr[str | None] = NOT_GIVEN,
+        cfg_scale: NotGivenOr[float] = NOT_GIVEN,
+        seed: NotGivenOr[int | None] = NOT_GIVEN,
+        temperature: NotGivenOr[float | None] = NOT_GIVEN,
+        chunk_schedule: NotGivenOr[Sequence[int] | None] = NOT_GIVEN,
+        max_frames: NotGivenOr[int | None] = NOT_GIVEN,
+        priority: NotGivenOr[int] = NOT_GIVEN,
+        frame_size_ms: NotGivenOr[FrameSizeMs] = NOT_GIVEN,
+    ) -> None:
+        """Changes the options of streams created from now on (running ones keep theirs)."""
+        given: dict[str, Any] = {
+            name: value for name, value in (
+                ("speaker", speaker), ("instructions", instructions), ("cfg_scale", cfg_scale),
+                ("seed", seed), ("temperature", temperature), ("max_frames", max_frames),
+                ("priority", priority),
+            ) if utils.is_given(value)
+        }
+        if utils.is_given(chunk_schedule):
+            given["chunk_schedule"] = tuple(chunk_schedule) if chunk_schedule else None
+        if utils.is_given(frame_size_ms):
+            given["frame_size_ms"] = _check_frame_size(frame_size_ms)
+        self._opts = replace(self._opts, **given)
+
+    def synthesize(
+        self, text: str, *, conn_options: APIConnectOptions = DEFAULT_API_CONNECT_OPTIONS
+    ) -> ChunkedStream:
+        stream = ChunkedStream(tts=self, input_text=text, conn_options=conn_options)
+        self._streams.add(stream)
+        return stream
+
+    def stream(
+        self, *, conn_options: APIConnectOptions = DEFAULT_API_CONNECT_OPTIONS
+    ) -> SynthesizeStream:
+        stream = SynthesizeStream(tts=self, conn_options=conn_options)
+        self._streams.add(stream)
+        return stream
+
+    def prewarm(self) -> None:
+        """Loads (in-process) or connects (remote) in the background; never blocks the loop."""
+        self._client.prewarm()
+
+    def attach_audio_source(
+        self, source: rtc.AudioSource, *, pending_s: Callable[[], float] | None = None
+    ) -> None:
+        """Reports ``source.queued_duration`` to the engine while a turn plays."""
+        self._playout.attach_audio_source(source, pending_s=pending_s)
+
+    def attach_audio_output(self, output: io.AudioOutput | None) -> bool:
+        """Same, finding the source behind ``session.output.audio`` (RoomIO); True if found."""
+        return self._playout.attach_audio_output(output)
+
+    def listen_room(self, room: rtc.Room) -> None:
+        """Uses the listener's jitter buffer from ``examples/playout_reporter.js`` too."""
+        self._playout.listen_room(room)
+
+    async def aclose(self) -> None:
+        for stream in list(self._streams):
+            await stream.aclose()
+        self._streams.clear()
+        self._playout.detach()
+        if self._owns_client:
+            await self._client.aclose()
+
+
+# ----------------------------------------------------------------------------- one turn
+
+
+def _api_error(exc: Exception, *, audio_pushed: bool) -> APIError:
+    """The ``APIError`` for a runtime failure; retryable only before any audio was pushed."""
+    retryable = not audio_pushed
+    if isinstance(exc, InvalidRequest):
+        return APIStatusError(f"breezert rejected the request: {exc}", status_code=400,
+                              retryable=False)
+    if isinstance(exc, EngineOverloaded):
+        return APIStatusError("breezert engine is overloaded", status_code=503,
+                              retryable=retryable)
+    if isinstance(exc, RuntimeUnavailable):
+        return APIConnectionError(f"breezert runtime unavailable: {exc}", retryable=retryable)
+    if isinstance(exc, asyncio.TimeoutError):
+        return APITimeoutError("breezert runtime did not answer in time", retryable=retryable)
+    if isinstance(exc, RequestAborted):
+        return APIError("breezert request was aborted", retryable=False)
+    if isinstance(exc, RequestFailed):
+        return APIError(f"breezert request failed: {exc.reason}", retryable=retryable)
+    if isinstance(exc, BreezeRTError):
+        return APIError(f"breezert error: {exc}", retryable=retryable)
+    return APIError(f"breezert plugin error: {type(exc).__name__}", retryable=False)
+
+
+class _TurnRunner:
+    """One attempt of one turn: opens the engine request, pumps its audio into the emitter,
+    reports playback while it plays, and aborts the request unless it finished."""
+
+    def __init__(
+        self, owner: TTS, opts: _TTSOptions, emitter: tts.AudioEmitter, request_id: str,
+        timeout: float,
+    ) -> None:
+        self._tts, self._opts, self._emitter = owner, opts, emitter
+        self._request_id, self._timeout = request_id, timeout
+        self.turn: Turn | None = None
+        self.num_segments = 0
+        self.is_audio_pushed = False
+        self._is_finished = False
+        self._is_ready = asyncio.Event()  # a turn is open, or none will be
+        self._feedback_task: asyncio.Task[None] | None = None
+
+    async def open(self, texts: Sequence[str], *, input_closed: bool) -> None:
+        self.turn = await self._tts.client.open_turn(
+            texts, self._opts.turn_options(), request_id=self._request_id,
+            input_closed=input_closed, timeout=self._timeout,
+        )
+        self.num_segments += len(texts)
+        self._is_ready.set()
+
+    async def send(self, text: str) -> None:
+        """The turn's next segment: the first opens the request, later ones are appended."""
+        if self.turn is None:
+            await self.open([text], input_closed=False)
+        else:
+            await self.turn.append(text)
+            self.num_segments += 1
+
+    async def close_input(self) -> None:
+        if self.turn is not None:
+            await self.turn.close_input()
+        self._is_ready.set()
+
+    async def pump(self) -> None:
+        """Pushes every chunk into the emitter as it arrives (no buffering here)."""
+        await self._is_ready.wait()
+        if self.turn is None:
+            return
+        async for pcm in self.turn.audio():
+            if not self.is_audio_pushed:
+                self.is_audio_pushed = True
+                self._tts.playout.begin(self.turn)
+                self._feedback_task = asyncio.create_task(self._feedback_loop(self.turn))
+            self._emitter.push(pcm)
+        self._is_finished = True
+
+    async def _feedback_loop(self, turn: Turn) -> None:
+        while True:
+            self._tts.playout.report(turn, time.monotonic())
+            await asyncio.sleep(self._tts._feedback_interval_s)
+
+    async def aclose(self) -> None:
+        if self._feedback_task is not None:
+            await utils.aio.cancel_and_wait(self._feedback_task)
+        if self.turn is not None:
+            self._tts.playout.end(self.turn)
+            if not self._is_finished:
+                await self.turn.abort()
+
+
+async def _run_guarded(runner: _TurnRunner, body: Callable[[], Awaitable[None]]) -> None:
+    """Runs ``body`` and maps failures to ``APIError``; always closes the runner."""
+    try:
+        await body()
+    except APIError:
+        raise
+    except (BreezeRTError, asyncio.TimeoutError) as exc:
+        raise _api_error(exc, audio_pushed=runner.is_audio_pushed) from None
+    except Exception as exc:
+        logger.exception("breezert turn failed", extra={"request_id": runner._request_id})
+        raise _api_error(exc, audio_pushed=runner.is_audio_pushed) from exc
+    finally:
+        await runner.aclose()
+
+
+class ChunkedStream(tts.ChunkedStream):
+    """``TTS.synthesize``: a whole text as one engine request, one segment per sentence."""
+
+    def __init__(self, *, tts: TTS, input_text: str, conn_options: APIConnectOptions) -> None:
+        super().__init__(tts=tts, input_text=input_text, conn_options=conn_options)
+        self._tts: TTS = tts
+        self._opts = replace(tts._opts)
+
+    async def _run(self, output_emitter: tts.AudioEmitter) -> None:
+        request_id = utils.shortuuid()
+        output_emitter.initialize(
+            request_id=request_id, sample_rate=SAMPLE_RATE, num_channels=NUM_CHANNELS,
+            mime_type="audio/pcm", frame_size_ms=self._opts.frame_size_ms, stream=False,
+        )
+        segments = split_sentences(self._input_text)
+        if not segments:
+            return
+        runner = _TurnRunner(self._tts, self._opts, output_emitter, request_id,
+                             self._conn_options.timeout)
+
+        async def body() -> None:
+            await runner.open(segments, input_closed=True)
+            await runner.pump()
+
+        await _run_guarded(runner, body)
+
+
+class SynthesizeStream(tts.SynthesizeStream):
+    """``TTS.stream``: one turn = one engine request; each sentence is appended as a segment
+    the moment it is complete, while earlier ones are already playing."""
+
+    def __init__(self, *, tts: TTS, conn_options: APIConnectOptions) -> None:
+        super().__init__(tts=tts, conn_options=conn_options)
+        self._tts: TTS = tts
+        self._opts = replace(tts._opts)
+
+    async def _run(self, output_emitter: tts.AudioEmitter) -> None:
+        request_id = utils.shortuuid()
+        output_emitter.initialize(
+            request_id=request_id, sample_rate=SAMPLE_RATE, num_channels=NUM_CHANNELS,
+            mime_type="audio/pcm", frame_size_ms=self._opts.frame_size_ms, stream=True,
+        )
+        runner = _TurnRunner(self._tts, self._opts, output_emitter, request_id,
+                             self._conn_options.timeout)
+        splitter = SentenceSplitter()
+
+        async def send(sentences: list[str]) -> None:
+            for sentence in sentences:
+                if runner.turn is None:
+                    self._mark_started()  # TTFB counts from the first text sent
+                    output_emitter.start_segment(segment_id=request_id)
+                await runner.send(sentence)
+
+        async def input_task() -> None:
+            async for data in self._input_ch:
+                if isinstance(data, self._FlushSentinel):
+                    await send(splitter.flush())  # flush ends a segment now
+                else:
+                    await send(splitter.push(data))
+            await send(splitter.flush())
+            await runner.close_input()  # end_input closes the turn
+
+        async def body() -> None:
+            tasks = [asyncio.create_task(input_task()), asyncio.create_task(runner.pump())]
+            try:
+                await asyncio.gather(*tasks)
+            finally:
+                await utils.aio.gracefully_cancel(*tasks)
+            if runner.turn is not None:
+                output_emitter.end_segment()
+
+        await _run_guarded(runner, body)

@@ -1,0 +1,231 @@
+"""``breezert_agent.TTS`` on the real in-process ``AsyncEngine`` (embedded tiny model, CPU).
+
+Owns: one engine request per turn with segments appended, ``synthesize``, interruption freeing
+every engine resource, ``AgentSession.say`` through a real ``rtc.AudioSource`` with its queue
+reaching the engine as playback feedback, and the shared engine of ``TTS()``. Must not: need a
+LiveKit server, weights or a GPU.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import pytest
+from livekit.agents import Agent, AgentSession, APIConnectOptions, APIStatusError
+from livekit.agents.metrics import TTSMetrics
+
+from breezert.async_engine import AsyncEngine
+from breezert_agent import client as client_module
+from breezert_agent import TTS
+from breezert_agent.client import (
+    InProcessRuntimeClient,
+    Turn,
+    TurnOptions,
+    load_engine,
+    resolve_config,
+)
+from breezert_agent.playout import AudioSourceOutput
+
+pytestmark = pytest.mark.integration
+
+NO_RETRY = APIConnectOptions(max_retry=0, timeout=30.0)
+FRAME_S = 0.08  # one codec frame
+
+
+@pytest.fixture(scope="module")
+def engine() -> AsyncEngine:
+    """The process-wide engine that ``TTS()`` uses (embedded default config), loaded once."""
+    return load_engine()
+
+
+class SpyClient(InProcessRuntimeClient):
+    """The real in-process client, recording each turn's segments as they are sent."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.turns: list[dict[str, Any]] = []
+
+    async def open_turn(
+        self, texts: Sequence[str], options: TurnOptions, *, request_id: str,
+        input_closed: bool, timeout: float | None = None,
+    ) -> Turn:
+        turn = await super().open_turn(texts, options, request_id=request_id,
+                                       input_closed=input_closed, timeout=timeout)
+        record = {"request_id": request_id, "segments": list(texts), "closed": input_closed}
+        self.turns.append(record)
+        append, close = turn.append, turn.close_input
+
+        async def spy_append(text: str) -> None:
+            record["segments"].append(text)
+            await append(text)
+
+        async def spy_close() -> None:
+            record["closed"] = True
+            await close()
+
+        turn.append, turn.close_input = spy_append, spy_close  # type: ignore[method-assign]
+        return turn
+
+
+async def _pieces(stream: Any, pieces: Sequence[str]) -> None:
+    for piece in pieces:
+        stream.push_text(piece)
+        await asyncio.sleep(0.005)
+    stream.end_input()
+
+
+async def _wait_idle(engine: AsyncEngine, timeout_s: float = 10.0) -> None:
+    core = engine.engine
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if core.block_pool.num_free == core.block_pool.num_blocks \
+                and core.scheduler.num_running == 0 and core.runner.batch.num_active == 0:
+            return
+        await asyncio.sleep(0.02)
+
+
+async def test_default_tts_shares_the_process_engine(engine: AsyncEngine) -> None:
+    tts = TTS(max_frames=2, seed=0)
+    client = tts.client
+    assert isinstance(client, InProcessRuntimeClient)
+    assert await client.get_engine() is engine  # no second model load
+    tts.prewarm()  # already loaded: returns at once
+    await tts.aclose()
+    assert engine.is_running or engine.engine is not None  # aclose leaves the shared engine
+
+
+async def test_stream_one_request_per_turn_with_segments_in_order(engine: AsyncEngine) -> None:
+    client = SpyClient()
+    tts = TTS(client=client, max_frames=3, seed=0)
+    metrics: list[TTSMetrics] = []
+    tts.on("metrics_collected", metrics.append)
+    stream = tts.stream(conn_options=NO_RETRY)
+    pieces = ["Hello", " there.", " How are", " you", " today?", " Bye"]
+    feeder = asyncio.create_task(_pieces(stream, pieces))
+    events = [ev async for ev in stream]
+    await feeder
+    await asyncio.sleep(0)
+
+    assert len(client.turns) == 1
+    turn = client.turns[0]
+    assert turn["segments"] == ["Hello there.", "How are you today?", "Bye"] and turn["closed"]
+    duration_s = sum(ev.frame.duration for ev in events)
+    assert 0 < duration_s <= 3 * 3 * FRAME_S + 1e-6
+    assert {ev.frame.samples_per_channel for ev in events[:-1]} <= {480, 240}  # 20 ms frames
+    assert len(metrics) == 1 and 0 < metrics[0].ttfb < 10
+    await stream.aclose()
+    await tts.aclose()
+    await _wait_idle(engine)
+
+
+async def test_synthesize_returns_the_whole_utterance(engine: AsyncEngine) -> None:
+    client = SpyClient()
+    tts = TTS(client=client, max_frames=3, seed=1, frame_size_ms=10, temperature=0.7)
+    frame = await tts.synthesize("First sentence. Second one!", conn_options=NO_RETRY).collect()
+    assert client.turns == [{"request_id": client.turns[0]["request_id"],
+                             "segments": ["First sentence.", "Second one!"], "closed": True}]
+    assert 0 < frame.duration <= 2 * 3 * FRAME_S + 1e-6
+    assert frame.sample_rate == 24000
+    await tts.aclose()
+    await _wait_idle(engine)
+
+
+async def test_aclose_mid_turn_aborts_and_frees_the_engine(engine: AsyncEngine) -> None:
+    core = engine.engine
+    client = SpyClient()
+    tts = TTS(client=client, max_frames=150)  # 12 s of audio: still running when closed
+    stream = tts.stream(conn_options=NO_RETRY)
+    stream.push_text("A long answer that nobody will hear to the end!")
+    num_frames = 0
+    async for _ in stream:
+        num_frames += 1
+        if num_frames == 5:
+            break
+    request_id = client.turns[0]["request_id"]
+    assert core.scheduler.get_request(request_id) is not None  # mid-turn
+    await asyncio.wait_for(tts.aclose(), 5.0)
+    assert core.scheduler.get_request(request_id) is None  # aborted at once
+    await _wait_idle(engine)
+    assert core.block_pool.num_free == core.block_pool.num_blocks
+    assert core.scheduler.num_running == 0
+    assert core.runner.batch.num_active == 0
+
+
+async def test_agent_session_say_feeds_the_source_queue_back_to_the_engine(
+    engine: AsyncEngine,
+) -> None:
+    core = engine.engine
+    client = SpyClient()
+    tts = TTS(client=client, max_frames=8, seed=2, feedback_interval_s=0.02)
+    played: list[float] = []
+    output = AudioSourceOutput(on_frame=lambda frame: played.append(frame.duration))
+    assert tts.attach_audio_output(output)
+    finished: list[Any] = []
+    output.on("playback_finished", finished.append)
+    session = AgentSession(tts=tts)
+    session.output.audio = output
+    await session.start(Agent(instructions="offline"))
+    seen: list[tuple[float, str]] = []
+
+    async def watch_engine() -> None:  # what the engine holds for our request right now
+        while True:
+            for request_id, report in list(core.playback.items()):
+                if any(t["request_id"] == request_id for t in client.turns):
+                    seen.append((report.buffered_s, report.source))
+            await asyncio.sleep(0.005)
+
+    watcher = asyncio.create_task(watch_engine())
+    await asyncio.wait_for(session.say("One sentence here. And a second one!"), 30.0)
+    watcher.cancel()
+    await asyncio.gather(watcher, return_exceptions=True)
+
+    assert len(client.turns) == 1 and len(client.turns[0]["segments"]) == 2
+    assert finished and not finished[0].interrupted
+    assert finished[0].playback_position == pytest.approx(sum(played), abs=0.011)
+    assert seen and all(source == "livekit-source" for _, source in seen)
+    assert max(buffered for buffered, _ in seen) > 0.0
+    await session.aclose()
+    await output.aclose()
+    await tts.aclose()
+    await _wait_idle(engine)
+
+
+
+async def test_invalid_voice_is_a_non_retryable_400(engine: AsyncEngine) -> None:
+    tts = TTS(speaker="[S42]")
+    with pytest.raises(APIStatusError) as info:
+        await tts.synthesize("Hello.", conn_options=APIConnectOptions(max_retry=2)).collect()
+    assert info.value.status_code == 400 and not info.value.retryable
+    assert "[S42]" in str(info.value) and "Hello" not in str(info.value)
+    await tts.aclose()
+
+
+async def test_load_engine_builds_once_for_concurrent_threads(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A config of its own (fewer blocks), so that this engine is not the shared default one.
+    cfg = resolve_config(None).model_copy(deep=True)
+    cfg = cfg.model_copy(update={"cache": cfg.cache.model_copy(update={"num_blocks": 512})})
+    num_builds = 0
+    build = AsyncEngine.from_config
+
+    def counting_build(config: object) -> AsyncEngine:
+        nonlocal num_builds
+        num_builds += 1
+        return build(config)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(AsyncEngine, "from_config", staticmethod(counting_build))
+    engines: list[AsyncEngine] = []
+    threads = [threading.Thread(target=lambda: engines.append(load_engine(cfg, warmup=False)))
+               for _ in range(3)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    assert num_builds == 1 and len(engines) == 3 and len({id(e) for e in engines}) == 1
+    client_module._engines.pop(cfg.model_dump_json())
+    await engines[0].aclose()

@@ -1,0 +1,312 @@
+"""Playback feedback and agent audio outputs: the ``breezert.playout`` handler, a real
+``rtc.AudioSource`` tapped through ``LocalAudioTrack`` + ``AudioStream``, and ``AgentSession.say``
+through a real-time ``io.AudioOutput``, all against ``FakeRuntimeClient``.
+
+Owns: what reaches ``Turn.report_playback`` and from which source. Must not: need a LiveKit
+server or a model (the rtc FFI runs locally; no room is joined).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from types import SimpleNamespace
+from typing import Any
+
+import numpy as np
+import pytest
+from livekit import rtc
+from livekit.agents import Agent, AgentSession
+
+from breezert_agent import TTS
+from breezert_agent.client import TurnOptions
+from breezert_agent.playout import AudioSourceOutput, PlayoutFeedback
+from tests.unit.test_agent_tts import FakeRuntimeClient, FakeTurn
+
+pytestmark = pytest.mark.unit
+
+SAMPLE_RATE = 24000
+
+
+def _packet(
+    identity: str = "listener",
+    *,
+    delay: float,
+    emitted: float,
+    target: float | None = None,
+    concealed: float = 0,
+    topic: str = "breezert.playout",
+    data: bytes | None = None,
+) -> rtc.DataPacket:
+    body = {"type": "playout", "trackSid": "TR_agent", "jitterBufferDelay": delay,
+            "jitterBufferEmittedCount": emitted, "jitterBufferTargetDelay": target,
+            "concealedSamples": concealed, "totalSamplesReceived": emitted}
+    return rtc.DataPacket(
+        data=data if data is not None else json.dumps(body).encode(),
+        kind=rtc.DataPacketKind.KIND_RELIABLE,
+        participant=SimpleNamespace(identity=identity),  # type: ignore[arg-type]
+        topic=topic,
+    )
+
+
+def _turn() -> FakeTurn:
+    return FakeTurn(FakeRuntimeClient(), "req-1", TurnOptions(), ["Hi."], True)
+
+
+class _Source:
+    """Stands in for an ``rtc.AudioSource`` (only ``queued_duration`` is read)."""
+
+    queued_duration = 0.05
+
+
+# ----------------------------------------------------------------------------- data handler
+
+
+def test_listener_jitter_buffer_is_reported_for_the_current_turn() -> None:
+    feedback, turn = PlayoutFeedback(), _turn()
+    feedback.begin(turn)
+    feedback.on_data_packet(_packet(delay=10.0, emitted=48_000, target=8.0))
+    assert turn.reports == [] and feedback.listeners == {}  # first sample: a baseline only
+    # 100 ms later: 2400 samples left the buffer, each after 120 ms in it
+    feedback.on_data_packet(_packet(delay=10.0 + 0.12 * 2400, emitted=50_400,
+                                    target=8.0 + 0.1 * 2400))
+    stats = feedback.listeners["listener/TR_agent"]
+    assert stats.delay_s == pytest.approx(0.12) and stats.target_delay_s == pytest.approx(0.1)
+    assert len(turn.reports) == 1
+    buffered_s, _, source = turn.reports[0]
+    assert buffered_s == pytest.approx(0.12) and source == "livekit-client"
+
+
+def test_sender_queue_adds_to_the_listener_buffer() -> None:
+    feedback, turn = PlayoutFeedback(), _turn()
+    feedback.attach_audio_source(_Source(), pending_s=lambda: 0.2)  # type: ignore[arg-type]
+    feedback.begin(turn)
+    feedback.on_data_packet(_packet(delay=0.0, emitted=0))
+    feedback.on_data_packet(_packet(delay=0.08 * 2400, emitted=2400))
+    buffered_s, _, source = turn.reports[-1]
+    assert buffered_s == pytest.approx(0.05 + 0.2 + 0.08) and source == "livekit-client"
+
+
+def test_stale_or_missing_listener_falls_back_to_the_sender() -> None:
+    feedback = PlayoutFeedback(max_age_s=0.5)
+    assert feedback.estimate(time.monotonic()) is None  # nothing attached: nothing reported
+    feedback.attach_audio_source(_Source())  # type: ignore[arg-type]
+    feedback.on_data_packet(_packet(delay=0.0, emitted=0))
+    feedback.on_data_packet(_packet(delay=0.3 * 2400, emitted=2400))
+    now = time.monotonic()
+    assert feedback.estimate(now) == (pytest.approx(0.35), "livekit-client")
+    assert feedback.estimate(now + 1.0) == (pytest.approx(0.05), "livekit-source")
+
+
+def test_the_listener_closest_to_underrun_wins() -> None:
+    feedback, turn = PlayoutFeedback(), _turn()
+    feedback.begin(turn)
+    for identity, delay_s in (("alice", 0.3), ("bob", 0.06)):
+        feedback.on_data_packet(_packet(identity, delay=0.0, emitted=0))
+        feedback.on_data_packet(_packet(identity, delay=delay_s * 2400, emitted=2400))
+    assert turn.reports[-1][0] == pytest.approx(0.06)
+
+
+def test_bad_packets_are_counted_and_ignored() -> None:
+    feedback, turn = PlayoutFeedback(), _turn()
+    feedback.begin(turn)
+    feedback.on_data_packet(_packet(delay=1.0, emitted=100, topic="chat"))
+    assert feedback.num_packets == 0  # other topics are not ours
+    for data in (b"not json", b"[1, 2]", json.dumps({"type": "playout"}).encode(),
+                 json.dumps({"type": "other", "jitterBufferDelay": 1,
+                             "jitterBufferEmittedCount": 1}).encode()):
+        feedback.on_data_packet(_packet(delay=0, emitted=0, data=data))
+    assert feedback.num_packets == 4 and feedback.num_bad_packets == 4 and turn.reports == []
+
+
+def test_counter_reset_and_idle_track_give_no_estimate() -> None:
+    feedback, turn = PlayoutFeedback(), _turn()
+    feedback.begin(turn)
+    feedback.on_data_packet(_packet(delay=5.0, emitted=50_000))
+    feedback.on_data_packet(_packet(delay=0.1, emitted=1_000))  # re-subscribed: counters reset
+    feedback.on_data_packet(_packet(delay=0.1, emitted=1_000))  # nothing emitted: no audio
+    assert turn.reports == [] and feedback.listeners == {}
+
+
+def test_concealment_while_a_turn_plays_is_counted() -> None:
+    feedback, turn = PlayoutFeedback(), _turn()
+    feedback.begin(turn)
+    feedback.on_data_packet(_packet(delay=0.0, emitted=0, concealed=10))
+    feedback.on_data_packet(_packet(delay=0.1 * 2400, emitted=2400, concealed=490))
+    assert feedback.num_concealed_samples == 480
+
+
+def test_no_current_turn_means_no_report_and_newest_turn_is_current() -> None:
+    feedback, first, second = PlayoutFeedback(), _turn(), _turn()
+    feedback.on_data_packet(_packet(delay=0.0, emitted=0))
+    feedback.on_data_packet(_packet(delay=240.0, emitted=2400))
+    assert first.reports == []
+    feedback.begin(first)
+    feedback.begin(second)
+    assert feedback.current_turn is second
+    feedback.end(second)
+    assert feedback.current_turn is first
+
+
+async def test_listen_room_wires_the_data_received_event_and_aclose_unwires_it() -> None:
+    room: Any = rtc.EventEmitter()  # a room is an EventEmitter with "data_received"
+    client = FakeRuntimeClient()
+    tts = TTS(client=client)
+    tts.listen_room(room)
+    turn = _turn()
+    tts.playout.begin(turn)
+    room.emit("data_received", _packet(delay=0.0, emitted=0))
+    room.emit("data_received", _packet(delay=0.2 * 2400, emitted=2400))
+    assert turn.reports[-1][0] == pytest.approx(0.2)
+    await tts.aclose()
+    room.emit("data_received", _packet(delay=0.4 * 4800, emitted=4800))
+    assert len(turn.reports) == 1
+
+
+# ----------------------------------------------------------------------------- real AudioSource
+
+
+async def test_audio_source_tap_captures_frames_and_queue_reaches_the_engine() -> None:
+    client = FakeRuntimeClient(chunks_per_segment=3, samples_per_chunk=1200, chunk_delay_s=0.01)
+    tts = TTS(client=client, feedback_interval_s=0.02)
+    output = AudioSourceOutput(queue_size_ms=200)
+    assert tts.attach_audio_output(output)
+    track = rtc.LocalAudioTrack.create_audio_track("agent", output.source)
+    tap = rtc.AudioStream.from_track(track=track, sample_rate=SAMPLE_RATE, num_channels=1)
+    tapped: list[np.ndarray] = []
+
+    async def read_tap() -> None:
+        async for event in tap:
+            tapped.append(np.frombuffer(event.frame.data, dtype="<i2").copy())
+
+    reader = asyncio.create_task(read_tap())
+    session = AgentSession(tts=tts)
+    session.output.audio = output
+    await session.start(Agent(instructions="offline"))
+    await asyncio.wait_for(session.say("First sentence! Second one."), 10.0)
+    await asyncio.sleep(0.1)
+    await session.aclose()
+    await tap.aclose()
+    reader.cancel()
+    await asyncio.gather(reader, return_exceptions=True)
+
+    samples = np.concatenate(tapped)
+    num_voiced = int(np.count_nonzero(np.abs(samples.astype(np.int32)) > 500))
+    expected = 2 * 3 * 1200
+    assert abs(num_voiced - expected) <= 480  # every synthesized sample came out of the track
+    reports = client.turns[0].reports
+    assert reports and all(source == "livekit-source" for _, _, source in reports)
+    assert max(buffered for buffered, _, _ in reports) > 0.05  # the source's queue, not zero
+    await output.aclose()
+    await tts.aclose()
+
+
+# ----------------------------------------------------------------------------- AgentSession.say
+
+
+async def test_agent_session_say_plays_in_real_time_through_a_custom_output() -> None:
+    client = FakeRuntimeClient(chunks_per_segment=2, samples_per_chunk=2400, chunk_delay_s=0.005)
+    tts = TTS(client=client)
+    output = AudioSourceOutput()
+    started: list[float] = []
+    finished: list[Any] = []
+    output.on("playback_started", lambda ev: started.append(time.monotonic()))
+    output.on("playback_finished", finished.append)
+    session = AgentSession(tts=tts)
+    session.output.audio = output
+    await session.start(Agent(instructions="offline"))
+
+    async def llm_tokens() -> Any:  # an LLM writing while the TTS speaks
+        for token in ("Hello", " there.", " This", " is", " BreezeRT!"):
+            yield token
+            await asyncio.sleep(0.01)
+
+    start_time = time.monotonic()
+    await asyncio.wait_for(session.say(llm_tokens()), 10.0)
+    elapsed_s = time.monotonic() - start_time
+    audio_s = 2 * client.segment_s()
+
+    assert len(started) == 1 and len(finished) == 1
+    assert not finished[0].interrupted
+    assert finished[0].playback_position == pytest.approx(audio_s, abs=0.011)
+    assert elapsed_s >= audio_s - 0.02  # paced in real time, not faster
+    assert len(client.turns) == 1
+    assert client.turns[0].segments == ["Hello there.", "This is BreezeRT!"]
+    await session.aclose()
+    await output.aclose()
+    await tts.aclose()
+
+
+async def test_interrupted_say_aborts_the_turn_and_reports_the_played_position() -> None:
+    client = FakeRuntimeClient(chunks_per_segment=40, samples_per_chunk=2400, chunk_delay_s=0.02)
+    tts = TTS(client=client)
+    output = AudioSourceOutput()
+    finished: list[Any] = []
+    output.on("playback_finished", finished.append)
+    session = AgentSession(tts=tts)
+    session.output.audio = output
+    await session.start(Agent(instructions="offline"))
+    handle = session.say("A very long answer that the user interrupts!")
+    await asyncio.sleep(0.4)
+    handle.interrupt()
+    await asyncio.wait_for(handle, 5.0)
+    for _ in range(100):
+        if finished and client.turns[0].is_aborted:
+            break
+        await asyncio.sleep(0.01)
+    assert client.turns[0].is_aborted
+    assert finished and finished[0].interrupted
+    assert 0.0 < finished[0].playback_position < 1.0
+    await session.aclose()
+    await output.aclose()
+    await tts.aclose()
+
+
+# ----------------------------------------------------------------------------- RoomIO output
+
+
+async def test_attach_audio_output_finds_the_roomio_source_and_its_backlog() -> None:
+    # NOTE: builds RoomIO's private output offline (livekit-agents 1.8.9, pinned): this test is
+    # the tripwire for the private attributes ``attach_audio_output`` reads.
+    from livekit.agents.voice.io import TextOutput
+    from livekit.agents.voice.room_io._output import _ParticipantAudioOutput
+    from livekit.agents.voice.transcription.synchronizer import TranscriptSynchronizer
+
+    class _Text(TextOutput):
+        def __init__(self) -> None:
+            super().__init__(label="text", next_in_chain=None)
+
+        async def capture_text(self, text: str) -> None:
+            pass
+
+        def flush(self) -> None:
+            pass
+
+    room_output = _ParticipantAudioOutput(rtc.Room(), sample_rate=SAMPLE_RATE, num_channels=1,
+                                          track_publish_options=rtc.TrackPublishOptions())
+    sync = TranscriptSynchronizer(next_in_chain_audio=room_output, next_in_chain_text=_Text())
+    feedback = PlayoutFeedback()
+    assert feedback.attach_audio_output(sync.audio_output)  # _SyncedAudioOutput -> proxy -> room
+    room_output._pushed_duration = 0.5  # accepted by RoomIO
+    room_output._source_pushed_duration = 0.2  # of which handed to its AudioSource
+    buffered_s, source = feedback.estimate(time.monotonic())  # type: ignore[misc]
+    assert buffered_s == pytest.approx(0.3, abs=0.01) and source == "livekit-source"
+    assert not PlayoutFeedback().attach_audio_output(None)
+    await sync.aclose()
+    await room_output.aclose()
+
+
+async def test_audio_source_output_ignores_clear_buffer_when_idle() -> None:
+    output = AudioSourceOutput()
+    finished: list[Any] = []
+    output.on("playback_finished", finished.append)
+    output.clear_buffer()  # nothing playing: no event, and the next segment is not dropped
+    frame = rtc.AudioFrame(data=b"\x01\x00" * 480, sample_rate=SAMPLE_RATE, num_channels=1,
+                           samples_per_channel=480)
+    await output.capture_frame(frame)
+    output.flush()
+    await asyncio.wait_for(output.wait_for_playout(), 2.0)
+    assert len(finished) == 1 and not finished[0].interrupted
+    assert finished[0].playback_position == pytest.approx(0.02)
+    await output.aclose()

@@ -1,0 +1,287 @@
+"""``RemoteRuntimeClient`` + ``TTS(base_url=...)`` against a tiny in-test WebSocket server that
+speaks ``breezert serve``'s ``/v1/audio/speech/stream`` protocol.
+
+Owns: the client side of the protocol (say/append/end/cancel/playback out; PCM16, turn events
+and errors in), socket reuse, and error mapping. Must not: import the real server or an engine.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pytest
+from aiohttp import WSMsgType, web
+from livekit.agents import APIConnectionError, APIConnectOptions, APIError, APIStatusError
+
+from breezert_agent import TTS
+from breezert_agent.client import speech_stream_url
+
+pytestmark = pytest.mark.unit
+
+SAMPLE_RATE = 24000
+NO_RETRY = APIConnectOptions(max_retry=0, timeout=5.0)
+SAMPLES_PER_SEGMENT = 2400
+
+
+@dataclass
+class FakeServe:
+    """Per segment: two binary PCM16 messages whose samples are ``1000 * (segment + 1)``."""
+
+    url: str = ""
+    messages: list[dict[str, Any]] = field(default_factory=list)
+    num_connections: int = 0
+    headers: list[dict[str, str]] = field(default_factory=list)
+    reject_says: list[str] = field(default_factory=list)  # error codes for the next says
+    fail_after_segments: int | None = None
+    close_after_segments: int | None = None
+    complain_mid_turn: bool = False
+    chunk_delay_s: float = 0.005
+    required_token: str | None = None
+
+    def of_type(self, kind: str) -> list[dict[str, Any]]:
+        return [m for m in self.messages if m["type"] == kind]
+
+    async def handler(self, request: web.Request) -> web.StreamResponse:
+        if self.required_token and request.headers.get("Authorization") != \
+                f"Bearer {self.required_token}":
+            return web.Response(status=401)
+        self.num_connections += 1
+        self.headers.append(dict(request.headers))
+        ws = web.WebSocketResponse()
+        await ws.prepare(request)
+        await ws.send_str(json.dumps({"type": "ready", "sample_rate": SAMPLE_RATE}))
+        turn: dict[str, Any] | None = None
+        async for msg in ws:
+            if msg.type is not WSMsgType.TEXT:
+                continue
+            message = json.loads(msg.data)
+            self.messages.append(message)
+            kind = message["type"]
+            if kind == "say":
+                if self.reject_says:
+                    code = self.reject_says.pop(0)
+                    await ws.send_str(json.dumps({"type": "error", "code": code,
+                                                  "message": f"{code} now"}))
+                    continue
+                turn = {"segments": list(message["text"]),
+                        "closed": message.get("input_closed", True),
+                        "changed": asyncio.Event(), "id": "srv-" + message["request_id"]}
+                await ws.send_str(json.dumps({"type": "turn_started", "request_id": turn["id"],
+                                              "client_request_id": message["request_id"]}))
+                turn["task"] = asyncio.create_task(self._play(ws, turn))
+            elif kind == "append" and turn is not None:
+                turn["segments"].append(message["text"])
+                turn["changed"].set()
+            elif kind == "end" and turn is not None:
+                turn["closed"] = True
+                turn["changed"].set()
+            elif kind == "cancel" and turn is not None:
+                turn["task"].cancel()
+                await ws.send_str(json.dumps({"type": "turn_done", "status": "cancelled"}))
+                turn = None
+        return ws
+
+    async def _play(self, ws: web.WebSocketResponse, turn: dict[str, Any]) -> None:
+        index = 0
+        while True:
+            while index < len(turn["segments"]):
+                if index == self.fail_after_segments:
+                    await ws.send_str(json.dumps({"type": "error", "code": "internal",
+                                                  "message": "depth step failed"}))
+                    await ws.send_str(json.dumps({"type": "turn_done", "status": "failed",
+                                                  "error": "depth step failed"}))
+                    return
+                if index == self.close_after_segments:
+                    await ws.close()
+                    return
+                pcm = np.full(SAMPLES_PER_SEGMENT // 2, 1000 * (index + 1), dtype="<i2")
+                for _ in range(2):
+                    await asyncio.sleep(self.chunk_delay_s)
+                    await ws.send_bytes(pcm.tobytes())
+                if self.complain_mid_turn and index == 0:
+                    await ws.send_str(json.dumps({"type": "error", "code": "bad_field",
+                                                  "message": "source must be a short string"}))
+                index += 1
+            if turn["closed"]:
+                await ws.send_str(json.dumps({"type": "turn_done", "status": "finished",
+                                              "request_id": turn["id"]}))
+                return
+            turn["changed"].clear()
+            await turn["changed"].wait()
+
+
+@pytest.fixture
+async def serve() -> AsyncIterator[FakeServe]:
+    fake = FakeServe()
+    app = web.Application()
+    app.router.add_get("/v1/audio/speech/stream", fake.handler)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    fake.url = f"http://127.0.0.1:{port}"
+    yield fake
+    await runner.cleanup()
+
+
+async def _collect(stream: Any) -> list[Any]:
+    return [ev async for ev in stream]
+
+
+def _segments_of(events: list[Any]) -> list[int]:
+    samples = np.concatenate([np.frombuffer(ev.frame.data, dtype="<i2") for ev in events])
+    return [int(s) // 1000 - 1 for s in samples]
+
+
+def test_speech_stream_url() -> None:
+    assert speech_stream_url("http://h:8080") == "ws://h:8080/v1/audio/speech/stream"
+    assert speech_stream_url("https://h/api/") == "wss://h/api/v1/audio/speech/stream"
+    assert speech_stream_url("ws://h:1/v1/audio/speech/stream") == \
+        "ws://h:1/v1/audio/speech/stream"
+    with pytest.raises(ValueError, match="base_url"):
+        speech_stream_url("h:8080")
+
+
+async def test_stream_turn_over_the_socket(serve: FakeServe) -> None:
+    tts = TTS(base_url=serve.url, speaker="[S1]", max_frames=40)
+    stream = tts.stream(conn_options=NO_RETRY)
+    for piece in ("Hello", " there.", " How are", " you?", " Bye"):
+        stream.push_text(piece)
+        await asyncio.sleep(0.01)
+    stream.end_input()
+    events = await _collect(stream)
+
+    say, = serve.of_type("say")
+    assert say["text"] == ["Hello there."] and say["input_closed"] is False
+    assert say["speaker"] == "[S1]" and say["max_frames"] == 40 and say["format"] == "pcm"
+    assert [m["text"] for m in serve.of_type("append")] == ["How are you?", "Bye"]
+    assert len(serve.of_type("end")) == 1
+    order = _segments_of(events)
+    assert len(order) == 3 * SAMPLES_PER_SEGMENT and order == sorted(order)
+    await tts.aclose()
+
+
+async def test_synthesize_sends_one_closed_say_and_reuses_the_socket(serve: FakeServe) -> None:
+    tts = TTS(base_url=serve.url)
+    for _ in range(2):
+        frame = await tts.synthesize("One. Two!", conn_options=NO_RETRY).collect()
+        assert frame.samples_per_channel == 2 * SAMPLES_PER_SEGMENT
+    says = serve.of_type("say")
+    assert [s["text"] for s in says] == [["One.", "Two!"]] * 2
+    assert all(s["input_closed"] for s in says) and serve.of_type("end") == []
+    assert serve.num_connections == 1  # the idle socket served the second turn
+    await tts.aclose()
+
+
+async def test_rejected_say_is_retried_when_overloaded(serve: FakeServe) -> None:
+    serve.reject_says = ["overloaded"]
+    tts = TTS(base_url=serve.url)
+    stream = tts.stream(conn_options=APIConnectOptions(max_retry=1, retry_interval=0.01))
+    stream.push_text("Hello!")
+    stream.end_input()
+    events = await _collect(stream)
+    assert len(events) > 0 and len(serve.of_type("say")) == 2
+    await tts.aclose()
+
+
+async def test_invalid_say_is_not_retried(serve: FakeServe) -> None:
+    serve.reject_says = ["text_too_long"] * 3
+    tts = TTS(base_url=serve.url)
+    with pytest.raises(APIStatusError) as info:
+        await tts.synthesize("Hi.", conn_options=APIConnectOptions(max_retry=2)).collect()
+    assert info.value.status_code == 400 and not info.value.retryable
+    assert len(serve.of_type("say")) == 1
+    await tts.aclose()
+
+
+async def test_failure_after_audio_is_final(serve: FakeServe) -> None:
+    serve.fail_after_segments = 1
+    tts = TTS(base_url=serve.url)
+    stream = tts.stream(conn_options=APIConnectOptions(max_retry=2, retry_interval=0.01))
+    stream.push_text("One. Two. Three.")
+    stream.end_input()
+    with pytest.raises(APIError) as info:
+        await _collect(stream)
+    assert not info.value.retryable and "depth step failed" in str(info.value)
+    assert len(serve.of_type("say")) == 1
+    await tts.aclose()
+
+
+async def test_socket_closed_mid_turn_is_a_connection_error(serve: FakeServe) -> None:
+    serve.close_after_segments = 1
+    tts = TTS(base_url=serve.url)
+    stream = tts.stream(conn_options=APIConnectOptions(max_retry=2, retry_interval=0.01))
+    stream.push_text("One. Two.")
+    stream.end_input()
+    with pytest.raises(APIConnectionError) as info:
+        await _collect(stream)
+    assert not info.value.retryable  # audio was already played
+    await tts.aclose()
+
+
+async def test_unreachable_server_is_a_retryable_connection_error() -> None:
+    tts = TTS(base_url="http://127.0.0.1:9")  # discard port: nothing listens
+    errors: list[Any] = []
+    tts.on("error", errors.append)
+    with pytest.raises(APIConnectionError):
+        await tts.synthesize("Hi.", conn_options=APIConnectOptions(
+            max_retry=1, retry_interval=0.01, timeout=2.0)).collect()
+    assert [e.recoverable for e in errors] == [True, False]
+    await tts.aclose()
+
+
+async def test_aclose_mid_turn_sends_cancel(serve: FakeServe) -> None:
+    serve.chunk_delay_s = 0.05
+    tts = TTS(base_url=serve.url)
+    stream = tts.stream(conn_options=NO_RETRY)
+    stream.push_text("One! Two! Three! Four!")
+    async for _ in stream:
+        break
+    await asyncio.wait_for(tts.aclose(), 5.0)
+    for _ in range(100):
+        if serve.of_type("cancel"):
+            break
+        await asyncio.sleep(0.01)
+    assert len(serve.of_type("cancel")) == 1
+
+
+class _Source:
+    queued_duration = 0.25
+
+
+async def test_playback_feedback_is_sent_and_complaints_stop_it(serve: FakeServe) -> None:
+    serve.chunk_delay_s = 0.03
+    tts = TTS(base_url=serve.url, feedback_interval_s=0.01)
+    tts.attach_audio_source(_Source())  # type: ignore[arg-type]
+    frame = await tts.synthesize("One. Two. Three.", conn_options=NO_RETRY).collect()
+    assert frame.samples_per_channel == 3 * SAMPLES_PER_SEGMENT
+    playback = serve.of_type("playback")
+    assert playback and all(m["source"] == "livekit-source" for m in playback)
+    assert all(m["buffered_s"] == 0.25 and 0 <= m["age_s"] < 1 for m in playback)
+
+    serve.messages.clear()
+    serve.complain_mid_turn = True  # a server that rejects our playback messages
+    frame = await tts.synthesize("One. Two. Three.", conn_options=NO_RETRY).collect()
+    assert frame.samples_per_channel == 3 * SAMPLES_PER_SEGMENT  # the turn went on
+    complained_at = next(i for i, m in enumerate(serve.messages) if m["type"] == "playback")
+    assert len(serve.of_type("playback")) <= complained_at + 3
+    await tts.aclose()
+
+
+async def test_auth_token_is_sent_as_bearer(serve: FakeServe) -> None:
+    serve.required_token = "s3cret"
+    tts = TTS(base_url=serve.url, auth_token="s3cret")
+    await tts.synthesize("Hi.", conn_options=NO_RETRY).collect()
+    assert serve.headers[0]["Authorization"] == "Bearer s3cret"
+    await tts.aclose()
+    bad = TTS(base_url=serve.url, auth_token="wrong")
+    with pytest.raises(APIStatusError) as info:
+        await bad.synthesize("Hi.", conn_options=APIConnectOptions(max_retry=2)).collect()
+    assert not info.value.retryable and "s3cret" not in str(info.value)
+    await bad.aclose()
