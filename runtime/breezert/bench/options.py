@@ -1,0 +1,241 @@
+"""What ``breezert bench`` was asked to do: options, load points, defaults and metadata.
+
+Owns: turning parsed CLI arguments into ``BenchOptions`` (naming the flag in every error), the
+default config/texts/output paths, and the machine/software/commit metadata of a result. Must
+not: run engines (``runner``) or format output (``report``).
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import socket
+import subprocess
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from breezert.bench.variants import BUILTIN_VARIANTS, Variant, resolve_variants
+from breezert.bench.workload import BUILTIN_TEXTS, default_texts_path, load_texts
+
+DEFAULT_CONCURRENCY = (1, 4, 8, 16, 32, 64)
+
+
+@dataclass(frozen=True)
+class LoadPoint:
+    """Closed loop at ``value`` requests in flight, open loop at ``value`` requests/s, or the
+    naive baseline's one-at-a-time sequence."""
+
+    mode: str  # "closed" | "open" | "sequential"
+    value: float
+
+    @property
+    def label(self) -> str:
+        if self.mode == "closed":
+            return f"c={int(self.value)}"
+        if self.mode == "open":
+            return f"r={self.value:g}/s"
+        return "seq"
+
+    def as_dict(self) -> dict[str, Any]:
+        key = "rate_rps" if self.mode == "open" else "concurrency"
+        value = self.value if self.mode == "open" else int(self.value)
+        return {"mode": self.mode, key: value, "label": self.label}
+
+
+@dataclass
+class BenchOptions:
+    """Everything ``breezert bench`` was asked to do."""
+
+    config_path: Path
+    texts_path: Path | None = None
+    concurrency: tuple[int, ...] = ()
+    rates: tuple[float, ...] = ()
+    num_requests: int = 300
+    warmup: int = 2
+    variants: list[Variant] = field(default_factory=lambda: [BUILTIN_VARIANTS["config"]])
+    seed: int = 0
+    feedback: bool = True
+    feedback_period_s: float = 0.1
+    request_timeout_s: float = 300.0
+    run_budget_s: float | None = None
+    """Stop starting new requests this long into a run (the run is marked truncated)."""
+    naive_requests: int = 20
+    """Requests of the naive baseline (sequential, so one load point only)."""
+    model_path: str | None = None
+    device: str | None = None
+    torch_threads: int | None = None
+    git_commit: str | None = None
+    """Recorded instead of ``git rev-parse`` (for a copied tree without ``.git``)."""
+    command_line: str = ""
+
+    def load_points(self) -> list[LoadPoint]:
+        concurrency = self.concurrency or (() if self.rates else DEFAULT_CONCURRENCY)
+        return ([LoadPoint("closed", c) for c in concurrency]
+                + [LoadPoint("open", r) for r in self.rates])
+
+
+def repo_root() -> Path:
+    """The checkout holding this package (``runtime/breezert/bench`` → three levels up)."""
+    return Path(__file__).resolve().parents[3]
+
+
+def default_config_path(cuda: bool) -> Path:
+    name = "h200-latency.toml" if cuda else "cpu-tiny.toml"
+    return repo_root() / "configs" / name
+
+
+def read_texts(path: Path | None) -> tuple[list[str], str]:
+    """The texts and where they came from (a path, or ``builtin``)."""
+    path = path or default_texts_path(repo_root())
+    if path is None:
+        return list(BUILTIN_TEXTS), "builtin"
+    return load_texts(path), str(path)
+
+
+# ------------------------------------------------------------------------------------ metadata
+
+
+def _git_commit() -> tuple[str, bool | None]:
+    root = repo_root()
+    try:
+        commit = subprocess.run(["git", "-C", str(root), "rev-parse", "--short", "HEAD"],
+                                capture_output=True, text=True, timeout=10, check=True)
+        status = subprocess.run(["git", "-C", str(root), "status", "--porcelain"],
+                                capture_output=True, text=True, timeout=10, check=True)
+    except (OSError, subprocess.SubprocessError):
+        return "unknown", None
+    return commit.stdout.strip() or "unknown", bool(status.stdout.strip())
+
+
+def load_avg() -> float | None:
+    try:
+        return round(os.getloadavg()[0], 2)
+    except (AttributeError, OSError):
+        return None
+
+
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def collect_metadata(options: BenchOptions, base: Any, texts_source: str,
+                     num_texts: int) -> dict[str, Any]:
+    """Machine, software, commit, date and options of this benchmark."""
+    import torch
+
+    from breezert.runtime_setup import resolve_device
+
+    device = str(resolve_device(base.model.device))
+    cuda = device.startswith("cuda")
+    commit, dirty = _git_commit()
+    if options.git_commit:
+        commit, dirty = options.git_commit, None
+    return {
+        "device": device,
+        "gpu": torch.cuda.get_device_name(0) if cuda else None,
+        "cpu": _cpu_model(),
+        "num_cpus": os.cpu_count(),
+        "load_avg_1m": load_avg(),
+        "torch_threads": torch.get_num_threads(),
+        "torch_version": torch.__version__,
+        "cuda_version": torch.version.cuda,
+        "python_version": platform.python_version(),
+        "git_commit": commit,
+        "git_dirty": dirty,
+        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "hostname": socket.gethostname(),
+        "command_line": options.command_line,
+        "config_path": str(options.config_path),
+        "texts": texts_source,
+        "num_texts": num_texts,
+        "options": {
+            "num_requests": options.num_requests, "warmup": options.warmup,
+            "naive_requests": options.naive_requests, "seed": options.seed,
+            "feedback": options.feedback, "feedback_period_s": options.feedback_period_s,
+            "request_timeout_s": options.request_timeout_s,
+            "run_budget_s": options.run_budget_s,
+            "load_points": [p.as_dict() for p in options.load_points()],
+            "variants": [v.name for v in options.variants],
+        },
+    }
+
+
+# ------------------------------------------------------------------------------------ CLI glue
+
+
+def _comma_list(raw: str | None, kind: type, flag: str) -> tuple[Any, ...]:
+    if raw is None:
+        return ()
+    try:
+        values = tuple(kind(v) for v in raw.split(",") if v.strip())
+    except ValueError:
+        raise ValueError(f"{flag}={raw!r}: expected a comma list of numbers") from None
+    if not values or any(not v > 0 for v in values):
+        raise ValueError(f"{flag}={raw!r}: needs positive values")
+    return values
+
+
+def options_from_args(args: Any) -> tuple[BenchOptions, Path]:
+    """``BenchOptions`` and the output path from ``breezert bench``'s parsed arguments.
+
+    Raises:
+        ValueError: a list, count or variant is invalid (the message names the flag).
+        FileNotFoundError: ``--config`` or ``--texts`` does not exist.
+    """
+    import torch
+
+    cuda = args.device != "cpu" and torch.cuda.is_available()
+    config_path = args.config or default_config_path(cuda)
+    for flag, path in (("--config", config_path), ("--texts", args.texts)):
+        if path is not None and not Path(path).is_file():
+            raise FileNotFoundError(f"{flag}={str(path)!r} does not exist")
+    for flag, value, least in (("--num-requests", args.num_requests, 1),
+                               ("--warmup", args.warmup, 0),
+                               ("--naive-requests", args.naive_requests, 1)):
+        if value < least:
+            raise ValueError(f"{flag}={value} must be >= {least}")
+    names = [n.strip() for n in (args.variants or "").split(",") if n.strip()]
+    options = BenchOptions(
+        config_path=Path(config_path), texts_path=args.texts,
+        concurrency=_comma_list(args.concurrency, int, "--concurrency"),
+        rates=_comma_list(args.rate, float, "--rate"),
+        num_requests=args.num_requests, warmup=args.warmup,
+        variants=resolve_variants(names, args.variant), seed=args.seed, feedback=args.feedback,
+        request_timeout_s=args.request_timeout, run_budget_s=args.run_budget,
+        naive_requests=args.naive_requests, model_path=args.model, device=args.device,
+        torch_threads=args.torch_threads, git_commit=args.git_commit,
+        command_line=_command_line(args),
+    )
+    out = args.out or default_out_path(config_path)
+    if out.suffix != ".json":
+        raise ValueError(f"--out={str(out)!r} must end in .json (the PNG is written beside it)")
+    return options, out
+
+
+def default_out_path(config_path: Path) -> Path:
+    stamp = datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S")
+    return Path("bench") / "results" / f"{Path(config_path).stem}-{stamp}.json"
+
+
+def _command_line(args: Any) -> str:
+    """The invocation as ``breezert bench ...`` with every option spelled out."""
+    parts = ["breezert", "bench"]
+    for key, value in sorted(vars(args).items()):
+        if key == "command" or value is None or value == [] or callable(value):
+            continue
+        flag = "--" + key.replace("_", "-")
+        if isinstance(value, bool):
+            parts.append(flag if value else f"--no-{key}")
+        elif isinstance(value, list):
+            parts += [item for v in value for item in (flag, str(v))]
+        else:
+            parts += [flag, str(value)]
+    return " ".join(parts)

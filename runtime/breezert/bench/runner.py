@@ -1,0 +1,382 @@
+"""Drives engines under benchmark load: variants side by side, closed and open loop, the naive
+baseline, and a simulated listener that reports its buffer back to the engine.
+
+Owns: engine start-up timing, load generation on one asyncio loop, per-request timeouts and
+error counting, metrics/memory capture per run and freeing each variant's engine before the
+next. Must not: change engine behaviour beyond config flags (``variants``), parse arguments
+(``options``) or format output (``report``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+from breezert.bench.listener import RequestResult, summarize_requests
+from breezert.bench.options import (
+    BenchOptions, LoadPoint, collect_metadata, load_avg, read_texts,
+)
+from breezert.bench.variants import Variant, variant_config
+from breezert.bench.workload import WorkItem, make_workload, poisson_offsets
+
+SCHEMA = "breezert-bench/1"
+SAMPLES_PER_FRAME = 1920  # 80 ms at 24 kHz
+
+
+def log(message: str) -> None:
+    print(f"[bench {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
+
+
+class _Gpu:
+    """Peak-memory bookkeeping; every method is a no-op on CPU."""
+
+    def __init__(self, device: str) -> None:
+        import torch
+
+        self.torch = torch
+        self.enabled = device != "cpu" and torch.cuda.is_available()
+
+    def reset_peak(self) -> None:
+        if self.enabled:
+            self.torch.cuda.synchronize()
+            self.torch.cuda.reset_peak_memory_stats()
+
+    def peak_bytes(self) -> int | None:
+        return int(self.torch.cuda.max_memory_allocated()) if self.enabled else None
+
+    def allocated_bytes(self) -> int | None:
+        return int(self.torch.cuda.memory_allocated()) if self.enabled else None
+
+    def free(self) -> None:
+        # compiled code can hold the last variant's modules; drop it with them
+        self.torch._dynamo.reset()
+        gc.collect()
+        if self.enabled:
+            self.torch.cuda.synchronize()
+            self.torch.cuda.empty_cache()
+
+
+def run_benchmark(
+    options: BenchOptions, on_update: Callable[[dict[str, Any]], None] | None = None
+) -> dict[str, Any]:
+    """Runs every variant at every load point; returns the result document.
+
+    ``on_update`` gets the document after each run (to write partial results).
+
+    Raises:
+        InvalidConfig: the base config is invalid (a variant's own bad config is recorded, not
+            raised).
+    """
+    import torch
+
+    from breezert.config import EngineConfig
+    from breezert.runtime_setup import resolve_device
+
+    base = EngineConfig.from_file(options.config_path)
+    model_updates = {k: v for k, v in (("path", options.model_path), ("device", options.device))
+                     if v is not None}
+    if model_updates:
+        base = base.model_copy(update={"model": base.model.model_copy(update=model_updates)})
+        base = EngineConfig.from_dict(base.model_dump(), source=str(options.config_path))
+    texts, texts_source = read_texts(options.texts_path)
+    if texts_source == "builtin":
+        log(f"no texts file found (pass --texts): using {len(texts)} built-in sentences; "
+            "results are not comparable with texts_en.tsv runs")
+    # NOTE(bench): on CPU one intra-op thread by default: the tiny model gains nothing from more,
+    # and they stall whenever the event loop or another process holds a core.
+    threads = options.torch_threads or (1 if resolve_device(base.model.device).type == "cpu"
+                                        else None)
+    previous_threads = torch.get_num_threads()
+    if threads:
+        torch.set_num_threads(threads)
+    try:
+        return _run_with(options, base, texts, texts_source, on_update)
+    finally:
+        torch.set_num_threads(previous_threads)
+
+
+def _run_with(options: BenchOptions, base: Any, texts: list[str], texts_source: str,
+              on_update: Callable[[dict[str, Any]], None] | None) -> dict[str, Any]:
+    doc: dict[str, Any] = {
+        "schema": SCHEMA,
+        "metadata": collect_metadata(options, base, texts_source, len(texts)),
+        "config": base.model_dump(mode="json"),
+        "variants": [],
+        "runs": [],
+    }
+    asyncio.run(_run_all(options, base, texts, doc, on_update or (lambda _doc: None)))
+    return doc
+
+
+async def _run_all(options: BenchOptions, base: Any, texts: list[str], doc: dict[str, Any],
+                   on_update: Callable[[dict[str, Any]], None]) -> None:
+    for variant in options.variants:
+        record: dict[str, Any] = {"name": variant.name, "description": variant.description,
+                                  "overrides": variant.overrides, "naive": variant.is_naive}
+        doc["variants"].append(record)
+        try:
+            config = variant_config(base, variant)
+        except ValueError as exc:  # e.g. graphs asked for on a CPU profile
+            record.update(status="skipped", error=str(exc))
+            log(f"{variant.name}: skipped: {exc}")
+            on_update(doc)
+            continue
+        record["config"] = config.model_dump(mode="json")
+        runner = _run_naive if variant.is_naive else _run_engine
+        try:
+            await runner(options, variant, config, texts, record, doc, on_update)
+            record.setdefault("status", "ok")
+        except Exception as exc:  # a variant that cannot start must not stop the others
+            record.update(status="failed", error=f"{type(exc).__name__}: {exc}")
+            log(f"{variant.name}: failed: {type(exc).__name__}: {exc}")
+        _Gpu(config.model.device).free()
+        on_update(doc)
+
+
+async def _run_engine(options: BenchOptions, variant: Variant, config: Any, texts: list[str],
+                      record: dict[str, Any], doc: dict[str, Any],
+                      on_update: Callable[[dict[str, Any]], None]) -> None:
+    from breezert.async_engine import AsyncEngine
+    from breezert.engine import Engine
+
+    gpu = _Gpu(config.model.device)
+    gpu.reset_peak()
+    log(f"{variant.name}: building the engine")
+    start = time.monotonic()
+    engine = Engine(config)
+    record["startup_s"] = time.monotonic() - start
+    record["memory_after_startup_bytes"] = gpu.allocated_bytes()
+    record["startup_peak_memory_bytes"] = gpu.peak_bytes()
+    record.update(_runner_facts(engine))
+    log(f"{variant.name}: engine ready in {record['startup_s']:.1f} s")
+    async_engine = AsyncEngine(engine)
+    try:
+        for load in options.load_points():
+            run = await _engine_load_point(options, variant, async_engine, config, texts, load, gpu)
+            run["startup_s"] = record["startup_s"]
+            doc["runs"].append(run)
+            _log_run(run)
+            on_update(doc)
+            if not async_engine.is_running:  # the engine loop died: the rest would only fail
+                record.update(status="failed", error="the engine loop stopped (see the log)")
+                break
+    finally:
+        await async_engine.aclose()
+        del async_engine, engine
+
+
+def _runner_facts(engine: Any) -> dict[str, Any]:
+    """What the worker resolved at start-up (graphs on, capture seconds per stage, KV size)."""
+    runner = getattr(engine, "runner", None)
+    layout = getattr(runner, "layout", None)
+    return {
+        "uses_graphs": getattr(runner, "uses_graphs", None),
+        "graph_warmup_s": getattr(runner, "warmup_s", None),
+        "graph_warmup_stage_s": dict(getattr(runner, "warmup_stage_s", None) or {}),
+        "num_kv_blocks": getattr(layout, "num_blocks", None),
+        "kv_cache_bytes": getattr(layout, "kv_cache_bytes", None),
+    }
+
+
+async def _engine_load_point(options: BenchOptions, variant: Variant, async_engine: Any,
+                             config: Any, texts: list[str], load: LoadPoint,
+                             gpu: _Gpu) -> dict[str, Any]:
+    from breezert.metrics import EngineMetrics
+
+    items = make_workload(texts, options.num_requests, options.seed)
+    tag = f"{variant.name}-{load.label}"
+    warmup_start = time.monotonic()
+    if options.warmup:  # lazy compiles / first-touch costs land here, not in the run
+        warm = make_workload(texts, options.warmup, options.seed + 1)
+        width = int(load.value) if load.mode == "closed" else config.scheduler.max_running_requests
+        await _closed_loop(async_engine, warm, min(width, len(warm)), options, f"{tag}-warm", None)
+    warmup_s = time.monotonic() - warmup_start
+    # NOTE(bench): a fresh metrics object per run; the engine is idle here, so nothing races.
+    async_engine.engine.metrics = EngineMetrics()
+    gpu.reset_peak()
+    budget_end = (time.monotonic() + options.run_budget_s) if options.run_budget_s else None
+    if load.mode == "closed":
+        results = await _closed_loop(async_engine, items, int(load.value), options, tag,
+                                     budget_end)
+    else:
+        results = await _open_loop(async_engine, items, load.value, options, tag, budget_end)
+    snapshot = async_engine.metrics()
+    run = _run_record(variant, load, results, options, snapshot, gpu.peak_bytes(),
+                      truncated=len(results) < len(items))
+    run["warmup_s"] = warmup_s
+    return run
+
+
+def _run_record(variant: Variant, load: LoadPoint, results: list[RequestResult],
+                options: BenchOptions, snapshot: dict[str, Any] | None, peak: int | None,
+                *, truncated: bool) -> dict[str, Any]:
+    run: dict[str, Any] = {"variant": variant.name, "load": load.as_dict(),
+                           "feedback": options.feedback and not variant.is_naive,
+                           "truncated": truncated}
+    run.update(summarize_requests(results))
+    run["gpu_max_memory_bytes"] = peak
+    run["load_avg_1m"] = load_avg()  # other processes on the host skew CPU numbers
+    run["frame_step_s_p50"] = _frame_step_p50(snapshot)
+    run["engine_metrics"] = snapshot
+    run["requests"] = [r.compact() for r in results]
+    return run
+
+
+def _frame_step_p50(snapshot: dict[str, Any] | None) -> float | None:
+    """p50 DECODE step + p50 DEPTH step: one frame of one batch."""
+    stages = (snapshot or {}).get("stages", {})
+    try:
+        return float(stages["decode"]["step_s"]["p50"] + stages["depth"]["step_s"]["p50"])
+    except (KeyError, TypeError):
+        return None
+
+
+def _log_run(run: dict[str, Any]) -> None:
+    ttfb = run["ttfb_s"]
+    p50 = "-" if ttfb["p50"] is None else f"{ttfb['p50'] * 1000:.0f}"
+    p95 = "-" if ttfb["p95"] is None else f"{ttfb['p95'] * 1000:.0f}"
+    log(f"{run['variant']} {run['load']['label']}: {run['num_ok']}/{run['num_requests']} ok, "
+         f"TTFB p50 {p50} ms p95 {p95} ms, underruns {run['underrun_requests']}, "
+         f"wall {run['wall_s']:.1f} s")
+
+
+# ------------------------------------------------------------------------------ load generation
+
+
+async def _closed_loop(async_engine: Any, items: list[WorkItem], concurrency: int,
+                       options: BenchOptions, tag: str,
+                       budget_end: float | None) -> list[RequestResult]:
+    """Keeps ``concurrency`` requests in flight until every item has run (or the budget ends)."""
+    queue = list(reversed(items))
+    results: list[RequestResult] = []
+
+    async def worker() -> None:
+        while queue and (budget_end is None or time.monotonic() < budget_end):
+            item = queue.pop()
+            results.append(await _one_request(async_engine, item, options, tag))
+
+    await asyncio.gather(*(worker() for _ in range(max(1, concurrency))))
+    return sorted(results, key=lambda r: r.index)
+
+
+async def _open_loop(async_engine: Any, items: list[WorkItem], rate_rps: float,
+                     options: BenchOptions, tag: str,
+                     budget_end: float | None) -> list[RequestResult]:
+    """Submits each item at its seeded Poisson arrival time, whatever is still running."""
+    offsets = poisson_offsets(rate_rps, len(items), options.seed)
+    start = time.monotonic()
+    tasks = []
+    for item, offset in zip(items, offsets):
+        delay = start + offset - time.monotonic()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        if budget_end is not None and time.monotonic() >= budget_end:
+            break
+        tasks.append(asyncio.create_task(_one_request(async_engine, item, options, tag)))
+    return sorted(await asyncio.gather(*tasks), key=lambda r: r.index)
+
+
+async def _one_request(async_engine: Any, item: WorkItem, options: BenchOptions,
+                       tag: str) -> RequestResult:
+    """Submits one request, consumes its chunks into a simulated listener, never raises."""
+    from breezert.request import SynthesisRequest
+
+    request = SynthesisRequest(text=item.text, seed=item.seed, max_frames=item.num_frames,
+                               ignore_eos=True, request_id=f"{tag}-{item.index}")
+    result = RequestResult(item.index, str(request.request_id), item.num_frames,
+                           submit_time=time.monotonic())
+    feedback: asyncio.Task[None] | None = None
+
+    async def consume() -> None:
+        nonlocal feedback
+        async for chunk in async_engine.stream(request_id):
+            result.add_chunk(chunk.created_time, chunk.duration_s, chunk.num_frames,
+                             time.monotonic())
+            if feedback is None and options.feedback:
+                feedback = asyncio.create_task(_feedback_loop(async_engine, result, options))
+
+    try:
+        request_id = async_engine.submit(request)
+        await asyncio.wait_for(consume(), timeout=options.request_timeout_s)
+    except asyncio.TimeoutError:
+        result.status, result.error = "timeout", "timeout"
+    except Exception as exc:  # counted, never fatal
+        result.status, result.error = "error", type(exc).__name__
+    finally:
+        if feedback is not None:
+            feedback.cancel()
+    return result
+
+
+async def _feedback_loop(async_engine: Any, result: RequestResult,
+                         options: BenchOptions) -> None:
+    """``report_playback(..., "simulated")`` every ``feedback_period_s`` of the listener's clock."""
+    timeline = result.timeline
+    assert timeline.start_time is not None
+    next_time = timeline.start_time + options.feedback_period_s
+    while True:
+        await asyncio.sleep(max(0.0, next_time - time.monotonic()))
+        now = time.monotonic()
+        try:
+            async_engine.report_playback(result.request_id, timeline.buffered_s(now), now,
+                                         "simulated")
+            result.num_feedback_reports += 1
+        except Exception:  # a finished request or an engine without feedback: not our failure
+            return
+        next_time += options.feedback_period_s
+
+
+async def _run_naive(options: BenchOptions, variant: Variant, config: Any, texts: list[str],
+                     record: dict[str, Any], doc: dict[str, Any],
+                     on_update: Callable[[dict[str, Any]], None]) -> None:
+    """The offline baseline: one request at a time, whole utterance generated then decoded, so
+    TTFB = whole synthesis time. One sequential load point (concurrency does not apply)."""
+    from breezert.offline import synthesize_whole
+    from breezert.request import SynthesisRequest
+    from breezert.runtime_setup import load_engine_checkpoint
+
+    gpu = _Gpu(config.model.device)
+    gpu.reset_peak()
+    start = time.monotonic()
+    ckpt = load_engine_checkpoint(config.model)
+    record["startup_s"] = time.monotonic() - start
+    record["memory_after_startup_bytes"] = gpu.allocated_bytes()
+    sample_rate = ckpt.config.codec.sample_rate
+    count = min(options.num_requests, options.naive_requests)
+    load = LoadPoint("sequential", 1)
+
+    def one(item: WorkItem, tag: str) -> RequestResult:
+        request = SynthesisRequest(text=item.text, seed=item.seed, max_frames=item.num_frames,
+                                   ignore_eos=True, request_id=f"{tag}-{item.index}")
+        result = RequestResult(item.index, str(request.request_id), item.num_frames,
+                               submit_time=time.monotonic())
+        try:
+            audio = synthesize_whole(ckpt, request)
+            done = time.monotonic()
+            result.add_chunk(done, len(audio) / sample_rate, len(audio) // SAMPLES_PER_FRAME,
+                             done)
+        except Exception as exc:  # counted, never fatal
+            result.status, result.error = "error", type(exc).__name__
+        return result
+
+    for item in make_workload(texts, min(options.warmup, count), options.seed + 1):
+        one(item, f"{variant.name}-warm")
+    gpu.reset_peak()
+    budget_end = (time.monotonic() + options.run_budget_s) if options.run_budget_s else None
+    results = []
+    for item in make_workload(texts, count, options.seed):
+        if budget_end is not None and time.monotonic() >= budget_end:
+            break
+        results.append(one(item, variant.name))
+        await asyncio.sleep(0)
+    run = _run_record(variant, load, results, options, None, gpu.peak_bytes(),
+                      truncated=len(results) < count)
+    run["startup_s"] = record["startup_s"]
+    doc["runs"].append(run)
+    _log_run(run)
+    on_update(doc)
+    del ckpt

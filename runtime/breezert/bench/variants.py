@@ -1,0 +1,113 @@
+"""Benchmark variants: named engine-config overrides run side by side in one process.
+
+Owns: the ablation variants of issue 4 (fixed vs progressive chunks, compiled depth, CUDA graphs,
+the naive offline baseline), ``--variant`` specs and applying overrides to a base profile. Must
+not: implement anything the flags name; the engine does.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - python 3.10
+    import tomli as tomllib
+
+PROGRESSIVE = [1, 2, 4, 8, 16]
+
+
+@dataclass(frozen=True)
+class Variant:
+    """A named set of config overrides run side by side with the others in one process."""
+
+    name: str
+    overrides: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    """``{section: {key: value}}`` merged over the base profile."""
+    description: str = ""
+    is_naive: bool = False
+    """Run the offline baseline (``synthesize_whole``, one request at a time) instead."""
+
+
+def _eager(schedule: list[int], *, compile_depth: bool = False, graphs: bool = False) -> dict:
+    return {
+        "scheduler": {"default_chunk_schedule": schedule},
+        "graph": {"enable_cuda_graphs": graphs, "compile_depth": compile_depth},
+    }
+
+
+BUILTIN_VARIANTS: dict[str, Variant] = {v.name: v for v in (
+    Variant("config", {}, "the profile as given"),
+    Variant("fixed16-eager", _eager([16]), "16-frame chunks from the first, no compile/graphs"),
+    Variant("progressive-eager", _eager(PROGRESSIVE), "chunks 1,2,4,8,16, no compile/graphs"),
+    Variant("progressive-compiled", _eager(PROGRESSIVE, compile_depth=True),
+            "progressive + compiled depth decoder, no graphs"),
+    Variant("progressive-graphs", _eager(PROGRESSIVE, compile_depth=True, graphs=True),
+            "progressive + compiled depth + CUDA graphs at every stage"),
+    Variant("naive", {"graph": {"enable_cuda_graphs": False, "compile_depth": False}},
+            "offline baseline: one request at a time, eager, whole utterance then decode",
+            is_naive=True),
+)}
+
+
+def _toml_value(raw: str) -> Any:
+    try:
+        return tomllib.loads(f"v = {raw}")["v"]
+    except tomllib.TOMLDecodeError:
+        return raw  # a bare word: a string
+
+
+def parse_variant_spec(spec: str) -> Variant:
+    """``NAME=[BASE;]section.key=value[;section.key=value...]`` (values in TOML syntax), e.g.
+    ``predictor-on=progressive-graphs;scheduler.use_predictor=true``.
+
+    Raises:
+        ValueError: the spec is malformed or names an unknown base variant.
+    """
+    name, sep, body = spec.partition("=")
+    name = name.strip()
+    if not sep or not name or "," in name:
+        raise ValueError(f"--variant {spec!r}: expected NAME=[BASE;]section.key=value;...")
+    overrides: dict[str, dict[str, Any]] = {}
+    is_naive, parts = False, [p.strip() for p in body.split(";") if p.strip()]
+    if parts and "=" not in parts[0]:
+        base = BUILTIN_VARIANTS.get(parts[0])
+        if base is None:
+            raise ValueError(f"--variant {spec!r}: unknown base variant {parts[0]!r} "
+                             f"(choose from {', '.join(BUILTIN_VARIANTS)})")
+        overrides = {s: dict(kv) for s, kv in base.overrides.items()}
+        is_naive, parts = base.is_naive, parts[1:]
+    for part in parts:
+        key, _, raw = part.partition("=")
+        section, dot, leaf = key.strip().partition(".")
+        if not dot or not leaf or not raw.strip():
+            raise ValueError(f"--variant {spec!r}: {part!r} is not section.key=value")
+        overrides.setdefault(section, {})[leaf] = _toml_value(raw.strip())
+    return Variant(name, overrides, f"custom: {body}", is_naive=is_naive)
+
+
+def resolve_variants(names: Sequence[str], specs: Sequence[str] = ()) -> list[Variant]:
+    """Variants by name: builtins plus those defined by ``--variant`` specs. With no names, the
+    custom ones (if any), else ``config``."""
+    custom = {v.name: v for v in (parse_variant_spec(s) for s in specs)}
+    if not names:
+        return list(custom.values()) or [BUILTIN_VARIANTS["config"]]
+    known = {**BUILTIN_VARIANTS, **custom}
+    unknown = [n for n in names if n not in known]
+    if unknown:
+        raise ValueError(f"--variants: unknown {', '.join(unknown)} "
+                         f"(choose from {', '.join(known)}, or define one with --variant)")
+    return [known[n] for n in names]
+
+
+def variant_config(base: Any, variant: Variant) -> Any:
+    """``base`` (an ``EngineConfig``) with the variant's overrides and the env switches applied."""
+    from breezert.config import EngineConfig, apply_env_overrides
+
+    data = base.model_dump()
+    for section, values in variant.overrides.items():
+        data.setdefault(section, {}).update(values)
+    return apply_env_overrides(EngineConfig.from_dict(data, source=f"variant {variant.name}"))

@@ -1,0 +1,97 @@
+"""``breezert bench`` end to end on the tiny CPU profile: one engine variant and the naive
+baseline, two closed-loop load points, JSON + PNG + printed table + markdown report.
+
+Owns: the benchmark's output contract (fields the README and the lead's tables rely on). Must
+not: need a GPU; it runs in well under a minute on two cores.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import pytest
+
+from breezert.bench.report import main as report_main
+from breezert.cli import main
+
+pytestmark = pytest.mark.integration
+
+REPO = Path(__file__).resolve().parents[2]
+RUN_FIELDS = (
+    "variant", "load", "num_requests", "num_ok", "num_errors", "errors", "ttfb_s", "rtf",
+    "underrun_requests", "max_extra_buffer_s", "extra_buffer_s", "audio_s_per_s", "wall_s",
+    "gpu_max_memory_bytes", "startup_s", "feedback_reports", "engine_metrics", "requests",
+)
+META_FIELDS = ("gpu", "cpu", "torch_version", "cuda_version", "git_commit", "date", "hostname",
+               "command_line", "config_path", "texts", "options")
+
+
+@pytest.fixture(scope="module")
+def bench_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, float]:
+    out = tmp_path_factory.mktemp("bench") / "tmp" / "x.json"
+    argv = ["bench", "--config", str(REPO / "configs" / "cpu-tiny.toml"), "--concurrency", "1,2",
+            "--num-requests", "4", "--variants", "progressive-eager,naive", "--out", str(out)]
+    start = time.monotonic()
+    status = main(argv)
+    elapsed = time.monotonic() - start
+    assert status == 0
+    return out, elapsed
+
+
+def test_bench_writes_json_png_and_table(bench_run: tuple[Path, float]) -> None:
+    out, elapsed = bench_run
+    assert elapsed < 90, f"the smoke benchmark took {elapsed:.0f} s"
+    doc = json.loads(out.read_text())
+    assert doc["schema"] == "breezert-bench/1"
+    for field in META_FIELDS:
+        assert field in doc["metadata"], field
+    assert doc["metadata"]["gpu"] is None and doc["metadata"]["torch_version"]
+    assert doc["config"]["model"]["preset"] == "tiny"
+    assert [(r["variant"], r["load"]["label"]) for r in doc["runs"]] == [
+        ("progressive-eager", "c=1"), ("progressive-eager", "c=2"), ("naive", "seq")]
+    for run in doc["runs"]:
+        for field in RUN_FIELDS:
+            assert field in run, (run["variant"], field)
+        assert run["num_ok"] == run["num_requests"] == 4, run["errors"]
+        assert 0 < run["ttfb_s"]["p50"] <= run["ttfb_s"]["p95"] <= run["ttfb_s"]["p99"]
+        assert run["rtf"]["p50"] > 0 and run["audio_s_per_s"] > 0
+        assert run["gpu_max_memory_bytes"] is None
+        assert run["startup_s"] > 0
+        assert len(run["requests"]) == 4
+        # fixed lengths from the text: every request got exactly its frames
+        assert all(r["num_frames"] == r["num_frames_target"] for r in run["requests"])
+    engine_runs = doc["runs"][:2]
+    for run in engine_runs:
+        assert run["feedback_reports"] > 0
+        assert {"decode", "depth", "codec"} <= set(run["engine_metrics"]["stages"])
+        assert run["engine_metrics"]["counters"]["requests_finished"] == 4
+        assert run["frame_step_s_p50"] > 0
+    naive = doc["runs"][2]
+    # the naive baseline hands over the whole utterance at once: TTFB = the synthesis time
+    assert all(r["num_chunks"] == 1 for r in naive["requests"])
+    assert naive["ttfb_s"]["p50"] > engine_runs[0]["ttfb_s"]["p50"]
+    png = out.with_suffix(".png")
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_report_prints_markdown(bench_run: tuple[Path, float], capsys) -> None:
+    out, _ = bench_run
+    assert report_main([str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "| variant | load | ok/n | TTFB p50 ms |" in text
+    assert "| progressive-eager | c=2 | 4/4 |" in text
+    assert "| naive | seq | 4/4 |" in text
+    assert "Per-stage step time" in text
+
+
+def test_bench_rejects_bad_arguments(tmp_path: Path, capsys) -> None:
+    base = ["bench", "--config", str(REPO / "configs" / "cpu-tiny.toml"),
+            "--out", str(tmp_path / "x.json"), "--num-requests", "1"]
+    assert main([*base, "--concurrency", "0"]) == 2
+    assert "--concurrency" in capsys.readouterr().err
+    assert main([*base, "--variants", "warp-drive"]) == 2
+    assert "unknown warp-drive" in capsys.readouterr().err
+    assert main([*base, "--texts", str(tmp_path / "none.tsv")]) == 2
+    assert not (tmp_path / "x.json").exists()
