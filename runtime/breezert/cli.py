@@ -92,6 +92,9 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--naive-requests", type=int, default=20,
                        help="requests of the naive baseline (sequential)")
     bench.add_argument("--model", default=None, help="checkpoint folder (sets model.path)")
+    bench.add_argument("--tokenizer", default=None,
+                       help="tokenizer.json for random weights (default: "
+                            "../shared/breeze/tokenizer/tokenizer.json when present)")
     bench.add_argument("--device", choices=["cpu", "cuda", "auto"], default=None,
                        help="sets model.device")
     bench.add_argument("--torch-threads", type=int, default=None,

@@ -52,6 +52,9 @@ class ModelConfig(_Frozen):
     """``auto``: cuda when available, else cpu."""
     seed: int = Field(default=0, ge=0)
     """Seed of the random weight init (only used when ``path`` is ``None``)."""
+    tokenizer: str | None = None
+    """``tokenizer.json`` for random weights (``path`` unset); ``None``: the built-in byte-level
+    tokenizer, which spends one token per character (prompts about 4x longer than Gemma's)."""
 
 
 class CacheConfig(_Frozen):
@@ -105,6 +108,27 @@ class SchedulerConfig(_Frozen):
     """Frame limit per segment when a request gives none (750 = 60 s of audio)."""
     starvation_limit_s: float = Field(default=0.5, gt=0)
     """A streaming request without a new chunk for this long gets served first."""
+    use_predictor: bool = False
+    """Deadline-aware scheduling (``sched/policy.py``): serve by playback slack from the
+    listener's reported buffer, wait to batch CODEC, emit partial chunks before an underrun.
+    ``starvation_limit_s`` is then unused."""
+    predictor_ttfb_target_s: float = Field(default=0.2, gt=0)
+    """Deadline of a request's first chunk after enqueue, seconds."""
+    predictor_min_slack_s: float = Field(default=0.05, ge=0)
+    """A stream whose slack (deadline - now - predicted work) falls below this, seconds, is
+    urgent: served before startup work; CODEC waits never take a stream below it."""
+    predictor_max_lead_s: float = Field(default=2.0, gt=0)
+    """A stream with more audio buffered than this, seconds, ranks last and yields DECODE/DEPTH
+    batches that carry startup work."""
+    predictor_feedback_stale_s: float = Field(default=0.5, gt=0)
+    """A playback report older than this, seconds, is ignored (the buffer is estimated from the
+    audio emitted since the first chunk instead)."""
+    predictor_time_margin: float = Field(default=1.2, ge=1.0)
+    """Factor on every predicted step time (safety margin)."""
+    predictor_ewma_alpha: float = Field(default=0.2, gt=0, le=1)
+    """Weight of a new step duration in the per-(stage, batch bucket) moving average."""
+    predictor_prior_step_s: float = Field(default=0.02, gt=0)
+    """Predicted step time of a stage before any step of it was observed, seconds."""
 
     @model_validator(mode="after")
     def _check(self) -> SchedulerConfig:

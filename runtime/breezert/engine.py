@@ -24,8 +24,16 @@ from breezert.outputs import AudioChunk
 from breezert.prompting import make_prompt
 from breezert.request import Request, RequestStatus, Segment, SynthesisRequest
 from breezert.sched.block_pool import BlockPool
+from breezert.sched.deadline import DeadlinePredictor
 from breezert.sched.plan import StepPlan, StepResult
-from breezert.sched.scheduler import ChunkEmitted, RequestFinished, Scheduler, SchedulerEvent
+from breezert.sched.policy import make_policies
+from breezert.sched.scheduler import (
+    ChunkEmitted,
+    RequestFinished,
+    Scheduler,
+    SchedulerEvent,
+    SegmentEnded,
+)
 from breezert.stages import StageOutput
 from breezert.worker.model_runner import ModelRunner
 
@@ -76,11 +84,18 @@ class Engine:
         self.runner: ModelRunner = build_runner(config, self.checkpoint)
         layout = self.runner.layout
         self.block_pool = BlockPool(layout.num_blocks, layout.block_size)
-        self.scheduler = Scheduler(config.scheduler, self.block_pool)
         self.metrics = EngineMetrics()
+        self.predictor: DeadlinePredictor | None = None
+        """Deadline predictor (``scheduler.use_predictor``); fed reports, step times, chunks."""
+        if config.scheduler.use_predictor:
+            self.predictor = DeadlinePredictor.from_config(config.scheduler, self.metrics.incr)
+        stage_policy, chunk_policy = make_policies(config.scheduler, self.predictor)
+        self.scheduler = Scheduler(config.scheduler, self.block_pool, stage_policy=stage_policy,
+                                   chunk_policy=chunk_policy)
         self.playback: dict[str, PlaybackReport] = {}
         self._lock = threading.RLock()
         self._pending: list[EngineOutput] = []  # outcomes produced outside step()
+        self._segment_ends: dict[str, list[int]] = {}  # request -> cumulative segment ends
         self.last_step_ran = False
         """Whether the last ``step`` ran a plan (False: nothing was runnable)."""
         self._max_seq_len = min(config.scheduler.max_model_len, self.checkpoint.config.max_seq_len)
@@ -131,6 +146,8 @@ class Engine:
         with self._lock:
             if self.scheduler.get_request(request_id) is not None:
                 self.playback[request_id] = PlaybackReport(buffered_s, measured_at, source)
+                if self.predictor is not None:
+                    self.predictor.update_feedback(request_id, buffered_s, measured_at, source)
 
     def drain(self) -> list[EngineOutput]:
         """Outcomes produced outside ``step`` (``abort``, ``close_input``) that no step returned
@@ -156,14 +173,20 @@ class Engine:
         with self._lock:
             result = StepResult(plan.step_id, out.first_codes, out.failed)
             events = self.scheduler.commit(plan, result, end)
-            self.metrics.record_step(plan.stage.value, plan.num_rows, end - start)
+            self._record_step(plan, end - start)
             return self._drain_pending() + self._outputs(plan, out, events, end)
 
     # ------------------------------------------------------------------ helpers
+    def _record_step(self, plan: StepPlan, duration_s: float) -> None:
+        self.metrics.record_step(plan.stage.value, plan.num_rows, duration_s)
+        if self.predictor is not None:
+            self.predictor.observe_step(plan.stage, plan.num_rows, duration_s)
+
     def _outputs(
         self, plan: StepPlan, out: StageOutput, events: list[SchedulerEvent], now: float
     ) -> list[EngineOutput]:
         chunks = {(c.request_id, c.start_frame): c for c in out.chunks}
+        self._track_segments(events)
         outputs: list[EngineOutput] = []
         for event in events:
             if isinstance(event, ChunkEmitted):
@@ -177,6 +200,8 @@ class Engine:
                     segment_index=segment, created_time=now, is_final=event.is_final,
                 ))
                 self.metrics.chunk_emitted(event.request_id, event.num_frames, now)
+                if self.predictor is not None:
+                    self.predictor.on_chunk(event.request_id, event.num_frames, now)
         outputs.extend(self._outcomes(events))
         return outputs
 
@@ -186,6 +211,9 @@ class Engine:
             if isinstance(event, RequestFinished):
                 self.metrics.request_finished(event.request_id, event.status.value, event.time)
                 self.playback.pop(event.request_id, None)
+                if self.predictor is not None:
+                    self.predictor.forget(event.request_id)
+                self._segment_ends.pop(event.request_id, None)
                 outcomes.append(RequestOutcome(event.request_id, event.status, event.error))
         return outcomes
 
@@ -223,15 +251,15 @@ class Engine:
 
     def _segment_of(self, request_id: str, frame_end: int) -> int:
         """Index of the segment holding frame ``frame_end - 1`` of the request's audio."""
-        request = self.scheduler.get_request(request_id)
-        if request is None:
-            return 0
-        total = 0
-        for segment in request.segments:
-            total += segment.num_frames
-            if frame_end <= total:
-                return segment.index
-        return max(len(request.segments) - 1, 0)
+        ends = self._segment_ends.get(request_id, [])
+        return next((i for i, end in enumerate(ends) if frame_end <= end), len(ends))
+
+    def _track_segments(self, events: list[SchedulerEvent]) -> None:
+        """Records where each ended segment's frames stop in the request's audio stream."""
+        for event in events:
+            if isinstance(event, SegmentEnded):
+                ends = self._segment_ends.setdefault(event.request_id, [])
+                ends.append((ends[-1] if ends else 0) + event.num_frames)
 
     def _live_request(self, request_id: str) -> Request:
         request = self.scheduler.get_request(request_id)

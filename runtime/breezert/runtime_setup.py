@@ -40,7 +40,9 @@ def load_engine_checkpoint(cfg: ModelConfig) -> Checkpoint:
 
     return Checkpoint(
         path=None, config=replace(config, dtype=cfg.dtype), model=model, codec=codec,
-        tokenizer=BreezeTokenizer(build_byte_tokenizer()), generation=GenerationDefaults(),
+        tokenizer=(BreezeTokenizer.from_file(cfg.tokenizer) if cfg.tokenizer
+                   else BreezeTokenizer(build_byte_tokenizer())),
+        generation=GenerationDefaults(),
     )
 
 

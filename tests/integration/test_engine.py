@@ -435,3 +435,16 @@ def test_report_playback_keeps_the_latest_until_the_request_ends(engine: Engine)
     assert "gone" not in engine.playback
     run(engine)
     assert engine.playback == {}
+
+
+def test_chunks_carry_their_segment_index(engine: Engine) -> None:
+    request = SynthesisRequest(text=["first part", "second part"], seed=5, sampling=SAMPLING,
+                               max_frames=6, ignore_eos=True, chunk_schedule=(4,))
+    engine.add_request(request)
+    chunks: list[AudioChunk] = []
+    while engine.has_work():
+        chunks.extend(o for o in engine.step() if isinstance(o, AudioChunk))
+    # Frames 0-5 are segment 0 and 6-11 segment 1; a chunk is labelled by its last frame.
+    assert [(c.frame_start, c.frame_end, c.segment_index) for c in chunks] == [
+        (0, 4, 0), (4, 8, 1), (8, 12, 1)
+    ]

@@ -64,6 +64,9 @@ class BenchOptions:
     naive_requests: int = 20
     """Requests of the naive baseline (sequential, so one load point only)."""
     model_path: str | None = None
+    tokenizer_path: str | None = None
+    """tokenizer.json for random weights; default: ``../shared/breeze/tokenizer/tokenizer.json``
+    when present, so prompts have real Gemma token counts."""
     device: str | None = None
     torch_threads: int | None = None
     git_commit: str | None = None
@@ -211,6 +214,7 @@ def options_from_args(args: Any) -> tuple[BenchOptions, Path]:
         variants=resolve_variants(names, args.variant), seed=args.seed, feedback=args.feedback,
         request_timeout_s=args.request_timeout, run_budget_s=args.run_budget,
         naive_requests=args.naive_requests, model_path=args.model, device=args.device,
+        tokenizer_path=args.tokenizer or _default_tokenizer(),
         torch_threads=args.torch_threads, git_commit=args.git_commit,
         command_line=_command_line(args),
     )
@@ -223,6 +227,11 @@ def options_from_args(args: Any) -> tuple[BenchOptions, Path]:
 def default_out_path(config_path: Path) -> Path:
     stamp = datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S")
     return Path("bench") / "results" / f"{Path(config_path).stem}-{stamp}.json"
+
+
+def _default_tokenizer() -> str | None:
+    path = repo_root().parent / "shared" / "breeze" / "tokenizer" / "tokenizer.json"
+    return str(path) if path.is_file() else None
 
 
 def _command_line(args: Any) -> str:

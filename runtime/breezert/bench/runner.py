@@ -77,8 +77,8 @@ def run_benchmark(
     from breezert.runtime_setup import resolve_device
 
     base = EngineConfig.from_file(options.config_path)
-    model_updates = {k: v for k, v in (("path", options.model_path), ("device", options.device))
-                     if v is not None}
+    model_updates = {k: v for k, v in (("path", options.model_path), ("device", options.device),
+                                       ("tokenizer", options.tokenizer_path)) if v is not None}
     if model_updates:
         base = base.model_copy(update={"model": base.model.model_copy(update=model_updates)})
         base = EngineConfig.from_dict(base.model_dump(), source=str(options.config_path))
