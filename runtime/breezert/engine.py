@@ -88,7 +88,9 @@ class Engine:
         self.predictor: DeadlinePredictor | None = None
         """Deadline predictor (``scheduler.use_predictor``); fed reports, step times, chunks."""
         if config.scheduler.use_predictor:
-            self.predictor = DeadlinePredictor.from_config(config.scheduler, self.metrics.incr)
+            # late-bound: a caller may swap in fresh metrics (the bench does, per run)
+            self.predictor = DeadlinePredictor.from_config(
+                config.scheduler, lambda name, value: self.metrics.incr(name, value))
         stage_policy, chunk_policy = make_policies(config.scheduler, self.predictor)
         self.scheduler = Scheduler(config.scheduler, self.block_pool, stage_policy=stage_policy,
                                    chunk_policy=chunk_policy)

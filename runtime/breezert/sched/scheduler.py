@@ -105,15 +105,31 @@ class ScheduleChunkPolicy:
         return request.current_chunk_target
 
 
+ReadyPair = tuple[tuple[float, ...], Request, Stage]
+"""(priority key, request, stage) of one ready pair."""
+
+
 class StagePolicy(Protocol):
-    """Ranks ready (request, stage) pairs; the smallest key is served first."""
+    """Ranks ready (request, stage) pairs (the smallest key is served first), then picks the
+    stage of the step and its candidates in batch order."""
 
     def priority_key(self, request: Request, stage: Stage, now: float) -> tuple[float, ...]:
         ...
 
+    def pick(self, ready: Sequence[ReadyPair], now: float) -> tuple[Stage, list[Request]]:
+        """``ready`` is sorted by key; returns the stage to run and its candidates (the batch is
+        filled from them in order, within the stage's limits)."""
+        ...
+
+
+def first_stage(ready: Sequence[ReadyPair]) -> tuple[Stage, list[Request]]:
+    """The stage of the first ready pair, and every request ready for it, in order."""
+    stage = ready[0][2]
+    return stage, [request for _, request, s in ready if s is stage]
+
 
 # Lower = closer to audio output.
-_OUTPUT_ORDER = {Stage.CODEC: 0, Stage.DEPTH: 1, Stage.DECODE: 2, Stage.PREFILL: 3,
+OUTPUT_ORDER = {Stage.CODEC: 0, Stage.DEPTH: 1, Stage.DECODE: 2, Stage.PREFILL: 3,
                  Stage.TEXT_ENCODE: 4}
 
 
@@ -136,7 +152,7 @@ class DefaultStagePolicy:
         self.starvation_limit_s = starvation_limit_s
 
     def priority_key(self, request: Request, stage: Stage, now: float) -> tuple[float, ...]:
-        closeness = _OUTPUT_ORDER[stage]
+        closeness = OUTPUT_ORDER[stage]
         last = request.last_chunk_time
         if last is None:
             return (1, -request.priority, request.enqueue_time, closeness)
@@ -144,8 +160,9 @@ class DefaultStagePolicy:
             return (0, last, closeness)
         return (2, request.stage_ready_step[stage], closeness)
 
+    def pick(self, ready: Sequence[ReadyPair], now: float) -> tuple[Stage, list[Request]]:
+        return first_stage(ready)
 
-_Ready = tuple[tuple[float, ...], Request, Stage]
 _PREP_STAGES = {SegmentPhase.TEXT_ENCODE: Stage.TEXT_ENCODE, SegmentPhase.PREFILL: Stage.PREFILL}
 
 
@@ -254,8 +271,7 @@ class Scheduler:
         if not ready:
             return None
         ready.sort(key=lambda pair: pair[0])
-        stage = ready[0][2]
-        candidates = [request for _, request, s in ready if s is stage]
+        stage, candidates = self.stage_policy.pick(ready, now)
         items = self._build_items(stage, candidates, codec_frames)
         self._mark_served(stage, items, now)
         self._step_id += 1
@@ -397,10 +413,10 @@ class Scheduler:
         return True
 
     # ------------------------------------------------------------------ readiness
-    def _ready_pairs(self, now: float) -> tuple[list[_Ready], dict[str, int]]:
+    def _ready_pairs(self, now: float) -> tuple[list[ReadyPair], dict[str, int]]:
         """Ready (key, request, stage) triples, and the CODEC item size per codec-ready request
         (the chunk policy is asked once per request and step)."""
-        pairs: list[_Ready] = []
+        pairs: list[ReadyPair] = []
         codec_frames: dict[str, int] = {}
         for request in self._running.values():
             num_frames = self._codec_frames(request, now)

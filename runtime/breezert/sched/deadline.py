@@ -1,0 +1,302 @@
+"""DeadlinePredictor: per-stage step-time model, playback deadlines and slack per request.
+
+Owns the stage-time estimate (``StageTimeModel``), the listener feedback the engine hands in
+(``update_feedback``), each stream's emitted-audio log, and the decision counters. Never reads the
+clock (every method takes ``now``), never imports torch, never reads the engine: the engine pushes
+reports, step durations and emitted chunks in; the policies in ``sched/policy.py`` ask questions.
+"""
+
+from __future__ import annotations
+
+import math
+from bisect import bisect_right
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from breezert.config import SchedulerConfig
+from breezert.request import Request
+from breezert.sched.plan import Stage
+
+FRAME_S = 0.08
+"""Audio seconds per codec frame (12.5 Hz)."""
+
+COUNTERS = (
+    "predictor_waits", "predictor_early_emits", "predictor_deadline_misses",
+    "predictor_lead_yields", "predictor_feedback_used", "predictor_feedback_stale",
+    "predictor_feedback_missing",
+)
+"""Decision counters, each reported from 0 (``predictor_feedback_*``: per streaming chunk, where
+its deadline's buffer level came from)."""
+
+_DEV_K = 2.0  # predict mean + 2 * mean absolute deviation (roughly a p95 for steady steps)
+_LATE_EPS_S = 1e-6  # lateness up to this is float noise, not a miss
+
+
+def _bucket(rows: int) -> int:
+    """Batch-size bucket: the next power of two (1, 2, 4, 8, ...)."""
+    return 1 << max(0, rows - 1).bit_length()
+
+
+@dataclass
+class _Ewma:
+    mean: float
+    dev: float = 0.0
+
+    def add(self, value: float, alpha: float) -> None:
+        diff = value - self.mean
+        self.mean += alpha * diff
+        self.dev = (1.0 - alpha) * self.dev + alpha * abs(diff)
+
+
+class StageTimeModel:
+    """Recent step durations per (stage, batch-size bucket), as an EWMA of the mean and of the
+    absolute deviation; a prediction is ``(mean + 2 * deviation) * margin``.
+
+    Args:
+        alpha: EWMA weight of a new observation (0 < alpha <= 1).
+        margin: Factor applied to every prediction (>= 1 is conservative).
+        prior_s: Prediction for a stage never observed, before the margin.
+    """
+
+    def __init__(self, alpha: float = 0.2, margin: float = 1.2, prior_s: float = 0.02) -> None:
+        if not 0.0 < alpha <= 1.0:
+            raise ValueError(f"alpha={alpha} must be in (0, 1]")
+        self.alpha, self.margin, self.prior_s = alpha, margin, prior_s
+        self._stats: dict[tuple[Stage, int], _Ewma] = {}
+        self._last_rows: dict[Stage, int] = {}
+
+    def observe(self, stage: Stage, rows: int, duration_s: float) -> None:
+        """Records one step of ``stage`` over ``rows`` batch rows that took ``duration_s``."""
+        if rows <= 0 or not math.isfinite(duration_s) or duration_s < 0:
+            return
+        key = (stage, _bucket(rows))
+        stats = self._stats.get(key)
+        if stats is None:
+            self._stats[key] = _Ewma(duration_s)
+        else:
+            stats.add(duration_s, self.alpha)
+        self._last_rows[stage] = rows
+
+    def predict(self, stage: Stage, rows: int | None = None) -> float:
+        """Seconds one ``stage`` step over ``rows`` rows should take (``None``: the size of the
+        stage's last observed step). An unseen bucket borrows the nearest known bucket of the
+        stage (the larger one on a tie); an unseen stage gets the prior."""
+        if rows is None:
+            rows = self._last_rows.get(stage, 1)
+        bucket = _bucket(max(1, rows))
+        stats = self._stats.get((stage, bucket))
+        if stats is None:
+            known = [b for (s, b) in self._stats if s is stage]
+            if not known:
+                return self.prior_s * self.margin
+            nearest = min(known, key=lambda b: (abs(b.bit_length() - bucket.bit_length()), -b))
+            stats = self._stats[(stage, nearest)]
+        return (stats.mean + _DEV_K * stats.dev) * self.margin
+
+
+@dataclass(frozen=True, slots=True)
+class Feedback:
+    """One listener report: ``buffered_s`` of audio ahead of the playhead at ``measured_at``."""
+
+    buffered_s: float
+    measured_at: float
+    source: str
+
+
+@dataclass
+class _Stream:
+    """Audio emitted so far for one request, as a log of (emit time, cumulative audio seconds)."""
+
+    first_time: float
+    audio_s: float = 0.0
+    times: list[float] = field(default_factory=list)
+    cumulative_s: list[float] = field(default_factory=list)
+
+
+class DeadlinePredictor:
+    """Deadlines, predicted work and slack per request; time is always an argument.
+
+    The deadline of a request's next chunk: for a request without audio yet, its enqueue time
+    plus ``ttfb_target_s``; for a streaming request, the moment its listener's buffer runs dry,
+    ``now + buffered``. ``buffered`` comes from the freshest report if it is at most
+    ``feedback_stale_s`` old (the report's level, plus audio emitted after it was measured, minus
+    time elapsed since), otherwise from the estimate ``first_chunk_time + audio emitted - now``
+    (playback starts at the first chunk and runs in real time); both are floored at 0.
+
+    Args:
+        time_model: Step durations per stage.
+        ttfb_target_s: Startup deadline after enqueue.
+        min_slack_s: A stream whose slack is below this is urgent.
+        max_lead_s: A stream with more audio buffered than this is far ahead.
+        feedback_stale_s: Reports older than this are ignored.
+        on_count: Receives each decision counter increment (the engine's ``metrics.incr``).
+    """
+
+    def __init__(
+        self,
+        time_model: StageTimeModel | None = None,
+        *,
+        ttfb_target_s: float = 0.2,
+        min_slack_s: float = 0.05,
+        max_lead_s: float = 2.0,
+        feedback_stale_s: float = 0.5,
+        on_count: Callable[[str, int], None] | None = None,
+    ) -> None:
+        self.time_model = time_model or StageTimeModel()
+        self.ttfb_target_s = ttfb_target_s
+        self.min_slack_s = min_slack_s
+        self.max_lead_s = max_lead_s
+        self.feedback_stale_s = feedback_stale_s
+        self.counters: dict[str, int] = {}
+        self._on_count = on_count
+        self._feedback: dict[str, Feedback] = {}
+        self._streams: dict[str, _Stream] = {}
+        self._early: dict[str, int] = {}  # request_id -> schedule target of a pending early emit
+        for name in COUNTERS:
+            self.count(name, 0)
+
+    @classmethod
+    def from_config(cls, config: SchedulerConfig,
+                    on_count: Callable[[str, int], None] | None = None) -> DeadlinePredictor:
+        model = StageTimeModel(config.predictor_ewma_alpha, config.predictor_time_margin,
+                               config.predictor_prior_step_s)
+        return cls(model, ttfb_target_s=config.predictor_ttfb_target_s,
+                   min_slack_s=config.predictor_min_slack_s,
+                   max_lead_s=config.predictor_max_lead_s,
+                   feedback_stale_s=config.predictor_feedback_stale_s, on_count=on_count)
+
+    # ------------------------------------------------------------------ inputs
+    def update_feedback(self, request_id: str, buffered_s: float, measured_at: float,
+                        source: str) -> None:
+        """Stores a listener report; an older report than the one held is ignored."""
+        held = self._feedback.get(request_id)
+        if held is None or measured_at >= held.measured_at:
+            self._feedback[request_id] = Feedback(max(0.0, buffered_s), measured_at, source)
+
+    def observe_step(self, stage: Stage, rows: int, duration_s: float) -> None:
+        """One executed step (feeds the stage-time model)."""
+        self.time_model.observe(stage, rows, duration_s)
+
+    def on_chunk(self, request_id: str, num_frames: int, now: float) -> None:
+        """A chunk of ``num_frames`` left the engine at ``now``: counts a deadline miss (a
+        streaming chunk after its listener's buffer ran dry), an early emit, and which buffer
+        source its deadline used."""
+        stream = self._streams.get(request_id)
+        if stream is None:
+            stream = self._streams[request_id] = _Stream(first_time=now)
+        else:
+            dry_time, source = self._dry_time(request_id, stream.first_time, stream.audio_s, now)
+            self.count(f"predictor_feedback_{source}")
+            if now > dry_time + _LATE_EPS_S:
+                self.count("predictor_deadline_misses")
+        target = self._early.pop(request_id, None)
+        if target is not None and num_frames < target:
+            self.count("predictor_early_emits")
+        stream.audio_s += num_frames * FRAME_S
+        stream.times.append(now)
+        stream.cumulative_s.append(stream.audio_s)
+        self._prune(request_id, stream, now)
+
+    def note_early_emit(self, request_id: str, target: int) -> None:
+        """The chunk policy cut the request's next chunk below ``target`` frames."""
+        self._early[request_id] = target
+
+    def cancel_early_emit(self, request_id: str) -> None:
+        self._early.pop(request_id, None)
+
+    def forget(self, request_id: str) -> None:
+        """Drops everything held for a finished request."""
+        self._feedback.pop(request_id, None)
+        self._streams.pop(request_id, None)
+        self._early.pop(request_id, None)
+
+    def count(self, name: str, value: int = 1) -> None:
+        self.counters[name] = self.counters.get(name, 0) + value
+        if self._on_count is not None:
+            self._on_count(name, value)
+
+    # ------------------------------------------------------------------ queries
+    def buffered_s(self, request: Request, now: float) -> float:
+        """Audio ahead of the listener's playhead at ``now`` (0 before the first chunk)."""
+        first = request.first_chunk_time
+        if first is None:
+            return 0.0
+        dry_time, _ = self._dry_time(request.request_id, first,
+                                     request.num_decoded_frames * FRAME_S, now)
+        return max(0.0, dry_time - now)
+
+    def feedback_source(self, request_id: str, now: float) -> str:
+        """``used`` (a fresh report), ``stale`` (too old) or ``missing`` (none yet)."""
+        report = self._feedback.get(request_id)
+        if report is None:
+            return "missing"
+        return "used" if now - report.measured_at <= self.feedback_stale_s else "stale"
+
+    def deadline(self, request: Request, now: float) -> float:
+        """When the request's next chunk is due."""
+        if not request.is_streaming:
+            return request.enqueue_time + self.ttfb_target_s
+        return now + self.buffered_s(request, now)
+
+    def frame_time_s(self) -> float:
+        """One more frame for a request: a DECODE step plus a DEPTH step at the current batch."""
+        return self.time_model.predict(Stage.DECODE) + self.time_model.predict(Stage.DEPTH)
+
+    def work_s(self, request: Request, num_frames: int) -> float:
+        """Predicted time until the request's next chunk of ``num_frames`` is out: its active
+        segment's remaining text encode / prefill, the missing frames, one codec step."""
+        model = self.time_model
+        missing = max(0, num_frames - request.num_pending_frames)
+        seconds = model.predict(Stage.CODEC)
+        active = request.active_segment
+        if active is None or missing == 0:
+            return seconds
+        phase = active.phase.value
+        if phase in ("queued", "text_encode"):
+            seconds += model.predict(Stage.TEXT_ENCODE)
+        if phase in ("queued", "text_encode", "prefill"):
+            seconds += model.predict(Stage.PREFILL)
+        return seconds + missing * self.frame_time_s()
+
+    def slack(self, request: Request, now: float, delay_s: float = 0.0) -> float:
+        """Deadline - now - predicted work for the next chunk (after an extra ``delay_s``).
+
+        The chunk is the schedule's target while that still leaves ``min_slack_s``; otherwise
+        (streaming) the pending frames plus one more, where ``DeadlineChunkPolicy`` cuts it. Below
+        0 even that chunk will be late.
+        """
+        available = self.deadline(request, now) - now - delay_s
+        full = available - self.work_s(request, request.current_chunk_target)
+        if full >= self.min_slack_s or not request.is_streaming:
+            return full
+        return available - self.work_s(request, request.num_pending_frames + 1)
+
+    # ------------------------------------------------------------------ internals
+    def _dry_time(self, request_id: str, first_time: float, audio_s: float,
+                  now: float) -> tuple[float, str]:
+        """When the listener's buffer runs dry, and where that came from (see the class doc)."""
+        report = self._feedback.get(request_id)
+        source = self.feedback_source(request_id, now)
+        if report is not None and source == "used":
+            since = self._audio_since(request_id, report.measured_at)
+            return report.measured_at + report.buffered_s + since, source
+        return first_time + audio_s, source
+
+    def _audio_since(self, request_id: str, time: float) -> float:
+        """Audio emitted after ``time`` per the chunk log (0 without a log)."""
+        stream = self._streams.get(request_id)
+        if stream is None:
+            return 0.0
+        index = bisect_right(stream.times, time)
+        return stream.audio_s - (stream.cumulative_s[index - 1] if index > 0 else 0.0)
+
+    def _prune(self, request_id: str, stream: _Stream, now: float) -> None:
+        """Keeps log entries a fresh report can still need (plus the one before them)."""
+        horizon = now - self.feedback_stale_s
+        report = self._feedback.get(request_id)
+        if report is not None:
+            horizon = min(horizon, report.measured_at)
+        index = bisect_right(stream.times, horizon) - 1
+        if index > 0:
+            del stream.times[:index]
+            del stream.cumulative_s[:index]

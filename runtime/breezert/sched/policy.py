@@ -1,0 +1,161 @@
+"""Deadline-aware scheduling policies: the ``StagePolicy``/``ChunkPolicy`` pair over a
+``DeadlinePredictor``.
+
+Owns the decisions (urgency by slack, startup priority, far-ahead streams yielding, wait-to-batch
+for CODEC, early emit of a partial chunk) and their counters. Must not read the clock, touch the
+engine or import torch; the ``Scheduler`` calls these hooks with ``now``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from breezert.config import SchedulerConfig
+from breezert.request import Request
+from breezert.sched.deadline import DeadlinePredictor
+from breezert.sched.plan import Stage
+from breezert.sched.scheduler import (
+    OUTPUT_ORDER,
+    ChunkPolicy,
+    ReadyPair,
+    StagePolicy,
+    first_stage,
+)
+
+_GENERATE = (Stage.DECODE, Stage.DEPTH)
+_PREP = (Stage.TEXT_ENCODE, Stage.PREFILL)
+
+
+class DeadlineStagePolicy:
+    """Ranks ready work in four classes (smallest key first):
+
+    0. urgent streams: slack below ``min_slack_s``, least slack first (a startup step still goes
+       first when the least slack absorbs its predicted time);
+    1. startup work (no chunk yet): higher priority, then earlier deadline (enqueue + TTFB target);
+    2. other streams: longest-waiting ready stage first (in steps), then least slack;
+    3. streams more than ``max_lead_s`` ahead of their listener: as class 2, after everything.
+
+    ``pick`` then makes two batch decisions: wait-to-batch (run the DEPTH step that lets more
+    streams join a CODEC batch first, if batching saves time and no waiting stream's slack
+    drops below ``min_slack_s``), and far-ahead streams yield DECODE/DEPTH batches that carry
+    startup work.
+
+    NOTE(predictor): a lookahead segment's TEXT_ENCODE/PREFILL stays in class 2 whatever the
+    stream's slack (its deadline is the segment boundary, not the next chunk); ranking it by the
+    stream's slack would let the stream's own DECODE/DEPTH starve it, as in ``DefaultStagePolicy``.
+    """
+
+    def __init__(self, predictor: DeadlinePredictor) -> None:
+        self.predictor = predictor
+
+    def priority_key(self, request: Request, stage: Stage, now: float) -> tuple[float, ...]:
+        closeness = OUTPUT_ORDER[stage]
+        p = self.predictor
+        if not request.is_streaming:
+            return (1, -request.priority, p.deadline(request, now), closeness)
+        waited = request.stage_ready_step.get(stage, 0)
+        if stage in _PREP and not request.is_at_gap:
+            return (2, waited, 0.0, closeness)
+        slack = p.slack(request, now)
+        if slack < p.min_slack_s:
+            return (0, slack, closeness)
+        if p.buffered_s(request, now) > p.max_lead_s:
+            return (3, waited, slack, closeness)
+        return (2, waited, slack, closeness)
+
+    def pick(self, ready: Sequence[ReadyPair], now: float) -> tuple[Stage, list[Request]]:
+        stage, candidates = first_stage(self._startup_within_slack(ready))
+        if stage is Stage.CODEC and self._should_wait(ready, candidates, now):
+            stage, candidates = Stage.DEPTH, [r for _, r, s in ready if s is Stage.DEPTH]
+            self.predictor.count("predictor_waits")
+        if stage in _GENERATE:
+            candidates = self._yield_far_ahead(candidates, now)
+        return stage, candidates
+
+    def _startup_within_slack(self, ready: Sequence[ReadyPair]) -> Sequence[ReadyPair]:
+        """Urgent streams first, unless the first startup step fits in the least urgent slack:
+        then that step runs first (an urgent stream loses only what its slack can absorb)."""
+        if not ready or ready[0][0][0] != 0:
+            return ready
+        startup = next((pair for pair in ready if pair[0][0] == 1), None)
+        if startup is None:
+            return ready
+        stage = startup[2]
+        rows = sum(r.num_branches for _, r, s in ready if s is stage)
+        if ready[0][0][1] - self.predictor.time_model.predict(stage, rows) < 0:
+            return ready
+        return [startup, *(pair for pair in ready if pair is not startup)]
+
+    def _should_wait(self, ready: Sequence[ReadyPair], codec: list[Request], now: float) -> bool:
+        """Whether to run DEPTH first so that streams one frame short of their chunk join the
+        CODEC batch: only for streaming requests (a first chunk never waits: TTFB), only if one
+        batched CODEC step is predicted cheaper than two, and only if every waiting stream keeps
+        ``min_slack_s`` after the DEPTH step."""
+        if any(not r.is_streaming for r in codec):
+            return False
+        ready_ids = {r.request_id for r in codec}
+        depth = [r for _, r, s in ready if s is Stage.DEPTH]
+        joiners = [r for r in depth if r.request_id not in ready_ids
+                   and r.num_pending_frames + 1 >= r.current_chunk_target]
+        if not joiners:
+            return False
+        model = self.predictor.time_model
+        n, m = len(codec), len(joiners)
+        saving = (model.predict(Stage.CODEC, n) + model.predict(Stage.CODEC, m)
+                  - model.predict(Stage.CODEC, n + m))
+        if saving <= 0:
+            return False
+        delay = model.predict(Stage.DEPTH, sum(r.num_branches for r in depth))
+        p = self.predictor
+        return all(p.deadline(r, now) - now - delay - model.predict(Stage.CODEC, n + m)
+                   >= p.min_slack_s for r in codec)
+
+    def _yield_far_ahead(self, candidates: list[Request], now: float) -> list[Request]:
+        """Drops streams more than ``max_lead_s`` ahead from a batch that carries startup work
+        (their frames are not needed yet; the startup step runs on fewer rows)."""
+        if all(r.is_streaming for r in candidates):
+            return candidates
+        p = self.predictor
+        kept = [r for r in candidates
+                if not r.is_streaming or p.buffered_s(r, now) <= p.max_lead_s]
+        if len(kept) < len(candidates):
+            p.count("predictor_lead_yields")
+        return kept
+
+
+class DeadlineChunkPolicy:
+    """Follows the chunk schedule, except that a streaming request whose next chunk cannot be
+    out before its deadline emits the frames it already has (a smaller chunk, counted as an
+    early emit when it goes out).
+
+    NOTE(predictor): the cut comes as late as it can: while one more frame still fits before the
+    deadline, generation goes on, so the partial chunk is as large as possible (each chunk costs
+    a CODEC step).
+    """
+
+    def __init__(self, predictor: DeadlinePredictor) -> None:
+        self.predictor = predictor
+
+    def chunk_frames(self, request: Request, now: float) -> int:
+        target = request.current_chunk_target
+        pending = request.num_pending_frames
+        p = self.predictor
+        if not request.is_streaming or not 0 < pending < target or request.is_at_gap:
+            p.cancel_early_emit(request.request_id)
+            return target
+        deadline = p.deadline(request, now)
+        if (now + p.work_s(request, target) <= deadline
+                or now + p.work_s(request, pending + 1) <= deadline):
+            p.cancel_early_emit(request.request_id)
+            return target
+        p.note_early_emit(request.request_id, target)
+        return pending
+
+
+def make_policies(
+    config: SchedulerConfig, predictor: DeadlinePredictor | None
+) -> tuple[StagePolicy | None, ChunkPolicy | None]:
+    """The scheduler's policies: the deadline pair with a predictor, the defaults without."""
+    if predictor is None or not config.use_predictor:
+        return None, None
+    return DeadlineStagePolicy(predictor), DeadlineChunkPolicy(predictor)

@@ -1,0 +1,385 @@
+"""DeadlinePredictor, StageTimeModel and the deadline policies on a fake clock (no torch).
+
+Each decision is checked on hand-built ``Request`` states: deadlines from fresh, stale and
+missing feedback, urgency and startup order, wait-to-batch, far-ahead streams yielding, early
+emit; then the scheduler driven end to end with the policies and a fake worker.
+"""
+
+from __future__ import annotations
+
+import pytest
+from breezert.config import SchedulerConfig
+from breezert.request import Request, RequestStatus, Segment, SegmentPhase
+from breezert.sched.block_pool import BlockPool
+from breezert.sched.deadline import FRAME_S, DeadlinePredictor, StageTimeModel
+from breezert.sched.plan import Stage
+from breezert.sched.policy import DeadlineChunkPolicy, DeadlineStagePolicy, make_policies
+from breezert.sched.scheduler import ChunkEmitted, ReadyPair, Scheduler
+
+from tests.unit.test_scheduler import FakeWorker, make_config, make_request
+
+pytestmark = pytest.mark.unit
+
+FRAME_TIME = 0.01  # DECODE + DEPTH, seconds, before the margin
+CODEC_TIME = 0.004
+
+
+# ----------------------------------------------------------------------------- helpers
+
+
+def make_predictor(**kwargs: object) -> DeadlinePredictor:
+    """Margin 1, steady steps: DECODE 4 ms + DEPTH 6 ms per frame, CODEC 4 ms, others 1 ms."""
+    model = StageTimeModel(alpha=0.5, margin=1.0, prior_s=0.001)
+    for stage, seconds in ((Stage.DECODE, 0.004), (Stage.DEPTH, 0.006),
+                           (Stage.CODEC, CODEC_TIME)):
+        for rows in (1, 2, 4):
+            model.observe(stage, rows, seconds)
+    params: dict[str, object] = dict(ttfb_target_s=0.2, min_slack_s=0.05, max_lead_s=1.0,
+                                     feedback_stale_s=0.5)
+    params.update(kwargs)
+    return DeadlinePredictor(model, **params)  # type: ignore[arg-type]
+
+
+def stream(request_id: str, *, chunk_times: tuple[float, ...] = (), decoded: int = 0,
+           pending: int = 0, phase: SegmentPhase = SegmentPhase.DEPTH,
+           schedule: tuple[int, ...] = (1, 2, 4, 8, 16), enqueue_time: float = 0.0,
+           priority: int = 0) -> Request:
+    """A running request in a given state: ``decoded`` frames out in chunks emitted at
+    ``chunk_times``, ``pending`` frames generated but not decoded, its segment at ``phase``."""
+    request = Request(request_id, segments=[Segment((10,))], chunk_schedule=schedule,
+                      max_frames=500, priority=priority)
+    request.status = RequestStatus.RUNNING
+    request.enqueue_time = enqueue_time
+    request.chunk_emit_times = list(chunk_times)
+    request.num_frames = decoded + pending
+    request.num_decoded_frames = decoded
+    seg = request.segments[0]
+    seg.phase, seg.num_frames, seg.max_frames = phase, decoded + pending, 500
+    return request
+
+
+def emit(p: DeadlinePredictor, request: Request, num_frames: int, now: float) -> None:
+    """What the engine does for a ChunkEmitted: update the request and tell the predictor."""
+    request.chunk_emit_times.append(now)
+    request.num_decoded_frames += num_frames
+    request.num_frames = max(request.num_frames, request.num_decoded_frames)
+    p.on_chunk(request.request_id, num_frames, now)
+
+
+def ranked(policy: DeadlineStagePolicy, pairs: list[tuple[Request, Stage]],
+           now: float) -> list[ReadyPair]:
+    ready = [(policy.priority_key(r, s, now), r, s) for r, s in pairs]
+    return sorted(ready, key=lambda pair: pair[0])
+
+
+# ----------------------------------------------------------------------------- stage-time model
+
+
+def test_time_model_prior_ewma_margin_and_nearest_bucket() -> None:
+    model = StageTimeModel(alpha=0.5, margin=1.5, prior_s=0.02)
+    assert model.predict(Stage.DEPTH) == pytest.approx(0.03)  # unseen stage: prior x margin
+    model.observe(Stage.DEPTH, 4, 0.010)
+    assert model.predict(Stage.DEPTH, 3) == pytest.approx(0.015)  # bucket 4, no spread yet
+    model.observe(Stage.DEPTH, 4, 0.014)  # mean 0.012, deviation 0.5 * 0.004 = 0.002
+    assert model.predict(Stage.DEPTH, 4) == pytest.approx((0.012 + 2 * 0.002) * 1.5)
+    model.observe(Stage.DEPTH, 32, 0.050)
+    assert model.predict(Stage.DEPTH, 1) == pytest.approx((0.012 + 0.004) * 1.5)  # nearest: 4
+    assert model.predict(Stage.DEPTH, 64) == pytest.approx(0.075)  # nearest: 32
+    assert model.predict(Stage.DEPTH) == pytest.approx(0.075)  # None: last observed size (32)
+    assert model.predict(Stage.CODEC) == pytest.approx(0.03)  # other stages unaffected
+    model.observe(Stage.DEPTH, 4, float("nan"))  # ignored
+    assert model.predict(Stage.DEPTH, 4) == pytest.approx((0.012 + 0.004) * 1.5)
+
+
+def test_time_model_follows_a_slowdown() -> None:
+    model = StageTimeModel(alpha=0.2, margin=1.0)
+    for _ in range(50):
+        model.observe(Stage.DECODE, 8, 0.002)
+    assert model.predict(Stage.DECODE, 8) == pytest.approx(0.002)
+    for _ in range(50):
+        model.observe(Stage.DECODE, 8, 0.008)
+    assert model.predict(Stage.DECODE, 8) == pytest.approx(0.008, rel=0.01)
+
+
+# ----------------------------------------------------------------------------- deadlines
+
+
+def test_startup_deadline_is_enqueue_plus_ttfb_target() -> None:
+    p = make_predictor(ttfb_target_s=0.25)
+    request = stream("new", phase=SegmentPhase.PREFILL, enqueue_time=3.0)
+    assert p.deadline(request, now=3.1) == pytest.approx(3.25)
+    assert p.buffered_s(request, now=3.1) == 0.0
+
+
+def test_missing_feedback_estimates_from_audio_delivered_since_first_chunk() -> None:
+    p = make_predictor()
+    request = stream("a", chunk_times=(1.0, 1.05), decoded=3)  # 0.24 s delivered from 1.0
+    assert p.buffered_s(request, now=1.1) == pytest.approx(0.14)
+    assert p.deadline(request, now=1.1) == pytest.approx(1.24)
+    assert p.buffered_s(request, now=2.0) == 0.0  # floored: dry since 1.24
+    assert p.deadline(request, now=2.0) == pytest.approx(2.0)
+    assert p.feedback_source("a", 1.1) == "missing"
+
+
+def test_fresh_feedback_wins_and_counts_audio_emitted_after_it() -> None:
+    p = make_predictor()
+    request = stream("a")
+    emit(p, request, 1, now=1.0)
+    emit(p, request, 2, now=1.1)  # the estimate says dry at 1.24
+    p.update_feedback("a", 0.05, measured_at=1.15, source="webrtc")  # the listener lags behind
+    assert p.buffered_s(request, now=1.17) == pytest.approx(0.03)
+    emit(p, request, 4, now=1.18)  # + 0.32 s after the report
+    assert p.buffered_s(request, now=1.2) == pytest.approx(0.05 + 0.32 - 0.05)
+    assert p.deadline(request, now=1.2) == pytest.approx(1.52)
+    assert p.feedback_source("a", 1.2) == "used"
+    p.update_feedback("a", 9.0, measured_at=1.0, source="webrtc")  # older: ignored
+    assert p.buffered_s(request, now=1.2) == pytest.approx(0.32)
+
+
+def test_stale_feedback_falls_back_to_the_estimate() -> None:
+    p = make_predictor(feedback_stale_s=0.5)
+    request = stream("a")
+    emit(p, request, 8, now=1.0)  # estimate: dry at 1.64
+    p.update_feedback("a", 0.0, measured_at=1.0, source="simulated")  # the listener: dry
+    assert p.buffered_s(request, now=1.2) == 0.0 and p.feedback_source("a", 1.2) == "used"
+    assert p.buffered_s(request, now=1.6) == pytest.approx(0.04)  # 0.6 s old: the estimate
+    assert p.feedback_source("a", 1.6) == "stale"
+    emit(p, request, 1, now=1.6)
+    assert p.counters["predictor_feedback_stale"] == 1
+
+
+def test_deadline_misses_and_feedback_sources_are_counted_per_streaming_chunk() -> None:
+    seen: dict[str, int] = {}
+    p = make_predictor()
+    p._on_count = lambda name, value: seen.__setitem__(name, seen.get(name, 0) + value)
+    request = stream("a")
+    emit(p, request, 1, now=1.0)  # first chunk: no deadline yet (TTFB is measured elsewhere)
+    emit(p, request, 2, now=1.05)  # due by 1.08: on time, estimate
+    emit(p, request, 4, now=1.30)  # due by 1.24: a miss
+    p.update_feedback("a", 1.0, measured_at=1.3, source="simulated")
+    emit(p, request, 8, now=1.5)  # due by 1.3 + 1.0 = 2.3: on time, from the report
+    assert p.counters["predictor_deadline_misses"] == 1
+    assert p.counters["predictor_feedback_missing"] == 2
+    assert p.counters["predictor_feedback_used"] == 1
+    assert seen["predictor_deadline_misses"] == 1  # mirrored into the engine's metrics
+    p.forget("a")
+    assert p.feedback_source("a", 1.5) == "missing"
+
+
+# ----------------------------------------------------------------------------- stage policy
+
+
+def test_urgent_stream_goes_before_startup_and_relaxed_stream_after() -> None:
+    p = make_predictor()
+    policy = DeadlineStagePolicy(p)
+    now = 2.0
+    newcomer = stream("new", phase=SegmentPhase.PREFILL, enqueue_time=1.9)
+    urgent = stream("urgent", chunk_times=(1.0, 1.1), decoded=3, phase=SegmentPhase.DECODE)
+    relaxed = stream("relaxed", chunk_times=(1.9,), decoded=8, phase=SegmentPhase.DECODE)
+    ready = ranked(policy, [(relaxed, Stage.DECODE), (newcomer, Stage.PREFILL),
+                            (urgent, Stage.DECODE)], now)
+    assert [r.request_id for _, r, _ in ready] == ["urgent", "new", "relaxed"]
+    assert policy.pick(ready, now) == (Stage.DECODE, [urgent, relaxed])
+
+
+def test_startup_step_goes_first_when_the_urgent_slack_absorbs_it() -> None:
+    p = make_predictor()
+    policy = DeadlineStagePolicy(p)
+    now = 2.0
+    newcomer = stream("new", phase=SegmentPhase.PREFILL, enqueue_time=1.9)  # PREFILL: 1 ms
+    urgent = stream("urgent", chunk_times=(1.9,), decoded=1, phase=SegmentPhase.DECODE)
+    p.update_feedback("urgent", 0.04, measured_at=now, source="webrtc")  # slack 26 ms
+    ready = ranked(policy, [(urgent, Stage.DECODE), (newcomer, Stage.PREFILL)], now)
+    assert ready[0][1] is urgent and ready[0][0][0] == 0
+    assert policy.pick(ready, now) == (Stage.PREFILL, [newcomer])
+    p.update_feedback("urgent", 0.0, measured_at=now, source="webrtc")  # no slack left
+    ready = ranked(policy, [(urgent, Stage.DECODE), (newcomer, Stage.PREFILL)], now)
+    assert policy.pick(ready, now) == (Stage.DECODE, [urgent])
+
+
+def test_draining_reported_buffer_is_served_first() -> None:
+    p = make_predictor()
+    policy = DeadlineStagePolicy(p)
+    a = stream("a", chunk_times=(1.0,), decoded=16, phase=SegmentPhase.DEPTH)
+    b = stream("b", chunk_times=(1.0,), decoded=16, phase=SegmentPhase.DEPTH)
+    p.update_feedback("a", 0.5, measured_at=1.5, source="webrtc")
+    p.update_feedback("b", 0.02, measured_at=1.5, source="webrtc")  # b's listener is draining
+    ready = ranked(policy, [(a, Stage.DEPTH), (b, Stage.DEPTH)], now=1.51)
+    assert [r.request_id for _, r, _ in ready] == ["b", "a"]
+    assert ready[0][0][0] == 0  # urgent class
+    p.update_feedback("b", 0.02, measured_at=0.9, source="webrtc")  # older: ignored
+    p.update_feedback("b", 0.6, measured_at=1.51, source="webrtc")  # b refilled, a drained
+    p.update_feedback("a", 0.0, measured_at=1.51, source="webrtc")
+    ready = ranked(policy, [(a, Stage.DEPTH), (b, Stage.DEPTH)], now=1.52)
+    assert [r.request_id for _, r, _ in ready] == ["a", "b"]
+
+
+def test_lookahead_prefill_is_not_ranked_by_the_streams_slack() -> None:
+    policy = DeadlineStagePolicy(make_predictor())
+    request = stream("a", chunk_times=(1.0,), decoded=1, phase=SegmentPhase.DECODE)
+    request.add_segment(Segment((10,)))
+    request.segments[1].phase = SegmentPhase.PREFILL
+    request.stage_ready_step = {Stage.PREFILL: 3, Stage.DECODE: 7}
+    assert policy.priority_key(request, Stage.DECODE, 1.2)[0] == 0  # dry: urgent
+    assert policy.priority_key(request, Stage.PREFILL, 1.2)[:2] == (2, 3)
+
+
+def test_far_ahead_stream_ranks_last_and_yields_startup_batches() -> None:
+    p = make_predictor(max_lead_s=1.0)
+    policy = DeadlineStagePolicy(p)
+    now = 1.0
+    ahead = stream("ahead", chunk_times=(0.5,), decoded=40, phase=SegmentPhase.DEPTH)  # 2.7 s
+    steady = stream("steady", chunk_times=(0.5,), decoded=12, phase=SegmentPhase.DEPTH)
+    newcomer = stream("new", phase=SegmentPhase.DEPTH, enqueue_time=0.9)
+    ready = ranked(policy, [(ahead, Stage.DEPTH), (steady, Stage.DEPTH),
+                            (newcomer, Stage.DEPTH)], now)
+    assert [pair[0][0] for pair in ready] == [1, 2, 3]
+    assert policy.pick(ready, now) == (Stage.DEPTH, [newcomer, steady])
+    assert p.counters["predictor_lead_yields"] == 1
+    without_startup = [pair for pair in ready if pair[1] is not newcomer]
+    assert policy.pick(without_startup, now) == (Stage.DEPTH, [steady, ahead])  # no yield
+    assert p.counters["predictor_lead_yields"] == 1
+
+
+# ----------------------------------------------------------------------------- wait to batch
+
+
+def _codec_pair(p: DeadlinePredictor, buffered_s: float,
+                b_buffered_s: float = 0.5) -> tuple[Request, Request]:
+    """A: a full chunk (2 frames) pending; B: one frame short of its 2-frame chunk. A's CODEC
+    has waited longest (ranked first)."""
+    a = stream("a", chunk_times=(1.0,), decoded=1, pending=2, phase=SegmentPhase.DECODE)
+    b = stream("b", chunk_times=(1.0,), decoded=1, pending=1, phase=SegmentPhase.DEPTH)
+    a.stage_ready_step = {Stage.CODEC: 1, Stage.DECODE: 2}
+    b.stage_ready_step = {Stage.DEPTH: 2}
+    p.update_feedback("a", buffered_s, measured_at=1.2, source="simulated")
+    p.update_feedback("b", b_buffered_s, measured_at=1.2, source="simulated")
+    return a, b
+
+
+def test_waits_for_one_more_frame_when_batching_codec_saves_time() -> None:
+    p = make_predictor()
+    policy = DeadlineStagePolicy(p)
+    a, b = _codec_pair(p, buffered_s=0.5)
+    ready = ranked(policy, [(a, Stage.CODEC), (a, Stage.DECODE), (b, Stage.DEPTH)], now=1.2)
+    assert ready[0][2] is Stage.CODEC  # the ranking alone would decode A now
+    assert policy.pick(ready, 1.2) == (Stage.DEPTH, [b])
+    assert p.counters["predictor_waits"] == 1
+
+
+def test_no_wait_when_the_ready_streams_deadline_would_not_hold() -> None:
+    p = make_predictor()
+    policy = DeadlineStagePolicy(p)
+    a, b = _codec_pair(p, buffered_s=0.055)  # one DEPTH + CODEC would leave 45 ms < 50 ms
+    ready = ranked(policy, [(a, Stage.CODEC), (a, Stage.DECODE), (b, Stage.DEPTH)], now=1.2)
+    assert policy.pick(ready, 1.2) == (Stage.CODEC, [a])
+    assert p.counters["predictor_waits"] == 0
+
+
+def test_no_wait_when_batching_saves_nothing_or_for_a_first_chunk() -> None:
+    model = StageTimeModel(alpha=1.0, margin=1.0)
+    for rows in (1, 2):
+        model.observe(Stage.CODEC, rows, 0.004 * rows)  # linear: two steps cost one batch
+        model.observe(Stage.DEPTH, rows, 0.001)
+    p = DeadlinePredictor(model)
+    policy = DeadlineStagePolicy(p)
+    a, b = _codec_pair(p, buffered_s=0.5)
+    ready = ranked(policy, [(a, Stage.CODEC), (b, Stage.DEPTH)], now=1.2)
+    assert policy.pick(ready, 1.2)[0] is Stage.CODEC
+    p2 = make_predictor()
+    starter = stream("s", pending=1, phase=SegmentPhase.DECODE, enqueue_time=1.19)
+    b2 = stream("b", pending=0, phase=SegmentPhase.DEPTH, enqueue_time=1.19)
+    policy2 = DeadlineStagePolicy(p2)
+    ready = ranked(policy2, [(starter, Stage.CODEC), (b2, Stage.DEPTH)], now=1.2)
+    assert policy2.pick(ready, 1.2)[0] is Stage.CODEC  # TTFB never waits
+    assert p.counters["predictor_waits"] == p2.counters["predictor_waits"] == 0
+
+
+# ----------------------------------------------------------------------------- early emit
+
+
+def test_chunk_policy_cuts_a_chunk_that_would_miss_its_deadline() -> None:
+    p = make_predictor()
+    chunks = DeadlineChunkPolicy(p)
+    # 16-frame target, 5 pending; 0.2 s of audio left: 11 more frames take 0.11 s + codec.
+    request = stream("a", chunk_times=(1.0, 1.1, 1.2, 1.3, 1.4), decoded=15, pending=5,
+                     schedule=(1, 2, 4, 8, 16))
+    p.update_feedback("a", 0.2, measured_at=2.0, source="webrtc")
+    assert chunks.chunk_frames(request, 2.0) == 16  # on time
+    p.update_feedback("a", 0.1, measured_at=2.0, source="webrtc")
+    assert chunks.chunk_frames(request, 2.0) == 16  # late, but one more frame still fits
+    p.update_feedback("a", 0.012, measured_at=2.0, source="webrtc")
+    assert chunks.chunk_frames(request, 2.0) == 5  # now or late
+    emit(p, request, 5, now=2.01)
+    assert p.counters["predictor_early_emits"] == 1
+    assert p.counters["predictor_deadline_misses"] == 0
+
+
+def test_chunk_policy_keeps_the_schedule_for_startup_and_gaps() -> None:
+    p = make_predictor()
+    chunks = DeadlineChunkPolicy(p)
+    starter = stream("s", pending=1, schedule=(4,), enqueue_time=0.0)
+    assert chunks.chunk_frames(starter, 5.0) == 4  # TTFB target missed: still the schedule
+    at_gap = stream("g", chunk_times=(1.0,), decoded=4, pending=2, schedule=(4,),
+                    phase=SegmentPhase.PREFILL)
+    assert chunks.chunk_frames(at_gap, 5.0) == 4  # the scheduler flushes at a gap anyway
+    emit(p, at_gap, 2, now=5.0)
+    assert p.counters["predictor_early_emits"] == 0
+
+
+# ----------------------------------------------------------------------------- scheduler
+
+
+class PredictorHarness:
+    """Scheduler with the deadline policies, a fake worker and a fake clock; the engine's part
+    (step times, chunks and a simulated listener's reports into the predictor) done here."""
+
+    def __init__(self, config: SchedulerConfig, dt: float = 0.01) -> None:
+        self.predictor = make_predictor(min_slack_s=config.predictor_min_slack_s,
+                                        max_lead_s=config.predictor_max_lead_s)
+        stage_policy, chunk_policy = make_policies(config, self.predictor)
+        self.sched = Scheduler(config, BlockPool(512, 16), stage_policy=stage_policy,
+                               chunk_policy=chunk_policy)
+        self.worker = FakeWorker(eos_after_default=10**9)
+        self.now, self.dt = 0.0, dt
+        self.chunks: dict[str, list[ChunkEmitted]] = {}
+
+    def step(self) -> bool:
+        plan = self.sched.schedule(self.now)
+        if plan is None:
+            return False
+        self.now += self.dt
+        self.predictor.observe_step(plan.stage, plan.num_rows, self.dt)
+        for event in self.sched.commit(plan, self.worker.run(plan), self.now):
+            if isinstance(event, ChunkEmitted):
+                self.chunks.setdefault(event.request_id, []).append(event)
+                self.predictor.on_chunk(event.request_id, event.num_frames, self.now)
+        return True
+
+
+def test_scheduler_with_deadline_policies_completes_every_stream_in_order() -> None:
+    config = make_config(use_predictor=True, predictor_min_slack_s=0.05,
+                         predictor_max_lead_s=1.0)
+    h = PredictorHarness(config)
+    for i in range(6):
+        h.worker.eos_after[(f"r{i}", 0)] = 40
+        h.sched.add_request(make_request(f"r{i}"), h.now)
+        for _ in range(15):
+            h.step()
+    for _ in range(5000):
+        if not h.step():
+            break
+    for i in range(6):
+        chunks = h.chunks[f"r{i}"]
+        assert sum(c.num_frames for c in chunks) == 40
+        assert [c.start_frame for c in chunks] == [sum(c.num_frames for c in chunks[:k])
+                                                  for k in range(len(chunks))]
+        assert chunks[-1].is_final
+    assert not h.sched.has_work()
+
+
+def test_make_policies_is_off_by_default() -> None:
+    assert make_policies(SchedulerConfig(), make_predictor()) == (None, None)
+    stage, chunk = make_policies(SchedulerConfig(use_predictor=True), make_predictor())
+    assert isinstance(stage, DeadlineStagePolicy) and isinstance(chunk, DeadlineChunkPolicy)
+    assert FRAME_S == 0.08
