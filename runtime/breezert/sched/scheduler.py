@@ -14,12 +14,18 @@ import heapq
 from bisect import insort_right
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Protocol
 
 from breezert.config import SchedulerConfig
 from breezert.errors import EngineOverloaded, InvalidRequest
 from breezert.request import CODEBOOK_SIZE, Request, RequestStatus, Segment, SegmentPhase
 from breezert.sched.block_pool import BlockPool
+from breezert.sched.policy import (
+    ChunkPolicy,
+    DefaultStagePolicy,
+    ReadyPair,
+    ScheduleChunkPolicy,
+    StagePolicy,
+)
 from breezert.sched.plan import (
     FRAME_EOS_ID,
     CodecItem,
@@ -86,82 +92,6 @@ class SchedulerStats:
     num_steps: dict[str, int]  # per Stage value
     num_finished: dict[str, int]  # per terminal RequestStatus value
 
-
-# ----------------------------------------------------------------------------- policies
-
-
-class ChunkPolicy(Protocol):
-    """Decides how many frames the request's next chunk has (the predictor's hook)."""
-
-    def chunk_frames(self, request: Request, now: float) -> int:
-        """Frames of the next chunk; clamped to 1..max_codec_frames by the scheduler."""
-        ...
-
-
-class ScheduleChunkPolicy:
-    """Default: follow the request's chunk schedule (1, 2, 4, 8, 16, 16, ...)."""
-
-    def chunk_frames(self, request: Request, now: float) -> int:
-        return request.current_chunk_target
-
-
-ReadyPair = tuple[tuple[float, ...], Request, Stage]
-"""(priority key, request, stage) of one ready pair."""
-
-
-class StagePolicy(Protocol):
-    """Ranks ready (request, stage) pairs (the smallest key is served first), then picks the
-    stage of the step and its candidates in batch order."""
-
-    def priority_key(self, request: Request, stage: Stage, now: float) -> tuple[float, ...]:
-        ...
-
-    def pick(self, ready: Sequence[ReadyPair], now: float) -> tuple[Stage, list[Request]]:
-        """``ready`` is sorted by key; returns the stage to run and its candidates (the batch is
-        filled from them in order, within the stage's limits)."""
-        ...
-
-
-def first_stage(ready: Sequence[ReadyPair]) -> tuple[Stage, list[Request]]:
-    """The stage of the first ready pair, and every request ready for it, in order."""
-    stage = ready[0][2]
-    return stage, [request for _, request, s in ready if s is stage]
-
-
-# Lower = closer to audio output.
-OUTPUT_ORDER = {Stage.CODEC: 0, Stage.DEPTH: 1, Stage.DECODE: 2, Stage.PREFILL: 3,
-                 Stage.TEXT_ENCODE: 4}
-
-
-class DefaultStagePolicy:
-    """Three classes, in order:
-
-    1. starving streams: emitted a chunk, but none for more than ``starvation_limit_s``
-       (oldest last chunk first);
-    2. startup work: no chunk yet (higher priority, then earlier arrival);
-    3. active streams: longest-waiting ready stage first (in steps), ties go to the stage
-       closer to output (CODEC > DEPTH > DECODE > PREFILL > TEXT_ENCODE).
-
-    NOTE(scheduler): in class 3 the wait comes before the output order. With output order first,
-    the DEPTH/DECODE ping-pong of any stream would starve the next segment's lookahead PREFILL
-    forever (a gap at every segment boundary). Waiting in steps rather than seconds keeps the
-    order independent of step durations; lockstep streams still batch together.
-    """
-
-    def __init__(self, starvation_limit_s: float) -> None:
-        self.starvation_limit_s = starvation_limit_s
-
-    def priority_key(self, request: Request, stage: Stage, now: float) -> tuple[float, ...]:
-        closeness = OUTPUT_ORDER[stage]
-        last = request.last_chunk_time
-        if last is None:
-            return (1, -request.priority, request.enqueue_time, closeness)
-        if now - last > self.starvation_limit_s:
-            return (0, last, closeness)
-        return (2, request.stage_ready_step[stage], closeness)
-
-    def pick(self, ready: Sequence[ReadyPair], now: float) -> tuple[Stage, list[Request]]:
-        return first_stage(ready)
 
 _PREP_STAGES = {SegmentPhase.TEXT_ENCODE: Stage.TEXT_ENCODE, SegmentPhase.PREFILL: Stage.PREFILL}
 
