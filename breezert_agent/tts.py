@@ -476,6 +476,17 @@ async def _run_guarded(runner: _TurnRunner, body: Callable[[], Awaitable[None]])
         await runner.aclose()
 
 
+def _initialize(output_emitter: tts.AudioEmitter, opts: _Options, *, stream: bool) -> str:
+    """Starts the emitter with small frames (10/20 ms, never the 200 ms default) and returns
+    the request id."""
+    request_id = utils.shortuuid()
+    output_emitter.initialize(
+        request_id=request_id, sample_rate=SAMPLE_RATE, num_channels=NUM_CHANNELS,
+        mime_type="audio/pcm", frame_size_ms=opts.frame_size_ms, stream=stream,
+    )
+    return request_id
+
+
 class ChunkedStream(tts.ChunkedStream):
     """``TTS.synthesize``: a whole text as one engine request, one segment per sentence."""
 
@@ -485,11 +496,7 @@ class ChunkedStream(tts.ChunkedStream):
         self._opts = replace(tts._opts)
 
     async def _run(self, output_emitter: tts.AudioEmitter) -> None:
-        request_id = utils.shortuuid()
-        output_emitter.initialize(
-            request_id=request_id, sample_rate=SAMPLE_RATE, num_channels=NUM_CHANNELS,
-            mime_type="audio/pcm", frame_size_ms=self._opts.frame_size_ms, stream=False,
-        )
+        request_id = _initialize(output_emitter, self._opts, stream=False)
         segments = split_sentences(self._input_text)
         if not segments:
             return
@@ -513,11 +520,7 @@ class SynthesizeStream(tts.SynthesizeStream):
         self._opts = replace(tts._opts)
 
     async def _run(self, output_emitter: tts.AudioEmitter) -> None:
-        request_id = utils.shortuuid()
-        output_emitter.initialize(
-            request_id=request_id, sample_rate=SAMPLE_RATE, num_channels=NUM_CHANNELS,
-            mime_type="audio/pcm", frame_size_ms=self._opts.frame_size_ms, stream=True,
-        )
+        request_id = _initialize(output_emitter, self._opts, stream=True)
         runner = _TurnRunner(self._tts, self._opts, output_emitter, request_id,
                              self._conn_options.timeout)
         splitter = SentenceSplitter()

@@ -21,3 +21,26 @@ def fuse_linears_(*linears: nn.Linear) -> torch.Tensor:
         linear.weight = nn.Parameter(packed[offset : offset + rows], requires_grad=False)
         offset += rows
     return packed
+
+
+class PackedQKV:
+    """Mixin for attention modules with ``q_proj``, ``k_proj`` and ``v_proj`` linears over the
+    same input: ``fuse_()`` packs them, ``project(x)`` runs one GEMM (or three, unpacked)."""
+
+    q_proj: nn.Linear
+    k_proj: nn.Linear
+    v_proj: nn.Linear
+    qkv_weight: torch.Tensor | None = None
+
+    def fuse_(self) -> None:
+        self.qkv_weight = fuse_linears_(self.q_proj, self.k_proj, self.v_proj)
+
+    def project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``x [N, d]`` → q ``[N, H*D]``, k and v ``[N, KVH*D]``."""
+        if self.qkv_weight is None:
+            return self.q_proj(x), self.k_proj(x), self.v_proj(x)
+        q_size, kv_size = self.q_proj.weight.shape[0], self.k_proj.weight.shape[0]
+        q, k, v = torch.nn.functional.linear(x, self.qkv_weight).split(
+            [q_size, kv_size, kv_size], dim=-1
+        )
+        return q, k, v

@@ -13,12 +13,12 @@ from torch import nn
 
 from breezert.layers.attention import KVCache
 from breezert.layers.norms import RMSNorm
-from breezert.layers.fused import fuse_linears_
+from breezert.layers.fused import PackedQKV, fuse_linears_
 from breezert.layers.rope import Rope, apply_rope, default_inv_freq
 from breezert.models.config import BackboneConfig
 
 
-class Qwen3Attention(nn.Module):
+class Qwen3Attention(nn.Module, PackedQKV):
     def __init__(self, cfg: BackboneConfig) -> None:
         super().__init__()
         self.num_heads, self.num_kv_heads = cfg.num_heads, cfg.num_kv_heads
@@ -30,17 +30,7 @@ class Qwen3Attention(nn.Module):
         self.o_proj = nn.Linear(cfg.num_heads * hd, d, bias=False)
         self.q_norm = RMSNorm(hd, cfg.rms_norm_eps)
         self.k_norm = RMSNorm(hd, cfg.rms_norm_eps)
-        self.qkv_weight: torch.Tensor | None = None  # set by fuse_(): one GEMM for q, k, v
-
-    def fuse_(self) -> None:
-        self.qkv_weight = fuse_linears_(self.q_proj, self.k_proj, self.v_proj)
-
-    def project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """``x [N, d]`` → q ``[N, H*D]``, k and v ``[N, KVH*D]``."""
-        if self.qkv_weight is None:
-            return self.q_proj(x), self.k_proj(x), self.v_proj(x)
-        q_size, kv_size = self.q_proj.weight.shape[0], self.k_proj.weight.shape[0]
-        return F.linear(x, self.qkv_weight).split([q_size, kv_size, kv_size], dim=-1)
+        self.qkv_weight = None  # set by fuse_(): one GEMM for q, k, v
 
     def forward(
         self,

@@ -8,18 +8,17 @@ Must not: sample, mix CFG branches or keep KV between frames (the caller owns th
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from breezert.layers.attention import sdpa_gqa
 from breezert.layers.norms import RMSNorm
-from breezert.layers.fused import fuse_linears_
+from breezert.layers.fused import PackedQKV
 from breezert.layers.rope import Rope, apply_rope, llama3_inv_freq
 from breezert.models.backbone import SiluMLP
 from breezert.models.config import DepthConfig
 
 
-class DepthAttention(nn.Module):
+class DepthAttention(nn.Module, PackedQKV):
     def __init__(self, cfg: DepthConfig) -> None:
         super().__init__()
         self.num_heads, self.num_kv_heads = cfg.num_heads, cfg.num_kv_heads
@@ -29,10 +28,7 @@ class DepthAttention(nn.Module):
         self.k_proj = nn.Linear(d, cfg.num_kv_heads * hd, bias=False)
         self.v_proj = nn.Linear(d, cfg.num_kv_heads * hd, bias=False)
         self.o_proj = nn.Linear(cfg.num_heads * hd, d, bias=False)
-        self.qkv_weight: torch.Tensor | None = None  # set by fuse_(): one GEMM for q, k, v
-
-    def fuse_(self) -> None:
-        self.qkv_weight = fuse_linears_(self.q_proj, self.k_proj, self.v_proj)
+        self.qkv_weight = None  # set by fuse_(): one GEMM for q, k, v
 
     def forward(
         self,
@@ -44,11 +40,7 @@ class DepthAttention(nn.Module):
     ) -> torch.Tensor:
         """``position`` is a 1-element long tensor, so one compiled graph serves every step."""
         r = x.shape[0]
-        if self.qkv_weight is None:
-            q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
-        else:
-            q_size, kv_size = self.q_proj.weight.shape[0], self.k_proj.weight.shape[0]
-            q, k, v = F.linear(x, self.qkv_weight).split([q_size, kv_size, kv_size], dim=-1)
+        q, k, v = self.project(x)
         q = apply_rope(q.reshape(r, self.num_heads, self.head_dim), cos, sin)
         k = apply_rope(k.reshape(r, self.num_kv_heads, self.head_dim), cos, sin)
         v = v.reshape(r, self.num_kv_heads, self.head_dim)
