@@ -476,7 +476,7 @@ async def _run_guarded(runner: _TurnRunner, body: Callable[[], Awaitable[None]])
         await runner.aclose()
 
 
-def _initialize(output_emitter: tts.AudioEmitter, opts: _Options, *, stream: bool) -> str:
+def _initialize(output_emitter: tts.AudioEmitter, opts: _TTSOptions, *, stream: bool) -> str:
     """Starts the emitter with small frames (10/20 ms, never the 200 ms default) and returns
     the request id."""
     request_id = utils.shortuuid()
