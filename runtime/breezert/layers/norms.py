@@ -7,13 +7,8 @@ Must not: fuse residual adds or know which sub-model uses them.
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import nn
-
-
-def rms_normalize(x: torch.Tensor, eps: float) -> torch.Tensor:
-    """Returns ``x / rms(x)`` over the last dimension, computed in fp32."""
-    xf = x.float()
-    return xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
 
 
 class RMSNorm(nn.Module):
@@ -26,7 +21,10 @@ class RMSNorm(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # NOTE: HF casts the normalized value back to the input dtype before the weight multiply.
-        return self.weight * rms_normalize(x, self.eps).to(x.dtype)
+        # F.rms_norm accumulates in fp32 and is one fused kernel on CUDA (vs ~6 launches for the
+        # spelled-out formula), which matters inside launch-bound graphs.
+        normed = F.rms_norm(x.float(), (x.shape[-1],), eps=self.eps)
+        return self.weight * normed.to(x.dtype)
 
     def reset_parameters(self) -> None:
         nn.init.ones_(self.weight)
@@ -41,8 +39,8 @@ class GemmaRMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.zeros(dim))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        out = rms_normalize(x, self.eps) * (1.0 + self.weight.float())
-        return out.to(x.dtype)
+        scale = 1.0 + self.weight.float()
+        return F.rms_norm(x.float(), (x.shape[-1],), scale, self.eps).to(x.dtype)
 
     def reset_parameters(self) -> None:
         nn.init.zeros_(self.weight)

@@ -58,11 +58,17 @@ class Rope:
             self._by_device[device] = self._inv_freq.to(device)
         return self._by_device[device]
 
-    def cos_sin(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Returns fp32 ``(cos, sin)``, each ``[N, head_dim]``, for ``positions [N]``."""
+    def cos_sin(
+        self, positions: torch.Tensor, dtype: torch.dtype | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(cos, sin)``, each ``[N, head_dim]``, for ``positions [N]``: computed in fp32, then
+        cast once to ``dtype`` (the activations' dtype) so no layer casts them again."""
         freqs = positions.float()[:, None] * self.inv_freq(positions.device)[None, :]  # [N, D/2]
         emb = torch.cat((freqs, freqs), dim=-1)  # [N, D]
-        return emb.cos(), emb.sin()
+        cos, sin = emb.cos(), emb.sin()
+        if dtype is not None and dtype != torch.float32:
+            cos, sin = cos.to(dtype), sin.to(dtype)
+        return cos, sin
 
 
 def rotate_half(x: torch.Tensor) -> torch.Tensor:

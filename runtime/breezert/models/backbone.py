@@ -104,7 +104,7 @@ class Qwen3Backbone(nn.Module):
             positions: ``[N]`` absolute positions, used for RoPE only.
             kv: a ``KVCache`` whose step metadata already describes these N tokens.
         """
-        cos, sin = self.rope.cos_sin(positions)  # [N, head_dim] each
+        cos, sin = self.rope.cos_sin(positions, embeds.dtype)  # [N, head_dim] each
         x = embeds
         for layer in self.layers:
             x = layer(x, cos, sin, kv)

@@ -149,7 +149,7 @@ class DepthDecoder(nn.Module):
         if not 0 <= position < self.max_positions:
             raise ValueError(f"depth position {position} outside 0..{self.max_positions - 1}")
         pos = torch.full((1,), position, device=x.device, dtype=torch.long)
-        cos, sin = self.rope.cos_sin(pos.expand(x.shape[0]))  # [R, head_dim]
+        cos, sin = self.rope.cos_sin(pos.expand(x.shape[0]), x.dtype)  # [R, head_dim]
         return self.run_layers(x, cos, sin, cache, pos)
 
     def run_layers(

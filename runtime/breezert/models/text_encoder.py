@@ -15,6 +15,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from breezert.layers.attention import sdpa_gqa
+from breezert.layers.fused import PackedQKV, fuse_linears_
 from breezert.layers.norms import GemmaRMSNorm
 from breezert.layers.rope import Rope, apply_rope, default_inv_freq, linear_inv_freq
 from breezert.models.config import TextEncoderConfig
@@ -38,7 +39,7 @@ class ScaledEmbedding(nn.Embedding):
         return torch.where(is_eoi, self.eoi_embedding.to(x.dtype), x)  # [N, d]
 
 
-class EncoderAttention(nn.Module):
+class EncoderAttention(nn.Module, PackedQKV):
     def __init__(self, cfg: TextEncoderConfig) -> None:
         super().__init__()
         self.num_heads, self.num_kv_heads = cfg.num_heads, cfg.num_kv_heads
@@ -51,14 +52,16 @@ class EncoderAttention(nn.Module):
         self.o_proj = nn.Linear(cfg.num_heads * hd, d, bias=False)
         self.q_norm = GemmaRMSNorm(hd, cfg.rms_norm_eps)
         self.k_norm = GemmaRMSNorm(hd, cfg.rms_norm_eps)
+        self.qkv_weight = None  # set by fuse_(): one GEMM for q, k, v
 
     def forward(
         self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mask: torch.Tensor
     ) -> torch.Tensor:
         n = x.shape[0]
-        q = self.q_norm(self.q_proj(x).view(n, self.num_heads, self.head_dim))  # [N, H, D]
-        k = self.k_norm(self.k_proj(x).view(n, self.num_kv_heads, self.head_dim))  # [N, KVH, D]
-        v = self.v_proj(x).view(n, self.num_kv_heads, self.head_dim)
+        q, k, v = self.project(x)
+        q = self.q_norm(q.reshape(n, self.num_heads, self.head_dim))  # [N, H, D]
+        k = self.k_norm(k.reshape(n, self.num_kv_heads, self.head_dim))  # [N, KVH, D]
+        v = v.reshape(n, self.num_kv_heads, self.head_dim)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         out = sdpa_gqa(q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1), mask, self.scale)
         return self.o_proj(out.transpose(0, 1).reshape(n, -1))  # [N, d]
@@ -70,9 +73,17 @@ class GeluMLP(nn.Module):
         self.gate_proj = nn.Linear(hidden_size, intermediate_size, bias=False)
         self.up_proj = nn.Linear(hidden_size, intermediate_size, bias=False)
         self.down_proj = nn.Linear(intermediate_size, hidden_size, bias=False)
+        self.gate_up_weight: torch.Tensor | None = None  # set by fuse_(): one GEMM
+
+    def fuse_(self) -> None:
+        self.gate_up_weight = fuse_linears_(self.gate_proj, self.up_proj)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.gelu(self.gate_proj(x), approximate="tanh") * self.up_proj(x))
+        if self.gate_up_weight is None:
+            gate, up = self.gate_proj(x), self.up_proj(x)
+        else:
+            gate, up = F.linear(x, self.gate_up_weight).chunk(2, dim=-1)
+        return self.down_proj(F.gelu(gate, approximate="tanh") * up)
 
 
 class EncoderLayer(nn.Module):
@@ -132,7 +143,8 @@ class T5Gemma2TextEncoder(nn.Module):
             FULL: seg_ids[:, None] == seg_ids[None, :],  # [N, N] block diagonal
             SLIDING: sliding_block_mask(seg_ids, positions, self.cfg.sliding_window),
         }
-        tables = {t: rope.cos_sin(positions) for t, rope in self._ropes.items()}
+        dtype = self.embed_tokens.weight.dtype
+        tables = {t: rope.cos_sin(positions, dtype) for t, rope in self._ropes.items()}
         x = self.embed_tokens(input_ids)  # [N, d]
         for layer in self.layers:
             cos, sin = tables[layer.layer_type]
