@@ -3,6 +3,7 @@
 #
 # Prepare here, once (both folders are git-ignored through .git/info/exclude and carried):
 #   mkdir -p .whl .benchdata && cp ../shared/bench/texts_en.tsv ../shared/breeze/tokenizer/tokenizer.json .benchdata/
+#   git rev-parse --short HEAD > .benchdata/COMMIT     # recorded in the results
 #   python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
 #     --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 -d .whl \
 #     pydantic==2.14.4 pydantic-core==2.50.5 annotated-types typing-inspection
@@ -18,10 +19,9 @@ if ls .whl/*.whl >/dev/null 2>&1; then
 fi
 export PYTHONPATH=/tmp/site:runtime:. PYTHONUNBUFFERED=1
 commit=$(cat .benchdata/COMMIT 2>/dev/null || echo unknown)
-bench() {  # common bench arguments; each phase adds its own
-  python3 -m breezert.cli bench --config configs/h200-latency.toml \
-    --texts .benchdata/texts_en.tsv --tokenizer .benchdata/tokenizer.json --git-commit "$commit" "$@"
-}
+# The common bench command; each phase adds its own arguments.
+bench=(python3 -m breezert.cli bench --config configs/h200-latency.toml
+       --texts .benchdata/texts_en.tsv --tokenizer .benchdata/tokenizer.json --git-commit "$commit")
 case "$phase" in
   tests)   # graph replay == eager for every bucket, batch invariance, full-size streaming
     timeout 540 python3 -m pytest tests/gpu -q -s -p no:cacheprovider 2>&1 | tee "$out/gpu_tests.log" | tail -20 ;;
@@ -29,18 +29,18 @@ case "$phase" in
     timeout 540 python3 bench/stage_timing.py --batches 1,16,64 --compile both \
       --out "$out/h200-stage-timing.json" 2>&1 | tail -20 ;;
   ablation-fast)  # (d) graphs + compiled depth, and (c) compiled only, 300 requests at c=16
-    timeout 560 bench --concurrency 16 --num-requests 300 --warmup 16 \
+    timeout 560 "${bench[@]}" --concurrency 16 --num-requests 300 --warmup 16 \
       --variants progressive-graphs,progressive-compiled --run-budget 200 \
       --out "$out/h200-ablation-fast.json" 2>&1 | grep '^\[bench' ;;
   ablation-eager) # (a) fixed 16-frame first chunk and (b) progressive, eager; naive baseline
-    timeout 560 bench --concurrency 16 --num-requests 300 --warmup 4 \
+    timeout 560 "${bench[@]}" --concurrency 16 --num-requests 300 --warmup 4 \
       --variants fixed16-eager,progressive-eager,naive --naive-requests 5 --run-budget 150 \
       --out "$out/h200-ablation-eager.json" 2>&1 | grep '^\[bench' ;;
   sweep)   # closed loop 1..64 and open loop near capacity, the latency profile
-    timeout 560 bench --concurrency 1,4,8,16,32,64 --rate 8,12 --num-requests 300 --warmup 16 \
+    timeout 560 "${bench[@]}" --concurrency 1,4,8,16,32,64 --rate 8,12 --num-requests 300 --warmup 16 \
       --variants progressive-graphs --run-budget 60 --out "$out/h200-sweep.json" 2>&1 | grep '^\[bench' ;;
   predictor) # predictor off vs on at 16, 32, 64 and an open-loop rate near capacity
-    timeout 560 bench --concurrency 16,32,64 --rate 12 --num-requests 300 --warmup 16 \
+    timeout 560 "${bench[@]}" --concurrency 16,32,64 --rate 12 --num-requests 300 --warmup 16 \
       --variants progressive-graphs,predictor-on \
       --variant 'predictor-on=progressive-graphs;scheduler.use_predictor=true' --run-budget 60 \
       --out "$out/h200-predictor.json" 2>&1 | grep '^\[bench' ;;
