@@ -8,7 +8,7 @@
 #     --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 -d .whl \
 #     pydantic==2.14.4 pydantic-core==2.50.5 annotated-types typing-inspection
 # Then per phase: run(command="bash bench/h200_session.sh PHASE", carry=[".whl", ".benchdata"])
-# PHASE: tests | stages | ablation-fast | ablation-eager | sweep | predictor
+# PHASE: tests | stages | ablation-fast | ablation-eager | sweep | predictor-off | predictor-on
 set -euo pipefail
 phase=${1:?phase}
 out=${OUT:-/tmp/out}
@@ -38,11 +38,13 @@ case "$phase" in
       --out "$out/h200-ablation-eager.json" 2>&1 | grep '^\[bench' ;;
   sweep)   # closed loop 1..64 and open loop near capacity, the latency profile
     timeout 560 "${bench[@]}" --concurrency 1,4,8,16,32,64 --rate 8,12 --num-requests 300 --warmup 16 \
-      --variants progressive-graphs --run-budget 60 --out "$out/h200-sweep.json" 2>&1 | grep '^\[bench' ;;
-  predictor) # predictor off vs on at 16, 32, 64 and an open-loop rate near capacity
+      --variants progressive-graphs --run-budget 45 --out "$out/h200-sweep.json" 2>&1 | grep '^\[bench' ;;
+  predictor-off|predictor-on)  # predictor off vs on at 16, 32, 64 and an open-loop rate near
+    # capacity, one variant per call (start-up with compile and capture is ~2 minutes each)
     timeout 560 "${bench[@]}" --concurrency 16,32,64 --rate 12 --num-requests 300 --warmup 16 \
-      --variants progressive-graphs,predictor-on \
-      --variant 'predictor-on=progressive-graphs;scheduler.use_predictor=true' --run-budget 60 \
-      --out "$out/h200-predictor.json" 2>&1 | grep '^\[bench' ;;
+      --variants "$phase" --run-budget 80 \
+      --variant 'predictor-off=progressive-graphs;scheduler.use_predictor=false' \
+      --variant 'predictor-on=progressive-graphs;scheduler.use_predictor=true' \
+      --out "$out/h200-$phase.json" 2>&1 | grep '^\[bench' ;;
   *) echo "unknown phase $phase" >&2; exit 2 ;;
 esac
