@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from breezert.layers.attention import sdpa_gqa
@@ -106,23 +107,39 @@ class PagedKVCache:
         return (blocks[:, None] * self.block_size + offsets[None, :]).flatten()[:end]
 
     def decode_meta(self, runs: Sequence[KVRun], num_rows: int, context: int) -> StepMeta:
-        """One new token per run, padded to ``num_rows`` rows and ``context`` keys."""
-        read = torch.full((num_rows, context), self.scratch_row, dtype=torch.long)
-        mask = torch.zeros(num_rows, context, dtype=torch.bool)
-        mask[:, 0] = True  # padding rows read the scratch row: finite, ignored
-        write = torch.full((num_rows,), self.scratch_row, dtype=torch.long)
-        positions = torch.zeros(num_rows, dtype=torch.long)
+        """One new token per run, padded to ``num_rows`` rows and ``context`` keys.
+
+        Vectorized over runs (numpy): at 128 rows a per-run loop cost ~5 ms of host time per
+        step, as much as the step itself.
+        """
+        assert all(run.num_new == 1 for run in runs), "decode_meta takes single-token runs"
+        num = len(runs)
+        lengths = np.array([run.start + 1 for run in runs], dtype=np.int64)  # [B]
+        if num and lengths.max() > context:
+            raise ValueError(f"context {int(lengths.max())} exceeds the padded length {context}")
+        blocks_needed = -(-context // self.block_size)
+        table = np.zeros((num, blocks_needed), dtype=np.int64)
         for i, run in enumerate(runs):
-            assert run.num_new == 1, "decode_meta takes single-token runs"
-            rows = self._rows(run.block_ids, run.start + 1)
-            if len(rows) > context:
-                raise ValueError(f"context {len(rows)} exceeds the padded length {context}")
-            read[i, : len(rows)] = rows
-            mask[i, : len(rows)] = True
-            write[i] = rows[-1]
-            positions[i] = run.start
-        return StepMeta(positions, write, read, mask[:, None, None, :], len(runs),
-                        list(range(len(runs))))
+            needed = -(-int(lengths[i]) // self.block_size)
+            if needed > len(run.block_ids):
+                raise ValueError(f"sequence of {int(lengths[i])} tokens needs {needed} blocks, "
+                                 f"its table has {len(run.block_ids)}")
+            table[i, :needed] = run.block_ids[:needed]
+        pos = np.arange(context, dtype=np.int64)  # [T]
+        rows = table[:, pos // self.block_size] * self.block_size + pos % self.block_size
+        valid = pos[None, :] < lengths[:, None]  # [B, T]
+        read = np.full((num_rows, context), self.scratch_row, dtype=np.int64)
+        read[:num] = np.where(valid, rows, self.scratch_row)
+        mask = np.zeros((num_rows, context), dtype=bool)
+        mask[:num] = valid
+        mask[:, 0] = True  # padding rows read the scratch row: finite, ignored
+        write = np.full(num_rows, self.scratch_row, dtype=np.int64)
+        write[:num] = rows[np.arange(num), lengths - 1]
+        positions = np.zeros(num_rows, dtype=np.int64)
+        positions[:num] = lengths - 1
+        return StepMeta(torch.from_numpy(positions), torch.from_numpy(write),
+                        torch.from_numpy(read), torch.from_numpy(mask)[:, None, None, :], num,
+                        list(range(num)))
 
     def packed_meta(self, runs: Sequence[KVRun], num_tokens: int, num_keys: int) -> StepMeta:
         """Runs of new tokens packed into ``num_tokens`` queries over ``num_keys`` keys."""
