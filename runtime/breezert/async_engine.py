@@ -8,6 +8,7 @@ the GPU or make scheduling decisions; everything goes through ``Engine``'s threa
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import threading
 from collections.abc import AsyncIterator
@@ -27,6 +28,8 @@ logger = logging.getLogger("breezert.async_engine")
 class _Route:
     loop: asyncio.AbstractEventLoop
     queue: asyncio.Queue[EngineOutput | BaseException]
+    is_streaming: bool = False
+    """A ``stream`` reads it (and drops it when it ends)."""
 
 
 class AsyncEngine:
@@ -110,6 +113,8 @@ class AsyncEngine:
         """Yields the chunks of a submitted request until it finishes."""
         with self._routes_lock:
             route = self._routes.get(request_id)
+            if route is not None:
+                route.is_streaming = True
         if route is None:
             raise BreezeRTError(f"request_id={request_id!r} was not submitted here")
         finished = False
@@ -140,6 +145,10 @@ class AsyncEngine:
         self._wake.set()
 
     def abort(self, request_id: str) -> None:
+        with self._routes_lock:  # a route no stream reads would be held forever: drop it
+            route = self._routes.get(request_id)
+            if route is not None and not route.is_streaming:
+                del self._routes[request_id]
         self.engine.abort(request_id)
         self._wake.set()
 
@@ -171,7 +180,8 @@ class AsyncEngine:
                 routes = list(self._routes.items())
             for request_id, route in routes:
                 failure = RequestFailed(request_id, f"engine stopped: {exc}")
-                route.loop.call_soon_threadsafe(route.queue.put_nowait, failure)
+                with contextlib.suppress(RuntimeError):  # that consumer's loop is closed
+                    route.loop.call_soon_threadsafe(route.queue.put_nowait, failure)
 
     def _route(self, output: EngineOutput) -> None:
         with self._routes_lock:
@@ -180,6 +190,8 @@ class AsyncEngine:
             try:
                 route.loop.call_soon_threadsafe(route.queue.put_nowait, output)
             except RuntimeError:  # the consumer's loop is closed
+                with self._routes_lock:
+                    self._routes.pop(output.request_id, None)
                 self.engine.abort(output.request_id)
 
 

@@ -164,3 +164,62 @@ async def test_aclose_aborts_open_streams_and_stops_the_thread(aengine: AsyncEng
         with pytest.raises(RequestAborted):
             await asyncio.wait_for(consumer, TIMEOUT_S)
     assert not aengine.engine.has_work()
+
+
+async def test_abort_before_streaming_drops_the_route(aengine: AsyncEngine) -> None:
+    # A caller that submits, then gives up before it streams (a client gone, a barge-in).
+    request_id = aengine.submit(make("unread", frames=40))
+    aengine.abort(request_id)
+    await wait_released(aengine.engine)
+    assert request_id not in aengine._routes
+
+
+def _submit_from_a_loop_that_closes(aengine: AsyncEngine, request: SynthesisRequest) -> None:
+    async def submit() -> None:
+        aengine.submit(request)
+
+    asyncio.run(submit())
+
+
+async def test_output_for_a_closed_loop_aborts_and_drops_the_route(
+    aengine: AsyncEngine,
+) -> None:
+    loop = asyncio.get_running_loop()
+    await loop.run_in_executor(None, _submit_from_a_loop_that_closes, aengine,
+                               make("orphan", frames=40))
+    await wait_released(aengine.engine)
+    assert "orphan" not in aengine._routes
+
+
+async def test_engine_fault_fails_every_stream_even_beside_a_closed_loop(
+    aengine: AsyncEngine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import threading
+
+    engine = aengine.engine
+    is_broken = threading.Event()
+    real_step = engine.step
+
+    def step() -> list[object]:
+        if is_broken.is_set():
+            raise RuntimeError("injected engine fault")
+        return real_step()  # type: ignore[return-value]
+
+    monkeypatch.setattr(engine, "step", step)
+    # An open turn without text (never produces output) whose consumer's loop has closed.
+    await asyncio.get_running_loop().run_in_executor(
+        None, _submit_from_a_loop_that_closes, aengine,
+        make("closed-loop", frames=4, text=[], input_closed=False))
+    consumer = asyncio.ensure_future(collect(aengine.synthesize(make("open-loop", frames=400))))
+    while "open-loop" not in aengine._routes:
+        await asyncio.sleep(0.005)
+    is_broken.set()
+    aengine._wake.set()
+    try:
+        with pytest.raises(RequestFailed):
+            await asyncio.wait_for(consumer, TIMEOUT_S)
+    finally:
+        monkeypatch.undo()
+        for request_id in ("closed-loop", "open-loop"):
+            engine.abort(request_id)
+        engine.step()  # hands the releases to the worker

@@ -8,6 +8,7 @@ token, readiness after warm-up, and WS turns (say/append/end/cancel, PCM16 and O
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import io
 import json
 import time
@@ -18,6 +19,7 @@ from typing import Any
 import aiohttp
 import av
 import pytest
+from aiohttp import web
 from breezert.async_engine import AsyncEngine
 
 from tests.integration._server import (
@@ -26,6 +28,7 @@ from tests.integration._server import (
     close_engine,
     make_engine,
     serve,
+    state_of,
     wait_idle,
 )
 
@@ -86,6 +89,29 @@ async def test_client_leaving_mid_stream_aborts_the_request(engine: AsyncEngine)
         await r.content.readexactly(SAMPLES_PER_FRAME * 2)
         r.close()
         await wait_idle(engine, timeout_s=2.0)
+
+
+async def test_client_gone_before_the_stream_opens_aborts_the_request(
+    engine: AsyncEngine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    real_prepare = web.StreamResponse.prepare
+
+    async def prepare(self: web.StreamResponse, request: web.BaseRequest) -> Any:
+        if type(self) is web.StreamResponse:  # the streamed body: the client left already
+            raise ConnectionResetError("client gone")
+        return await real_prepare(self, request)
+
+    long_turn = {"max_frames": 400, "ignore_eos": True}
+    async with serve(engine, request_options=long_turn) as (url, _), \
+            aiohttp.ClientSession() as http:
+        monkeypatch.setattr(web.StreamResponse, "prepare", prepare)
+        with contextlib.suppress(aiohttp.ClientError):
+            async with http.post(f"{url}/v1/audio/speech",
+                                 json={"input": "Long.", "stream": True}) as r:
+                await r.read()
+        monkeypatch.undo()
+        await wait_idle(engine, timeout_s=2.0)
+    assert not engine._routes
 
 
 async def test_raw_pcm_and_streamed_wav(engine: AsyncEngine) -> None:
@@ -283,3 +309,29 @@ async def test_websocket_cancel_aborts_the_request(engine: AsyncEngine) -> None:
         assert len(audio) < 200 * SAMPLES_PER_FRAME * 2 // 2
         await wait_idle(engine)
         await ws.close()
+
+
+@pytest.mark.parametrize("leave", ["drop_connection", "close_right_after_say"])
+async def test_websocket_client_leaving_mid_turn_ends_the_session_cleanly(
+    engine: AsyncEngine, leave: str
+) -> None:
+    long_turn = {"max_frames": 400, "ignore_eos": True}
+    async with serve(engine, request_options=long_turn) as (url, app):
+        http = aiohttp.ClientSession()
+        ws = await http.ws_connect(f"{url}/v1/audio/speech/stream")
+        await ws.receive()
+        await ws.send_json({"type": "say", "text": "A long story."})
+        if leave == "drop_connection":  # no close frame: the TCP connection just goes
+            while (await ws.receive()).type != aiohttp.WSMsgType.BINARY:
+                pass
+            await http.close()
+        else:
+            await ws.close()
+            await http.close()
+        await wait_idle(engine, timeout_s=2.0)
+        for _ in range(100):
+            if state_of(app).num_ws_sessions == 0:
+                break
+            await asyncio.sleep(0.02)
+        assert state_of(app).num_ws_sessions == 0
+    assert not engine._routes

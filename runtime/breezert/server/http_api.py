@@ -108,6 +108,9 @@ async def _stream(request: web.Request, state: ServerState, request_id: str,
         return response
     finally:
         state.num_http_streams -= 1
+        # NOTE: a client gone before the stream opened (prepare/header write) never started
+        # it, so nothing above aborted the request; a no-op for one that already finished.
+        state.engine.abort(request_id)
     await response.write_eof()
     return response
 

@@ -9,6 +9,7 @@ audio; the client plays it as it arrives, and errors leave the socket open.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from dataclasses import dataclass
 
@@ -86,7 +87,8 @@ async def speech_stream(request: web.Request) -> web.WebSocketResponse:
 
     async def send(text: str) -> None:
         if not ws.closed:
-            await ws.send_str(text)
+            with contextlib.suppress(ConnectionError):  # the client left: nobody to tell
+                await ws.send_str(text)
 
     controller = TurnController(
         state.engine, sink, send, max_text_chars=state.serving.max_text_chars,
@@ -104,8 +106,9 @@ async def speech_stream(request: web.Request) -> web.WebSocketResponse:
             elif msg.type == WSMsgType.ERROR:
                 logger.info("websocket closed with error: %s", ws.exception())
     finally:
-        await asyncio.shield(controller.aclose())
+        # NOTE: aiohttp cancels this handler when the client leaves; count it out first.
         state.num_ws_sessions -= 1
+        await asyncio.shield(controller.aclose())
     return ws
 
 
