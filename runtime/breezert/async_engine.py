@@ -48,6 +48,7 @@ class AsyncEngine:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._fatal: BaseException | None = None
+        self._closing = False  # aclose() in progress: submit is refused (under _routes_lock)
 
     @staticmethod
     def from_config(config: EngineConfig, **kwargs: Any) -> AsyncEngine:
@@ -63,8 +64,10 @@ class AsyncEngine:
         self._thread.start()
 
     async def aclose(self) -> None:
-        """Aborts every request, stops the engine thread and waits for it."""
+        """Aborts every request, stops the engine thread and waits for it. A ``submit`` racing
+        with it is refused; once it returns, ``submit`` may start the engine again."""
         with self._routes_lock:
+            self._closing = True
             request_ids = list(self._routes)
         for request_id in request_ids:
             self.engine.abort(request_id)
@@ -73,6 +76,8 @@ class AsyncEngine:
         if self._thread is not None:
             await asyncio.get_running_loop().run_in_executor(None, self._thread.join)
             self._thread = None
+        with self._routes_lock:
+            self._closing = False
 
     @property
     def is_running(self) -> bool:
@@ -93,10 +98,12 @@ class AsyncEngine:
         """
         if self._fatal is not None:
             raise BreezeRTError(f"engine stopped after a fatal error: {self._fatal}")
-        self.start()
         route = _Route(asyncio.get_running_loop(), asyncio.Queue())
         assert request.request_id is not None
         with self._routes_lock:
+            if self._closing:
+                raise BreezeRTError("the engine is shutting down (aclose in progress)")
+            self.start()
             if request.request_id in self._routes:
                 raise BreezeRTError(f"request_id={request.request_id!r} is already streaming")
             self._routes[request.request_id] = route
@@ -174,7 +181,10 @@ class AsyncEngine:
             for output in self.engine.drain():
                 self._route(output)
         except BaseException as exc:  # fatal: fail every open request loudly
-            logger.exception("engine loop died")
+            logger.exception(
+                "engine loop died; last plan: %r; scheduler: %r",
+                self.engine.last_plan, self.engine.scheduler.stats(),
+            )
             self._fatal = exc
             with self._routes_lock:
                 routes = list(self._routes.items())

@@ -99,6 +99,8 @@ class Engine:
         self._pending: list[EngineOutput] = []  # outcomes produced outside step()
         self._segment_ends: dict[str, list[int]] = {}  # request -> cumulative segment ends
         self.last_step_ran = False
+        self.last_plan: StepPlan | None = None
+        """The last plan run (dumped when the engine loop dies)."""
         """Whether the last ``step`` ran a plan (False: nothing was runnable)."""
         self._max_seq_len = min(config.scheduler.max_model_len, self.checkpoint.config.max_seq_len)
 
@@ -166,6 +168,7 @@ class Engine:
         with self._lock:
             plan = self.scheduler.schedule(self.clock())
         self.last_step_ran = plan is not None
+        self.last_plan = plan or self.last_plan
         if plan is None:
             self._release_idle()
             return self._drain_pending()
