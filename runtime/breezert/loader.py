@@ -19,6 +19,7 @@ from safetensors.torch import save_file
 
 from breezert.models.breeze import BreezeModel
 from breezert.models.codec import CodecDecoder
+from breezert.models.codec_encoder import CodecEncoder
 from breezert.models.config import BreezeConfig
 from breezert.tokenizer import BreezeTokenizer
 
@@ -30,8 +31,9 @@ CODEC_PREFIX = "decoder."
 DEAD_PREFIXES = ("embed_text_tokens.", "codec_model.")
 # Tied to ``depth_decoder.model.embed_tokens.weight``; absent from the release, allowed if present.
 TIED_AUDIO_TABLE = "backbone_model.embed_tokens.embed_audio_tokens.weight"
-# The reference-audio encoder of the audio tokenizer is not used for synthesis.
-CODEC_IGNORED_PREFIXES = ("encoder.",)
+# The audio tokenizer's reference-audio encoder (Mimi, SPEC §2.7): loaded into
+# ``Checkpoint.codec_encoder`` when present, never used by the synthesis loop.
+CODEC_ENCODER_PREFIX = "encoder."
 
 
 class CheckpointError(ValueError):
@@ -88,6 +90,8 @@ class Checkpoint:
     codec: CodecDecoder
     tokenizer: BreezeTokenizer
     generation: GenerationDefaults = field(default_factory=GenerationDefaults)
+    codec_encoder: CodecEncoder | None = None
+    """Reference-audio encoder (fp32); ``None`` when the file has no ``encoder.*`` tensors."""
 
     @property
     def device(self) -> torch.device:
@@ -218,9 +222,11 @@ def load_checkpoint(
     if not codec_file.is_file():
         raise CheckpointError(f"missing checkpoint file: {codec_file}")
     codec_tensors: dict[str, tuple[Path, str]] = {}
+    encoder_tensors: dict[str, tuple[Path, str]] = {}
     with safe_open(str(codec_file), "pt") as f:
         for name in f.keys():
-            if name.startswith(CODEC_IGNORED_PREFIXES):
+            if name.startswith(CODEC_ENCODER_PREFIX):
+                encoder_tensors[name[len(CODEC_ENCODER_PREFIX):]] = (codec_file, name)
                 continue
             if not name.startswith(CODEC_PREFIX):
                 raise CheckpointError(f"{codec_file}: unexpected tensor {name!r}")
@@ -230,7 +236,28 @@ def load_checkpoint(
     return Checkpoint(
         path=root, config=config, model=model.eval(), codec=codec.eval(), tokenizer=tokenizer,
         generation=read_generation_defaults(root),
+        codec_encoder=_load_codec_encoder(config, encoder_tensors, device),
     )
+
+
+# ------------------------------------------------------------------------------- codec encoder
+def _load_codec_encoder(
+    config: BreezeConfig, tensors: dict[str, tuple[Path, str]], device: torch.device
+) -> CodecEncoder | None:
+    """The ``encoder.*`` tensors into a ``CodecEncoder``, always fp32 (SPEC §2.7)."""
+    if not tensors:
+        return None
+    where = f"{CODEC_DIR}/{SINGLE_FILE} (encoder)"
+    try:
+        with torch.device("meta"):
+            encoder = CodecEncoder(config.codec_encoder_json)
+    except (KeyError, TypeError, ValueError) as exc:
+        raise CheckpointError(
+            f"{CODEC_DIR}/config.json: encoder_config cannot build the encoder "
+            f"({type(exc).__name__}: {exc})"
+        ) from None
+    _load_into(encoder, tensors, where, device, torch.float32)
+    return encoder.eval()
 
 
 def _dtype(name: str) -> torch.dtype:
@@ -248,6 +275,7 @@ def save_checkpoint(
     tokenizer_json: str,
     generation: GenerationDefaults | None = None,
     max_shard_bytes: int = 5_000_000_000,
+    codec_encoder: CodecEncoder | None = None,
 ) -> Path:
     """Writes the released layout: config, index + shards, audio_tokenizer/, tokenizer.json."""
     root = Path(out)
@@ -287,5 +315,10 @@ def save_checkpoint(
     codec_state = {
         CODEC_PREFIX + k: v.detach().contiguous() for k, v in codec.state_dict().items()
     }
+    if codec_encoder is not None:
+        codec_state.update({
+            CODEC_ENCODER_PREFIX + k: v.detach().contiguous()
+            for k, v in codec_encoder.state_dict().items()
+        })
     save_file(codec_state, str(root / CODEC_DIR / SINGLE_FILE), metadata={"format": "pt"})
     return root

@@ -15,6 +15,7 @@ import torch
 from breezert.loader import save_checkpoint
 from breezert.models.breeze import BreezeModel
 from breezert.models.codec import CodecDecoder, init_codec_random_
+from breezert.models.codec_encoder import CodecEncoder, init_codec_encoder_random_
 from breezert.models.config import BreezeConfig
 from breezert.tokenizer import BreezeTokenizer, build_byte_tokenizer
 
@@ -46,6 +47,20 @@ def build_random(
     return config, model.eval(), codec.eval()
 
 
+def build_random_codec_encoder(
+    preset: str, seed: int = 0, device: str | torch.device = "cpu"
+) -> CodecEncoder:
+    """Random fp32 reference-audio encoder of ``preset`` (its own generator, seeded ``seed``,
+    so adding it leaves the LM and codec weights of a seed unchanged)."""
+    config = BreezeConfig.preset(preset)
+    with torch.device(device):
+        encoder = CodecEncoder(config.codec_encoder_json)
+    if torch.device(device).type == "meta":
+        return encoder.eval()
+    init_codec_encoder_random_(encoder, torch.Generator(device="cpu").manual_seed(seed))
+    return encoder.eval()
+
+
 def write_random_checkpoint(
     out: str | Path,
     preset: str = "tiny",
@@ -66,7 +81,8 @@ def write_random_checkpoint(
         tokenizer_json = Path(tokenizer).read_text()
     else:
         tokenizer_json = build_byte_tokenizer().to_str()
-    root = save_checkpoint(out, config, model, codec, tokenizer_json)
+    encoder = build_random_codec_encoder(preset, seed=seed)
+    root = save_checkpoint(out, config, model, codec, tokenizer_json, codec_encoder=encoder)
     if tokenizer is not None and Path(tokenizer).with_name("tokenizer_config.json").is_file():
         shutil.copy(Path(tokenizer).with_name("tokenizer_config.json"), root)
     return root
