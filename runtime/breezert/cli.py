@@ -49,6 +49,10 @@ def build_parser() -> argparse.ArgumentParser:
     synth.add_argument("--out", required=True, type=Path)
     synth.add_argument("--speaker", default="[S0]")
     synth.add_argument("--instructions", default=None)
+    synth.add_argument("--reference-audio", type=Path, default=None,
+                       help="WAV of the voice to clone (needs --reference-text)")
+    synth.add_argument("--reference-text", default=None,
+                       help="transcript of --reference-audio")
     synth.add_argument("--cfg-scale", type=float, default=1.0)
     synth.add_argument("--seed", type=int, default=0)
     synth.add_argument("--temperature", type=float, default=None)
@@ -133,27 +137,26 @@ def cmd_init_random(args: argparse.Namespace) -> int:
 
 
 def cmd_synth(args: argparse.Namespace) -> int:
-    import torch
+    import dataclasses
 
     from breezert.loader import load_checkpoint
     from breezert.offline import default_sampling, stream_sequential
     from breezert.request import SynthesisRequest
 
     ckpt = load_checkpoint(args.model, device=args.device)
-    base = default_sampling(ckpt)
     overrides = {
         "temperature": args.temperature, "top_k": args.top_k, "top_p": args.top_p,
         "repetition_penalty": args.repetition_penalty,
     }
-    import dataclasses
-
-    sampling = dataclasses.replace(base, **{k: v for k, v in overrides.items() if v is not None})
+    sampling = dataclasses.replace(
+        default_sampling(ckpt), **{k: v for k, v in overrides.items() if v is not None}
+    )
     request = SynthesisRequest(
         text=args.text, speaker=args.speaker, instructions=args.instructions,
+        reference=_reference(ckpt, args.reference_audio, args.reference_text),
         cfg_scale=args.cfg_scale, sampling=sampling, seed=args.seed,
         chunk_schedule=args.chunks, max_frames=args.max_frames, ignore_eos=args.ignore_eos,
     )
-    torch.manual_seed(args.seed)
     start = time.monotonic()
     pieces: list[np.ndarray] = []
     for chunk in stream_sequential(ckpt, request):
@@ -217,6 +220,35 @@ def cmd_serve(args: argparse.Namespace) -> int:
               f"/healthz, /readyz, /metrics)", flush=True)
     web.run_app(app, host=host, port=port, print=None if port else print)
     return 0
+
+def _reference(ckpt, audio: Path | None, text: str | None):  # type: ignore[no-untyped-def]
+    """``Reference`` from a WAV file and its transcript (None when neither is given)."""
+    from breezert.reference_audio import encode_reference
+    from breezert.request import Reference
+
+    if audio is None and text is None:
+        return None
+    if audio is None or not text:
+        raise ValueError("--reference-audio and --reference-text go together")
+    if ckpt.codec_encoder is None:
+        raise ValueError(f"{ckpt.path}: the checkpoint has no audio-tokenizer encoder")
+    samples, rate = read_wav(audio)
+    return Reference(ref_text=text, ref_codes=encode_reference(ckpt.codec_encoder, samples, rate))
+
+
+def read_wav(path: Path) -> tuple[np.ndarray, int]:
+    """PCM16 WAV → (samples ``[n]`` or ``[n, channels]`` int16, sample rate)."""
+    if not path.is_file():
+        raise FileNotFoundError(f"--reference-audio: no such file: {path}")
+    try:
+        with wave.open(str(path), "rb") as w:
+            if w.getsampwidth() != 2:
+                raise ValueError(f"--reference-audio: {path} is not 16-bit PCM")
+            data = np.frombuffer(w.readframes(w.getnframes()), dtype="<i2")
+            return data.reshape(-1, w.getnchannels()), w.getframerate()
+    except wave.Error as exc:
+        raise ValueError(f"--reference-audio: {path} is not a WAV file ({exc})") from None
+
 
 def write_wav(path: Path, audio: np.ndarray, sample_rate: int) -> None:
     """Mono 16-bit PCM WAV."""

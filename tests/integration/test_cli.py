@@ -164,3 +164,24 @@ def test_streaming_equals_whole(ckpt: Checkpoint, kwargs: dict) -> None:
     whole = synthesize_whole(ckpt, request())
     assert streamed.shape == whole.shape == (20 * SAMPLES_PER_FRAME,)
     np.testing.assert_allclose(streamed, whole, atol=1e-5, rtol=0)
+
+
+def test_synth_clones_a_reference_wav(
+    model_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    ref = tmp_path / "ref.wav"
+    tone = (np.sin(np.arange(24000) * 2 * np.pi * 220 / 16000) * 8000).astype("<i2")
+    with wave.open(str(ref), "wb") as w:
+        w.setnchannels(1)
+        w.setsampwidth(2)
+        w.setframerate(16000)
+        w.writeframes(tone.tobytes())
+    out = tmp_path / "clone.wav"
+    _synth(model_dir, out, "--reference-audio", str(ref), "--reference-text", "A tone.",
+           frames=6)
+    with wave.open(str(out), "rb") as w:
+        assert w.getnframes() == 6 * 1920
+    argv = ["synth", "--model", model_dir, "--text", "x", "--out", tmp_path / "no.wav",
+            "--reference-audio", str(ref)]
+    assert _run(argv) == 2  # audio without its transcript
+    assert "--reference-audio and --reference-text go together" in capsys.readouterr().err
