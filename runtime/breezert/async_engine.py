@@ -19,7 +19,7 @@ from breezert.config import EngineConfig
 from breezert.engine import Engine, EngineOutput, RequestOutcome
 from breezert.errors import BreezeRTError, RequestAborted, RequestFailed
 from breezert.outputs import AudioChunk
-from breezert.request import RequestStatus, SynthesisRequest
+from breezert.request import Reference, RequestStatus, SynthesisRequest
 
 logger = logging.getLogger("breezert.async_engine")
 
@@ -142,6 +142,14 @@ class AsyncEngine:
             if not finished:  # consumer cancelled or stopped early: free everything now
                 self.engine.abort(request_id)
                 self._wake.set()
+
+    async def encode_reference(self, samples: Any, sample_rate: int, ref_text: str) -> Reference:
+        """``Engine.encode_reference`` on a worker thread, so the event loop keeps running.
+
+        Raises ``InvalidRequest`` naming the field (bad audio, no encoder, empty text)."""
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(
+            None, self.engine.encode_reference, samples, sample_rate, ref_text)
 
     def append_text(self, request_id: str, text: str) -> None:
         self.engine.append_text(request_id, text)

@@ -14,6 +14,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from breezert.config import EngineConfig
 from breezert.errors import InvalidRequest
@@ -22,7 +23,7 @@ from breezert.metrics import EngineMetrics
 from breezert.models.generate import cfg_branches
 from breezert.outputs import AudioChunk
 from breezert.prompting import make_prompt
-from breezert.request import Request, RequestStatus, Segment, SynthesisRequest
+from breezert.request import Reference, Request, RequestStatus, Segment, SynthesisRequest
 from breezert.sched.block_pool import BlockPool
 from breezert.sched.deadline import DeadlinePredictor
 from breezert.sched.plan import StepPlan, StepResult
@@ -119,6 +120,36 @@ class Engine:
             self.scheduler.add_request(logical, now)
             self.metrics.request_added(logical.request_id, now)
         return logical.request_id
+
+    def encode_reference(self, samples: Any, sample_rate: int, ref_text: str) -> Reference:
+        """Reference audio -> ``Reference(ref_text, ref_codes)`` for voice clone / direction.
+
+        Runs the checkpoint's codec encoder (fp32) under ``torch.inference_mode`` on its own
+        device. Touches no scheduler state, so any thread may call it while ``step`` runs.
+
+        Args:
+            samples: ``[num_samples]`` or ``[num_samples, num_channels]``; float, int16 or int32.
+            sample_rate: Hz (resampled to 24 kHz).
+            ref_text: the reference audio's transcript.
+
+        Raises:
+            InvalidRequest: naming ``reference_text``, ``samples`` / ``sample_rate`` (bad audio)
+                or ``reference_audio`` (the model has no encoder).
+        """
+        import torch
+
+        from breezert.reference_audio import encode_reference
+
+        if not isinstance(ref_text, str) or not ref_text.strip():
+            raise InvalidRequest("reference_text: must be non-empty text (the reference's "
+                                 "transcript)")
+        encoder = self.checkpoint.codec_encoder
+        if encoder is None:
+            raise InvalidRequest("reference_audio: this model has no reference-audio encoder "
+                                 "(its checkpoint lacks the audio-tokenizer encoder weights)")
+        with torch.inference_mode():
+            codes = encode_reference(encoder, samples, sample_rate)
+        return Reference(ref_text=ref_text, ref_codes=codes)
 
     def append_text(self, request_id: str, text: str) -> None:
         """Adds a text segment to a running turn (its input must still be open)."""

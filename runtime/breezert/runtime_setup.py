@@ -14,7 +14,7 @@ from breezert.config import EngineConfig, ModelConfig
 from breezert.layers.sampling import SamplingParams
 from breezert.loader import Checkpoint, GenerationDefaults, load_checkpoint
 from breezert.offline import default_sampling
-from breezert.random_init import build_random
+from breezert.random_init import build_random, build_random_codec_encoder
 from breezert.tokenizer import BreezeTokenizer, build_byte_tokenizer
 from breezert.worker.model_runner import ModelRunner
 
@@ -43,6 +43,8 @@ def load_engine_checkpoint(cfg: ModelConfig) -> Checkpoint:
         tokenizer=(BreezeTokenizer.from_file(cfg.tokenizer) if cfg.tokenizer
                    else BreezeTokenizer(build_byte_tokenizer())),
         generation=GenerationDefaults(),
+        # the reference-audio encoder (fp32, own seeded generator), so random models clone too
+        codec_encoder=build_random_codec_encoder(cfg.preset, seed=cfg.seed, device=device),
     )
 
 

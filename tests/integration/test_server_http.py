@@ -135,6 +135,11 @@ async def test_raw_pcm_and_streamed_wav(engine: AsyncEngine) -> None:
     ({"input": "Hi", "speed": 1.5}, 400, "speed"),
     ({"input": "Hi", "stream": "yes"}, 400, "stream"),
     ({"input": "x" * 2001}, 413, "input"),
+    ({"input": "Hi", "reference_text": "Me."}, 400, "reference_audio"),
+    ({"input": "Hi", "reference_audio": "@@@", "reference_text": "Me."}, 400, "reference_audio"),
+    ({"input": "Hi", "reference_audio": "UklGRg=="}, 400, "reference_text"),
+    ({"input": "Hi", "reference_audio": "UklGRg==", "reference_text": "Me."}, 400,
+     "reference_audio"),
 ])
 async def test_bad_requests_get_4xx_with_a_message(
     engine: AsyncEngine, body: dict[str, Any], status: int, param: str

@@ -1,6 +1,7 @@
 """``POST /v1/audio/speech``: OpenAI-compatible text to speech over plain HTTP.
 
-Owns: validating the OpenAI request fields and answering with a WAV file, raw PCM16, or (with
+Owns: validating the OpenAI request fields (plus ``reference_audio`` / ``reference_text`` for
+voice cloning, encoded off the event loop) and answering with a WAV file, raw PCM16, or (with
 ``stream: true``) a chunked response that carries each engine chunk as soon as it exists. Must
 not: buffer a streamed response or hold the engine request after the client has gone.
 """
@@ -17,9 +18,18 @@ from aiohttp import web
 from breezert.errors import EngineOverloaded, InvalidRequest, RequestAborted, RequestFailed
 from breezert.request import SynthesisRequest
 from breezert.server.app import STATE, ServerState, json_error, read_json_object
+from breezert.server.protocol import (
+    MAX_REFERENCE_MESSAGE_BYTES,
+    ProtocolError,
+    ReferenceAudio,
+    decode_reference,
+)
+from breezert.server.turns import reference_message
 from breezert_agent.audio import ENGINE_SAMPLE_RATE, encode_wav, float_to_pcm16, wav_header
 
 FORMATS = ("wav", "pcm")
+MAX_SPEECH_BODY_BYTES = MAX_REFERENCE_MESSAGE_BYTES
+"""Largest request body of this route (a 30 s reference WAV in base64 fits)."""
 
 
 def setup(app: web.Application) -> None:
@@ -28,13 +38,24 @@ def setup(app: web.Application) -> None:
 
 async def speech(request: web.Request) -> web.StreamResponse:
     state = request.app[STATE]
-    body = await read_json_object(request)
+    # NOTE: the app's body limit (1 MiB) is too small for reference audio; this route's is
+    # sized for 30 s of base64 WAV.
+    body = await read_json_object(request.clone(client_max_size=MAX_SPEECH_BODY_BYTES))
     if isinstance(body, web.Response):
         return body
     parsed = _parse(body, state)
     if isinstance(parsed, web.Response):
         return parsed
-    synth, fmt, stream = parsed
+    text, options, reference, fmt, stream = parsed
+    if reference is not None:
+        encoded = await _encode_reference(state, reference)
+        if isinstance(encoded, web.Response):
+            return encoded
+        options["reference"] = encoded
+    try:
+        synth = SynthesisRequest(text=text, **options)
+    except InvalidRequest as exc:
+        return json_error(400, str(exc), param=_param_of(str(exc)))
     try:
         request_id = state.engine.submit(synth)
     except InvalidRequest as exc:
@@ -48,7 +69,8 @@ async def speech(request: web.Request) -> web.StreamResponse:
 
 
 def _parse(body: dict[str, Any], state: ServerState) \
-        -> tuple[SynthesisRequest, str, bool] | web.Response:
+        -> tuple[str, dict[str, Any], ReferenceAudio | None, str, bool] | web.Response:
+    """(text, SynthesisRequest options, reference, format, stream) or a 4xx response."""
     text = body.get("input")
     if "input" not in body:
         return json_error(400, "input is required: the text to speak", param="input")
@@ -81,11 +103,34 @@ def _parse(body: dict[str, Any], state: ServerState) \
         options["instructions"] = body["instructions"]
     if body.get("seed") is not None:
         options["seed"] = body["seed"]
-    try:
-        synth = SynthesisRequest(text=text, **options)
+    reference = None
+    if body.get("reference_audio") is not None or body.get("reference_text") is not None:
+        if body.get("reference_audio") is None:
+            return json_error(400, "reference_text needs reference_audio (base64 of a WAV file)",
+                              param="reference_audio")
+        try:
+            reference = decode_reference(body["reference_audio"], body.get("reference_text"))
+        except ProtocolError as exc:
+            return json_error(400, exc.message, param=exc.field)
+    try:  # checks every field before the (costly) reference encoding
+        SynthesisRequest(text=text, **options)
     except InvalidRequest as exc:
         return json_error(400, str(exc), param=_param_of(str(exc)))
-    return synth, fmt, stream
+    return text, options, reference, fmt, stream
+
+
+async def _encode_reference(state: ServerState, reference: ReferenceAudio) -> Any:
+    """``breezert.request.Reference`` of the decoded audio, or a 400 naming the field."""
+    encode = getattr(state.engine, "encode_reference", None)
+    if encode is None:
+        return json_error(400, "reference_audio is not supported by this engine",
+                          param="reference_audio")
+    try:
+        return await encode(reference.samples, reference.sample_rate, reference.text)
+    except InvalidRequest as exc:
+        message = reference_message(str(exc))
+        param = "reference_text" if message.startswith("reference_text") else "reference_audio"
+        return json_error(400, message, param=param)
 
 
 async def _stream(request: web.Request, state: ServerState, request_id: str,
@@ -142,4 +187,5 @@ def _param_of(message: str) -> str | None:
     """The OpenAI field an engine validation message names (``speaker=...`` -> ``voice``)."""
     head = message.split("=", 1)[0].split(":", 1)[0].strip()
     return {"speaker": "voice", "text": "input", "instructions": "instructions",
-            "seed": "seed"}.get(head)
+            "seed": "seed", "reference.ref_text": "reference_text",
+            "reference.ref_codes": "reference_audio"}.get(head)

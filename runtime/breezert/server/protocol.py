@@ -18,29 +18,60 @@ Client -> server (one JSON object per message, ``type`` selects the kind)::
 
 ``say`` also takes ``input_closed`` (the opposite of ``more``), ``speaker`` (= ``voice``),
 ``instructions``, ``seed``, ``cfg_scale``, ``temperature``, ``max_frames``, ``chunk_schedule``,
-``priority``, ``request_id`` (the client's id, echoed as ``client_request_id``) and, on the
-WebSocket, ``format``: ``pcm`` (PCM16 24 kHz, default) or ``opus`` (Ogg/Opus).
+``priority``, ``request_id`` (the client's id, echoed as ``client_request_id``), on the
+WebSocket, ``format``: ``pcm`` (PCM16 24 kHz, default) or ``opus`` (Ogg/Opus), and, to clone a
+voice, ``reference_audio`` (base64 of a WAV file, at most 30 s) with ``reference_text`` (its
+transcript; required with it). A ``say`` carrying ``reference_audio`` may be up to
+``MAX_REFERENCE_MESSAGE_BYTES``; every other message ``MAX_MESSAGE_BYTES``.
 
 Server -> client: ``ready``, ``turn_started``, ``first_audio``, ``turn_done``, ``error``.
 """
 
 from __future__ import annotations
 
+import base64
+import binascii
 import json
 import math
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
 MAX_MESSAGE_BYTES = 65536
+MAX_REFERENCE_S = 30.0
+"""Longest reference audio accepted, seconds (mirrors ``breezert.reference_audio``; not
+imported so this module stays torch-free)."""
+MAX_REFERENCE_AUDIO_CHARS = 16 << 20
+"""Longest ``reference_audio`` (base64 text): 30 s of 48 kHz stereo float32 WAV fits."""
+MAX_REFERENCE_MESSAGE_BYTES = MAX_REFERENCE_AUDIO_CHARS + (1 << 16)
+"""Largest ``say`` message that carries ``reference_audio``."""
+MAX_REFERENCE_CHANNELS = 8
 
 
 class ProtocolError(Exception):
-    """A client message is malformed; ``code`` is machine-readable, the text says why."""
+    """A client message is malformed; ``code`` is machine-readable, the text says why;
+    ``field`` names the client field at fault, when one is."""
 
-    def __init__(self, code: str, message: str) -> None:
+    def __init__(self, code: str, message: str, *, field: str | None = None) -> None:
         super().__init__(message)
         self.code = code
         self.message = message
+        self.field = field
+
+
+@dataclass(frozen=True, eq=False)
+class ReferenceAudio:
+    """Decoded reference audio (voice clone / direction) and its transcript."""
+
+    samples: np.ndarray
+    """``[num_samples]`` or ``[num_samples, num_channels]`` float32 in [-1, 1]."""
+    sample_rate: int
+    text: str
+
+    @property
+    def duration_s(self) -> float:
+        return self.samples.shape[0] / self.sample_rate
 
 
 @dataclass(frozen=True)
@@ -52,6 +83,8 @@ class Say:
     format: str | None = None
     """WebSocket only: ``pcm`` (PCM16 24 kHz) or ``opus`` (Ogg/Opus)."""
     client_request_id: str | None = None
+    reference: ReferenceAudio | None = None
+    """``reference_audio`` + ``reference_text``: encoded by the engine before the turn starts."""
     options: dict[str, Any] = field(default_factory=dict)
     """``SynthesisRequest`` fields the client set (``speaker``, ``seed``, ...) plus
     ``temperature``; type-checked here, range-checked by the engine."""
@@ -120,13 +153,21 @@ _SAY_OPTIONS: dict[str, tuple[str, tuple[type, ...]]] = {
 
 def parse_message(raw: str | bytes, *, allow_playout: bool = True) -> Message:
     """One client message -> its typed form; raises ``ProtocolError`` naming what is wrong."""
-    if len(raw) > MAX_MESSAGE_BYTES:
-        raise ProtocolError("message_too_large",
-                            f"message is {len(raw)} bytes; the limit is {MAX_MESSAGE_BYTES}")
+    too_large = ProtocolError("message_too_large",
+                              f"message is {len(raw)} bytes; the limit is {MAX_MESSAGE_BYTES} "
+                              f"({MAX_REFERENCE_MESSAGE_BYTES} for a say with reference_audio)")
+    if len(raw) > MAX_REFERENCE_MESSAGE_BYTES:
+        raise too_large
     try:
         data = json.loads(raw)
     except (ValueError, UnicodeDecodeError) as exc:
+        if len(raw) > MAX_MESSAGE_BYTES:
+            raise too_large from None
         raise ProtocolError("bad_json", f"message is not valid JSON: {exc}") from None
+    if len(raw) > MAX_MESSAGE_BYTES and not (
+        isinstance(data, dict) and data.get("type") == "say" and "reference_audio" in data
+    ):
+        raise too_large
     if not isinstance(data, dict):
         raise ProtocolError("bad_message", "message must be a JSON object with a 'type' field")
     kind = data.get("type")
@@ -168,6 +209,7 @@ def _say(data: dict[str, Any]) -> Say:
     client_id = data.get("request_id")
     if client_id is not None and (not isinstance(client_id, str) or len(client_id) > 128):
         raise ProtocolError("bad_field", "request_id must be a string of up to 128 characters")
+    reference = _reference(data)
     options: dict[str, Any] = {}
     for wire, (name, types) in _SAY_OPTIONS.items():
         value = data.get(wire)
@@ -178,7 +220,127 @@ def _say(data: dict[str, Any]) -> Say:
         if isinstance(value, str) and not value.strip():
             raise ProtocolError("bad_field", f"{wire} must not be empty")
         options[name] = tuple(value) if isinstance(value, list) else value
-    return Say(text=text, more=more, format=fmt, client_request_id=client_id, options=options)
+    return Say(text=text, more=more, format=fmt, client_request_id=client_id,
+               reference=reference, options=options)
+
+
+def _reference(data: dict[str, Any]) -> ReferenceAudio | None:
+    audio, text = data.get("reference_audio"), data.get("reference_text")
+    if audio is None and text is None:
+        return None
+    if audio is None:
+        raise ProtocolError("missing_field", "reference_text needs reference_audio (base64 WAV)",
+                            field="reference_audio")
+    return decode_reference(audio, text)
+
+
+# ----------------------------------------------------------------------------- reference audio
+
+
+def decode_reference(audio: Any, text: Any) -> ReferenceAudio:
+    """``reference_audio`` (base64 of a WAV file) and ``reference_text`` -> ``ReferenceAudio``.
+
+    Raises ``ProtocolError`` whose ``field`` is ``reference_audio`` or ``reference_text``.
+    """
+    if text is None:
+        raise ProtocolError("missing_field", "reference_text is required with reference_audio: "
+                            "the transcript of the reference audio", field="reference_text")
+    if not isinstance(text, str) or not text.strip():
+        raise ProtocolError("bad_field", "reference_text must be a non-empty string",
+                            field="reference_text")
+    samples, rate = read_wav_bytes(decode_base64_audio(audio))
+    return ReferenceAudio(samples, rate, text)
+
+
+def decode_base64_audio(audio: Any, name: str = "reference_audio") -> bytes:
+    """Base64 text (whitespace and a ``data:...;base64,`` prefix allowed) -> bytes."""
+    if not isinstance(audio, str) or not audio.strip():
+        raise ProtocolError("bad_field", f"{name} must be a non-empty base64 string (a WAV file)",
+                            field=name)
+    if len(audio) > MAX_REFERENCE_AUDIO_CHARS:
+        raise ProtocolError("bad_field", f"{name} is {len(audio)} characters of base64; "
+                            f"the limit is {MAX_REFERENCE_AUDIO_CHARS}", field=name)
+    if audio.startswith("data:") and "," in audio[:256]:
+        audio = audio.split(",", 1)[1]
+    try:
+        return base64.b64decode("".join(audio.split()), validate=True)
+    except (binascii.Error, ValueError) as exc:
+        raise ProtocolError("bad_field", f"{name} is not valid base64: {exc}", field=name) \
+            from None
+
+
+_WAVE_PCM, _WAVE_FLOAT, _WAVE_EXTENSIBLE = 0x0001, 0x0003, 0xFFFE
+
+
+def read_wav_bytes(data: bytes, name: str = "reference_audio") -> tuple[np.ndarray, int]:
+    """A RIFF/WAVE file -> (float32 ``[n]`` or ``[n, channels]`` in [-1, 1], sample rate).
+
+    Takes integer PCM (8, 16, 24, 32 bit) and IEEE float (32, 64 bit), plain or
+    WAVE_FORMAT_EXTENSIBLE, any rate and 1..8 channels, at most ``MAX_REFERENCE_S`` long. A
+    data chunk whose size field overruns the file (a streamed WAV) is read to the end.
+
+    Raises ``ProtocolError`` with ``field=name`` saying what is wrong.
+    """
+    def bad(why: str) -> ProtocolError:
+        return ProtocolError("bad_field", f"{name}: {why}", field=name)
+
+    if len(data) < 12 or data[:4] != b"RIFF" or data[8:12] != b"WAVE":
+        raise bad("not a WAV file (no RIFF/WAVE header)")
+    fmt: bytes | None = None
+    pcm: bytes | None = None
+    pos = 12
+    while pos + 8 <= len(data):
+        chunk_id, size = data[pos:pos + 4], int.from_bytes(data[pos + 4:pos + 8], "little")
+        body = data[pos + 8:pos + 8 + size]
+        if chunk_id == b"fmt ":
+            fmt = body
+        elif chunk_id == b"data":
+            pcm = body
+            if fmt is not None:
+                break
+        pos += 8 + size + (size & 1)
+    if fmt is None or len(fmt) < 16:
+        raise bad("WAV file has no valid fmt chunk")
+    if pcm is None:
+        raise bad("WAV file has no data chunk")
+    tag = int.from_bytes(fmt[0:2], "little")
+    channels = int.from_bytes(fmt[2:4], "little")
+    rate = int.from_bytes(fmt[4:8], "little")
+    bits = int.from_bytes(fmt[14:16], "little")
+    if tag == _WAVE_EXTENSIBLE and len(fmt) >= 26:
+        tag = int.from_bytes(fmt[24:26], "little")  # the subformat GUID's first two bytes
+    dtypes = {(_WAVE_PCM, 8): "u1", (_WAVE_PCM, 16): "<i2", (_WAVE_PCM, 24): "i3",
+              (_WAVE_PCM, 32): "<i4", (_WAVE_FLOAT, 32): "<f4", (_WAVE_FLOAT, 64): "<f8"}
+    if (tag, bits) not in dtypes:
+        raise bad(f"unsupported WAV encoding (format tag {tag:#06x}, {bits} bits); use PCM "
+                  "8/16/24/32-bit or float 32/64-bit")
+    if not 1 <= channels <= MAX_REFERENCE_CHANNELS:
+        raise bad(f"{channels} channels; 1..{MAX_REFERENCE_CHANNELS} are accepted")
+    if not 1000 <= rate <= 768000:
+        raise bad(f"sample rate {rate} Hz is out of range (1000..768000)")
+    frame_bytes = channels * bits // 8
+    num_frames = len(pcm) // frame_bytes
+    if num_frames == 0:
+        raise bad("WAV file holds no audio (0 samples)")
+    if num_frames / rate > MAX_REFERENCE_S:
+        raise bad(f"{num_frames / rate:.2f} s of audio; the limit is {MAX_REFERENCE_S:g} s")
+    raw = pcm[:num_frames * frame_bytes]
+    dtype = dtypes[(tag, bits)]
+    if dtype == "u1":
+        x = (np.frombuffer(raw, np.uint8).astype(np.float32) - 128.0) / 128.0
+    elif dtype == "i3":
+        b = np.frombuffer(raw, np.uint8).reshape(-1, 3).astype(np.int32)
+        v = b[:, 0] | (b[:, 1] << 8) | (b[:, 2] << 16)
+        x = (np.where(v >= 1 << 23, v - (1 << 24), v) / float(1 << 23)).astype(np.float32)
+    elif dtype in ("<i2", "<i4"):
+        scale = float(1 << (bits - 1))
+        x = (np.frombuffer(raw, dtype).astype(np.float64) / scale).astype(np.float32)
+    else:
+        x = np.frombuffer(raw, dtype).astype(np.float32)
+        if not np.isfinite(x).all():
+            raise bad("float WAV contains NaN or infinite samples")
+    x = x.reshape(num_frames, channels)
+    return (x[:, 0].copy() if channels == 1 else x), rate
 
 
 def _flag(data: dict[str, Any], name: str, default: bool) -> bool:

@@ -153,8 +153,17 @@ class TurnController:
             raise ProtocolError("turn_active",
                                 "a turn is already playing; send cancel first (barge-in)")
         self._check_chars(say.num_chars, 0)
-        request = self._request(say)
         say_time = self._clock()
+        request = self._request(say)  # every cheap check before encoding the reference
+        if say.reference is not None:
+            reference = await self._encode_reference(say)
+            if self.active is not None:  # NOTE: the transports handle messages in order
+                raise ProtocolError("turn_active", "a turn started while the reference audio "
+                                    "was being encoded; send cancel first (barge-in)")
+            try:
+                request = replace(request, reference=reference)
+            except InvalidRequest as exc:
+                raise ProtocolError("invalid_request", str(exc)) from None
         request_id = self._call_engine(self.engine.submit, request)
         turn = _Turn(request_id, say.client_request_id, say_time, say.more, say.num_chars)
         try:
@@ -166,6 +175,18 @@ class TurnController:
             self.active = None
             raise
         turn.task = asyncio.create_task(self._run(turn), name=f"turn-{request_id}")
+
+    async def _encode_reference(self, say: Say) -> Any:
+        """The say's reference audio -> ``breezert.request.Reference`` (off the event loop)."""
+        assert say.reference is not None
+        encode = getattr(self.engine, "encode_reference", None)
+        if encode is None:
+            raise ProtocolError("invalid_request", "reference_audio is not supported here")
+        ref = say.reference
+        try:
+            return await encode(ref.samples, ref.sample_rate, ref.text)
+        except InvalidRequest as exc:
+            raise ProtocolError("invalid_request", reference_message(str(exc))) from None
 
     def _request(self, say: Say) -> SynthesisRequest:
         options = {**self._request_options, **say.options}
@@ -274,3 +295,12 @@ class TurnController:
         except EngineOverloaded as exc:
             raise ProtocolError("overloaded", f"the engine is at capacity, retry later: {exc}") \
                 from None
+
+
+def reference_message(message: str) -> str:
+    """An ``encode_reference`` error in the client's field names (``samples: ...`` ->
+    ``reference_audio: ...``)."""
+    head = message.split("=", 1)[0].split(":", 1)[0].strip()
+    if head in ("samples", "sample_rate"):
+        return f"reference_audio: {message}"
+    return message

@@ -18,7 +18,14 @@ from aiohttp import WSMsgType, web
 from breezert.outputs import AudioChunk
 from breezert.server.app import STATE, ServerState
 from breezert.server.ogg_opus import OggOpusWriter
-from breezert.server.protocol import ProtocolError, Say, error_event, event, parse_message
+from breezert.server.protocol import (
+    MAX_REFERENCE_MESSAGE_BYTES,
+    ProtocolError,
+    Say,
+    error_event,
+    event,
+    parse_message,
+)
 from breezert.server.turns import TurnController
 from breezert_agent.audio import float_to_pcm16
 from breezert_agent.webrtc import TurnPlayout
@@ -80,7 +87,9 @@ class WebSocketSink:
 
 async def speech_stream(request: web.Request) -> web.WebSocketResponse:
     state = request.app[STATE]
-    ws = web.WebSocketResponse(heartbeat=30.0, max_msg_size=1 << 16)
+    # NOTE: a say with reference_audio may be large; parse_message holds every other message
+    # to MAX_MESSAGE_BYTES.
+    ws = web.WebSocketResponse(heartbeat=30.0, max_msg_size=MAX_REFERENCE_MESSAGE_BYTES)
     await ws.prepare(request)
     state.num_ws_sessions += 1
     sink = WebSocketSink(ws, state)
