@@ -302,7 +302,9 @@ class _RMSNorm(nn.Module):
         return self.weight * h.to(x.dtype)
 
 
-class _LayerScale(nn.Module):
+class LayerScale(nn.Module):
+    """Per-channel residual scale (Mimi / Qwen3-TTS tokenizer transformers)."""
+
     def __init__(self, dim: int, init: float) -> None:
         super().__init__()
         self.scale = nn.Parameter(torch.full((dim,), init))
@@ -360,10 +362,10 @@ class _TransformerLayer(nn.Module):
         super().__init__()
         self.input_layernorm = _RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.self_attn = _Attention(cfg)
-        self.self_attn_layer_scale = _LayerScale(cfg.hidden_size, cfg.layer_scale_initial_scale)
+        self.self_attn_layer_scale = LayerScale(cfg.hidden_size, cfg.layer_scale_initial_scale)
         self.post_attention_layernorm = _RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.mlp = _Mlp(cfg)
-        self.mlp_layer_scale = _LayerScale(cfg.hidden_size, cfg.layer_scale_initial_scale)
+        self.mlp_layer_scale = LayerScale(cfg.hidden_size, cfg.layer_scale_initial_scale)
 
     def forward(
         self, x: Tensor, cos: Tensor, sin: Tensor, kv: Tensor, keep: Tensor
@@ -565,7 +567,7 @@ def init_codec_random_(
             module.weight.fill_(1.0)
             if getattr(module, "bias", None) is not None:
                 module.bias.zero_()
-        elif isinstance(module, _LayerScale):
+        elif isinstance(module, LayerScale):
             module.scale.fill_(scale)
         elif isinstance(module, _ConvNeXt):
             module.gamma.fill_(scale)

@@ -16,6 +16,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from breezert.layers.rope import rotate_half
+from breezert.models.codec import LayerScale
+
 NUM_KEPT_QUANTIZERS = 16  # ``encoder_valid_num_quantizers`` (SPEC §1.6, §2.7)
 _PAD_MODES = ("constant", "replicate")
 _ACTIVATIONS = {"gelu": F.gelu, "silu": F.silu, "relu": F.relu}  # transformers ACT2FN names
@@ -226,20 +229,6 @@ def _rope(num_pos: int, head_dim: int, theta: float, device: torch.device) -> tu
     return emb.cos(), emb.sin()
 
 
-def _rotate_half(x: Tensor) -> Tensor:
-    x1, x2 = x.chunk(2, dim=-1)
-    return torch.cat((-x2, x1), dim=-1)
-
-
-class _LayerScale(nn.Module):
-    def __init__(self, dim: int, init: float) -> None:
-        super().__init__()
-        self.scale = nn.Parameter(torch.full((dim,), init))
-
-    def forward(self, x: Tensor) -> Tensor:
-        return self.scale * x
-
-
 class _Attention(nn.Module):
     def __init__(self, cfg: MimiEncoderConfig) -> None:
         super().__init__()
@@ -256,8 +245,8 @@ class _Attention(nn.Module):
         q = self.q_proj(x).view(b, t, self.num_heads, self.head_dim).transpose(1, 2)
         k = self.k_proj(x).view(b, t, self.num_kv_heads, self.head_dim).transpose(1, 2)
         v = self.v_proj(x).view(b, t, self.num_kv_heads, self.head_dim).transpose(1, 2)
-        q = q * cos + _rotate_half(q) * sin  # [B, H, T, head_dim]
-        k = k * cos + _rotate_half(k) * sin
+        q = q * cos + rotate_half(q) * sin  # [B, H, T, head_dim]
+        k = k * cos + rotate_half(k) * sin
         if self.num_kv_heads != self.num_heads:
             rep = self.num_heads // self.num_kv_heads
             k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
@@ -285,8 +274,8 @@ class _TransformerLayer(nn.Module):
         self.mlp = _Mlp(cfg)
         self.input_layernorm = nn.LayerNorm(cfg.hidden_size, eps=cfg.norm_eps)
         self.post_attention_layernorm = nn.LayerNorm(cfg.hidden_size, eps=cfg.norm_eps)
-        self.self_attn_layer_scale = _LayerScale(cfg.hidden_size, cfg.layer_scale_initial_scale)
-        self.mlp_layer_scale = _LayerScale(cfg.hidden_size, cfg.layer_scale_initial_scale)
+        self.self_attn_layer_scale = LayerScale(cfg.hidden_size, cfg.layer_scale_initial_scale)
+        self.mlp_layer_scale = LayerScale(cfg.hidden_size, cfg.layer_scale_initial_scale)
 
     def forward(self, x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
         x = x + self.self_attn_layer_scale(self.self_attn(self.input_layernorm(x), cos, sin))
@@ -451,7 +440,7 @@ def init_codec_encoder_random_(
         elif isinstance(module, nn.LayerNorm):
             module.weight.fill_(1.0)
             module.bias.zero_()
-        elif isinstance(module, _LayerScale):
+        elif isinstance(module, LayerScale):
             module.scale.fill_(encoder.cfg.layer_scale_initial_scale)
         elif isinstance(module, _Codebook):
             usage = 0.5 + torch.rand(module.cluster_usage.shape, generator=generator)
