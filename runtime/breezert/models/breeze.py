@@ -50,6 +50,7 @@ class BreezeModel(nn.Module):
         self.backbone_model = Qwen3Backbone(cfg.backbone)
         self.lm_head = nn.Linear(cfg.hidden_size, cfg.backbone.vocab_size, bias=False)
         self.depth_decoder = DepthDecoder(cfg.depth)
+        self.lm_head_fp32: torch.Tensor | None = None  # set by fuse_projections_()
 
     @property
     def backbone(self) -> Qwen3Backbone:
@@ -123,7 +124,8 @@ class BreezeModel(nn.Module):
 
     def first_code_logits(self, h_last: torch.Tensor) -> torch.Tensor:
         """fp32 backbone logits ``[R, 2052]`` (2051 = frame EOS) from final-normed ``h_last``."""
-        return F.linear(h_last.float(), self.lm_head.weight.float())
+        weight = self.lm_head_fp32 if self.lm_head_fp32 is not None else self.lm_head.weight.float()
+        return F.linear(h_last.float(), weight)
 
     @torch.no_grad()
     def init_random_(
@@ -142,11 +144,14 @@ class BreezeModel(nn.Module):
 
     @torch.no_grad()
     def fuse_projections_(self) -> BreezeModel:
-        """Packs q/k/v and gate/up weights of the backbone and depth layers into one GEMM each
-        (weights become views of the packed tensors; ``state_dict`` is unchanged)."""
+        """Prepares the loaded weights for serving, with ``state_dict`` unchanged: packs q/k/v and
+        gate/up into one GEMM each (weights become views of the packed tensors) and keeps fp32
+        copies of the output heads, so no step converts them again (+142 MB at full size)."""
         for module in self.modules():
             if module is not self and hasattr(module, "fuse_"):
                 module.fuse_()
+        self.lm_head_fp32 = self.lm_head.weight.detach().float()
+        self.depth_decoder.heads_fp32 = self.depth_decoder.codebooks_head.weight.detach().float()
         return self
 
     def count_parameters(self) -> int:

@@ -108,6 +108,7 @@ class DepthDecoder(nn.Module):
         self.cfg = cfg
         self.model = DepthModel(cfg)
         self.codebooks_head = CodebooksHead(cfg)
+        self.heads_fp32: torch.Tensor | None = None  # fp32 copy, set by fuse_projections_()
         self.rope = Rope(
             llama3_inv_freq(
                 cfg.head_dim,
@@ -167,4 +168,5 @@ class DepthDecoder(nn.Module):
         """fp32 logits ``[R, vocab]`` of ``codebook`` (1..15): ``hidden @ codebooks_head[j-1]``."""
         if not 1 <= codebook < self.cfg.num_codebooks:
             raise ValueError(f"codebook {codebook} outside 1..{self.cfg.num_codebooks - 1}")
-        return hidden.float() @ self.codebooks_head.weight[codebook - 1].float()
+        heads = self.heads_fp32 if self.heads_fp32 is not None else self.codebooks_head.weight
+        return hidden.float() @ heads[codebook - 1].float()
