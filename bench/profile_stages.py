@@ -1,0 +1,73 @@
+"""Kernel census of one DEPTH frame and one DECODE step (torch.profiler), for the fast-path work.
+
+Usage: ``PYTHONPATH=runtime python bench/profile_stages.py [--preset full] [--batch 16]
+[--compile]``. Prints, per stage, the number of kernel launches, GPU busy time and the top
+kernels by time — the numbers FASTPATH-NOTES §0 says to watch (launches first, bytes second).
+Runs on CPU too (tiny preset), where it lists operators instead of kernels.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+from breezert.config import EngineConfig
+from breezert.runtime_setup import build_runner, load_engine_checkpoint
+from breezert.sched.plan import Stage
+
+
+def census(fn, label: str, cuda: bool, top: int) -> None:  # type: ignore[no-untyped-def]
+    for _ in range(3):
+        fn()
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    with profile(activities=activities) as prof:
+        fn()
+        if cuda:
+            torch.cuda.synchronize()
+    events = prof.key_averages()
+    if cuda:
+        kernels = [e for e in events if e.device_type == torch.autograd.DeviceType.CUDA]
+        launches = sum(e.count for e in kernels)
+        busy_ms = sum(e.device_time_total for e in kernels) / 1000
+        print(f"{label}: {launches} kernel launches, GPU busy {busy_ms:.2f} ms")
+        ranked = sorted(kernels, key=lambda e: e.device_time_total, reverse=True)[:top]
+        for e in ranked:
+            print(f"  {e.device_time_total / 1000:8.3f} ms  x{e.count:<5d} {e.key[:90]}")
+    else:
+        print(f"{label}:")
+        print(prof.key_averages().table(sort_by="cpu_time_total", row_limit=top))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--preset", choices=["tiny", "full"], default=None)
+    parser.add_argument("--batch", type=int, default=16)
+    parser.add_argument("--context", type=int, default=512)
+    parser.add_argument("--compile", action="store_true")
+    parser.add_argument("--top", type=int, default=15)
+    args = parser.parse_args()
+    cuda = torch.cuda.is_available()
+    preset = args.preset or ("full" if cuda else "tiny")
+    cfg = EngineConfig.from_dict({
+        "model": {"preset": preset, "dtype": "bfloat16" if cuda else "float32",
+                  "device": "cuda" if cuda else "cpu"},
+        "cache": {"block_size": 16, "num_blocks": 4096},
+        "scheduler": {"max_running_requests": args.batch, "max_decode_rows": 2 * args.batch,
+                      "max_depth_rows": 2 * args.batch},
+        "graph": {"enable_cuda_graphs": False, "compile_depth": args.compile and cuda},
+    })
+    runner = build_runner(cfg, load_engine_checkpoint(cfg.model))
+    depth, decode = runner.stages[Stage.DEPTH], runner.stages[Stage.DECODE]
+    depth_in = depth.example_inputs(args.batch, False)
+    decode_in = decode.example_inputs(args.batch, args.context)
+    with torch.inference_mode():
+        census(lambda: depth.graphs.fn(**depth_in), f"DEPTH frame, batch {args.batch}", cuda,
+               args.top)
+        census(lambda: decode.graphs.fn(**decode_in),
+               f"DECODE step, {args.batch} rows, context {args.context}", cuda, args.top)
+
+
+if __name__ == "__main__":
+    main()
