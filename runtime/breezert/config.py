@@ -102,6 +102,9 @@ class SchedulerConfig(_Frozen):
     """Streams per CODEC step."""
     max_codec_frames: int = Field(default=64, gt=0, le=64)
     """Frames per CODEC item, i.e. the largest chunk (80 ms per frame)."""
+    max_codec_step_frames: int = Field(default=256, gt=0)
+    """Frames per CODEC step over all its items: bounds the step's duration so one batch of
+    large chunks cannot hold a newcomer's first chunk back (the first item always fits)."""
     default_chunk_schedule: tuple[int, ...] = (1, 2, 4, 8, 16)
     """Frames per chunk, in order; the last entry repeats."""
     default_max_frames: int = Field(default=750, gt=0)

@@ -281,6 +281,23 @@ def test_decode_and_codec_request_limits() -> None:
     assert max(len(p.items) for p in h.plans if p.stage is Stage.CODEC) == 2
 
 
+def test_codec_step_frame_budget_bounds_each_step() -> None:
+    h = Harness(make_config(max_codec_step_frames=20))
+    for i in range(4):
+        h.add(make_request(f"r{i}", chunk_schedule=(16,)), eos_after=FOREVER)
+    for _ in range(200):
+        h.step()
+    sizes = [sum(item.num_frames for item in p.items) for p in h.plans if p.stage is Stage.CODEC]
+    assert sizes and max(sizes) <= 20  # one 16-frame chunk per step, never two
+    assert all(len(h.chunks(f"r{i}")) >= 2 for i in range(4))  # every stream still advances
+    # The first item always fits, whatever the budget.
+    h = Harness(make_config(max_codec_step_frames=8))
+    h.add(make_request("big", chunk_schedule=(16,)), eos_after=FOREVER)
+    for _ in range(150):
+        h.step()
+    assert [c.num_frames for c in h.chunks("big")][:2] == [16, 16]
+
+
 # ----------------------------------------------------------------------------- chunks
 
 

@@ -462,8 +462,12 @@ class Scheduler:
     def _codec_items(self, candidates: list[Request],
                      codec_frames: dict[str, int]) -> list[StageItem]:
         items: list[StageItem] = []
+        budget = self.config.max_codec_step_frames
         for request in candidates[: self.config.max_codec_requests]:
             num_frames = codec_frames[request.request_id]
+            if items and num_frames > budget:
+                continue  # a smaller chunk behind may still fit
+            budget -= num_frames
             items.append(CodecItem(
                 request.request_id, _slot(request), request.num_decoded_frames, num_frames,
                 is_first_chunk=request.num_chunks == 0,
