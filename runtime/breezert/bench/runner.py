@@ -379,4 +379,3 @@ async def _run_naive(options: BenchOptions, variant: Variant, config: Any, texts
     doc["runs"].append(run)
     _log_run(run)
     on_update(doc)
-    del ckpt
