@@ -37,16 +37,17 @@ def _time(fn, iters: int = 20) -> float:
 
 
 def measure(batches: list[int], compile_depth: bool, context: int) -> dict:
+    """``compile_depth`` also compiles the text encoder (the "compiled" variant)."""
     cfg = EngineConfig.from_dict({
         "model": {"preset": "full", "dtype": "bfloat16", "device": "cuda"},
         "cache": {"block_size": 16, "num_blocks": 4096},
         "scheduler": {"max_running_requests": max(batches), "max_model_len": 2048,
                       "max_decode_rows": 2 * max(batches), "max_depth_rows": 2 * max(batches)},
         "graph": {"enable_cuda_graphs": True, "compile_depth": compile_depth,
-                  "compile_backbone": False,
+                  "compile_backbone": False, "compile_text_encoder": compile_depth,
                   "decode_batch_buckets": batches, "decode_context_buckets": [context],
                   "depth_batch_buckets": batches, "prefill_token_buckets": [64],
-                  "text_encode_buckets": [64], "codec_buckets": batches},
+                  "text_encode_buckets": [64, 128], "codec_buckets": batches},
     })
     ckpt = load_engine_checkpoint(cfg.model)
     start = time.monotonic()
@@ -66,6 +67,12 @@ def measure(batches: list[int], compile_depth: bool, context: int) -> dict:
                 row[f"{name}_eager_ms"] = _time(lambda: st.graphs.fn(**inputs), 5)
                 row[f"{name}_graph_ms"] = _time(lambda: st.graphs(key, inputs))
             row["frame_step_graph_ms"] = row["decode_graph_ms"] + row["depth_graph_ms"]
+            if b == batches[0]:  # text encode is per token bucket, not per batch
+                te = runner.stages[Stage.TEXT_ENCODE]
+                for tokens in (64, 128):
+                    inputs = te.example_inputs(tokens)
+                    row[f"text_encode{tokens}_eager_ms"] = _time(lambda: te.graphs.fn(**inputs), 5)
+                    row[f"text_encode{tokens}_graph_ms"] = _time(lambda: te.graphs(tokens, inputs))
             rows.append(row)
             print(json.dumps(row))
     return {"compile_depth": compile_depth, "context": context, "startup_s": startup,

@@ -160,6 +160,8 @@ class GraphConfig(_Frozen):
     """``torch.compile`` the whole depth frame (15-step loop with sampling) as one unit."""
     compile_backbone: bool = False
     """``torch.compile`` each backbone layer around its (uncompiled) paged attention."""
+    compile_text_encoder: bool = False
+    """``torch.compile`` the whole text encoder (first-packet path) before capturing it."""
     decode_batch_buckets: tuple[int, ...] = (1, 2, 4, 8, 16, 32)
     """DECODE batch sizes in rows (CFG branches count)."""
     decode_context_buckets: tuple[int, ...] = (256, 512, 1024, 2048)
@@ -263,6 +265,7 @@ class EngineConfig(_Frozen):
             g.enable_cuda_graphs,
             g.compile_depth,
             g.compile_backbone,
+            g.compile_text_encoder,
             g.decode_batch_buckets,
             g.decode_context_buckets,
             g.depth_batch_buckets,

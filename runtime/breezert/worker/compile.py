@@ -25,6 +25,7 @@ import torch
 from breezert.layers.sampling import sample
 from breezert.models.breeze import BreezeModel
 from breezert.stages.depth import depth_frames
+from breezert.stages.text_encode import encode_text
 
 logger = logging.getLogger("breezert.compile")
 
@@ -56,3 +57,16 @@ def compile_backbone_layers(model: BreezeModel) -> None:
     _raise_cache_limit(128)
     for layer in model.backbone_model.layers:
         layer.compile(dynamic=True)
+
+
+def text_encode_fn(
+    model: BreezeModel, compile_text_encoder: bool
+) -> Callable[..., dict[str, torch.Tensor]]:
+    """``encode_text`` bound to ``model``; compiled whole (26 layers, dynamic token count) on
+    CUDA when asked. The encoder sits on the first-packet path and runs ~70 launches per layer
+    uncompiled; the compile costs start-up time, so it is a switch to measure, off by default."""
+    fn = partial(encode_text, model)
+    if not compile_text_encoder or model.lm_head.weight.device.type != "cuda":
+        return fn
+    _raise_cache_limit(64)
+    return torch.compile(fn, dynamic=True, fullgraph=True)

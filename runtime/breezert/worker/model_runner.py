@@ -25,8 +25,8 @@ from breezert.stages import StageOutput
 from breezert.stages.backbone import DecodeStage, PrefillStage, backbone_decode, backbone_prefill
 from breezert.stages.codec import CodecStage, codec_step
 from breezert.stages.depth import TOP_K_BOUND, DepthStage
-from breezert.stages.text_encode import TextEncodeStage, encode_text
-from breezert.worker.compile import compile_backbone_layers, depth_fn
+from breezert.stages.text_encode import TextEncodeStage
+from breezert.worker.compile import compile_backbone_layers, depth_fn, text_encode_fn
 from breezert.worker.cuda_graphs import GraphFn, GraphRunner
 from breezert.worker.batch_state import BatchState, SlotState
 from breezert.worker.kv_cache import PagedKVCache
@@ -82,7 +82,9 @@ class ModelRunner:
 
         self.stages = {
             Stage.TEXT_ENCODE: TextEncodeStage(
-                model, runner("text_encode", partial(encode_text, model)), graph.text_encode_buckets
+                model,
+                runner("text_encode", text_encode_fn(model, graph.compile_text_encoder)),
+                graph.text_encode_buckets,
             ),
             Stage.PREFILL: PrefillStage(
                 model, self.kv, runner("prefill", partial(backbone_prefill, model, self.kv.kv)),
