@@ -7,6 +7,8 @@ memory). Must not: change numerics beyond the GEMM's own blocking.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from torch import nn
 
@@ -44,3 +46,30 @@ class PackedQKV:
             [q_size, kv_size, kv_size], dim=-1
         )
         return q, k, v
+
+
+class GatedMLP(nn.Module):
+    """``down(activation(gate(x)) * up(x))``; ``fuse_()`` packs gate and up into one GEMM."""
+
+    def __init__(
+        self,
+        hidden_size: int,
+        intermediate_size: int,
+        activation: Callable[[torch.Tensor], torch.Tensor],
+    ) -> None:
+        super().__init__()
+        self.activation = activation
+        self.gate_proj = nn.Linear(hidden_size, intermediate_size, bias=False)
+        self.up_proj = nn.Linear(hidden_size, intermediate_size, bias=False)
+        self.down_proj = nn.Linear(intermediate_size, hidden_size, bias=False)
+        self.gate_up_weight: torch.Tensor | None = None  # set by fuse_(): one GEMM
+
+    def fuse_(self) -> None:
+        self.gate_up_weight = fuse_linears_(self.gate_proj, self.up_proj)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.gate_up_weight is None:
+            gate, up = self.gate_proj(x), self.up_proj(x)
+        else:
+            gate, up = torch.nn.functional.linear(x, self.gate_up_weight).chunk(2, dim=-1)
+        return self.down_proj(self.activation(gate) * up)

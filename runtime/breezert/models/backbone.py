@@ -13,7 +13,7 @@ from torch import nn
 
 from breezert.layers.attention import KVCache
 from breezert.layers.norms import RMSNorm
-from breezert.layers.fused import PackedQKV, fuse_linears_
+from breezert.layers.fused import GatedMLP, PackedQKV
 from breezert.layers.rope import Rope, apply_rope, default_inv_freq
 from breezert.models.config import BackboneConfig
 
@@ -50,24 +50,11 @@ class Qwen3Attention(nn.Module, PackedQKV):
         return self.o_proj(out.reshape(n, -1))
 
 
-class SiluMLP(nn.Module):
+class SiluMLP(GatedMLP):
     """SwiGLU MLP: ``down(silu(gate(x)) * up(x))`` (Qwen3 and Llama)."""
 
     def __init__(self, hidden_size: int, intermediate_size: int) -> None:
-        super().__init__()
-        self.gate_proj = nn.Linear(hidden_size, intermediate_size, bias=False)
-        self.up_proj = nn.Linear(hidden_size, intermediate_size, bias=False)
-        self.down_proj = nn.Linear(intermediate_size, hidden_size, bias=False)
-        self.gate_up_weight: torch.Tensor | None = None  # set by fuse_(): one GEMM
-
-    def fuse_(self) -> None:
-        self.gate_up_weight = fuse_linears_(self.gate_proj, self.up_proj)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.gate_up_weight is None:
-            return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
-        gate, up = F.linear(x, self.gate_up_weight).chunk(2, dim=-1)
-        return self.down_proj(F.silu(gate) * up)
+        super().__init__(hidden_size, intermediate_size, F.silu)
 
 
 class Qwen3Layer(nn.Module):

@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from functools import partial
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from breezert.layers.attention import sdpa_gqa
-from breezert.layers.fused import PackedQKV, fuse_linears_
+from breezert.layers.fused import GatedMLP, PackedQKV
 from breezert.layers.norms import GemmaRMSNorm
 from breezert.layers.rope import Rope, apply_rope, default_inv_freq, linear_inv_freq
 from breezert.models.config import TextEncoderConfig
@@ -67,23 +68,11 @@ class EncoderAttention(nn.Module, PackedQKV):
         return self.o_proj(out.transpose(0, 1).reshape(n, -1))  # [N, d]
 
 
-class GeluMLP(nn.Module):
+class GeluMLP(GatedMLP):
+    """Gemma MLP: ``down(gelu_tanh(gate(x)) * up(x))``."""
+
     def __init__(self, hidden_size: int, intermediate_size: int) -> None:
-        super().__init__()
-        self.gate_proj = nn.Linear(hidden_size, intermediate_size, bias=False)
-        self.up_proj = nn.Linear(hidden_size, intermediate_size, bias=False)
-        self.down_proj = nn.Linear(intermediate_size, hidden_size, bias=False)
-        self.gate_up_weight: torch.Tensor | None = None  # set by fuse_(): one GEMM
-
-    def fuse_(self) -> None:
-        self.gate_up_weight = fuse_linears_(self.gate_proj, self.up_proj)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.gate_up_weight is None:
-            gate, up = self.gate_proj(x), self.up_proj(x)
-        else:
-            gate, up = F.linear(x, self.gate_up_weight).chunk(2, dim=-1)
-        return self.down_proj(F.gelu(gate, approximate="tanh") * up)
+        super().__init__(hidden_size, intermediate_size, partial(F.gelu, approximate="tanh"))
 
 
 class EncoderLayer(nn.Module):
