@@ -32,7 +32,20 @@ class PackedQKV:
     q_proj: nn.Linear
     k_proj: nn.Linear
     v_proj: nn.Linear
+    o_proj: nn.Linear
     qkv_weight: torch.Tensor | None = None
+
+    def init_projections(
+        self, hidden_size: int, num_heads: int, num_kv_heads: int, head_dim: int
+    ) -> None:
+        """Creates ``q/k/v/o_proj`` (no bias) and the head counts; call after ``Module``
+        init."""
+        self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
+        self.q_proj = nn.Linear(hidden_size, num_heads * head_dim, bias=False)
+        self.k_proj = nn.Linear(hidden_size, num_kv_heads * head_dim, bias=False)
+        self.v_proj = nn.Linear(hidden_size, num_kv_heads * head_dim, bias=False)
+        self.o_proj = nn.Linear(num_heads * head_dim, hidden_size, bias=False)
+        self.qkv_weight = None  # set by fuse_(): one GEMM for q, k, v
 
     def fuse_(self) -> None:
         self.qkv_weight = fuse_linears_(self.q_proj, self.k_proj, self.v_proj)

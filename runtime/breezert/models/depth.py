@@ -21,14 +21,7 @@ from breezert.models.config import DepthConfig
 class DepthAttention(nn.Module, PackedQKV):
     def __init__(self, cfg: DepthConfig) -> None:
         super().__init__()
-        self.num_heads, self.num_kv_heads = cfg.num_heads, cfg.num_kv_heads
-        self.head_dim = cfg.head_dim
-        d, hd = cfg.hidden_size, cfg.head_dim
-        self.q_proj = nn.Linear(d, cfg.num_heads * hd, bias=False)
-        self.k_proj = nn.Linear(d, cfg.num_kv_heads * hd, bias=False)
-        self.v_proj = nn.Linear(d, cfg.num_kv_heads * hd, bias=False)
-        self.o_proj = nn.Linear(cfg.num_heads * hd, d, bias=False)
-        self.qkv_weight = None  # set by fuse_(): one GEMM for q, k, v
+        self.init_projections(cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim)
 
     def forward(
         self,

@@ -43,17 +43,10 @@ class ScaledEmbedding(nn.Embedding):
 class EncoderAttention(nn.Module, PackedQKV):
     def __init__(self, cfg: TextEncoderConfig) -> None:
         super().__init__()
-        self.num_heads, self.num_kv_heads = cfg.num_heads, cfg.num_kv_heads
-        self.head_dim = cfg.head_dim
+        self.init_projections(cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim)
         self.scale = cfg.query_pre_attn_scalar**-0.5
-        d, hd = cfg.hidden_size, cfg.head_dim
-        self.q_proj = nn.Linear(d, cfg.num_heads * hd, bias=False)
-        self.k_proj = nn.Linear(d, cfg.num_kv_heads * hd, bias=False)
-        self.v_proj = nn.Linear(d, cfg.num_kv_heads * hd, bias=False)
-        self.o_proj = nn.Linear(cfg.num_heads * hd, d, bias=False)
-        self.q_norm = GemmaRMSNorm(hd, cfg.rms_norm_eps)
-        self.k_norm = GemmaRMSNorm(hd, cfg.rms_norm_eps)
-        self.qkv_weight = None  # set by fuse_(): one GEMM for q, k, v
+        self.q_norm = GemmaRMSNorm(cfg.head_dim, cfg.rms_norm_eps)
+        self.k_norm = GemmaRMSNorm(cfg.head_dim, cfg.rms_norm_eps)
 
     def forward(
         self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mask: torch.Tensor
