@@ -15,12 +15,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from breezert.errors import InvalidRequest
+from breezert.models.config import CODEBOOK_SIZE, NUM_CODEBOOKS  # torch-free module
 from breezert.sched.plan import Stage
 
-# NOTE: mirrors breezert.models.config; not imported so that request.py stays torch-free even if
-# breezert.models grows torch imports in its package __init__.
-NUM_CODEBOOKS = 16
-CODEBOOK_SIZE = 2048
 MAX_CHUNK_FRAMES = 64
 """Largest chunk a request may ask for (the codec's per-item frame limit)."""
 

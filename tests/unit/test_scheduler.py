@@ -8,12 +8,13 @@ import sys
 from dataclasses import dataclass, field
 
 import pytest
+
 from breezert.config import SchedulerConfig
 from breezert.errors import EngineOverloaded, InvalidRequest
+from breezert.models.config import FRAME_EOS_ID
 from breezert.request import Request, RequestStatus, Segment
 from breezert.sched.block_pool import BlockPool
 from breezert.sched.plan import (
-    FRAME_EOS_ID,
     CodecItem,
     DecodeItem,
     DepthItem,

@@ -21,9 +21,10 @@ from breezert.models.config import (
     NUM_CODEBOOKS,
     SPEAKER_TOKEN_IDS,
     TEXT_BOS_ID,
+    TextEncoderConfig,
 )
 
-TEXT_VOCAB_SIZE = 262158
+TEXT_VOCAB_SIZE = TextEncoderConfig.vocab_size
 SPEAKERS = {f"[S{i}]": token_id for i, token_id in enumerate(SPEAKER_TOKEN_IDS)}
 TokenIds = Sequence[int] | torch.Tensor
 

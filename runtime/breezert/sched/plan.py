@@ -17,9 +17,6 @@ import enum
 from dataclasses import dataclass, field
 from typing import Any
 
-FRAME_EOS_ID = 2051
-"""First code that ends a segment (the backbone's EOS; SPEC §2.5). Not a frame."""
-
 
 class Stage(str, enum.Enum):
     """The five stages; the values double as metrics keys, log fields and graph keys."""

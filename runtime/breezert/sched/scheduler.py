@@ -17,17 +17,10 @@ from dataclasses import dataclass
 
 from breezert.config import SchedulerConfig
 from breezert.errors import EngineOverloaded, InvalidRequest
+from breezert.models.config import FRAME_EOS_ID
 from breezert.request import CODEBOOK_SIZE, Request, RequestStatus, Segment, SegmentPhase
 from breezert.sched.block_pool import BlockPool
-from breezert.sched.policy import (
-    ChunkPolicy,
-    DefaultStagePolicy,
-    ReadyPair,
-    ScheduleChunkPolicy,
-    StagePolicy,
-)
 from breezert.sched.plan import (
-    FRAME_EOS_ID,
     CodecItem,
     DecodeBranch,
     DecodeItem,
@@ -39,6 +32,13 @@ from breezert.sched.plan import (
     StepPlan,
     StepResult,
     TextEncodeItem,
+)
+from breezert.sched.policy import (
+    ChunkPolicy,
+    DefaultStagePolicy,
+    ReadyPair,
+    ScheduleChunkPolicy,
+    StagePolicy,
 )
 
 # ----------------------------------------------------------------------------- events
