@@ -113,8 +113,9 @@ class Engine:
 
             request = replace(request, seed=secrets.randbits(63))
         segments = [self._segment(request, text) for text in request.segments]
+        num_branches = segments[0].num_branches if segments else self._num_branches(request)
         logical = Request.from_synthesis(request, segments, payload=request,
-                                         num_branches=self._num_branches(request))
+                                         num_branches=num_branches)
         with self._lock:
             now = self.clock()
             self.scheduler.add_request(logical, now)
@@ -278,6 +279,7 @@ class Engine:
         )
 
     def _num_branches(self, request: SynthesisRequest) -> int:
+        """CFG branches of a turn that has no text yet (its template decides them)."""
         probe = make_prompt(
             self.checkpoint.tokenizer, "probe", speaker=request.speaker,
             instructions=request.instructions, reference=request.reference,
