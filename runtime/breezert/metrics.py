@@ -12,6 +12,8 @@ from typing import Any
 
 import numpy as np
 
+from breezert.models.config import FRAME_S
+
 # Histogram bucket upper bounds for TTFB, seconds (Prometheus ``le`` labels).
 TTFB_BUCKETS_S = (0.01, 0.02, 0.03, 0.04, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 1.0, 2.0, 5.0)
 _WINDOW = 2048  # recent samples kept per series for quantiles
@@ -36,7 +38,7 @@ class RequestRecord:
 
     @property
     def audio_s(self) -> float:
-        return sum(self.chunk_frames) * 0.08
+        return sum(self.chunk_frames) * FRAME_S
 
     @property
     def rtf(self) -> float | None:

@@ -14,11 +14,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from breezert.config import SchedulerConfig
+from breezert.models.config import FRAME_S
 from breezert.request import Request
 from breezert.sched.plan import Stage
-
-FRAME_S = 0.08
-"""Audio seconds per codec frame (12.5 Hz)."""
 
 COUNTERS = (
     "predictor_waits", "predictor_early_emits", "predictor_deadline_misses",

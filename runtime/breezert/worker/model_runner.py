@@ -11,10 +11,9 @@ import logging
 import secrets
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import partial
 
 import torch
-
-from functools import partial
 
 from breezert.config import GraphConfig
 from breezert.layers.sampling import SamplingParams
@@ -26,9 +25,9 @@ from breezert.stages.backbone import DecodeStage, PrefillStage, backbone_decode,
 from breezert.stages.codec import CodecStage, codec_step
 from breezert.stages.depth import TOP_K_BOUND, DepthStage
 from breezert.stages.text_encode import TextEncodeStage
+from breezert.worker.batch_state import BatchState, SlotState
 from breezert.worker.compile import compile_backbone_layers, depth_fn, text_encode_fn
 from breezert.worker.cuda_graphs import GraphFn, GraphRunner
-from breezert.worker.batch_state import BatchState, SlotState
 from breezert.worker.kv_cache import PagedKVCache
 
 logger = logging.getLogger("breezert.worker")
@@ -168,7 +167,3 @@ class ModelRunner:
             seed=seed,
             ignore_eos=new.ignore_eos,
         )
-
-    def release_all(self) -> None:
-        """Drops every slot (used when the engine shuts down or recovers from a fault)."""
-        self.batch = BatchState(len(self.batch._slots))
