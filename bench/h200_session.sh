@@ -8,7 +8,7 @@
 #     --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 -d .whl \
 #     pydantic==2.14.4 pydantic-core==2.50.5 annotated-types typing-inspection
 # Then per phase: run(command="bash bench/h200_session.sh PHASE", carry=[".whl", ".benchdata"])
-# PHASE: tests | profile | stages | ablation-fast | ablation-eager | sweep | predictor-off | predictor-on
+# PHASE: tests | fused | tune | profile | stages | ablation-fast | ablation-eager | sweep | predictor-off | predictor-on
 set -euo pipefail
 phase=${1:?phase}
 out=${OUT:-/tmp/out}
@@ -25,6 +25,16 @@ bench=(python3 -m breezert.cli bench --config configs/h200-latency.toml
 case "$phase" in
   tests)   # graph replay == eager for every bucket, batch invariance, full-size streaming
     timeout 540 python3 -m pytest tests/gpu -q -s -p no:cacheprovider 2>&1 | tee "$out/gpu_tests.log" | tail -20 ;;
+  fused)   # GPU tests (incl. the fused Triton depth layers), fused stage timings, fused census
+    timeout 240 python3 -m pytest tests/gpu -q -s -p no:cacheprovider 2>&1 | tee "$out/gpu_tests.log" | tail -15 || true
+    timeout 200 python3 bench/stage_timing.py --batches 1,16,64 --modes fused \
+      --out "$out/h200-stage-timing-fused.json" 2>&1 | grep -v Warn | tail -8
+    timeout 100 python3 bench/profile_stages.py --batch 16 --fused --compile --top 20 2>&1 \
+      | tee "$out/profile-fused.log" | grep -A21 DEPTH ;;
+  tune)    # launch shapes of the fused depth layers (bench/tune_fused_depth.py), then their tests
+    timeout 420 python3 bench/tune_fused_depth.py --out "$out/h200-tune-fused-depth.json" 2>&1 \
+      | grep -v Warn | tail -30
+    timeout 120 python3 -m pytest tests/gpu/test_gpu_fused_depth.py -q -p no:cacheprovider 2>&1 | tail -3 ;;
   profile) # kernel census of one depth frame and one decode step, uncompiled and compiled
     timeout 540 python3 bench/profile_stages.py --batch 16 2>&1 | tee "$out/profile.log" | tail -40
     timeout 300 python3 bench/profile_stages.py --batch 16 --compile 2>&1 | tail -40 ;;

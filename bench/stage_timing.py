@@ -1,8 +1,10 @@
 """Per-stage step times of the full-size random model on one GPU (CUDA events, graph replays).
 
 Usage (GPU machine, repo root): ``PYTHONPATH=runtime python bench/stage_timing.py --out X.json``
-Prints a table and writes JSON: for each batch size, eager vs graph (vs compiled+graph) times of
-one DECODE step (context 512), one DEPTH frame (15-step loop with sampling), and one CODEC chunk.
+Prints a table and writes JSON: for each depth-kernel mode and batch size, eager vs graph times
+of one DECODE step (context 512), one DEPTH frame (15-step loop with sampling), one CODEC chunk
+and text encoding. Modes: ``plain`` (graphs only), ``inductor`` (torch.compile of the depth step,
+sampler and text encoder), ``fused`` (the Triton depth layers, compiled sampler).
 """
 
 from __future__ import annotations
@@ -36,15 +38,20 @@ def _time(fn, iters: int = 20) -> float:
     return sorted(times)[len(times) // 2]
 
 
-def measure(batches: list[int], compile_depth: bool, context: int) -> dict:
-    """``compile_depth`` also compiles the text encoder (the "compiled" variant)."""
+MODES = {
+    "plain": {"compile_depth": False, "fused_depth": False, "compile_text_encoder": False},
+    "inductor": {"compile_depth": True, "fused_depth": False, "compile_text_encoder": True},
+    "fused": {"compile_depth": True, "fused_depth": True, "compile_text_encoder": False},
+}
+
+
+def measure(batches: list[int], mode: str, context: int) -> dict:
     cfg = EngineConfig.from_dict({
         "model": {"preset": "full", "dtype": "bfloat16", "device": "cuda"},
         "cache": {"block_size": 16, "num_blocks": 4096},
         "scheduler": {"max_running_requests": max(batches), "max_model_len": 2048,
                       "max_decode_rows": 2 * max(batches), "max_depth_rows": 2 * max(batches)},
-        "graph": {"enable_cuda_graphs": True, "compile_depth": compile_depth,
-                  "compile_backbone": False, "compile_text_encoder": compile_depth,
+        "graph": {"enable_cuda_graphs": True, **MODES[mode], "compile_backbone": False,
                   "decode_batch_buckets": batches, "decode_context_buckets": [context],
                   "depth_batch_buckets": batches, "prefill_token_buckets": [64],
                   "text_encode_buckets": [64, 128], "codec_buckets": batches},
@@ -75,19 +82,25 @@ def measure(batches: list[int], compile_depth: bool, context: int) -> dict:
                     row[f"text_encode{tokens}_graph_ms"] = _time(lambda: te.graphs(tokens, inputs))
             rows.append(row)
             print(json.dumps(row))
-    return {"compile_depth": compile_depth, "context": context, "startup_s": startup,
-            "warmup_stage_s": runner.warmup_stage_s, "rows": rows}
+    warmup_stage_s = runner.warmup_stage_s
+    del runner, ckpt
+    torch.cuda.empty_cache()
+    return {"mode": mode, **MODES[mode], "context": context, "startup_s": startup,
+            "warmup_stage_s": warmup_stage_s, "rows": rows}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--batches", default="1,4,16,32,64")
     parser.add_argument("--context", type=int, default=512)
-    parser.add_argument("--compile", choices=["off", "on", "both"], default="both")
+    parser.add_argument("--modes", default="plain,fused",
+                        help=f"comma-separated, from {','.join(MODES)}")
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
     batches = [int(b) for b in args.batches.split(",")]
-    modes = {"off": [False], "on": [True], "both": [False, True]}[args.compile]
+    modes = args.modes.split(",")
+    if unknown := set(modes) - set(MODES):
+        parser.error(f"unknown modes {sorted(unknown)}; choose from {', '.join(MODES)}")
     try:
         commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
                                 text=True).stdout.strip() or "unknown"
@@ -103,7 +116,7 @@ def main() -> None:
         with open(args.out, "w") as f:
             json.dump(doc, f, indent=2)
     for run in doc["runs"]:
-        print(f"compile_depth={run['compile_depth']} start-up {run['startup_s']:.1f} s "
+        print(f"mode={run['mode']} start-up {run['startup_s']:.1f} s "
               f"{run['warmup_stage_s']}")
         print("batch | decode eager/graph | depth eager/graph | depth+cfg | codec 1f/16f | frame")
         for r in run["rows"]:

@@ -158,6 +158,9 @@ class GraphConfig(_Frozen):
     """Capture and replay CUDA graphs per (stage, bucket); eager fallback past the last bucket."""
     compile_depth: bool = False
     """``torch.compile`` the whole depth frame (15-step loop with sampling) as one unit."""
+    fused_depth: bool = False
+    """Hand-fused Triton kernels for the depth decoder's layers (5 launches per layer,
+    ``kernels/fused_depth.py``); with it ``compile_depth`` compiles only the sampler."""
     compile_backbone: bool = False
     """``torch.compile`` each backbone layer around its (uncompiled) paged attention."""
     compile_text_encoder: bool = False
@@ -215,11 +218,11 @@ class EngineConfig(_Frozen):
 
     @model_validator(mode="after")
     def _check(self) -> EngineConfig:
-        uses_graphs = self.graph.enable_cuda_graphs or self.graph.compile_depth
-        if self.model.device == "cpu" and uses_graphs:
+        g = self.graph
+        if self.model.device == "cpu" and (g.enable_cuda_graphs or g.compile_depth or g.fused_depth):
             raise ValueError(
-                "model.device='cpu' needs graph.enable_cuda_graphs=false and "
-                "graph.compile_depth=false"
+                "model.device='cpu' needs graph.enable_cuda_graphs=false, "
+                "graph.compile_depth=false and graph.fused_depth=false"
             )
         slots = self.cache.max_codec_slots
         if slots is not None and slots < self.scheduler.max_running_requests:
@@ -264,6 +267,7 @@ class EngineConfig(_Frozen):
             self.cache.num_blocks,
             g.enable_cuda_graphs,
             g.compile_depth,
+            g.fused_depth,
             g.compile_backbone,
             g.compile_text_encoder,
             g.decode_batch_buckets,
@@ -302,8 +306,8 @@ def apply_env_overrides(
 ) -> EngineConfig:
     """Applies the environment switches BreezeRT honours; the only place that reads them.
 
-    ``BREEZERT_NO_CUDA_GRAPH=1`` turns off ``graph.enable_cuda_graphs`` and
-    ``graph.compile_depth``. Unset, empty or ``0`` changes nothing.
+    ``BREEZERT_NO_CUDA_GRAPH=1`` turns off ``graph.enable_cuda_graphs``, ``graph.compile_depth``
+    and ``graph.fused_depth`` (plain eager PyTorch). Unset, empty or ``0`` changes nothing.
 
     Args:
         cfg: The loaded config (not modified).
@@ -318,5 +322,7 @@ def apply_env_overrides(
         return cfg
     if raw not in ("1", "true", "yes"):
         raise InvalidConfig(f"{NO_CUDA_GRAPH_ENV}={raw!r}: expected 1 or 0")
-    graph = cfg.graph.model_copy(update={"enable_cuda_graphs": False, "compile_depth": False})
+    graph = cfg.graph.model_copy(
+        update={"enable_cuda_graphs": False, "compile_depth": False, "fused_depth": False}
+    )
     return cfg.model_copy(update={"graph": graph})

@@ -146,9 +146,11 @@ def test_variant_overrides() -> None:
     assert BUILTIN_VARIANTS["fixed16-eager"].overrides["scheduler"]["default_chunk_schedule"] \
         == [16]
     graphs = BUILTIN_VARIANTS["progressive-graphs"].overrides["graph"]
-    assert graphs == {"enable_cuda_graphs": True, "compile_depth": True}
+    assert graphs == {"enable_cuda_graphs": True, "compile_depth": True, "fused_depth": True}
     compiled = BUILTIN_VARIANTS["progressive-compiled"].overrides["graph"]
-    assert compiled == {"enable_cuda_graphs": False, "compile_depth": True}
+    assert compiled == {"enable_cuda_graphs": False, "compile_depth": True, "fused_depth": True}
+    inductor = BUILTIN_VARIANTS["progressive-graphs-inductor"].overrides["graph"]
+    assert inductor["compile_depth"] and not inductor["fused_depth"]
     assert BUILTIN_VARIANTS["naive"].is_naive
 
 

@@ -34,7 +34,7 @@ def test_profiles_have_the_promised_settings() -> None:
         "tiny", "cpu", False)
     h200 = EngineConfig.from_file(CONFIGS / "h200-latency.toml")
     assert (h200.model.preset, h200.model.dtype, h200.model.device) == ("full", "bfloat16", "cuda")
-    assert h200.graph.enable_cuda_graphs and h200.graph.compile_depth
+    assert h200.graph.enable_cuda_graphs and h200.graph.compile_depth and h200.graph.fused_depth
     assert h200.scheduler.max_running_requests == 64
     assert max(h200.graph.decode_batch_buckets) >= 2 * 64  # CFG rows
     assert h200.cache.num_blocks is None and h200.worst_case_num_blocks() == 32768
@@ -116,6 +116,7 @@ def test_env_override_is_explicit() -> None:
     assert apply_env_overrides(cfg, {"BREEZERT_NO_CUDA_GRAPH": "0"}) is cfg
     off = apply_env_overrides(cfg, {"BREEZERT_NO_CUDA_GRAPH": "1"})
     assert not off.graph.enable_cuda_graphs and not off.graph.compile_depth
+    assert not off.graph.fused_depth
     assert cfg.graph.enable_cuda_graphs  # the input is unchanged
     with pytest.raises(InvalidConfig, match="BREEZERT_NO_CUDA_GRAPH"):
         apply_env_overrides(cfg, {"BREEZERT_NO_CUDA_GRAPH": "maybe"})

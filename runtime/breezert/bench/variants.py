@@ -32,10 +32,12 @@ class Variant:
     """Run the offline baseline (``synthesize_whole``, one request at a time) instead."""
 
 
-def _eager(schedule: list[int], *, compile_depth: bool = False, graphs: bool = False) -> dict:
+def _eager(schedule: list[int], *, fast_depth: bool = False, graphs: bool = False) -> dict:
+    """``fast_depth``: the fused Triton depth layers and the compiled sampler."""
     return {
         "scheduler": {"default_chunk_schedule": schedule},
-        "graph": {"enable_cuda_graphs": graphs, "compile_depth": compile_depth},
+        "graph": {"enable_cuda_graphs": graphs, "compile_depth": fast_depth,
+                  "fused_depth": fast_depth},
     }
 
 
@@ -43,11 +45,16 @@ BUILTIN_VARIANTS: dict[str, Variant] = {v.name: v for v in (
     Variant("config", {}, "the profile as given"),
     Variant("fixed16-eager", _eager([16]), "16-frame chunks from the first, no compile/graphs"),
     Variant("progressive-eager", _eager(PROGRESSIVE), "chunks 1,2,4,8,16, no compile/graphs"),
-    Variant("progressive-compiled", _eager(PROGRESSIVE, compile_depth=True),
-            "progressive + compiled depth decoder, no graphs"),
-    Variant("progressive-graphs", _eager(PROGRESSIVE, compile_depth=True, graphs=True),
-            "progressive + compiled depth + CUDA graphs at every stage"),
-    Variant("naive", {"graph": {"enable_cuda_graphs": False, "compile_depth": False}},
+    Variant("progressive-compiled", _eager(PROGRESSIVE, fast_depth=True),
+            "progressive + fused Triton depth layers and compiled sampler, no graphs"),
+    Variant("progressive-graphs", _eager(PROGRESSIVE, fast_depth=True, graphs=True),
+            "progressive + fused depth + CUDA graphs at every stage"),
+    Variant("progressive-graphs-inductor",
+            {"scheduler": {"default_chunk_schedule": PROGRESSIVE},
+             "graph": {"enable_cuda_graphs": True, "compile_depth": True, "fused_depth": False}},
+            "progressive + torch.compile'd depth step (Inductor) + CUDA graphs"),
+    Variant("naive", {"graph": {"enable_cuda_graphs": False, "compile_depth": False,
+                                "fused_depth": False}},
             "offline baseline: one request at a time, eager, whole utterance then decode",
             is_naive=True),
 )}

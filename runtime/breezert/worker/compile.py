@@ -1,6 +1,8 @@
 """torch.compile of the depth decoder's repeated units: one step of its layers, and the sampler.
 
-Owns: the one place that calls ``torch.compile``. NOTE(compile): we use Inductor's default mode
+Owns: the one place that calls ``torch.compile`` and that swaps in the fused Triton depth layers
+(``graph.fused_depth``, kernels/fused_depth.py, which replaced the compiled layer step in the
+H200 profile: 5 launches per layer against Inductor's ~19). NOTE(compile): we use Inductor's default mode
 with a dynamic batch dimension rather than max-autotune or hand-written Triton: the depth frame
 is launch-bound at our batch sizes (180 layer-steps and 16 sampling passes per frame), so what
 pays is fusing RMSNorm, RoPE, SiLU-mul, residual adds and the sampler's elementwise chain
@@ -35,15 +37,25 @@ def _raise_cache_limit(limit: int) -> None:
 
 
 def depth_fn(
-    model: BreezeModel, max_k: int | None, compile_depth: bool
+    model: BreezeModel, max_k: int | None, compile_depth: bool, fused_depth: bool = False,
+    max_rows: int = 64,
 ) -> Callable[..., dict[str, torch.Tensor]]:
-    """``depth_frames`` bound to ``model`` and ``max_k``; its repeated units compiled on CUDA
-    when asked."""
-    if not compile_depth or model.lm_head.weight.device.type != "cuda":
+    """``depth_frames`` bound to ``model`` and ``max_k``; on CUDA its layer step runs the fused
+    Triton kernels (``fused_depth``, workspace for ``max_rows`` rows) or is compiled
+    (``compile_depth``), and ``compile_depth`` compiles the sampler."""
+    if model.lm_head.weight.device.type != "cuda":
+        return partial(depth_frames, model, max_k=max_k)
+    depth = model.depth_decoder
+    if fused_depth and not getattr(depth, "is_fused", False):
+        from breezert.kernels.fused_depth import FusedDepthLayers  # needs Triton
+
+        depth.run_layers = FusedDepthLayers(depth, max_rows)
+        depth.is_fused = True
+        logger.info("depth layers run the fused Triton kernels (%d-row workspace)", max_rows)
+    if not compile_depth:
         return partial(depth_frames, model, max_k=max_k)
     _raise_cache_limit(64)
-    depth = model.depth_decoder
-    if not getattr(depth, "is_compiled", False):
+    if not fused_depth and not getattr(depth, "is_compiled", False):
         depth.run_layers = torch.compile(depth.run_layers, dynamic=True, fullgraph=True)
         depth.is_compiled = True
         logger.info("compiled the depth step (inductor, default mode, dynamic batch)")

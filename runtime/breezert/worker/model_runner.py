@@ -76,6 +76,10 @@ class ModelRunner:
         if graph.compile_backbone and self.device.type == "cuda":
             compile_backbone_layers(model)
 
+        # CFG runs two rows per request: the fused depth workspace covers the largest bucket.
+        depth_kernels = (graph.compile_depth, graph.fused_depth,
+                         2 * max(graph.depth_batch_buckets))
+
         def runner(name: str, fn: GraphFn) -> GraphRunner:
             return GraphRunner(name, fn, enabled=use_graphs, device=self.device)
 
@@ -95,8 +99,8 @@ class ModelRunner:
             ),
             Stage.DEPTH: DepthStage(
                 model,
-                runner("depth", depth_fn(model, TOP_K_BOUND, graph.compile_depth)),
-                runner("depth_full_sort", depth_fn(model, None, graph.compile_depth)),
+                runner("depth", depth_fn(model, TOP_K_BOUND, *depth_kernels)),
+                runner("depth_full_sort", depth_fn(model, None, *depth_kernels)),
                 graph.depth_batch_buckets,
             ),
             Stage.CODEC: CodecStage(
