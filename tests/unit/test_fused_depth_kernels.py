@@ -3,9 +3,12 @@ run on CPU through Triton's interpreter (the GPU tests check them compiled on th
 
 from __future__ import annotations
 
-import importlib
 import importlib.util
+import os
+import subprocess
 import sys
+from dataclasses import replace
+from pathlib import Path
 
 import pytest
 import torch
@@ -22,21 +25,27 @@ SMALL = DepthConfig(
 )
 
 
-@pytest.fixture(scope="module")
-def fused_module():  # type: ignore[no-untyped-def]
-    if importlib.util.find_spec("triton") is None:
-        pytest.skip("triton is not installed")
-    mp = pytest.MonkeyPatch()
-    mp.setenv("TRITON_INTERPRET", "1")  # read when the kernels are defined
-    sys.modules.pop("breezert.kernels.fused_depth", None)
-    yield importlib.import_module("breezert.kernels.fused_depth")
-    sys.modules.pop("breezert.kernels.fused_depth", None)
-    mp.undo()
+REPO = Path(__file__).resolve().parents[2]
+needs_triton = pytest.mark.skipif(importlib.util.find_spec("triton") is None,
+                                  reason="triton is not installed")
 
 
-def _decoder(seed: int) -> DepthDecoder:
+def _in_interpreter(call: str) -> None:
+    """Runs ``call`` (a function of this module) in a fresh Python with ``TRITON_INTERPRET=1``:
+    Triton reads the switch once, at its first import, which another test may already have
+    done in this process."""
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    code = f"from tests.unit.test_fused_depth_kernels import *; {call}"
+    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True,
+                          text=True, timeout=600, check=False)
+    assert proc.returncode == 0, proc.stdout + proc.stderr[-4000:]
+
+
+def _decoder(seed: int, head_dim: int = 32) -> DepthDecoder:
     torch.manual_seed(seed)
-    depth = DepthDecoder(SMALL)
+    cfg = SMALL if head_dim == 32 else replace(SMALL, num_layers=1, num_heads=2, num_kv_heads=1,
+                                               head_dim=head_dim)
+    depth = DepthDecoder(cfg)
     with torch.no_grad():
         for p in depth.parameters():
             p.copy_(torch.randn_like(p) * 0.05)
@@ -51,16 +60,29 @@ def _decoder(seed: int) -> DepthDecoder:
     return depth
 
 
+@needs_triton
 @pytest.mark.parametrize("rows", [3, 20])
-def test_fused_frame_matches_eager_within_bf16(fused_module, rows: int) -> None:  # type: ignore[no-untyped-def]
-    """All 16 positions of a frame: hidden states and the cache match the eager modules."""
-    depth = _decoder(rows)
-    tiles = fused_module.Tiles(qkv_split=1)  # head_dim 32: one program per head
-    fused = fused_module.FusedDepthLayers(depth, max_rows=16, tiles=tiles)  # 20 rows: own ws
+def test_fused_frame_matches_eager_within_bf16(rows: int) -> None:
+    _in_interpreter(f"check_frame({rows}, qkv_split=1)")
+
+
+@needs_triton
+def test_fused_head_slices_match_eager() -> None:
+    """head_dim 128 split into 4 programs per head (the full-size layout), one layer."""
+    _in_interpreter("check_frame(3, qkv_split=4, head_dim=128, positions=3)")
+
+
+def check_frame(rows: int, qkv_split: int, head_dim: int = 32, positions: int = 16) -> None:
+    """All positions of a frame: hidden states and the cache match the eager modules."""
+    from breezert.kernels import fused_depth
+
+    depth = _decoder(rows, head_dim)
+    fused = fused_depth.FusedDepthLayers(depth, max_rows=16,  # 20 rows: a call-local workspace
+                                         tiles=fused_depth.Tiles(qkv_split=qkv_split))
     eager_cache, fused_cache = depth.new_cache(rows), depth.new_cache(rows)
     torch.manual_seed(1)
     with torch.inference_mode():
-        for position in range(depth.max_positions if rows < 16 else 4):
+        for position in range(positions if rows < 16 else 4):
             x = torch.randn(rows, SMALL.backbone_hidden_size).to(torch.bfloat16)
             pos = torch.full((1,), position, dtype=torch.long)
             cos, sin = depth.rope.cos_sin(pos.expand(rows), torch.bfloat16)
@@ -74,14 +96,17 @@ def test_fused_frame_matches_eager_within_bf16(fused_module, rows: int) -> None:
         assert torch.count_nonzero(fused.counters) == 0  # the last program of a tile resets
 
 
-def test_fused_rejects_unfused_weights_and_odd_sizes(fused_module) -> None:  # type: ignore[no-untyped-def]
+@needs_triton
+def test_fused_rejects_unfused_weights_and_odd_sizes() -> None:
+    from breezert.kernels import fused_depth
+
     depth = DepthDecoder(SMALL).to(torch.bfloat16)
     with pytest.raises(ValueError, match="fuse_projections_"):
-        fused_module.FusedDepthLayers(depth, max_rows=4, tiles=fused_module.Tiles(qkv_split=1))
+        fused_depth.FusedDepthLayers(depth, max_rows=4, tiles=fused_depth.Tiles(qkv_split=1))
     with pytest.raises(ValueError, match="head_dim"):  # 16-column slices need head_dim >= 128
-        fused_module.FusedDepthLayers(depth, max_rows=4)
+        fused_depth.FusedDepthLayers(depth, max_rows=4)
     odd = DepthDecoder(DepthConfig(hidden_size=32, intermediate_size=96, num_layers=1,
                                    num_heads=4, num_kv_heads=2, head_dim=8,
                                    backbone_hidden_size=64, audio_embed_size=64))
     with pytest.raises(ValueError, match="hidden_size"):
-        fused_module.FusedDepthLayers(odd, max_rows=4)
+        fused_depth.FusedDepthLayers(odd, max_rows=4)

@@ -104,7 +104,7 @@ def _normed_tile(x_ptr, nw_ptr, stride_x, rows, rmask, rstd, cols):
     return _bf16(w[None, :] * _bf16(x * rstd[:, None])).to(tl.bfloat16)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["R"])  # one build serves every row count
 def _norm_qkv_rope_kernel(
     x_ptr, nw_ptr, w_ptr, cos_ptr, sin_ptr, pos_ptr, q_ptr, cache_ptr,
     R, eps, stride_x, stride_q, c_kv, c_row, c_head, c_pos,
@@ -179,7 +179,7 @@ def _short_attention_kernel(
     tl.store(out_ptr + r * stride_out + heads[:, None] * D + d[None, :], _bf16(out).to(tl.bfloat16))
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["R"])  # one build serves every row count
 def _norm_gate_up_kernel(
     x_ptr, nw_ptr, w_ptr, out_ptr, R, eps, stride_x, stride_out,
     I: tl.constexpr, K: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
@@ -206,7 +206,7 @@ def _norm_gate_up_kernel(
              mask=rmask[:, None])
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["R"])  # one build serves every row count
 def _linear_residual_kernel(
     a_ptr, w_ptr, res_ptr, out_ptr, ws_ptr, count_ptr, R, stride_a, stride_res, stride_out,
     ws_split, N: tl.constexpr, K: tl.constexpr, SPLIT: tl.constexpr,
@@ -284,7 +284,23 @@ class FusedDepthLayers:
             raise ValueError("fused depth kernels need BreezeModel.fuse_projections_() first")
         self.norm_chunk = min(256, self.hidden)  # RMSNorm prologue: hidden / 256 loads per row
         self.max_rows = max_rows
-        self.workspace, self.counters = self._workspace(max_rows, depth.model.norm.weight.device)
+        device = depth.model.norm.weight.device
+        self.workspace, self.counters = self._workspace(max_rows, device)
+        if device.type == "cuda":
+            self.warm()
+
+    @torch.inference_mode()
+    def warm(self) -> None:
+        """Builds every kernel variant (one per row-block size) now: a Triton JIT build in the
+        middle of serving stalls every stream for seconds (seen on the H200 without graphs)."""
+        depth = self.depth
+        weight = depth.model.norm.weight
+        pos = torch.zeros(1, dtype=torch.long, device=weight.device)
+        for rows in sorted({min(r, self.max_rows) for r in (1, 17, 33)}):
+            x = torch.zeros(rows, depth.cfg.backbone_hidden_size, dtype=weight.dtype,
+                            device=weight.device)
+            cos, sin = depth.rope.cos_sin(pos.expand(rows), weight.dtype)
+            self(x, cos, sin, depth.new_cache(rows), pos)
 
     def _workspace(self, rows: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
         blocks = triton.cdiv(rows, 16)  # row blocks hold >= 16 rows
