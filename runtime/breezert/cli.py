@@ -15,17 +15,18 @@ from pathlib import Path
 
 import numpy as np
 
-from breezert.errors import BreezeRTError
+from breezert.errors import BreezeRTError, InvalidRequest
+from breezert.request import check_chunk_schedule
 
 
 def _chunks(value: str) -> tuple[int, ...]:
+    """``--chunks 1,2,4``: parsed here, checked by the request's own rule (one message)."""
     try:
-        sizes = tuple(int(v) for v in value.split(",") if v.strip())
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"--chunks: {value!r} is not a comma list of ints")
-    if not sizes or any(s <= 0 for s in sizes):
-        raise argparse.ArgumentTypeError(f"--chunks: {value!r} needs positive frame counts")
-    return sizes
+        return check_chunk_schedule([int(v) for v in value.split(",") if v.strip()], "--chunks")
+    except ValueError as exc:  # int() of a non-number, or InvalidRequest
+        bad = f"{value!r} is not a comma list of ints"
+        text = str(exc) if isinstance(exc, InvalidRequest) else bad
+        raise argparse.ArgumentTypeError(text) from None
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -175,8 +176,8 @@ def cmd_synth(args: argparse.Namespace) -> int:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
-    from breezert.bench.report import plot, text_report, write_json
     from breezert.bench.options import options_from_args
+    from breezert.bench.report import plot, text_report, write_json
     from breezert.bench.runner import run_benchmark
 
     options, out = options_from_args(args)

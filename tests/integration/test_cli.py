@@ -113,10 +113,11 @@ def test_synth_seed_is_reproducible(model_dir: Path, tmp_path: Path) -> None:
         (["--top-p", "1.5"], r"top_p=1\.5 must be in \(0, 1\]"),
         (["--top-p", "nan"], r"top_p=nan must be finite"),
         (["--speaker", "[S12]"], r"speaker='\[S12\]' is unknown"),
-        (["--chunks", "0,1"], r"argument --chunks: .*'0,1' needs positive"),
+        (["--chunks", "0,1"], r"argument --chunks: --chunks=\[0, 1\]: entries must be ints in 1\.\."),
+        (["--chunks", "1,x"], r"argument --chunks: '1,x' is not a comma list of ints"),
     ],
     ids=["blank-text", "negative-temperature", "top-p-1.5", "top-p-nan", "speaker-S12",
-         "chunks-0"],
+         "chunks-0", "chunks-x"],
 )
 def test_synth_bad_input_exits_2(
     model_dir: Path, tmp_path: Path, capsys, extra: list[str], message: str
