@@ -8,7 +8,7 @@
 #     --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 -d .whl \
 #     pydantic==2.14.4 pydantic-core==2.50.5 annotated-types typing-inspection
 # Then per phase: run(command="bash bench/h200_session.sh PHASE", carry=[".whl", ".benchdata"])
-# PHASE: tests | fused | tune | profile | stages | ablation-fast | ablation-eager | sweep | predictor-off | predictor-on
+# PHASE: tests | fused | tune | profile | stages | ablation-eager | sweep | sweep+ablation | predictor
 set -euo pipefail
 phase=${1:?phase}
 out=${OUT:-/tmp/out}
@@ -38,26 +38,24 @@ case "$phase" in
   profile) # kernel census of one depth frame and one decode step, uncompiled and compiled
     timeout 540 python3 bench/profile_stages.py --batch 16 2>&1 | tee "$out/profile.log" | tail -40
     timeout 300 python3 bench/profile_stages.py --batch 16 --compile 2>&1 | tail -40 ;;
-  stages)  # per-stage step times, eager vs graph vs compiled (bench/stage_timing.py)
-    timeout 540 python3 bench/stage_timing.py --batches 1,16,64 --compile both \
+  stages)  # per-stage step times, eager vs graph, for each depth-kernel mode
+    timeout 540 python3 bench/stage_timing.py --batches 1,16,64 --modes plain,inductor,fused \
       --out "$out/h200-stage-timing.json" 2>&1 | tail -20 ;;
-  ablation-fast)  # (d) graphs + compiled depth, and (c) compiled only, 300 requests at c=16
-    timeout 560 "${bench[@]}" --concurrency 16 --num-requests 300 --warmup 16 \
-      --variants progressive-graphs,progressive-compiled --run-budget 200 \
-      --out "$out/h200-ablation-fast.json" 2>&1 | grep '^\[bench' ;;
-  ablation-eager) # (a) fixed 16-frame first chunk and (b) progressive, eager; naive baseline
-    timeout 560 "${bench[@]}" --concurrency 16 --num-requests 300 --warmup 4 \
-      --variants fixed16-eager,progressive-eager,naive --naive-requests 5 --run-budget 150 \
-      --out "$out/h200-ablation-eager.json" 2>&1 | grep '^\[bench' ;;
-  sweep)   # closed loop 1..64 and open loop near capacity, the latency profile
-    timeout 560 "${bench[@]}" --concurrency 1,4,8,16,32,64 --rate 8,12 --num-requests 300 --warmup 16 \
-      --variants progressive-graphs --run-budget 45 --out "$out/h200-sweep.json" 2>&1 | grep '^\[bench' ;;
-  predictor-off|predictor-on)  # predictor off vs on at 16, 32, 64 and an open-loop rate near
-    # capacity, one variant per call (start-up with compile and capture is ~2 minutes each)
-    timeout 560 "${bench[@]}" --concurrency 16,32,64 --rate 12 --num-requests 300 --warmup 16 \
-      --variants "$phase" --run-budget 80 \
+  ablation-eager) # (a) fixed 16-frame first chunk, eager, (b) progressive, eager, (c) + fused
+    # depth, no graphs, and the naive baseline; eager runs stop starting requests after 60 s
+    timeout 400 "${bench[@]}" --concurrency 16 --num-requests 300 --warmup 2 \
+      --variants progressive-compiled,fixed16-eager,progressive-eager,naive --naive-requests 3 \
+      --run-budget 60 --out "$out/h200-ablation.json" 2>&1 | grep '^\[bench' ;;
+  sweep)   # closed loop 1, 4, 8 (16-64 come from the predictor phase), the latency profile
+    timeout 170 "${bench[@]}" --concurrency 1,4,8 --num-requests 300 --warmup 8 \
+      --variants progressive-graphs --run-budget 35 --out "$out/h200-sweep.json" 2>&1 | grep '^\[bench' ;;
+  sweep+ablation) bash "$0" sweep || true; bash "$0" ablation-eager ;;
+  predictor)  # predictor off vs on at 16, 32, 64 and an open-loop rate near capacity (also the
+    # (d) point of the ablation: predictor-off is progressive-graphs)
+    timeout 570 "${bench[@]}" --concurrency 16,32,64 --rate 12 --num-requests 300 --warmup 16 \
+      --variants predictor-off,predictor-on --run-budget 80 \
       --variant 'predictor-off=progressive-graphs;scheduler.use_predictor=false' \
       --variant 'predictor-on=progressive-graphs;scheduler.use_predictor=true' \
-      --out "$out/h200-$phase.json" 2>&1 | grep '^\[bench' ;;
+      --out "$out/h200-predictor.json" 2>&1 | grep '^\[bench' ;;
   *) echo "unknown phase $phase" >&2; exit 2 ;;
 esac

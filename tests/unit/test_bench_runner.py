@@ -172,7 +172,7 @@ def test_custom_variant_spec() -> None:
     )
     assert variant.name == "small-queue"
     assert variant.overrides["scheduler"] == {"default_chunk_schedule": [2, 4],
-                                              "max_running_requests": 4}
+                                              "max_running_requests": 4, "use_predictor": False}
     assert variant.overrides["graph"]["compile_depth"] is False
     assert [v.name for v in resolve_variants(["naive", "small-queue"], [
         "small-queue=scheduler.max_running_requests=4"])] == ["naive", "small-queue"]

@@ -33,9 +33,10 @@ class Variant:
 
 
 def _eager(schedule: list[int], *, fast_depth: bool = False, graphs: bool = False) -> dict:
-    """``fast_depth``: the fused Triton depth layers and the compiled sampler."""
+    """``fast_depth``: the fused Triton depth layers and the compiled sampler. The ablation runs
+    without the predictor (issue 5 compares it separately), whatever the profile says."""
     return {
-        "scheduler": {"default_chunk_schedule": schedule},
+        "scheduler": {"default_chunk_schedule": schedule, "use_predictor": False},
         "graph": {"enable_cuda_graphs": graphs, "compile_depth": fast_depth,
                   "fused_depth": fast_depth},
     }
@@ -50,7 +51,7 @@ BUILTIN_VARIANTS: dict[str, Variant] = {v.name: v for v in (
     Variant("progressive-graphs", _eager(PROGRESSIVE, fast_depth=True, graphs=True),
             "progressive + fused depth + CUDA graphs at every stage"),
     Variant("progressive-graphs-inductor",
-            {"scheduler": {"default_chunk_schedule": PROGRESSIVE},
+            {"scheduler": {"default_chunk_schedule": PROGRESSIVE, "use_predictor": False},
              "graph": {"enable_cuda_graphs": True, "compile_depth": True, "fused_depth": False}},
             "progressive + torch.compile'd depth step (Inductor) + CUDA graphs"),
     Variant("naive", {"graph": {"enable_cuda_graphs": False, "compile_depth": False,
