@@ -8,7 +8,7 @@
 #     --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 -d .whl \
 #     pydantic==2.14.4 pydantic-core==2.50.5 annotated-types typing-inspection
 # Then per phase: run(command="bash bench/h200_session.sh PHASE", carry=[".whl", ".benchdata"])
-# PHASE: tests | fused | tune | profile | stages | ablation-eager | sweep | sweep+ablation | predictor
+# PHASE: tests | fused | decode | tune | profile | stages | ablation-eager | sweep | sweep+ablation | predictor
 set -euo pipefail
 phase=${1:?phase}
 out=${OUT:-/tmp/out}
@@ -31,6 +31,17 @@ case "$phase" in
       --out "$out/h200-stage-timing-fused.json" 2>&1 | grep -v Warn | tail -8
     timeout 100 python3 bench/profile_stages.py --batch 16 --fused --compile --top 20 2>&1 \
       | tee "$out/profile-fused.log" | grep -A21 DEPTH ;;
+  decode)  # the fused backbone DECODE step: GPU tests, step times, census, then 300 requests
+    # at 16 and 32 concurrent with it on (compare with h200-predictor-20261129.json)
+    timeout 150 python3 -m pytest tests/gpu -q -p no:cacheprovider 2>&1 | tee "$out/gpu_tests.log" | tail -5 || true
+    timeout 150 python3 bench/stage_timing.py --batches 1,16,64 --modes fused-decode \
+      --out "$out/h200-stage-timing-fused-decode.json" 2>&1 | grep -v Warn | tail -6
+    timeout 60 python3 bench/profile_stages.py --batch 16 --fused --fused-decode --compile 2>&1 \
+      | grep -A6 DECODE
+    timeout 200 "${bench[@]}" --concurrency 16,32 --num-requests 300 --warmup 16 \
+      --variants fused-decode --run-budget 60 \
+      --variant 'fused-decode=progressive-graphs;graph.fused_decode=true;scheduler.use_predictor=true' \
+      --out "$out/h200-fused-decode.json" 2>&1 | grep '^\[bench' ;;
   tune)    # launch shapes of the fused depth layers (bench/tune_fused_depth.py), then their tests
     timeout 420 python3 bench/tune_fused_depth.py --out "$out/h200-tune-fused-depth.json" 2>&1 \
       | grep -v Warn | tail -30

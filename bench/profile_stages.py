@@ -47,6 +47,8 @@ def main() -> None:
     parser.add_argument("--context", type=int, default=512)
     parser.add_argument("--compile", action="store_true")
     parser.add_argument("--fused", action="store_true", help="the fused Triton depth layers")
+    parser.add_argument("--fused-decode", action="store_true",
+                        help="the fused Triton backbone DECODE step")
     parser.add_argument("--top", type=int, default=15)
     args = parser.parse_args()
     cuda = torch.cuda.is_available()
@@ -58,7 +60,8 @@ def main() -> None:
         "scheduler": {"max_running_requests": args.batch, "max_decode_rows": 2 * args.batch,
                       "max_depth_rows": 2 * args.batch},
         "graph": {"enable_cuda_graphs": False, "compile_depth": args.compile and cuda,
-                  "fused_depth": args.fused and cuda},
+                  "fused_depth": args.fused and cuda,
+                  "fused_decode": args.fused_decode and cuda},
     })
     runner = build_runner(cfg, load_engine_checkpoint(cfg.model))
     depth, decode = runner.stages[Stage.DEPTH], runner.stages[Stage.DECODE]

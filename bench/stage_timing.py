@@ -4,7 +4,8 @@ Usage (GPU machine, repo root): ``PYTHONPATH=runtime python bench/stage_timing.p
 Prints a table and writes JSON: for each depth-kernel mode and batch size, eager vs graph times
 of one DECODE step (context 512), one DEPTH frame (15-step loop with sampling), one CODEC chunk
 and text encoding. Modes: ``plain`` (graphs only), ``inductor`` (torch.compile of the depth step,
-sampler and text encoder), ``fused`` (the Triton depth layers, compiled sampler).
+sampler and text encoder), ``fused`` (the Triton depth layers, compiled sampler), ``fused-decode``
+(``fused`` plus the Triton backbone DECODE step).
 """
 
 from __future__ import annotations
@@ -42,6 +43,8 @@ MODES = {
     "plain": {"compile_depth": False, "fused_depth": False, "compile_text_encoder": False},
     "inductor": {"compile_depth": True, "fused_depth": False, "compile_text_encoder": True},
     "fused": {"compile_depth": True, "fused_depth": True, "compile_text_encoder": False},
+    "fused-decode": {"compile_depth": True, "fused_depth": True, "fused_decode": True,
+                     "compile_text_encoder": False},
 }
 
 

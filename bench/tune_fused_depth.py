@@ -16,7 +16,8 @@ from datetime import datetime, timezone
 
 import torch
 
-from breezert.kernels.fused_depth import FusedDepthLayers, Tiles
+from breezert.kernels.fused_depth import FusedDepthLayers
+from breezert.kernels.gemm import Tiles
 from breezert.models.config import BreezeConfig
 from breezert.models.depth import DepthDecoder
 

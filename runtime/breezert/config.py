@@ -161,6 +161,9 @@ class GraphConfig(_Frozen):
     fused_depth: bool = False
     """Hand-fused Triton kernels for the depth decoder's layers (5 launches per layer,
     ``kernels/fused_depth.py``); with it ``compile_depth`` compiles only the sampler."""
+    fused_decode: bool = False
+    """Hand-fused Triton kernels for the backbone's DECODE step (5 launches per layer, attention
+    reading the paged cache in place, ``kernels/fused_decode.py``). Off until measured on a GPU."""
     compile_backbone: bool = False
     """``torch.compile`` each backbone layer around its (uncompiled) paged attention."""
     compile_text_encoder: bool = False
@@ -219,10 +222,11 @@ class EngineConfig(_Frozen):
     @model_validator(mode="after")
     def _check(self) -> EngineConfig:
         g = self.graph
-        if self.model.device == "cpu" and (g.enable_cuda_graphs or g.compile_depth or g.fused_depth):
+        if self.model.device == "cpu" and (
+                g.enable_cuda_graphs or g.compile_depth or g.fused_depth or g.fused_decode):
             raise ValueError(
-                "model.device='cpu' needs graph.enable_cuda_graphs=false, "
-                "graph.compile_depth=false and graph.fused_depth=false"
+                "model.device='cpu' needs graph.enable_cuda_graphs, graph.compile_depth, "
+                "graph.fused_depth and graph.fused_decode false"
             )
         slots = self.cache.max_codec_slots
         if slots is not None and slots < self.scheduler.max_running_requests:
@@ -268,6 +272,7 @@ class EngineConfig(_Frozen):
             g.enable_cuda_graphs,
             g.compile_depth,
             g.fused_depth,
+            g.fused_decode,
             g.compile_backbone,
             g.compile_text_encoder,
             g.decode_batch_buckets,
@@ -306,8 +311,8 @@ def apply_env_overrides(
 ) -> EngineConfig:
     """Applies the environment switches BreezeRT honours; the only place that reads them.
 
-    ``BREEZERT_NO_CUDA_GRAPH=1`` turns off ``graph.enable_cuda_graphs``, ``graph.compile_depth``
-    and ``graph.fused_depth`` (plain eager PyTorch). Unset, empty or ``0`` changes nothing.
+    ``BREEZERT_NO_CUDA_GRAPH=1`` turns off ``graph.enable_cuda_graphs``, ``graph.compile_depth``,
+    ``graph.fused_depth`` and ``graph.fused_decode`` (plain eager PyTorch). Unset, empty or ``0`` changes nothing.
 
     Args:
         cfg: The loaded config (not modified).
@@ -323,6 +328,7 @@ def apply_env_overrides(
     if raw not in ("1", "true", "yes"):
         raise InvalidConfig(f"{NO_CUDA_GRAPH_ENV}={raw!r}: expected 1 or 0")
     graph = cfg.graph.model_copy(
-        update={"enable_cuda_graphs": False, "compile_depth": False, "fused_depth": False}
+        update={"enable_cuda_graphs": False, "compile_depth": False, "fused_depth": False,
+                "fused_decode": False}
     )
     return cfg.model_copy(update={"graph": graph})

@@ -11,6 +11,7 @@ import torch
 
 from breezert.models.config import BreezeConfig
 from breezert.models.depth import DepthDecoder
+from tests.kernel_helpers import random_bf16_fused_
 
 pytestmark = pytest.mark.gpu
 
@@ -20,18 +21,7 @@ def depth() -> DepthDecoder:
     torch.manual_seed(0)
     cfg = BreezeConfig.full().depth
     with torch.device("cuda"):
-        decoder = DepthDecoder(cfg)
-    with torch.no_grad():
-        for name, p in decoder.named_parameters():
-            if name.endswith("norm.weight"):
-                p.copy_(1.0 + 0.1 * torch.randn_like(p))
-            else:
-                p.copy_(torch.randn_like(p) * p.shape[-1] ** -0.5)
-    decoder = decoder.to(torch.bfloat16).eval()
-    for layer in decoder.model.layers:
-        layer.self_attn.fuse_()
-        layer.mlp.fuse_()
-    return decoder
+        return random_bf16_fused_(DepthDecoder(cfg))
 
 
 @pytest.fixture(scope="module")

@@ -84,6 +84,7 @@ def test_unknown_keys_are_rejected_with_their_path(tmp_path: Path) -> None:
         ("[graph]\ndecode_batch_buckets = [4, 2]", "decode_batch_buckets"),
         ("[serving]\nport = 70000", "serving.port"),
         ("[model]\ndevice = \"cpu\"\n[graph]\nenable_cuda_graphs = true", "enable_cuda_graphs"),
+        ("[model]\ndevice = \"cpu\"\n[graph]\nfused_decode = true", "fused_decode"),
         ("[scheduler]\nmax_running_requests = 8\n[cache]\nmax_codec_slots = 4",
          "cache.max_codec_slots"),
     ],
@@ -116,7 +117,7 @@ def test_env_override_is_explicit() -> None:
     assert apply_env_overrides(cfg, {"BREEZERT_NO_CUDA_GRAPH": "0"}) is cfg
     off = apply_env_overrides(cfg, {"BREEZERT_NO_CUDA_GRAPH": "1"})
     assert not off.graph.enable_cuda_graphs and not off.graph.compile_depth
-    assert not off.graph.fused_depth
+    assert not off.graph.fused_depth and not off.graph.fused_decode
     assert cfg.graph.enable_cuda_graphs  # the input is unchanged
     with pytest.raises(InvalidConfig, match="BREEZERT_NO_CUDA_GRAPH"):
         apply_env_overrides(cfg, {"BREEZERT_NO_CUDA_GRAPH": "maybe"})

@@ -3,18 +3,14 @@ run on CPU through Triton's interpreter (the GPU tests check them compiled on th
 
 from __future__ import annotations
 
-import importlib.util
-import os
-import subprocess
-import sys
 from dataclasses import replace
-from pathlib import Path
 
 import pytest
 import torch
 
 from breezert.models.config import DepthConfig
 from breezert.models.depth import DepthDecoder
+from tests.kernel_helpers import needs_triton, random_bf16_fused_, run_in_interpreter
 
 pytestmark = pytest.mark.unit
 
@@ -25,51 +21,23 @@ SMALL = DepthConfig(
 )
 
 
-REPO = Path(__file__).resolve().parents[2]
-needs_triton = pytest.mark.skipif(importlib.util.find_spec("triton") is None,
-                                  reason="triton is not installed")
-
-
-def _in_interpreter(call: str) -> None:
-    """Runs ``call`` (a function of this module) in a fresh Python with ``TRITON_INTERPRET=1``:
-    Triton reads the switch once, at its first import, which another test may already have
-    done in this process."""
-    env = {**os.environ, "TRITON_INTERPRET": "1"}
-    code = f"from tests.unit.test_fused_depth_kernels import *; {call}"
-    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True,
-                          text=True, timeout=600, check=False)
-    assert proc.returncode == 0, proc.stdout + proc.stderr[-4000:]
-
-
 def _decoder(seed: int, head_dim: int = 32) -> DepthDecoder:
     torch.manual_seed(seed)
     cfg = SMALL if head_dim == 32 else replace(SMALL, num_layers=1, num_heads=2, num_kv_heads=1,
                                                head_dim=head_dim)
-    depth = DepthDecoder(cfg)
-    with torch.no_grad():
-        for p in depth.parameters():
-            p.copy_(torch.randn_like(p) * 0.05)
-        for layer in depth.model.layers:  # norm weights near 1, as trained ones are
-            layer.input_layernorm.weight.add_(1.0)
-            layer.post_attention_layernorm.weight.add_(1.0)
-        depth.model.norm.weight.add_(1.0)
-    depth = depth.to(torch.bfloat16).eval()
-    for layer in depth.model.layers:
-        layer.self_attn.fuse_()
-        layer.mlp.fuse_()
-    return depth
+    return random_bf16_fused_(DepthDecoder(cfg))
 
 
 @needs_triton
 @pytest.mark.parametrize("rows", [3, 20])
 def test_fused_frame_matches_eager_within_bf16(rows: int) -> None:
-    _in_interpreter(f"check_frame({rows}, qkv_split=1)")
+    run_in_interpreter(__name__, f"check_frame({rows}, qkv_split=1)")
 
 
 @needs_triton
 def test_fused_head_slices_match_eager() -> None:
     """head_dim 128 split into 4 programs per head (the full-size layout), one layer."""
-    _in_interpreter("check_frame(3, qkv_split=4, head_dim=128, positions=3)")
+    run_in_interpreter(__name__, "check_frame(3, qkv_split=4, head_dim=128, positions=3)")
 
 
 def check_frame(rows: int, qkv_split: int, head_dim: int = 32, positions: int = 16) -> None:

@@ -7,7 +7,7 @@ state. Must not: sample (DEPTH does) or pick blocks (the scheduler does).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 
@@ -36,6 +36,16 @@ def backbone_decode(
     view = GatherKV(kv, write_rows, read_rows, mask)
     embeds = model.audio_frame_embeds(codes)  # [R, D]
     return {"hidden": model.backbone_model(embeds, positions, view)}
+
+
+def backbone_decode_fused(
+    fused: Callable[..., torch.Tensor], model: BreezeModel, kv: torch.Tensor, codes: torch.Tensor,
+    positions: torch.Tensor, write_rows: torch.Tensor, read_rows: torch.Tensor,
+    mask: torch.Tensor,
+) -> dict[str, torch.Tensor]:
+    """``backbone_decode`` with the backbone run by ``fused`` (``kernels/fused_decode``)."""
+    embeds = model.audio_frame_embeds(codes)  # [R, D]
+    return {"hidden": fused(embeds, positions, kv, write_rows, read_rows, mask)}
 
 
 def _meta_inputs(meta: StepMeta, device: torch.device) -> dict[str, torch.Tensor]:

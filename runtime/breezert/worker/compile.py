@@ -1,8 +1,9 @@
 """torch.compile of the depth decoder's repeated units: one step of its layers, and the sampler.
 
-Owns: the one place that calls ``torch.compile`` and that swaps in the fused Triton depth layers
-(``graph.fused_depth``, kernels/fused_depth.py, which replaced the compiled layer step in the
-H200 profile: 5 launches per layer against Inductor's ~19). NOTE(compile): we use Inductor's default mode
+Owns: the one place that calls ``torch.compile`` and that swaps in the fused Triton kernels:
+the depth layers (``graph.fused_depth``, kernels/fused_depth.py, which replaced the compiled
+layer step in the H200 profile: 5 launches per layer against Inductor's ~19) and the backbone
+DECODE step (``graph.fused_decode``, kernels/fused_decode.py). NOTE(compile): we use Inductor's default mode
 with a dynamic batch dimension rather than max-autotune or hand-written Triton: the depth frame
 is launch-bound at our batch sizes (180 layer-steps and 16 sampling passes per frame), so what
 pays is fusing RMSNorm, RoPE, SiLU-mul, residual adds and the sampler's elementwise chain
@@ -26,6 +27,7 @@ import torch
 
 from breezert.layers.sampling import sample
 from breezert.models.breeze import BreezeModel
+from breezert.stages.backbone import backbone_decode, backbone_decode_fused
 from breezert.stages.depth import depth_frames
 from breezert.stages.text_encode import encode_text
 
@@ -61,6 +63,19 @@ def depth_fn(
         logger.info("compiled the depth step (inductor, default mode, dynamic batch)")
     sampler = torch.compile(sample, dynamic=True, fullgraph=True)
     return partial(depth_frames, model, max_k=max_k, sampler=sampler)
+
+
+def decode_fn(
+    model: BreezeModel, kv: torch.Tensor, fused_decode: bool, max_rows: int
+) -> Callable[..., dict[str, torch.Tensor]]:
+    """The DECODE stage's function: the backbone over the paged cache, with the fused Triton
+    decode step on CUDA when asked (split-K workspace for ``max_rows`` rows)."""
+    if not fused_decode or model.lm_head.weight.device.type != "cuda":
+        return partial(backbone_decode, model, kv)
+    from breezert.kernels.fused_decode import FusedBackboneDecode  # needs Triton
+
+    logger.info("backbone DECODE runs the fused Triton kernels (%d-row workspace)", max_rows)
+    return partial(backbone_decode_fused, FusedBackboneDecode(model, max_rows), model, kv)
 
 
 def compile_backbone_layers(model: BreezeModel) -> None:

@@ -21,12 +21,12 @@ from breezert.loader import Checkpoint
 from breezert.models.codec import StreamingCodec
 from breezert.sched.plan import NewRequestData, Stage, StageItem, StepPlan
 from breezert.stages import StageOutput
-from breezert.stages.backbone import DecodeStage, PrefillStage, backbone_decode, backbone_prefill
+from breezert.stages.backbone import DecodeStage, PrefillStage, backbone_prefill
 from breezert.stages.codec import CodecStage, codec_step
 from breezert.stages.depth import TOP_K_BOUND, DepthStage
 from breezert.stages.text_encode import TextEncodeStage
 from breezert.worker.batch_state import BatchState, SlotState
-from breezert.worker.compile import compile_backbone_layers, depth_fn, text_encode_fn
+from breezert.worker.compile import compile_backbone_layers, decode_fn, depth_fn, text_encode_fn
 from breezert.worker.cuda_graphs import GraphFn, GraphRunner
 from breezert.worker.kv_cache import PagedKVCache
 
@@ -94,7 +94,9 @@ class ModelRunner:
                 graph.prefill_token_buckets, graph.decode_context_buckets,
             ),
             Stage.DECODE: DecodeStage(
-                model, self.kv, runner("decode", partial(backbone_decode, model, self.kv.kv)),
+                model, self.kv,
+                runner("decode", decode_fn(model, self.kv.kv, graph.fused_decode,
+                                           max(graph.decode_batch_buckets))),
                 graph.decode_batch_buckets, graph.decode_context_buckets,
             ),
             Stage.DEPTH: DepthStage(

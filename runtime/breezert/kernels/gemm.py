@@ -1,0 +1,267 @@
+"""Shared Triton building blocks of the fused layers: GEMMs with RMSNorm prologues and epilogues.
+
+Owns: the bf16 rounding helpers (and their interpreter workarounds), RMSNorm + GEMM prologues,
+``norm_linear`` (RMSNorm + GEMM), ``norm_gate_up`` (RMSNorm + packed gate/up GEMM + SiLU * up),
+``linear_residual`` (split-K GEMM + residual, the last program of a tile summing the partials in
+a fixed order), their launch shapes (``Tiles``) and the split-K workspace. Every kernel keeps
+the eager modules' bf16 rounding points (``RMSNorm``, ``F.linear``, ``F.silu``, residual add).
+Must not: know which model calls it.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+# Triton 3.6's interpreter (CPU tests) mis-multiplies bf16 ``tl.dot`` operands and truncates
+# fp32 -> bf16 instead of rounding to nearest even. Under it the kernels upcast dot operands to
+# fp32 (the same exact products) and round to bf16 by hand, so the CPU tests check the real
+# rounding points.
+INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
+DOT_F32 = INTERPRETED
+_RNE_BY_HAND = tl.constexpr(INTERPRETED)
+
+BM_MAX = 64  # rows per program; more rows run as more row blocks
+
+
+BM_MAX = 64  # rows per program; more rows run as more row blocks
+
+
+@dataclass(frozen=True)
+class Tiles:
+    """Launch shapes. The defaults won bench/tune_fused_depth.py on the H200 at 32 rows
+    (bench/results/h200-tune-fused-depth-20261129.json): one frame of layer steps 8.8 ms, from
+    10.1 ms with the first guess; num_stages 2 -> 4 alone was worth 2.4 ms.
+
+    ``qkv_split``: programs per head (each takes matching slices of both RoPE halves), so
+    12 heads give 48 programs; ``split_k``: K splits of o_proj/down (32 column tiles x 8 splits
+    against the H200's 132 SMs)."""
+
+    qkv_split: int = 4
+    qkv_bk: int = 256
+    gate_bn: int = 64
+    gate_bk: int = 64
+    split_k: int = 8
+    split_bn: int = 32
+    split_bk: int = 256
+    linear_bn: int = 64
+    linear_bk: int = 64
+    num_warps: int = 4
+    num_stages: int = 4
+
+
+@triton.jit
+def mm(a, b, F32: tl.constexpr):
+    """``a [M, K] @ b [K, N]`` -> fp32."""
+    if F32:
+        out = tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision="ieee")
+    else:
+        out = tl.dot(a, b)
+    return out
+
+
+@triton.jit
+def bf16(x):
+    """Rounds fp32 to bf16 (nearest even) and back: an eager module's bf16 output."""
+    if _RNE_BY_HAND:
+        bits = x.to(tl.uint32, bitcast=True)
+        bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
+        out = bits.to(tl.float32, bitcast=True)
+    else:
+        out = x.to(tl.bfloat16).to(tl.float32)
+    return out
+
+
+@triton.jit
+def row_rstd(x_ptr, stride_x, rows, rmask, eps, K: tl.constexpr, BM: tl.constexpr,
+              BK: tl.constexpr):
+    """``1 / sqrt(mean(x^2) + eps)`` per row, in fp32 (``F.rms_norm`` of ``x.float()``)."""
+    sq = tl.zeros([BM], dtype=tl.float32)
+    for k0 in tl.static_range(0, K, BK):  # unrolled: every load is in flight at once
+        cols = k0 + tl.arange(0, BK)
+        x = tl.load(x_ptr + rows[:, None] * stride_x + cols[None, :], mask=rmask[:, None],
+                    other=0.0).to(tl.float32)
+        sq += tl.sum(x * x, axis=1)
+    return 1.0 / tl.sqrt(sq / K + eps)
+
+
+@triton.jit
+def normed_tile(x_ptr, nw_ptr, stride_x, rows, rmask, rstd, cols):
+    """RMSNorm of an input tile as ``RMSNorm.forward`` rounds it: ``bf16(w * bf16(x * rstd))``."""
+    x = tl.load(x_ptr + rows[:, None] * stride_x + cols[None, :], mask=rmask[:, None],
+                other=0.0).to(tl.float32)
+    w = tl.load(nw_ptr + cols).to(tl.float32)
+    return bf16(w[None, :] * bf16(x * rstd[:, None])).to(tl.bfloat16)
+
+
+@triton.jit(do_not_specialize=["R"])  # one build serves every row count
+def norm_linear_kernel(
+    x_ptr, nw_ptr, w_ptr, out_ptr, R, eps, stride_x, stride_out,
+    K: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, NK: tl.constexpr,
+    F32: tl.constexpr,
+):
+    """Program (column block, row block): ``bf16(RMSNorm(x) @ w.T)``."""
+    rows = tl.program_id(1) * BM + tl.arange(0, BM)
+    rmask = rows < R
+    n = tl.program_id(0) * BN + tl.arange(0, BN)
+    rstd = row_rstd(x_ptr, stride_x, rows, rmask, eps, K, BM, NK)
+    acc = tl.zeros([BM, BN], dtype=tl.float32)
+    for k0 in range(0, K, BK):
+        cols = k0 + tl.arange(0, BK)
+        xn = normed_tile(x_ptr, nw_ptr, stride_x, rows, rmask, rstd, cols)
+        w = tl.load(w_ptr + n[:, None] * K + cols[None, :])
+        acc += mm(xn, tl.trans(w), F32)
+    tl.store(out_ptr + rows[:, None] * stride_out + n[None, :], bf16(acc).to(tl.bfloat16),
+             mask=rmask[:, None])
+
+
+@triton.jit(do_not_specialize=["R"])  # one build serves every row count
+def norm_gate_up_kernel(
+    x_ptr, nw_ptr, w_ptr, out_ptr, R, eps, stride_x, stride_out,
+    I: tl.constexpr, K: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
+    NK: tl.constexpr, F32: tl.constexpr,
+):
+    """Program (column block, row block): ``bf16(silu(gate) * up)`` of the normed input; gate
+    rows 0..I-1 and up rows I..2I-1 of the packed weight."""
+    rows = tl.program_id(1) * BM + tl.arange(0, BM)
+    rmask = rows < R
+    n = tl.program_id(0) * BN + tl.arange(0, BN)
+    rstd = row_rstd(x_ptr, stride_x, rows, rmask, eps, K, BM, NK)
+    acc_g = tl.zeros([BM, BN], dtype=tl.float32)
+    acc_u = tl.zeros([BM, BN], dtype=tl.float32)
+    for k0 in range(0, K, BK):
+        cols = k0 + tl.arange(0, BK)
+        xn = normed_tile(x_ptr, nw_ptr, stride_x, rows, rmask, rstd, cols)
+        w_g = tl.load(w_ptr + n[:, None] * K + cols[None, :])
+        w_u = tl.load(w_ptr + (n + I)[:, None] * K + cols[None, :])
+        acc_g += mm(xn, tl.trans(w_g), F32)
+        acc_u += mm(xn, tl.trans(w_u), F32)
+    gate, up = bf16(acc_g), bf16(acc_u)
+    act = bf16(gate / (1.0 + tl.exp(-gate)))  # F.silu on a bf16 tensor
+    tl.store(out_ptr + rows[:, None] * stride_out + n[None, :], bf16(act * up).to(tl.bfloat16),
+             mask=rmask[:, None])
+
+
+@triton.jit(do_not_specialize=["R"])  # one build serves every row count
+def linear_residual_kernel(
+    a_ptr, w_ptr, res_ptr, out_ptr, ws_ptr, count_ptr, R, stride_a, stride_res, stride_out,
+    ws_split, N: tl.constexpr, K: tl.constexpr, SPLIT: tl.constexpr,
+    BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, F32: tl.constexpr,
+):
+    """Program (column block, K split, row block): ``out = bf16(res + bf16(a @ w.T))``.
+
+    Each program stores its fp32 partial; the last of the SPLIT programs of a tile (atomic
+    counter) sums all partials in split order, writes the tile and resets the counter."""
+    pid_n = tl.program_id(0)
+    split = tl.program_id(1)
+    row_block = tl.program_id(2)
+    rows = row_block * BM + tl.arange(0, BM)
+    rmask = rows < R
+    n = pid_n * BN + tl.arange(0, BN)
+    KS: tl.constexpr = K // SPLIT
+    acc = tl.zeros([BM, BN], dtype=tl.float32)
+    for k0 in range(0, KS, BK):  # constant trip count: the loop pipelines
+        cols = split * KS + k0 + tl.arange(0, BK)
+        a = tl.load(a_ptr + rows[:, None] * stride_a + cols[None, :], mask=rmask[:, None],
+                    other=0.0)
+        w = tl.load(w_ptr + n[:, None] * K + cols[None, :])
+        acc += mm(a, tl.trans(w), F32)
+    tile = ws_ptr + rows[:, None] * N + n[None, :]  # partials of this call: [SPLIT, R, N]
+    tl.store(tile + split * ws_split, acc, mask=rmask[:, None])
+    tl.debug_barrier()  # every thread's partial is written before the counter says so
+    counter = count_ptr + row_block * (N // BN) + pid_n
+    arrived = tl.atomic_add(counter, 1, sem="acq_rel", scope="gpu")
+    if arrived == SPLIT - 1:
+        total = tl.zeros([BM, BN], dtype=tl.float32)
+        for s in range(SPLIT):
+            total += tl.load(tile + s * ws_split, mask=rmask[:, None], other=0.0,
+                             cache_modifier=".cg")
+        res = tl.load(res_ptr + rows[:, None] * stride_res + n[None, :], mask=rmask[:, None],
+                      other=0.0).to(tl.float32)
+        out = bf16(res + bf16(total)).to(tl.bfloat16)
+        tl.store(out_ptr + rows[:, None] * stride_out + n[None, :], out, mask=rmask[:, None])
+        tl.store(counter, 0)
+
+
+def row_block(rows: int) -> int:
+    return min(BM_MAX, max(16, triton.next_power_of_2(rows)))
+
+
+class FusedGemms:
+    """Launches the shared kernels with one set of ``Tiles`` and one split-K workspace.
+
+    The workspace (fp32 partials for ``max_rows`` rows of ``max_n`` columns) and the tile
+    counters are allocated once, so CUDA graphs capture them; a call with more rows (an
+    uncaptured eager fallback) gets its own for that call.
+    """
+
+    def __init__(self, tiles: Tiles, max_rows: int, max_n: int, device: torch.device) -> None:
+        self.tiles, self.max_rows, self.max_n = tiles, max_rows, max_n
+        self.workspace, self.counters = self._workspace(max_rows, device)
+
+    def _workspace(self, rows: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        t = self.tiles
+        workspace = torch.empty(t.split_k, rows, self.max_n, dtype=torch.float32, device=device)
+        counters = torch.zeros(triton.cdiv(rows, 16) * triton.cdiv(self.max_n, t.split_bn),
+                               dtype=torch.int32, device=device)  # row blocks hold >= 16 rows
+        return workspace, counters
+
+    def check(self, name: str, *, k: int = 0, n: int = 0, gate_n: int = 0, linear_n: int = 0,
+              linear_k: int = 0) -> None:
+        """Raises ``ValueError`` naming ``name`` when a dimension does not fit the tiles."""
+        t = self.tiles
+        ok = (k % (t.split_k * 16) == 0 and n % t.split_bn == 0 and n <= self.max_n
+              and gate_n % t.gate_bn == 0 and linear_n % t.linear_bn == 0
+              and linear_k % min(t.linear_bk, max(linear_k, 1)) == 0)
+        if not ok:
+            raise ValueError(f"fused kernels: {name} does not fit {t}")
+
+    def norm_linear(self, x: torch.Tensor, norm_weight: torch.Tensor, weight: torch.Tensor,
+                    eps: float) -> torch.Tensor:
+        t = self.tiles
+        rows, (n, k) = x.shape[0], weight.shape
+        out = torch.empty(rows, n, dtype=x.dtype, device=x.device)
+        bm = row_block(rows)
+        norm_linear_kernel[(n // t.linear_bn, triton.cdiv(rows, bm))](
+            x, norm_weight, weight, out, rows, eps, x.stride(0), out.stride(0), K=k, BM=bm,
+            BN=t.linear_bn, BK=min(t.linear_bk, k), NK=min(256, k), F32=DOT_F32,
+            num_warps=t.num_warps, num_stages=t.num_stages,
+        )
+        return out
+
+    def norm_gate_up(self, x: torch.Tensor, norm_weight: torch.Tensor, weight: torch.Tensor,
+                     eps: float) -> torch.Tensor:
+        t = self.tiles
+        rows, k = x.shape
+        inter = weight.shape[0] // 2
+        out = torch.empty(rows, inter, dtype=x.dtype, device=x.device)
+        bm = row_block(rows)
+        norm_gate_up_kernel[(inter // t.gate_bn, triton.cdiv(rows, bm))](
+            x, norm_weight, weight, out, rows, eps, x.stride(0), out.stride(0), I=inter, K=k,
+            BM=bm, BN=t.gate_bn, BK=min(t.gate_bk, k), NK=min(256, k), F32=DOT_F32,
+            num_warps=t.num_warps, num_stages=t.num_stages,
+        )
+        return out
+
+    def linear_residual(self, a: torch.Tensor, weight: torch.Tensor,
+                        residual: torch.Tensor) -> torch.Tensor:
+        """``residual + a @ weight.T`` (bf16 rounding points of ``x + linear(a)``), split-K."""
+        t = self.tiles
+        rows, (n, k) = a.shape[0], weight.shape
+        workspace, counters = (
+            (self.workspace, self.counters) if rows <= self.max_rows
+            else self._workspace(rows, a.device)
+        )
+        out = torch.empty_like(residual)
+        bm = row_block(rows)
+        linear_residual_kernel[(n // t.split_bn, t.split_k, triton.cdiv(rows, bm))](
+            a, weight, residual, out, workspace, counters, rows, a.stride(0),
+            residual.stride(0), out.stride(0), workspace.stride(0), N=n, K=k, SPLIT=t.split_k,
+            BM=bm, BN=t.split_bn, BK=min(t.split_bk, k // t.split_k), F32=DOT_F32,
+            num_warps=t.num_warps, num_stages=t.num_stages,
+        )
+        return out
