@@ -17,6 +17,8 @@ from dataclasses import dataclass
 from livekit import rtc
 from livekit.agents.voice import io
 
+from breezert.jitter_buffer import JitterCounters
+
 from .client import Turn
 from .log import logger
 from .models import LISTENER_STATS_MAX_AGE_S, NUM_CHANNELS, PLAYOUT_TOPIC, SAMPLE_RATE
@@ -78,7 +80,7 @@ class PlayoutFeedback:
     def __init__(self, *, max_age_s: float = LISTENER_STATS_MAX_AGE_S) -> None:
         self._max_age_s = max_age_s
         self._sender: Callable[[], float] | None = None
-        self._last_raw: dict[str, tuple[float, float, float | None, float]] = {}
+        self._last_raw: dict[str, JitterCounters] = {}
         self.listeners: dict[str, ListenerStats] = {}
         self._turns: list[Turn] = []  # turns whose audio is playing, newest last
         self._rooms: list[rtc.Room] = []
@@ -179,18 +181,17 @@ class PlayoutFeedback:
             return None
         identity = packet.participant.identity if packet.participant is not None else "?"
         key = f"{identity}/{raw.get('trackSid', '')}"
+        counters = JitterCounters(delay, emitted, target, concealed)
         previous = self._last_raw.get(key)
-        self._last_raw[key] = (delay, emitted, target, concealed)
-        if previous is None or emitted <= previous[1]:  # first sample, reset, or no audio
+        self._last_raw[key] = counters
+        if previous is None or counters.restarted_since(previous):
+            return None  # nothing to diff yet
+        interval = counters.since(previous)
+        if interval.delay_s is None:  # no audio emitted since the last sample
             return None
-        num_emitted = emitted - previous[1]
-        target_s = None
-        if target is not None and previous[2] is not None:
-            target_s = max((target - previous[2]) / num_emitted, 0.0)
         stats = ListenerStats(
-            key=key, delay_s=max((delay - previous[0]) / num_emitted, 0.0),
-            target_delay_s=target_s, num_concealed_samples=max(int(concealed - previous[3]), 0),
-            received_time=now,
+            key=key, delay_s=interval.delay_s, target_delay_s=interval.target_delay_s,
+            num_concealed_samples=interval.new_concealed_samples, received_time=now,
         )
         self.listeners[key] = stats
         return stats
