@@ -8,7 +8,7 @@
 #     --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 -d .whl \
 #     pydantic==2.14.4 pydantic-core==2.50.5 annotated-types typing-inspection
 # Then per phase: run(command="bash bench/h200_session.sh PHASE", carry=[".whl", ".benchdata"])
-# PHASE: tests | fused | decode | tune | profile | stages | ablation-eager | sweep | sweep+ablation | predictor
+# PHASE: tests | fused | decode | tune | profile | stages | ablation-eager | ablation-a|b|c | sweep | sweep+ablation | predictor
 set -euo pipefail
 phase=${1:?phase}
 out=${OUT:-/tmp/out}
@@ -57,6 +57,17 @@ case "$phase" in
     timeout 400 "${bench[@]}" --concurrency 16 --num-requests 300 --warmup 2 \
       --variants progressive-compiled,fixed16-eager,progressive-eager,naive --naive-requests 3 \
       --run-budget 60 --out "$out/h200-ablation.json" 2>&1 | grep '^\[bench' ;;
+  ablation-a|ablation-b|ablation-c)  # one eager step of the ablation with all 300 requests per
+    # call (~6-8 minutes each at c=16); (c) adds the naive baseline. Merge the three JSONs with
+    # python -m breezert.bench.report --merge bench/results/h200-ablation-300.json A B C
+    case "$phase" in
+      ablation-a) variants=fixed16-eager ;;
+      ablation-b) variants=progressive-eager ;;
+      ablation-c) variants=progressive-compiled,naive ;;
+    esac
+    timeout 575 "${bench[@]}" --concurrency 16 --num-requests 300 --warmup 2 \
+      --variants "$variants" --naive-requests 5 --run-budget 470 \
+      --out "$out/h200-$phase.json" 2>&1 | grep '^\[bench' ;;
   sweep)   # closed loop 1, 4, 8 (16-64 come from the predictor phase), the latency profile
     timeout 170 "${bench[@]}" --concurrency 1,4,8 --num-requests 300 --warmup 8 \
       --variants progressive-graphs --run-budget 35 --out "$out/h200-sweep.json" 2>&1 | grep '^\[bench' ;;
