@@ -67,3 +67,16 @@ def test_fused_decode_rejects_unfused_weights() -> None:
     backbone = Qwen3Backbone(SMALL).to(torch.bfloat16)
     with pytest.raises(ValueError, match="fuse_projections_"):
         FusedBackboneDecode(SimpleNamespace(backbone_model=backbone), max_rows=4)
+
+
+@needs_triton
+def test_gemm_shapes_are_checked_before_any_launch() -> None:
+    from breezert.kernels.gemm import FusedGemms, Tiles
+
+    gemms = FusedGemms(Tiles(split_k=8, split_bk=128), max_rows=4, max_n=256,
+                       device=torch.device("cpu"))
+    gemms.check("fits", k=8 * 256, n=256, gate_n=128, linear_n=128, linear_k=128)
+    with pytest.raises(ValueError, match="odd-split"):  # 192 per split: not whole 128 tiles
+        gemms.check("odd-split", k=8 * 192)
+    with pytest.raises(ValueError, match="too-wide"):  # past the workspace
+        gemms.check("too-wide", k=128, n=512)

@@ -214,7 +214,9 @@ class FusedGemms:
               linear_k: int = 0) -> None:
         """Raises ``ValueError`` naming ``name`` when a dimension does not fit the tiles."""
         t = self.tiles
-        ok = (k % (t.split_k * 16) == 0 and n % t.split_bn == 0 and n <= self.max_n
+        split = k // t.split_k  # each split's K range runs whole BK tiles
+        ok = (k % (t.split_k * 16) == 0 and (k == 0 or split % min(t.split_bk, split) == 0)
+              and n % t.split_bn == 0 and n <= self.max_n
               and gate_n % t.gate_bn == 0 and linear_n % t.linear_bn == 0
               and linear_k % min(t.linear_bk, max(linear_k, 1)) == 0)
         if not ok:
