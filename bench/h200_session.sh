@@ -33,7 +33,8 @@ case "$phase" in
       | tee "$out/profile-fused.log" | grep -A21 DEPTH ;;
   decode)  # the fused backbone DECODE step: GPU tests, step times, census, then 300 requests
     # at 16 and 32 concurrent with it on (compare with h200-predictor-20261129.json)
-    timeout 150 python3 -m pytest tests/gpu -q -p no:cacheprovider 2>&1 | tee "$out/gpu_tests.log" | tail -5 || true
+    timeout 200 python3 -m pytest tests/gpu/test_gpu_fused_decode.py -q -p no:cacheprovider 2>&1 \
+      | tee "$out/gpu_tests.log" | tail -5 || true
     timeout 150 python3 bench/stage_timing.py --batches 1,16,64 --modes fused-decode \
       --out "$out/h200-stage-timing-fused-decode.json" 2>&1 | grep -v Warn | tail -6
     timeout 60 python3 bench/profile_stages.py --batch 16 --fused --fused-decode --compile 2>&1 \

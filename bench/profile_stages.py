@@ -66,7 +66,7 @@ def main() -> None:
     runner = build_runner(cfg, load_engine_checkpoint(cfg.model))
     depth, decode = runner.stages[Stage.DEPTH], runner.stages[Stage.DECODE]
     depth_in = depth.example_inputs(args.batch, False)
-    decode_in = decode.example_inputs(args.batch, args.context)
+    decode_in = decode.example_inputs(args.batch, args.context, cached=3 * args.context // 4)
     with torch.inference_mode():
         census(lambda: depth.graphs.fn(**depth_in), f"DEPTH frame, batch {args.batch}", cuda,
                args.top)

@@ -51,11 +51,11 @@ def _step(rows: int, context: int, seed: int):  # type: ignore[no-untyped-def]
     return cache, to, embeds
 
 
-@pytest.mark.parametrize("rows,context", [(1, 256), (16, 512), (32, 2048)])
+@pytest.mark.parametrize("rows,context", [(1, 256), (16, 512), (32, 2048), (128, 256)])
 def test_fused_decode_matches_eager(backbone: Qwen3Backbone, rows: int, context: int) -> None:
     from breezert.kernels.fused_decode import FusedBackboneDecode
 
-    fused = FusedBackboneDecode(SimpleNamespace(backbone_model=backbone), max_rows=32)
+    fused = FusedBackboneDecode(SimpleNamespace(backbone_model=backbone), max_rows=128)
     cache, meta, embeds = _step(rows, context, seed=rows)
     eager_kv, fused_kv, again_kv = (cache.kv.clone() for _ in range(3))
     with torch.inference_mode():

@@ -448,3 +448,16 @@ def test_chunks_carry_their_segment_index(engine: Engine) -> None:
     assert [(c.frame_start, c.frame_end, c.segment_index) for c in chunks] == [
         (0, 4, 0), (4, 8, 1), (8, 12, 1)
     ]
+
+
+def test_decode_example_inputs_with_a_real_context(engine: Engine) -> None:
+    """The benchmarks' DECODE inputs: rows holding ``cached`` tokens in their own blocks."""
+    stage = engine.runner.stages[Stage.DECODE]
+    inputs = stage.example_inputs(3, 64, cached=40)
+    assert inputs["mask"].reshape(3, -1).sum(dim=1).tolist() == [41, 41, 41]
+    assert inputs["positions"].tolist() == [40, 40, 40]
+    assert len(set(inputs["write_rows"].tolist())) == 3  # each row its own blocks
+    idle = stage.example_inputs(2, 64)  # capture inputs: padding rows only
+    assert idle["mask"].reshape(2, -1).sum(dim=1).tolist() == [1, 1]
+    with pytest.raises(ValueError, match="blocks"):
+        stage.example_inputs(3, 64, cached=engine.runner.kv.num_blocks * 16)

@@ -76,5 +76,7 @@ def test_fused_rejects_unfused_weights_and_odd_sizes() -> None:
     odd = DepthDecoder(DepthConfig(hidden_size=32, intermediate_size=96, num_layers=1,
                                    num_heads=4, num_kv_heads=2, head_dim=8,
                                    backbone_hidden_size=64, audio_embed_size=64))
-    with pytest.raises(ValueError, match="hidden_size"):
+    with pytest.raises(ValueError, match="bfloat16"):  # fp32 weights: the kernels store bf16
         fused_depth.FusedDepthLayers(odd, max_rows=4)
+    with pytest.raises(ValueError, match="hidden_size"):
+        fused_depth.FusedDepthLayers(odd.to(torch.bfloat16), max_rows=4)

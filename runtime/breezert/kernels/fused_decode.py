@@ -22,7 +22,7 @@ import torch
 import triton
 import triton.language as tl
 
-from breezert.kernels.gemm import FusedGemms, Tiles, bf16
+from breezert.kernels.gemm import INTERPRETED, FusedGemms, Tiles, bf16, check_bf16
 
 
 @triton.jit
@@ -42,11 +42,38 @@ def _rms_rope(lo, hi, w_ptr, cos_lo, cos_hi, sin_lo, sin_hi, eps, D: tl.constexp
 
 
 @triton.jit
+def _attend_tile(q_lo, q_hi, m, total, acc_lo, acc_hi, kv_ptr, read_ptr, step, cached, c_kv,
+                 c_row, c_head, g, scale, D: tl.constexpr, BT: tl.constexpr):
+    """Online softmax over cached tokens ``step*BT ..`` (< ``cached``) of one row and KV head."""
+    HALF: tl.constexpr = D // 2
+    d = tl.arange(0, HALF)
+    t = step * BT + tl.arange(0, BT)
+    live = t < cached
+    rows = tl.load(read_ptr + t, mask=live, other=0)
+    key = kv_ptr + rows[:, None] * c_row + g * c_head + d[None, :]
+    kt_lo = tl.load(key, mask=live[:, None], other=0.0).to(tl.float32)  # [BT, HALF]
+    kt_hi = tl.load(key + HALF, mask=live[:, None], other=0.0).to(tl.float32)
+    s = (tl.sum(q_lo[:, None, :] * kt_lo[None, :, :], axis=2)
+         + tl.sum(q_hi[:, None, :] * kt_hi[None, :, :], axis=2)) * scale  # [G, BT]
+    s = tl.where(live[None, :], s, float("-inf"))
+    m_new = tl.maximum(m, tl.max(s, axis=1))
+    alpha = tl.exp(m - m_new)
+    p = tl.exp(s - m_new[:, None])
+    total = total * alpha + tl.sum(p, axis=1)
+    p = bf16(p)  # as flash attention rounds P for P @ V
+    vt_lo = tl.load(key + c_kv, mask=live[:, None], other=0.0).to(tl.float32)
+    vt_hi = tl.load(key + c_kv + HALF, mask=live[:, None], other=0.0).to(tl.float32)
+    acc_lo = acc_lo * alpha[:, None] + tl.sum(p[:, :, None] * vt_lo[None, :, :], axis=1)
+    acc_hi = acc_hi * alpha[:, None] + tl.sum(p[:, :, None] * vt_hi[None, :, :], axis=1)
+    return m_new, total, acc_lo, acc_hi
+
+
+@triton.jit(do_not_specialize=["stride_read"])  # one build serves every context bucket
 def _decode_attention_kernel(
     qkv_ptr, qn_ptr, kn_ptr, cos_ptr, sin_ptr, kv_ptr, write_ptr, read_ptr, len_ptr, out_ptr,
     eps, scale, stride_qkv, stride_cos, stride_read, stride_out, c_kv, c_row, c_head,
     H: tl.constexpr, KVH: tl.constexpr, D: tl.constexpr, BT: tl.constexpr,
-    TILES: tl.constexpr,
+    STATIC_TILES: tl.constexpr,
 ):
     """Program (row r, KV head g): its G = H / KVH query heads."""
     r = tl.program_id(0)
@@ -85,27 +112,18 @@ def _decode_attention_kernel(
     acc_lo = tl.zeros([G, HALF], dtype=tl.float32) + v_lo
     acc_hi = tl.zeros([G, HALF], dtype=tl.float32) + v_hi
     cached = tl.load(len_ptr + r) - 1  # tokens before this one
-    for step in range(TILES):  # tiles of the context bucket; those past the row's end skip
-        if step * BT < cached:
-            t = step * BT + tl.arange(0, BT)
-            live = t < cached
-            rows = tl.load(read_ptr + r * stride_read + t, mask=live, other=0)
-            key = kv_ptr + rows[:, None] * c_row + g * c_head + d[None, :]
-            kt_lo = tl.load(key, mask=live[:, None], other=0.0).to(tl.float32)  # [BT, HALF]
-            kt_hi = tl.load(key + HALF, mask=live[:, None], other=0.0).to(tl.float32)
-            s = (tl.sum(q_lo[:, None, :] * kt_lo[None, :, :], axis=2)
-                 + tl.sum(q_hi[:, None, :] * kt_hi[None, :, :], axis=2)) * scale  # [G, BT]
-            s = tl.where(live[None, :], s, float("-inf"))
-            m_new = tl.maximum(m, tl.max(s, axis=1))
-            alpha = tl.exp(m - m_new)
-            p = tl.exp(s - m_new[:, None])
-            total = total * alpha + tl.sum(p, axis=1)
-            p = bf16(p)  # as flash attention rounds P for P @ V
-            vt_lo = tl.load(key + c_kv, mask=live[:, None], other=0.0).to(tl.float32)
-            vt_hi = tl.load(key + c_kv + HALF, mask=live[:, None], other=0.0).to(tl.float32)
-            acc_lo = acc_lo * alpha[:, None] + tl.sum(p[:, :, None] * vt_lo[None, :, :], axis=1)
-            acc_hi = acc_hi * alpha[:, None] + tl.sum(p[:, :, None] * vt_hi[None, :, :], axis=1)
-            m = m_new
+    read = read_ptr + r * stride_read
+    if STATIC_TILES > 0:  # Triton's interpreter: loop bounds must be constants
+        for step in range(STATIC_TILES):
+            if step * BT < cached:
+                m, total, acc_lo, acc_hi = _attend_tile(
+                    q_lo, q_hi, m, total, acc_lo, acc_hi, kv_ptr, read, step, cached, c_kv,
+                    c_row, c_head, g, scale, D, BT)
+    else:  # GPU: stop at this row's length (the loop pipelines)
+        for step in range(tl.cdiv(cached, BT)):
+            m, total, acc_lo, acc_hi = _attend_tile(
+                q_lo, q_hi, m, total, acc_lo, acc_hi, kv_ptr, read, step, cached, c_kv, c_row,
+                c_head, g, scale, D, BT)
     out = out_ptr + r * stride_out + heads[:, None] * D + d[None, :]
     tl.store(out, bf16(acc_lo / total[:, None]).to(tl.bfloat16))
     tl.store(out + HALF, bf16(acc_hi / total[:, None]).to(tl.bfloat16))
@@ -129,11 +147,13 @@ class FusedBackboneDecode:
         self.scale = 1.0 / math.sqrt(cfg.head_dim)
         device = backbone.norm.weight.device
         self.gemms = gemms = FusedGemms(tiles or Tiles(), max_rows, cfg.hidden_size, device)
-        qkv_n = (self.heads + 2 * self.kv_heads) * self.head_dim
-        gemms.check("backbone hidden_size", k=self.heads * self.head_dim, n=cfg.hidden_size,
-                    linear_n=qkv_n, linear_k=cfg.hidden_size)
-        gemms.check("backbone intermediate_size", k=cfg.intermediate_size,
-                    gate_n=cfg.intermediate_size)
+        check_bf16(backbone.norm.weight, "backbone")
+        d, attn_width = cfg.hidden_size, self.heads * self.head_dim
+        gemms.check("backbone hidden_size", norm_k=d,
+                    linear=((self.heads + 2 * self.kv_heads) * self.head_dim, d),
+                    split=(d, attn_width))
+        gemms.check("backbone intermediate_size", gate_up=(cfg.intermediate_size, d),
+                    split=(d, cfg.intermediate_size))
         group = self.heads // self.kv_heads
         if group * self.kv_heads != self.heads or group & (group - 1) or self.head_dim & (
                 self.head_dim - 1):
@@ -142,10 +162,28 @@ class FusedBackboneDecode:
                for layer in backbone.layers):
             raise ValueError("fused decode kernels need BreezeModel.fuse_projections_() first")
         self.max_rows = max_rows
+        if device.type == "cuda":
+            self.warm()
 
     @property
     def counters(self) -> torch.Tensor:
         return self.gemms.counters
+
+    @torch.inference_mode()
+    def warm(self) -> None:
+        """Builds every kernel variant (one per row-block size) now, on a one-block scratch
+        cache: a Triton build in the middle of serving stalls every stream for seconds."""
+        weight = self.backbone.norm.weight
+        layers = len(self.backbone.layers)
+        kv = torch.zeros(layers, 2, 16, self.kv_heads, self.head_dim, dtype=weight.dtype,
+                         device=weight.device)
+        for rows in sorted({min(r, self.max_rows) for r in (1, 17, 33)}):
+            zeros = torch.zeros(rows, dtype=torch.long, device=weight.device)
+            read = torch.zeros(rows, 16, dtype=torch.long, device=weight.device)
+            mask = torch.zeros(rows, 1, 1, 16, dtype=torch.bool, device=weight.device)
+            mask[..., :4] = True
+            embeds = torch.zeros(rows, weight.shape[0], dtype=weight.dtype, device=weight.device)
+            self(embeds, zeros, kv, zeros, read, mask)
 
     def __call__(
         self, embeds: torch.Tensor, positions: torch.Tensor, kv: torch.Tensor,
@@ -160,8 +198,9 @@ class FusedBackboneDecode:
         lengths = mask.reshape(rows, -1).sum(dim=1)  # valid keys per row, the new one included
         x = embeds.contiguous()
         attn = torch.empty(rows, self.heads * self.head_dim, dtype=x.dtype, device=x.device)
-        # A power of two: uncaptured steps at any context length reuse a few kernel builds.
-        tiles = triton.next_power_of_2(triton.cdiv(read_rows.shape[1], self.ATTENTION_TILE))
+        # Only the interpreter needs a constant trip count (a power of two: few builds).
+        static_tiles = (triton.next_power_of_2(triton.cdiv(read_rows.shape[1], self.ATTENTION_TILE))
+                        if INTERPRETED else 0)
         for layer, store in zip(backbone.layers, kv):
             qkv = gemms.norm_linear(x, layer.input_layernorm.weight, layer.self_attn.qkv_weight,
                                     self.eps)
@@ -171,7 +210,7 @@ class FusedBackboneDecode:
                 store, write_rows, read_rows, lengths, attn, layer.self_attn.q_norm.eps,
                 self.scale, qkv.stride(0), cos.stride(0), read_rows.stride(0), attn.stride(0),
                 c[0], c[1], c[2], H=self.heads, KVH=self.kv_heads, D=self.head_dim,
-                BT=self.ATTENTION_TILE, TILES=tiles, num_warps=4,
+                BT=self.ATTENTION_TILE, STATIC_TILES=static_tiles, num_warps=4,
             )
             x = gemms.linear_residual(attn, layer.self_attn.o_proj.weight, x)
             act = gemms.norm_gate_up(x, layer.post_attention_layernorm.weight,

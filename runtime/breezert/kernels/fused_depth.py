@@ -31,6 +31,7 @@ from breezert.kernels.gemm import (
     FusedGemms,
     Tiles,
     bf16,
+    check_bf16,
     mm,
     normed_tile,
     row_block,
@@ -129,9 +130,14 @@ class FusedDepthLayers:
         self.scale = 1.0 / math.sqrt(cfg.head_dim)
         device = depth.model.norm.weight.device
         self.gemms = FusedGemms(t, max_rows, self.hidden, device)
-        self.gemms.check("depth hidden_size", k=self.hidden, n=self.hidden,
-                         linear_k=self.hidden)
-        self.gemms.check("depth intermediate_size", k=self.inter, gate_n=self.inter)
+        check_bf16(depth.model.norm.weight, "depth")
+        attn_width = self.heads * self.head_dim
+        self.gemms.check("depth hidden_size", norm_k=self.hidden, split=(self.hidden, attn_width))
+        self.gemms.check("depth intermediate_size", gate_up=(self.inter, self.hidden),
+                         split=(self.hidden, self.inter))
+        qkv_bk = min(t.qkv_bk, self.hidden)
+        if self.hidden % qkv_bk or qkv_bk & (qkv_bk - 1):
+            raise ValueError(f"fused depth kernels: depth hidden_size does not fit {t}")
         if self.head_dim // 2 % t.qkv_split or self.head_dim // 2 // t.qkv_split < 16:
             raise ValueError(f"fused depth kernels: depth head_dim does not fit {t}")
         layers = depth.model.layers

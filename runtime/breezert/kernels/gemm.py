@@ -28,9 +28,6 @@ _RNE_BY_HAND = tl.constexpr(INTERPRETED)
 BM_MAX = 64  # rows per program; more rows run as more row blocks
 
 
-BM_MAX = 64  # rows per program; more rows run as more row blocks
-
-
 @dataclass(frozen=True)
 class Tiles:
     """Launch shapes. The defaults won bench/tune_fused_depth.py on the H200 at 32 rows
@@ -187,6 +184,13 @@ def linear_residual_kernel(
         tl.store(counter, 0)
 
 
+def check_bf16(weight: torch.Tensor, model: str) -> None:
+    """The kernels store bf16 and round at bf16 points: other dtypes must not run them."""
+    if weight.dtype != torch.bfloat16:
+        raise ValueError(f"fused kernels need the {model} in bfloat16, not {weight.dtype} "
+                         "(model.dtype)")
+
+
 def row_block(rows: int) -> int:
     return min(BM_MAX, max(16, triton.next_power_of_2(rows)))
 
@@ -210,15 +214,29 @@ class FusedGemms:
                                dtype=torch.int32, device=device)  # row blocks hold >= 16 rows
         return workspace, counters
 
-    def check(self, name: str, *, k: int = 0, n: int = 0, gate_n: int = 0, linear_n: int = 0,
-              linear_k: int = 0) -> None:
-        """Raises ``ValueError`` naming ``name`` when a dimension does not fit the tiles."""
+    def check(
+        self, name: str, *, norm_k: int = 0, linear: tuple[int, int] | None = None,
+        gate_up: tuple[int, int] | None = None, split: tuple[int, int] | None = None,
+    ) -> None:
+        """Raises ``ValueError`` naming ``name`` unless every GEMM given as ``(n, k)`` (output
+        columns, reduction length) runs whole power-of-two tiles: ``norm_k``, the length an
+        RMSNorm prologue reads; ``linear`` (``norm_linear``), ``gate_up`` (``n`` = intermediate
+        size) and ``split`` (``linear_residual``, whose ``n`` must fit the workspace)."""
         t = self.tiles
-        split = k // t.split_k  # each split's K range runs whole BK tiles
-        ok = (k % (t.split_k * 16) == 0 and (k == 0 or split % min(t.split_bk, split) == 0)
-              and n % t.split_bn == 0 and n <= self.max_n
-              and gate_n % t.gate_bn == 0 and linear_n % t.linear_bn == 0
-              and linear_k % min(t.linear_bk, max(linear_k, 1)) == 0)
+
+        def whole(length: int, block: int) -> bool:  # whole tiles of a power-of-two size
+            size = min(block, length)
+            return length > 0 and size & (size - 1) == 0 and length % size == 0
+
+        ok = norm_k == 0 or whole(norm_k, 256)
+        if linear is not None:
+            ok &= linear[0] % t.linear_bn == 0 and whole(linear[1], t.linear_bk)
+        if gate_up is not None:
+            ok &= gate_up[0] % t.gate_bn == 0 and whole(gate_up[1], t.gate_bk)
+        if split is not None:
+            n, k = split
+            ok &= (n % t.split_bn == 0 and n <= self.max_n and k % (t.split_k * 16) == 0
+                   and whole(k // t.split_k, t.split_bk))
         if not ok:
             raise ValueError(f"fused kernels: {name} does not fit {t}")
 

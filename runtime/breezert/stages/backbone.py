@@ -145,7 +145,18 @@ class DecodeStage:
                 row += 1
         return StageOutput()
 
-    def example_inputs(self, num_rows: int, context: int) -> dict[str, torch.Tensor]:
-        meta = self.kv.decode_meta([], num_rows, context)
+    def example_inputs(
+        self, num_rows: int, context: int, cached: int = 0
+    ) -> dict[str, torch.Tensor]:
+        """Inputs of a bucket. ``cached=0``: every row is padding (graph capture at start-up);
+        else each row holds ``cached`` tokens in its own blocks (benchmarks: attention then
+        reads a real context). Raises ``ValueError`` when the pool has too few blocks."""
+        blocks = cached // self.kv.block_size + 1
+        if cached and num_rows * blocks > self.kv.num_blocks:
+            raise ValueError(f"{num_rows} rows x {cached} cached tokens need {num_rows * blocks} "
+                             f"blocks; the pool has {self.kv.num_blocks}")
+        runs = [KVRun(list(range(i * blocks, (i + 1) * blocks)), cached, 1)
+                for i in range(num_rows if cached else 0)]
+        meta = self.kv.decode_meta(runs, num_rows, context)
         codes = torch.zeros(num_rows, self.model.cfg.num_codebooks, dtype=torch.long)
         return {"codes": codes.to(self.device), **_meta_inputs(meta, self.device)}
