@@ -8,7 +8,7 @@
 #     --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 -d .whl \
 #     pydantic==2.14.4 pydantic-core==2.50.5 annotated-types typing-inspection
 # Then per phase: run(command="bash bench/h200_session.sh PHASE", carry=[".whl", ".benchdata"])
-# PHASE: tests | fused | decode | tune | profile | stages | ablation-eager | ablation-a|b|c | sweep | sweep+ablation | predictor
+# PHASE: tests | fused | decode | tune | profile | stages | ablation-eager | ablation-a|b|c | sweep | sweep+ablation | predictor | predictor-edf
 set -euo pipefail
 phase=${1:?phase}
 out=${OUT:-/tmp/out}
@@ -80,5 +80,12 @@ case "$phase" in
       --variant 'predictor-off=progressive-graphs;scheduler.use_predictor=false' \
       --variant 'predictor-on=progressive-graphs;scheduler.use_predictor=true' \
       --out "$out/h200-predictor.json" 2>&1 | grep '^\[bench' ;;
+  predictor-edf)  # overdue first chunks compete with urgent streams on slack (off by default):
+    # predictor-on vs predictor-edf where the engine is at and past capacity
+    timeout 570 "${bench[@]}" --concurrency 32 --rate 12 --num-requests 300 --warmup 16 \
+      --variants predictor-on,predictor-edf --run-budget 80 \
+      --variant 'predictor-on=progressive-graphs;scheduler.use_predictor=true' \
+      --variant 'predictor-edf=progressive-graphs;scheduler.use_predictor=true;scheduler.predictor_overdue_startup_urgent=true' \
+      --out "$out/h200-predictor-edf.json" 2>&1 | grep '^\[bench' ;;
   *) echo "unknown phase $phase" >&2; exit 2 ;;
 esac

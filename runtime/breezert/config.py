@@ -117,6 +117,11 @@ class SchedulerConfig(_Frozen):
     ``starvation_limit_s`` is then unused."""
     predictor_ttfb_target_s: float = Field(default=0.2, gt=0)
     """Deadline of a request's first chunk after enqueue, seconds."""
+    predictor_overdue_startup_urgent: bool = False
+    """A request still waiting for its first chunk whose slack falls below
+    ``predictor_min_slack_s`` competes with urgent streams on slack (earliest deadline first
+    across both) instead of waiting behind every urgent stream: bounds TTFB when the engine is
+    past capacity, at the cost of stream gaps. Off until measured on the H200."""
     predictor_min_slack_s: float = Field(default=0.05, ge=0)
     """A stream whose slack (deadline - now - predicted work) falls below this, seconds, is
     urgent: served before startup work; CODEC waits never take a stream below it."""

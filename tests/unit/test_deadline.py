@@ -197,6 +197,21 @@ def test_startup_step_goes_first_when_the_urgent_slack_absorbs_it() -> None:
     assert policy.pick(ready, now) == (Stage.DECODE, [urgent])
 
 
+def test_overdue_startup_competes_with_urgent_streams_on_slack_when_asked() -> None:
+    now = 2.0
+    overdue = stream("overdue", phase=SegmentPhase.PREFILL, enqueue_time=1.75)  # due at 1.95
+    fresh = stream("fresh", phase=SegmentPhase.PREFILL, enqueue_time=1.99)
+    urgent = stream("urgent", chunk_times=(1.9,), decoded=1, phase=SegmentPhase.DECODE)
+    pairs = [(urgent, Stage.DECODE), (fresh, Stage.PREFILL), (overdue, Stage.PREFILL)]
+    for edf, order in ((False, ["urgent", "overdue", "fresh"]),
+                       (True, ["overdue", "urgent", "fresh"])):
+        p = make_predictor(overdue_startup_urgent=edf)
+        p.update_feedback("urgent", 0.03, measured_at=now, source="webrtc")  # slack ~16 ms
+        ready = ranked(DeadlineStagePolicy(p), pairs, now)
+        assert [r.request_id for _, r, _ in ready] == order, edf
+    assert SchedulerConfig().predictor_overdue_startup_urgent is False  # until measured
+
+
 def test_draining_reported_buffer_is_served_first() -> None:
     p = make_predictor()
     policy = DeadlineStagePolicy(p)

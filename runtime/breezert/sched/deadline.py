@@ -127,6 +127,8 @@ class DeadlinePredictor:
         min_slack_s: A stream whose slack is below this is urgent.
         max_lead_s: A stream with more audio buffered than this is far ahead.
         feedback_stale_s: Reports older than this are ignored.
+        overdue_startup_urgent: Startup work below ``min_slack_s`` is urgent too (see
+            ``SchedulerConfig.predictor_overdue_startup_urgent``).
         on_count: Receives each decision counter increment (the engine's ``metrics.incr``).
     """
 
@@ -138,9 +140,11 @@ class DeadlinePredictor:
         min_slack_s: float = 0.05,
         max_lead_s: float = 2.0,
         feedback_stale_s: float = 0.5,
+        overdue_startup_urgent: bool = False,
         on_count: Callable[[str, int], None] | None = None,
     ) -> None:
         self.time_model = time_model or StageTimeModel()
+        self.overdue_startup_urgent = overdue_startup_urgent
         self.ttfb_target_s = ttfb_target_s
         self.min_slack_s = min_slack_s
         self.max_lead_s = max_lead_s
@@ -161,7 +165,9 @@ class DeadlinePredictor:
         return cls(model, ttfb_target_s=config.predictor_ttfb_target_s,
                    min_slack_s=config.predictor_min_slack_s,
                    max_lead_s=config.predictor_max_lead_s,
-                   feedback_stale_s=config.predictor_feedback_stale_s, on_count=on_count)
+                   feedback_stale_s=config.predictor_feedback_stale_s,
+                   overdue_startup_urgent=config.predictor_overdue_startup_urgent,
+                   on_count=on_count)
 
     # ------------------------------------------------------------------ inputs
     def update_feedback(self, request_id: str, buffered_s: float, measured_at: float,

@@ -101,7 +101,8 @@ class DeadlineStagePolicy:
     """Ranks ready work in four classes (smallest key first):
 
     0. urgent streams: slack below ``min_slack_s``, least slack first (a startup step still goes
-       first when the least slack absorbs its predicted time);
+       first when the least slack absorbs its predicted time); with ``overdue_startup_urgent``,
+       startup work below ``min_slack_s`` too, ranked with them by slack;
     1. startup work (no chunk yet): higher priority, then earlier deadline (enqueue + TTFB target);
     2. other streams: longest-waiting ready stage first (in steps), then least slack;
     3. streams more than ``max_lead_s`` ahead of their listener: as class 2, after everything.
@@ -123,6 +124,8 @@ class DeadlineStagePolicy:
         closeness = OUTPUT_ORDER[stage]
         p = self.predictor
         if not request.is_streaming:
+            if p.overdue_startup_urgent and (slack := p.slack(request, now)) < p.min_slack_s:
+                return (0, slack, closeness)  # its first chunk is due: compete on slack
             return (1, -request.priority, p.deadline(request, now), closeness)
         waited = request.stage_ready_step.get(stage, 0)
         if stage in _PREP and not request.is_at_gap:
