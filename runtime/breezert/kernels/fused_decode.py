@@ -22,7 +22,7 @@ import torch
 import triton
 import triton.language as tl
 
-from breezert.kernels.gemm import INTERPRETED, FusedGemms, Tiles, bf16, check_bf16
+from breezert.kernels.gemm import INTERPRETED, FusedGemms, Tiles, bf16, check_bf16, rope
 
 
 @triton.jit
@@ -36,9 +36,7 @@ def _rms_rope(lo, hi, w_ptr, cos_lo, cos_hi, sin_lo, sin_hi, eps, D: tl.constexp
     w_hi = tl.load(w_ptr + HALF + d).to(tl.float32)[None, :]
     n_lo = bf16(w_lo * bf16(lo * rstd[:, None]))
     n_hi = bf16(w_hi * bf16(hi * rstd[:, None]))
-    out_lo = bf16(bf16(n_lo * cos_lo) + bf16(-n_hi * sin_lo))
-    out_hi = bf16(bf16(n_hi * cos_hi) + bf16(n_lo * sin_hi))
-    return out_lo, out_hi
+    return rope(n_lo, n_hi, cos_lo, cos_hi, sin_lo, sin_hi)
 
 
 @triton.jit

@@ -32,8 +32,8 @@ from breezert.kernels.gemm import (
     Tiles,
     bf16,
     check_bf16,
-    mm,
-    normed_tile,
+    norm_dot2,
+    rope,
     row_block,
     row_rstd,
 )
@@ -57,23 +57,16 @@ def _norm_qkv_rope_kernel(
     rmask = rows < R
     rstd = row_rstd(x_ptr, stride_x, rows, rmask, eps, K, BM, NK)
     lo = t * D + d
-    acc_lo = tl.zeros([BM, C], dtype=tl.float32)
-    acc_hi = tl.zeros([BM, C], dtype=tl.float32)
-    for k0 in range(0, K, BK):
-        cols = k0 + tl.arange(0, BK)
-        xn = normed_tile(x_ptr, nw_ptr, stride_x, rows, rmask, rstd, cols)
-        w_lo = tl.load(w_ptr + lo[:, None] * K + cols[None, :])
-        w_hi = tl.load(w_ptr + (lo + HALF)[:, None] * K + cols[None, :])
-        acc_lo += mm(xn, tl.trans(w_lo), F32)
-        acc_hi += mm(xn, tl.trans(w_hi), F32)
+    acc_lo, acc_hi = norm_dot2(x_ptr, nw_ptr, w_ptr, stride_x, rows, rmask, rstd, lo, lo + HALF,
+                               K, BM, C, BK, F32)
     a_lo, a_hi = bf16(acc_lo), bf16(acc_hi)  # the packed GEMM's bf16 output
-    if t < H + KVH:  # apply_rope: x * cos + rotate_half(x) * sin, each product rounded to bf16
-        cos_lo = tl.load(cos_ptr + d).to(tl.float32)
-        cos_hi = tl.load(cos_ptr + HALF + d).to(tl.float32)
-        sin_lo = tl.load(sin_ptr + d).to(tl.float32)
-        sin_hi = tl.load(sin_ptr + HALF + d).to(tl.float32)
-        out_lo = bf16(a_lo * cos_lo[None, :]) + bf16(-a_hi * sin_lo[None, :])
-        out_hi = bf16(a_hi * cos_hi[None, :]) + bf16(a_lo * sin_hi[None, :])
+    if t < H + KVH:  # q and k heads get RoPE
+        out_lo, out_hi = rope(
+            a_lo, a_hi, tl.load(cos_ptr + d).to(tl.float32)[None, :],
+            tl.load(cos_ptr + HALF + d).to(tl.float32)[None, :],
+            tl.load(sin_ptr + d).to(tl.float32)[None, :],
+            tl.load(sin_ptr + HALF + d).to(tl.float32)[None, :],
+        )
     else:
         out_lo, out_hi = a_lo, a_hi
     if t < H:
@@ -84,8 +77,8 @@ def _norm_qkv_rope_kernel(
         head = t - H - is_v * KVH
         dst = (cache_ptr + is_v * c_kv + rows[:, None] * c_row + head * c_head + pos * c_pos
                + d[None, :])
-    tl.store(dst, bf16(out_lo).to(tl.bfloat16), mask=rmask[:, None])
-    tl.store(dst + HALF, bf16(out_hi).to(tl.bfloat16), mask=rmask[:, None])
+    tl.store(dst, out_lo.to(tl.bfloat16), mask=rmask[:, None])  # already bf16 values
+    tl.store(dst + HALF, out_hi.to(tl.bfloat16), mask=rmask[:, None])
 
 
 @triton.jit

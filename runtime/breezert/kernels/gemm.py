@@ -1,6 +1,7 @@
 """Shared Triton building blocks of the fused layers: GEMMs with RMSNorm prologues and epilogues.
 
 Owns: the bf16 rounding helpers (and their interpreter workarounds), RMSNorm + GEMM prologues,
+RoPE at ``apply_rope``'s rounding points,
 ``norm_linear`` (RMSNorm + GEMM), ``norm_gate_up`` (RMSNorm + packed gate/up GEMM + SiLU * up),
 ``linear_residual`` (split-K GEMM + residual, the last program of a tile summing the partials in
 a fixed order), their launch shapes (``Tiles``) and the split-K workspace. Every kernel keeps
@@ -95,6 +96,34 @@ def normed_tile(x_ptr, nw_ptr, stride_x, rows, rmask, rstd, cols):
     return bf16(w[None, :] * bf16(x * rstd[:, None])).to(tl.bfloat16)
 
 
+@triton.jit
+def norm_dot2(x_ptr, nw_ptr, w_ptr, stride_x, rows, rmask, rstd, n_a, n_b,
+              K: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
+              F32: tl.constexpr):
+    """``RMSNorm(x) @ w[n_a].T`` and ``@ w[n_b].T`` over K in one pass (fp32 ``[BM, BN]`` each,
+    BN weight rows in ``n_a`` and in ``n_b``): gate and up, or the two RoPE halves of a head,
+    with the input tile loaded once."""
+    acc_a = tl.zeros([BM, BN], dtype=tl.float32)
+    acc_b = tl.zeros([BM, BN], dtype=tl.float32)
+    for k0 in range(0, K, BK):
+        cols = k0 + tl.arange(0, BK)
+        xn = normed_tile(x_ptr, nw_ptr, stride_x, rows, rmask, rstd, cols)
+        w_a = tl.load(w_ptr + n_a[:, None] * K + cols[None, :])
+        w_b = tl.load(w_ptr + n_b[:, None] * K + cols[None, :])
+        acc_a += mm(xn, tl.trans(w_a), F32)
+        acc_b += mm(xn, tl.trans(w_b), F32)
+    return acc_a, acc_b
+
+
+@triton.jit
+def rope(lo, hi, cos_lo, cos_hi, sin_lo, sin_hi):
+    """``apply_rope`` on the two halves of heads (fp32 of bf16 values): ``x * cos +
+    rotate_half(x) * sin``, each product and the sum rounded to bf16 as the eager op does."""
+    out_lo = bf16(bf16(lo * cos_lo) + bf16(-hi * sin_lo))
+    out_hi = bf16(bf16(hi * cos_hi) + bf16(lo * sin_hi))
+    return out_lo, out_hi
+
+
 @triton.jit(do_not_specialize=["R"])  # one build serves every row count
 def norm_linear_kernel(
     x_ptr, nw_ptr, w_ptr, out_ptr, R, eps, stride_x, stride_out,
@@ -128,15 +157,8 @@ def norm_gate_up_kernel(
     rmask = rows < R
     n = tl.program_id(0) * BN + tl.arange(0, BN)
     rstd = row_rstd(x_ptr, stride_x, rows, rmask, eps, K, BM, NK)
-    acc_g = tl.zeros([BM, BN], dtype=tl.float32)
-    acc_u = tl.zeros([BM, BN], dtype=tl.float32)
-    for k0 in range(0, K, BK):
-        cols = k0 + tl.arange(0, BK)
-        xn = normed_tile(x_ptr, nw_ptr, stride_x, rows, rmask, rstd, cols)
-        w_g = tl.load(w_ptr + n[:, None] * K + cols[None, :])
-        w_u = tl.load(w_ptr + (n + I)[:, None] * K + cols[None, :])
-        acc_g += mm(xn, tl.trans(w_g), F32)
-        acc_u += mm(xn, tl.trans(w_u), F32)
+    acc_g, acc_u = norm_dot2(x_ptr, nw_ptr, w_ptr, stride_x, rows, rmask, rstd, n, n + I, K, BM,
+                             BN, BK, F32)
     gate, up = bf16(acc_g), bf16(acc_u)
     act = bf16(gate / (1.0 + tl.exp(-gate)))  # F.silu on a bf16 tensor
     tl.store(out_ptr + rows[:, None] * stride_out + n[None, :], bf16(act * up).to(tl.bfloat16),
