@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 from collections.abc import AsyncIterator, Mapping
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 from aiohttp import web
 from aiohttp.test_utils import TestServer
 from breezert.async_engine import AsyncEngine
@@ -163,3 +165,20 @@ class ReplayEngine:
 
     def metrics(self) -> dict[str, Any]:
         return {}
+
+
+async def ws_turn(
+    ws: aiohttp.ClientWebSocketResponse, final: tuple[str, ...] = ("turn_done",)
+) -> tuple[list[dict[str, Any]], bytes]:
+    """A WebSocket turn's JSON events and binary audio, up to the first event of a type in
+    ``final`` (20 s per message at most)."""
+    events: list[dict[str, Any]] = []
+    audio = b""
+    while True:
+        msg = await asyncio.wait_for(ws.receive(), 20)
+        if msg.type == aiohttp.WSMsgType.BINARY:
+            audio += msg.data
+            continue
+        events.append(json.loads(msg.data))
+        if events[-1]["type"] in final:
+            return events, audio

@@ -36,6 +36,7 @@ from tests.integration._server import (
     make_engine,
     serve,
     wait_idle,
+    ws_turn,
 )
 
 pytestmark = pytest.mark.integration
@@ -262,19 +263,6 @@ async def test_http_reference_without_an_encoder_is_400(
 # ----------------------------------------------------------------------------- WebSocket
 
 
-async def _turn(ws: aiohttp.ClientWebSocketResponse) -> tuple[list[dict[str, Any]], bytes]:
-    events: list[dict[str, Any]] = []
-    audio = b""
-    while True:
-        msg = await asyncio.wait_for(ws.receive(), 20)
-        if msg.type == aiohttp.WSMsgType.BINARY:
-            audio += msg.data
-            continue
-        events.append(json.loads(msg.data))
-        if events[-1]["type"] in ("turn_done", "error"):
-            return events, audio
-
-
 async def test_websocket_say_with_reference_audio(
     engine: AsyncEngine, prompts: list[tuple[str, Prompt, Any]]
 ) -> None:
@@ -286,7 +274,7 @@ async def test_websocket_say_with_reference_audio(
         assert json.loads((await ws.receive()).data)["type"] == "ready"
         await ws.send_json({"type": "say", "text": ["One.", "Two."], "voice": "S1",
                             "reference_audio": reference, "reference_text": "My voice."})
-        events, audio = await _turn(ws)
+        events, audio = await ws_turn(ws, ("turn_done", "error"))
         assert [e["type"] for e in events] == ["turn_started", "first_audio", "turn_done"]
         assert events[-1]["status"] == "finished" and len(audio) == 2 * TURN_BYTES
         segment = segment_prompts(prompts)
@@ -306,7 +294,7 @@ async def test_websocket_say_with_reference_audio(
         await ws.send_json({"type": "say", "text": "Hi.", "padding": "x" * 70000})
         assert json.loads((await ws.receive()).data)["code"] == "message_too_large"
         await ws.send_json({"type": "say", "text": "Still here."})
-        events, audio = await _turn(ws)
+        events, audio = await ws_turn(ws, ("turn_done", "error"))
         assert events[-1]["status"] == "finished" and len(audio) == TURN_BYTES
         await ws.close()
     await wait_idle(engine)

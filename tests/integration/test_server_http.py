@@ -30,6 +30,7 @@ from tests.integration._server import (
     serve,
     state_of,
     wait_idle,
+    ws_turn,
 )
 
 pytestmark = pytest.mark.integration
@@ -204,26 +205,12 @@ async def test_ready_only_after_warmup_and_metrics(engine: AsyncEngine) -> None:
 # ----------------------------------------------------------------------------- WebSocket
 
 
-async def _turn(ws: aiohttp.ClientWebSocketResponse) -> tuple[list[dict[str, Any]], bytes]:
-    """Messages and audio until ``turn_done``."""
-    events: list[dict[str, Any]] = []
-    audio = b""
-    while True:
-        msg = await asyncio.wait_for(ws.receive(), 20)
-        if msg.type == aiohttp.WSMsgType.BINARY:
-            audio += msg.data
-            continue
-        events.append(json.loads(msg.data))
-        if events[-1]["type"] == "turn_done":
-            return events, audio
-
-
 async def test_websocket_pcm_turn_and_streamed_text(engine: AsyncEngine) -> None:
     async with serve(engine) as (url, _), aiohttp.ClientSession() as http:
         ws = await http.ws_connect(f"{url}/v1/audio/speech/stream")
         assert json.loads((await ws.receive()).data)["type"] == "ready"
         await ws.send_json({"type": "say", "text": "Hello there.", "voice": "S2"})
-        events, audio = await _turn(ws)
+        events, audio = await ws_turn(ws)
         kinds = [e["type"] for e in events]
         assert kinds == ["turn_started", "first_audio", "turn_done"]
         assert events[-1]["status"] == "finished" and len(audio) == TURN_BYTES
@@ -231,7 +218,7 @@ async def test_websocket_pcm_turn_and_streamed_text(engine: AsyncEngine) -> None
         await ws.send_json({"type": "say", "text": "Hello", "more": True})
         await ws.send_json({"type": "append", "text": " and goodbye."})
         await ws.send_json({"type": "end"})
-        events, audio = await _turn(ws)
+        events, audio = await ws_turn(ws)
         assert events[-1]["status"] == "finished" and len(audio) == 2 * TURN_BYTES
         await ws.close()
     await wait_idle(engine)
@@ -255,7 +242,7 @@ async def test_websocket_plugin_style_turn_with_playback(engine: AsyncEngine, mo
         assert started["type"] == "turn_started" and started["client_request_id"] == "mine-1"
         await ws.send_json({"type": "playback", "buffered_s": 0.25, "age_s": 0.01,
                             "source": "livekit-source"})
-        events, audio = await _turn(ws)
+        events, audio = await ws_turn(ws)
         await ws.close()
     assert [e["type"] for e in events if e["type"] == "error"] == []
     assert events[-1]["status"] == "finished" and len(audio) == 2 * TURN_BYTES
@@ -267,7 +254,7 @@ async def test_websocket_ogg_opus_turn(engine: AsyncEngine) -> None:
         ws = await http.ws_connect(f"{url}/v1/audio/speech/stream")
         await ws.receive()
         await ws.send_json({"type": "say", "text": "Hello.", "format": "opus"})
-        events, audio = await _turn(ws)
+        events, audio = await ws_turn(ws)
         await ws.close()
     assert audio[:4] == b"OggS" and events[-1]["status"] == "finished"
     with av.open(io.BytesIO(audio)) as container:
@@ -292,7 +279,7 @@ async def test_websocket_errors_keep_the_socket_usable(engine: AsyncEngine) -> N
         assert json.loads((await ws.receive()).data)["code"] == "bad_message"
         await ws.send_json({"type": "say", "text": "Still here."})
         await ws.send_json({"type": "say", "text": "Again."})  # one turn at a time
-        events, audio = await _turn(ws)
+        events, audio = await ws_turn(ws)
         assert [e["code"] for e in events if e["type"] == "error"] == ["turn_active"]
         assert events[-1]["status"] == "finished" and len(audio) == TURN_BYTES
         await ws.close()
@@ -309,7 +296,7 @@ async def test_websocket_cancel_aborts_the_request(engine: AsyncEngine) -> None:
         while (await ws.receive()).type != aiohttp.WSMsgType.BINARY:
             pass
         await ws.send_json({"type": "cancel"})
-        events, audio = await _turn(ws)
+        events, audio = await ws_turn(ws)
         assert events[-1]["status"] == "cancelled"
         assert len(audio) < 200 * SAMPLES_PER_FRAME * 2 // 2
         await wait_idle(engine)
