@@ -156,6 +156,11 @@ class SchedulerConfig(_Frozen):
         return self
 
 
+CUDA_ONLY_SWITCHES = ("enable_cuda_graphs", "compile_depth", "fused_depth", "fused_decode")
+"""``GraphConfig`` switches that need CUDA: refused on ``model.device='cpu'`` and all turned off
+by ``BREEZERT_NO_CUDA_GRAPH=1``."""
+
+
 class GraphConfig(_Frozen):
     """CUDA graphs and torch.compile; all off runs the same code eagerly (CPU included)."""
 
@@ -226,13 +231,10 @@ class EngineConfig(_Frozen):
 
     @model_validator(mode="after")
     def _check(self) -> EngineConfig:
-        g = self.graph
-        if self.model.device == "cpu" and (
-                g.enable_cuda_graphs or g.compile_depth or g.fused_depth or g.fused_decode):
-            raise ValueError(
-                "model.device='cpu' needs graph.enable_cuda_graphs, graph.compile_depth, "
-                "graph.fused_depth and graph.fused_decode false"
-            )
+        if self.model.device == "cpu" and any(
+                getattr(self.graph, name) for name in CUDA_ONLY_SWITCHES):
+            names = ", ".join(f"graph.{name}" for name in CUDA_ONLY_SWITCHES)
+            raise ValueError(f"model.device='cpu' needs {names} false")
         slots = self.cache.max_codec_slots
         if slots is not None and slots < self.scheduler.max_running_requests:
             raise ValueError(
@@ -316,8 +318,8 @@ def apply_env_overrides(
 ) -> EngineConfig:
     """Applies the environment switches BreezeRT honours; the only place that reads them.
 
-    ``BREEZERT_NO_CUDA_GRAPH=1`` turns off ``graph.enable_cuda_graphs``, ``graph.compile_depth``,
-    ``graph.fused_depth`` and ``graph.fused_decode`` (plain eager PyTorch). Unset, empty or ``0`` changes nothing.
+    ``BREEZERT_NO_CUDA_GRAPH=1`` turns off every switch of ``CUDA_ONLY_SWITCHES`` (graphs,
+    compile and the fused kernels: plain eager PyTorch). Unset, empty or ``0`` changes nothing.
 
     Args:
         cfg: The loaded config (not modified).
@@ -332,8 +334,5 @@ def apply_env_overrides(
         return cfg
     if raw not in ("1", "true", "yes"):
         raise InvalidConfig(f"{NO_CUDA_GRAPH_ENV}={raw!r}: expected 1 or 0")
-    graph = cfg.graph.model_copy(
-        update={"enable_cuda_graphs": False, "compile_depth": False, "fused_depth": False,
-                "fused_decode": False}
-    )
+    graph = cfg.graph.model_copy(update=dict.fromkeys(CUDA_ONLY_SWITCHES, False))
     return cfg.model_copy(update={"graph": graph})

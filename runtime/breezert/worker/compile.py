@@ -1,10 +1,11 @@
-"""torch.compile of the depth decoder's repeated units: one step of its layers, and the sampler.
+"""torch.compile of the depth decoder's repeated units (one step of its layers, the sampler) and
+the switch to the fused Triton kernels.
 
 Owns: the one place that calls ``torch.compile`` and that swaps in the fused Triton kernels:
 the depth layers (``graph.fused_depth``, kernels/fused_depth.py, which replaced the compiled
 layer step in the H200 profile: 5 launches per layer against Inductor's ~19) and the backbone
-DECODE step (``graph.fused_decode``, kernels/fused_decode.py). NOTE(compile): we use Inductor's default mode
-with a dynamic batch dimension rather than max-autotune or hand-written Triton: the depth frame
+DECODE step (``graph.fused_decode``, kernels/fused_decode.py). NOTE(compile): where Inductor
+runs, it runs in default mode with a dynamic batch dimension, not max-autotune: the depth frame
 is launch-bound at our batch sizes (180 layer-steps and 16 sampling passes per frame), so what
 pays is fusing RMSNorm, RoPE, SiLU-mul, residual adds and the sampler's elementwise chain
 (temperature, masks, counter hash, Gumbel noise) into fewer kernels; GEMMs stay on cuBLAS.
