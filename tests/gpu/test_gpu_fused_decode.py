@@ -62,8 +62,8 @@ def test_fused_decode_matches_eager(backbone: Qwen3Backbone, rows: int, context:
         view = GatherKV(eager_kv, meta["write_rows"], meta["read_rows"], meta["mask"])
         want = backbone(embeds, meta["positions"], view)
         args = (meta["write_rows"], meta["read_rows"], meta["mask"])
-        got = fused(embeds, meta["positions"], fused_kv, *args)
-        again = fused(embeds, meta["positions"], again_kv, *args)
+        got = fused(embeds, meta["positions"], GatherKV(fused_kv, *args))
+        again = fused(embeds, meta["positions"], GatherKV(again_kv, *args))
         exact = _fp32_step(backbone, cache.kv, meta, embeds)
     assert torch.equal(got, again), "not deterministic"
 
@@ -95,18 +95,18 @@ def test_fused_decode_graph_replay_equals_eager_fused(backbone: Qwen3Backbone) -
     fused = FusedBackboneDecode(SimpleNamespace(backbone_model=backbone), max_rows=16)
     cache, meta, embeds = _step(16, 512, seed=5)
     start = cache.kv.clone()
-    args = (meta["write_rows"], meta["read_rows"], meta["mask"])
+    view = GatherKV(cache.kv, meta["write_rows"], meta["read_rows"], meta["mask"])
     with torch.inference_mode():
-        want = fused(embeds, meta["positions"], cache.kv, *args).clone()
+        want = fused(embeds, meta["positions"], view).clone()
         cache.kv.copy_(start)
         stream = torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.stream(stream):
-            fused(embeds, meta["positions"], cache.kv, *args)  # builds outside the capture
+            fused(embeds, meta["positions"], view)  # builds outside the capture
             cache.kv.copy_(start)
             with torch.cuda.graph(graph, stream=stream):
-                out = fused(embeds, meta["positions"], cache.kv, *args)
+                out = fused(embeds, meta["positions"], view)
         torch.cuda.current_stream().wait_stream(stream)
         cache.kv.copy_(start)
         graph.replay()

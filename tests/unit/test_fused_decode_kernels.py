@@ -46,8 +46,8 @@ def check_decode() -> None:
     with torch.inference_mode():
         view = GatherKV(eager_kv, meta.write_rows, meta.read_rows, meta.mask)
         want = backbone(embeds, meta.positions, view).float()
-        got = fused(embeds, meta.positions, fused_kv, meta.write_rows, meta.read_rows,
-                    meta.mask).float()
+        got = fused(embeds, meta.positions,
+                    GatherKV(fused_kv, meta.write_rows, meta.read_rows, meta.mask)).float()
     assert (got - want).abs().max() <= 0.03 * want.abs().max(), (got - want).abs().max()
     written = meta.write_rows
     # Layer 0's new k/v: QK-norm, RoPE and the GEMM at the eager rounding points (a value on a

@@ -1,7 +1,7 @@
 """Hand-fused backbone DECODE step (one new token per row): 5 Triton launches per Qwen3 layer.
 
 Owns: the decode-attention kernel and ``FusedBackboneDecode``, a drop-in for the backbone's
-forward in the DECODE stage (``stages/backbone.backbone_decode_fused``). Per layer:
+forward in the DECODE stage (``stages/backbone.backbone_decode(..., backbone=...)``). Per layer:
   1. input RMSNorm + packed q/k/v GEMM (``gemm.norm_linear``);
   2. one program per row x KV head: q/k RMSNorm (QK-norm), RoPE, the new k/v written into the
      paged cache, attention over the row's cached tokens (read through its ``read_rows``, only
@@ -23,6 +23,7 @@ import triton
 import triton.language as tl
 
 from breezert.kernels.gemm import INTERPRETED, FusedGemms, Tiles, bf16, check_bf16, rope
+from breezert.worker.kv_cache import GatherKV
 
 
 @triton.jit
@@ -181,15 +182,14 @@ class FusedBackboneDecode:
             mask = torch.zeros(rows, 1, 1, 16, dtype=torch.bool, device=weight.device)
             mask[..., :4] = True
             embeds = torch.zeros(rows, weight.shape[0], dtype=weight.dtype, device=weight.device)
-            self(embeds, zeros, kv, zeros, read, mask)
+            self(embeds, zeros, GatherKV(kv, zeros, read, mask))
 
-    def __call__(
-        self, embeds: torch.Tensor, positions: torch.Tensor, kv: torch.Tensor,
-        write_rows: torch.Tensor, read_rows: torch.Tensor, mask: torch.Tensor,
-    ) -> torch.Tensor:
-        """``embeds [R, D]`` of one new token per row, metadata as ``PagedKVCache.decode_meta``
-        builds it (``mask [R, 1, 1, T]`` a prefix of each row's ``read_rows``, the new token
-        last) -> final-normed hidden ``[R, D]``; writes the new k/v at ``write_rows``."""
+    def __call__(self, embeds: torch.Tensor, positions: torch.Tensor, view: GatherKV) -> torch.Tensor:
+        """``Qwen3Backbone.forward`` for a decode step: ``embeds [R, D]`` of one new token per
+        row and a decode-form ``view`` (metadata as ``PagedKVCache.decode_meta`` builds it:
+        ``mask [R, 1, 1, T]`` a prefix of each row's ``read_rows``, the new token last) ->
+        final-normed hidden ``[R, D]``; writes the new k/v at ``view.write_rows``."""
+        kv, write_rows, read_rows, mask = view.kv, view.write_rows, view.read_rows, view.mask
         backbone, gemms = self.backbone, self.gemms
         rows = embeds.shape[0]
         cos, sin = backbone.rope.cos_sin(positions, embeds.dtype)  # [R, head_dim]

@@ -31,21 +31,13 @@ def backbone_prefill(
 def backbone_decode(
     model: BreezeModel, kv: torch.Tensor, codes: torch.Tensor, positions: torch.Tensor,
     write_rows: torch.Tensor, read_rows: torch.Tensor, mask: torch.Tensor,
+    *, backbone: Callable[..., torch.Tensor] | None = None,
 ) -> dict[str, torch.Tensor]:
-    """One step for rows fed the frames ``codes [R, 16]`` → hidden ``[R, D]``."""
+    """One step for rows fed the frames ``codes [R, 16]`` → hidden ``[R, D]``. ``backbone``
+    replaces ``model.backbone_model`` (same contract; the fused Triton decode step)."""
     view = GatherKV(kv, write_rows, read_rows, mask)
     embeds = model.audio_frame_embeds(codes)  # [R, D]
-    return {"hidden": model.backbone_model(embeds, positions, view)}
-
-
-def backbone_decode_fused(
-    fused: Callable[..., torch.Tensor], model: BreezeModel, kv: torch.Tensor, codes: torch.Tensor,
-    positions: torch.Tensor, write_rows: torch.Tensor, read_rows: torch.Tensor,
-    mask: torch.Tensor,
-) -> dict[str, torch.Tensor]:
-    """``backbone_decode`` with the backbone run by ``fused`` (``kernels/fused_decode``)."""
-    embeds = model.audio_frame_embeds(codes)  # [R, D]
-    return {"hidden": fused(embeds, positions, kv, write_rows, read_rows, mask)}
+    return {"hidden": (backbone or model.backbone_model)(embeds, positions, view)}
 
 
 def _meta_inputs(meta: StepMeta, device: torch.device) -> dict[str, torch.Tensor]:

@@ -28,7 +28,7 @@ import torch
 
 from breezert.layers.sampling import sample
 from breezert.models.breeze import BreezeModel
-from breezert.stages.backbone import backbone_decode, backbone_decode_fused
+from breezert.stages.backbone import backbone_decode
 from breezert.stages.depth import depth_frames
 from breezert.stages.text_encode import encode_text
 
@@ -76,7 +76,7 @@ def decode_fn(
     from breezert.kernels.fused_decode import FusedBackboneDecode  # needs Triton
 
     logger.info("backbone DECODE runs the fused Triton kernels (%d-row workspace)", max_rows)
-    return partial(backbone_decode_fused, FusedBackboneDecode(model, max_rows), model, kv)
+    return partial(backbone_decode, model, kv, backbone=FusedBackboneDecode(model, max_rows))
 
 
 def compile_backbone_layers(model: BreezeModel) -> None:
