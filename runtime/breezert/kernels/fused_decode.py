@@ -22,7 +22,15 @@ import torch
 import triton
 import triton.language as tl
 
-from breezert.kernels.gemm import INTERPRETED, FusedGemms, Tiles, bf16, check_bf16, rope
+from breezert.kernels.gemm import (
+    INTERPRETED,
+    FusedGemms,
+    Tiles,
+    bf16,
+    check_bf16,
+    rope,
+    warm_row_counts,
+)
 from breezert.worker.kv_cache import GatherKV
 
 
@@ -176,7 +184,7 @@ class FusedBackboneDecode:
         layers = len(self.backbone.layers)
         kv = torch.zeros(layers, 2, 16, self.kv_heads, self.head_dim, dtype=weight.dtype,
                          device=weight.device)
-        for rows in sorted({min(r, self.max_rows) for r in (1, 17, 33)}):
+        for rows in warm_row_counts(self.max_rows):
             zeros = torch.zeros(rows, dtype=torch.long, device=weight.device)
             read = torch.zeros(rows, 16, dtype=torch.long, device=weight.device)
             mask = torch.zeros(rows, 1, 1, 16, dtype=torch.bool, device=weight.device)

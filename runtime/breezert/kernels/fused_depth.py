@@ -36,6 +36,7 @@ from breezert.kernels.gemm import (
     rope,
     row_block,
     row_rstd,
+    warm_row_counts,
 )
 
 
@@ -156,7 +157,7 @@ class FusedDepthLayers:
         depth = self.depth
         weight = depth.model.norm.weight
         pos = torch.zeros(1, dtype=torch.long, device=weight.device)
-        for rows in sorted({min(r, self.max_rows) for r in (1, 17, 33)}):
+        for rows in warm_row_counts(self.max_rows):
             x = torch.zeros(rows, depth.cfg.backbone_hidden_size, dtype=weight.dtype,
                             device=weight.device)
             cos, sin = depth.rope.cos_sin(pos.expand(rows), weight.dtype)

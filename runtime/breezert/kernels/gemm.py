@@ -213,6 +213,12 @@ def check_bf16(weight: torch.Tensor, model: str) -> None:
                          "(model.dtype)")
 
 
+def warm_row_counts(max_rows: int) -> list[int]:
+    """One row count per row-block size (16, 32, 64 rows) up to ``max_rows``: running each once
+    at start builds every kernel variant a layer can need."""
+    return sorted({min(rows, max_rows) for rows in (1, 17, 33)})
+
+
 def row_block(rows: int) -> int:
     return min(BM_MAX, max(16, triton.next_power_of_2(rows)))
 
