@@ -8,16 +8,23 @@
 #     --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 -d .whl \
 #     pydantic==2.14.4 pydantic-core==2.50.5 annotated-types typing-inspection
 # Then per phase: run(command="bash bench/h200_session.sh PHASE", carry=[".whl", ".benchdata"])
-# PHASE: tests | fused | decode | tune | profile | stages | ablation-eager | ablation-a|b|c | sweep | sweep+ablation | predictor | predictor-edf
+# PHASE: tests | fused | chain P1 P2...  | decode | decode-micro | decode-bench | tune | profile | stages |
+#        ablation-eager | ablation-a|b|c|d[@I/N] | sweep | sweep+ablation | predictor | predictor-edf
+# An ablation phase with @I/N runs shard I of N of its requests (bench --shard).
+# Several GPUs (kind nvidia-h200-x4): "parallel GPU=PHASE[+PHASE...] ..." runs each list on its own
+# GPU at once, e.g. parallel 0=ablation-a@1/2 1=ablation-a@2/2 2=tests+ablation-d; the results
+# come back as $OUT/results.tgz.
 set -euo pipefail
 phase=${1:?phase}
 out=${OUT:-/tmp/out}
 mkdir -p "$out"
-if ls .whl/*.whl >/dev/null 2>&1; then
+if [ -z "${BREEZERT_SITE_READY:-}" ] && ls .whl/*.whl >/dev/null 2>&1; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
     --target /tmp/site .whl/*.whl
 fi
-export PYTHONPATH=/tmp/site:runtime:. PYTHONUNBUFFERED=1
+export PYTHONPATH=/tmp/site:runtime:. PYTHONUNBUFFERED=1 BREEZERT_SITE_READY=1
+shard=""
+case "$phase" in *@*) shard=${phase#*@}; phase=${phase%@*} ;; esac
 commit=$(cat .benchdata/COMMIT 2>/dev/null || echo unknown)
 # The common bench command; each phase adds its own arguments.
 bench=(python3 -m breezert.cli bench --config configs/h200-latency.toml
@@ -31,16 +38,32 @@ case "$phase" in
       --out "$out/h200-stage-timing-fused.json" 2>&1 | grep -v Warn | tail -8
     timeout 100 python3 bench/profile_stages.py --batch 16 --fused --compile --top 20 2>&1 \
       | tee "$out/profile-fused.log" | grep -A21 DEPTH ;;
+  parallel)
+    shift
+    for spec in "$@"; do
+      gpu=${spec%%=*}; phases=${spec#*=}
+      mkdir -p "$out/g$gpu"
+      # each GPU's list ends by ${PARALLEL_S:-570} s, so the results below always come back
+      CUDA_VISIBLE_DEVICES=$gpu OUT="$out/g$gpu" OMP_NUM_THREADS=8 \
+        timeout "${PARALLEL_S:-570}" bash "$0" chain ${phases//+/ } > "$out/g$gpu/log.txt" 2>&1 &
+    done
+    wait || true
+    for spec in "$@"; do echo "== GPU $spec"; grep -v Warn "$out/g${spec%%=*}/log.txt" | tail -30; done
+    (cd "$out" && tar czf results.tgz g* && rm -rf g*) ;;
+  chain) shift; for p in "$@"; do bash "$0" "$p" || echo "phase $p failed: $?"; done ;;
   decode)  # the fused backbone DECODE step: GPU tests, step times, census, then 300 requests
     # at 16 and 32 concurrent with it on (compare with h200-predictor-20261129.json)
     timeout 200 python3 -m pytest tests/gpu/test_gpu_fused_decode.py -q -p no:cacheprovider 2>&1 \
       | tee "$out/gpu_tests.log" | tail -5 || true
+    bash "$0" decode-micro; bash "$0" decode-bench ;;
+  decode-micro)  # fused DECODE step times and kernel census
     timeout 150 python3 bench/stage_timing.py --batches 1,16,64 --modes fused-decode \
       --out "$out/h200-stage-timing-fused-decode.json" 2>&1 | grep -v Warn | tail -6
     timeout 60 python3 bench/profile_stages.py --batch 16 --fused --fused-decode --compile 2>&1 \
-      | grep -A6 DECODE
-    timeout 200 "${bench[@]}" --concurrency 16,32 --num-requests 300 --warmup 16 \
-      --variants fused-decode --run-budget 60 \
+      | grep -A6 DECODE ;;
+  decode-bench)  # 300 requests at 16 and 32 concurrent with the fused DECODE step on
+    timeout 250 "${bench[@]}" --concurrency 16,32 --num-requests 300 --warmup 16 \
+      --variants fused-decode --run-budget 80 \
       --variant 'fused-decode=progressive-graphs;graph.fused_decode=true;scheduler.use_predictor=true' \
       --out "$out/h200-fused-decode.json" 2>&1 | grep '^\[bench' ;;
   tune)    # launch shapes of the fused depth layers (bench/tune_fused_depth.py), then their tests
@@ -58,17 +81,24 @@ case "$phase" in
     timeout 400 "${bench[@]}" --concurrency 16 --num-requests 300 --warmup 2 \
       --variants progressive-compiled,fixed16-eager,progressive-eager,naive --naive-requests 3 \
       --run-budget 60 --out "$out/h200-ablation.json" 2>&1 | grep '^\[bench' ;;
-  ablation-a|ablation-b|ablation-c)  # one eager step of the ablation with all 300 requests per
-    # call (~6-8 minutes each at c=16); (c) adds the naive baseline. Merge the three JSONs with
-    # python -m breezert.bench.report --merge bench/results/h200-ablation-300.json A B C
+  ablation-a|ablation-b|ablation-c|ablation-d)  # one step of the ablation, 300 requests at c=16
+    # (an eager step takes ~10 minutes for 300: run it as 2 shards on 2 GPUs); (c) adds the naive
+    # baseline (in shard 1). Join shards with python -m breezert.bench.report --merge-shards, then
+    # the steps with --merge.
     case "$phase" in
       ablation-a) variants=fixed16-eager ;;
       ablation-b) variants=progressive-eager ;;
       ablation-c) variants=progressive-compiled,naive ;;
+      ablation-d) variants=progressive-graphs ;;
     esac
-    timeout 575 "${bench[@]}" --concurrency 16 --num-requests 300 --warmup 2 \
-      --variants "$variants" --naive-requests 5 --run-budget 470 \
-      --out "$out/h200-$phase.json" 2>&1 | grep '^\[bench' ;;
+    name=h200-$phase
+    if [ -n "$shard" ]; then
+      name=$name-s${shard%/*}
+      [ "${shard%/*}" = 1 ] || variants=${variants%,naive}
+    fi
+    timeout 560 "${bench[@]}" --concurrency 16 --num-requests 300 --warmup 2 \
+      --variants "$variants" --naive-requests 5 --run-budget 450 ${shard:+--shard "$shard"} \
+      --out "$out/$name.json" 2>&1 | grep '^\[bench' ;;
   sweep)   # closed loop 1, 4, 8 (16-64 come from the predictor phase), the latency profile
     timeout 170 "${bench[@]}" --concurrency 1,4,8 --num-requests 300 --warmup 8 \
       --variants progressive-graphs --run-budget 35 --out "$out/h200-sweep.json" 2>&1 | grep '^\[bench' ;;

@@ -104,6 +104,10 @@ def build_parser() -> argparse.ArgumentParser:
                        help="sets model.device")
     bench.add_argument("--torch-threads", type=int, default=None,
                        help="intra-op threads (default: 1 on CPU, torch's default on GPU)")
+    bench.add_argument("--shard", default=None, metavar="I/N",
+                       help="run only the I-th of N slices of each run's requests (one GPU per "
+                            "shard; join them with python -m breezert.bench.report "
+                            "--merge-shards)")
     bench.add_argument("--git-commit", default=None,
                        help="commit to record when the tree is not a git checkout")
 

@@ -95,3 +95,36 @@ def test_bench_rejects_bad_arguments(tmp_path: Path, capsys) -> None:
     assert "unknown warp-drive" in capsys.readouterr().err
     assert main([*base, "--texts", str(tmp_path / "none.tsv")]) == 2
     assert not (tmp_path / "x.json").exists()
+
+
+def test_shards_of_one_run_merge_into_that_run(tmp_path: Path, capsys) -> None:
+    """Two ``--shard`` halves (as two GPUs would run them) join into one run over every
+    request, with the request-level numbers recomputed from the joined records."""
+    base = ["bench", "--config", str(REPO / "configs" / "cpu-tiny.toml"), "--concurrency", "2",
+            "--num-requests", "5", "--warmup", "0", "--variants", "progressive-eager"]
+    parts = [tmp_path / "s1.json", tmp_path / "s2.json"]
+    for i, part in enumerate(parts, start=1):
+        assert main([*base, "--shard", f"{i}/2", "--out", str(part)]) == 0
+    halves = [json.loads(p.read_text()) for p in parts]
+    assert [[r["index"] for r in h["runs"][0]["requests"]] for h in halves] == [[0, 1], [2, 3, 4]]
+    merged_path = tmp_path / "merged.json"
+    assert report_main([*map(str, parts), "--merge-shards", str(merged_path)]) == 0
+    assert "2 shards of each run" in capsys.readouterr().out
+    doc = json.loads(merged_path.read_text())
+    (run,) = doc["runs"]
+    assert [r["index"] for r in run["requests"]] == [0, 1, 2, 3, 4]
+    assert run["num_ok"] == run["num_requests"] == 5
+    ttfbs = sorted(r["ttfb_s"] for r in run["requests"])
+    assert run["ttfb_s"]["p50"] == pytest.approx(ttfbs[2])
+    assert run["ttfb_s"]["max"] == pytest.approx(ttfbs[-1])
+    assert run["audio_s_total"] == pytest.approx(sum(r["audio_s"] for r in run["requests"]))
+    walls = [h["runs"][0]["wall_s"] for h in halves]
+    assert run["audio_s_per_s"] == pytest.approx(run["audio_s_total"] / sum(walls))
+    assert [s["num_requests"] for s in run["shards"]] == [2, 3]
+    assert merged_path.with_suffix(".png").is_file()
+    # the same shard twice is not a run
+    assert pytest.raises(SystemExit, report_main,
+                         [str(parts[0]), str(parts[0]), "--merge-shards", str(merged_path)])
+    assert "expected shards 1/2..2/2" in capsys.readouterr().err
+    assert main([*base, "--shard", "3/2", "--out", str(tmp_path / "x.json")]) == 2
+    assert "--shard" in capsys.readouterr().err

@@ -11,6 +11,7 @@ import pytest
 
 from breezert.bench.workload import (
     BUILTIN_TEXTS, frames_for_text, load_texts, make_workload, poisson_offsets, request_seed,
+    shard_items,
 )
 
 pytestmark = pytest.mark.unit
@@ -65,3 +66,13 @@ def test_poisson_offsets_are_seeded_and_have_the_rate() -> None:
     assert 2000 / offsets[-1] == pytest.approx(8.0, rel=0.08)
     with pytest.raises(ValueError, match="rate"):
         poisson_offsets(0.0, 3, seed=1)
+
+
+def test_shards_split_the_workload_into_contiguous_slices_that_keep_index_and_seed() -> None:
+    items = make_workload(["a" * 30, "b" * 45], 7, seed=3)
+    shards = [shard_items(items, (i, 3)) for i in (1, 2, 3)]
+    assert [[it.index for it in s] for s in shards] == [[0, 1], [2, 3], [4, 5, 6]]
+    assert [it for s in shards for it in s] == items
+    assert shard_items(items, None) == items
+    with pytest.raises(ValueError, match="shard 4/3"):
+        shard_items(items, (4, 3))

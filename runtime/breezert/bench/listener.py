@@ -160,6 +160,7 @@ class RequestResult:
             "audio_s": _round(self.audio_s), "num_frames": self.num_frames,
             "num_frames_target": self.num_frames_target, "num_chunks": len(self.chunk_times),
             "extra_buffer_s": _round(self.timeline.extra_buffer_s),
+            "underrun": self.timeline.has_underrun,
         }
 
 
@@ -167,38 +168,49 @@ def _round(value: float | None, digits: int = 5) -> float | None:
     return None if value is None else round(value, digits)
 
 
-def summarize_requests(results: Sequence[RequestResult]) -> dict[str, Any]:
-    """The per-run numbers of the benchmark table from its requests' results."""
-    ok = [r for r in results if r.is_ok]
+def summarize_records(records: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """The per-run numbers that follow from the per-request records alone (``compact()``
+    dicts): counts, TTFB, RTF, underruns, audio. Shards of one run merge through this."""
+    ok = [r for r in records if r["status"] == "ok" and r["num_chunks"]]
     errors: dict[str, int] = {}
-    for r in results:
-        if not r.is_ok:
-            key = r.error or r.status
+    for r in records:
+        if not (r["status"] == "ok" and r["num_chunks"]):
+            key = r["error"] or r["status"]
             errors[key] = errors.get(key, 0) + 1
-    audio_s = sum(r.audio_s for r in ok)
+    extra = [r["extra_buffer_s"] for r in ok]
+    return {
+        "num_requests": len(records),
+        "num_ok": len(ok),
+        "num_errors": len(records) - len(ok),
+        "num_timeouts": sum(r["status"] == "timeout" for r in records),
+        "errors": errors,
+        "num_short": sum(r["num_frames"] < r["num_frames_target"] for r in ok),
+        "ttfb_s": summarize(r["ttfb_s"] for r in ok if r["ttfb_s"] is not None),
+        "rtf": summarize(r["rtf"] for r in ok if r["rtf"] is not None),
+        "underrun_requests": sum(r.get("underrun", r["extra_buffer_s"] > 0) for r in ok),
+        "extra_buffer_s": summarize(extra),
+        "max_extra_buffer_s": max(extra, default=0.0),
+        "audio_s_total": sum(r["audio_s"] for r in ok),
+        "chunks_per_request": summarize(r["num_chunks"] for r in ok),
+    }
+
+
+def summarize_requests(results: Sequence[RequestResult]) -> dict[str, Any]:
+    """The per-run numbers of the benchmark table from its requests' results: those of
+    ``summarize_records`` plus wall time, throughput, delivery lag and feedback reports."""
+    summary = summarize_records([r.compact() for r in results])
+    ok = [r for r in results if r.is_ok]
     if results and ok:
         wall_s = max(r.chunk_times[-1] for r in ok) - min(r.submit_time for r in results)
     else:
         wall_s = 0.0
-    extra = [r.timeline.extra_buffer_s for r in ok]
     lags = [rt - ct for r in ok for ct, rt in zip(r.chunk_times, r.receive_times)]
-    return {
-        "num_requests": len(results),
-        "num_ok": len(ok),
-        "num_errors": len(results) - len(ok),
-        "num_timeouts": sum(r.status == "timeout" for r in results),
-        "errors": errors,
-        "num_short": sum(r.num_frames < r.num_frames_target for r in ok),
-        "ttfb_s": summarize(r.ttfb_s for r in ok if r.ttfb_s is not None),
-        "rtf": summarize(r.rtf for r in ok if r.rtf is not None),
-        "underrun_requests": sum(r.timeline.has_underrun for r in ok),
-        "extra_buffer_s": summarize(extra),
-        "max_extra_buffer_s": max(extra, default=0.0),
-        "audio_s_total": audio_s,
+    audio_s = summary["audio_s_total"]
+    summary.update({
         "wall_s": wall_s,
         "audio_s_per_s": audio_s / wall_s if wall_s > 0 else None,
         "requests_per_s": len(ok) / wall_s if wall_s > 0 else None,
-        "chunks_per_request": summarize(len(r.chunk_times) for r in ok),
         "delivery_lag_s": summarize(lags),
         "feedback_reports": sum(r.num_feedback_reports for r in results),
-    }
+    })
+    return summary

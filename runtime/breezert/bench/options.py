@@ -71,6 +71,9 @@ class BenchOptions:
     torch_threads: int | None = None
     git_commit: str | None = None
     """Recorded instead of ``git rev-parse`` (for a copied tree without ``.git``)."""
+    shard: tuple[int, int] | None = None
+    """``(i, n)``: run only the i-th of n slices of each load point's requests (one GPU each;
+    ``python -m breezert.bench.report --merge-shards`` joins the n result files)."""
     command_line: str = ""
 
     def load_points(self) -> list[LoadPoint]:
@@ -167,6 +170,7 @@ def collect_metadata(options: BenchOptions, base: Any, texts_source: str,
             "run_budget_s": options.run_budget_s,
             "load_points": [p.as_dict() for p in options.load_points()],
             "variants": [v.name for v in options.variants],
+            "shard": list(options.shard) if options.shard else None,
         },
     }
 
@@ -216,12 +220,25 @@ def options_from_args(args: Any) -> tuple[BenchOptions, Path]:
         naive_requests=args.naive_requests, model_path=args.model, device=args.device,
         tokenizer_path=args.tokenizer or _default_tokenizer(),
         torch_threads=args.torch_threads, git_commit=args.git_commit,
-        command_line=_command_line(args),
+        shard=parse_shard(args.shard), command_line=_command_line(args),
     )
     out = args.out or default_out_path(config_path)
     if out.suffix != ".json":
         raise ValueError(f"--out={str(out)!r} must end in .json (the PNG is written beside it)")
     return options, out
+
+
+def parse_shard(raw: str | None) -> tuple[int, int] | None:
+    """``--shard I/N`` as ``(I, N)``, 1 <= I <= N; ``None`` when not given."""
+    if raw is None:
+        return None
+    try:
+        i, n = (int(part) for part in raw.split("/"))
+    except ValueError:
+        raise ValueError(f"--shard={raw!r}: expected I/N, e.g. 1/2") from None
+    if not 1 <= i <= n:
+        raise ValueError(f"--shard={raw!r}: needs 1 <= I <= N")
+    return i, n
 
 
 def default_out_path(config_path: Path) -> Path:

@@ -54,6 +54,69 @@ def merge(docs: Sequence[dict[str, Any]], sources: Sequence[str]) -> dict[str, A
     return merged
 
 
+SHARD_RUN_FIELDS = ("num_requests", "wall_s", "audio_s_per_s", "requests_per_s",
+                    "delivery_lag_s", "feedback_reports", "gpu_max_memory_bytes",
+                    "frame_step_s_p50", "engine_metrics", "warmup_s", "startup_s", "load_avg_1m")
+
+
+def merge_shards(docs: Sequence[dict[str, Any]], sources: Sequence[str]) -> dict[str, Any]:
+    """One document from the n ``--shard I/N`` results of one benchmark (each shard on its own
+    GPU, at the same concurrency): each variant's runs at one load point become one run over all
+    the shards' requests.
+
+    Request-level numbers (TTFB, RTF, underruns, audio) are recomputed from the joined
+    per-request records. Throughput is per GPU (audio seconds over the shards' summed wall
+    time); the frame step is the shards' mean p50; GPU memory the largest. Each shard's own
+    numbers stay under ``shards``.
+
+    Raises:
+        ValueError: the documents are not the shards 1..n of one run.
+    """
+    from breezert.bench.listener import summarize_records
+
+    shards = sorted(tuple(d["metadata"]["options"].get("shard") or ()) for d in docs)
+    n = len(docs)
+    if shards != [(i, n) for i in range(1, n + 1)]:
+        raise ValueError(f"expected shards 1/{n}..{n}/{n} of one run, got {shards}")
+    groups: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    for doc in docs:
+        for run in doc["runs"]:
+            groups.setdefault((run["variant"], run["load"]["label"]), []).append(run)
+    runs = []
+    for parts in groups.values():
+        records = sorted((r for part in parts for r in part.get("requests", [])),
+                         key=lambda r: r["index"])
+        wall = sum(p["wall_s"] for p in parts)
+        steps = [p["frame_step_s_p50"] for p in parts if p.get("frame_step_s_p50") is not None]
+        peaks = [p["gpu_max_memory_bytes"] for p in parts if p.get("gpu_max_memory_bytes")]
+        run = {key: parts[0][key] for key in ("variant", "load", "feedback")}
+        run["truncated"] = any(p.get("truncated") for p in parts)
+        run.update(summarize_records(records))
+        run.update({
+            "wall_s": max(p["wall_s"] for p in parts),
+            "audio_s_per_s": run["audio_s_total"] / wall if wall > 0 else None,
+            "requests_per_s": run["num_ok"] / wall if wall > 0 else None,
+            "feedback_reports": sum(p.get("feedback_reports", 0) for p in parts),
+            "frame_step_s_p50": sum(steps) / len(steps) if steps else None,
+            "gpu_max_memory_bytes": max(peaks, default=None),
+            "startup_s": max((p.get("startup_s") or 0.0) for p in parts),
+            "engine_metrics": parts[0].get("engine_metrics"),
+            "shards": [{key: p.get(key) for key in SHARD_RUN_FIELDS} for p in parts],
+            "requests": records,
+        })
+        runs.append(run)
+    variants: dict[str, dict[str, Any]] = {}
+    for doc in docs:
+        for variant in doc.get("variants", []):
+            variants.setdefault(variant["name"], variant)
+    merged = {**docs[0], "variants": list(variants.values()), "runs": runs}
+    merged["metadata"] = {**docs[0]["metadata"], "shards": n,
+                          "options": {**docs[0]["metadata"]["options"], "shard": None}}
+    merged["merged_from"] = [{"path": src, "metadata": d["metadata"]}
+                             for src, d in zip(sources, docs)]
+    return merged
+
+
 def load_json(path: str | Path) -> dict[str, Any]:
     return json.loads(Path(path).read_text(encoding="utf-8"))
 
@@ -124,12 +187,14 @@ def describe(doc: dict[str, Any]) -> str:
     machine = meta.get("gpu") or f"CPU: {meta.get('cpu')} ({meta.get('torch_threads')} threads)"
     dirty = " (dirty tree)" if meta.get("git_dirty") else ""
     opts = meta.get("options", {})
+    shards = (f" · {meta['shards']} shards of each run, one GPU each"
+              if meta.get("shards") else "")
     return (f"{machine} · torch {meta.get('torch_version')} · CUDA {meta.get('cuda_version')} · "
             f"commit {meta.get('git_commit')}{dirty} · {meta.get('date')} · "
             f"{opts.get('num_requests')} requests per run (naive: "
             f"{opts.get('naive_requests')}), warmup {opts.get('warmup')}, "
             f"feedback {'on' if opts.get('feedback') else 'off'} · config "
-            f"{Path(str(meta.get('config_path'))).name}")
+            f"{Path(str(meta.get('config_path'))).name}{shards}")
 
 
 def variant_notes(doc: dict[str, Any]) -> list[str]:
@@ -264,11 +329,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--plot", action="store_true", help="also (re)draw the PNG beside it")
     parser.add_argument("--merge", type=Path, default=None, metavar="OUT.json",
                         help="merge the results into one document (and its PNG) and print it")
+    parser.add_argument("--merge-shards", type=Path, default=None, metavar="OUT.json",
+                        help="join the --shard I/N results of one run into one document")
     args = parser.parse_args(argv)
-    if args.merge is not None:
-        doc = merge([load_json(p) for p in args.result], [str(p) for p in args.result])
-        write_json(doc, args.merge)
-        plot(doc, args.merge.with_suffix(".png"))
+    if args.merge is not None or args.merge_shards is not None:
+        join = merge if args.merge is not None else merge_shards
+        out = args.merge if args.merge is not None else args.merge_shards
+        try:
+            doc = join([load_json(p) for p in args.result], [str(p) for p in args.result])
+        except ValueError as exc:
+            parser.error(str(exc))
+        write_json(doc, out)
+        plot(doc, out.with_suffix(".png"))
         print(markdown_report(doc))
         return 0
     for i, path in enumerate(args.result):

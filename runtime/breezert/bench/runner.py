@@ -21,7 +21,7 @@ from breezert.bench.options import (
     BenchOptions, LoadPoint, collect_metadata, load_avg, read_texts,
 )
 from breezert.bench.variants import Variant, variant_config
-from breezert.bench.workload import WorkItem, make_workload, poisson_offsets
+from breezert.bench.workload import WorkItem, make_workload, poisson_offsets, shard_items
 
 SCHEMA = "breezert-bench/1"
 SAMPLES_PER_FRAME = 1920  # 80 ms at 24 kHz
@@ -187,7 +187,7 @@ async def _engine_load_point(options: BenchOptions, variant: Variant, async_engi
                              gpu: _Gpu) -> dict[str, Any]:
     from breezert.metrics import EngineMetrics
 
-    items = make_workload(texts, options.num_requests, options.seed)
+    items = shard_items(make_workload(texts, options.num_requests, options.seed), options.shard)
     tag = f"{variant.name}-{load.label}"
     warmup_start = time.monotonic()
     if options.warmup:  # lazy compiles / first-touch costs land here, not in the run

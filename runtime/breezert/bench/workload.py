@@ -97,6 +97,18 @@ def make_workload(texts: Sequence[str], num_requests: int, seed: int) -> list[Wo
     ]
 
 
+def shard_items(items: Sequence[WorkItem], shard: tuple[int, int] | None) -> list[WorkItem]:
+    """Shard ``(i, n)`` (1-based) of ``items``: the i-th of n contiguous, near-equal slices. Each
+    item keeps its index and seed, so n shards run on n GPUs hold exactly the requests of one
+    unsharded run; ``None`` returns every item."""
+    if shard is None:
+        return list(items)
+    i, n = shard
+    if not 1 <= i <= n:
+        raise ValueError(f"shard {i}/{n}: needs 1 <= i <= n")
+    return list(items[len(items) * (i - 1) // n: len(items) * i // n])
+
+
 def poisson_offsets(rate_rps: float, num_requests: int, seed: int) -> list[float]:
     """Seeded arrival offsets (seconds from the run's start) of a Poisson process at ``rate_rps``;
     the first request arrives at 0."""
