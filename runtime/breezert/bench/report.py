@@ -46,6 +46,9 @@ def merge(docs: Sequence[dict[str, Any]], sources: Sequence[str]) -> dict[str, A
     """One document from several (e.g. variants run in separate device calls): the first one's
     metadata and config, every variant and run in order, and where each came from."""
     merged = {**docs[0], "variants": [], "runs": []}
+    shards = {d["metadata"].get("shards") for d in docs}
+    merged["metadata"] = {**docs[0]["metadata"], "shards": shards.pop() if len(shards) == 1
+                          else "some"}
     merged["merged_from"] = [{"path": src, "metadata": d["metadata"]}
                              for src, d in zip(sources, docs)]
     for doc in docs:
@@ -187,8 +190,10 @@ def describe(doc: dict[str, Any]) -> str:
     machine = meta.get("gpu") or f"CPU: {meta.get('cpu')} ({meta.get('torch_threads')} threads)"
     dirty = " (dirty tree)" if meta.get("git_dirty") else ""
     opts = meta.get("options", {})
-    shards = (f" · {meta['shards']} shards of each run, one GPU each"
-              if meta.get("shards") else "")
+    shards = {None: "", "some": " · some runs in shards, one GPU each (see merged_from)"}.get(
+        meta.get("shards"), f" · {meta.get('shards')} shards of each run, one GPU each")
+    if doc.get("merged_from"):
+        shards += f" · merged from {len(doc['merged_from'])} result files"
     return (f"{machine} · torch {meta.get('torch_version')} · CUDA {meta.get('cuda_version')} · "
             f"commit {meta.get('git_commit')}{dirty} · {meta.get('date')} · "
             f"{opts.get('num_requests')} requests per run (naive: "
