@@ -105,6 +105,9 @@ class SchedulerConfig(_Frozen):
     max_codec_step_frames: int = Field(default=256, gt=0)
     """Frames per CODEC step over all its items: bounds the step's duration so one batch of
     large chunks cannot hold a newcomer's first chunk back (the first item always fits)."""
+    max_startup_codec_step_frames: int = Field(default=16, gt=0)
+    """Frames per CODEC step led by a first chunk (``max_codec_step_frames`` still bounds it): a
+    first packet does not wait for other streams' long chunks to be decoded with it."""
     default_chunk_schedule: tuple[int, ...] = (1, 2, 4, 8, 16)
     """Frames per chunk, in order; the last entry repeats."""
     default_max_frames: int = Field(default=750, gt=0)

@@ -299,6 +299,28 @@ def test_codec_step_frame_budget_bounds_each_step() -> None:
     assert [c.num_frames for c in h.chunks("big")][:2] == [16, 16]
 
 
+def _first_chunk_codec_steps(startup_cap: int) -> list[StepPlan]:
+    """CODEC steps led by a newcomer's 1-frame first chunk while 6 streams make 16-frame chunks
+    (a newcomer every 3 steps, so some first chunks meet ready long chunks)."""
+    h = Harness(make_config(max_startup_codec_step_frames=startup_cap))
+    for i in range(6):
+        h.add(make_request(f"s{i}", chunk_schedule=(16,)), eos_after=FOREVER)
+    for step in range(400):
+        if 100 <= step < 300 and step % 3 == 0:
+            h.add(make_request(f"n{step}"), eos_after=20)
+        h.step()
+    return [p for p in h.plans if p.stage is Stage.CODEC and p.items[0].is_first_chunk
+            and p.items[0].request_id.startswith("n")]
+
+
+def test_a_first_chunk_leads_a_short_codec_step() -> None:
+    uncapped = _first_chunk_codec_steps(startup_cap=256)
+    assert max(sum(i.num_frames for i in p.items) for p in uncapped) > 16  # the case exists
+    capped = _first_chunk_codec_steps(startup_cap=16)
+    assert len(capped) == len(uncapped) > 10
+    assert max(sum(i.num_frames for i in p.items) for p in capped) <= 16
+
+
 # ----------------------------------------------------------------------------- chunks
 
 

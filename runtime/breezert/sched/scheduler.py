@@ -463,6 +463,8 @@ class Scheduler:
                      codec_frames: dict[str, int]) -> list[StageItem]:
         items: list[StageItem] = []
         budget = self.config.max_codec_step_frames
+        if candidates and candidates[0].num_chunks == 0:  # a first packet leads: keep it quick
+            budget = min(budget, self.config.max_startup_codec_step_frames)
         for request in candidates[: self.config.max_codec_requests]:
             num_frames = codec_frames[request.request_id]
             if items and num_frames > budget:
