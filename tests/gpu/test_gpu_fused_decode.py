@@ -45,55 +45,71 @@ def _step(rows: int, context: int, seed: int):  # type: ignore[no-untyped-def]
         need = cached // BLOCK + 1
         runs.append(KVRun(order[:need], cached, 1))
         order = order[need:]
-    meta = cache.decode_meta(runs, rows, context)
-    to = {k: getattr(meta, k).cuda() for k in ("positions", "write_rows", "read_rows", "mask")}
     embeds = torch.randn(rows, CFG.hidden_size, generator=gen).to("cuda", torch.bfloat16)
-    return cache, to, embeds
+    return cache, _meta(cache, runs, rows, context), embeds, runs
+
+
+def _meta(cache: PagedKVCache, runs: list[KVRun], rows: int, context: int) -> dict:
+    meta = cache.decode_meta(runs, rows, context)
+    return {k: getattr(meta, k).cuda() for k in ("positions", "write_rows", "read_rows", "mask")}
 
 
 @pytest.mark.parametrize("rows,context", [(1, 256), (16, 512), (32, 2048), (128, 256)])
 def test_fused_decode_matches_eager(backbone: Qwen3Backbone, rows: int, context: int) -> None:
+    """Against fp32 math the fused step is as accurate as the eager bf16 step (28 layers of bf16
+    rounding leave both a few percent off, in different directions); it is deterministic, and the
+    largest context bucket (more attention splits, past every row's length) changes no bit."""
     from breezert.kernels.fused_decode import FusedBackboneDecode
 
     fused = FusedBackboneDecode(SimpleNamespace(backbone_model=backbone), max_rows=128)
-    cache, meta, embeds = _step(rows, context, seed=rows)
-    eager_kv, fused_kv, again_kv = (cache.kv.clone() for _ in range(3))
+    cache, meta, embeds, runs = _step(rows, context, seed=rows)
+    eager_kv, fused_kv, again_kv, wide_kv = (cache.kv.clone() for _ in range(4))
+    wide = _meta(cache, runs, rows, 2048)  # the largest bucket of the profile
     with torch.inference_mode():
         view = GatherKV(eager_kv, meta["write_rows"], meta["read_rows"], meta["mask"])
         want = backbone(embeds, meta["positions"], view)
         args = (meta["write_rows"], meta["read_rows"], meta["mask"])
         got = fused(embeds, meta["positions"], GatherKV(fused_kv, *args))
         again = fused(embeds, meta["positions"], GatherKV(again_kv, *args))
-        exact = _fp32_step(backbone, cache.kv, meta, embeds)
+        widened = fused(embeds, wide["positions"],
+                        GatherKV(wide_kv, wide["write_rows"], wide["read_rows"], wide["mask"]))
+        exact, exact_kv = _fp32_step(backbone, cache.kv, meta, embeds)
     assert torch.equal(got, again), "not deterministic"
+    assert torch.equal(widened, got) and torch.equal(wide_kv, fused_kv), "bucket changed bits"
 
     def rel(a: torch.Tensor, b: torch.Tensor) -> float:
         return ((a.float() - b.float()).norm() / b.float().norm()).item()
 
-    assert rel(got, want) < 2e-2, rel(got, want)
-    assert rel(got, exact) <= 1.25 * rel(want, exact) + 1e-3, (rel(got, exact), rel(want, exact))
+    fused_err, eager_err = rel(got, exact), rel(want, exact)
+    print(f"rows={rows} context={context}: fused vs fp32 {fused_err:.4f}, eager vs fp32 "
+          f"{eager_err:.4f}, fused vs eager {rel(got, want):.4f}")
+    assert fused_err <= 1.25 * eager_err + 1e-3, (fused_err, eager_err)
+    assert rel(got, want) <= 2.0 * eager_err + 1e-3  # two independent bf16 errors at most
     written = meta["write_rows"]
-    assert rel(fused_kv[:, :, written], eager_kv[:, :, written]) < 2e-2
+    kv_err = rel(fused_kv[:, :, written], exact_kv[:, :, written])
+    assert kv_err <= 1.25 * rel(eager_kv[:, :, written], exact_kv[:, :, written]) + 1e-3
     assert torch.count_nonzero(fused.counters).item() == 0
 
 
-def _fp32_step(backbone: Qwen3Backbone, kv: torch.Tensor, meta, embeds) -> torch.Tensor:  # type: ignore[no-untyped-def]
-    """The same step in fp32 (weights and cache upcast), layer by layer to bound memory."""
+def _fp32_step(backbone: Qwen3Backbone, kv: torch.Tensor, meta, embeds):  # type: ignore[no-untyped-def]
+    """The same step in fp32 (weights and cache upcast): the hidden state and the fp32 cache
+    with the new k/v written."""
     with torch.device("cuda"):
         ref = Qwen3Backbone(CFG)
     ref.load_state_dict({k: v.float() for k, v in backbone.state_dict().items()})
-    view = GatherKV(kv.float(), meta["write_rows"], meta["read_rows"], meta["mask"])
+    kv32 = kv.float()
+    view = GatherKV(kv32, meta["write_rows"], meta["read_rows"], meta["mask"])
     out = ref.eval()(embeds.float(), meta["positions"], view)
     del ref
     torch.cuda.empty_cache()
-    return out
+    return out, kv32
 
 
 def test_fused_decode_graph_replay_equals_eager_fused(backbone: Qwen3Backbone) -> None:
     from breezert.kernels.fused_decode import FusedBackboneDecode
 
     fused = FusedBackboneDecode(SimpleNamespace(backbone_model=backbone), max_rows=16)
-    cache, meta, embeds = _step(16, 512, seed=5)
+    cache, meta, embeds, _ = _step(16, 512, seed=5)
     start = cache.kv.clone()
     view = GatherKV(cache.kv, meta["write_rows"], meta["read_rows"], meta["mask"])
     with torch.inference_mode():
