@@ -9,7 +9,8 @@
 #     pydantic==2.14.4 pydantic-core==2.50.5 annotated-types typing-inspection
 # Then per phase: run(command="bash bench/h200_session.sh PHASE", carry=[".whl", ".benchdata"])
 # PHASE: tests | fused | chain P1 P2...  | decode | decode-micro | decode-bench | tune | profile | stages |
-#        ablation-eager | ablation-a|b|c|d[@I/N] | sweep | sweep+ablation | predictor | predictor-edf
+#        ablation-eager | ablation-a|b|c|d[@I/N] | sweep | sweep+ablation | latency | latency-te |
+#        predictor | predictor-edf
 # An ablation phase with @I/N runs shard I of N of its requests (bench --shard).
 # Several GPUs (kind nvidia-h200-x4): "parallel GPU=PHASE[+PHASE...] ..." runs each list on its own
 # GPU at once, e.g. parallel 0=ablation-a@1/2 1=ablation-a@2/2 2=tests+ablation-d; the results
@@ -99,9 +100,16 @@ case "$phase" in
     timeout 560 "${bench[@]}" --concurrency 16 --num-requests 300 --warmup 2 \
       --variants "$variants" --naive-requests 5 --run-budget 450 ${shard:+--shard "$shard"} \
       --out "$out/$name.json" 2>&1 | grep '^\[bench' ;;
-  sweep)   # closed loop 1, 4, 8 (16-64 come from the predictor phase), the latency profile
-    timeout 170 "${bench[@]}" --concurrency 1,4,8 --num-requests 300 --warmup 8 \
-      --variants progressive-graphs --run-budget 35 --out "$out/h200-sweep.json" 2>&1 | grep '^\[bench' ;;
+  sweep)   # closed loop 1, 4, 8, the latency profile with the fused DECODE step
+    timeout 250 "${bench[@]}" --concurrency 1,4,8 --num-requests 300 --warmup 8 \
+      --variant 'latency=config;graph.fused_decode=true' --run-budget 60 \
+      --out "$out/h200-sweep.json" 2>&1 | grep '^\[bench' ;;
+  latency|latency-te)  # the profile (predictor on) with the fused DECODE step at 16, 32, 64;
+    # latency-te also compiles the text encoder (first-packet path)
+    spec='latency=config;graph.fused_decode=true'
+    [ "$phase" = latency-te ] && spec='latency-te=config;graph.fused_decode=true;graph.compile_text_encoder=true'
+    timeout 540 "${bench[@]}" --concurrency 16,32,64 --num-requests 300 --warmup 16 \
+      --variant "$spec" --run-budget 80 --out "$out/h200-$phase.json" 2>&1 | grep '^\[bench' ;;
   sweep+ablation) bash "$0" sweep || true; bash "$0" ablation-eager ;;
   predictor)  # predictor off vs on at 16, 32, 64 and an open-loop rate near capacity (also the
     # (d) point of the ablation: predictor-off is progressive-graphs)
