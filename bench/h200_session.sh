@@ -100,17 +100,19 @@ case "$phase" in
     timeout 560 "${bench[@]}" --concurrency 16 --num-requests 300 --warmup 2 \
       --variants "$variants" --naive-requests 5 --run-budget 450 ${shard:+--shard "$shard"} \
       --out "$out/$name.json" 2>&1 | grep '^\[bench' ;;
-  sweep)   # closed loop 1, 4, 8, the latency profile with the fused DECODE step
+  sweep)   # closed loop 1, 4, 8, the latency profile as committed
     timeout 250 "${bench[@]}" --concurrency 1,4,8 --num-requests 300 --warmup 8 \
-      --variant 'latency=config;graph.fused_decode=true' --run-budget 60 \
-      --out "$out/h200-sweep.json" 2>&1 | grep '^\[bench' ;;
-  latency|latency-te)  # the profile (predictor on) with the fused DECODE step at 16, 32, 64;
-    # latency-te also compiles the text encoder (first-packet path)
-    spec='latency=config;graph.fused_decode=true'
-    [ "$phase" = latency-te ] && spec='latency-te=config;graph.fused_decode=true;graph.compile_text_encoder=true'
-    timeout 540 "${bench[@]}" --concurrency 16,32,64 --num-requests 300 --warmup 16 \
+      --variants config --run-budget 60 --out "$out/h200-sweep.json" 2>&1 | grep '^\[bench' ;;
+  latency|latency-te|latency-nocap)  # the profile as committed (predictor on, fused DECODE) at
+    # 8-64 concurrent; -te also compiles the text encoder; -nocap lets a first chunk's CODEC step
+    # carry every ready chunk (max_startup_codec_step_frames = max_codec_step_frames)
+    case "$phase" in
+      latency) spec='latency=config;graph.compile_text_encoder=false' ;;
+      latency-te) spec='latency-te=config;graph.compile_text_encoder=true' ;;
+      latency-nocap) spec='latency-nocap=config;scheduler.max_startup_codec_step_frames=256' ;;
+    esac
+    timeout 540 "${bench[@]}" --concurrency 8,16,32,64 --num-requests 300 --warmup 16 \
       --variant "$spec" --run-budget 80 --out "$out/h200-$phase.json" 2>&1 | grep '^\[bench' ;;
-  sweep+ablation) bash "$0" sweep || true; bash "$0" ablation-eager ;;
   predictor)  # predictor off vs on at 16, 32, 64 and an open-loop rate near capacity (also the
     # (d) point of the ablation: predictor-off is progressive-graphs)
     timeout 570 "${bench[@]}" --concurrency 16,32,64 --rate 12 --num-requests 300 --warmup 16 \

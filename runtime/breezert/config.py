@@ -175,8 +175,9 @@ class GraphConfig(_Frozen):
     """Hand-fused Triton kernels for the depth decoder's layers (5 launches per layer,
     ``kernels/fused_depth.py``); with it ``compile_depth`` compiles only the sampler."""
     fused_decode: bool = False
-    """Hand-fused Triton kernels for the backbone's DECODE step (5 launches per layer, attention
-    reading the paged cache in place, ``kernels/fused_decode.py``). Off until measured on a GPU."""
+    """Hand-fused Triton kernels for the backbone's DECODE step (6 launches per layer, attention
+    reading the paged cache in place, ``kernels/fused_decode.py``): on the H200 2.65 ms per step
+    at 16 rows x 512 tokens against 4.4 ms for the eager step's graph."""
     compile_backbone: bool = False
     """``torch.compile`` each backbone layer around its (uncompiled) paged attention."""
     compile_text_encoder: bool = False

@@ -133,6 +133,21 @@ def _compare(graphs, key, inputs: dict[str, torch.Tensor], runner) -> None:
             assert err <= 1e-4 * scale, f"{graphs.name} {key} {name}: max error {err}"
 
 
+def test_text_past_the_largest_bucket_replays_graphs(graph_engine: Engine) -> None:
+    """A burst of text (5 x 80 tokens > the 256-token bucket) goes in two graph replays, none
+    eager, with rows equal to one packed eager call."""
+    stage = graph_engine.runner.stages[Stage.TEXT_ENCODE]
+    graphs = stage.graphs
+    pieces = [torch.randint(3, 5000, (80,)) for _ in range(5)]
+    eager_before, replays_before = graphs.num_eager, graphs.num_replays
+    with torch.inference_mode():
+        got = stage._encode(pieces)
+        want = graphs.fn(**stage.pack(pieces, 400))["rows"]
+    assert graphs.num_eager == eager_before and graphs.num_replays == replays_before + 2
+    err = (got.float() - want.float()).abs().max().item()
+    assert err <= 1e-4 * max(1.0, want.float().abs().max().item()), err
+
+
 def test_engine_audio_graphs_equal_eager(graph_engine: Engine) -> None:
     eager = Engine(_config({"graph": {"enable_cuda_graphs": False}}))
     with_graphs = _run(graph_engine, _requests(6, "g", greedy=True))

@@ -1,8 +1,9 @@
-"""TEXT_ENCODE: every text piece of the batch's segments through T5Gemma2 in one packed call.
+"""TEXT_ENCODE: every text piece of the batch's segments through T5Gemma2, packed.
 
 Owns: packing the pieces of all items (each piece attends only to itself), padding to a token
-bucket for the graphed encoder, and assembling per-branch prefill rows (text rows, reference
-frames, audio-EOS row) into the segment's state. Must not: run the backbone.
+bucket for the graphed encoder (several replays past the largest bucket), and assembling
+per-branch prefill rows (text rows, reference frames, audio-EOS row) into the segment's state.
+Must not: run the backbone.
 """
 
 from __future__ import annotations
@@ -25,6 +26,21 @@ def encode_text(
     """Packed pieces ``[N]`` → projected encoder rows ``[N, D]``."""
     rows = model.text_encoder.encode(input_ids, seg_ids, positions)
     return {"rows": model.text_encoder_proj(rows)}
+
+
+def split_into_buckets(lengths: Sequence[int], largest: int) -> list[tuple[int, int]]:
+    """Consecutive ``[start, end)`` runs of pieces, each run as long as fits in ``largest``
+    tokens (a piece longer than that is a run of its own)."""
+    groups: list[tuple[int, int]] = []
+    start, total = 0, 0
+    for index, n in enumerate(lengths):
+        if index > start and total + n > largest:
+            groups.append((start, index))
+            start, total = index, 0
+        total += n
+    if lengths:
+        groups.append((start, len(lengths)))
+    return groups
 
 
 class TextEncodeStage:
@@ -51,10 +67,20 @@ class TextEncodeStage:
         return StageOutput()
 
     def _encode(self, pieces: list[torch.Tensor]) -> torch.Tensor:
-        num = sum(int(p.shape[0]) for p in pieces)
+        """Encoder rows of every piece, in order. With graphs, pieces beyond the largest bucket
+        go in several replays (pieces attend only to themselves, so the split changes nothing);
+        only a single piece longer than every bucket runs eagerly."""
+        lengths = [int(p.shape[0]) for p in pieces]
+        if not self.graphs.enabled or not self.buckets:
+            return self._encode_group(pieces, sum(lengths))
+        groups = split_into_buckets(lengths, max(self.buckets))
+        rows = [self._encode_group(pieces[i:j], sum(lengths[i:j])) for i, j in groups]
+        return rows[0] if len(rows) == 1 else torch.cat(rows)
+
+    def _encode_group(self, pieces: list[torch.Tensor], num: int) -> torch.Tensor:
         size = (bucket_for(num, self.buckets) if self.graphs.enabled else None) or num
         inputs = self.pack(pieces, size)
-        return self.graphs(size, inputs)["rows"][:num].clone()
+        return self.graphs(size, inputs)["rows"][:num].clone()  # the next replay overwrites it
 
     def pack(self, pieces: list[torch.Tensor], size: int) -> dict[str, torch.Tensor]:
         """Token ids, segment ids and positions ``[size]``; padding is one extra segment."""
