@@ -111,8 +111,8 @@ case "$phase" in
       latency-te) spec='latency-te=config;graph.compile_text_encoder=true' ;;
       latency-nocap) spec='latency-nocap=config;scheduler.max_startup_codec_step_frames=256' ;;
     esac
-    timeout 540 "${bench[@]}" --concurrency 8,16,32,64 --num-requests 300 --warmup 16 \
-      --variant "$spec" --run-budget 80 --out "$out/h200-$phase.json" 2>&1 | grep '^\[bench' ;;
+    timeout 540 "${bench[@]}" --concurrency "${CONCURRENCY:-8,16,32,64}" --num-requests 300 \
+      --warmup 16 --variant "$spec" --run-budget 80 --out "$out/h200-$phase.json" 2>&1 | grep '^\[bench' ;;
   predictor)  # predictor off vs on at 16, 32, 64 and an open-loop rate near capacity (also the
     # (d) point of the ablation: predictor-off is progressive-graphs)
     timeout 570 "${bench[@]}" --concurrency 16,32,64 --rate 12 --num-requests 300 --warmup 16 \
