@@ -27,6 +27,7 @@ export PYTHONPATH=/tmp/site:runtime:. PYTHONUNBUFFERED=1 BREEZERT_SITE_READY=1
 shard=""
 case "$phase" in *@*) shard=${phase#*@}; phase=${phase%@*} ;; esac
 commit=$(cat .benchdata/COMMIT 2>/dev/null || echo unknown)
+export BREEZERT_GIT_COMMIT=$commit  # bench/stage_timing.py records it
 # The common bench command; each phase adds its own arguments.
 bench=(python3 -m breezert.cli bench --config configs/h200-latency.toml
        --texts .benchdata/texts_en.tsv --tokenizer .benchdata/tokenizer.json --git-commit "$commit")

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import subprocess
 import time
@@ -106,11 +107,13 @@ def main() -> None:
     modes = args.modes.split(",")
     if unknown := set(modes) - set(MODES):
         parser.error(f"unknown modes {sorted(unknown)}; choose from {', '.join(MODES)}")
-    try:
-        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
-                                text=True).stdout.strip() or "unknown"
-    except OSError:
-        commit = "unknown"
+    commit = os.environ.get("BREEZERT_GIT_COMMIT")  # a copied tree's .git may be stale
+    if not commit:
+        try:
+            commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
+                                    text=True).stdout.strip() or "unknown"
+        except OSError:
+            commit = "unknown"
     doc = {
         "gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
         "cuda": torch.version.cuda, "date": datetime.now(timezone.utc).isoformat(),
