@@ -10,7 +10,7 @@
 # Then per phase: run(command="bash bench/h200_session.sh PHASE", carry=[".whl", ".benchdata"])
 # PHASE: tests | fused | chain P1 P2...  | decode | decode-micro | decode-bench | tune | profile | stages |
 #        ablation-eager | ablation-a|b|c|d[@I/N] | sweep | sweep+ablation | latency | latency-te |
-#        predictor | predictor-edf
+#        latency-nocap | predictor | predictor-edf
 # An ablation phase with @I/N runs shard I of N of its requests (bench --shard).
 # Several GPUs (kind nvidia-h200-x4): "parallel GPU=PHASE[+PHASE...] ..." runs each list on its own
 # GPU at once, e.g. parallel 0=ablation-a@1/2 1=ablation-a@2/2 2=tests+ablation-d; the results
@@ -26,6 +26,10 @@ fi
 export PYTHONPATH=/tmp/site:runtime:. PYTHONUNBUFFERED=1 BREEZERT_SITE_READY=1
 shard=""
 case "$phase" in *@*) shard=${phase#*@}; phase=${phase%@*} ;; esac
+case "$phase" in
+  ablation-?) ;;
+  *) [ -z "$shard" ] || { echo "phase $phase takes no @I/N shard" >&2; exit 2; } ;;
+esac
 commit=$(cat .benchdata/COMMIT 2>/dev/null || echo unknown)
 export BREEZERT_GIT_COMMIT=$commit  # bench/stage_timing.py records it
 # The common bench command; each phase adds its own arguments.
@@ -42,15 +46,25 @@ case "$phase" in
       | tee "$out/profile-fused.log" | grep -A21 DEPTH ;;
   parallel)
     shift
+    pids=()
     for spec in "$@"; do
       gpu=${spec%%=*}; phases=${spec#*=}
       mkdir -p "$out/g$gpu"
-      # each GPU's list ends by ${PARALLEL_S:-570} s, so the results below always come back
+      # each list runs in its own session, so the deadline below can stop all of it (the
+      # phases' own `timeout`s put their commands in process groups of their own)
       CUDA_VISIBLE_DEVICES=$gpu OUT="$out/g$gpu" OMP_NUM_THREADS=8 \
-        timeout "${PARALLEL_S:-570}" bash "$0" chain ${phases//+/ } > "$out/g$gpu/log.txt" 2>&1 &
+        setsid bash "$0" chain ${phases//+/ } > "$out/g$gpu/log.txt" 2>&1 &
+      pids+=($!)
     done
+    deadline=$((SECONDS + ${PARALLEL_S:-570}))  # so the results below always come back
+    while [ "$SECONDS" -lt "$deadline" ] && kill -0 "${pids[@]}" 2>/dev/null; do sleep 2; done
+    for pid in "${pids[@]}"; do pkill -TERM -s "$pid" 2>/dev/null || true; done
+    sleep 2
+    for pid in "${pids[@]}"; do pkill -KILL -s "$pid" 2>/dev/null || true; done
     wait || true
-    for spec in "$@"; do echo "== GPU $spec"; grep -v Warn "$out/g${spec%%=*}/log.txt" | tail -30; done
+    for spec in "$@"; do
+      echo "== GPU $spec"; grep -v Warn "$out/g${spec%%=*}/log.txt" | tail -30 || true
+    done
     (cd "$out" && tar czf results.tgz g* && rm -rf g*) ;;
   chain) shift; for p in "$@"; do bash "$0" "$p" || echo "phase $p failed: $?"; done ;;
   decode)  # the fused backbone DECODE step: GPU tests, step times, census, then 300 requests
@@ -94,10 +108,7 @@ case "$phase" in
       ablation-d) variants=progressive-graphs ;;
     esac
     name=h200-$phase
-    if [ -n "$shard" ]; then
-      name=$name-s${shard%/*}
-      [ "${shard%/*}" = 1 ] || variants=${variants%,naive}
-    fi
+    [ -z "$shard" ] || name=$name-s${shard%/*}  # the naive baseline runs in shard 1 only
     timeout 560 "${bench[@]}" --concurrency 16 --num-requests 300 --warmup 2 \
       --variants "$variants" --naive-requests 5 --run-budget 450 ${shard:+--shard "$shard"} \
       --out "$out/$name.json" 2>&1 | grep '^\[bench' ;;

@@ -75,7 +75,8 @@ def test_fused_decode_matches_eager(backbone: Qwen3Backbone, rows: int, context:
                         GatherKV(wide_kv, wide["write_rows"], wide["read_rows"], wide["mask"]))
         exact, exact_kv = _fp32_step(backbone, cache.kv, meta, embeds)
     assert torch.equal(got, again), "not deterministic"
-    assert torch.equal(widened, got) and torch.equal(wide_kv, fused_kv), "bucket changed bits"
+    if context < 2048:  # the 2048 case has no larger bucket in the profile
+        assert torch.equal(widened, got) and torch.equal(wide_kv, fused_kv), "bucket changed bits"
 
     def rel(a: torch.Tensor, b: torch.Tensor) -> float:
         return ((a.float() - b.float()).norm() / b.float().norm()).item()

@@ -99,19 +99,24 @@ def test_bench_rejects_bad_arguments(tmp_path: Path, capsys) -> None:
 
 def test_shards_of_one_run_merge_into_that_run(tmp_path: Path, capsys) -> None:
     """Two ``--shard`` halves (as two GPUs would run them) join into one run over every
-    request, with the request-level numbers recomputed from the joined records."""
+    request, with the request-level numbers recomputed from the joined records; the naive
+    baseline runs in shard 1 only."""
     base = ["bench", "--config", str(REPO / "configs" / "cpu-tiny.toml"), "--concurrency", "2",
-            "--num-requests", "5", "--warmup", "0", "--variants", "progressive-eager"]
+            "--num-requests", "5", "--warmup", "0", "--variants", "progressive-eager,naive",
+            "--naive-requests", "2"]
     parts = [tmp_path / "s1.json", tmp_path / "s2.json"]
     for i, part in enumerate(parts, start=1):
         assert main([*base, "--shard", f"{i}/2", "--out", str(part)]) == 0
     halves = [json.loads(p.read_text()) for p in parts]
     assert [[r["index"] for r in h["runs"][0]["requests"]] for h in halves] == [[0, 1], [2, 3, 4]]
+    assert [r["variant"] for r in halves[1]["runs"]] == ["progressive-eager"]
+    assert halves[1]["variants"][1]["status"] == "skipped"
     merged_path = tmp_path / "merged.json"
-    assert report_main([*map(str, parts), "--merge-shards", str(merged_path)]) == 0
+    # the shards in any order
+    assert report_main([str(parts[1]), str(parts[0]), "--merge-shards", str(merged_path)]) == 0
     assert "2 shards of each run" in capsys.readouterr().out
     doc = json.loads(merged_path.read_text())
-    (run,) = doc["runs"]
+    run, naive = doc["runs"]
     assert [r["index"] for r in run["requests"]] == [0, 1, 2, 3, 4]
     assert run["num_ok"] == run["num_requests"] == 5
     ttfbs = sorted(r["ttfb_s"] for r in run["requests"])
@@ -121,10 +126,20 @@ def test_shards_of_one_run_merge_into_that_run(tmp_path: Path, capsys) -> None:
     walls = [h["runs"][0]["wall_s"] for h in halves]
     assert run["audio_s_per_s"] == pytest.approx(run["audio_s_total"] / sum(walls))
     assert [s["num_requests"] for s in run["shards"]] == [2, 3]
+    assert (naive["variant"], naive["num_ok"]) == ("naive", 2)
+    assert [v.get("status") for v in doc["variants"]] == ["ok", "ok"]
     assert merged_path.with_suffix(".png").is_file()
-    # the same shard twice is not a run
+    # not one run: the same shard twice, or a shard without the engine variant's run
     assert pytest.raises(SystemExit, report_main,
                          [str(parts[0]), str(parts[0]), "--merge-shards", str(merged_path)])
     assert "expected shards 1/2..2/2" in capsys.readouterr().err
+    halves[1]["runs"] = []
+    (tmp_path / "empty.json").write_text(json.dumps(halves[1]))
+    assert pytest.raises(SystemExit, report_main, [str(parts[0]), str(tmp_path / "empty.json"),
+                                                   "--merge-shards", str(merged_path)])
+    assert "1 of 2 shards ran it" in capsys.readouterr().err
     assert main([*base, "--shard", "3/2", "--out", str(tmp_path / "x.json")]) == 2
     assert "--shard" in capsys.readouterr().err
+    assert main([*base, "--num-requests", "1", "--shard", "1/2",
+                 "--out", str(tmp_path / "x.json")]) == 2
+    assert "more shards than --num-requests" in capsys.readouterr().err

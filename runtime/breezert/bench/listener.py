@@ -197,7 +197,8 @@ def summarize_records(records: Sequence[dict[str, Any]]) -> dict[str, Any]:
 
 def summarize_requests(results: Sequence[RequestResult]) -> dict[str, Any]:
     """The per-run numbers of the benchmark table from its requests' results: those of
-    ``summarize_records`` plus wall time, throughput, delivery lag and feedback reports."""
+    ``summarize_records`` (from the JSON records, so times rounded to 10 µs, as a merge of shards
+    sees them) plus wall time, throughput, delivery lag and feedback reports."""
     summary = summarize_records([r.compact() for r in results])
     ok = [r for r in results if r.is_ok]
     if results and ok:

@@ -72,8 +72,9 @@ class BenchOptions:
     git_commit: str | None = None
     """Recorded instead of ``git rev-parse`` (for a copied tree without ``.git``)."""
     shard: tuple[int, int] | None = None
-    """``(i, n)``: run only the i-th of n slices of each load point's requests (one GPU each;
-    ``python -m breezert.bench.report --merge-shards`` joins the n result files)."""
+    """``(i, n)``: run only the i-th of n contiguous slices of each load point's requests (one GPU
+    each; ``python -m breezert.bench.report --merge-shards`` joins the n result files). The naive
+    baseline runs in shard 1 only. An open-loop shard offers its rate to its own GPU."""
     command_line: str = ""
 
     def load_points(self) -> list[LoadPoint]:
@@ -222,6 +223,9 @@ def options_from_args(args: Any) -> tuple[BenchOptions, Path]:
         torch_threads=args.torch_threads, git_commit=args.git_commit,
         shard=parse_shard(args.shard), command_line=_command_line(args),
     )
+    if options.shard and options.shard[1] > options.num_requests:
+        raise ValueError(f"--shard={args.shard!r}: more shards than --num-requests="
+                         f"{options.num_requests}")
     out = args.out or default_out_path(config_path)
     if out.suffix != ".json":
         raise ValueError(f"--out={str(out)!r} must end in .json (the PNG is written beside it)")

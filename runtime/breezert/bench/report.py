@@ -77,14 +77,29 @@ def merge_shards(docs: Sequence[dict[str, Any]], sources: Sequence[str]) -> dict
     """
     from breezert.bench.listener import summarize_records
 
-    shards = sorted(tuple(d["metadata"]["options"].get("shard") or ()) for d in docs)
+    def shard_of(doc: dict[str, Any]) -> tuple[int, ...]:
+        return tuple(doc["metadata"]["options"].get("shard") or ())
+
     n = len(docs)
-    if shards != [(i, n) for i in range(1, n + 1)]:
-        raise ValueError(f"expected shards 1/{n}..{n}/{n} of one run, got {shards}")
+    order = sorted(range(n), key=lambda i: shard_of(docs[i]))
+    docs, sources = [docs[i] for i in order], [sources[i] for i in order]
+    if [shard_of(d) for d in docs] != [(i, n) for i in range(1, n + 1)]:
+        raise ValueError(f"expected shards 1/{n}..{n}/{n} of one run, got "
+                         f"{[shard_of(d) for d in docs]}")
+    for key in ("num_requests", "seed", "load_points"):
+        values = {json.dumps(d["metadata"]["options"].get(key)) for d in docs}
+        if len(values) > 1:
+            raise ValueError(f"the shards differ in {key}: {sorted(values)}")
+    naive = {v["name"] for d in docs for v in d.get("variants", []) if v.get("naive")}
     groups: dict[tuple[str, str], list[dict[str, Any]]] = {}
     for doc in docs:
         for run in doc["runs"]:
             groups.setdefault((run["variant"], run["load"]["label"]), []).append(run)
+    for (variant, label), parts in groups.items():
+        indices = [r["index"] for part in parts for r in part.get("requests", [])]
+        if len(parts) != (1 if variant in naive else n) or len(set(indices)) != len(indices):
+            raise ValueError(f"{variant} {label}: {len(parts)} of {n} shards ran it (or they "
+                             "overlap); the join would not be one run")
     runs = []
     for parts in groups.values():
         records = sorted((r for part in parts for r in part.get("requests", [])),
@@ -109,9 +124,13 @@ def merge_shards(docs: Sequence[dict[str, Any]], sources: Sequence[str]) -> dict
         })
         runs.append(run)
     variants: dict[str, dict[str, Any]] = {}
-    for doc in docs:
+    for doc in docs:  # a variant that failed or was skipped in any shard says so
         for variant in doc.get("variants", []):
-            variants.setdefault(variant["name"], variant)
+            kept = variants.setdefault(variant["name"], variant)
+            if variant.get("status") not in (None, "ok") and not (
+                    variant.get("naive") and variant.get("status") == "skipped"):
+                variants[variant["name"]] = {**kept, "status": variant["status"],
+                                             "error": variant.get("error")}
     merged = {**docs[0], "variants": list(variants.values()), "runs": runs}
     merged["metadata"] = {**docs[0]["metadata"], "shards": n,
                           "options": {**docs[0]["metadata"]["options"], "shard": None}}

@@ -118,6 +118,10 @@ async def _run_all(options: BenchOptions, base: Any, texts: list[str], doc: dict
         record: dict[str, Any] = {"name": variant.name, "description": variant.description,
                                   "overrides": variant.overrides, "naive": variant.is_naive}
         doc["variants"].append(record)
+        if variant.is_naive and options.shard and options.shard[0] != 1:
+            record.update(status="skipped", error="the naive baseline runs in shard 1 only")
+            on_update(doc)
+            continue
         try:
             config = variant_config(base, variant)
         except ValueError as exc:  # e.g. graphs asked for on a CPU profile

@@ -180,6 +180,9 @@ class FusedBackboneDecode:
 
     ATTENTION_TILE = 32  # cached tokens per attention iteration
     MIN_COMBINE_SPLITS = 16
+    """The combine reduces over at least this many splits (2048 tokens at 128 per split), so
+    every context bucket up to that gives the same bits; a longer bucket reduces over more
+    (another build, and a row's bits may then differ from the shorter buckets')."""
 
     def __init__(self, model: torch.nn.Module, max_rows: int, tiles: Tiles | None = None,
                  split_tokens: int = 128) -> None:
