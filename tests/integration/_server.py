@@ -28,6 +28,7 @@ FRAMES_PER_TURN = 12
 """Every test turn is exactly this many codec frames (80 ms each): 0.96 s of audio."""
 REQUEST_OPTIONS = {"max_frames": FRAMES_PER_TURN, "ignore_eos": True, "seed": 7}
 SAMPLES_PER_FRAME = 1920  # 24 kHz
+TURN_BYTES = FRAMES_PER_TURN * SAMPLES_PER_FRAME * 2  # one turn of 16-bit PCM
 
 
 def make_engine() -> AsyncEngine:

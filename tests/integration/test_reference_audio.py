@@ -15,7 +15,6 @@ import json
 import math
 import time
 import wave
-from collections.abc import Iterator
 from dataclasses import replace
 from typing import Any
 
@@ -32,8 +31,7 @@ from breezert.request import Reference
 from tests.integration._server import (
     FRAMES_PER_TURN,
     SAMPLES_PER_FRAME,
-    close_engine,
-    make_engine,
+    TURN_BYTES,
     serve,
     wait_idle,
     ws_turn,
@@ -42,14 +40,6 @@ from tests.integration._server import (
 pytestmark = pytest.mark.integration
 
 AUDIO_TOKEN_ID = 262144
-TURN_BYTES = FRAMES_PER_TURN * SAMPLES_PER_FRAME * 2
-
-
-@pytest.fixture(scope="module")
-def engine() -> Iterator[AsyncEngine]:
-    engine = make_engine()
-    yield engine
-    close_engine(engine)
 
 
 def sine(seconds: float, rate: int, channels: int = 1) -> np.ndarray:

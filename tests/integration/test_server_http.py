@@ -13,7 +13,6 @@ import io
 import json
 import time
 import wave
-from collections.abc import Iterator
 from typing import Any
 
 import aiohttp
@@ -25,8 +24,7 @@ from breezert.async_engine import AsyncEngine
 from tests.integration._server import (
     FRAMES_PER_TURN,
     SAMPLES_PER_FRAME,
-    close_engine,
-    make_engine,
+    TURN_BYTES,
     serve,
     state_of,
     wait_idle,
@@ -34,16 +32,6 @@ from tests.integration._server import (
 )
 
 pytestmark = pytest.mark.integration
-
-TURN_BYTES = FRAMES_PER_TURN * SAMPLES_PER_FRAME * 2
-
-
-@pytest.fixture(scope="module")
-def engine() -> Iterator[AsyncEngine]:
-    engine = make_engine()
-    yield engine
-    close_engine(engine)
-
 
 # ----------------------------------------------------------------------------- HTTP
 

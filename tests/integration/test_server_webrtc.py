@@ -13,7 +13,6 @@ import asyncio
 import itertools
 import json
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -29,8 +28,6 @@ from breezert_agent.webrtc import EngineAudioTrack
 from tests.integration._server import (
     FRAMES_PER_TURN,
     ReplayEngine,
-    close_engine,
-    make_engine,
     serve,
     state_of,
     wait_idle,
@@ -41,13 +38,6 @@ pytestmark = pytest.mark.integration
 FIRST_AUDIO_LIMIT_S = 3.0  # generous for CI; the measured figure is printed
 SILENT = 300  # int16 peak below which a decoded frame counts as silence
 TURN_S = FRAMES_PER_TURN * 0.08
-
-
-@pytest.fixture(scope="module")
-def engine() -> Iterator[AsyncEngine]:
-    engine = make_engine()
-    yield engine
-    close_engine(engine)
 
 
 @dataclass
