@@ -17,6 +17,7 @@ import numpy as np
 from breezert.async_engine import AsyncEngine
 from breezert.cli import write_wav
 from breezert.config import EngineConfig
+from breezert.options import SynthesisOptions
 from breezert.request import SynthesisRequest
 
 CONFIG = Path(__file__).resolve().parents[1] / "configs" / "tiny.toml"
@@ -24,7 +25,7 @@ CONFIG = Path(__file__).resolve().parents[1] / "configs" / "tiny.toml"
 
 async def main(out: Path) -> None:
     engine = AsyncEngine.from_config(EngineConfig.from_file(CONFIG))
-    request = SynthesisRequest(text="Hello from BreezeRT.", seed=0, max_frames=25, ignore_eos=True)
+    request = SynthesisRequest(text="Hello from BreezeRT.", max_frames=25, ignore_eos=True, options=SynthesisOptions(seed=0))
     chunks = [chunk async for chunk in engine.synthesize(request)]
     await engine.aclose()
     audio = np.concatenate([chunk.pcm for chunk in chunks])

@@ -142,24 +142,20 @@ def cmd_init_random(args: argparse.Namespace) -> int:
 
 
 def cmd_synth(args: argparse.Namespace) -> int:
-    import dataclasses
-
     from breezert.loader import load_checkpoint
-    from breezert.offline import default_sampling, stream_sequential
+    from breezert.offline import stream_sequential
+    from breezert.options import SynthesisOptions
     from breezert.request import SynthesisRequest
 
     ckpt = load_checkpoint(args.model, device=args.device)
-    overrides = {
-        "temperature": args.temperature, "top_k": args.top_k, "top_p": args.top_p,
-        "repetition_penalty": args.repetition_penalty,
-    }
-    sampling = dataclasses.replace(
-        default_sampling(ckpt), **{k: v for k, v in overrides.items() if v is not None}
+    options = SynthesisOptions(
+        speaker=args.speaker, instructions=args.instructions, cfg_scale=args.cfg_scale,
+        seed=args.seed, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
+        repetition_penalty=args.repetition_penalty,
     )
     request = SynthesisRequest(
-        text=args.text, speaker=args.speaker, instructions=args.instructions,
+        text=args.text, options=options,
         reference=_reference(ckpt, args.reference_audio, args.reference_text),
-        cfg_scale=args.cfg_scale, sampling=sampling, seed=args.seed,
         chunk_schedule=args.chunks, max_frames=args.max_frames, ignore_eos=args.ignore_eos,
     )
     start = time.monotonic()

@@ -13,7 +13,7 @@ import secrets
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from breezert.config import EngineConfig
@@ -23,18 +23,20 @@ from breezert.metrics import EngineMetrics
 from breezert.models.generate import cfg_branches
 from breezert.outputs import AudioChunk
 from breezert.prompting import make_prompt
-from breezert.request import Reference, Request, RequestStatus, Segment, SynthesisRequest
+from breezert.options import SynthesisOptions
+from breezert.request import (
+    PlaybackReport,
+    Reference,
+    Request,
+    RequestStatus,
+    Segment,
+    SynthesisRequest,
+)
 from breezert.sched.block_pool import BlockPool
 from breezert.sched.deadline import DeadlinePredictor
 from breezert.sched.plan import StepPlan, StepResult
 from breezert.sched.policy import make_policies
-from breezert.sched.scheduler import (
-    ChunkEmitted,
-    RequestFinished,
-    Scheduler,
-    SchedulerEvent,
-    SegmentEnded,
-)
+from breezert.sched.scheduler import ChunkEmitted, RequestFinished, Scheduler, SchedulerEvent
 from breezert.stages import StageOutput
 from breezert.worker.model_runner import ModelRunner
 
@@ -51,18 +53,6 @@ class RequestOutcome:
 
 
 EngineOutput = AudioChunk | RequestOutcome
-
-
-@dataclass(frozen=True)
-class PlaybackReport:
-    """The listener's playback buffer for one request, as last reported."""
-
-    buffered_s: float
-    """Audio queued ahead of the listener's playhead, seconds."""
-    measured_at: float
-    """``time.monotonic()`` when it was measured."""
-    source: str
-    """Where it came from: ``simulated``, ``webrtc``, ``livekit-source``, ``livekit-client``."""
 
 
 class Engine:
@@ -95,10 +85,8 @@ class Engine:
         stage_policy, chunk_policy = make_policies(config.scheduler, self.predictor)
         self.scheduler = Scheduler(config.scheduler, self.block_pool, stage_policy=stage_policy,
                                    chunk_policy=chunk_policy)
-        self.playback: dict[str, PlaybackReport] = {}
         self._lock = threading.RLock()
         self._pending: list[EngineOutput] = []  # outcomes produced outside step()
-        self._segment_ends: dict[str, list[int]] = {}  # request -> cumulative segment ends
         self.last_step_ran = False
         self.last_plan: StepPlan | None = None
         """The last plan run (dumped when the engine loop dies)."""
@@ -108,18 +96,19 @@ class Engine:
     # ----------------------------------------------------------------- requests
     def add_request(self, request: SynthesisRequest) -> str:
         """Queues ``request``; raises ``InvalidRequest`` or ``EngineOverloaded`` at once."""
-        if request.seed is None:  # a known seed makes every request reproducible
-            from dataclasses import replace
-
-            request = replace(request, seed=secrets.randbits(63))
-        segments = [self._segment(request, text) for text in request.segments]
-        num_branches = segments[0].num_branches if segments else self._num_branches(request)
-        logical = Request.from_synthesis(request, segments, payload=request,
+        if request.options.seed is None:  # a known seed makes every request reproducible
+            request = replace(request, options=replace(request.options,
+                                                       seed=secrets.randbits(63)))
+        sampling = request.options.resolve_sampling(self.checkpoint.generation.sampling)
+        segments = [self._segment(request.options, request.reference, text)
+                    for text in request.segments]
+        num_branches = (segments[0].num_branches if segments
+                        else self._num_branches(request.options, request.reference))
+        logical = Request.from_synthesis(request, segments, sampling=sampling,
                                          num_branches=num_branches)
         with self._lock:
-            now = self.clock()
-            self.scheduler.add_request(logical, now)
-            self.metrics.request_added(logical.request_id, now)
+            self.scheduler.add_request(logical, self.clock())
+            self.metrics.request_added()
         return logical.request_id
 
     def encode_reference(self, samples: Any, sample_rate: int, ref_text: str) -> Reference:
@@ -156,8 +145,7 @@ class Engine:
         """Adds a text segment to a running turn (its input must still be open)."""
         with self._lock:
             request = self._live_request(request_id)
-            synth = request.payload
-        segment = self._segment(synth, text)
+        segment = self._segment(request.options, request.reference, text)
         with self._lock:
             self.scheduler.append_segment(request_id, segment, self.clock())
 
@@ -171,19 +159,20 @@ class Engine:
         """Stops a request at once and frees its slot, blocks and codec state."""
         with self._lock:
             self._pending.extend(self._outcomes(self.scheduler.abort(request_id, self.clock())))
-            self.playback.pop(request_id, None)
 
     def report_playback(
         self, request_id: str, buffered_s: float, measured_at: float, source: str
     ) -> None:
-        """Stores the listener's real playback-buffer level for ``request_id``."""
-        if not buffered_s >= 0.0:
-            raise InvalidRequest(f"buffered_s={buffered_s!r} must be a number >= 0")
+        """Hands the listener's real playback-buffer level to ``request_id`` (ignored once it
+        has finished); the predictor reads it from there.
+
+        Raises:
+            InvalidRequest: ``buffered_s`` is not a number >= 0, or ``source`` is empty.
+        """
+        report = PlaybackReport(buffered_s, measured_at, source)
         with self._lock:
-            if self.scheduler.get_request(request_id) is not None:
-                self.playback[request_id] = PlaybackReport(buffered_s, measured_at, source)
-                if self.predictor is not None:
-                    self.predictor.update_feedback(request_id, buffered_s, measured_at, source)
+            if self.scheduler.report_playback(request_id, report):
+                self.metrics.incr(f"playback_reports_{source}")
 
     def drain(self) -> list[EngineOutput]:
         """Outcomes produced outside ``step`` (``abort``, ``close_input``) that no step returned
@@ -223,36 +212,26 @@ class Engine:
         self, plan: StepPlan, out: StageOutput, events: list[SchedulerEvent], now: float
     ) -> list[EngineOutput]:
         chunks = {(c.request_id, c.start_frame): c for c in out.chunks}
-        self._track_segments(events)
         outputs: list[EngineOutput] = []
         for event in events:
             if isinstance(event, ChunkEmitted):
                 decoded = chunks.pop((event.request_id, event.start_frame))
-                segment = self._segment_of(event.request_id, event.start_frame + event.num_frames)
                 outputs.append(AudioChunk(
                     request_id=event.request_id, pcm=decoded.pcm,
                     sample_rate=self.checkpoint.config.codec.sample_rate,
                     frame_start=event.start_frame,
                     frame_end=event.start_frame + event.num_frames,
-                    segment_index=segment, created_time=now, is_final=event.is_final,
+                    segment_index=event.segment_index, created_time=now,
+                    is_final=event.is_final,
                 ))
-                self.metrics.chunk_emitted(event.request_id, event.num_frames, now)
-                if self.predictor is not None:
-                    self.predictor.on_chunk(event.request_id, event.num_frames, now)
         outputs.extend(self._outcomes(events))
         return outputs
 
     def _outcomes(self, events: list[SchedulerEvent]) -> list[EngineOutput]:
-        outcomes: list[EngineOutput] = []
-        for event in events:
-            if isinstance(event, RequestFinished):
-                self.metrics.request_finished(event.request_id, event.status.value, event.time)
-                self.playback.pop(event.request_id, None)
-                if self.predictor is not None:
-                    self.predictor.forget(event.request_id)
-                self._segment_ends.pop(event.request_id, None)
-                outcomes.append(RequestOutcome(event.request_id, event.status, event.error))
-        return outcomes
+        """Feeds the events to the metrics; returns the outcomes of finished requests."""
+        self.metrics.on_events(events)
+        return [RequestOutcome(e.request_id, e.status, e.error)
+                for e in events if isinstance(e, RequestFinished)]
 
     def _release_idle(self) -> None:
         """Hands pending slot releases to the worker when no plan carries them (idle engine)."""
@@ -266,38 +245,22 @@ class Engine:
             pending, self._pending = self._pending, []
         return pending
 
-    def _segment(self, request: SynthesisRequest, text: str) -> Segment:
+    def _segment(self, options: SynthesisOptions, reference: Reference | None,
+                 text: str) -> Segment:
         prompt = make_prompt(
-            self.checkpoint.tokenizer, text, speaker=request.speaker,
-            instructions=request.instructions, reference=request.reference,
+            self.checkpoint.tokenizer, text, speaker=options.speaker,
+            instructions=options.instructions, reference=reference,
             max_seq_len=self._max_seq_len,
         )
-        branches = cfg_branches(prompt, float(request.cfg_scale))
+        branches = cfg_branches(prompt, float(options.cfg_scale))
         return Segment(
             prompt_lens=tuple(p.num_tokens for p in branches), prompt=branches,
             num_text_tokens=sum(len(s) for p in branches for s in p.text_segments()),
         )
 
-    def _num_branches(self, request: SynthesisRequest) -> int:
+    def _num_branches(self, options: SynthesisOptions, reference: Reference | None) -> int:
         """CFG branches of a turn that has no text yet (its template decides them)."""
-        probe = make_prompt(
-            self.checkpoint.tokenizer, "probe", speaker=request.speaker,
-            instructions=request.instructions, reference=request.reference,
-            max_seq_len=self._max_seq_len,
-        )
-        return len(cfg_branches(probe, float(request.cfg_scale)))
-
-    def _segment_of(self, request_id: str, frame_end: int) -> int:
-        """Index of the segment holding frame ``frame_end - 1`` of the request's audio."""
-        ends = self._segment_ends.get(request_id, [])
-        return next((i for i, end in enumerate(ends) if frame_end <= end), len(ends))
-
-    def _track_segments(self, events: list[SchedulerEvent]) -> None:
-        """Records where each ended segment's frames stop in the request's audio stream."""
-        for event in events:
-            if isinstance(event, SegmentEnded):
-                ends = self._segment_ends.setdefault(event.request_id, [])
-                ends.append((ends[-1] if ends else 0) + event.num_frames)
+        return self._segment(options, reference, "probe").num_branches
 
     def _live_request(self, request_id: str) -> Request:
         request = self.scheduler.get_request(request_id)

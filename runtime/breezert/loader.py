@@ -9,7 +9,7 @@ random checkpoints. Must not: hold runtime defaults (``breezert.config``) or run
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +21,7 @@ from breezert.models.breeze import BreezeModel
 from breezert.models.codec import CodecDecoder
 from breezert.models.codec_encoder import CodecEncoder
 from breezert.models.config import BreezeConfig
+from breezert.options import SamplingParams
 from breezert.tokenizer import BreezeTokenizer
 
 INDEX_FILE = "model.safetensors.index.json"
@@ -40,42 +41,47 @@ class CheckpointError(ValueError):
     """The checkpoint folder is incomplete or does not match the expected layout."""
 
 
+DEFAULT_MAX_NEW_TOKENS = 750
+"""Frame limit of the released ``generation_config.json``."""
+
+
 @dataclass(frozen=True)
 class GenerationDefaults:
-    """``generation_config.json`` values; the repetition penalty comes from the recipe."""
+    """``generation_config.json`` values: the checkpoint's sampling defaults and frame limit.
 
-    temperature: float = 0.9
-    top_k: int = 50
-    top_p: float = 1.0
-    max_new_tokens: int = 750
-    depth_temperature: float = 0.9
-    depth_top_k: int = 50
-    depth_top_p: float = 1.0
-    repetition_penalty: float = 1.1  # OFF infer.py:26, not in the file
+    Fields the file leaves out keep ``SamplingParams``' defaults (the repetition penalty is
+    never in the file: it comes from the recipe).
+    """
+
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+    max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS
 
     @staticmethod
     def from_json(d: dict[str, Any]) -> GenerationDefaults:
-        base = GenerationDefaults()
+        base = SamplingParams()
         greedy = d.get("do_sample") is False
         depth_greedy = d.get("depth_decoder_do_sample") is False
         return GenerationDefaults(
-            temperature=0.0 if greedy else float(d.get("temperature", base.temperature)),
-            top_k=int(d.get("top_k", base.top_k)),
-            top_p=float(d.get("top_p", base.top_p)),
-            max_new_tokens=int(d.get("max_new_tokens", base.max_new_tokens)),
-            depth_temperature=0.0 if depth_greedy else float(
-                d.get("depth_decoder_temperature", base.depth_temperature)
+            sampling=replace(
+                base,
+                temperature=0.0 if greedy else float(d.get("temperature", base.temperature)),
+                top_k=int(d.get("top_k", base.top_k)),
+                top_p=float(d.get("top_p", base.top_p)),
+                depth_temperature=0.0 if depth_greedy else float(
+                    d.get("depth_decoder_temperature", base.depth_temperature)),
+                depth_top_k=int(d.get("depth_decoder_top_k", base.depth_top_k)),
+                depth_top_p=float(d.get("depth_decoder_top_p", base.depth_top_p)),
             ),
-            depth_top_k=int(d.get("depth_decoder_top_k", base.depth_top_k)),
-            depth_top_p=float(d.get("depth_decoder_top_p", base.depth_top_p)),
+            max_new_tokens=int(d.get("max_new_tokens", DEFAULT_MAX_NEW_TOKENS)),
         )
 
     def to_json(self) -> dict[str, Any]:
+        s = self.sampling
         return {
-            "do_sample": True, "temperature": self.temperature, "top_k": self.top_k,
-            "top_p": self.top_p, "max_new_tokens": self.max_new_tokens,
-            "depth_decoder_do_sample": True, "depth_decoder_temperature": self.depth_temperature,
-            "depth_decoder_top_k": self.depth_top_k, "depth_decoder_top_p": self.depth_top_p,
+            "do_sample": True, "temperature": s.temperature, "top_k": s.top_k,
+            "top_p": s.top_p, "max_new_tokens": self.max_new_tokens,
+            "depth_decoder_do_sample": True, "depth_decoder_temperature": s.depth_temperature,
+            "depth_decoder_top_k": s.depth_top_k, "depth_decoder_top_p": s.depth_top_p,
             "bos_token_id": 2, "eos_token_id": 1, "pad_token_id": 0,
         }
 

@@ -1,51 +1,26 @@
-"""Engine metrics: per-stage step times and batch sizes, per-request TTFB, chunk times and RTF.
+"""Engine metrics: per-stage step times and batch sizes, TTFB and RTF over requests, counters.
 
-Owns: recording what the engine reports and producing a plain-dict snapshot (the server exports
-it as Prometheus text). Must not: read the clock itself or be read by models.
+Owns: aggregates of what the engine reports (step times) and of the scheduler's events (chunks
+out, requests done), and a plain-dict snapshot (the server exports it as Prometheus text). Holds
+nothing per request: a request's timeline is its ``Request``'s. Must not: read the clock itself
+or be read by models.
 """
 
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
 from breezert.models.config import FRAME_S
+from breezert.sched.scheduler import ChunkEmitted, RequestFinished, SchedulerEvent
 
 # Histogram bucket upper bounds for TTFB, seconds (Prometheus ``le`` labels).
 TTFB_BUCKETS_S = (0.01, 0.02, 0.03, 0.04, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 1.0, 2.0, 5.0)
 _WINDOW = 2048  # recent samples kept per series for quantiles
-
-
-@dataclass
-class RequestRecord:
-    """Timeline of one request, filled as it runs."""
-
-    request_id: str
-    enqueue_time: float
-    first_scheduled_time: float | None = None
-    chunk_times: list[float] = field(default_factory=list)
-    chunk_frames: list[int] = field(default_factory=list)
-    finish_time: float | None = None
-    status: str = "running"
-
-    @property
-    def ttfb_s(self) -> float | None:
-        """Enqueue → first chunk out of the engine."""
-        return self.chunk_times[0] - self.enqueue_time if self.chunk_times else None
-
-    @property
-    def audio_s(self) -> float:
-        return sum(self.chunk_frames) * FRAME_S
-
-    @property
-    def rtf(self) -> float | None:
-        """Wall time / audio time, from enqueue to the last chunk."""
-        if not self.chunk_times or self.audio_s == 0:
-            return None
-        return (self.chunk_times[-1] - self.enqueue_time) / self.audio_s
 
 
 @dataclass
@@ -80,8 +55,8 @@ class EngineMetrics:
         self.rtf = _Series()
         self.ttfb_buckets = [0] * (len(TTFB_BUCKETS_S) + 1)
         self.counters: dict[str, int] = {}
-        self.requests: dict[str, RequestRecord] = {}
-        self.finished: deque[RequestRecord] = deque(maxlen=_WINDOW)
+        self.num_finished = 0
+        """Requests that reached a terminal status (``active_requests`` = added - this)."""
 
     def incr(self, name: str, value: int = 1) -> None:
         self.counters[name] = self.counters.get(name, 0) + value
@@ -90,34 +65,31 @@ class EngineMetrics:
         self.step_s.setdefault(stage, _Series()).add(duration_s)
         self.batch_rows.setdefault(stage, _Series()).add(float(num_rows))
 
-    def request_added(self, request_id: str, now: float) -> None:
-        self.requests[request_id] = RequestRecord(request_id, enqueue_time=now)
+    def request_added(self) -> None:
         self.incr("requests_added")
 
-    def chunk_emitted(self, request_id: str, num_frames: int, now: float) -> None:
-        record = self.requests.get(request_id)
-        if record is None:
-            return
-        if not record.chunk_times:
-            ttfb = now - record.enqueue_time
+    def on_events(self, events: Iterable[SchedulerEvent]) -> None:
+        """Records what one commit of the scheduler reported (chunks out, requests done)."""
+        for event in events:
+            if isinstance(event, ChunkEmitted):
+                self._chunk_emitted(event)
+            elif isinstance(event, RequestFinished):
+                self._request_finished(event)
+
+    def _chunk_emitted(self, event: ChunkEmitted) -> None:
+        if event.chunk_index == 0:
+            ttfb = event.time - event.enqueue_time
             self.ttfb.add(ttfb)
             index = next((i for i, b in enumerate(TTFB_BUCKETS_S) if ttfb <= b), -1)
             self.ttfb_buckets[index] += 1
-        record.chunk_times.append(now)
-        record.chunk_frames.append(num_frames)
         self.incr("chunks_emitted")
 
-    def request_finished(self, request_id: str, status: str, now: float) -> RequestRecord | None:
-        record = self.requests.pop(request_id, None)
-        self.incr(f"requests_{status}")
-        if record is None:
-            return None
-        record.finish_time = now
-        record.status = status
-        if record.rtf is not None and status == "finished":
-            self.rtf.add(record.rtf)
-        self.finished.append(record)
-        return record
+    def _request_finished(self, event: RequestFinished) -> None:
+        self.incr(f"requests_{event.status.value}")
+        self.num_finished += 1
+        audio_s = event.num_emitted_frames * FRAME_S
+        if event.status.value == "finished" and event.last_chunk_time is not None and audio_s:
+            self.rtf.add((event.last_chunk_time - event.enqueue_time) / audio_s)
 
     def snapshot(self) -> dict[str, Any]:
         """A plain dict: counters, per-stage step seconds and rows, TTFB and RTF summaries."""
@@ -130,5 +102,5 @@ class EngineMetrics:
             "ttfb_s": self.ttfb.summary(),
             "ttfb_histogram": {"buckets_s": list(TTFB_BUCKETS_S), "counts": list(self.ttfb_buckets)},
             "rtf": self.rtf.summary(),
-            "active_requests": len(self.requests),
+            "active_requests": self.counters.get("requests_added", 0) - self.num_finished,
         }

@@ -14,7 +14,6 @@ from collections.abc import Iterator, Sequence
 import numpy as np
 import torch
 
-from breezert.layers.sampling import SamplingParams
 from breezert.loader import Checkpoint
 from breezert.models.codec import StreamingCodec
 from breezert.models.config import SAMPLE_RATE
@@ -35,31 +34,23 @@ def chunk_sizes(schedule: Sequence[int]) -> Iterator[int]:
 
 def _request_frames(ckpt: Checkpoint, request: SynthesisRequest) -> Iterator[tuple[int, torch.Tensor]]:
     """(segment index, frame [16]) for every frame of every segment, one RNG stream."""
-    params = request.sampling or default_sampling(ckpt)
-    seed = request.seed if request.seed is not None else 0
+    options = request.options
+    params = options.resolve_sampling(ckpt.generation.sampling)
+    seed = options.seed if options.seed is not None else 0
     produced = 0
     segments = [request.text] if isinstance(request.text, str) else list(request.text)
     max_frames = request.max_frames or ckpt.generation.max_new_tokens
     for index, text in enumerate(segments):
         prompt = make_prompt(
-            ckpt.tokenizer, text, speaker=request.speaker, instructions=request.instructions,
+            ckpt.tokenizer, text, speaker=options.speaker, instructions=options.instructions,
             reference=request.reference, max_seq_len=ckpt.config.max_seq_len,
         )
         for frame in generate_frames(
             ckpt.model, prompt, params, seed, max_frames=max_frames,
-            cfg_scale=request.cfg_scale, ignore_eos=request.ignore_eos, frame_offset=produced,
+            cfg_scale=options.cfg_scale, ignore_eos=request.ignore_eos, frame_offset=produced,
         ):
             produced += 1
             yield index, frame
-
-
-def default_sampling(ckpt: Checkpoint) -> SamplingParams:
-    g = ckpt.generation
-    return SamplingParams(
-        temperature=g.temperature, top_k=g.top_k, top_p=g.top_p,
-        repetition_penalty=g.repetition_penalty, depth_temperature=g.depth_temperature,
-        depth_top_k=g.depth_top_k, depth_top_p=g.depth_top_p,
-    )
 
 
 @torch.no_grad()

@@ -34,7 +34,7 @@ def make_prompt(
     ref_text_ids = ref_codes = None
     if reference is not None:
         ref_text_ids = tokenizer.encode(reference.ref_text)
-        ref_codes = torch.tensor(reference.ref_codes, dtype=torch.long)  # [K, 16]
+        ref_codes = torch.tensor(reference.ref_codes)  # [K, 16] int64 (a copy of a few KB)
     prompt = build_prompt(
         tokenizer.encode(text),
         speaker=speaker,

@@ -80,8 +80,8 @@ def to_mono_24k(samples: np.ndarray, sample_rate: int) -> np.ndarray:
 
 def encode_reference(
     encoder: CodecEncoder, samples: np.ndarray, sample_rate: int
-) -> list[list[int]]:
-    """Reference PCM -> ``K`` frames x 16 codes for ``Reference(ref_text, ref_codes)``.
+) -> np.ndarray:
+    """Reference PCM -> ``[K, 16]`` int64 codes for ``Reference(ref_text, ref_codes)``.
 
     ``K = ceil(n24 / 1920)`` where ``n24 = ceil(num_samples * 24000 / sample_rate)``. The encoder
     must hold float32 weights (the loader keeps it fp32); it runs with a full causal mask.
@@ -95,4 +95,4 @@ def encode_reference(
     wav = torch.from_numpy(to_mono_24k(samples, sample_rate)).to(weight.device)[None]  # [1, T]
     codes = encoder.encode(wav)[0]  # [K, 16]
     assert codes.shape[0] == math.ceil(wav.shape[-1] / encoder.samples_per_frame)
-    return codes.cpu().tolist()
+    return codes.to(torch.int64).cpu().numpy()

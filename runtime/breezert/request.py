@@ -8,13 +8,14 @@ the scheduler mutates a ``Request`` (the worker never sees one).
 from __future__ import annotations
 
 import enum
-import math
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from breezert.errors import InvalidRequest
+import numpy as np
+
+from breezert.options import SynthesisOptions, check, is_int, is_number, is_text
 from breezert.models.config import CODEBOOK_SIZE, NUM_CODEBOOKS  # torch-free module
 from breezert.sched.plan import Stage
 
@@ -51,24 +52,11 @@ class SegmentPhase(str, enum.Enum):
 # ----------------------------------------------------------------------------- user-facing
 
 
-def _require(ok: bool, name: str, message: str, value: object) -> None:
-    if not ok:
-        raise InvalidRequest(f"{name}={value!r}: {message}")
-
-
-def _is_int(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _is_text(value: object) -> bool:
-    return isinstance(value, str) and bool(value.strip())
-
-
 def check_chunk_schedule(schedule: Sequence[int], name: str = "chunk_schedule") -> tuple[int, ...]:
     """Returns ``schedule`` as a tuple, or raises ``InvalidRequest`` naming ``name``."""
-    _require(isinstance(schedule, (list, tuple)) and len(schedule) > 0, name,
+    check(isinstance(schedule, (list, tuple)) and len(schedule) > 0, name,
              "must be a non-empty sequence of frame counts", schedule)
-    _require(all(_is_int(n) and 0 < n <= MAX_CHUNK_FRAMES for n in schedule), name,
+    check(all(is_int(n) and 0 < n <= MAX_CHUNK_FRAMES for n in schedule), name,
              f"entries must be ints in 1..{MAX_CHUNK_FRAMES}", schedule)
     return tuple(schedule)
 
@@ -79,24 +67,32 @@ def num_cfg_branches(cfg_scale: float) -> int:
     return 1 if cfg_scale in (0.0, 1.0) else 2
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class Reference:
     """Reference audio for voice clone / direction: its transcript and its codec codes."""
 
     ref_text: str
-    ref_codes: Sequence[Sequence[int]]
-    """K frames x 16 codes, each in 0..2047 (the codec encoder's output)."""
+    ref_codes: np.ndarray
+    """``[K, 16]`` int64 codes, each in 0..2047 (the codec encoder's output); any ``[K][16]``
+    integer sequence is accepted and kept as one read-only array."""
 
     def __post_init__(self) -> None:
-        _require(_is_text(self.ref_text), "reference.ref_text", "must be non-empty text", "...")
-        codes = tuple(tuple(frame) for frame in self.ref_codes)
-        _require(len(codes) > 0, "reference.ref_codes", "needs at least one frame", len(codes))
-        for frame in codes:
-            _require(len(frame) == NUM_CODEBOOKS, "reference.ref_codes",
-                     f"each frame needs {NUM_CODEBOOKS} codes", len(frame))
-            _require(all(_is_int(c) and 0 <= c < CODEBOOK_SIZE for c in frame),
-                     "reference.ref_codes", f"codes must be ints in 0..{CODEBOOK_SIZE - 1}", frame)
+        check(is_text(self.ref_text), "reference.ref_text", "must be non-empty text", "...")
+        codes = np.asarray(self.ref_codes)
+        check(codes.ndim == 2 and codes.shape[0] > 0 and codes.shape[1] == NUM_CODEBOOKS,
+              "reference.ref_codes", f"needs K >= 1 frames of {NUM_CODEBOOKS} codes",
+              codes.shape)
+        check(codes.dtype.kind in "iu", "reference.ref_codes", "codes must be integers",
+              str(codes.dtype))
+        check(bool(((codes >= 0) & (codes < CODEBOOK_SIZE)).all()), "reference.ref_codes",
+              f"codes must be ints in 0..{CODEBOOK_SIZE - 1}", "...")
+        codes = codes.astype(np.int64)  # a copy: the caller's array stays theirs
+        codes.setflags(write=False)
         object.__setattr__(self, "ref_codes", codes)
+
+    @property
+    def num_frames(self) -> int:
+        return int(self.ref_codes.shape[0])
 
 
 @dataclass(frozen=True)
@@ -109,16 +105,9 @@ class SynthesisRequest:
     """
 
     text: str | Sequence[str]
-    speaker: str = "[S0]"
-    instructions: str | None = None
-    """Voice design / direction instruction; ``None`` = none."""
+    options: SynthesisOptions = field(default_factory=SynthesisOptions)
+    """Voice, instructions, CFG, seed and sampling (validated by ``SynthesisOptions``)."""
     reference: Reference | None = None
-    cfg_scale: float = 1.0
-    """Classifier-free guidance scale (>= 0); 1 = off, 0 = negative prompt only."""
-    sampling: Any = None
-    """``breezert.layers.sampling.SamplingParams``; ``None`` = the model's defaults."""
-    seed: int | None = None
-    """Seed of the request's own RNG stream; ``None`` = the engine picks one."""
     chunk_schedule: tuple[int, ...] | None = None
     """Frames per chunk, last entry repeating; ``None`` = the config's default."""
     max_frames: int | None = None
@@ -134,40 +123,30 @@ class SynthesisRequest:
 
     def __post_init__(self) -> None:
         segments = (self.text,) if isinstance(self.text, str) else self.text
-        _require(isinstance(segments, (list, tuple)), "text", "must be a str or a sequence", "...")
+        check(isinstance(segments, (list, tuple)), "text", "must be a str or a sequence", "...")
         segments = tuple(segments)
-        _require(len(segments) > 0 or not self.input_closed, "text",
-                 "must not be empty when input_closed", segments)
-        _require(all(_is_text(s) for s in segments), "text",
-                 "segments must be non-empty, non-whitespace strings", "...")
+        check(len(segments) > 0 or not self.input_closed, "text",
+              "must not be empty when input_closed", segments)
+        check(all(is_text(s) for s in segments), "text",
+              "segments must be non-empty, non-whitespace strings", "...")
         if not isinstance(self.text, str):
             object.__setattr__(self, "text", segments)
-        _require(_is_text(self.speaker), "speaker", "must be non-empty", self.speaker)
-        _require(self.instructions is None or _is_text(self.instructions), "instructions",
-                 "must be None or non-empty text", self.instructions)
-        _require(self.reference is None or isinstance(self.reference, Reference), "reference",
-                 "must be a Reference or None", type(self.reference).__name__)
-        self._check_numbers()
+        check(isinstance(self.options, SynthesisOptions), "options",
+              "must be SynthesisOptions", type(self.options).__name__)
+        check(self.reference is None or isinstance(self.reference, Reference), "reference",
+              "must be a Reference or None", type(self.reference).__name__)
+        check(self.max_frames is None or (is_int(self.max_frames) and self.max_frames > 0),
+              "max_frames", "must be None or a positive int", self.max_frames)
+        check(is_int(self.priority), "priority", "must be an int", self.priority)
+        check(isinstance(self.ignore_eos, bool), "ignore_eos", "must be a bool", self.ignore_eos)
+        check(isinstance(self.input_closed, bool), "input_closed", "must be a bool",
+              self.input_closed)
         if self.chunk_schedule is not None:
             object.__setattr__(self, "chunk_schedule", check_chunk_schedule(self.chunk_schedule))
         if self.request_id is None:
             object.__setattr__(self, "request_id", uuid.uuid4().hex)
-        _require(_is_text(self.request_id), "request_id", "must be a non-empty str",
-                 self.request_id)
-
-    def _check_numbers(self) -> None:
-        cfg = self.cfg_scale
-        _require(isinstance(cfg, (int, float)) and not isinstance(cfg, bool), "cfg_scale",
-                 "must be a number", cfg)
-        _require(math.isfinite(cfg) and cfg >= 0, "cfg_scale", "must be finite and >= 0", cfg)
-        _require(self.seed is None or (_is_int(self.seed) and 0 <= self.seed < 2**64), "seed",
-                 "must be None or an int in 0..2**64-1", self.seed)
-        _require(self.max_frames is None or (_is_int(self.max_frames) and self.max_frames > 0),
-                 "max_frames", "must be None or a positive int", self.max_frames)
-        _require(_is_int(self.priority), "priority", "must be an int", self.priority)
-        _require(isinstance(self.ignore_eos, bool), "ignore_eos", "must be a bool", self.ignore_eos)
-        _require(isinstance(self.input_closed, bool), "input_closed", "must be a bool",
-                 self.input_closed)
+        check(is_text(self.request_id), "request_id", "must be a non-empty str",
+              self.request_id)
 
     @property
     def segments(self) -> tuple[str, ...]:
@@ -176,6 +155,23 @@ class SynthesisRequest:
 
 
 # ----------------------------------------------------------------------------- scheduler state
+
+
+@dataclass(frozen=True)
+class PlaybackReport:
+    """One listener report: ``buffered_s`` of audio ahead of the playhead at ``measured_at``."""
+
+    buffered_s: float
+    """Audio queued ahead of the listener's playhead, seconds (>= 0)."""
+    measured_at: float
+    """``time.monotonic()`` when it was measured."""
+    source: str
+    """Where it came from: ``simulated``, ``webrtc``, ``livekit-source``, ``livekit-client``."""
+
+    def __post_init__(self) -> None:
+        check(is_number(self.buffered_s) and self.buffered_s >= 0, "buffered_s",
+              "must be a number >= 0", self.buffered_s)
+        check(is_text(self.source), "source", "must be non-empty text", self.source)
 
 
 @dataclass(eq=False)
@@ -208,12 +204,12 @@ class Segment:
 
     def __post_init__(self) -> None:
         lens = tuple(self.prompt_lens)
-        _require(len(lens) in (1, 2) and all(_is_int(n) and n > 0 for n in lens), "prompt_lens",
+        check(len(lens) in (1, 2) and all(is_int(n) and n > 0 for n in lens), "prompt_lens",
                  "needs 1 or 2 positive ints (one per CFG branch)", lens)
         self.prompt_lens = lens
         if self.num_text_tokens is None:
             self.num_text_tokens = sum(lens)
-        _require(_is_int(self.num_text_tokens) and self.num_text_tokens >= 0, "num_text_tokens",
+        check(is_int(self.num_text_tokens) and self.num_text_tokens >= 0, "num_text_tokens",
                  "must be an int >= 0", self.num_text_tokens)
         self.prefill_cursors = [0] * len(lens)
 
@@ -252,11 +248,13 @@ class Request:
     max_frames: int | None = None
     """Frame limit per segment; ``None``: the scheduler's default at admission."""
     ignore_eos: bool = False
-    cfg_scale: float = 1.0
-    seed: int | None = None
+    options: SynthesisOptions = field(default_factory=SynthesisOptions)
+    """Voice, CFG and seed as the caller set them (appended segments are prompted with them)."""
+    reference: Reference | None = None
+    """Voice-clone reference of every segment's prompt."""
     sampling: Any = None
-    payload: Any = None
-    """Opaque per-request data for the worker (forwarded in ``NewRequestData.payload``)."""
+    """Resolved ``SamplingParams`` (the engine resolves the options over the checkpoint's
+    defaults at admission); ``None`` = the worker's defaults."""
     input_closed: bool = True
 
     status: RequestStatus = field(default=RequestStatus.WAITING, init=False)
@@ -264,23 +262,30 @@ class Request:
     enqueue_time: float = field(default=0.0, init=False)
     first_scheduled_time: float | None = field(default=None, init=False)
     chunk_emit_times: list[float] = field(default_factory=list, init=False)
+    """When each chunk left the engine (the request's one record of its emissions)."""
+    chunk_frame_ends: list[int] = field(default_factory=list, init=False)
+    """Frames of audio emitted up to and including each chunk (parallel to the times)."""
+    playback: PlaybackReport | None = field(default=None, init=False)
+    """The listener's latest playback-buffer report, if any."""
+    early_emit_target: int | None = field(default=None, init=False)
+    """Schedule target of a chunk the chunk policy cut short, until that chunk is out."""
     finish_time: float | None = field(default=None, init=False)
     error: str | None = field(default=None, init=False)
     num_frames: int = field(default=0, init=False)
     """Frames generated over all segments (the audio stream's length so far)."""
     num_decoded_frames: int = field(default=0, init=False)
-    """Frames already handed to CODEC items."""
+    """Frames decoded into emitted chunks (the audio stream's emitted length)."""
     stage_ready_step: dict[Stage, int] = field(default_factory=dict, init=False)
     """Step id since which each stage has been ready without being served (fair ordering)."""
 
     def __post_init__(self) -> None:
-        _require(_is_text(self.request_id), "request_id", "must be a non-empty str",
-                 self.request_id)
-        _require(self.num_branches in (1, 2), "num_branches", "must be 1 or 2", self.num_branches)
+        check(is_text(self.request_id), "request_id", "must be a non-empty str",
+              self.request_id)
+        check(self.num_branches in (1, 2), "num_branches", "must be 1 or 2", self.num_branches)
         if self.chunk_schedule is not None:
             self.chunk_schedule = check_chunk_schedule(self.chunk_schedule)
-        _require(self.max_frames is None or (_is_int(self.max_frames) and self.max_frames > 0),
-                 "max_frames", "must be None or a positive int", self.max_frames)
+        check(self.max_frames is None or (is_int(self.max_frames) and self.max_frames > 0),
+              "max_frames", "must be None or a positive int", self.max_frames)
         segments, self.segments = list(self.segments), []
         for segment in segments:
             self.add_segment(segment)
@@ -291,7 +296,7 @@ class Request:
         synth: SynthesisRequest,
         segments: Sequence[Segment],
         *,
-        payload: Any = None,
+        sampling: Any = None,
         num_branches: int | None = None,
     ) -> Request:
         """Builds the logical request of a ``SynthesisRequest``; defaults left ``None`` are
@@ -300,7 +305,7 @@ class Request:
         Args:
             synth: The validated user request.
             segments: One tokenized ``Segment`` per text segment of ``synth`` (same order).
-            payload: Forwarded to the worker in ``NewRequestData.payload``.
+            sampling: The resolved ``SamplingParams`` (``None``: the worker's defaults).
             num_branches: CFG branches of every segment; ``None`` = ``num_cfg_branches``. The
                 engine passes what the prompt has: plain and clone prompts have no negative,
                 so they run one branch whatever the scale.
@@ -308,30 +313,47 @@ class Request:
         Raises:
             InvalidRequest: segment count or CFG branch count mismatch.
         """
-        _require(len(segments) == len(synth.segments), "segments",
-                 f"expected one per text segment ({len(synth.segments)})", len(segments))
+        check(len(segments) == len(synth.segments), "segments",
+              f"expected one per text segment ({len(synth.segments)})", len(segments))
         assert synth.request_id is not None  # set by SynthesisRequest.__post_init__
         return cls(
             request_id=synth.request_id,
             segments=list(segments),
-            num_branches=num_branches or num_cfg_branches(float(synth.cfg_scale)),
+            num_branches=num_branches or num_cfg_branches(float(synth.options.cfg_scale)),
             priority=synth.priority,
             chunk_schedule=synth.chunk_schedule,
             max_frames=synth.max_frames,
             ignore_eos=synth.ignore_eos,
-            cfg_scale=float(synth.cfg_scale),
-            seed=synth.seed,
-            sampling=synth.sampling,
-            payload=payload,
+            options=synth.options,
+            reference=synth.reference,
+            sampling=sampling,
             input_closed=synth.input_closed,
         )
 
+    @property
+    def cfg_scale(self) -> float:
+        return float(self.options.cfg_scale)
+
+    @property
+    def seed(self) -> int | None:
+        return self.options.seed
+
+    def record_chunk(self, now: float) -> None:
+        """A chunk ending at frame ``num_decoded_frames`` left the engine at ``now``."""
+        self.chunk_emit_times.append(now)
+        self.chunk_frame_ends.append(self.num_decoded_frames)
+
+    def report_playback(self, report: PlaybackReport) -> None:
+        """Keeps ``report`` unless the one held was measured later."""
+        if self.playback is None or report.measured_at >= self.playback.measured_at:
+            self.playback = report
+
     def add_segment(self, segment: Segment) -> None:
         """Appends a segment (its branch count must match the request's) and numbers it."""
-        _require(segment.num_branches == self.num_branches, "prompt_lens",
+        check(segment.num_branches == self.num_branches, "prompt_lens",
                  f"request {self.request_id} has {self.num_branches} CFG branch(es)",
                  segment.prompt_lens)
-        _require(segment.index == -1, "segment", "already belongs to a request", segment.index)
+        check(segment.index == -1, "segment", "already belongs to a request", segment.index)
         segment.index = len(self.segments)
         self.segments.append(segment)
 

@@ -11,9 +11,7 @@ import time
 import torch
 
 from breezert.config import EngineConfig, ModelConfig
-from breezert.layers.sampling import SamplingParams
 from breezert.loader import Checkpoint, GenerationDefaults, load_checkpoint
-from breezert.offline import default_sampling
 from breezert.random_init import build_random, build_random_codec_encoder
 from breezert.tokenizer import BreezeTokenizer, build_byte_tokenizer
 from breezert.worker.model_runner import ModelRunner
@@ -52,13 +50,12 @@ def build_runner(cfg: EngineConfig, ckpt: Checkpoint) -> ModelRunner:
     """A ``ModelRunner`` with the configured slots and a KV pool of the resolved size, its
     graphs captured (warm-up) when they are enabled."""
     num_blocks = cfg.cache.num_blocks or cfg.worst_case_num_blocks()
-    sampling: SamplingParams = default_sampling(ckpt)
     runner = ModelRunner(
         ckpt,
         max_slots=cfg.scheduler.max_running_requests,
         num_blocks=num_blocks,
         block_size=cfg.cache.block_size,
-        default_sampling=sampling,
+        default_sampling=ckpt.generation.sampling,
         graph=cfg.graph,
     )
     if runner.uses_graphs:

@@ -15,7 +15,7 @@ import torch
 from safetensors.torch import load_file
 
 from breezert.layers.attention import DenseKVCache
-from breezert.layers.sampling import SamplingParams
+from breezert.options import SamplingParams
 from breezert.models.breeze import BreezeModel
 from breezert.models.config import INS_BOS_TOKEN_ID, INS_EOS_TOKEN_ID, BreezeConfig
 from breezert.models.generate import generate_frames

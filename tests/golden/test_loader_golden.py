@@ -13,7 +13,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from breezert.layers.sampling import SamplingParams
+from breezert.options import SamplingParams
 from breezert.loader import Checkpoint, load_checkpoint
 from breezert.models.config import BreezeConfig
 from breezert.models.generate import generate_frames

@@ -14,7 +14,8 @@ import torch
 
 from breezert.config import EngineConfig
 from breezert.engine import Engine, RequestOutcome
-from breezert.layers.sampling import SamplingParams
+from breezert.options import SamplingParams
+from breezert.options import SynthesisOptions
 from breezert.request import SynthesisRequest
 from breezert.sched.plan import Stage
 
@@ -55,10 +56,7 @@ def _run(engine: Engine, requests: list[SynthesisRequest]) -> dict[str, np.ndarr
 def _requests(n: int, prefix: str, greedy: bool = False) -> list[SynthesisRequest]:
     sampling = SamplingParams.greedy() if greedy else SamplingParams()
     return [
-        SynthesisRequest(text=f"Request {i} speaks a short sentence.", seed=100 + i,
-                         sampling=sampling, max_frames=24 + i, ignore_eos=True,
-                         request_id=f"{prefix}{i}", cfg_scale=1.0 if i % 3 else 2.0,
-                         instructions=None if i % 3 else "calm")
+        SynthesisRequest(text=f"Request {i} speaks a short sentence.", max_frames=24 + i, ignore_eos=True, request_id=f"{prefix}{i}", options=SynthesisOptions(seed=100 + i, sampling=sampling, cfg_scale=1.0 if i % 3 else 2.0, instructions=None if i % 3 else "calm"))
         for i in range(n)
     ]
 
@@ -186,8 +184,7 @@ def test_full_size_random_model_streams() -> None:
     engine = Engine(config)
     startup = time.monotonic() - start
     assert engine.checkpoint.model.count_parameters() == 2_850_155_520
-    request = SynthesisRequest(text="The full-size model streams.", seed=1, max_frames=20,
-                               ignore_eos=True, request_id="full")
+    request = SynthesisRequest(text="The full-size model streams.", max_frames=20, ignore_eos=True, request_id="full", options=SynthesisOptions(seed=1))
     t0 = time.monotonic()
     audio = _run(engine, [request])["full"]
     print(f"full-size: start-up {startup:.1f} s, 20 frames in {time.monotonic() - t0:.3f} s")

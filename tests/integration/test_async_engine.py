@@ -18,9 +18,10 @@ from breezert.async_engine import AsyncEngine
 from breezert.config import EngineConfig
 from breezert.engine import Engine
 from breezert.errors import RequestAborted, RequestFailed
-from breezert.layers.sampling import SamplingParams
+from breezert.options import SamplingParams
 from breezert.offline import stream_sequential
 from breezert.outputs import AudioChunk
+from breezert.options import SynthesisOptions
 from breezert.request import SynthesisRequest
 from breezert.sched.plan import Stage
 
@@ -46,9 +47,7 @@ async def aengine(engine: Engine) -> AsyncIterator[AsyncEngine]:
 
 def make(request_id: str, frames: int, **kwargs: object) -> SynthesisRequest:
     kwargs.setdefault("text", f"Request {request_id} is speaking now.")
-    return SynthesisRequest(seed=len(request_id) + frames, max_frames=frames, ignore_eos=True,
-                            sampling=SAMPLING, request_id=request_id,
-                            **kwargs)  # type: ignore[arg-type]
+    return SynthesisRequest(max_frames=frames, ignore_eos=True, request_id=request_id, **kwargs, options=SynthesisOptions(seed=len(request_id) + frames, sampling=SAMPLING))  # type: ignore[arg-type]
 
 
 async def collect(chunks: AsyncIterator[AudioChunk]) -> list[AudioChunk]:

@@ -17,6 +17,7 @@ import pytest
 from breezert.cli import main
 from breezert.loader import Checkpoint, load_checkpoint
 from breezert.offline import stream_sequential, synthesize_whole
+from breezert.options import SynthesisOptions
 from breezert.request import SynthesisRequest
 
 pytestmark = pytest.mark.integration
@@ -155,8 +156,7 @@ def ckpt(model_dir: Path) -> Checkpoint:
 )
 def test_streaming_equals_whole(ckpt: Checkpoint, kwargs: dict) -> None:
     def request() -> SynthesisRequest:
-        return SynthesisRequest(text="Hello there.", seed=7, max_frames=20, ignore_eos=True,
-                                **kwargs)
+        return SynthesisRequest(text="Hello there.", max_frames=20, ignore_eos=True, **kwargs, options=SynthesisOptions(seed=7))
 
     chunks = list(stream_sequential(ckpt, request()))
     assert [c.frame_start for c in chunks[1:]] == [c.frame_end for c in chunks[:-1]]

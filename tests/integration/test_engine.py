@@ -21,11 +21,12 @@ import torch
 from breezert.config import EngineConfig
 from breezert.engine import Engine, EngineOutput, RequestOutcome
 from breezert.errors import EngineOverloaded, InvalidRequest
-from breezert.layers.sampling import SamplingParams
+from breezert.options import SamplingParams
 from breezert.metrics import EngineMetrics
 from breezert.offline import chunk_sizes, stream_sequential
 from breezert.outputs import AudioChunk
-from breezert.request import RequestStatus, SynthesisRequest
+from breezert.options import SynthesisOptions
+from breezert.request import PlaybackReport, RequestStatus, SynthesisRequest
 from breezert.sched.plan import Stage, StepPlan
 
 pytestmark = pytest.mark.integration
@@ -51,10 +52,12 @@ def _engine_left_idle(engine: Engine) -> Iterator[None]:
     assert not engine.has_work(), "a test left requests in the shared engine"
 
 
-def make(request_id: str, seed: int, frames: int, **kwargs: object) -> SynthesisRequest:
+def make(request_id: str, seed: int, frames: int, *, cfg_scale: float = 1.0,
+         **kwargs: object) -> SynthesisRequest:
     kwargs.setdefault("text", f"Request {request_id} is speaking now.")
-    return SynthesisRequest(seed=seed, max_frames=frames, ignore_eos=True, sampling=SAMPLING,
-                            request_id=request_id, **kwargs)  # type: ignore[arg-type]
+    options = SynthesisOptions(seed=seed, sampling=SAMPLING, cfg_scale=cfg_scale)
+    return SynthesisRequest(max_frames=frames, ignore_eos=True, request_id=request_id,
+                            options=options, **kwargs)  # type: ignore[arg-type]
 
 
 def run(engine: Engine, max_steps: int = 10_000) -> list[EngineOutput]:
@@ -365,11 +368,11 @@ def test_admission_control_rejects_beyond_the_queue(engine: Engine) -> None:
     ("build", "error", "message"),
     [
         (lambda: SynthesisRequest(text=""), InvalidRequest, r"^text="),
-        (lambda: SynthesisRequest(text="Hi", cfg_scale=math.nan), InvalidRequest,
+        (lambda: SynthesisRequest(text="Hi", options=SynthesisOptions(cfg_scale=math.nan)), InvalidRequest,
          r"^cfg_scale=nan"),
-        (lambda: SynthesisRequest(text="Hi", sampling=SamplingParams(temperature=-1)),
+        (lambda: SynthesisRequest(text="Hi", options=SynthesisOptions(sampling=SamplingParams(temperature=-1))),
          ValueError, r"^temperature=-1 must be >= 0"),
-        (lambda: SynthesisRequest(text="Hi", speaker="[S12]"), InvalidRequest,
+        (lambda: SynthesisRequest(text="Hi", options=SynthesisOptions(speaker="[S12]")), InvalidRequest,
          r"^speaker='\[S12\]' is unknown"),
         (lambda: SynthesisRequest(text="word " * 200), InvalidRequest,
          r"^text: the prompt is \d+ tokens"),
@@ -421,25 +424,34 @@ def test_metrics_snapshot_after_a_run(engine: Engine, monkeypatch: pytest.Monkey
 def test_report_playback_keeps_the_latest_until_the_request_ends(engine: Engine) -> None:
     engine.add_request(make("listen", seed=1, frames=3))
     engine.add_request(make("gone", seed=2, frames=3))
+    listen = engine.scheduler.get_request("listen")
+    gone = engine.scheduler.get_request("gone")
+    assert listen is not None and gone is not None
     engine.report_playback("listen", 0.10, 1.0, "simulated")
     engine.report_playback("listen", 0.25, 2.0, "webrtc")
+    engine.report_playback("listen", 0.75, 1.5, "webrtc")  # measured earlier: ignored
     engine.report_playback("gone", 0.5, 2.0, "webrtc")
     engine.report_playback("unknown", 0.5, 2.0, "webrtc")  # ignored: not a live request
-    report = engine.playback["listen"]
-    assert (report.buffered_s, report.measured_at, report.source) == (0.25, 2.0, "webrtc")
-    assert set(engine.playback) == {"listen", "gone"}
+    assert listen.playback == PlaybackReport(0.25, 2.0, "webrtc")
+    assert gone.playback == PlaybackReport(0.5, 2.0, "webrtc")
+    counters = engine.metrics.counters
+    assert counters["playback_reports_simulated"] >= 1 and counters["playback_reports_webrtc"] >= 3
     for bad in (-0.01, math.nan):
         with pytest.raises(InvalidRequest, match="buffered_s="):
             engine.report_playback("listen", bad, 3.0, "webrtc")
+    with pytest.raises(InvalidRequest, match="source="):
+        engine.report_playback("listen", 0.1, 3.0, "")
     engine.abort("gone")
-    assert "gone" not in engine.playback
+    engine.report_playback("gone", 0.5, 3.0, "webrtc")  # finished: dropped with the request
+    assert engine.scheduler.get_request("gone") is None
     run(engine)
-    assert engine.playback == {}
+    assert engine.scheduler.get_request("listen") is None
 
 
 def test_chunks_carry_their_segment_index(engine: Engine) -> None:
-    request = SynthesisRequest(text=["first part", "second part"], seed=5, sampling=SAMPLING,
-                               max_frames=6, ignore_eos=True, chunk_schedule=(4,))
+    request = SynthesisRequest(text=["first part", "second part"], max_frames=6,
+                               ignore_eos=True, chunk_schedule=(4,),
+                               options=SynthesisOptions(seed=5, sampling=SAMPLING))
     engine.add_request(request)
     chunks: list[AudioChunk] = []
     while engine.has_work():

@@ -17,9 +17,10 @@ import torch
 from breezert.bench.listener import PlaybackTimeline
 from breezert.config import EngineConfig
 from breezert.engine import Engine, EngineOutput
-from breezert.layers.sampling import SamplingParams
+from breezert.options import SamplingParams
 from breezert.offline import stream_sequential
 from breezert.outputs import AudioChunk
+from breezert.options import SynthesisOptions
 from breezert.request import SynthesisRequest
 from breezert.sched.plan import Stage, StepPlan
 
@@ -69,9 +70,7 @@ def _engine_left_idle(engine: Engine) -> Iterator[None]:
 
 
 def make(request_id: str, seed: int, frames: int) -> SynthesisRequest:
-    return SynthesisRequest(text=f"Request {request_id} is speaking now.", seed=seed,
-                            max_frames=frames, ignore_eos=True, sampling=SAMPLING,
-                            request_id=request_id, chunk_schedule=SCHEDULE)
+    return SynthesisRequest(text=f"Request {request_id} is speaking now.", max_frames=frames, ignore_eos=True, request_id=request_id, chunk_schedule=SCHEDULE, options=SynthesisOptions(seed=seed, sampling=SAMPLING))
 
 
 class Driver:
@@ -207,4 +206,4 @@ def test_simulated_listener_feedback_reaches_the_predictor(engine: Engine) -> No
     for name in ("predictor_waits", "predictor_early_emits", "predictor_deadline_misses",
                  "predictor_feedback_used", "predictor_feedback_stale"):
         assert name in snapshot
-    assert engine.predictor is not None and not engine.predictor._streams  # all forgotten
+    assert not engine.has_work()  # every request ended; the predictor holds nothing per request

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 from breezert.config import SchedulerConfig
-from breezert.request import Request, RequestStatus, Segment, SegmentPhase
+from breezert.request import PlaybackReport, Request, RequestStatus, Segment, SegmentPhase
 from breezert.sched.block_pool import BlockPool
 from breezert.sched.deadline import FRAME_S, DeadlinePredictor, StageTimeModel
 from breezert.sched.plan import Stage
@@ -51,6 +51,8 @@ def stream(request_id: str, *, chunk_times: tuple[float, ...] = (), decoded: int
     request.status = RequestStatus.RUNNING
     request.enqueue_time = enqueue_time
     request.chunk_emit_times = list(chunk_times)
+    request.chunk_frame_ends = [decoded * (i + 1) // len(chunk_times)
+                                for i in range(len(chunk_times))]
     request.num_frames = decoded + pending
     request.num_decoded_frames = decoded
     seg = request.segments[0]
@@ -59,11 +61,17 @@ def stream(request_id: str, *, chunk_times: tuple[float, ...] = (), decoded: int
 
 
 def emit(p: DeadlinePredictor, request: Request, num_frames: int, now: float) -> None:
-    """What the engine does for a ChunkEmitted: update the request and tell the predictor."""
-    request.chunk_emit_times.append(now)
+    """What the scheduler does for a decoded chunk: tell the predictor (through the chunk
+    policy), then record it on the request."""
+    p.on_chunk(request, num_frames, now)
     request.num_decoded_frames += num_frames
     request.num_frames = max(request.num_frames, request.num_decoded_frames)
-    p.on_chunk(request.request_id, num_frames, now)
+    request.record_chunk(now)
+
+
+def report(request: Request, buffered_s: float, measured_at: float, source: str) -> None:
+    """A listener report, as the engine hands it to the scheduler's request."""
+    request.report_playback(PlaybackReport(buffered_s, measured_at, source))
 
 
 def ranked(policy: DeadlineStagePolicy, pairs: list[tuple[Request, Stage]],
@@ -118,7 +126,7 @@ def test_missing_feedback_estimates_from_audio_delivered_since_first_chunk() -> 
     assert p.deadline(request, now=1.1) == pytest.approx(1.24)
     assert p.buffered_s(request, now=2.0) == 0.0  # floored: dry since 1.24
     assert p.deadline(request, now=2.0) == pytest.approx(2.0)
-    assert p.feedback_source("a", 1.1) == "missing"
+    assert p.feedback_source(request, 1.1) == "missing"
 
 
 def test_fresh_feedback_wins_and_counts_audio_emitted_after_it() -> None:
@@ -126,13 +134,13 @@ def test_fresh_feedback_wins_and_counts_audio_emitted_after_it() -> None:
     request = stream("a")
     emit(p, request, 1, now=1.0)
     emit(p, request, 2, now=1.1)  # the estimate says dry at 1.24
-    p.update_feedback("a", 0.05, measured_at=1.15, source="webrtc")  # the listener lags behind
+    report(request, 0.05, 1.15, "webrtc")  # the listener lags behind
     assert p.buffered_s(request, now=1.17) == pytest.approx(0.03)
     emit(p, request, 4, now=1.18)  # + 0.32 s after the report
     assert p.buffered_s(request, now=1.2) == pytest.approx(0.05 + 0.32 - 0.05)
     assert p.deadline(request, now=1.2) == pytest.approx(1.52)
-    assert p.feedback_source("a", 1.2) == "used"
-    p.update_feedback("a", 9.0, measured_at=1.0, source="webrtc")  # older: ignored
+    assert p.feedback_source(request, 1.2) == "used"
+    report(request, 9.0, 1.0, "webrtc")  # older: ignored
     assert p.buffered_s(request, now=1.2) == pytest.approx(0.32)
 
 
@@ -140,10 +148,10 @@ def test_stale_feedback_falls_back_to_the_estimate() -> None:
     p = make_predictor(feedback_stale_s=0.5)
     request = stream("a")
     emit(p, request, 8, now=1.0)  # estimate: dry at 1.64
-    p.update_feedback("a", 0.0, measured_at=1.0, source="simulated")  # the listener: dry
-    assert p.buffered_s(request, now=1.2) == 0.0 and p.feedback_source("a", 1.2) == "used"
+    report(request, 0.0, 1.0, "simulated")  # the listener: dry
+    assert p.buffered_s(request, now=1.2) == 0.0 and p.feedback_source(request, 1.2) == "used"
     assert p.buffered_s(request, now=1.6) == pytest.approx(0.04)  # 0.6 s old: the estimate
-    assert p.feedback_source("a", 1.6) == "stale"
+    assert p.feedback_source(request, 1.6) == "stale"
     emit(p, request, 1, now=1.6)
     assert p.counters["predictor_feedback_stale"] == 1
 
@@ -156,14 +164,12 @@ def test_deadline_misses_and_feedback_sources_are_counted_per_streaming_chunk() 
     emit(p, request, 1, now=1.0)  # first chunk: no deadline yet (TTFB is measured elsewhere)
     emit(p, request, 2, now=1.05)  # due by 1.08: on time, estimate
     emit(p, request, 4, now=1.30)  # due by 1.24: a miss
-    p.update_feedback("a", 1.0, measured_at=1.3, source="simulated")
+    report(request, 1.0, 1.3, "simulated")
     emit(p, request, 8, now=1.5)  # due by 1.3 + 1.0 = 2.3: on time, from the report
     assert p.counters["predictor_deadline_misses"] == 1
     assert p.counters["predictor_feedback_missing"] == 2
     assert p.counters["predictor_feedback_used"] == 1
     assert seen["predictor_deadline_misses"] == 1  # mirrored into the engine's metrics
-    p.forget("a")
-    assert p.feedback_source("a", 1.5) == "missing"
 
 
 # ----------------------------------------------------------------------------- stage policy
@@ -188,11 +194,11 @@ def test_startup_step_goes_first_when_the_urgent_slack_absorbs_it() -> None:
     now = 2.0
     newcomer = stream("new", phase=SegmentPhase.PREFILL, enqueue_time=1.9)  # PREFILL: 1 ms
     urgent = stream("urgent", chunk_times=(1.9,), decoded=1, phase=SegmentPhase.DECODE)
-    p.update_feedback("urgent", 0.04, measured_at=now, source="webrtc")  # slack 26 ms
+    report(urgent, 0.04, now, "webrtc")  # slack 26 ms
     ready = ranked(policy, [(urgent, Stage.DECODE), (newcomer, Stage.PREFILL)], now)
     assert ready[0][1] is urgent and ready[0][0][0] == 0
     assert policy.pick(ready, now) == (Stage.PREFILL, [newcomer])
-    p.update_feedback("urgent", 0.0, measured_at=now, source="webrtc")  # no slack left
+    report(urgent, 0.0, now, "webrtc")  # no slack left
     ready = ranked(policy, [(urgent, Stage.DECODE), (newcomer, Stage.PREFILL)], now)
     assert policy.pick(ready, now) == (Stage.DECODE, [urgent])
 
@@ -206,7 +212,7 @@ def test_overdue_startup_competes_with_urgent_streams_on_slack_when_asked() -> N
     for edf, order in ((False, ["urgent", "overdue", "fresh"]),
                        (True, ["overdue", "urgent", "fresh"])):
         p = make_predictor(overdue_startup_urgent=edf)
-        p.update_feedback("urgent", 0.03, measured_at=now, source="webrtc")  # slack ~16 ms
+        report(urgent, 0.03, now, "webrtc")  # slack ~16 ms
         ready = ranked(DeadlineStagePolicy(p), pairs, now)
         assert [r.request_id for _, r, _ in ready] == order, edf
     assert SchedulerConfig().predictor_overdue_startup_urgent is False  # until measured
@@ -217,14 +223,14 @@ def test_draining_reported_buffer_is_served_first() -> None:
     policy = DeadlineStagePolicy(p)
     a = stream("a", chunk_times=(1.0,), decoded=16, phase=SegmentPhase.DEPTH)
     b = stream("b", chunk_times=(1.0,), decoded=16, phase=SegmentPhase.DEPTH)
-    p.update_feedback("a", 0.5, measured_at=1.5, source="webrtc")
-    p.update_feedback("b", 0.02, measured_at=1.5, source="webrtc")  # b's listener is draining
+    report(a, 0.5, 1.5, "webrtc")
+    report(b, 0.02, 1.5, "webrtc")  # b's listener is draining
     ready = ranked(policy, [(a, Stage.DEPTH), (b, Stage.DEPTH)], now=1.51)
     assert [r.request_id for _, r, _ in ready] == ["b", "a"]
     assert ready[0][0][0] == 0  # urgent class
-    p.update_feedback("b", 0.02, measured_at=0.9, source="webrtc")  # older: ignored
-    p.update_feedback("b", 0.6, measured_at=1.51, source="webrtc")  # b refilled, a drained
-    p.update_feedback("a", 0.0, measured_at=1.51, source="webrtc")
+    report(b, 0.02, 0.9, "webrtc")  # older: ignored
+    report(b, 0.6, 1.51, "webrtc")  # b refilled, a drained
+    report(a, 0.0, 1.51, "webrtc")
     ready = ranked(policy, [(a, Stage.DEPTH), (b, Stage.DEPTH)], now=1.52)
     assert [r.request_id for _, r, _ in ready] == ["a", "b"]
 
@@ -267,8 +273,8 @@ def _codec_pair(p: DeadlinePredictor, buffered_s: float,
     b = stream("b", chunk_times=(1.0,), decoded=1, pending=1, phase=SegmentPhase.DEPTH)
     a.stage_ready_step = {Stage.CODEC: 1, Stage.DECODE: 2}
     b.stage_ready_step = {Stage.DEPTH: 2}
-    p.update_feedback("a", buffered_s, measured_at=1.2, source="simulated")
-    p.update_feedback("b", b_buffered_s, measured_at=1.2, source="simulated")
+    report(a, buffered_s, 1.2, "simulated")
+    report(b, b_buffered_s, 1.2, "simulated")
     return a, b
 
 
@@ -319,11 +325,11 @@ def test_chunk_policy_cuts_a_chunk_that_would_miss_its_deadline() -> None:
     # 16-frame target, 5 pending; 0.2 s of audio left: 11 more frames take 0.11 s + codec.
     request = stream("a", chunk_times=(1.0, 1.1, 1.2, 1.3, 1.4), decoded=15, pending=5,
                      schedule=(1, 2, 4, 8, 16))
-    p.update_feedback("a", 0.2, measured_at=2.0, source="webrtc")
+    report(request, 0.2, 2.0, "webrtc")
     assert chunks.chunk_frames(request, 2.0) == 16  # on time
-    p.update_feedback("a", 0.1, measured_at=2.0, source="webrtc")
+    report(request, 0.1, 2.0, "webrtc")
     assert chunks.chunk_frames(request, 2.0) == 16  # late, but one more frame still fits
-    p.update_feedback("a", 0.012, measured_at=2.0, source="webrtc")
+    report(request, 0.012, 2.0, "webrtc")
     assert chunks.chunk_frames(request, 2.0) == 5  # now or late
     emit(p, request, 5, now=2.01)
     assert p.counters["predictor_early_emits"] == 1
@@ -347,7 +353,7 @@ def test_chunk_policy_keeps_the_schedule_for_startup_and_gaps() -> None:
 
 class PredictorHarness:
     """Scheduler with the deadline policies, a fake worker and a fake clock; the engine's part
-    (step times, chunks and a simulated listener's reports into the predictor) done here."""
+    (step times into the predictor) done here."""
 
     def __init__(self, config: SchedulerConfig, dt: float = 0.01) -> None:
         self.predictor = make_predictor(min_slack_s=config.predictor_min_slack_s,
@@ -368,7 +374,6 @@ class PredictorHarness:
         for event in self.sched.commit(plan, self.worker.run(plan), self.now):
             if isinstance(event, ChunkEmitted):
                 self.chunks.setdefault(event.request_id, []).append(event)
-                self.predictor.on_chunk(event.request_id, event.num_frames, self.now)
         return True
 
 

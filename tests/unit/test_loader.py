@@ -19,6 +19,7 @@ import torch
 from safetensors.torch import load_file, save_file
 from tokenizers import Tokenizer, models
 
+from breezert.options import SamplingParams
 from breezert.loader import (
     CODEC_DIR,
     INDEX_FILE,
@@ -145,8 +146,9 @@ def test_generation_config_values_are_read(ckpt: Path) -> None:
     _edit_json(ckpt / "generation_config.json", edit)
     gen = load_checkpoint(ckpt).generation
     assert gen == GenerationDefaults(
-        temperature=0.0, top_k=7, top_p=0.5, max_new_tokens=99, depth_temperature=0.3,
-        depth_top_k=3, depth_top_p=1.0, repetition_penalty=1.1,
+        sampling=SamplingParams(temperature=0.0, top_k=7, top_p=0.5, depth_temperature=0.3,
+                                depth_top_k=3, depth_top_p=1.0, repetition_penalty=1.1),
+        max_new_tokens=99,
     )
 
 

@@ -6,6 +6,8 @@ import math
 
 import pytest
 from breezert.errors import InvalidRequest
+import numpy as np
+from breezert.options import WIRE_FIELDS, SamplingParams, SynthesisOptions
 from breezert.request import (
     Reference,
     Request,
@@ -22,7 +24,7 @@ pytestmark = pytest.mark.unit
 def test_defaults_and_auto_id() -> None:
     a, b = SynthesisRequest("Hello."), SynthesisRequest("Hello.")
     assert a.request_id and b.request_id and a.request_id != b.request_id
-    assert a.segments == ("Hello.",) and a.input_closed and a.cfg_scale == 1.0
+    assert a.segments == ("Hello.",) and a.input_closed and a.options == SynthesisOptions()
     assert SynthesisRequest(["One.", "Two."]).segments == ("One.", "Two.")
     assert SynthesisRequest(["One."], chunk_schedule=[2, 4]).chunk_schedule == (2, 4)
 
@@ -57,9 +59,10 @@ def test_defaults_and_auto_id() -> None:
 )
 def test_invalid_fields_are_named(kwargs: dict[str, object], field: str) -> None:
     values: dict[str, object] = {"text": "Hello."}
+    options = {k: kwargs.pop(k) for k in list(kwargs) if k in WIRE_FIELDS}
     values.update(kwargs)
     with pytest.raises(InvalidRequest, match=f"^{field}") as excinfo:
-        SynthesisRequest(**values)  # type: ignore[arg-type]
+        SynthesisRequest(**values, options=SynthesisOptions(**options))  # type: ignore[arg-type]
     assert isinstance(excinfo.value, ValueError)
 
 
@@ -76,7 +79,8 @@ def test_open_input_may_start_without_text() -> None:
 def test_reference_validation() -> None:
     frame = list(range(16))
     ref = Reference("Reference words.", [frame, frame])
-    assert ref.ref_codes == (tuple(frame), tuple(frame))
+    assert ref.ref_codes.dtype == np.int64 and ref.ref_codes.tolist() == [frame, frame]
+    assert not ref.ref_codes.flags.writeable and ref.num_frames == 2
     with pytest.raises(InvalidRequest, match="ref_text"):
         Reference(" ", [frame])
     with pytest.raises(InvalidRequest, match="ref_codes"):
@@ -85,6 +89,8 @@ def test_reference_validation() -> None:
         Reference("x", [frame[:15]])
     with pytest.raises(InvalidRequest, match="ref_codes"):
         Reference("x", [[2048] * 16])
+    with pytest.raises(InvalidRequest, match="ref_codes"):
+        Reference("x", [[0.5] * 16])
 
 
 def test_cfg_branches() -> None:
@@ -92,15 +98,18 @@ def test_cfg_branches() -> None:
 
 
 def test_from_synthesis_copies_fields_and_checks_segments() -> None:
-    synth = SynthesisRequest(["A.", "B."], cfg_scale=2.0, seed=7, priority=3, max_frames=40,
-                             request_id="r1", input_closed=False)
+    options = SynthesisOptions(cfg_scale=2.0, seed=7, speaker="[S2]")
+    synth = SynthesisRequest(["A.", "B."], priority=3, max_frames=40, request_id="r1",
+                             input_closed=False, options=options)
     segments = [Segment((5, 3), prompt="p0"), Segment((6, 4), prompt="p1")]
-    request = Request.from_synthesis(synth, segments, payload={"voice": 1})
+    sampling = SamplingParams.greedy()
+    request = Request.from_synthesis(synth, segments, sampling=sampling)
     assert (request.request_id, request.num_branches, request.seed, request.priority) == (
         "r1", 2, 7, 3)
     assert request.max_frames == 40 and request.chunk_schedule is None  # resolved at add
     assert [s.index for s in request.segments] == [0, 1]
-    assert request.payload == {"voice": 1} and not request.input_closed
+    assert request.options is options and request.cfg_scale == 2.0
+    assert request.sampling is sampling and not request.input_closed
     with pytest.raises(InvalidRequest, match="segments"):
         Request.from_synthesis(synth, segments[:1])
     with pytest.raises(InvalidRequest, match="prompt_lens"):

@@ -9,7 +9,6 @@ import pytest
 import torch
 
 from breezert.layers.sampling import (
-    SamplingParams,
     apply_repetition_penalty,
     apply_temperature,
     apply_top_k,
@@ -19,6 +18,7 @@ from breezert.layers.sampling import (
     seen_mask,
     suppress_reserved,
 )
+from breezert.options import SamplingParams
 from breezert.models.breeze import BreezeModel
 from breezert.models.config import BreezeConfig
 from breezert.models.generate import generate_frames

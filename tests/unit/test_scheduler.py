@@ -12,6 +12,7 @@ import pytest
 from breezert.config import SchedulerConfig
 from breezert.errors import EngineOverloaded, InvalidRequest
 from breezert.models.config import FRAME_EOS_ID
+from breezert.options import SynthesisOptions
 from breezert.request import Request, RequestStatus, Segment
 from breezert.sched.block_pool import BlockPool
 from breezert.sched.plan import (
@@ -24,6 +25,7 @@ from breezert.sched.plan import (
     StepResult,
     TextEncodeItem,
 )
+from breezert.sched.policy import ScheduleChunkPolicy
 from breezert.sched.scheduler import (
     ChunkEmitted,
     RequestFinished,
@@ -50,10 +52,10 @@ def make_config(**overrides: object) -> SchedulerConfig:
 
 
 def make_request(request_id: str, prompt_lens: tuple[int, ...] = (12,), num_segments: int = 1,
-                 **kwargs: object) -> Request:
+                 *, cfg_scale: float = 1.0, **kwargs: object) -> Request:
     segments = [Segment(prompt_lens, prompt=f"{request_id}/{i}") for i in range(num_segments)]
     return Request(request_id, segments=segments, num_branches=len(prompt_lens),
-                   **kwargs)  # type: ignore[arg-type]
+                   options=SynthesisOptions(cfg_scale=cfg_scale), **kwargs)  # type: ignore[arg-type]
 
 
 @dataclass
@@ -392,7 +394,7 @@ def test_eos_on_first_frame_finishes_without_audio() -> None:
 
 
 def test_chunk_policy_hook_overrides_the_schedule() -> None:
-    class OneFrame:
+    class OneFrame(ScheduleChunkPolicy):
         def chunk_frames(self, request: Request, now: float) -> int:
             return 1
 
@@ -443,8 +445,9 @@ def test_open_input_flushes_at_a_gap_then_continues() -> None:
     h.run()
     assert [c.num_frames for c in h.chunks("a")] == [1, 2, 2, 5]
     assert h.chunks("a")[-1].start_frame == 5
-    assert h.sched.close_input("a", h.now) == [RequestFinished("a", RequestStatus.FINISHED,
-                                                                None, h.now)]
+    assert h.sched.close_input("a", h.now) == [RequestFinished(
+        "a", RequestStatus.FINISHED, None, h.now, request.enqueue_time, request.last_chunk_time,
+        num_emitted_frames=10)]
     assert h.sched.schedule(h.now) is None
     assert h.sched.schedule(h.now) is None
     h.assert_all_free()

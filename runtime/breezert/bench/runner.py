@@ -287,10 +287,10 @@ async def _open_loop(async_engine: Any, items: list[WorkItem], rate_rps: float,
 async def _one_request(async_engine: Any, item: WorkItem, options: BenchOptions,
                        tag: str) -> RequestResult:
     """Submits one request, consumes its chunks into a simulated listener, never raises."""
-    from breezert.request import SynthesisRequest
+    from breezert.options import SynthesisOptions
+from breezert.request import SynthesisRequest
 
-    request = SynthesisRequest(text=item.text, seed=item.seed, max_frames=item.num_frames,
-                               ignore_eos=True, request_id=f"{tag}-{item.index}")
+    request = SynthesisRequest(text=item.text, max_frames=item.num_frames, ignore_eos=True, request_id=f"{tag}-{item.index}", options=SynthesisOptions(seed=item.seed))
     result = RequestResult(item.index, str(request.request_id), item.num_frames,
                            submit_time=time.monotonic())
     feedback: asyncio.Task[None] | None = None
@@ -354,8 +354,7 @@ async def _run_naive(options: BenchOptions, variant: Variant, config: Any, texts
     load = LoadPoint("sequential", 1)
 
     def one(item: WorkItem, tag: str) -> RequestResult:
-        request = SynthesisRequest(text=item.text, seed=item.seed, max_frames=item.num_frames,
-                                   ignore_eos=True, request_id=f"{tag}-{item.index}")
+        request = SynthesisRequest(text=item.text, max_frames=item.num_frames, ignore_eos=True, request_id=f"{tag}-{item.index}", options=SynthesisOptions(seed=item.seed))
         result = RequestResult(item.index, str(request.request_id), item.num_frames,
                                submit_time=time.monotonic())
         try:

@@ -1,15 +1,13 @@
-"""Sampling of first codes and depth codes: pure tensor functions plus validated parameters.
+"""Sampling of first codes and depth codes: pure tensor functions.
 
-Owns: ``SamplingParams`` (validation, generation_config defaults) and the official processing
-order penalty -> suppress reserved ids -> temperature -> top-k -> top-p -> one draw per row from a
-counter-based RNG keyed by (request seed, draw counter). Must not: know about requests, KV or the models.
+Owns: the official processing order penalty -> suppress reserved ids -> temperature -> top-k ->
+top-p -> one draw per row from a counter-based RNG keyed by (request seed, draw counter). Must
+not: know about requests, KV or the models; parameters are ``breezert.options.SamplingParams``.
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
-from dataclasses import dataclass, fields
 
 import torch
 
@@ -20,57 +18,6 @@ RESERVED_END = FRAME_EOS_ID  # 2051 (EOS) is kept for the backbone; depth logits
 
 Scalar = float | int
 PerRow = Scalar | torch.Tensor
-
-
-@dataclass(frozen=True)
-class SamplingParams:
-    """Backbone (first code) and depth-decoder sampling parameters of one request.
-
-    Defaults are the released ``generation_config.json`` plus the recipe's repetition penalty 1.1.
-    A temperature of 0 means greedy (argmax); ``top_k`` 0 turns top-k off.
-    """
-
-    temperature: float = 0.9
-    """Backbone softmax temperature (>= 0; 0 = argmax)."""
-    top_k: int = 50
-    """Backbone top-k (>= 0; 0 = off; ties with the k-th value are kept)."""
-    top_p: float = 1.0
-    """Backbone nucleus mass in (0, 1]; 1 = off."""
-    repetition_penalty: float = 1.1
-    """HF repetition penalty over previously generated first codes (> 0; 1 = off)."""
-    depth_temperature: float = 0.9
-    """Depth-decoder temperature (>= 0; 0 = argmax)."""
-    depth_top_k: int = 50
-    """Depth-decoder top-k (>= 0; 0 = off)."""
-    depth_top_p: float = 1.0
-    """Depth-decoder nucleus mass in (0, 1]."""
-
-    def __post_init__(self) -> None:
-        for f in fields(self):
-            value = getattr(self, f.name)
-            if isinstance(value, bool) or not isinstance(value, (int, float)):
-                raise ValueError(f"{f.name}={value!r} must be a number")
-            if not math.isfinite(value):
-                raise ValueError(f"{f.name}={value!r} must be finite")
-        for name in ("temperature", "depth_temperature"):
-            if getattr(self, name) < 0:
-                raise ValueError(f"{name}={getattr(self, name)!r} must be >= 0")
-        for name in ("top_k", "depth_top_k"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or value < 0:
-                raise ValueError(f"{name}={value!r} must be an integer >= 0 (0 = off)")
-        for name in ("top_p", "depth_top_p"):
-            if not 0 < getattr(self, name) <= 1:
-                raise ValueError(f"{name}={getattr(self, name)!r} must be in (0, 1]")
-        if self.repetition_penalty <= 0:
-            raise ValueError(f"repetition_penalty={self.repetition_penalty!r} must be > 0")
-
-    @staticmethod
-    def greedy(repetition_penalty: float = 1.0) -> SamplingParams:
-        """Argmax for both the backbone and the depth decoder."""
-        return SamplingParams(
-            temperature=0.0, repetition_penalty=repetition_penalty, depth_temperature=0.0
-        )
 
 
 def _per_row(

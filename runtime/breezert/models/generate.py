@@ -13,7 +13,6 @@ import torch
 
 from breezert.layers.attention import DenseKVCache
 from breezert.layers.sampling import (
-    SamplingParams,
     apply_repetition_penalty,
     cfg_mix,
     draw_counter,
@@ -21,6 +20,7 @@ from breezert.layers.sampling import (
     seen_mask,
     suppress_reserved,
 )
+from breezert.options import SamplingParams
 from breezert.models.breeze import BreezeModel
 from breezert.models.config import FRAME_EOS_ID
 from breezert.models.prompt import Prompt

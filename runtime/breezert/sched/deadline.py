@@ -1,9 +1,10 @@
 """DeadlinePredictor: per-stage step-time model, playback deadlines and slack per request.
 
-Owns the stage-time estimate (``StageTimeModel``), the listener feedback the engine hands in
-(``update_feedback``), each stream's emitted-audio log, and the decision counters. Never reads the
-clock (every method takes ``now``), never imports torch, never reads the engine: the engine pushes
-reports, step durations and emitted chunks in; the policies in ``sched/policy.py`` ask questions.
+Owns the stage-time estimate (``StageTimeModel``) and the decision counters; everything it knows
+of a request (its chunk log, its listener's latest ``PlaybackReport``) it reads off the
+``Request``, which owns it. Never reads the clock (every method takes ``now``), never imports
+torch, never reads the engine: the engine feeds step durations in, the chunk policy hands it each
+emitted chunk, and the policies in ``sched/policy.py`` ask questions.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from __future__ import annotations
 import math
 from bisect import bisect_right
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from breezert.config import SchedulerConfig
 from breezert.models.config import FRAME_S
@@ -92,25 +93,6 @@ class StageTimeModel:
         return (stats.mean + _DEV_K * stats.dev) * self.margin
 
 
-@dataclass(frozen=True, slots=True)
-class Feedback:
-    """One listener report: ``buffered_s`` of audio ahead of the playhead at ``measured_at``."""
-
-    buffered_s: float
-    measured_at: float
-    source: str
-
-
-@dataclass
-class _Stream:
-    """Audio emitted so far for one request, as a log of (emit time, cumulative audio seconds)."""
-
-    first_time: float
-    audio_s: float = 0.0
-    times: list[float] = field(default_factory=list)
-    cumulative_s: list[float] = field(default_factory=list)
-
-
 class DeadlinePredictor:
     """Deadlines, predicted work and slack per request; time is always an argument.
 
@@ -151,9 +133,6 @@ class DeadlinePredictor:
         self.feedback_stale_s = feedback_stale_s
         self.counters: dict[str, int] = {}
         self._on_count = on_count
-        self._feedback: dict[str, Feedback] = {}
-        self._streams: dict[str, _Stream] = {}
-        self._early: dict[str, int] = {}  # request_id -> schedule target of a pending early emit
         for name in COUNTERS:
             self.count(name, 0)
 
@@ -170,49 +149,24 @@ class DeadlinePredictor:
                    on_count=on_count)
 
     # ------------------------------------------------------------------ inputs
-    def update_feedback(self, request_id: str, buffered_s: float, measured_at: float,
-                        source: str) -> None:
-        """Stores a listener report; an older report than the one held is ignored."""
-        held = self._feedback.get(request_id)
-        if held is None or measured_at >= held.measured_at:
-            self._feedback[request_id] = Feedback(max(0.0, buffered_s), measured_at, source)
-
     def observe_step(self, stage: Stage, rows: int, duration_s: float) -> None:
         """One executed step (feeds the stage-time model)."""
         self.time_model.observe(stage, rows, duration_s)
 
-    def on_chunk(self, request_id: str, num_frames: int, now: float) -> None:
-        """A chunk of ``num_frames`` left the engine at ``now``: counts a deadline miss (a
-        streaming chunk after its listener's buffer ran dry), an early emit, and which buffer
-        source its deadline used."""
-        stream = self._streams.get(request_id)
-        if stream is None:
-            stream = self._streams[request_id] = _Stream(first_time=now)
-        else:
-            dry_time, source = self._dry_time(request_id, stream.first_time, stream.audio_s, now)
+    def on_chunk(self, request: Request, num_frames: int, now: float) -> None:
+        """A chunk of ``num_frames`` leaves the engine at ``now`` (called before the request
+        records it): counts a deadline miss (a streaming chunk after its listener's buffer ran
+        dry), an early emit, and which buffer source its deadline used."""
+        first = request.first_chunk_time
+        if first is not None:
+            dry_time, source = self._dry_time(request, first,
+                                              request.num_decoded_frames * FRAME_S, now)
             self.count(f"predictor_feedback_{source}")
             if now > dry_time + _LATE_EPS_S:
                 self.count("predictor_deadline_misses")
-        target = self._early.pop(request_id, None)
+        target = request.early_emit_target
         if target is not None and num_frames < target:
             self.count("predictor_early_emits")
-        stream.audio_s += num_frames * FRAME_S
-        stream.times.append(now)
-        stream.cumulative_s.append(stream.audio_s)
-        self._prune(request_id, stream, now)
-
-    def note_early_emit(self, request_id: str, target: int) -> None:
-        """The chunk policy cut the request's next chunk below ``target`` frames."""
-        self._early[request_id] = target
-
-    def cancel_early_emit(self, request_id: str) -> None:
-        self._early.pop(request_id, None)
-
-    def forget(self, request_id: str) -> None:
-        """Drops everything held for a finished request."""
-        self._feedback.pop(request_id, None)
-        self._streams.pop(request_id, None)
-        self._early.pop(request_id, None)
 
     def count(self, name: str, value: int = 1) -> None:
         self.counters[name] = self.counters.get(name, 0) + value
@@ -225,13 +179,12 @@ class DeadlinePredictor:
         first = request.first_chunk_time
         if first is None:
             return 0.0
-        dry_time, _ = self._dry_time(request.request_id, first,
-                                     request.num_decoded_frames * FRAME_S, now)
+        dry_time, _ = self._dry_time(request, first, request.num_decoded_frames * FRAME_S, now)
         return max(0.0, dry_time - now)
 
-    def feedback_source(self, request_id: str, now: float) -> str:
+    def feedback_source(self, request: Request, now: float) -> str:
         """``used`` (a fresh report), ``stale`` (too old) or ``missing`` (none yet)."""
-        report = self._feedback.get(request_id)
+        report = request.playback
         if report is None:
             return "missing"
         return "used" if now - report.measured_at <= self.feedback_stale_s else "stale"
@@ -276,31 +229,20 @@ class DeadlinePredictor:
         return available - self.work_s(request, request.num_pending_frames + 1)
 
     # ------------------------------------------------------------------ internals
-    def _dry_time(self, request_id: str, first_time: float, audio_s: float,
+    def _dry_time(self, request: Request, first_time: float, audio_s: float,
                   now: float) -> tuple[float, str]:
         """When the listener's buffer runs dry, and where that came from (see the class doc)."""
-        report = self._feedback.get(request_id)
-        source = self.feedback_source(request_id, now)
+        report = request.playback
+        source = self.feedback_source(request, now)
         if report is not None and source == "used":
-            since = self._audio_since(request_id, report.measured_at)
+            since = _audio_since(request, report.measured_at)
             return report.measured_at + report.buffered_s + since, source
         return first_time + audio_s, source
 
-    def _audio_since(self, request_id: str, time: float) -> float:
-        """Audio emitted after ``time`` per the chunk log (0 without a log)."""
-        stream = self._streams.get(request_id)
-        if stream is None:
-            return 0.0
-        index = bisect_right(stream.times, time)
-        return stream.audio_s - (stream.cumulative_s[index - 1] if index > 0 else 0.0)
 
-    def _prune(self, request_id: str, stream: _Stream, now: float) -> None:
-        """Keeps log entries a fresh report can still need (plus the one before them)."""
-        horizon = now - self.feedback_stale_s
-        report = self._feedback.get(request_id)
-        if report is not None:
-            horizon = min(horizon, report.measured_at)
-        index = bisect_right(stream.times, horizon) - 1
-        if index > 0:
-            del stream.times[:index]
-            del stream.cumulative_s[:index]
+def _audio_since(request: Request, time: float) -> float:
+    """Audio the request emitted after ``time``, per its chunk log."""
+    index = bisect_right(request.chunk_emit_times, time)
+    ends = request.chunk_frame_ends
+    before = ends[index - 1] if index > 0 else 0
+    return ((ends[-1] if ends else 0) - before) * FRAME_S

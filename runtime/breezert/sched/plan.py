@@ -44,11 +44,9 @@ class NewRequestData:
     seed: int | None
     """Seed of the request's own generator; ``None`` = nondeterministic."""
     sampling: Any
-    """Opaque sampling parameters (``breezert.layers.sampling.SamplingParams`` or ``None``)."""
+    """Opaque sampling parameters (``breezert.options.SamplingParams`` or ``None``)."""
     ignore_eos: bool
     """The sampler must never produce ``FRAME_EOS_ID``; the segment stops at its frame limit."""
-    payload: Any = None
-    """Opaque per-request data the engine attached to the ``Request``."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -26,12 +26,19 @@ class ChunkPolicy(Protocol):
         """Frames of the next chunk; clamped to 1..max_codec_frames by the scheduler."""
         ...
 
+    def on_chunk(self, request: Request, num_frames: int, now: float) -> None:
+        """The request's next chunk, ``num_frames`` long, leaves at ``now`` (not yet recorded)."""
+        ...
+
 
 class ScheduleChunkPolicy:
     """Default: follow the request's chunk schedule (1, 2, 4, 8, 16, 16, ...)."""
 
     def chunk_frames(self, request: Request, now: float) -> int:
         return request.current_chunk_target
+
+    def on_chunk(self, request: Request, num_frames: int, now: float) -> None:
+        pass
 
 
 ReadyPair = tuple[tuple[float, ...], Request, Stage]
@@ -214,16 +221,19 @@ class DeadlineChunkPolicy:
         target = request.current_chunk_target
         pending = request.num_pending_frames
         p = self.predictor
+        request.early_emit_target = None
         if not request.is_streaming or not 0 < pending < target or request.is_at_gap:
-            p.cancel_early_emit(request.request_id)
             return target
         deadline = p.deadline(request, now)
         if (now + p.work_s(request, target) <= deadline
                 or now + p.work_s(request, pending + 1) <= deadline):
-            p.cancel_early_emit(request.request_id)
             return target
-        p.note_early_emit(request.request_id, target)
+        request.early_emit_target = target
         return pending
+
+    def on_chunk(self, request: Request, num_frames: int, now: float) -> None:
+        self.predictor.on_chunk(request, num_frames, now)
+        request.early_emit_target = None
 
 
 def make_policies(

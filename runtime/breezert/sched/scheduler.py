@@ -18,7 +18,14 @@ from dataclasses import dataclass
 from breezert.config import SchedulerConfig
 from breezert.errors import EngineOverloaded, InvalidRequest
 from breezert.models.config import FRAME_EOS_ID
-from breezert.request import CODEBOOK_SIZE, Request, RequestStatus, Segment, SegmentPhase
+from breezert.request import (
+    CODEBOOK_SIZE,
+    PlaybackReport,
+    Request,
+    RequestStatus,
+    Segment,
+    SegmentPhase,
+)
 from breezert.sched.block_pool import BlockPool
 from breezert.sched.plan import (
     CodecItem,
@@ -52,8 +59,12 @@ class ChunkEmitted:
     chunk_index: int
     start_frame: int
     num_frames: int
+    segment_index: int
+    """Text segment whose frames the chunk carries (the last one, if it spans two)."""
     is_final: bool
     time: float
+    enqueue_time: float
+    """When the request was added (its first chunk's ``time`` minus this is its TTFB)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,6 +86,11 @@ class RequestFinished:
     status: RequestStatus
     error: str | None
     time: float
+    enqueue_time: float
+    last_chunk_time: float | None
+    """When its last chunk left (``None``: it emitted none)."""
+    num_emitted_frames: int
+    """Frames of audio it emitted."""
 
 
 SchedulerEvent = ChunkEmitted | SegmentEnded | RequestFinished
@@ -186,6 +202,14 @@ class Scheduler:
         if request is None:
             return []
         return [self._finish(request, RequestStatus.ABORTED, now)]
+
+    def report_playback(self, request_id: str, report: PlaybackReport) -> bool:
+        """Hands the listener's report to a live request; False if it is not live."""
+        request = self._requests.get(request_id)
+        if request is None:
+            return False
+        request.report_playback(report)
+        return True
 
     # ------------------------------------------------------------------ one step
     def schedule(self, now: float) -> StepPlan | None:
@@ -323,7 +347,7 @@ class Scheduler:
         self._new_requests.append(NewRequestData(
             request_id=request.request_id, slot=request.slot, num_branches=request.num_branches,
             cfg_scale=request.cfg_scale, seed=request.seed, sampling=request.sampling,
-            ignore_eos=request.ignore_eos, payload=request.payload,
+            ignore_eos=request.ignore_eos,
         ))
 
     def _allocate_segments(self, request: Request, lookahead: int) -> None:
@@ -500,10 +524,13 @@ class Scheduler:
         elif isinstance(item, DepthItem):
             return self._apply_depth(request, item, result.first_codes.get(item.request_id), now)
         elif isinstance(item, CodecItem):
+            self.chunk_policy.on_chunk(request, item.num_frames, now)
             request.num_decoded_frames += item.num_frames
-            request.chunk_emit_times.append(now)
+            request.record_chunk(now)
+            frame_end = item.start_frame + item.num_frames
             return [ChunkEmitted(request.request_id, request.num_chunks - 1, item.start_frame,
-                                 item.num_frames, item.is_final, now)]
+                                 item.num_frames, _segment_of(request, frame_end),
+                                 item.is_final, now, request.enqueue_time)]
         return []
 
     def _apply_depth(self, request: Request, item: DepthItem, code: int | None,
@@ -550,7 +577,8 @@ class Scheduler:
         del self._requests[request.request_id]
         request.status, request.finish_time, request.error = status, now, error
         self._num_finished[status.value] += 1
-        return RequestFinished(request.request_id, status, error, now)
+        return RequestFinished(request.request_id, status, error, now, request.enqueue_time,
+                               request.last_chunk_time, request.num_decoded_frames)
 
     def _free_blocks(self, seg: Segment) -> None:
         for table in seg.block_ids:
@@ -572,6 +600,16 @@ def _segments_in(request: Request, phase: SegmentPhase) -> list[Segment]:
         return []
     return [s for s in request.segments
             if s.phase is phase and (s is active or active.is_generating)]
+
+
+def _segment_of(request: Request, frame_end: int) -> int:
+    """Index of the segment holding frame ``frame_end - 1`` of the request's audio."""
+    end = 0
+    for segment in request.segments:
+        end += segment.num_frames
+        if frame_end <= end:
+            return segment.index
+    return len(request.segments)
 
 
 def _slot(request: Request) -> int:

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from breezert.layers.sampling import SamplingParams
+from breezert.options import SamplingParams
 from breezert.models.prompt import Prompt
 
 

@@ -16,7 +16,7 @@ from functools import partial
 import torch
 
 from breezert.config import GraphConfig
-from breezert.layers.sampling import SamplingParams
+from breezert.options import SamplingParams
 from breezert.loader import Checkpoint
 from breezert.models.codec import StreamingCodec
 from breezert.sched.plan import NewRequestData, Stage, StageItem, StepPlan
