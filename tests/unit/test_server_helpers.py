@@ -14,6 +14,7 @@ import wave
 import aioice.ice
 import numpy as np
 import pytest
+from breezert import audio
 from breezert.config import ServingConfig
 from breezert.server import ice
 from breezert.server.app import Histogram, ServerState
@@ -29,8 +30,6 @@ from breezert.server.protocol import (
     Say,
     parse_message,
 )
-
-from breezert_agent import audio
 
 pytestmark = pytest.mark.unit
 

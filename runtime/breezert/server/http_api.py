@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 from aiohttp import web
 
+from breezert.audio import ENGINE_SAMPLE_RATE, encode_wav, float_to_pcm16, wav_header
 from breezert.errors import EngineOverloaded, InvalidRequest, RequestAborted, RequestFailed
 from breezert.request import SynthesisRequest
 from breezert.server.app import STATE, ServerState, json_error, read_json_object
@@ -25,7 +26,6 @@ from breezert.server.protocol import (
     decode_reference,
 )
 from breezert.server.turns import reference_message
-from breezert_agent.audio import ENGINE_SAMPLE_RATE, encode_wav, float_to_pcm16, wav_header
 
 FORMATS = ("wav", "pcm")
 MAX_SPEECH_BODY_BYTES = MAX_REFERENCE_MESSAGE_BYTES

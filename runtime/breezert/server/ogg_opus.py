@@ -13,7 +13,7 @@ import io
 import av
 import numpy as np
 
-from breezert_agent.audio import float_to_int16, samples_per_frame
+from breezert.audio import float_to_int16, samples_per_frame
 
 
 class _Collect(io.RawIOBase):

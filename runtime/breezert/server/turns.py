@@ -16,6 +16,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
+from breezert.audio import ENGINE_SAMPLE_RATE
 from breezert.errors import EngineOverloaded, InvalidRequest, RequestAborted, RequestFailed
 from breezert.outputs import AudioChunk
 from breezert.request import SynthesisRequest
@@ -29,13 +30,12 @@ from breezert.server.protocol import (
     Say,
     event,
 )
-from breezert_agent.audio import ENGINE_SAMPLE_RATE
 
 logger = logging.getLogger("breezert.server")
 
 
 class PlayoutMarks(Protocol):
-    """What a sink reports about a turn's playout (``breezert_agent.webrtc.TurnPlayout``)."""
+    """What a sink reports about a turn's playout (``webrtc_track.TurnPlayout``)."""
 
     first_frame: asyncio.Event
     first_frame_time: float | None

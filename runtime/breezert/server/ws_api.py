@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 from aiohttp import WSMsgType, web
 
+from breezert.audio import float_to_pcm16
 from breezert.outputs import AudioChunk
 from breezert.server.app import STATE, ServerState
 from breezert.server.ogg_opus import OggOpusWriter
@@ -27,8 +28,7 @@ from breezert.server.protocol import (
     parse_message,
 )
 from breezert.server.turns import TurnController
-from breezert_agent.audio import float_to_pcm16
-from breezert_agent.webrtc import TurnPlayout
+from breezert.server.webrtc_track import TurnPlayout
 
 logger = logging.getLogger("breezert.server")
 

@@ -23,7 +23,7 @@ from aiortc import MediaStreamTrack
 from aiortc.mediastreams import MediaStreamError
 from av.audio.codeccontext import AudioCodecContext
 
-from breezert_agent.audio import (
+from breezert.audio import (
     DEFAULT_RESAMPLE_QUALITY,
     ENGINE_SAMPLE_RATE,
     FRAME_MS_CHOICES,
@@ -138,7 +138,7 @@ class EngineAudioTrack(MediaStreamTrack):
         frame_ms: 10 or 20.
         clock: Monotonic time source (seconds); inject a virtual clock in tests.
         sleep: Awaitable sleep matching ``clock``.
-        resample_quality: ``soxr`` quality preset (see ``breezert_agent.audio``).
+        resample_quality: ``soxr`` quality preset (see ``breezert.audio``).
         max_lag_s: After a stall longer than this, pacing restarts from now instead of sending
             the missed ticks back to back (the RTP timestamps stay contiguous either way).
     """
