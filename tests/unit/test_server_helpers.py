@@ -17,7 +17,6 @@ import pytest
 from breezert import audio
 from breezert.config import ServingConfig
 from breezert.server import ice
-from breezert.server.app import Histogram, ServerState
 from breezert.server.metrics_export import render
 from breezert.server.playout import PlayoutTracker
 from breezert.server.protocol import (
@@ -30,6 +29,7 @@ from breezert.server.protocol import (
     Say,
     parse_message,
 )
+from breezert.server.state import Histogram, ServerState
 
 pytestmark = pytest.mark.unit
 

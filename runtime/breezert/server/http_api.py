@@ -18,13 +18,13 @@ from aiohttp import web
 from breezert.audio import ENGINE_SAMPLE_RATE, encode_wav, float_to_pcm16, wav_header
 from breezert.errors import EngineOverloaded, InvalidRequest, RequestAborted, RequestFailed
 from breezert.request import SynthesisRequest
-from breezert.server.app import STATE, ServerState, json_error, read_json_object
 from breezert.server.protocol import (
     MAX_REFERENCE_MESSAGE_BYTES,
     ProtocolError,
     ReferenceAudio,
     decode_reference,
 )
+from breezert.server.state import STATE, ServerState, json_error, read_json_object
 from breezert.server.turns import reference_message
 
 FORMATS = ("wav", "pcm")

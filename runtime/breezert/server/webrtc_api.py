@@ -20,7 +20,6 @@ from aiortc.sdp import SessionDescription
 
 from breezert.audio import FRAME_MS_CHOICES
 from breezert.outputs import AudioChunk
-from breezert.server.app import STATE, ServerState, json_error, read_json_object
 from breezert.server.ice import host_addresses
 from breezert.server.playout import PlayoutTracker
 from breezert.server.protocol import (
@@ -31,6 +30,7 @@ from breezert.server.protocol import (
     event,
     parse_message,
 )
+from breezert.server.state import STATE, ServerState, json_error, read_json_object
 from breezert.server.turns import TurnController
 from breezert.server.webrtc_track import SUPPORTED_CODECS, EngineAudioTrack, TurnPlayout
 

@@ -17,7 +17,6 @@ from aiohttp import WSMsgType, web
 
 from breezert.audio import float_to_pcm16
 from breezert.outputs import AudioChunk
-from breezert.server.app import STATE, ServerState
 from breezert.server.ogg_opus import OggOpusWriter
 from breezert.server.protocol import (
     MAX_REFERENCE_MESSAGE_BYTES,
@@ -27,6 +26,7 @@ from breezert.server.protocol import (
     event,
     parse_message,
 )
+from breezert.server.state import STATE, ServerState
 from breezert.server.turns import TurnController
 from breezert.server.webrtc_track import TurnPlayout
 
