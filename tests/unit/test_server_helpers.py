@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import io
 import json
+import subprocess
+import sys
 import wave
 
 import aioice.ice
@@ -138,6 +140,19 @@ def test_websocket_does_not_take_playout() -> None:
     with pytest.raises(ProtocolError, match="unknown"):
         parse_message('{"type": "playout", "jitterBufferDelay": 0, '
                       '"jitterBufferEmittedCount": 0}', allow_playout=False)
+
+
+def test_protocol_imports_with_numpy_and_the_stdlib_only() -> None:
+    # The remote LiveKit plugin (no torch, maybe no aiortc) imports it for the error codes.
+    code = (
+        "import sys\n"
+        "for name in ('torch', 'aiortc', 'av', 'aiohttp', 'aioice', 'soxr'):\n"
+        "    sys.modules[name] = None\n"
+        "import breezert.server.protocol\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                            timeout=60, check=False)
+    assert result.returncode == 0, result.stderr
 
 
 # ----------------------------------------------------------------------------- playout
