@@ -20,6 +20,7 @@ from breezert.errors import EngineOverloaded, InvalidRequest, RequestAborted, Re
 from breezert.request import SynthesisRequest
 from breezert.server.protocol import (
     MAX_REFERENCE_MESSAGE_BYTES,
+    OVERLOADED_CODE,
     ProtocolError,
     ReferenceAudio,
     decode_reference,
@@ -62,7 +63,7 @@ async def speech(request: web.Request) -> web.StreamResponse:
         return json_error(400, str(exc), param=_param_of(str(exc)))
     except EngineOverloaded as exc:
         return json_error(503, f"the engine is at capacity, retry later: {exc}",
-                          type="overloaded_error", code="overloaded")
+                          type="overloaded_error", code=OVERLOADED_CODE)
     if stream:
         return await _stream(request, state, request_id, fmt)
     return await _whole(state, request_id, fmt)

@@ -21,6 +21,7 @@ from breezert.errors import EngineOverloaded, InvalidRequest, RequestAborted, Re
 from breezert.outputs import AudioChunk
 from breezert.request import SynthesisRequest
 from breezert.server.protocol import (
+    OVERLOADED_CODE,
     Append,
     Cancel,
     End,
@@ -293,8 +294,8 @@ class TurnController:
         except InvalidRequest as exc:
             raise ProtocolError("invalid_request", str(exc)) from None
         except EngineOverloaded as exc:
-            raise ProtocolError("overloaded", f"the engine is at capacity, retry later: {exc}") \
-                from None
+            raise ProtocolError(OVERLOADED_CODE,
+                                f"the engine is at capacity, retry later: {exc}") from None
 
 
 def reference_message(message: str) -> str:
