@@ -20,7 +20,7 @@ class _Collect(io.RawIOBase):
     def __init__(self) -> None:
         self.data = bytearray()
 
-    def writable(self) -> bool:
+    def writable(self) -> bool:  # NOTE: PyAV's av.open refuses a file object without it
         return True
 
     def write(self, b: bytes) -> int:  # type: ignore[override]

@@ -99,10 +99,6 @@ class TurnController:
         self._on_first_audio = on_first_audio
         self.active: _Turn | None = None
 
-    @property
-    def active_request_id(self) -> str | None:
-        return self.active.request_id if self.active is not None else None
-
     async def handle(self, message: Message) -> None:
         """Applies one client message; raises ``ProtocolError`` when it cannot apply."""
         if isinstance(message, Say):
