@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from aiohttp import WSMsgType, web
 
-from breezert.audio import float_to_pcm16
+from breezert.audio import ENGINE_SAMPLE_RATE, float_to_pcm16
 from breezert.outputs import AudioChunk
 from breezert.server.ogg_opus import OggOpusWriter
 from breezert.server.protocol import (
@@ -105,7 +105,7 @@ async def speech_stream(request: web.Request) -> web.WebSocketResponse:
         on_first_audio=state.first_audio.observe,
     )
     try:
-        await send(event("ready", sample_rate=24000, formats=["pcm", "opus"]))
+        await send(event("ready", sample_rate=ENGINE_SAMPLE_RATE, formats=["pcm", "opus"]))
         async for msg in ws:
             if msg.type == WSMsgType.TEXT:
                 await _handle(controller, msg.data, send)
