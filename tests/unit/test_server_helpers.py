@@ -1,8 +1,9 @@
 """Pure pieces of the server: PCM helpers, the turn protocol, playout deltas, ICE scope, metrics.
 
-Owns: the parsing/validation rules of control messages, the jitter-buffer delta arithmetic,
-loopback candidate selection and the Prometheus text shape. Must not: start an engine, a server
-or a peer connection.
+Owns: the parsing/validation rules of control messages, the error codes (each one the server
+sends is in API.md; ``protocol`` imports with numpy and the stdlib only), the jitter-buffer delta
+arithmetic, loopback candidate selection and the Prometheus text shape. Must not: start an
+engine, a server or a peer connection.
 """
 
 from __future__ import annotations

@@ -3,7 +3,8 @@
 Owns: resampling each turn's chunks to the negotiated codec's rate (``soxr``), pacing frames off
 an injectable monotonic clock (silence when idle), barge-in (``clear``), per-turn playout marks
 (first frame sent, turn drained) and encoding each frame with an encoder sized to the frame.
-Must not: talk to the engine, read the wall clock directly, or import LiveKit; the server feeds it.
+Must not: talk to the engine or the turn protocol, read the wall clock directly, or import
+LiveKit or other server modules; ``webrtc_api.py`` feeds it.
 """
 
 from __future__ import annotations
