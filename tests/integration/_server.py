@@ -20,8 +20,8 @@ from aiohttp import web
 from aiohttp.test_utils import TestServer
 from breezert.async_engine import AsyncEngine
 from breezert.config import EngineConfig, ServingConfig
-from breezert.server import create_app
-from breezert.server.app import STATE, ServerState
+from breezert.server.app import create_app
+from breezert.server.state import STATE, ServerState
 
 CONFIG = Path(__file__).resolve().parents[2] / "configs" / "cpu-tiny.toml"
 FRAMES_PER_TURN = 12

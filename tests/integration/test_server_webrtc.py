@@ -23,8 +23,7 @@ from aiortc import RTCConfiguration, RTCPeerConnection, RTCRtpReceiver, RTCSessi
 from aiortc.mediastreams import MediaStreamError
 from breezert.async_engine import AsyncEngine
 from breezert.server.ice import HostAddresses, host_addresses
-
-from breezert_agent.webrtc import EngineAudioTrack
+from breezert.server.webrtc_track import EngineAudioTrack
 from tests.integration._server import (
     FRAMES_PER_TURN,
     ReplayEngine,

@@ -1,25 +1,33 @@
 """Pure pieces of the server: PCM helpers, the turn protocol, playout deltas, ICE scope, metrics.
 
-Owns: the parsing/validation rules of control messages, the jitter-buffer delta arithmetic,
-loopback candidate selection and the Prometheus text shape. Must not: start an engine, a server
-or a peer connection.
+Owns: the parsing/validation rules of control messages, the error codes (each one the server
+sends is in API.md; ``protocol`` imports with numpy and the stdlib only), the jitter-buffer delta
+arithmetic, loopback candidate selection and the Prometheus text shape. Must not: start an
+engine, a server or a peer connection.
 """
 
 from __future__ import annotations
 
+import ast
 import io
 import json
+import subprocess
+import sys
 import wave
+from pathlib import Path
 
 import aioice.ice
 import numpy as np
 import pytest
+from breezert import audio
 from breezert.config import ServingConfig
-from breezert.server import ice
-from breezert.server.app import Histogram, ServerState
+from breezert.server import ice, protocol
 from breezert.server.metrics_export import render
 from breezert.server.playout import PlayoutTracker
 from breezert.server.protocol import (
+    INVALID_REQUEST_CODES,
+    MESSAGE_COMPLAINT_CODES,
+    OVERLOADED_CODE,
     Append,
     Cancel,
     End,
@@ -29,10 +37,10 @@ from breezert.server.protocol import (
     Say,
     parse_message,
 )
-
-from breezert_agent import audio
+from breezert.server.state import Histogram, ServerState
 
 pytestmark = pytest.mark.unit
+SERVER_DIR = Path(protocol.__file__).parent
 
 
 # ----------------------------------------------------------------------------- audio helpers
@@ -139,6 +147,74 @@ def test_websocket_does_not_take_playout() -> None:
     with pytest.raises(ProtocolError, match="unknown"):
         parse_message('{"type": "playout", "jitterBufferDelay": 0, '
                       '"jitterBufferEmittedCount": 0}', allow_playout=False)
+
+
+def _emitted_codes() -> dict[str, str]:
+    """Every error code the server's source sends -> where (``file:line``): the first argument
+    of ``ProtocolError(...)`` / ``error_event(...)`` and ``json_error(..., code=...)``."""
+    def strings(node: ast.expr) -> set[str]:
+        if isinstance(node, ast.Constant) and isinstance(node.value, str):
+            return {node.value}
+        if isinstance(node, ast.IfExp):
+            return strings(node.body) | strings(node.orelse)
+        return set()
+
+    found: dict[str, str] = {}
+    for path in sorted(SERVER_DIR.glob("*.py")):
+        tree = ast.parse(path.read_text(), str(path))
+        bound: dict[str, set[str]] = {}  # names assigned string constants (``code = "a" if ...``)
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Assign) and len(node.targets) == 1 \
+                    and isinstance(node.targets[0], ast.Name):
+                bound.setdefault(node.targets[0].id, set()).update(strings(node.value))
+        for node in ast.walk(tree):
+            if not isinstance(node, ast.Call):
+                continue
+            func = node.func
+            name = func.id if isinstance(func, ast.Name) else getattr(func, "attr", None)
+            if name in ("ProtocolError", "error_event") and node.args:
+                arg: ast.expr | None = node.args[0]
+            elif name == "json_error":
+                arg = next((k.value for k in node.keywords if k.arg == "code"), None)
+            else:
+                continue
+            where = f"{path.name}:{node.lineno}"
+            if arg is None or (isinstance(arg, ast.Attribute) and arg.attr == "code"):
+                continue  # no code, or a caught ProtocolError's (collected where it is raised)
+            if isinstance(arg, ast.Name) and isinstance(getattr(protocol, arg.id, None), str):
+                codes = {getattr(protocol, arg.id)}
+            elif isinstance(arg, ast.Name):
+                codes = bound.get(arg.id, set())
+            else:
+                codes = strings(arg)
+            assert codes, f"{where}: cannot tell which error code {ast.unparse(arg)} is"
+            for code in codes:
+                found.setdefault(code, where)
+    return found
+
+
+def test_every_error_code_the_server_sends_is_documented() -> None:
+    emitted = _emitted_codes()
+    assert {"bad_json", "turn_active", "overloaded", "unauthorized", "bad_offer"} <= set(emitted)
+    api = (SERVER_DIR / "API.md").read_text()
+    undocumented = {code: where for code, where in emitted.items() if f"`{code}`" not in api}
+    assert not undocumented, f"error codes missing from API.md: {undocumented}"
+    # The taxonomy clients import names only codes the server sends (forbidden: see its doc).
+    taxonomy = INVALID_REQUEST_CODES | MESSAGE_COMPLAINT_CODES | {OVERLOADED_CODE}
+    assert taxonomy - {"forbidden"} <= set(emitted)
+
+
+def test_protocol_imports_with_numpy_and_the_stdlib_only() -> None:
+    # The remote LiveKit plugin (no torch, maybe no aiortc) imports it for the error codes.
+    code = (
+        "import sys\n"
+        "for name in ('torch', 'aiortc', 'av', 'aiohttp', 'aioice', 'soxr'):\n"
+        "    sys.modules[name] = None\n"
+        "import breezert.server.protocol\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                            timeout=60, check=False)
+    assert result.returncode == 0, result.stderr
 
 
 # ----------------------------------------------------------------------------- playout

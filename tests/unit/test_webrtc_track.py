@@ -18,7 +18,7 @@ from aiortc.jitterbuffer import JitterFrame
 from aiortc.mediastreams import MediaStreamError
 from aiortc.rtcrtpparameters import RTCRtpCodecParameters
 
-from breezert_agent.webrtc import EngineAudioTrack, FrameEncoder
+from breezert.server.webrtc_track import EngineAudioTrack, FrameEncoder
 
 pytestmark = pytest.mark.unit
 

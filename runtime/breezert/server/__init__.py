@@ -1,8 +1,7 @@
 """BreezeRT's network front: HTTP, WebSocket and WebRTC endpoints over one ``AsyncEngine``.
 
-``create_app(engine, serving)`` builds the aiohttp application; ``breezert serve`` runs it.
+``breezert.server.app.create_app(engine, serving)`` builds the aiohttp application; ``breezert
+serve`` runs it. This package imports nothing itself, so ``breezert.server.protocol`` (the turn
+protocol and its error codes) loads with numpy and the standard library only: no aiohttp,
+aiortc or torch.
 """
-
-from breezert.server.app import create_app
-
-__all__ = ["create_app"]

@@ -14,7 +14,7 @@ from collections.abc import AsyncIterator
 from aiohttp import web
 
 from breezert.request import SynthesisRequest
-from breezert.server.app import STATE, ServerState
+from breezert.server.state import STATE, ServerState
 
 logger = logging.getLogger("breezert.server")
 WARMUP_KEY = web.AppKey("breezert_warmup", asyncio.Task)

@@ -15,17 +15,18 @@ from typing import Any
 import numpy as np
 from aiohttp import web
 
+from breezert.audio import ENGINE_SAMPLE_RATE, encode_wav, float_to_pcm16, wav_header
 from breezert.errors import EngineOverloaded, InvalidRequest, RequestAborted, RequestFailed
 from breezert.request import SynthesisRequest
-from breezert.server.app import STATE, ServerState, json_error, read_json_object
 from breezert.server.protocol import (
     MAX_REFERENCE_MESSAGE_BYTES,
+    OVERLOADED_CODE,
     ProtocolError,
     ReferenceAudio,
     decode_reference,
 )
+from breezert.server.state import STATE, ServerState, json_error, read_json_object
 from breezert.server.turns import reference_message
-from breezert_agent.audio import ENGINE_SAMPLE_RATE, encode_wav, float_to_pcm16, wav_header
 
 FORMATS = ("wav", "pcm")
 MAX_SPEECH_BODY_BYTES = MAX_REFERENCE_MESSAGE_BYTES
@@ -62,7 +63,7 @@ async def speech(request: web.Request) -> web.StreamResponse:
         return json_error(400, str(exc), param=_param_of(str(exc)))
     except EngineOverloaded as exc:
         return json_error(503, f"the engine is at capacity, retry later: {exc}",
-                          type="overloaded_error", code="overloaded")
+                          type="overloaded_error", code=OVERLOADED_CODE)
     if stream:
         return await _stream(request, state, request_id, fmt)
     return await _whole(state, request_id, fmt)

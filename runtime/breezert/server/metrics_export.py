@@ -11,7 +11,7 @@ from typing import Any
 
 from aiohttp import web
 
-from breezert.server.app import STATE, Histogram, ServerState
+from breezert.server.state import STATE, ServerState
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
@@ -114,4 +114,4 @@ def _num(value: float) -> str:
     return repr(float(value)) if isinstance(value, float) else str(value)
 
 
-__all__ = ["Histogram", "render", "setup"]
+__all__ = ["render", "setup"]

@@ -13,14 +13,14 @@ import io
 import av
 import numpy as np
 
-from breezert_agent.audio import float_to_int16, samples_per_frame
+from breezert.audio import ENGINE_SAMPLE_RATE, float_to_int16, samples_per_frame
 
 
 class _Collect(io.RawIOBase):
     def __init__(self) -> None:
         self.data = bytearray()
 
-    def writable(self) -> bool:
+    def writable(self) -> bool:  # NOTE: PyAV's av.open refuses a file object without it
         return True
 
     def write(self, b: bytes) -> int:  # type: ignore[override]
@@ -35,7 +35,8 @@ class _Collect(io.RawIOBase):
 class OggOpusWriter:
     """``write(pcm)`` returns the Ogg bytes ready so far; ``close()`` returns the rest."""
 
-    def __init__(self, sample_rate: int = 24000, frame_ms: int = 20, bit_rate: int = 32000) -> None:
+    def __init__(self, sample_rate: int = ENGINE_SAMPLE_RATE, frame_ms: int = 20,
+                 bit_rate: int = 32000) -> None:
         self.sample_rate = sample_rate
         self._frame_samples = samples_per_frame(sample_rate, frame_ms)
         self._out = _Collect()

@@ -1,7 +1,9 @@
 """The JSON turn protocol spoken over the WebRTC DataChannel and the WebSocket API.
 
-Owns: parsing and validating client messages into small typed objects, and the shapes of the
-server's messages. Must not: touch the engine, sockets or the clock.
+Owns: parsing and validating client messages into small typed objects, the shapes of the
+server's messages, and the error codes' taxonomy clients classify errors by. Must not: touch the
+engine, sockets or the clock, or import beyond numpy and the standard library (the remote
+LiveKit plugin imports it).
 
 Client -> server (one JSON object per message, ``type`` selects the kind)::
 
@@ -58,6 +60,22 @@ class ProtocolError(Exception):
         self.code = code
         self.message = message
         self.field = field
+
+
+INVALID_REQUEST_CODES: frozenset[str] = frozenset({
+    "invalid_request", "text_too_long", "empty_text", "missing_field", "bad_field", "bad_json",
+    "bad_message", "message_too_large", "unknown_type", "unauthorized", "forbidden",
+    "body_too_large", "bad_offer",
+})
+"""Error codes meaning the request itself is invalid: retrying it unchanged fails again.
+``forbidden`` is not sent by ``breezert serve`` (a bad token gets ``unauthorized``); clients
+treat it as invalid too."""
+MESSAGE_COMPLAINT_CODES: frozenset[str] = frozenset({
+    "bad_field", "bad_json", "bad_message", "unknown_type", "missing_field", "no_open_turn",
+})
+"""Error codes that, once a turn runs, complain about one message and leave the turn going."""
+OVERLOADED_CODE = "overloaded"
+"""The engine is at capacity: the same request may succeed later."""
 
 
 @dataclass(frozen=True, eq=False)

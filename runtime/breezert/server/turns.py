@@ -16,10 +16,12 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
+from breezert.audio import ENGINE_SAMPLE_RATE
 from breezert.errors import EngineOverloaded, InvalidRequest, RequestAborted, RequestFailed
 from breezert.outputs import AudioChunk
 from breezert.request import SynthesisRequest
 from breezert.server.protocol import (
+    OVERLOADED_CODE,
     Append,
     Cancel,
     End,
@@ -29,13 +31,12 @@ from breezert.server.protocol import (
     Say,
     event,
 )
-from breezert_agent.audio import ENGINE_SAMPLE_RATE
 
 logger = logging.getLogger("breezert.server")
 
 
 class PlayoutMarks(Protocol):
-    """What a sink reports about a turn's playout (``breezert_agent.webrtc.TurnPlayout``)."""
+    """What a sink reports about a turn's playout (``webrtc_track.TurnPlayout``)."""
 
     first_frame: asyncio.Event
     first_frame_time: float | None
@@ -97,10 +98,6 @@ class TurnController:
         self._clock = clock
         self._on_first_audio = on_first_audio
         self.active: _Turn | None = None
-
-    @property
-    def active_request_id(self) -> str | None:
-        return self.active.request_id if self.active is not None else None
 
     async def handle(self, message: Message) -> None:
         """Applies one client message; raises ``ProtocolError`` when it cannot apply."""
@@ -293,8 +290,8 @@ class TurnController:
         except InvalidRequest as exc:
             raise ProtocolError("invalid_request", str(exc)) from None
         except EngineOverloaded as exc:
-            raise ProtocolError("overloaded", f"the engine is at capacity, retry later: {exc}") \
-                from None
+            raise ProtocolError(OVERLOADED_CODE,
+                                f"the engine is at capacity, retry later: {exc}") from None
 
 
 def reference_message(message: str) -> str:

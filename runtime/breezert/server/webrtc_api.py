@@ -18,8 +18,8 @@ from aiohttp import web
 from aiortc import RTCConfiguration, RTCPeerConnection, RTCRtpSender, RTCSessionDescription
 from aiortc.sdp import SessionDescription
 
+from breezert.audio import FRAME_MS_CHOICES
 from breezert.outputs import AudioChunk
-from breezert.server.app import STATE, ServerState, json_error, read_json_object
 from breezert.server.ice import host_addresses
 from breezert.server.playout import PlayoutTracker
 from breezert.server.protocol import (
@@ -30,9 +30,9 @@ from breezert.server.protocol import (
     event,
     parse_message,
 )
+from breezert.server.state import STATE, ServerState, json_error, read_json_object
 from breezert.server.turns import TurnController
-from breezert_agent.audio import FRAME_MS_CHOICES
-from breezert_agent.webrtc import SUPPORTED_CODECS, EngineAudioTrack, TurnPlayout
+from breezert.server.webrtc_track import SUPPORTED_CODECS, EngineAudioTrack, TurnPlayout
 
 logger = logging.getLogger("breezert.server")
 CONTROL_LABEL = "control"

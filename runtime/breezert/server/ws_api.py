@@ -15,8 +15,8 @@ from dataclasses import dataclass
 
 from aiohttp import WSMsgType, web
 
+from breezert.audio import ENGINE_SAMPLE_RATE, float_to_pcm16
 from breezert.outputs import AudioChunk
-from breezert.server.app import STATE, ServerState
 from breezert.server.ogg_opus import OggOpusWriter
 from breezert.server.protocol import (
     MAX_REFERENCE_MESSAGE_BYTES,
@@ -26,9 +26,9 @@ from breezert.server.protocol import (
     event,
     parse_message,
 )
+from breezert.server.state import STATE, ServerState
 from breezert.server.turns import TurnController
-from breezert_agent.audio import float_to_pcm16
-from breezert_agent.webrtc import TurnPlayout
+from breezert.server.webrtc_track import TurnPlayout
 
 logger = logging.getLogger("breezert.server")
 
@@ -105,7 +105,7 @@ async def speech_stream(request: web.Request) -> web.WebSocketResponse:
         on_first_audio=state.first_audio.observe,
     )
     try:
-        await send(event("ready", sample_rate=24000, formats=["pcm", "opus"]))
+        await send(event("ready", sample_rate=ENGINE_SAMPLE_RATE, formats=["pcm", "opus"]))
         async for msg in ws:
             if msg.type == WSMsgType.TEXT:
                 await _handle(controller, msg.data, send)

@@ -1,8 +1,8 @@
-"""PCM framing and resampling shared by ``tts.py`` and ``webrtc.py``: stateless helpers only.
+"""PCM framing and resampling for the server's outputs (WAV/PCM bodies, Ogg/Opus, WebRTC track).
 
-Owns: float32 <-> PCM16 conversion, frame arithmetic, splitting a buffer into whole frames, WAV
-headers, and building ``soxr`` streaming resamplers. Must not: keep state between calls, pace
-anything, or import LiveKit, aiortc or torch.
+Owns: the engine's sample rate, float32 <-> PCM16 conversion, frame arithmetic, splitting a
+buffer into whole frames, WAV headers, and building ``soxr`` streaming resamplers. Must not:
+keep state between calls, pace anything, or import LiveKit, aiortc, torch or ``breezert.server``.
 """
 
 from __future__ import annotations

@@ -3,7 +3,8 @@
 Owns: resampling each turn's chunks to the negotiated codec's rate (``soxr``), pacing frames off
 an injectable monotonic clock (silence when idle), barge-in (``clear``), per-turn playout marks
 (first frame sent, turn drained) and encoding each frame with an encoder sized to the frame.
-Must not: talk to the engine, read the wall clock directly, or import LiveKit; the server feeds it.
+Must not: talk to the engine or the turn protocol, read the wall clock directly, or import
+LiveKit or other server modules; ``webrtc_api.py`` feeds it.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from aiortc import MediaStreamTrack
 from aiortc.mediastreams import MediaStreamError
 from av.audio.codeccontext import AudioCodecContext
 
-from breezert_agent.audio import (
+from breezert.audio import (
     DEFAULT_RESAMPLE_QUALITY,
     ENGINE_SAMPLE_RATE,
     FRAME_MS_CHOICES,
@@ -138,7 +139,7 @@ class EngineAudioTrack(MediaStreamTrack):
         frame_ms: 10 or 20.
         clock: Monotonic time source (seconds); inject a virtual clock in tests.
         sleep: Awaitable sleep matching ``clock``.
-        resample_quality: ``soxr`` quality preset (see ``breezert_agent.audio``).
+        resample_quality: ``soxr`` quality preset (see ``breezert.audio``).
         max_lag_s: After a stall longer than this, pacing restarts from now instead of sending
             the missed ticks back to back (the RTP timestamps stay contiguous either way).
     """

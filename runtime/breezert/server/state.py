@@ -1,0 +1,93 @@
+"""What every handler of one app shares: ``ServerState`` under the ``STATE`` app key, and the
+JSON error/body helpers of the HTTP routes.
+
+Owns: the per-app state (engine, serving config, live peers, counters, the first-audio
+histogram) and the OpenAI-style error body. Must not: import any handler module or ``app.py``;
+handlers import this, ``app.py`` imports the handlers.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from aiohttp import web
+
+from breezert.config import ServingConfig
+from breezert.server.ice import HostAddresses
+
+TTFA_BUCKETS_S = (0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2, 0.3, 0.5, 1.0, 2.0, 5.0)
+
+
+@dataclass
+class Histogram:
+    """A Prometheus histogram: non-cumulative bucket counts (last = +Inf), sum and count."""
+
+    buckets_s: tuple[float, ...]
+    counts: list[int] = field(default_factory=list)
+    total: float = 0.0
+    count: int = 0
+
+    def __post_init__(self) -> None:
+        self.counts = [0] * (len(self.buckets_s) + 1)
+
+    def observe(self, value: float) -> None:
+        index = next((i for i, b in enumerate(self.buckets_s) if value <= b), -1)
+        self.counts[index] += 1
+        self.total += value
+        self.count += 1
+
+
+@dataclass
+class ServerState:
+    """Everything the handlers of one app share."""
+
+    engine: Any  # breezert.AsyncEngine (typed loosely so tests can pass a fake)
+    serving: ServingConfig
+    request_options: dict[str, Any]
+    """Extra ``SynthesisRequest`` fields for every request (server policy, e.g. max_frames)."""
+    ice: HostAddresses
+    frame_ms: int = 20
+    """Default WebRTC frame duration (an offer may ask for 10 or 20)."""
+    clock: Callable[[], float] = time.monotonic
+    peers: set[Any] = field(default_factory=set)
+    num_ws_sessions: int = 0
+    num_http_streams: int = 0
+    underruns_total: int = 0
+    """Concealment events reported by WebRTC receivers while a turn was playing."""
+    starved_frames_total: int = 0
+    """Frames our tracks sent as silence inside a turn because audio had not arrived."""
+    first_audio: Histogram = field(default_factory=lambda: Histogram(TTFA_BUCKETS_S))
+    """``say`` -> first audio frame sent, seconds (server side)."""
+    is_ready: bool = False
+    warmup_error: str | None = None
+
+
+STATE = web.AppKey("breezert_state", ServerState)
+
+
+def json_error(
+    status: int, message: str, *, type: str = "invalid_request_error", param: str | None = None,
+    code: str | None = None, headers: Mapping[str, str] | None = None,
+) -> web.Response:
+    """An OpenAI-style error body: ``{"error": {"message", "type", "param", "code"}}``."""
+    body = {"error": {"message": message, "type": type, "param": param, "code": code}}
+    return web.json_response(body, status=status, headers=headers)
+
+
+async def read_json_object(request: web.Request) -> dict[str, Any] | web.Response:
+    """The request's JSON object body, or a 400/413 response saying what is wrong."""
+    try:
+        raw = await request.read()
+    except web.HTTPRequestEntityTooLarge as exc:
+        return json_error(413, f"request body is too large: {exc.text}", code="body_too_large")
+    try:
+        data = json.loads(raw or b"null")
+    except (ValueError, UnicodeDecodeError) as exc:
+        return json_error(400, f"request body is not valid JSON: {exc}", code="bad_json")
+    if not isinstance(data, dict):
+        return json_error(400, "request body must be a JSON object", code="bad_json")
+    return data
