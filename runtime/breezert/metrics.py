@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from breezert.models.config import FRAME_S
+from breezert.constants import FRAME_S
 
 # Histogram bucket upper bounds for TTFB, seconds (Prometheus ``le`` labels).
 TTFB_BUCKETS_S = (0.01, 0.02, 0.03, 0.04, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 1.0, 2.0, 5.0)

@@ -14,9 +14,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from breezert.constants import CODEBOOK_SIZE, NUM_CODEBOOKS, Stage
 from breezert.errors import InvalidRequest
-from breezert.models.config import CODEBOOK_SIZE, NUM_CODEBOOKS  # torch-free module
-from breezert.sched.plan import Stage
 
 MAX_CHUNK_FRAMES = 64
 """Largest chunk a request may ask for (the codec's per-item frame limit)."""

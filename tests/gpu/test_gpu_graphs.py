@@ -13,10 +13,10 @@ import pytest
 import torch
 
 from breezert.config import EngineConfig
+from breezert.constants import Stage
 from breezert.engine import Engine, RequestOutcome
 from breezert.layers.sampling import SamplingParams
 from breezert.request import SynthesisRequest
-from breezert.sched.plan import Stage
 
 pytestmark = pytest.mark.gpu
 

@@ -16,12 +16,13 @@ import torch
 
 from breezert.bench.listener import PlaybackTimeline
 from breezert.config import EngineConfig
+from breezert.constants import Stage
 from breezert.engine import Engine, EngineOutput
 from breezert.layers.sampling import SamplingParams
 from breezert.offline import stream_sequential
 from breezert.outputs import AudioChunk
 from breezert.request import SynthesisRequest
-from breezert.sched.plan import Stage, StepPlan
+from breezert.sched.plan import StepPlan
 
 pytestmark = pytest.mark.integration
 

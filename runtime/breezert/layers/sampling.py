@@ -13,7 +13,7 @@ from dataclasses import dataclass, fields
 
 import torch
 
-from breezert.models.config import CODEBOOK_SIZE, FRAME_EOS_ID
+from breezert.constants import CODEBOOK_SIZE, FRAME_EOS_ID
 
 RESERVED_START = CODEBOOK_SIZE  # 2048..2050 are reserved in both vocabularies
 RESERVED_END = FRAME_EOS_ID  # 2051 (EOS) is kept for the backbone; depth logits stop before it

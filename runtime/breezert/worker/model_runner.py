@@ -16,10 +16,11 @@ from functools import partial
 import torch
 
 from breezert.config import GraphConfig
+from breezert.constants import Stage
 from breezert.layers.sampling import SamplingParams
 from breezert.loader import Checkpoint
 from breezert.models.codec import StreamingCodec
-from breezert.sched.plan import NewRequestData, Stage, StageItem, StepPlan
+from breezert.sched.plan import NewRequestData, StageItem, StepPlan
 from breezert.stages import StageOutput
 from breezert.stages.backbone import DecodeStage, PrefillStage, backbone_prefill
 from breezert.stages.codec import CodecStage, codec_step

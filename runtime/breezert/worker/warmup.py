@@ -9,7 +9,7 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING
 
-from breezert.sched.plan import Stage
+from breezert.constants import Stage
 
 if TYPE_CHECKING:
     from breezert.worker.model_runner import ModelRunner
