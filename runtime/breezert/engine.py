@@ -21,7 +21,7 @@ from breezert.errors import InvalidRequest
 from breezert.loader import Checkpoint
 from breezert.metrics import EngineMetrics
 from breezert.models.generate import cfg_branches
-from breezert.outputs import AudioChunk
+from breezert.outputs import AudioChunk, StageOutput
 from breezert.prompting import make_prompt
 from breezert.request import Reference, Request, RequestStatus, Segment, SynthesisRequest
 from breezert.sched.block_pool import BlockPool
@@ -35,7 +35,6 @@ from breezert.sched.scheduler import (
     SchedulerEvent,
     SegmentEnded,
 )
-from breezert.stages import StageOutput
 from breezert.worker.model_runner import ModelRunner
 
 logger = logging.getLogger("breezert.engine")

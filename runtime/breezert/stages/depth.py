@@ -21,8 +21,8 @@ from breezert.layers.sampling import (
     suppress_reserved,
 )
 from breezert.models.breeze import BreezeModel
+from breezert.outputs import StageOutput
 from breezert.sched.plan import DepthItem
-from breezert.stages import StageOutput
 from breezert.worker.batch_state import BatchState
 from breezert.worker.cuda_graphs import GraphRunner, bucket_for
 

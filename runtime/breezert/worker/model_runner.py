@@ -20,8 +20,8 @@ from breezert.constants import Stage
 from breezert.layers.sampling import SamplingParams
 from breezert.loader import Checkpoint
 from breezert.models.codec import StreamingCodec
+from breezert.outputs import StageOutput
 from breezert.sched.plan import NewRequestData, StageItem, StepPlan
-from breezert.stages import StageOutput
 from breezert.stages.backbone import DecodeStage, PrefillStage, backbone_prefill
 from breezert.stages.codec import CodecStage, codec_step
 from breezert.stages.depth import TOP_K_BOUND, DepthStage
