@@ -30,6 +30,7 @@ from breezert.worker.batch_state import BatchState, SlotState
 from breezert.worker.compile import compile_backbone_layers, decode_fn, depth_fn, text_encode_fn
 from breezert.worker.cuda_graphs import GraphFn, GraphRunner
 from breezert.worker.kv_cache import PagedKVCache
+from breezert.worker.warmup import capture_all
 
 logger = logging.getLogger("breezert.worker")
 
@@ -120,9 +121,7 @@ class ModelRunner:
     @torch.inference_mode()
     def warmup(self, max_codec_frames: int = 16) -> dict[str, float]:
         """Captures every configured bucket (largest first) and returns seconds per stage."""
-        from breezert.worker.warmup import capture_all
-
-        return capture_all(self, max_codec_frames)
+        return capture_all(self.graph_config, self.stages, max_codec_frames)
 
     @torch.inference_mode()
     def execute(self, plan: StepPlan) -> StageOutput:
