@@ -58,16 +58,13 @@ class ModelConfig(_Frozen):
 
 
 class CacheConfig(_Frozen):
-    """Backbone paged KV cache and codec state arena."""
+    """Backbone paged KV cache."""
 
     block_size: int = Field(default=16, gt=0, le=1024)
     """Tokens per KV block."""
     num_blocks: int | None = Field(default=None, gt=0)
     """KV blocks in the pool. ``None``: derive at startup (see
     ``EngineConfig.worst_case_num_blocks``; the worker may lower it to what fits in memory)."""
-    max_codec_slots: int | None = Field(default=None, gt=0)
-    """Streams with codec state. ``None`` = ``max_running_requests``; the codec slot of a request
-    is its batch slot, so a value must be >= ``max_running_requests``."""
 
 
 class SchedulerConfig(_Frozen):
@@ -239,12 +236,6 @@ class EngineConfig(_Frozen):
                 getattr(self.graph, name) for name in CUDA_ONLY_SWITCHES):
             names = ", ".join(f"graph.{name}" for name in CUDA_ONLY_SWITCHES)
             raise ValueError(f"model.device='cpu' needs {names} false")
-        slots = self.cache.max_codec_slots
-        if slots is not None and slots < self.scheduler.max_running_requests:
-            raise ValueError(
-                f"cache.max_codec_slots={slots} must be >= scheduler.max_running_requests"
-                f"={self.scheduler.max_running_requests}"
-            )
         return self
 
     @classmethod
