@@ -262,29 +262,6 @@ class EngineConfig(_Frozen):
         except ValidationError as exc:
             raise InvalidConfig(f"{source}: {_describe(exc)}") from None
 
-    def graph_key(self) -> tuple[Any, ...]:
-        """The fields that change captured graphs or compiled code (cache key for warmup)."""
-        g = self.graph
-        return (
-            self.model.path,
-            self.model.preset,
-            self.model.dtype,
-            self.cache.block_size,
-            self.cache.num_blocks,
-            g.enable_cuda_graphs,
-            g.compile_depth,
-            g.fused_depth,
-            g.fused_decode,
-            g.compile_backbone,
-            g.compile_text_encoder,
-            g.decode_batch_buckets,
-            g.decode_context_buckets,
-            g.depth_batch_buckets,
-            g.prefill_token_buckets,
-            g.text_encode_buckets,
-            g.codec_buckets,
-        )
-
     def worst_case_num_blocks(self) -> int:
         """KV blocks for every running request at full context with CFG and full lookahead:
         ``max_running_requests * 2 * (1 + max_lookahead_segments) * ceil(max_model_len /

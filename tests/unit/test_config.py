@@ -119,11 +119,3 @@ def test_env_override_is_explicit() -> None:
     assert cfg.graph.enable_cuda_graphs  # the input is unchanged
     with pytest.raises(InvalidConfig, match="BREEZERT_NO_CUDA_GRAPH"):
         apply_env_overrides(cfg, {"BREEZERT_NO_CUDA_GRAPH": "maybe"})
-
-
-def test_graph_key_covers_graph_fields_only() -> None:
-    base = EngineConfig()
-    other_sched = EngineConfig.from_dict({"scheduler": {"starvation_limit_s": 2.0}})
-    other_buckets = EngineConfig.from_dict({"graph": {"codec_buckets": [1, 2]}})
-    assert base.graph_key() == other_sched.graph_key()
-    assert base.graph_key() != other_buckets.graph_key()
