@@ -386,8 +386,3 @@ class Request:
     @property
     def last_chunk_time(self) -> float | None:
         return self.chunk_emit_times[-1] if self.chunk_emit_times else None
-
-    @property
-    def held_block_ids(self) -> list[int]:
-        """Every KV block this request holds, over all segments and branches."""
-        return [b for s in self.segments for table in s.block_ids for b in table]

@@ -126,9 +126,6 @@ class DenseKVCache:
         self._lens[seq_id] = 0
         return seq_id
 
-    def remove_sequence(self, seq_id: int) -> None:
-        del self._store[seq_id], self._lens[seq_id]
-
     def seq_len(self, seq_id: int) -> int:
         """Number of tokens cached for ``seq_id`` (including those of the current step)."""
         return self._lens[seq_id]
