@@ -3,7 +3,9 @@
 Owns: turning ``SynthesisRequest``s into scheduler ``Request``s (tokenizing on the host), the
 engine lock that makes ``add_request``/``abort``/``append_text`` safe from other threads, and
 assembling ``AudioChunk``s and request outcomes from a step. Must not: run asyncio, make policy
-decisions (the scheduler does) or touch tensors (the worker does).
+decisions (the scheduler does) or run the model's stages (the worker does). The tensors it does
+touch are outside ``step``: the CPU prompt tensors that tokenizing builds (``make_prompt``), and
+``encode_reference``, which runs the codec encoder (torch) on the caller's thread.
 """
 
 from __future__ import annotations
