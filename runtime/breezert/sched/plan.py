@@ -1,8 +1,8 @@
 """StepPlan and StepResult: the only contract between the scheduler and the worker.
 
-Owns the frozen, torch-free plan types (ints, strings, tuples; prompts are
-opaque engine objects passed through). Must not carry behaviour beyond tiny helpers, and never a
-``Request``: the worker sees only what is written here.
+Owns the frozen, torch-free plan types (ints, strings, tuples; prompts are opaque engine objects
+passed through); their ``Stage`` comes from ``breezert.constants``. Must not carry behaviour
+beyond tiny helpers, and never a ``Request``: the worker sees only what is written here.
 
 How the worker applies a plan, in this order:
   1. ``finished_request_ids``: release those requests' slots (codec state, RNG, buffers).
