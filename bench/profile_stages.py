@@ -14,8 +14,8 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 from breezert.config import EngineConfig
+from breezert.constants import Stage
 from breezert.runtime_setup import build_runner, load_engine_checkpoint
-from breezert.sched.plan import Stage
 
 
 def census(fn, label: str, cuda: bool, top: int) -> None:  # type: ignore[no-untyped-def]

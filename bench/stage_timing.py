@@ -21,8 +21,8 @@ from datetime import datetime, timezone
 import torch
 
 from breezert.config import EngineConfig
+from breezert.constants import Stage
 from breezert.runtime_setup import build_runner, load_engine_checkpoint
-from breezert.sched.plan import Stage
 
 
 def _time(fn, iters: int = 20) -> float:

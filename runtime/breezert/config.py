@@ -58,16 +58,13 @@ class ModelConfig(_Frozen):
 
 
 class CacheConfig(_Frozen):
-    """Backbone paged KV cache and codec state arena."""
+    """Backbone paged KV cache."""
 
     block_size: int = Field(default=16, gt=0, le=1024)
     """Tokens per KV block."""
     num_blocks: int | None = Field(default=None, gt=0)
     """KV blocks in the pool. ``None``: derive at startup (see
     ``EngineConfig.worst_case_num_blocks``; the worker may lower it to what fits in memory)."""
-    max_codec_slots: int | None = Field(default=None, gt=0)
-    """Streams with codec state. ``None`` = ``max_running_requests``; the codec slot of a request
-    is its batch slot, so a value must be >= ``max_running_requests``."""
 
 
 class SchedulerConfig(_Frozen):
@@ -239,12 +236,6 @@ class EngineConfig(_Frozen):
                 getattr(self.graph, name) for name in CUDA_ONLY_SWITCHES):
             names = ", ".join(f"graph.{name}" for name in CUDA_ONLY_SWITCHES)
             raise ValueError(f"model.device='cpu' needs {names} false")
-        slots = self.cache.max_codec_slots
-        if slots is not None and slots < self.scheduler.max_running_requests:
-            raise ValueError(
-                f"cache.max_codec_slots={slots} must be >= scheduler.max_running_requests"
-                f"={self.scheduler.max_running_requests}"
-            )
         return self
 
     @classmethod
@@ -270,29 +261,6 @@ class EngineConfig(_Frozen):
             return cls.model_validate(dict(data))
         except ValidationError as exc:
             raise InvalidConfig(f"{source}: {_describe(exc)}") from None
-
-    def graph_key(self) -> tuple[Any, ...]:
-        """The fields that change captured graphs or compiled code (cache key for warmup)."""
-        g = self.graph
-        return (
-            self.model.path,
-            self.model.preset,
-            self.model.dtype,
-            self.cache.block_size,
-            self.cache.num_blocks,
-            g.enable_cuda_graphs,
-            g.compile_depth,
-            g.fused_depth,
-            g.fused_decode,
-            g.compile_backbone,
-            g.compile_text_encoder,
-            g.decode_batch_buckets,
-            g.decode_context_buckets,
-            g.depth_batch_buckets,
-            g.prefill_token_buckets,
-            g.text_encode_buckets,
-            g.codec_buckets,
-        )
 
     def worst_case_num_blocks(self) -> int:
         """KV blocks for every running request at full context with CFG and full lookahead:

@@ -3,7 +3,9 @@
 Owns: turning ``SynthesisRequest``s into scheduler ``Request``s (tokenizing on the host), the
 engine lock that makes ``add_request``/``abort``/``append_text`` safe from other threads, and
 assembling ``AudioChunk``s and request outcomes from a step. Must not: run asyncio, make policy
-decisions (the scheduler does) or touch tensors (the worker does).
+decisions (the scheduler does) or run the model's stages (the worker does). The tensors it does
+touch are outside ``step``: the CPU prompt tensors that tokenizing builds (``make_prompt``), and
+``encode_reference``, which runs the codec encoder (torch) on the caller's thread.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from breezert.errors import InvalidRequest
 from breezert.loader import Checkpoint
 from breezert.metrics import EngineMetrics
 from breezert.models.generate import cfg_branches
-from breezert.outputs import AudioChunk
+from breezert.outputs import AudioChunk, StageOutput
 from breezert.prompting import make_prompt
 from breezert.options import SynthesisOptions
 from breezert.request import (
@@ -37,7 +39,6 @@ from breezert.sched.deadline import DeadlinePredictor
 from breezert.sched.plan import StepPlan, StepResult
 from breezert.sched.policy import make_policies
 from breezert.sched.scheduler import ChunkEmitted, RequestFinished, Scheduler, SchedulerEvent
-from breezert.stages import StageOutput
 from breezert.worker.model_runner import ModelRunner
 
 logger = logging.getLogger("breezert.engine")

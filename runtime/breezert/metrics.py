@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from breezert.models.config import FRAME_S
+from breezert.constants import FRAME_S
 from breezert.sched.scheduler import ChunkEmitted, RequestFinished, SchedulerEvent
 
 # Histogram bucket upper bounds for TTFB, seconds (Prometheus ``le`` labels).

@@ -14,9 +14,9 @@ from collections.abc import Iterator, Sequence
 import numpy as np
 import torch
 
+from breezert.constants import SAMPLE_RATE
 from breezert.loader import Checkpoint
 from breezert.models.codec import StreamingCodec
-from breezert.models.config import SAMPLE_RATE
 from breezert.models.generate import generate_frames
 from breezert.outputs import AudioChunk
 from breezert.prompting import make_prompt

@@ -1,13 +1,34 @@
-"""What the runtime hands to its callers: ``AudioChunk``.
+"""What crosses the runtime's two hand-offs, as plain data.
 
-Owns: the chunk dataclass and PCM conversions. Must not: hold tensors or engine state.
+Owns: ``StageOutput`` and ``DecodedChunk`` (worker -> engine: what one stage step produced),
+``AudioChunk`` (engine -> caller) and PCM conversions. Must not: hold tensors or engine state.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
+
+
+@dataclass(frozen=True)
+class DecodedChunk:
+    """PCM of one CODEC item, as the worker returns it to the engine."""
+
+    request_id: str
+    start_frame: int
+    num_frames: int
+    pcm: np.ndarray  # [num_frames * 1920] float32
+    is_final: bool
+
+
+@dataclass
+class StageOutput:
+    """What one stage step produced: sampled first codes, decoded chunks, per-request failures."""
+
+    first_codes: dict[str, int] = field(default_factory=dict)
+    chunks: list[DecodedChunk] = field(default_factory=list)
+    failed: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

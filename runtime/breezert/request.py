@@ -15,9 +15,8 @@ from typing import Any
 
 import numpy as np
 
+from breezert.constants import CODEBOOK_SIZE, NUM_CODEBOOKS, Stage
 from breezert.options import SynthesisOptions, check, is_int, is_number, is_text
-from breezert.models.config import CODEBOOK_SIZE, NUM_CODEBOOKS  # torch-free module
-from breezert.sched.plan import Stage
 
 MAX_CHUNK_FRAMES = 64
 """Largest chunk a request may ask for (the codec's per-item frame limit)."""
@@ -409,8 +408,3 @@ class Request:
     @property
     def last_chunk_time(self) -> float | None:
         return self.chunk_emit_times[-1] if self.chunk_emit_times else None
-
-    @property
-    def held_block_ids(self) -> list[int]:
-        """Every KV block this request holds, over all segments and branches."""
-        return [b for s in self.segments for table in s.block_ids for b in table]

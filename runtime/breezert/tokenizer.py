@@ -19,7 +19,7 @@ from tokenizers import (
     processors,
 )
 
-from breezert.models.config import (
+from breezert.constants import (
     AUDIO_EOS_TOKEN_ID,
     AUDIO_TOKEN_ID,
     EOI_TOKEN_ID,

@@ -14,10 +14,11 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from breezert.constants import INS_BOS_TOKEN_ID, INS_EOS_TOKEN_ID
 from breezert.layers.attention import DenseKVCache
 from breezert.options import SamplingParams
 from breezert.models.breeze import BreezeModel
-from breezert.models.config import INS_BOS_TOKEN_ID, INS_EOS_TOKEN_ID, BreezeConfig
+from breezert.models.config import BreezeConfig
 from breezert.models.generate import generate_frames
 from breezert.models.prompt import Prompt, build_prompt
 from tests.golden._paths import golden_dir

@@ -12,9 +12,10 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from breezert.layers.attention import GatherKV
 from breezert.models.backbone import Qwen3Backbone
 from breezert.models.config import BreezeConfig
-from breezert.worker.kv_cache import GatherKV, KVRun, PagedKVCache
+from breezert.worker.kv_cache import KVRun, PagedKVCache
 from tests.kernel_helpers import random_bf16_fused_
 
 pytestmark = pytest.mark.gpu

@@ -13,11 +13,11 @@ import pytest
 import torch
 
 from breezert.config import EngineConfig
+from breezert.constants import Stage
 from breezert.engine import Engine, RequestOutcome
 from breezert.options import SamplingParams
 from breezert.options import SynthesisOptions
 from breezert.request import SynthesisRequest
-from breezert.sched.plan import Stage
 
 pytestmark = pytest.mark.gpu
 

@@ -16,6 +16,7 @@ import pytest
 
 from breezert.async_engine import AsyncEngine
 from breezert.config import EngineConfig
+from breezert.constants import Stage
 from breezert.engine import Engine
 from breezert.errors import RequestAborted, RequestFailed
 from breezert.options import SamplingParams
@@ -23,7 +24,6 @@ from breezert.offline import stream_sequential
 from breezert.outputs import AudioChunk
 from breezert.options import SynthesisOptions
 from breezert.request import SynthesisRequest
-from breezert.sched.plan import Stage
 
 pytestmark = pytest.mark.integration
 

@@ -19,6 +19,7 @@ import pytest
 import torch
 
 from breezert.config import EngineConfig
+from breezert.constants import Stage
 from breezert.engine import Engine, EngineOutput, RequestOutcome
 from breezert.errors import EngineOverloaded, InvalidRequest
 from breezert.options import SamplingParams
@@ -27,7 +28,7 @@ from breezert.offline import chunk_sizes, stream_sequential
 from breezert.outputs import AudioChunk
 from breezert.options import SynthesisOptions
 from breezert.request import PlaybackReport, RequestStatus, SynthesisRequest
-from breezert.sched.plan import Stage, StepPlan
+from breezert.sched.plan import StepPlan
 
 pytestmark = pytest.mark.integration
 

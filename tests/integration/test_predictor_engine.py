@@ -16,13 +16,14 @@ import torch
 
 from breezert.bench.listener import PlaybackTimeline
 from breezert.config import EngineConfig
+from breezert.constants import Stage
 from breezert.engine import Engine, EngineOutput
 from breezert.options import SamplingParams
 from breezert.offline import stream_sequential
 from breezert.outputs import AudioChunk
 from breezert.options import SynthesisOptions
 from breezert.request import SynthesisRequest
-from breezert.sched.plan import Stage, StepPlan
+from breezert.sched.plan import StepPlan
 
 pytestmark = pytest.mark.integration
 

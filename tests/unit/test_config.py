@@ -85,8 +85,6 @@ def test_unknown_keys_are_rejected_with_their_path(tmp_path: Path) -> None:
         ("[serving]\nport = 70000", "serving.port"),
         ("[model]\ndevice = \"cpu\"\n[graph]\nenable_cuda_graphs = true", "enable_cuda_graphs"),
         ("[model]\ndevice = \"cpu\"\n[graph]\nfused_decode = true", "fused_decode"),
-        ("[scheduler]\nmax_running_requests = 8\n[cache]\nmax_codec_slots = 4",
-         "cache.max_codec_slots"),
     ],
 )
 def test_invalid_values_name_the_field(tmp_path: Path, toml: str, field: str) -> None:
@@ -121,11 +119,3 @@ def test_env_override_is_explicit() -> None:
     assert cfg.graph.enable_cuda_graphs  # the input is unchanged
     with pytest.raises(InvalidConfig, match="BREEZERT_NO_CUDA_GRAPH"):
         apply_env_overrides(cfg, {"BREEZERT_NO_CUDA_GRAPH": "maybe"})
-
-
-def test_graph_key_covers_graph_fields_only() -> None:
-    base = EngineConfig()
-    other_sched = EngineConfig.from_dict({"scheduler": {"starvation_limit_s": 2.0}})
-    other_buckets = EngineConfig.from_dict({"graph": {"codec_buckets": [1, 2]}})
-    assert base.graph_key() == other_sched.graph_key()
-    assert base.graph_key() != other_buckets.graph_key()

@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import pytest
 from breezert.config import SchedulerConfig
+from breezert.constants import FRAME_S, Stage
 from breezert.request import PlaybackReport, Request, RequestStatus, Segment, SegmentPhase
 from breezert.sched.block_pool import BlockPool
-from breezert.sched.deadline import FRAME_S, DeadlinePredictor, StageTimeModel
-from breezert.sched.plan import Stage
+from breezert.sched.deadline import DeadlinePredictor, StageTimeModel
 from breezert.sched.policy import DeadlineChunkPolicy, DeadlineStagePolicy, make_policies
 from breezert.sched.scheduler import ChunkEmitted, ReadyPair, Scheduler
 

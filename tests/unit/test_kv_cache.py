@@ -7,8 +7,8 @@ import random
 import pytest
 import torch
 
-from breezert.layers.attention import DenseKVCache
-from breezert.worker.kv_cache import GatherKV, KVRun, PagedKVCache
+from breezert.layers.attention import DenseKVCache, GatherKV
+from breezert.worker.kv_cache import KVRun, PagedKVCache
 
 pytestmark = pytest.mark.unit
 

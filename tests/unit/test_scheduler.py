@@ -10,8 +10,8 @@ from dataclasses import dataclass, field
 import pytest
 
 from breezert.config import SchedulerConfig
+from breezert.constants import FRAME_EOS_ID, Stage
 from breezert.errors import EngineOverloaded, InvalidRequest
-from breezert.models.config import FRAME_EOS_ID
 from breezert.options import SynthesisOptions
 from breezert.request import Request, RequestStatus, Segment
 from breezert.sched.block_pool import BlockPool
@@ -20,7 +20,6 @@ from breezert.sched.plan import (
     DecodeItem,
     DepthItem,
     PrefillItem,
-    Stage,
     StepPlan,
     StepResult,
     TextEncodeItem,

@@ -35,7 +35,7 @@ from breezert.kernels.gemm import (
     rope,
     warm_row_counts,
 )
-from breezert.worker.kv_cache import GatherKV
+from breezert.layers.attention import GatherKV
 
 
 @triton.jit

@@ -1,7 +1,9 @@
 """Attention helpers and the pluggable KV-cache contract of the backbone, with a dense reference.
 
-Owns: ``sdpa_gqa`` (grouped-query SDPA on one sequence), the ``KVCache`` protocol and
-``DenseKVCache``. Must not: pick sequences or blocks (the caller does) or know about requests.
+Owns: ``sdpa_gqa`` (grouped-query SDPA on one sequence), the ``KVCache`` protocol, ``GatherKV``
+(the paged cache's per-forward view, over the index tensors ``worker/kv_cache.py`` builds; the
+fused DECODE kernel reads the same view) and ``DenseKVCache``. Must not: pick sequences or blocks
+(the caller does) or know about requests.
 
 The ``KVCache`` contract (what a paged implementation must honour too):
 
@@ -58,6 +60,36 @@ def causal_mask(start: int, num_new: int, device: torch.device) -> torch.Tensor 
     return torch.arange(start + num_new, device=device)[None, :] <= q_pos[:, None]
 
 
+class GatherKV:
+    """One forward's attention over the paged cache, from fixed-shape index tensors.
+
+    Decode form (every sequence adds one token): ``read_rows [R, T]`` and ``mask [R, 1, 1, T]``.
+    Packed form (prefill): ``read_rows [Tk]`` and ``mask [N, Tk]``; query ``i`` may read key ``j``
+    iff they belong to the same sequence and key position <= query position.
+    """
+
+    def __init__(
+        self, kv: torch.Tensor, write_rows: torch.Tensor, read_rows: torch.Tensor,
+        mask: torch.Tensor,
+    ) -> None:
+        self.kv, self.write_rows, self.read_rows, self.mask = kv, write_rows, read_rows, mask
+
+    @torch.compiler.disable  # in-place writes into the shared cache stay out of compiled code
+    def attend(
+        self, layer_idx: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
+    ) -> torch.Tensor:
+        store = self.kv[layer_idx]  # [2, rows, KVH, D]
+        store[0].index_copy_(0, self.write_rows, k.to(store.dtype))
+        store[1].index_copy_(0, self.write_rows, v.to(store.dtype))
+        keys = store[0][self.read_rows].to(q.dtype)
+        values = store[1][self.read_rows].to(q.dtype)
+        if self.read_rows.dim() == 2:  # decode: [R, T, KVH, D]
+            out = sdpa_gqa(q[:, :, None, :], keys.transpose(1, 2), values.transpose(1, 2), self.mask)
+            return out[:, :, 0, :]  # [R, H, D]
+        out = sdpa_gqa(q.transpose(0, 1), keys.transpose(0, 1), values.transpose(0, 1), self.mask)
+        return out.transpose(0, 1)  # [N, H, D]
+
+
 class DenseKVCache:
     """Reference KV cache: one growable ``[layers, 2, capacity, KVH, D]`` tensor per sequence.
 
@@ -93,9 +125,6 @@ class DenseKVCache:
         self._store[seq_id] = self._alloc(self.initial_capacity)
         self._lens[seq_id] = 0
         return seq_id
-
-    def remove_sequence(self, seq_id: int) -> None:
-        del self._store[seq_id], self._lens[seq_id]
 
     def seq_len(self, seq_id: int) -> int:
         """Number of tokens cached for ``seq_id`` (including those of the current step)."""

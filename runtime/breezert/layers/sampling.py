@@ -11,7 +11,7 @@ from collections.abc import Sequence
 
 import torch
 
-from breezert.models.config import CODEBOOK_SIZE, FRAME_EOS_ID
+from breezert.constants import CODEBOOK_SIZE, FRAME_EOS_ID
 
 RESERVED_START = CODEBOOK_SIZE  # 2048..2050 are reserved in both vocabularies
 RESERVED_END = FRAME_EOS_ID  # 2051 (EOS) is kept for the backbone; depth logits stop before it

@@ -13,15 +13,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from breezert.constants import AUDIO_EOS_TOKEN_ID, AUDIO_TOKEN_ID, CODEBOOK_EOS_ID
 from breezert.layers.norms import GemmaRMSNorm, RMSNorm
 from breezert.models.backbone import Qwen3Backbone
-from breezert.models.config import (
-    AUDIO_EOS_TOKEN_ID,
-    AUDIO_TOKEN_ID,
-    CODEBOOK_EOS_ID,
-    BreezeConfig,
-    ConfigError,
-)
+from breezert.models.config import BreezeConfig, ConfigError
 from breezert.models.depth import DepthDecoder
 from breezert.models.prompt import Prompt
 from breezert.models.text_encoder import T5Gemma2TextEncoder

@@ -2,7 +2,8 @@
 
 Owns: the frozen dimension dataclasses for each sub-model, the ``tiny`` and ``full`` presets and
 their round trip to the released JSON files. Must not: touch tensors, files or defaults of the
-runtime (those live in ``breezert.config``).
+runtime (those live in ``breezert.config``), or define the checkpoint's fixed ids and audio
+geometry (those live in ``breezert.constants``).
 """
 
 from __future__ import annotations
@@ -12,27 +13,22 @@ import math
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-# Special ids of the released checkpoint (SPEC §1.2, §1.5). They are fixed by the tokenizer and
-# the audio vocabulary, not by the model size, so both presets share them.
-AUDIO_TOKEN_ID = 262144  # <|AUDIO|>
-AUDIO_EOS_TOKEN_ID = 262145  # <|audio_eos|>
-SPEAKER_TOKEN_IDS = tuple(range(262146, 262156))  # [S0]..[S9]
-INS_BOS_TOKEN_ID = 262156  # <ins_bos>
-INS_EOS_TOKEN_ID = 262157  # <ins_eos>
-EOI_TOKEN_ID = 256000  # <end_of_image>, replaced by the encoder's eoi_embedding
-TEXT_BOS_ID = 2
-TEXT_EOS_ID = 1
-TEXT_PAD_ID = 0
-CODEBOOK_SIZE = 2048  # codec codes are 0..2047
-AUDIO_VOCAB_SIZE = 2051  # per-codebook embedding rows; 2048..2050 reserved, 2050 = pad
-CODEBOOK_PAD_ID = 2050
-CODEBOOK_EOS_ID = 0  # prompt audio-EOS frame uses code 0 in all 16 codebooks
-FRAME_EOS_ID = 2051  # generation EOS, sampled by the backbone's 2052-wide lm_head
-NUM_CODEBOOKS = 16
-SAMPLE_RATE = 24000
-SAMPLES_PER_FRAME = 1920
-FRAME_RATE_HZ = SAMPLE_RATE / SAMPLES_PER_FRAME  # 12.5
-FRAME_S = SAMPLES_PER_FRAME / SAMPLE_RATE  # 0.08 s of audio per codec frame
+from breezert.constants import (
+    AUDIO_EOS_TOKEN_ID,
+    AUDIO_TOKEN_ID,
+    AUDIO_VOCAB_SIZE,
+    CODEBOOK_EOS_ID,
+    CODEBOOK_PAD_ID,
+    CODEBOOK_SIZE,
+    EOI_TOKEN_ID,
+    FRAME_RATE_HZ,
+    NUM_CODEBOOKS,
+    SAMPLE_RATE,
+    SAMPLES_PER_FRAME,
+    TEXT_BOS_ID,
+    TEXT_EOS_ID,
+    TEXT_PAD_ID,
+)
 
 
 class ConfigError(ValueError):

@@ -11,6 +11,7 @@ from collections.abc import Iterator
 
 import torch
 
+from breezert.constants import FRAME_EOS_ID
 from breezert.layers.attention import DenseKVCache
 from breezert.layers.sampling import (
     apply_repetition_penalty,
@@ -22,7 +23,6 @@ from breezert.layers.sampling import (
 )
 from breezert.options import SamplingParams
 from breezert.models.breeze import BreezeModel
-from breezert.models.config import FRAME_EOS_ID
 from breezert.models.prompt import Prompt
 
 

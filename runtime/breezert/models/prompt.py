@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
-from breezert.models.config import (
+from breezert.constants import (
     AUDIO_EOS_TOKEN_ID,
     AUDIO_TOKEN_ID,
     CODEBOOK_SIZE,
@@ -21,8 +21,8 @@ from breezert.models.config import (
     NUM_CODEBOOKS,
     SPEAKER_TOKEN_IDS,
     TEXT_BOS_ID,
-    TextEncoderConfig,
 )
+from breezert.models.config import TextEncoderConfig
 
 TEXT_VOCAB_SIZE = TextEncoderConfig.vocab_size
 SPEAKERS = {f"[S{i}]": token_id for i, token_id in enumerate(SPEAKER_TOKEN_IDS)}

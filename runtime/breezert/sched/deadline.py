@@ -15,9 +15,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from breezert.config import SchedulerConfig
-from breezert.models.config import FRAME_S
+from breezert.constants import FRAME_S, Stage
 from breezert.request import Request
-from breezert.sched.plan import Stage
 
 COUNTERS = (
     "predictor_waits", "predictor_early_emits", "predictor_deadline_misses",

@@ -1,8 +1,8 @@
 """StepPlan and StepResult: the only contract between the scheduler and the worker.
 
-Owns the ``Stage`` enum and the frozen, torch-free plan types (ints, strings, tuples; prompts are
-opaque engine objects passed through). Must not carry behaviour beyond tiny helpers, and never a
-``Request``: the worker sees only what is written here.
+Owns the frozen, torch-free plan types (ints, strings, tuples; prompts are opaque engine objects
+passed through); their ``Stage`` comes from ``breezert.constants``. Must not carry behaviour
+beyond tiny helpers, and never a ``Request``: the worker sees only what is written here.
 
 How the worker applies a plan, in this order:
   1. ``finished_request_ids``: release those requests' slots (codec state, RNG, buffers).
@@ -13,19 +13,10 @@ Then it returns a ``StepResult`` with the same ``step_id``.
 
 from __future__ import annotations
 
-import enum
 from dataclasses import dataclass, field
 from typing import Any
 
-
-class Stage(str, enum.Enum):
-    """The five stages; the values double as metrics keys, log fields and graph keys."""
-
-    TEXT_ENCODE = "text_encode"
-    PREFILL = "prefill"
-    DECODE = "decode"
-    DEPTH = "depth"
-    CODEC = "codec"
+from breezert.constants import Stage
 
 
 @dataclass(frozen=True, slots=True)

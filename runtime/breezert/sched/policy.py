@@ -14,9 +14,9 @@ from collections.abc import Sequence
 from typing import Protocol
 
 from breezert.config import SchedulerConfig
+from breezert.constants import Stage
 from breezert.request import Request
 from breezert.sched.deadline import DeadlinePredictor
-from breezert.sched.plan import Stage
 
 
 class ChunkPolicy(Protocol):

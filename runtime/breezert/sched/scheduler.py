@@ -16,16 +16,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from breezert.config import SchedulerConfig
+from breezert.constants import CODEBOOK_SIZE, FRAME_EOS_ID, Stage
 from breezert.errors import EngineOverloaded, InvalidRequest
-from breezert.models.config import FRAME_EOS_ID
-from breezert.request import (
-    CODEBOOK_SIZE,
-    PlaybackReport,
-    Request,
-    RequestStatus,
-    Segment,
-    SegmentPhase,
-)
+from breezert.request import PlaybackReport, Request, RequestStatus, Segment, SegmentPhase
 from breezert.sched.block_pool import BlockPool
 from breezert.sched.plan import (
     CodecItem,
@@ -34,7 +27,6 @@ from breezert.sched.plan import (
     DepthItem,
     NewRequestData,
     PrefillItem,
-    Stage,
     StageItem,
     StepPlan,
     StepResult,

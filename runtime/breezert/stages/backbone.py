@@ -11,12 +11,13 @@ from collections.abc import Callable, Sequence
 
 import torch
 
+from breezert.layers.attention import GatherKV
 from breezert.models.breeze import BreezeModel
+from breezert.outputs import StageOutput
 from breezert.sched.plan import DecodeItem, PrefillItem
-from breezert.stages import StageOutput
 from breezert.worker.batch_state import BatchState
 from breezert.worker.cuda_graphs import GraphRunner, bucket_for
-from breezert.worker.kv_cache import GatherKV, KVRun, PagedKVCache, StepMeta
+from breezert.worker.kv_cache import KVRun, PagedKVCache, StepMeta
 
 
 def backbone_prefill(

@@ -14,8 +14,8 @@ from collections.abc import Sequence
 import torch
 
 from breezert.models.codec import StreamingCodec
+from breezert.outputs import DecodedChunk, StageOutput
 from breezert.sched.plan import CodecItem
-from breezert.stages import DecodedChunk, StageOutput
 from breezert.worker.batch_state import BatchState
 from breezert.worker.cuda_graphs import GraphRunner, bucket_for
 

@@ -13,6 +13,7 @@ from collections.abc import Callable, Sequence
 
 import torch
 
+from breezert.constants import FRAME_EOS_ID
 from breezert.layers.sampling import (
     apply_repetition_penalty,
     draw_counter,
@@ -20,9 +21,8 @@ from breezert.layers.sampling import (
     suppress_reserved,
 )
 from breezert.models.breeze import BreezeModel
-from breezert.models.config import FRAME_EOS_ID
+from breezert.outputs import StageOutput
 from breezert.sched.plan import DepthItem
-from breezert.stages import StageOutput
 from breezert.worker.batch_state import BatchState
 from breezert.worker.cuda_graphs import GraphRunner, bucket_for
 

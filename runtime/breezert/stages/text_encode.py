@@ -14,8 +14,8 @@ import torch
 
 from breezert.models.breeze import BreezeModel
 from breezert.models.prompt import Prompt
+from breezert.outputs import StageOutput
 from breezert.sched.plan import TextEncodeItem
-from breezert.stages import StageOutput
 from breezert.worker.batch_state import BatchState, SegmentState
 from breezert.worker.cuda_graphs import GraphRunner, bucket_for
 

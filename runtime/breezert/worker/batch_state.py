@@ -58,9 +58,6 @@ class BatchState:
             raise RuntimeError(f"slot {slot} is still held by {self._slots[slot].request_id}")
         self._slots[slot] = state
 
-    def release(self, slot: int) -> None:
-        self._slots[slot] = None
-
     def release_request(self, request_id: str) -> None:
         for slot, state in enumerate(self._slots):
             if state is not None and state.request_id == request_id:

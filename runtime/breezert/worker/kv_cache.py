@@ -1,9 +1,9 @@
 """The backbone's paged KV cache: one preallocated tensor of blocks, read through block tables.
 
 Owns: the ``[layers, 2, (num_blocks + 1) * block_size, KVH, D]`` tensor (the extra block is a
-scratch area that padding tokens write to and read from), host-side metadata builders that turn
-block tables into fixed-shape gather indices and masks, and ``GatherKV``, the per-forward view
-implementing the ``KVCache`` contract of ``layers/attention.py``. Must not: choose blocks (the
+scratch area that padding tokens write to and read from) and host-side metadata builders that
+turn block tables into the fixed-shape gather indices and masks that ``layers.attention.GatherKV``
+(the per-forward view implementing the ``KVCache`` contract) reads. Must not: choose blocks (the
 scheduler's ``BlockPool`` does) or know about requests.
 """
 
@@ -15,8 +15,6 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from breezert.layers.attention import sdpa_gqa
-
 
 @dataclass(frozen=True)
 class KVRun:
@@ -25,36 +23,6 @@ class KVRun:
     block_ids: Sequence[int]
     start: int
     num_new: int
-
-
-class GatherKV:
-    """One forward's attention over the paged cache, from fixed-shape index tensors.
-
-    Decode form (every sequence adds one token): ``read_rows [R, T]`` and ``mask [R, 1, 1, T]``.
-    Packed form (prefill): ``read_rows [Tk]`` and ``mask [N, Tk]``; query ``i`` may read key ``j``
-    iff they belong to the same sequence and key position <= query position.
-    """
-
-    def __init__(
-        self, kv: torch.Tensor, write_rows: torch.Tensor, read_rows: torch.Tensor,
-        mask: torch.Tensor,
-    ) -> None:
-        self.kv, self.write_rows, self.read_rows, self.mask = kv, write_rows, read_rows, mask
-
-    @torch.compiler.disable  # in-place writes into the shared cache stay out of compiled code
-    def attend(
-        self, layer_idx: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
-    ) -> torch.Tensor:
-        store = self.kv[layer_idx]  # [2, rows, KVH, D]
-        store[0].index_copy_(0, self.write_rows, k.to(store.dtype))
-        store[1].index_copy_(0, self.write_rows, v.to(store.dtype))
-        keys = store[0][self.read_rows].to(q.dtype)
-        values = store[1][self.read_rows].to(q.dtype)
-        if self.read_rows.dim() == 2:  # decode: [R, T, KVH, D]
-            out = sdpa_gqa(q[:, :, None, :], keys.transpose(1, 2), values.transpose(1, 2), self.mask)
-            return out[:, :, 0, :]  # [R, H, D]
-        out = sdpa_gqa(q.transpose(0, 1), keys.transpose(0, 1), values.transpose(0, 1), self.mask)
-        return out.transpose(0, 1)  # [N, H, D]
 
 
 @dataclass(frozen=True)

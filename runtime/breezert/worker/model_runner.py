@@ -16,11 +16,12 @@ from functools import partial
 import torch
 
 from breezert.config import GraphConfig
+from breezert.constants import Stage
 from breezert.options import SamplingParams
 from breezert.loader import Checkpoint
 from breezert.models.codec import StreamingCodec
-from breezert.sched.plan import NewRequestData, Stage, StageItem, StepPlan
-from breezert.stages import StageOutput
+from breezert.outputs import StageOutput
+from breezert.sched.plan import NewRequestData, StageItem, StepPlan
 from breezert.stages.backbone import DecodeStage, PrefillStage, backbone_prefill
 from breezert.stages.codec import CodecStage, codec_step
 from breezert.stages.depth import TOP_K_BOUND, DepthStage
@@ -29,6 +30,7 @@ from breezert.worker.batch_state import BatchState, SlotState
 from breezert.worker.compile import compile_backbone_layers, decode_fn, depth_fn, text_encode_fn
 from breezert.worker.cuda_graphs import GraphFn, GraphRunner
 from breezert.worker.kv_cache import PagedKVCache
+from breezert.worker.warmup import capture_all
 
 logger = logging.getLogger("breezert.worker")
 
@@ -119,9 +121,7 @@ class ModelRunner:
     @torch.inference_mode()
     def warmup(self, max_codec_frames: int = 16) -> dict[str, float]:
         """Captures every configured bucket (largest first) and returns seconds per stage."""
-        from breezert.worker.warmup import capture_all
-
-        return capture_all(self, max_codec_frames)
+        return capture_all(self.graph_config, self.stages, max_codec_frames)
 
     @torch.inference_mode()
     def execute(self, plan: StepPlan) -> StageOutput:

@@ -1,24 +1,29 @@
 """Start-up warm-up: capture every configured graph bucket before serving.
 
 Owns: enumerating each stage's bucket keys (largest first, so smaller graphs reuse the pool)
-and capturing them with the stage's example inputs. Must not: run requests.
+and capturing them with the stage's example inputs. Must not: run requests or know the
+``ModelRunner``: it gets the graph config and the stage runners it captures.
 """
 
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING
+from collections.abc import Mapping
+from typing import Any
 
-from breezert.sched.plan import Stage
-
-if TYPE_CHECKING:
-    from breezert.worker.model_runner import ModelRunner
+from breezert.config import GraphConfig
+from breezert.constants import Stage
 
 
-def capture_all(runner: ModelRunner, max_codec_frames: int) -> dict[str, float]:
-    """Captures all buckets of all stages; returns seconds spent per stage."""
-    g = runner.graph_config
-    s = runner.stages
+def capture_all(
+    graph: GraphConfig, stages: Mapping[Stage, Any], max_codec_frames: int
+) -> dict[str, float]:
+    """Captures all buckets of all stages; returns seconds spent per stage.
+
+    ``stages`` maps each stage to its runner: each has ``graphs`` (its ``GraphRunner``) and
+    ``example_inputs(*key)``; DEPTH also ``full_sort_graphs``, CODEC ``frame_buckets(max)``.
+    """
+    g, s = graph, stages
     contexts = sorted(g.decode_context_buckets, reverse=True)
     plan = {
         Stage.TEXT_ENCODE: [(n, lambda n=n: s[Stage.TEXT_ENCODE].example_inputs(n))
