@@ -48,7 +48,11 @@ class Timeline:
 
 async def one_stream(engine: AsyncEngine, index: int) -> Timeline:
     await asyncio.sleep(index * ARRIVAL_GAP_S)
-    request = SynthesisRequest(text=f"This is stream number {index}, speaking over the others.", max_frames=16 + 4 * index, ignore_eos=True, request_id=f"stream-{index}", options=SynthesisOptions(seed=index))
+    request = SynthesisRequest(
+        text=f"This is stream number {index}, speaking over the others.",
+        options=SynthesisOptions(seed=index), max_frames=16 + 4 * index, ignore_eos=True,
+        request_id=f"stream-{index}",
+    )
     timeline = Timeline(str(request.request_id), time.monotonic(), [])
     async for chunk in engine.synthesize(request):
         timeline.chunks.append((chunk.created_time, chunk.frame_start, chunk.frame_end))

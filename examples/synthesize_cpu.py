@@ -25,7 +25,8 @@ CONFIG = Path(__file__).resolve().parents[1] / "configs" / "tiny.toml"
 
 async def main(out: Path) -> None:
     engine = AsyncEngine.from_config(EngineConfig.from_file(CONFIG))
-    request = SynthesisRequest(text="Hello from BreezeRT.", max_frames=25, ignore_eos=True, options=SynthesisOptions(seed=0))
+    request = SynthesisRequest(text="Hello from BreezeRT.", options=SynthesisOptions(seed=0),
+                               max_frames=25, ignore_eos=True)
     chunks = [chunk async for chunk in engine.synthesize(request)]
     await engine.aclose()
     audio = np.concatenate([chunk.pcm for chunk in chunks])

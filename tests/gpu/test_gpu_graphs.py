@@ -56,7 +56,11 @@ def _run(engine: Engine, requests: list[SynthesisRequest]) -> dict[str, np.ndarr
 def _requests(n: int, prefix: str, greedy: bool = False) -> list[SynthesisRequest]:
     sampling = SamplingParams.greedy() if greedy else SamplingParams()
     return [
-        SynthesisRequest(text=f"Request {i} speaks a short sentence.", max_frames=24 + i, ignore_eos=True, request_id=f"{prefix}{i}", options=SynthesisOptions(seed=100 + i, sampling=sampling, cfg_scale=1.0 if i % 3 else 2.0, instructions=None if i % 3 else "calm"))
+        SynthesisRequest(text=f"Request {i} speaks a short sentence.",
+                         options=SynthesisOptions(
+                             seed=100 + i, sampling=sampling, cfg_scale=1.0 if i % 3 else 2.0,
+                             instructions=None if i % 3 else "calm"),
+                         max_frames=24 + i, ignore_eos=True, request_id=f"{prefix}{i}")
         for i in range(n)
     ]
 
@@ -184,7 +188,9 @@ def test_full_size_random_model_streams() -> None:
     engine = Engine(config)
     startup = time.monotonic() - start
     assert engine.checkpoint.model.count_parameters() == 2_850_155_520
-    request = SynthesisRequest(text="The full-size model streams.", max_frames=20, ignore_eos=True, request_id="full", options=SynthesisOptions(seed=1))
+    request = SynthesisRequest(text="The full-size model streams.",
+                               options=SynthesisOptions(seed=1), max_frames=20,
+                               ignore_eos=True, request_id="full")
     t0 = time.monotonic()
     audio = _run(engine, [request])["full"]
     print(f"full-size: start-up {startup:.1f} s, 20 frames in {time.monotonic() - t0:.3f} s")

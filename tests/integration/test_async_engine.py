@@ -47,7 +47,9 @@ async def aengine(engine: Engine) -> AsyncIterator[AsyncEngine]:
 
 def make(request_id: str, frames: int, **kwargs: object) -> SynthesisRequest:
     kwargs.setdefault("text", f"Request {request_id} is speaking now.")
-    return SynthesisRequest(max_frames=frames, ignore_eos=True, request_id=request_id, **kwargs, options=SynthesisOptions(seed=len(request_id) + frames, sampling=SAMPLING))  # type: ignore[arg-type]
+    options = SynthesisOptions(seed=len(request_id) + frames, sampling=SAMPLING)
+    return SynthesisRequest(max_frames=frames, ignore_eos=True, request_id=request_id,
+                            options=options, **kwargs)  # type: ignore[arg-type]
 
 
 async def collect(chunks: AsyncIterator[AudioChunk]) -> list[AudioChunk]:

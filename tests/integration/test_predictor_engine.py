@@ -71,7 +71,10 @@ def _engine_left_idle(engine: Engine) -> Iterator[None]:
 
 
 def make(request_id: str, seed: int, frames: int) -> SynthesisRequest:
-    return SynthesisRequest(text=f"Request {request_id} is speaking now.", max_frames=frames, ignore_eos=True, request_id=request_id, chunk_schedule=SCHEDULE, options=SynthesisOptions(seed=seed, sampling=SAMPLING))
+    return SynthesisRequest(text=f"Request {request_id} is speaking now.",
+                            options=SynthesisOptions(seed=seed, sampling=SAMPLING),
+                            max_frames=frames, ignore_eos=True, request_id=request_id,
+                            chunk_schedule=SCHEDULE)
 
 
 class Driver:

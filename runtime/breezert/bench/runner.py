@@ -288,9 +288,11 @@ async def _one_request(async_engine: Any, item: WorkItem, options: BenchOptions,
                        tag: str) -> RequestResult:
     """Submits one request, consumes its chunks into a simulated listener, never raises."""
     from breezert.options import SynthesisOptions
-from breezert.request import SynthesisRequest
+    from breezert.request import SynthesisRequest
 
-    request = SynthesisRequest(text=item.text, max_frames=item.num_frames, ignore_eos=True, request_id=f"{tag}-{item.index}", options=SynthesisOptions(seed=item.seed))
+    request = SynthesisRequest(text=item.text, options=SynthesisOptions(seed=item.seed),
+                               max_frames=item.num_frames, ignore_eos=True,
+                               request_id=f"{tag}-{item.index}")
     result = RequestResult(item.index, str(request.request_id), item.num_frames,
                            submit_time=time.monotonic())
     feedback: asyncio.Task[None] | None = None
@@ -340,6 +342,7 @@ async def _run_naive(options: BenchOptions, variant: Variant, config: Any, texts
     """The offline baseline: one request at a time, whole utterance generated then decoded, so
     TTFB = whole synthesis time. One sequential load point (concurrency does not apply)."""
     from breezert.offline import synthesize_whole
+    from breezert.options import SynthesisOptions
     from breezert.request import SynthesisRequest
     from breezert.runtime_setup import load_engine_checkpoint
 
@@ -354,7 +357,9 @@ async def _run_naive(options: BenchOptions, variant: Variant, config: Any, texts
     load = LoadPoint("sequential", 1)
 
     def one(item: WorkItem, tag: str) -> RequestResult:
-        request = SynthesisRequest(text=item.text, max_frames=item.num_frames, ignore_eos=True, request_id=f"{tag}-{item.index}", options=SynthesisOptions(seed=item.seed))
+        request = SynthesisRequest(text=item.text, options=SynthesisOptions(seed=item.seed),
+                                   max_frames=item.num_frames, ignore_eos=True,
+                                   request_id=f"{tag}-{item.index}")
         result = RequestResult(item.index, str(request.request_id), item.num_frames,
                                submit_time=time.monotonic())
         try:
