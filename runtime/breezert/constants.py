@@ -41,3 +41,6 @@ class Stage(str, enum.Enum):
     DECODE = "decode"
     DEPTH = "depth"
     CODEC = "codec"
+
+MAX_REFERENCE_S = 30.0
+"""Longest reference audio (voice clone) accepted, seconds."""

@@ -13,12 +13,10 @@ import numpy as np
 import soxr
 import torch
 
+from breezert.constants import MAX_REFERENCE_S, SAMPLE_RATE
 from breezert.errors import InvalidRequest
 from breezert.models.codec_encoder import CodecEncoder
 
-SAMPLE_RATE = 24000
-MAX_REFERENCE_S = 30.0
-"""Longest reference accepted, in seconds of input audio."""
 MAX_CHANNELS = 8
 """More columns than this means the array is most likely [channels, samples]: refused."""
 _INT_SCALE = {np.dtype(np.int16): 2.0**15, np.dtype(np.int32): 2.0**31}

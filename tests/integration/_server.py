@@ -26,7 +26,7 @@ from breezert.server.state import STATE, ServerState
 CONFIG = Path(__file__).resolve().parents[2] / "configs" / "cpu-tiny.toml"
 FRAMES_PER_TURN = 12
 """Every test turn is exactly this many codec frames (80 ms each): 0.96 s of audio."""
-REQUEST_OPTIONS = {"max_frames": FRAMES_PER_TURN, "ignore_eos": True, "seed": 7}
+REQUEST_OPTIONS = {"max_frames": FRAMES_PER_TURN, "ignore_eos": True}
 SAMPLES_PER_FRAME = 1920  # 24 kHz
 TURN_BYTES = FRAMES_PER_TURN * SAMPLES_PER_FRAME * 2  # one turn of 16-bit PCM
 

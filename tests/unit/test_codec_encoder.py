@@ -20,12 +20,8 @@ from breezert.loader import CODEC_DIR, SINGLE_FILE, CheckpointError, load_checkp
 from breezert.models.codec_encoder import CodecEncoder, init_codec_encoder_random_
 from breezert.models.config import BreezeConfig
 from breezert.random_init import build_random_codec_encoder, write_random_checkpoint
-from breezert.reference_audio import (
-    MAX_REFERENCE_S,
-    encode_reference,
-    num_resampled,
-    to_mono_24k,
-)
+from breezert.constants import MAX_REFERENCE_S
+from breezert.reference_audio import encode_reference, num_resampled, to_mono_24k
 from breezert.request import Reference
 
 pytestmark = pytest.mark.unit

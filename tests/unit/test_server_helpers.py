@@ -19,6 +19,7 @@ from pathlib import Path
 import aioice.ice
 import numpy as np
 import pytest
+from breezert.options import SynthesisOptions
 from breezert import audio
 from breezert.config import ServingConfig
 from breezert.server import ice, protocol
@@ -87,7 +88,7 @@ def test_streaming_resampler_keeps_the_duration(out_rate: int) -> None:
 
 def test_parse_turn_messages() -> None:
     assert parse_message('{"type": "say", "text": "Hi", "voice": "S1"}') == \
-        Say(text=("Hi",), options={"speaker": "S1"})
+        Say(text=("Hi",), options=SynthesisOptions(speaker="S1"))
     assert parse_message('{"type": "say", "more": true}') == Say(text=(), more=True)
     assert parse_message('{"type": "append", "text": " more"}') == Append(" more")
     assert parse_message('{"type": "end"}') == End()
@@ -109,9 +110,12 @@ def test_say_takes_segments_engine_options_and_either_flag() -> None:
     assert isinstance(say, Say)
     assert say.text == ("One.", "Two.") and say.num_chars == 8 and say.more
     assert say.client_request_id == "c-1" and say.format == "opus"
-    assert say.options == {"speaker": "[S2]", "instructions": "calm", "seed": 3,
-                           "cfg_scale": 1.5, "temperature": 0.7, "max_frames": 40,
-                           "priority": 1, "chunk_schedule": (2, 4)}
+    assert say.options == SynthesisOptions(speaker="[S2]", instructions="calm", seed=3,
+                                           cfg_scale=1.5, temperature=0.7)
+    assert say.turn_fields == {"max_frames": 40, "priority": 1, "chunk_schedule": (2, 4)}
+    with pytest.raises(ProtocolError, match="^temperature=-1") as info:
+        parse_message('{"type": "say", "text": "x", "temperature": -1}')
+    assert info.value.code == "invalid_request"
     with pytest.raises(ProtocolError, match="contradict"):
         parse_message('{"type": "say", "text": "x", "more": true, "input_closed": true}')
 

@@ -23,6 +23,10 @@ from breezert.server.state import STATE, ServerState, json_error
 STATIC_DIR = Path(__file__).parent / "static"
 
 
+POLICY_FIELDS = frozenset({"max_frames", "ignore_eos", "chunk_schedule", "priority"})
+"""``SynthesisRequest`` fields a server may set for every request (``request_options``)."""
+
+
 def create_app(
     engine: Any,
     serving: ServingConfig,
@@ -38,13 +42,19 @@ def create_app(
     Args:
         engine: The engine (started lazily; the caller closes it).
         serving: Bind address, peer/text limits and the optional bearer token.
-        request_options: ``SynthesisRequest`` fields applied to every request.
+        request_options: Server policy applied to every request: ``SynthesisRequest`` fields
+            that are not the caller's voice options (``max_frames``, ``ignore_eos``,
+            ``chunk_schedule``, ``priority``).
         ice_addresses: Gather WebRTC candidates on exactly these addresses; default: every
             interface, plus loopback when ``serving.host`` is a loopback address.
         frame_ms: Default WebRTC frame duration, 10 or 20.
         warmup: Run one short request at startup; ``/readyz`` is 503 until it finishes.
         clock: Monotonic time source for pacing and first-audio timing.
     """
+    unknown = set(request_options or {}) - POLICY_FIELDS
+    if unknown:
+        raise ValueError(f"request_options: {sorted(unknown)} are not server policy fields "
+                         f"(allowed: {sorted(POLICY_FIELDS)})")
     app = web.Application(middlewares=[_auth_middleware], client_max_size=1 << 20)
     app[STATE] = ServerState(
         engine=engine, serving=serving, request_options=dict(request_options or {}),

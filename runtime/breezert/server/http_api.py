@@ -17,6 +17,7 @@ from aiohttp import web
 
 from breezert.audio import ENGINE_SAMPLE_RATE, encode_wav, float_to_pcm16, wav_header
 from breezert.errors import EngineOverloaded, InvalidRequest, RequestAborted, RequestFailed
+from breezert.options import SynthesisOptions
 from breezert.request import SynthesisRequest
 from breezert.server.protocol import (
     MAX_REFERENCE_MESSAGE_BYTES,
@@ -48,13 +49,14 @@ async def speech(request: web.Request) -> web.StreamResponse:
     if isinstance(parsed, web.Response):
         return parsed
     text, options, reference, fmt, stream = parsed
+    encoded = None
     if reference is not None:
         encoded = await _encode_reference(state, reference)
         if isinstance(encoded, web.Response):
             return encoded
-        options["reference"] = encoded
     try:
-        synth = SynthesisRequest(text=text, **options)
+        synth = SynthesisRequest(text=text, options=options, reference=encoded,
+                                 **state.request_options)
     except InvalidRequest as exc:
         return json_error(400, str(exc), param=_param_of(str(exc)))
     try:
@@ -70,8 +72,9 @@ async def speech(request: web.Request) -> web.StreamResponse:
 
 
 def _parse(body: dict[str, Any], state: ServerState) \
-        -> tuple[str, dict[str, Any], ReferenceAudio | None, str, bool] | web.Response:
-    """(text, SynthesisRequest options, reference, format, stream) or a 4xx response."""
+        -> tuple[str, SynthesisOptions, ReferenceAudio | None, str, bool] | web.Response:
+    """(text, voice options, reference, format, stream) or a 4xx response; every field is
+    checked here, before the (costly) reference encoding."""
     text = body.get("input")
     if "input" not in body:
         return json_error(400, "input is required: the text to speak", param="input")
@@ -97,13 +100,12 @@ def _parse(body: dict[str, Any], state: ServerState) \
         return json_error(400, f"speed={speed!r} must be a number", param="speed")
     if speed != 1.0:
         return json_error(400, f"speed={speed} is not supported; only 1.0", param="speed")
-    options = dict(state.request_options)
-    if body.get("voice") is not None:
-        options["speaker"] = body["voice"]
-    if body.get("instructions") is not None:
-        options["instructions"] = body["instructions"]
-    if body.get("seed") is not None:
-        options["seed"] = body["seed"]
+    try:
+        options = SynthesisOptions.from_mapping(
+            {"speaker": body.get("voice"), "instructions": body.get("instructions"),
+             "seed": body.get("seed")})
+    except InvalidRequest as exc:
+        return json_error(400, str(exc), param=_param_of(str(exc)))
     reference = None
     if body.get("reference_audio") is not None or body.get("reference_text") is not None:
         if body.get("reference_audio") is None:
@@ -113,10 +115,6 @@ def _parse(body: dict[str, Any], state: ServerState) \
             reference = decode_reference(body["reference_audio"], body.get("reference_text"))
         except ProtocolError as exc:
             return json_error(400, exc.message, param=exc.field)
-    try:  # checks every field before the (costly) reference encoding
-        SynthesisRequest(text=text, **options)
-    except InvalidRequest as exc:
-        return json_error(400, str(exc), param=_param_of(str(exc)))
     return text, options, reference, fmt, stream
 
 

@@ -40,10 +40,11 @@ from typing import Any
 
 import numpy as np
 
+from breezert.constants import MAX_REFERENCE_S
+from breezert.errors import InvalidRequest
+from breezert.options import SynthesisOptions
+
 MAX_MESSAGE_BYTES = 65536
-MAX_REFERENCE_S = 30.0
-"""Longest reference audio accepted, seconds (mirrors ``breezert.reference_audio``; not
-imported so this module stays torch-free)."""
 MAX_REFERENCE_AUDIO_CHARS = 16 << 20
 """Longest ``reference_audio`` (base64 text): 30 s of 48 kHz stereo float32 WAV fits."""
 MAX_REFERENCE_MESSAGE_BYTES = MAX_REFERENCE_AUDIO_CHARS + (1 << 16)
@@ -103,9 +104,12 @@ class Say:
     client_request_id: str | None = None
     reference: ReferenceAudio | None = None
     """``reference_audio`` + ``reference_text``: encoded by the engine before the turn starts."""
-    options: dict[str, Any] = field(default_factory=dict)
-    """``SynthesisRequest`` fields the client set (``speaker``, ``seed``, ...) plus
-    ``temperature``; type-checked here, range-checked by the engine."""
+    options: SynthesisOptions = field(default_factory=SynthesisOptions)
+    """Voice and sampling the client set (``speaker``/``voice``, ``seed``, ``temperature``...),
+    validated here."""
+    turn_fields: dict[str, Any] = field(default_factory=dict)
+    """Other ``SynthesisRequest`` fields the client set (``max_frames``, ``priority``,
+    ``chunk_schedule``); type-checked here, range-checked by ``SynthesisRequest``."""
 
     @property
     def num_chars(self) -> int:
@@ -164,6 +168,8 @@ _SAY_OPTIONS: dict[str, tuple[str, tuple[type, ...]]] = {
     "voice": ("speaker", (str,)), "speaker": ("speaker", (str,)),
     "instructions": ("instructions", (str,)), "seed": ("seed", (int,)),
     "cfg_scale": ("cfg_scale", (int, float)), "temperature": ("temperature", (int, float)),
+    "top_k": ("top_k", (int,)), "top_p": ("top_p", (int, float)),
+    "repetition_penalty": ("repetition_penalty", (int, float)),
     "max_frames": ("max_frames", (int,)), "priority": ("priority", (int,)),
     "chunk_schedule": ("chunk_schedule", (list,)),
 }
@@ -238,8 +244,16 @@ def _say(data: dict[str, Any]) -> Say:
         if isinstance(value, str) and not value.strip():
             raise ProtocolError("bad_field", f"{wire} must not be empty")
         options[name] = tuple(value) if isinstance(value, list) else value
+    turn_fields = {n: options.pop(n) for n in _TURN_FIELDS if n in options}
+    try:
+        voice = SynthesisOptions.from_mapping(options)
+    except InvalidRequest as exc:
+        raise ProtocolError("invalid_request", str(exc)) from None
     return Say(text=text, more=more, format=fmt, client_request_id=client_id,
-               reference=reference, options=options)
+               reference=reference, options=voice, turn_fields=turn_fields)
+
+
+_TURN_FIELDS = ("max_frames", "priority", "chunk_schedule")
 
 
 def _reference(data: dict[str, Any]) -> ReferenceAudio | None:

@@ -186,19 +186,10 @@ class TurnController:
             raise ProtocolError("invalid_request", reference_message(str(exc))) from None
 
     def _request(self, say: Say) -> SynthesisRequest:
-        options = {**self._request_options, **say.options}
-        temperature = options.pop("temperature", None)
-        if temperature is not None:
-            base = getattr(getattr(getattr(self.engine, "engine", None), "runner", None),
-                           "default_sampling", None)
-            if base is None:
-                raise ProtocolError("invalid_request", "temperature is not supported here")
-            try:
-                options["sampling"] = replace(base, temperature=temperature)
-            except ValueError as exc:
-                raise ProtocolError("invalid_request", str(exc)) from None
         try:
-            return SynthesisRequest(text=say.text, input_closed=not say.more, **options)
+            return SynthesisRequest(text=say.text, options=say.options,
+                                    input_closed=not say.more,
+                                    **{**self._request_options, **say.turn_fields})
         except (InvalidRequest, TypeError) as exc:
             raise ProtocolError("invalid_request", str(exc)) from None
 
