@@ -26,7 +26,7 @@ chromium:
 	  || echo "warning: chromium could not be installed; the browser test will skip"; }
 
 run: $(STAMP)
-	$(VENV)/bin/breezert serve --config configs/cpu-tiny.toml
+	$(VENV)/bin/breezert serve --config cpu-tiny
 
 test: $(STAMP) chromium
 	$(PY) -m pytest -q
@@ -39,7 +39,7 @@ synth: $(STAMP) $(TINY)/config.json
 	$(VENV)/bin/breezert synth --model $(TINY) --text "Hello from BreezeRT, streaming speech in tens of milliseconds." --max-frames 60 --out .cache/hello.wav
 
 bench-cpu: $(STAMP)
-	$(VENV)/bin/breezert bench --config configs/cpu-tiny.toml --concurrency 1,4,8 --num-requests 24 --variants fixed16-eager,progressive-eager,naive --naive-requests 4
+	$(VENV)/bin/breezert bench --config cpu-tiny --concurrency 1,4,8 --num-requests 24 --variants fixed16-eager,progressive-eager,naive --naive-requests 4
 
 clean:
 	rm -rf $(VENV) .cache

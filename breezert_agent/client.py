@@ -24,6 +24,7 @@ from breezert.errors import (
     RequestAborted,
     RequestFailed,
 )
+from breezert.profiles import resolve_config
 
 from .log import logger
 from .models import DEFAULT_SPEAKER, SAMPLE_RATE, SPEECH_STREAM_PATH
@@ -122,36 +123,8 @@ class RuntimeClient(ABC):
 
 # ----------------------------------------------------------------------------- in-process
 
-DEFAULT_ENGINE_CONFIG: dict[str, Any] = {
-    "model": {"preset": "tiny", "dtype": "float32", "device": "cpu"},
-    "cache": {"block_size": 16, "num_blocks": 2048},
-    "scheduler": {
-        "max_running_requests": 8, "max_queued_requests": 32, "max_model_len": 1024,
-        "max_prefill_tokens": 256, "max_decode_requests": 8, "max_decode_rows": 16,
-        "max_depth_requests": 8, "max_depth_rows": 16, "max_codec_requests": 8,
-        "default_max_frames": 375, "starvation_limit_s": 1.0,
-    },
-    "graph": {"enable_cuda_graphs": False, "compile_depth": False},
-    "serving": {"host": "127.0.0.1", "port": 8080, "max_peers": 8, "max_text_chars": 2000},
-}
-"""The embedded default: ``configs/cpu-tiny.toml`` (tiny random model on CPU), kept equal by a
-unit test so that ``TTS()`` works from an installed wheel with no config file."""
-
 _engines: dict[str, AsyncEngine] = {}
 _engines_lock = threading.Lock()
-
-
-def resolve_config(config: str | os.PathLike[str] | EngineConfig | None) -> EngineConfig:
-    """A config file path, an ``EngineConfig``, or ``None`` (the embedded default)."""
-    from breezert.config import EngineConfig, apply_env_overrides
-
-    if config is None:
-        cfg = EngineConfig.from_dict(DEFAULT_ENGINE_CONFIG, source="<embedded cpu-tiny>")
-    elif isinstance(config, EngineConfig):
-        cfg = config
-    else:
-        cfg = EngineConfig.from_file(config)
-    return apply_env_overrides(cfg)
 
 
 def load_engine(

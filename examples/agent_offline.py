@@ -1,7 +1,7 @@
 """A LiveKit ``AgentSession`` speaking two turns with BreezeRT, with no server and no room.
 
     python examples/agent_offline.py                      # embedded tiny model, in-process
-    python examples/agent_offline.py --config configs/cpu-tiny.toml --out .cache/turns.wav
+    python examples/agent_offline.py --config configs/tiny.toml --out .cache/turns.wav
     python examples/agent_offline.py --base-url http://127.0.0.1:8080   # a `breezert serve`
 
 The agent's audio goes to ``AudioSourceOutput``: a real ``rtc.AudioSource`` that plays in real

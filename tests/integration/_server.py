@@ -20,10 +20,11 @@ from aiohttp import web
 from aiohttp.test_utils import TestServer
 from breezert.async_engine import AsyncEngine
 from breezert.config import EngineConfig, ServingConfig
+from breezert.profiles import EMBEDDED_PROFILE, profile_path
 from breezert.server import create_app
 from breezert.server.app import STATE, ServerState
 
-CONFIG = Path(__file__).resolve().parents[2] / "configs" / "cpu-tiny.toml"
+CONFIG = profile_path(EMBEDDED_PROFILE)
 FRAMES_PER_TURN = 12
 """Every test turn is exactly this many codec frames (80 ms each): 0.96 s of audio."""
 REQUEST_OPTIONS = {"max_frames": FRAMES_PER_TURN, "ignore_eos": True, "seed": 7}
