@@ -24,7 +24,6 @@ from breezert.errors import (
     RequestAborted,
     RequestFailed,
 )
-from breezert.profiles import resolve_config
 
 from .log import logger
 from .models import DEFAULT_SPEAKER, SAMPLE_RATE, SPEECH_STREAM_PATH
@@ -123,81 +122,13 @@ class RuntimeClient(ABC):
 
 # ----------------------------------------------------------------------------- in-process
 
-_engines: dict[str, AsyncEngine] = {}
-_engines_lock = threading.Lock()
-
-
-def load_engine(
-    config: str | os.PathLike[str] | EngineConfig | None = None, *, warmup: bool = True
-) -> AsyncEngine:
-    """The process-wide ``AsyncEngine`` for ``config``, built (and warmed) on the first call.
-
-    Thread-safe and blocking: call it from the worker's ``prewarm_fnc`` so that the model loads
-    once per process; every ``TTS`` with the same config then shares this engine.
-    """
-    cfg = resolve_config(config)
-    key = cfg.model_dump_json()
-    with _engines_lock:  # held while loading: a second caller waits instead of loading twice
-        engine = _engines.get(key)
-        if engine is None:
-            from breezert.async_engine import AsyncEngine
-
-            start_time = time.monotonic()
-            engine = AsyncEngine.from_config(cfg)
-            if warmup:
-                _warm_up(engine)
-            _engines[key] = engine
-            logger.info(
-                "breezert engine loaded",
-                extra={"preset": cfg.model.preset, "device": cfg.model.device,
-                       "load_s": round(time.monotonic() - start_time, 3)},
-            )
-    return engine
-
-
-def _warm_up(engine: AsyncEngine, *, max_steps: int = 10_000) -> None:
-    """Runs one two-segment request through every stage before the engine thread starts, so
-    lazy initialisation and graph capture happen here rather than in a user's first turn."""
-    from breezert.request import SynthesisRequest
-
-    request_id = f"warmup-{os.getpid()}-{time.monotonic_ns()}"
-    request = SynthesisRequest(text=["Warm up.", "Ready."], max_frames=2, seed=0,
-                               request_id=request_id)
-    core = engine.engine
-    core.add_request(request)
-    for _ in range(max_steps):
-        if not core.has_work():
-            return
-        core.step()
-    core.abort(request_id)
-
-
-async def shutdown_engines() -> None:
-    """Stops every shared engine of this process (tests and orderly process exit only)."""
-    with _engines_lock:
-        engines = list(_engines.values())
-        _engines.clear()
-    for engine in engines:
-        await engine.aclose()
-
-
 class InProcessRuntimeClient(RuntimeClient):
-    """Runs turns on the process-wide shared ``AsyncEngine`` (see ``load_engine``)."""
+    """Runs turns on the process-wide shared engine of ``config`` (``AsyncEngine.shared``)."""
 
-    def __init__(
-        self,
-        config: str | os.PathLike[str] | EngineConfig | None = None,
-        *,
-        engine: AsyncEngine | None = None,
-    ) -> None:
+    def __init__(self, config: str | os.PathLike[str] | EngineConfig | None = None) -> None:
         self._config = config
-        self._engine = engine
+        self._engine: AsyncEngine | None = None
         self._loading: threading.Thread | None = None
-
-    @property
-    def engine(self) -> AsyncEngine | None:
-        """The engine, once loaded."""
-        return self._engine
 
     def prewarm(self) -> None:
         if self._engine is not None or self._loading is not None:
@@ -209,7 +140,7 @@ class InProcessRuntimeClient(RuntimeClient):
 
     def _load_quietly(self) -> None:
         try:
-            self._engine = load_engine(self._config)
+            self._engine = _shared_engine(self._config)
         except Exception:  # the first turn loads again and reports the error properly
             logger.exception("breezert prewarm failed")
 
@@ -217,7 +148,7 @@ class InProcessRuntimeClient(RuntimeClient):
         """The shared engine; loads it off the event loop the first time."""
         if self._engine is None:
             loop = asyncio.get_running_loop()
-            self._engine = await loop.run_in_executor(None, load_engine, self._config)
+            self._engine = await loop.run_in_executor(None, _shared_engine, self._config)
         return self._engine
 
     async def open_turn(
@@ -234,8 +165,7 @@ class InProcessRuntimeClient(RuntimeClient):
         engine = await self.get_engine()
         sampling = None
         if options.temperature is not None:
-            sampling = replace(engine.engine.runner.default_sampling,
-                               temperature=options.temperature)
+            sampling = replace(engine.default_sampling, temperature=options.temperature)
         request = SynthesisRequest(
             text=list(texts), speaker=options.speaker, instructions=options.instructions,
             cfg_scale=options.cfg_scale, sampling=sampling, seed=options.seed,
@@ -246,14 +176,17 @@ class InProcessRuntimeClient(RuntimeClient):
         return _EngineTurn(engine, request_id)
 
 
+def _shared_engine(config: str | os.PathLike[str] | EngineConfig | None) -> AsyncEngine:
+    from breezert.async_engine import AsyncEngine  # torch: only once a turn runs in-process
+
+    return AsyncEngine.shared(config)
+
+
 class _EngineTurn(Turn):
     def __init__(self, engine: AsyncEngine, request_id: str) -> None:
         self._engine = engine
         self.request_id = request_id
         self._is_done = False
-
-    def _is_live(self) -> bool:
-        return self._engine.engine.scheduler.get_request(self.request_id) is not None
 
     async def append(self, text: str) -> None:
         if self._is_done:
@@ -261,7 +194,7 @@ class _EngineTurn(Turn):
         try:
             self._engine.append_text(self.request_id, text)
         except InvalidRequest:
-            if self._is_done or not self._is_live():
+            if self._is_done or not self._engine.is_live(self.request_id):
                 return  # the turn already ended (failed or aborted): its stream reports why
             raise
 
@@ -271,7 +204,7 @@ class _EngineTurn(Turn):
         try:
             self._engine.close_input(self.request_id)
         except InvalidRequest:
-            if self._is_live():
+            if self._engine.is_live(self.request_id):
                 raise
 
     async def abort(self) -> None:

@@ -20,7 +20,8 @@ from typing import Any
 
 import pytest
 
-from breezert_agent.client import InProcessRuntimeClient, RemoteRuntimeClient, load_engine
+from breezert.async_engine import AsyncEngine
+from breezert_agent.client import InProcessRuntimeClient, RemoteRuntimeClient
 
 pytestmark = pytest.mark.integration
 
@@ -51,7 +52,7 @@ def test_livekit_agent_worker_pieces(monkeypatch: pytest.MonkeyPatch) -> None:
     example = runpy.run_path(str(EXAMPLES / "livekit_agent.py"), run_name="livekit_agent")
     proc = SimpleNamespace(userdata={})
     example["prewarm"](proc)
-    assert proc.userdata["breezert_engine"] is load_engine()  # the process-wide engine
+    assert proc.userdata["breezert_engine"] is AsyncEngine.shared()  # the process-wide engine
     assert isinstance(example["make_tts"]().client, InProcessRuntimeClient)
 
     monkeypatch.setenv("BREEZERT_URL", "http://127.0.0.1:8080")
