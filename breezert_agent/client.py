@@ -24,6 +24,7 @@ from breezert.errors import (
     RequestAborted,
     RequestFailed,
 )
+from breezert.server.protocol import INVALID_REQUEST_CODES, MESSAGE_COMPLAINT_CODES, OVERLOADED_CODE
 
 from .log import logger
 from .models import DEFAULT_SPEAKER, SAMPLE_RATE, SPEECH_STREAM_PATH
@@ -374,20 +375,12 @@ def _say_message(
     return message
 
 
-_INVALID_CODES = frozenset({"invalid_request", "text_too_long", "empty_text", "missing_field",
-                            "bad_field", "bad_json", "bad_message", "message_too_large",
-                            "unknown_type", "unauthorized", "forbidden"})
-_COMPLAINT_CODES = frozenset({"bad_field", "bad_json", "bad_message", "unknown_type",
-                              "missing_field", "no_open_turn"})
-"""Error codes that, once a turn runs, complain about one message and leave the turn going."""
-
-
 def _error_from_event(event: dict[str, Any], request_id: str) -> BreezeRTError:
     code = str(event.get("code", ""))
     message = str(event.get("message") or event.get("error") or "error")[:200]
-    if code in _INVALID_CODES:
+    if code in INVALID_REQUEST_CODES:
         return InvalidRequest(f"{code}: {message}")
-    if code == "overloaded":
+    if code == OVERLOADED_CODE:
         return EngineOverloaded(message)
     return RequestFailed(request_id, f"{code or 'failed'}: {message}")
 
@@ -510,7 +503,7 @@ class _RemoteTurn(Turn):
             return True
         elif kind == "error":
             error = _error_from_event(event, self.request_id)
-            if not self._is_started or event.get("code") not in _COMPLAINT_CODES:
+            if not self._is_started or event.get("code") not in MESSAGE_COMPLAINT_CODES:
                 self._is_server_done = True
                 raise error
             # NOTE: once the turn runs, these codes complain about one message (e.g. a server

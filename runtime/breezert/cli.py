@@ -211,7 +211,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     from breezert.async_engine import AsyncEngine
     from breezert.config import EngineConfig, apply_env_overrides
-    from breezert.server import create_app
+    from breezert.server.app import create_app
 
     cfg = EngineConfig.from_file(args.config) if args.config else EngineConfig()
     model = {k: v for k, v in {"path": args.model, "device": args.device}.items() if v is not None}

@@ -12,7 +12,6 @@ import asyncio
 import contextlib
 import json
 from collections.abc import AsyncIterator, Mapping
-from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -21,8 +20,7 @@ from aiohttp.test_utils import TestServer
 from breezert.async_engine import AsyncEngine
 from breezert.config import EngineConfig, ServingConfig
 from breezert.profiles import EMBEDDED_PROFILE, profile_path
-from breezert.server import create_app
-from breezert.server.app import STATE, ServerState
+from breezert.server.app import STATE, ServerState, create_app
 
 CONFIG = profile_path(EMBEDDED_PROFILE)
 FRAMES_PER_TURN = 12

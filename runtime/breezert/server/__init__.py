@@ -1,8 +1,6 @@
 """BreezeRT's network front: HTTP, WebSocket and WebRTC endpoints over one ``AsyncEngine``.
 
-``create_app(engine, serving)`` builds the aiohttp application; ``breezert serve`` runs it.
+``breezert.server.app.create_app(engine, serving)`` builds the aiohttp application; ``breezert
+serve`` runs it. Importing this package imports nothing else, so ``breezert.server.protocol``
+stays usable without aiohttp or torch.
 """
-
-from breezert.server.app import create_app
-
-__all__ = ["create_app"]

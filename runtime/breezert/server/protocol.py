@@ -404,3 +404,16 @@ def event(kind: str, **fields: Any) -> str:
 
 def error_event(code: str, message: str, **fields: Any) -> str:
     return event("error", code=code, message=message, **fields)
+
+
+INVALID_REQUEST_CODES = frozenset({
+    "invalid_request", "text_too_long", "empty_text", "missing_field", "bad_field", "bad_json",
+    "bad_message", "message_too_large", "unknown_type", "unauthorized", "forbidden",
+})
+"""``error`` codes that reject the request itself: retrying it unchanged cannot succeed."""
+MESSAGE_COMPLAINT_CODES = frozenset({
+    "bad_field", "bad_json", "bad_message", "unknown_type", "missing_field", "no_open_turn",
+})
+"""``error`` codes that, once a turn runs, complain about one message and leave the turn going."""
+OVERLOADED_CODE = "overloaded"
+"""The ``error`` code of a request refused for lack of capacity: worth retrying later."""
