@@ -1,8 +1,8 @@
 """How the plugin reaches a BreezeRT runtime: the ``RuntimeClient`` interface and its two kinds.
 
 ``InProcessRuntimeClient`` (this process's shared engine; torch is imported on its first turn)
-and ``RemoteRuntimeClient`` (a ``breezert serve`` over WebSocket). Importing this package
-imports neither LiveKit nor torch.
+and ``RemoteRuntimeClient`` (a ``breezert serve`` over WebSocket). Must not: import torch or the
+engine at import, so that a remote-only agent needs neither.
 """
 
 from .base import RuntimeClient, RuntimeUnavailable, Turn, TurnOptions
