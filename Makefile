@@ -10,11 +10,18 @@ STAMP  := $(VENV)/.installed
 
 .PHONY: run test install chromium synth bench-cpu clean
 
-$(STAMP): pyproject.toml
+# Two distributions: runtime/pyproject.toml is `breezert` (torch only in its `engine` extra),
+# pyproject.toml is `breezert-agent` (the LiveKit plugin; `local` = in-process engine).
+$(STAMP): pyproject.toml runtime/pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	# The CPU torch wheel: a bare 'torch' would pull a multi-GB CUDA build.
+	# torch first, pinned: the CPU wheel where pip's find-links has one, else PyPI's CUDA build
+	# (which brings its own triton).
 	$(PIP) install "torch==2.13.0"
-	$(PIP) install -e ".[test,serve,agents,bench]"
+	$(PIP) install -e "./runtime[engine,serve,bench]" -e ".[local,test]"
+	# The fused-kernel CPU tests run Triton's interpreter: add triton only where torch brought
+	# none (the CPU wheel), on Linux x86_64 only (no other wheels).
+	if [ "$$(uname -s)-$$(uname -m)" = "Linux-x86_64" ]; then \
+	  $(PY) -c "import triton" 2>/dev/null || $(PIP) install "triton==3.6.0"; fi
 	touch $(STAMP)
 
 install: $(STAMP)
