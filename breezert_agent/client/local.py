@@ -79,8 +79,13 @@ class InProcessRuntimeClient(RuntimeClient):
 
 
 def _shared_engine(config: str | os.PathLike[str] | EngineConfig | None) -> AsyncEngine:
-    from breezert.async_engine import AsyncEngine  # torch: only once a turn runs in-process
-
+    try:
+        from breezert.async_engine import AsyncEngine  # torch: only once a turn runs in-process
+    except ModuleNotFoundError as exc:
+        if exc.name != "torch":
+            raise
+        raise ImportError("the in-process engine needs torch: pip install "
+                          "'breezert-agent[local]', or use TTS(base_url=...)") from exc
     return AsyncEngine.shared(config)
 
 

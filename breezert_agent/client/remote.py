@@ -13,6 +13,8 @@ import time
 from collections.abc import AsyncIterator, Sequence
 from typing import TYPE_CHECKING, Any
 
+from livekit.agents.utils import ConnectionPool
+
 from breezert.errors import (
     BreezeRTError,
     EngineOverloaded,
@@ -21,7 +23,6 @@ from breezert.errors import (
     RequestFailed,
 )
 from breezert.server.protocol import INVALID_REQUEST_CODES, MESSAGE_COMPLAINT_CODES, OVERLOADED_CODE
-from livekit.agents.utils import ConnectionPool
 
 from ..log import logger
 from ..models import SPEECH_STREAM_PATH

@@ -286,6 +286,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (BreezeRTError, ValueError, FileNotFoundError) as exc:
         print(f"breezert {args.command}: error: {exc}", file=sys.stderr)
         return 2
+    except ModuleNotFoundError as exc:
+        extra = _EXTRA_OF.get((exc.name or "").partition(".")[0])
+        if extra is None:
+            raise
+        print(f"breezert {args.command}: error: {exc.name} is not installed; this command "
+              f"needs: pip install 'breezert[{extra}]'", file=sys.stderr)
+        return 2
+
+
+_EXTRA_OF = {"torch": "engine", "safetensors": "engine", "tokenizers": "engine",
+             "aiohttp": "serve", "aiortc": "serve", "av": "serve"}
+"""The distribution extra that brings each optional import (the core installs without torch)."""
 
 
 if __name__ == "__main__":
