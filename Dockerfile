@@ -17,7 +17,8 @@ COPY pyproject.toml README.md ./
 COPY runtime ./runtime
 COPY breezert_agent ./breezert_agent
 COPY configs ./configs
-RUN pip install ".[serve,agents,bench]"
+# The runtime (breezert, with its engine, server and bench) and the LiveKit plugin beside it.
+RUN pip install "./runtime[engine,serve,bench]" ".[local]"
 
 EXPOSE 8080
 CMD ["breezert", "--help"]

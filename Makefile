@@ -10,11 +10,18 @@ STAMP  := $(VENV)/.installed
 
 .PHONY: run test install chromium synth bench-cpu clean
 
-$(STAMP): pyproject.toml
+# Two distributions: runtime/pyproject.toml is `breezert` (torch only in its `engine` extra),
+# pyproject.toml is `breezert-agent` (the LiveKit plugin; `local` = in-process engine).
+$(STAMP): pyproject.toml runtime/pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	# The CPU torch wheel: a bare 'torch' would pull a multi-GB CUDA build.
+	# torch first, pinned: the CPU wheel where pip's find-links has one, else PyPI's CUDA build
+	# (which brings its own triton).
 	$(PIP) install "torch==2.13.0"
-	$(PIP) install -e ".[test,serve,agents,bench]"
+	$(PIP) install -e "./runtime[engine,serve,bench]" -e ".[local,test]"
+	# The fused-kernel CPU tests run Triton's interpreter: add triton only where torch brought
+	# none (the CPU wheel), on Linux x86_64 only (no other wheels).
+	if [ "$$(uname -s)-$$(uname -m)" = "Linux-x86_64" ]; then \
+	  $(PY) -c "import triton" 2>/dev/null || $(PIP) install "triton==3.6.0"; fi
 	touch $(STAMP)
 
 install: $(STAMP)
@@ -26,7 +33,7 @@ chromium:
 	  || echo "warning: chromium could not be installed; the browser test will skip"; }
 
 run: $(STAMP)
-	$(VENV)/bin/breezert serve --config configs/cpu-tiny.toml
+	$(VENV)/bin/breezert serve --config cpu-tiny
 
 test: $(STAMP) chromium
 	$(PY) -m pytest -q
@@ -39,7 +46,7 @@ synth: $(STAMP) $(TINY)/config.json
 	$(VENV)/bin/breezert synth --model $(TINY) --text "Hello from BreezeRT, streaming speech in tens of milliseconds." --max-frames 60 --out .cache/hello.wav
 
 bench-cpu: $(STAMP)
-	$(VENV)/bin/breezert bench --config configs/cpu-tiny.toml --concurrency 1,4,8 --num-requests 24 --variants fixed16-eager,progressive-eager,naive --naive-requests 4
+	$(VENV)/bin/breezert bench --config cpu-tiny --concurrency 1,4,8 --num-requests 24 --variants fixed16-eager,progressive-eager,naive --naive-requests 4
 
 clean:
 	rm -rf $(VENV) .cache

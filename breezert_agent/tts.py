@@ -235,13 +235,15 @@ class TTS(tts.TTS[Literal["metrics_collected", "error"]]):  # no events of its o
     ) -> None:
         """BreezeRT text-to-speech: one engine request per turn, streamed sentence by sentence.
 
-        With no arguments it runs the embedded default (tiny random model, CPU) in-process, on
-        an engine shared by every ``TTS`` of the process (see ``client.load_engine``).
+        With no arguments it runs the embedded default profile (tiny random model, CPU)
+        in-process, on the engine that every ``TTS`` of the process with the same config shares
+        (``breezert.async_engine.AsyncEngine.shared``).
 
         Args:
             base_url: A ``breezert serve`` (``http://host:8080``): run turns remotely over its
                 WebSocket. Exclusive with ``config`` and ``client``.
-            config: ``EngineConfig`` or TOML path for the in-process engine.
+            config: ``EngineConfig``, TOML path or packaged profile name (``cpu-tiny``) for the
+                in-process engine.
             client: Any ``RuntimeClient`` (tests, custom transports); not closed by ``aclose``.
             auth_token: Bearer token for ``base_url`` (default: ``BREEZERT_AUTH_TOKEN``).
             speaker: ``[S0]``..``[S9]``.

@@ -1,7 +1,7 @@
 """A LiveKit ``AgentSession`` speaking two turns with BreezeRT, with no server and no room.
 
     python examples/agent_offline.py                      # embedded tiny model, in-process
-    python examples/agent_offline.py --config configs/cpu-tiny.toml --out .cache/turns.wav
+    python examples/agent_offline.py --config configs/tiny.toml --out .cache/turns.wav
     python examples/agent_offline.py --base-url http://127.0.0.1:8080   # a `breezert serve`
 
 The agent's audio goes to ``AudioSourceOutput``: a real ``rtc.AudioSource`` that plays in real
@@ -27,7 +27,6 @@ from livekit.agents import Agent, AgentSession
 from livekit.agents.metrics import TTSMetrics
 
 from breezert_agent import TTS
-from breezert_agent.client import load_engine
 from breezert_agent.playout import AudioSourceOutput
 
 TURN_1 = "Hello from BreezeRT. This whole turn is one engine request."
@@ -66,8 +65,10 @@ def write_wav(path: Path, frames: list[rtc.AudioFrame], sample_rate: int) -> flo
 
 async def run(args: argparse.Namespace) -> dict[str, object]:
     if args.base_url is None:  # what a worker's prewarm_fnc does: load the model once
+        from breezert.async_engine import AsyncEngine  # in-process only: remote needs no torch
+
         start_time = time.monotonic()
-        await asyncio.get_running_loop().run_in_executor(None, load_engine, args.config)
+        await asyncio.get_running_loop().run_in_executor(None, AsyncEngine.shared, args.config)
         print(f"engine loaded and warmed in {time.monotonic() - start_time:.2f} s")
         tts = TTS(config=args.config, max_frames=args.max_frames, speaker=args.speaker,
                   seed=args.seed)

@@ -11,10 +11,10 @@ Engine placement (same API either way):
 * in-process (default; ``BREEZERT_CONFIG`` = engine TOML, unset = the embedded tiny CPU model).
   The worker runs jobs as threads of one process (``job_executor_type=JobExecutorType.THREAD``)
   so every job shares the process's one engine and its batch: one model load, one KV pool,
-  concurrent calls batched together. ``prewarm`` (the worker's ``setup_fnc``) calls
-  ``load_engine``, which loads and warms the model once per process; later calls, and every
-  ``TTS()`` with the same config, get that engine. With the default PROCESS executor each job
-  process would load its own copy of the model.
+  concurrent calls batched together. ``prewarm`` (the worker's ``prewarm_fnc``) calls
+  ``AsyncEngine.shared``, which loads and warms the model once per process; later calls, and
+  every ``TTS()`` with the same config, get that engine. With the default PROCESS executor each
+  job process would load its own copy of the model.
 * remote: ``BREEZERT_URL=http://host:8080`` talks to a ``breezert serve`` over its WebSocket;
   jobs may then use any executor.
 
@@ -39,7 +39,6 @@ from livekit.agents import (
 )
 
 from breezert_agent import TTS  # registers the plugin: import it on the main thread
-from breezert_agent.client import load_engine
 
 logger = logging.getLogger("breezert-agent-example")
 
@@ -62,7 +61,9 @@ class Assistant(Agent):
 def prewarm(proc: JobProcess) -> None:
     """Runs once per executor before jobs; with THREAD executors the engine loads only once."""
     if BREEZERT_URL is None:
-        proc.userdata["breezert_engine"] = load_engine(BREEZERT_CONFIG)
+        from breezert.async_engine import AsyncEngine  # in-process only: remote needs no torch
+
+        proc.userdata["breezert_engine"] = AsyncEngine.shared(BREEZERT_CONFIG)
 
 
 def make_tts() -> TTS:

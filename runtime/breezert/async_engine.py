@@ -1,8 +1,10 @@
 """asyncio facade over ``Engine``: the engine loop on its own thread, one output queue per request.
 
 Owns: the engine thread, routing each step's outputs to the awaiting request's queue on its
-event loop, and turning a cancelled or abandoned consumer into ``Engine.abort``. Must not: call
-the GPU or make scheduling decisions; everything goes through ``Engine``'s thread-safe methods.
+event loop, turning a cancelled or abandoned consumer into ``Engine.abort``, and the process-wide
+shared engines (``AsyncEngine.shared``: one per config, built and warmed up once). Must not:
+call the GPU or make scheduling decisions; everything goes through ``Engine``'s thread-safe
+methods.
 """
 
 from __future__ import annotations
@@ -10,18 +12,28 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import threading
+import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from breezert.config import EngineConfig
 from breezert.engine import Engine, EngineOutput, RequestOutcome
 from breezert.errors import BreezeRTError, RequestAborted, RequestFailed
 from breezert.outputs import AudioChunk
+from breezert.profiles import resolve_config
 from breezert.request import Reference, RequestStatus, SynthesisRequest
 
+if TYPE_CHECKING:
+    from breezert.layers.sampling import SamplingParams
+
 logger = logging.getLogger("breezert.async_engine")
+
+_shared: dict[str, AsyncEngine] = {}
+"""``AsyncEngine.shared``'s engines, keyed by their resolved config as JSON."""
+_shared_lock = threading.Lock()
 
 
 @dataclass
@@ -54,6 +66,64 @@ class AsyncEngine:
     def from_config(config: EngineConfig, **kwargs: Any) -> AsyncEngine:
         return AsyncEngine(Engine(config), **kwargs)
 
+    # ------------------------------------------------------------ shared engines
+    @classmethod
+    def shared(
+        cls, config: str | os.PathLike[str] | EngineConfig | None = None, *, warmup: bool = True
+    ) -> AsyncEngine:
+        """The process-wide engine for ``config``, built (and warmed up) by the first call.
+
+        ``config``: an ``EngineConfig``, a TOML path, a packaged profile name, or ``None`` for
+        the embedded ``cpu-tiny`` profile (``breezert.profiles.resolve_config``). Thread-safe
+        and blocking (a second caller waits instead of loading twice); every caller with an
+        equal config gets the same engine, and the first caller's ``warmup`` decides.
+        """
+        cfg = resolve_config(config)
+        key = cfg.model_dump_json()
+        with _shared_lock:  # held while loading: one model load per config and process
+            engine = _shared.get(key)
+            if engine is None:
+                start_time = time.monotonic()
+                engine = cls.from_config(cfg)
+                if warmup:
+                    engine.warm_up()
+                _shared[key] = engine
+                logger.info(
+                    "shared engine loaded",
+                    extra={"preset": cfg.model.preset, "device": cfg.model.device,
+                           "load_s": round(time.monotonic() - start_time, 3)},
+                )
+        return engine
+
+    @classmethod
+    async def aclose_shared(
+        cls, config: str | os.PathLike[str] | EngineConfig | None = None
+    ) -> None:
+        """Closes the shared engine of ``config`` (as ``shared`` takes it) and forgets it, so
+        that the next ``shared(config)`` builds a new one; a no-op when none was built."""
+        key = resolve_config(config).model_dump_json()
+        with _shared_lock:
+            engine = _shared.pop(key, None)
+        if engine is not None:
+            await engine.aclose()
+
+    def warm_up(self, *, max_steps: int = 10_000) -> None:
+        """Runs one two-segment request through every stage on the calling thread, so that
+        lazy initialisation and graph capture happen now rather than in a user's first request.
+
+        Blocking; only before the engine thread starts (``shared`` calls it).
+        """
+        if self._thread is not None and self._thread.is_alive():
+            raise BreezeRTError("warm_up runs before the engine thread starts")
+        request_id = f"warmup-{os.getpid()}-{time.monotonic_ns()}"
+        self.engine.add_request(SynthesisRequest(
+            text=["Warm up.", "Ready."], max_frames=2, seed=0, request_id=request_id))
+        for _ in range(max_steps):
+            if not self.engine.has_work():
+                return
+            self.engine.step()
+        self.engine.abort(request_id)
+
     # --------------------------------------------------------------- lifecycle
     def start(self) -> None:
         """Starts the engine thread (idempotent)."""
@@ -82,6 +152,12 @@ class AsyncEngine:
     @property
     def is_running(self) -> bool:
         return self._thread is not None and self._thread.is_alive() and self._fatal is None
+
+    @property
+    def default_sampling(self) -> SamplingParams:
+        """The checkpoint's sampling settings: what a request with ``sampling=None`` gets; a
+        caller overriding one field (e.g. temperature) starts from these."""
+        return self.engine.runner.default_sampling
 
     # ---------------------------------------------------------------- requests
     async def synthesize(self, request: SynthesisRequest) -> AsyncIterator[AudioChunk]:
@@ -171,6 +247,10 @@ class AsyncEngine:
         self, request_id: str, buffered_s: float, measured_at: float, source: str
     ) -> None:
         self.engine.report_playback(request_id, buffered_s, measured_at, source)
+
+    def is_live(self, request_id: str) -> bool:
+        """Whether the request is still queued or running (not finished, failed or aborted)."""
+        return self.engine.scheduler.get_request(request_id) is not None
 
     def metrics(self) -> dict[str, Any]:
         return self.engine.metrics.snapshot()

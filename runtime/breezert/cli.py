@@ -29,6 +29,16 @@ def _chunks(value: str) -> tuple[int, ...]:
         raise argparse.ArgumentTypeError(text) from None
 
 
+def _config(value: str) -> Path:
+    """``--config``: a TOML path, or the name of a packaged profile (``cpu-tiny``)."""
+    from breezert.profiles import config_path
+
+    try:
+        return config_path(value)
+    except FileNotFoundError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="breezert", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -67,9 +77,9 @@ def build_parser() -> argparse.ArgumentParser:
     synth.add_argument("--device", default="cpu")
 
     bench = sub.add_parser("bench", help="serving benchmark: TTFB, underruns, RTF per variant/load")
-    bench.add_argument("--config", type=Path, default=None,
-                       help="engine profile (default: configs/h200-latency.toml with CUDA, "
-                            "else configs/cpu-tiny.toml)")
+    bench.add_argument("--config", type=_config, default=None,
+                       help="engine profile, a TOML path or a packaged profile name (default: "
+                            "configs/h200-latency.toml with CUDA, else cpu-tiny)")
     bench.add_argument("--texts", type=Path, default=None,
                        help="id<TAB>text file (default: ../shared/bench/texts_en.tsv, else a "
                             "built-in list)")
@@ -112,8 +122,9 @@ def build_parser() -> argparse.ArgumentParser:
                        help="commit to record when the tree is not a git checkout")
 
     serve = sub.add_parser("serve", help="HTTP/WebSocket/WebRTC server with the demo page")
-    serve.add_argument("--config", type=Path, default=None,
-                       help="engine profile TOML (default: built-in defaults, tiny random model)")
+    serve.add_argument("--config", type=_config, default=None,
+                       help="engine profile, a TOML path or a packaged profile name (cpu-tiny) "
+                            "(default: built-in defaults, tiny random model)")
     serve.add_argument("--model", default=None, help="checkpoint folder (sets model.path)")
     serve.add_argument("--host", default=None, help="bind address (default: [serving] host)")
     serve.add_argument("--port", type=int, default=None, help="bind port (default: [serving] port)")
@@ -271,6 +282,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (BreezeRTError, ValueError, FileNotFoundError) as exc:
         print(f"breezert {args.command}: error: {exc}", file=sys.stderr)
         return 2
+    except ModuleNotFoundError as exc:
+        extra = _EXTRA_OF.get((exc.name or "").partition(".")[0])
+        if extra is None:
+            raise
+        print(f"breezert {args.command}: error: {exc.name} is not installed; this command "
+              f"needs: pip install 'breezert[{extra}]'", file=sys.stderr)
+        return 2
+
+
+_EXTRA_OF = {"torch": "engine", "safetensors": "engine", "tokenizers": "engine",
+             "aiohttp": "serve", "aiortc": "serve", "av": "serve"}
+"""The distribution extra that brings each optional import (the core installs without torch)."""
 
 
 if __name__ == "__main__":

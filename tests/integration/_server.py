@@ -12,7 +12,6 @@ import asyncio
 import contextlib
 import json
 from collections.abc import AsyncIterator, Mapping
-from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -20,10 +19,11 @@ from aiohttp import web
 from aiohttp.test_utils import TestServer
 from breezert.async_engine import AsyncEngine
 from breezert.config import EngineConfig, ServingConfig
+from breezert.profiles import EMBEDDED_PROFILE, profile_path
 from breezert.server.app import create_app
 from breezert.server.state import STATE, ServerState
 
-CONFIG = Path(__file__).resolve().parents[2] / "configs" / "cpu-tiny.toml"
+CONFIG = profile_path(EMBEDDED_PROFILE)
 FRAMES_PER_TURN = 12
 """Every test turn is exactly this many codec frames (80 ms each): 0.96 s of audio."""
 REQUEST_OPTIONS = {"max_frames": FRAMES_PER_TURN, "ignore_eos": True}

@@ -19,15 +19,9 @@ from livekit.agents import Agent, AgentSession, APIConnectOptions, APIStatusErro
 from livekit.agents.metrics import TTSMetrics
 
 from breezert.async_engine import AsyncEngine
-from breezert_agent import client as client_module
+from breezert.profiles import resolve_config
 from breezert_agent import TTS
-from breezert_agent.client import (
-    InProcessRuntimeClient,
-    Turn,
-    TurnOptions,
-    load_engine,
-    resolve_config,
-)
+from breezert_agent.client import InProcessRuntimeClient, Turn, TurnOptions
 from breezert_agent.playout import AudioSourceOutput
 
 pytestmark = pytest.mark.integration
@@ -39,7 +33,7 @@ FRAME_S = 0.08  # one codec frame
 @pytest.fixture(scope="module")
 def engine() -> AsyncEngine:
     """The process-wide engine that ``TTS()`` uses (embedded default config), loaded once."""
-    return load_engine()
+    return AsyncEngine.shared()
 
 
 class SpyClient(InProcessRuntimeClient):
@@ -204,7 +198,7 @@ async def test_invalid_voice_is_a_non_retryable_400(engine: AsyncEngine) -> None
     await tts.aclose()
 
 
-async def test_load_engine_builds_once_for_concurrent_threads(
+async def test_shared_engine_builds_once_for_concurrent_threads(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     # A config of its own (fewer blocks), so that this engine is not the shared default one.
@@ -220,12 +214,14 @@ async def test_load_engine_builds_once_for_concurrent_threads(
 
     monkeypatch.setattr(AsyncEngine, "from_config", staticmethod(counting_build))
     engines: list[AsyncEngine] = []
-    threads = [threading.Thread(target=lambda: engines.append(load_engine(cfg, warmup=False)))
-               for _ in range(3)]
+    threads = [threading.Thread(
+        target=lambda: engines.append(AsyncEngine.shared(cfg, warmup=False))) for _ in range(3)]
     for thread in threads:
         thread.start()
     for thread in threads:
         thread.join(60)
     assert num_builds == 1 and len(engines) == 3 and len({id(e) for e in engines}) == 1
-    client_module._engines.pop(cfg.model_dump_json())
-    await engines[0].aclose()
+    await AsyncEngine.aclose_shared(cfg)  # closed and forgotten: the next call builds anew
+    again = AsyncEngine.shared(cfg, warmup=False)
+    assert num_builds == 2 and again is not engines[0]
+    await AsyncEngine.aclose_shared(cfg)

@@ -1,6 +1,6 @@
 """The LiveKit examples run: ``agent_offline.py`` end to end on the embedded tiny model, and
-``livekit_agent.py``'s worker pieces (prewarm, TTS placement) without a LiveKit server; and the
-package imports LiveKit only for the plugin classes.
+``livekit_agent.py``'s worker pieces (prewarm, TTS placement) without a LiveKit server; and
+``breezert serve``'s modules import no LiveKit while the plugin registers itself at import.
 
 Owns: that both examples keep working as the plugin changes. Must not: need a LiveKit server,
 network access or a GPU.
@@ -20,7 +20,8 @@ from typing import Any
 
 import pytest
 
-from breezert_agent.client import InProcessRuntimeClient, RemoteRuntimeClient, load_engine
+from breezert.async_engine import AsyncEngine
+from breezert_agent.client import InProcessRuntimeClient, RemoteRuntimeClient
 
 pytestmark = pytest.mark.integration
 
@@ -51,7 +52,7 @@ def test_livekit_agent_worker_pieces(monkeypatch: pytest.MonkeyPatch) -> None:
     example = runpy.run_path(str(EXAMPLES / "livekit_agent.py"), run_name="livekit_agent")
     proc = SimpleNamespace(userdata={})
     example["prewarm"](proc)
-    assert proc.userdata["breezert_engine"] is load_engine()  # the process-wide engine
+    assert proc.userdata["breezert_engine"] is AsyncEngine.shared()  # the process-wide engine
     assert isinstance(example["make_tts"]().client, InProcessRuntimeClient)
 
     monkeypatch.setenv("BREEZERT_URL", "http://127.0.0.1:8080")
@@ -64,12 +65,12 @@ def test_livekit_agent_worker_pieces(monkeypatch: pytest.MonkeyPatch) -> None:
     assert client.url == "ws://127.0.0.1:8080/v1/audio/speech/stream"
 
 
-def test_package_imports_livekit_only_for_the_plugin_classes() -> None:
+def test_the_server_imports_no_livekit_and_the_plugin_registers_at_import() -> None:
     # breezert serve (breezert.audio, breezert.server) must not pull in LiveKit (1 s).
     code = (
         "import sys\n"
-        "import breezert.audio, breezert.server.app, breezert_agent.client\n"
-        "assert 'livekit.agents' not in sys.modules, 'LiveKit imported too early'\n"
+        "import breezert.audio, breezert.server.app\n"
+        "assert 'livekit.agents' not in sys.modules, 'LiveKit imported by the server'\n"
         "from breezert_agent import TTS\n"
         "from livekit.agents import Plugin\n"
         "assert [p.package for p in Plugin.registered_plugins] == ['breezert_agent']\n"

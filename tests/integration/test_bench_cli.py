@@ -18,7 +18,6 @@ from breezert.cli import main
 
 pytestmark = pytest.mark.integration
 
-REPO = Path(__file__).resolve().parents[2]
 RUN_FIELDS = (
     "variant", "load", "num_requests", "num_ok", "num_errors", "errors", "ttfb_s", "rtf",
     "underrun_requests", "max_extra_buffer_s", "extra_buffer_s", "audio_s_per_s", "wall_s",
@@ -31,7 +30,7 @@ META_FIELDS = ("gpu", "cpu", "torch_version", "cuda_version", "git_commit", "dat
 @pytest.fixture(scope="module")
 def bench_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, float]:
     out = tmp_path_factory.mktemp("bench") / "tmp" / "x.json"
-    argv = ["bench", "--config", str(REPO / "configs" / "cpu-tiny.toml"), "--concurrency", "1,2",
+    argv = ["bench", "--config", "cpu-tiny", "--concurrency", "1,2",
             "--num-requests", "4", "--variants", "progressive-eager,naive", "--out", str(out)]
     start = time.monotonic()
     status = main(argv)
@@ -87,7 +86,7 @@ def test_report_prints_markdown(bench_run: tuple[Path, float], capsys) -> None:
 
 
 def test_bench_rejects_bad_arguments(tmp_path: Path, capsys) -> None:
-    base = ["bench", "--config", str(REPO / "configs" / "cpu-tiny.toml"),
+    base = ["bench", "--config", "cpu-tiny",
             "--out", str(tmp_path / "x.json"), "--num-requests", "1"]
     assert main([*base, "--concurrency", "0"]) == 2
     assert "--concurrency" in capsys.readouterr().err
@@ -101,7 +100,7 @@ def test_shards_of_one_run_merge_into_that_run(tmp_path: Path, capsys) -> None:
     """Two ``--shard`` halves (as two GPUs would run them) join into one run over every
     request, with the request-level numbers recomputed from the joined records; the naive
     baseline runs in shard 1 only."""
-    base = ["bench", "--config", str(REPO / "configs" / "cpu-tiny.toml"), "--concurrency", "2",
+    base = ["bench", "--config", "cpu-tiny", "--concurrency", "2",
             "--num-requests", "5", "--warmup", "0", "--variants", "progressive-eager,naive",
             "--naive-requests", "2"]
     parts = [tmp_path / "s1.json", tmp_path / "s2.json"]

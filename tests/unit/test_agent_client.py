@@ -1,7 +1,7 @@
 """``breezert_agent.client`` pieces that need no engine: the embedded default config and the
 remote URL rules.
 
-Owns: that ``TTS()`` with no arguments runs exactly ``configs/cpu-tiny.toml``. Must not: load a
+Owns: that ``TTS()`` with no arguments runs the packaged ``cpu-tiny`` profile. Must not: load a
 model (engine-backed client tests live in tests/integration/test_agent_engine.py).
 """
 
@@ -11,17 +11,25 @@ from pathlib import Path
 
 import pytest
 
+import breezert
 from breezert.config import EngineConfig
+from breezert.profiles import EMBEDDED_PROFILE, profile_path, resolve_config
 from breezert_agent import TTS
-from breezert_agent.client import InProcessRuntimeClient, RemoteRuntimeClient, resolve_config
+from breezert_agent.client import InProcessRuntimeClient, RemoteRuntimeClient
 
 pytestmark = pytest.mark.unit
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def test_embedded_default_config_is_cpu_tiny() -> None:
-    assert resolve_config(None) == EngineConfig.from_file(ROOT / "configs" / "cpu-tiny.toml")
+def test_embedded_profile_is_package_data_and_the_default() -> None:
+    path = profile_path(EMBEDDED_PROFILE)
+    assert path == Path(breezert.__file__).parent / "profiles" / "cpu-tiny.toml"
+    cfg = EngineConfig.from_file(path)
+    assert (cfg.model.preset, cfg.model.device, cfg.graph.enable_cuda_graphs) == (
+        "tiny", "cpu", False)
+    assert resolve_config(None) == cfg  # what TTS() with no arguments loads
+    assert resolve_config("cpu-tiny") == cfg  # a packaged profile by name, as --config takes it
 
 
 def test_config_path_and_object_resolve_alike() -> None:
@@ -45,5 +53,5 @@ def test_placement_follows_the_arguments(monkeypatch: pytest.MonkeyPatch) -> Non
     with pytest.raises(ValueError, match="frame_size_ms"):
         TTS(frame_size_ms=40)  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="at most one"):
-        TTS(base_url="http://h", config=ROOT / "configs" / "cpu-tiny.toml")
+        TTS(base_url="http://h", config=ROOT / "configs" / "tiny.toml")
 

@@ -179,6 +179,18 @@ async def test_synthesize_sends_one_closed_say_and_reuses_the_socket(serve: Fake
     await tts.aclose()
 
 
+async def test_socket_is_reused_only_after_a_clean_turn_done(serve: FakeServe) -> None:
+    tts = TTS(base_url=serve.url)
+    serve.fail_after_segments = 0
+    with pytest.raises(APIError):
+        await tts.synthesize("One.", conn_options=NO_RETRY).collect()
+    serve.fail_after_segments = None
+    for _ in range(2):
+        await tts.synthesize("Two.", conn_options=NO_RETRY).collect()
+    assert serve.num_connections == 2  # a new socket after the failed turn, then that one again
+    await tts.aclose()
+
+
 async def test_rejected_say_is_retried_when_overloaded(serve: FakeServe) -> None:
     serve.reject_says = ["overloaded"]
     tts = TTS(base_url=serve.url)

@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncIterator
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -23,11 +22,10 @@ from breezert.bench.variants import (
 from breezert.bench.workload import make_workload
 from breezert.errors import EngineOverloaded, RequestFailed
 from breezert.outputs import AudioChunk
+from breezert.profiles import EMBEDDED_PROFILE, profile_path
 from breezert.request import SynthesisRequest
 
 pytestmark = pytest.mark.unit
-
-CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 
 
 class FakeAsyncEngine:
@@ -71,7 +69,7 @@ class FakeAsyncEngine:
 def _options(**kwargs) -> BenchOptions:
     kwargs.setdefault("feedback_period_s", 0.01)
     kwargs.setdefault("request_timeout_s", 5.0)
-    return BenchOptions(config_path=CONFIGS / "cpu-tiny.toml", **kwargs)
+    return BenchOptions(config_path=profile_path(EMBEDDED_PROFILE), **kwargs)
 
 
 def _item(index: int = 0):
@@ -157,7 +155,7 @@ def test_variant_overrides() -> None:
 def test_variant_config_applies_overrides_and_rejects_graphs_on_cpu() -> None:
     from breezert.config import EngineConfig
 
-    base = EngineConfig.from_file(CONFIGS / "cpu-tiny.toml")
+    base = EngineConfig.from_file(profile_path(EMBEDDED_PROFILE))
     fixed = variant_config(base, BUILTIN_VARIANTS["fixed16-eager"])
     assert fixed.scheduler.default_chunk_schedule == (16,)
     assert fixed.scheduler.max_running_requests == base.scheduler.max_running_requests

@@ -15,6 +15,7 @@ from breezert.config import (
     apply_env_overrides,
 )
 from breezert.errors import InvalidConfig
+from breezert.profiles import EMBEDDED_PROFILE, profile_path
 from pydantic import ValidationError
 
 pytestmark = pytest.mark.unit
@@ -22,14 +23,15 @@ pytestmark = pytest.mark.unit
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 
 
-@pytest.mark.parametrize("name", ["tiny.toml", "cpu-tiny.toml", "h200-latency.toml"])
-def test_shipped_profiles_load(name: str) -> None:
-    cfg = EngineConfig.from_file(CONFIGS / name)
+@pytest.mark.parametrize("path", [CONFIGS / "tiny.toml", profile_path(EMBEDDED_PROFILE),
+                                  CONFIGS / "h200-latency.toml"], ids=lambda p: p.name)
+def test_shipped_profiles_load(path: Path) -> None:
+    cfg = EngineConfig.from_file(path)
     assert isinstance(cfg.scheduler, SchedulerConfig)
 
 
 def test_profiles_have_the_promised_settings() -> None:
-    tiny = EngineConfig.from_file(CONFIGS / "cpu-tiny.toml")
+    tiny = EngineConfig.from_file(profile_path(EMBEDDED_PROFILE))
     assert (tiny.model.preset, tiny.model.device, tiny.graph.enable_cuda_graphs) == (
         "tiny", "cpu", False)
     h200 = EngineConfig.from_file(CONFIGS / "h200-latency.toml")

@@ -18,6 +18,7 @@ from typing import Any
 
 from breezert.bench.variants import BUILTIN_VARIANTS, Variant, resolve_variants
 from breezert.bench.workload import BUILTIN_TEXTS, default_texts_path, load_texts
+from breezert.profiles import EMBEDDED_PROFILE, profile_path
 
 DEFAULT_CONCURRENCY = (1, 4, 8, 16, 32, 64)
 
@@ -89,8 +90,9 @@ def repo_root() -> Path:
 
 
 def default_config_path(cuda: bool) -> Path:
-    name = "h200-latency.toml" if cuda else "cpu-tiny.toml"
-    return repo_root() / "configs" / name
+    if cuda:
+        return repo_root() / "configs" / "h200-latency.toml"
+    return profile_path(EMBEDDED_PROFILE)
 
 
 def read_texts(path: Path | None) -> tuple[list[str], str]:

@@ -1,0 +1,100 @@
+"""The plugin's one interface to a BreezeRT runtime: ``RuntimeClient`` opens ``Turn``s.
+
+Owns: the interfaces, ``TurnOptions`` (a turn's voice and generation settings) and
+``RuntimeUnavailable``. Must not: import LiveKit, torch, the engine or a transport.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass
+
+from breezert.errors import BreezeRTError
+
+from ..models import DEFAULT_SPEAKER, SAMPLE_RATE
+
+
+class RuntimeUnavailable(BreezeRTError):
+    """The runtime cannot be reached: connecting failed, or the socket closed mid-turn."""
+
+
+@dataclass(frozen=True)
+class TurnOptions:
+    """Voice and generation settings of one turn (one engine request)."""
+
+    speaker: str = DEFAULT_SPEAKER
+    instructions: str | None = None
+    cfg_scale: float = 1.0
+    seed: int | None = None
+    temperature: float | None = None
+    """Backbone temperature; ``None`` = the checkpoint's default."""
+    chunk_schedule: tuple[int, ...] | None = None
+    """Frames per chunk, last entry repeating; ``None`` = the engine's default."""
+    max_frames: int | None = None
+    """Frame limit per segment (80 ms each); ``None`` = the engine's default."""
+    priority: int = 0
+
+
+class Turn(ABC):
+    """One running turn: append segments while it plays, then close or abort it."""
+
+    request_id: str
+
+    @abstractmethod
+    async def append(self, text: str) -> None:
+        """Adds one text segment (a sentence) to the running request."""
+
+    @abstractmethod
+    async def close_input(self) -> None:
+        """No more segments: the turn ends after the last one."""
+
+    @abstractmethod
+    async def abort(self) -> None:
+        """Stops the request now and frees its engine resources (idempotent)."""
+
+    @abstractmethod
+    def report_playback(self, buffered_s: float, measured_at: float, source: str) -> None:
+        """Tells the engine how much of this turn's audio is queued ahead of the playhead.
+
+        ``measured_at`` is ``time.monotonic()`` on this machine. Never raises.
+        """
+
+    @abstractmethod
+    def audio(self) -> AsyncIterator[bytes]:
+        """The turn's audio as PCM16 little-endian mono bytes at ``SAMPLE_RATE``; iterate once.
+
+        Raises the runtime's errors (``RequestFailed``, ``EngineOverloaded``, ...).
+        """
+
+
+class RuntimeClient(ABC):
+    """Opens turns on a BreezeRT runtime; ``sample_rate`` is the rate of every turn's audio."""
+
+    sample_rate: int = SAMPLE_RATE
+
+    @abstractmethod
+    async def open_turn(
+        self,
+        texts: Sequence[str],
+        options: TurnOptions,
+        *,
+        request_id: str,
+        input_closed: bool,
+        timeout: float | None = None,
+    ) -> Turn:
+        """Submits one request with its first segments.
+
+        Args:
+            texts: The segments known now (may be empty only when ``input_closed`` is False).
+            options: Voice and generation settings.
+            request_id: Unique id for the request (the plugin's LiveKit request id).
+            input_closed: False: more segments follow via ``Turn.append``.
+            timeout: Seconds allowed to reach the runtime (remote only).
+        """
+
+    def prewarm(self) -> None:
+        """Starts loading or connecting in the background; never blocks."""
+
+    async def aclose(self) -> None:
+        """Releases what this client holds (never the process-wide shared engine)."""

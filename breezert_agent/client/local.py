@@ -1,0 +1,135 @@
+"""``InProcessRuntimeClient``: turns on this process's shared ``AsyncEngine``, no network.
+
+Owns: mapping ``TurnOptions`` onto a ``SynthesisRequest`` and one engine stream per turn. Must
+not: reach past the runtime's public API (``AsyncEngine``, ``SynthesisRequest``), or import the
+engine (torch) before the first in-process turn or prewarm.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import threading
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import replace
+from typing import TYPE_CHECKING
+
+from breezert.errors import BreezeRTError, InvalidRequest
+
+from ..log import logger
+from .base import RuntimeClient, Turn, TurnOptions
+
+if TYPE_CHECKING:
+    from breezert.async_engine import AsyncEngine
+    from breezert.config import EngineConfig
+
+
+class InProcessRuntimeClient(RuntimeClient):
+    """Runs turns on the process-wide shared engine of ``config`` (``AsyncEngine.shared``)."""
+
+    def __init__(self, config: str | os.PathLike[str] | EngineConfig | None = None) -> None:
+        self._config = config
+        self._engine: AsyncEngine | None = None
+        self._loading: threading.Thread | None = None
+
+    def prewarm(self) -> None:
+        if self._engine is not None or self._loading is not None:
+            return
+        self._loading = threading.Thread(
+            target=self._load_quietly, name="breezert-prewarm", daemon=True
+        )
+        self._loading.start()
+
+    def _load_quietly(self) -> None:
+        try:
+            self._engine = _shared_engine(self._config)
+        except Exception:  # the first turn loads again and reports the error properly
+            logger.exception("breezert prewarm failed")
+
+    async def get_engine(self) -> AsyncEngine:
+        """The shared engine; loads it off the event loop the first time."""
+        if self._engine is None:
+            loop = asyncio.get_running_loop()
+            self._engine = await loop.run_in_executor(None, _shared_engine, self._config)
+        return self._engine
+
+    async def open_turn(
+        self,
+        texts: Sequence[str],
+        options: TurnOptions,
+        *,
+        request_id: str,
+        input_closed: bool,
+        timeout: float | None = None,
+    ) -> Turn:
+        from breezert.request import SynthesisRequest
+
+        engine = await self.get_engine()
+        sampling = None
+        if options.temperature is not None:
+            sampling = replace(engine.default_sampling, temperature=options.temperature)
+        request = SynthesisRequest(
+            text=list(texts), speaker=options.speaker, instructions=options.instructions,
+            cfg_scale=options.cfg_scale, sampling=sampling, seed=options.seed,
+            chunk_schedule=options.chunk_schedule, max_frames=options.max_frames,
+            priority=options.priority, request_id=request_id, input_closed=input_closed,
+        )
+        engine.submit(request)
+        return _EngineTurn(engine, request_id)
+
+
+def _shared_engine(config: str | os.PathLike[str] | EngineConfig | None) -> AsyncEngine:
+    try:
+        from breezert.async_engine import AsyncEngine  # torch: only once a turn runs in-process
+    except ModuleNotFoundError as exc:
+        if exc.name != "torch":
+            raise
+        raise ImportError("the in-process engine needs torch: pip install "
+                          "'breezert-agent[local]', or use TTS(base_url=...)") from exc
+    return AsyncEngine.shared(config)
+
+
+class _EngineTurn(Turn):
+    def __init__(self, engine: AsyncEngine, request_id: str) -> None:
+        self._engine = engine
+        self.request_id = request_id
+        self._is_done = False
+
+    async def append(self, text: str) -> None:
+        if self._is_done:
+            return
+        try:
+            self._engine.append_text(self.request_id, text)
+        except InvalidRequest:
+            if self._is_done or not self._engine.is_live(self.request_id):
+                return  # the turn already ended (failed or aborted): its stream reports why
+            raise
+
+    async def close_input(self) -> None:
+        if self._is_done:
+            return
+        try:
+            self._engine.close_input(self.request_id)
+        except InvalidRequest:
+            if self._engine.is_live(self.request_id):
+                raise
+
+    async def abort(self) -> None:
+        self._is_done = True
+        self._engine.abort(self.request_id)
+
+    def report_playback(self, buffered_s: float, measured_at: float, source: str) -> None:
+        if self._is_done:
+            return
+        try:
+            self._engine.report_playback(self.request_id, max(buffered_s, 0.0), measured_at,
+                                         source)
+        except BreezeRTError:
+            pass
+
+    async def audio(self) -> AsyncIterator[bytes]:
+        try:
+            async for chunk in self._engine.stream(self.request_id):
+                yield chunk.pcm16()
+        finally:
+            self._is_done = True
