@@ -31,6 +31,7 @@ from livekit.agents import (
     utils,
 )
 
+from breezert.options import SynthesisOptions
 from breezert.errors import (
     BreezeRTError,
     EngineOverloaded,
@@ -187,24 +188,10 @@ def split_sentences(text: str) -> list[str]:
 # ----------------------------------------------------------------------------- plugin
 
 
-@dataclass
+@dataclass(frozen=True)
 class _TTSOptions:
-    speaker: str
-    instructions: str | None
-    cfg_scale: float
-    seed: int | None
-    temperature: float | None
-    chunk_schedule: tuple[int, ...] | None
-    max_frames: int | None
-    priority: int
+    turn: TurnOptions
     frame_size_ms: int
-
-    def turn_options(self) -> TurnOptions:
-        return TurnOptions(
-            speaker=self.speaker, instructions=self.instructions, cfg_scale=self.cfg_scale,
-            seed=self.seed, temperature=self.temperature, chunk_schedule=self.chunk_schedule,
-            max_frames=self.max_frames, priority=self.priority,
-        )
 
 
 def _check_frame_size(frame_size_ms: int) -> int:
@@ -267,11 +254,12 @@ class TTS(tts.TTS[Literal["metrics_collected", "error"]]):  # no events of its o
             raise ValueError("give at most one of base_url, config and client")
         if not feedback_interval_s > 0:
             raise ValueError(f"feedback_interval_s={feedback_interval_s!r} must be > 0")
+        voice = SynthesisOptions(speaker=speaker, instructions=instructions,
+                                 cfg_scale=cfg_scale, seed=seed, temperature=temperature)
         self._opts = _TTSOptions(
-            speaker=speaker, instructions=instructions, cfg_scale=cfg_scale, seed=seed,
-            temperature=temperature,
-            chunk_schedule=tuple(chunk_schedule) if chunk_schedule is not None else None,
-            max_frames=max_frames, priority=priority,
+            turn=TurnOptions(
+                voice=voice, max_frames=max_frames, priority=priority,
+                chunk_schedule=tuple(chunk_schedule) if chunk_schedule is not None else None),
             frame_size_ms=_check_frame_size(frame_size_ms),
         )
         self._owns_client = client is None
@@ -318,19 +306,24 @@ class TTS(tts.TTS[Literal["metrics_collected", "error"]]):  # no events of its o
         priority: NotGivenOr[int] = NOT_GIVEN,
         frame_size_ms: NotGivenOr[FrameSizeMs] = NOT_GIVEN,
     ) -> None:
-        """Changes the options of streams created from now on (running ones keep theirs)."""
-        given: dict[str, Any] = {
-            name: value for name, value in (
-                ("speaker", speaker), ("instructions", instructions), ("cfg_scale", cfg_scale),
-                ("seed", seed), ("temperature", temperature), ("max_frames", max_frames),
-                ("priority", priority),
-            ) if utils.is_given(value)
-        }
+        """Changes the options of streams created from now on (running ones keep theirs).
+
+        Raises:
+            InvalidRequest: a value is invalid (nothing changes then).
+        """
+        voice = {name: value for name, value in (
+            ("speaker", speaker), ("instructions", instructions), ("cfg_scale", cfg_scale),
+            ("seed", seed), ("temperature", temperature)) if utils.is_given(value)}
+        turn: dict[str, Any] = {name: value for name, value in (
+            ("max_frames", max_frames), ("priority", priority)) if utils.is_given(value)}
         if utils.is_given(chunk_schedule):
-            given["chunk_schedule"] = tuple(chunk_schedule) if chunk_schedule else None
+            turn["chunk_schedule"] = tuple(chunk_schedule) if chunk_schedule else None
+        frame = self._opts.frame_size_ms
         if utils.is_given(frame_size_ms):
-            given["frame_size_ms"] = _check_frame_size(frame_size_ms)
-        self._opts = replace(self._opts, **given)
+            frame = _check_frame_size(frame_size_ms)
+        old = self._opts.turn
+        self._opts = _TTSOptions(
+            turn=replace(old, voice=replace(old.voice, **voice), **turn), frame_size_ms=frame)
 
     def synthesize(
         self, text: str, *, conn_options: APIConnectOptions = DEFAULT_API_CONNECT_OPTIONS
@@ -417,7 +410,7 @@ class _TurnRunner:
 
     async def open(self, texts: Sequence[str], *, input_closed: bool) -> None:
         self.turn = await self._tts.client.open_turn(
-            texts, self._opts.turn_options(), request_id=self._request_id,
+            texts, self._opts.turn, request_id=self._request_id,
             input_closed=input_closed, timeout=self._timeout,
         )
         self.num_segments += len(texts)

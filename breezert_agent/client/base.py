@@ -1,6 +1,6 @@
 """The plugin's one interface to a BreezeRT runtime: ``RuntimeClient`` opens ``Turn``s.
 
-Owns: the interfaces, ``TurnOptions`` (a turn's voice and generation settings) and
+Owns: the interfaces, ``TurnOptions`` (a turn's ``SynthesisOptions`` and streaming settings) and
 ``RuntimeUnavailable``. Must not: import LiveKit, torch, the engine or a transport.
 """
 
@@ -8,11 +8,12 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from breezert.errors import BreezeRTError
+from breezert.options import SynthesisOptions
 
-from ..models import DEFAULT_SPEAKER, SAMPLE_RATE
+from ..models import SAMPLE_RATE
 
 
 class RuntimeUnavailable(BreezeRTError):
@@ -21,14 +22,11 @@ class RuntimeUnavailable(BreezeRTError):
 
 @dataclass(frozen=True)
 class TurnOptions:
-    """Voice and generation settings of one turn (one engine request)."""
+    """Settings of one turn (one engine request): the runtime's own ``SynthesisOptions`` for
+    the voice and sampling, plus how the engine streams it."""
 
-    speaker: str = DEFAULT_SPEAKER
-    instructions: str | None = None
-    cfg_scale: float = 1.0
-    seed: int | None = None
-    temperature: float | None = None
-    """Backbone temperature; ``None`` = the checkpoint's default."""
+    voice: SynthesisOptions = field(default_factory=SynthesisOptions)
+    """Speaker, instructions, CFG, seed and sampling overrides (validated on construction)."""
     chunk_schedule: tuple[int, ...] | None = None
     """Frames per chunk, last entry repeating; ``None`` = the engine's default."""
     max_frames: int | None = None

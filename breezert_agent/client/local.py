@@ -11,7 +11,6 @@ import asyncio
 import os
 import threading
 from collections.abc import AsyncIterator, Sequence
-from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from breezert.errors import BreezeRTError, InvalidRequest
@@ -65,14 +64,10 @@ class InProcessRuntimeClient(RuntimeClient):
         from breezert.request import SynthesisRequest
 
         engine = await self.get_engine()
-        sampling = None
-        if options.temperature is not None:
-            sampling = replace(engine.default_sampling, temperature=options.temperature)
         request = SynthesisRequest(
-            text=list(texts), speaker=options.speaker, instructions=options.instructions,
-            cfg_scale=options.cfg_scale, sampling=sampling, seed=options.seed,
-            chunk_schedule=options.chunk_schedule, max_frames=options.max_frames,
-            priority=options.priority, request_id=request_id, input_closed=input_closed,
+            text=list(texts), options=options.voice, chunk_schedule=options.chunk_schedule,
+            max_frames=options.max_frames, priority=options.priority, request_id=request_id,
+            input_closed=input_closed,
         )
         engine.submit(request)
         return _EngineTurn(engine, request_id)

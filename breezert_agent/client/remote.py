@@ -161,12 +161,10 @@ def _say_message(
     texts: Sequence[str], options: TurnOptions, request_id: str, input_closed: bool
 ) -> dict[str, Any]:
     message: dict[str, Any] = {"type": "say", "request_id": request_id, "text": list(texts),
-                               "input_closed": input_closed, "format": "pcm"}
-    for name in ("speaker", "instructions", "cfg_scale", "seed", "temperature", "max_frames",
-                 "priority"):
-        value = getattr(options, name)
-        if value is not None:
-            message[name] = value
+                               "input_closed": input_closed, "format": "pcm",
+                               **options.voice.to_mapping(), "priority": options.priority}
+    if options.max_frames is not None:
+        message["max_frames"] = options.max_frames
     if options.chunk_schedule is not None:
         message["chunk_schedule"] = list(options.chunk_schedule)
     return message

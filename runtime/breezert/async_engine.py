@@ -17,17 +17,15 @@ import threading
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from breezert.config import EngineConfig
 from breezert.engine import Engine, EngineOutput, RequestOutcome
 from breezert.errors import BreezeRTError, RequestAborted, RequestFailed
+from breezert.options import SynthesisOptions
 from breezert.outputs import AudioChunk
 from breezert.profiles import resolve_config
 from breezert.request import Reference, RequestStatus, SynthesisRequest
-
-if TYPE_CHECKING:
-    from breezert.layers.sampling import SamplingParams
 
 logger = logging.getLogger("breezert.async_engine")
 
@@ -117,7 +115,8 @@ class AsyncEngine:
             raise BreezeRTError("warm_up runs before the engine thread starts")
         request_id = f"warmup-{os.getpid()}-{time.monotonic_ns()}"
         self.engine.add_request(SynthesisRequest(
-            text=["Warm up.", "Ready."], max_frames=2, seed=0, request_id=request_id))
+            text=["Warm up.", "Ready."], options=SynthesisOptions(seed=0), max_frames=2,
+            request_id=request_id))
         for _ in range(max_steps):
             if not self.engine.has_work():
                 return
@@ -152,12 +151,6 @@ class AsyncEngine:
     @property
     def is_running(self) -> bool:
         return self._thread is not None and self._thread.is_alive() and self._fatal is None
-
-    @property
-    def default_sampling(self) -> SamplingParams:
-        """The checkpoint's sampling settings: what a request with ``sampling=None`` gets; a
-        caller overriding one field (e.g. temperature) starts from these."""
-        return self.engine.runner.default_sampling
 
     # ---------------------------------------------------------------- requests
     async def synthesize(self, request: SynthesisRequest) -> AsyncIterator[AudioChunk]:

@@ -15,6 +15,8 @@ import enum
 AUDIO_TOKEN_ID = 262144  # <|AUDIO|>
 AUDIO_EOS_TOKEN_ID = 262145  # <|audio_eos|>
 SPEAKER_TOKEN_IDS = tuple(range(262146, 262156))  # [S0]..[S9]
+SPEAKER_NAMES = tuple(f"[S{i}]" for i in range(len(SPEAKER_TOKEN_IDS)))
+"""The built-in speakers, in token order."""
 INS_BOS_TOKEN_ID = 262156  # <ins_bos>
 INS_EOS_TOKEN_ID = 262157  # <ins_eos>
 EOI_TOKEN_ID = 256000  # <end_of_image>, replaced by the encoder's eoi_embedding

@@ -3,7 +3,7 @@
 Owns: ``SamplingParams`` (the sampling defaults, their one home), ``SynthesisOptions`` (voice,
 instructions, CFG, seed and sampling overrides), each validated once on construction, and the
 field checks the request types reuse. Must not: import torch or any BreezeRT module but
-``errors``, so a remote client can use it without the engine.
+``errors`` and ``constants``, so a remote client can use it without the engine.
 """
 
 from __future__ import annotations
@@ -13,10 +13,17 @@ from collections.abc import Mapping
 from dataclasses import dataclass, fields, replace
 from typing import Any
 
+from breezert.constants import SPEAKER_NAMES
 from breezert.errors import InvalidRequest
 
 DEFAULT_SPEAKER = "[S0]"
 """The checkpoint's first built-in speaker."""
+
+
+def speaker_name(speaker: str) -> str:
+    """``"S3"`` or ``" [S3] "`` -> ``"[S3]"`` (the token's name)."""
+    name = speaker.strip()
+    return name if name.startswith("[") and name.endswith("]") else f"[{name}]"
 
 
 def check(ok: bool, name: str, message: str, value: object) -> None:
@@ -126,6 +133,9 @@ class SynthesisOptions:
 
     def __post_init__(self) -> None:
         check(is_text(self.speaker), "speaker", "must be non-empty text", self.speaker)
+        if speaker_name(self.speaker) not in SPEAKER_NAMES:
+            raise InvalidRequest(f"speaker={self.speaker!r} is unknown; expected one of "
+                                 f"{SPEAKER_NAMES[0]}..{SPEAKER_NAMES[-1]}")
         check(self.instructions is None or is_text(self.instructions), "instructions",
               "must be None or non-empty text", self.instructions)
         cfg = self.cfg_scale

@@ -55,7 +55,6 @@ def build_runner(cfg: EngineConfig, ckpt: Checkpoint) -> ModelRunner:
         max_slots=cfg.scheduler.max_running_requests,
         num_blocks=num_blocks,
         block_size=cfg.cache.block_size,
-        default_sampling=ckpt.generation.sampling,
         graph=cfg.graph,
     )
     if runner.uses_graphs:

@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import pytest
+from breezert.errors import InvalidRequest
 from livekit.agents import Agent, AgentSession, APIConnectOptions, APIStatusError
 from livekit.agents.metrics import TTSMetrics
 
@@ -167,9 +168,10 @@ async def test_agent_session_say_feeds_the_source_queue_back_to_the_engine(
 
     async def watch_engine() -> None:  # what the engine holds for our request right now
         while True:
-            for request_id, report in list(core.playback.items()):
-                if any(t["request_id"] == request_id for t in client.turns):
-                    seen.append((report.buffered_s, report.source))
+            for turn in client.turns:
+                request = core.scheduler.get_request(turn["request_id"])
+                if request is not None and request.playback is not None:
+                    seen.append((request.playback.buffered_s, request.playback.source))
             await asyncio.sleep(0.005)
 
     watcher = asyncio.create_task(watch_engine())
@@ -189,12 +191,16 @@ async def test_agent_session_say_feeds_the_source_queue_back_to_the_engine(
 
 
 
-async def test_invalid_voice_is_a_non_retryable_400(engine: AsyncEngine) -> None:
-    tts = TTS(speaker="[S42]")
+async def test_invalid_voice_is_refused_at_construction_and_a_refused_turn_is_a_400(
+    engine: AsyncEngine,
+) -> None:
+    with pytest.raises(InvalidRequest, match=r"^speaker='\[S42\]' is unknown"):
+        TTS(speaker="[S42]")
+    tts = TTS(instructions="Speak calmly. " * 400)  # a prompt past the model's token limit
     with pytest.raises(APIStatusError) as info:
         await tts.synthesize("Hello.", conn_options=APIConnectOptions(max_retry=2)).collect()
     assert info.value.status_code == 400 and not info.value.retryable
-    assert "[S42]" in str(info.value) and "Hello" not in str(info.value)
+    assert "Hello" not in str(info.value) and "calmly" not in str(info.value)
     await tts.aclose()
 
 

@@ -220,7 +220,7 @@ async def test_demo_page_speaks_without_concealment(engine: AsyncEngine, monkeyp
         real(request_id, buffered_s, measured_at, source)
 
     monkeypatch.setattr(engine, "report_playback", record)
-    options = {"max_frames": 25, "ignore_eos": True, "seed": 3}  # 2 s of speech
+    options = {"max_frames": 25, "ignore_eos": True}  # 2 s of speech
     with network_namespace() as (prefix, host):
         async with serve(engine, host=host, request_options=options) as (url, _), \
                 chromium(binary, prefix) as devtools:

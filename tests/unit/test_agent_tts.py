@@ -19,6 +19,7 @@ from livekit.agents.metrics import TTSMetrics
 
 from breezert.errors import EngineOverloaded, InvalidRequest, RequestAborted, RequestFailed
 from breezert_agent import TTS
+from breezert.options import SynthesisOptions
 from breezert_agent.client import RuntimeClient, Turn, TurnOptions
 from breezert_agent.tts import SentenceSplitter, split_sentences
 
@@ -323,11 +324,25 @@ async def test_options_are_snapshotted_per_stream() -> None:
         stream.end_input()
         await _collect(stream)
     first, second = (turn.options for turn in client.turns)
-    assert first == TurnOptions(speaker="[S1]", max_frames=30, chunk_schedule=(1, 4))
-    assert second.speaker == "[S2]" and second.temperature == 0.5 and second.max_frames == 30
+    assert first == TurnOptions(voice=SynthesisOptions(speaker="[S1]"), max_frames=30,
+                                chunk_schedule=(1, 4))
+    assert second.voice == SynthesisOptions(speaker="[S2]", temperature=0.5)
+    assert second.max_frames == 30
     with pytest.raises(ValueError, match="frame_size_ms"):
         tts.update_options(frame_size_ms=15)  # type: ignore[arg-type]
+    with pytest.raises(InvalidRequest, match="^speaker='S10' is unknown"):
+        tts.update_options(speaker="S10")
+    with pytest.raises(InvalidRequest, match="^temperature="):
+        tts.update_options(speaker="[S3]", temperature=-1.0)
+    assert tts._opts.turn.voice.speaker == "[S2]"  # a refused update changes nothing
     await tts.aclose()
+
+
+def test_constructor_validates_the_voice() -> None:
+    with pytest.raises(InvalidRequest, match="^speaker='S10' is unknown"):
+        TTS(client=FakeRuntimeClient(), speaker="S10")
+    with pytest.raises(InvalidRequest, match="^cfg_scale="):
+        TTS(client=FakeRuntimeClient(), cfg_scale=-2.0)
 
 
 def test_constructor_rejects_conflicting_placements() -> None:

@@ -19,13 +19,15 @@ from breezert.constants import (
     INS_BOS_TOKEN_ID,
     INS_EOS_TOKEN_ID,
     NUM_CODEBOOKS,
+    SPEAKER_NAMES,
     SPEAKER_TOKEN_IDS,
     TEXT_BOS_ID,
 )
 from breezert.models.config import TextEncoderConfig
+from breezert.options import speaker_name
 
 TEXT_VOCAB_SIZE = TextEncoderConfig.vocab_size
-SPEAKERS = {f"[S{i}]": token_id for i, token_id in enumerate(SPEAKER_TOKEN_IDS)}
+SPEAKERS = dict(zip(SPEAKER_NAMES, SPEAKER_TOKEN_IDS, strict=True))
 TokenIds = Sequence[int] | torch.Tensor
 
 
@@ -71,9 +73,7 @@ def speaker_token_id(speaker: str) -> int:
     """Maps ``"S3"`` or ``"[S3]"`` to its token id; raises ValueError naming ``speaker``."""
     if not isinstance(speaker, str):
         raise ValueError(f"speaker={speaker!r} must be a string like '[S0]'")
-    name = speaker.strip()
-    if not (name.startswith("[") and name.endswith("]")):
-        name = f"[{name}]"
+    name = speaker_name(speaker)
     if name not in SPEAKERS:
         raise ValueError(f"speaker={speaker!r} is unknown; expected one of [S0]..[S9]")
     return SPEAKERS[name]

@@ -17,7 +17,6 @@ import torch
 
 from breezert.config import GraphConfig
 from breezert.constants import Stage
-from breezert.options import SamplingParams
 from breezert.loader import Checkpoint
 from breezert.models.codec import StreamingCodec
 from breezert.outputs import StageOutput
@@ -57,14 +56,12 @@ class ModelRunner:
         max_slots: int,
         num_blocks: int,
         block_size: int,
-        default_sampling: SamplingParams,
         graph: GraphConfig | None = None,
     ) -> None:
         self.ckpt = checkpoint
         model = checkpoint.model
         bb = checkpoint.config.backbone
         self.device = checkpoint.device
-        self.default_sampling = default_sampling
         self.graph_config = graph = graph or GraphConfig()
         use_graphs = graph.enable_cuda_graphs and self.device.type == "cuda"
         self.kv = PagedKVCache(
@@ -169,7 +166,7 @@ class ModelRunner:
             request_id=new.request_id,
             num_branches=new.num_branches,
             cfg_scale=new.cfg_scale,
-            sampling=new.sampling or self.default_sampling,
+            sampling=new.sampling or self.ckpt.generation.sampling,
             seed=seed,
             ignore_eos=new.ignore_eos,
         )
