@@ -17,15 +17,13 @@ from typing import Any
 import aiohttp
 import pytest
 from aiohttp.test_utils import TestServer
-from aiortc import RTCConfiguration, RTCPeerConnection
 from breezert.config import ServingConfig
 from breezert.server.app import create_app
-from breezert.server.ice import HostAddresses, host_addresses
 from breezert.server.state import STATE
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from tests.integration._server import ReplayEngine
+from tests.integration._server import ReplayEngine, recvonly_offer
 
 pytestmark = pytest.mark.unit
 
@@ -206,17 +204,8 @@ _OFFER: list[str] = []
 
 
 def _valid_offer(harness: Harness) -> str:
-    async def make() -> str:
-        pc = RTCPeerConnection(RTCConfiguration(iceServers=[]))
-        pc.addTransceiver("audio", direction="recvonly")
-        pc.createDataChannel("control")
-        with host_addresses(HostAddresses(only=("127.0.0.1",))):
-            await pc.setLocalDescription(await pc.createOffer())
-        sdp = pc.localDescription.sdp
-        await pc.close()
-        return sdp
     if not _OFFER:
-        _OFFER.append(harness.run(make()))
+        _OFFER.append(harness.run(recvonly_offer()))
     return _OFFER[0]
 
 

@@ -72,11 +72,11 @@ class ProtocolError(Exception):
 INVALID_REQUEST_CODES: frozenset[str] = frozenset({
     "invalid_request", "text_too_long", "empty_text", "missing_field", "bad_field", "bad_json",
     "bad_message", "message_too_large", "unknown_type", "unauthorized", "forbidden",
-    "body_too_large", "bad_offer",
+    "body_too_large", "bad_offer", "unsupported_media_type",
 })
 """Error codes meaning the request itself is invalid: retrying it unchanged fails again.
-``forbidden`` is not sent by ``breezert serve`` (a bad token gets ``unauthorized``); clients
-treat it as invalid too."""
+``forbidden``: an ``Origin`` or ``Host`` the server refuses (a bad token gets
+``unauthorized``)."""
 MESSAGE_COMPLAINT_CODES: frozenset[str] = frozenset({
     "bad_field", "bad_json", "bad_message", "unknown_type", "missing_field", "no_open_turn",
 })

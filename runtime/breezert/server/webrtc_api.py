@@ -37,7 +37,6 @@ from breezert.server.webrtc_track import SUPPORTED_CODECS, EngineAudioTrack, Tur
 
 logger = logging.getLogger("breezert.server")
 CONTROL_LABEL = "control"
-CONNECT_TIMEOUT_S = 30.0
 MAX_INBOX = 256  # control messages waiting to be handled; a flood past this is dropped
 
 
@@ -235,10 +234,12 @@ class PeerSession:
             await self.close()
 
     async def _close_if_not_connected(self) -> None:
-        await asyncio.sleep(CONNECT_TIMEOUT_S)
+        """A peer whose ICE/DTLS is not ``connected`` by ``serving.webrtc_connect_timeout_s``
+        after its offer is closed: its place under ``max_peers`` and any request are freed."""
+        timeout_s = self.state.serving.webrtc_connect_timeout_s
+        await asyncio.sleep(timeout_s)
         if self.pc.connectionState != "connected":
-            logger.info("peer %s did not connect within %.0f s; closing", self.peer_id,
-                        CONNECT_TIMEOUT_S)
+            logger.info("peer %s did not connect within %g s; closing", self.peer_id, timeout_s)
             await self.close()
 
 
