@@ -135,6 +135,12 @@ def build_parser() -> argparse.ArgumentParser:
                        help="default WebRTC frame duration")
     serve.add_argument("--device", choices=["cpu", "cuda", "auto"], default=None,
                        help="sets model.device")
+    serve.add_argument("--allow-unauthenticated", action="store_true", default=None,
+                       help="serve a non-loopback --host with no [serving] auth_token (sets "
+                            "serving.allow_unauthenticated); without it such a bind refuses to "
+                            "start. Browser pages of other origins are refused unless listed "
+                            "in serving.allowed_origins; WebRTC peers must connect within "
+                            "serving.webrtc_connect_timeout_s (default 10 s)")
     return parser
 
 
@@ -207,16 +213,21 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     from breezert.async_engine import AsyncEngine
     from breezert.config import EngineConfig, apply_env_overrides
+    from breezert.errors import InvalidConfig
     from breezert.server.app import create_app
 
     cfg = EngineConfig.from_file(args.config) if args.config else EngineConfig()
     model = {k: v for k, v in {"path": args.model, "device": args.device}.items() if v is not None}
-    serving = {k: v for k, v in {"host": args.host, "port": args.port}.items() if v is not None}
+    serving = {k: v for k, v in {"host": args.host, "port": args.port,
+                                 "allow_unauthenticated": args.allow_unauthenticated}.items()
+               if v is not None}
     cfg = EngineConfig.from_dict({
         **cfg.model_dump(), "model": {**cfg.model.model_dump(), **model},
         "serving": {**cfg.serving.model_dump(), **serving},
     }, source="command line")
     cfg = apply_env_overrides(cfg)
+    if (problem := cfg.serving.binding_problem()) is not None:
+        raise InvalidConfig(problem)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     engine = AsyncEngine.from_config(cfg)
     app = create_app(engine, cfg.serving, ice_addresses=args.ice_address, frame_ms=args.frame_ms)

@@ -8,6 +8,7 @@ fit in memory, captured buckets) belong in the worker's resolved layout, never b
 
 from __future__ import annotations
 
+import ipaddress
 import math
 import os
 import sys
@@ -16,7 +17,14 @@ from itertools import pairwise
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SecretStr,
+    ValidationError,
+    model_validator,
+)
 
 from breezert.errors import InvalidConfig
 
@@ -218,7 +226,57 @@ class ServingConfig(_Frozen):
     max_text_chars: int = Field(default=4096, gt=0)
     """Characters of text per request (all segments)."""
     auth_token: SecretStr | None = None
-    """Bearer token required from clients; ``None`` = no auth (local use only)."""
+    """Bearer token required from clients under ``/v1/``; ``None`` = no auth (local use only).
+    Must not be empty or blank."""
+    allow_unauthenticated: bool = False
+    """Let ``breezert serve`` bind beyond loopback with no ``auth_token`` (anyone who can reach
+    the port can synthesise); otherwise such a bind refuses to start."""
+    allowed_origins: tuple[str, ...] = ()
+    """Browser origins (``scheme://host[:port]``, e.g. ``https://app.example.com``) allowed to
+    call the API, besides the server's own origin and loopback origins (``http://localhost``,
+    ``127.0.0.0/8``, ``[::1]``, any port), which are always allowed; ``"*"`` allows every
+    origin. A request carrying any other ``Origin`` header gets 403; one with none (not a
+    browser) is not checked."""
+    webrtc_connect_timeout_s: float = Field(default=10.0, gt=0, le=300)
+    """Seconds a WebRTC peer has, from its offer, to reach ICE/DTLS ``connected``; a peer that
+    has not is closed and its place under ``max_peers`` (and any request) freed."""
+
+    @model_validator(mode="after")
+    def _check_auth_and_origins(self) -> ServingConfig:
+        if self.auth_token is not None and not self.auth_token.get_secret_value().strip():
+            raise ValueError("auth_token must not be empty: set a token, or leave auth_token "
+                             "out for no auth (loopback only)")
+        for origin in self.allowed_origins:
+            if origin != "*" and (origin != origin.strip().rstrip("/") or "://" not in origin):
+                raise ValueError(f"allowed_origins: {origin!r} must be '*' or "
+                                 "scheme://host[:port] with no trailing slash")
+        return self
+
+    @property
+    def is_loopback(self) -> bool:
+        """The bind address is loopback only (127.0.0.0/8, ::1, localhost)."""
+        return is_loopback_host(self.host)
+
+    def binding_problem(self) -> str | None:
+        """Why this config must not be served as is (a bind beyond loopback with no token and
+        no ``allow_unauthenticated``), or ``None``."""
+        if self.is_loopback or self.auth_token is not None or self.allow_unauthenticated:
+            return None
+        return (f"serving.host={self.host!r} is reachable beyond this machine and no "
+                "serving.auth_token is set: set a token, bind 127.0.0.1, or pass "
+                "--allow-unauthenticated (serving.allow_unauthenticated) to serve anyone who "
+                "can reach the port")
+
+
+def is_loopback_host(host: str) -> bool:
+    """``host`` (an address or name, IPv6 with or without brackets) is loopback."""
+    name = host.strip().strip("[]").lower().rstrip(".")
+    if name == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(name).is_loopback
+    except ValueError:
+        return False
 
 
 class EngineConfig(_Frozen):

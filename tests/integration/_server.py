@@ -168,6 +168,22 @@ class ReplayEngine:
         return {}
 
 
+async def recvonly_offer() -> str:
+    """A browser-like offer SDP (recvonly audio, a ``control`` DataChannel, loopback candidates)
+    from a peer closed at once: the server's answer is never applied, so it never connects."""
+    from aiortc import RTCConfiguration, RTCPeerConnection
+    from breezert.server.ice import HostAddresses, host_addresses
+
+    pc = RTCPeerConnection(RTCConfiguration(iceServers=[]))
+    pc.addTransceiver("audio", direction="recvonly")
+    pc.createDataChannel("control")
+    with host_addresses(HostAddresses(only=("127.0.0.1",))):
+        await pc.setLocalDescription(await pc.createOffer())
+    sdp = pc.localDescription.sdp
+    await pc.close()
+    return sdp
+
+
 async def ws_turn(
     ws: aiohttp.ClientWebSocketResponse, final: tuple[str, ...] = ("turn_done",)
 ) -> tuple[list[dict[str, Any]], bytes]:

@@ -143,7 +143,8 @@ async def test_bad_requests_get_4xx_with_a_message(
 @pytest.mark.parametrize("raw", [b"{not json", b"[1, 2]", b""])
 async def test_body_that_is_not_a_json_object(engine: AsyncEngine, raw: bytes) -> None:
     async with serve(engine) as (url, _), aiohttp.ClientSession() as http, \
-            http.post(f"{url}/v1/audio/speech", data=raw) as r:
+            http.post(f"{url}/v1/audio/speech", data=raw,
+                      headers={"Content-Type": "application/json"}) as r:
         assert r.status == 400 and "JSON" in (await r.json())["error"]["message"]
 
 

@@ -290,7 +290,8 @@ async def test_bad_offers_and_too_many_peers(engine: AsyncEngine) -> None:
                              ({"type": "offer", "sdp": "v=0", "frame_ms": 30}, "frame_ms")]:
             async with http.post(f"{url}/v1/webrtc/offer", json=body) as r:
                 assert r.status == 400 and needle in (await r.json())["error"]["message"]
-        async with http.post(f"{url}/v1/webrtc/offer", data=b"{") as r:
+        async with http.post(f"{url}/v1/webrtc/offer", data=b"{",
+                             headers={"Content-Type": "application/json"}) as r:
             assert r.status == 400
         assert not state_of(app).peers  # rejected offers leave nothing behind
         client = await connect(url)

@@ -8,13 +8,14 @@ machine with no other interface could never connect. Must not: change gathering 
 
 from __future__ import annotations
 
-import ipaddress
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass
 
 import aioice.ice
+
+from breezert.config import is_loopback_host
 
 
 @dataclass(frozen=True)
@@ -62,15 +63,6 @@ def host_addresses(scope: HostAddresses | None) -> Iterator[None]:
         yield
     finally:
         _SCOPE.reset(token)
-
-
-def is_loopback_host(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 def scope_for(bind_host: str, ice_addresses: Sequence[str] | None = None) -> HostAddresses:

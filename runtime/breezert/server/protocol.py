@@ -35,6 +35,8 @@ import base64
 import binascii
 import json
 import math
+import re
+import reprlib
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -50,6 +52,10 @@ MAX_REFERENCE_AUDIO_CHARS = 16 << 20
 MAX_REFERENCE_MESSAGE_BYTES = MAX_REFERENCE_AUDIO_CHARS + (1 << 16)
 """Largest ``say`` message that carries ``reference_audio``."""
 MAX_REFERENCE_CHANNELS = 8
+MAX_JSON_DEPTH = 32
+"""Deepest nesting of arrays/objects a client message or request body may have."""
+MAX_JSON_INT_DIGITS = 40
+"""Longest integer literal accepted (longer ones are reported as out of range)."""
 
 
 class ProtocolError(Exception):
@@ -66,11 +72,11 @@ class ProtocolError(Exception):
 INVALID_REQUEST_CODES: frozenset[str] = frozenset({
     "invalid_request", "text_too_long", "empty_text", "missing_field", "bad_field", "bad_json",
     "bad_message", "message_too_large", "unknown_type", "unauthorized", "forbidden",
-    "body_too_large", "bad_offer",
+    "body_too_large", "bad_offer", "unsupported_media_type",
 })
 """Error codes meaning the request itself is invalid: retrying it unchanged fails again.
-``forbidden`` is not sent by ``breezert serve`` (a bad token gets ``unauthorized``); clients
-treat it as invalid too."""
+``forbidden``: an ``Origin`` or ``Host`` the server refuses (a bad token gets
+``unauthorized``)."""
 MESSAGE_COMPLAINT_CODES: frozenset[str] = frozenset({
     "bad_field", "bad_json", "bad_message", "unknown_type", "missing_field", "no_open_turn",
 })
@@ -175,6 +181,82 @@ _SAY_OPTIONS: dict[str, tuple[str, tuple[type, ...]]] = {
 }
 
 
+# ----------------------------------------------------------------------------- safe JSON
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
+_MAX_INT = 1 << 64
+_SHOW = reprlib.Repr()
+_SHOW.maxstring, _SHOW.maxother, _SHOW.maxlevel, _SHOW.maxlist, _SHOW.maxdict = 40, 40, 2, 4, 4
+
+
+def show(value: Any) -> str:
+    """A short ``repr`` of a client value for an error message (bounded length and depth)."""
+    return _SHOW.repr(value)
+
+
+class _TooLong(float):
+    """An integer literal longer than ``MAX_JSON_INT_DIGITS`` (rejected by ``check_json``)."""
+
+
+def _parse_int(text: str) -> int | float:
+    return int(text) if len(text) <= MAX_JSON_INT_DIGITS else _TooLong("inf")
+
+
+def _no_constant(name: str) -> float:
+    raise ValueError(f"{name} is not valid JSON (use a finite number)")
+
+
+def loads_json(raw: str | bytes) -> Any:
+    """Parses client JSON that cannot crash the server: raises ``ProtocolError`` (``bad_json``
+    for the text itself, ``bad_field`` naming the top-level field otherwise) for invalid UTF-8,
+    NaN/Infinity, nesting deeper than ``MAX_JSON_DEPTH``, numbers out of range (``1e400``,
+    integers beyond +-2**64) and lone surrogates (``"\\ud800"``) in any string or key."""
+    try:
+        text = raw.decode("utf-8") if isinstance(raw, bytes | bytearray) else raw
+        data = json.loads(text, parse_int=_parse_int, parse_constant=_no_constant)
+    except RecursionError:
+        raise ProtocolError("bad_json", f"JSON is nested too deeply (the limit is "
+                            f"{MAX_JSON_DEPTH} levels)") from None
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise ProtocolError("bad_json", f"not valid JSON: {exc}") from None
+    check_json(data)
+    return data
+
+
+def check_json(data: Any) -> None:
+    """Raises ``ProtocolError`` if parsed JSON holds what ``loads_json`` rejects; ``field`` is
+    the top-level object key under which the fault lies (``None`` at the top level)."""
+    stack: list[tuple[Any, int, str | None]] = [(data, 1, None)]
+    while stack:
+        value, depth, name = stack.pop()
+        where = f"{name}: " if name is not None else ""
+        if depth > MAX_JSON_DEPTH:
+            raise ProtocolError("bad_field" if name else "bad_json",
+                                f"{where}JSON is nested too deeply (the limit is "
+                                f"{MAX_JSON_DEPTH} levels)", field=name)
+        if isinstance(value, str):
+            if _SURROGATE.search(value):
+                raise ProtocolError("bad_field" if name else "bad_json",
+                                    f"{where}string holds a lone UTF-16 surrogate (not valid "
+                                    "Unicode text)", field=name)
+        elif isinstance(value, float):
+            if isinstance(value, _TooLong) or not math.isfinite(value):
+                raise ProtocolError("bad_field" if name else "bad_json",
+                                    f"{where}number is out of range", field=name)
+        elif isinstance(value, int) and not isinstance(value, bool):
+            if not -_MAX_INT <= value < _MAX_INT:
+                raise ProtocolError("bad_field" if name else "bad_json",
+                                    f"{where}number is out of range", field=name)
+        elif isinstance(value, dict):
+            for key, item in value.items():
+                if _SURROGATE.search(key):
+                    raise ProtocolError("bad_json", "an object key holds a lone UTF-16 "
+                                        "surrogate (not valid Unicode text)", field=name)
+                stack.append((item, depth + 1, key if name is None else name))
+        elif isinstance(value, list):
+            stack.extend((item, depth + 1, name) for item in value)
+
+
 def parse_message(raw: str | bytes, *, allow_playout: bool = True) -> Message:
     """One client message -> its typed form; raises ``ProtocolError`` naming what is wrong."""
     too_large = ProtocolError("message_too_large",
@@ -183,11 +265,13 @@ def parse_message(raw: str | bytes, *, allow_playout: bool = True) -> Message:
     if len(raw) > MAX_REFERENCE_MESSAGE_BYTES:
         raise too_large
     try:
-        data = json.loads(raw)
-    except (ValueError, UnicodeDecodeError) as exc:
+        data = loads_json(raw)
+    except ProtocolError as exc:
         if len(raw) > MAX_MESSAGE_BYTES:
             raise too_large from None
-        raise ProtocolError("bad_json", f"message is not valid JSON: {exc}") from None
+        if exc.code == "bad_json":
+            exc.message = f"message: {exc.message}"
+        raise ProtocolError(exc.code, exc.message, field=exc.field) from None
     if len(raw) > MAX_MESSAGE_BYTES and not (
         isinstance(data, dict) and data.get("type") == "say" and "reference_audio" in data
     ):
@@ -198,7 +282,7 @@ def parse_message(raw: str | bytes, *, allow_playout: bool = True) -> Message:
     allowed = _TYPES if allow_playout else _TYPES[:-1]
     if kind not in allowed:
         raise ProtocolError("unknown_type",
-                            f"type={kind!r} is unknown; expected one of {', '.join(allowed)}")
+                            f"type={show(kind)} is unknown; expected one of {', '.join(allowed)}")
     if kind == "say":
         return _say(data)
     if kind == "append":
@@ -217,22 +301,27 @@ def _say(data: dict[str, Any]) -> Say:
     if "input_closed" in data:
         closed = _flag(data, "input_closed", True)
         if "more" in data and closed == more:
-            raise ProtocolError("bad_field", "more and input_closed contradict each other")
+            raise ProtocolError("bad_field", "more and input_closed contradict each other",
+                                field="input_closed")
         more = not closed
     raw = data.get("text")
     pieces = raw if isinstance(raw, list) else [raw] if raw is not None else []
     if not all(isinstance(p, str) for p in pieces):
-        raise ProtocolError("bad_field", "text must be a string or a list of strings")
+        raise ProtocolError("bad_field", "text must be a string or a list of strings",
+                            field="text")
     text = tuple(p for p in pieces if p.strip())
     if not text and not more:
         code = "missing_field" if raw is None else "empty_text"
-        raise ProtocolError(code, "text is required and must not be empty (or set more=true)")
+        raise ProtocolError(code, "text is required and must not be empty (or set more=true)",
+                            field="text")
     fmt = data.get("format")
     if fmt is not None and fmt not in ("pcm", "opus"):
-        raise ProtocolError("bad_field", f"format={fmt!r} must be 'pcm' or 'opus'")
+        raise ProtocolError("bad_field", f"format={show(fmt)} must be 'pcm' or 'opus'",
+                            field="format")
     client_id = data.get("request_id")
     if client_id is not None and (not isinstance(client_id, str) or len(client_id) > 128):
-        raise ProtocolError("bad_field", "request_id must be a string of up to 128 characters")
+        raise ProtocolError("bad_field", "request_id must be a string of up to 128 characters",
+                            field="request_id")
     reference = _reference(data)
     options: dict[str, Any] = {}
     for wire, (name, types) in _SAY_OPTIONS.items():
@@ -240,9 +329,10 @@ def _say(data: dict[str, Any]) -> Say:
         if value is None:
             continue
         if isinstance(value, bool) or not isinstance(value, types):
-            raise ProtocolError("bad_field", f"{wire}={value!r} has the wrong type")
+            raise ProtocolError("bad_field", f"{wire}={show(value)} has the wrong type",
+                                field=wire)
         if isinstance(value, str) and not value.strip():
-            raise ProtocolError("bad_field", f"{wire} must not be empty")
+            raise ProtocolError("bad_field", f"{wire} must not be empty", field=wire)
         options[name] = tuple(value) if isinstance(value, list) else value
     turn_fields = {n: options.pop(n) for n in _TURN_FIELDS if n in options}
     try:
@@ -378,24 +468,26 @@ def read_wav_bytes(data: bytes, name: str = "reference_audio") -> tuple[np.ndarr
 def _flag(data: dict[str, Any], name: str, default: bool) -> bool:
     value = data.get(name, default)
     if not isinstance(value, bool):
-        raise ProtocolError("bad_field", f"{name}={value!r} must be true or false")
+        raise ProtocolError("bad_field", f"{name}={show(value)} must be true or false",
+                            field=name)
     return value
 
 
 def _number(data: dict[str, Any], name: str, default: float | None = None) -> float:
     value = data.get(name, default)
     if value is None:
-        raise ProtocolError("missing_field", f"{name} is required")
+        raise ProtocolError("missing_field", f"{name} is required", field=name)
     if isinstance(value, bool) or not isinstance(value, (int, float)) \
             or not math.isfinite(value) or value < 0:
-        raise ProtocolError("bad_field", f"{name}={value!r} must be a finite number >= 0")
+        raise ProtocolError("bad_field", f"{name}={show(value)} must be a finite number >= 0",
+                            field=name)
     return float(value)
 
 
 def _playback(data: dict[str, Any]) -> Playback:
     source = data.get("source", "client")
     if not isinstance(source, str) or not 0 < len(source) <= 32:
-        raise ProtocolError("bad_field", "source must be a short string")
+        raise ProtocolError("bad_field", "source must be a short string", field="source")
     return Playback(_number(data, "buffered_s"), _number(data, "age_s", 0.0), source)
 
 
@@ -408,11 +500,12 @@ def _playout(data: dict[str, Any]) -> Playout:
             continue
         if isinstance(value, bool) or not isinstance(value, (int, float)) \
                 or not math.isfinite(value) or value < 0:
-            raise ProtocolError("bad_field", f"{wire}={value!r} must be a finite number >= 0")
+            raise ProtocolError("bad_field", f"{wire}={show(value)} must be a finite number >= 0",
+                                field=wire)
         values[name] = float(value)
     for wire in ("jitterBufferDelay", "jitterBufferEmittedCount"):
         if values[_PLAYOUT_FIELDS[wire]] is None:
-            raise ProtocolError("missing_field", f"playout needs {wire}")
+            raise ProtocolError("missing_field", f"playout needs {wire}", field=wire)
     return Playout(**values)  # type: ignore[arg-type]
 
 
@@ -420,12 +513,12 @@ def _text(data: dict[str, Any], name: str, *, required: bool) -> str:
     value = data.get(name)
     if value is None:
         if required:
-            raise ProtocolError("missing_field", f"{name} is required")
+            raise ProtocolError("missing_field", f"{name} is required", field=name)
         return ""
     if not isinstance(value, str):
-        raise ProtocolError("bad_field", f"{name} must be a string")
+        raise ProtocolError("bad_field", f"{name} must be a string", field=name)
     if required and not value.strip():
-        raise ProtocolError("empty_text", f"{name} must not be empty")
+        raise ProtocolError("empty_text", f"{name} must not be empty", field=name)
     return value
 
 

@@ -8,7 +8,6 @@ handlers import this, ``app.py`` imports the handlers.
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -18,6 +17,7 @@ from aiohttp import web
 
 from breezert.config import ServingConfig
 from breezert.server.ice import HostAddresses
+from breezert.server.protocol import ProtocolError, loads_json
 
 TTFA_BUCKETS_S = (0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2, 0.3, 0.5, 1.0, 2.0, 5.0)
 
@@ -79,15 +79,18 @@ def json_error(
 
 
 async def read_json_object(request: web.Request) -> dict[str, Any] | web.Response:
-    """The request's JSON object body, or a 400/413 response saying what is wrong."""
+    """The request's JSON object body, or a 400/413 response saying what is wrong.
+
+    Parsed by ``protocol.loads_json``: invalid UTF-8, NaN/Infinity, deep nesting, numbers out
+    of range and lone surrogates are a 400 whose ``param`` names the top-level field."""
     try:
         raw = await request.read()
     except web.HTTPRequestEntityTooLarge as exc:
         return json_error(413, f"request body is too large: {exc.text}", code="body_too_large")
     try:
-        data = json.loads(raw or b"null")
-    except (ValueError, UnicodeDecodeError) as exc:
-        return json_error(400, f"request body is not valid JSON: {exc}", code="bad_json")
+        data = loads_json(raw or b"null")
+    except ProtocolError as exc:
+        return json_error(400, f"request body: {exc.message}", param=exc.field, code=exc.code)
     if not isinstance(data, dict):
         return json_error(400, "request body must be a JSON object", code="bad_json")
     return data

@@ -29,6 +29,7 @@ from breezert.server.protocol import (
     error_event,
     event,
     parse_message,
+    show,
 )
 from breezert.server.state import STATE, ServerState, json_error, read_json_object
 from breezert.server.turns import TurnController
@@ -36,7 +37,6 @@ from breezert.server.webrtc_track import SUPPORTED_CODECS, EngineAudioTrack, Tur
 
 logger = logging.getLogger("breezert.server")
 CONTROL_LABEL = "control"
-CONNECT_TIMEOUT_S = 30.0
 MAX_INBOX = 256  # control messages waiting to be handled; a flood past this is dropped
 
 
@@ -52,12 +52,13 @@ async def offer(request: web.Request) -> web.Response:
         return body
     sdp, frame_ms = body.get("sdp"), body.get("frame_ms", state.frame_ms)
     if body.get("type", "offer") != "offer":
-        return json_error(400, f"type={body.get('type')!r}: only an 'offer' is accepted",
+        return json_error(400, f"type={show(body.get('type'))}: only an 'offer' is accepted",
                           param="type")
     if not isinstance(sdp, str) or not sdp.strip():
         return json_error(400, "sdp is required: the offer's SDP text", param="sdp")
-    if frame_ms not in FRAME_MS_CHOICES:
-        return json_error(400, f"frame_ms={frame_ms!r} must be one of {FRAME_MS_CHOICES}",
+    if isinstance(frame_ms, bool) or not isinstance(frame_ms, int) \
+            or frame_ms not in FRAME_MS_CHOICES:
+        return json_error(400, f"frame_ms={show(frame_ms)} must be one of {FRAME_MS_CHOICES}",
                           param="frame_ms")
     if len(state.peers) >= state.serving.max_peers:
         return json_error(503, f"too many peers: {len(state.peers)} of "
@@ -149,10 +150,15 @@ class PeerSession:
             raise OfferError(_offer_problem(exc)) from None
         if transceiver.mid is None:
             raise OfferError("the offer has no audio m-line: add a recvonly audio transceiver")
-        answer = await self.pc.createAnswer()
-        self.track.use_codec(_first_audio_codec(answer.sdp))
-        with host_addresses(self.state.ice):
-            await self.pc.setLocalDescription(answer)
+        try:
+            answer = await self.pc.createAnswer()
+            self.track.use_codec(_first_audio_codec(answer.sdp))
+            with host_addresses(self.state.ice):
+                await self.pc.setLocalDescription(answer)
+        except OfferError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - what the offer asked for cannot be answered
+            raise OfferError(_offer_problem(exc)) from None
         return self.pc.localDescription.sdp
 
     async def close(self) -> None:
@@ -199,7 +205,8 @@ class PeerSession:
                 else:
                     await self.controller.handle(message)
             except ProtocolError as exc:
-                await self._send(error_event(exc.code, exc.message))
+                extra = {"field": exc.field} if exc.field is not None else {}
+                await self._send(error_event(exc.code, exc.message, **extra))
             except Exception as exc:  # keep the peer usable whatever one message did
                 logger.exception("control message failed on peer %s", self.peer_id)
                 await self._send(error_event("internal", f"{type(exc).__name__}: {exc}"))
@@ -227,10 +234,12 @@ class PeerSession:
             await self.close()
 
     async def _close_if_not_connected(self) -> None:
-        await asyncio.sleep(CONNECT_TIMEOUT_S)
+        """A peer whose ICE/DTLS is not ``connected`` by ``serving.webrtc_connect_timeout_s``
+        after its offer is closed: its place under ``max_peers`` and any request are freed."""
+        timeout_s = self.state.serving.webrtc_connect_timeout_s
+        await asyncio.sleep(timeout_s)
         if self.pc.connectionState != "connected":
-            logger.info("peer %s did not connect within %.0f s; closing", self.peer_id,
-                        CONNECT_TIMEOUT_S)
+            logger.info("peer %s did not connect within %g s; closing", self.peer_id, timeout_s)
             await self.close()
 
 

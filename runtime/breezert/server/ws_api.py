@@ -122,8 +122,15 @@ async def speech_stream(request: web.Request) -> web.WebSocketResponse:
 
 
 async def _handle(controller: TurnController, raw: str, send) -> None:  # type: ignore[no-untyped-def]
+    """One text message; whatever it holds, the socket stays open (an ``error`` event says
+    what was wrong, with ``field`` when one field is at fault)."""
     try:
         message = parse_message(raw, allow_playout=False)
         await controller.handle(message)
     except ProtocolError as exc:
-        await send(error_event(exc.code, exc.message))
+        extra = {"field": exc.field} if exc.field is not None else {}
+        await send(error_event(exc.code, exc.message, **extra))
+    except Exception as exc:  # noqa: BLE001 - one bad message must not drop the socket
+        logger.exception("websocket message failed")
+        await send(error_event("internal", f"{type(exc).__name__}: the message could not be "
+                               "handled"))
