@@ -1,7 +1,9 @@
 """Requests: the user-facing ``SynthesisRequest`` and the scheduler's logical ``Request`` state.
 
-Owns request validation, lifecycle status and timestamps, per-segment cursors and block ids, and
-the chunk arithmetic (pending frames, chunk targets). Must not hold tensors or import torch; only
+Owns request validation, lifecycle status and timestamps, the chunk log and the listener's latest
+playback report, per-segment cursors and block ids, and
+the chunk arithmetic (pending frames, chunk targets). Must not import torch or touch a tensor: a
+segment's tokenized prompt is an opaque object the engine builds and the worker reads; only
 the scheduler mutates a ``Request`` (the worker never sees one).
 """
 
@@ -232,7 +234,8 @@ class Segment:
 
 @dataclass(eq=False)
 class Request:
-    """The scheduler's logical state of one request: Python ints and lists, no tensors.
+    """The scheduler's logical state of one request: Python ints and lists (the segments'
+    prompts ride along opaque, for the worker).
 
     Build it with ``Request.from_synthesis`` (or directly in tests). Fields after ``input_closed``
     are lifecycle state owned by the scheduler.

@@ -150,13 +150,15 @@ def ckpt(model_dir: Path) -> Checkpoint:
     "kwargs",
     [
         {"chunk_schedule": (1, 2, 4, 8, 16)},
-        {"chunk_schedule": (3, 5), "instructions": "A calm voice.", "cfg_scale": 2.0},
+        {"chunk_schedule": (3, 5),
+         "options": SynthesisOptions(seed=7, instructions="A calm voice.", cfg_scale=2.0)},
     ],
     ids=["plain", "design_cfg2"],
 )
 def test_streaming_equals_whole(ckpt: Checkpoint, kwargs: dict) -> None:
     def request() -> SynthesisRequest:
-        return SynthesisRequest(text="Hello there.", max_frames=20, ignore_eos=True, **kwargs, options=SynthesisOptions(seed=7))
+        return SynthesisRequest(text="Hello there.", max_frames=20, ignore_eos=True,
+                                **{"options": SynthesisOptions(seed=7), **kwargs})
 
     chunks = list(stream_sequential(ckpt, request()))
     assert [c.frame_start for c in chunks[1:]] == [c.frame_end for c in chunks[:-1]]
