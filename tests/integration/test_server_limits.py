@@ -70,3 +70,61 @@ async def test_a_turn_that_keeps_appending_is_not_idle(engine: AsyncEngine) -> N
         assert len(audio) == 4 * TURN_BYTES
         await ws.close()
     await wait_idle(engine)
+
+
+# ----------------------------------------------------------------------------- text limits
+
+ASCII_2000 = ("lorem ipsum dolor sit amet " * 80)[:2000]  # no sentence end: word cuts only
+CJK_LONG = "今天天氣很好我們一起去公園散步吧" * 40  # 640 characters, no punctuation at all
+SEGMENT_BYTES = TURN_BYTES  # every segment is FRAMES_PER_TURN frames (ignore_eos)
+
+
+@pytest.mark.parametrize("text", [ASCII_2000, CJK_LONG], ids=["ascii-2000", "cjk-640"])
+async def test_http_input_up_to_max_text_chars_is_spoken(engine: AsyncEngine, text: str) -> None:
+    """Over one prompt's token limit (1,022 tokens on this profile: about 1,020 ASCII or 340
+    CJK characters), within ``max_text_chars``: the server cuts it into segments."""
+    assert engine.prompt_tokens(text, _options()) > engine.max_prompt_tokens
+    async with serve(engine, serving={"max_text_chars": 2000}) as (url, _), \
+            aiohttp.ClientSession() as http, \
+            http.post(f"{url}/v1/audio/speech",
+                      json={"input": text, "response_format": "pcm"}) as r:
+        body = await r.read()
+        assert r.status == 200, body[:300]
+    assert len(body) >= 2 * SEGMENT_BYTES and len(body) % SEGMENT_BYTES == 0
+    await wait_idle(engine)
+
+
+async def test_websocket_segment_over_the_token_limit_is_cut_by_the_server(
+    engine: AsyncEngine,
+) -> None:
+    async with serve(engine, serving={"max_text_chars": 2000}) as (url, _), \
+            aiohttp.ClientSession() as http:
+        ws = await http.ws_connect(f"{url}/v1/audio/speech/stream")
+        await ws.receive()
+        await ws.send_json({"type": "say", "text": CJK_LONG[:400], "more": True})
+        await ws.send_json({"type": "append", "text": ASCII_2000[:1500]})
+        await ws.send_json({"type": "end"})
+        events, audio = await ws_turn(ws)
+        await ws.close()
+    assert [e for e in events if e["type"] == "error"] == []
+    assert events[-1]["status"] == "finished" and len(audio) >= 4 * SEGMENT_BYTES
+    await wait_idle(engine)
+
+
+async def test_a_prompt_that_cannot_fit_is_refused_in_tokens(engine: AsyncEngine) -> None:
+    """Instructions that fill the context leave no room for any text: a 400 with the figures,
+    not advice to split (HTTP cannot send segments)."""
+    body = {"input": "Hi.", "instructions": "Speak slowly. " * 80}
+    async with serve(engine) as (url, _), aiohttp.ClientSession() as http, \
+            http.post(f"{url}/v1/audio/speech", json=body) as r:
+        error = (await r.json())["error"]
+    assert r.status == 400 and error["param"] == "input", error
+    assert f"context limit of {engine.max_prompt_tokens} tokens" in error["message"]
+    assert "split the text" not in error["message"] and "instructions" in error["message"]
+    await wait_idle(engine)
+
+
+def _options():  # type: ignore[no-untyped-def]
+    from breezert.options import SynthesisOptions
+
+    return SynthesisOptions()

@@ -27,7 +27,8 @@ from breezert.server.protocol import (
     decode_reference,
 )
 from breezert.server.state import STATE, ServerState, json_error, read_json_object
-from breezert.server.turns import reference_message
+from breezert.server.turns import prompt_fits, prompt_message, reference_message
+from breezert.text import split_text
 
 FORMATS = ("wav", "pcm")
 MAX_SPEECH_BODY_BYTES = MAX_REFERENCE_MESSAGE_BYTES
@@ -54,15 +55,16 @@ async def speech(request: web.Request) -> web.StreamResponse:
         encoded = await _encode_reference(state, reference)
         if isinstance(encoded, web.Response):
             return encoded
+    # Sentences, each cut further until its prompt fits the token limit: HTTP has no way to
+    # send segments, so the server makes them (as the plugin does for in-process turns).
+    fits = prompt_fits(state.engine, options, encoded)
     try:
-        synth = SynthesisRequest(text=text, options=options, reference=encoded,
+        synth = SynthesisRequest(text=split_text(text, fits), options=options, reference=encoded,
                                  **state.request_options)
-    except InvalidRequest as exc:
-        return json_error(400, str(exc), param=_param_of(str(exc)))
-    try:
         request_id = state.engine.submit(synth)
     except InvalidRequest as exc:
-        return json_error(400, str(exc), param=_param_of(str(exc)))
+        message = prompt_message(str(exc))
+        return json_error(400, message, param=_param_of(message))
     except EngineOverloaded as exc:
         return json_error(503, f"the engine is at capacity, retry later: {exc}",
                           type="overloaded_error", code=OVERLOADED_CODE)

@@ -31,6 +31,7 @@ from breezert.server.protocol import (
     Say,
     event,
 )
+from breezert.text import split_text
 
 logger = logging.getLogger("breezert.server")
 
@@ -67,6 +68,9 @@ class _Turn:
     concealment_events: int = 0
     idle_timer: asyncio.TimerHandle | None = field(default=None, repr=False)
     """Closes the input when no append/end comes in time (``idle_timeout_s``)."""
+    fits: Callable[[str], bool] | None = field(default=None, repr=False)
+    """Whether a piece of text fits one segment's prompt (``prompt_fits``) with this turn's
+    voice, instructions and reference."""
     reason: str | None = None
     """Why the server closed the turn's input (``idle_timeout``), reported in ``turn_done``."""
 
@@ -161,17 +165,21 @@ class TurnController:
         self._check_chars(say.num_chars, 0)
         say_time = self._clock()
         request = self._request(say)  # every cheap check before encoding the reference
+        fits = prompt_fits(self.engine, say.options)
         if say.reference is not None:
             reference = await self._encode_reference(say)
             if self.active is not None:  # NOTE: the transports handle messages in order
                 raise ProtocolError("turn_active", "a turn started while the reference audio "
                                     "was being encoded; send cancel first (barge-in)")
+            fits = prompt_fits(self.engine, say.options, reference)
             try:
                 request = replace(request, reference=reference)
             except InvalidRequest as exc:
                 raise ProtocolError("invalid_request", str(exc)) from None
+        request = replace(request, text=fit_segments(request.segments, fits))
         request_id = self._call_engine(self.engine.submit, request)
-        turn = _Turn(request_id, say.client_request_id, say_time, say.more, say.num_chars)
+        turn = _Turn(request_id, say.client_request_id, say_time, say.more, say.num_chars,
+                     fits=fits)
         try:
             turn.marks = self.sink.begin(request_id, ENGINE_SAMPLE_RATE, say)
             self.active = turn
@@ -214,7 +222,8 @@ class TurnController:
         turn = self._open_turn("append")
         self._check_chars(len(text), turn.num_chars)
         if text.strip():  # whitespace-only pieces carry nothing to say
-            self._call_engine(self.engine.append_text, turn.request_id, text)
+            for piece in fit_segments((text,), turn.fits):
+                self._call_engine(self.engine.append_text, turn.request_id, piece)
         turn.num_chars += len(text)
         self._arm(turn)
 
@@ -327,10 +336,51 @@ class TurnController:
         try:
             return fn(*args)
         except InvalidRequest as exc:
-            raise ProtocolError("invalid_request", str(exc)) from None
+            raise ProtocolError("invalid_request", prompt_message(str(exc))) from None
         except EngineOverloaded as exc:
             raise ProtocolError(OVERLOADED_CODE,
                                 f"the engine is at capacity, retry later: {exc}") from None
+
+
+def prompt_fits(engine: Any, options: Any, reference: Any = None) \
+        -> Callable[[str], bool] | None:
+    """``fits`` for ``breezert.text.split_text``: whether a piece's prompt (with this voice,
+    instructions and reference) is within the engine's ``max_prompt_tokens``; ``None`` for an
+    engine that cannot tell (a test stand-in)."""
+    count = getattr(engine, "prompt_tokens", None)
+    if count is None:
+        return None
+    limit = engine.max_prompt_tokens
+
+    def fits(piece: str) -> bool:
+        try:
+            return bool(count(piece, options, reference) <= limit)
+        except InvalidRequest:  # not a length problem: submit reports it
+            return True
+
+    return fits
+
+
+def fit_segments(segments: tuple[str, ...] | list[str], fits: Callable[[str], bool] | None) \
+        -> tuple[str, ...]:
+    """Each segment as it is when it fits one prompt, else cut into sentences and smaller
+    pieces until each does (``split_text``), so text up to ``max_text_chars`` is spoken."""
+    if fits is None:
+        return tuple(segments)
+    return tuple(piece for segment in segments
+                 for piece in ([segment] if fits(segment) else split_text(segment, fits)))
+
+
+_SPLIT_ADVICE = "; split the text into segments"
+
+
+def prompt_message(message: str) -> str:
+    """An engine message about a prompt over the token limit, for a server client: the server
+    has already cut the text as far as it goes, so what is left to shorten is the rest."""
+    if message.startswith("text: the prompt is") and message.endswith(_SPLIT_ADVICE):
+        return (message.removesuffix(_SPLIT_ADVICE) + " even for the shortest piece of text: "
+                "shorten instructions or the reference audio and its reference_text")
+    return message
 
 
 def reference_message(message: str) -> str:
