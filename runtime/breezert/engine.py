@@ -154,7 +154,11 @@ class Engine:
         """Tokens of the longest CFG branch of ``text``'s prompt (template, voice,
         instructions and reference included); the segment fits when it is at most
         ``max_prompt_tokens``. Raises ``InvalidRequest`` for empty text or an unknown voice."""
-        prompt = make_prompt(
+        # NOTE: through the module, not this module's name: a count builds no segment, and
+        # spies on the segments' prompts (breezert.engine.make_prompt) must not see it.
+        from breezert import prompting
+
+        prompt = prompting.make_prompt(
             self.checkpoint.tokenizer, text, speaker=options.speaker,
             instructions=options.instructions, reference=reference, max_seq_len=sys.maxsize,
         )
