@@ -1,8 +1,8 @@
 """LiveKit Agents TTS over BreezeRT: ``TTS``, ``ChunkedStream``, ``SynthesizeStream``.
 
-Owns: the sentence splitter that turns LLM tokens into engine segments (one engine request per
-turn), the options snapshot per stream, audio out through the ``AudioEmitter`` in 10/20 ms
-frames, reporting playback (``playout.PlayoutFeedback``) while a turn plays, and the mapping of
+Owns: turning LLM tokens into engine segments with the runtime's sentence splitter
+(``breezert.text``; one engine request per turn), the options snapshot per stream, audio out
+through the ``AudioEmitter`` in 10/20 ms frames, reporting playback (``playout.PlayoutFeedback``) while a turn plays, and the mapping of
 runtime errors to the ``APIError`` family. Must not: import torch, log synthesized text, or
 reach the runtime other than through ``client.RuntimeClient``.
 """
@@ -39,6 +39,7 @@ from breezert.errors import (
     RequestAborted,
     RequestFailed,
 )
+from breezert.text import SentenceSplitter, split_sentences
 
 from .client import (
     InProcessRuntimeClient,
@@ -55,7 +56,6 @@ from .models import (
     DEFAULT_FRAME_SIZE_MS,
     DEFAULT_MODEL,
     DEFAULT_SPEAKER,
-    MAX_SEGMENT_CHARS,
     NUM_CHANNELS,
     SAMPLE_RATE,
     FrameSizeMs,
@@ -67,123 +67,6 @@ if TYPE_CHECKING:
     from livekit.agents.voice import io
 
     from breezert.config import EngineConfig
-
-# ----------------------------------------------------------------------------- sentence splitter
-
-_CLOSERS = "\"')]}»”’」』"
-_CJK_ENDS = "。！？"
-# NOTE(breezert): only words that rarely end a sentence ("no." does, so "No. 5" splits).
-_ABBREVIATIONS = frozenset(
-    "mr mrs ms dr prof sr jr st vs etc e.g i.e inc ltd corp fig approx dept mt "
-    "jan feb apr jun jul aug sep sept oct nov dec u.s u.k a.m p.m ph.d cf al".split()
-)
-
-
-def _has_word(text: str) -> bool:
-    return any(ch.isalnum() for ch in text)
-
-
-def _skip(text: str, i: int, chars: str) -> int:
-    while i < len(text) and text[i] in chars:
-        i += 1
-    return i
-
-
-def _word_before(text: str, i: int) -> str:
-    start = i
-    while start > 0 and (text[start - 1].isalnum() or text[start - 1] == "."):
-        start -= 1
-    return text[start:i].lower()
-
-
-class SentenceSplitter:
-    """Cuts streamed text into sentences as soon as each one is known to be complete.
-
-    A sentence ends at ``!``/``?``/``。！？`` (at once, even at the end of the text so far), at
-    ``.``/``…`` followed by a space and a word that is not lower case (so ``3.14``, ``e.g. this``,
-    ``Mr. Smith`` and ``J. K.`` do not split; this waits for the next word), or at a newline.
-    There is no minimum length; pieces without a letter or digit join the next sentence, and a
-    sentence over ``max_chars`` is cut at its last space.
-    """
-
-    def __init__(self, *, max_chars: int = MAX_SEGMENT_CHARS) -> None:
-        self._buf = ""
-        self._pos = 0  # scanning resumes here (the buffer before it holds no boundary)
-        self._max_chars = max_chars
-
-    def push(self, text: str) -> list[str]:
-        """Adds text; returns the sentences it completed, in order."""
-        self._buf += text
-        sentences: list[str] = []
-        while (cut := self._next_cut()) is not None:
-            self._take(cut, sentences)
-        while len(self._buf) > self._max_chars:
-            space = self._buf.rfind(" ", 0, self._max_chars)
-            self._take(space if space > 0 else self._max_chars, sentences)
-        return sentences
-
-    def flush(self) -> list[str]:
-        """Everything still buffered, as one last piece (if it holds any text)."""
-        sentences: list[str] = []
-        self._take(len(self._buf), sentences)
-        return sentences
-
-    def _take(self, cut: int, out: list[str]) -> None:
-        piece, self._buf, self._pos = self._buf[:cut].strip(), self._buf[cut:], 0
-        if piece:
-            out.append(piece)
-
-    def _next_cut(self) -> int | None:
-        buf, i = self._buf, self._pos
-        while i < len(buf):
-            cut, resume = self._boundary_at(buf, i)
-            if cut is not None:
-                if _has_word(buf[:cut]):
-                    return cut
-                i = cut  # only punctuation so far: it joins the next sentence
-            elif resume is not None:
-                i = resume
-            else:  # undecided: wait for more text
-                self._pos = i
-                return None
-        self._pos = len(buf)
-        return None
-
-    @staticmethod
-    def _boundary_at(buf: str, i: int) -> tuple[int | None, int | None]:
-        """(cut, None) = a sentence ends before ``cut``; (None, j) = no boundary here, go on at
-        ``j``; (None, None) = cannot tell until more text arrives."""
-        ch, n = buf[i], len(buf)
-        if ch == "\n":
-            return i + 1, None
-        if ch in _CJK_ENDS:
-            return _skip(buf, _skip(buf, i + 1, _CJK_ENDS), _CLOSERS), None
-        if ch in "!?":
-            j = _skip(buf, _skip(buf, i + 1, "!?.…"), _CLOSERS)
-            return (j, None) if j == n or buf[j].isspace() else (None, j)
-        if ch not in ".…":
-            return None, i + 1
-        j = _skip(buf, _skip(buf, i + 1, ".…!?"), _CLOSERS)
-        if j == n:
-            return None, None  # "3." may become "3.14"
-        if not buf[j].isspace():
-            return None, j  # decimals, URLs, "e.g"
-        k = j
-        while k < n and buf[k].isspace():
-            k += 1
-        if k == n:
-            return None, None  # need the next word to tell "Mr. Smith" from "end. Next"
-        word = _word_before(buf, i).lstrip(".")
-        if buf[k].islower() or word in _ABBREVIATIONS or (len(word) == 1 and word.isalpha()):
-            return None, k
-        return j, None
-
-
-def split_sentences(text: str) -> list[str]:
-    """A whole text cut the way ``SentenceSplitter`` cuts a stream of it."""
-    splitter = SentenceSplitter()
-    return splitter.push(text) + splitter.flush()
-
 
 # ----------------------------------------------------------------------------- plugin
 

@@ -220,6 +220,14 @@ class AsyncEngine:
         return await loop.run_in_executor(
             None, self.engine.encode_reference, samples, sample_rate, ref_text)
 
+    @property
+    def max_prompt_tokens(self) -> int:
+        return self.engine.max_prompt_tokens
+
+    def prompt_tokens(self, text: str, options: Any, reference: Reference | None = None) -> int:
+        """``Engine.prompt_tokens``: one segment's prompt length, to check it fits."""
+        return self.engine.prompt_tokens(text, options, reference)
+
     def append_text(self, request_id: str, text: str) -> None:
         self.engine.append_text(request_id, text)
         self._wake.set()

@@ -224,7 +224,14 @@ class ServingConfig(_Frozen):
     max_peers: int = Field(default=16, gt=0)
     """Concurrent WebRTC peers."""
     max_text_chars: int = Field(default=4096, gt=0)
-    """Characters of text per request (all segments)."""
+    """Characters of text per request (all segments). What binds per segment is the prompt's
+    token limit (``scheduler.max_model_len`` - 2 tokens with the template, voice, instructions
+    and reference); the server splits longer text into segments at sentence, then word
+    boundaries (``breezert.text.split_text``), so any text up to this many characters fits."""
+    turn_idle_timeout_s: float = Field(default=10.0, gt=0)
+    """An open WebSocket/WebRTC turn (``more: true``) that gets no ``append`` or ``end`` for
+    this long has its input closed: the text it has is spoken, then ``turn_done`` comes with
+    ``reason: "idle_timeout"``. Frees the running slot an idle open turn would hold forever."""
     auth_token: SecretStr | None = None
     """Bearer token required from clients under ``/v1/``; ``None`` = no auth (local use only).
     Must not be empty or blank."""

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import secrets
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -141,6 +142,27 @@ class Engine:
         with torch.inference_mode():
             codes = encode_reference(encoder, samples, sample_rate)
         return Reference(ref_text=ref_text, ref_codes=codes)
+
+    @property
+    def max_prompt_tokens(self) -> int:
+        """The longest prompt one segment may have, in tokens: ``min(scheduler.max_model_len,
+        the checkpoint's max_seq_len) - 2`` (room for at least one frame)."""
+        return self._max_seq_len - 2
+
+    def prompt_tokens(self, text: str, options: SynthesisOptions,
+                      reference: Reference | None = None) -> int:
+        """Tokens of the longest CFG branch of ``text``'s prompt (template, voice,
+        instructions and reference included); the segment fits when it is at most
+        ``max_prompt_tokens``. Raises ``InvalidRequest`` for empty text or an unknown voice."""
+        # NOTE: through the module, not this module's name: a count builds no segment, and
+        # spies on the segments' prompts (breezert.engine.make_prompt) must not see it.
+        from breezert import prompting
+
+        prompt = prompting.make_prompt(
+            self.checkpoint.tokenizer, text, speaker=options.speaker,
+            instructions=options.instructions, reference=reference, max_seq_len=sys.maxsize,
+        )
+        return max(p.num_tokens for p in cfg_branches(prompt, float(options.cfg_scale)))
 
     def append_text(self, request_id: str, text: str) -> None:
         """Adds a text segment to a running turn (its input must still be open)."""

@@ -155,7 +155,7 @@ async def test_http_speech_with_reference_audio(
     k = expected_frames(len(samples), 16000)
     assert k == 19
     body: dict[str, Any] = {"input": "Hello there.", "reference_audio": wav_b64(samples, 16000),
-                            "reference_text": "This is my voice."}
+                            "reference_text": "This is my voice.", "stream": False}
     if instructions:
         body["instructions"] = instructions
     async with serve(engine) as (url, _), aiohttp.ClientSession() as http, \

@@ -37,14 +37,21 @@ pytestmark = pytest.mark.integration
 
 
 async def test_wav_response(engine: AsyncEngine) -> None:
-    request = {"model": "breeze-tts-2", "input": "Hello.", "voice": "S1"}
-    async with serve(engine) as (url, _), aiohttp.ClientSession() as http, \
-            http.post(f"{url}/v1/audio/speech", json=request) as r:
-        assert r.status == 200 and r.content_type == "audio/wav"
-        body = await r.read()
+    """A WAV file with its exact length takes ``stream: false``; by default (as OpenAI) the
+    WAV streams, its header saying the length is unknown."""
+    request = {"model": "breeze-tts-2", "input": "Hello.", "voice": "S1", "stream": False}
+    async with serve(engine) as (url, _), aiohttp.ClientSession() as http:
+        async with http.post(f"{url}/v1/audio/speech", json=request) as r:
+            assert r.status == 200 and r.content_type == "audio/wav"
+            body = await r.read()
+        del request["stream"]
+        async with http.post(f"{url}/v1/audio/speech", json=request) as r:
+            streamed = await r.read()
     with wave.open(io.BytesIO(body)) as w:
         assert (w.getframerate(), w.getnchannels(), w.getsampwidth()) == (24000, 1, 2)
         assert w.getnframes() == FRAMES_PER_TURN * SAMPLES_PER_FRAME
+    assert streamed[:4] == b"RIFF" and streamed[40:44] == b"\xdb\xff\xff\xff"  # unknown size
+    assert len(streamed) == len(body)
 
 
 async def test_streamed_pcm_arrives_chunk_by_chunk(engine: AsyncEngine) -> None:

@@ -1,14 +1,20 @@
 """``POST /v1/audio/speech``: OpenAI-compatible text to speech over plain HTTP.
 
 Owns: validating the OpenAI request fields (plus ``reference_audio`` / ``reference_text`` for
-voice cloning, encoded off the event loop) and answering with a WAV file, raw PCM16, or (with
-``stream: true``) a chunked response that carries each engine chunk as soon as it exists. Must
-not: buffer a streamed response or hold the engine request after the client has gone.
+voice cloning, encoded off the event loop, and ``seed``), cutting ``input`` into segments that
+fit the prompt, and answering as OpenAI does: the audio streamed in the requested format
+(``wav`` with a streaming header, ``pcm``, ``opus`` in Ogg) as each engine chunk exists, or
+with ``stream_format: "sse"`` as ``speech.audio.delta`` / ``speech.audio.done`` events;
+``stream: false`` buffers one whole file. Must not: buffer a streamed response or hold the
+engine request after the client has gone.
 """
 
 from __future__ import annotations
 
+import base64
+import json
 import math
+from collections.abc import AsyncIterator
 from contextlib import aclosing
 from typing import Any
 
@@ -16,9 +22,12 @@ import numpy as np
 from aiohttp import web
 
 from breezert.audio import ENGINE_SAMPLE_RATE, encode_wav, float_to_pcm16, wav_header
+from breezert.constants import SPEAKER_TOKEN_IDS
 from breezert.errors import EngineOverloaded, InvalidRequest, RequestAborted, RequestFailed
 from breezert.options import SynthesisOptions
+from breezert.outputs import AudioChunk
 from breezert.request import SynthesisRequest
+from breezert.server.ogg_opus import OggOpusWriter
 from breezert.server.protocol import (
     MAX_REFERENCE_MESSAGE_BYTES,
     OVERLOADED_CODE,
@@ -27,11 +36,19 @@ from breezert.server.protocol import (
     decode_reference,
 )
 from breezert.server.state import STATE, ServerState, json_error, read_json_object
-from breezert.server.turns import reference_message
+from breezert.server.turns import prompt_fits, prompt_message, reference_message
+from breezert.text import split_text
 
-FORMATS = ("wav", "pcm")
+FORMATS = ("wav", "pcm", "opus")
+"""``response_format`` values; OpenAI's ``mp3``, ``aac`` and ``flac`` get a 400 listing these."""
+STREAM_FORMATS = ("audio", "sse")
+VOICES = tuple(f"S{i}" for i in range(len(SPEAKER_TOKEN_IDS)))
+FIELDS = ("input", "model", "voice", "instructions", "response_format", "speed",
+          "stream_format", "stream", "seed", "reference_audio", "reference_text")
+"""Every body field this route reads; any other gets a 400 listing these."""
 MAX_SPEECH_BODY_BYTES = MAX_REFERENCE_MESSAGE_BYTES
 """Largest request body of this route (a 30 s reference WAV in base64 fits)."""
+_CONTENT_TYPES = {"wav": "audio/wav", "pcm": "audio/pcm", "opus": "audio/ogg"}
 
 
 def setup(app: web.Application) -> None:
@@ -48,33 +65,47 @@ async def speech(request: web.Request) -> web.StreamResponse:
     parsed = _parse(body, state)
     if isinstance(parsed, web.Response):
         return parsed
-    text, options, reference, fmt, stream = parsed
+    text, options, reference, fmt, mode = parsed
     encoded = None
     if reference is not None:
         encoded = await _encode_reference(state, reference)
         if isinstance(encoded, web.Response):
             return encoded
+    # Sentences, each cut further until its prompt fits the token limit: HTTP has no way to
+    # send segments, so the server makes them (as the plugin does for in-process turns).
+    fits = prompt_fits(state.engine, options, encoded)
+    segments = split_text(text, fits)
     try:
-        synth = SynthesisRequest(text=text, options=options, reference=encoded,
+        synth = SynthesisRequest(text=segments, options=options, reference=encoded,
                                  **state.request_options)
-    except InvalidRequest as exc:
-        return json_error(400, str(exc), param=_param_of(str(exc)))
-    try:
         request_id = state.engine.submit(synth)
     except InvalidRequest as exc:
-        return json_error(400, str(exc), param=_param_of(str(exc)))
+        message = prompt_message(str(exc))
+        return json_error(400, message, param=_param_of(message))
     except EngineOverloaded as exc:
         return json_error(503, f"the engine is at capacity, retry later: {exc}",
                           type="overloaded_error", code=OVERLOADED_CODE)
-    if stream:
-        return await _stream(request, state, request_id, fmt)
-    return await _whole(state, request_id, fmt)
+    async with aclosing(state.engine.stream(request_id)) as chunks:
+        # NOTE: headers wait for the first chunk (engine TTFB), so a request that fails before
+        # any audio still gets a JSON error with its status.
+        first = await _first_chunk(chunks)
+        if isinstance(first, web.Response):
+            return first
+        if mode == "whole":
+            return await _whole(chunks, first, fmt)
+        usage_in = _input_tokens(state, segments, options, encoded)
+        return await _stream(request, state, request_id, chunks, first, fmt, mode, usage_in)
 
 
 def _parse(body: dict[str, Any], state: ServerState) \
-        -> tuple[str, SynthesisOptions, ReferenceAudio | None, str, bool] | web.Response:
-    """(text, voice options, reference, format, stream) or a 4xx response; every field is
-    checked here, before the (costly) reference encoding."""
+        -> tuple[str, SynthesisOptions, ReferenceAudio | None, str, str] | web.Response:
+    """(text, voice options, reference, format, mode) or a 4xx response; mode is ``audio``,
+    ``sse`` or ``whole``. Every field is checked here, before the (costly) reference
+    encoding."""
+    unknown = sorted(set(body) - set(FIELDS))
+    if unknown:
+        return json_error(400, f"{unknown[0]} is not a supported field; supported: "
+                          f"{', '.join(FIELDS)}", param=unknown[0])
     text = body.get("input")
     if "input" not in body:
         return json_error(400, "input is required: the text to speak", param="input")
@@ -88,21 +119,32 @@ def _parse(body: dict[str, Any], state: ServerState) \
         value = body.get(name)
         if value is not None and (not isinstance(value, str) or not value.strip()):
             return json_error(400, f"{name} must be a non-empty string", param=name)
-    stream = body.get("stream", False)
-    if not isinstance(stream, bool):
+    voice = body.get("voice")
+    if voice is not None and voice.strip().strip("[]") not in VOICES:
+        return json_error(400, f"voice={voice!r} is not supported; supported voices: "
+                          f"{', '.join(VOICES)}", param="voice")
+    stream = body.get("stream")
+    if stream is not None and not isinstance(stream, bool):
         return json_error(400, f"stream={stream!r} must be true or false", param="stream")
-    fmt = body.get("response_format", "pcm" if stream else "wav")
+    stream_format = body.get("stream_format") or "audio"
+    if stream_format not in STREAM_FORMATS:
+        return json_error(400, f"stream_format={stream_format!r} is not supported; supported: "
+                          f"{', '.join(STREAM_FORMATS)}", param="stream_format")
+    if stream is False and body.get("stream_format") is not None:
+        return json_error(400, "stream_format needs a streamed response; drop stream=false",
+                          param="stream_format")
+    fmt = body.get("response_format") or ("pcm" if stream else "wav")
     if fmt not in FORMATS:
-        return json_error(400, f"response_format={fmt!r} is not supported; use one of "
+        return json_error(400, f"response_format={fmt!r} is not supported; supported: "
                           f"{', '.join(FORMATS)}", param="response_format")
     speed = body.get("speed", 1.0)
     if isinstance(speed, bool) or not isinstance(speed, (int, float)) or not math.isfinite(speed):
         return json_error(400, f"speed={speed!r} must be a number", param="speed")
     if speed != 1.0:
-        return json_error(400, f"speed={speed} is not supported; only 1.0", param="speed")
+        return json_error(400, f"speed={speed} is not supported; supported: 1.0", param="speed")
     try:
         options = SynthesisOptions.from_mapping(
-            {"speaker": body.get("voice"), "instructions": body.get("instructions"),
+            {"speaker": voice, "instructions": body.get("instructions"),
              "seed": body.get("seed")})
     except InvalidRequest as exc:
         return json_error(400, str(exc), param=_param_of(str(exc)))
@@ -115,7 +157,8 @@ def _parse(body: dict[str, Any], state: ServerState) \
             reference = decode_reference(body["reference_audio"], body.get("reference_text"))
         except ProtocolError as exc:
             return json_error(400, exc.message, param=exc.field)
-    return text, options, reference, fmt, stream
+    mode = "whole" if stream is False else stream_format
+    return text, options, reference, fmt, mode
 
 
 async def _encode_reference(state: ServerState, reference: ReferenceAudio) -> Any:
@@ -132,54 +175,133 @@ async def _encode_reference(state: ServerState, reference: ReferenceAudio) -> An
         return json_error(400, message, param=param)
 
 
+async def _first_chunk(chunks: AsyncIterator[AudioChunk]) -> AudioChunk | None | web.Response:
+    """The stream's first chunk (``None``: no audio at all), or the error response."""
+    try:
+        return await anext(chunks, None)
+    except RequestFailed as exc:
+        return json_error(500, f"synthesis failed: {exc.reason}", type="server_error",
+                          code="request_failed")
+    except RequestAborted:
+        return json_error(503, "synthesis was aborted", type="server_error", code="aborted")
+
+
+class _Encoder:
+    """Engine PCM -> bytes of one ``response_format``, as the stream goes."""
+
+    def __init__(self, fmt: str) -> None:
+        self._ogg = OggOpusWriter(ENGINE_SAMPLE_RATE) if fmt == "opus" else None
+        self.header = wav_header(ENGINE_SAMPLE_RATE, None) if fmt == "wav" else b""
+        """Streamed WAV: the largest sizes the format allows, as OpenAI's streamed WAV has."""
+
+    def write(self, pcm: np.ndarray) -> bytes:
+        return self._ogg.write(pcm) if self._ogg is not None else float_to_pcm16(pcm)
+
+    def close(self) -> bytes:
+        return self._ogg.close() if self._ogg is not None else b""
+
+
 async def _stream(request: web.Request, state: ServerState, request_id: str,
-                  fmt: str) -> web.StreamResponse:
-    response = web.StreamResponse(headers=_audio_headers(fmt))
+                  chunks: AsyncIterator[AudioChunk], first: AudioChunk | None, fmt: str,
+                  mode: str, input_tokens: int) -> web.StreamResponse:
+    """The audio as it is made: raw bytes of ``fmt`` (``audio``) or SSE events (``sse``)."""
+    is_sse = mode == "sse"
+    headers = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache"} if is_sse \
+        else _audio_headers(fmt)
+    response = web.StreamResponse(headers=headers)
     response.enable_chunked_encoding()
+    encoder = _Encoder(fmt)
+    num_frames = 0
+
+    async def send(data: bytes) -> None:
+        if not data:
+            return
+        if is_sse:
+            data = _sse({"type": "speech.audio.delta",
+                         "audio": base64.b64encode(data).decode("ascii")})
+        await response.write(data)  # leaves now: no buffering
+
     state.num_http_streams += 1
     try:
         await response.prepare(request)
-        if fmt == "wav":
-            await response.write(wav_header(ENGINE_SAMPLE_RATE, None))
-        async with aclosing(state.engine.stream(request_id)) as chunks:
-            async for chunk in chunks:
-                await response.write(float_to_pcm16(chunk.pcm))  # leaves now: no buffering
-    except (RequestFailed, RequestAborted, ConnectionError):
-        # Headers are gone: cutting the chunked body short is how the client learns. A client
-        # that left (ConnectionError) has its request aborted by closing the stream above.
-        if request.transport is not None:
-            request.transport.close()
+        pending = encoder.header
+        chunk = first
+        while chunk is not None:
+            num_frames += chunk.frame_end - chunk.frame_start
+            await send(pending + encoder.write(chunk.pcm))
+            pending = b""
+            chunk = await anext(chunks, None)
+        await send(pending + encoder.close())
+        if is_sse:
+            await response.write(_sse({"type": "speech.audio.done", "usage": {
+                "input_tokens": input_tokens, "output_tokens": num_frames,
+                "total_tokens": input_tokens + num_frames}}))
+    except (RequestFailed, RequestAborted) as exc:
+        # Headers are gone: an SSE client gets an error event; a raw audio body is cut short,
+        # which is how its client learns.
+        if not is_sse or request.transport is None or request.transport.is_closing():
+            if request.transport is not None:
+                request.transport.close()
+            return response
+        reason = exc.reason if isinstance(exc, RequestFailed) else "aborted"
+        await response.write(_sse({"type": "error", "error": {
+            "message": f"synthesis failed: {reason}", "type": "server_error",
+            "code": "request_failed" if isinstance(exc, RequestFailed) else "aborted"}}))
+    except ConnectionError:
+        # The client left: closing the engine stream (the caller's ``aclosing``) aborts it.
         return response
     finally:
         state.num_http_streams -= 1
-        # NOTE: a client gone before the stream opened (prepare/header write) never started
-        # it, so nothing above aborted the request; a no-op for one that already finished.
+        # NOTE: a client gone before the stream opened (prepare/header write) never read on,
+        # so nothing above aborted the request; a no-op for one that already finished.
         state.engine.abort(request_id)
     await response.write_eof()
     return response
 
 
-async def _whole(state: ServerState, request_id: str, fmt: str) -> web.Response:
-    pieces: list[np.ndarray] = []
+def _sse(event: dict[str, Any]) -> bytes:
+    return f"data: {json.dumps(event)}\n\n".encode()
+
+
+async def _whole(chunks: AsyncIterator[AudioChunk], first: AudioChunk | None,
+                 fmt: str) -> web.Response:
+    """``stream: false``: the whole file in one body (a WAV with its exact length)."""
+    pieces = [] if first is None else [first.pcm]
     try:
-        async with aclosing(state.engine.stream(request_id)) as chunks:
-            async for chunk in chunks:
-                pieces.append(chunk.pcm)
+        async for chunk in chunks:
+            pieces.append(chunk.pcm)
     except RequestFailed as exc:
         return json_error(500, f"synthesis failed: {exc.reason}", type="server_error",
                           code="request_failed")
     except RequestAborted:
         return json_error(503, "synthesis was aborted", type="server_error", code="aborted")
     audio = np.concatenate(pieces) if pieces else np.zeros(0, np.float32)
-    data = encode_wav(audio, ENGINE_SAMPLE_RATE) if fmt == "wav" else float_to_pcm16(audio)
+    if fmt == "wav":
+        data = encode_wav(audio, ENGINE_SAMPLE_RATE)
+    else:
+        encoder = _Encoder(fmt)
+        data = encoder.write(audio) + encoder.close()
     return web.Response(body=data, headers=_audio_headers(fmt))
 
 
 def _audio_headers(fmt: str) -> dict[str, str]:
-    if fmt == "wav":
-        return {"Content-Type": "audio/wav"}
-    return {"Content-Type": "audio/pcm", "X-Sample-Rate": str(ENGINE_SAMPLE_RATE),
-            "X-Sample-Format": "s16le", "X-Channels": "1"}
+    headers = {"Content-Type": _CONTENT_TYPES[fmt]}
+    if fmt == "pcm":
+        headers.update({"X-Sample-Rate": str(ENGINE_SAMPLE_RATE), "X-Sample-Format": "s16le",
+                        "X-Channels": "1"})
+    return headers
+
+
+def _input_tokens(state: ServerState, segments: list[str], options: SynthesisOptions,
+                  reference: Any) -> int:
+    """Prompt tokens over all segments (SSE ``usage``); 0 for an engine that cannot tell."""
+    count = getattr(state.engine, "prompt_tokens", None)
+    if count is None:
+        return 0
+    try:
+        return sum(count(segment, options, reference) for segment in segments)
+    except InvalidRequest:
+        return 0
 
 
 def _param_of(message: str) -> str | None:

@@ -31,6 +31,7 @@ from breezert.server.protocol import (
     Say,
     event,
 )
+from breezert.text import split_text
 
 logger = logging.getLogger("breezert.server")
 
@@ -65,6 +66,13 @@ class _Turn:
     task: asyncio.Task[None] | None = field(default=None, repr=False)
     status: str | None = None  # set once turn_done is sent
     concealment_events: int = 0
+    idle_timer: asyncio.TimerHandle | None = field(default=None, repr=False)
+    """Closes the input when no append/end comes in time (``idle_timeout_s``)."""
+    fits: Callable[[str], bool] | None = field(default=None, repr=False)
+    """Whether a piece of text fits one segment's prompt (``prompt_fits``) with this turn's
+    voice, instructions and reference."""
+    reason: str | None = None
+    """Why the server closed the turn's input (``idle_timeout``), reported in ``turn_done``."""
 
 
 class TurnController:
@@ -75,6 +83,8 @@ class TurnController:
         sink: Receives each turn's chunks.
         send: Delivers a server message (JSON text) to the client.
         max_text_chars: Characters per turn over ``say`` and all ``append``s.
+        idle_timeout_s: An open turn (``more``) that gets no ``append``/``end`` for this long
+            has its input closed (its text is still spoken); ``None`` = wait forever.
         request_options: Extra ``SynthesisRequest`` fields for every turn (server policy).
         clock: Monotonic time source, the same one the sink stamps playout with.
     """
@@ -86,6 +96,7 @@ class TurnController:
         send: Callable[[str], Awaitable[None]],
         *,
         max_text_chars: int,
+        idle_timeout_s: float | None = None,
         request_options: Mapping[str, Any] | None = None,
         clock: Callable[[], float] = time.monotonic,
         on_first_audio: Callable[[float], None] | None = None,
@@ -94,6 +105,7 @@ class TurnController:
         self.sink = sink
         self._send = send
         self._max_text_chars = max_text_chars
+        self._idle_timeout_s = idle_timeout_s
         self._request_options = dict(request_options or {})
         self._clock = clock
         self._on_first_audio = on_first_audio
@@ -111,6 +123,7 @@ class TurnController:
                 raise ProtocolError("no_open_turn", "end needs a turn started with say")
             if turn.is_input_open:  # ending an already closed turn is harmless: a no-op
                 turn.is_input_open = False
+                self._disarm(turn)
                 self._call_engine(self.engine.close_input, turn.request_id)
         elif isinstance(message, Cancel):
             await self.cancel()
@@ -152,17 +165,21 @@ class TurnController:
         self._check_chars(say.num_chars, 0)
         say_time = self._clock()
         request = self._request(say)  # every cheap check before encoding the reference
+        fits = prompt_fits(self.engine, say.options)
         if say.reference is not None:
             reference = await self._encode_reference(say)
             if self.active is not None:  # NOTE: the transports handle messages in order
                 raise ProtocolError("turn_active", "a turn started while the reference audio "
                                     "was being encoded; send cancel first (barge-in)")
+            fits = prompt_fits(self.engine, say.options, reference)
             try:
                 request = replace(request, reference=reference)
             except InvalidRequest as exc:
                 raise ProtocolError("invalid_request", str(exc)) from None
+        request = replace(request, text=fit_segments(request.segments, fits))
         request_id = self._call_engine(self.engine.submit, request)
-        turn = _Turn(request_id, say.client_request_id, say_time, say.more, say.num_chars)
+        turn = _Turn(request_id, say.client_request_id, say_time, say.more, say.num_chars,
+                     fits=fits)
         try:
             turn.marks = self.sink.begin(request_id, ENGINE_SAMPLE_RATE, say)
             self.active = turn
@@ -172,6 +189,7 @@ class TurnController:
             self.active = None
             raise
         turn.task = asyncio.create_task(self._run(turn), name=f"turn-{request_id}")
+        self._arm(turn)
 
     async def _encode_reference(self, say: Say) -> Any:
         """The say's reference audio -> ``breezert.request.Reference`` (off the event loop)."""
@@ -204,8 +222,37 @@ class TurnController:
         turn = self._open_turn("append")
         self._check_chars(len(text), turn.num_chars)
         if text.strip():  # whitespace-only pieces carry nothing to say
-            self._call_engine(self.engine.append_text, turn.request_id, text)
+            for piece in fit_segments((text,), turn.fits):
+                self._call_engine(self.engine.append_text, turn.request_id, piece)
         turn.num_chars += len(text)
+        self._arm(turn)
+
+    def _arm(self, turn: _Turn) -> None:
+        """(Re)starts the idle timer of an open turn: it has just received text."""
+        self._disarm(turn)
+        if turn.is_input_open and self._idle_timeout_s is not None:
+            turn.idle_timer = asyncio.get_running_loop().call_later(
+                self._idle_timeout_s, self._close_idle, turn)
+
+    @staticmethod
+    def _disarm(turn: _Turn) -> None:
+        if turn.idle_timer is not None:
+            turn.idle_timer.cancel()
+            turn.idle_timer = None
+
+    def _close_idle(self, turn: _Turn) -> None:
+        """No append/end in time: close the input so the turn ends once its text is spoken
+        and its running slot goes to the next caller."""
+        turn.idle_timer = None
+        if self.active is not turn or not turn.is_input_open or turn.status is not None:
+            return
+        turn.is_input_open = False
+        turn.reason = "idle_timeout"
+        logger.info("turn %s: no append or end for %g s; input closed", turn.request_id,
+                    self._idle_timeout_s)
+        # InvalidRequest: the request ended meanwhile (its outcome reaches _run anyway).
+        with contextlib.suppress(InvalidRequest):
+            self.engine.close_input(turn.request_id)
 
     async def _run(self, turn: _Turn) -> None:
         status, error = "finished", None
@@ -249,6 +296,7 @@ class TurnController:
         if turn.status is not None:
             return
         turn.status = status
+        self._disarm(turn)
         if self.active is turn:
             self.active = None
         fields: dict[str, Any] = {**self._ids(turn), "status": status}
@@ -257,11 +305,20 @@ class TurnController:
         if turn.marks is not None:
             fields["starved_frames"] = turn.marks.num_starved_frames
         fields["concealment_events"] = turn.concealment_events
+        if turn.reason == "idle_timeout":
+            fields["reason"] = turn.reason
+            fields["message"] = (f"no append or end for {self._idle_timeout_s:g} s "
+                                 "(serving.turn_idle_timeout_s): the server closed the turn's "
+                                 "input and spoke the text it had")
         await self._send(event("turn_done", **fields))
 
     # ------------------------------------------------------------------ helpers
     def _open_turn(self, kind: str) -> _Turn:
         turn = self.active
+        if turn is not None and turn.reason == "idle_timeout":
+            raise ProtocolError("no_open_turn", f"{kind}: the turn's input was closed after "
+                                f"{self._idle_timeout_s:g} s without append or end "
+                                "(serving.turn_idle_timeout_s); start a new turn with say")
         if turn is None or not turn.is_input_open:
             raise ProtocolError("no_open_turn", f"{kind} needs a turn started with say and "
                                 "more=true (or input_closed=false)")
@@ -279,10 +336,51 @@ class TurnController:
         try:
             return fn(*args)
         except InvalidRequest as exc:
-            raise ProtocolError("invalid_request", str(exc)) from None
+            raise ProtocolError("invalid_request", prompt_message(str(exc))) from None
         except EngineOverloaded as exc:
             raise ProtocolError(OVERLOADED_CODE,
                                 f"the engine is at capacity, retry later: {exc}") from None
+
+
+def prompt_fits(engine: Any, options: Any, reference: Any = None) \
+        -> Callable[[str], bool] | None:
+    """``fits`` for ``breezert.text.split_text``: whether a piece's prompt (with this voice,
+    instructions and reference) is within the engine's ``max_prompt_tokens``; ``None`` for an
+    engine that cannot tell (a test stand-in)."""
+    count = getattr(engine, "prompt_tokens", None)
+    if count is None:
+        return None
+    limit = engine.max_prompt_tokens
+
+    def fits(piece: str) -> bool:
+        try:
+            return bool(count(piece, options, reference) <= limit)
+        except InvalidRequest:  # not a length problem: submit reports it
+            return True
+
+    return fits
+
+
+def fit_segments(segments: tuple[str, ...] | list[str], fits: Callable[[str], bool] | None) \
+        -> tuple[str, ...]:
+    """Each segment as it is when it fits one prompt, else cut into sentences and smaller
+    pieces until each does (``split_text``), so text up to ``max_text_chars`` is spoken."""
+    if fits is None:
+        return tuple(segments)
+    return tuple(piece for segment in segments
+                 for piece in ([segment] if fits(segment) else split_text(segment, fits)))
+
+
+_SPLIT_ADVICE = "; split the text into segments"
+
+
+def prompt_message(message: str) -> str:
+    """An engine message about a prompt over the token limit, for a server client: the server
+    has already cut the text as far as it goes, so what is left to shorten is the rest."""
+    if message.startswith("text: the prompt is") and message.endswith(_SPLIT_ADVICE):
+        return (message.removesuffix(_SPLIT_ADVICE) + " even for the shortest piece of text: "
+                "shorten instructions or the reference audio and its reference_text")
+    return message
 
 
 def reference_message(message: str) -> str:

@@ -125,6 +125,7 @@ class PeerSession:
         self.controller = TurnController(
             state.engine, TrackSink(self.track, state), self._send,
             max_text_chars=state.serving.max_text_chars, request_options=state.request_options,
+            idle_timeout_s=state.serving.turn_idle_timeout_s,
             clock=state.clock, on_first_audio=state.first_audio.observe,
         )
         self.playout = PlayoutTracker()

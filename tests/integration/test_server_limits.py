@@ -1,0 +1,130 @@
+"""Limits of the serving front on the tiny CPU model: idle open turns and text length.
+
+Owns: an open turn left idle (``more: true``, no ``end``) is ended after
+``serving.turn_idle_timeout_s`` so ``max_running_requests`` idle turns cannot starve the next
+caller; long text is split by the server into segments that fit the prompt's token limit, so
+``max_text_chars`` really holds (ASCII and CJK), and what does not fit is refused in tokens.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+
+import aiohttp
+import pytest
+from breezert.async_engine import AsyncEngine
+
+from tests.integration._server import SAMPLES_PER_FRAME, TURN_BYTES, serve, wait_idle, ws_turn
+
+pytestmark = pytest.mark.integration
+
+# ----------------------------------------------------------------------------- idle turns
+
+
+async def _open_idle_turn(http: aiohttp.ClientSession, url: str) -> aiohttp.ClientWebSocketResponse:
+    """A WebSocket turn that said one sentence with ``more: true`` and then went quiet."""
+    ws = await http.ws_connect(f"{url}/v1/audio/speech/stream")
+    assert json.loads((await ws.receive()).data)["type"] == "ready"
+    await ws.send_json({"type": "say", "text": "Hello.", "more": True})
+    return ws
+
+
+async def test_idle_open_turns_do_not_starve_the_next_caller(engine: AsyncEngine) -> None:
+    slots = engine.engine.config.scheduler.max_running_requests
+    async with serve(engine, serving={"turn_idle_timeout_s": 1.0}) as (url, _), \
+            aiohttp.ClientSession() as http:
+        sockets = [await _open_idle_turn(http, url) for _ in range(slots)]
+        start = time.monotonic()
+        async with http.post(f"{url}/v1/audio/speech",
+                             json={"input": "Me next.", "response_format": "pcm"}) as r:
+            assert r.status == 200
+            first = await asyncio.wait_for(r.content.readexactly(2 * SAMPLES_PER_FRAME), 8.0)
+        first_s = time.monotonic() - start
+        assert first and first_s < 8.0, first_s
+        # Each idle turn was ended, audio kept, with turn_done saying why.
+        for ws in sockets:
+            events, audio = await ws_turn(ws)
+            done = events[-1]
+            assert done["status"] == "finished" and done["reason"] == "idle_timeout", done
+            assert "turn_idle_timeout_s" in done["message"] and len(audio) == TURN_BYTES
+            # the input is closed now: an append says so
+            await ws.send_json({"type": "append", "text": " late"})
+            reply = json.loads((await ws.receive()).data)
+            assert reply["code"] == "no_open_turn"
+            await ws.close()
+    await wait_idle(engine)
+
+
+async def test_a_turn_that_keeps_appending_is_not_idle(engine: AsyncEngine) -> None:
+    async with serve(engine, serving={"turn_idle_timeout_s": 0.6}) as (url, _), \
+            aiohttp.ClientSession() as http:
+        ws = await _open_idle_turn(http, url)
+        for _ in range(3):
+            await asyncio.sleep(0.4)
+            await ws.send_json({"type": "append", "text": "And more."})
+        await ws.send_json({"type": "end"})
+        events, audio = await ws_turn(ws)
+        assert events[-1]["status"] == "finished" and "reason" not in events[-1]
+        assert len(audio) == 4 * TURN_BYTES
+        await ws.close()
+    await wait_idle(engine)
+
+
+# ----------------------------------------------------------------------------- text limits
+
+ASCII_2000 = ("lorem ipsum dolor sit amet " * 80)[:2000]  # no sentence end: word cuts only
+CJK_LONG = "今天天氣很好我們一起去公園散步吧" * 40  # 640 characters, no punctuation at all
+SEGMENT_BYTES = TURN_BYTES  # every segment is FRAMES_PER_TURN frames (ignore_eos)
+
+
+@pytest.mark.parametrize("text", [ASCII_2000, CJK_LONG], ids=["ascii-2000", "cjk-640"])
+async def test_http_input_up_to_max_text_chars_is_spoken(engine: AsyncEngine, text: str) -> None:
+    """Over one prompt's token limit (1,022 tokens on this profile: about 1,020 ASCII or 340
+    CJK characters), within ``max_text_chars``: the server cuts it into segments."""
+    assert engine.prompt_tokens(text, _options()) > engine.max_prompt_tokens
+    async with serve(engine, serving={"max_text_chars": 2000}) as (url, _), \
+            aiohttp.ClientSession() as http, \
+            http.post(f"{url}/v1/audio/speech",
+                      json={"input": text, "response_format": "pcm"}) as r:
+        body = await r.read()
+        assert r.status == 200, body[:300]
+    assert len(body) >= 2 * SEGMENT_BYTES and len(body) % SEGMENT_BYTES == 0
+    await wait_idle(engine)
+
+
+async def test_websocket_segment_over_the_token_limit_is_cut_by_the_server(
+    engine: AsyncEngine,
+) -> None:
+    async with serve(engine, serving={"max_text_chars": 2000}) as (url, _), \
+            aiohttp.ClientSession() as http:
+        ws = await http.ws_connect(f"{url}/v1/audio/speech/stream")
+        await ws.receive()
+        await ws.send_json({"type": "say", "text": CJK_LONG[:400], "more": True})
+        await ws.send_json({"type": "append", "text": ASCII_2000[:1500]})
+        await ws.send_json({"type": "end"})
+        events, audio = await ws_turn(ws)
+        await ws.close()
+    assert [e for e in events if e["type"] == "error"] == []
+    assert events[-1]["status"] == "finished" and len(audio) >= 4 * SEGMENT_BYTES
+    await wait_idle(engine)
+
+
+async def test_a_prompt_that_cannot_fit_is_refused_in_tokens(engine: AsyncEngine) -> None:
+    """Instructions that fill the context leave no room for any text: a 400 with the figures,
+    not advice to split (HTTP cannot send segments)."""
+    body = {"input": "Hi.", "instructions": "Speak slowly. " * 80}
+    async with serve(engine) as (url, _), aiohttp.ClientSession() as http, \
+            http.post(f"{url}/v1/audio/speech", json=body) as r:
+        error = (await r.json())["error"]
+    assert r.status == 400 and error["param"] == "input", error
+    assert f"context limit of {engine.max_prompt_tokens} tokens" in error["message"]
+    assert "split the text" not in error["message"] and "instructions" in error["message"]
+    await wait_idle(engine)
+
+
+def _options():  # type: ignore[no-untyped-def]
+    from breezert.options import SynthesisOptions
+
+    return SynthesisOptions()
