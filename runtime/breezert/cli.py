@@ -1,4 +1,4 @@
-"""The ``breezert`` command line: ``init-random``, ``synth`` (and later ``serve``, ``bench``).
+"""The ``breezert`` command line: ``init-random``, ``synth``, ``serve``, ``bench``.
 
 Owns: argument parsing and printing. Must not: hold model or scheduling logic; every command
 calls into the library.
@@ -124,6 +124,14 @@ def build_parser() -> argparse.ArgumentParser:
                        help="default WebRTC frame duration")
     serve.add_argument("--device", choices=["cpu", "cuda", "auto"], default=None,
                        help="sets model.device")
+    serve.add_argument("--shutdown-grace", type=float, default=None, metavar="S",
+                       help="on SIGTERM/SIGINT: refuse new work (503 + Retry-After, /readyz 503), "
+                            "close idle sockets at once, give running turns up to S seconds "
+                            "(default: [serving] shutdown_grace_s, 10)")
+    serve.add_argument("--no-access-log", action="store_true", help="no per-request log line")
+    serve.add_argument("--max-frames", type=int, default=None,
+                       help="server policy: codec frames per request at most (80 ms each)")
+
     return parser
 
 
@@ -192,35 +200,91 @@ def cmd_bench(args: argparse.Namespace) -> int:
 def cmd_serve(args: argparse.Namespace) -> int:
     import logging
 
-    from aiohttp import web
-
-    from breezert.async_engine import AsyncEngine
     from breezert.config import EngineConfig, apply_env_overrides
-    from breezert.server.app import create_app
 
     cfg = EngineConfig.from_file(args.config) if args.config else EngineConfig()
     model = {k: v for k, v in {"path": args.model, "device": args.device}.items() if v is not None}
-    serving = {k: v for k, v in {"host": args.host, "port": args.port}.items() if v is not None}
+    serving = {k: v for k, v in {"host": args.host, "port": args.port,
+                                 "shutdown_grace_s": args.shutdown_grace}.items()
+               if v is not None}
     cfg = EngineConfig.from_dict({
         **cfg.model_dump(), "model": {**cfg.model.model_dump(), **model},
         "serving": {**cfg.serving.model_dump(), **serving},
     }, source="command line")
     cfg = apply_env_overrides(cfg)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
-    engine = AsyncEngine.from_config(cfg)
-    app = create_app(engine, cfg.serving, ice_addresses=args.ice_address, frame_ms=args.frame_ms)
+    import asyncio
 
-    async def close_engine(_: web.Application) -> None:
-        await engine.aclose()
+    return asyncio.run(_serve(cfg, args))
 
-    app.on_cleanup.append(close_engine)
+
+class _StartingEngine:
+    """``state.engine`` until the real one is built: no requests (the gate answers 503)."""
+
+    is_running = False
+
+    def metrics(self) -> dict[str, object]:
+        return {}
+
+    def submit(self, request: object) -> str:
+        from breezert.errors import EngineOverloaded
+
+        raise EngineOverloaded("the engine is still starting")
+
+    async def aclose(self) -> None:
+        return None
+
+
+async def _serve(cfg, args: argparse.Namespace) -> int:  # type: ignore[no-untyped-def]
+    """Listens at once, builds the engine in the background (progress on the console and in
+    ``/readyz``), serves until SIGTERM/SIGINT, then drains within ``serving.shutdown_grace_s``."""
+    import asyncio
+    import signal
+
+    from aiohttp import web
+    from aiohttp.log import access_logger
+
+    from breezert.async_engine import AsyncEngine
+    from breezert.server import health
+    from breezert.server.app import create_app
+    from breezert.server.state import STATE
+
+    policy = {"max_frames": args.max_frames} if args.max_frames else {}
+    app = create_app(_StartingEngine(), cfg.serving, request_options=policy,
+                     ice_addresses=args.ice_address, frame_ms=args.frame_ms)
+    app[health.LIFECYCLE].console = health.ConsoleProgress()
+    health.build_engine_in_background(
+        app, lambda progress: AsyncEngine.from_config(cfg, progress=progress))
+    grace = cfg.serving.shutdown_grace_s
+    # after the drain nothing should be left: give handlers one second, then cancel them
+    runner = web.AppRunner(app, handle_signals=False, shutdown_timeout=1.0,
+                           access_log=None if args.no_access_log else access_logger)
+    await runner.setup()
     host, port = cfg.serving.host, cfg.serving.port
+    site = web.TCPSite(runner, host, port)
+    await site.start()
+    bound = runner.addresses[0][1] if runner.addresses else port
     shown = f"[{host}]" if ":" in host else host
-    if port:
-        print(f"BreezeRT serving on http://{shown}:{port}/  (demo page; API under /v1/, "
-              f"/healthz, /readyz, /metrics)", flush=True)
-    web.run_app(app, host=host, port=port, print=None if port else print)
+    print(f"BreezeRT serving on http://{shown}:{bound}/  (demo page; API under /v1/, "
+          f"/healthz, /readyz, /metrics); starting the engine", flush=True)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        await stop.wait()
+        print(f"breezert: shutting down (grace {grace:g} s)", flush=True)
+        summary = await health.drain(app, grace)
+        print(f"breezert: drained in {summary['drain_s']:.2f} s "
+              f"(closed {summary['closed_idle']} idle connections; still running: "
+              f"{summary['left_running']})", flush=True)
+    finally:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.remove_signal_handler(sig)
+        await runner.cleanup()
+        await app[STATE].engine.aclose()
     return 0
+
 
 def _reference(ckpt, audio: Path | None, text: str | None):  # type: ignore[no-untyped-def]
     """``Reference`` from a WAV file and its transcript (None when neither is given)."""

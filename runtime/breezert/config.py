@@ -219,6 +219,12 @@ class ServingConfig(_Frozen):
     """Characters of text per request (all segments)."""
     auth_token: SecretStr | None = None
     """Bearer token required from clients; ``None`` = no auth (local use only)."""
+    shutdown_grace_s: float = Field(default=10.0, ge=0, le=600)
+    """SIGTERM/SIGINT drain: new work and ``/readyz`` get 503 at once, idle WebSockets and
+    WebRTC peers are closed at once, turns and HTTP streams already running get up to this
+    many seconds to finish; then everything left is closed and the process exits."""
+    retry_after_s: int = Field(default=2, ge=0, le=3600)
+    """``Retry-After`` seconds sent with every 503 (at capacity, not ready, draining)."""
 
 
 class EngineConfig(_Frozen):
