@@ -1,4 +1,4 @@
-"""The ``breezert`` command line: ``init-random``, ``synth``, ``serve``, ``bench``.
+"""The ``breezert`` command line: ``init-random``, ``synth``, ``serve``, ``bench``, ``soak``.
 
 Owns: argument parsing and printing. Must not: hold model or scheduling logic; every command
 calls into the library.
@@ -132,6 +132,30 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--max-frames", type=int, default=None,
                        help="server policy: codec frames per request at most (80 ms each)")
 
+    soak = sub.add_parser(
+        "soak", help="bounded mix of normal and faulty traffic, then a leak check (JSON report)",
+        description="Runs streams over HTTP and WebSocket, aborts mid-stream, cancels, idle open "
+                    "turns, bad inputs and bursts past capacity against a server on loopback, "
+                    "then checks that /metrics gauges return to idle (running 0, queued 0, KV "
+                    "blocks and codec slots all free, open turns 0, peers 0) and that the "
+                    "server's RSS grew less than --max-rss-growth-mb. Prints a JSON report; "
+                    "exit status 1 on a leak or an unexpected answer.")
+    soak.add_argument("--url", default=None,
+                      help="target server (default: start breezert serve on a free loopback "
+                           "port and read its RSS from /proc)")
+    soak.add_argument("--config", type=Path, default=None,
+                      help="profile of the started server (default: configs/cpu-tiny.toml)")
+    soak.add_argument("--duration", type=float, default=30.0, help="seconds of traffic")
+    soak.add_argument("--concurrency", type=int, default=4, help="scenarios at once")
+    soak.add_argument("--max-frames", type=int, default=25,
+                      help="frames per request of the started server (keeps turns short)")
+    soak.add_argument("--burst-size", type=int, default=48,
+                      help="HTTP streams at once in each burst (past running + queued limits)")
+    soak.add_argument("--burst-every", type=int, default=5, help="a burst every N rounds (0: none)")
+    soak.add_argument("--max-rss-growth-mb", type=float, default=150.0,
+                      help="RSS growth (after the first round -> end) that counts as a leak")
+    soak.add_argument("--token", default=None, help="bearer token of the target server")
+    soak.add_argument("--out", type=Path, default=None, help="also write the report here")
     return parser
 
 
@@ -286,6 +310,24 @@ async def _serve(cfg, args: argparse.Namespace) -> int:  # type: ignore[no-untyp
     return 0
 
 
+def cmd_soak(args: argparse.Namespace) -> int:
+    import json
+
+    from breezert.bench.soak import SoakOptions, run_soak
+
+    report = run_soak(SoakOptions(
+        url=args.url, config=args.config, duration_s=args.duration,
+        concurrency=args.concurrency, max_frames=args.max_frames, burst_size=args.burst_size,
+        burst_every=args.burst_every, max_rss_growth_mb=args.max_rss_growth_mb,
+        token=args.token))
+    text = json.dumps(report, indent=2)
+    print(text)
+    if args.out is not None:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(text + "\n")
+    return 0 if report["ok"] else 1
+
+
 def _reference(ckpt, audio: Path | None, text: str | None):  # type: ignore[no-untyped-def]
     """``Reference`` from a WAV file and its transcript (None when neither is given)."""
     from breezert.reference_audio import encode_reference
@@ -329,7 +371,7 @@ def write_wav(path: Path, audio: np.ndarray, sample_rate: int) -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     commands = {"init-random": cmd_init_random, "synth": cmd_synth, "bench": cmd_bench,
-                "serve": cmd_serve}
+                "serve": cmd_serve, "soak": cmd_soak}
     try:
         return commands[args.command](args)
     except (BreezeRTError, ValueError, FileNotFoundError) as exc:
