@@ -26,6 +26,7 @@ from breezert.options import SynthesisOptions
 from breezert.outputs import AudioChunk
 from breezert.profiles import resolve_config
 from breezert.request import Reference, RequestStatus, SynthesisRequest
+from breezert.worker.warmup import Progress
 
 logger = logging.getLogger("breezert.async_engine")
 
@@ -61,8 +62,11 @@ class AsyncEngine:
         self._closing = False  # aclose() in progress: submit is refused (under _routes_lock)
 
     @staticmethod
-    def from_config(config: EngineConfig, **kwargs: Any) -> AsyncEngine:
-        return AsyncEngine(Engine(config), **kwargs)
+    def from_config(config: EngineConfig, *, progress: Progress | None = None,
+                    **kwargs: Any) -> AsyncEngine:
+        """Builds the engine (weights, KV cache, graph capture); ``progress`` hears each
+        start-up phase and graph bucket (``breezert.worker.warmup.Progress``)."""
+        return AsyncEngine(Engine(config, progress=progress), **kwargs)
 
     # ------------------------------------------------------------ shared engines
     @classmethod

@@ -1,4 +1,4 @@
-"""The ``breezert`` command line: ``init-random``, ``synth`` (and later ``serve``, ``bench``).
+"""The ``breezert`` command line: ``init-random``, ``synth``, ``serve``, ``bench``, ``soak``.
 
 Owns: argument parsing and printing. Must not: hold model or scheduling logic; every command
 calls into the library.
@@ -141,6 +141,39 @@ def build_parser() -> argparse.ArgumentParser:
                             "start. Browser pages of other origins are refused unless listed "
                             "in serving.allowed_origins; WebRTC peers must connect within "
                             "serving.webrtc_connect_timeout_s (default 10 s)")
+    serve.add_argument("--shutdown-grace", type=float, default=None, metavar="S",
+                       help="on SIGTERM/SIGINT: refuse new work (503 + Retry-After, /readyz 503), "
+                            "close idle sockets at once, give running turns up to S seconds "
+                            "(default: [serving] shutdown_grace_s, 10)")
+    serve.add_argument("--no-access-log", action="store_true", help="no per-request log line")
+    serve.add_argument("--max-frames", type=int, default=None,
+                       help="server policy: codec frames per request at most (80 ms each)")
+
+    soak = sub.add_parser(
+        "soak", help="bounded mix of normal and faulty traffic, then a leak check (JSON report)",
+        description="Runs streams over HTTP and WebSocket, aborts mid-stream, cancels, idle open "
+                    "turns, bad inputs and bursts past capacity against a server on loopback, "
+                    "then checks that /metrics gauges return to idle (running 0, queued 0, KV "
+                    "blocks and codec slots all free, open turns 0, peers 0) and that the "
+                    "server's RSS grew less than --max-rss-growth-mb. Prints a JSON report; "
+                    "exit status 1 on a leak or an unexpected answer.")
+    soak.add_argument("--url", default=None,
+                      help="target server (default: start breezert serve on a free loopback "
+                           "port and read its RSS from /proc)")
+    soak.add_argument("--config", type=_config, default=None,
+                      help="TOML path or packaged profile of the started server (default: "
+                           "cpu-tiny)")
+    soak.add_argument("--duration", type=float, default=30.0, help="seconds of traffic")
+    soak.add_argument("--concurrency", type=int, default=4, help="scenarios at once")
+    soak.add_argument("--max-frames", type=int, default=25,
+                      help="frames per request of the started server (keeps turns short)")
+    soak.add_argument("--burst-size", type=int, default=48,
+                      help="HTTP streams at once in each burst (past running + queued limits)")
+    soak.add_argument("--burst-every", type=int, default=5, help="a burst every N rounds (0: none)")
+    soak.add_argument("--max-rss-growth-mb", type=float, default=150.0,
+                      help="RSS growth (after the first round -> end) that counts as a leak")
+    soak.add_argument("--token", default=None, help="bearer token of the target server")
+    soak.add_argument("--out", type=Path, default=None, help="also write the report here")
     return parser
 
 
@@ -209,17 +242,14 @@ def cmd_bench(args: argparse.Namespace) -> int:
 def cmd_serve(args: argparse.Namespace) -> int:
     import logging
 
-    from aiohttp import web
-
-    from breezert.async_engine import AsyncEngine
     from breezert.config import EngineConfig, apply_env_overrides
     from breezert.errors import InvalidConfig
-    from breezert.server.app import create_app
 
     cfg = EngineConfig.from_file(args.config) if args.config else EngineConfig()
     model = {k: v for k, v in {"path": args.model, "device": args.device}.items() if v is not None}
     serving = {k: v for k, v in {"host": args.host, "port": args.port,
-                                 "allow_unauthenticated": args.allow_unauthenticated}.items()
+                                 "allow_unauthenticated": args.allow_unauthenticated,
+                                 "shutdown_grace_s": args.shutdown_grace}.items()
                if v is not None}
     cfg = EngineConfig.from_dict({
         **cfg.model_dump(), "model": {**cfg.model.model_dump(), **model},
@@ -229,20 +259,96 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if (problem := cfg.serving.binding_problem()) is not None:
         raise InvalidConfig(problem)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
-    engine = AsyncEngine.from_config(cfg)
-    app = create_app(engine, cfg.serving, ice_addresses=args.ice_address, frame_ms=args.frame_ms)
+    import asyncio
 
-    async def close_engine(_: web.Application) -> None:
-        await engine.aclose()
+    return asyncio.run(_serve(cfg, args))
 
-    app.on_cleanup.append(close_engine)
+
+class _StartingEngine:
+    """``state.engine`` until the real one is built: no requests (the gate answers 503)."""
+
+    is_running = False
+
+    def metrics(self) -> dict[str, object]:
+        return {}
+
+    def submit(self, request: object) -> str:
+        from breezert.errors import EngineOverloaded
+
+        raise EngineOverloaded("the engine is still starting")
+
+    async def aclose(self) -> None:
+        return None
+
+
+async def _serve(cfg, args: argparse.Namespace) -> int:  # type: ignore[no-untyped-def]
+    """Listens at once, builds the engine in the background (progress on the console and in
+    ``/readyz``), serves until SIGTERM/SIGINT, then drains within ``serving.shutdown_grace_s``."""
+    import asyncio
+    import signal
+
+    from aiohttp import web
+    from aiohttp.log import access_logger
+
+    from breezert.async_engine import AsyncEngine
+    from breezert.server import health
+    from breezert.server.app import create_app
+    from breezert.server.state import STATE
+
+    policy = {"max_frames": args.max_frames} if args.max_frames else {}
+    app = create_app(_StartingEngine(), cfg.serving, request_options=policy,
+                     ice_addresses=args.ice_address, frame_ms=args.frame_ms)
+    app[health.LIFECYCLE].console = health.ConsoleProgress()
+    health.build_engine_in_background(
+        app, lambda progress: AsyncEngine.from_config(cfg, progress=progress))
+    grace = cfg.serving.shutdown_grace_s
+    # after the drain nothing should be left: give handlers one second, then cancel them
+    runner = web.AppRunner(app, handle_signals=False, shutdown_timeout=1.0,
+                           access_log=None if args.no_access_log else access_logger)
+    await runner.setup()
     host, port = cfg.serving.host, cfg.serving.port
+    site = web.TCPSite(runner, host, port)
+    await site.start()
+    bound = runner.addresses[0][1] if runner.addresses else port
     shown = f"[{host}]" if ":" in host else host
-    if port:
-        print(f"BreezeRT serving on http://{shown}:{port}/  (demo page; API under /v1/, "
-              f"/healthz, /readyz, /metrics)", flush=True)
-    web.run_app(app, host=host, port=port, print=None if port else print)
+    print(f"BreezeRT serving on http://{shown}:{bound}/  (demo page; API under /v1/, "
+          f"/healthz, /readyz, /metrics); starting the engine", flush=True)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        await stop.wait()
+        print(f"breezert: shutting down (grace {grace:g} s)", flush=True)
+        summary = await health.drain(app, grace)
+        print(f"breezert: drained in {summary['drain_s']:.2f} s "
+              f"(closed {summary['closed_idle']} idle connections; still running: "
+              f"{summary['left_running']})", flush=True)
+    finally:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.remove_signal_handler(sig)
+        await runner.cleanup()
+        await app[STATE].engine.aclose()
     return 0
+
+
+def cmd_soak(args: argparse.Namespace) -> int:
+    import json
+
+    from breezert.bench.soak import SoakOptions, run_soak
+
+    report = run_soak(SoakOptions(
+        url=args.url, config=args.config, duration_s=args.duration,
+        concurrency=args.concurrency, max_frames=args.max_frames, burst_size=args.burst_size,
+        burst_every=args.burst_every, max_rss_growth_mb=args.max_rss_growth_mb,
+        token=args.token))
+    text = json.dumps(report, indent=2)
+    print(text)
+    if args.out is not None:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(text + "\n")
+    return 0 if report["ok"] else 1
+
 
 def _reference(ckpt, audio: Path | None, text: str | None):  # type: ignore[no-untyped-def]
     """``Reference`` from a WAV file and its transcript (None when neither is given)."""
@@ -287,7 +393,7 @@ def write_wav(path: Path, audio: np.ndarray, sample_rate: int) -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     commands = {"init-random": cmd_init_random, "synth": cmd_synth, "bench": cmd_bench,
-                "serve": cmd_serve}
+                "serve": cmd_serve, "soak": cmd_soak}
     try:
         return commands[args.command](args)
     except (BreezeRTError, ValueError, FileNotFoundError) as exc:

@@ -248,6 +248,13 @@ class ServingConfig(_Frozen):
     """Seconds a WebRTC peer has, from its offer, to reach ICE/DTLS ``connected``; a peer that
     has not is closed and its place under ``max_peers`` (and any request) freed."""
 
+    shutdown_grace_s: float = Field(default=10.0, ge=0, le=600)
+    """SIGTERM/SIGINT drain: new work and ``/readyz`` get 503 at once, idle WebSockets and
+    WebRTC peers are closed at once, turns and HTTP streams already running get up to this
+    many seconds to finish; then everything left is closed and the process exits."""
+    retry_after_s: int = Field(default=2, ge=0, le=3600)
+    """``Retry-After`` seconds sent with every 503 (at capacity, not ready, draining)."""
+
     @model_validator(mode="after")
     def _check_auth_and_origins(self) -> ServingConfig:
         if self.auth_token is not None and not self.auth_token.get_secret_value().strip():

@@ -41,6 +41,7 @@ from breezert.sched.plan import StepPlan, StepResult
 from breezert.sched.policy import make_policies
 from breezert.sched.scheduler import ChunkEmitted, RequestFinished, Scheduler, SchedulerEvent
 from breezert.worker.model_runner import ModelRunner
+from breezert.worker.warmup import Progress
 
 logger = logging.getLogger("breezert.engine")
 
@@ -66,15 +67,16 @@ class Engine:
         checkpoint: Checkpoint | None = None,
         *,
         clock: Callable[[], float] = time.monotonic,
+        progress: Progress | None = None,
     ) -> None:
         from breezert.config import apply_env_overrides
         from breezert.runtime_setup import build_runner, load_engine_checkpoint
 
         config = apply_env_overrides(config)
         self.config = config
-        self.checkpoint = checkpoint or load_engine_checkpoint(config.model)
+        self.checkpoint = checkpoint or load_engine_checkpoint(config.model, progress)
         self.clock = clock
-        self.runner: ModelRunner = build_runner(config, self.checkpoint)
+        self.runner: ModelRunner = build_runner(config, self.checkpoint, progress)
         layout = self.runner.layout
         self.block_pool = BlockPool(layout.num_blocks, layout.block_size)
         self.metrics = EngineMetrics()

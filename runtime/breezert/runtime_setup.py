@@ -15,6 +15,7 @@ from breezert.loader import Checkpoint, GenerationDefaults, load_checkpoint
 from breezert.random_init import build_random, build_random_codec_encoder
 from breezert.tokenizer import BreezeTokenizer, build_byte_tokenizer
 from breezert.worker.model_runner import ModelRunner
+from breezert.worker.warmup import Progress
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -27,8 +28,10 @@ def resolve_device(name: str) -> torch.device:
     return torch.device(name)
 
 
-def load_engine_checkpoint(cfg: ModelConfig) -> Checkpoint:
+def load_engine_checkpoint(cfg: ModelConfig, progress: Progress | None = None) -> Checkpoint:
     """The checkpoint at ``cfg.path``, or random weights of ``cfg.preset`` when it is unset."""
+    if progress is not None:
+        progress("loading weights", 0, 0, cfg.path or f"random {cfg.preset}")
     device = resolve_device(cfg.device)
     dtype = _DTYPES[cfg.dtype]
     if cfg.path is not None:
@@ -46,10 +49,14 @@ def load_engine_checkpoint(cfg: ModelConfig) -> Checkpoint:
     )
 
 
-def build_runner(cfg: EngineConfig, ckpt: Checkpoint) -> ModelRunner:
+def build_runner(cfg: EngineConfig, ckpt: Checkpoint,
+                 progress: Progress | None = None) -> ModelRunner:
     """A ``ModelRunner`` with the configured slots and a KV pool of the resolved size, its
-    graphs captured (warm-up) when they are enabled."""
+    graphs captured (warm-up) when they are enabled; ``progress`` hears each start-up phase
+    (``"allocating KV cache"``, then ``"capturing graphs"`` per bucket)."""
     num_blocks = cfg.cache.num_blocks or cfg.worst_case_num_blocks()
+    if progress is not None:
+        progress("allocating KV cache", 0, 0, f"{num_blocks} blocks of {cfg.cache.block_size}")
     runner = ModelRunner(
         ckpt,
         max_slots=cfg.scheduler.max_running_requests,
@@ -59,6 +66,6 @@ def build_runner(cfg: EngineConfig, ckpt: Checkpoint) -> ModelRunner:
     )
     if runner.uses_graphs:
         start = time.monotonic()
-        runner.warmup_stage_s = runner.warmup(cfg.scheduler.max_codec_frames)
+        runner.warmup_stage_s = runner.warmup(cfg.scheduler.max_codec_frames, progress)
         runner.warmup_s = time.monotonic() - start
     return runner

@@ -12,6 +12,7 @@ Skipped only when no Chromium binary exists (``make test`` installs Debian's ``c
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import json
 import os
@@ -19,6 +20,7 @@ import shutil
 import subprocess
 import tempfile
 from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -32,6 +34,24 @@ CHROMIUM_NAMES = ("chromium", "chromium-browser", "google-chrome", "google-chrom
 INSTALL_HINT = "apt-get install -y --no-install-recommends chromium"
 FIRST_AUDIBLE_LIMIT_MS = 3000.0  # generous for CI; the measured figure is printed
 SENTENCE = "Hello from BreezeRT in a headless browser."
+
+
+PLOT_INK_JS = """(() => {
+  breezert.drawPlots();
+  const ink = (id, rgb) => {
+    const c = document.getElementById(id), d = c.getContext("2d")
+      .getImageData(0, 0, c.width, c.height).data;
+    let n = 0;
+    for (let i = 0; i < d.length; i += 4) {  // near the colour (lines are antialiased)
+      const off = Math.abs(d[i] - rgb[0]) + Math.abs(d[i + 1] - rgb[1]) + Math.abs(d[i + 2] - rgb[2]);
+      if (off < 90 && d[i + 3] > 100) n++;
+    }
+    return n;
+  };
+  return {bufferPlot: ink("bufferPlot", [0x44, 0xaa, 0x88]),
+          firstPlot: ink("firstPlot", [0x22, 0xaa, 0x77])};
+})()"""
+"""Pixels of the buffer line's and the heard-first-audio bars' colours on the two canvases."""
 
 
 def _chromium() -> str | None:
@@ -237,6 +257,16 @@ async def test_demo_page_speaks_without_concealment(engine: AsyncEngine, monkeyp
                 await asyncio.sleep(0.1)
             await asyncio.sleep(0.4)  # the tail plays out and two more playout reports go up
             state = await devtools.evaluate(session, "breezert.state")
+            inked = await devtools.evaluate(session, PLOT_INK_JS)
+            shot = os.environ.get("BREEZERT_DEMO_SCREENSHOT")  # a PNG of the page, to look at
+            if shot:
+                await devtools.call("Emulation.setDeviceMetricsOverride", {
+                    "width": 1200, "height": 900, "deviceScaleFactor": 1, "mobile": False},
+                    session_id=session)
+                await devtools.evaluate(session, "breezert.drawPlots()")
+                png = await devtools.call("Page.captureScreenshot", {"format": "png"},
+                                          session_id=session)
+                Path(shot).write_bytes(base64.b64decode(png["data"]))
     assert state["turnDone"] is not None, f"no turn_done; page log: {state['log'][-10:]}"
     assert state["turnDone"]["status"] == "finished" and not state["errors"], state["errors"]
     first_ms = state["firstAudibleMs"]
@@ -250,3 +280,7 @@ async def test_demo_page_speaks_without_concealment(engine: AsyncEngine, monkeyp
     assert first_ms < FIRST_AUDIBLE_LIMIT_MS
     assert growth == 0, "the browser concealed (lost or late packets) during speech"
     assert reports and all(source == "webrtc" and 0 <= b < 2.0 for b, source in reports)
+    # the live plots: a playout-buffer line and a first-audio bar for the turn, drawn
+    assert len(state["bufferSeries"]) >= 3 and len(state["turns"]) == 1, state["turns"]
+    assert state["turns"][0]["heardMs"] and state["turns"][0]["serverMs"] is not None
+    assert inked["bufferPlot"] > 20 and inked["firstPlot"] > 50, inked

@@ -11,6 +11,7 @@ from typing import Any
 
 from aiohttp import web
 
+from breezert.server.health import LIFECYCLE
 from breezert.server.state import STATE, ServerState
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -23,7 +24,84 @@ def setup(app: web.Application) -> None:
 async def metrics(request: web.Request) -> web.Response:
     state = request.app[STATE]
     text = render(state.engine.metrics(), state, queue_depth(state.engine))
+    text += render_capacity(state, request.app.get(LIFECYCLE))
     return web.Response(body=text.encode(), headers={"Content-Type": CONTENT_TYPE})
+
+
+def capacity(engine: Any) -> dict[str, int] | None:
+    """The engine's capacity gauges (``None`` when the engine does not say, e.g. a fake or
+    an engine still being built): running/queued requests, free/total slots, KV blocks, codec
+    slots. Reads lengths and counters only: safe without the engine lock."""
+    inner = getattr(engine, "engine", None)
+    scheduler = getattr(inner, "scheduler", None)
+    if scheduler is None or not hasattr(scheduler, "stats"):
+        return None
+    stats = scheduler.stats()
+    max_slots = inner.config.scheduler.max_running_requests
+    batch = getattr(getattr(inner, "runner", None), "batch", None)
+    codec_used = int(batch.num_active) if batch is not None else stats.num_running
+    return {
+        "running": stats.num_running, "queued": stats.num_waiting,
+        "slots_free": stats.num_free_slots, "slots_total": max_slots,
+        "kv_blocks_free": stats.num_free_blocks,
+        "kv_blocks_used": stats.num_blocks - stats.num_free_blocks,
+        "kv_blocks_total": stats.num_blocks,
+        "codec_slots_used": codec_used, "codec_slots_free": max_slots - codec_used,
+    }
+
+
+def process_rss_bytes(path: str = "/proc/self/status") -> int | None:
+    """This process's resident set size from ``/proc`` (``None`` off Linux)."""
+    try:
+        with open(path, encoding="ascii") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
+def render_capacity(state: ServerState, lifecycle: Any = None) -> str:
+    """The operator gauges: engine capacity, open turns and peers, readiness, process RSS."""
+    out: list[str] = []
+    cap = capacity(state.engine)
+    if cap is not None:
+        _metric(out, "breezert_running_requests", "gauge", "Requests holding a running slot.",
+                [((), cap["running"])])
+        _metric(out, "breezert_queued_requests", "gauge", "Requests waiting for a slot.",
+                [((), cap["queued"])])
+        _metric(out, "breezert_slots", "gauge", "Running slots (max_running_requests) by state.",
+                [((("state", "free"),), cap["slots_free"]),
+                 ((("state", "used"),), cap["slots_total"] - cap["slots_free"])])
+        _metric(out, "breezert_kv_blocks", "gauge", "Paged KV-cache blocks by state.",
+                [((("state", "free"),), cap["kv_blocks_free"]),
+                 ((("state", "used"),), cap["kv_blocks_used"])])
+        _metric(out, "breezert_kv_blocks_total", "gauge", "Paged KV-cache blocks in the pool.",
+                [((), cap["kv_blocks_total"])])
+        _metric(out, "breezert_codec_slots", "gauge", "Streaming codec state slots (one per "
+                "running slot) by state.", [((("state", "free"),), cap["codec_slots_free"]),
+                                              ((("state", "used"),), cap["codec_slots_used"])])
+    ws_turns = sum(c.active is not None for c in state.websockets.values())
+    rtc_turns = sum(getattr(p.controller, "active", None) is not None for p in state.peers)
+    _metric(out, "breezert_turn_controllers", "gauge", "Open turn connections (WebSocket "
+            "sessions and WebRTC peers), each with its turn controller.",
+            [((("kind", "websocket"),), len(state.websockets)),
+             ((("kind", "webrtc"),), len(state.peers))])
+    _metric(out, "breezert_open_turns", "gauge", "Turns in progress (said, not yet ended or "
+            "cancelled) by connection kind.",
+            [((("kind", "websocket"),), ws_turns), ((("kind", "webrtc"),), rtc_turns)])
+    _metric(out, "breezert_webrtc_peers", "gauge", "Connected WebRTC peers (limit: "
+            "serving.max_peers).", [((), len(state.peers))])
+    _metric(out, "breezert_ready", "gauge", "1 once warmed up and serving (as /readyz).",
+            [((), int(state.is_ready and not getattr(lifecycle, "draining", False)))])
+    _metric(out, "breezert_draining", "gauge", "1 while shutting down (SIGTERM drain).",
+            [((), int(getattr(lifecycle, "draining", False)))])
+    rss = process_rss_bytes()
+    if rss is not None:
+        _metric(out, "process_resident_memory_bytes", "gauge", "Resident memory size in bytes.",
+                [((), rss)])
+    return "\n".join(out) + "\n"
 
 
 def queue_depth(engine: Any) -> int | None:
@@ -114,4 +192,4 @@ def _num(value: float) -> str:
     return repr(float(value)) if isinstance(value, float) else str(value)
 
 
-__all__ = ["render", "setup"]
+__all__ = ["capacity", "process_rss_bytes", "render", "render_capacity", "setup"]

@@ -55,6 +55,9 @@ class ServerState:
     clock: Callable[[], float] = time.monotonic
     peers: set[Any] = field(default_factory=set)
     num_ws_sessions: int = 0
+    websockets: dict[Any, Any] = field(default_factory=dict)
+    """Open WebSocket sessions: socket -> its ``TurnController`` (gauges; the drain closes idle
+    ones)."""
     num_http_streams: int = 0
     underruns_total: int = 0
     """Concealment events reported by WebRTC receivers while a turn was playing."""

@@ -105,6 +105,7 @@ async def speech_stream(request: web.Request) -> web.WebSocketResponse:
         request_options=state.request_options, clock=state.clock,
         on_first_audio=state.first_audio.observe,
     )
+    state.websockets[ws] = controller
     try:
         await send(event("ready", sample_rate=ENGINE_SAMPLE_RATE, formats=["pcm", "opus"]))
         async for msg in ws:
@@ -118,6 +119,7 @@ async def speech_stream(request: web.Request) -> web.WebSocketResponse:
     finally:
         # NOTE: aiohttp cancels this handler when the client leaves; count it out first.
         state.num_ws_sessions -= 1
+        state.websockets.pop(ws, None)
         await asyncio.shield(controller.aclose())
     return ws
 

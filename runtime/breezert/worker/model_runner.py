@@ -29,7 +29,7 @@ from breezert.worker.batch_state import BatchState, SlotState
 from breezert.worker.compile import compile_backbone_layers, decode_fn, depth_fn, text_encode_fn
 from breezert.worker.cuda_graphs import GraphFn, GraphRunner
 from breezert.worker.kv_cache import PagedKVCache
-from breezert.worker.warmup import capture_all
+from breezert.worker.warmup import Progress, capture_all
 
 logger = logging.getLogger("breezert.worker")
 
@@ -116,9 +116,11 @@ class ModelRunner:
         self.warmup_stage_s: dict[str, float] = {}
 
     @torch.inference_mode()
-    def warmup(self, max_codec_frames: int = 16) -> dict[str, float]:
-        """Captures every configured bucket (largest first) and returns seconds per stage."""
-        return capture_all(self.graph_config, self.stages, max_codec_frames)
+    def warmup(self, max_codec_frames: int = 16,
+               progress: Progress | None = None) -> dict[str, float]:
+        """Captures every configured bucket (largest first) and returns seconds per stage;
+        ``progress`` hears each capture (``worker/warmup.py``)."""
+        return capture_all(self.graph_config, self.stages, max_codec_frames, progress)
 
     @torch.inference_mode()
     def execute(self, plan: StepPlan) -> StageOutput:

@@ -8,17 +8,27 @@ and capturing them with the stage's example inputs. Must not: run requests or kn
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from breezert.config import GraphConfig
 from breezert.constants import Stage
 
+PHASE_CAPTURE = "capturing graphs"
+
+Progress = Callable[[str, int, int, str], None]
+"""Start-up progress callback: ``(phase, done, total, detail)``, e.g. ``("capturing graphs", 12,
+40, "decode (8, 512)")``; ``total`` 0 when the phase has no steps to count. Called on the
+thread doing the work; it must be quick and must not raise."""
+
+
 
 def capture_all(
-    graph: GraphConfig, stages: Mapping[Stage, Any], max_codec_frames: int
+    graph: GraphConfig, stages: Mapping[Stage, Any], max_codec_frames: int,
+    progress: Progress | None = None,
 ) -> dict[str, float]:
-    """Captures all buckets of all stages; returns seconds spent per stage.
+    """Captures all buckets of all stages; returns seconds spent per stage. ``progress`` is
+    called once before the first capture and after each one (``"capturing graphs"``).
 
     ``stages`` maps each stage to its runner: each has ``graphs`` (its ``GraphRunner``) and
     ``example_inputs(*key)``; DEPTH also ``full_sort_graphs``, CODEC ``frame_buckets(max)``.
@@ -39,6 +49,10 @@ def capture_all(
                       for b in sorted(g.codec_buckets, reverse=True)
                       for f in s[Stage.CODEC].frame_buckets(max_codec_frames)],
     }
+    report = progress or (lambda phase, done, total, detail: None)
+    total = sum(len(keys) * (2 if stage is Stage.DEPTH else 1) for stage, keys in plan.items())
+    done = 0
+    report(PHASE_CAPTURE, done, total, "")
     seconds: dict[str, float] = {}
     for stage, keys in plan.items():
         start = time.monotonic()
@@ -48,5 +62,7 @@ def capture_all(
         for graphs in runners:
             for key, make_inputs in keys:
                 graphs.capture(key, make_inputs())
+                done += 1
+                report(PHASE_CAPTURE, done, total, f"{stage.value} {key}")
         seconds[stage.value] = time.monotonic() - start
     return seconds
