@@ -15,12 +15,11 @@ import time
 
 import aiohttp
 import av
+import openai
 import pytest
 from breezert.async_engine import AsyncEngine
 
 from tests.integration._server import SAMPLES_PER_FRAME, TURN_BYTES, serve, wait_idle
-
-openai = pytest.importorskip("openai")
 
 pytestmark = pytest.mark.integration
 
