@@ -177,15 +177,14 @@ async def test_tokens_never_reach_the_access_log(caplog: pytest.LogCaptureFixtur
 
 def test_serve_refuses_a_public_bind_without_a_token(monkeypatch, capsys) -> None:
     from breezert import cli
-    from breezert.async_engine import AsyncEngine as Engine
 
     class Started(Exception):
         pass
 
-    def no_engine(*args: Any, **kwargs: Any) -> None:
+    async def no_server(*args: Any, **kwargs: Any) -> int:  # what runs once the checks pass
         raise Started
 
-    monkeypatch.setattr(Engine, "from_config", no_engine)
+    monkeypatch.setattr(cli, "_serve", no_server)
     for host in ("0.0.0.0", "::", "192.0.2.7"):
         assert cli.main(["serve", "--host", host, "--port", "0"]) == 2
         assert "--allow-unauthenticated" in capsys.readouterr().err
