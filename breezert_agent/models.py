@@ -31,7 +31,5 @@ DEFAULT_FEEDBACK_INTERVAL_S = 0.05
 """How often a running turn reports its playback buffer to the engine."""
 LISTENER_STATS_MAX_AGE_S = 0.5
 """Listener stats older than this are ignored (the reporter sends one every 100 ms)."""
-MAX_SEGMENT_CHARS = 300
-"""A sentence longer than this is cut at a word boundary so that one segment stays one prompt."""
 SPEECH_STREAM_PATH = "/v1/audio/speech/stream"
 """WebSocket route of ``breezert serve`` for streamed turns."""

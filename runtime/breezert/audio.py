@@ -12,7 +12,9 @@ import struct
 import numpy as np
 import soxr
 
-ENGINE_SAMPLE_RATE = 24000
+from breezert.constants import SAMPLE_RATE
+
+ENGINE_SAMPLE_RATE = SAMPLE_RATE
 """Rate of the engine's ``AudioChunk.pcm`` (Hz)."""
 OPUS_SAMPLE_RATE = 48000
 G711_SAMPLE_RATE = 8000
@@ -46,22 +48,6 @@ def float_to_int16(pcm: np.ndarray) -> np.ndarray:
     """float32 samples in [-1, 1] -> int16 samples (clipped)."""
     clipped = np.clip(np.asarray(pcm, dtype=np.float32), -1.0, 1.0)
     return (clipped * 32767.0).round().astype(np.int16)
-
-
-def pcm16_to_float(data: bytes) -> np.ndarray:
-    """Little-endian signed 16-bit bytes -> float32 samples in [-1, 1)."""
-    if len(data) % 2:
-        raise ValueError(f"PCM16 needs an even number of bytes, got {len(data)}")
-    return np.frombuffer(data, dtype="<i2").astype(np.float32) / 32768.0
-
-
-def split_frames(pcm: np.ndarray, frame_samples: int) -> tuple[list[np.ndarray], np.ndarray]:
-    """Cuts ``pcm`` into whole frames of ``frame_samples``; returns (frames, leftover)."""
-    if frame_samples <= 0:
-        raise ValueError(f"frame_samples={frame_samples} must be > 0")
-    num_frames = len(pcm) // frame_samples
-    frames = [pcm[i * frame_samples:(i + 1) * frame_samples] for i in range(num_frames)]
-    return frames, pcm[num_frames * frame_samples:]
 
 
 def new_resampler(

@@ -10,6 +10,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from breezert.audio import float_to_pcm16
+
 
 @dataclass(frozen=True)
 class DecodedChunk:
@@ -60,8 +62,3 @@ class AudioChunk:
     def pcm16(self) -> bytes:
         """Little-endian signed 16-bit PCM bytes."""
         return float_to_pcm16(self.pcm)
-
-
-def float_to_pcm16(pcm: np.ndarray) -> bytes:
-    clipped = np.clip(pcm, -1.0, 1.0)
-    return (clipped * 32767.0).round().astype("<i2").tobytes()

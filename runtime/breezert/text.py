@@ -13,8 +13,8 @@ from __future__ import annotations
 from collections.abc import Callable
 
 MAX_SENTENCE_CHARS = 300
-"""A sentence longer than this is cut at its last space before it (the plugin's
-``MAX_SEGMENT_CHARS``; about 20 s of speech, well inside one segment's frame limit)."""
+"""A sentence longer than this is cut at its last space before it (about 20 s of speech, well
+inside one segment's frame limit)."""
 
 
 _CLOSERS = "\"')]}»”’」』"

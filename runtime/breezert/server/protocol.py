@@ -94,10 +94,6 @@ class ReferenceAudio:
     sample_rate: int
     text: str
 
-    @property
-    def duration_s(self) -> float:
-        return self.samples.shape[0] / self.sample_rate
-
 
 @dataclass(frozen=True)
 class Say:
