@@ -1,6 +1,7 @@
 # BreezeRT Agent: two commands on a fresh machine.
 #   make run   create .venv, install, serve the embedded tiny model (demo page, HTTP, WS, WebRTC)
-#   make test  create .venv, install (plus Chromium for the browser test), run the test suite
+#   make test  create .venv, install (plus Chromium for the browser test, the LiveKit server and
+#              livekit-client for the real-room tests), run the test suite
 PYTHON ?= python3
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
@@ -8,7 +9,7 @@ PIP    := $(PY) -m pip --disable-pip-version-check -q
 TINY   ?= .cache/models/tiny
 STAMP  := $(VENV)/.installed
 
-.PHONY: run test install chromium synth bench-cpu clean
+.PHONY: run test install chromium livekit-server livekit-web synth bench-cpu clean
 
 # Two distributions: runtime/pyproject.toml is `breezert` (torch only in its `engine` extra),
 # pyproject.toml is `breezert-agent` (the LiveKit plugin; `local` = in-process engine).
@@ -32,10 +33,39 @@ chromium:
 	  (apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium) \
 	  || echo "warning: chromium could not be installed; the browser test will skip"; }
 
+# The real-room tests (tests/livekit): livekit-server at a pinned release, built from its Go module
+# through the Go module proxy (v1.13.5's go.mod has no replace directives, so `go install
+# pkg@version` works; it needs Go >= 1.26); ~5 min on two cores the first time, then cached.
+# Without Go, or when the build fails, `make test` still runs and those tests skip with the
+# reason written to .cache/livekit/build.log.
+LIVEKIT_SERVER_VERSION ?= v1.13.5
+LIVEKIT_DIR            := .cache/livekit
+LIVEKIT_WEB            := tests/livekit/web
+
+livekit-server:
+	@mkdir -p $(LIVEKIT_DIR)
+	@if [ -x $(LIVEKIT_DIR)/livekit-server ]; then :; \
+	elif ! command -v go >/dev/null 2>&1; then \
+	  echo "go not found on PATH: install Go >= 1.26 to build livekit-server" | tee $(LIVEKIT_DIR)/build.log; \
+	else \
+	  echo "building livekit-server $(LIVEKIT_SERVER_VERSION) (go install, a few minutes the first time)"; \
+	  if GOBIN="$(abspath $(LIVEKIT_DIR))/bin" go install \
+	       github.com/livekit/livekit-server/cmd/server@$(LIVEKIT_SERVER_VERSION) >$(LIVEKIT_DIR)/build.log 2>&1; then \
+	    mv $(LIVEKIT_DIR)/bin/server $(LIVEKIT_DIR)/livekit-server && rm -rf $(LIVEKIT_DIR)/bin; \
+	  else echo "warning: livekit-server build failed (see $(LIVEKIT_DIR)/build.log); tests/livekit will skip"; fi; \
+	fi
+
+# livekit-client for the browser participant, pinned in tests/livekit/web/package-lock.json and
+# served on loopback by the test (no CDN).
+livekit-web:
+	@test -f $(LIVEKIT_WEB)/node_modules/livekit-client/dist/livekit-client.esm.mjs || \
+	  npm ci --prefix $(LIVEKIT_WEB) --no-audit --no-fund --loglevel=error || \
+	  echo "warning: npm ci failed; the browser participant test will skip"
+
 run: $(STAMP)
 	$(VENV)/bin/breezert serve --config cpu-tiny
 
-test: $(STAMP) chromium
+test: $(STAMP) chromium livekit-server livekit-web
 	$(PY) -m pytest -q
 
 $(TINY)/config.json: | $(STAMP)

@@ -75,6 +75,11 @@ class PlayoutFeedback:
 
     Reported: sender + the smallest fresh listener buffer (``livekit-client``), else the sender
     alone (``livekit-source``). Neither sees audio in flight on the network (about RTT/2).
+
+    With an output attached (``attach_audio_output``) nothing is reported unless it is playing,
+    i.e. between its public ``playback_started`` and ``playback_finished`` events: RoomIO holds
+    every frame until a participant subscribes, and its empty queue then is not a listener that
+    ran dry (the engine would hurry); unreported, the engine keeps its own estimate.
     """
 
     def __init__(self, *, max_age_s: float = LISTENER_STATS_MAX_AGE_S) -> None:
@@ -84,6 +89,9 @@ class PlayoutFeedback:
         self.listeners: dict[str, ListenerStats] = {}
         self._turns: list[Turn] = []  # turns whose audio is playing, newest last
         self._rooms: list[rtc.Room] = []
+        self._output: io.AudioOutput | None = None
+        self.is_playing = True
+        """False while an attached output is not playing (see the class doc)."""
         self.num_packets = 0
         self.num_bad_packets = 0
         self.num_concealed_samples = 0
@@ -100,15 +108,35 @@ class PlayoutFeedback:
         self._sender = probe
 
     def attach_audio_output(self, output: io.AudioOutput | None) -> bool:
-        """Finds the ``rtc.AudioSource`` behind an agent output chain (RoomIO's); True if found."""
+        """Finds the ``rtc.AudioSource`` behind an agent output chain (RoomIO's) and reports only
+        while ``output`` plays; True if found."""
         node: object | None = output
         while node is not None:
             found = _source_of(node)
-            if found is not None:
+            if found is not None and output is not None:
                 self.attach_audio_source(found[0], pending_s=found[1])
+                self._watch(output)
                 return True
             node = getattr(node, "next_in_chain", None)
         return False
+
+    def _watch(self, output: io.AudioOutput) -> None:
+        self._unwatch()
+        self._output, self.is_playing = output, False
+        output.on("playback_started", self._on_playback_started)
+        output.on("playback_finished", self._on_playback_finished)
+
+    def _unwatch(self) -> None:
+        if self._output is not None:
+            self._output.off("playback_started", self._on_playback_started)
+            self._output.off("playback_finished", self._on_playback_finished)
+        self._output, self.is_playing = None, True
+
+    def _on_playback_started(self, _event: object) -> None:
+        self.is_playing = True
+
+    def _on_playback_finished(self, _event: object) -> None:
+        self.is_playing = False
 
     def listen_room(self, room: rtc.Room) -> None:
         """Listens for the listener-side reporter's stats on ``breezert.playout``."""
@@ -119,6 +147,7 @@ class PlayoutFeedback:
         for room in self._rooms:
             room.off("data_received", self.on_data_packet)
         self._rooms.clear()
+        self._unwatch()
         self._sender = None
 
     # ------------------------------------------------------------------ turns
@@ -134,7 +163,10 @@ class PlayoutFeedback:
             self._turns.remove(turn)
 
     def estimate(self, now: float) -> tuple[float, str] | None:
-        """(buffered_s, source) or ``None`` when nothing is attached or fresh."""
+        """(buffered_s, source) or ``None`` when nothing is attached or fresh, or the attached
+        output is not playing."""
+        if not self.is_playing:
+            return None
         sender = self._sender() if self._sender is not None else None
         fresh = [s.delay_s for s in self.listeners.values()
                  if now - s.received_time <= self._max_age_s]

@@ -10,7 +10,7 @@ import functools
 
 import pytest
 
-KIND_MARKERS = ("unit", "golden", "integration", "gpu")
+KIND_MARKERS = ("unit", "golden", "integration", "gpu", "livekit")
 
 
 def _module_kinds(module: object) -> list[str]:

@@ -288,6 +288,8 @@ async def test_attach_audio_output_finds_the_roomio_source_and_its_backlog() -> 
     sync = TranscriptSynchronizer(next_in_chain_audio=room_output, next_in_chain_text=_Text())
     feedback = PlayoutFeedback()
     assert feedback.attach_audio_output(sync.audio_output)  # _SyncedAudioOutput -> proxy -> room
+    assert feedback.estimate(time.monotonic()) is None  # not playing yet: nothing reported
+    room_output.on_playback_started(created_at=time.time())  # forwarded up the chain
     room_output._pushed_duration = 0.5  # accepted by RoomIO
     room_output._source_pushed_duration = 0.2  # of which handed to its AudioSource
     buffered_s, source = feedback.estimate(time.monotonic())  # type: ignore[misc]
