@@ -247,6 +247,12 @@ class ServingConfig(_Frozen):
     webrtc_connect_timeout_s: float = Field(default=10.0, gt=0, le=300)
     """Seconds a WebRTC peer has, from its offer, to reach ICE/DTLS ``connected``; a peer that
     has not is closed and its place under ``max_peers`` (and any request) freed."""
+    webrtc_liveness_timeout_s: float = Field(default=10.0, gt=0, le=300)
+    """Seconds a connected WebRTC peer may go without answering the server's ICE consent
+    checks (STUN binding requests, one a second) before it is closed and its turn, engine
+    request and place under ``max_peers`` freed: bounds how long a peer that vanished (network
+    gone, no close) holds them, instead of ICE's own 30 s consent expiry (RFC 7675). A peer
+    that is merely silent still answers consent checks and stays."""
 
     shutdown_grace_s: float = Field(default=10.0, ge=0, le=600)
     """SIGTERM/SIGINT drain: new work and ``/readyz`` get 503 at once, idle WebSockets and

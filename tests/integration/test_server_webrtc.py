@@ -4,7 +4,8 @@ Owns: the WebRTC contract end to end on one machine with loopback ICE only on th
 decoded audio arrives soon after ``say``, a turn plays without gaps (contiguous RTP timestamps,
 no silent frame inside it), ``cancel`` silences the next frame and frees the engine request,
 PCMU-only peers get 8 kHz audio, 10 ms Opus frames decode completely, and bad offers/messages
-get clear errors while the peer stays usable.
+get clear errors while the peer stays usable, and a peer that vanishes mid-turn is freed within
+``webrtc_liveness_timeout_s`` while an idle healthy one stays.
 """
 
 from __future__ import annotations
@@ -22,6 +23,8 @@ import pytest
 from aiortc import RTCConfiguration, RTCPeerConnection, RTCRtpReceiver, RTCSessionDescription
 from aiortc.mediastreams import MediaStreamError
 from breezert.async_engine import AsyncEngine
+from breezert.config import ServingConfig
+from breezert.server import webrtc_api
 from breezert.server.ice import HostAddresses, host_addresses
 from breezert.server.webrtc_track import EngineAudioTrack
 from tests.integration._server import (
@@ -337,3 +340,45 @@ async def test_playout_stats_feed_report_playback(engine: AsyncEngine, monkeypat
         await client.close()
     assert len(reports) == 3 and {r[0] for r in reports} == {started["turn_id"]}
     assert all(r[2] == "webrtc" and r[1] >= 0.08 for r in reports)  # jitter buffer + our queue
+
+
+def _vanish(client: Client) -> None:
+    """The client's network is gone: its UDP sockets close with nothing more sent (no DTLS
+    close_notify, no SCTP ABORT, no consent answers), so the server hears silence."""
+    connection = client.pc.getTransceivers()[0].receiver.transport.transport._connection
+    assert connection._protocols
+    for protocol in connection._protocols:
+        protocol.transport.close()
+
+
+async def test_a_vanished_peer_is_freed_within_the_liveness_bound(engine: AsyncEngine) -> None:
+    assert ServingConfig().webrtc_liveness_timeout_s <= 10
+    bound_s, slack_s = 3.0, 3.0
+    serving = {"max_peers": 1, "webrtc_liveness_timeout_s": bound_s}
+    async with serve(engine, serving=serving,
+                     request_options={"max_frames": 150, "ignore_eos": True}) as (url, app):
+        client = await connect(url)
+        peer = next(iter(state_of(app).peers))
+        assert webrtc_api._ice_connection(peer.transceiver) is not None, \
+            "aiortc/aioice internals that the consent probe uses have changed"
+        await asyncio.sleep(2.5 * bound_s)  # idle, no turn: it answers consent checks and stays
+        assert state_of(app).peers == {peer} and peer.pc.connectionState == "connected"
+
+        client.send(type="say", text="A long story the listener will never hear the end of.")
+        await client.next_message("first_audio")
+        assert peer.controller.active is not None
+        assert engine.engine.scheduler.stats().num_running == 1, "the request ended too soon"
+        vanished = time.monotonic()
+        _vanish(client)
+        while state_of(app).peers and time.monotonic() - vanished < bound_s + slack_s:
+            await asyncio.sleep(0.05)
+        freed_s = time.monotonic() - vanished
+        print(f"\nvanished peer closed {freed_s:.2f} s after it went "
+              f"(webrtc_liveness_timeout_s={bound_s:g})")
+        assert not state_of(app).peers, f"vanished peer still holds its place at {freed_s:.1f} s"
+        assert freed_s > bound_s - 1.5  # closed by the bound, not by something else
+        assert peer.controller.active is None  # its turn ended...
+        await wait_idle(engine, timeout_s=1.0)  # ...and its engine request was aborted
+        second = await connect(url)  # max_peers is 1: the place is free again
+        await second.close()
+        await client.close()

@@ -14,6 +14,7 @@ import logging
 import uuid
 from typing import Any
 
+from aioice import stun
 from aiohttp import web
 from aiortc import RTCConfiguration, RTCPeerConnection, RTCRtpSender, RTCSessionDescription
 from aiortc.sdp import SessionDescription
@@ -38,6 +39,8 @@ from breezert.server.webrtc_track import SUPPORTED_CODECS, EngineAudioTrack, Tur
 logger = logging.getLogger("breezert.server")
 CONTROL_LABEL = "control"
 MAX_INBOX = 256  # control messages waiting to be handled; a flood past this is dropped
+CONSENT_PROBE_INTERVAL_S = 1.0  # a liveness probe a second (fewer if the bound is shorter)
+CONSENT_PROBE_RETRANSMISSIONS = 2  # sent at 0, 0.5, 1.5 s, given up at 3.5 s: RTTs up to ~2 s
 
 
 def setup(app: web.Application) -> None:
@@ -130,9 +133,12 @@ class PeerSession:
         )
         self.playout = PlayoutTracker()
         self.channel: Any = None
+        self.transceiver: Any = None  # the audio transceiver, once ``answer`` has added it
         self._inbox: asyncio.Queue[str | bytes | None] = asyncio.Queue(MAX_INBOX)
+        self._connected = asyncio.Event()
         self._tasks = [asyncio.create_task(self._serve_inbox()),
-                       asyncio.create_task(self._close_if_not_connected())]
+                       asyncio.create_task(self._close_if_not_connected()),
+                       asyncio.create_task(self._close_if_not_alive())]
         self._closed = False
         state.peers.add(self)
         self.pc.on("datachannel", self._on_datachannel)
@@ -140,7 +146,7 @@ class PeerSession:
 
     async def answer(self, offer_sdp: str) -> str:
         """Applies the offer and returns the answer SDP (candidates included, no trickle)."""
-        transceiver = self.pc.addTransceiver(self.track, direction="sendonly")
+        self.transceiver = transceiver = self.pc.addTransceiver(self.track, direction="sendonly")
         transceiver.setCodecPreferences([
             c for c in RTCRtpSender.getCapabilities("audio").codecs
             if c.mimeType.lower() in SUPPORTED_CODECS
@@ -231,6 +237,8 @@ class PeerSession:
 
     # ------------------------------------------------------------------ lifecycle
     async def _on_connection_state(self) -> None:
+        if self.pc.connectionState == "connected":
+            self._connected.set()
         if self.pc.connectionState in ("failed", "closed"):
             await self.close()
 
@@ -242,6 +250,98 @@ class PeerSession:
         if self.pc.connectionState != "connected":
             logger.info("peer %s did not connect within %g s; closing", self.peer_id, timeout_s)
             await self.close()
+
+    async def _close_if_not_alive(self) -> None:
+        """A connected peer that answers none of our ICE consent checks for
+        ``serving.webrtc_liveness_timeout_s`` is closed: its turn, engine request and place
+        under ``max_peers`` are freed.
+
+        NOTE: why our own consent probes. aioice declares consent lost only after
+        ``CONSENT_FAILURES`` x ``CONSENT_INTERVAL`` (6 x 5 s: RFC 7675's 30 s), module globals
+        read by every ``Connection``; changing them would retime every ICE agent in the process
+        (clients included) to one value, not this server's setting. Listening for what the peer
+        sends on its own is not a safe signal for a *silent* healthy peer: a recvonly browser
+        sends audio RTCP receiver reports only every ~5 s (libwebrtc's audio report interval,
+        randomised 0.5-1.5x), DataChannel messages only during turns and SCTP heartbeats every
+        30 s, so a 10 s bound would close a listener that lost one report. A consent check is
+        answered by every ICE agent (it is how ICE itself keeps consent), whether or not it
+        sends media, within one RTT; one a second, each retransmitted, means a healthy peer
+        must miss about ten in a row to be closed. The probe is built exactly as aioice's own
+        consent check (``_consent_probe``), so the peer sees nothing new; aioice's 30 s expiry
+        stays as the backstop. It uses aioice internals; ``_ice_connection`` checks they are
+        there (and the WebRTC liveness test pins them), else it logs and leaves the 30 s.
+        """
+        bound_s = self.state.serving.webrtc_liveness_timeout_s
+        interval_s = min(CONSENT_PROBE_INTERVAL_S, bound_s / 4)
+        await self._connected.wait()
+        connection = _ice_connection(self.transceiver)
+        if connection is None:
+            logger.warning("aioice's Connection lacks what the liveness probe uses; a vanished "
+                           "peer is freed only by ICE consent expiry (~30 s)")
+            return
+        loop = asyncio.get_running_loop()
+        last_alive = loop.time()
+        probes: set[asyncio.Task[bool]] = set()
+        broken: list[BaseException] = []
+
+        def answered(probe: asyncio.Task[bool]) -> None:
+            nonlocal last_alive
+            probes.discard(probe)
+            if probe.cancelled():
+                return
+            if probe.exception() is not None:  # not a lost check: aioice changed under us
+                broken.append(probe.exception())  # type: ignore[arg-type]
+            elif probe.result():
+                last_alive = loop.time()
+
+        try:
+            while True:
+                await asyncio.sleep(interval_s)
+                if broken:
+                    logger.warning("liveness probe of peer %s failed; a vanished peer is freed "
+                                   "only by ICE consent expiry (~30 s)", self.peer_id,
+                                   exc_info=broken[0])
+                    return
+                if loop.time() - last_alive > bound_s:
+                    logger.info("peer %s answered no consent check for %g s; closing",
+                                self.peer_id, bound_s)
+                    await self.close()
+                    return
+                probe = asyncio.create_task(_consent_probe(connection))
+                probes.add(probe)
+                probe.add_done_callback(answered)
+        finally:
+            for probe in list(probes):
+                probe.cancel()
+
+
+def _ice_connection(transceiver: Any) -> Any:
+    """The aioice ``Connection`` under the transceiver's (bundled) transport, or ``None`` if
+    aiortc/aioice no longer have the internals that ``_consent_probe`` uses."""
+    connection = getattr(getattr(transceiver.sender.transport, "transport", None),
+                         "_connection", None)
+    if all(hasattr(connection, name) for name in ("_nominated", "build_request",
+                                                  "remote_password")):
+        return connection
+    return None
+
+
+async def _consent_probe(connection: Any) -> bool:
+    """One RFC 7675 consent check on each nominated pair, as aioice's ``query_consent`` builds
+    it; ``True`` if every pair answered."""
+    pairs = list(connection._nominated.values())
+    if not pairs or connection.remote_password is None:
+        return False
+    for pair in pairs:
+        request = connection.build_request(pair, nominate=False)
+        try:
+            await pair.protocol.request(
+                request, pair.remote_addr,
+                integrity_key=connection.remote_password.encode("utf8"),
+                retransmissions=CONSENT_PROBE_RETRANSMISSIONS)
+        except stun.TransactionError:
+            return False
+    return True
 
 
 def _first_audio_codec(sdp: str) -> str:
