@@ -280,9 +280,9 @@ class _TurnRunner:
 
     def __init__(
         self, owner: TTS, opts: _TTSOptions, emitter: tts.AudioEmitter, request_id: str,
-        timeout: float,
+        timeout: float, stream: tts.ChunkedStream | tts.SynthesizeStream,
     ) -> None:
-        self._tts, self._opts, self._emitter = owner, opts, emitter
+        self._tts, self._opts, self._emitter, self._stream = owner, opts, emitter, stream
         self._request_id, self._timeout = request_id, timeout
         self.turn: Turn | None = None
         self.num_segments = 0
@@ -296,6 +296,9 @@ class _TurnRunner:
             texts, self._opts.turn, request_id=self._request_id,
             input_closed=input_closed, timeout=self._timeout,
         )
+        # NOTE: TTSMetrics reads these two (livekit-agents has no public setter for them)
+        self._stream._connection_reused = self.turn.connection_reused
+        self._stream._acquire_time = self.turn.acquire_time
         self.num_segments += len(texts)
         self._is_ready.set()
 
@@ -379,7 +382,7 @@ class ChunkedStream(tts.ChunkedStream):
         if not segments:
             return
         runner = _TurnRunner(self._tts, self._opts, output_emitter, request_id,
-                             self._conn_options.timeout)
+                             self._conn_options.timeout, self)
 
         async def body() -> None:
             await runner.open(segments, input_closed=True)
@@ -400,7 +403,7 @@ class SynthesizeStream(tts.SynthesizeStream):
     async def _run(self, output_emitter: tts.AudioEmitter) -> None:
         request_id = _initialize(output_emitter, self._opts, stream=True)
         runner = _TurnRunner(self._tts, self._opts, output_emitter, request_id,
-                             self._conn_options.timeout)
+                             self._conn_options.timeout, self)
         splitter = SentenceSplitter()
 
         async def send(sentences: list[str]) -> None:

@@ -38,6 +38,10 @@ class Turn(ABC):
     """One running turn: append segments while it plays, then close or abort it."""
 
     request_id: str
+    connection_reused: bool = False
+    """Remote: the turn runs on a pooled socket; in-process: the shared engine was loaded."""
+    acquire_time: float = 0.0
+    """Seconds spent getting the connection (remote) or loading the engine (in-process)."""
 
     @abstractmethod
     async def append(self, text: str) -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import os
 import threading
+import time
 from collections.abc import AsyncIterator, Sequence
 from typing import TYPE_CHECKING
 
@@ -63,14 +64,18 @@ class InProcessRuntimeClient(RuntimeClient):
     ) -> Turn:
         from breezert.request import SynthesisRequest
 
+        is_loaded, start_time = self._engine is not None, time.perf_counter()
         engine = await self.get_engine()
+        acquire_time = 0.0 if is_loaded else time.perf_counter() - start_time
         request = SynthesisRequest(
             text=list(texts), options=options.voice, chunk_schedule=options.chunk_schedule,
             max_frames=options.max_frames, priority=options.priority, request_id=request_id,
             input_closed=input_closed,
         )
         engine.submit(request)
-        return _EngineTurn(engine, request_id)
+        turn = _EngineTurn(engine, request_id)
+        turn.connection_reused, turn.acquire_time = is_loaded, acquire_time
+        return turn
 
 
 def _shared_engine(config: str | os.PathLike[str] | EngineConfig | None) -> AsyncEngine:
