@@ -368,6 +368,12 @@ def _initialize(output_emitter: tts.AudioEmitter, opts: _TTSOptions, *, stream: 
     return request_id
 
 
+def _speakable(pieces: Sequence[str]) -> list[str]:
+    """The pieces with something to say: a letter or digit (``"..."``, ``"—"`` or ``"!?"`` alone
+    would only cost the engine a request or a segment of noise)."""
+    return [piece for piece in pieces if any(ch.isalnum() for ch in piece)]
+
+
 class ChunkedStream(tts.ChunkedStream):
     """``TTS.synthesize``: a whole text as one engine request, one segment per sentence."""
 
@@ -378,7 +384,7 @@ class ChunkedStream(tts.ChunkedStream):
 
     async def _run(self, output_emitter: tts.AudioEmitter) -> None:
         request_id = _initialize(output_emitter, self._opts, stream=False)
-        segments = split_sentences(self._input_text)
+        segments = _speakable(split_sentences(self._input_text))
         if not segments:
             return
         runner = _TurnRunner(self._tts, self._opts, output_emitter, request_id,
@@ -407,7 +413,7 @@ class SynthesizeStream(tts.SynthesizeStream):
         splitter = SentenceSplitter()
 
         async def send(sentences: list[str]) -> None:
-            for sentence in sentences:
+            for sentence in _speakable(sentences):
                 if runner.turn is None:
                     self._mark_started()  # TTFB counts from the first text sent
                     output_emitter.start_segment(segment_id=request_id)
