@@ -386,6 +386,8 @@ class ChunkedStream(tts.ChunkedStream):
         request_id = _initialize(output_emitter, self._opts, stream=False)
         segments = _speakable(split_sentences(self._input_text))
         if not segments:
+            if self._input_text.strip():  # livekit-agents wants audio for any text: a frame
+                output_emitter.push(bytes(2 * SAMPLE_RATE * self._opts.frame_size_ms // 1000))
             return
         runner = _TurnRunner(self._tts, self._opts, output_emitter, request_id,
                              self._conn_options.timeout, self)
