@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 from breezert.errors import BreezeRTError, InvalidRequest
 
 from ..log import logger
-from .base import RuntimeClient, Turn, TurnOptions
+from .base import RuntimeClient, SegmentStart, Turn, TurnOptions, log_queued
 
 if TYPE_CHECKING:
     from breezert.async_engine import AsyncEngine
@@ -53,6 +53,16 @@ class InProcessRuntimeClient(RuntimeClient):
             self._engine = await loop.run_in_executor(None, _shared_engine, self._config)
         return self._engine
 
+    def _is_loaded(self) -> bool:
+        """The engine is there already: ours, or the process's shared one (no load to wait)."""
+        if self._engine is not None:
+            return True
+        try:
+            from breezert.async_engine import AsyncEngine
+        except ModuleNotFoundError:  # no torch: get_engine reports it
+            return False
+        return AsyncEngine.has_shared(self._config)
+
     async def open_turn(
         self,
         texts: Sequence[str],
@@ -64,7 +74,7 @@ class InProcessRuntimeClient(RuntimeClient):
     ) -> Turn:
         from breezert.request import SynthesisRequest
 
-        is_loaded, start_time = self._engine is not None, time.perf_counter()
+        is_loaded, start_time = self._is_loaded(), time.perf_counter()
         engine = await self.get_engine()
         acquire_time = 0.0 if is_loaded else time.perf_counter() - start_time
         request = SynthesisRequest(
@@ -73,6 +83,8 @@ class InProcessRuntimeClient(RuntimeClient):
             input_closed=input_closed,
         )
         engine.submit(request)
+        if engine.is_waiting(request_id):
+            log_queued(request_id, engine.num_waiting, engine.max_running_requests)
         turn = _EngineTurn(engine, request_id)
         turn.connection_reused, turn.acquire_time = is_loaded, acquire_time
         return turn
@@ -127,9 +139,14 @@ class _EngineTurn(Turn):
         except BreezeRTError:
             pass
 
-    async def audio(self) -> AsyncIterator[bytes]:
+    async def audio(self) -> AsyncIterator[bytes | SegmentStart]:
+        from breezert.outputs import AudioChunk
+
         try:
-            async for chunk in self._engine.stream(self.request_id):
-                yield chunk.pcm16()
+            async for item in self._engine.stream(self.request_id, segments=True):
+                if isinstance(item, AudioChunk):
+                    yield item.pcm16()
+                else:  # SegmentStarted: exact, from the engine's frame counts
+                    yield SegmentStart(item.segment_index, item.start_s)
         finally:
             self._is_done = True

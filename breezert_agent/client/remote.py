@@ -32,7 +32,7 @@ from ..models import (
     RECEIVE_POLL_S,
     SPEECH_STREAM_PATH,
 )
-from .base import RuntimeClient, RuntimeUnavailable, Turn, TurnOptions
+from .base import RuntimeClient, RuntimeUnavailable, SegmentStart, Turn, TurnOptions, log_queued
 
 if TYPE_CHECKING:
     import aiohttp
@@ -195,6 +195,7 @@ def _say_message(
 ) -> dict[str, Any]:
     message: dict[str, Any] = {"type": "say", "request_id": request_id, "text": list(texts),
                                "input_closed": input_closed, "format": "pcm",
+                               "segment_events": True, "queued_events": True,
                                **options.voice.to_mapping(), "priority": options.priority}
     if options.max_frames is not None:
         message["max_frames"] = options.max_frames
@@ -353,7 +354,7 @@ class _RemoteTurn(Turn):
         except RuntimeUnavailable:
             pass
 
-    async def audio(self) -> AsyncIterator[bytes]:
+    async def audio(self) -> AsyncIterator[bytes | SegmentStart]:
         import aiohttp
 
         is_clean = False
@@ -372,7 +373,10 @@ class _RemoteTurn(Turn):
                     if isinstance(msg.data, TimeoutError):  # heartbeat: no pong in time
                         raise asyncio.TimeoutError("breezert serve did not answer a ping")
                     raise RuntimeUnavailable("WebSocket closed mid-turn")
-                if self._on_event(msg.data):
+                outcome = self._on_event(msg.data)
+                if isinstance(outcome, SegmentStart):
+                    yield outcome
+                elif outcome:
                     is_clean = True
                     return
         finally:
@@ -384,15 +388,27 @@ class _RemoteTurn(Turn):
             elif not self._is_done:  # cancelled or failed: tell the server unless it told us
                 await self._shutdown(send_cancel=not self._is_server_done)
 
-    def _on_event(self, raw: str) -> bool:
-        """Handles one JSON event; True when the turn is done, raises when it failed."""
+    def _on_event(self, raw: str) -> bool | SegmentStart:
+        """Handles one JSON event; True when the turn is done, a ``SegmentStart`` for a
+        ``segment`` event, raises when it failed."""
         try:
             event = json.loads(raw)
             kind = event.get("type")
         except (ValueError, AttributeError):
             logger.warning("breezert serve sent a malformed event; ignored")
             return False
-        if kind == "turn_started":
+        if kind == "segment":
+            try:
+                start = SegmentStart(int(event["index"]), float(event["start_s"]))
+            except (KeyError, TypeError, ValueError):
+                logger.warning("breezert serve sent a malformed segment event; ignored")
+                return False
+            self._has_segment_events = True
+            self._num_started_segments = max(self._num_started_segments, start.index + 1)
+            return start
+        if kind == "queued":
+            log_queued(self.request_id, event.get("waiting"), event.get("max_running_requests"))
+        elif kind == "turn_started":
             self._is_started = True
             self.server_request_id = event.get("request_id")
         elif kind == "turn_done":

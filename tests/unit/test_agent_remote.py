@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -54,6 +55,7 @@ class FakeServe:
     freeze: bool = False  # a frozen server: takes says, answers nothing
     freeze_after_segments: int | None = None  # ... or goes silent mid-turn
     handshake_delay_s: float = 0.0  # a server that accepts TCP but answers the upgrade late
+    queue_says: bool = False  # say the turn waits for a running slot
 
     def of_type(self, kind: str) -> list[dict[str, Any]]:
         return [m for m in self.messages if m["type"] == kind]
@@ -89,6 +91,10 @@ class FakeServe:
                         "changed": asyncio.Event(), "id": "srv-" + message["request_id"]}
                 await ws.send_str(json.dumps({"type": "turn_started", "request_id": turn["id"],
                                               "client_request_id": message["request_id"]}))
+                turn["segment_events"] = message.get("segment_events", False)
+                if self.queue_says and message.get("queued_events"):
+                    await ws.send_str(json.dumps({"type": "queued", "waiting": 3,
+                                                  "max_running_requests": 8}))
                 turn["task"] = asyncio.create_task(self._play(ws, turn))
             elif kind == "append" and turn is not None:
                 turn["segments"].append(message["text"])
@@ -117,6 +123,11 @@ class FakeServe:
                     return
                 if index == self.freeze_after_segments:
                     await asyncio.sleep(3600)
+                if turn["segment_events"]:
+                    start_s = index * SAMPLES_PER_SEGMENT / SAMPLE_RATE
+                    await ws.send_str(json.dumps({"type": "segment", "index": index,
+                                                  "start_frame": round(start_s / 0.08),
+                                                  "start_s": start_s}))
                 pcm = np.full(SAMPLES_PER_SEGMENT // 2, 1000 * (index + 1), dtype="<i2")
                 for _ in range(2):
                     await asyncio.sleep(self.chunk_delay_s)
@@ -439,4 +450,59 @@ async def test_metrics_tell_connection_reuse_and_acquire_time(serve: FakeServe) 
     await asyncio.sleep(0.05)
     assert [m.connection_reused for m in metrics] == [False, True]
     assert metrics[0].acquire_time > 0 and metrics[1].acquire_time == 0
+    await tts.aclose()
+
+
+async def test_appended_segment_that_never_starts_is_a_timeout(serve: FakeServe) -> None:
+    """With ``segment`` events the client knows the server owes it the appended sentence."""
+    serve.freeze_after_segments = 1
+    tts = TTS(base_url=serve.url)
+    stream = tts.stream(conn_options=QUICK)
+    stream.push_text("One. T")  # "One." is complete once the next word starts
+    events: list[Any] = []
+
+    async def feed() -> None:  # (livekit-agents 1.8.9 drops text pushed after a flush)
+        await asyncio.sleep(0.3)
+        stream.push_text("wo. And")  # "Two." is appended; the input stays open
+
+    feeder = asyncio.create_task(feed())
+    start = time.monotonic()
+    with pytest.raises(APITimeoutError):
+        async for ev in stream:
+            events.append(ev)
+    assert time.monotonic() - start < 0.3 + QUICK.timeout + 0.1 + 1.5
+    assert events  # the first sentence played
+    await feeder
+    await tts.aclose()
+
+
+def _timed(events: list[Any]) -> list[tuple[str, float]]:
+    return [(str(t), t.start_time) for ev in events
+            for t in ev.frame.userdata.get("lk.timed_transcripts", [])]
+
+
+async def test_segment_events_give_each_sentence_its_start(serve: FakeServe) -> None:
+    tts = TTS(base_url=serve.url)
+    assert tts.capabilities.aligned_transcript
+    stream = tts.stream(conn_options=NO_RETRY)
+    stream.push_text("One. Two. Three.")
+    stream.end_input()
+    events = await _collect(stream)
+    say, = serve.of_type("say")
+    assert say["segment_events"] is True and say["queued_events"] is True
+    segment_s = SAMPLES_PER_SEGMENT / SAMPLE_RATE
+    assert _timed(events) == [("One. ", 0.0), ("Two. ", segment_s), ("Three. ", 2 * segment_s)]
+
+    frame_events = await _collect(tts.synthesize("Four. Five.", conn_options=NO_RETRY))
+    assert _timed(frame_events) == [("Four. ", 0.0), ("Five. ", segment_s)]
+    await tts.aclose()
+
+
+async def test_queued_event_is_logged(serve: FakeServe, caplog: pytest.LogCaptureFixture) -> None:
+    serve.queue_says = True
+    tts = TTS(base_url=serve.url)
+    with caplog.at_level(logging.INFO, logger="breezert_agent"):
+        await tts.synthesize("One.", conn_options=NO_RETRY).collect()
+    line, = [r.getMessage() for r in caplog.records if "queued" in r.getMessage()]
+    assert "8 running-request slots are all taken" in line and "3 waiting" in line
     await tts.aclose()
