@@ -33,3 +33,11 @@ LISTENER_STATS_MAX_AGE_S = 0.5
 """Listener stats older than this are ignored (the reporter sends one every 100 ms)."""
 SPEECH_STREAM_PATH = "/v1/audio/speech/stream"
 """WebSocket route of ``breezert serve`` for streamed turns."""
+DEFAULT_MAX_SESSION_S = 300.0
+"""A pooled WebSocket older than this is replaced before its next turn (``max_session_duration``)."""
+DEFAULT_HEARTBEAT_S = 10.0
+"""Ping period of pooled WebSockets; a pong missing for half of it closes the socket."""
+RECEIVE_POLL_S = 0.05
+"""How often a remote turn re-checks its receive deadline while it waits."""
+CLOSE_TIMEOUT_S = 1.0
+"""How long closing a WebSocket waits for the server's close frame."""

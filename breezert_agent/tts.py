@@ -18,6 +18,7 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Literal
 
 from livekit import rtc
+from livekit.agents.types import TimedString
 from livekit.agents import (
     DEFAULT_API_CONNECT_OPTIONS,
     NOT_GIVEN,
@@ -46,6 +47,7 @@ from .client import (
     RemoteRuntimeClient,
     RuntimeClient,
     RuntimeUnavailable,
+    SegmentStart,
     Turn,
     TurnOptions,
 )
@@ -129,7 +131,7 @@ class TTS(tts.TTS[Literal["metrics_collected", "error"]]):  # no events of its o
             http_session: aiohttp session for ``base_url`` (default: one of its own).
         """
         super().__init__(
-            capabilities=tts.TTSCapabilities(streaming=True),
+            capabilities=tts.TTSCapabilities(streaming=True, aligned_transcript=True),
             sample_rate=SAMPLE_RATE,
             num_channels=NUM_CHANNELS,
         )
@@ -280,12 +282,12 @@ class _TurnRunner:
 
     def __init__(
         self, owner: TTS, opts: _TTSOptions, emitter: tts.AudioEmitter, request_id: str,
-        timeout: float,
+        timeout: float, stream: tts.ChunkedStream | tts.SynthesizeStream,
     ) -> None:
-        self._tts, self._opts, self._emitter = owner, opts, emitter
+        self._tts, self._opts, self._emitter, self._stream = owner, opts, emitter, stream
         self._request_id, self._timeout = request_id, timeout
         self.turn: Turn | None = None
-        self.num_segments = 0
+        self.texts: list[str] = []  # the turn's segments, in order
         self.is_audio_pushed = False
         self._is_finished = False
         self._is_ready = asyncio.Event()  # a turn is open, or none will be
@@ -296,7 +298,10 @@ class _TurnRunner:
             texts, self._opts.turn, request_id=self._request_id,
             input_closed=input_closed, timeout=self._timeout,
         )
-        self.num_segments += len(texts)
+        # NOTE: TTSMetrics reads these two (livekit-agents has no public setter for them)
+        self._stream._connection_reused = self.turn.connection_reused
+        self._stream._acquire_time = self.turn.acquire_time
+        self.texts.extend(texts)
         self._is_ready.set()
 
     async def send(self, text: str) -> None:
@@ -305,7 +310,7 @@ class _TurnRunner:
             await self.open([text], input_closed=False)
         else:
             await self.turn.append(text)
-            self.num_segments += 1
+            self.texts.append(text)
 
     async def close_input(self) -> None:
         if self.turn is not None:
@@ -318,12 +323,22 @@ class _TurnRunner:
         if self.turn is None:
             return
         async for pcm in self.turn.audio():
+            if isinstance(pcm, SegmentStart):
+                self._push_transcript(pcm)
+                continue
             if not self.is_audio_pushed:
                 self.is_audio_pushed = True
                 self._tts.playout.begin(self.turn)
                 self._feedback_task = asyncio.create_task(self._feedback_loop(self.turn))
             self._emitter.push(pcm)
         self._is_finished = True
+
+    def _push_transcript(self, start: SegmentStart) -> None:
+        """The sentence whose audio starts here, timed from the stream's start (exact to one
+        80 ms frame; its end is the next sentence's start, or the end of the audio)."""
+        if 0 <= start.index < len(self.texts):
+            self._emitter.push_timed_transcript(
+                TimedString(self.texts[start.index] + " ", start_time=start.start_s))
 
     async def _feedback_loop(self, turn: Turn) -> None:
         while True:
@@ -365,6 +380,12 @@ def _initialize(output_emitter: tts.AudioEmitter, opts: _TTSOptions, *, stream: 
     return request_id
 
 
+def _speakable(pieces: Sequence[str]) -> list[str]:
+    """The pieces with something to say: a letter or digit (``"..."``, ``"—"`` or ``"!?"`` alone
+    would only cost the engine a request or a segment of noise)."""
+    return [piece for piece in pieces if any(ch.isalnum() for ch in piece)]
+
+
 class ChunkedStream(tts.ChunkedStream):
     """``TTS.synthesize``: a whole text as one engine request, one segment per sentence."""
 
@@ -375,11 +396,13 @@ class ChunkedStream(tts.ChunkedStream):
 
     async def _run(self, output_emitter: tts.AudioEmitter) -> None:
         request_id = _initialize(output_emitter, self._opts, stream=False)
-        segments = split_sentences(self._input_text)
+        segments = _speakable(split_sentences(self._input_text))
         if not segments:
+            if self._input_text.strip():  # livekit-agents wants audio for any text: a frame
+                output_emitter.push(bytes(2 * SAMPLE_RATE * self._opts.frame_size_ms // 1000))
             return
         runner = _TurnRunner(self._tts, self._opts, output_emitter, request_id,
-                             self._conn_options.timeout)
+                             self._conn_options.timeout, self)
 
         async def body() -> None:
             await runner.open(segments, input_closed=True)
@@ -400,11 +423,11 @@ class SynthesizeStream(tts.SynthesizeStream):
     async def _run(self, output_emitter: tts.AudioEmitter) -> None:
         request_id = _initialize(output_emitter, self._opts, stream=True)
         runner = _TurnRunner(self._tts, self._opts, output_emitter, request_id,
-                             self._conn_options.timeout)
+                             self._conn_options.timeout, self)
         splitter = SentenceSplitter()
 
         async def send(sentences: list[str]) -> None:
-            for sentence in sentences:
+            for sentence in _speakable(sentences):
                 if runner.turn is None:
                     self._mark_started()  # TTFB counts from the first text sent
                     output_emitter.start_segment(segment_id=request_id)

@@ -5,7 +5,7 @@ and ``RemoteRuntimeClient`` (a ``breezert serve`` over WebSocket). Must not: imp
 engine at import, so that a remote-only agent needs neither.
 """
 
-from .base import RuntimeClient, RuntimeUnavailable, Turn, TurnOptions
+from .base import RuntimeClient, RuntimeUnavailable, SegmentStart, Turn, TurnOptions
 from .local import InProcessRuntimeClient
 from .remote import RemoteRuntimeClient, speech_stream_url
 
@@ -14,6 +14,7 @@ __all__ = [
     "RemoteRuntimeClient",
     "RuntimeClient",
     "RuntimeUnavailable",
+    "SegmentStart",
     "Turn",
     "TurnOptions",
     "speech_stream_url",

@@ -13,11 +13,22 @@ from dataclasses import dataclass, field
 from breezert.errors import BreezeRTError
 from breezert.options import SynthesisOptions
 
+from ..log import logger
 from ..models import SAMPLE_RATE
 
 
 class RuntimeUnavailable(BreezeRTError):
     """The runtime cannot be reached: connecting failed, or the socket closed mid-turn."""
+
+
+def log_queued(request_id: str, num_waiting: int | None, max_running: int | None) -> None:
+    """The one line that says why a turn's audio is late: it waits for a running slot."""
+    logger.info(
+        "breezert turn %s is queued: the engine's %s running-request slots are all taken "
+        "(max_running_requests; an open turn holds its slot until its input closes); "
+        "%s waiting", request_id, max_running if max_running is not None else "",
+        num_waiting if num_waiting is not None else "some",
+        extra={"request_id": request_id, "queued": True})
 
 
 @dataclass(frozen=True)
@@ -34,10 +45,24 @@ class TurnOptions:
     priority: int = 0
 
 
+@dataclass(frozen=True)
+class SegmentStart:
+    """Where text segment ``index`` of a turn (0 = the first text sent) starts in the turn's
+    audio: ``start_s`` seconds in, exact to one 80 ms codec frame. ``Turn.audio`` yields it
+    before that segment's first audio."""
+
+    index: int
+    start_s: float
+
+
 class Turn(ABC):
     """One running turn: append segments while it plays, then close or abort it."""
 
     request_id: str
+    connection_reused: bool = False
+    """Remote: the turn runs on a pooled socket; in-process: the shared engine was loaded."""
+    acquire_time: float = 0.0
+    """Seconds spent getting the connection (remote) or loading the engine (in-process)."""
 
     @abstractmethod
     async def append(self, text: str) -> None:
@@ -59,8 +84,10 @@ class Turn(ABC):
         """
 
     @abstractmethod
-    def audio(self) -> AsyncIterator[bytes]:
-        """The turn's audio as PCM16 little-endian mono bytes at ``SAMPLE_RATE``; iterate once.
+    def audio(self) -> AsyncIterator[bytes | SegmentStart]:
+        """The turn's audio as PCM16 little-endian mono bytes at ``SAMPLE_RATE``, with a
+        ``SegmentStart`` before each segment's first audio where the runtime tells (an old
+        server does not); iterate once.
 
         Raises the runtime's errors (``RequestFailed``, ``EngineOverloaded``, ...).
         """

@@ -10,13 +10,14 @@ from __future__ import annotations
 import asyncio
 import os
 import threading
+import time
 from collections.abc import AsyncIterator, Sequence
 from typing import TYPE_CHECKING
 
 from breezert.errors import BreezeRTError, InvalidRequest
 
 from ..log import logger
-from .base import RuntimeClient, Turn, TurnOptions
+from .base import RuntimeClient, SegmentStart, Turn, TurnOptions, log_queued
 
 if TYPE_CHECKING:
     from breezert.async_engine import AsyncEngine
@@ -52,6 +53,16 @@ class InProcessRuntimeClient(RuntimeClient):
             self._engine = await loop.run_in_executor(None, _shared_engine, self._config)
         return self._engine
 
+    def _is_loaded(self) -> bool:
+        """The engine is there already: ours, or the process's shared one (no load to wait)."""
+        if self._engine is not None:
+            return True
+        try:
+            from breezert.async_engine import AsyncEngine
+        except ModuleNotFoundError:  # no torch: get_engine reports it
+            return False
+        return AsyncEngine.has_shared(self._config)
+
     async def open_turn(
         self,
         texts: Sequence[str],
@@ -63,14 +74,20 @@ class InProcessRuntimeClient(RuntimeClient):
     ) -> Turn:
         from breezert.request import SynthesisRequest
 
+        is_loaded, start_time = self._is_loaded(), time.perf_counter()
         engine = await self.get_engine()
+        acquire_time = 0.0 if is_loaded else time.perf_counter() - start_time
         request = SynthesisRequest(
             text=list(texts), options=options.voice, chunk_schedule=options.chunk_schedule,
             max_frames=options.max_frames, priority=options.priority, request_id=request_id,
             input_closed=input_closed,
         )
         engine.submit(request)
-        return _EngineTurn(engine, request_id)
+        if engine.is_waiting(request_id):
+            log_queued(request_id, engine.num_waiting, engine.max_running_requests)
+        turn = _EngineTurn(engine, request_id)
+        turn.connection_reused, turn.acquire_time = is_loaded, acquire_time
+        return turn
 
 
 def _shared_engine(config: str | os.PathLike[str] | EngineConfig | None) -> AsyncEngine:
@@ -122,9 +139,14 @@ class _EngineTurn(Turn):
         except BreezeRTError:
             pass
 
-    async def audio(self) -> AsyncIterator[bytes]:
+    async def audio(self) -> AsyncIterator[bytes | SegmentStart]:
+        from breezert.outputs import AudioChunk
+
         try:
-            async for chunk in self._engine.stream(self.request_id):
-                yield chunk.pcm16()
+            async for item in self._engine.stream(self.request_id, segments=True):
+                if isinstance(item, AudioChunk):
+                    yield item.pcm16()
+                else:  # SegmentStarted: exact, from the engine's frame counts
+                    yield SegmentStart(item.segment_index, item.start_s)
         finally:
             self._is_done = True

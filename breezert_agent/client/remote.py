@@ -25,8 +25,14 @@ from breezert.errors import (
 from breezert.server.protocol import INVALID_REQUEST_CODES, MESSAGE_COMPLAINT_CODES, OVERLOADED_CODE
 
 from ..log import logger
-from ..models import SPEECH_STREAM_PATH
-from .base import RuntimeClient, RuntimeUnavailable, Turn, TurnOptions
+from ..models import (
+    DEFAULT_HEARTBEAT_S,
+    DEFAULT_MAX_SESSION_S,
+    CLOSE_TIMEOUT_S,
+    RECEIVE_POLL_S,
+    SPEECH_STREAM_PATH,
+)
+from .base import RuntimeClient, RuntimeUnavailable, SegmentStart, Turn, TurnOptions, log_queued
 
 if TYPE_CHECKING:
     import aiohttp
@@ -54,6 +60,16 @@ class RemoteRuntimeClient(RuntimeClient):
     ``turn_started``, ``first_audio``, ``turn_done`` (``status``: finished, failed, aborted or
     cancelled) and ``error`` (``code``, ``message``). An error before ``turn_started`` rejects
     the turn; after it, only message-level complaints (``bad_field``, ...) let the turn go on.
+
+    Timeouts (``timeout`` of ``open_turn``, the plugin's ``conn_options.timeout``): connecting,
+    and every wait for the server while it owes the turn something (the first audio, a segment
+    that was sent but has not started, ``turn_done`` once the input is closed), raise
+    ``asyncio.TimeoutError`` after ``timeout`` seconds of silence plus the audio already
+    received ahead of real time (the listener still has that much to play, and a server that
+    paces generation may legitimately wait that long). An open turn whose segments have all
+    started may wait for the next ``append`` unbounded: the server then owes nothing. Pooled
+    sockets are replaced after ``max_session_duration`` and kept alive with WebSocket pings
+    every ``heartbeat`` seconds (a missing pong closes the socket).
     """
 
     def __init__(
@@ -62,13 +78,17 @@ class RemoteRuntimeClient(RuntimeClient):
         *,
         auth_token: str | None = None,
         http_session: aiohttp.ClientSession | None = None,
+        max_session_duration: float | None = DEFAULT_MAX_SESSION_S,
+        heartbeat: float | None = DEFAULT_HEARTBEAT_S,
     ) -> None:
         self._url = speech_stream_url(base_url)
         self._auth_token = auth_token
         self._session = http_session
         self._owns_session = http_session is None
+        self._heartbeat = heartbeat
         self._pool: ConnectionPool[aiohttp.ClientWebSocketResponse] = ConnectionPool(
-            connect_cb=self._connect, close_cb=_close_socket, connect_timeout=10.0
+            connect_cb=self._connect, close_cb=_close_socket, connect_timeout=10.0,
+            max_session_duration=max_session_duration,
         )  # sockets idle between turns; connect_timeout bounds the prewarm connect
 
     @property
@@ -89,8 +109,17 @@ class RemoteRuntimeClient(RuntimeClient):
         headers = {"Authorization": f"Bearer {self._auth_token}"} if self._auth_token else {}
         try:
             return await asyncio.wait_for(
-                self._http().ws_connect(self._url, headers=headers, max_msg_size=0), timeout
+                self._http().ws_connect(
+                    self._url, headers=headers, max_msg_size=0, heartbeat=self._heartbeat,
+                    # a frozen server never answers our close frame: do not wait 10 s for it
+                    timeout=aiohttp.ClientWSTimeout(ws_receive=None, ws_close=CLOSE_TIMEOUT_S)),
+                timeout,
             )
+        except TimeoutError:
+            # NOTE: before OSError: on Python 3.11 TimeoutError (= asyncio.TimeoutError, and
+            # aiohttp's ServerTimeoutError) is an OSError, and a timeout is no connection error.
+            raise asyncio.TimeoutError(f"connecting to {self._url} took over {timeout} s") \
+                from None
         except aiohttp.WSServerHandshakeError as exc:
             if exc.status in (401, 403):
                 raise InvalidRequest(f"breezert serve refused the token (HTTP {exc.status})") \
@@ -135,11 +164,15 @@ class RemoteRuntimeClient(RuntimeClient):
                 self._discard(ws)
                 continue
             try:
-                return await _RemoteTurn.start(self, ws, request_id, say)
+                turn = await _RemoteTurn.start(self, ws, request_id, say, timeout=timeout)
             except RuntimeUnavailable:
                 self._discard(ws)
                 if not is_reused:
                     raise
+                continue
+            turn.connection_reused = is_reused
+            turn.acquire_time = self._pool.last_acquire_time
+            return turn
 
     async def aclose(self) -> None:
         await self._pool.aclose()
@@ -162,6 +195,7 @@ def _say_message(
 ) -> dict[str, Any]:
     message: dict[str, Any] = {"type": "say", "request_id": request_id, "text": list(texts),
                                "input_closed": input_closed, "format": "pcm",
+                               "segment_events": True, "queued_events": True,
                                **options.voice.to_mapping(), "priority": options.priority}
     if options.max_frames is not None:
         message["max_frames"] = options.max_frames
@@ -182,11 +216,20 @@ def _error_from_event(event: dict[str, Any], request_id: str) -> BreezeRTError:
 
 class _RemoteTurn(Turn):
     def __init__(
-        self, client: RemoteRuntimeClient, ws: aiohttp.ClientWebSocketResponse, request_id: str
+        self, client: RemoteRuntimeClient, ws: aiohttp.ClientWebSocketResponse, request_id: str,
+        *, timeout: float | None = None,
     ) -> None:
         self._client = client
         self._ws = ws
         self.request_id = request_id
+        self._timeout = timeout
+        self._num_sent_segments = 0
+        self._num_started_segments = 0  # ``segment`` events seen
+        self._has_segment_events = False  # this server announces segments
+        self._is_input_closed = False
+        self._first_audio_time: float | None = None
+        self._audio_s = 0.0  # received so far
+        self._idle_since = time.monotonic()  # last message in, or last text out
         self.server_request_id: str | None = None
         self._send_lock = asyncio.Lock()
         self._is_done = False
@@ -202,9 +245,14 @@ class _RemoteTurn(Turn):
         ws: aiohttp.ClientWebSocketResponse,
         request_id: str,
         say: dict[str, Any],
+        *,
+        timeout: float | None = None,
     ) -> _RemoteTurn:
-        turn = cls(client, ws, request_id)
+        turn = cls(client, ws, request_id, timeout=timeout)
         await turn._send(say)
+        turn._num_sent_segments = len(say["text"])
+        turn._is_input_closed = bool(say["input_closed"])
+        turn._idle_since = time.monotonic()
         return turn
 
     async def _send(self, message: dict[str, Any]) -> None:
@@ -217,10 +265,63 @@ class _RemoteTurn(Turn):
     async def append(self, text: str) -> None:
         if not self._is_done:
             await self._send({"type": "append", "text": text})
+            was_owed = self._is_owed()
+            self._num_sent_segments += 1
+            self._owe_from(was_owed)
 
     async def close_input(self) -> None:
         if not self._is_done:
             await self._send({"type": "end"})
+            was_owed = self._is_owed()
+            self._is_input_closed = True
+            self._owe_from(was_owed)
+
+    def _owe_from(self, was_owed: bool) -> None:
+        """Text just went out: if the server owed us nothing before, its silence counts from
+        now (if it did owe, the clock keeps running from its last message)."""
+        if not was_owed:
+            self._idle_since = time.monotonic()
+
+    def _is_owed(self) -> bool:
+        """Whether the server owes this turn a message: the first audio, ``turn_done`` once
+        the input is closed, or the start of a segment we sent (servers that announce them)."""
+        if self._first_audio_time is None or self._is_input_closed:
+            return True
+        return self._has_segment_events and self._num_started_segments < self._num_sent_segments
+
+    def idle_bound_s(self, now: float) -> float | None:
+        """How long the server may stay silent from ``_idle_since`` on; ``None`` = unbounded
+        (an open turn whose segments have all started waits for our next ``append``)."""
+        if self._timeout is None or not self._is_owed():
+            return None
+        lead = 0.0
+        if self._first_audio_time is not None:
+            lead = max(self._audio_s - (now - self._first_audio_time), 0.0)
+        return self._timeout + lead
+
+    async def _receive(self) -> aiohttp.WSMessage:
+        """The next message; ``asyncio.TimeoutError`` when the server owes us something and
+        stays silent past ``idle_bound_s``."""
+        receiving = asyncio.ensure_future(self._ws.receive())
+        try:
+            while True:
+                now = time.monotonic()
+                bound = self.idle_bound_s(now)
+                wait = RECEIVE_POLL_S
+                if bound is not None:
+                    left = self._idle_since + bound - now
+                    if left <= 0:
+                        raise asyncio.TimeoutError(
+                            f"breezert serve sent nothing for {now - self._idle_since:.1f} s "
+                            f"(timeout {self._timeout} s)")
+                    wait = min(wait, left)
+                done, _ = await asyncio.wait({receiving}, timeout=wait)
+                if done:
+                    self._idle_since = time.monotonic()
+                    return receiving.result()
+        finally:
+            if not receiving.done():
+                await _cancel(receiving)
 
     async def abort(self) -> None:
         if not self._is_done:
@@ -253,20 +354,29 @@ class _RemoteTurn(Turn):
         except RuntimeUnavailable:
             pass
 
-    async def audio(self) -> AsyncIterator[bytes]:
+    async def audio(self) -> AsyncIterator[bytes | SegmentStart]:
         import aiohttp
 
         is_clean = False
         try:
             while True:
-                msg = await self._ws.receive()
+                msg = await self._receive()
                 if msg.type is aiohttp.WSMsgType.BINARY:
-                    yield bytes(msg.data)
+                    data = bytes(msg.data)
+                    if self._first_audio_time is None:
+                        self._first_audio_time = time.monotonic()
+                    self._audio_s += len(data) / (2 * self._client.sample_rate)
+                    yield data
                     continue
                 if msg.type is not aiohttp.WSMsgType.TEXT:  # closed, closing or error
                     self._is_server_done = True
+                    if isinstance(msg.data, TimeoutError):  # heartbeat: no pong in time
+                        raise asyncio.TimeoutError("breezert serve did not answer a ping")
                     raise RuntimeUnavailable("WebSocket closed mid-turn")
-                if self._on_event(msg.data):
+                outcome = self._on_event(msg.data)
+                if isinstance(outcome, SegmentStart):
+                    yield outcome
+                elif outcome:
                     is_clean = True
                     return
         finally:
@@ -278,15 +388,27 @@ class _RemoteTurn(Turn):
             elif not self._is_done:  # cancelled or failed: tell the server unless it told us
                 await self._shutdown(send_cancel=not self._is_server_done)
 
-    def _on_event(self, raw: str) -> bool:
-        """Handles one JSON event; True when the turn is done, raises when it failed."""
+    def _on_event(self, raw: str) -> bool | SegmentStart:
+        """Handles one JSON event; True when the turn is done, a ``SegmentStart`` for a
+        ``segment`` event, raises when it failed."""
         try:
             event = json.loads(raw)
             kind = event.get("type")
         except (ValueError, AttributeError):
             logger.warning("breezert serve sent a malformed event; ignored")
             return False
-        if kind == "turn_started":
+        if kind == "segment":
+            try:
+                start = SegmentStart(int(event["index"]), float(event["start_s"]))
+            except (KeyError, TypeError, ValueError):
+                logger.warning("breezert serve sent a malformed segment event; ignored")
+                return False
+            self._has_segment_events = True
+            self._num_started_segments = max(self._num_started_segments, start.index + 1)
+            return start
+        if kind == "queued":
+            log_queued(self.request_id, event.get("waiting"), event.get("max_running_requests"))
+        elif kind == "turn_started":
             self._is_started = True
             self.server_request_id = event.get("request_id")
         elif kind == "turn_done":

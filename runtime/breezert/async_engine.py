@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from breezert.config import EngineConfig
+from breezert.constants import FRAME_S
 from breezert.engine import Engine, EngineOutput, RequestOutcome
 from breezert.errors import BreezeRTError, RequestAborted, RequestFailed
 from breezert.options import SynthesisOptions
@@ -35,12 +36,32 @@ _shared: dict[str, AsyncEngine] = {}
 _shared_lock = threading.Lock()
 
 
+@dataclass(frozen=True)
+class SegmentStarted:
+    """Text segment ``segment_index`` of a request starts at frame ``start_frame`` of the
+    request's audio (exact: the engine's count of the frames of the segments before it).
+    ``stream(..., segments=True)`` yields it before the chunk that carries that frame; a chunk
+    may carry the end of one segment and the start of the next."""
+
+    request_id: str
+    segment_index: int
+    start_frame: int
+
+    @property
+    def start_s(self) -> float:
+        return self.start_frame * FRAME_S
+
+
 @dataclass
 class _Route:
     loop: asyncio.AbstractEventLoop
-    queue: asyncio.Queue[EngineOutput | BaseException]
+    queue: asyncio.Queue[EngineOutput | SegmentStarted | BaseException]
     is_streaming: bool = False
     """A ``stream`` reads it (and drops it when it ends)."""
+    request: Any = None
+    """The scheduler's request (read on the engine thread only: its segments' frame counts)."""
+    next_segment: int = 0
+    """First segment whose start has not been routed yet."""
 
 
 class AsyncEngine:
@@ -49,6 +70,9 @@ class AsyncEngine:
     One ``AsyncEngine`` serves any number of event loops and requests; create it once per
     process (``AsyncEngine.from_config``) and share it.
     """
+
+    marks_segments = True
+    """``stream(..., segments=True)`` yields ``SegmentStarted`` (a stand-in engine may not)."""
 
     def __init__(self, engine: Engine, *, idle_wait_s: float = 0.05) -> None:
         self.engine = engine
@@ -96,6 +120,11 @@ class AsyncEngine:
                            "load_s": round(time.monotonic() - start_time, 3)},
                 )
         return engine
+
+    @classmethod
+    def has_shared(cls, config: str | os.PathLike[str] | EngineConfig | None = None) -> bool:
+        """Whether ``shared(config)`` would return an engine already built (no load)."""
+        return resolve_config(config).model_dump_json() in _shared
 
     @classmethod
     async def aclose_shared(
@@ -162,7 +191,8 @@ class AsyncEngine:
         outcomes; leaving the loop early or cancelling the consumer aborts the request."""
         request_id = self.submit(request)
         async for chunk in self.stream(request_id):
-            yield chunk
+            if isinstance(chunk, AudioChunk):
+                yield chunk
 
     def submit(self, request: SynthesisRequest) -> str:
         """Queues ``request`` and opens its output route; use ``stream`` to read it.
@@ -186,11 +216,21 @@ class AsyncEngine:
             with self._routes_lock:
                 self._routes.pop(request.request_id, None)
             raise
+        route.request = self.engine.scheduler.get_request(request.request_id)
+        if self.is_waiting(request.request_id):
+            self.engine.metrics.incr("queued_requests")
+            logger.info(
+                "request %s queued: all %d running slots are taken (max_running_requests; an "
+                "open turn holds its slot until its input closes)", request.request_id,
+                self.max_running_requests)
         self._wake.set()
         return request.request_id
 
-    async def stream(self, request_id: str) -> AsyncIterator[AudioChunk]:
-        """Yields the chunks of a submitted request until it finishes."""
+    async def stream(
+        self, request_id: str, *, segments: bool = False
+    ) -> AsyncIterator[AudioChunk | SegmentStarted]:
+        """Yields the chunks of a submitted request until it finishes; with ``segments``, a
+        ``SegmentStarted`` before the first audio of each text segment too."""
         with self._routes_lock:
             route = self._routes.get(request_id)
             if route is not None:
@@ -208,7 +248,8 @@ class AsyncEngine:
                     finished = True
                     _raise_for(item)
                     return
-                yield item
+                if segments or not isinstance(item, SegmentStarted):
+                    yield item
         finally:
             with self._routes_lock:
                 self._routes.pop(request_id, None)
@@ -253,6 +294,21 @@ class AsyncEngine:
     ) -> None:
         self.engine.report_playback(request_id, buffered_s, measured_at, source)
 
+    def is_waiting(self, request_id: str) -> bool:
+        """Whether the request is queued for a running slot: ``max_running_requests`` requests
+        hold one (``submit`` counts such requests in ``metrics()["counters"]["queued_requests"]``)."""
+        request = self.engine.scheduler.get_request(request_id)
+        return request is not None and request.status is RequestStatus.WAITING
+
+    @property
+    def max_running_requests(self) -> int:
+        return self.engine.config.scheduler.max_running_requests
+
+    @property
+    def num_waiting(self) -> int:
+        """Requests queued for a running slot now."""
+        return self.engine.scheduler.num_waiting
+
     def is_live(self, request_id: str) -> bool:
         """Whether the request is still queued or running (not finished, failed or aborted)."""
         return self.engine.scheduler.get_request(request_id) is not None
@@ -290,12 +346,33 @@ class AsyncEngine:
         with self._routes_lock:
             route = self._routes.get(output.request_id)
         if route is not None:
+            items: list[EngineOutput | SegmentStarted] = [output]
+            if isinstance(output, AudioChunk) and output.segment_index >= route.next_segment:
+                items = [*_segment_starts(route, output), output]
             try:
-                route.loop.call_soon_threadsafe(route.queue.put_nowait, output)
+                for item in items:
+                    route.loop.call_soon_threadsafe(route.queue.put_nowait, item)
             except RuntimeError:  # the consumer's loop is closed
                 with self._routes_lock:
                     self._routes.pop(output.request_id, None)
                 self.engine.abort(output.request_id)
+
+
+def _segment_starts(route: _Route, chunk: AudioChunk) -> list[SegmentStarted]:
+    """The starts of the segments ``chunk`` reaches first (engine thread, after a step).
+
+    Segment ``k`` starts after the frames of segments ``0..k-1``, which have all ended since
+    the chunk carries later frames; their counts stay on the request after it finishes."""
+    segments = list(route.request.segments) if route.request is not None else []
+    starts = []
+    for index in range(route.next_segment, chunk.segment_index + 1):
+        start = chunk.frame_start  # no frame counts to go by: the chunk's start (a stand-in)
+        if index <= len(segments):
+            start = sum(seg.num_frames for seg in segments[:index])
+        start = min(max(start, chunk.frame_start), chunk.frame_end)
+        starts.append(SegmentStarted(chunk.request_id, index, start))
+    route.next_segment = chunk.segment_index + 1
+    return starts
 
 
 def _raise_for(outcome: RequestOutcome) -> None:

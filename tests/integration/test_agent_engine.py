@@ -231,3 +231,87 @@ async def test_shared_engine_builds_once_for_concurrent_threads(
     again = AsyncEngine.shared(cfg, warmup=False)
     assert num_builds == 2 and again is not engines[0]
     await AsyncEngine.aclose_shared(cfg)
+
+
+# ----------------------------------------------------------------------------- issue 15
+
+async def test_engine_marks_each_segment_start_exactly(engine: AsyncEngine) -> None:
+    """Chunks of 4 frames over segments of up to 3: a chunk carries the end of one segment and
+    the start of the next, and only the engine's frame counts tell where the boundary is."""
+    from breezert.async_engine import SegmentStarted
+    from breezert.outputs import AudioChunk
+    from breezert.request import SynthesisRequest
+
+    request_id = engine.submit(SynthesisRequest(
+        text=["One.", "Two.", "Three."], max_frames=3, chunk_schedule=(4,), request_id="marks-1"))
+    items = [item async for item in engine.stream(request_id, segments=True)]
+    marks = [i for i in items if isinstance(i, SegmentStarted)]
+    chunks = [i for i in items if isinstance(i, AudioChunk)]
+    assert [m.segment_index for m in marks] == [0, 1, 2]
+    total = chunks[-1].frame_end
+    starts = [m.start_frame for m in marks]
+    assert starts[0] == 0 and starts == sorted(starts) and starts[-1] < total
+    if total == 9:  # every segment ran to max_frames (the random model rarely ends one early)
+        assert starts == [0, 3, 6]
+        assert any(c.frame_start < b < c.frame_end for c in chunks for b in (3, 6))  # spans one
+    for mark in marks:  # each mark comes before the chunk that carries its first frame
+        carrier = next(i for i, c in enumerate(items)
+                       if isinstance(c, AudioChunk) and c.frame_end > mark.start_frame)
+        assert items.index(mark) < carrier
+    assert [i for i in items if not isinstance(i, AudioChunk)] == marks
+    plain = [c async for c in engine.synthesize(SynthesisRequest(
+        text=["One.", "Two."], max_frames=2, request_id="marks-2"))]
+    assert all(isinstance(c, AudioChunk) for c in plain)  # only asked-for marks
+    await _wait_idle(engine)
+
+
+async def test_in_process_turn_has_a_timed_transcript_per_sentence(engine: AsyncEngine) -> None:
+    tts = TTS(max_frames=3, chunk_schedule=[4], seed=0)
+    assert tts.capabilities.aligned_transcript
+    stream = tts.stream(conn_options=NO_RETRY)
+    await _pieces(stream, ["One. Two.", " Three."])
+    events = [ev async for ev in stream]
+    timed = [t for ev in events for t in ev.frame.userdata.get("lk.timed_transcripts", [])]
+    assert [str(t) for t in timed] == ["One. ", "Two. ", "Three. "]
+    starts = [t.start_time for t in timed]
+    assert starts[0] == 0 and starts == sorted(starts)
+    assert all(abs(s / FRAME_S - round(s / FRAME_S)) < 1e-6 for s in starts)  # whole frames
+    duration_s = sum(ev.frame.duration for ev in events)
+    assert starts[-1] < duration_s
+    if duration_s == pytest.approx(9 * FRAME_S):
+        assert starts == pytest.approx([0, 3 * FRAME_S, 6 * FRAME_S])
+    await tts.aclose()
+    await _wait_idle(engine)
+
+
+async def test_turn_queued_behind_the_running_limit_is_logged_and_counted(
+    engine: AsyncEngine, caplog: pytest.LogCaptureFixture
+) -> None:
+    from breezert.request import SynthesisRequest
+
+    holders = [engine.submit(SynthesisRequest(text=["Hold."], input_closed=False, max_frames=1,
+                                              request_id=f"holder-{i}"))
+               for i in range(engine.max_running_requests)]  # open turns hold every slot
+    metrics: list[TTSMetrics] = []
+    before = engine.metrics()["counters"].get("queued_requests", 0)
+    tts = TTS(max_frames=2, seed=0)
+    tts.on("metrics_collected", metrics.append)
+    with caplog.at_level("INFO"):
+        turn = asyncio.ensure_future(tts.synthesize("Queued.", conn_options=NO_RETRY).collect())
+        for _ in range(200):
+            if any("is queued" in r.getMessage() for r in caplog.records):
+                break
+            await asyncio.sleep(0.01)
+        assert not turn.done()
+        for request_id in holders:
+            engine.abort(request_id)
+        frame = await asyncio.wait_for(turn, 30)
+    assert frame.duration > 0
+    line, = [r.getMessage() for r in caplog.records if r.name == "breezert_agent"
+             and "is queued" in r.getMessage()]
+    assert f"{engine.max_running_requests} running-request slots are all taken" in line
+    assert engine.metrics()["counters"]["queued_requests"] == before + 1
+    await asyncio.sleep(0.05)
+    assert metrics and metrics[-1].connection_reused  # the shared engine was loaded already
+    await tts.aclose()
+    await _wait_idle(engine)

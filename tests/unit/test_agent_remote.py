@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
+import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -16,10 +18,18 @@ from typing import Any
 import numpy as np
 import pytest
 from aiohttp import WSMsgType, web
-from livekit.agents import APIConnectionError, APIConnectOptions, APIError, APIStatusError
+from livekit.agents import (
+    APIConnectionError,
+    APIConnectOptions,
+    APIError,
+    APIStatusError,
+    APITimeoutError,
+)
+from livekit.agents import tts as lk_tts
+from livekit.agents.metrics import TTSMetrics
 
 from breezert_agent import TTS
-from breezert_agent.client import speech_stream_url
+from breezert_agent.client import RemoteRuntimeClient, speech_stream_url
 
 pytestmark = pytest.mark.unit
 
@@ -42,6 +52,10 @@ class FakeServe:
     complain_mid_turn: bool = False
     chunk_delay_s: float = 0.005
     required_token: str | None = None
+    freeze: bool = False  # a frozen server: takes says, answers nothing
+    freeze_after_segments: int | None = None  # ... or goes silent mid-turn
+    handshake_delay_s: float = 0.0  # a server that accepts TCP but answers the upgrade late
+    queue_says: bool = False  # say the turn waits for a running slot
 
     def of_type(self, kind: str) -> list[dict[str, Any]]:
         return [m for m in self.messages if m["type"] == kind]
@@ -52,6 +66,8 @@ class FakeServe:
             return web.Response(status=401)
         self.num_connections += 1
         self.headers.append(dict(request.headers))
+        if self.handshake_delay_s:
+            await asyncio.sleep(self.handshake_delay_s)
         ws = web.WebSocketResponse()
         await ws.prepare(request)
         await ws.send_str(json.dumps({"type": "ready", "sample_rate": SAMPLE_RATE}))
@@ -62,6 +78,8 @@ class FakeServe:
             message = json.loads(msg.data)
             self.messages.append(message)
             kind = message["type"]
+            if kind == "say" and self.freeze:
+                continue
             if kind == "say":
                 if self.reject_says:
                     code = self.reject_says.pop(0)
@@ -73,6 +91,10 @@ class FakeServe:
                         "changed": asyncio.Event(), "id": "srv-" + message["request_id"]}
                 await ws.send_str(json.dumps({"type": "turn_started", "request_id": turn["id"],
                                               "client_request_id": message["request_id"]}))
+                turn["segment_events"] = message.get("segment_events", False)
+                if self.queue_says and message.get("queued_events"):
+                    await ws.send_str(json.dumps({"type": "queued", "waiting": 3,
+                                                  "max_running_requests": 8}))
                 turn["task"] = asyncio.create_task(self._play(ws, turn))
             elif kind == "append" and turn is not None:
                 turn["segments"].append(message["text"])
@@ -99,6 +121,13 @@ class FakeServe:
                 if index == self.close_after_segments:
                     await ws.close()
                     return
+                if index == self.freeze_after_segments:
+                    await asyncio.sleep(3600)
+                if turn["segment_events"]:
+                    start_s = index * SAMPLES_PER_SEGMENT / SAMPLE_RATE
+                    await ws.send_str(json.dumps({"type": "segment", "index": index,
+                                                  "start_frame": round(start_s / 0.08),
+                                                  "start_s": start_s}))
                 pcm = np.full(SAMPLES_PER_SEGMENT // 2, 1000 * (index + 1), dtype="<i2")
                 for _ in range(2):
                     await asyncio.sleep(self.chunk_delay_s)
@@ -117,10 +146,22 @@ class FakeServe:
 
 @pytest.fixture
 async def serve() -> AsyncIterator[FakeServe]:
+    async for fake in _serve():
+        yield fake
+
+
+@pytest.fixture
+async def healthy() -> AsyncIterator[FakeServe]:
+    """A second server, for fallbacks."""
+    async for fake in _serve():
+        yield fake
+
+
+async def _serve() -> AsyncIterator[FakeServe]:
     fake = FakeServe()
     app = web.Application()
     app.router.add_get("/v1/audio/speech/stream", fake.handler)
-    runner = web.AppRunner(app)
+    runner = web.AppRunner(app, shutdown_timeout=1.0)  # a failed test leaves sockets open
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)
     await site.start()
@@ -297,3 +338,171 @@ async def test_auth_token_is_sent_as_bearer(serve: FakeServe) -> None:
         await bad.synthesize("Hi.", conn_options=APIConnectOptions(max_retry=2)).collect()
     assert not info.value.retryable and "s3cret" not in str(info.value)
     await bad.aclose()
+
+
+# ----------------------------------------------------------------------------- timeouts
+
+QUICK = APIConnectOptions(max_retry=0, timeout=0.5)
+
+
+async def test_frozen_server_on_the_pooled_socket_is_a_timeout(serve: FakeServe) -> None:
+    tts = TTS(base_url=serve.url)
+    await tts.synthesize("Warm.", conn_options=NO_RETRY).collect()  # the socket is pooled
+    serve.freeze = True
+    start = time.monotonic()
+    with pytest.raises(APITimeoutError) as info:
+        await tts.synthesize("Hello.", conn_options=QUICK).collect()
+    assert time.monotonic() - start < QUICK.timeout + 1.5
+    assert info.value.retryable  # nothing was played yet
+    assert serve.num_connections == 1
+    serve.freeze = False
+    await tts.synthesize("Again.", conn_options=NO_RETRY).collect()  # a fresh socket works
+    assert serve.num_connections == 2
+    await tts.aclose()
+
+
+async def test_server_frozen_mid_audio_times_out_after_the_lead(serve: FakeServe) -> None:
+    serve.freeze_after_segments = 1
+    tts = TTS(base_url=serve.url)
+    start = time.monotonic()
+    with pytest.raises(APITimeoutError) as info:
+        await tts.synthesize("One. Two.", conn_options=QUICK).collect()
+    assert not info.value.retryable  # audio was already pushed
+    assert time.monotonic() - start < QUICK.timeout + 0.1 + 1.5  # 0.1 s of audio ahead
+    await tts.aclose()
+
+
+async def test_late_handshake_is_a_timeout_not_a_connection_error(serve: FakeServe) -> None:
+    serve.handshake_delay_s = 5.0
+    tts = TTS(base_url=serve.url)
+    start = time.monotonic()
+    with pytest.raises(APITimeoutError):
+        await tts.synthesize("Hello.", conn_options=QUICK).collect()
+    assert time.monotonic() - start < QUICK.timeout + 1.5
+    await tts.aclose()
+
+
+async def test_open_turn_waiting_for_text_is_not_a_timeout(serve: FakeServe) -> None:
+    tts = TTS(base_url=serve.url)
+    stream = tts.stream(conn_options=QUICK)
+    stream.push_text("First sentence. ")
+    await asyncio.sleep(3 * QUICK.timeout)  # the LLM is slow: the server owes nothing
+    stream.push_text("Second one.")
+    stream.end_input()
+    events = await _collect(stream)
+    assert len(_segments_of(events)) == 2 * SAMPLES_PER_SEGMENT
+    await tts.aclose()
+
+
+async def test_fallback_adapter_moves_on_within_the_timeout(
+    serve: FakeServe, healthy: FakeServe
+) -> None:
+    serve.freeze = True
+    remote, backup = TTS(base_url=serve.url), TTS(base_url=healthy.url)
+    fallback = lk_tts.FallbackAdapter([remote, backup], max_retry_per_tts=0)
+    start = time.monotonic()
+    frame = await fallback.synthesize("Hello.", conn_options=QUICK).collect()
+    assert time.monotonic() - start < QUICK.timeout + 2.0
+    assert frame.samples_per_channel == SAMPLES_PER_SEGMENT
+    assert len(healthy.of_type("say")) == 1
+
+    stream = fallback.stream(conn_options=QUICK)  # streamed: the same
+    start = time.monotonic()
+    stream.push_text("One. Two.")
+    stream.end_input()
+    events = await _collect(stream)
+    assert time.monotonic() - start < QUICK.timeout + 2.0
+    assert len(_segments_of(events)) == 2 * SAMPLES_PER_SEGMENT
+    await fallback.aclose()
+    await remote.aclose()
+    await backup.aclose()
+
+
+async def test_pooled_socket_has_a_max_age_and_survives_heartbeats(serve: FakeServe) -> None:
+    client = RemoteRuntimeClient(serve.url, heartbeat=0.1, max_session_duration=None)
+    tts = TTS(client=client)
+    await tts.synthesize("One.", conn_options=NO_RETRY).collect()
+    await asyncio.sleep(0.6)  # several pings while idle in the pool
+    await tts.synthesize("Two.", conn_options=NO_RETRY).collect()
+    assert serve.num_connections == 1
+    await tts.aclose()
+    await client.aclose()
+
+    aged = RemoteRuntimeClient(serve.url, max_session_duration=0.2)
+    tts = TTS(client=aged)
+    await tts.synthesize("One.", conn_options=NO_RETRY).collect()
+    await asyncio.sleep(0.4)
+    await tts.synthesize("Two.", conn_options=NO_RETRY).collect()
+    assert serve.num_connections == 3  # the old socket was too old to reuse
+    await tts.aclose()
+    await aged.aclose()
+
+
+async def test_metrics_tell_connection_reuse_and_acquire_time(serve: FakeServe) -> None:
+    tts = TTS(base_url=serve.url)
+    metrics: list[TTSMetrics] = []
+    tts.on("metrics_collected", metrics.append)
+    await tts.synthesize("One.", conn_options=NO_RETRY).collect()
+    stream = tts.stream(conn_options=NO_RETRY)
+    stream.push_text("Two.")
+    stream.end_input()
+    await _collect(stream)
+    await asyncio.sleep(0.05)
+    assert [m.connection_reused for m in metrics] == [False, True]
+    assert metrics[0].acquire_time > 0 and metrics[1].acquire_time == 0
+    await tts.aclose()
+
+
+async def test_appended_segment_that_never_starts_is_a_timeout(serve: FakeServe) -> None:
+    """With ``segment`` events the client knows the server owes it the appended sentence."""
+    serve.freeze_after_segments = 1
+    tts = TTS(base_url=serve.url)
+    stream = tts.stream(conn_options=QUICK)
+    stream.push_text("One. T")  # "One." is complete once the next word starts
+    events: list[Any] = []
+
+    async def feed() -> None:  # (livekit-agents 1.8.9 drops text pushed after a flush)
+        await asyncio.sleep(0.3)
+        stream.push_text("wo. And")  # "Two." is appended; the input stays open
+
+    feeder = asyncio.create_task(feed())
+    start = time.monotonic()
+    with pytest.raises(APITimeoutError):
+        async for ev in stream:
+            events.append(ev)
+    assert time.monotonic() - start < 0.3 + QUICK.timeout + 0.1 + 1.5
+    assert events  # the first sentence played
+    await feeder
+    await tts.aclose()
+
+
+def _timed(events: list[Any]) -> list[tuple[str, float]]:
+    return [(str(t), t.start_time) for ev in events
+            for t in ev.frame.userdata.get("lk.timed_transcripts", [])]
+
+
+async def test_segment_events_give_each_sentence_its_start(serve: FakeServe) -> None:
+    tts = TTS(base_url=serve.url)
+    assert tts.capabilities.aligned_transcript
+    stream = tts.stream(conn_options=NO_RETRY)
+    stream.push_text("One. Two. Three.")
+    stream.end_input()
+    events = await _collect(stream)
+    say, = serve.of_type("say")
+    assert say["segment_events"] is True and say["queued_events"] is True
+    segment_s = SAMPLES_PER_SEGMENT / SAMPLE_RATE
+    assert _timed(events) == [("One. ", 0.0), ("Two. ", segment_s), ("Three. ", 2 * segment_s)]
+
+    frame_events = await _collect(tts.synthesize("Four. Five.", conn_options=NO_RETRY))
+    assert _timed(frame_events) == [("Four. ", 0.0), ("Five. ", segment_s)]
+    await tts.aclose()
+
+
+async def test_queued_event_is_logged(serve: FakeServe, caplog: pytest.LogCaptureFixture) -> None:
+    serve.queue_says = True
+    tts = TTS(base_url=serve.url)
+    with caplog.at_level(logging.INFO, logger="breezert_agent"):
+        await tts.synthesize("One.", conn_options=NO_RETRY).collect()
+    line, = [r.getMessage() for r in caplog.records if "queued" in r.getMessage()]
+    assert "8 running-request slots are all taken" in line and "3 waiting" in line
+    await tts.aclose()

@@ -281,6 +281,26 @@ async def test_empty_turn_opens_no_request() -> None:
     await tts.aclose()
 
 
+async def test_segments_with_nothing_speakable_are_not_sent() -> None:
+    client = FakeRuntimeClient()
+    tts = TTS(client=client)
+    stream = tts.stream(conn_options=NO_RETRY)
+    stream.push_text("Hello. ... —")
+    stream.flush()  # the splitter hands "... —" over as a piece of its own
+    stream.push_text("!? ")
+    stream.end_input()
+    await _collect(stream)
+    turn, = client.turns
+    assert turn.segments == ["Hello."]
+    for text in ("...", "—", "!?", " … ! "):  # one frame of silence, no request
+        frame = await tts.synthesize(text, conn_options=NO_RETRY).collect()
+        assert frame.duration == pytest.approx(0.02) and not any(frame.data)
+    assert client.num_opens == 1
+    await tts.synthesize("Hi. ... —", conn_options=NO_RETRY).collect()
+    assert client.turns[-1].segments == ["Hi."]
+    await tts.aclose()
+
+
 @pytest.mark.parametrize("frame_size_ms", [10, 20])
 async def test_frames_are_small(frame_size_ms: int) -> None:
     client = FakeRuntimeClient(samples_per_chunk=2400)

@@ -26,7 +26,13 @@ voice, ``reference_audio`` (base64 of a WAV file, at most 30 s) with ``reference
 transcript; required with it). A ``say`` carrying ``reference_audio`` may be up to
 ``MAX_REFERENCE_MESSAGE_BYTES``; every other message ``MAX_MESSAGE_BYTES``.
 
-Server -> client: ``ready``, ``turn_started``, ``first_audio``, ``turn_done``, ``error``.
+Server -> client: ``ready``, ``turn_started``, ``queued``, ``segment``, ``first_audio``,
+``turn_done``, ``error``. Asked for in ``say`` (``"queued_events": true``), ``queued``
+(``waiting``, ``max_running_requests``) follows ``turn_started`` when the turn waits for a
+running slot. Asked for with ``"segment_events": true``, ``segment`` (``index``: the client's
+segment, counting the say's non-blank text segments then each ``append``; ``start_frame``,
+``start_s``: where its audio starts in the turn's audio, in 80 ms codec frames, exact) comes
+before any of that segment's audio.
 """
 
 from __future__ import annotations
@@ -112,6 +118,10 @@ class Say:
     turn_fields: dict[str, Any] = field(default_factory=dict)
     """Other ``SynthesisRequest`` fields the client set (``max_frames``, ``priority``,
     ``chunk_schedule``); type-checked here, range-checked by ``SynthesisRequest``."""
+    segment_events: bool = False
+    """The client wants a ``segment`` event before each of its segments' audio."""
+    queued_events: bool = False
+    """The client wants a ``queued`` event when the turn waits for a running slot."""
 
     @property
     def num_chars(self) -> int:
@@ -336,7 +346,9 @@ def _say(data: dict[str, Any]) -> Say:
     except InvalidRequest as exc:
         raise ProtocolError("invalid_request", str(exc)) from None
     return Say(text=text, more=more, format=fmt, client_request_id=client_id,
-               reference=reference, options=voice, turn_fields=turn_fields)
+               reference=reference, options=voice, turn_fields=turn_fields,
+               segment_events=_flag(data, "segment_events", False),
+               queued_events=_flag(data, "queued_events", False))
 
 
 _TURN_FIELDS = ("max_frames", "priority", "chunk_schedule")

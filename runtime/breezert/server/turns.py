@@ -17,6 +17,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 from breezert.audio import ENGINE_SAMPLE_RATE
+from breezert.constants import FRAME_S
 from breezert.errors import EngineOverloaded, InvalidRequest, RequestAborted, RequestFailed
 from breezert.outputs import AudioChunk
 from breezert.request import SynthesisRequest
@@ -73,6 +74,14 @@ class _Turn:
     voice, instructions and reference."""
     reason: str | None = None
     """Why the server closed the turn's input (``idle_timeout``), reported in ``turn_done``."""
+    segment_owners: list[int] = field(default_factory=list)
+    """The client's segment (say text, then each append) of each engine segment: the server
+    cuts a segment whose prompt does not fit into several."""
+    segment_events: bool = False
+    """The client asked for ``segment`` events."""
+    num_client_segments: int = 0
+    next_segment: int = 0
+    """First client segment whose ``segment`` event has not been sent."""
 
 
 class TurnController:
@@ -176,14 +185,22 @@ class TurnController:
                 request = replace(request, reference=reference)
             except InvalidRequest as exc:
                 raise ProtocolError("invalid_request", str(exc)) from None
-        request = replace(request, text=fit_segments(request.segments, fits))
+        pieces = [fit_segments((segment,), fits) for segment in request.segments]
+        request = replace(request, text=tuple(p for cut in pieces for p in cut))
         request_id = self._call_engine(self.engine.submit, request)
         turn = _Turn(request_id, say.client_request_id, say_time, say.more, say.num_chars,
-                     fits=fits)
+                     fits=fits, num_client_segments=len(pieces),
+                     segment_events=say.segment_events,
+                     segment_owners=[i for i, cut in enumerate(pieces) for _ in cut])
         try:
             turn.marks = self.sink.begin(request_id, ENGINE_SAMPLE_RATE, say)
             self.active = turn
             await self._send(event("turn_started", **self._ids(turn)))
+            if say.queued_events and getattr(self.engine, "is_waiting", None) is not None \
+                    and self.engine.is_waiting(request_id):
+                await self._send(event("queued", **self._ids(turn),
+                                       waiting=self.engine.num_waiting,
+                                       max_running_requests=self.engine.max_running_requests))
         except BaseException:  # nobody will consume the request: free it now
             self.engine.abort(request_id)
             self.active = None
@@ -224,6 +241,8 @@ class TurnController:
         if text.strip():  # whitespace-only pieces carry nothing to say
             for piece in fit_segments((text,), turn.fits):
                 self._call_engine(self.engine.append_text, turn.request_id, piece)
+                turn.segment_owners.append(turn.num_client_segments)
+        turn.num_client_segments += 1
         turn.num_chars += len(text)
         self._arm(turn)
 
@@ -258,9 +277,13 @@ class TurnController:
         status, error = "finished", None
         first = asyncio.create_task(self._report_first_audio(turn))
         try:
-            async with contextlib.aclosing(self.engine.stream(turn.request_id)) as chunks:
-                async for chunk in chunks:
-                    await self.sink.write(turn.request_id, chunk)
+            async with contextlib.aclosing(self._stream(turn.request_id)) as chunks:
+                async for item in chunks:
+                    if not isinstance(item, AudioChunk):  # the engine's SegmentStarted
+                        await self._announce(turn, item.segment_index, item.start_frame)
+                        continue
+                    await self._announce(turn, item.segment_index, item.frame_start)
+                    await self.sink.write(turn.request_id, item)
             await self.sink.finish(turn.request_id)
         except RequestAborted:
             status = "aborted"
@@ -280,6 +303,26 @@ class TurnController:
             await first  # first_audio goes out before turn_done
         first.cancel()
         await self._done(turn, status, error)
+
+    def _stream(self, request_id: str) -> Any:
+        """The engine's chunks, with ``SegmentStarted`` marks where it makes them."""
+        if getattr(self.engine, "marks_segments", False):
+            return self.engine.stream(request_id, segments=True)
+        return self.engine.stream(request_id)
+
+    async def _announce(self, turn: _Turn, engine_segment: int, start_frame: int) -> None:
+        """``segment`` events for the client segments that start by engine segment
+        ``engine_segment`` at ``start_frame`` (exact with the engine's marks; without them, at
+        the first chunk that carries the segment), before any of their audio goes out."""
+        if not turn.segment_events:
+            return
+        owners = turn.segment_owners
+        index = owners[engine_segment] if engine_segment < len(owners) else engine_segment
+        while turn.next_segment <= index:
+            await self._send(event("segment", **self._ids(turn), index=turn.next_segment,
+                                   start_frame=start_frame,
+                                   start_s=round(start_frame * FRAME_S, 3)))
+            turn.next_segment += 1
 
     async def _report_first_audio(self, turn: _Turn) -> None:
         assert turn.marks is not None
