@@ -25,6 +25,7 @@ from breezert.loader import Checkpoint
 from breezert.metrics import EngineMetrics
 from breezert.models.generate import cfg_branches
 from breezert.outputs import AudioChunk, StageOutput
+from breezert import prompting
 from breezert.prompting import make_prompt
 from breezert.options import SynthesisOptions
 from breezert.request import (
@@ -158,8 +159,6 @@ class Engine:
         ``max_prompt_tokens``. Raises ``InvalidRequest`` for empty text or an unknown voice."""
         # NOTE: through the module, not this module's name: a count builds no segment, and
         # spies on the segments' prompts (breezert.engine.make_prompt) must not see it.
-        from breezert import prompting
-
         prompt = prompting.make_prompt(
             self.checkpoint.tokenizer, text, speaker=options.speaker,
             instructions=options.instructions, reference=reference, max_seq_len=sys.maxsize,
