@@ -22,7 +22,7 @@ from typing import Any
 from breezert.config import EngineConfig
 from breezert.constants import FRAME_S
 from breezert.engine import Engine, EngineOutput, RequestOutcome
-from breezert.errors import BreezeRTError, RequestAborted, RequestFailed
+from breezert.errors import BreezeRTError, EngineOverloaded, RequestAborted, RequestFailed
 from breezert.options import SynthesisOptions
 from breezert.outputs import AudioChunk
 from breezert.profiles import resolve_config
@@ -376,6 +376,8 @@ def _segment_starts(route: _Route, chunk: AudioChunk) -> list[SegmentStarted]:
 
 
 def _raise_for(outcome: RequestOutcome) -> None:
+    if outcome.status is RequestStatus.FAILED and outcome.overloaded:
+        raise EngineOverloaded(f"request {outcome.request_id}: {outcome.error}")
     if outcome.status is RequestStatus.FAILED:
         raise RequestFailed(outcome.request_id, outcome.error or "unknown error")
     if outcome.status is RequestStatus.ABORTED:

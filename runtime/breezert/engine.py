@@ -54,6 +54,8 @@ class RequestOutcome:
     request_id: str
     status: RequestStatus
     error: str | None = None
+    overloaded: bool = False
+    """Refused while waiting for a slot (``max_queue_wait_s``): retry later or elsewhere."""
 
 
 EngineOutput = AudioChunk | RequestOutcome
@@ -211,7 +213,9 @@ class Engine:
     def step(self) -> list[EngineOutput]:
         """One scheduler step: plan → run on the worker → commit; returns what it produced."""
         with self._lock:
-            plan = self.scheduler.schedule(self.clock())
+            now = self.clock()
+            self._pending.extend(self._outcomes(self.scheduler.expire_waiting(now)))
+            plan = self.scheduler.schedule(now)
         self.last_step_ran = plan is not None
         self.last_plan = plan or self.last_plan
         if plan is None:
@@ -254,7 +258,7 @@ class Engine:
     def _outcomes(self, events: list[SchedulerEvent]) -> list[EngineOutput]:
         """Feeds the events to the metrics; returns the outcomes of finished requests."""
         self.metrics.on_events(events)
-        return [RequestOutcome(e.request_id, e.status, e.error)
+        return [RequestOutcome(e.request_id, e.status, e.error, e.overloaded)
                 for e in events if isinstance(e, RequestFinished)]
 
     def _release_idle(self) -> None:
