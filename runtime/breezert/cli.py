@@ -98,6 +98,10 @@ def build_parser() -> argparse.ArgumentParser:
                        metavar="NAME=[BASE;]SECTION.KEY=VALUE;...", help="define a variant")
     bench.add_argument("--out", type=Path, default=None,
                        help="result JSON (default bench/results/<config>-<date>.json); PNG beside")
+    bench.add_argument("--server", default=None, metavar="URL",
+                       help="drive a running `breezert serve` at this base URL (http://host:port)"
+                            " over its WebSocket: client-side TTFB and gaps beside the server's "
+                            "first-audio times (token: BREEZERT_AUTH_TOKEN)")
     bench.add_argument("--seed", type=int, default=0)
     bench.add_argument("--feedback", action=argparse.BooleanOptionalAction, default=True,
                        help="the simulated listener calls report_playback every 100 ms")

@@ -541,6 +541,7 @@ class CodecDecoder(nn.Module):
             ref.dtype if dtype is None else dtype,
         )
 
+    @torch.no_grad()
     def prepare_fast(self) -> None:
         """Precomputes what the fast path reads (per-group codebook tables, GEMM layouts of the
         wide upsamplers); call after the weights are loaded and cast."""
