@@ -32,9 +32,10 @@ def write_figures() -> Path | None:
         return None
     path = Path(target)
     body: dict[str, Any] = json.loads(path.read_text()) if path.exists() else {}
+    changed = [line for line in _git("status", "--porcelain").splitlines()
+               if not line.endswith(path.name)]  # the figures file itself does not count
     body.setdefault("metadata", {}).update({
-        "commit": _git("rev-parse", "--short", "HEAD"), "dirty": bool(_git("status",
-                                                                           "--porcelain")),
+        "commit": _git("rev-parse", "--short", "HEAD"), "dirty": bool(changed),
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "machine": {"platform": platform.platform(), "cpus": os.cpu_count(),
                     "python": platform.python_version()},
