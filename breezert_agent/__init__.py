@@ -10,13 +10,13 @@ from __future__ import annotations
 
 from livekit.agents import Plugin
 
-from .load import LOAD_THRESHOLD, engine_load, engine_worker_options
+from .load import FULL_LOAD, engine_load, engine_worker_options, load_threshold
 from .log import logger
 from .tts import TTS, ChunkedStream, SynthesizeStream
 from .version import __version__
 
-__all__ = ["LOAD_THRESHOLD", "TTS", "ChunkedStream", "SynthesizeStream", "__version__",
-           "engine_load", "engine_worker_options"]
+__all__ = ["FULL_LOAD", "TTS", "ChunkedStream", "SynthesizeStream", "__version__",
+           "engine_load", "engine_worker_options", "load_threshold"]
 
 
 class BreezeRTPlugin(Plugin):

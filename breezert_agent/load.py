@@ -26,9 +26,13 @@ if TYPE_CHECKING:
     from breezert.sched.load import EngineLoad
     from livekit.agents import AgentServer
 
-LOAD_THRESHOLD = 1.0
-"""The ``load_threshold`` to pair with ``engine_load``: its load reaches 1.0 exactly at
-capacity (every job place or running slot taken, or the engine behind real time)."""
+FULL_LOAD = 0.7
+"""What ``engine_load`` reports at capacity: LiveKit's own 0.7, the worker's default
+``load_threshold`` in production and the server's default ``agents.target_load``. The server
+gives a job to the workers it calls available only while one of them reports less than its
+``target_load`` (their "affinity" is ``target_load - load``); a scale that reached 1.0 at
+capacity would stop dispatch while every worker still had a place left (seen: three of four
+places, load 0.75, no job)."""
 
 _warned = False
 
@@ -42,15 +46,17 @@ def engine_loads() -> list[EngineLoad]:
     return [engine.load() for engine in module.AsyncEngine.shared_engines()]
 
 
-def engine_load(server: AgentServer | None = None, *, max_jobs: int | None = None) -> float:
-    """``load_fnc`` for ``WorkerOptions``: this worker's load, 0 (idle) .. 1 (full).
+def engine_load(server: AgentServer | None = None, *, max_jobs: int | None = None,
+                full: float = FULL_LOAD) -> float:
+    """``load_fnc`` for ``WorkerOptions``: this worker's load, 0 (idle) .. ``full`` (0.7, at
+    capacity; see ``FULL_LOAD``).
 
-    The largest of: each shared engine's ``EngineLoad.fraction`` (running + queued requests
-    against ``max_running_requests``, 1 when the Predictor sees a request that owes audio with
-    negative slack), and, given the ``server`` (LiveKit passes it), the worker's jobs against
-    ``max_jobs`` (default: the engine's ``max_running_requests``, one running turn per job, so
-    that no call's turn has to queue behind another's). Pair it with ``load_threshold=1.0``
-    (``LOAD_THRESHOLD``), or use ``engine_worker_options``.
+    ``full`` times the largest of: each shared engine's ``EngineLoad.fraction`` (running +
+    queued requests against ``max_running_requests``, 1 when the Predictor sees a request that
+    owes audio with negative slack), and, given the ``server`` (LiveKit passes it), the
+    worker's jobs against ``max_jobs`` (default: the engine's ``max_running_requests``, one
+    running turn per job, so that no call's turn has to queue behind another's). Pair it with
+    ``load_threshold=load_threshold(max_jobs)``, or use ``engine_worker_options``.
 
     Before any engine is built (``prewarm`` builds it: ``AsyncEngine.shared`` or
     ``TTS.prewarm``), only the jobs count, against ``max_jobs`` if given, else 0.
@@ -62,7 +68,14 @@ def engine_load(server: AgentServer | None = None, *, max_jobs: int | None = Non
     capacity = max_jobs or min((load.max_running for load in loads), default=0)
     if server is not None and capacity > 0:
         fraction = max(fraction, len(server.active_jobs) / capacity)
-    return min(fraction, 1.0)
+    return full * min(fraction, 1.0)
+
+
+def load_threshold(max_jobs: int, full: float = FULL_LOAD) -> float:
+    """The ``load_threshold`` that admits exactly ``max_jobs`` jobs under ``engine_load``:
+    half a place below ``full``, so that float rounding in LiveKit's sum (jobs plus accepted,
+    not yet launched ones) can neither let one more in nor keep the last one out."""
+    return full * (max_jobs - 0.5) / max_jobs
 
 
 def engine_worker_options(
@@ -72,7 +85,8 @@ def engine_worker_options(
     ``config`` (as ``TTS(config=...)`` and ``AsyncEngine.shared`` take it):
 
     * ``load_fnc``: ``engine_load`` with ``max_jobs`` (default: the config's
-      ``max_running_requests``), ``load_threshold``: 1.0;
+      ``max_running_requests``), ``load_threshold``: ``load_threshold(max_jobs)`` (just under
+      0.7, LiveKit's default);
     * ``job_executor_type``: THREAD (jobs in the worker's process, where the engine and the
       ``load_fnc`` are);
     * ``num_idle_processes``: ``max_jobs``, so that each job finds a warm executor and LiveKit
@@ -86,7 +100,7 @@ def engine_worker_options(
 
     jobs = max_jobs or resolve_config(config).scheduler.max_running_requests
     return {"load_fnc": functools.partial(engine_load, max_jobs=jobs),
-            "load_threshold": LOAD_THRESHOLD, "job_executor_type": JobExecutorType.THREAD,
+            "load_threshold": load_threshold(jobs), "job_executor_type": JobExecutorType.THREAD,
             "num_idle_processes": jobs}
 
 

@@ -16,8 +16,8 @@ Engine placement (same API either way):
   every ``TTS()`` with the same config, get that engine. With the default PROCESS executor each
   job process would load its own copy of the model.
   The worker reports the engine's real load to LiveKit's dispatcher
-  (``breezert_agent.engine_worker_options``: ``load_fnc=engine_load``, ``load_threshold=1.0``,
-  THREAD executor, one warm executor per job place): a worker takes at most
+  (``breezert_agent.engine_worker_options``: ``load_fnc=engine_load``, full at 0.7 with
+  ``load_threshold`` just under it, THREAD executor, one warm executor per job place): a worker takes at most
   ``max_running_requests`` jobs (``BREEZERT_MAX_JOBS`` to change it) and none while its engine's
   running slots are all taken or the Predictor sees a stream falling behind; the dispatcher
   sends the room to another worker.

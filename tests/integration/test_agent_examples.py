@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 
 from breezert.async_engine import AsyncEngine
-from breezert_agent import engine_load
+from breezert_agent import engine_load, load_threshold
 from breezert_agent.client import InProcessRuntimeClient, RemoteRuntimeClient
 
 pytestmark = pytest.mark.integration
@@ -56,7 +56,7 @@ def test_livekit_agent_worker_pieces(monkeypatch: pytest.MonkeyPatch) -> None:
     assert proc.userdata["breezert_engine"] is AsyncEngine.shared()  # the process-wide engine
     assert isinstance(example["make_tts"]().client, InProcessRuntimeClient)
     options = example["worker_options"]()  # the dispatcher sees the engine's load
-    assert options.load_threshold == 1.0 and options.num_idle_processes == 8
+    assert options.load_threshold == load_threshold(8) and options.num_idle_processes == 8
     assert options.load_fnc.func is engine_load  # type: ignore[union-attr]
 
     monkeypatch.setenv("BREEZERT_URL", "http://127.0.0.1:8080")

@@ -25,6 +25,8 @@ from typing import Any
 import pytest
 from livekit import rtc
 
+from breezert_agent import FULL_LOAD
+
 from tests.livekit.conftest import Room, Server, Worker, WorkerGroup, spawn_workers
 from tests.livekit.dispatch_figures import FIGURES, write_figures
 
@@ -194,10 +196,10 @@ async def test_a_saturated_worker_gets_no_job_until_it_has_room(
     saturated = await workers.wait_event(first.name, "saturated")
     assert saturated["load"] == 1.0
     for _ in range(40):  # LiveKit calls the load_fnc every 0.5 s (and before each offer)
-        if busy.info().get("worker_load", 0.0) == 1.0:
+        if busy.info().get("worker_load", 0.0) == pytest.approx(FULL_LOAD):
             break
         await asyncio.sleep(0.05)
-    assert busy.info().get("worker_load") == 1.0
+    assert busy.info().get("worker_load") == pytest.approx(FULL_LOAD)
 
     # every place of the other two workers fills; the saturated one gets none of them
     more = await rooms(MAX_JOBS * len(others))
