@@ -45,6 +45,15 @@ def _free_port(kind: int = socket.SOCK_STREAM) -> int:
         return int(sock.getsockname()[1])
 
 
+def _free_any_port() -> int:
+    """A TCP port free on every address, IPv4 and IPv6 (the agent worker's health server binds
+    them all: a port free on 127.0.0.1 alone was taken on another address once)."""
+    with socket.socket(socket.AF_INET6, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
+        sock.bind(("::", 0))
+        return int(sock.getsockname()[1])
+
+
 def _server_binary() -> Path:
     """The built server; builds it through ``make livekit-server`` when it was never tried;
     skips with the build's reason (``.cache/livekit/build.log``) when it cannot be built."""
@@ -205,7 +214,8 @@ def spawn_workers(server: Server, count: int, env: dict[str, str] | None = None,
             state_dir = Path(tempfile.mkdtemp(prefix="breezert-worker-"))
             log_path = state_dir / "worker.log"
             logs.append(open(log_path, "wb"))
-            full_env = {**worker_env(server, state_dir), **(env or {})}
+            full_env = {**worker_env(server, state_dir), **(env or {}),
+                        "BREEZERT_TEST_WORKER_PORT": str(_free_any_port())}
             proc = subprocess.Popen([sys.executable, str(WORKER), "start"], cwd=REPO,
                                     env=full_env, stdout=logs[-1], stderr=subprocess.STDOUT)
             workers.append(Worker(state_dir, log_path, proc,

@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -230,13 +231,16 @@ async def test_a_replica_killed_mid_turn_is_a_clear_error_and_no_duplicate_audio
     await asyncio.sleep(1.0)
     heard = room.recording.energetic(since=sent)
     span = heard[-1] - heard[0] + 0.010
-    print(f"heard {span:.2f} s of the 2.88 s turn before the replica died")
-    assert span < 2.88 - 0.2  # cut short, not replayed
-    assert not room.recording.energetic(since=error["t"] + 0.5), "audio after the error"
+    received = float(re.search(r"after ([0-9.]+) s of audio", error["message"]).group(1))  # type: ignore[union-attr]
+    print(f"heard {span:.2f} s of the 2.88 s turn; the agent had received {received:.2f} s "
+          "when the replica died")
+    # what had arrived plays out (it may still be queued when the error comes), nothing more:
+    # the rest of the turn is never replayed
+    assert span <= received + 0.1 and span < 2.88 - 0.2
     assert len([e for e in remote_worker.events(room.name) if e["type"] == "replica"]) == 1
     assert other.requests_finished() == finished_before[other.url]  # nothing went to it
     FIGURES["remote_killed_mid_turn"] = {
         "error_after_kill_s": round(error["t"] - killed, 3), "error": error["message"],
-        "heard_s": round(span, 3), "turn_s": 2.88, "requests_on_the_other_replica": 0}
+        "heard_s": round(span, 3), "received_before_kill_s": received, "turn_s": 2.88, "requests_on_the_other_replica": 0}
     victim.start()
     victim.wait_ready()
