@@ -89,7 +89,7 @@ class TTS(tts.TTS[Literal["metrics_collected", "error"]]):  # no events of its o
     def __init__(
         self,
         *,
-        base_url: str | None = None,
+        base_url: str | Sequence[str] | None = None,
         config: str | os.PathLike[str] | EngineConfig | None = None,
         client: RuntimeClient | None = None,
         auth_token: str | None = None,
@@ -113,7 +113,9 @@ class TTS(tts.TTS[Literal["metrics_collected", "error"]]):  # no events of its o
 
         Args:
             base_url: A ``breezert serve`` (``http://host:8080``): run turns remotely over its
-                WebSocket. Exclusive with ``config`` and ``client``.
+                WebSocket; or a list of replicas: each turn goes to the least loaded by their
+                ``/readyz``, and moves to another only before its first audio
+                (``RemoteRuntimeClient``). Exclusive with ``config`` and ``client``.
             config: ``EngineConfig``, TOML path or packaged profile name (``cpu-tiny``) for the
                 in-process engine.
             client: Any ``RuntimeClient`` (tests, custom transports); not closed by ``aclose``.

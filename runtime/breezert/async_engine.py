@@ -27,6 +27,7 @@ from breezert.options import SynthesisOptions
 from breezert.outputs import AudioChunk
 from breezert.profiles import resolve_config
 from breezert.request import Reference, RequestStatus, SynthesisRequest
+from breezert.sched.load import EngineLoad
 from breezert.worker.warmup import Progress
 
 logger = logging.getLogger("breezert.async_engine")
@@ -315,6 +316,16 @@ class AsyncEngine:
 
     def metrics(self) -> dict[str, Any]:
         return self.engine.metrics.snapshot()
+
+    def load(self) -> EngineLoad:
+        """``Engine.load``: how full the engine is now (``EngineLoad.fraction``, 1 = full)."""
+        return self.engine.load()
+
+    @classmethod
+    def shared_engines(cls) -> list[AsyncEngine]:
+        """Every engine ``shared`` has built in this process (and not closed). Does not wait
+        for one being built (``shared`` holds its lock while loading)."""
+        return list(_shared.values())  # a copy under the GIL: no lock
 
     # ------------------------------------------------------------ engine thread
     def _run(self) -> None:

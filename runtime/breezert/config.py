@@ -34,6 +34,7 @@ else:  # pragma: no cover - python 3.10
     import tomli as tomllib
 
 NO_CUDA_GRAPH_ENV = "BREEZERT_NO_CUDA_GRAPH"
+AUTH_TOKEN_ENV = "BREEZERT_AUTH_TOKEN"
 
 
 class _Frozen(BaseModel):
@@ -390,6 +391,9 @@ def apply_env_overrides(
 
     ``BREEZERT_NO_CUDA_GRAPH=1`` turns off every switch of ``CUDA_ONLY_SWITCHES`` (graphs,
     compile and the fused kernels: plain eager PyTorch). Unset, empty or ``0`` changes nothing.
+    ``BREEZERT_AUTH_TOKEN=<token>`` sets ``serving.auth_token`` (a Kubernetes Secret as an
+    environment variable; the plugin's remote client reads the same name); unset or empty
+    changes nothing.
 
     Args:
         cfg: The loaded config (not modified).
@@ -399,6 +403,10 @@ def apply_env_overrides(
         InvalidConfig: the variable holds something other than 0/1/true/false/yes/no.
     """
     env = os.environ if environ is None else environ
+    token = env.get(AUTH_TOKEN_ENV, "").strip()
+    if token:
+        serving = cfg.serving.model_copy(update={"auth_token": SecretStr(token)})
+        cfg = cfg.model_copy(update={"serving": serving})
     raw = env.get(NO_CUDA_GRAPH_ENV, "").strip().lower()
     if raw in ("", "0", "false", "no"):
         return cfg

@@ -38,6 +38,7 @@ from breezert.request import (
 )
 from breezert.sched.block_pool import BlockPool
 from breezert.sched.deadline import DeadlinePredictor
+from breezert.sched.load import EngineLoad
 from breezert.sched.plan import StepPlan, StepResult
 from breezert.sched.policy import make_policies
 from breezert.sched.scheduler import ChunkEmitted, RequestFinished, Scheduler, SchedulerEvent
@@ -199,6 +200,12 @@ class Engine:
         with self._lock:
             if self.scheduler.report_playback(request_id, report):
                 self.metrics.incr(f"playback_reports_{source}")
+
+    def load(self) -> EngineLoad:
+        """Running and queued requests against the limits, and the Predictor's least slack
+        (``breezert.sched.load.EngineLoad``); safe from any thread."""
+        with self._lock:
+            return self.scheduler.load(self.predictor, self.clock())
 
     def drain(self) -> list[EngineOutput]:
         """Outcomes produced outside ``step`` (``abort``, ``close_input``) that no step returned

@@ -10,6 +10,14 @@ and obeys data messages from any participant:
 
 * ``test.say``       ``{"id": "...", "text": "..."}``  ``session.say(text)``
 * ``test.interrupt`` ``{}``                              ``session.interrupt()``
+* ``test.saturate``  ``{"n": 4}``                        hold ``n`` open requests on the engine
+* ``test.release``   ``{}``                              abort them
+
+Dispatch tests (``test_dispatch.py``) set, besides: ``BREEZERT_TEST_AGENT_NAME``,
+``BREEZERT_TEST_LOAD=engine`` (``breezert_agent.engine_worker_options``: the engine's load as
+``load_fnc``, instead of none), ``BREEZERT_TEST_MAX_RUNNING`` / ``BREEZERT_TEST_MAX_QUEUED``
+(the engine's limits) and ``BREEZERT_TEST_BASE_URLS`` (comma-separated ``breezert serve``
+replicas: remote turns, no engine in the worker).
 
 What the tests read back goes to files under ``$BREEZERT_TEST_STATE`` (same machine, so the
 ``time.monotonic()`` stamps in them compare with the test's own): ``events.jsonl`` (one JSON
@@ -40,11 +48,12 @@ from livekit.agents import (
     room_io,
 )
 
-from breezert_agent import TTS  # registers the plugin: import it on the main thread
+from breezert_agent import TTS, engine_worker_options  # registers the plugin: main thread
 
-AGENT_NAME = "breezert-test"
+AGENT_NAME = os.environ.get("BREEZERT_TEST_AGENT_NAME", "breezert-test")
 STATE = Path(os.environ.get("BREEZERT_TEST_STATE", ".cache/livekit-state"))
 MAX_FRAMES = int(os.environ.get("BREEZERT_TEST_MAX_FRAMES", "25"))  # 80 ms each: 2 s a sentence
+BASE_URLS = [url for url in os.environ.get("BREEZERT_TEST_BASE_URLS", "").split(",") if url]
 
 
 
@@ -54,13 +63,20 @@ def engine_config() -> Any:
     from breezert.profiles import resolve_config
 
     config = resolve_config(None)
-    if os.environ.get("BREEZERT_TEST_PREDICTOR", "1") == "0":
+    update: dict[str, Any] = {}
+    if os.environ.get("BREEZERT_TEST_PREDICTOR", "1") != "0":
+        update["use_predictor"] = True
+    for name, variable in (("max_running_requests", "BREEZERT_TEST_MAX_RUNNING"),
+                           ("max_queued_requests", "BREEZERT_TEST_MAX_QUEUED")):
+        if os.environ.get(variable):
+            update[name] = int(os.environ[variable])
+    if not update:
         return config
-    scheduler = config.scheduler.model_copy(update={"use_predictor": True})
-    return config.model_copy(update={"scheduler": scheduler})
+    return config.model_copy(update={"scheduler": config.scheduler.model_copy(update=update)})
 
 
 _lock = threading.Lock()
+_prewarm_lock = threading.Lock()
 _rooms: dict[str, dict[str, Any]] = {}  # room name -> playout state, for metrics.json
 _engine: Any = None
 
@@ -90,13 +106,18 @@ def _metrics_writer() -> None:
 
 def prewarm(proc: JobProcess) -> None:
     global _engine
+    STATE.mkdir(parents=True, exist_ok=True)
+    if BASE_URLS:  # remote turns: no engine here
+        return
     import torch
     from breezert.async_engine import AsyncEngine
 
     torch.set_num_threads(1)  # a tiny CPU model gains nothing from intra-op threads (as bench)
 
-    STATE.mkdir(parents=True, exist_ok=True)
-    _engine = proc.userdata["breezert_engine"] = AsyncEngine.shared(engine_config())
+    with _prewarm_lock:  # THREAD executor: every idle job thread prewarms; one writer
+        if _engine is not None:
+            return
+        _engine = proc.userdata["breezert_engine"] = AsyncEngine.shared(engine_config())
     threading.Thread(target=_metrics_writer, name="metrics-writer", daemon=True).start()
 
 
@@ -126,13 +147,21 @@ class _Recorder:
 
 
 async def entrypoint(ctx: JobContext) -> None:
+    emit(ctx.job.room.name, "job", pid=os.getpid())  # dispatch latency: from the test's call
     await ctx.connect()
     name = ctx.room.name
-    tts = TTS(config=engine_config(), max_frames=MAX_FRAMES)
+    if BASE_URLS:
+        tts = TTS(base_url=BASE_URLS, max_frames=MAX_FRAMES)
+        _record_replicas(name, tts)
+    else:
+        tts = TTS(config=engine_config(), max_frames=MAX_FRAMES)
     ctx.add_shutdown_callback(tts.aclose)
+    tts.on("error", lambda event: emit(name, "tts_error", message=str(event.error),
+                                       recoverable=event.recoverable))
     recorder = _Recorder(name, tts)
     session: AgentSession = AgentSession(tts=tts)
     says: list[str] = []
+    held: list[str] = []  # test.saturate's requests
 
     def on_tts_metrics(metrics: Any) -> None:
         emit(name, "tts_metrics", id=says[-1] if says else None, ttfb=metrics.ttfb,
@@ -160,6 +189,14 @@ async def entrypoint(ctx: JobContext) -> None:
         elif packet.topic == "test.interrupt":
             emit(name, "interrupt")
             session.interrupt()
+        elif packet.topic == "test.saturate":
+            held.extend(_hold(name, json.loads(packet.data)["n"]))
+            emit(name, "saturated", held=len(held), load=_engine.load().fraction)
+        elif packet.topic == "test.release":
+            for request_id in held:
+                _engine.abort(request_id)
+            held.clear()
+            emit(name, "released", load=_engine.load().fraction)
 
     ctx.room.on("data_received", on_data)
     await session.start(
@@ -188,8 +225,38 @@ async def _stop(task: asyncio.Task[None], name: str) -> None:
     emit(name, "shutdown")
 
 
+def _hold(room: str, n: int) -> list[str]:
+    """``n`` open requests on the engine that said one frame: each holds a running slot and
+    costs no steps after that (what open turns waiting for their next text do)."""
+    from breezert.request import SynthesisRequest
+
+    return [_engine.submit(SynthesisRequest(
+        text=["Hold."], max_frames=1, input_closed=False,
+        request_id=f"hold-{room}-{i}-{time.monotonic_ns()}")) for i in range(n)]
+
+
+def _record_replicas(room: str, tts: TTS) -> None:
+    """Remote turns: which replica served each turn (``replica`` events)."""
+    client = tts.client
+    open_turn = client.open_turn
+
+    async def recorded(*args: Any, **kwargs: Any) -> Any:
+        turn = await open_turn(*args, **kwargs)
+        emit(room, "replica", request_id=turn.request_id, url=turn.base_url)
+        return turn
+
+    client.open_turn = recorded  # type: ignore[method-assign]
+
+
 def _no_load() -> float:
     return 0.0
+
+
+def _load_options() -> dict[str, Any]:
+    if os.environ.get("BREEZERT_TEST_LOAD") == "engine":
+        return engine_worker_options(engine_config())
+    # the CPU-load gate would mark the worker full on two shared cores and refuse jobs
+    return {"load_fnc": _no_load, "job_executor_type": JobExecutorType.THREAD}
 
 
 if __name__ == "__main__":
@@ -197,11 +264,9 @@ if __name__ == "__main__":
         WorkerOptions(
             entrypoint_fnc=entrypoint,
             prewarm_fnc=prewarm,
-            job_executor_type=JobExecutorType.THREAD,
             agent_name=AGENT_NAME,
             port=int(os.environ.get("BREEZERT_TEST_WORKER_PORT", "0")),
             initialize_process_timeout=120.0,
-            # the CPU-load gate would mark the worker full on two shared cores and refuse jobs
-            load_fnc=_no_load,
+            **_load_options(),
         )
     )

@@ -21,6 +21,8 @@ from breezert.constants import CODEBOOK_SIZE, FRAME_EOS_ID, Stage
 from breezert.errors import EngineOverloaded, InvalidRequest
 from breezert.request import PlaybackReport, Request, RequestStatus, Segment, SegmentPhase
 from breezert.sched.block_pool import BlockPool
+from breezert.sched.deadline import DeadlinePredictor
+from breezert.sched.load import EngineLoad, measure
 from breezert.sched.plan import (
     CodecItem,
     DecodeBranch,
@@ -335,6 +337,12 @@ class Scheduler:
     @property
     def num_waiting(self) -> int:
         return len(self._waiting)
+
+    def load(self, predictor: DeadlinePredictor | None, now: float) -> EngineLoad:
+        """Running and queued requests against the limits, and ``predictor``'s least slack."""
+        cfg = self.config
+        return measure(self._running.values(), len(self._waiting), cfg.max_running_requests,
+                       cfg.max_queued_requests, predictor, now)
 
     def stats(self) -> SchedulerStats:
         pool = self.block_pool
