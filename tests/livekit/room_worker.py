@@ -11,6 +11,12 @@ and obeys data messages from any participant:
 * ``test.say``       ``{"id": "...", "text": "..."}``  ``session.say(text)``
 * ``test.interrupt`` ``{}``                              ``session.interrupt()``
 
+With ``BREEZERT_TEST_GREETING`` set, it also greets each participant once, as a phone agent
+greets a caller: a SIP participant once its call is answered (attribute ``sip.callStatus`` =
+``active``: LiveKit SIP answers only after it subscribed to the agent's track), any other on
+joining. It says the participant's ``breezert.greeting`` attribute (which a SIP dispatch rule
+sets), else the variable's text; the turn's id is ``greet-<identity>``.
+
 What the tests read back goes to files under ``$BREEZERT_TEST_STATE`` (same machine, so the
 ``time.monotonic()`` stamps in them compare with the test's own): ``events.jsonl`` (one JSON
 object a line: ready, said, tts metrics, playout reports, interrupted, done) and ``metrics.json``
@@ -45,7 +51,9 @@ from breezert_agent import TTS  # registers the plugin: import it on the main th
 AGENT_NAME = "breezert-test"
 STATE = Path(os.environ.get("BREEZERT_TEST_STATE", ".cache/livekit-state"))
 MAX_FRAMES = int(os.environ.get("BREEZERT_TEST_MAX_FRAMES", "25"))  # 80 ms each: 2 s a sentence
-
+GREETING = os.environ.get("BREEZERT_TEST_GREETING", "")
+SIP_CALL_STATUS = "sip.callStatus"  # livekit.AttrSIPCallStatus of the protocol
+GREETING_ATTRIBUTE = "breezert.greeting"
 
 
 def engine_config() -> Any:
@@ -181,6 +189,30 @@ async def entrypoint(ctx: JobContext) -> None:
     state_task = asyncio.create_task(state_loop())
     ctx.add_shutdown_callback(lambda: _stop(state_task, name))
     emit(name, "ready", attached=attached)
+    if GREETING:
+        _greet_on_answer(ctx.room, name, say)
+
+
+def _greet_on_answer(room: rtc.Room, name: str, say: Any) -> None:
+    """Says ``GREETING`` once to each participant as it answers (see the module docstring)."""
+    greeted: set[str] = set()
+
+    def maybe_greet(participant: rtc.Participant) -> None:
+        # attribute changes come for the agent itself too (lk.agent.state): never greet it
+        if not isinstance(participant, rtc.RemoteParticipant) or participant.identity in greeted:
+            return
+        is_sip = participant.kind == rtc.ParticipantKind.PARTICIPANT_KIND_SIP
+        if is_sip and participant.attributes.get(SIP_CALL_STATUS) != "active":
+            return
+        greeted.add(participant.identity)
+        text = participant.attributes.get(GREETING_ATTRIBUTE) or GREETING
+        emit(name, "greet", identity=participant.identity, sip=is_sip)
+        asyncio.create_task(say(f"greet-{participant.identity}", text))
+
+    room.on("participant_connected", maybe_greet)
+    room.on("participant_attributes_changed", lambda _changed, who: maybe_greet(who))
+    for participant in list(room.remote_participants.values()):
+        maybe_greet(participant)
 
 
 async def _stop(task: asyncio.Task[None], name: str) -> None:
