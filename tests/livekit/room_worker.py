@@ -15,7 +15,9 @@ With ``BREEZERT_TEST_GREETING`` set, it also greets each participant once, as a 
 greets a caller: a SIP participant once its call is answered (attribute ``sip.callStatus`` =
 ``active``: LiveKit SIP answers only after it subscribed to the agent's track), any other on
 joining. It says the participant's ``breezert.greeting`` attribute (which a SIP dispatch rule
-sets), else the variable's text; the turn's id is ``greet-<identity>``.
+sets), else the variable's text; the turn's id is ``greet-<identity>``. Such a job first waits
+for its caller, whose ``breezert.sample_rate`` attribute (else ``BREEZERT_TEST_SAMPLE_RATE``,
+else 24000) is the rate of the plugin's audio and of the RoomIO track (``TTS(sample_rate=)``).
 
 What the tests read back goes to files under ``$BREEZERT_TEST_STATE`` (same machine, so the
 ``time.monotonic()`` stamps in them compare with the test's own): ``events.jsonl`` (one JSON
@@ -54,6 +56,8 @@ MAX_FRAMES = int(os.environ.get("BREEZERT_TEST_MAX_FRAMES", "25"))  # 80 ms each
 GREETING = os.environ.get("BREEZERT_TEST_GREETING", "")
 SIP_CALL_STATUS = "sip.callStatus"  # livekit.AttrSIPCallStatus of the protocol
 GREETING_ATTRIBUTE = "breezert.greeting"
+SAMPLE_RATE_ATTRIBUTE = "breezert.sample_rate"
+SAMPLE_RATE = int(os.environ.get("BREEZERT_TEST_SAMPLE_RATE", "24000"))
 
 
 def engine_config() -> Any:
@@ -136,7 +140,11 @@ class _Recorder:
 async def entrypoint(ctx: JobContext) -> None:
     await ctx.connect()
     name = ctx.room.name
-    tts = TTS(config=engine_config(), max_frames=MAX_FRAMES)
+    rate = SAMPLE_RATE
+    if GREETING:  # a call: its dispatch rule may choose the plugin's rate
+        caller = await ctx.wait_for_participant()
+        rate = int(caller.attributes.get(SAMPLE_RATE_ATTRIBUTE, rate))
+    tts = TTS(config=engine_config(), max_frames=MAX_FRAMES, sample_rate=rate)
     ctx.add_shutdown_callback(tts.aclose)
     recorder = _Recorder(name, tts)
     session: AgentSession = AgentSession(tts=tts)
@@ -172,8 +180,9 @@ async def entrypoint(ctx: JobContext) -> None:
     ctx.room.on("data_received", on_data)
     await session.start(
         agent=Agent(instructions="Speaks only what the test says."), room=ctx.room,
-        room_options=room_io.RoomOptions(audio_input=False, text_input=False,
-                                         close_on_disconnect=True),
+        room_options=room_io.RoomOptions(
+            audio_input=False, text_input=False, close_on_disconnect=True,
+            audio_output=room_io.AudioOutputOptions(sample_rate=rate)),
     )
     attached = tts.attach_audio_output(session.output.audio)
     tts.listen_room(ctx.room)
@@ -188,7 +197,7 @@ async def entrypoint(ctx: JobContext) -> None:
 
     state_task = asyncio.create_task(state_loop())
     ctx.add_shutdown_callback(lambda: _stop(state_task, name))
-    emit(name, "ready", attached=attached)
+    emit(name, "ready", attached=attached, sample_rate=rate)
     if GREETING:
         _greet_on_answer(ctx.room, name, say)
 
