@@ -137,6 +137,7 @@ def _stop(proc: subprocess.Popen[bytes], timeout_s: float) -> None:
 class Worker:
     state_dir: Path
     log_path: Path
+    pid: int = 0
 
     def events(self, room: str) -> list[dict[str, Any]]:
         path = self.state_dir / "events.jsonl"
@@ -192,7 +193,7 @@ def run_worker(server: Server, **extra_env: str) -> Iterator[Worker]:
     proc = subprocess.Popen([sys.executable, str(WORKER), "start"], cwd=REPO,
                             env={**worker_env(server, state_dir), **extra_env}, stdout=log,
                             stderr=subprocess.STDOUT)
-    worker = Worker(state_dir, log_path)
+    worker = Worker(state_dir, log_path, proc.pid)
     try:
         deadline = time.monotonic() + 120
         while "registered worker" not in log_path.read_text(errors="replace"):

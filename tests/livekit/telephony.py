@@ -17,7 +17,6 @@ import asyncio
 import contextlib
 import ctypes
 import json
-import os
 import shutil
 import socket
 import struct
@@ -29,6 +28,7 @@ import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -42,15 +42,19 @@ from .conftest import (
     ENERGY_RMS,
     REPO,
     Server,
+    Worker,
     _free_port,
     _stop,
     built_binary,
+    run_server,
+    run_worker,
 )
 
 SIP_BIN = REPO / ".cache" / "livekit" / "livekit-sip"
 SIP_BUILD_LOG = REPO / ".cache" / "livekit" / "sip-build.log"
 GREETING_ATTRIBUTE = "breezert.greeting"  # set on the SIP participant by the dispatch rule;
 #                                           room_worker.py says it once the call is answered
+SAMPLE_RATE_ATTRIBUTE = "breezert.sample_rate"  # likewise: TTS(sample_rate=) for that call
 PAYLOAD_TYPES = {"PCMU": 0, "PCMA": 8}  # RFC 3551 static payload types, both 8 kHz
 G711_RATE = 8000
 RTCP_TYPES = range(72, 77)  # RTCP packet types 200-204 read as an RTP payload type
@@ -140,6 +144,7 @@ class SipService:
     rtp_ports: tuple[int, int]
     health_port: int
     log_path: Path
+    pid: int = 0
 
     def uri(self, number: str) -> str:
         return f"sip:{number}@127.0.0.1:{self.sip_port}"
@@ -174,17 +179,22 @@ def run_sip(server: Server, redis_address: str) -> Iterator[SipService]:
                             stderr=subprocess.STDOUT)
     try:
         _wait_for(lambda: _healthy(health_port), "livekit-sip", proc, log_path)
-        yield SipService(sip_port, (rtp, rtp + RTP_RANGE - 1), health_port, log_path)
+        yield SipService(sip_port, (rtp, rtp + RTP_RANGE - 1), health_port, log_path, proc.pid)
     finally:
         _stop(proc, 10)
         log.close()
         shutil.copy(log_path, Path(tempfile.gettempdir()) / "breezert-livekit-sip.log")
 
 
-async def create_dispatch(server: Server, number: str, greeting: str) -> None:
+async def create_dispatch(server: Server, number: str, greeting: str,
+                          sample_rate: int | None = None) -> None:
     """An inbound trunk for calls from loopback to ``number`` and its dispatch rule: each call
     in a room of its own (``call-...``) with the agent dispatched, and the SIP participant
-    carrying the text the agent greets it with."""
+    carrying the text the agent greets it with (and the rate of the plugin's audio for it,
+    ``None``: the worker's default)."""
+    attributes = {GREETING_ATTRIBUTE: greeting}
+    if sample_rate is not None:
+        attributes[SAMPLE_RATE_ATTRIBUTE] = str(sample_rate)
     async with api.LiveKitAPI(server.http_url, API_KEY, API_SECRET) as lkapi:
         trunk = await lkapi.sip.create_inbound_trunk(api.CreateSIPInboundTrunkRequest(
             trunk=api.SIPInboundTrunkInfo(name=f"breezert-{number}", numbers=[number],
@@ -194,7 +204,7 @@ async def create_dispatch(server: Server, number: str, greeting: str) -> None:
                 name=f"breezert-{number}", trunk_ids=[trunk.sip_trunk_id],
                 rule=api.SIPDispatchRule(dispatch_rule_individual=api.SIPDispatchRuleIndividual(
                     room_prefix="call-")),
-                attributes={GREETING_ATTRIBUTE: greeting},
+                attributes=attributes,
                 # the room goes 1 s after the call and the agent left it (default: 20 s)
                 room_config=api.RoomConfiguration(
                     departure_timeout=1,
@@ -561,3 +571,122 @@ class Caller:
                 self.call.answered_at, self.call.answer_sdp = packet.t, body
         dumps = sorted(self.work.glob("dump-*dec*.wav"))
         self.call.recording = dumps[-1] if dumps else None
+
+
+# ----------------------------------------------------------------------------- one call
+
+
+@dataclass
+class Telephony:
+    """A server with Redis, LiveKit SIP for it, and the agent worker registered with it."""
+
+    server: Server
+    worker: Worker
+    sip: SipService
+
+
+@contextlib.contextmanager
+def run_telephony(greeting: str) -> Iterator[Telephony]:
+    """Redis, a livekit-server on it, livekit-sip, and ``room_worker.py`` greeting callers
+    (``BREEZERT_TEST_GREETING``); skips where a component cannot be had."""
+    require_tools()
+    sip_binary()
+    with (run_redis() as redis, run_server(f"redis:\n  address: {redis}\n") as server,
+          run_sip(server, redis) as sip,
+          run_worker(server, BREEZERT_TEST_GREETING=greeting) as worker):
+        yield Telephony(server, worker, sip)
+
+
+def all_events(worker: Worker) -> list[dict[str, Any]]:
+    """Every event the worker wrote, of all rooms."""
+    path = worker.state_dir / "events.jsonl"
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line]
+
+
+async def wait_greeting(worker: Worker, since: float, timeout_s: float = 30.0) -> dict[str, Any]:
+    """The worker's ``greet`` event of the call dialled at ``since`` (calls run one at a time)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        for event in all_events(worker):
+            if event["type"] == "greet" and event["t"] > since:
+                return event
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"the agent never greeted the call: {all_events(worker)[-8:]}\n"
+                         f"{worker.log_tail()}")
+
+
+@dataclass
+class Heard:
+    """One greeting's figures: at the caller, and at the agent for comparison."""
+
+    codec: str
+    plugin_rate: int  # TTS(sample_rate=)
+    first_audio_s: float  # answer -> first energetic packet at the caller
+    greet_s: float  # answer -> the agent's greet event (SIP's media wait + attribute signalling)
+    ttfb_s: float  # the agent's TTFB for the turn (text sent -> first audio from the engine)
+    span_s: float  # first -> last energetic packet at the caller, plus one packet
+    gap_s: float  # longest time between energetic packets at the caller
+    expected_s: float  # the audio the engine made for the turn
+    agent_played_s: float  # the turn's playout at the agent (first source report -> done)
+    agent_dry: int  # mid-turn source reports under 20 ms: the agent's own queue ran dry
+    agent_reports: int
+
+    def line(self) -> str:
+        return (f"{self.codec}, plugin at {self.plugin_rate} Hz: first audio at the caller "
+                f"{self.first_audio_s * 1000:.0f} ms after the answer (greeting "
+                f"{self.greet_s * 1000:.0f} ms after it, agent TTFB {self.ttfb_s * 1000:.0f} "
+                f"ms); heard {self.span_s:.3f} s of {self.expected_s:.3f} s, longest gap "
+                f"{self.gap_s * 1000:.0f} ms; the agent played it in {self.agent_played_s:.3f} "
+                f"s, its source queue under 20 ms in {self.agent_dry} of {self.agent_reports} "
+                "reports mid-turn")
+
+    def agent_real_time(self, tolerance_s: float) -> bool:
+        """The agent played the turn in real time: its queue never ran dry mid-turn and the
+        playout lasted the audio's length."""
+        return self.agent_dry == 0 and abs(self.agent_played_s - self.expected_s) <= tolerance_s
+
+
+def measure(call: Call, worker: Worker, greet: dict[str, Any], done: dict[str, Any],
+            metrics: dict[str, Any], plugin_rate: int) -> Heard:
+    """The greeting at the caller, and the same turn's playout at the agent: its RoomIO
+    source's queue as reported every 50 ms (the last 300 ms aside, where it drains by design);
+    a queue near zero mid-turn means the agent itself fell behind real time, before any
+    network or bridge."""
+    assert call.answered_at is not None, "no 200 OK to the INVITE reached the caller"
+    heard = call.energetic(since=call.answered_at)
+    assert heard, "the caller never heard the greeting"
+    reports = [e for e in worker.events(greet["room"]) if e["type"] == "report"]
+    assert reports, "the agent reported no playout"
+    middle = [e for e in reports if reports[0]["t"] + 0.2 < e["t"] < done["t"] - 0.3]
+    return Heard(
+        codec=call.codec, plugin_rate=plugin_rate,
+        first_audio_s=heard[0].t - call.answered_at, greet_s=greet["t"] - call.answered_at,
+        ttfb_s=metrics["ttfb"], span_s=heard[-1].t - heard[0].t + 0.020,
+        gap_s=call.longest_gap_s(heard[0].t, heard[-1].t),
+        expected_s=metrics["audio_duration"], agent_played_s=done["t"] - reports[0]["t"],
+        agent_dry=sum(e["buffered_s"] < 0.02 for e in middle), agent_reports=len(middle))
+
+
+async def greeted_call(telephony: Telephony, codec: str, number: str,
+                       plugin_rate: int) -> tuple[Call, Heard]:
+    """Dials ``number`` (a dispatch rule with the plugin at ``plugin_rate``), waits until the
+    agent's greeting played out and its tail reached the caller, hangs up; returns the call
+    (with baresip's recording) and its figures."""
+    worker = telephony.worker
+    async with Caller(codec) as caller:
+        dialled = time.monotonic()
+        await caller.dial(telephony.sip.uri(number))
+        await caller.wait_event("CALL_ESTABLISHED")
+        greet = await wait_greeting(worker, dialled)
+        ready = await worker.wait_event(greet["room"], "ready")
+        assert ready["sample_rate"] == plugin_rate, f"the agent ran at {ready['sample_rate']}"
+        turn = f"greet-{greet['identity']}"
+        done = await worker.wait_event(greet["room"], "done", id=turn, timeout_s=30)
+        metrics = await worker.wait_event(greet["room"], "tts_metrics", id=turn)
+        await asyncio.sleep(0.5)  # the tail reaches the caller
+        heard = measure(caller.snapshot(), worker, greet, done, metrics, plugin_rate)
+        await caller.hangup()
+        await caller.wait_event("CALL_CLOSED", timeout_s=10)
+    return caller.call, heard
