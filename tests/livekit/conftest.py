@@ -54,19 +54,24 @@ def _free_any_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def _server_binary() -> Path:
-    """The built server; builds it through ``make livekit-server`` when it was never tried;
-    skips with the build's reason (``.cache/livekit/build.log``) when it cannot be built."""
-    override = os.environ.get("BREEZERT_LIVEKIT_SERVER")
+def built_binary(path: Path, build_log: Path, target: str, override_env: str) -> Path:
+    """``path`` as ``make target`` builds it (``$override_env`` names another); builds it when it
+    was never tried; skips with the build's reason (``build_log``) when it cannot be built."""
+    override = os.environ.get(override_env)
     if override:
         return Path(override)
-    if not SERVER_BIN.exists() and not BUILD_LOG.exists() and shutil.which("make"):
-        subprocess.run(["make", "-s", "-C", str(REPO), "livekit-server"], check=False,
-                       timeout=1200)
-    if not SERVER_BIN.exists():
-        reason = BUILD_LOG.read_text()[-800:] if BUILD_LOG.exists() else "no build log"
-        pytest.skip(f"livekit-server could not be built (make livekit-server): {reason}")
-    return SERVER_BIN
+    if not path.exists() and not build_log.exists() and shutil.which("make"):
+        subprocess.run(["make", "-s", "-C", str(REPO), target], check=False, timeout=1800)
+    if not path.exists():
+        reason = build_log.read_text()[-800:] if build_log.exists() else "no build log"
+        print(f"SKIP: {target} could not be built (make {target}): {reason}")
+        pytest.skip(f"{target} could not be built (make {target}): {reason}")
+    return path
+
+
+def _server_binary() -> Path:
+    """The built server (``make livekit-server``; ``BREEZERT_LIVEKIT_SERVER`` overrides)."""
+    return built_binary(SERVER_BIN, BUILD_LOG, "livekit-server", "BREEZERT_LIVEKIT_SERVER")
 
 
 @dataclass
@@ -89,13 +94,15 @@ class Server:
                 .with_grants(grants).to_jwt())
 
 
-@pytest.fixture(scope="session")
-def livekit_server() -> Iterator[Server]:
+@contextlib.contextmanager
+def run_server(extra_config: str = "") -> Iterator[Server]:
+    """A ``livekit-server --dev`` on free loopback ports; ``extra_config`` is more YAML for its
+    config (the SIP tests add ``redis:``)."""
     binary = _server_binary()
     http, tcp, udp = _free_port(), _free_port(), _free_port(socket.SOCK_DGRAM)
     config = (f"port: {http}\nrtc:\n  tcp_port: {tcp}\n  udp_port: {udp}\n"
               "  use_external_ip: false\n  enable_loopback_candidate: true\n"
-              "logging:\n  level: info\n")
+              "logging:\n  level: info\n" + extra_config)
     log_path = Path(tempfile.mkdtemp(prefix="breezert-livekit-")) / "server.log"
     log = open(log_path, "wb")
     proc = subprocess.Popen(
@@ -120,6 +127,12 @@ def livekit_server() -> Iterator[Server]:
         log.close()
 
 
+@pytest.fixture(scope="session")
+def livekit_server() -> Iterator[Server]:
+    with run_server() as server:
+        yield server
+
+
 def _stop(proc: subprocess.Popen[bytes], timeout_s: float) -> None:
     proc.terminate()
     try:
@@ -135,6 +148,11 @@ class Worker:
     log_path: Path
     proc: subprocess.Popen[bytes] | None = None
     http_port: int = 0
+
+    @property
+    def pid(self) -> int:
+        assert self.proc is not None
+        return self.proc.pid
 
     def all_events(self) -> list[dict[str, Any]]:
         path = self.state_dir / "events.jsonl"
@@ -195,9 +213,11 @@ def worker_env(server: Server, state_dir: Path) -> dict[str, str]:
     return env
 
 
-@pytest.fixture(scope="module")
-def agent_worker(livekit_server: Server) -> Iterator[Worker]:
-    with spawn_workers(livekit_server, 1) as (worker,):
+@contextlib.contextmanager
+def run_worker(server: Server, **extra_env: str) -> Iterator[Worker]:
+    """One ``room_worker.py`` registered with ``server``; ``extra_env`` adds to its environment."""
+    with spawn_workers(server, 1, env=extra_env) as (worker,):
+        yield worker
         yield worker
 
 
@@ -238,6 +258,12 @@ def spawn_workers(server: Server, count: int, env: dict[str, str] | None = None,
             shutil.copy(worker.log_path,
                         Path(tempfile.gettempdir()) / f"breezert-livekit-{tag}{suffix}.log")
             shutil.rmtree(worker.state_dir, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def agent_worker(livekit_server: Server) -> Iterator[Worker]:
+    with run_worker(livekit_server) as worker:
+        yield worker
 
 
 # ----------------------------------------------------------------------------- one room

@@ -19,6 +19,14 @@ Dispatch tests (``test_dispatch.py``) set, besides: ``BREEZERT_TEST_AGENT_NAME``
 (the engine's limits) and ``BREEZERT_TEST_BASE_URLS`` (comma-separated ``breezert serve``
 replicas: remote turns, no engine in the worker).
 
+With ``BREEZERT_TEST_GREETING`` set, it also greets each participant once, as a phone agent
+greets a caller: a SIP participant once its call is answered (attribute ``sip.callStatus`` =
+``active``: LiveKit SIP answers only after it subscribed to the agent's track), any other on
+joining. It says the participant's ``breezert.greeting`` attribute (which a SIP dispatch rule
+sets), else the variable's text; the turn's id is ``greet-<identity>``. Such a job first waits
+for its caller, whose ``breezert.sample_rate`` attribute (else ``BREEZERT_TEST_SAMPLE_RATE``,
+else 24000) is the rate of the plugin's audio and of the RoomIO track (``TTS(sample_rate=)``).
+
 What the tests read back goes to files under ``$BREEZERT_TEST_STATE`` (same machine, so the
 ``time.monotonic()`` stamps in them compare with the test's own): ``events.jsonl`` (one JSON
 object a line: ready, said, tts metrics, playout reports, interrupted, done) and ``metrics.json``
@@ -54,7 +62,11 @@ AGENT_NAME = os.environ.get("BREEZERT_TEST_AGENT_NAME", "breezert-test")
 STATE = Path(os.environ.get("BREEZERT_TEST_STATE", ".cache/livekit-state"))
 MAX_FRAMES = int(os.environ.get("BREEZERT_TEST_MAX_FRAMES", "25"))  # 80 ms each: 2 s a sentence
 BASE_URLS = [url for url in os.environ.get("BREEZERT_TEST_BASE_URLS", "").split(",") if url]
-
+GREETING = os.environ.get("BREEZERT_TEST_GREETING", "")
+SIP_CALL_STATUS = "sip.callStatus"  # livekit.AttrSIPCallStatus of the protocol
+GREETING_ATTRIBUTE = "breezert.greeting"
+SAMPLE_RATE_ATTRIBUTE = "breezert.sample_rate"
+SAMPLE_RATE = int(os.environ.get("BREEZERT_TEST_SAMPLE_RATE", "24000"))
 
 
 def engine_config() -> Any:
@@ -79,6 +91,7 @@ _lock = threading.Lock()
 _prewarm_lock = threading.Lock()
 _rooms: dict[str, dict[str, Any]] = {}  # room name -> playout state, for metrics.json
 _engine: Any = None
+_writer: threading.Thread | None = None
 
 
 def emit(room: str, kind: str, **fields: Any) -> None:
@@ -114,11 +127,25 @@ def prewarm(proc: JobProcess) -> None:
 
     torch.set_num_threads(1)  # a tiny CPU model gains nothing from intra-op threads (as bench)
 
-    with _prewarm_lock:  # THREAD executor: every idle job thread prewarms; one writer
-        if _engine is not None:
-            return
-        _engine = proc.userdata["breezert_engine"] = AsyncEngine.shared(engine_config())
-    threading.Thread(target=_metrics_writer, name="metrics-writer", daemon=True).start()
+    with _prewarm_lock:  # THREAD executor: every idle job thread prewarms; one engine
+        if _engine is None:
+            STATE.mkdir(parents=True, exist_ok=True)
+            _engine = proc.userdata["breezert_engine"] = AsyncEngine.shared(engine_config())
+        else:
+            proc.userdata["breezert_engine"] = _engine
+    _start_metrics_writer()
+
+
+def _start_metrics_writer() -> None:
+    """One writer for the process. With the THREAD executor ``prewarm`` runs for every job
+    runner the worker starts (one per job, plus the idle ones), and a writer each made the
+    idle worker's CPU grow by ~10 % of a core per finished call (all rewriting one file)."""
+    global _writer
+    with _lock:
+        if _writer is None:
+            _writer = threading.Thread(target=_metrics_writer, name="metrics-writer",
+                                       daemon=True)
+            _writer.start()
 
 
 class _Recorder:
@@ -150,11 +177,15 @@ async def entrypoint(ctx: JobContext) -> None:
     emit(ctx.job.room.name, "job", pid=os.getpid())  # dispatch latency: from the test's call
     await ctx.connect()
     name = ctx.room.name
+    rate = SAMPLE_RATE
+    if GREETING:  # a call: its dispatch rule may choose the plugin's rate
+        caller = await ctx.wait_for_participant()
+        rate = int(caller.attributes.get(SAMPLE_RATE_ATTRIBUTE, rate))
     if BASE_URLS:
-        tts = TTS(base_url=BASE_URLS, max_frames=MAX_FRAMES)
+        tts = TTS(base_url=BASE_URLS, max_frames=MAX_FRAMES, sample_rate=rate)
         _record_replicas(name, tts)
     else:
-        tts = TTS(config=engine_config(), max_frames=MAX_FRAMES)
+        tts = TTS(config=engine_config(), max_frames=MAX_FRAMES, sample_rate=rate)
     ctx.add_shutdown_callback(tts.aclose)
     tts.on("error", lambda event: emit(name, "tts_error", message=str(event.error),
                                        recoverable=event.recoverable))
@@ -201,8 +232,9 @@ async def entrypoint(ctx: JobContext) -> None:
     ctx.room.on("data_received", on_data)
     await session.start(
         agent=Agent(instructions="Speaks only what the test says."), room=ctx.room,
-        room_options=room_io.RoomOptions(audio_input=False, text_input=False,
-                                         close_on_disconnect=True),
+        room_options=room_io.RoomOptions(
+            audio_input=False, text_input=False, close_on_disconnect=True,
+            audio_output=room_io.AudioOutputOptions(sample_rate=rate)),
     )
     attached = tts.attach_audio_output(session.output.audio)
     tts.listen_room(ctx.room)
@@ -217,7 +249,31 @@ async def entrypoint(ctx: JobContext) -> None:
 
     state_task = asyncio.create_task(state_loop())
     ctx.add_shutdown_callback(lambda: _stop(state_task, name))
-    emit(name, "ready", attached=attached)
+    emit(name, "ready", attached=attached, sample_rate=rate)
+    if GREETING:
+        _greet_on_answer(ctx.room, name, say)
+
+
+def _greet_on_answer(room: rtc.Room, name: str, say: Any) -> None:
+    """Says ``GREETING`` once to each participant as it answers (see the module docstring)."""
+    greeted: set[str] = set()
+
+    def maybe_greet(participant: rtc.Participant) -> None:
+        # attribute changes come for the agent itself too (lk.agent.state): never greet it
+        if not isinstance(participant, rtc.RemoteParticipant) or participant.identity in greeted:
+            return
+        is_sip = participant.kind == rtc.ParticipantKind.PARTICIPANT_KIND_SIP
+        if is_sip and participant.attributes.get(SIP_CALL_STATUS) != "active":
+            return
+        greeted.add(participant.identity)
+        text = participant.attributes.get(GREETING_ATTRIBUTE) or GREETING
+        emit(name, "greet", identity=participant.identity, sip=is_sip)
+        asyncio.create_task(say(f"greet-{participant.identity}", text))
+
+    room.on("participant_connected", maybe_greet)
+    room.on("participant_attributes_changed", lambda _changed, who: maybe_greet(who))
+    for participant in list(room.remote_participants.values()):
+        maybe_greet(participant)
 
 
 async def _stop(task: asyncio.Task[None], name: str) -> None:
