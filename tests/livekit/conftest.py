@@ -218,7 +218,6 @@ def run_worker(server: Server, **extra_env: str) -> Iterator[Worker]:
     """One ``room_worker.py`` registered with ``server``; ``extra_env`` adds to its environment."""
     with spawn_workers(server, 1, env=extra_env) as (worker,):
         yield worker
-        yield worker
 
 
 @contextlib.contextmanager
