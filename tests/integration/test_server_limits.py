@@ -101,6 +101,10 @@ async def test_a_caller_queued_past_max_queue_wait_gets_503_not_a_silent_wait(
             assert events[-1]["status"] == "failed" and events[-1]["code"] == "overloaded"
             assert audio == b""
             assert scheduler.num_waiting == 0
+            async with http.get(f"{url}/metrics") as r:  # both waited for a slot, counted
+                queued = [line for line in (await r.text()).splitlines()
+                          if line.startswith("breezert_requests_queued_total ")]
+            assert queued and float(queued[0].split()[1]) >= 2, queued
             for sock in [ws, *sockets]:
                 await sock.close()
     finally:

@@ -151,6 +151,9 @@ def render(snapshot: Mapping[str, Any], state: ServerState, queue: int | None) -
             [((), counters.get("requests_added", 0))])
     _metric(out, "breezert_chunks_emitted_total", "counter", "Audio chunks out of the engine.",
             [((), counters.get("chunks_emitted", 0))])
+    _metric(out, "breezert_requests_queued_total", "counter",
+            "Requests that had to wait for a slot (max_running_requests were running).",
+            [((), counters.get("queued_requests", 0))])
     return "\n".join(out) + "\n"
 
 
