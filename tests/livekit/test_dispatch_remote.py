@@ -236,7 +236,8 @@ async def test_a_replica_killed_mid_turn_is_a_clear_error_and_no_duplicate_audio
           "when the replica died")
     # what had arrived plays out (it may still be queued when the error comes), nothing more:
     # the rest of the turn is never replayed
-    assert span <= received + 0.1 and span < 2.88 - 0.2
+    # (span is wall time at the listener: on two busy cores 0.56 s received played over 0.67 s)
+    assert span <= 1.5 * received + 0.1 and span < 2.88 - 0.5
     assert len([e for e in remote_worker.events(room.name) if e["type"] == "replica"]) == 1
     assert other.requests_finished() == finished_before[other.url]  # nothing went to it
     FIGURES["remote_killed_mid_turn"] = {
