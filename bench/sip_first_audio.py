@@ -80,6 +80,19 @@ async def one_call(telephony: Telephony, rate: int, codec: str) -> dict[str, Any
     return row
 
 
+def opus_from_the_room(sip_log: Path) -> dict[str, list[int]]:
+    """Opus bytes LiveKit SIP received from the agent's track, per call, by called number (its
+    ``call statistics`` log line at the end of each call)."""
+    calls: dict[str, list[int]] = {}
+    for line in sip_log.read_text(errors="replace").splitlines():
+        if "call statistics" not in line:
+            continue
+        fields = json.loads(line[line.index("{"):])
+        calls.setdefault(fields.get("toUser", "?"), []).append(
+            int(fields["stats"]["room"]["input_bytes"]))
+    return calls
+
+
 def summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
     def stats(key: str, scale: float = 1.0) -> dict[str, float]:
         values = sorted(row[key] * scale for row in rows)
@@ -106,8 +119,9 @@ def summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
 def table(summaries: dict[str, dict[str, Any]]) -> str:
     lines = ["| plugin rate | calls | first audio at caller p50 (p90) | agent TTFB p50 (p90) | "
              "greeting after answer p50 | after TTFB p50 | longest gap p50 (max) | "
-             "heard span p50 | worker CPU/call p50 | real-time calls (agent real-time) |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+             "heard span p50 | worker CPU/call p50 | Opus to SIP/call p50 | "
+             "real-time calls (agent real-time) |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for rate, s in summaries.items():
         lines.append(
             f"| {rate} Hz | {s['calls']} | {s['first_audio_at_caller_ms']['p50']:.0f} "
@@ -115,7 +129,9 @@ def table(summaries: dict[str, dict[str, Any]]) -> str:
             f"({s['agent_ttfb_ms']['p90']:.0f}) ms | {s['greeting_after_answer_ms']['p50']:.0f} "
             f"ms | {s['after_ttfb_ms']['p50']:.0f} ms | {s['longest_gap_ms']['p50']:.0f} "
             f"({s['longest_gap_ms']['max']:.0f}) ms | {s['heard_span_s']['p50']:.2f} s | "
-            f"{s['worker_cpu_s']['p50']:.2f} s | {s['real_time_calls']} "
+            f"{s['worker_cpu_s']['p50']:.2f} s | "
+            f"{s.get('opus_bytes_per_call_p50', float('nan')) / 1000:.1f} kB | "
+            f"{s['real_time_calls']} "
             f"({s['agent_real_time_calls']}) |")
     return "\n".join(lines)
 
@@ -132,8 +148,13 @@ async def run(telephony: Telephony, args: argparse.Namespace) -> dict[str, Any]:
             calls[rate].append(await one_call(telephony, rate, args.codec))
             await asyncio.sleep(args.pause_s)
     engine = telephony.worker.metrics()["engine"]
+    opus = opus_from_the_room(telephony.sip.log_path)
+    summaries = {str(r): summary(rows) for r, rows in calls.items()}
+    for rate, number in NUMBERS.items():
+        if str(rate) in summaries and opus.get(number):
+            summaries[str(rate)]["opus_bytes_per_call_p50"] = statistics.median(opus[number])
     return {"calls": {str(r): rows for r, rows in calls.items()},
-            "summary": {str(r): summary(rows) for r, rows in calls.items()},
+            "summary": summaries,
             "engine": {"rtf": engine.get("rtf"), "ttfb_s": engine.get("ttfb_s"),
                        "counters": engine.get("counters")}}
 

@@ -63,7 +63,9 @@ listener's 200 (``conftest.ENERGY_RMS``): through the 4 kHz telephone band the t
 noise keeps a median RMS of ~800 but dips to 80-170 in its first 160 ms, which 200 would call
 gaps; the bridge's silence decodes to |x| <= 8 (RMS <= 12 measured between turns), and a
 packet it fills in when the agent's audio is late is that silence."""
-RTP_RANGE = 16  # UDP ports for each side's RTP
+RTP_RANGE = 16  # UDP ports for the caller's RTP (one call per baresip)
+SIP_RTP_RANGE = 128  # LiveKit SIP's: it keeps a closed call's port draining (30 s without
+#                      packets, 10 min at most), so each call in a run takes a fresh one
 
 
 def _skip(reason: str) -> None:
@@ -172,10 +174,10 @@ def run_sip(server: Server, redis_address: str) -> Iterator[SipService]:
     addresses it announces 127.0.0.1 (never a STUN look-up: ``use_external_ip`` stays off)."""
     binary = sip_binary()
     sip_port, health_port = _free_port(socket.SOCK_DGRAM), _free_port()
-    rtp = _port_range(RTP_RANGE)
+    rtp = _port_range(SIP_RTP_RANGE)
     config = (f"api_key: {API_KEY}\napi_secret: {API_SECRET}\nws_url: {server.ws_url}\n"
               f"redis:\n  address: {redis_address}\n"
-              f"sip_port: {sip_port}\nrtp_port: {rtp}-{rtp + RTP_RANGE - 1}\n"
+              f"sip_port: {sip_port}\nrtp_port: {rtp}-{rtp + SIP_RTP_RANGE - 1}\n"
               f"health_port: {health_port}\nlisten_ip: 127.0.0.1\nnat_1_to_1_ip: 127.0.0.1\n"
               "use_external_ip: false\nlogging:\n  level: info\n")
     log_path = Path(tempfile.mkdtemp(prefix="breezert-sip-")) / "sip.log"
@@ -184,7 +186,8 @@ def run_sip(server: Server, redis_address: str) -> Iterator[SipService]:
                             stderr=subprocess.STDOUT)
     try:
         _wait_for(lambda: _healthy(health_port), "livekit-sip", proc, log_path)
-        yield SipService(sip_port, (rtp, rtp + RTP_RANGE - 1), health_port, log_path, proc.pid)
+        yield SipService(sip_port, (rtp, rtp + SIP_RTP_RANGE - 1), health_port, log_path,
+                         proc.pid)
     finally:
         _stop(proc, 10)
         log.close()
