@@ -1,7 +1,8 @@
 # BreezeRT Agent: two commands on a fresh machine.
 #   make run   create .venv, install, serve the embedded tiny model (demo page, HTTP, WS, WebRTC)
 #   make test  create .venv, install (plus Chromium for the browser test, the LiveKit server and
-#              livekit-client for the real-room tests), run the test suite
+#              livekit-client for the real-room tests, LiveKit SIP, Redis and baresip for the SIP
+#              test), run the test suite
 PYTHON ?= python3
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
