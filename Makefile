@@ -1,7 +1,8 @@
 # BreezeRT Agent: two commands on a fresh machine.
 #   make run   create .venv, install, serve the embedded tiny model (demo page, HTTP, WS, WebRTC)
 #   make test  create .venv, install (plus Chromium for the browser test, the LiveKit server and
-#              livekit-client for the real-room tests), run the test suite
+#              livekit-client for the real-room tests, LiveKit SIP, Redis and baresip for the SIP
+#              test), run the test suite
 PYTHON ?= python3
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
@@ -82,8 +83,9 @@ livekit-sip: telephony-deps
 	else \
 	  echo "building livekit-sip $(LIVEKIT_SIP_VERSION) (go build, a few minutes the first time)"; \
 	  src="$(abspath $(LIVEKIT_DIR))/sip-src"; rm -rf "$$src"; \
-	  if dir=$$(go mod download -json github.com/livekit/sip@$(LIVEKIT_SIP_VERSION) 2>$(LIVEKIT_DIR)/sip-build.log \
-	            | sed -n 's/^[[:space:]]*"Dir": "\(.*\)",$$/\1/p') && [ -n "$$dir" ] \
+	  info=$$(go mod download -json github.com/livekit/sip@$(LIVEKIT_SIP_VERSION) 2>&1); \
+	  echo "$$info" >$(LIVEKIT_DIR)/sip-build.log; \
+	  if dir=$$(echo "$$info" | sed -n 's/^[[:space:]]*"Dir": "\(.*\)",$$/\1/p') && [ -n "$$dir" ] \
 	     && cp -r "$$dir" "$$src" && chmod -R u+w "$$src" \
 	     && (cd "$$src" && CGO_ENABLED=1 go build -buildvcs=false -o ../livekit-sip.tmp ./cmd/livekit-sip) \
 	          >>$(LIVEKIT_DIR)/sip-build.log 2>&1; then \

@@ -119,7 +119,10 @@ async def test_speaking_before_anyone_subscribed_is_not_a_starving_listener(
     room = await room_factory(auto_subscribe=False)
     before = agent_worker.metrics()
     message_id, sent = await room.say(SENTENCE)
-    await asyncio.sleep(1.5)  # the turn is open; RoomIO holds its frames until a subscriber
+    # the turn is open; RoomIO holds its frames until a subscriber. Not longer: pacing by its
+    # own model (no reports), the engine has made the 2 s turn by ~1.6 s, and a finished
+    # request reports nothing while its held audio plays
+    await asyncio.sleep(0.8)
     held = agent_worker.metrics()
     pre_reports = [e for e in agent_worker.events(room.name) if e["type"] == "report"]
     print(f"before subscribing: {len(pre_reports)} playout reports, deadline misses "
