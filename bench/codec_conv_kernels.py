@@ -22,30 +22,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import subprocess
 from collections.abc import Callable
-from datetime import datetime, timezone
 
 import torch
 import torch.nn.functional as F
 
+from cuda_bench import gpu_metadata, median_ms
+
 K = 7
-
-
-def timed(fn: Callable[[], torch.Tensor], iters: int = 20) -> float:
-    for _ in range(3):
-        fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(iters):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(end))
-    return sorted(times)[len(times) // 2]
 
 
 def causal_conv_variants(x_ncl: torch.Tensor, w: torch.Tensor, b: torch.Tensor,
@@ -142,7 +126,7 @@ def main() -> None:
                     out = fn()
                     got = out.float() if vname in ("ncl",) else (
                         out.float().squeeze(2) if vname == "nhwc" else out.float().transpose(1, 2))
-                    ms = timed(fn)
+                    ms = median_ms(fn)
                     row = {"layer": name, "channels": c, "dilation": d, "samples": t,
                            "precision": precision, "variant": vname, "ms": ms,
                            "tflops": flop / ms / 1e9, "rel_err": rel_err(ref, got)}
@@ -166,7 +150,7 @@ def main() -> None:
             for vname, fn in tconv_variants(x.to(dtype), w.to(dtype), b.to(dtype), s).items():
                 out = fn()
                 got = out.float() if vname == "ncl" else out.float().transpose(1, 2)
-                ms = timed(fn)
+                ms = median_ms(fn)
                 row = {"layer": name, "cin": cin, "cout": cout, "stride": s, "samples_in": t,
                        "precision": precision, "variant": vname, "ms": ms,
                        "tflops": flop / ms / 1e9, "rel_err": rel_err(ref, got)}
@@ -174,14 +158,7 @@ def main() -> None:
                 print(f"{name} {cin}->{cout} s={s} T={t:6d} {precision:4s} {vname:5s} "
                       f"{ms:7.3f} ms {row['tflops']:6.1f} TFLOP/s err {row['rel_err']:.1e}",
                       flush=True)
-    commit = os.environ.get("BREEZERT_GIT_COMMIT") or subprocess.run(
-        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
-    results["metadata"] = {
-        "gpu": torch.cuda.get_device_name(), "torch_version": torch.__version__,
-        "cuda_version": torch.version.cuda, "git_commit": commit or "unknown",
-        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "streams": bsz, "frames": frames,
-    }
+    results["metadata"] = gpu_metadata(streams=bsz, frames=frames)
     with open(args.out, "w") as f:
         json.dump(results, f, indent=2)
 

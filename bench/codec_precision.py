@@ -21,13 +21,11 @@ import argparse
 import contextlib
 import copy
 import json
-import os
-import subprocess
-from datetime import datetime, timezone
 
 import torch
 
 from breezert.models.codec import StreamingCodec, tf32_math
+from cuda_bench import gpu_metadata
 from breezert.random_init import build_random
 
 PRECISIONS = ("fp32", "fp32-strict", "tf32", "bf16", "tf32-fast", "bf16-fast")
@@ -145,16 +143,11 @@ def main() -> None:
             print(f"{precision:12s} FAILED: {type(exc).__name__}: {exc}", flush=True)
             results["precisions"][precision] = {"error": f"{type(exc).__name__}: {exc}"}
         torch.cuda.empty_cache()
-    commit = os.environ.get("BREEZERT_GIT_COMMIT") or subprocess.run(
-        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
-    results["metadata"] = {
-        "gpu": torch.cuda.get_device_name(), "torch_version": torch.__version__,
-        "cuda_version": torch.version.cuda, "git_commit": commit or "unknown",
-        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+    results["metadata"] = gpu_metadata(**{
         "default_flags": {"cudnn_allow_tf32": torch.backends.cudnn.allow_tf32,
                           "matmul_allow_tf32": torch.backends.cuda.matmul.allow_tf32},
         "snr_frames": args.frames, "gflop_per_frame": GFLOP_PER_FRAME,
-    }
+    })
     with open(args.out, "w") as f:
         json.dump(results, f, indent=2)
 

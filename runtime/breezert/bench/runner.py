@@ -142,19 +142,9 @@ async def _remote_points(options: BenchOptions, texts: list[str], doc: dict[str,
         for load in options.load_points():
             items = make_workload(texts, options.num_requests, options.seed)
             tag = f"server-{load.label}"
-            if options.warmup:
-                warm = make_workload(texts, options.warmup, options.seed + 1)
-                width = int(load.value) if load.mode == "closed" else len(warm)
-                await _closed_loop(target, warm, min(width, len(warm)), options, f"{tag}-warm",
-                                   None)
+            await _warm_up(target, texts, load, options, tag, options.warmup)
             before = await target.server_metrics()
-            budget_end = (time.monotonic() + options.run_budget_s) if options.run_budget_s \
-                else None
-            if load.mode == "closed":
-                results = await _closed_loop(target, items, int(load.value), options, tag,
-                                             budget_end)
-            else:
-                results = await _open_loop(target, items, load.value, options, tag, budget_end)
+            results = await _run_load(target, items, load, options, tag)
             after = await target.server_metrics()
             run = _run_record(variant, load, results, options, None, None,
                               truncated=len(results) < len(items))
@@ -246,25 +236,38 @@ async def _engine_load_point(options: BenchOptions, variant: Variant, async_engi
     items = shard_items(make_workload(texts, options.num_requests, options.seed), options.shard)
     tag = f"{variant.name}-{load.label}"
     warmup_start = time.monotonic()
-    if options.warmup:  # lazy compiles / first-touch costs land here, not in the run
-        warm = make_workload(texts, options.warmup, options.seed + 1)
-        width = int(load.value) if load.mode == "closed" else config.scheduler.max_running_requests
-        await _closed_loop(async_engine, warm, min(width, len(warm)), options, f"{tag}-warm", None)
+    await _warm_up(async_engine, texts, load, options, tag,
+                   config.scheduler.max_running_requests)
     warmup_s = time.monotonic() - warmup_start
     # NOTE(bench): a fresh metrics object per run; the engine is idle here, so nothing races.
     async_engine.engine.metrics = EngineMetrics()
     gpu.reset_peak()
-    budget_end = (time.monotonic() + options.run_budget_s) if options.run_budget_s else None
-    if load.mode == "closed":
-        results = await _closed_loop(async_engine, items, int(load.value), options, tag,
-                                     budget_end)
-    else:
-        results = await _open_loop(async_engine, items, load.value, options, tag, budget_end)
+    results = await _run_load(async_engine, items, load, options, tag)
     snapshot = async_engine.metrics()
     run = _run_record(variant, load, results, options, snapshot, gpu.peak_bytes(),
                       truncated=len(results) < len(items))
     run["warmup_s"] = warmup_s
     return run
+
+
+async def _warm_up(target: Any, texts: list[str], load: LoadPoint, options: BenchOptions,
+                   tag: str, open_loop_width: int) -> None:
+    """``options.warmup`` unmeasured requests, as wide as the load (``open_loop_width`` in
+    flight for an open-loop point), so lazy compiles and first-touch costs stay out of the run."""
+    if not options.warmup:
+        return
+    warm = make_workload(texts, options.warmup, options.seed + 1)
+    width = int(load.value) if load.mode == "closed" else open_loop_width
+    await _closed_loop(target, warm, min(width, len(warm)), options, f"{tag}-warm", None)
+
+
+async def _run_load(target: Any, items: list[WorkItem], load: LoadPoint, options: BenchOptions,
+                    tag: str) -> list[RequestResult]:
+    """The measured requests of one load point, closed or open loop, within the run budget."""
+    budget_end = (time.monotonic() + options.run_budget_s) if options.run_budget_s else None
+    if load.mode == "closed":
+        return await _closed_loop(target, items, int(load.value), options, tag, budget_end)
+    return await _open_loop(target, items, load.value, options, tag, budget_end)
 
 
 def _run_record(variant: Variant, load: LoadPoint, results: list[RequestResult],

@@ -325,7 +325,6 @@ class _SplitQuantizer(nn.Module):
         self.num_first = cfg.num_semantic_quantizers
         self.rvq_first = _ResidualVectorQuantizer(cfg, self.num_first)
         self.rvq_rest = _ResidualVectorQuantizer(cfg, cfg.num_quantizers - self.num_first)
-
         self.tables: tuple[Tensor, Tensor] | None = None  # set by prepare_fast
 
     def decode(self, codes: Tensor) -> Tensor:

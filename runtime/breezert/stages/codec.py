@@ -84,24 +84,12 @@ class CodecStage:
         return groups[::-1]
 
     def _decode_mixed(self, items: list[CodecItem], batch: BatchState) -> list[DecodedChunk]:
-        fresh = [item.slot for item in items if item.is_first_chunk]
-        if fresh:
-            self.codec.reset(torch.tensor(fresh, device=self.device))
         num = len(items)
-        max_frames = max(item.num_frames for item in items)
-        size = (bucket_for(num, self.buckets) if self.graphs.enabled else None) or num
-        slot_ids = torch.full((size,), self.scratch_slot, dtype=torch.long)
-        counts = torch.zeros(size, dtype=torch.long)
-        width = sum(self._pieces(max_frames, padded=True))
-        codes = torch.zeros(size, width, 16, dtype=torch.long)
-        for i, item in enumerate(items):
-            frames = batch.get(item.slot, item.request_id).frames
-            span = range(item.start_frame, item.start_frame + item.num_frames)
-            codes[i, : item.num_frames] = torch.stack([frames.pop(f) for f in span])
-            slot_ids[i], counts[i] = item.slot, item.num_frames
-        slot_ids, codes, counts = (t.to(self.device) for t in (slot_ids, codes, counts))
+        pieces = self._pieces(max(item.num_frames for item in items), padded=True)
+        width = sum(pieces)
+        size, slot_ids, codes, counts = self._inputs(items, batch, width)
         waves, start = [], 0
-        for piece in self._pieces(max_frames, padded=True):
+        for piece in pieces:
             inputs = {"slot_ids": slot_ids, "codes": codes[:, start : start + piece],
                       "num_frames": (counts - start).clamp(0, piece)}
             wav = self.graphs((size, piece), inputs)["wav"][:num]
@@ -143,19 +131,8 @@ class CodecStage:
         return pieces
 
     def _decode_group(self, items: list[CodecItem], batch: BatchState) -> list[DecodedChunk]:
-        fresh = [item.slot for item in items if item.is_first_chunk]
-        if fresh:
-            self.codec.reset(torch.tensor(fresh, device=self.device))
         num, frames_per = len(items), items[0].num_frames
-        size = (bucket_for(num, self.buckets) if self.graphs.enabled else None) or num
-        slot_ids = torch.full((size,), self.scratch_slot, dtype=torch.long)
-        codes = torch.zeros(size, frames_per, 16, dtype=torch.long)
-        for i, item in enumerate(items):
-            frames = batch.get(item.slot, item.request_id).frames
-            span = range(item.start_frame, item.start_frame + frames_per)
-            codes[i] = torch.stack([frames.pop(f) for f in span])  # [F, 16]
-            slot_ids[i] = item.slot
-        slot_ids, codes = slot_ids.to(self.device), codes.to(self.device)
+        size, slot_ids, codes, _ = self._inputs(items, batch, frames_per)
         waves, start = [], 0
         for piece in self._pieces(frames_per):
             inputs = {"slot_ids": slot_ids, "codes": codes[:, start : start + piece]}
@@ -167,6 +144,26 @@ class CodecStage:
             DecodedChunk(item.request_id, item.start_frame, item.num_frames, pcm[i], item.is_final)
             for i, item in enumerate(items)
         ]
+
+    def _inputs(self, items: list[CodecItem], batch: BatchState, width: int) \
+            -> tuple[int, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Resets the slots of first chunks, takes each item's frames out of its slot and pads
+        them to ``[bucket rows, width, 16]`` (padding rows decode into the scratch slot):
+        ``(rows, slot_ids [rows], codes, frames per row [rows])`` on the codec's device."""
+        fresh = [item.slot for item in items if item.is_first_chunk]
+        if fresh:
+            self.codec.reset(torch.tensor(fresh, device=self.device))
+        num = len(items)
+        size = (bucket_for(num, self.buckets) if self.graphs.enabled else None) or num
+        slot_ids = torch.full((size,), self.scratch_slot, dtype=torch.long)
+        counts = torch.zeros(size, dtype=torch.long)
+        codes = torch.zeros(size, width, 16, dtype=torch.long)
+        for i, item in enumerate(items):
+            frames = batch.get(item.slot, item.request_id).frames
+            span = range(item.start_frame, item.start_frame + item.num_frames)
+            codes[i, : item.num_frames] = torch.stack([frames.pop(f) for f in span])  # [n, 16]
+            slot_ids[i], counts[i] = item.slot, item.num_frames
+        return size, slot_ids.to(self.device), codes.to(self.device), counts.to(self.device)
 
     def example_inputs(self, size: int, frames: int) -> dict[str, torch.Tensor]:
         slot_ids = torch.full((size,), self.scratch_slot, dtype=torch.long, device=self.device)
