@@ -8,7 +8,7 @@
 #     --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 -d .whl \
 #     pydantic==2.14.4 pydantic-core==2.50.5 annotated-types typing-inspection
 # Then per phase: run(command="bash bench/h200_session.sh PHASE", carry=[".whl", ".benchdata"])
-# PHASE: tests | fused | chain | tune-chain | chain P1 P2...  | decode | decode-micro | decode-bench | tune | profile | stages |
+# PHASE: tests | fused | depth-chain | tune-chain | chain P1 P2...  | decode | decode-micro | decode-bench | tune | profile | stages |
 #        ablation-eager | ablation-a|b|c|d[@I/N] | sweep | sweep+ablation | latency | latency-te |
 #        latency-nocap | predictor | predictor-edf
 # An ablation phase with @I/N runs shard I of N of its requests (bench --shard).
@@ -86,7 +86,7 @@ case "$phase" in
     timeout 420 python3 bench/tune_fused_depth.py --out "$out/h200-tune-fused-depth.json" 2>&1 \
       | grep -v Warn | tail -30
     timeout 120 python3 -m pytest tests/gpu/test_gpu_fused_depth.py -q -p no:cacheprovider 2>&1 | tail -3 ;;
-  chain)   # issue 14: the fused kernels chained (PDL + L2 weight prefetch) against unchained:
+  depth-chain) # issue 14: the fused kernels chained (PDL + L2 weight prefetch) against unchained:
     # their GPU tests, layer-step frames at 1..128 rows (same bits checked), the DEPTH frame with
     # sampling and the DECODE step, and the census of a depth frame each way
     timeout 200 python3 -m pytest tests/gpu/test_gpu_fused_depth.py tests/gpu/test_gpu_fused_decode.py \
