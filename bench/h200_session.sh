@@ -8,7 +8,7 @@
 #     --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 -d .whl \
 #     pydantic==2.14.4 pydantic-core==2.50.5 annotated-types typing-inspection
 # Then per phase: run(command="bash bench/h200_session.sh PHASE", carry=[".whl", ".benchdata"])
-# PHASE: tests | fused | depth-chain | tune-chain | chain P1 P2...  | decode | decode-micro | decode-bench | tune | profile | stages |
+# PHASE: tests | fused | chain P1 P2...  | decode | decode-micro | decode-bench | tune | profile | stages |
 #        ablation-eager | ablation-a|b|c|d[@I/N] | sweep | sweep+ablation | latency | latency-te |
 #        latency-nocap | predictor | predictor-edf
 # An ablation phase with @I/N runs shard I of N of its requests (bench --shard).
@@ -86,22 +86,6 @@ case "$phase" in
     timeout 420 python3 bench/tune_fused_depth.py --out "$out/h200-tune-fused-depth.json" 2>&1 \
       | grep -v Warn | tail -30
     timeout 120 python3 -m pytest tests/gpu/test_gpu_fused_depth.py -q -p no:cacheprovider 2>&1 | tail -3 ;;
-  depth-chain) # issue 14: the fused kernels chained (PDL + L2 weight prefetch) against unchained:
-    # their GPU tests, layer-step frames at 1..128 rows (same bits checked), the DEPTH frame with
-    # sampling and the DECODE step, and the census of a depth frame each way
-    timeout 200 python3 -m pytest tests/gpu/test_gpu_fused_depth.py tests/gpu/test_gpu_fused_decode.py \
-      -q -p no:cacheprovider 2>&1 | tee "$out/gpu_tests_chain.log" | tail -4 || true
-    timeout 150 python3 bench/tune_fused_depth.py --no-tune --check-rows 1,16,32,64,128 \
-      --out "$out/h200-depth-chain.json" 2>&1 | grep -v Warn | tail -6 || true
-    timeout 200 python3 bench/stage_timing.py --batches 1,16,64 --modes fused-decode,chained \
-      --out "$out/h200-stage-timing-chain.json" 2>&1 | grep -v Warn | tail -8 || true
-    for flag in "" --chain; do
-      timeout 80 python3 bench/profile_stages.py --batch 16 --fused --fused-decode --compile $flag \
-        --top 12 2>&1 | grep -v Warn | tee -a "$out/h200-profile-chain-b16.log" | grep -A13 DEPTH || true
-    done ;;
-  tune-chain) # launch shapes re-tuned with chained launches (coordinate descent at 32 rows)
-    timeout 480 python3 bench/tune_fused_depth.py --chain --check-rows 1,16,64 \
-      --out "$out/h200-tune-fused-depth-chain.json" 2>&1 | grep -v Warn | tail -12 ;;
   profile) # kernel census of one depth frame and one decode step, uncompiled and compiled
     timeout 540 python3 bench/profile_stages.py --batch 16 2>&1 | tee "$out/profile.log" | tail -40
     timeout 300 python3 bench/profile_stages.py --batch 16 --compile 2>&1 | tail -40 ;;

@@ -49,8 +49,6 @@ def main() -> None:
     parser.add_argument("--fused", action="store_true", help="the fused Triton depth layers")
     parser.add_argument("--fused-decode", action="store_true",
                         help="the fused Triton backbone DECODE step")
-    parser.add_argument("--chain", action="store_true",
-                        help="chain the fused kernels (PDL + L2 weight prefetch)")
     parser.add_argument("--top", type=int, default=15)
     args = parser.parse_args()
     cuda = torch.cuda.is_available()
@@ -63,7 +61,7 @@ def main() -> None:
                       "max_depth_rows": 2 * args.batch},
         "graph": {"enable_cuda_graphs": False, "compile_depth": args.compile and cuda,
                   "fused_depth": args.fused and cuda,
-                  "fused_decode": args.fused_decode and cuda, "chain_kernels": args.chain},
+                  "fused_decode": args.fused_decode and cuda},
     })
     runner = build_runner(cfg, load_engine_checkpoint(cfg.model))
     depth, decode = runner.stages[Stage.DEPTH], runner.stages[Stage.DECODE]

@@ -5,8 +5,7 @@ Prints a table and writes JSON: for each depth-kernel mode and batch size, eager
 of one DECODE step (context 512), one DEPTH frame (15-step loop with sampling), one CODEC chunk
 and text encoding. Modes: ``plain`` (graphs only), ``inductor`` (torch.compile of the depth step,
 sampler and text encoder), ``fused`` (the Triton depth layers, compiled sampler), ``fused-decode``
-(``fused`` plus the Triton backbone DECODE step), ``chained`` (``fused-decode`` with the fused
-kernels chained by programmatic dependent launch and L2 weight prefetch).
+(``fused`` plus the Triton backbone DECODE step).
 """
 
 from __future__ import annotations
@@ -31,8 +30,6 @@ MODES = {
     "fused": {"compile_depth": True, "fused_depth": True, "compile_text_encoder": False},
     "fused-decode": {"compile_depth": True, "fused_depth": True, "fused_decode": True,
                      "compile_text_encoder": False},
-    "chained": {"compile_depth": True, "fused_depth": True, "fused_decode": True,
-                "chain_kernels": True, "compile_text_encoder": False},
 }
 
 

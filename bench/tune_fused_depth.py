@@ -1,13 +1,10 @@
 """Chooses launch shapes (``Tiles``) for the fused Triton depth layers by measuring them.
 
 Usage (GPU machine, repo root): ``PYTHONPATH=runtime python bench/tune_fused_depth.py
-[--rows 32] [--chain] [--no-tune] [--out X.json]``. Builds the full-size depth decoder with
-random bf16 weights, then, by coordinate descent from ``Tiles()`` (chained launches with
-``--chain``), times one frame of layer steps (16 positions, no sampling) captured in a CUDA graph
-for each candidate. Prints the best shapes per row count and the frame time; ``Tiles``' defaults
-in kernels/fused_depth.py come from this. It then times, per ``--check-rows``, plain PyTorch
-layers, the default tiles unchained, chained by PDL alone and by PDL with L2 weight prefetch,
-and the best tiles, in one process, and checks that chaining leaves every output bit unchanged.
+[--rows 32] [--out X.json]``. Builds the full-size depth decoder with random bf16 weights,
+then, by coordinate descent from ``Tiles()``, times one frame of layer steps (16 positions, no
+sampling) captured in a CUDA graph for each candidate. Prints the best shapes per row count
+and the frame time; ``Tiles``' defaults in kernels/fused_depth.py come from this.
 """
 
 from __future__ import annotations
@@ -15,9 +12,9 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+from datetime import datetime, timezone
 
 import torch
-from cuda_bench import gpu_metadata, median_ms
 
 from breezert.kernels.fused_depth import FusedDepthLayers
 from breezert.kernels.gemm import Tiles
@@ -64,41 +61,19 @@ def frame_ms(depth: DepthDecoder, fn, rows: int, iters: int = 20) -> float:  # t
         with torch.cuda.graph(graph, stream=stream):
             frame()
     torch.cuda.current_stream().wait_stream(stream)
-    return median_ms(graph.replay, iters)
+    times = []
+    for _ in range(iters):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(end))
+    return sorted(times)[len(times) // 2]
 
 
-def frame_outputs(depth: DepthDecoder, fn, rows: int) -> torch.Tensor:  # type: ignore[no-untyped-def]
-    """The 16 positions' outputs and the final cache of one frame (fixed inputs), eagerly."""
-    gen = torch.Generator(device="cuda").manual_seed(rows)
-    x = torch.randn(rows, 2048, device="cuda", generator=gen).to(torch.bfloat16)
-    cache = depth.new_cache(rows)
-    outs = []
-    for p in range(16):
-        pos = torch.full((1,), p, dtype=torch.long, device="cuda")
-        cos, sin = depth.rope.cos_sin(pos.expand(rows), torch.bfloat16)
-        outs.append(fn(x, cos, sin, cache, pos).flatten())
-    return torch.cat(outs + [cache.flatten()])
-
-
-CHAIN_VARIANTS = {"unchained": {}, "pdl": {"pdl": True},
-                  "pdl_prefetch": {"pdl": True, "prefetch": True}}
-
-
-def compare_chaining(depth: DepthDecoder, rows: int, base: Tiles) -> dict[str, float | bool]:
-    """Frame ms of ``base`` unchained / PDL / PDL + prefetch, and whether their bits agree."""
-    out: dict[str, float | bool] = {}
-    ref = None
-    for name, fields in CHAIN_VARIANTS.items():
-        fused = FusedDepthLayers(depth, rows, dataclasses.replace(base, **fields))
-        out[name] = frame_ms(depth, fused, rows)
-        bits = frame_outputs(depth, fused, rows)
-        ref = bits if ref is None else ref
-        out[f"{name}_same_bits"] = bool(torch.equal(bits, ref))
-    return out
-
-
-def tune(depth: DepthDecoder, rows: int, base: Tiles) -> tuple[Tiles, float, list[dict]]:
-    best = base
+def tune(depth: DepthDecoder, rows: int) -> tuple[Tiles, float, list[dict]]:
+    best = Tiles()
     tried: dict[Tiles, float] = {}
 
     def measure(tiles: Tiles) -> float:
@@ -129,29 +104,25 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--rows", type=int, default=32, help="rows to tune at (b16 with CFG)")
     parser.add_argument("--check-rows", default="1,16,64", help="rows to compare best/default")
-    parser.add_argument("--chain", action="store_true", help="tune chained launches (PDL + prefetch)")
-    parser.add_argument("--no-tune", action="store_true", help="only the comparisons")
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
     depth = build_depth()
     check = [int(r) for r in args.check_rows.split(",")]
-    base = Tiles(pdl=True, prefetch=True) if args.chain else Tiles()
-    best, best_ms, log = (base, float("nan"), []) if args.no_tune else tune(depth, args.rows, base)
+    best, best_ms, log = tune(depth, args.rows)
     rows_ms = {}
     with torch.inference_mode():
         for rows in check:
             rows_ms[rows] = {
                 "plain_layers": frame_ms(depth, depth.run_layers, rows),
-                **compare_chaining(depth, rows, Tiles()),
+                "default_tiles": frame_ms(depth, FusedDepthLayers(depth, rows), rows),
                 "best_tiles": frame_ms(depth, FusedDepthLayers(depth, rows, best), rows),
             }
-            print(f"rows {rows}: " + ", ".join(
-                f"{k} {v:.3f} ms" if isinstance(v, float) else f"{k} {v}"
-                for k, v in rows_ms[rows].items()))
+            print(f"rows {rows}: " + ", ".join(f"{k} {v:.3f} ms" for k, v in rows_ms[rows].items()))
     print(f"tuned at {args.rows} rows: {best_ms:.3f} ms with {best}")
     if args.out:
         with open(args.out, "w") as f:
-            json.dump({**gpu_metadata(), "tuned_rows": args.rows, "chain": args.chain,
+            json.dump({"gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
+                       "date": datetime.now(timezone.utc).isoformat(), "tuned_rows": args.rows,
                        "best": dataclasses.asdict(best), "best_ms": best_ms,
                        "frame_ms_by_rows": rows_ms, "tried": log}, f, indent=2)
 

@@ -194,11 +194,6 @@ class GraphConfig(_Frozen):
     """Hand-fused Triton kernels for the backbone's DECODE step (6 launches per layer, attention
     reading the paged cache in place, ``kernels/fused_decode.py``): on the H200 2.65 ms per step
     at 16 rows x 512 tokens against 4.4 ms for the eager step's graph."""
-    chain_kernels: bool = False
-    """The fused Triton kernels (``fused_depth``, ``fused_decode``) launch chained by
-    programmatic dependent launch (Hopper and later): each starts while the one before it
-    finishes and first asks L2 for its weights, so launch gaps and weight streaming overlap
-    the previous kernel. Same arithmetic, same bits."""
     compile_backbone: bool = False
     """``torch.compile`` each backbone layer around its (uncompiled) paged attention."""
     compile_text_encoder: bool = False

@@ -80,36 +80,3 @@ def test_fused_rejects_unfused_weights_and_odd_sizes() -> None:
         fused_depth.FusedDepthLayers(odd, max_rows=4)
     with pytest.raises(ValueError, match="hidden_size"):
         fused_depth.FusedDepthLayers(odd.to(torch.bfloat16), max_rows=4)
-
-
-@needs_triton
-def test_chained_tiles_stay_off_under_the_interpreter() -> None:
-    run_in_interpreter(__name__, "check_chained_tiles()")
-
-
-def check_chained_tiles() -> None:
-    """``Tiles(pdl=True)`` asks for programmatic dependent launch; Triton's interpreter has no
-    such launch, so the same kernels run unchained there and give the unchained bits (the GPU
-    tests check chained launches compiled); the engine switch reaches the tiles."""
-    from breezert.kernels import fused_depth
-    from breezert.kernels.gemm import Tiles
-    from breezert.worker.compile import chained_tiles
-
-    assert chained_tiles(True) == Tiles(pdl=True, prefetch=True)
-    assert chained_tiles(False) == Tiles()
-    asked = Tiles(qkv_split=1, pdl=True, prefetch=True)
-    assert not asked.chained and "launch_pdl" not in asked.launch_options()
-    depth = _decoder(5)
-    rows = 3
-    outs = []
-    for tiles in (Tiles(qkv_split=1), asked):
-        fused = fused_depth.FusedDepthLayers(depth, max_rows=4, tiles=tiles)
-        cache = depth.new_cache(rows)
-        torch.manual_seed(2)
-        with torch.inference_mode():
-            for position in range(2):
-                x = torch.randn(rows, SMALL.backbone_hidden_size).to(torch.bfloat16)
-                pos = torch.full((1,), position, dtype=torch.long)
-                cos, sin = depth.rope.cos_sin(pos.expand(rows), torch.bfloat16)
-                outs.append(fused(x, cos, sin, cache, pos))
-    assert all(torch.equal(a, b) for a, b in zip(outs[:2], outs[2:]))

@@ -31,10 +31,8 @@ from breezert.kernels.gemm import (
     FusedGemms,
     Tiles,
     bf16,
-    chain_wait,
     check_bf16,
     norm_dot2,
-    prefetch_rows,
     rope,
     row_block,
     row_rstd,
@@ -48,7 +46,6 @@ def _norm_qkv_rope_kernel(
     R, eps, stride_x, stride_q, c_kv, c_row, c_head, c_pos,
     H: tl.constexpr, KVH: tl.constexpr, D: tl.constexpr, K: tl.constexpr, SUB: tl.constexpr,
     BM: tl.constexpr, BK: tl.constexpr, NK: tl.constexpr, F32: tl.constexpr,
-    PDL: tl.constexpr = False, PREFETCH: tl.constexpr = False,
 ):
     """Program (head t x slice j, row block): q heads 0..H-1, then k heads, then v heads.
     Slice j covers columns j*C.. of both halves of the head (C = D / 2 / SUB), so RoPE's
@@ -59,11 +56,8 @@ def _norm_qkv_rope_kernel(
     d = (tl.program_id(0) % SUB) * C + tl.arange(0, C)  # columns within the lower half
     rows = tl.program_id(1) * BM + tl.arange(0, BM)
     rmask = rows < R
-    lo = t * D + d
-    prefetch_rows(w_ptr, lo, 0, K, K, PREFETCH)
-    prefetch_rows(w_ptr, lo + HALF, 0, K, K, PREFETCH)
-    chain_wait(PDL)
     rstd = row_rstd(x_ptr, stride_x, rows, rmask, eps, K, BM, NK)
+    lo = t * D + d
     acc_lo, acc_hi = norm_dot2(x_ptr, nw_ptr, w_ptr, stride_x, rows, rmask, rstd, lo, lo + HALF,
                                K, BM, C, BK, F32)
     a_lo, a_hi = bf16(acc_lo), bf16(acc_hi)  # the packed GEMM's bf16 output
@@ -91,12 +85,11 @@ def _norm_qkv_rope_kernel(
 @triton.jit
 def _short_attention_kernel(
     q_ptr, cache_ptr, pos_ptr, out_ptr, scale, stride_q, stride_out, c_kv, c_row, c_head, c_pos,
-    G: tl.constexpr, D: tl.constexpr, P: tl.constexpr, PDL: tl.constexpr = False,
+    G: tl.constexpr, D: tl.constexpr, P: tl.constexpr,
 ):
     """Program (row, KV head): its G query heads against cache slots 0..pos (<= P keys)."""
     r = tl.program_id(0)
     g = tl.program_id(1)
-    chain_wait(PDL)
     pos = tl.load(pos_ptr)
     heads = g * G + tl.arange(0, G)
     d = tl.arange(0, D)
@@ -191,14 +184,13 @@ class FusedDepthLayers:
                 h, layer.input_layernorm.weight, layer.self_attn.qkv_weight, cos, sin, pos, q,
                 layer_cache, rows, self.eps, h.stride(0), q.stride(0), c[0], c[1], c[2], c[3],
                 H=self.heads, KVH=self.kv_heads, D=hd, K=d, SUB=t.qkv_split, BM=bm,
-                BK=min(t.qkv_bk, d), NK=min(256, d), F32=DOT_F32, PDL=t.chained,
-                PREFETCH=t.chained and t.prefetch, **t.launch_options(),
+                BK=min(t.qkv_bk, d), NK=min(256, d), F32=DOT_F32, num_warps=t.num_warps,
+                num_stages=t.num_stages,
             )
             _short_attention_kernel[(rows, self.kv_heads)](
                 q, layer_cache, pos, attn, self.scale, q.stride(0), attn.stride(0),
                 c[0], c[1], c[2], c[3], G=self.heads // self.kv_heads, D=hd,
-                P=layer_cache.shape[3], PDL=t.chained, num_warps=4,
-                **t.launch_options(tiled=False),
+                P=layer_cache.shape[3], num_warps=4,
             )
             h = gemms.linear_residual(attn, layer.self_attn.o_proj.weight, h)
             act = gemms.norm_gate_up(h, layer.post_attention_layernorm.weight,

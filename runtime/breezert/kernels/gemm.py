@@ -4,9 +4,7 @@ Owns: the bf16 rounding helpers (and their interpreter workarounds), RMSNorm + G
 RoPE at ``apply_rope``'s rounding points,
 ``norm_linear`` (RMSNorm + GEMM), ``norm_gate_up`` (RMSNorm + packed gate/up GEMM + SiLU * up),
 ``linear_residual`` (split-K GEMM + residual, the last program of a tile summing the partials in
-a fixed order), their launch shapes (``Tiles``), the split-K workspace, and the chaining of
-consecutive launches (programmatic dependent launch with the next kernel's weights prefetched
-into L2, see ``Tiles.pdl``). Every kernel keeps
+a fixed order), their launch shapes (``Tiles``) and the split-K workspace. Every kernel keeps
 the eager modules' bf16 rounding points (``RMSNorm``, ``F.linear``, ``F.silu``, residual add).
 Must not: know which model calls it.
 """
@@ -52,27 +50,6 @@ class Tiles:
     linear_bk: int = 64
     num_warps: int = 4
     num_stages: int = 4
-    pdl: bool = False
-    prefetch: bool = False
-
-    @property
-    def chained(self) -> bool:
-        """Launch with programmatic dependent launch (``pdl``; Hopper and later, never under the
-        interpreter): a kernel is started as soon as every program of the one before it has
-        passed its own wait, so its launch, its programs' placement and (``prefetch``) its
-        weights' trip to L2 overlap that kernel's run. Every chained kernel waits for its
-        predecessor (``chain_wait``) before it reads an activation or writes anything."""
-        return self.pdl and not INTERPRETED
-
-    def launch_options(self, tiled: bool = True) -> dict[str, object]:
-        """Keyword arguments of a kernel launch beyond its own: PDL, and for the tiled GEMMs
-        (``tiled``) the warps and pipeline stages."""
-        options: dict[str, object] = {}
-        if tiled:
-            options.update(num_warps=self.num_warps, num_stages=self.num_stages)
-        if self.chained:
-            options["launch_pdl"] = True
-        return options
 
 
 @triton.jit
@@ -83,29 +60,6 @@ def mm(a, b, F32: tl.constexpr):
     else:
         out = tl.dot(a, b)
     return out
-
-
-@triton.jit
-def chain_wait(PDL: tl.constexpr):
-    """Waits until the previous kernel in the stream has finished and its writes are visible,
-    then lets the next one start (programmatic dependent launch; a no-op when ``PDL`` is off).
-    Only weight reads and L2 prefetches may come before it: weights never change in a step."""
-    if PDL:
-        tl.extra.cuda.gdc_wait()
-        tl.extra.cuda.gdc_launch_dependents()
-
-
-@triton.jit
-def prefetch_rows(w_ptr, n, k0, K: tl.constexpr, KS: tl.constexpr, ON: tl.constexpr):
-    """Asks L2 for the weight rows ``n`` (row length ``K`` bf16), columns ``k0 .. k0+KS-1``:
-    one ``prefetch.global.L2`` per 128-byte line, nothing waited for. Issued before
-    ``chain_wait``, it streams this kernel's weights while the previous kernel still runs."""
-    if ON:
-        if KS >= 64:
-            lines = tl.arange(0, KS // 64) * 64  # 64 bf16 = one 128-byte line
-            ptrs = w_ptr + n[:, None] * K + k0 + lines[None, :]
-            tl.inline_asm_elementwise("prefetch.global.L2 [$1];", "=r,l", [ptrs],
-                                      dtype=tl.int32, is_pure=False, pack=1)
 
 
 @triton.jit
@@ -174,14 +128,12 @@ def rope(lo, hi, cos_lo, cos_hi, sin_lo, sin_hi):
 def norm_linear_kernel(
     x_ptr, nw_ptr, w_ptr, out_ptr, R, eps, stride_x, stride_out,
     K: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, NK: tl.constexpr,
-    F32: tl.constexpr, PDL: tl.constexpr = False, PREFETCH: tl.constexpr = False,
+    F32: tl.constexpr,
 ):
     """Program (column block, row block): ``bf16(RMSNorm(x) @ w.T)``."""
     rows = tl.program_id(1) * BM + tl.arange(0, BM)
     rmask = rows < R
     n = tl.program_id(0) * BN + tl.arange(0, BN)
-    prefetch_rows(w_ptr, n, 0, K, K, PREFETCH)
-    chain_wait(PDL)
     rstd = row_rstd(x_ptr, stride_x, rows, rmask, eps, K, BM, NK)
     acc = tl.zeros([BM, BN], dtype=tl.float32)
     for k0 in range(0, K, BK):
@@ -197,17 +149,13 @@ def norm_linear_kernel(
 def norm_gate_up_kernel(
     x_ptr, nw_ptr, w_ptr, out_ptr, R, eps, stride_x, stride_out,
     I: tl.constexpr, K: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
-    NK: tl.constexpr, F32: tl.constexpr, PDL: tl.constexpr = False,
-    PREFETCH: tl.constexpr = False,
+    NK: tl.constexpr, F32: tl.constexpr,
 ):
     """Program (column block, row block): ``bf16(silu(gate) * up)`` of the normed input; gate
     rows 0..I-1 and up rows I..2I-1 of the packed weight."""
     rows = tl.program_id(1) * BM + tl.arange(0, BM)
     rmask = rows < R
     n = tl.program_id(0) * BN + tl.arange(0, BN)
-    prefetch_rows(w_ptr, n, 0, K, K, PREFETCH)
-    prefetch_rows(w_ptr, n + I, 0, K, K, PREFETCH)
-    chain_wait(PDL)
     rstd = row_rstd(x_ptr, stride_x, rows, rmask, eps, K, BM, NK)
     acc_g, acc_u = norm_dot2(x_ptr, nw_ptr, w_ptr, stride_x, rows, rmask, rstd, n, n + I, K, BM,
                              BN, BK, F32)
@@ -222,7 +170,6 @@ def linear_residual_kernel(
     a_ptr, w_ptr, res_ptr, out_ptr, ws_ptr, count_ptr, R, stride_a, stride_res, stride_out,
     ws_split, N: tl.constexpr, K: tl.constexpr, SPLIT: tl.constexpr,
     BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, F32: tl.constexpr,
-    PDL: tl.constexpr = False, PREFETCH: tl.constexpr = False,
 ):
     """Program (column block, K split, row block): ``out = bf16(res + bf16(a @ w.T))``.
 
@@ -235,8 +182,6 @@ def linear_residual_kernel(
     rmask = rows < R
     n = pid_n * BN + tl.arange(0, BN)
     KS: tl.constexpr = K // SPLIT
-    prefetch_rows(w_ptr, n, split * KS, K, KS, PREFETCH)
-    chain_wait(PDL)
     acc = tl.zeros([BM, BN], dtype=tl.float32)
     for k0 in range(0, KS, BK):  # constant trip count: the loop pipelines
         cols = split * KS + k0 + tl.arange(0, BK)
@@ -332,7 +277,7 @@ class FusedGemms:
         norm_linear_kernel[(n // t.linear_bn, triton.cdiv(rows, bm))](
             x, norm_weight, weight, out, rows, eps, x.stride(0), out.stride(0), K=k, BM=bm,
             BN=t.linear_bn, BK=min(t.linear_bk, k), NK=min(256, k), F32=DOT_F32,
-            PDL=t.chained, PREFETCH=t.chained and t.prefetch, **t.launch_options(),
+            num_warps=t.num_warps, num_stages=t.num_stages,
         )
         return out
 
@@ -346,7 +291,7 @@ class FusedGemms:
         norm_gate_up_kernel[(inter // t.gate_bn, triton.cdiv(rows, bm))](
             x, norm_weight, weight, out, rows, eps, x.stride(0), out.stride(0), I=inter, K=k,
             BM=bm, BN=t.gate_bn, BK=min(t.gate_bk, k), NK=min(256, k), F32=DOT_F32,
-            PDL=t.chained, PREFETCH=t.chained and t.prefetch, **t.launch_options(),
+            num_warps=t.num_warps, num_stages=t.num_stages,
         )
         return out
 
@@ -365,6 +310,6 @@ class FusedGemms:
             a, weight, residual, out, workspace, counters, rows, a.stride(0),
             residual.stride(0), out.stride(0), workspace.stride(0), N=n, K=k, SPLIT=t.split_k,
             BM=bm, BN=t.split_bn, BK=min(t.split_bk, k // t.split_k), F32=DOT_F32,
-            PDL=t.chained, PREFETCH=t.chained and t.prefetch, **t.launch_options(),
+            num_warps=t.num_warps, num_stages=t.num_stages,
         )
         return out

@@ -23,7 +23,6 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from functools import partial
-from typing import TYPE_CHECKING
 
 import torch
 
@@ -32,9 +31,6 @@ from breezert.models.breeze import BreezeModel
 from breezert.stages.backbone import backbone_decode
 from breezert.stages.depth import depth_frames
 from breezert.stages.text_encode import encode_text
-
-if TYPE_CHECKING:
-    from breezert.kernels.gemm import Tiles
 
 logger = logging.getLogger("breezert.compile")
 
@@ -45,22 +41,20 @@ def _raise_cache_limit(limit: int) -> None:
 
 def depth_fn(
     model: BreezeModel, max_k: int | None, compile_depth: bool, fused_depth: bool = False,
-    max_rows: int = 64, chain_kernels: bool = False,
+    max_rows: int = 64,
 ) -> Callable[..., dict[str, torch.Tensor]]:
     """``depth_frames`` bound to ``model`` and ``max_k``; on CUDA its layer step runs the fused
-    Triton kernels (``fused_depth``, workspace for ``max_rows`` rows, chained launches with
-    ``chain_kernels``) or is compiled (``compile_depth``), and ``compile_depth`` compiles the
-    sampler."""
+    Triton kernels (``fused_depth``, workspace for ``max_rows`` rows) or is compiled
+    (``compile_depth``), and ``compile_depth`` compiles the sampler."""
     if model.lm_head.weight.device.type != "cuda":
         return partial(depth_frames, model, max_k=max_k)
     depth = model.depth_decoder
     if fused_depth and not getattr(depth, "is_fused", False):
         from breezert.kernels.fused_depth import FusedDepthLayers  # needs Triton
 
-        depth.run_layers = FusedDepthLayers(depth, max_rows, chained_tiles(chain_kernels))
+        depth.run_layers = FusedDepthLayers(depth, max_rows)
         depth.is_fused = True
-        logger.info("depth layers run the fused Triton kernels (%d-row workspace%s)", max_rows,
-                    ", chained" if chain_kernels else "")
+        logger.info("depth layers run the fused Triton kernels (%d-row workspace)", max_rows)
     if not compile_depth:
         return partial(depth_frames, model, max_k=max_k)
     _raise_cache_limit(64)
@@ -73,27 +67,16 @@ def depth_fn(
 
 
 def decode_fn(
-    model: BreezeModel, kv: torch.Tensor, fused_decode: bool, max_rows: int,
-    chain_kernels: bool = False,
+    model: BreezeModel, kv: torch.Tensor, fused_decode: bool, max_rows: int
 ) -> Callable[..., dict[str, torch.Tensor]]:
     """The DECODE stage's function: the backbone over the paged cache, with the fused Triton
-    decode step on CUDA when asked (split-K workspace for ``max_rows`` rows; its GEMMs chained
-    with ``chain_kernels``)."""
+    decode step on CUDA when asked (split-K workspace for ``max_rows`` rows)."""
     if not fused_decode or model.lm_head.weight.device.type != "cuda":
         return partial(backbone_decode, model, kv)
     from breezert.kernels.fused_decode import FusedBackboneDecode  # needs Triton
 
-    logger.info("backbone DECODE runs the fused Triton kernels (%d-row workspace%s)", max_rows,
-                ", chained" if chain_kernels else "")
-    backbone = FusedBackboneDecode(model, max_rows, chained_tiles(chain_kernels))
-    return partial(backbone_decode, model, kv, backbone=backbone)
-
-
-def chained_tiles(chain_kernels: bool) -> Tiles:
-    """The fused kernels' default ``Tiles``, launched chained (PDL + L2 weight prefetch) or not."""
-    from breezert.kernels.gemm import Tiles  # needs Triton
-
-    return Tiles(pdl=chain_kernels, prefetch=chain_kernels)
+    logger.info("backbone DECODE runs the fused Triton kernels (%d-row workspace)", max_rows)
+    return partial(backbone_decode, model, kv, backbone=FusedBackboneDecode(model, max_rows))
 
 
 def compile_backbone_layers(model: BreezeModel) -> None:

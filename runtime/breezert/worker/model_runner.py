@@ -79,7 +79,7 @@ class ModelRunner:
 
         # CFG runs two rows per request: the fused depth workspace covers the largest bucket.
         depth_kernels = (graph.compile_depth, graph.fused_depth,
-                         2 * max(graph.depth_batch_buckets), graph.chain_kernels)
+                         2 * max(graph.depth_batch_buckets))
 
         def runner(name: str, fn: GraphFn) -> GraphRunner:
             return GraphRunner(name, fn, enabled=use_graphs, device=self.device)
@@ -97,8 +97,7 @@ class ModelRunner:
             Stage.DECODE: DecodeStage(
                 model, self.kv,
                 runner("decode", decode_fn(model, self.kv.kv, graph.fused_decode,
-                                           max(graph.decode_batch_buckets),
-                                           graph.chain_kernels)),
+                                           max(graph.decode_batch_buckets))),
                 graph.decode_batch_buckets, graph.decode_context_buckets,
             ),
             Stage.DEPTH: DepthStage(
