@@ -1,10 +1,12 @@
 """Chooses launch shapes (``Tiles``) for the fused Triton depth layers by measuring them.
 
 Usage (GPU machine, repo root): ``PYTHONPATH=runtime python bench/tune_fused_depth.py
-[--rows 32] [--out X.json]``. Builds the full-size depth decoder with random bf16 weights,
-then, by coordinate descent from ``Tiles()``, times one frame of layer steps (16 positions, no
-sampling) captured in a CUDA graph for each candidate. Prints the best shapes per row count
-and the frame time; ``Tiles``' defaults in kernels/fused_depth.py come from this.
+[--rows 16,64,128] [--out X.json]``. Builds the full-size depth decoder with random bf16
+weights, then, for each row count in turn (starting from the previous count's best), by one
+sweep of coordinate descent from ``Tiles()``, times one frame of layer steps (16 positions, no
+sampling) captured in a CUDA graph for each candidate. Prints the best shapes per row count and
+the frame time, then times plain PyTorch layers, ``Tiles()`` and each best at every
+``--check-rows`` count in one process; ``Tiles``' defaults in kernels/gemm.py come from this.
 """
 
 from __future__ import annotations
@@ -12,19 +14,22 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-from datetime import datetime, timezone
+import time
 
 import torch
+from cuda_bench import gpu_metadata, median_ms
 
 from breezert.kernels.fused_depth import FusedDepthLayers
 from breezert.kernels.gemm import Tiles
 from breezert.models.config import BreezeConfig
 from breezert.models.depth import DepthDecoder
 
+# TMA first: it changes which pipeline depths pay. Per-kernel warps/stages after the shapes.
 SEARCH = {
-    "qkv_split": [1, 2, 4], "qkv_bk": [64, 128, 256], "gate_bn": [32, 64, 128],
-    "gate_bk": [64, 128], "split_k": [4, 8, 16], "split_bn": [32, 64],
-    "split_bk": [64, 128, 256], "num_warps": [4, 8], "num_stages": [2, 3, 4],
+    "tma": [False, True], "gate_bn": [32, 64, 128], "gate_bk": [64, 128],
+    "gate_stages": [3, 4, 5, 6], "gate_warps": [4, 8], "split_k": [4, 8, 16],
+    "split_bn": [32, 64], "split_bk": [128, 256], "split_stages": [3, 4, 6],
+    "split_warps": [4, 8], "qkv_split": [2, 4], "qkv_bk": [128, 256], "num_stages": [3, 4],
 }
 
 
@@ -61,25 +66,20 @@ def frame_ms(depth: DepthDecoder, fn, rows: int, iters: int = 20) -> float:  # t
         with torch.cuda.graph(graph, stream=stream):
             frame()
     torch.cuda.current_stream().wait_stream(stream)
-    times = []
-    for _ in range(iters):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(end))
-    return sorted(times)[len(times) // 2]
+    return median_ms(graph.replay, iters)
 
 
-def tune(depth: DepthDecoder, rows: int) -> tuple[Tiles, float, list[dict]]:
-    best = Tiles()
+def tune(depth: DepthDecoder, rows: int, base: Tiles,
+         deadline: float) -> tuple[Tiles, float, list[dict]]:
+    """One sweep of coordinate descent from ``base``; candidates past ``deadline``
+    (``time.monotonic()``) are skipped, so a bounded run still reports."""
+    best = base
     tried: dict[Tiles, float] = {}
 
     def measure(tiles: Tiles) -> float:
         if tiles not in tried:
             try:
-                fused = FusedDepthLayers(depth, max_rows=rows, tiles=tiles)
+                fused = FusedDepthLayers(depth, max_rows=rows, tiles=tiles, warm=False)
                 with torch.inference_mode():
                     tried[tiles] = frame_ms(depth, fused, rows)
             except Exception as exc:  # noqa: BLE001 - a shape the kernels or the chip refuse
@@ -91,6 +91,8 @@ def tune(depth: DepthDecoder, rows: int) -> tuple[Tiles, float, list[dict]]:
     for _ in range(1):  # one sweep of coordinate descent
         for name, values in SEARCH.items():
             for value in values:
+                if time.monotonic() > deadline:
+                    break
                 candidate = dataclasses.replace(best, **{name: value})
                 ms = measure(candidate)
                 if ms < best_ms:
@@ -102,28 +104,36 @@ def tune(depth: DepthDecoder, rows: int) -> tuple[Tiles, float, list[dict]]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--rows", type=int, default=32, help="rows to tune at (b16 with CFG)")
+    parser.add_argument("--rows", default="32", help="row counts to tune at, in order")
     parser.add_argument("--check-rows", default="1,16,64", help="rows to compare best/default")
+    parser.add_argument("--budget-s", type=float, default=1e9,
+                        help="seconds of tuning per row count (then the best so far)")
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
     depth = build_depth()
-    check = [int(r) for r in args.check_rows.split(",")]
-    best, best_ms, log = tune(depth, args.rows)
+    best_by_rows: dict[int, tuple[Tiles, float]] = {}
+    log: list[dict] = []
+    base = Tiles()
+    for rows in (int(r) for r in args.rows.split(",")):
+        base, best_ms, tried = tune(depth, rows, base, time.monotonic() + args.budget_s)
+        best_by_rows[rows] = (base, best_ms)
+        log += [{**entry, "rows": rows} for entry in tried]
     rows_ms = {}
     with torch.inference_mode():
-        for rows in check:
-            rows_ms[rows] = {
-                "plain_layers": frame_ms(depth, depth.run_layers, rows),
-                "default_tiles": frame_ms(depth, FusedDepthLayers(depth, rows), rows),
-                "best_tiles": frame_ms(depth, FusedDepthLayers(depth, rows, best), rows),
-            }
+        for rows in (int(r) for r in args.check_rows.split(",")):
+            rows_ms[rows] = {"plain_layers": frame_ms(depth, depth.run_layers, rows),
+                             "default_tiles": frame_ms(depth, FusedDepthLayers(depth, rows), rows)}
+            for tuned, (tiles, _) in best_by_rows.items():
+                rows_ms[rows][f"best_at_{tuned}"] = frame_ms(
+                    depth, FusedDepthLayers(depth, rows, tiles), rows)
             print(f"rows {rows}: " + ", ".join(f"{k} {v:.3f} ms" for k, v in rows_ms[rows].items()))
-    print(f"tuned at {args.rows} rows: {best_ms:.3f} ms with {best}")
+    for rows, (tiles, ms) in best_by_rows.items():
+        print(f"tuned at {rows} rows: {ms:.3f} ms with {tiles}")
     if args.out:
         with open(args.out, "w") as f:
-            json.dump({"gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
-                       "date": datetime.now(timezone.utc).isoformat(), "tuned_rows": args.rows,
-                       "best": dataclasses.asdict(best), "best_ms": best_ms,
+            json.dump({**gpu_metadata(),
+                       "best": {rows: {**dataclasses.asdict(t), "frame_ms": ms}
+                                for rows, (t, ms) in best_by_rows.items()},
                        "frame_ms_by_rows": rows_ms, "tried": log}, f, indent=2)
 
 

@@ -130,3 +130,21 @@ def test_fused_decode_graph_replay_equals_eager_fused(backbone: Qwen3Backbone) -
         graph.replay()
         torch.cuda.synchronize()
     assert torch.equal(out, want)
+
+
+def test_tma_decode_changes_no_bit(backbone: Qwen3Backbone) -> None:
+    """The DECODE step's GEMMs with TMA weight tiles (``Tiles.tma``): the pointer loads' bits."""
+    from breezert.kernels.fused_decode import FusedBackboneDecode
+    from breezert.kernels.gemm import Tiles
+
+    model = SimpleNamespace(backbone_model=backbone)
+    outs = []
+    cache, meta, embeds, _ = _step(16, 512, seed=11)
+    start = cache.kv.clone()
+    view = GatherKV(cache.kv, meta["write_rows"], meta["read_rows"], meta["mask"])
+    with torch.inference_mode():
+        for tiles in (Tiles(), Tiles(tma=True)):
+            cache.kv.copy_(start)
+            fused = FusedBackboneDecode(model, max_rows=16, tiles=tiles)
+            outs += [fused(embeds, meta["positions"], view).clone(), cache.kv.clone()]
+    assert torch.equal(outs[0], outs[2]) and torch.equal(outs[1], outs[3])

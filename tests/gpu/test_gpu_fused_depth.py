@@ -108,3 +108,20 @@ def test_fused_graph_replay_equals_fused_eager(depth: DepthDecoder) -> None:
         torch.cuda.synchronize()
     for w, o in zip(want, outs):
         assert torch.equal(w, o)
+
+
+@pytest.mark.parametrize("rows", [1, 16, 64, 128])
+def test_tma_weight_tiles_change_no_bit(depth: DepthDecoder, rows: int) -> None:
+    """Weight tiles through TMA descriptors (``Tiles.tma``) give the pointer loads' bits."""
+    from breezert.kernels.fused_depth import FusedDepthLayers
+    from breezert.kernels.gemm import Tiles
+
+    plain = FusedDepthLayers(depth, max_rows=128)
+    tma = FusedDepthLayers(depth, max_rows=128, tiles=Tiles(tma=True))
+    gen = torch.Generator(device="cuda").manual_seed(200 + rows)
+    xs = torch.randn(16, rows, 2048, device="cuda", generator=gen).to(torch.bfloat16)
+    with torch.inference_mode():
+        want, want_cache = _frame(plain, depth, xs)
+        got, got_cache = _frame(tma, depth, xs)
+    for w, g in zip(want + [want_cache], got + [got_cache]):
+        assert torch.equal(w, g)

@@ -40,13 +40,44 @@ def test_fused_head_slices_match_eager() -> None:
     run_in_interpreter(__name__, "check_frame(3, qkv_split=4, head_dim=128, positions=3)")
 
 
-def check_frame(rows: int, qkv_split: int, head_dim: int = 32, positions: int = 16) -> None:
+@needs_triton
+def test_fused_tma_weight_tiles_match_eager() -> None:
+    """Weight tiles read through TMA descriptors (``Tiles.tma``), the full-size head layout and
+    a two-layer decoder: the same checks, and the same bits as pointer loads."""
+    run_in_interpreter(__name__, "check_frame(3, qkv_split=4, head_dim=128, positions=3, "
+                                 "tma=True)")
+    run_in_interpreter(__name__, "check_tma_bits()")
+
+
+def check_tma_bits() -> None:
+    from breezert.kernels import fused_depth
+
+    depth = _decoder(4)
+    outs = []
+    for tma in (False, True):
+        fused = fused_depth.FusedDepthLayers(depth, max_rows=4,
+                                             tiles=fused_depth.Tiles(qkv_split=1, tma=tma))
+        cache = depth.new_cache(3)
+        torch.manual_seed(3)
+        with torch.inference_mode():
+            for position in range(2):
+                x = torch.randn(3, SMALL.backbone_hidden_size).to(torch.bfloat16)
+                pos = torch.full((1,), position, dtype=torch.long)
+                cos, sin = depth.rope.cos_sin(pos.expand(3), torch.bfloat16)
+                outs.append(fused(x, cos, sin, cache, pos))
+        outs.append(cache)
+    assert all(torch.equal(a, b) for a, b in zip(outs[:3], outs[3:]))
+
+
+def check_frame(rows: int, qkv_split: int, head_dim: int = 32, positions: int = 16,
+                tma: bool = False) -> None:
     """All positions of a frame: hidden states and the cache match the eager modules."""
     from breezert.kernels import fused_depth
 
     depth = _decoder(rows, head_dim)
+    tiles = fused_depth.Tiles(qkv_split=qkv_split, tma=tma)
     fused = fused_depth.FusedDepthLayers(depth, max_rows=16,  # 20 rows: a call-local workspace
-                                         tiles=fused_depth.Tiles(qkv_split=qkv_split))
+                                         tiles=tiles)
     eager_cache, fused_cache = depth.new_cache(rows), depth.new_cache(rows)
     torch.manual_seed(1)
     with torch.inference_mode():

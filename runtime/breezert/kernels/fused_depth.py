@@ -46,6 +46,7 @@ def _norm_qkv_rope_kernel(
     R, eps, stride_x, stride_q, c_kv, c_row, c_head, c_pos,
     H: tl.constexpr, KVH: tl.constexpr, D: tl.constexpr, K: tl.constexpr, SUB: tl.constexpr,
     BM: tl.constexpr, BK: tl.constexpr, NK: tl.constexpr, F32: tl.constexpr,
+    TMA: tl.constexpr = False,
 ):
     """Program (head t x slice j, row block): q heads 0..H-1, then k heads, then v heads.
     Slice j covers columns j*C.. of both halves of the head (C = D / 2 / SUB), so RoPE's
@@ -57,9 +58,9 @@ def _norm_qkv_rope_kernel(
     rows = tl.program_id(1) * BM + tl.arange(0, BM)
     rmask = rows < R
     rstd = row_rstd(x_ptr, stride_x, rows, rmask, eps, K, BM, NK)
-    lo = t * D + d
-    acc_lo, acc_hi = norm_dot2(x_ptr, nw_ptr, w_ptr, stride_x, rows, rmask, rstd, lo, lo + HALF,
-                               K, BM, C, BK, F32)
+    a0 = t * D + (tl.program_id(0) % SUB) * C
+    acc_lo, acc_hi = norm_dot2(x_ptr, nw_ptr, w_ptr, stride_x, rows, rmask, rstd, a0, a0 + HALF,
+                               K, BM, C, BK, F32, TMA)
     a_lo, a_hi = bf16(acc_lo), bf16(acc_hi)  # the packed GEMM's bf16 output
     if t < H + KVH:  # q and k heads get RoPE
         out_lo, out_hi = rope(
@@ -114,7 +115,8 @@ class FusedDepthLayers:
     Needs ``BreezeModel.fuse_projections_()`` first (packed q/k/v and gate/up weights).
     """
 
-    def __init__(self, depth: torch.nn.Module, max_rows: int, tiles: Tiles | None = None) -> None:
+    def __init__(self, depth: torch.nn.Module, max_rows: int, tiles: Tiles | None = None,
+                 warm: bool = True) -> None:
         cfg = depth.cfg
         self.depth = depth
         t = tiles or Tiles()
@@ -139,7 +141,7 @@ class FusedDepthLayers:
                for layer in layers):
             raise ValueError("fused depth kernels need BreezeModel.fuse_projections_() first")
         self.max_rows = max_rows
-        if device.type == "cuda":
+        if warm and device.type == "cuda":
             self.warm()
 
     @property
@@ -178,14 +180,15 @@ class FusedDepthLayers:
         q = torch.empty(rows, self.heads * hd, dtype=h.dtype, device=h.device)
         attn = torch.empty_like(q)
         qkv_grid = ((self.heads + 2 * self.kv_heads) * t.qkv_split, triton.cdiv(rows, bm))
+        qkv_bk = min(t.qkv_bk, d)
         for layer, layer_cache in zip(depth.model.layers, cache):
             c = layer_cache.stride()  # [2, R, KVH, P, D]
+            qkv_weight = gemms.weight(layer.self_attn.qkv_weight, hd // 2 // t.qkv_split, qkv_bk)
             _norm_qkv_rope_kernel[qkv_grid](
-                h, layer.input_layernorm.weight, layer.self_attn.qkv_weight, cos, sin, pos, q,
+                h, layer.input_layernorm.weight, qkv_weight, cos, sin, pos, q,
                 layer_cache, rows, self.eps, h.stride(0), q.stride(0), c[0], c[1], c[2], c[3],
                 H=self.heads, KVH=self.kv_heads, D=hd, K=d, SUB=t.qkv_split, BM=bm,
-                BK=min(t.qkv_bk, d), NK=min(256, d), F32=DOT_F32, num_warps=t.num_warps,
-                num_stages=t.num_stages,
+                BK=qkv_bk, NK=min(256, d), F32=DOT_F32, TMA=t.tma, **t.launch("qkv"),
             )
             _short_attention_kernel[(rows, self.kv_heads)](
                 q, layer_cache, pos, attn, self.scale, q.stride(0), attn.stride(0),

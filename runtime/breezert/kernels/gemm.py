@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import torch
 import triton
 import triton.language as tl
+from triton.tools.tensor_descriptor import TensorDescriptor
 
 # Triton 3.6's interpreter (CPU tests) mis-multiplies bf16 ``tl.dot`` operands and truncates
 # fp32 -> bf16 instead of rounding to nearest even. Under it the kernels upcast dot operands to
@@ -50,6 +51,20 @@ class Tiles:
     linear_bk: int = 64
     num_warps: int = 4
     num_stages: int = 4
+    gate_warps: int | None = None
+    gate_stages: int | None = None
+    split_warps: int | None = None
+    split_stages: int | None = None
+    tma: bool = False
+    """Weight tiles through the tensor-memory accelerator (host ``TensorDescriptor``s, one per
+    weight and tile shape, cached) instead of per-thread loads; same tiles, same bits."""
+
+    def launch(self, kernel: str) -> dict[str, int]:
+        """``num_warps`` / ``num_stages`` of ``kernel`` ("gate" or "split"; others share the
+        defaults), so the GEMMs with the most bytes can take deeper pipelines."""
+        warps = getattr(self, f"{kernel}_warps", None) or self.num_warps
+        stages = getattr(self, f"{kernel}_stages", None) or self.num_stages
+        return {"num_warps": warps, "num_stages": stages}
 
 
 @triton.jit
@@ -60,6 +75,19 @@ def mm(a, b, F32: tl.constexpr):
     else:
         out = tl.dot(a, b)
     return out
+
+
+@triton.jit
+def weight_tile(w, n0, k0, K: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
+                TMA: tl.constexpr):
+    """Rows ``n0..n0+BN-1``, columns ``k0..k0+BK-1`` of a row-major ``[N, K]`` weight: ``w`` is
+    a TMA descriptor of ``[BN, BK]`` blocks (``TMA``) or a pointer."""
+    if TMA:
+        tile = w.load([n0, k0])
+    else:
+        n = n0 + tl.arange(0, BN)
+        tile = tl.load(w + n[:, None] * K + (k0 + tl.arange(0, BK))[None, :])
+    return tile
 
 
 @triton.jit
@@ -97,19 +125,19 @@ def normed_tile(x_ptr, nw_ptr, stride_x, rows, rmask, rstd, cols):
 
 
 @triton.jit
-def norm_dot2(x_ptr, nw_ptr, w_ptr, stride_x, rows, rmask, rstd, n_a, n_b,
+def norm_dot2(x_ptr, nw_ptr, w, stride_x, rows, rmask, rstd, a0, b0,
               K: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
-              F32: tl.constexpr):
-    """``RMSNorm(x) @ w[n_a].T`` and ``@ w[n_b].T`` over K in one pass (fp32 ``[BM, BN]`` each,
-    BN weight rows in ``n_a`` and in ``n_b``): gate and up, or the two RoPE halves of a head,
-    with the input tile loaded once."""
+              F32: tl.constexpr, TMA: tl.constexpr):
+    """``RMSNorm(x) @ w[a0:a0+BN].T`` and ``@ w[b0:b0+BN].T`` over K in one pass (fp32
+    ``[BM, BN]`` each): gate and up, or the two RoPE halves of a head, with the input tile
+    loaded once."""
     acc_a = tl.zeros([BM, BN], dtype=tl.float32)
     acc_b = tl.zeros([BM, BN], dtype=tl.float32)
     for k0 in range(0, K, BK):
         cols = k0 + tl.arange(0, BK)
         xn = normed_tile(x_ptr, nw_ptr, stride_x, rows, rmask, rstd, cols)
-        w_a = tl.load(w_ptr + n_a[:, None] * K + cols[None, :])
-        w_b = tl.load(w_ptr + n_b[:, None] * K + cols[None, :])
+        w_a = weight_tile(w, a0, k0, K, BN, BK, TMA)
+        w_b = weight_tile(w, b0, k0, K, BN, BK, TMA)
         acc_a += mm(xn, tl.trans(w_a), F32)
         acc_b += mm(xn, tl.trans(w_b), F32)
     return acc_a, acc_b
@@ -128,7 +156,7 @@ def rope(lo, hi, cos_lo, cos_hi, sin_lo, sin_hi):
 def norm_linear_kernel(
     x_ptr, nw_ptr, w_ptr, out_ptr, R, eps, stride_x, stride_out,
     K: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, NK: tl.constexpr,
-    F32: tl.constexpr,
+    F32: tl.constexpr, TMA: tl.constexpr = False,
 ):
     """Program (column block, row block): ``bf16(RMSNorm(x) @ w.T)``."""
     rows = tl.program_id(1) * BM + tl.arange(0, BM)
@@ -139,7 +167,7 @@ def norm_linear_kernel(
     for k0 in range(0, K, BK):
         cols = k0 + tl.arange(0, BK)
         xn = normed_tile(x_ptr, nw_ptr, stride_x, rows, rmask, rstd, cols)
-        w = tl.load(w_ptr + n[:, None] * K + cols[None, :])
+        w = weight_tile(w_ptr, tl.program_id(0) * BN, k0, K, BN, BK, TMA)
         acc += mm(xn, tl.trans(w), F32)
     tl.store(out_ptr + rows[:, None] * stride_out + n[None, :], bf16(acc).to(tl.bfloat16),
              mask=rmask[:, None])
@@ -149,7 +177,7 @@ def norm_linear_kernel(
 def norm_gate_up_kernel(
     x_ptr, nw_ptr, w_ptr, out_ptr, R, eps, stride_x, stride_out,
     I: tl.constexpr, K: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
-    NK: tl.constexpr, F32: tl.constexpr,
+    NK: tl.constexpr, F32: tl.constexpr, TMA: tl.constexpr = False,
 ):
     """Program (column block, row block): ``bf16(silu(gate) * up)`` of the normed input; gate
     rows 0..I-1 and up rows I..2I-1 of the packed weight."""
@@ -157,8 +185,9 @@ def norm_gate_up_kernel(
     rmask = rows < R
     n = tl.program_id(0) * BN + tl.arange(0, BN)
     rstd = row_rstd(x_ptr, stride_x, rows, rmask, eps, K, BM, NK)
-    acc_g, acc_u = norm_dot2(x_ptr, nw_ptr, w_ptr, stride_x, rows, rmask, rstd, n, n + I, K, BM,
-                             BN, BK, F32)
+    n0 = tl.program_id(0) * BN
+    acc_g, acc_u = norm_dot2(x_ptr, nw_ptr, w_ptr, stride_x, rows, rmask, rstd, n0, n0 + I, K,
+                             BM, BN, BK, F32, TMA)
     gate, up = bf16(acc_g), bf16(acc_u)
     act = bf16(gate / (1.0 + tl.exp(-gate)))  # F.silu on a bf16 tensor
     tl.store(out_ptr + rows[:, None] * stride_out + n[None, :], bf16(act * up).to(tl.bfloat16),
@@ -170,6 +199,7 @@ def linear_residual_kernel(
     a_ptr, w_ptr, res_ptr, out_ptr, ws_ptr, count_ptr, R, stride_a, stride_res, stride_out,
     ws_split, N: tl.constexpr, K: tl.constexpr, SPLIT: tl.constexpr,
     BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, F32: tl.constexpr,
+    TMA: tl.constexpr = False,
 ):
     """Program (column block, K split, row block): ``out = bf16(res + bf16(a @ w.T))``.
 
@@ -187,7 +217,7 @@ def linear_residual_kernel(
         cols = split * KS + k0 + tl.arange(0, BK)
         a = tl.load(a_ptr + rows[:, None] * stride_a + cols[None, :], mask=rmask[:, None],
                     other=0.0)
-        w = tl.load(w_ptr + n[:, None] * K + cols[None, :])
+        w = weight_tile(w_ptr, pid_n * BN, split * KS + k0, K, BN, BK, TMA)
         acc += mm(a, tl.trans(w), F32)
     tile = ws_ptr + rows[:, None] * N + n[None, :]  # partials of this call: [SPLIT, R, N]
     tl.store(tile + split * ws_split, acc, mask=rmask[:, None])
@@ -234,6 +264,17 @@ class FusedGemms:
     def __init__(self, tiles: Tiles, max_rows: int, max_n: int, device: torch.device) -> None:
         self.tiles, self.max_rows, self.max_n = tiles, max_rows, max_n
         self.workspace, self.counters = self._workspace(max_rows, device)
+        self._descriptors: dict[tuple[int, int, int], TensorDescriptor] = {}
+
+    def weight(self, weight: torch.Tensor, block_n: int, block_k: int) -> object:
+        """What a kernel reads ``weight`` through: the tensor, or with ``Tiles.tma`` its TMA
+        descriptor of ``[block_n, block_k]`` tiles (built once per weight: weights never move)."""
+        if not self.tiles.tma:
+            return weight
+        key = (weight.data_ptr(), block_n, block_k)
+        if key not in self._descriptors:
+            self._descriptors[key] = TensorDescriptor.from_tensor(weight, [block_n, block_k])
+        return self._descriptors[key]
 
     def _workspace(self, rows: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
         t = self.tiles
@@ -274,10 +315,11 @@ class FusedGemms:
         rows, (n, k) = x.shape[0], weight.shape
         out = torch.empty(rows, n, dtype=x.dtype, device=x.device)
         bm = row_block(rows)
+        bk = min(t.linear_bk, k)
         norm_linear_kernel[(n // t.linear_bn, triton.cdiv(rows, bm))](
-            x, norm_weight, weight, out, rows, eps, x.stride(0), out.stride(0), K=k, BM=bm,
-            BN=t.linear_bn, BK=min(t.linear_bk, k), NK=min(256, k), F32=DOT_F32,
-            num_warps=t.num_warps, num_stages=t.num_stages,
+            x, norm_weight, self.weight(weight, t.linear_bn, bk), out, rows, eps, x.stride(0),
+            out.stride(0), K=k, BM=bm, BN=t.linear_bn, BK=bk, NK=min(256, k), F32=DOT_F32,
+            TMA=t.tma, **t.launch("linear"),
         )
         return out
 
@@ -288,10 +330,11 @@ class FusedGemms:
         inter = weight.shape[0] // 2
         out = torch.empty(rows, inter, dtype=x.dtype, device=x.device)
         bm = row_block(rows)
+        bk = min(t.gate_bk, k)
         norm_gate_up_kernel[(inter // t.gate_bn, triton.cdiv(rows, bm))](
-            x, norm_weight, weight, out, rows, eps, x.stride(0), out.stride(0), I=inter, K=k,
-            BM=bm, BN=t.gate_bn, BK=min(t.gate_bk, k), NK=min(256, k), F32=DOT_F32,
-            num_warps=t.num_warps, num_stages=t.num_stages,
+            x, norm_weight, self.weight(weight, t.gate_bn, bk), out, rows, eps, x.stride(0),
+            out.stride(0), I=inter, K=k, BM=bm, BN=t.gate_bn, BK=bk, NK=min(256, k),
+            F32=DOT_F32, TMA=t.tma, **t.launch("gate"),
         )
         return out
 
@@ -306,10 +349,11 @@ class FusedGemms:
         )
         out = torch.empty_like(residual)
         bm = row_block(rows)
+        bk = min(t.split_bk, k // t.split_k)
         linear_residual_kernel[(n // t.split_bn, t.split_k, triton.cdiv(rows, bm))](
-            a, weight, residual, out, workspace, counters, rows, a.stride(0),
-            residual.stride(0), out.stride(0), workspace.stride(0), N=n, K=k, SPLIT=t.split_k,
-            BM=bm, BN=t.split_bn, BK=min(t.split_bk, k // t.split_k), F32=DOT_F32,
-            num_warps=t.num_warps, num_stages=t.num_stages,
+            a, self.weight(weight, t.split_bn, bk), residual, out, workspace, counters, rows,
+            a.stride(0), residual.stride(0), out.stride(0), workspace.stride(0), N=n, K=k,
+            SPLIT=t.split_k, BM=bm, BN=t.split_bn, BK=bk, F32=DOT_F32, TMA=t.tma,
+            **t.launch("split"),
         )
         return out
