@@ -14,7 +14,8 @@ and obeys data messages from any participant:
 What the tests read back goes to files under ``$BREEZERT_TEST_STATE`` (same machine, so the
 ``time.monotonic()`` stamps in them compare with the test's own): ``events.jsonl`` (one JSON
 object a line: ready, said, tts metrics, playout reports, interrupted, done) and ``metrics.json``
-(the shared engine's counters and each room's ``PlayoutFeedback`` state, rewritten every 50 ms).
+(the shared engine's counters, its step time split by ``StepClock`` and each room's
+``PlayoutFeedback`` state, rewritten every 50 ms).
 """
 
 from __future__ import annotations
@@ -62,6 +63,7 @@ def engine_config() -> Any:
 _lock = threading.Lock()
 _rooms: dict[str, dict[str, Any]] = {}  # room name -> playout state, for metrics.json
 _engine: Any = None
+_clock: StepClock | None = None  # the shared engine's (set once, in the first prewarm)
 
 
 def emit(room: str, kind: str, **fields: Any) -> None:
@@ -81,8 +83,41 @@ def _engine_counters() -> dict[str, Any] | None:
             "active_requests": counters.get("requests_added", 0) - metrics.num_finished}
 
 
+class StepClock:
+    """Where the engine thread's time goes while it steps: its own CPU time, waiting for a core
+    (the kernel's runqueue delay, ``/proc/thread-self/schedstat``) and the rest, waiting for
+    the GIL, which this process's agent event loops hold at times. Wraps ``Engine.step`` of the
+    shared engine (only steps that ran count); read on the engine thread, a few microseconds."""
+
+    def __init__(self, engine: Any) -> None:
+        self.steps, self.wall_s, self.cpu_s, self.runqueue_s = 0, 0.0, 0.0, 0.0
+        self._engine, self._step = engine, engine.step
+        engine.step = self._timed
+
+    def _timed(self) -> Any:
+        wall, cpu, queued = time.perf_counter(), time.thread_time(), _runqueue_s()
+        outputs = self._step()
+        if self._engine.last_step_ran:
+            self.steps += 1
+            self.wall_s += time.perf_counter() - wall
+            self.cpu_s += time.thread_time() - cpu
+            self.runqueue_s += _runqueue_s() - queued
+        return outputs
+
+    def snapshot(self) -> dict[str, float]:
+        return {"steps": self.steps, "wall_s": self.wall_s, "cpu_s": self.cpu_s,
+                "runqueue_s": self.runqueue_s}
+
+
+def _runqueue_s() -> float:
+    """This thread's time spent runnable but not running, seconds (Linux schedstat)."""
+    with open("/proc/thread-self/schedstat", encoding="ascii") as stat:
+        return int(stat.read().split()[1]) / 1e9
+
+
 def _write_metrics() -> None:
-    snapshot = {"t": time.monotonic(), "engine": _engine_counters(), "rooms": dict(_rooms)}
+    snapshot = {"t": time.monotonic(), "engine": _engine_counters(), "rooms": dict(_rooms),
+                "engine_time": _clock.snapshot() if _clock else None}
     tmp = STATE / "metrics.json.tmp"
     tmp.write_text(json.dumps(snapshot, default=str))
     tmp.replace(STATE / "metrics.json")
@@ -98,7 +133,7 @@ def _metrics_writer() -> None:
 
 
 def prewarm(proc: JobProcess) -> None:
-    global _engine
+    global _engine, _clock
     import torch
     from breezert.async_engine import AsyncEngine
 
@@ -108,6 +143,8 @@ def prewarm(proc: JobProcess) -> None:
     engine = proc.userdata["breezert_engine"] = AsyncEngine.shared(engine_config())
     with _lock:  # prewarm runs once per idle executor (two or more): one writer for them all
         is_first, _engine = _engine is None, engine
+        if is_first:
+            _clock = StepClock(engine.engine)
     if is_first:
         threading.Thread(target=_metrics_writer, name="metrics-writer", daemon=True).start()
 
