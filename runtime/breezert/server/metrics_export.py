@@ -147,6 +147,9 @@ def render(snapshot: Mapping[str, Any], state: ServerState, queue: int | None) -
             [((), counters.get("requests_added", 0))])
     _metric(out, "breezert_chunks_emitted_total", "counter", "Audio chunks out of the engine.",
             [((), counters.get("chunks_emitted", 0))])
+    _metric(out, "breezert_queued_requests_total", "counter", "Requests that had to wait for a "
+            "running slot when submitted (all max_running_requests taken; an open turn holds "
+            "its slot until its input closes).", [((), counters.get("queued_requests", 0))])
     return "\n".join(out) + "\n"
 
 
