@@ -17,7 +17,7 @@ import pytest
 
 from tests.livekit.browser import join_browser
 from tests.livekit.test_room_python import (
-    SENTENCE,
+    LONG,
     assert_real_time,
     delta,
     idle,
@@ -39,7 +39,9 @@ async def test_browser_hears_the_turn_and_its_reports_reach_the_predictor(
         before = agent_worker.metrics()
 
         async def attempt() -> None:
-            sent, tts_metrics = await speak(room, agent_worker, SENTENCE)
+            # 6 s: reports flow while the engine request runs, and its first ~0.4 s has none
+            # from the browser yet (two reporter samples with audio in them make the first)
+            sent, tts_metrics = await speak(room, agent_worker, LONG)
             heard = await browser.heard(since=sent)
             assert heard is not None, "the browser never heard the turn"
             print(f"browser: first audio {(heard.first - sent) * 1000:.0f} ms after the trigger "
