@@ -1,7 +1,8 @@
 # BreezeRT Agent: two commands on a fresh machine.
 #   make run   create .venv, install, serve the embedded tiny model (demo page, HTTP, WS, WebRTC)
 #   make test  create .venv, install (plus Chromium for the browser test, the LiveKit server and
-#              livekit-client for the real-room tests), run the test suite
+#              livekit-client for the real-room tests, LiveKit SIP, Redis and baresip for the SIP
+#              test), run the test suite
 PYTHON ?= python3
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
@@ -9,7 +10,8 @@ PIP    := $(PY) -m pip --disable-pip-version-check -q
 TINY   ?= .cache/models/tiny
 STAMP  := $(VENV)/.installed
 
-.PHONY: run test install chromium livekit-server livekit-web synth bench-cpu bench-livekit-room clean
+.PHONY: run test install chromium livekit-server livekit-web telephony-deps livekit-sip synth \
+        bench-cpu bench-livekit-room clean
 
 # Two distributions: runtime/pyproject.toml is `breezert` (torch only in its `engine` extra),
 # pyproject.toml is `breezert-agent` (the LiveKit plugin; `local` = in-process engine).
@@ -56,6 +58,43 @@ livekit-server:
 	  else echo "warning: livekit-server build failed (see $(LIVEKIT_DIR)/build.log); tests/livekit will skip"; fi; \
 	fi
 
+# The SIP test (tests/livekit/test_sip.py): LiveKit SIP at a pinned release from its Go module
+# through the Go module proxy, plus Debian's Redis (SIP and the server talk through it), baresip
+# (the caller) and the C libraries SIP's cgo media code links (opus, opusfile, soxr).
+# v1.8.0 is the newest release the proxy serves here; its protocol and psrpc (v0.7.2) match what
+# livekit-server v1.13.5 speaks. `go install pkg@version` refuses it (the proxy has no version
+# list for the deprecation check), so the module is downloaded and built inside a copy of it;
+# ~3 min on two cores the first time, then cached. A missing tool or a failed build makes the
+# SIP test skip with the reason from .cache/livekit/sip-build.log.
+LIVEKIT_SIP_VERSION ?= v1.8.0
+TELEPHONY_DEBS      := redis-server baresip-core pkg-config libopus-dev libopusfile-dev libsoxr-dev
+
+telephony-deps:
+	@missing=""; for p in $(TELEPHONY_DEBS); do \
+	  dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
+	if [ -n "$$missing" ]; then \
+	  (apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q $$missing) \
+	  || echo "warning: could not install$$missing; the SIP test will skip"; fi
+
+livekit-sip: telephony-deps
+	@mkdir -p $(LIVEKIT_DIR)
+	@if [ -x $(LIVEKIT_DIR)/livekit-sip ]; then :; \
+	elif ! command -v go >/dev/null 2>&1; then \
+	  echo "go not found on PATH: install Go >= 1.26 to build livekit-sip" | tee $(LIVEKIT_DIR)/sip-build.log; \
+	else \
+	  echo "building livekit-sip $(LIVEKIT_SIP_VERSION) (go build, a few minutes the first time)"; \
+	  src="$(abspath $(LIVEKIT_DIR))/sip-src"; rm -rf "$$src"; \
+	  info=$$(go mod download -json github.com/livekit/sip@$(LIVEKIT_SIP_VERSION) 2>&1); \
+	  echo "$$info" >$(LIVEKIT_DIR)/sip-build.log; \
+	  if dir=$$(echo "$$info" | sed -n 's/^[[:space:]]*"Dir": "\(.*\)",$$/\1/p') && [ -n "$$dir" ] \
+	     && cp -r "$$dir" "$$src" && chmod -R u+w "$$src" \
+	     && (cd "$$src" && CGO_ENABLED=1 go build -buildvcs=false -o ../livekit-sip.tmp ./cmd/livekit-sip) \
+	          >>$(LIVEKIT_DIR)/sip-build.log 2>&1; then \
+	    mv $(LIVEKIT_DIR)/livekit-sip.tmp $(LIVEKIT_DIR)/livekit-sip; \
+	  else echo "warning: livekit-sip build failed (see $(LIVEKIT_DIR)/sip-build.log); the SIP test will skip"; fi; \
+	  rm -rf "$$src"; \
+	fi
+
 # livekit-client for the browser participant, pinned in tests/livekit/web/package-lock.json and
 # served on loopback by the test (no CDN).
 livekit-web:
@@ -66,7 +105,7 @@ livekit-web:
 run: $(STAMP)
 	$(VENV)/bin/breezert serve --config cpu-tiny
 
-test: $(STAMP) chromium livekit-server livekit-web
+test: $(STAMP) chromium livekit-server livekit-web livekit-sip
 	$(PY) -m pytest -q
 
 $(TINY)/config.json: | $(STAMP)

@@ -21,37 +21,28 @@ import argparse
 import contextlib
 import copy
 import json
-import os
-import subprocess
-from collections.abc import Iterator
-from datetime import datetime, timezone
 
 import torch
 
-from breezert.models.codec import StreamingCodec
+from breezert.models.codec import StreamingCodec, tf32_math
+from cuda_bench import gpu_metadata
 from breezert.random_init import build_random
 
-PRECISIONS = ("fp32", "fp32-strict", "tf32", "bf16")
-SHAPES = ((1, 1), (16, 1), (64, 1), (16, 4), (64, 4), (16, 16))
+PRECISIONS = ("fp32", "fp32-strict", "tf32", "bf16", "tf32-fast", "bf16-fast")
+"""``-fast``: the serving kernels (``graph.fused_codec``: SnakeBeta fused with each conv's
+history, codebook tables, the widest upsampler as a GEMM)."""
+SHAPES = ((1, 1), (16, 1), (64, 1), (16, 4), (64, 4), (16, 16), (32, 16))
 GFLOP_PER_FRAME = 5.0
 
 
-@contextlib.contextmanager
-def math_flags(precision: str) -> Iterator[None]:
-    """TF32 on or off for cuDNN convolutions and CUDA matmuls while the block runs."""
-    if precision not in ("fp32-strict", "tf32"):
-        yield
-        return
-    allow = precision == "tf32"
-    saved = torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32
-    torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = allow
-    try:
-        yield
-    finally:
-        torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = saved
+def math_flags(precision: str) -> contextlib.AbstractContextManager[None]:
+    """TF32 on (``tf32``) or off (``fp32-strict``) while the block runs; others: as set."""
+    return tf32_math({"fp32-strict": False, "tf32": True}.get(precision))
 
 
 def make_codec(base: torch.nn.Module, precision: str, slots: int) -> StreamingCodec:
+    if precision.endswith("-fast"):
+        return StreamingCodec.for_serving(base, slots, precision.removesuffix("-fast"), fast=True)
     dtype = torch.bfloat16 if precision == "bf16" else torch.float32
     decoder = copy.deepcopy(base).to(dtype) if dtype != torch.float32 else base
     return StreamingCodec(decoder, slots, device="cuda", dtype=dtype)
@@ -152,16 +143,11 @@ def main() -> None:
             print(f"{precision:12s} FAILED: {type(exc).__name__}: {exc}", flush=True)
             results["precisions"][precision] = {"error": f"{type(exc).__name__}: {exc}"}
         torch.cuda.empty_cache()
-    commit = os.environ.get("BREEZERT_GIT_COMMIT") or subprocess.run(
-        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
-    results["metadata"] = {
-        "gpu": torch.cuda.get_device_name(), "torch_version": torch.__version__,
-        "cuda_version": torch.version.cuda, "git_commit": commit or "unknown",
-        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+    results["metadata"] = gpu_metadata(**{
         "default_flags": {"cudnn_allow_tf32": torch.backends.cudnn.allow_tf32,
                           "matmul_allow_tf32": torch.backends.cuda.matmul.allow_tf32},
         "snr_frames": args.frames, "gflop_per_frame": GFLOP_PER_FRAME,
-    }
+    })
     with open(args.out, "w") as f:
         json.dump(results, f, indent=2)
 

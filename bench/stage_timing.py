@@ -12,9 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import platform
-import subprocess
 import time
 from datetime import datetime, timezone
 
@@ -23,21 +21,7 @@ import torch
 from breezert.config import EngineConfig
 from breezert.constants import Stage
 from breezert.runtime_setup import build_runner, load_engine_checkpoint
-
-
-def _time(fn, iters: int = 20) -> float:
-    """Median milliseconds of ``fn()`` over ``iters`` runs, timed with CUDA events."""
-    for _ in range(3):
-        fn()
-    times = []
-    for _ in range(iters):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(end))
-    return sorted(times)[len(times) // 2]
+from cuda_bench import git_commit, median_ms
 
 
 MODES = {
@@ -77,15 +61,15 @@ def measure(batches: list[int], mode: str, context: int) -> dict:
                 # DECODE rows hold 3/4 of the context bucket: attention reads a real context.
                 extra = {"cached": 3 * context // 4} if stage is Stage.DECODE else {}
                 inputs = st.example_inputs(*key, **extra)
-                row[f"{name}_eager_ms"] = _time(lambda: st.graphs.fn(**inputs), 5)
-                row[f"{name}_graph_ms"] = _time(lambda: st.graphs(key, inputs))
+                row[f"{name}_eager_ms"] = median_ms(lambda: st.graphs.fn(**inputs), 5)
+                row[f"{name}_graph_ms"] = median_ms(lambda: st.graphs(key, inputs))
             row["frame_step_graph_ms"] = row["decode_graph_ms"] + row["depth_graph_ms"]
             if b == batches[0]:  # text encode is per token bucket, not per batch
                 te = runner.stages[Stage.TEXT_ENCODE]
                 for tokens in (64, 128):
                     inputs = te.example_inputs(tokens)
-                    row[f"text_encode{tokens}_eager_ms"] = _time(lambda: te.graphs.fn(**inputs), 5)
-                    row[f"text_encode{tokens}_graph_ms"] = _time(lambda: te.graphs(tokens, inputs))
+                    row[f"text_encode{tokens}_eager_ms"] = median_ms(lambda: te.graphs.fn(**inputs), 5)
+                    row[f"text_encode{tokens}_graph_ms"] = median_ms(lambda: te.graphs(tokens, inputs))
             rows.append(row)
             print(json.dumps(row))
     warmup_stage_s = runner.warmup_stage_s
@@ -107,13 +91,7 @@ def main() -> None:
     modes = args.modes.split(",")
     if unknown := set(modes) - set(MODES):
         parser.error(f"unknown modes {sorted(unknown)}; choose from {', '.join(MODES)}")
-    commit = os.environ.get("BREEZERT_GIT_COMMIT")  # a copied tree's .git may be stale
-    if not commit:
-        try:
-            commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
-                                    text=True).stdout.strip() or "unknown"
-        except OSError:
-            commit = "unknown"
+    commit = git_commit()
     doc = {
         "gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
         "cuda": torch.version.cuda, "date": datetime.now(timezone.utc).isoformat(),

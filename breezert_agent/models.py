@@ -37,6 +37,8 @@ DEFAULT_MAX_SESSION_S = 300.0
 """A pooled WebSocket older than this is replaced before its next turn (``max_session_duration``)."""
 DEFAULT_HEARTBEAT_S = 10.0
 """Ping period of pooled WebSockets; a pong missing for half of it closes the socket."""
+DEFAULT_READINESS_INTERVAL_S = 0.5
+"""With several replicas: how often each one's ``/readyz`` is read while the client is in use."""
 RECEIVE_POLL_S = 0.05
 """How often a remote turn re-checks its receive deadline while it waits."""
 CLOSE_TIMEOUT_S = 1.0

@@ -2,8 +2,10 @@
 
 Owns: turning LLM tokens into engine segments with the runtime's sentence splitter
 (``breezert.text``; one engine request per turn), the options snapshot per stream, audio out
-through the ``AudioEmitter`` in 10/20 ms frames, reporting playback (``playout.PlayoutFeedback``) while a turn plays, and the mapping of
-runtime errors to the ``APIError`` family. Must not: import torch, log synthesized text, or
+through the ``AudioEmitter`` in 10/20 ms frames at the plugin's rate (resampled once per turn
+with soxr when that is not the runtime's 24 kHz, e.g. 8 kHz for telephony), reporting playback
+(``playout.PlayoutFeedback``) while a turn plays, and the mapping of runtime errors to the
+``APIError`` family. Must not: import torch, log synthesized text, or
 reach the runtime other than through ``client.RuntimeClient``.
 """
 
@@ -17,6 +19,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Literal
 
+import numpy as np
 from livekit import rtc
 from livekit.agents.types import TimedString
 from livekit.agents import (
@@ -32,6 +35,7 @@ from livekit.agents import (
     utils,
 )
 
+from breezert.audio import float_to_pcm16, new_resampler, resample_chunk, samples_per_frame
 from breezert.options import SynthesisOptions
 from breezert.errors import (
     BreezeRTError,
@@ -77,6 +81,7 @@ if TYPE_CHECKING:
 class _TTSOptions:
     turn: TurnOptions
     frame_size_ms: int
+    sample_rate: int
 
 
 def _check_frame_size(frame_size_ms: int) -> int:
@@ -85,11 +90,42 @@ def _check_frame_size(frame_size_ms: int) -> int:
     return frame_size_ms
 
 
+def _check_sample_rate(sample_rate: int) -> int:
+    """A rate whose 10 and 20 ms frames are whole samples (a multiple of 100 Hz)."""
+    try:
+        samples_per_frame(int(sample_rate), 10)
+    except (TypeError, ValueError):
+        raise ValueError(f"sample_rate={sample_rate!r} must be a positive multiple of 100 Hz "
+                         "(8000 for telephony)") from None
+    return int(sample_rate)
+
+
+class _Resampler:
+    """One turn's audio from the runtime's rate to the plugin's (``soxr`` through
+    ``breezert.audio``, streaming, so the turn is resampled once and continuously; ``None``
+    inside when the rates match: a passthrough)."""
+
+    def __init__(self, in_rate: int, out_rate: int) -> None:
+        self._soxr = new_resampler(in_rate, out_rate)
+
+    def push(self, pcm: bytes) -> bytes:
+        if self._soxr is None:
+            return pcm
+        samples = np.frombuffer(pcm, dtype="<i2").astype(np.float32) / 32767.0
+        return float_to_pcm16(resample_chunk(self._soxr, samples))
+
+    def flush(self) -> bytes:
+        """The audio soxr still holds (end of the turn)."""
+        if self._soxr is None:
+            return b""
+        return float_to_pcm16(resample_chunk(self._soxr, np.zeros(0, np.float32), last=True))
+
+
 class TTS(tts.TTS[Literal["metrics_collected", "error"]]):  # no events of its own
     def __init__(
         self,
         *,
-        base_url: str | None = None,
+        base_url: str | Sequence[str] | None = None,
         config: str | os.PathLike[str] | EngineConfig | None = None,
         client: RuntimeClient | None = None,
         auth_token: str | None = None,
@@ -102,6 +138,7 @@ class TTS(tts.TTS[Literal["metrics_collected", "error"]]):  # no events of its o
         max_frames: int | None = None,
         priority: int = 0,
         frame_size_ms: FrameSizeMs = DEFAULT_FRAME_SIZE_MS,
+        sample_rate: int = SAMPLE_RATE,
         feedback_interval_s: float = DEFAULT_FEEDBACK_INTERVAL_S,
         http_session: aiohttp.ClientSession | None = None,
     ) -> None:
@@ -113,7 +150,9 @@ class TTS(tts.TTS[Literal["metrics_collected", "error"]]):  # no events of its o
 
         Args:
             base_url: A ``breezert serve`` (``http://host:8080``): run turns remotely over its
-                WebSocket. Exclusive with ``config`` and ``client``.
+                WebSocket; or a list of replicas: each turn goes to the least loaded by their
+                ``/readyz``, and moves to another only before its first audio
+                (``RemoteRuntimeClient``). Exclusive with ``config`` and ``client``.
             config: ``EngineConfig``, TOML path or packaged profile name (``cpu-tiny``) for the
                 in-process engine.
             client: Any ``RuntimeClient`` (tests, custom transports); not closed by ``aclose``.
@@ -127,12 +166,16 @@ class TTS(tts.TTS[Literal["metrics_collected", "error"]]):  # no events of its o
             max_frames: Frame limit per sentence (80 ms each); ``None`` = engine default.
             priority: Engine priority of this agent's turns.
             frame_size_ms: Duration of each emitted ``rtc.AudioFrame`` (10 or 20).
+            sample_rate: Rate of the emitted audio. The runtime's is 24000; any other (8000
+                for a phone call) is resampled here, once per turn as one stream, with soxr.
+                Match the agent's output to it (``room_io.AudioOutputOptions(sample_rate=...)``),
+                or livekit-agents resamples it again.
             feedback_interval_s: Playback feedback period while a turn plays.
             http_session: aiohttp session for ``base_url`` (default: one of its own).
         """
         super().__init__(
             capabilities=tts.TTSCapabilities(streaming=True, aligned_transcript=True),
-            sample_rate=SAMPLE_RATE,
+            sample_rate=_check_sample_rate(sample_rate),
             num_channels=NUM_CHANNELS,
         )
         if sum(x is not None for x in (base_url, config, client)) > 1:
@@ -146,6 +189,7 @@ class TTS(tts.TTS[Literal["metrics_collected", "error"]]):  # no events of its o
                 voice=voice, max_frames=max_frames, priority=priority,
                 chunk_schedule=tuple(chunk_schedule) if chunk_schedule is not None else None),
             frame_size_ms=_check_frame_size(frame_size_ms),
+            sample_rate=self.sample_rate,
         )
         self._owns_client = client is None
         if client is not None:
@@ -177,7 +221,7 @@ class TTS(tts.TTS[Literal["metrics_collected", "error"]]):  # no events of its o
     def num_queued_turns(self) -> int:
         """Turns of this TTS's client that waited for one of the runtime's running slots (each
         also logged; in-process the engine counts them as ``queued_requests`` too, remotely the
-        server's ``/metrics`` has ``breezert_queued_requests_total``)."""
+        server's ``/metrics`` has ``breezert_requests_queued_total``)."""
         return self._client.num_queued_turns
 
     @property
@@ -214,8 +258,9 @@ class TTS(tts.TTS[Literal["metrics_collected", "error"]]):  # no events of its o
         if utils.is_given(frame_size_ms):
             frame = _check_frame_size(frame_size_ms)
         old = self._opts.turn
-        self._opts = _TTSOptions(
-            turn=replace(old, voice=replace(old.voice, **voice), **turn), frame_size_ms=frame)
+        self._opts = replace(
+            self._opts, turn=replace(old, voice=replace(old.voice, **voice), **turn),
+            frame_size_ms=frame)
 
     def synthesize(
         self, text: str, *, conn_options: APIConnectOptions = DEFAULT_API_CONNECT_OPTIONS
@@ -325,10 +370,12 @@ class _TurnRunner:
         self._is_ready.set()
 
     async def pump(self) -> None:
-        """Pushes every chunk into the emitter as it arrives (no buffering here)."""
+        """Pushes every chunk into the emitter as it arrives (no buffering here but the
+        resampler's, when the plugin's rate is not the runtime's)."""
         await self._is_ready.wait()
         if self.turn is None:
             return
+        resampler = _Resampler(self._tts.client.sample_rate, self._opts.sample_rate)
         async for pcm in self.turn.audio():
             if isinstance(pcm, SegmentStart):
                 self._push_transcript(pcm)
@@ -337,8 +384,13 @@ class _TurnRunner:
                 self.is_audio_pushed = True
                 self._tts.playout.begin(self.turn)
                 self._feedback_task = asyncio.create_task(self._feedback_loop(self.turn))
-            self._emitter.push(pcm)
+            self._push(resampler.push(pcm))
+        self._push(resampler.flush())
         self._is_finished = True
+
+    def _push(self, pcm: bytes) -> None:
+        if pcm:  # soxr holds back the start of a turn until it has a block
+            self._emitter.push(pcm)
 
     def _push_transcript(self, start: SegmentStart) -> None:
         """The sentence whose audio starts here, timed from the stream's start (exact to one
@@ -381,7 +433,7 @@ def _initialize(output_emitter: tts.AudioEmitter, opts: _TTSOptions, *, stream: 
     the request id."""
     request_id = utils.shortuuid()
     output_emitter.initialize(
-        request_id=request_id, sample_rate=SAMPLE_RATE, num_channels=NUM_CHANNELS,
+        request_id=request_id, sample_rate=opts.sample_rate, num_channels=NUM_CHANNELS,
         mime_type="audio/pcm", frame_size_ms=opts.frame_size_ms, stream=stream,
     )
     return request_id
@@ -406,7 +458,8 @@ class ChunkedStream(tts.ChunkedStream):
         segments = _speakable(split_sentences(self._input_text))
         if not segments:
             if self._input_text.strip():  # livekit-agents wants audio for any text: a frame
-                output_emitter.push(bytes(2 * SAMPLE_RATE * self._opts.frame_size_ms // 1000))
+                output_emitter.push(bytes(2 * self._opts.sample_rate * self._opts.frame_size_ms
+                                          // 1000))
             return
         runner = _TurnRunner(self._tts, self._opts, output_emitter, request_id,
                              self._conn_options.timeout, self)

@@ -15,8 +15,18 @@ Engine placement (same API either way):
   ``AsyncEngine.shared``, which loads and warms the model once per process; later calls, and
   every ``TTS()`` with the same config, get that engine. With the default PROCESS executor each
   job process would load its own copy of the model.
-* remote: ``BREEZERT_URL=http://host:8080`` talks to a ``breezert serve`` over its WebSocket;
-  jobs may then use any executor.
+  The worker reports the engine's real load to LiveKit's dispatcher
+  (``breezert_agent.engine_worker_options``: ``load_fnc=engine_load``, full at 0.7 with
+  ``load_threshold`` just under it, THREAD executor, one warm executor per job place): a worker takes at most
+  ``max_running_requests`` jobs (``BREEZERT_MAX_JOBS`` to change it) and none while its engine's
+  running slots are all taken or the Predictor sees a stream falling behind; the dispatcher
+  sends the room to another worker.
+* remote: ``BREEZERT_URL=http://host:8080`` talks to a ``breezert serve`` over its WebSocket
+  (comma-separated URLs: several replicas, each turn to the least loaded by ``/readyz``);
+  jobs may then use any executor, and the worker's load is LiveKit's default (CPU).
+
+``BREEZERT_WORKER_PORT``: the worker's health port (LiveKit's default 8081), one per worker
+process when several run on one host (``deploy/multi-gpu/start.sh agent``).
 
 Playback feedback: after ``session.start`` the TTS reads the queue of the room output's
 ``rtc.AudioSource`` (our side only), and ``listen_room`` adds the listener's jitter buffer when
@@ -38,11 +48,12 @@ from livekit.agents import (
     cli,
 )
 
-from breezert_agent import TTS  # registers the plugin: import it on the main thread
+from breezert_agent import TTS, engine_worker_options  # registers the plugin: main thread
 
 logger = logging.getLogger("breezert-agent-example")
 
 BREEZERT_URL = os.environ.get("BREEZERT_URL")
+BREEZERT_URLS = [url.strip() for url in (BREEZERT_URL or "").split(",") if url.strip()]
 BREEZERT_CONFIG = os.environ.get("BREEZERT_CONFIG")
 AGENT_STT = os.environ.get("AGENT_STT", "deepgram/nova-3")
 AGENT_LLM = os.environ.get("AGENT_LLM", "openai/gpt-4.1-mini")
@@ -60,16 +71,33 @@ class Assistant(Agent):
 
 def prewarm(proc: JobProcess) -> None:
     """Runs once per executor before jobs; with THREAD executors the engine loads only once."""
-    if BREEZERT_URL is None:
+    if not BREEZERT_URLS:
         from breezert.async_engine import AsyncEngine  # in-process only: remote needs no torch
 
         proc.userdata["breezert_engine"] = AsyncEngine.shared(BREEZERT_CONFIG)
 
 
 def make_tts() -> TTS:
-    if BREEZERT_URL is not None:
-        return TTS(base_url=BREEZERT_URL)
+    if BREEZERT_URLS:
+        return TTS(base_url=BREEZERT_URLS if len(BREEZERT_URLS) > 1 else BREEZERT_URLS[0])
     return TTS(config=BREEZERT_CONFIG)
+
+
+def worker_options() -> WorkerOptions:
+    placement: dict[str, object] = {"job_executor_type": JobExecutorType.THREAD}
+    if not BREEZERT_URLS:  # the engine is here: LiveKit's load is its load
+        max_jobs = os.environ.get("BREEZERT_MAX_JOBS")
+        placement = engine_worker_options(BREEZERT_CONFIG,
+                                          max_jobs=int(max_jobs) if max_jobs else None)
+    return WorkerOptions(
+        entrypoint_fnc=entrypoint,
+        prewarm_fnc=prewarm,
+        port=int(os.environ.get("BREEZERT_WORKER_PORT", "8081")),
+        # loading a full-size checkpoint and capturing its graphs takes longer than the
+        # default 10 s
+        initialize_process_timeout=300.0,
+        **placement,  # type: ignore[arg-type]
+    )
 
 
 async def entrypoint(ctx: JobContext) -> None:
@@ -86,13 +114,4 @@ async def entrypoint(ctx: JobContext) -> None:
 
 
 if __name__ == "__main__":
-    cli.run_app(
-        WorkerOptions(
-            entrypoint_fnc=entrypoint,
-            prewarm_fnc=prewarm,
-            job_executor_type=JobExecutorType.THREAD,
-            # loading a full-size checkpoint and capturing its graphs takes longer than the
-            # default 10 s
-            initialize_process_timeout=300.0,
-        )
-    )
+    cli.run_app(worker_options())

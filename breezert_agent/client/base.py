@@ -63,6 +63,8 @@ class Turn(ABC):
     """Remote: the turn runs on a pooled socket; in-process: the shared engine was loaded."""
     acquire_time: float = 0.0
     """Seconds spent getting the connection (remote) or loading the engine (in-process)."""
+    base_url: str | None = None
+    """Remote: the ``breezert serve`` replica the turn runs on; in-process: ``None``."""
 
     @abstractmethod
     async def append(self, text: str) -> None:

@@ -22,11 +22,12 @@ from typing import Any
 from breezert.config import EngineConfig
 from breezert.constants import FRAME_S
 from breezert.engine import Engine, EngineOutput, RequestOutcome
-from breezert.errors import BreezeRTError, RequestAborted, RequestFailed
+from breezert.errors import BreezeRTError, EngineOverloaded, RequestAborted, RequestFailed
 from breezert.options import SynthesisOptions
 from breezert.outputs import AudioChunk
 from breezert.profiles import resolve_config
 from breezert.request import Reference, RequestStatus, SynthesisRequest
+from breezert.sched.load import EngineLoad
 from breezert.worker.warmup import Progress
 
 logger = logging.getLogger("breezert.async_engine")
@@ -316,6 +317,16 @@ class AsyncEngine:
     def metrics(self) -> dict[str, Any]:
         return self.engine.metrics.snapshot()
 
+    def load(self) -> EngineLoad:
+        """``Engine.load``: how full the engine is now (``EngineLoad.fraction``, 1 = full)."""
+        return self.engine.load()
+
+    @classmethod
+    def shared_engines(cls) -> list[AsyncEngine]:
+        """Every engine ``shared`` has built in this process (and not closed). Does not wait
+        for one being built (``shared`` holds its lock while loading)."""
+        return list(_shared.values())  # a copy under the GIL: no lock
+
     # ------------------------------------------------------------ engine thread
     def _run(self) -> None:
         try:
@@ -376,6 +387,8 @@ def _segment_starts(route: _Route, chunk: AudioChunk) -> list[SegmentStarted]:
 
 
 def _raise_for(outcome: RequestOutcome) -> None:
+    if outcome.status is RequestStatus.FAILED and outcome.overloaded:
+        raise EngineOverloaded(f"request {outcome.request_id}: {outcome.error}")
     if outcome.status is RequestStatus.FAILED:
         raise RequestFailed(outcome.request_id, outcome.error or "unknown error")
     if outcome.status is RequestStatus.ABORTED:

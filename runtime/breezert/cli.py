@@ -10,7 +10,7 @@ import argparse
 import sys
 import time
 import wave
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -98,6 +98,10 @@ def build_parser() -> argparse.ArgumentParser:
                        metavar="NAME=[BASE;]SECTION.KEY=VALUE;...", help="define a variant")
     bench.add_argument("--out", type=Path, default=None,
                        help="result JSON (default bench/results/<config>-<date>.json); PNG beside")
+    bench.add_argument("--server", default=None, metavar="URL",
+                       help="drive a running `breezert serve` at this base URL (http://host:port)"
+                            " over its WebSocket: client-side TTFB and gaps beside the server's "
+                            "first-audio times (token: BREEZERT_AUTH_TOKEN)")
     bench.add_argument("--seed", type=int, default=0)
     bench.add_argument("--feedback", action=argparse.BooleanOptionalAction, default=True,
                        help="the simulated listener calls report_playback every 100 ms")
@@ -242,6 +246,18 @@ def cmd_bench(args: argparse.Namespace) -> int:
 def cmd_serve(args: argparse.Namespace) -> int:
     import logging
 
+    cfg = serve_config(args)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    import asyncio
+
+    return asyncio.run(_serve(cfg, args))
+
+
+def serve_config(  # type: ignore[no-untyped-def]
+    args: argparse.Namespace, environ: Mapping[str, str] | None = None
+):
+    """The config ``breezert serve`` runs: the file, the command line over it, then the
+    environment (``apply_env_overrides``). Raises ``InvalidConfig`` for a bind it refuses."""
     from breezert.config import EngineConfig, apply_env_overrides
     from breezert.errors import InvalidConfig
 
@@ -255,13 +271,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
         **cfg.model_dump(), "model": {**cfg.model.model_dump(), **model},
         "serving": {**cfg.serving.model_dump(), **serving},
     }, source="command line")
-    cfg = apply_env_overrides(cfg)
+    cfg = apply_env_overrides(cfg, environ)
     if (problem := cfg.serving.binding_problem()) is not None:
         raise InvalidConfig(problem)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
-    import asyncio
-
-    return asyncio.run(_serve(cfg, args))
+    return cfg
 
 
 class _StartingEngine:

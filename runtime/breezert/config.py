@@ -34,6 +34,7 @@ else:  # pragma: no cover - python 3.10
     import tomli as tomllib
 
 NO_CUDA_GRAPH_ENV = "BREEZERT_NO_CUDA_GRAPH"
+AUTH_TOKEN_ENV = "BREEZERT_AUTH_TOKEN"
 
 
 class _Frozen(BaseModel):
@@ -60,6 +61,11 @@ class ModelConfig(_Frozen):
     """``auto``: cuda when available, else cpu."""
     seed: int = Field(default=0, ge=0)
     """Seed of the random weight init (only used when ``path`` is ``None``)."""
+    codec_precision: Literal["fp32", "tf32", "bf16"] = "tf32"
+    """Serving codec math on CUDA: ``tf32`` (fp32 storage, TF32 tensor cores for its convolutions
+    and matmuls; 51 dB waveform SNR against strict fp32 on the H200), ``fp32`` (TF32 off),
+    ``bf16`` (a bf16 copy of the codec: faster, 27 dB). The golden and reference paths stay
+    fp32; on CPU every choice but ``bf16`` is plain fp32."""
     tokenizer: str | None = None
     """``tokenizer.json`` for random weights (``path`` unset); ``None``: the built-in byte-level
     tokenizer, which spends one token per character (prompts about 4x longer than Gemma's)."""
@@ -82,6 +88,11 @@ class SchedulerConfig(_Frozen):
     """Requests holding a slot at once (slots 0..max_running_requests-1)."""
     max_queued_requests: int = Field(default=64, ge=0)
     """Requests waiting for a slot; one more raises ``EngineOverloaded``."""
+    max_queue_wait_s: float | None = Field(default=10.0, gt=0)
+    """Longest a request may wait for a slot: one whose predicted wait (its place in the queue
+    over the rate at which slots were freed in the last 30 s) is longer is refused at once with
+    ``EngineOverloaded`` (HTTP 503 + ``Retry-After``), and one still waiting after this long is
+    refused then. ``None``: wait as long as it takes."""
     max_model_len: int = Field(default=2048, gt=2)
     """Backbone context per branch in tokens (prompt + frames); a segment stops at
     ``prompt_len + frames == max_model_len - 1`` (SPEC §2.5)."""
@@ -199,6 +210,16 @@ class GraphConfig(_Frozen):
     """Padded tokens per text piece (longer pieces run uncaptured)."""
     codec_buckets: tuple[int, ...] = (1, 2, 4, 8, 16)
     """CODEC batch sizes in streams."""
+    fused_codec: bool = False
+    """The codec's serving kernels: SnakeBeta fused with each conv's carried history (one Triton
+    launch instead of six, CUDA only), one gather per codebook group, the widest upsampler as a
+    GEMM. Same arithmetic up to rounding order."""
+    codec_mixed_sizes: bool = False
+    """Chunks of different sizes share a CODEC replay (each row decodes its own frames) instead
+    of one replay per chunk size; the step's items are grouped by ``codec_replay_cost_frames``."""
+    codec_replay_cost_frames: float = Field(default=24.0, ge=0)
+    """Fixed cost of one CODEC replay in frame-equivalents, for grouping mixed sizes: a small
+    replay is launch-bound (H200: 1 stream x 1 frame 2.7 ms, against ~0.1 ms a frame at 256)."""
 
     @model_validator(mode="after")
     def _check(self) -> GraphConfig:
@@ -370,6 +391,9 @@ def apply_env_overrides(
 
     ``BREEZERT_NO_CUDA_GRAPH=1`` turns off every switch of ``CUDA_ONLY_SWITCHES`` (graphs,
     compile and the fused kernels: plain eager PyTorch). Unset, empty or ``0`` changes nothing.
+    ``BREEZERT_AUTH_TOKEN=<token>`` sets ``serving.auth_token`` (a Kubernetes Secret as an
+    environment variable; the plugin's remote client reads the same name); unset or empty
+    changes nothing.
 
     Args:
         cfg: The loaded config (not modified).
@@ -379,6 +403,10 @@ def apply_env_overrides(
         InvalidConfig: the variable holds something other than 0/1/true/false/yes/no.
     """
     env = os.environ if environ is None else environ
+    token = env.get(AUTH_TOKEN_ENV, "").strip()
+    if token:
+        serving = cfg.serving.model_copy(update={"auth_token": SecretStr(token)})
+        cfg = cfg.model_copy(update={"serving": serving})
     raw = env.get(NO_CUDA_GRAPH_ENV, "").strip().lower()
     if raw in ("", "0", "false", "no"):
         return cfg

@@ -38,6 +38,7 @@ from breezert.request import (
 )
 from breezert.sched.block_pool import BlockPool
 from breezert.sched.deadline import DeadlinePredictor
+from breezert.sched.load import EngineLoad
 from breezert.sched.plan import StepPlan, StepResult
 from breezert.sched.policy import make_policies
 from breezert.sched.scheduler import ChunkEmitted, RequestFinished, Scheduler, SchedulerEvent
@@ -54,6 +55,8 @@ class RequestOutcome:
     request_id: str
     status: RequestStatus
     error: str | None = None
+    overloaded: bool = False
+    """Refused while waiting for a slot (``max_queue_wait_s``): retry later or elsewhere."""
 
 
 EngineOutput = AudioChunk | RequestOutcome
@@ -198,6 +201,12 @@ class Engine:
             if self.scheduler.report_playback(request_id, report):
                 self.metrics.incr(f"playback_reports_{source}")
 
+    def load(self) -> EngineLoad:
+        """Running and queued requests against the limits, and the Predictor's least slack
+        (``breezert.sched.load.EngineLoad``); safe from any thread."""
+        with self._lock:
+            return self.scheduler.load(self.predictor, self.clock())
+
     def drain(self) -> list[EngineOutput]:
         """Outcomes produced outside ``step`` (``abort``, ``close_input``) that no step returned
         yet; for a caller that stops stepping (``AsyncEngine.aclose``)."""
@@ -211,7 +220,9 @@ class Engine:
     def step(self) -> list[EngineOutput]:
         """One scheduler step: plan → run on the worker → commit; returns what it produced."""
         with self._lock:
-            plan = self.scheduler.schedule(self.clock())
+            now = self.clock()
+            self._pending.extend(self._outcomes(self.scheduler.expire_waiting(now)))
+            plan = self.scheduler.schedule(now)
         self.last_step_ran = plan is not None
         self.last_plan = plan or self.last_plan
         if plan is None:
@@ -254,7 +265,7 @@ class Engine:
     def _outcomes(self, events: list[SchedulerEvent]) -> list[EngineOutput]:
         """Feeds the events to the metrics; returns the outcomes of finished requests."""
         self.metrics.on_events(events)
-        return [RequestOutcome(e.request_id, e.status, e.error)
+        return [RequestOutcome(e.request_id, e.status, e.error, e.overloaded)
                 for e in events if isinstance(e, RequestFinished)]
 
     def _release_idle(self) -> None:

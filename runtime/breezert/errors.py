@@ -12,7 +12,17 @@ class BreezeRTError(Exception):
 
 
 class EngineOverloaded(BreezeRTError):
-    """The waiting queue is full (``max_queued_requests``); retry later or elsewhere."""
+    """The engine cannot start the request soon enough: the waiting queue is full
+    (``max_queued_requests``), or its predicted or actual wait for a slot passed
+    ``max_queue_wait_s``; retry later or elsewhere.
+
+    Attributes:
+        retry_after_s: When a retry may find room (the predicted wait), if known.
+    """
+
+    def __init__(self, message: str, retry_after_s: float | None = None) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
 
 
 class RequestFailed(BreezeRTError):

@@ -63,6 +63,7 @@ def build_runner(cfg: EngineConfig, ckpt: Checkpoint,
         num_blocks=num_blocks,
         block_size=cfg.cache.block_size,
         graph=cfg.graph,
+        codec_precision=cfg.model.codec_precision,
     )
     if runner.uses_graphs:
         start = time.monotonic()

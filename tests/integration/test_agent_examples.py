@@ -21,6 +21,7 @@ from typing import Any
 import pytest
 
 from breezert.async_engine import AsyncEngine
+from breezert_agent import engine_load, load_threshold
 from breezert_agent.client import InProcessRuntimeClient, RemoteRuntimeClient
 
 pytestmark = pytest.mark.integration
@@ -54,6 +55,9 @@ def test_livekit_agent_worker_pieces(monkeypatch: pytest.MonkeyPatch) -> None:
     example["prewarm"](proc)
     assert proc.userdata["breezert_engine"] is AsyncEngine.shared()  # the process-wide engine
     assert isinstance(example["make_tts"]().client, InProcessRuntimeClient)
+    options = example["worker_options"]()  # the dispatcher sees the engine's load
+    assert options.load_threshold == load_threshold(8) and options.num_idle_processes == 8
+    assert options.load_fnc.func is engine_load  # type: ignore[union-attr]
 
     monkeypatch.setenv("BREEZERT_URL", "http://127.0.0.1:8080")
     remote = runpy.run_path(str(EXAMPLES / "livekit_agent.py"), run_name="livekit_agent")
@@ -63,6 +67,12 @@ def test_livekit_agent_worker_pieces(monkeypatch: pytest.MonkeyPatch) -> None:
     client = remote["make_tts"]().client
     assert isinstance(client, RemoteRuntimeClient)
     assert client.url == "ws://127.0.0.1:8080/v1/audio/speech/stream"
+
+    monkeypatch.setenv("BREEZERT_URL", "http://10.0.0.1:8080, http://10.0.0.2:8080")
+    replicas = runpy.run_path(str(EXAMPLES / "livekit_agent.py"), run_name="livekit_agent")
+    assert replicas["make_tts"]().client.urls == [
+        "ws://10.0.0.1:8080/v1/audio/speech/stream", "ws://10.0.0.2:8080/v1/audio/speech/stream"]
+    assert replicas["worker_options"]().load_fnc is not engine_load  # LiveKit's default
 
 
 def test_the_server_imports_no_livekit_and_the_plugin_registers_at_import() -> None:

@@ -106,7 +106,7 @@ async def test_queued_event_when_every_running_slot_is_held(engine: AsyncEngine)
 
 def _queued_total(text: str) -> float:
     return next(float(line.split()[-1]) for line in text.splitlines()
-                if line.startswith("breezert_queued_requests_total "))
+                if line.startswith("breezert_requests_queued_total "))
 
 
 async def test_a_queued_turn_is_counted_on_metrics_and_by_the_remote_plugin(

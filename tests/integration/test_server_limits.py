@@ -72,6 +72,46 @@ async def test_a_turn_that_keeps_appending_is_not_idle(engine: AsyncEngine) -> N
     await wait_idle(engine)
 
 
+async def test_a_caller_queued_past_max_queue_wait_gets_503_not_a_silent_wait(
+    engine: AsyncEngine,
+) -> None:
+    """Every slot held by an open turn: an HTTP request is refused with 503 ``overloaded`` and
+    a WebSocket turn ends ``failed`` with ``code: overloaded`` after ``max_queue_wait_s``,
+    both freeing everything."""
+    scheduler = engine.engine.scheduler
+    saved = scheduler.config
+    scheduler.config = saved.model_copy(update={"max_queue_wait_s": 0.5})
+    slots = saved.max_running_requests
+    try:
+        async with serve(engine, serving={"turn_idle_timeout_s": 30.0}) as (url, _), \
+                aiohttp.ClientSession() as http:
+            sockets = [await _open_idle_turn(http, url) for _ in range(slots)]
+            start = time.monotonic()
+            async with http.post(f"{url}/v1/audio/speech",
+                                 json={"input": "Me next.", "response_format": "pcm"}) as r:
+                body = await r.json()
+                assert r.status == 503 and body["error"]["code"] == "overloaded", body
+                assert "max_queue_wait_s" in body["error"]["message"]
+                assert int(r.headers["Retry-After"]) >= 1
+            assert 0.4 < time.monotonic() - start < 5.0
+            ws = await http.ws_connect(f"{url}/v1/audio/speech/stream")
+            assert json.loads((await ws.receive()).data)["type"] == "ready"
+            await ws.send_json({"type": "say", "text": "Me too."})
+            events, audio = await ws_turn(ws)
+            assert events[-1]["status"] == "failed" and events[-1]["code"] == "overloaded"
+            assert audio == b""
+            assert scheduler.num_waiting == 0
+            async with http.get(f"{url}/metrics") as r:  # both waited for a slot, counted
+                queued = [line for line in (await r.text()).splitlines()
+                          if line.startswith("breezert_requests_queued_total ")]
+            assert queued and float(queued[0].split()[1]) >= 2, queued
+            for sock in [ws, *sockets]:
+                await sock.close()
+    finally:
+        scheduler.config = saved
+    await wait_idle(engine)
+
+
 # ----------------------------------------------------------------------------- text limits
 
 ASCII_2000 = ("lorem ipsum dolor sit amet " * 80)[:2000]  # no sentence end: word cuts only

@@ -48,19 +48,33 @@ def _free_port(kind: int = socket.SOCK_STREAM) -> int:
         return int(sock.getsockname()[1])
 
 
-def _server_binary() -> Path:
-    """The built server; builds it through ``make livekit-server`` when it was never tried;
-    skips with the build's reason (``.cache/livekit/build.log``) when it cannot be built."""
-    override = os.environ.get("BREEZERT_LIVEKIT_SERVER")
+def _free_any_port() -> int:
+    """A TCP port free on every address, IPv4 and IPv6 (the agent worker's health server binds
+    them all: a port free on 127.0.0.1 alone was taken on another address once)."""
+    with socket.socket(socket.AF_INET6, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
+        sock.bind(("::", 0))
+        return int(sock.getsockname()[1])
+
+
+def built_binary(path: Path, build_log: Path, target: str, override_env: str) -> Path:
+    """``path`` as ``make target`` builds it (``$override_env`` names another); builds it when it
+    was never tried; skips with the build's reason (``build_log``) when it cannot be built."""
+    override = os.environ.get(override_env)
     if override:
         return Path(override)
-    if not SERVER_BIN.exists() and not BUILD_LOG.exists() and shutil.which("make"):
-        subprocess.run(["make", "-s", "-C", str(REPO), "livekit-server"], check=False,
-                       timeout=1200)
-    if not SERVER_BIN.exists():
-        reason = BUILD_LOG.read_text()[-800:] if BUILD_LOG.exists() else "no build log"
-        pytest.skip(f"livekit-server could not be built (make livekit-server): {reason}")
-    return SERVER_BIN
+    if not path.exists() and not build_log.exists() and shutil.which("make"):
+        subprocess.run(["make", "-s", "-C", str(REPO), target], check=False, timeout=1800)
+    if not path.exists():
+        reason = build_log.read_text()[-800:] if build_log.exists() else "no build log"
+        print(f"SKIP: {target} could not be built (make {target}): {reason}")
+        pytest.skip(f"{target} could not be built (make {target}): {reason}")
+    return path
+
+
+def _server_binary() -> Path:
+    """The built server (``make livekit-server``; ``BREEZERT_LIVEKIT_SERVER`` overrides)."""
+    return built_binary(SERVER_BIN, BUILD_LOG, "livekit-server", "BREEZERT_LIVEKIT_SERVER")
 
 
 @dataclass
@@ -83,13 +97,15 @@ class Server:
                 .with_grants(grants).to_jwt())
 
 
-@pytest.fixture(scope="session")
-def livekit_server() -> Iterator[Server]:
+@contextlib.contextmanager
+def run_server(extra_config: str = "") -> Iterator[Server]:
+    """A ``livekit-server --dev`` on free loopback ports; ``extra_config`` is more YAML for its
+    config (the SIP tests add ``redis:``)."""
     binary = _server_binary()
     http, tcp, udp = _free_port(), _free_port(), _free_port(socket.SOCK_DGRAM)
     config = (f"port: {http}\nrtc:\n  tcp_port: {tcp}\n  udp_port: {udp}\n"
               "  use_external_ip: false\n  enable_loopback_candidate: true\n"
-              "logging:\n  level: info\n")
+              "logging:\n  level: info\n" + extra_config)
     log_path = Path(tempfile.mkdtemp(prefix="breezert-livekit-")) / "server.log"
     log = open(log_path, "wb")
     proc = subprocess.Popen(
@@ -115,6 +131,12 @@ def livekit_server() -> Iterator[Server]:
         log.close()
 
 
+@pytest.fixture(scope="session")
+def livekit_server() -> Iterator[Server]:
+    with run_server() as server:
+        yield server
+
+
 def _stop(proc: subprocess.Popen[bytes], timeout_s: float) -> None:
     proc.terminate()
     try:
@@ -128,13 +150,26 @@ def _stop(proc: subprocess.Popen[bytes], timeout_s: float) -> None:
 class Worker:
     state_dir: Path
     log_path: Path
+    proc: subprocess.Popen[bytes] | None = None
+    http_port: int = 0
 
-    def events(self, room: str) -> list[dict[str, Any]]:
+    @property
+    def pid(self) -> int:
+        assert self.proc is not None
+        return self.proc.pid
+
+    def all_events(self) -> list[dict[str, Any]]:
         path = self.state_dir / "events.jsonl"
         if not path.exists():
             return []
-        rows = [json.loads(line) for line in path.read_text().splitlines() if line]
-        return [row for row in rows if row["room"] == room]
+        return [json.loads(line) for line in path.read_text().splitlines() if line]
+
+    def events(self, room: str) -> list[dict[str, Any]]:
+        return [row for row in self.all_events() if row["room"] == room]
+
+    def rooms(self) -> set[str]:
+        """Rooms whose job this worker took (a ``job`` event)."""
+        return {row["room"] for row in self.all_events() if row["type"] == "job"}
 
     def metrics(self) -> dict[str, Any]:
         return json.loads((self.state_dir / "metrics.json").read_text())
@@ -164,6 +199,14 @@ class Worker:
     def log_tail(self) -> str:
         return self.log_path.read_text(errors="replace")[-3000:]
 
+    def info(self) -> dict[str, Any]:
+        """LiveKit's own view of this worker (its ``/worker`` page): ``active_jobs``,
+        ``worker_load``."""
+        assert self.http_port, "a worker started by spawn_workers"
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.http_port}/worker",
+                                    timeout=2) as reply:
+            return dict(json.loads(reply.read()))
+
 
 def worker_env(server: Server, state_dir: Path) -> dict[str, str]:
     env = dict(os.environ)
@@ -174,37 +217,76 @@ def worker_env(server: Server, state_dir: Path) -> dict[str, str]:
     return env
 
 
+@contextlib.contextmanager
+def run_worker(server: Server, **extra_env: str) -> Iterator[Worker]:
+    """One ``room_worker.py`` registered with ``server``; ``extra_env`` adds to its environment."""
+    with spawn_workers(server, 1, env=extra_env) as (worker,):
+        yield worker
+
+
+@contextlib.contextmanager
+def spawn_workers(server: Server, count: int, env: dict[str, str] | None = None,
+                  tag: str = "worker") -> Iterator[list[Worker]]:
+    """Starts ``count`` ``room_worker.py`` processes at once (``env`` added to each one's) and
+    waits until every one registered; stops them after (a killed one is left as it is). Their
+    logs are copied to ``$TMPDIR/breezert-livekit-<tag>[-i].log``."""
+    workers: list[Worker] = []
+    logs = []
+    try:
+        for _ in range(count):
+            state_dir = Path(tempfile.mkdtemp(prefix="breezert-worker-"))
+            log_path = state_dir / "worker.log"
+            logs.append(open(log_path, "wb"))
+            full_env = {**worker_env(server, state_dir), **(env or {}),
+                        "BREEZERT_TEST_WORKER_PORT": str(_free_any_port())}
+            proc = subprocess.Popen([sys.executable, str(WORKER), "start"], cwd=REPO,
+                                    env=full_env, stdout=logs[-1], stderr=subprocess.STDOUT,
+                                    preexec_fn=agent_priority)
+            workers.append(Worker(state_dir, log_path, proc,
+                                  int(full_env["BREEZERT_TEST_WORKER_PORT"])))
+        deadline = time.monotonic() + 120
+        for worker in workers:
+            assert worker.proc is not None
+            while "registered worker" not in worker.log_path.read_text(errors="replace"):
+                if worker.proc.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError(f"agent worker did not register: {worker.log_tail()}")
+                time.sleep(0.1)
+        yield workers
+    finally:
+        for worker in workers:
+            if worker.proc is not None and worker.proc.poll() is None:
+                _stop(worker.proc, 20)
+        for i, (worker, log) in enumerate(zip(workers, logs)):
+            log.close()
+            suffix = f"-{i}" if count > 1 else ""
+            shutil.copy(worker.log_path,
+                        Path(tempfile.gettempdir()) / f"breezert-livekit-{tag}{suffix}.log")
+            shutil.rmtree(worker.state_dir, ignore_errors=True)
+
+
 @pytest.fixture(scope="session")
 def agent_worker(livekit_server: Server) -> Iterator[Worker]:
-    state_dir = Path(tempfile.mkdtemp(prefix="breezert-worker-"))
-    log_path = state_dir / "worker.log"
-    log = open(log_path, "wb")
-    proc = subprocess.Popen([sys.executable, str(WORKER), "start"], cwd=REPO,
-                            env=worker_env(livekit_server, state_dir), stdout=log,
-                            stderr=subprocess.STDOUT, preexec_fn=agent_priority)
-    worker = Worker(state_dir, log_path)
-    try:
-        deadline = time.monotonic() + 120
-        while "registered worker" not in log_path.read_text(errors="replace"):
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"agent worker did not register: {worker.log_tail()}")
-            time.sleep(0.1)
+    """The room tests' worker, one for the session: its engine is warm for every module's
+    first turn, which the real-time checks count (the dispatch and SIP tests start their own
+    under other agent names or servers)."""
+    with run_worker(livekit_server) as worker:
         yield worker
-    finally:
-        _stop(proc, 20)
-        log.close()
-        shutil.copy(log_path, Path(tempfile.gettempdir()) / "breezert-livekit-worker.log")
-        shutil.rmtree(state_dir, ignore_errors=True)
 
 
 # ----------------------------------------------------------------------------- one room
 
 
 class Room:
-    """A fresh room with the agent dispatched into it and this test as a participant."""
+    """A fresh room with the agent dispatched into it and this test as a participant.
 
-    def __init__(self, server: Server, worker: Worker, *, auto_subscribe: bool = True) -> None:
+    ``worker`` is the worker that will take the job, or a ``WorkerGroup`` (whichever of them
+    the dispatcher picks); ``dispatched_at`` is when the dispatch was asked for."""
+
+    def __init__(self, server: Server, worker: Worker | WorkerGroup, *,
+                 auto_subscribe: bool = True, agent_name: str = AGENT_NAME) -> None:
         self.server, self.worker = server, worker
+        self.agent_name = agent_name
+        self.dispatched_at = 0.0
         self.name = f"room-{uuid.uuid4().hex[:8]}"
         self.room = rtc.Room()
         self.auto_subscribe = auto_subscribe
@@ -219,8 +301,9 @@ class Room:
         await self.room.connect(self.server.ws_url, self.server.token("listener", self.name),
                                 rtc.RoomOptions(auto_subscribe=self.auto_subscribe))
         async with api.LiveKitAPI(self.server.http_url, API_KEY, API_SECRET) as lkapi:
+            self.dispatched_at = time.monotonic()
             await lkapi.agent_dispatch.create_dispatch(
-                api.CreateAgentDispatchRequest(agent_name=AGENT_NAME, room=self.name))
+                api.CreateAgentDispatchRequest(agent_name=self.agent_name, room=self.name))
         await self.worker.wait_event(self.name, "ready", timeout_s=30)
         if self.auto_subscribe:
             await asyncio.wait_for(self._subscribed.wait(), 10)
@@ -270,6 +353,32 @@ class Room:
 
     async def interrupt(self) -> float:
         return await self.send("test.interrupt", {})
+
+
+class WorkerGroup:
+    """Several workers of one agent name, read as one (``Room`` waits on whichever took the
+    job); ``owner`` tells which did."""
+
+    def __init__(self, workers: list[Worker]) -> None:
+        self.workers = workers
+
+    def owner(self, room: str) -> Worker | None:
+        return next((w for w in self.workers if room in w.rooms()), None)
+
+    def events(self, room: str) -> list[dict[str, Any]]:
+        owner = self.owner(room)
+        return owner.events(room) if owner is not None else []
+
+    async def wait_event(self, room: str, kind: str, timeout_s: float = 20.0,
+                         **match: Any) -> dict[str, Any]:
+        deadline = time.monotonic() + timeout_s
+        while self.owner(room) is None and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        owner = self.owner(room)
+        if owner is None:
+            raise AssertionError(f"no worker took the job of {room} in {timeout_s} s")
+        return await owner.wait_event(room, kind, max(deadline - time.monotonic(), 0.1),
+                                      **match)
 
 
 @pytest.fixture(scope="module")

@@ -10,6 +10,22 @@ and obeys data messages from any participant:
 
 * ``test.say``       ``{"id": "...", "text": "..."}``  ``session.say(text)``
 * ``test.interrupt`` ``{}``                              ``session.interrupt()``
+* ``test.saturate``  ``{"n": 4}``                        hold ``n`` open requests on the engine
+* ``test.release``   ``{}``                              abort them
+
+Dispatch tests (``test_dispatch.py``) set, besides: ``BREEZERT_TEST_AGENT_NAME``,
+``BREEZERT_TEST_LOAD=engine`` (``breezert_agent.engine_worker_options``: the engine's load as
+``load_fnc``, instead of none), ``BREEZERT_TEST_MAX_RUNNING`` / ``BREEZERT_TEST_MAX_QUEUED``
+(the engine's limits) and ``BREEZERT_TEST_BASE_URLS`` (comma-separated ``breezert serve``
+replicas: remote turns, no engine in the worker).
+
+With ``BREEZERT_TEST_GREETING`` set, it also greets each participant once, as a phone agent
+greets a caller: a SIP participant once its call is answered (attribute ``sip.callStatus`` =
+``active``: LiveKit SIP answers only after it subscribed to the agent's track), any other on
+joining. It says the participant's ``breezert.greeting`` attribute (which a SIP dispatch rule
+sets), else the variable's text; the turn's id is ``greet-<identity>``. Such a job first waits
+for its caller, whose ``breezert.sample_rate`` attribute (else ``BREEZERT_TEST_SAMPLE_RATE``,
+else 24000) is the rate of the plugin's audio and of the RoomIO track (``TTS(sample_rate=)``).
 
 What the tests read back goes to files under ``$BREEZERT_TEST_STATE`` (same machine, so the
 ``time.monotonic()`` stamps in them compare with the test's own): ``events.jsonl`` (one JSON
@@ -40,12 +56,17 @@ from livekit.agents import (
     room_io,
 )
 
-from breezert_agent import TTS  # registers the plugin: import it on the main thread
+from breezert_agent import TTS, engine_worker_options  # registers the plugin: main thread
 
-AGENT_NAME = "breezert-test"
+AGENT_NAME = os.environ.get("BREEZERT_TEST_AGENT_NAME", "breezert-test")
 STATE = Path(os.environ.get("BREEZERT_TEST_STATE", ".cache/livekit-state"))
 MAX_FRAMES = int(os.environ.get("BREEZERT_TEST_MAX_FRAMES", "25"))  # 80 ms each: 2 s a sentence
-
+BASE_URLS = [url for url in os.environ.get("BREEZERT_TEST_BASE_URLS", "").split(",") if url]
+GREETING = os.environ.get("BREEZERT_TEST_GREETING", "")
+SIP_CALL_STATUS = "sip.callStatus"  # livekit.AttrSIPCallStatus of the protocol
+GREETING_ATTRIBUTE = "breezert.greeting"
+SAMPLE_RATE_ATTRIBUTE = "breezert.sample_rate"
+SAMPLE_RATE = int(os.environ.get("BREEZERT_TEST_SAMPLE_RATE", "24000"))
 
 
 def engine_config() -> Any:
@@ -54,16 +75,24 @@ def engine_config() -> Any:
     from breezert.profiles import resolve_config
 
     config = resolve_config(None)
-    if os.environ.get("BREEZERT_TEST_PREDICTOR", "1") == "0":
+    update: dict[str, Any] = {}
+    if os.environ.get("BREEZERT_TEST_PREDICTOR", "1") != "0":
+        update["use_predictor"] = True
+    for name, variable in (("max_running_requests", "BREEZERT_TEST_MAX_RUNNING"),
+                           ("max_queued_requests", "BREEZERT_TEST_MAX_QUEUED")):
+        if os.environ.get(variable):
+            update[name] = int(os.environ[variable])
+    if not update:
         return config
-    scheduler = config.scheduler.model_copy(update={"use_predictor": True})
-    return config.model_copy(update={"scheduler": scheduler})
+    return config.model_copy(update={"scheduler": config.scheduler.model_copy(update=update)})
 
 
 _lock = threading.Lock()
+_prewarm_lock = threading.Lock()
 _rooms: dict[str, dict[str, Any]] = {}  # room name -> playout state, for metrics.json
 _engine: Any = None
 _clock: StepClock | None = None  # the shared engine's (set once, in the first prewarm)
+_writer: threading.Thread | None = None
 
 
 def emit(room: str, kind: str, **fields: Any) -> None:
@@ -72,14 +101,24 @@ def emit(room: str, kind: str, **fields: Any) -> None:
         out.write(line + "\n")
 
 
-def _engine_counters() -> dict[str, Any] | None:
-    """The engine's counters and active requests: a dict copy, no quantiles (a full
-    ``AsyncEngine.metrics()`` costs ~5 ms of the GIL, which the engine thread needs)."""
+_FULL_SNAPSHOT_S = 1.0  # between full engine snapshots in metrics.json
+_full: dict[str, Any] = {}  # the last full AsyncEngine.metrics(), and when it was taken
+_full_time = 0.0
+
+
+def _engine_counters(now: float) -> dict[str, Any] | None:
+    """The engine's counters and active requests (a dict copy) on every write, over its full
+    ``AsyncEngine.metrics()`` taken once a second (rtf, ttfb_s for bench/sip_first_audio.py):
+    the full one costs ~5 ms of the GIL, which the engine thread needs, and 20 a second from
+    three writers took ~30 % of it (2.0 s turns heard as 2.1-4.5 s)."""
+    global _full, _full_time
     if _engine is None:
         return None
+    if now - _full_time >= _FULL_SNAPSHOT_S:
+        _full, _full_time = _engine.metrics(), now
     metrics = _engine.engine.metrics
     counters = dict(metrics.counters)
-    return {"counters": counters,
+    return {**_full, "counters": counters,
             "active_requests": counters.get("requests_added", 0) - metrics.num_finished}
 
 
@@ -116,7 +155,8 @@ def _runqueue_s() -> float:
 
 
 def _write_metrics() -> None:
-    snapshot = {"t": time.monotonic(), "engine": _engine_counters(), "rooms": dict(_rooms),
+    now = time.monotonic()
+    snapshot = {"t": now, "engine": _engine_counters(now), "rooms": dict(_rooms),
                 "engine_time": _clock.snapshot() if _clock else None}
     tmp = STATE / "metrics.json.tmp"
     tmp.write_text(json.dumps(snapshot, default=str))
@@ -134,19 +174,33 @@ def _metrics_writer() -> None:
 
 def prewarm(proc: JobProcess) -> None:
     global _engine, _clock
+    STATE.mkdir(parents=True, exist_ok=True)
+    if BASE_URLS:  # remote turns: no engine here
+        return
     import torch
     from breezert.async_engine import AsyncEngine
 
     torch.set_num_threads(1)  # a tiny CPU model gains nothing from intra-op threads (as bench)
 
-    STATE.mkdir(parents=True, exist_ok=True)
-    engine = proc.userdata["breezert_engine"] = AsyncEngine.shared(engine_config())
-    with _lock:  # prewarm runs once per idle executor (two or more): one writer for them all
-        is_first, _engine = _engine is None, engine
-        if is_first:
-            _clock = StepClock(engine.engine)
-    if is_first:
-        threading.Thread(target=_metrics_writer, name="metrics-writer", daemon=True).start()
+    with _prewarm_lock:  # THREAD executor: every idle job thread prewarms; one engine
+        if _engine is None:
+            _engine = proc.userdata["breezert_engine"] = AsyncEngine.shared(engine_config())
+            _clock = StepClock(_engine.engine)
+        else:
+            proc.userdata["breezert_engine"] = _engine
+    _start_metrics_writer()
+
+
+def _start_metrics_writer() -> None:
+    """One writer for the process. With the THREAD executor ``prewarm`` runs for every job
+    runner the worker starts (one per job, plus the idle ones), and a writer each made the
+    idle worker's CPU grow by ~10 % of a core per finished call (all rewriting one file)."""
+    global _writer
+    with _lock:
+        if _writer is None:
+            _writer = threading.Thread(target=_metrics_writer, name="metrics-writer",
+                                       daemon=True)
+            _writer.start()
 
 
 class _Recorder:
@@ -175,13 +229,25 @@ class _Recorder:
 
 
 async def entrypoint(ctx: JobContext) -> None:
+    emit(ctx.job.room.name, "job", pid=os.getpid())  # dispatch latency: from the test's call
     await ctx.connect()
     name = ctx.room.name
-    tts = TTS(config=engine_config(), max_frames=MAX_FRAMES)
+    rate = SAMPLE_RATE
+    if GREETING:  # a call: its dispatch rule may choose the plugin's rate
+        caller = await ctx.wait_for_participant()
+        rate = int(caller.attributes.get(SAMPLE_RATE_ATTRIBUTE, rate))
+    if BASE_URLS:
+        tts = TTS(base_url=BASE_URLS, max_frames=MAX_FRAMES, sample_rate=rate)
+        _record_replicas(name, tts)
+    else:
+        tts = TTS(config=engine_config(), max_frames=MAX_FRAMES, sample_rate=rate)
     ctx.add_shutdown_callback(tts.aclose)
+    tts.on("error", lambda event: emit(name, "tts_error", message=str(event.error),
+                                       recoverable=event.recoverable))
     recorder = _Recorder(name, tts)
     session: AgentSession = AgentSession(tts=tts)
     says: list[str] = []
+    held: list[str] = []  # test.saturate's requests
 
     def on_tts_metrics(metrics: Any) -> None:
         emit(name, "tts_metrics", id=says[-1] if says else None, ttfb=metrics.ttfb,
@@ -209,12 +275,21 @@ async def entrypoint(ctx: JobContext) -> None:
         elif packet.topic == "test.interrupt":
             emit(name, "interrupt")
             session.interrupt()
+        elif packet.topic == "test.saturate":
+            held.extend(_hold(name, json.loads(packet.data)["n"]))
+            emit(name, "saturated", held=len(held), load=_engine.load().fraction)
+        elif packet.topic == "test.release":
+            for request_id in held:
+                _engine.abort(request_id)
+            held.clear()
+            emit(name, "released", load=_engine.load().fraction)
 
     ctx.room.on("data_received", on_data)
     await session.start(
         agent=Agent(instructions="Speaks only what the test says."), room=ctx.room,
-        room_options=room_io.RoomOptions(audio_input=False, text_input=False,
-                                         close_on_disconnect=True),
+        room_options=room_io.RoomOptions(
+            audio_input=False, text_input=False, close_on_disconnect=True,
+            audio_output=room_io.AudioOutputOptions(sample_rate=rate)),
     )
     attached = tts.attach_audio_output(session.output.audio)
     tts.listen_room(ctx.room)
@@ -229,7 +304,31 @@ async def entrypoint(ctx: JobContext) -> None:
 
     state_task = asyncio.create_task(state_loop())
     ctx.add_shutdown_callback(lambda: _stop(state_task, name))
-    emit(name, "ready", attached=attached)
+    emit(name, "ready", attached=attached, sample_rate=rate)
+    if GREETING:
+        _greet_on_answer(ctx.room, name, say)
+
+
+def _greet_on_answer(room: rtc.Room, name: str, say: Any) -> None:
+    """Says ``GREETING`` once to each participant as it answers (see the module docstring)."""
+    greeted: set[str] = set()
+
+    def maybe_greet(participant: rtc.Participant) -> None:
+        # attribute changes come for the agent itself too (lk.agent.state): never greet it
+        if not isinstance(participant, rtc.RemoteParticipant) or participant.identity in greeted:
+            return
+        is_sip = participant.kind == rtc.ParticipantKind.PARTICIPANT_KIND_SIP
+        if is_sip and participant.attributes.get(SIP_CALL_STATUS) != "active":
+            return
+        greeted.add(participant.identity)
+        text = participant.attributes.get(GREETING_ATTRIBUTE) or GREETING
+        emit(name, "greet", identity=participant.identity, sip=is_sip)
+        asyncio.create_task(say(f"greet-{participant.identity}", text))
+
+    room.on("participant_connected", maybe_greet)
+    room.on("participant_attributes_changed", lambda _changed, who: maybe_greet(who))
+    for participant in list(room.remote_participants.values()):
+        maybe_greet(participant)
 
 
 async def _stop(task: asyncio.Task[None], name: str) -> None:
@@ -237,8 +336,38 @@ async def _stop(task: asyncio.Task[None], name: str) -> None:
     emit(name, "shutdown")
 
 
+def _hold(room: str, n: int) -> list[str]:
+    """``n`` open requests on the engine that said one frame: each holds a running slot and
+    costs no steps after that (what open turns waiting for their next text do)."""
+    from breezert.request import SynthesisRequest
+
+    return [_engine.submit(SynthesisRequest(
+        text=["Hold."], max_frames=1, input_closed=False,
+        request_id=f"hold-{room}-{i}-{time.monotonic_ns()}")) for i in range(n)]
+
+
+def _record_replicas(room: str, tts: TTS) -> None:
+    """Remote turns: which replica served each turn (``replica`` events)."""
+    client = tts.client
+    open_turn = client.open_turn
+
+    async def recorded(*args: Any, **kwargs: Any) -> Any:
+        turn = await open_turn(*args, **kwargs)
+        emit(room, "replica", request_id=turn.request_id, url=turn.base_url)
+        return turn
+
+    client.open_turn = recorded  # type: ignore[method-assign]
+
+
 def _no_load() -> float:
     return 0.0
+
+
+def _load_options() -> dict[str, Any]:
+    if os.environ.get("BREEZERT_TEST_LOAD") == "engine":
+        return engine_worker_options(engine_config())
+    # the CPU-load gate would mark the worker full on two shared cores and refuse jobs
+    return {"load_fnc": _no_load, "job_executor_type": JobExecutorType.THREAD}
 
 
 if __name__ == "__main__":
@@ -246,11 +375,9 @@ if __name__ == "__main__":
         WorkerOptions(
             entrypoint_fnc=entrypoint,
             prewarm_fnc=prewarm,
-            job_executor_type=JobExecutorType.THREAD,
             agent_name=AGENT_NAME,
             port=int(os.environ.get("BREEZERT_TEST_WORKER_PORT", "0")),
             initialize_process_timeout=120.0,
-            # the CPU-load gate would mark the worker full on two shared cores and refuse jobs
-            load_fnc=_no_load,
+            **_load_options(),
         )
     )

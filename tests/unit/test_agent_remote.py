@@ -157,10 +157,14 @@ async def healthy() -> AsyncIterator[FakeServe]:
         yield fake
 
 
-async def _serve() -> AsyncIterator[FakeServe]:
-    fake = FakeServe()
+async def _serve(fake: FakeServe | None = None,
+                 **routes: Any) -> AsyncIterator[FakeServe]:
+    """Serves ``fake`` (a new ``FakeServe``) on loopback, plus GET ``/<name>`` -> handler."""
+    fake = fake or FakeServe()
     app = web.Application()
     app.router.add_get("/v1/audio/speech/stream", fake.handler)
+    for name, handler in routes.items():
+        app.router.add_get(f"/{name}", handler)
     runner = web.AppRunner(app, shutdown_timeout=1.0)  # a failed test leaves sockets open
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)

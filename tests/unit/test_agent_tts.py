@@ -317,6 +317,52 @@ async def test_frames_are_small(frame_size_ms: int) -> None:
     await tts.aclose()
 
 
+@pytest.mark.parametrize("frame_size_ms", [10, 20])
+async def test_sample_rate_8000_resamples_each_turn_once_to_telephony_frames(
+        frame_size_ms: int) -> None:
+    client = FakeRuntimeClient(samples_per_chunk=2400)  # 2 segments x 2 chunks x 100 ms
+    tts = TTS(client=client, frame_size_ms=frame_size_ms, sample_rate=8000)
+    assert tts.sample_rate == 8000
+    stream = tts.stream(conn_options=NO_RETRY)
+    stream.push_text("One. Two.")
+    stream.end_input()
+    events = await _collect(stream)
+    assert all(ev.frame.sample_rate == 8000 for ev in events)
+    frame_samples = 8000 * frame_size_ms // 1000
+    assert frame_samples in {ev.frame.samples_per_channel for ev in events}
+    samples = _samples(events)
+    assert samples.size == pytest.approx(4 * 2400 // 3, abs=frame_samples)  # 0.4 s at 8 kHz
+    # one resampler for the turn: the segments' levels (1000, 2000) come through, the step
+    # between them smoothed by the filter rather than a restart's silence
+    assert np.median(samples[:600]) == pytest.approx(1000, abs=2)
+    assert np.median(samples[-600:]) == pytest.approx(2000, abs=3)
+    assert samples[100:-100].min() > 900
+    frame = await tts.synthesize("...", conn_options=NO_RETRY).collect()  # one silent frame
+    assert frame.sample_rate == 8000 and frame.duration == pytest.approx(frame_size_ms / 1000)
+    await tts.aclose()
+
+
+def test_resampling_keeps_the_telephone_band_and_removes_what_8_khz_cannot_carry() -> None:
+    from breezert_agent.tts import _Resampler
+
+    t = np.arange(24000) / 24000
+    def level(tone_hz: float) -> float:
+        pcm = (8000 * np.sin(2 * np.pi * tone_hz * t)).astype("<i2").tobytes()
+        resampler = _Resampler(24000, 8000)
+        out = b"".join(resampler.push(pcm[i:i + 3840]) for i in range(0, len(pcm), 3840))
+        x = np.frombuffer(out + resampler.flush(), dtype="<i2")[800:-800].astype(np.float64)
+        return float(np.sqrt(np.mean(x * x)) / (8000 / np.sqrt(2)))
+    assert level(1000.0) == pytest.approx(1.0, abs=0.02)  # passband
+    assert level(6000.0) < 0.01  # above 4 kHz: filtered, not folded back to 2 kHz
+    assert _Resampler(24000, 24000).push(b"\x01\x00") == b"\x01\x00"  # same rate: as is
+
+
+def test_sample_rate_must_make_whole_frames() -> None:
+    for bad in (0, -8000, 8050, "8k"):
+        with pytest.raises(ValueError, match="sample_rate"):
+            TTS(client=FakeRuntimeClient(), sample_rate=bad)  # type: ignore[arg-type]
+
+
 # ----------------------------------------------------------------------------- synthesize()
 
 async def test_synthesize_returns_the_whole_utterance_in_one_request() -> None:

@@ -186,3 +186,67 @@ def test_full_size_builds_on_meta_with_spec_state_size() -> None:
 def test_bad_codes_shape_is_rejected(decoder: CodecDecoder) -> None:
     with pytest.raises(ValueError, match="codes must be"):
         decoder.decode(torch.zeros(1, 4, 8, dtype=torch.long))
+
+
+def _stream_mixed(sc: StreamingCodec, codes: torch.Tensor, schedules: list[list[int]]) -> torch.Tensor:
+    """Rows ``0..B-1`` of ``codes [B, T, 16]`` decoded together in slots 0..B-1, each step
+    padding every row to the step's largest chunk (a row past its schedule decodes 0 frames)."""
+    rows, total = codes.shape[0], codes.shape[1]
+    slots = torch.arange(rows)
+    sc.reset(slots)
+    done, outs, step = [0] * rows, [[] for _ in range(rows)], 0
+    while min(done) < total:
+        want = [min(s[step] if step < len(s) else 0, total - d)
+                for s, d in zip(schedules, done, strict=True)]
+        width = max(want)
+        chunk = torch.zeros(rows, width, 16, dtype=torch.long)
+        for i, n in enumerate(want):
+            chunk[i, :n] = codes[i, done[i] : done[i] + n]
+        wav = sc.decode(slots, chunk, torch.tensor(want))
+        for i, n in enumerate(want):
+            outs[i].append(wav[i, : n * SPF])
+            done[i] += n
+        step += 1
+    return torch.stack([torch.cat(o) for o in outs])
+
+
+MIXED = [[1, 2, 4, 8, 16, 16, 16, 16, 16, 5], [16] * 6 + [4], [3] * 34]
+
+
+@pytest.mark.parametrize("fast", [False, True])
+def test_rows_of_different_chunk_sizes_share_a_step(
+    decoder: CodecDecoder, codes: torch.Tensor, full_wav: torch.Tensor, fast: bool
+) -> None:
+    """Per-row frame counts (``num_frames``): each row equals its one-shot decode, and a row
+    that decodes 0 frames in a step keeps its state (rows finish at different steps here)."""
+    sc = StreamingCodec(decoder, max_slots=3, fast=fast)
+    wav = _stream_mixed(sc, codes, MIXED)
+    torch.testing.assert_close(wav, full_wav, atol=ATOL, rtol=0)
+    assert sc.positions.tolist() == [NUM_FRAMES] * 3
+
+
+def test_fast_path_matches_the_reference_with_the_gemm_upsampler(
+    codes: torch.Tensor, full_wav: torch.Tensor, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The fast path (codebook tables, the decoder blocks' upsamplers as GEMMs: forced on for
+    the tiny decoder's narrow blocks) streams the reference's waveform."""
+    import breezert.models.codec as codec_module
+
+    monkeypatch.setattr(codec_module, "GEMM_UPSAMPLE_MIN_CHANNELS", 0)
+    dec = CodecDecoder(BreezeConfig.tiny().codec)
+    init_codec_random_(dec, torch.Generator().manual_seed(0))
+    sc = StreamingCodec(dec.eval(), max_slots=3, fast=True)
+    gemms = [m for m in dec.modules() if getattr(m, "gemm_weight", None) is not None]
+    assert len(gemms) == len(dec.cfg.upsample_rates)
+    wav = _stream_mixed(sc, codes, MIXED)
+    torch.testing.assert_close(wav, full_wav, atol=ATOL, rtol=0)
+
+
+def test_serving_codec_precisions(decoder: CodecDecoder) -> None:
+    bf16 = StreamingCodec.for_serving(decoder, 2, "bf16")
+    assert bf16.state.conv.dtype == torch.bfloat16 and bf16.decoder is not decoder
+    assert decoder.pre_conv.conv.weight.dtype == torch.float32  # the reference stays fp32
+    fp32 = StreamingCodec.for_serving(decoder, 2, "tf32", fast=False)
+    assert fp32.decoder is decoder and fp32.tf32 is None  # CPU: no TF32 to switch
+    with pytest.raises(ValueError, match="codec precision"):
+        StreamingCodec.for_serving(decoder, 2, "fp8")

@@ -121,3 +121,13 @@ def test_env_override_is_explicit() -> None:
     assert cfg.graph.enable_cuda_graphs  # the input is unchanged
     with pytest.raises(InvalidConfig, match="BREEZERT_NO_CUDA_GRAPH"):
         apply_env_overrides(cfg, {"BREEZERT_NO_CUDA_GRAPH": "maybe"})
+
+
+def test_auth_token_from_the_environment() -> None:
+    cfg = EngineConfig(serving={"host": "0.0.0.0"})  # type: ignore[arg-type]
+    assert cfg.serving.binding_problem() is not None
+    with_token = apply_env_overrides(cfg, {"BREEZERT_AUTH_TOKEN": " s3cret "})
+    assert with_token.serving.auth_token is not None
+    assert with_token.serving.auth_token.get_secret_value() == "s3cret"
+    assert with_token.serving.binding_problem() is None  # may bind beyond loopback
+    assert apply_env_overrides(cfg, {"BREEZERT_AUTH_TOKEN": ""}) is cfg

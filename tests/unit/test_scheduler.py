@@ -565,6 +565,63 @@ def test_zero_queue_still_admits_when_a_slot_is_free() -> None:
         h.add(make_request("b"))
 
 
+def test_a_request_whose_predicted_wait_is_too_long_is_refused_at_once() -> None:
+    """Slots freed about twice a second: the 2nd in the queue would wait ~0.9 s > 0.8 s."""
+    h = Harness(make_config(max_running_requests=2, max_queued_requests=8, max_queue_wait_s=0.8),
+                dt=0.05)
+    for i in range(3):
+        h.add(make_request(f"early{i}"), eos_after=10)  # ~0.5 s each, one waits
+    h.run()
+    assert h.sched.predicted_queue_wait(0, h.now) is not None
+    h.add(make_request("a", input_closed=False))  # open turns: nothing frees a slot soon
+    h.add(make_request("b", input_closed=False))
+    h.add(make_request("q0", input_closed=False))  # 1st in the queue: ~0.5 s, accepted
+    wait = h.sched.predicted_queue_wait(1, h.now)
+    assert wait is not None and wait > 0.8
+    with pytest.raises(EngineOverloaded, match="predicted wait") as refused:
+        h.add(make_request("q1"))
+    assert refused.value.retry_after_s == pytest.approx(wait)
+    assert h.sched.get_request("q1") is None and h.sched.num_waiting == 1
+    for request_id in ("a", "b", "q0"):
+        h.sched.abort(request_id, h.now)
+    h.assert_all_free()
+
+
+def test_a_request_queued_past_max_queue_wait_is_refused_and_freed() -> None:
+    h = Harness(make_config(max_running_requests=1, max_queue_wait_s=2.0))
+    h.add(make_request("holder", input_closed=False))
+    h.add(make_request("late"))
+    assert h.sched.expire_waiting(h.now + 1.9) == []  # no rate yet: it waits, up to the limit
+    (event,) = h.sched.expire_waiting(h.now + 2.5)
+    assert isinstance(event, RequestFinished) and event.request_id == "late"
+    assert event.status is RequestStatus.FAILED and event.overloaded
+    assert "max_queue_wait_s=2" in (event.error or "")
+    assert h.sched.get_request("late") is None and h.sched.num_waiting == 0
+    h.sched.abort("holder", h.now)
+    h.assert_all_free()
+
+
+def test_abort_during_a_step_in_flight_frees_the_slot_at_its_commit() -> None:
+    """The worker may still write the aborted request's slot state and KV blocks while the
+    plan runs: a newcomer must not get them before the plan is committed."""
+    h = Harness(make_config(max_running_requests=1))
+    h.add(make_request("a"), eos_after=FOREVER)
+    while (plan := h.step()) is not None and not h.items_of("a", Stage.CODEC):
+        pass
+    plan = h.sched.schedule(h.now)
+    assert plan is not None and "a" in plan.request_ids
+    free_blocks = h.pool.num_free
+    h.sched.abort("a", h.now)
+    assert h.sched.stats().num_free_slots == 0 and h.pool.num_free == free_blocks
+    newcomer = h.add(make_request("b"))
+    assert newcomer.status is RequestStatus.WAITING  # the slot is still the plan's
+    h.sched.commit(plan, h.worker.run(plan), h.now)
+    assert h.sched.stats().num_free_slots == 1
+    assert h.sched.schedule(h.now) is not None and newcomer.status is RequestStatus.RUNNING
+    h.sched.abort("b", h.now)
+    h.sched.take_released()
+
+
 def test_admission_waits_for_blocks() -> None:
     # ceil((12 + 500) / 16) = 32 blocks per request; the pool holds 40.
     h = Harness(num_blocks=40)

@@ -124,6 +124,9 @@ class RequestResult:
     """Error class name (never the text)."""
     num_feedback_reports: int = 0
     timeline: PlaybackTimeline = field(default_factory=PlaybackTimeline)
+    server_ttfb_s: float | None = None
+    """Against a running server: its own say -> first audio time (``first_audio.server_ms``),
+    beside ``ttfb_s`` measured at this client."""
 
     def add_chunk(self, created_time: float, duration_s: float, num_frames: int,
                   receive_time: float) -> None:
@@ -214,4 +217,7 @@ def summarize_requests(results: Sequence[RequestResult]) -> dict[str, Any]:
         "delivery_lag_s": summarize(lags),
         "feedback_reports": sum(r.num_feedback_reports for r in results),
     })
+    server = [r.server_ttfb_s for r in ok if r.server_ttfb_s is not None]
+    if server:
+        summary["server_ttfb_s"] = summarize(server)
     return summary

@@ -77,6 +77,11 @@ class BenchOptions:
     each; ``python -m breezert.bench.report --merge-shards`` joins the n result files). The naive
     baseline runs in shard 1 only. An open-loop shard offers its rate to its own GPU."""
     command_line: str = ""
+    server_url: str | None = None
+    """Drive the running ``breezert serve`` at this base URL over its WebSocket instead of
+    building engines (``--server``); variants do not apply."""
+    server_token: str | None = None
+    """Its ``serving.auth_token`` (``BREEZERT_AUTH_TOKEN``), if it has one."""
 
     def load_points(self) -> list[LoadPoint]:
         concurrency = self.concurrency or (() if self.rates else DEFAULT_CONCURRENCY)
@@ -178,6 +183,30 @@ def collect_metadata(options: BenchOptions, base: Any, texts_source: str,
     }
 
 
+def collect_remote_metadata(options: BenchOptions, texts_source: str,
+                            num_texts: int) -> dict[str, Any]:
+    """This client's machine, commit, date and options for a run against a server."""
+    commit, dirty = _git_commit()
+    if options.git_commit:
+        commit, dirty = options.git_commit, None
+    return {
+        "device": "remote", "server_url": options.server_url, "gpu": None,
+        "cpu": _cpu_model(), "num_cpus": os.cpu_count(), "load_avg_1m": load_avg(),
+        "python_version": platform.python_version(), "git_commit": commit, "git_dirty": dirty,
+        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "hostname": socket.gethostname(), "command_line": options.command_line,
+        "config_path": None, "texts": texts_source, "num_texts": num_texts,
+        "options": {
+            "num_requests": options.num_requests, "warmup": options.warmup,
+            "seed": options.seed, "feedback": options.feedback,
+            "feedback_period_s": options.feedback_period_s,
+            "request_timeout_s": options.request_timeout_s,
+            "run_budget_s": options.run_budget_s,
+            "load_points": [p.as_dict() for p in options.load_points()],
+        },
+    }
+
+
 # ------------------------------------------------------------------------------------ CLI glue
 
 
@@ -224,6 +253,8 @@ def options_from_args(args: Any) -> tuple[BenchOptions, Path]:
         tokenizer_path=args.tokenizer or _default_tokenizer(),
         torch_threads=args.torch_threads, git_commit=args.git_commit,
         shard=parse_shard(args.shard), command_line=_command_line(args),
+        server_url=_server_url(getattr(args, "server", None)),
+        server_token=os.environ.get("BREEZERT_AUTH_TOKEN") or None,
     )
     if options.shard and options.shard[1] > options.num_requests:
         raise ValueError(f"--shard={args.shard!r}: more shards than --num-requests="
@@ -232,6 +263,14 @@ def options_from_args(args: Any) -> tuple[BenchOptions, Path]:
     if out.suffix != ".json":
         raise ValueError(f"--out={str(out)!r} must end in .json (the PNG is written beside it)")
     return options, out
+
+
+def _server_url(raw: str | None) -> str | None:
+    if raw is None:
+        return None
+    if not raw.startswith(("http://", "https://")):
+        raise ValueError(f"--server={raw!r}: expected the server's http(s):// base URL")
+    return raw.rstrip("/")
 
 
 def parse_shard(raw: str | None) -> tuple[int, int] | None:

@@ -156,7 +156,7 @@ def _num(value: float | None, fmt: str) -> str:
 
 COLUMNS = ("variant", "load", "ok/n", "TTFB p50 ms", "p95 ms", "p99 ms", "underrun reqs",
            "max extra buf ms", "RTF p50", "RTF p95", "audio s/s", "frame step ms",
-           "GPU peak GiB", "startup s")
+           "busy", "codec ms/frame", "GPU peak GiB", "startup s")
 
 
 def run_row(run: dict[str, Any]) -> list[str]:
@@ -170,6 +170,7 @@ def run_row(run: dict[str, Any]) -> list[str]:
         str(run["underrun_requests"]), _ms(run["max_extra_buffer_s"]),
         _num(rtf["p50"], ".3f"), _num(rtf["p95"], ".3f"), _num(run["audio_s_per_s"], ".1f"),
         _ms(run.get("frame_step_s_p50"), 1),
+        _num(run.get("step_busy_fraction"), ".2f"), _num(run.get("codec_ms_per_frame"), ".3f"),
         "-" if peak is None else f"{peak / _GIB:.1f}", _num(run.get("startup_s"), ".1f"),
     ]
 
@@ -206,6 +207,13 @@ def text_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
 def describe(doc: dict[str, Any]) -> str:
     """One line: machine, software, commit, date, workload."""
     meta = doc["metadata"]
+    if meta.get("server_url"):
+        opts = meta.get("options", {})
+        return (f"server {meta['server_url']} (client on {meta.get('cpu')}) · commit "
+                f"{meta.get('git_commit')} · {meta.get('date')} · {opts.get('num_requests')} "
+                f"requests per run, warmup {opts.get('warmup')}, feedback "
+                f"{'on' if opts.get('feedback') else 'off'} · TTFB and gaps at this client; "
+                "server TTFB is the server's own say -> first audio")
     machine = meta.get("gpu") or f"CPU: {meta.get('cpu')} ({meta.get('torch_threads')} threads)"
     dirty = " (dirty tree)" if meta.get("git_dirty") else ""
     opts = meta.get("options", {})
@@ -242,8 +250,15 @@ def markdown_report(doc: dict[str, Any]) -> str:
 
 
 def text_report(doc: dict[str, Any]) -> str:
-    """The compact table printed after a run."""
+    """The compact table printed after a run (with the server's TTFB beside the client's when
+    the runs drove a server)."""
     parts = [describe(doc), text_table(COLUMNS, [run_row(r) for r in doc["runs"]])]
+    served = [r for r in doc["runs"] if r.get("server_ttfb_s")]
+    if served:
+        parts.append(text_table(
+            ("variant", "load", "client TTFB p50 ms", "p95 ms", "server TTFB p50 ms", "p95 ms"),
+            [[r["variant"], r["load"]["label"], _ms(r["ttfb_s"]["p50"]), _ms(r["ttfb_s"]["p95"]),
+              _ms(r["server_ttfb_s"]["p50"]), _ms(r["server_ttfb_s"]["p95"])] for r in served]))
     parts += variant_notes(doc)
     return "\n".join(parts)
 

@@ -18,7 +18,7 @@ from typing import Any
 
 from breezert.bench.listener import RequestResult, summarize_requests
 from breezert.bench.options import (
-    BenchOptions, LoadPoint, collect_metadata, load_avg, read_texts,
+    BenchOptions, LoadPoint, collect_metadata, collect_remote_metadata, load_avg, read_texts,
 )
 from breezert.bench.variants import Variant, variant_config
 from breezert.bench.workload import WorkItem, make_workload, poisson_offsets, shard_items
@@ -76,6 +76,8 @@ def run_benchmark(
     from breezert.config import EngineConfig
     from breezert.runtime_setup import resolve_device
 
+    if options.server_url:
+        return _run_remote(options, on_update)
     base = EngineConfig.from_file(options.config_path)
     model_updates = {k: v for k, v in (("path", options.model_path), ("device", options.device),
                                        ("tokenizer", options.tokenizer_path)) if v is not None}
@@ -110,6 +112,46 @@ def _run_with(options: BenchOptions, base: Any, texts: list[str], texts_source: 
     }
     asyncio.run(_run_all(options, base, texts, doc, on_update or (lambda _doc: None)))
     return doc
+
+
+def _run_remote(options: BenchOptions,
+                on_update: Callable[[dict[str, Any]], None] | None) -> dict[str, Any]:
+    """Every load point against the running server at ``options.server_url`` (one variant,
+    ``server``): client-side TTFB and gaps, the server's first-audio times beside them."""
+    texts, texts_source = read_texts(options.texts_path)
+    doc: dict[str, Any] = {
+        "schema": SCHEMA, "metadata": collect_remote_metadata(options, texts_source, len(texts)),
+        "config": None, "variants": [{"name": "server", "description": options.server_url,
+                                      "overrides": {}, "naive": False, "status": "ok"}],
+        "runs": [],
+    }
+    asyncio.run(_remote_points(options, texts, doc, on_update or (lambda _doc: None)))
+    return doc
+
+
+async def _remote_points(options: BenchOptions, texts: list[str], doc: dict[str, Any],
+                         on_update: Callable[[dict[str, Any]], None]) -> None:
+    import aiohttp
+
+    from breezert.bench.remote import RemoteSpeech
+
+    variant = Variant("server", description=str(options.server_url))
+    connector = aiohttp.TCPConnector(limit=0)  # one socket per request in flight
+    async with aiohttp.ClientSession(connector=connector) as session:
+        target = RemoteSpeech(str(options.server_url), session, options.server_token)
+        for load in options.load_points():
+            items = make_workload(texts, options.num_requests, options.seed)
+            tag = f"server-{load.label}"
+            await _warm_up(target, texts, load, options, tag, options.warmup)
+            before = await target.server_metrics()
+            results = await _run_load(target, items, load, options, tag)
+            after = await target.server_metrics()
+            run = _run_record(variant, load, results, options, None, None,
+                              truncated=len(results) < len(items))
+            run["server_metrics_before"], run["server_metrics_after"] = before, after
+            doc["runs"].append(run)
+            _log_run(run)
+            on_update(doc)
 
 
 async def _run_all(options: BenchOptions, base: Any, texts: list[str], doc: dict[str, Any],
@@ -194,25 +236,38 @@ async def _engine_load_point(options: BenchOptions, variant: Variant, async_engi
     items = shard_items(make_workload(texts, options.num_requests, options.seed), options.shard)
     tag = f"{variant.name}-{load.label}"
     warmup_start = time.monotonic()
-    if options.warmup:  # lazy compiles / first-touch costs land here, not in the run
-        warm = make_workload(texts, options.warmup, options.seed + 1)
-        width = int(load.value) if load.mode == "closed" else config.scheduler.max_running_requests
-        await _closed_loop(async_engine, warm, min(width, len(warm)), options, f"{tag}-warm", None)
+    await _warm_up(async_engine, texts, load, options, tag,
+                   config.scheduler.max_running_requests)
     warmup_s = time.monotonic() - warmup_start
     # NOTE(bench): a fresh metrics object per run; the engine is idle here, so nothing races.
     async_engine.engine.metrics = EngineMetrics()
     gpu.reset_peak()
-    budget_end = (time.monotonic() + options.run_budget_s) if options.run_budget_s else None
-    if load.mode == "closed":
-        results = await _closed_loop(async_engine, items, int(load.value), options, tag,
-                                     budget_end)
-    else:
-        results = await _open_loop(async_engine, items, load.value, options, tag, budget_end)
+    results = await _run_load(async_engine, items, load, options, tag)
     snapshot = async_engine.metrics()
     run = _run_record(variant, load, results, options, snapshot, gpu.peak_bytes(),
                       truncated=len(results) < len(items))
     run["warmup_s"] = warmup_s
     return run
+
+
+async def _warm_up(target: Any, texts: list[str], load: LoadPoint, options: BenchOptions,
+                   tag: str, open_loop_width: int) -> None:
+    """``options.warmup`` unmeasured requests, as wide as the load (``open_loop_width`` in
+    flight for an open-loop point), so lazy compiles and first-touch costs stay out of the run."""
+    if not options.warmup:
+        return
+    warm = make_workload(texts, options.warmup, options.seed + 1)
+    width = int(load.value) if load.mode == "closed" else open_loop_width
+    await _closed_loop(target, warm, min(width, len(warm)), options, f"{tag}-warm", None)
+
+
+async def _run_load(target: Any, items: list[WorkItem], load: LoadPoint, options: BenchOptions,
+                    tag: str) -> list[RequestResult]:
+    """The measured requests of one load point, closed or open loop, within the run budget."""
+    budget_end = (time.monotonic() + options.run_budget_s) if options.run_budget_s else None
+    if load.mode == "closed":
+        return await _closed_loop(target, items, int(load.value), options, tag, budget_end)
+    return await _open_loop(target, items, load.value, options, tag, budget_end)
 
 
 def _run_record(variant: Variant, load: LoadPoint, results: list[RequestResult],
@@ -225,6 +280,7 @@ def _run_record(variant: Variant, load: LoadPoint, results: list[RequestResult],
     run["gpu_max_memory_bytes"] = peak
     run["load_avg_1m"] = load_avg()  # other processes on the host skew CPU numbers
     run["frame_step_s_p50"] = _frame_step_p50(snapshot)
+    run.update(_step_time_shares(snapshot, run.get("wall_s"), run.get("audio_s_total")))
     run["engine_metrics"] = snapshot
     run["requests"] = [r.compact() for r in results]
     return run
@@ -237,6 +293,24 @@ def _frame_step_p50(snapshot: dict[str, Any] | None) -> float | None:
         return float(stages["decode"]["step_s"]["p50"] + stages["depth"]["step_s"]["p50"])
     except (KeyError, TypeError):
         return None
+
+
+def _step_time_shares(snapshot: dict[str, Any] | None, wall_s: float | None,
+                      audio_s: float | None) -> dict[str, float | None]:
+    """``step_busy_fraction``: the share of the run's wall time spent inside stage steps (GPU
+    work plus the host work of each step; the rest is scheduling and idle time between them);
+    ``codec_ms_per_frame``: CODEC step time per decoded frame."""
+    stages = (snapshot or {}).get("stages", {})
+    if not stages:  # a run against a server: its steps are not visible here
+        return {"step_busy_fraction": None, "codec_ms_per_frame": None}
+    total = {name: entry["step_s"]["count"] * (entry["step_s"]["mean"] or 0.0)
+             for name, entry in stages.items() if entry.get("step_s", {}).get("count")}
+    frames = (audio_s or 0.0) / (SAMPLES_PER_FRAME / 24_000)
+    return {
+        "step_busy_fraction": sum(total.values()) / wall_s if wall_s else None,
+        "codec_ms_per_frame": 1000 * total["codec"] / frames if "codec" in total and frames
+        else None,
+    }
 
 
 def _log_run(run: dict[str, Any]) -> None:
@@ -308,6 +382,8 @@ async def _one_request(async_engine: Any, item: WorkItem, options: BenchOptions,
     try:
         request_id = async_engine.submit(request)
         await asyncio.wait_for(consume(), timeout=options.request_timeout_s)
+        server_ttfb = getattr(async_engine, "server_ttfb_s", {})  # a RemoteSpeech target
+        result.server_ttfb_s = server_ttfb.pop(request_id, None)
     except asyncio.TimeoutError:
         result.status, result.error = "timeout", "timeout"
     except Exception as exc:  # counted, never fatal

@@ -7,7 +7,10 @@ requests or schedules, read files, or call ``.item()`` on the decode path.
 
 from __future__ import annotations
 
+import contextlib
+import copy
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
@@ -19,6 +22,8 @@ from breezert.models.config import CodecConfig
 _RESIDUAL_DILATIONS = (1, 3, 9)
 _CONV_KERNEL = 7  # decoder[0], residual conv1, ConvNeXt depthwise and final conv
 _PRE_CONV_KERNEL = 3
+GEMM_UPSAMPLE_MIN_CHANNELS = 1024
+"""Input channels from which a decoder block's upsampler runs as a GEMM on the fast path."""
 
 
 # ------------------------------------------------------------------------------- state layout
@@ -90,28 +95,69 @@ class CodecStreamState:
 
 
 class _Carry:
-    """Hands out the conv histories of one step in visiting order and collects the new ones."""
+    """Hands out the conv histories of one step in visiting order and collects the new ones.
 
-    def __init__(self, flat: Tensor, spec: tuple[tuple[str, int, int], ...]) -> None:
+    ``num_frames [B]`` (optional): frames each row really decodes this step, at most the step's
+    ``total_frames``; a row's new history then ends at its own last real sample (the padded
+    frames after it are computed and dropped), so rows of different chunk sizes share one step.
+    ``fast``: on CUDA, SnakeBeta and the history concatenation run as one Triton kernel
+    (``kernels/snake.py``); elsewhere the eager arithmetic.
+    """
+
+    def __init__(self, flat: Tensor, spec: tuple[tuple[str, int, int], ...],
+                 num_frames: Tensor | None = None, total_frames: int = 0,
+                 fast: bool = False) -> None:
         sizes = [c * n for _, c, n in spec]
         chunks = flat.split(sizes, dim=1)  # each [B, C * n]
         self._old = [x.view(flat.shape[0], c, n) for x, (_, c, n) in zip(chunks, spec, strict=True)]
         self._spec = spec
         self._new: list[Tensor] = []
+        self.num_frames, self.total_frames, self.fast = num_frames, total_frames, fast
 
-    def extend(self, x: Tensor, length: int) -> Tensor:
-        """Prepends the stored history to ``x`` [B, C, T] and keeps its last ``length`` samples."""
+    def extend(self, x: Tensor, length: int, act: SnakeBeta | None = None) -> Tensor:
+        """Prepends the stored history to ``act(x)`` [B, C, T] and keeps the last ``length``
+        samples of each row (of its real frames when rows differ)."""
         i = len(self._new)
         name, channels, expect = self._spec[i]
         assert (channels, expect) == (x.shape[1], length), f"state spec mismatch at {name}"
-        full = torch.cat([self._old[i], x], dim=-1)  # [B, C, length + T]
-        self._new.append(full[..., full.shape[-1] - length :])
-        return full
+        if act is not None and self.fast and x.is_cuda:
+            full = _snake_cat()(x, act.alpha, act.beta, self._old[i])
+        else:
+            full = torch.cat([self._old[i], x if act is None else act(x)], dim=-1)
+        self._new.append(self.keep_last(full, length, x.shape[-1], dim=-1))
+        return full  # [B, C, length + T]
+
+    def activate(self, x: Tensor, act: SnakeBeta) -> Tensor:
+        """``act(x)`` for a conv that keeps no history."""
+        if self.fast and x.is_cuda:
+            return _snake_cat()(x, act.alpha, act.beta, None)
+        return act(x)
+
+    def keep_last(self, full: Tensor, length: int, num_new: int, dim: int) -> Tensor:
+        """The ``length`` entries of ``full`` (``length`` old + ``num_new`` new along ``dim``)
+        that end at each row's last real frame."""
+        if self.num_frames is None:
+            return full.narrow(dim, full.shape[dim] - length, length)
+        scale = num_new // self.total_frames  # samples per frame at this layer
+        dim = dim % full.dim()
+        index = self.num_frames * scale  # [B] start of the kept window
+        index = index[:, None] + torch.arange(length, device=full.device)  # [B, length]
+        shape = [1] * full.dim()
+        shape[0], shape[dim] = full.shape[0], length
+        expand = list(full.shape)
+        expand[dim] = length
+        return full.gather(dim, index.view(shape).expand(expand))
 
     def flat(self) -> Tensor:
         assert len(self._new) == len(self._spec), "step did not visit every stateful conv"
         b = self._old[0].shape[0]
         return torch.cat([h.reshape(b, -1) for h in self._new], dim=1)  # [B, num_conv_values]
+
+
+def _snake_cat():  # noqa: ANN202 - the kernel module imports Triton: only on CUDA's fast path
+    from breezert.kernels.snake import snake_cat
+
+    return snake_cat
 
 
 # ------------------------------------------------------------------------------- conv modules
@@ -125,9 +171,12 @@ class _CausalConv(nn.Module):
         self.conv = nn.Conv1d(cin, cout, kernel, dilation=dilation, groups=groups)
         self.history = (kernel - 1) * dilation
 
-    def forward(self, x: Tensor, carry: _Carry) -> Tensor:
+    def forward(self, x: Tensor, carry: _Carry, act: SnakeBeta | None = None) -> Tensor:
+        """``conv(act(x))`` with the carried history in front."""
         if self.history:
-            x = carry.extend(x, self.history)
+            x = carry.extend(x, self.history, act)
+        elif act is not None:
+            x = carry.activate(x, act)
         return self.conv(x)  # [B, cout, T]
 
 
@@ -139,13 +188,36 @@ class _CausalTransConv(nn.Module):
         self.conv = nn.ConvTranspose1d(cin, cout, kernel, stride=stride)
         self.stride = stride
         self.history = (kernel - 1) // stride
+        self.gemm_weight: Tensor | None = None  # [Cin, k * Cout], set by prepare_fast
 
-    def forward(self, x: Tensor, carry: _Carry) -> Tensor:
+    def prepare_fast(self) -> None:
+        """Wide upsamplers (kernel 2s, Cin >= 1024) run as one GEMM on the fast path: on the
+        H200 1536 -> 768 took 1.17 ms as a cuDNN transposed conv and 0.21 ms as a GEMM (TF32,
+        256 frames); narrower ones are faster in cuDNN (h200-codec-conv-kernels-20261201)."""
+        w = self.conv.weight  # [Cin, Cout, k]
+        if (w.shape[2] == 2 * self.stride and self.history == 1
+                and w.shape[0] >= GEMM_UPSAMPLE_MIN_CHANNELS):
+            self.gemm_weight = w.permute(0, 2, 1).reshape(w.shape[0], -1).contiguous()
+
+    def forward(self, x: Tensor, carry: _Carry, act: SnakeBeta | None = None) -> Tensor:
         num_new = x.shape[-1]
         if self.history:
-            x = carry.extend(x, self.history)
+            x = carry.extend(x, self.history, act)
+        elif act is not None:
+            x = carry.activate(x, act)
+        if carry.fast and self.gemm_weight is not None:
+            return self._gemm(x, num_new)
         start = self.history * self.stride
         return self.conv(x)[..., start : start + num_new * self.stride]  # [B, cout, T * s]
+
+    def _gemm(self, x: Tensor, num_new: int) -> Tensor:
+        # x [B, Cin, 1 + T]: output block i (samples i*s .. i*s+s-1 after the history's) takes
+        # taps 0..s-1 of input 1 + i and taps s..2s-1 of input i.
+        b, s = x.shape[0], self.stride
+        cout = self.conv.weight.shape[1]
+        y = (x.transpose(1, 2) @ self.gemm_weight).view(b, num_new + 1, 2, s, cout)
+        out = (y[:, 1:, 0] + y[:, :-1, 1]).reshape(b, num_new * s, cout)
+        return (out + self.conv.bias).transpose(1, 2).contiguous()  # [B, cout, T * s]
 
 
 class SnakeBeta(nn.Module):
@@ -187,8 +259,8 @@ class _ResidualUnit(nn.Module):
         self.conv2 = _CausalConv(dim, dim, 1)
 
     def forward(self, x: Tensor, carry: _Carry) -> Tensor:
-        h = self.conv1(self.act1(x), carry)
-        return x + self.conv2(self.act2(h), carry)
+        h = self.conv1(x, carry, self.act1)
+        return x + self.conv2(h, carry, self.act2)
 
 
 class _DecoderBlock(nn.Module):
@@ -200,7 +272,7 @@ class _DecoderBlock(nn.Module):
         )
 
     def forward(self, x: Tensor, carry: _Carry) -> Tensor:
-        x = self.block[1](self.block[0](x), carry)  # [B, out_dim, T * rate]
+        x = self.block[1](x, carry, self.block[0])  # [B, out_dim, T * rate]
         for unit in self.block[2:]:
             x = unit(x, carry)
         return x
@@ -253,10 +325,32 @@ class _SplitQuantizer(nn.Module):
         self.num_first = cfg.num_semantic_quantizers
         self.rvq_first = _ResidualVectorQuantizer(cfg, self.num_first)
         self.rvq_rest = _ResidualVectorQuantizer(cfg, cfg.num_quantizers - self.num_first)
+        self.tables: tuple[Tensor, Tensor] | None = None  # set by prepare_fast
 
     def decode(self, codes: Tensor) -> Tensor:
         first = self.rvq_first.decode(codes[..., : self.num_first])
         return first + self.rvq_rest.decode(codes[..., self.num_first :])  # [B, codebook_dim, T]
+
+    def prepare_fast(self) -> None:
+        """Divides each group's codebooks by their usage once ([K * size, dim] per group)."""
+        self.tables = tuple(  # type: ignore[assignment]
+            torch.cat([vq._codebook.embedding_sum / vq._codebook.cluster_usage.clamp(min=1e-5)[:, None]
+                       for vq in group.vq.layers])
+            for group in (self.rvq_first, self.rvq_rest))
+
+    def decode_fast(self, codes: Tensor) -> Tensor:
+        """``decode`` with one gather per group (the sum's order may differ in the last bit)."""
+        assert self.tables is not None, "prepare_fast() first"
+        out = None
+        for table, group, part in zip(self.tables, (self.rvq_first, self.rvq_rest),
+                                      (codes[..., : self.num_first], codes[..., self.num_first :]),
+                                      strict=True):
+            size = group.vq.layers[0]._codebook.embedding_sum.shape[0]
+            offsets = torch.arange(part.shape[-1], device=codes.device) * size
+            summed = F.embedding(part + offsets, table).sum(dim=2)  # [B, T, dim]
+            proj = group.output_proj(summed.transpose(1, 2))
+            out = proj if out is None else out + proj
+        return out  # [B, codebook_dim, T]
 
 
 # ------------------------------------------------------------------------------- transformer
@@ -327,7 +421,7 @@ class _Attention(nn.Module):
         self.o_proj = nn.Linear(cfg.num_heads * cfg.head_dim, cfg.hidden_size, bias=False)
 
     def forward(
-        self, x: Tensor, cos: Tensor, sin: Tensor, kv: Tensor, keep: Tensor
+        self, x: Tensor, cos: Tensor, sin: Tensor, kv: Tensor, keep: Tensor, carry: _Carry
     ) -> tuple[Tensor, Tensor]:
         # x [B, T, hidden]; kv [B, 2, Hkv, W-1, D] (cached, already rotated); keep [B, 1, T, W-1+T]
         b, t, _ = x.shape
@@ -338,7 +432,9 @@ class _Attention(nn.Module):
         k = torch.cat([kv[:, 0], k], dim=2)  # [B, Hkv, W-1+T, D]
         v = torch.cat([kv[:, 1], v], dim=2)
         keep_len = kv.shape[3]
-        new_kv = torch.stack([k[:, :, -keep_len:], v[:, :, -keep_len:]], dim=1) if keep_len else kv
+        new_kv = (torch.stack([carry.keep_last(k, keep_len, t, dim=2),
+                               carry.keep_last(v, keep_len, t, dim=2)], dim=1)
+                  if keep_len else kv)
         rep = self.num_heads // self.num_kv_heads
         if rep > 1:
             k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
@@ -368,9 +464,9 @@ class _TransformerLayer(nn.Module):
         self.mlp_layer_scale = LayerScale(cfg.hidden_size, cfg.layer_scale_initial_scale)
 
     def forward(
-        self, x: Tensor, cos: Tensor, sin: Tensor, kv: Tensor, keep: Tensor
+        self, x: Tensor, cos: Tensor, sin: Tensor, kv: Tensor, keep: Tensor, carry: _Carry
     ) -> tuple[Tensor, Tensor]:
-        h, new_kv = self.self_attn(self.input_layernorm(x), cos, sin, kv, keep)
+        h, new_kv = self.self_attn(self.input_layernorm(x), cos, sin, kv, keep, carry)
         x = x + self.self_attn_layer_scale(h)
         x = x + self.mlp_layer_scale(self.mlp(self.post_attention_layernorm(x)))
         return x, new_kv
@@ -385,14 +481,14 @@ class _PreTransformer(nn.Module):
         self.norm = _RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.output_proj = nn.Linear(cfg.hidden_size, cfg.latent_dim)
 
-    def forward(self, x: Tensor, kv: Tensor, pos: Tensor) -> tuple[Tensor, Tensor]:
+    def forward(self, x: Tensor, kv: Tensor, pos: Tensor, carry: _Carry) -> tuple[Tensor, Tensor]:
         # x [B, T, latent]; kv [B, L, 2, Hkv, W-1, D]; pos [B] -> ([B, T, latent], new kv)
         h = self.input_proj(x)
         q_pos, keep = _window_mask(pos, x.shape[1], self.cfg.sliding_window)
         cos, sin = _rope(q_pos, self.cfg.head_dim, self.cfg.rope_theta, h.dtype)
         new_kv = []
         for i, layer in enumerate(self.layers):
-            h, layer_kv = layer(h, cos, sin, kv[:, i], keep)
+            h, layer_kv = layer(h, cos, sin, kv[:, i], keep, carry)
             new_kv.append(layer_kv)
         return self.output_proj(self.norm(h)), torch.stack(new_kv, dim=1)
 
@@ -445,31 +541,48 @@ class CodecDecoder(nn.Module):
         )
 
     @torch.no_grad()
-    def step(self, codes: Tensor, state: CodecStreamState) -> tuple[Tensor, CodecStreamState]:
+    def prepare_fast(self) -> None:
+        """Precomputes what the fast path reads (per-group codebook tables, GEMM layouts of the
+        wide upsamplers); call after the weights are loaded and cast."""
+        self.quantizer.prepare_fast()
+        for module in self.modules():
+            if isinstance(module, _CausalTransConv):
+                module.prepare_fast()
+
+    @torch.no_grad()
+    def step(self, codes: Tensor, state: CodecStreamState, num_frames: Tensor | None = None,
+             fast: bool = False) -> tuple[Tensor, CodecStreamState]:
         """Decodes the next ``F`` frames of ``B`` streams exactly, given their state.
 
         Args:
             codes: ``[B, F, num_quantizers]`` int64 codes in 0..codebook_size-1.
             state: per-row state (``B`` leading); left untouched.
+            num_frames: ``[B]`` int64, frames of each row that are real (1..F; the rest are
+                padding: decoded, then dropped from the state); ``None``: all ``F``.
+            fast: the serving kernels (fused SnakeBeta + history, codebook tables, GEMM
+                upsamplers; ``prepare_fast`` first): the same arithmetic up to rounding order.
 
         Returns:
-            ``(wav [B, F * samples_per_frame] in [-1, 1], state after the F frames)``.
+            ``(wav [B, F * samples_per_frame] in [-1, 1], state after the F frames)``; with
+            ``num_frames`` only each row's first ``num_frames * samples_per_frame`` are audio.
         """
         if codes.dim() != 3 or codes.shape[-1] != self.cfg.num_quantizers:
             raise ValueError(
                 f"codes must be [B, F, {self.cfg.num_quantizers}], got {tuple(codes.shape)}"
             )
-        carry = _Carry(state.conv, self._state_spec)
-        x = self.pre_conv(self.quantizer.decode(codes), carry)  # [B, latent, F]
-        h, kv = self.pre_transformer(x.transpose(1, 2), state.kv, state.pos)  # [B, F, latent]
+        carry = _Carry(state.conv, self._state_spec, num_frames, codes.shape[1], fast)
+        latent = self.quantizer.decode_fast(codes) if fast else self.quantizer.decode(codes)
+        x = self.pre_conv(latent, carry)  # [B, latent, F]
+        h, kv = self.pre_transformer(x.transpose(1, 2), state.kv, state.pos, carry)
         x = h.transpose(1, 2)  # [B, latent, F]
         for tconv, convnext in self.upsample:
             x = convnext(tconv(x, carry), carry)  # [B, latent, F * prod(ratios)]
         x = self.decoder[0](x, carry)  # [B, decoder_dim, ...]
         for block in self.decoder[1:-2]:
             x = block(x, carry)
-        x = self.decoder[-1](self.decoder[-2](x), carry)  # [B, 1, F * samples_per_frame]
-        new = CodecStreamState(carry.flat(), kv, state.pos + codes.shape[1])
+        x = self.decoder[-1](x, carry, self.decoder[-2])  # [B, 1, F * samples_per_frame]
+        advance = codes.shape[1] if num_frames is None else num_frames
+        new = CodecStreamState(carry.flat(), kv, state.pos + advance)
         return x.squeeze(1).clamp(-1.0, 1.0), new
 
     @torch.no_grad()
@@ -483,10 +596,32 @@ class CodecDecoder(nn.Module):
         return wav
 
 
+CODEC_PRECISIONS = ("fp32", "tf32", "bf16")
+"""Serving precisions: ``fp32`` (TF32 off for the codec's convolutions and matmuls), ``tf32``
+(fp32 storage, TF32 tensor-core math), ``bf16`` (weights, activations and stream state)."""
+
+
+@contextlib.contextmanager
+def tf32_math(enabled: bool | None) -> Iterator[None]:
+    """TF32 on or off for cuDNN convolutions and CUDA matmuls while the block runs (``None``:
+    the process's flags). Read when kernels are chosen, so a CUDA graph captured inside keeps
+    them."""
+    if enabled is None:
+        yield
+        return
+    saved = torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = enabled
+    try:
+        yield
+    finally:
+        torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = saved
+
+
 class StreamingCodec:
     """Exact incremental decode for up to ``max_slots`` streams held in a preallocated arena.
 
-    Rows of one ``decode`` call may sit at different positions; they run as one batched forward.
+    Rows of one ``decode`` call may sit at different positions and decode different numbers of
+    frames; they run as one batched forward.
     """
 
     def __init__(
@@ -495,10 +630,30 @@ class StreamingCodec:
         max_slots: int,
         device: torch.device | str | None = None,
         dtype: torch.dtype | None = None,
+        *,
+        fast: bool = False,
+        tf32: bool | None = None,
     ) -> None:
         self.decoder = decoder
         self.max_slots = max_slots
+        self.fast, self.tf32 = fast, tf32
+        if fast:
+            decoder.prepare_fast()
         self.state = decoder.new_state(max_slots, device=device, dtype=dtype)
+
+    @classmethod
+    def for_serving(cls, decoder: CodecDecoder, max_slots: int, precision: str = "tf32",
+                    fast: bool = True) -> StreamingCodec:
+        """The serving codec at ``precision`` (one of ``CODEC_PRECISIONS``); ``bf16`` works
+        on a bf16 copy of ``decoder`` (the original stays fp32 for the reference paths)."""
+        if precision not in CODEC_PRECISIONS:
+            raise ValueError(f"codec precision must be one of {CODEC_PRECISIONS}, got "
+                             f"{precision!r}")
+        device = decoder.pre_conv.conv.weight.device
+        if precision == "bf16":
+            decoder = copy.deepcopy(decoder).to(torch.bfloat16)
+        tf32 = None if device.type != "cuda" else precision == "tf32"
+        return cls(decoder, max_slots, device=device, fast=fast, tf32=tf32)
 
     @property
     def positions(self) -> Tensor:
@@ -510,13 +665,16 @@ class StreamingCodec:
         self.state.reset_(slot_ids.to(self.state.pos.device))
 
     @torch.no_grad()
-    def decode(self, slot_ids: Tensor, codes: Tensor) -> Tensor:
-        """Decodes ``codes [B, F, 16]`` for the distinct ``slot_ids [B]``; returns ``[B, F*1920]``.
+    def decode(self, slot_ids: Tensor, codes: Tensor, num_frames: Tensor | None = None) -> Tensor:
+        """Decodes ``codes [B, F, 16]`` for the distinct ``slot_ids [B]``; returns ``[B, F*1920]``
+        (row ``i``'s first ``num_frames[i] * 1920`` samples when ``num_frames`` is given).
 
         Gathers the slots' state, runs one batched step and writes the new state back.
         """
         slot_ids = slot_ids.to(self.state.pos.device)
-        wav, new = self.decoder.step(codes, self.state.gather(slot_ids))
+        with tf32_math(self.tf32):
+            wav, new = self.decoder.step(codes, self.state.gather(slot_ids), num_frames,
+                                         self.fast)
         self.state.scatter_(slot_ids, new)
         return wav
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import heapq
 from bisect import insort_right
+from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -20,6 +21,8 @@ from breezert.constants import CODEBOOK_SIZE, FRAME_EOS_ID, Stage
 from breezert.errors import EngineOverloaded, InvalidRequest
 from breezert.request import PlaybackReport, Request, RequestStatus, Segment, SegmentPhase
 from breezert.sched.block_pool import BlockPool
+from breezert.sched.deadline import DeadlinePredictor
+from breezert.sched.load import EngineLoad, measure
 from breezert.sched.plan import (
     CodecItem,
     DecodeBranch,
@@ -39,6 +42,9 @@ from breezert.sched.policy import (
     ScheduleChunkPolicy,
     StagePolicy,
 )
+
+_RELEASE_WINDOW_S = 30.0
+"""How far back slot releases count for the rate that predicts a queued request's wait."""
 
 # ----------------------------------------------------------------------------- events
 
@@ -83,6 +89,8 @@ class RequestFinished:
     """When its last chunk left (``None``: it emitted none)."""
     num_emitted_frames: int
     """Frames of audio it emitted."""
+    overloaded: bool = False
+    """Refused before it got a slot: it waited past ``max_queue_wait_s`` (retryable)."""
 
 
 SchedulerEvent = ChunkEmitted | SegmentEnded | RequestFinished
@@ -137,8 +145,12 @@ class Scheduler:
         self._released: list[str] = []
         self._step_id = 0
         self._inflight: StepPlan | None = None
+        self._held: list[tuple[int, list[Segment]]] = []
+        """Slots and segments (KV blocks) of requests that ended while a plan naming them was
+        in flight: the worker may still write them, so they are freed at that plan's commit."""
         self._num_steps = {stage.value: 0 for stage in Stage}
         self._num_finished = {s.value: 0 for s in RequestStatus if s.is_finished}
+        self._slot_releases: deque[float] = deque()  # when running requests ended (30 s)
 
     # ------------------------------------------------------------------ requests in
     def add_request(self, request: Request, now: float) -> None:
@@ -159,12 +171,49 @@ class Scheduler:
         self._requests[request.request_id] = request
         insort_right(self._waiting, request, key=lambda r: (-r.priority, r.enqueue_time))
         self._admit()
-        max_queued = self.config.max_queued_requests
-        if request.status is RequestStatus.WAITING and len(self._waiting) > max_queued:
-            self._waiting.remove(request)
-            del self._requests[request.request_id]
-            raise EngineOverloaded(f"{max_queued} requests already waiting "
-                                   f"(max_queued_requests={max_queued})")
+        if request.status is not RequestStatus.WAITING:
+            return
+        max_queued, max_wait = self.config.max_queued_requests, self.config.max_queue_wait_s
+        wait = self.predicted_queue_wait(self._waiting.index(request), now)
+        if len(self._waiting) > max_queued:
+            refusal = EngineOverloaded(f"{max_queued} requests already waiting "
+                                       f"(max_queued_requests={max_queued})", wait)
+        elif max_wait is not None and wait is not None and wait > max_wait:
+            refusal = EngineOverloaded(
+                f"its predicted wait for a slot is {wait:.1f} s (max_queue_wait_s={max_wait:g}; "
+                f"{len(self._running)} running, {len(self._waiting) - 1} waiting ahead or "
+                "beside it)", wait)
+        else:
+            return
+        self._waiting.remove(request)
+        del self._requests[request.request_id]
+        raise refusal
+
+    def predicted_queue_wait(self, position: int, now: float) -> float | None:
+        """Seconds until the request at ``position`` (0 = next) of the waiting queue gets a slot:
+        ``(position + 1)`` releases at the rate running requests ended over the last
+        ``_RELEASE_WINDOW_S``; ``None`` while fewer than two releases were seen (no rate)."""
+        releases = self._slot_releases
+        while releases and releases[0] < now - _RELEASE_WINDOW_S:
+            releases.popleft()
+        if len(releases) < 2:
+            return None
+        rate = len(releases) / max(now - releases[0], 1e-3)  # releases per second
+        return (position + 1) / rate
+
+    def expire_waiting(self, now: float) -> list[SchedulerEvent]:
+        """Refuses the waiting requests that waited past ``max_queue_wait_s`` (FAILED with
+        ``overloaded``: the caller may retry elsewhere)."""
+        max_wait = self.config.max_queue_wait_s
+        if max_wait is None:
+            return []
+        waited = {r.request_id: now - r.enqueue_time for r in self._waiting
+                  if r.enqueue_time is not None}
+        late = [r for r in self._waiting if waited.get(r.request_id, 0.0) > max_wait]
+        return [self._finish(r, RequestStatus.FAILED, now,
+                             f"waited {waited[r.request_id]:.1f} s for a slot "
+                             f"(max_queue_wait_s={max_wait:g})", overloaded=True)
+                for r in late]
 
     def append_segment(self, request_id: str, segment: Segment, now: float) -> None:
         """Adds a text segment to a live request whose input is still open.
@@ -242,6 +291,11 @@ class Scheduler:
         if inflight is None or plan.step_id != inflight.step_id or result.step_id != plan.step_id:
             raise ValueError(f"commit of step {result.step_id} does not match the plan in flight")
         self._inflight = None
+        for slot, segments in self._held:
+            for seg in segments:
+                self._free_blocks(seg)
+            heapq.heappush(self._free_slots, slot)
+        self._held.clear()
         events: list[SchedulerEvent] = []
         for request_id, reason in result.failed.items():
             if request_id in self._running:
@@ -283,6 +337,12 @@ class Scheduler:
     @property
     def num_waiting(self) -> int:
         return len(self._waiting)
+
+    def load(self, predictor: DeadlinePredictor | None, now: float) -> EngineLoad:
+        """Running and queued requests against the limits, and ``predictor``'s least slack."""
+        cfg = self.config
+        return measure(self._running.values(), len(self._waiting), cfg.max_running_requests,
+                       cfg.max_queued_requests, predictor, now)
 
     def stats(self) -> SchedulerStats:
         pool = self.block_pool
@@ -552,15 +612,19 @@ class Scheduler:
         return []
 
     def _finish(self, request: Request, status: RequestStatus, now: float,
-                error: str | None = None) -> RequestFinished:
+                error: str | None = None, *, overloaded: bool = False) -> RequestFinished:
         """Moves a live request to a terminal status and frees everything it holds."""
         if request.status is RequestStatus.WAITING:
             self._waiting.remove(request)
         else:
-            for seg in request.segments:
-                self._free_blocks(seg)
+            self._slot_releases.append(now)
             assert request.slot is not None
-            heapq.heappush(self._free_slots, request.slot)
+            if self._inflight is not None and request.request_id in self._inflight.request_ids:
+                self._held.append((request.slot, list(request.segments)))
+            else:
+                for seg in request.segments:
+                    self._free_blocks(seg)
+                heapq.heappush(self._free_slots, request.slot)
             del self._running[request.request_id]
             pending = [d for d in self._new_requests if d.request_id != request.request_id]
             if len(pending) == len(self._new_requests):
@@ -570,7 +634,7 @@ class Scheduler:
         request.status, request.finish_time, request.error = status, now, error
         self._num_finished[status.value] += 1
         return RequestFinished(request.request_id, status, error, now, request.enqueue_time,
-                               request.last_chunk_time, request.num_decoded_frames)
+                               request.last_chunk_time, request.num_decoded_frames, overloaded)
 
     def _free_blocks(self, seg: Segment) -> None:
         for table in seg.block_ids:

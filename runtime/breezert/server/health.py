@@ -1,10 +1,13 @@
-"""``/healthz`` (the process and engine loop are alive) and ``/readyz`` (warmed up, serving),
-start-up progress, the readiness/drain gate in front of ``/v1/`` and the SIGTERM drain.
+"""``/healthz`` (the process and engine loop are alive) and ``/readyz`` (warmed up, serving and
+below capacity, with the engine's load), start-up progress, the readiness/drain gate in front of
+``/v1/`` and the SIGTERM drain.
 
 Owns: the startup warm-up request that gates readiness, the ``Lifecycle`` under ``LIFECYCLE``
 (start-up phase and progress, draining), the gate middleware (``/v1/`` gets 503 with
 ``Retry-After`` before ready and while draining; every 503 gets ``Retry-After``) and ``drain``.
 Must not: run anything per probe beyond reading state; probes are cheap and unauthenticated.
+A full engine (``/readyz`` 503 ``full``) still takes ``/v1/`` work: readiness steers routing,
+admission stays the engine's (``max_queued_requests``).
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from typing import Any, TextIO
 from aiohttp import web
 
 from breezert.request import SynthesisRequest
+from breezert.sched.load import EngineLoad
 from breezert.server.state import STATE, ServerState, json_error
 
 logger = logging.getLogger("breezert.server")
@@ -182,7 +186,20 @@ async def readyz(request: web.Request) -> web.Response:
     if not getattr(state.engine, "is_running", True):
         return web.json_response({"ready": False, "status": "failed",
                                   "reason": "engine loop stopped"}, status=503)
-    return web.json_response({"ready": True, "status": "ready", "peers": len(state.peers)})
+    body: dict[str, Any] = {"ready": True, "status": "ready", "peers": len(state.peers)}
+    load = engine_load(state.engine)
+    if load is not None:
+        body["load"] = load.as_json()
+        if load.is_full:  # every running slot taken, or behind real time: route elsewhere
+            return web.json_response({**body, "ready": False, "status": "full"}, status=503)
+    return web.json_response(body)
+
+
+def engine_load(engine: Any) -> EngineLoad | None:
+    """``engine.load()``, or ``None`` for an engine that does not tell (one being built, a
+    stand-in)."""
+    load = getattr(engine, "load", None)
+    return load() if callable(load) else None
 
 
 async def warm_up(state: ServerState, lifecycle: Lifecycle | None = None) -> None:

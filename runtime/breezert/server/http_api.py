@@ -83,8 +83,7 @@ async def speech(request: web.Request) -> web.StreamResponse:
         message = prompt_message(str(exc))
         return json_error(400, message, param=_param_of(message))
     except EngineOverloaded as exc:
-        return json_error(503, f"the engine is at capacity, retry later: {exc}",
-                          type="overloaded_error", code=OVERLOADED_CODE)
+        return overloaded_error(exc)
     async with aclosing(state.engine.stream(request_id)) as chunks:
         # NOTE: headers wait for the first chunk (engine TTFB), so a request that fails before
         # any audio still gets a JSON error with its status.
@@ -184,6 +183,16 @@ async def _first_chunk(chunks: AsyncIterator[AudioChunk]) -> AudioChunk | None |
                           code="request_failed")
     except RequestAborted:
         return json_error(503, "synthesis was aborted", type="server_error", code="aborted")
+    except EngineOverloaded as exc:  # it waited past max_queue_wait_s for a slot
+        return overloaded_error(exc)
+
+
+def overloaded_error(exc: EngineOverloaded) -> web.Response:
+    """503 ``overloaded`` with ``Retry-After`` the predicted wait (whole seconds) when known."""
+    headers = ({"Retry-After": str(max(1, math.ceil(exc.retry_after_s)))}
+               if exc.retry_after_s is not None else None)
+    return json_error(503, f"the engine is at capacity, retry later: {exc}",
+                      type="overloaded_error", code=OVERLOADED_CODE, headers=headers)
 
 
 class _Encoder:

@@ -11,7 +11,7 @@ from typing import Any
 
 from aiohttp import web
 
-from breezert.server.health import LIFECYCLE
+from breezert.server.health import LIFECYCLE, engine_load
 from breezert.server.state import STATE, ServerState
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -97,6 +97,10 @@ def render_capacity(state: ServerState, lifecycle: Any = None) -> str:
             [((), int(state.is_ready and not getattr(lifecycle, "draining", False)))])
     _metric(out, "breezert_draining", "gauge", "1 while shutting down (SIGTERM drain).",
             [((), int(getattr(lifecycle, "draining", False)))])
+    load = engine_load(state.engine)
+    if load is not None:
+        _metric(out, "breezert_load", "gauge", "Engine load, 0..1 (1 = full: /readyz 503).",
+                [((), round(load.fraction, 4))])
     rss = process_rss_bytes()
     if rss is not None:
         _metric(out, "process_resident_memory_bytes", "gauge", "Resident memory size in bytes.",
@@ -147,9 +151,9 @@ def render(snapshot: Mapping[str, Any], state: ServerState, queue: int | None) -
             [((), counters.get("requests_added", 0))])
     _metric(out, "breezert_chunks_emitted_total", "counter", "Audio chunks out of the engine.",
             [((), counters.get("chunks_emitted", 0))])
-    _metric(out, "breezert_queued_requests_total", "counter", "Requests that had to wait for a "
-            "running slot when submitted (all max_running_requests taken; an open turn holds "
-            "its slot until its input closes).", [((), counters.get("queued_requests", 0))])
+    _metric(out, "breezert_requests_queued_total", "counter",
+            "Requests that had to wait for a slot (max_running_requests were running).",
+            [((), counters.get("queued_requests", 0))])
     return "\n".join(out) + "\n"
 
 

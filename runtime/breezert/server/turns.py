@@ -74,6 +74,8 @@ class _Turn:
     voice, instructions and reference."""
     reason: str | None = None
     """Why the server closed the turn's input (``idle_timeout``), reported in ``turn_done``."""
+    error_code: str | None = None
+    """``turn_done``'s ``code`` for a failure a client maps to a type (``overloaded``)."""
     segment_owners: list[int] = field(default_factory=list)
     """The client's segment (say text, then each append) of each engine segment: the server
     cuts a segment whose prompt does not fit into several."""
@@ -289,6 +291,8 @@ class TurnController:
             status = "aborted"
         except RequestFailed as exc:
             status, error = "failed", exc.reason
+        except EngineOverloaded as exc:  # it waited past max_queue_wait_s for a slot
+            status, error, turn.error_code = "failed", str(exc), OVERLOADED_CODE
         except asyncio.CancelledError:
             first.cancel()
             raise
@@ -345,6 +349,8 @@ class TurnController:
         fields: dict[str, Any] = {**self._ids(turn), "status": status}
         if error is not None:
             fields["error"] = error
+        if turn.error_code is not None:
+            fields["code"] = turn.error_code
         if turn.marks is not None:
             fields["starved_frames"] = turn.marks.num_starved_frames
         fields["concealment_events"] = turn.concealment_events

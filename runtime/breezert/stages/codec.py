@@ -1,9 +1,13 @@
 """CODEC: decode the frames of each chunk with the exact streaming codec, many streams at once.
 
-Owns: grouping CODEC items by frame count, padding each group to a (streams, frames) bucket
-(padding rows decode into a scratch slot), the graphed gather → step → scatter function,
+Owns: grouping a step's CODEC items into replays, padding each replay to a (streams, frames)
+bucket (padding rows decode into a scratch slot), the graphed gather → step → scatter function,
 resetting a slot's state at a request's first chunk, and turning waveforms into
-``DecodedChunk``s. Must not: decide chunk sizes (the scheduler and the Predictor do).
+``DecodedChunk``s. Two groupings: ``mixed_sizes`` off, one group per chunk size (every row of a
+replay decodes the same number of frames); on, chunks of different sizes share a replay (each
+row decodes its own count, ``StreamingCodec.decode(num_frames=)``) and the items are split into
+the groups of sizes that minimise padded frames plus a fixed cost per replay. Must not: decide
+chunk sizes (the scheduler and the Predictor do).
 """
 
 from __future__ import annotations
@@ -21,26 +25,84 @@ from breezert.worker.cuda_graphs import GraphRunner, bucket_for
 
 
 def codec_step(
-    codec: StreamingCodec, slot_ids: torch.Tensor, codes: torch.Tensor
+    codec: StreamingCodec, slot_ids: torch.Tensor, codes: torch.Tensor,
+    num_frames: torch.Tensor | None = None,
 ) -> dict[str, torch.Tensor]:
-    """Decodes ``codes [B, F, 16]`` for ``slot_ids [B]`` (state gathered and written back)."""
-    return {"wav": codec.decode(slot_ids, codes)}
+    """Decodes ``codes [B, F, 16]`` for ``slot_ids [B]`` (state gathered and written back);
+    ``num_frames [B]``: the real frames of each row (the rest is padding)."""
+    return {"wav": codec.decode(slot_ids, codes, num_frames)}
 
 
 class CodecStage:
-    def __init__(self, codec: StreamingCodec, graphs: GraphRunner, buckets: Sequence[int]) -> None:
+    def __init__(self, codec: StreamingCodec, graphs: GraphRunner, buckets: Sequence[int],
+                 mixed_sizes: bool = False, replay_cost_frames: float = 24.0) -> None:
         self.codec, self.graphs, self.buckets = codec, graphs, tuple(buckets)
         self.device = codec.positions.device
         self.scratch_slot = codec.max_slots - 1  # the arena has one slot more than the batch
+        self.mixed_sizes = mixed_sizes
+        self.replay_cost_frames = replay_cost_frames
+        self.num_replays = 0  # graph replays or eager calls, all steps
 
     def run(self, items: Sequence[CodecItem], batch: BatchState) -> StageOutput:
         out = StageOutput()
+        if self.mixed_sizes:
+            for group in self.plan_groups(items):
+                out.chunks.extend(self._decode_mixed(group, batch))
+            return out
         groups: dict[int, list[CodecItem]] = defaultdict(list)
         for item in items:
             groups[item.num_frames].append(item)
         for group in groups.values():
             out.chunks.extend(self._decode_group(group, batch))
         return out
+
+    # ---------------------------------------------------------------- mixed-size replays
+    def replay_cost(self, num_items: int, max_frames: int) -> float:
+        """Predicted cost of decoding ``num_items`` rows of up to ``max_frames`` frames, in
+        frame-equivalents: the bucketed rows times the padded frames of each piece, plus
+        ``replay_cost_frames`` per replay (the launch-bound floor of a small step)."""
+        rows = (bucket_for(num_items, self.buckets) if self.graphs.enabled else None) or num_items
+        pieces = self._pieces(max_frames, padded=True)
+        return sum(self.replay_cost_frames + rows * piece for piece in pieces)
+
+    def plan_groups(self, items: Sequence[CodecItem]) -> list[list[CodecItem]]:
+        """Items split into replays: contiguous runs of the items sorted by size, chosen by
+        dynamic programming over ``replay_cost`` (exact for that cost; O(n^2))."""
+        ordered = sorted(items, key=lambda item: item.num_frames)
+        n = len(ordered)
+        best = [0.0] + [float("inf")] * n  # best[j]: cheapest split of ordered[:j]
+        cut = [0] * (n + 1)
+        for j in range(1, n + 1):
+            for i in range(j):
+                cost = best[i] + self.replay_cost(j - i, ordered[j - 1].num_frames)
+                if cost < best[j]:
+                    best[j], cut[j] = cost, i
+        groups, j = [], n
+        while j > 0:
+            groups.append(ordered[cut[j]:j])
+            j = cut[j]
+        return groups[::-1]
+
+    def _decode_mixed(self, items: list[CodecItem], batch: BatchState) -> list[DecodedChunk]:
+        num = len(items)
+        pieces = self._pieces(max(item.num_frames for item in items), padded=True)
+        width = sum(pieces)
+        size, slot_ids, codes, counts = self._inputs(items, batch, width)
+        waves, start = [], 0
+        for piece in pieces:
+            inputs = {"slot_ids": slot_ids, "codes": codes[:, start : start + piece],
+                      "num_frames": (counts - start).clamp(0, piece)}
+            wav = self.graphs((size, piece), inputs)["wav"][:num]
+            waves.append(wav.to(torch.float32, copy=True))  # the replay's buffer is reused
+            self.num_replays += 1
+            start += piece
+        pcm = torch.cat(waves, dim=1).cpu().numpy()  # [num, width * 1920]
+        spf = pcm.shape[1] // width
+        return [
+            DecodedChunk(item.request_id, item.start_frame, item.num_frames,
+                         pcm[i, : item.num_frames * spf], item.is_final)
+            for i, item in enumerate(items)
+        ]
 
     def frame_buckets(self, max_frames: int) -> list[int]:
         """Captured frame counts (powers of two); other chunk sizes are split into these."""
@@ -50,12 +112,18 @@ class CodecStage:
             f *= 2
         return sorted(sizes, reverse=True)
 
-    def _pieces(self, num_frames: int) -> list[int]:
+    def _pieces(self, num_frames: int, padded: bool = False) -> list[int]:
         """``num_frames`` as a sum of captured frame counts, largest first (exact: the
-        streaming codec gives the same audio for any split)."""
+        streaming codec gives the same audio for any split); ``padded``: as 16-frame pieces and
+        one last piece of the next captured count up (mixed-size replays pad rows anyway)."""
         if not self.graphs.enabled:
             return [num_frames]
         pieces, left = [], num_frames
+        if padded:
+            while left > 16:
+                pieces.append(16)
+                left -= 16
+            return pieces + [bucket_for(left, self.frame_buckets(16)) or 16]
         for size in self.frame_buckets(16):
             while left >= size:
                 pieces.append(size)
@@ -63,23 +131,13 @@ class CodecStage:
         return pieces
 
     def _decode_group(self, items: list[CodecItem], batch: BatchState) -> list[DecodedChunk]:
-        fresh = [item.slot for item in items if item.is_first_chunk]
-        if fresh:
-            self.codec.reset(torch.tensor(fresh, device=self.device))
         num, frames_per = len(items), items[0].num_frames
-        size = (bucket_for(num, self.buckets) if self.graphs.enabled else None) or num
-        slot_ids = torch.full((size,), self.scratch_slot, dtype=torch.long)
-        codes = torch.zeros(size, frames_per, 16, dtype=torch.long)
-        for i, item in enumerate(items):
-            frames = batch.get(item.slot, item.request_id).frames
-            span = range(item.start_frame, item.start_frame + frames_per)
-            codes[i] = torch.stack([frames.pop(f) for f in span])  # [F, 16]
-            slot_ids[i] = item.slot
-        slot_ids, codes = slot_ids.to(self.device), codes.to(self.device)
+        size, slot_ids, codes, _ = self._inputs(items, batch, frames_per)
         waves, start = [], 0
         for piece in self._pieces(frames_per):
             inputs = {"slot_ids": slot_ids, "codes": codes[:, start : start + piece]}
             waves.append(self.graphs((size, piece), inputs)["wav"][:num].float().cpu())
+            self.num_replays += 1
             start += piece
         pcm = torch.cat(waves, dim=1).numpy()  # [B, F * 1920]
         return [
@@ -87,7 +145,30 @@ class CodecStage:
             for i, item in enumerate(items)
         ]
 
+    def _inputs(self, items: list[CodecItem], batch: BatchState, width: int) \
+            -> tuple[int, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Resets the slots of first chunks, takes each item's frames out of its slot and pads
+        them to ``[bucket rows, width, 16]`` (padding rows decode into the scratch slot):
+        ``(rows, slot_ids [rows], codes, frames per row [rows])`` on the codec's device."""
+        fresh = [item.slot for item in items if item.is_first_chunk]
+        if fresh:
+            self.codec.reset(torch.tensor(fresh, device=self.device))
+        num = len(items)
+        size = (bucket_for(num, self.buckets) if self.graphs.enabled else None) or num
+        slot_ids = torch.full((size,), self.scratch_slot, dtype=torch.long)
+        counts = torch.zeros(size, dtype=torch.long)
+        codes = torch.zeros(size, width, 16, dtype=torch.long)
+        for i, item in enumerate(items):
+            frames = batch.get(item.slot, item.request_id).frames
+            span = range(item.start_frame, item.start_frame + item.num_frames)
+            codes[i, : item.num_frames] = torch.stack([frames.pop(f) for f in span])  # [n, 16]
+            slot_ids[i], counts[i] = item.slot, item.num_frames
+        return size, slot_ids.to(self.device), codes.to(self.device), counts.to(self.device)
+
     def example_inputs(self, size: int, frames: int) -> dict[str, torch.Tensor]:
         slot_ids = torch.full((size,), self.scratch_slot, dtype=torch.long, device=self.device)
         codes = torch.zeros(size, frames, 16, dtype=torch.long, device=self.device)
-        return {"slot_ids": slot_ids, "codes": codes}
+        if not self.mixed_sizes:
+            return {"slot_ids": slot_ids, "codes": codes}
+        counts = torch.full((size,), frames, dtype=torch.long, device=self.device)
+        return {"slot_ids": slot_ids, "codes": codes, "num_frames": counts}

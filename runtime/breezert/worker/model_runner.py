@@ -57,6 +57,7 @@ class ModelRunner:
         num_blocks: int,
         block_size: int,
         graph: GraphConfig | None = None,
+        codec_precision: str = "tf32",
     ) -> None:
         self.ckpt = checkpoint
         model = checkpoint.model
@@ -69,7 +70,8 @@ class ModelRunner:
             dtype=model.lm_head.weight.dtype, device=self.device,
         )
         # One arena slot more than the batch: bucket padding decodes into it.
-        self.codec = StreamingCodec(checkpoint.codec, max_slots + 1, device=checkpoint.codec_device)
+        self.codec = StreamingCodec.for_serving(checkpoint.codec, max_slots + 1,
+                                                codec_precision, fast=graph.fused_codec)
         self.batch = BatchState(max_slots)
         model.fuse_projections_()
         if graph.compile_backbone and self.device.type == "cuda":
@@ -105,7 +107,9 @@ class ModelRunner:
                 graph.depth_batch_buckets,
             ),
             Stage.CODEC: CodecStage(
-                self.codec, runner("codec", partial(codec_step, self.codec)), graph.codec_buckets
+                self.codec, runner("codec", partial(codec_step, self.codec)), graph.codec_buckets,
+                mixed_sizes=graph.codec_mixed_sizes,
+                replay_cost_frames=graph.codec_replay_cost_frames,
             ),
         }
         self.layout = ResolvedLayout(num_blocks, block_size, max_slots, self.kv.nbytes)

@@ -1,0 +1,89 @@
+"""How loaded an engine is: ``EngineLoad``, one figure for a dispatcher or a load balancer.
+
+Owns: the load snapshot (running and queued requests against the scheduler's limits, and the
+Predictor's least slack over the requests that still owe audio), the single ``fraction`` every
+consumer compares (LiveKit's ``load_fnc``, ``/readyz``, the remote client's replica choice) and
+its JSON form. Must not: read a clock, take a lock or touch torch; the engine measures under its
+own lock (``Engine.load``) and hands the figures in.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from breezert.request import Request
+from breezert.sched.deadline import DeadlinePredictor
+
+
+@dataclass(frozen=True)
+class EngineLoad:
+    """One engine's load at one moment.
+
+    ``fraction`` is 1.0 (full) when every running slot is taken (a new request would queue) or
+    the Predictor sees a request that owes audio with negative slack (even its smallest next
+    chunk will be late: the engine is behind real time); otherwise the share of running slots
+    in use.
+    """
+
+    running: int
+    queued: int
+    max_running: int
+    max_queued: int
+    least_slack_s: float | None = None
+    """The Predictor's least slack (seconds) over running requests that owe audio; ``None``
+    without a Predictor or with no such request."""
+
+    @property
+    def is_behind(self) -> bool:
+        return self.least_slack_s is not None and self.least_slack_s < 0.0
+
+    @property
+    def fraction(self) -> float:
+        """0 (idle) .. 1 (full): requests against running slots, 1 when behind."""
+        if self.is_behind or self.max_running <= 0:
+            return 1.0
+        return min(1.0, (self.running + self.queued) / self.max_running)
+
+    @property
+    def is_full(self) -> bool:
+        return self.fraction >= 1.0
+
+    def as_json(self) -> dict[str, Any]:
+        body: dict[str, Any] = {
+            "fraction": round(self.fraction, 4), "running": self.running, "queued": self.queued,
+            "max_running": self.max_running, "max_queued": self.max_queued,
+        }
+        if self.least_slack_s is not None:
+            body["least_slack_s"] = round(self.least_slack_s, 4)
+        return body
+
+    @classmethod
+    def from_json(cls, body: Any) -> EngineLoad | None:
+        """The load in an ``as_json`` body (``/readyz``'s ``load``); ``None`` when it is not
+        one (an older server, a proxy's page)."""
+        if not isinstance(body, Mapping):
+            return None
+        try:
+            slack = body.get("least_slack_s")
+            return cls(int(body["running"]), int(body["queued"]), int(body["max_running"]),
+                       int(body["max_queued"]), None if slack is None else float(slack))
+        except (KeyError, TypeError, ValueError):
+            return None
+
+
+def owes_audio(request: Request) -> bool:
+    """The request has a segment to generate or frames to decode (an open turn whose text has
+    all been spoken owes nothing until its next text: its slack means nothing)."""
+    return request.active_segment is not None or request.num_pending_frames > 0
+
+
+def measure(running: Iterable[Request], num_waiting: int, max_running: int, max_queued: int,
+            predictor: DeadlinePredictor | None, now: float) -> EngineLoad:
+    """The load of a scheduler's ``running`` requests and queue (call under the engine lock)."""
+    requests = list(running)
+    slack = None
+    if predictor is not None:
+        slack = min((predictor.slack(r, now) for r in requests if owes_audio(r)), default=None)
+    return EngineLoad(len(requests), num_waiting, max_running, max_queued, slack)

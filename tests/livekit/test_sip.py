@@ -1,0 +1,167 @@
+"""A real phone call: baresip dials LiveKit SIP over G.711, the agent greets, the caller hears it.
+
+Owns: a call through LiveKit SIP into a room with the agent dispatched (inbound trunk and
+dispatch rule made with ``livekit-api``); the greeting as the caller receives it (first audio
+after the answer, no gap during speech, the whole duration, 8 kHz G.711 of the negotiated
+payload type, baresip's own decoded recording), for PCMU and PCMA; and a hang-up mid-turn
+ending the engine request, the agent's session and the room. Times are the kernel's arrival
+stamps at the caller's sockets and the worker's ``time.monotonic()`` (one machine).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import time
+from collections.abc import Iterator
+
+import numpy as np
+import pytest
+import soundfile as sf
+from livekit import api
+
+from .conftest import API_KEY, API_SECRET
+from .telephony import (
+    CALLER_ENERGY_RMS,
+    G711_RATE,
+    PAYLOAD_TYPES,
+    Call,
+    Caller,
+    Heard,
+    Telephony,
+    create_dispatch,
+    greeted_call,
+    run_telephony,
+    wait_greeting,
+)
+
+pytestmark = pytest.mark.livekit
+
+SENTENCE = "Hello from the agent."  # one segment: MAX_FRAMES (25) frames = 2.0 s of tiny noise
+LONG = "First sentence here. Second sentence here. Third sentence here."  # 6.0 s
+SHORT_NUMBER, LONG_NUMBER = "+15550100", "+15550101"
+NUMBERS = {24000: SHORT_NUMBER, 8000: "+15550108"}  # the greeting, by the plugin's rate
+FIRST_AUDIO_LIMIT_S = 3.0  # answer -> first sound, incl. the SIP media wait and the greeting
+MAX_GAP_S = 0.060
+DURATION_TOLERANCE_S = 0.100  # 20 ms packets each end, the bridge's mixer and the jitter
+HANG_UP_AFTER_S = 1.0
+
+
+@pytest.fixture(scope="module")
+def telephony() -> Iterator[Telephony]:
+    with run_telephony(SENTENCE) as telephony:
+        server = telephony.server
+        for rate, number in NUMBERS.items():
+            asyncio.run(create_dispatch(server, number, SENTENCE, sample_rate=rate))
+        asyncio.run(create_dispatch(server, LONG_NUMBER, LONG))
+        yield telephony
+
+
+def check_signalling(call: Call) -> None:
+    """The call was answered with the offered codec, and what came is 8 kHz G.711 of it."""
+    assert call.answered_at is not None, "no 200 OK to the INVITE reached the caller"
+    payload_type = PAYLOAD_TYPES[call.codec]
+    media = re.search(r"^m=audio \d+ RTP/AVP ([\d ]+)\r?$", call.answer_sdp, re.M)
+    assert media, f"no audio in the answer: {call.answer_sdp!r}"
+    assert media.group(1).split()[0] == str(payload_type), f"answered {media.group(0)}"
+    audio = [p for p in call.rtp if p.payload_type in (0, 8)]
+    assert audio, "no G.711 RTP reached the caller"
+    assert {p.payload_type for p in audio} == {payload_type}
+    assert {p.samples.size for p in audio} == {160}, "not 20 ms packets of 8 kHz G.711"
+    steps = np.diff([p.timestamp for p in sorted(audio, key=lambda p: p.seq)]) % (1 << 32)
+    assert int(np.median(steps)) == 160, "RTP clock is not 8 kHz"
+
+
+def check_recording(call: Call, heard: Heard) -> None:
+    """baresip's own decode of the call (its sndfile dump): 8 kHz mono, and the greeting in it
+    spans what arrived on its socket."""
+    assert call.recording is not None, "baresip wrote no recording"
+    pcm, rate = sf.read(call.recording, dtype="int16")
+    assert rate == G711_RATE and pcm.ndim == 1
+    frames = pcm[: pcm.size // 160 * 160].reshape(-1, 160).astype(np.float32)
+    loud = np.flatnonzero(np.sqrt(np.mean(frames * frames, axis=1)) > CALLER_ENERGY_RMS)
+    assert loud.size, "the recording is silent"
+    recorded = (loud[-1] - loud[0] + 1) * 0.020
+    print(f"{call.codec}: baresip recorded {pcm.size / rate:.2f} s, the greeting spans "
+          f"{recorded:.3f} s of it")
+    assert abs(recorded - heard.span_s) <= 0.060
+
+
+def check_real_time(call: Call, heard: Heard) -> None:
+    """No gap over ``MAX_GAP_S`` and the whole duration at the caller.
+
+    OPEN (issue 15): on two shared CPU cores the agent itself at times plays a turn slower
+    than real time (its source queue runs dry mid-turn; the 2 s greeting then plays in
+    2.2-2.6 s at the agent, and the bridge's mixer re-buffers after each hole). The caller then
+    cannot hear it in real time: reported as xfail with both sides' figures, never silently
+    passed. A gap or a stretch at the caller while the agent kept real time is the call's own
+    and fails.
+    """
+    if (heard.gap_s <= MAX_GAP_S
+            and abs(heard.span_s - heard.expected_s) <= DURATION_TOLERANCE_S):
+        return
+    where = call.describe_gap(heard.first_audio_s + (call.answered_at or 0.0), float("inf"))
+    assert not heard.agent_real_time(DURATION_TOLERANCE_S), (
+        f"not real-time at the caller only: {heard.line()}; {where}")
+    pytest.xfail(f"the agent itself was not real-time here (issue 15): {heard.line()}")
+
+
+async def checked_call(telephony: Telephony, codec: str, plugin_rate: int) -> tuple[Call, Heard]:
+    """The short greeting with the plugin at ``plugin_rate``; all checks but real time."""
+    call, heard = await greeted_call(telephony, codec, NUMBERS[plugin_rate], plugin_rate)
+    print(heard.line())
+    check_signalling(call)
+    assert heard.first_audio_s < FIRST_AUDIO_LIMIT_S
+    check_recording(call, heard)
+    return call, heard
+
+
+@pytest.mark.parametrize(("codec", "plugin_rate"),
+                         [("PCMU", 24000), ("PCMA", 24000), ("PCMU", 8000)])
+async def test_a_call_hears_the_agents_greeting_whole(telephony: Telephony, codec: str,
+                                                      plugin_rate: int) -> None:
+    """The plugin at the runtime's 24 kHz (the bridge resamples), and at 8 kHz
+    (``TTS(sample_rate=8000)``, the RoomIO track at 8 kHz too)."""
+    call, heard = await checked_call(telephony, codec, plugin_rate)
+    check_real_time(call, heard)
+
+
+async def test_hanging_up_mid_turn_aborts_the_request_and_frees_the_call(
+        telephony: Telephony) -> None:
+    worker = telephony.worker
+    before = worker.metrics()
+    async with Caller("PCMU") as caller:
+        dialled = time.monotonic()
+        await caller.dial(telephony.sip.uri(LONG_NUMBER))
+        await caller.wait_event("CALL_ESTABLISHED")
+        greet = await wait_greeting(worker, dialled)
+        room = greet["room"]
+        for _ in range(600):  # HANG_UP_AFTER_S into the speech
+            heard = caller.snapshot().energetic()
+            if heard and heard[-1].t - heard[0].t >= HANG_UP_AFTER_S:
+                break
+            await asyncio.sleep(0.01)
+        else:
+            raise AssertionError("the caller never heard a second of the greeting")
+        running = worker.metrics()
+        assert running["engine"]["active_requests"] == 1, "the turn was no longer generating"
+        hung_up = await caller.hangup()
+        await caller.wait_event("CALL_CLOSED", timeout_s=10)
+    closed = await worker.wait_event(room, "session_closed", timeout_s=10)
+    done = await worker.wait_event(room, "done", id=f"greet-{greet['identity']}")
+    after = await worker.wait_metrics(lambda m: m["engine"]["active_requests"] == 0, 5.0)
+    aborted = (after["engine"]["counters"].get("requests_aborted", 0)
+               - before["engine"]["counters"].get("requests_aborted", 0))
+    print(f"hang-up -> the agent's session closed {(closed['t'] - hung_up) * 1000:.0f} ms, "
+          f"the turn done (interrupted={done['interrupted']}), requests aborted {aborted}")
+    assert done["interrupted"] is True
+    assert aborted == 1
+    # the room empties and goes: nothing of the call is left on the server
+    async with api.LiveKitAPI(telephony.server.http_url, API_KEY, API_SECRET) as lkapi:
+        for _ in range(100):
+            rooms = await lkapi.room.list_rooms(api.ListRoomsRequest(names=[room]))
+            if not rooms.rooms:
+                break
+            await asyncio.sleep(0.1)
+        assert not rooms.rooms, f"room {room} is still open: {rooms.rooms}"
+    await worker.wait_event(room, "shutdown", timeout_s=10)

@@ -1,0 +1,79 @@
+"""``EngineLoad`` and ``Scheduler.load`` (no torch): the one load figure a dispatcher, ``/readyz``
+and the remote client compare.
+
+Owns: the fraction (requests against running slots, 1 when full or behind real time), its JSON
+form, and the Predictor's least slack over the running requests that owe audio.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from breezert.request import SegmentPhase
+from breezert.sched.block_pool import BlockPool
+from breezert.sched.load import EngineLoad, owes_audio
+from breezert.sched.scheduler import Scheduler
+
+from tests.unit.test_deadline import make_predictor, stream
+from tests.unit.test_scheduler import make_config, make_request
+
+pytestmark = pytest.mark.unit
+
+
+def test_fraction_counts_requests_against_running_slots() -> None:
+    assert EngineLoad(0, 0, 4, 8).fraction == 0.0
+    assert EngineLoad(1, 0, 4, 8).fraction == 0.25
+    assert not EngineLoad(3, 0, 4, 8).is_full
+    assert EngineLoad(4, 0, 4, 8).is_full  # a new request would queue
+    assert EngineLoad(4, 5, 4, 8).fraction == 1.0  # capped
+
+
+def test_negative_slack_is_full_whatever_the_counts() -> None:
+    assert not EngineLoad(1, 0, 4, 8, least_slack_s=0.01).is_behind
+    behind = EngineLoad(1, 0, 4, 8, least_slack_s=-0.02)
+    assert behind.is_behind and behind.is_full and behind.fraction == 1.0
+
+
+def test_json_round_trip_and_foreign_bodies() -> None:
+    load = EngineLoad(2, 1, 4, 8, least_slack_s=0.125)
+    body = load.as_json()
+    assert body == {"fraction": 0.75, "running": 2, "queued": 1, "max_running": 4,
+                    "max_queued": 8, "least_slack_s": 0.125}
+    assert EngineLoad.from_json(body) == load
+    assert "least_slack_s" not in EngineLoad(0, 0, 4, 8).as_json()
+    for foreign in (None, "full", [], {"running": 1}, {"running": "x", "queued": 0,
+                                                       "max_running": 4, "max_queued": 8}):
+        assert EngineLoad.from_json(foreign) is None
+
+
+def test_scheduler_load_counts_running_and_queued() -> None:
+    sched = Scheduler(make_config(max_running_requests=2, max_queued_requests=3),
+                      BlockPool(512, 16))
+    assert sched.load(None, 0.0) == EngineLoad(0, 0, 2, 3)
+    for i in range(3):
+        sched.add_request(make_request(f"r{i}"), 0.0)
+    load = sched.load(None, 0.0)
+    assert (load.running, load.queued, load.least_slack_s) == (2, 1, None)
+    assert load.is_full
+
+
+def test_least_slack_is_the_predictors_over_requests_that_owe_audio() -> None:
+    predictor = make_predictor()
+    sched = Scheduler(make_config(), BlockPool(512, 16))
+    # a stream 1 s into playback whose chunks covered 0.8 s: its listener ran dry 0.2 s ago
+    late = stream("late", chunk_times=(0.0, 0.4), decoded=10, pending=0)
+    # a stream with 2 s of audio out after 1 s: well ahead
+    ahead = stream("ahead", chunk_times=(0.0, 0.5), decoded=25, pending=0)
+    # an open turn whose text has all been spoken: owes nothing until its next text
+    idle = stream("idle", chunk_times=(0.0,), decoded=5, phase=SegmentPhase.ENDED)
+    assert owes_audio(late) and owes_audio(ahead) and not owes_audio(idle)
+    for request in (late, ahead, idle):
+        sched._running[request.request_id] = request  # as _start leaves it
+    now = 1.0
+    load = sched.load(predictor, now)
+    assert load.least_slack_s == pytest.approx(predictor.slack(late, now))
+    assert load.is_behind and load.is_full
+    del sched._running["late"]
+    load = sched.load(predictor, now)
+    assert load.least_slack_s == pytest.approx(predictor.slack(ahead, now)) and not load.is_behind
+    assert load.fraction == pytest.approx(2 / 32)
