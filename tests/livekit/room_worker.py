@@ -29,9 +29,9 @@ else 24000) is the rate of the plugin's audio and of the RoomIO track (``TTS(sam
 
 What the tests read back goes to files under ``$BREEZERT_TEST_STATE`` (same machine, so the
 ``time.monotonic()`` stamps in them compare with the test's own): ``events.jsonl`` (one JSON
-object a line: ready, said, tts metrics, playout reports, interrupted, done) and ``metrics.json``
-(the shared engine's counters, its step time split by ``StepClock`` and each room's
-``PlayoutFeedback`` state, rewritten every 50 ms).
+object a line: ready, said, playback started, tts metrics, playout reports, interrupted, done)
+and ``metrics.json`` (the shared engine's counters, its step time split by ``StepClock`` and
+each room's ``PlayoutFeedback`` state, rewritten every 50 ms).
 """
 
 from __future__ import annotations
@@ -293,6 +293,12 @@ async def entrypoint(ctx: JobContext) -> None:
     )
     attached = tts.attach_audio_output(session.output.audio)
     tts.listen_room(ctx.room)
+
+    def on_playback_started(event: Any) -> None:  # a turn's first frame into rtc.AudioSource
+        emit(name, "playback_started", id=says[-1] if says else None,
+             at=event.created_at - (time.time() - time.monotonic()))  # time.time() -> monotonic
+
+    session.output.audio.on("playback_started", on_playback_started)
 
     def publish_state() -> None:
         _rooms[name] = recorder.state()
