@@ -11,7 +11,7 @@ TINY   ?= .cache/models/tiny
 STAMP  := $(VENV)/.installed
 
 .PHONY: run test install chromium livekit-server livekit-web telephony-deps livekit-sip synth \
-        bench-cpu clean
+        bench-cpu bench-livekit-room clean
 
 # Two distributions: runtime/pyproject.toml is `breezert` (torch only in its `engine` extra),
 # pyproject.toml is `breezert-agent` (the LiveKit plugin; `local` = in-process engine).
@@ -29,11 +29,12 @@ $(STAMP): pyproject.toml runtime/pyproject.toml
 
 install: $(STAMP)
 
-# The headless-browser test needs Debian's chromium; without it that one test skips.
+# The headless-browser tests need Debian's chromium: the integration one skips without it, the
+# real-room ones (tests/livekit) fail.
 chromium:
 	@command -v chromium >/dev/null 2>&1 || { \
 	  (apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium) \
-	  || echo "warning: chromium could not be installed; the browser test will skip"; }
+	  || echo "warning: chromium could not be installed; the browser tests will skip or fail"; }
 
 # The real-room tests (tests/livekit): livekit-server at a pinned release, built from its Go module
 # through the Go module proxy (v1.13.5's go.mod has no replace directives, so `go install
@@ -99,7 +100,7 @@ livekit-sip: telephony-deps
 livekit-web:
 	@test -f $(LIVEKIT_WEB)/node_modules/livekit-client/dist/livekit-client.esm.mjs || \
 	  npm ci --prefix $(LIVEKIT_WEB) --no-audit --no-fund --loglevel=error || \
-	  echo "warning: npm ci failed; the browser participant test will skip"
+	  echo "warning: npm ci failed; the real-room browser tests will fail"
 
 run: $(STAMP)
 	$(VENV)/bin/breezert serve --config cpu-tiny
@@ -113,6 +114,13 @@ $(TINY)/config.json: | $(STAMP)
 # One utterance to a WAV with the CLI, on a tiny random checkpoint folder.
 synth: $(STAMP) $(TINY)/config.json
 	$(VENV)/bin/breezert synth --model $(TINY) --text "Hello from BreezeRT, streaming speech in tens of milliseconds." --max-frames 60 --out .cache/hello.wav
+
+# Issue 15, item 5: 20 turns in a real room (CPU tiny model), first audio at the livekit.rtc and
+# the browser participant against the agent's TTFB, as JSON (the README's LiveKit table).
+bench-livekit-room: $(STAMP) chromium livekit-server livekit-web
+	BREEZERT_ROOM_TURNS=20 \
+	BREEZERT_ROOM_RESULTS=bench/results/livekit-room-cpu-tiny-$$(date -u +%Y%m%d).json \
+	  $(PY) -m pytest -q -s tests/livekit/test_room_latency.py
 
 bench-cpu: $(STAMP)
 	$(VENV)/bin/breezert bench --config cpu-tiny --concurrency 1,4,8 --num-requests 24 --variants fixed16-eager,progressive-eager,naive --naive-requests 4

@@ -218,6 +218,13 @@ class TTS(tts.TTS[Literal["metrics_collected", "error"]]):  # no events of its o
         return self._client
 
     @property
+    def num_queued_turns(self) -> int:
+        """Turns of this TTS's client that waited for one of the runtime's running slots (each
+        also logged; in-process the engine counts them as ``queued_requests`` too, remotely the
+        server's ``/metrics`` has ``breezert_requests_queued_total``)."""
+        return self._client.num_queued_turns
+
+    @property
     def playout(self) -> PlayoutFeedback:
         """Playback feedback state (what is reported to the engine, and from where)."""
         return self._playout

@@ -99,6 +99,8 @@ class RuntimeClient(ABC):
     """Opens turns on a BreezeRT runtime; ``sample_rate`` is the rate of every turn's audio."""
 
     sample_rate: int = SAMPLE_RATE
+    num_queued_turns: int = 0
+    """Turns the runtime said had to wait for a running slot (``log_queued`` logged each)."""
 
     @abstractmethod
     async def open_turn(

@@ -84,6 +84,7 @@ class InProcessRuntimeClient(RuntimeClient):
         )
         engine.submit(request)
         if engine.is_waiting(request_id):
+            self.num_queued_turns += 1
             log_queued(request_id, engine.num_waiting, engine.max_running_requests)
         turn = _EngineTurn(engine, request_id)
         turn.connection_reused, turn.acquire_time = is_loaded, acquire_time

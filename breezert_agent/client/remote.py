@@ -626,6 +626,7 @@ class _RemoteTurn(Turn):
             self._num_started_segments = max(self._num_started_segments, start.index + 1)
             return start
         if kind == "queued":
+            self._client.num_queued_turns += 1
             log_queued(self.request_id, event.get("waiting"), event.get("max_running_requests"))
         elif kind == "turn_started":
             self._is_started = True

@@ -311,6 +311,7 @@ async def test_turn_queued_behind_the_running_limit_is_logged_and_counted(
              and "is queued" in r.getMessage()]
     assert f"{engine.max_running_requests} running-request slots are all taken" in line
     assert engine.metrics()["counters"]["queued_requests"] == before + 1
+    assert tts.num_queued_turns == 1
     await asyncio.sleep(0.05)
     assert metrics and metrics[-1].connection_reused  # the shared engine was loaded already
     await tts.aclose()

@@ -1,6 +1,7 @@
 """The plugin's server events on a real ``breezert serve`` (embedded tiny engine, CPU):
 ``segment`` (exact segment starts, asked for with ``segment_events``) and ``queued`` (asked
-for with ``queued_events``), and ``TTS(base_url=...)``'s timed transcript from them.
+for with ``queued_events``), ``TTS(base_url=...)``'s timed transcript and queued-turn count
+from them, and the queued requests on ``/metrics``.
 
 Must not: need a LiveKit server, weights or a GPU.
 """
@@ -72,14 +73,21 @@ async def test_segment_events_come_before_their_audio_and_are_exact(engine: Asyn
         await ws.close()
 
 
+async def _hold_every_slot(http: aiohttp.ClientSession, url: str,
+                           num: int) -> list[aiohttp.ClientWebSocketResponse]:
+    """``num`` open turns (``more: true``): each holds a running slot until its ``end``."""
+    holders = []
+    for _ in range(num):
+        ws = await http.ws_connect(f"{url}/v1/audio/speech/stream")
+        await ws.receive()
+        await ws.send_json({"type": "say", "text": "Hold.", "more": True})
+        holders.append(ws)
+    return holders
+
+
 async def test_queued_event_when_every_running_slot_is_held(engine: AsyncEngine) -> None:
     async with serve(engine, request_options=OPTIONS) as (url, _), aiohttp.ClientSession() as http:
-        holders = []
-        for _ in range(engine.max_running_requests):  # open turns hold every slot
-            ws = await http.ws_connect(f"{url}/v1/audio/speech/stream")
-            await ws.receive()
-            await ws.send_json({"type": "say", "text": "Hold.", "more": True})
-            holders.append(ws)
+        holders = await _hold_every_slot(http, url, engine.max_running_requests)
         ws = await http.ws_connect(f"{url}/v1/audio/speech/stream")
         await ws.receive()
         await ws.send_json({"type": "say", "text": "Wait.", "queued_events": True})
@@ -94,6 +102,37 @@ async def test_queued_event_when_every_running_slot_is_held(engine: AsyncEngine)
         assert items[-1]["status"] == "finished"
         for holder in [*holders, ws]:
             await holder.close()
+
+
+def _queued_total(text: str) -> float:
+    return next(float(line.split()[-1]) for line in text.splitlines()
+                if line.startswith("breezert_requests_queued_total "))
+
+
+async def test_a_queued_turn_is_counted_on_metrics_and_by_the_remote_plugin(
+        engine: AsyncEngine) -> None:
+    async with serve(engine, request_options=OPTIONS) as (url, _), aiohttp.ClientSession() as http:
+        async with http.get(f"{url}/metrics") as r:
+            before = _queued_total(await r.text())
+        holders = await _hold_every_slot(http, url, engine.max_running_requests)
+        tts = TTS(base_url=url)
+        turn = asyncio.ensure_future(tts.synthesize(
+            "Wait.", conn_options=APIConnectOptions(max_retry=0, timeout=20)).collect())
+        for _ in range(200):
+            if tts.num_queued_turns:
+                break
+            await asyncio.sleep(0.02)
+        async with http.get(f"{url}/metrics") as r:
+            text = await r.text()
+        assert tts.num_queued_turns == 1
+        assert _queued_total(text) == before + 1
+        assert "breezert_queued_requests 1" in text.splitlines()  # the gauge, while it waits
+        for holder in holders:
+            await holder.send_json({"type": "end"})
+        assert (await asyncio.wait_for(turn, 20)).duration > 0
+        for holder in holders:
+            await holder.close()
+        await tts.aclose()
 
 
 async def test_remote_tts_times_each_sentence_from_the_server(engine: AsyncEngine) -> None:

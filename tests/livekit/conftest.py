@@ -3,7 +3,8 @@
 Owns: finding (or building, through the Makefile) the pinned ``livekit-server``, starting it on
 free loopback ports and stopping it; starting ``room_worker.py`` against it; a ``Room`` helper
 that dispatches the agent into a fresh room, joins it with ``livekit.rtc`` and records the agent's
-audio with arrival times. Skips only when the server cannot be built (the reason is printed).
+audio (``listening.Recording``); serves the repository to the browser participant (``browser.py``).
+Skips only when the server cannot be built (the reason is printed).
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import time
 import urllib.request
 import uuid
 from collections.abc import AsyncIterator, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -29,14 +30,16 @@ import numpy as np
 import pytest
 from livekit import api, rtc
 
+from tests.livekit.browser import serve_repository
+from tests.livekit.listening import Recording
+from tests.livekit.machine import agent_priority
+
 REPO = Path(__file__).resolve().parents[2]
 SERVER_BIN = REPO / ".cache" / "livekit" / "livekit-server"
 BUILD_LOG = REPO / ".cache" / "livekit" / "build.log"
 WORKER = Path(__file__).with_name("room_worker.py")
 API_KEY, API_SECRET = "devkey", "secret"
 AGENT_NAME = "breezert-test"
-ENERGY_RMS = 200.0  # int16 RMS above which a 10 ms frame counts as speech (tiny-model noise is
-#                     thousands; the Opus-decoded silence between turns is < 10)
 
 
 def _free_port(kind: int = socket.SOCK_STREAM) -> int:
@@ -108,6 +111,7 @@ def run_server(extra_config: str = "") -> Iterator[Server]:
     proc = subprocess.Popen(
         [str(binary), "--dev", "--bind", "127.0.0.1", "--node-ip", "127.0.0.1",
          "--config-body", config], stdout=log, stderr=subprocess.STDOUT,
+        preexec_fn=agent_priority,
     )
     try:
         deadline = time.monotonic() + 30
@@ -236,7 +240,8 @@ def spawn_workers(server: Server, count: int, env: dict[str, str] | None = None,
             full_env = {**worker_env(server, state_dir), **(env or {}),
                         "BREEZERT_TEST_WORKER_PORT": str(_free_any_port())}
             proc = subprocess.Popen([sys.executable, str(WORKER), "start"], cwd=REPO,
-                                    env=full_env, stdout=logs[-1], stderr=subprocess.STDOUT)
+                                    env=full_env, stdout=logs[-1], stderr=subprocess.STDOUT,
+                                    preexec_fn=agent_priority)
             workers.append(Worker(state_dir, log_path, proc,
                                   int(full_env["BREEZERT_TEST_WORKER_PORT"])))
         deadline = time.monotonic() + 120
@@ -259,30 +264,16 @@ def spawn_workers(server: Server, count: int, env: dict[str, str] | None = None,
             shutil.rmtree(worker.state_dir, ignore_errors=True)
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def agent_worker(livekit_server: Server) -> Iterator[Worker]:
+    """The room tests' worker, one for the session: its engine is warm for every module's
+    first turn, which the real-time checks count (the dispatch and SIP tests start their own
+    under other agent names or servers)."""
     with run_worker(livekit_server) as worker:
         yield worker
 
 
 # ----------------------------------------------------------------------------- one room
-
-
-@dataclass
-class Recording:
-    """Every 10 ms frame of the agent's track as it reached this participant."""
-
-    times: list[float] = field(default_factory=list)  # time.monotonic() at arrival
-    rms: list[float] = field(default_factory=list)
-
-    def energetic(self, since: float = 0.0, until: float = float("inf")) -> list[float]:
-        return [t for t, e in zip(self.times, self.rms) if e > ENERGY_RMS and since <= t <= until]
-
-    def longest_gap_s(self, since: float, until: float) -> float:
-        """Longest stretch between consecutive energetic frames in [since, until] (a quiet
-        frame counts as a gap, as does a frame that never came)."""
-        times = self.energetic(since, until)
-        return max((b - a for a, b in zip(times, times[1:])), default=0.0)
 
 
 class Room:
@@ -337,6 +328,7 @@ class Room:
             now = time.monotonic()
             samples = np.frombuffer(event.frame.data, dtype=np.int16).astype(np.float32)
             self.recording.times.append(now)
+            self.recording.durations.append(event.frame.duration)
             self.recording.rms.append(float(np.sqrt(np.mean(samples * samples)))
                                       if samples.size else 0.0)
 
@@ -387,6 +379,13 @@ class WorkerGroup:
             raise AssertionError(f"no worker took the job of {room} in {timeout_s} s")
         return await owner.wait_event(room, kind, max(deadline - time.monotonic(), 0.1),
                                       **match)
+
+
+@pytest.fixture(scope="module")
+def web_root() -> Iterator[str]:
+    """The repository over HTTP on loopback, for the browser participant (``browser.py``)."""
+    with serve_repository() as url:
+        yield url
 
 
 @pytest.fixture

@@ -29,9 +29,9 @@ else 24000) is the rate of the plugin's audio and of the RoomIO track (``TTS(sam
 
 What the tests read back goes to files under ``$BREEZERT_TEST_STATE`` (same machine, so the
 ``time.monotonic()`` stamps in them compare with the test's own): ``events.jsonl`` (one JSON
-object a line: ready, said, tts metrics, playout reports, interrupted, done) and ``metrics.json``
-(the shared engine's ``AsyncEngine.metrics()`` plus each room's ``PlayoutFeedback`` state,
-rewritten every 50 ms).
+object a line: ready, said, playback started, tts metrics, playout reports, interrupted, done)
+and ``metrics.json`` (the shared engine's counters, its step time split by ``StepClock`` and
+each room's ``PlayoutFeedback`` state, rewritten every 50 ms).
 """
 
 from __future__ import annotations
@@ -91,6 +91,7 @@ _lock = threading.Lock()
 _prewarm_lock = threading.Lock()
 _rooms: dict[str, dict[str, Any]] = {}  # room name -> playout state, for metrics.json
 _engine: Any = None
+_clock: StepClock | None = None  # the shared engine's (set once, in the first prewarm)
 _writer: threading.Thread | None = None
 
 
@@ -100,9 +101,63 @@ def emit(room: str, kind: str, **fields: Any) -> None:
         out.write(line + "\n")
 
 
+_FULL_SNAPSHOT_S = 1.0  # between full engine snapshots in metrics.json
+_full: dict[str, Any] = {}  # the last full AsyncEngine.metrics(), and when it was taken
+_full_time = 0.0
+
+
+def _engine_counters(now: float) -> dict[str, Any] | None:
+    """The engine's counters and active requests (a dict copy) on every write, over its full
+    ``AsyncEngine.metrics()`` taken once a second (rtf, ttfb_s for bench/sip_first_audio.py):
+    the full one costs ~5 ms of the GIL, which the engine thread needs, and 20 a second from
+    three writers took ~30 % of it (2.0 s turns heard as 2.1-4.5 s)."""
+    global _full, _full_time
+    if _engine is None:
+        return None
+    if now - _full_time >= _FULL_SNAPSHOT_S:
+        _full, _full_time = _engine.metrics(), now
+    metrics = _engine.engine.metrics
+    counters = dict(metrics.counters)
+    return {**_full, "counters": counters,
+            "active_requests": counters.get("requests_added", 0) - metrics.num_finished}
+
+
+class StepClock:
+    """Where the engine thread's time goes while it steps: its own CPU time, waiting for a core
+    (the kernel's runqueue delay, ``/proc/thread-self/schedstat``) and the rest, waiting for
+    the GIL, which this process's agent event loops hold at times. Wraps ``Engine.step`` of the
+    shared engine (only steps that ran count); read on the engine thread, a few microseconds."""
+
+    def __init__(self, engine: Any) -> None:
+        self.steps, self.wall_s, self.cpu_s, self.runqueue_s = 0, 0.0, 0.0, 0.0
+        self._engine, self._step = engine, engine.step
+        engine.step = self._timed
+
+    def _timed(self) -> Any:
+        wall, cpu, queued = time.perf_counter(), time.thread_time(), _runqueue_s()
+        outputs = self._step()
+        if self._engine.last_step_ran:
+            self.steps += 1
+            self.wall_s += time.perf_counter() - wall
+            self.cpu_s += time.thread_time() - cpu
+            self.runqueue_s += _runqueue_s() - queued
+        return outputs
+
+    def snapshot(self) -> dict[str, float]:
+        return {"steps": self.steps, "wall_s": self.wall_s, "cpu_s": self.cpu_s,
+                "runqueue_s": self.runqueue_s}
+
+
+def _runqueue_s() -> float:
+    """This thread's time spent runnable but not running, seconds (Linux schedstat)."""
+    with open("/proc/thread-self/schedstat", encoding="ascii") as stat:
+        return int(stat.read().split()[1]) / 1e9
+
+
 def _write_metrics() -> None:
-    snapshot = {"t": time.monotonic(), "engine": _engine.metrics() if _engine else None,
-                "rooms": dict(_rooms)}
+    now = time.monotonic()
+    snapshot = {"t": now, "engine": _engine_counters(now), "rooms": dict(_rooms),
+                "engine_time": _clock.snapshot() if _clock else None}
     tmp = STATE / "metrics.json.tmp"
     tmp.write_text(json.dumps(snapshot, default=str))
     tmp.replace(STATE / "metrics.json")
@@ -118,7 +173,7 @@ def _metrics_writer() -> None:
 
 
 def prewarm(proc: JobProcess) -> None:
-    global _engine
+    global _engine, _clock
     STATE.mkdir(parents=True, exist_ok=True)
     if BASE_URLS:  # remote turns: no engine here
         return
@@ -129,8 +184,8 @@ def prewarm(proc: JobProcess) -> None:
 
     with _prewarm_lock:  # THREAD executor: every idle job thread prewarms; one engine
         if _engine is None:
-            STATE.mkdir(parents=True, exist_ok=True)
             _engine = proc.userdata["breezert_engine"] = AsyncEngine.shared(engine_config())
+            _clock = StepClock(_engine.engine)
         else:
             proc.userdata["breezert_engine"] = _engine
     _start_metrics_writer()
@@ -238,6 +293,12 @@ async def entrypoint(ctx: JobContext) -> None:
     )
     attached = tts.attach_audio_output(session.output.audio)
     tts.listen_room(ctx.room)
+
+    def on_playback_started(event: Any) -> None:  # a turn's first frame into rtc.AudioSource
+        emit(name, "playback_started", id=says[-1] if says else None,
+             at=event.created_at - (time.time() - time.monotonic()))  # time.time() -> monotonic
+
+    session.output.audio.on("playback_started", on_playback_started)
 
     def publish_state() -> None:
         _rooms[name] = recorder.state()

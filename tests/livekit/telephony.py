@@ -59,7 +59,7 @@ G711_RATE = 8000
 RTCP_TYPES = range(72, 77)  # RTCP packet types 200-204 read as an RTP payload type
 CALLER_ENERGY_RMS = 50.0
 """int16 RMS above which a 20 ms packet at the caller counts as speech. Not the Opus
-listener's 200 (``conftest.ENERGY_RMS``): through the 4 kHz telephone band the tiny model's
+listener's 200 (``listening.ENERGY_RMS``): through the 4 kHz telephone band the tiny model's
 noise keeps a median RMS of ~800 but dips to 80-170 in its first 160 ms, which 200 would call
 gaps; the bridge's silence decodes to |x| <= 8 (RMS <= 12 measured between turns), and a
 packet it fills in when the agent's audio is late is that silence."""
@@ -97,6 +97,21 @@ def _wait_for(check: object, what: str, proc: subprocess.Popen[bytes], log: Path
         if proc.poll() is not None or time.monotonic() > deadline:
             raise RuntimeError(f"{what} did not start: {log.read_text(errors='replace')[-2000:]}")
         time.sleep(0.1)
+
+
+def _sip_port() -> int:
+    """A loopback port free for both UDP and TCP now: baresip and LiveKit SIP listen on both
+    at their SIP port, and a port free for UDP was once taken for TCP (baresip did not start:
+    "tcp: sock_bind: Address already in use")."""
+    for _ in range(200):
+        port = _free_port(socket.SOCK_DGRAM)
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        return port
+    raise RuntimeError("no loopback port free for both UDP and TCP")
 
 
 def _port_range(count: int) -> int:
@@ -173,7 +188,7 @@ def run_sip(server: Server, redis_address: str) -> Iterator[SipService]:
     """``livekit-sip`` for ``server``: SIP (UDP and TCP) and RTP on 127.0.0.1 only, the
     addresses it announces 127.0.0.1 (never a STUN look-up: ``use_external_ip`` stays off)."""
     binary = sip_binary()
-    sip_port, health_port = _free_port(socket.SOCK_DGRAM), _free_port()
+    sip_port, health_port = _sip_port(), _free_port()
     rtp = _port_range(SIP_RTP_RANGE)
     config = (f"api_key: {API_KEY}\napi_secret: {API_SECRET}\nws_url: {server.ws_url}\n"
               f"redis:\n  address: {redis_address}\n"
@@ -425,7 +440,7 @@ class Caller:
             raise ValueError(f"codec {codec!r} is not one of {sorted(PAYLOAD_TYPES)}")
         self.codec = codec
         self.work = Path(tempfile.mkdtemp(prefix="breezert-baresip-"))
-        self.sip_port, self.ctrl_port = _free_port(socket.SOCK_DGRAM), _free_port()
+        self.sip_port, self.ctrl_port = _sip_port(), _free_port()
         self.rtp_start = _port_range(RTP_RANGE)
         self.prompt_s = prompt_s
         self.log_path = self.work / "baresip.log"

@@ -4,14 +4,21 @@ Owns: a turn end to end through the server (first audio after the trigger, no ga
 the whole duration), the sender-side feedback reaching the Predictor, interruption at the
 listener and in the engine, a second turn, the before-subscribe case and a listener that leaves
 mid-turn. Times are ``time.monotonic()`` of this process and the worker's (one machine).
+
+The real-time check is strict; a turn that misses it while other work on the box took more than
+``machine.FOREIGN_LOAD_LIMIT`` cores is said again (``in_real_time``), up to ``ATTEMPTS`` times,
+and each attempt's figures are printed. A miss on a quiet box fails at once.
 """
 
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
 
 import pytest
+
+from tests.livekit.machine import FOREIGN_LOAD_LIMIT, CpuMeter, wait_for_quiet
 
 pytestmark = pytest.mark.livekit
 
@@ -21,6 +28,12 @@ FIRST_AUDIO_LIMIT_S = 1.5  # generous for two shared cores; the measured figure 
 MAX_GAP_S = 0.060
 DURATION_TOLERANCE_S = 0.08  # one 20 ms RoomIO frame each end plus jitter-buffer drift
 INTERRUPT_LIMIT_S = 0.100
+ATTEMPTS = 3
+T = TypeVar("T")
+
+
+class NotRealTime(AssertionError):
+    """A turn had a gap during speech or the wrong length at a listener."""
 
 
 def counters(snapshot: dict[str, Any]) -> dict[str, int]:
@@ -44,39 +57,64 @@ async def speak(room: Any, worker: Any, text: str = SENTENCE) -> tuple[float, di
     return sent, metrics
 
 
-def check_turn(room: Any, sent: float, tts_metrics: dict[str, Any]) -> tuple[float, float]:
-    """Asserts the turn's audio at the listener; returns (first audio s, energetic span s)."""
-    heard = room.recording.energetic(since=sent)
-    assert heard, "the listener never heard the turn"
-    first, span = heard[0] - sent, heard[-1] - heard[0] + 0.010  # a frame is 10 ms
-    gap = room.recording.longest_gap_s(sent, heard[-1])
+def check_turn(room: Any, sent: float, tts_metrics: dict[str, Any]) -> Any:
+    """Asserts the turn's audio at the listener: first audio within ``FIRST_AUDIO_LIMIT_S`` of
+    the trigger, then real time (``assert_real_time``); returns what was heard."""
+    heard = room.recording.heard(since=sent)
+    assert heard is not None, "the listener never heard the turn"
+    first = heard.first - sent
     print(f"first audio at the listener {first * 1000:.0f} ms after the trigger (agent TTFB "
-          f"{tts_metrics['ttfb'] * 1000:.0f} ms), heard {span:.3f} s of "
-          f"{tts_metrics['audio_duration']:.3f} s, longest gap {gap * 1000:.0f} ms")
+          f"{tts_metrics['ttfb'] * 1000:.0f} ms), heard {heard.span_s:.3f} s of "
+          f"{tts_metrics['audio_duration']:.3f} s, longest gap {heard.gap_s * 1000:.0f} ms "
+          f"(by arrival {heard.arrival_gap_s * 1000:.0f} ms)")
     assert first < FIRST_AUDIO_LIMIT_S
-    xfail_unless_real_time(gap, span, tts_metrics["audio_duration"])
-    return first, span
+    assert_real_time(heard, tts_metrics["audio_duration"])
+    return heard
 
 
-def xfail_unless_real_time(gap_s: float, span_s: float, expected_s: float) -> None:
-    """The turn played in real time at the listener: no gap over ``MAX_GAP_S`` and its length
-    within ``DURATION_TOLERANCE_S`` of ``expected_s``.
+def assert_real_time(heard: Any, expected_s: float) -> None:
+    """The turn played in real time at the listener: no gap over ``MAX_GAP_S`` during speech and
+    its length within ``DURATION_TOLERANCE_S`` of ``expected_s``; raises ``NotRealTime``."""
+    if heard.gap_s > MAX_GAP_S:
+        raise NotRealTime(f"a {heard.gap_s * 1000:.0f} ms gap during speech")
+    if abs(heard.span_s - expected_s) > DURATION_TOLERANCE_S:
+        raise NotRealTime(f"heard {heard.span_s:.3f} s of {expected_s:.3f} s")
 
-    OPEN (issue 15): on two CPU cores shared by the server, the worker, the listeners and the
-    engine, the audio reaches the listener with gaps or stretched (it does with the Predictor off
-    too, so it is not the Predictor's doing). Reported as xfail with the figures, never silently
-    passed; callers run every other check first.
-    """
-    if gap_s > MAX_GAP_S or abs(span_s - expected_s) > DURATION_TOLERANCE_S:
-        pytest.xfail(f"not real-time at the listener here: a {gap_s * 1000:.0f} ms gap, heard "
-                     f"{span_s:.3f} s of {expected_s:.3f} s")
+
+async def in_real_time(attempt: Callable[[], Awaitable[T]]) -> T:
+    """Runs ``attempt`` (it says a turn and asserts it, ``assert_real_time`` included) once the
+    box is quiet; again, up to ``ATTEMPTS`` times, while it misses real time with more than
+    ``FOREIGN_LOAD_LIMIT`` cores of foreign load during it. A miss on a quiet box fails at once."""
+    misses: list[str] = []
+    for _ in range(ATTEMPTS):
+        await wait_for_quiet(timeout_s=15.0 if misses else 5.0)
+        meter = CpuMeter()
+        try:
+            return await attempt()
+        except NotRealTime as miss:
+            load = meter.foreign_cores()
+            if load < FOREIGN_LOAD_LIMIT:
+                raise NotRealTime(f"{miss} ({load:.2f} cores of foreign load)") from None
+            misses.append(f"{miss} with {load:.2f} cores of foreign load")
+            print(f"not real-time while the box was busy, said again: {misses[-1]}")
+    raise NotRealTime(f"{ATTEMPTS} attempts, all while the box was busy: " + "; ".join(misses))
+
+
+async def speak_in_real_time(room: Any, worker: Any,
+                             text: str = SENTENCE) -> tuple[float, dict[str, Any], Any]:
+    """``speak`` then ``check_turn``, under ``in_real_time``: (trigger, tts metrics, heard)."""
+    async def attempt() -> tuple[float, dict[str, Any], Any]:
+        sent, tts_metrics = await speak(room, worker, text)
+        return sent, tts_metrics, check_turn(room, sent, tts_metrics)
+
+    return await in_real_time(attempt)
 
 
 async def test_turn_reaches_the_listener_whole_and_steers_the_predictor(
         room_factory: Any, agent_worker: Any) -> None:
     room = await room_factory()
     before = agent_worker.metrics()
-    sent, tts_metrics = await speak(room, agent_worker)
+    await speak_in_real_time(room, agent_worker, LONG)  # 6 s: a dozen chunks with reports
     after = await idle(agent_worker)
     # the sender-side queue (RoomIO's rtc.AudioSource, found through its private attributes)
     # was reported while the turn played, and the Predictor's deadlines used those reports
@@ -85,7 +123,6 @@ async def test_turn_reaches_the_listener_whole_and_steers_the_predictor(
     assert max(e["buffered_s"] for e in reports) > 0.05, "the source queue never read > 0"
     assert delta(after, before, "playback_reports_livekit-source") >= 5
     assert delta(after, before, "predictor_feedback_used") >= 5
-    check_turn(room, sent, tts_metrics)
 
 
 async def test_interrupt_stops_the_listener_and_frees_the_request_then_a_second_turn(
@@ -110,50 +147,51 @@ async def test_interrupt_stops_the_listener_and_frees_the_request_then_a_second_
     assert not room.recording.energetic(since=last + 0.2), "audio came back after the interrupt"
 
     # the same session speaks again, whole
-    sent, tts_metrics = await speak(room, agent_worker)
-    check_turn(room, sent, tts_metrics)
+    await speak_in_real_time(room, agent_worker)
 
 
 async def test_speaking_before_anyone_subscribed_is_not_a_starving_listener(
         room_factory: Any, agent_worker: Any) -> None:
-    room = await room_factory(auto_subscribe=False)
-    before = agent_worker.metrics()
-    message_id, sent = await room.say(SENTENCE)
-    # the turn is open; RoomIO holds its frames until a subscriber. Not longer: pacing by its
-    # own model (no reports), the engine has made the 2 s turn by ~1.6 s, and a finished
-    # request reports nothing while its held audio plays
-    await asyncio.sleep(0.8)
-    held = agent_worker.metrics()
-    pre_reports = [e for e in agent_worker.events(room.name) if e["type"] == "report"]
-    print(f"before subscribing: {len(pre_reports)} playout reports, deadline misses "
-          f"{delta(held, before, 'predictor_deadline_misses')}")
-    # nothing is playing, so nothing may be reported as a (0 s) buffer: the engine would take
-    # it for a listener that ran dry and hurry (deadline misses, partial chunks)
-    assert pre_reports == []
-    assert delta(held, before, "playback_reports_livekit-source") == 0
-    # the Predictor's deadlines for the chunks made meanwhile used no report (its own model)
-    assert delta(held, before, "predictor_feedback_used") == 0
-    assert delta(held, before, "predictor_feedback_missing") > 0
+    async def attempt() -> None:
+        room = await room_factory(auto_subscribe=False)
+        before = agent_worker.metrics()
+        message_id, sent = await room.say(LONG)
+        await asyncio.sleep(1.0)  # the turn is open; RoomIO holds its frames until a subscriber
+        held = agent_worker.metrics()
+        pre_reports = [e for e in agent_worker.events(room.name) if e["type"] == "report"]
+        print(f"before subscribing: {len(pre_reports)} playout reports, deadline misses "
+              f"{delta(held, before, 'predictor_deadline_misses')}")
+        # nothing is playing, so nothing may be reported as a (0 s) buffer: the engine would
+        # take it for a listener that ran dry and hurry (deadline misses, partial chunks)
+        assert pre_reports == []
+        assert delta(held, before, "playback_reports_livekit-source") == 0
+        # the Predictor's deadlines for the chunks made meanwhile used no report (its own model)
+        assert delta(held, before, "predictor_feedback_used") == 0
+        assert delta(held, before, "predictor_feedback_missing") > 0
 
-    subscribed = asyncio.get_running_loop().time()
-    await room.subscribe()
-    await agent_worker.wait_event(room.name, "done", id=message_id, timeout_s=30)
-    await asyncio.sleep(0.3)
-    heard = room.recording.energetic(since=sent)
-    assert heard, "the held turn never played after subscribing"
-    span = heard[-1] - heard[0] + 0.010
-    gap = room.recording.longest_gap_s(heard[0], heard[-1])
-    print(f"after subscribing: heard {span:.3f} s, first "
-          f"{(heard[0] - subscribed) * 1000:.0f} ms after subscribe(), longest gap "
-          f"{gap * 1000:.0f} ms")
-    # once playing, the backlog RoomIO took in at once (frames it holds before its 200 ms
-    # AudioSource queue: the private ``_pushed_duration`` / ``_source_pushed_duration`` of
-    # livekit-agents 1.8.9) is counted: more than the source alone can hold
-    reports = [e["buffered_s"] for e in agent_worker.events(room.name) if e["type"] == "report"]
-    print(f"after subscribing: {len(reports)} reports, largest {max(reports):.3f} s")
-    assert max(reports) > 0.5
-    await idle(agent_worker)
-    xfail_unless_real_time(gap, span, 2.0)
+        subscribed = asyncio.get_running_loop().time()
+        await room.subscribe()
+        await agent_worker.wait_event(room.name, "done", id=message_id, timeout_s=30)
+        tts_metrics = await agent_worker.wait_event(room.name, "tts_metrics", id=message_id)
+        await asyncio.sleep(0.3)
+        heard = room.recording.heard(since=sent)
+        assert heard is not None, "the held turn never played after subscribing"
+        print(f"after subscribing: heard {heard.span_s:.3f} s of "
+              f"{tts_metrics['audio_duration']:.3f} s, first "
+              f"{(heard.first - subscribed) * 1000:.0f} ms after subscribe(), longest gap "
+              f"{heard.gap_s * 1000:.0f} ms")
+        # once playing (the turn, 6 s of audio, is still being made: reports flow while its
+        # engine request runs), the backlog RoomIO took in at once is counted (frames it holds
+        # before its 200 ms AudioSource queue: the private ``_pushed_duration`` /
+        # ``_source_pushed_duration`` of livekit-agents 1.8.9): more than the source alone holds
+        reports = [e["buffered_s"] for e in agent_worker.events(room.name)
+                   if e["type"] == "report"]
+        print(f"after subscribing: {len(reports)} reports, largest {max(reports, default=0):.3f} s")
+        assert max(reports, default=0) > 0.5
+        await idle(agent_worker)
+        assert_real_time(heard, tts_metrics["audio_duration"])
+
+    await in_real_time(attempt)
 
 
 async def test_a_listener_that_leaves_mid_turn_ends_the_request(
@@ -170,6 +208,5 @@ async def test_a_listener_that_leaves_mid_turn_ends_the_request(
 
     # the worker is not stuck: a new room gets a whole turn
     other = await room_factory()
-    sent, tts_metrics = await speak(other, agent_worker)
-    check_turn(other, sent, tts_metrics)
+    await speak_in_real_time(other, agent_worker)
 

@@ -23,6 +23,7 @@ from breezert.models.breeze import BreezeModel
 from breezert.models.config import BreezeConfig
 from breezert.models.generate import generate_frames
 from breezert.models.prompt import Prompt, design_prompt, plain_prompt
+from breezert.stages.depth import depth_frames
 
 pytestmark = pytest.mark.unit
 
@@ -215,3 +216,22 @@ def test_cfg_scale_zero_runs_negative_only(tiny: BreezeModel) -> None:
     only_neg = list(generate_frames(tiny, design, greedy, 0, 2, cfg_scale=0.0, ignore_eos=True))
     plain = list(generate_frames(tiny, design.negative, greedy, 0, 2, ignore_eos=True))
     assert torch.equal(torch.stack(only_neg), torch.stack(plain))
+
+
+def test_noise_made_per_frame_draws_the_same_codes(tiny: BreezeModel) -> None:
+    """``depth_frames(noise_per_frame=True)`` (the CPU path) makes the 16 draws' noise in one
+    call: the codes are the per-draw path's, bit for bit (CFG rows, top-k and top-p included)."""
+    gen = torch.Generator().manual_seed(3)
+    num = 3
+    hidden = torch.randn(2 * num, tiny.cfg.backbone.hidden_size, generator=gen)
+    inputs = dict(
+        has_cfg=torch.tensor([True, False, True]), cfg_scale=torch.tensor([1.5, 1.0, 3.0]),
+        seen=torch.rand(num, 2052, generator=gen) < 0.01, penalty=torch.tensor([1.1, 1.0, 1.3]),
+        no_eos=torch.tensor([True, True, False]),
+        sampling=torch.tensor([[0.9, 50, 1.0, 0.9, 50, 1.0], [1.2, 0, 0.8, 0.7, 5, 1.0],
+                               [0.5, 64, 0.95, 1.0, 0, 0.9]]),
+        seeds=torch.tensor([1, 2**40 + 7, 12345]), frames_at=torch.tensor([0, 5, 311]))
+    for max_k in (None, 64):
+        per_draw = depth_frames(tiny, hidden, **inputs, max_k=max_k)["codes"]
+        per_frame = depth_frames(tiny, hidden, **inputs, max_k=max_k, noise_per_frame=True)
+        assert torch.equal(per_frame["codes"], per_draw)

@@ -143,6 +143,13 @@ def counter_uniform(seeds: torch.Tensor, counters: torch.Tensor, width: int) -> 
     return ((bits >> 8).to(torch.float32) + 0.5) * (1.0 / (1 << 24))
 
 
+def gumbel_noise(seeds: torch.Tensor, counters: torch.Tensor, width: int) -> torch.Tensor:
+    """``[R, width]`` Gumbel(0, 1) noise of the draws ``counters [R]`` of ``seeds [R]``. Column
+    ``c`` depends on (seed, counter, c) only, so a wider call's first columns are a narrower
+    call's noise, bit for bit."""
+    return -torch.log(-torch.log(counter_uniform(seeds, counters, width)))
+
+
 def draw_counter(frame_index: torch.Tensor | int, codebook: int) -> torch.Tensor | int:
     """Counter of a request's draw for ``codebook`` (0 = first code) of its frame ``frame_index``
     (counted over the whole request, across segments)."""
@@ -157,20 +164,24 @@ def sample(
     seeds: torch.Tensor,
     counters: torch.Tensor,
     max_k: int | None = None,
+    gumbel: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Temperature -> top-k -> top-p -> one categorical draw per row ``[R]`` (T = 0: argmax).
 
     The draw is Gumbel-max over the filtered logits, which samples exactly from their softmax;
-    its noise comes from ``counter_uniform(seeds, counters)``. Branch-free and sync-free.
+    its noise is ``gumbel_noise(seeds, counters)``. Branch-free and sync-free.
 
     Args:
         logits: ``[R, V]`` after penalty and suppression.
         seeds, counters: ``[R]`` int64 per-row request seed and draw counter.
         max_k: a bound on every row's top-k (see ``filter_top_k_top_p``), or None.
+        gumbel: that noise already made (``[R, >= V]``, e.g. a frame's draws in one call);
+            ``seeds`` and ``counters`` are then unused.
     """
     num_rows, vocab = logits.shape
     t = _per_row(temperature, num_rows, torch.float32, logits.device)
     filtered = filter_top_k_top_p(apply_temperature(logits.float(), t), top_k, top_p, max_k)
-    gumbel = -torch.log(-torch.log(counter_uniform(seeds, counters, vocab)))
-    drawn = (filtered + gumbel).argmax(dim=-1)
+    if gumbel is None:
+        gumbel = gumbel_noise(seeds, counters, vocab)
+    drawn = (filtered + gumbel[:, :vocab]).argmax(dim=-1)
     return torch.where(t > 0, drawn, logits.argmax(dim=-1))

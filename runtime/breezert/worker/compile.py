@@ -45,9 +45,11 @@ def depth_fn(
 ) -> Callable[..., dict[str, torch.Tensor]]:
     """``depth_frames`` bound to ``model`` and ``max_k``; on CUDA its layer step runs the fused
     Triton kernels (``fused_depth``, workspace for ``max_rows`` rows) or is compiled
-    (``compile_depth``), and ``compile_depth`` compiles the sampler."""
+    (``compile_depth``), and ``compile_depth`` compiles the sampler. On the CPU the frame's
+    Gumbel noise is made in one call (``noise_per_frame``); CUDA keeps one per draw, as measured
+    on the H200 (one call would be a new, unmeasured kernel chain in the graph)."""
     if model.lm_head.weight.device.type != "cuda":
-        return partial(depth_frames, model, max_k=max_k)
+        return partial(depth_frames, model, max_k=max_k, noise_per_frame=True)
     depth = model.depth_decoder
     if fused_depth and not getattr(depth, "is_fused", False):
         from breezert.kernels.fused_depth import FusedDepthLayers  # needs Triton

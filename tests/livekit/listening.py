@@ -1,0 +1,58 @@
+"""What a listener heard of the agent: the Python participant's frames and a turn's summary.
+
+Owns: ``Recording`` (every frame of the agent's track at the ``livekit.rtc`` participant, in
+playout order), ``Heard`` (one turn: first audio, length and longest gap) and the speech
+threshold both listeners use. The browser's ``Heard`` comes from ``browser.edges_heard``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+ENERGY_RMS = 200.0  # int16 RMS above which a 10 ms frame counts as speech (tiny-model noise is
+#                     thousands; the Opus-decoded silence between turns is < 10)
+
+
+@dataclass(frozen=True)
+class Heard:
+    """One turn as a listener heard it: the energetic frames from the first to the last."""
+
+    first: float
+    """``time.monotonic()`` at which the first energetic frame reached this process."""
+    span_s: float
+    """Playout time from the first energetic frame to the end of the last (frames x 10 ms)."""
+    gap_s: float
+    """Longest run of quiet frames inside it, in playout time (what the listener heard as a gap)."""
+    arrival_gap_s: float
+    """Longest wait between energetic frames by arrival time here: ``gap_s`` plus this process's
+    own delivery jitter (the frames come from the SDK's 10 ms playout clock)."""
+
+
+@dataclass
+class Recording:
+    """Every frame of the agent's track as it reached this participant, in playout order.
+
+    ``rtc.AudioStream`` hands over what the SDK's playout clock pulls out of WebRTC's jitter
+    buffer every 10 ms (silence included, none dropped: the queue is unbounded), so the frame
+    sequence is what a listener's speaker would play; arrival times add this process's jitter.
+    """
+
+    times: list[float] = field(default_factory=list)  # time.monotonic() at arrival
+    rms: list[float] = field(default_factory=list)
+    durations: list[float] = field(default_factory=list)  # seconds of audio in each frame
+
+    def energetic(self, since: float = 0.0, until: float = float("inf")) -> list[float]:
+        return [t for t, e in zip(self.times, self.rms) if e > ENERGY_RMS and since <= t <= until]
+
+    def heard(self, since: float, until: float = float("inf")) -> Heard | None:
+        """The speech that arrived in [since, until], or ``None`` if none did."""
+        loud = [i for i, (t, e) in enumerate(zip(self.times, self.rms))
+                if e > ENERGY_RMS and since <= t <= until]
+        if not loud:
+            return None
+        first, last = loud[0], loud[-1]
+        gap = max((sum(self.durations[a + 1:b]) for a, b in zip(loud, loud[1:])), default=0.0)
+        arrival = max((self.times[b] - self.times[a] for a, b in zip(loud, loud[1:])),
+                      default=0.0)
+        return Heard(first=self.times[first], span_s=sum(self.durations[first:last + 1]),
+                     gap_s=gap, arrival_gap_s=arrival)
