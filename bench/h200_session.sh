@@ -82,11 +82,11 @@ case "$phase" in
       --variants fused-decode --run-budget 80 \
       --variant 'fused-decode=progressive-graphs;graph.fused_decode=true;scheduler.use_predictor=true' \
       --out "$out/h200-fused-decode.json" 2>&1 | grep '^\[bench' ;;
-  tune)    # the fused kernels' GPU tests (TMA tiles included), then launch shapes of the fused
-    # depth layers tuned at 16, 64 and 128 rows (bench/tune_fused_depth.py)
+  tune)    # the fused kernels' GPU tests (TMA tiles, row buckets), then launch shapes of the fused
+    # depth layers tuned at ${TUNE_ROWS} rows (bench/tune_fused_depth.py), each from its bucket
     timeout 150 python3 -m pytest tests/gpu/test_gpu_fused_depth.py tests/gpu/test_gpu_fused_decode.py \
       -q -p no:cacheprovider 2>&1 | tee "$out/gpu_tests_fused.log" | tail -4 || true
-    timeout 420 python3 bench/tune_fused_depth.py --rows 16,64,128 --budget-s 105 \
+    timeout 420 python3 bench/tune_fused_depth.py --rows "${TUNE_ROWS:-16,32,64,128}" --budget-s 90 \
       --check-rows 1,16,32,64,128 --out "$out/h200-tune-fused-depth.json" 2>&1 \
       | grep -v Warn | tail -30 ;;
   profile) # kernel census of one depth frame and one decode step, uncompiled and compiled

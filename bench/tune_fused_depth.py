@@ -4,9 +4,11 @@ Usage (GPU machine, repo root): ``PYTHONPATH=runtime python bench/tune_fused_dep
 [--rows 16,64,128] [--out X.json]``. Builds the full-size depth decoder with random bf16
 weights, then, for each row count in turn (starting from the previous count's best), by one
 sweep of coordinate descent from ``Tiles()``, times one frame of layer steps (16 positions, no
-sampling) captured in a CUDA graph for each candidate. Prints the best shapes per row count and
-the frame time, then times plain PyTorch layers, ``Tiles()`` and each best at every
-``--check-rows`` count in one process; ``Tiles``' defaults in kernels/gemm.py come from this.
+sampling) captured in a CUDA graph for each candidate, starting from the bucket's entry in
+``TILES_BY_ROWS``. Prints the best shapes per row count and the frame time, then times plain
+PyTorch layers, one shape for all rows (``Tiles()``), the per-bucket table and each best at every
+``--check-rows`` count in one process; ``TILES_BY_ROWS`` in kernels/fused_depth.py comes from
+this.
 """
 
 from __future__ import annotations
@@ -19,15 +21,17 @@ import time
 import torch
 from cuda_bench import gpu_metadata, median_ms
 
-from breezert.kernels.fused_depth import FusedDepthLayers
+from breezert.kernels.fused_depth import TILES_BY_ROWS, FusedDepthLayers
 from breezert.kernels.gemm import Tiles
 from breezert.models.config import BreezeConfig
 from breezert.models.depth import DepthDecoder
 
 # TMA first: it changes which pipeline depths pay. Per-kernel warps/stages after the shapes.
+# split_k stays the bucket's: it sets the sum order, and every bucket must give a row the same
+# bits (TILES_BY_ROWS all split 4).
 SEARCH = {
     "tma": [False, True], "gate_bn": [32, 64, 128], "gate_bk": [64, 128],
-    "gate_stages": [3, 4, 5, 6], "gate_warps": [4, 8], "split_k": [4, 8, 16],
+    "gate_stages": [3, 4, 5, 6], "gate_warps": [4, 8],
     "split_bn": [32, 64], "split_bk": [128, 256], "split_stages": [3, 4, 6],
     "split_warps": [4, 8], "qkv_split": [2, 4], "qkv_bk": [128, 256], "num_stages": [3, 4],
 }
@@ -113,16 +117,19 @@ def main() -> None:
     depth = build_depth()
     best_by_rows: dict[int, tuple[Tiles, float]] = {}
     log: list[dict] = []
-    base = Tiles()
     for rows in (int(r) for r in args.rows.split(",")):
+        base = next((t for limit, t in TILES_BY_ROWS if rows <= limit), TILES_BY_ROWS[-1][1])
         base, best_ms, tried = tune(depth, rows, base, time.monotonic() + args.budget_s)
         best_by_rows[rows] = (base, best_ms)
         log += [{**entry, "rows": rows} for entry in tried]
     rows_ms = {}
     with torch.inference_mode():
         for rows in (int(r) for r in args.check_rows.split(",")):
-            rows_ms[rows] = {"plain_layers": frame_ms(depth, depth.run_layers, rows),
-                             "default_tiles": frame_ms(depth, FusedDepthLayers(depth, rows), rows)}
+            rows_ms[rows] = {
+                "plain_layers": frame_ms(depth, depth.run_layers, rows),
+                "one_shape": frame_ms(depth, FusedDepthLayers(depth, rows, Tiles()), rows),
+                "by_rows": frame_ms(depth, FusedDepthLayers(depth, rows), rows),
+            }
             for tuned, (tiles, _) in best_by_rows.items():
                 rows_ms[rows][f"best_at_{tuned}"] = frame_ms(
                     depth, FusedDepthLayers(depth, rows, tiles), rows)

@@ -71,17 +71,19 @@ def test_fused_matches_eager(depth: DepthDecoder, depth_fp32: DepthDecoder, rows
     assert torch.count_nonzero(fused.counters).item() == 0
 
 
-def test_fused_rows_are_batch_invariant(depth: DepthDecoder) -> None:
-    """A row's result does not depend on how many rows run beside it."""
+@pytest.mark.parametrize("crowd", [16, 17, 32, 64, 65, 128])
+def test_fused_rows_are_batch_invariant(depth: DepthDecoder, crowd: int) -> None:
+    """A row's result does not depend on how many rows run beside it, whichever bucket's
+    launch shapes (``TILES_BY_ROWS``) the crowd runs with."""
     from breezert.kernels.fused_depth import FusedDepthLayers
 
-    fused = FusedDepthLayers(depth, max_rows=64)
+    fused = FusedDepthLayers(depth, max_rows=128)
     gen = torch.Generator(device="cuda").manual_seed(7)
-    xs = torch.randn(16, 64, 2048, device="cuda", generator=gen).to(torch.bfloat16)
+    xs = torch.randn(16, crowd, 2048, device="cuda", generator=gen).to(torch.bfloat16)
     with torch.inference_mode():
         alone, _ = _frame(fused, depth, xs[:, :1].contiguous())
-        crowd, _ = _frame(fused, depth, xs)
-    for a, c in zip(alone, crowd):
+        together, _ = _frame(fused, depth, xs)
+    for a, c in zip(alone, together):
         assert torch.equal(a[0], c[0])
 
 
@@ -116,7 +118,7 @@ def test_tma_weight_tiles_change_no_bit(depth: DepthDecoder, rows: int) -> None:
     from breezert.kernels.fused_depth import FusedDepthLayers
     from breezert.kernels.gemm import Tiles
 
-    plain = FusedDepthLayers(depth, max_rows=128)
+    plain = FusedDepthLayers(depth, max_rows=128, tiles=Tiles())
     tma = FusedDepthLayers(depth, max_rows=128, tiles=Tiles(tma=True))
     gen = torch.Generator(device="cuda").manual_seed(200 + rows)
     xs = torch.randn(16, rows, 2048, device="cuda", generator=gen).to(torch.bfloat16)

@@ -111,3 +111,35 @@ def test_fused_rejects_unfused_weights_and_odd_sizes() -> None:
         fused_depth.FusedDepthLayers(odd, max_rows=4)
     with pytest.raises(ValueError, match="hidden_size"):
         fused_depth.FusedDepthLayers(odd.to(torch.bfloat16), max_rows=4)
+
+
+@needs_triton
+def test_row_buckets_pick_their_tiles_and_keep_row_bits() -> None:
+    run_in_interpreter(__name__, "check_row_buckets()")
+
+
+def check_row_buckets() -> None:
+    """Per-bucket launch shapes: 2 rows run the first bucket's tiles, 6 rows the second's; a
+    row gets the same bits alone as in the larger bucket (same split-K), close to eager."""
+    from breezert.kernels import fused_depth
+    from breezert.kernels.gemm import Tiles
+
+    depth = _decoder(6)
+    small, large = Tiles(qkv_split=1, split_k=4), Tiles(qkv_split=1, split_k=4, gate_bn=32,
+                                                         split_bn=64, tma=True)
+    fused = fused_depth.FusedDepthLayers(depth, max_rows=8, tiles=[(2, small), (8, large)])
+    assert fused.gemms_for(2).tiles == small and fused.gemms_for(6).tiles == large
+    assert fused.gemms_for(9).tiles == large  # past the last bucket: its tiles, more rows
+    torch.manual_seed(4)
+    xs = torch.randn(2, 6, SMALL.backbone_hidden_size).to(torch.bfloat16)
+    caches = [depth.new_cache(1), depth.new_cache(6), depth.new_cache(6)]
+    with torch.inference_mode():
+        for position in range(2):
+            pos = torch.full((1,), position, dtype=torch.long)
+            cos, sin = depth.rope.cos_sin(pos.expand(6), torch.bfloat16)
+            alone = fused(xs[position, :1], cos[:1], sin[:1], caches[0], pos)
+            crowd = fused(xs[position], cos, sin, caches[1], pos)
+            want = depth.run_layers(xs[position], cos, sin, caches[2], pos)
+            assert torch.equal(alone[0], crowd[0]), position
+            assert (crowd.float() - want.float()).abs().max() <= 0.03 * want.float().abs().max()
+    assert torch.count_nonzero(fused.counters) == 0

@@ -21,6 +21,7 @@ workspace and counters are preallocated, so CUDA graphs capture it).
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 import torch
 import triton
@@ -37,6 +38,18 @@ from breezert.kernels.gemm import (
     row_block,
     row_rstd,
     warm_row_counts,
+)
+
+# Launch shapes per row bucket, tuned on the H200 at 16, 32, 64 and 128 rows by
+# bench/tune_fused_depth.py (bench/results/h200-tune-fused-depth-rows-20261201.json). Every bucket
+# splits o_proj/down in 4 along K, so a row's bits do not depend on the bucket it runs in.
+TILES_BY_ROWS: tuple[tuple[int, Tiles], ...] = (
+    (16, Tiles(qkv_split=2, split_k=4, num_stages=3, gate_warps=8, gate_stages=6,
+               split_stages=4)),
+    (32, Tiles(split_k=4)),
+    (64, Tiles(qkv_split=2, split_k=4, num_stages=3, gate_stages=4, split_stages=4, tma=True)),
+    (128, Tiles(qkv_split=2, gate_bn=128, split_k=4, split_bk=128, num_stages=3, gate_warps=8,
+                gate_stages=4, split_stages=4, tma=True)),
 )
 
 
@@ -115,27 +128,24 @@ class FusedDepthLayers:
     Needs ``BreezeModel.fuse_projections_()`` first (packed q/k/v and gate/up weights).
     """
 
-    def __init__(self, depth: torch.nn.Module, max_rows: int, tiles: Tiles | None = None,
+    def __init__(self, depth: torch.nn.Module, max_rows: int,
+                 tiles: Tiles | Sequence[tuple[int, Tiles]] | None = None,
                  warm: bool = True) -> None:
+        """``tiles``: one ``Tiles`` for every row count, or ``(max rows, Tiles)`` buckets in
+        increasing order (the last also serves more rows); default ``TILES_BY_ROWS``."""
         cfg = depth.cfg
         self.depth = depth
-        t = tiles or Tiles()
         self.hidden, self.inter = cfg.hidden_size, cfg.intermediate_size
         self.heads, self.kv_heads, self.head_dim = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
         self.eps = cfg.rms_norm_eps
         self.scale = 1.0 / math.sqrt(cfg.head_dim)
         device = depth.model.norm.weight.device
-        self.gemms = FusedGemms(t, max_rows, self.hidden, device)
         check_bf16(depth.model.norm.weight, "depth")
-        attn_width = self.heads * self.head_dim
-        self.gemms.check("depth hidden_size", norm_k=self.hidden, split=(self.hidden, attn_width))
-        self.gemms.check("depth intermediate_size", gate_up=(self.inter, self.hidden),
-                         split=(self.hidden, self.inter))
-        qkv_bk = min(t.qkv_bk, self.hidden)
-        if self.hidden % qkv_bk or qkv_bk & (qkv_bk - 1):
-            raise ValueError(f"fused depth kernels: depth hidden_size does not fit {t}")
-        if self.head_dim // 2 % t.qkv_split or self.head_dim // 2 // t.qkv_split < 16:
-            raise ValueError(f"fused depth kernels: depth head_dim does not fit {t}")
+        table = ((max_rows, tiles),) if isinstance(tiles, Tiles) else (tiles or TILES_BY_ROWS)
+        self._buckets = [(limit, FusedGemms(t, min(limit, max_rows), self.hidden, device))
+                         for limit, t in table]
+        for _, gemms in self._buckets:
+            self._check(gemms)
         layers = depth.model.layers
         if any(layer.self_attn.qkv_weight is None or layer.mlp.gate_up_weight is None
                for layer in layers):
@@ -144,13 +154,30 @@ class FusedDepthLayers:
         if warm and device.type == "cuda":
             self.warm()
 
+    def _check(self, gemms: FusedGemms) -> None:
+        t, attn_width = gemms.tiles, self.heads * self.head_dim
+        gemms.check("depth hidden_size", norm_k=self.hidden, split=(self.hidden, attn_width))
+        gemms.check("depth intermediate_size", gate_up=(self.inter, self.hidden),
+                    split=(self.hidden, self.inter))
+        qkv_bk = min(t.qkv_bk, self.hidden)
+        if self.hidden % qkv_bk or qkv_bk & (qkv_bk - 1):
+            raise ValueError(f"fused depth kernels: depth hidden_size does not fit {t}")
+        if self.head_dim // 2 % t.qkv_split or self.head_dim // 2 // t.qkv_split < 16:
+            raise ValueError(f"fused depth kernels: depth head_dim does not fit {t}")
+
+    def gemms_for(self, rows: int) -> FusedGemms:
+        """The launcher (tiles and workspace) of the first bucket that holds ``rows``."""
+        return next((g for limit, g in self._buckets if rows <= limit), self._buckets[-1][1])
+
     @property
     def tiles(self) -> Tiles:
-        return self.gemms.tiles
+        """The tiles of the largest bucket."""
+        return self._buckets[-1][1].tiles
 
     @property
     def counters(self) -> torch.Tensor:
-        return self.gemms.counters
+        """Every bucket's split-K tile counters (all 0 between calls)."""
+        return torch.cat([g.counters for _, g in self._buckets])
 
     @torch.inference_mode()
     def warm(self) -> None:
@@ -159,7 +186,13 @@ class FusedDepthLayers:
         depth = self.depth
         weight = depth.model.norm.weight
         pos = torch.zeros(1, dtype=torch.long, device=weight.device)
-        for rows in warm_row_counts(self.max_rows):
+        counts, low = set(), 0
+        for limit, _ in self._buckets:  # each bucket's tiles at each row-block size it meets
+            counts |= {min(rows, self.max_rows) for rows in warm_row_counts(limit)
+                       if rows > low}
+            counts.add(min(low + 1, self.max_rows))
+            low = limit
+        for rows in sorted(counts):
             x = torch.zeros(rows, depth.cfg.backbone_hidden_size, dtype=weight.dtype,
                             device=weight.device)
             cos, sin = depth.rope.cos_sin(pos.expand(rows), weight.dtype)
@@ -171,8 +204,9 @@ class FusedDepthLayers:
     ) -> torch.Tensor:
         """Same contract as ``DepthDecoder.run_layers``: ``x [R, backbone_hidden]`` ->
         final-normed ``[R, d]``; ``cache [L, 2, R, KVH, P, D]`` written at ``pos``."""
-        depth, t, gemms = self.depth, self.tiles, self.gemms
-        rows = x.shape[0]
+        depth, rows = self.depth, x.shape[0]
+        gemms = self.gemms_for(rows)
+        t = gemms.tiles
         bm = row_block(rows)
         h = depth.model.inputs_embeds_projector(x).contiguous()
         cos, sin = cos[0].contiguous(), sin[0].contiguous()  # one position for every row

@@ -41,11 +41,12 @@ def _raise_cache_limit(limit: int) -> None:
 
 def depth_fn(
     model: BreezeModel, max_k: int | None, compile_depth: bool, fused_depth: bool = False,
-    max_rows: int = 64,
+    max_rows: int = 64, tiles_by_rows: bool = True,
 ) -> Callable[..., dict[str, torch.Tensor]]:
     """``depth_frames`` bound to ``model`` and ``max_k``; on CUDA its layer step runs the fused
-    Triton kernels (``fused_depth``, workspace for ``max_rows`` rows) or is compiled
-    (``compile_depth``), and ``compile_depth`` compiles the sampler. On the CPU the frame's
+    Triton kernels (``fused_depth``, workspace for ``max_rows`` rows, launch shapes per row
+    bucket with ``tiles_by_rows``) or is compiled (``compile_depth``), and ``compile_depth``
+    compiles the sampler. On the CPU the frame's
     Gumbel noise is made in one call (``noise_per_frame``); CUDA keeps one per draw, as measured
     on the H200 (one call would be a new, unmeasured kernel chain in the graph)."""
     if model.lm_head.weight.device.type != "cuda":
@@ -53,8 +54,9 @@ def depth_fn(
     depth = model.depth_decoder
     if fused_depth and not getattr(depth, "is_fused", False):
         from breezert.kernels.fused_depth import FusedDepthLayers  # needs Triton
+        from breezert.kernels.gemm import Tiles
 
-        depth.run_layers = FusedDepthLayers(depth, max_rows)
+        depth.run_layers = FusedDepthLayers(depth, max_rows, None if tiles_by_rows else Tiles())
         depth.is_fused = True
         logger.info("depth layers run the fused Triton kernels (%d-row workspace)", max_rows)
     if not compile_depth:
