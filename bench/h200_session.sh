@@ -8,7 +8,7 @@
 #     --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 -d .whl \
 #     pydantic==2.14.4 pydantic-core==2.50.5 annotated-types typing-inspection
 # Then per phase: run(command="bash bench/h200_session.sh PHASE", carry=[".whl", ".benchdata"])
-# PHASE: tests | fused | chain P1 P2...  | decode | decode-micro | decode-bench | tune | profile | stages |
+# PHASE: tests | fused | depth-tiles | chain P1 P2...  | decode | decode-micro | decode-bench | tune | profile | stages |
 #        ablation-eager | ablation-a|b|c|d[@I/N] | sweep | sweep+ablation | latency | latency-te |
 #        latency-nocap | predictor | predictor-edf
 # An ablation phase with @I/N runs shard I of N of its requests (bench --shard).
@@ -152,5 +152,11 @@ case "$phase" in
       --variant 'before=config;graph.fused_codec=false;graph.codec_mixed_sizes=false' \
       --variant 'after=config' \
       --out "$out/h200-$phase.json" 2>&1 | grep '^\[bench' ;;
+  depth-tiles)  # issue 14: the fused depth layers with one launch shape for all rows against
+    # the per-bucket shapes (TILES_BY_ROWS), one run
+    timeout 560 "${bench[@]}" --concurrency "${CONCURRENCY:-1,16,64}" --num-requests 300 \
+      --warmup 16 --run-budget 60 \
+      --variant 'one-shape=config;graph.depth_tiles_by_rows=false' --variant 'by-rows=config' \
+      --out "$out/h200-depth-tiles.json" 2>&1 | grep '^\[bench' ;;
   *) echo "unknown phase $phase" >&2; exit 2 ;;
 esac
