@@ -152,6 +152,15 @@ case "$phase" in
       --variant 'before=config;graph.fused_codec=false;graph.codec_mixed_sizes=false' \
       --variant 'after=config' \
       --out "$out/h200-$phase.json" 2>&1 | grep '^\[bench' ;;
+  depth-census) # every GPU test, then per-stage graph times and the depth/decode census at 16
+    # and 64 rows with the serving kernels (fused depth by row bucket, fused DECODE)
+    timeout 330 python3 -m pytest tests/gpu -q -p no:cacheprovider 2>&1 | tee "$out/gpu_tests.log" | tail -4 || true
+    timeout 150 python3 bench/stage_timing.py --batches 1,16,64 --modes fused-decode \
+      --out "$out/h200-stage-timing.json" 2>&1 | grep -v Warn | tail -6 || true
+    for rows in 16 64; do
+      timeout 60 python3 bench/profile_stages.py --batch $rows --fused --fused-decode --compile \
+        --top 14 2>&1 | grep -v Warn | tee -a "$out/h200-profile.log" | grep -A15 DEPTH || true
+    done ;;
   depth-tiles)  # issue 14: the fused depth layers with one launch shape for all rows against
     # the per-bucket shapes (TILES_BY_ROWS), one run
     timeout 560 "${bench[@]}" --concurrency "${CONCURRENCY:-1,16,64}" --num-requests 300 \
