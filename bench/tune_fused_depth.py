@@ -26,11 +26,11 @@ from breezert.kernels.gemm import Tiles
 from breezert.models.config import BreezeConfig
 from breezert.models.depth import DepthDecoder
 
-# TMA first: it changes which pipeline depths pay. Per-kernel warps/stages after the shapes.
+# Row blocks, then TMA (it changes which pipeline depths pay). Per-kernel warps/stages after the shapes.
 # split_k stays the bucket's: it sets the sum order, and every bucket must give a row the same
 # bits (TILES_BY_ROWS all split 4).
 SEARCH = {
-    "tma": [False, True], "gate_bn": [32, 64, 128], "gate_bk": [64, 128],
+    "qkv_bm": [16, 32, 64], "gate_bm": [32, 64], "tma": [False, True], "gate_bn": [32, 64, 128], "gate_bk": [64, 128],
     "gate_stages": [3, 4, 5, 6], "gate_warps": [4, 8],
     "split_bn": [32, 64], "split_bk": [128, 256], "split_stages": [3, 4, 6],
     "split_warps": [4, 8], "qkv_split": [2, 4], "qkv_bk": [128, 256], "num_stages": [3, 4],

@@ -35,6 +35,12 @@ def test_fused_frame_matches_eager_within_bf16(rows: int) -> None:
 
 
 @needs_triton
+def test_small_row_blocks_match_eager() -> None:
+    """20 rows as two 16-row blocks in the q/k/v and gate/up GEMMs (``qkv_bm``, ``gate_bm``)."""
+    run_in_interpreter(__name__, "check_frame(20, qkv_split=1, qkv_bm=16, gate_bm=16)")
+
+
+@needs_triton
 def test_fused_head_slices_match_eager() -> None:
     """head_dim 128 split into 4 programs per head (the full-size layout), one layer."""
     run_in_interpreter(__name__, "check_frame(3, qkv_split=4, head_dim=128, positions=3)")
@@ -70,12 +76,12 @@ def check_tma_bits() -> None:
 
 
 def check_frame(rows: int, qkv_split: int, head_dim: int = 32, positions: int = 16,
-                tma: bool = False) -> None:
+                **tile_fields: object) -> None:
     """All positions of a frame: hidden states and the cache match the eager modules."""
     from breezert.kernels import fused_depth
 
     depth = _decoder(rows, head_dim)
-    tiles = fused_depth.Tiles(qkv_split=qkv_split, tma=tma)
+    tiles = fused_depth.Tiles(qkv_split=qkv_split, **tile_fields)
     fused = fused_depth.FusedDepthLayers(depth, max_rows=16,  # 20 rows: a call-local workspace
                                          tiles=tiles)
     eager_cache, fused_cache = depth.new_cache(rows), depth.new_cache(rows)

@@ -208,7 +208,7 @@ class FusedDepthLayers:
         depth, rows = self.depth, x.shape[0]
         gemms = self.gemms_for(rows)
         t = gemms.tiles
-        bm = row_block(rows)
+        bm = row_block(rows, t.qkv_bm)
         h = depth.model.inputs_embeds_projector(x).contiguous()
         cos, sin = cos[0].contiguous(), sin[0].contiguous()  # one position for every row
         d, hd = self.hidden, self.head_dim

@@ -55,6 +55,10 @@ class Tiles:
     gate_stages: int | None = None
     split_warps: int | None = None
     split_stages: int | None = None
+    qkv_bm: int = 64
+    gate_bm: int = 64
+    """Most rows per program of the q/k/v and gate/up GEMMs: with many rows, smaller row blocks
+    give more programs (each streams its weight slice again, mostly from L2)."""
     tma: bool = False
     """Weight tiles through the tensor-memory accelerator (host ``TensorDescriptor``s, one per
     weight and tile shape, cached) instead of per-thread loads; same tiles, same bits."""
@@ -249,8 +253,9 @@ def warm_row_counts(max_rows: int) -> list[int]:
     return sorted({min(rows, max_rows) for rows in (1, 17, 33)})
 
 
-def row_block(rows: int) -> int:
-    return min(BM_MAX, max(16, triton.next_power_of_2(rows)))
+def row_block(rows: int, most: int = BM_MAX) -> int:
+    """Rows per program for ``rows`` rows: a power of two from 16 up to ``most`` (<= BM_MAX)."""
+    return min(most, BM_MAX, max(16, triton.next_power_of_2(rows)))
 
 
 class FusedGemms:
@@ -329,7 +334,7 @@ class FusedGemms:
         rows, k = x.shape
         inter = weight.shape[0] // 2
         out = torch.empty(rows, inter, dtype=x.dtype, device=x.device)
-        bm = row_block(rows)
+        bm = row_block(rows, t.gate_bm)
         bk = min(t.gate_bk, k)
         norm_gate_up_kernel[(inter // t.gate_bn, triton.cdiv(rows, bm))](
             x, norm_weight, self.weight(weight, t.gate_bn, bk), out, rows, eps, x.stride(0),
