@@ -191,9 +191,9 @@ class GraphConfig(_Frozen):
     """Hand-fused Triton kernels for the depth decoder's layers (5 launches per layer,
     ``kernels/fused_depth.py``); with it ``compile_depth`` compiles only the sampler."""
     depth_tiles_by_rows: bool = True
-    """With ``fused_depth``: launch shapes per row bucket, tuned on the H200 (16, 32, 64, 128
-    rows; ``kernels/fused_depth.py`` ``TILES_BY_ROWS``); off: one shape for every row count
-    (the shape tuned at 32 rows)."""
+    """With ``fused_depth``: launch shapes per row bucket, tuned on the H200 (up to 64 and up
+    to 128 rows; ``kernels/fused_depth.py`` ``TILES_BY_ROWS``); off: one shape for every row
+    count (the shape tuned at 32 rows in November)."""
     fused_decode: bool = False
     """Hand-fused Triton kernels for the backbone's DECODE step (6 launches per layer, attention
     reading the paged cache in place, ``kernels/fused_decode.py``): on the H200 2.65 ms per step

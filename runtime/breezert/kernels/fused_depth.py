@@ -40,17 +40,18 @@ from breezert.kernels.gemm import (
     warm_row_counts,
 )
 
-# Launch shapes per row bucket, tuned on the H200 at 16, 64 and 128 rows, then 32, by
-# bench/tune_fused_depth.py (bench/results/h200-tune-fused-depth-rows-20261201.json,
-# -rows32-20261201.json). Every bucket splits o_proj/down in 4 along K, so a row's bits do not
-# depend on the bucket it runs in (tests/gpu: a row alone == in crowds of 16..128).
+# Launch shapes per row bucket, tuned on the H200 by bench/tune_fused_depth.py (bench/results/
+# h200-tune-fused-depth-rowblocks-20261201.json; earlier rounds: -rows-, -rows32-20261201.json).
+# The 64-row shapes won at every count up to 64 in that run (layer frames 6.95 / 7.19 / 8.05 /
+# 8.67 ms at 1 / 16 / 32 / 64 rows against 7.25 / 7.52 / 9.04 / 11.99 with one shape for all
+# rows): 16-row blocks for q/k/v (more programs), TMA weight tiles, deeper gate/up tiles. Every
+# bucket splits o_proj/down in 4 along K, so a row's bits do not depend on its bucket (tests/gpu:
+# a row alone == in crowds of 16..128).
 TILES_BY_ROWS: tuple[tuple[int, Tiles], ...] = (
-    (16, Tiles(qkv_split=2, split_k=4, num_stages=3, gate_warps=8, gate_stages=6,
-               split_stages=4)),
-    (32, Tiles(split_k=4, split_bk=128, split_stages=6)),
-    (64, Tiles(qkv_split=2, split_k=4, num_stages=3, gate_stages=4, split_stages=4, tma=True)),
-    (128, Tiles(qkv_split=2, gate_bn=128, split_k=4, split_bk=128, num_stages=3, gate_warps=8,
-                gate_stages=4, split_stages=4, tma=True)),
+    (64, Tiles(qkv_split=2, gate_bk=128, split_k=4, num_stages=3, gate_warps=8, gate_stages=3,
+               split_stages=4, qkv_bm=16, tma=True)),
+    (128, Tiles(qkv_split=2, gate_bn=128, split_k=4, split_bn=64, split_bk=128, num_stages=3,
+                gate_warps=8, gate_stages=4, split_warps=8, split_stages=4, qkv_bm=16, tma=True)),
 )
 
 
