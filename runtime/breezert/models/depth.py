@@ -102,6 +102,7 @@ class DepthDecoder(nn.Module):
         self.model = DepthModel(cfg)
         self.codebooks_head = CodebooksHead(cfg)
         self.heads_fp32: torch.Tensor | None = None  # fp32 copy, set by fuse_projections_()
+        self._frame_tables: dict[tuple[torch.device, torch.dtype], tuple] = {}
         self.rope = Rope(
             llama3_inv_freq(
                 cfg.head_dim,
@@ -142,9 +143,27 @@ class DepthDecoder(nn.Module):
         """
         if not 0 <= position < self.max_positions:
             raise ValueError(f"depth position {position} outside 0..{self.max_positions - 1}")
-        pos = torch.full((1,), position, device=x.device, dtype=torch.long)
-        cos, sin = self.rope.cos_sin(pos.expand(x.shape[0]), x.dtype)  # [R, head_dim]
-        return self.run_layers(x, cos, sin, cache, pos)
+        positions, cos, sin = self._frame_rope(x.device, x.dtype)
+        rows = x.shape[0]
+        return self.run_layers(x, cos[position].expand(rows, -1), sin[position].expand(rows, -1),
+                               cache, positions[position])
+
+    def _frame_rope(self, device: torch.device, dtype: torch.dtype) -> tuple:
+        """``(positions, cos, sin)`` of the frame's positions: ``[P]`` one-element long tensors
+        and ``[P, head_dim]`` tables, the values ``rope.cos_sin`` gives position by position.
+        Built once per device and dtype outside a graph capture (so a captured step reads them
+        instead of recomputing them: ~10 kernels a step); inside a capture without them, built
+        for that call only."""
+        key = (device, dtype)
+        if key in self._frame_tables:
+            return self._frame_tables[key]
+        steps = torch.arange(self.max_positions, device=device, dtype=torch.long)
+        cos, sin = self.rope.cos_sin(steps, dtype)
+        tables = (list(steps[:, None].unbind(0)), cos, sin)
+        capturing = device.type == "cuda" and torch.cuda.is_current_stream_capturing()
+        if not capturing:
+            self._frame_tables[key] = tables
+        return tables
 
     def run_layers(
         self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: torch.Tensor,
