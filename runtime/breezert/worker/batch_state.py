@@ -1,7 +1,7 @@
 """Per-slot worker state: what each running request needs between its stage steps.
 
 Owns: the slot table (``slot -> SlotState``), each request's RNG seed, sampling settings, the
-per-segment prompt embeddings, last hidden states, repetition history and the frames waiting for
+per-segment prompt embeddings, last hidden states, repetition masks and the frames waiting for
 the codec. Must not: make decisions (the scheduler does) or run models (the stages do).
 """
 
@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 
 from breezert.options import SamplingParams
@@ -25,8 +26,9 @@ class SegmentState:
     """Per branch ``[L, D]`` prefill rows, set by TEXT_ENCODE, dropped when prefill ends."""
     hidden: list[torch.Tensor | None] = field(default_factory=list)
     """Per branch ``[D]`` final-normed backbone state feeding the next DEPTH step."""
-    history: list[int] = field(default_factory=list)
-    """First codes generated so far (repetition penalty)."""
+    seen: np.ndarray | None = None
+    """First codes generated so far in this segment (repetition penalty): a bool mask over the
+    backbone vocabulary, one element set per frame (None: none yet)."""
     last_frame: torch.Tensor | None = None
     """``[16]`` the frame the next DECODE step feeds."""
 
