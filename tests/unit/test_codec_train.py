@@ -24,7 +24,7 @@ from breezert.train.codec_train import (
     main,
     train,
 )
-from breezert.train.data import AudioFolderCrops
+from breezert.train.data import AudioFolderCrops, read_audio
 from breezert.train.losses import (
     MultiScaleStftDiscriminator,
     discriminator_hinge_loss,
@@ -117,6 +117,19 @@ def test_folder_crops_read_wav_and_npy_with_a_seed(data_dir: Path) -> None:
     assert torch.equal(a.sample(2), nxt)
     long = AudioFolderCrops(data_dir, crop_samples=3 * RATE)  # longer than the files: padded
     assert long.sample(1)[0, 2 * RATE :].abs().max() == 0.0
+
+
+def test_read_audio_scales_int16_mixes_stereo_and_resamples(tmp_path: Path) -> None:
+    left = np.full(1600, 16384, dtype="<i2")
+    frames = np.stack([left, np.zeros_like(left)], axis=1)  # [T, 2]
+    with wave.open(str(tmp_path / "s.wav"), "wb") as f:
+        f.setnchannels(2)
+        f.setsampwidth(2)
+        f.setframerate(16000)
+        f.writeframes(frames.tobytes())
+    wav = read_audio(tmp_path / "s.wav")
+    assert wav.dtype == np.float32 and len(wav) == 2400  # 0.1 s at 24 kHz
+    assert abs(float(wav[800:1600].mean()) - 0.25) < 1e-3  # (0.5 + 0) / 2
 
 
 # ------------------------------------------------------------------------------- quantizer

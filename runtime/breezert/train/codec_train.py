@@ -322,6 +322,10 @@ def main(argv: list[str] | None = None) -> None:
     args = p.parse_args(argv)
     cfg = CodecTrainConfig(**{f.name: getattr(args, f.name) for f in fields(CodecTrainConfig)
                               if f.name not in ("vq", "betas")})
+    if torch.device(args.device).type == "cuda":
+        # NOTE(codec_train): TF32 matmuls and convs for training (the serving codec's own
+        # precision choice is separate, ``CODEC_PRECISIONS``).
+        torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
     stop = _StopFlag()
     previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGTERM, signal.SIGINT)}
     try:

@@ -33,18 +33,19 @@ class CropSource(Protocol):
 def read_audio(path: Path) -> np.ndarray:
     """A mono float32 waveform in [-1, 1] at 24 kHz from ``.wav`` (PCM16) or ``.npy``."""
     if path.suffix == ".npy":
-        data = np.load(path)
-        rate = SAMPLE_RATE
+        data, rate = np.load(path), SAMPLE_RATE
+        if data.ndim != 1:
+            raise ValueError(f"{path}: expected a 1-D waveform, got shape {data.shape}")
     else:
         with wave.open(str(path), "rb") as f:
             if f.getsampwidth() != 2:
                 raise ValueError(f"{path}: {8 * f.getsampwidth()}-bit WAV; use 16-bit PCM")
             rate, channels = f.getframerate(), f.getnchannels()
             data = np.frombuffer(f.readframes(f.getnframes()), dtype="<i2").reshape(-1, channels)
-        data = data.mean(axis=1) if channels > 1 else data[:, 0]
-    if data.ndim != 1:
-        raise ValueError(f"{path}: expected a 1-D waveform, got shape {data.shape}")
-    wav = data.astype(np.float32) / 32768.0 if data.dtype == np.int16 else data.astype(np.float32)
+    scale = 1.0 / 32768.0 if data.dtype == np.int16 else 1.0
+    wav = data.astype(np.float32) * scale
+    if wav.ndim == 2:  # WAV frames [T, channels]: the channel mean
+        wav = wav.mean(axis=1)
     if rate != SAMPLE_RATE:
         import soxr
 
