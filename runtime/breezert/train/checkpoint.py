@@ -29,7 +29,7 @@ def save_atomic(state: dict[str, Any], path: Path) -> None:
 
 
 def load_state(path: Path) -> dict[str, Any]:
-    return torch.load(path, map_location="cpu", weights_only=False)
+    return torch.load(path, map_location="cpu", weights_only=True)
 
 
 class StepLog:
