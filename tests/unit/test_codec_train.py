@@ -251,3 +251,23 @@ def test_command_line_trains_saves_and_continues(data_dir: Path, tmp_path: Path)
     steps = [json.loads(x)["step"] for x in (tmp_path / LOG_FILE).read_text().splitlines()]
     assert steps == [1, 2, 3]
     assert load_checkpoint(tmp_path / "ckpt").codec_encoder is not None
+
+
+@pytest.mark.parametrize("preset", ["tiny", "small"])
+def test_presets_pair_the_encoder_and_decoder_quantizers(preset: str) -> None:
+    from breezert.models.codec import CodecDecoder
+    from breezert.models.codec_encoder import CodecEncoder
+    from breezert.models.config import BreezeConfig
+    from breezert.train.codec_train import codec_preset
+    from breezert.train.quantizer import group_pairs
+
+    codec, enc_json = codec_preset(preset)
+    BreezeConfig(codec=codec, codec_encoder_json=enc_json)  # 1920 samples a frame
+    with torch.device("meta"):
+        encoder, decoder = CodecEncoder(enc_json), CodecDecoder(codec)
+    for enc_group, dec_group, num in group_pairs(encoder, decoder):
+        assert len(dec_group.vq.layers) == num
+        for enc_vq, dec_vq in zip(enc_group.layers, dec_group.vq.layers, strict=True):
+            assert enc_vq.codebook.embed_sum.shape == dec_vq._codebook.embedding_sum.shape
+        assert enc_group.input_proj.weight.shape == dec_group.input_proj.weight.shape
+        assert enc_group.output_proj.weight.shape == dec_group.output_proj.weight.shape

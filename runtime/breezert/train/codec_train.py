@@ -58,9 +58,11 @@ def codec_preset(name: str) -> tuple[CodecConfig, dict[str, Any]]:
         base = BreezeConfig.tiny()
         codec, enc = base.codec, copy.deepcopy(base.codec_encoder_json)
     elif name == "small":
+        # 5.5 M decoder + 1.3 M encoder parameters and 2 x 2.1 M codebook values: about 22 MB
+        # in bf16, to leave room for the LM in the 40 MB.
         codec = CodecConfig(
-            codebook_dim=128, latent_dim=256, decoder_dim=512, hidden_size=256,
-            intermediate_size=512, num_layers=4, num_heads=4, num_kv_heads=4, head_dim=64,
+            codebook_dim=128, latent_dim=192, decoder_dim=384, hidden_size=192,
+            intermediate_size=384, num_layers=4, num_heads=3, num_kv_heads=3, head_dim=64,
             vq_hidden_dim=64,
         )
         enc = copy.deepcopy(BreezeConfig.full().codec_encoder_json)
