@@ -250,7 +250,16 @@ def test_command_line_trains_saves_and_continues(data_dir: Path, tmp_path: Path)
     main([*args, "--max-steps", "3", "--export", str(tmp_path / "ckpt")])
     steps = [json.loads(x)["step"] for x in (tmp_path / LOG_FILE).read_text().splitlines()]
     assert steps == [1, 2, 3]
-    assert load_checkpoint(tmp_path / "ckpt").codec_encoder is not None
+    main([*args, "--max-steps", "3", "--export", str(tmp_path / "bf16"),
+          "--export-dtype", "bfloat16"])  # no step left: exports the saved state
+    full, half = load_checkpoint(tmp_path / "ckpt"), load_checkpoint(tmp_path / "bf16")
+    assert full.codec_encoder is not None and half.codec_encoder is not None
+    codec_file = "audio_tokenizer/model.safetensors"
+    assert (tmp_path / "bf16" / codec_file).stat().st_size < 0.6 * (
+        (tmp_path / "ckpt" / codec_file).stat().st_size)
+    codes = torch.randint(0, 2048, (1, 3, 16), generator=torch.Generator().manual_seed(0))
+    a, b = full.codec.decode(codes), half.codec.decode(codes)
+    assert torch.corrcoef(torch.stack([a[0], b[0]]))[0, 1] > 0.99
 
 
 @pytest.mark.parametrize("preset", ["tiny", "small"])

@@ -284,15 +284,17 @@ def train(data: CropSource, out: str | Path, cfg: CodecTrainConfig, minutes: flo
 
 
 # ------------------------------------------------------------------------------- export
-def export_checkpoint(trainer: CodecTrainer, out: str | Path,
-                      lm_from: str | Path | None = None) -> Path:
+def export_checkpoint(trainer: CodecTrainer, out: str | Path, lm_from: str | Path | None = None,
+                      dtype: torch.dtype = torch.float32) -> Path:
     """Writes the trained codec (decoder + reference encoder) in the released layout.
 
     The LM comes from the checkpoint at ``lm_from`` (its config, weights and tokenizer), else
     the seeded random ``tiny`` LM with the byte-level tokenizer; only the codec is trained here.
+    ``dtype`` is the codec's storage in the file (bf16 halves it; the loader reads it as fp32).
     """
     encoder, decoder = copy.deepcopy(trainer.encoder).cpu(), copy.deepcopy(trainer.decoder).cpu()
     sync_decoder_quantizer_(encoder, decoder)
+    encoder, decoder = encoder.to(dtype), decoder.to(dtype)
     if lm_from is not None:
         base = load_checkpoint(lm_from)
         config, model = base.config, base.model
@@ -305,6 +307,9 @@ def export_checkpoint(trainer: CodecTrainer, out: str | Path,
                            codec_encoder=encoder.eval())
 
 
+_EXPORT_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(prog="python -m breezert.train.codec_train", description=__doc__)
     p.add_argument("--data", required=True, help="folder of 24 kHz .wav / .npy int16 audio")
@@ -314,6 +319,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--save-every", type=int, default=200, help="steps between saves")
     p.add_argument("--export", default=None, help="write the released layout here at the end")
     p.add_argument("--lm-from", default=None, help="checkpoint whose LM the export carries")
+    p.add_argument("--export-dtype", default="float32", choices=sorted(_EXPORT_DTYPES),
+                   help="codec storage in the exported file")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     defaults = CodecTrainConfig()
     for f in fields(CodecTrainConfig):
@@ -339,7 +346,9 @@ def main(argv: list[str] | None = None) -> None:
             signal.signal(sig, handler)
     print(f"step {trainer.step}, {trainer.train_time_s:.1f} s trained, saved to {args.out}")
     if args.export:
-        print(f"exported to {export_checkpoint(trainer, args.export, args.lm_from)}")
+        root = export_checkpoint(trainer, args.export, args.lm_from,
+                                 _EXPORT_DTYPES[args.export_dtype])
+        print(f"exported to {root}")
 
 
 if __name__ == "__main__":
