@@ -280,3 +280,16 @@ def test_presets_pair_the_encoder_and_decoder_quantizers(preset: str) -> None:
             assert enc_vq.codebook.embed_sum.shape == dec_vq._codebook.embedding_sum.shape
         assert enc_group.input_proj.weight.shape == dec_group.input_proj.weight.shape
         assert enc_group.output_proj.weight.shape == dec_group.output_proj.weight.shape
+
+
+def test_a_non_finite_loss_stops_without_saving_over_the_last_state(
+        data_dir: Path, tmp_path: Path) -> None:
+    class Broken(AudioFolderCrops):
+        def sample(self, batch_size: int) -> torch.Tensor:
+            return torch.full((batch_size, self.crop_samples), float("nan"))
+
+    train(AudioFolderCrops(data_dir, CFG.crop_samples), tmp_path, CFG, minutes=5, max_steps=1)
+    saved = (tmp_path / STATE_FILE).read_bytes()
+    with pytest.raises(FloatingPointError, match="step 2: non-finite"):
+        train(Broken(data_dir, CFG.crop_samples), tmp_path, CFG, minutes=5, max_steps=3)
+    assert (tmp_path / STATE_FILE).read_bytes() == saved

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import math
 import signal
 import time
 from dataclasses import asdict, dataclass, field, fields, replace
@@ -251,8 +252,9 @@ def _save(trainer: CodecTrainer, data: CropSource, out: Path) -> None:
 def train(data: CropSource, out: str | Path, cfg: CodecTrainConfig, minutes: float,
           max_steps: int | None = None, save_every: int = 200,
           device: str | torch.device = "cpu", stop: _StopFlag | None = None) -> CodecTrainer:
-    """Trains until ``minutes`` pass (or ``max_steps`` total steps), resuming from
-    ``out/state.pt`` if present; saves every ``save_every`` steps and at exit."""
+    """Trains until ``minutes`` pass (or ``max_steps`` total steps, or ``stop`` is set),
+    resuming from ``out/state.pt`` if present; saves every ``save_every`` steps and at the end.
+    An error (a non-finite loss included) leaves the last save as it was."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     trainer = CodecTrainer(cfg, device)
@@ -271,14 +273,17 @@ def train(data: CropSource, out: str | Path, cfg: CodecTrainConfig, minutes: flo
                 break
             wav = data.sample(cfg.batch_size).to(trainer.device)
             losses = trainer.train_step(wav)
+            if not all(math.isfinite(v) for v in losses.values()):
+                # Not saved: the last save (before the weights went bad) stays the one to resume.
+                raise FloatingPointError(f"step {trainer.step}: non-finite loss {losses}")
             now = time.monotonic()
             trainer.train_time_s += now - last
             last = now
             log.write({"step": trainer.step, "time_s": round(trainer.train_time_s, 3), **losses})
             if trainer.step % save_every == 0:
                 _save(trainer, data, out)
+        _save(trainer, data, out)  # only between steps: an error mid-step saves nothing
     finally:
-        _save(trainer, data, out)
         log.close()
     return trainer
 
