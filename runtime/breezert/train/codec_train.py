@@ -313,10 +313,19 @@ def export_checkpoint(trainer: CodecTrainer, out: str | Path, lm_from: str | Pat
 
 
 _EXPORT_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+_GPU_RECIPE = """\
+one GPU run of at most 10 minutes (re-run the same line to continue; keep --minutes under the
+machine's limit so the exit save lands):
+  python -m breezert.train.codec_train --data DATA --out runs/codec --minutes 9 \\
+      --preset small --batch-size 16 --crop-frames 24 --save-every 500 \\
+      --export runs/codec/ckpt --export-dtype bfloat16
+"""
 
 
 def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(prog="python -m breezert.train.codec_train", description=__doc__)
+    p = argparse.ArgumentParser(
+        prog="python -m breezert.train.codec_train", description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter, epilog=_GPU_RECIPE)
     p.add_argument("--data", required=True, help="folder of 24 kHz .wav / .npy int16 audio")
     p.add_argument("--out", required=True, help="run folder: state.pt, log.jsonl")
     p.add_argument("--minutes", type=float, required=True, help="wall time of this run")
