@@ -41,6 +41,11 @@ LAYER_RULES: tuple[tuple[str, tuple[str, ...]], ...] = (
     )),
     ("breezert.stages", ("breezert.worker.model_runner", "breezert.engine", "breezert.server")),
     ("breezert.worker", ("breezert.engine", "breezert.async_engine", "breezert.server")),
+    # Training code (issue 19) is never imported by what serves.
+    *((serving, ("breezert.train",)) for serving in (
+        "breezert.engine", "breezert.async_engine", "breezert.server", "breezert.worker",
+        "breezert.stages", "breezert.models", "breezert.sched", "breezert.loader",
+    )),
 )
 LEAF_MODULES = ("breezert.errors", "breezert.constants")
 """They may import no ``breezert`` module but ``breezert.errors``."""

@@ -570,8 +570,16 @@ class CodecDecoder(nn.Module):
             raise ValueError(
                 f"codes must be [B, F, {self.cfg.num_quantizers}], got {tuple(codes.shape)}"
             )
-        carry = _Carry(state.conv, self._state_spec, num_frames, codes.shape[1], fast)
         latent = self.quantizer.decode_fast(codes) if fast else self.quantizer.decode(codes)
+        return self.decode_latent(latent, state, num_frames, fast)
+
+    def decode_latent(self, latent: Tensor, state: CodecStreamState,
+                      num_frames: Tensor | None = None,
+                      fast: bool = False) -> tuple[Tensor, CodecStreamState]:
+        """``step`` after the quantizer: ``latent [B, codebook_dim, F]`` (summed, projected
+        codebook vectors) -> ``(wav [B, F * samples_per_frame], state)``. Keeps autograd on, so
+        the codec trainer (``breezert.train``) drives the same graph the runtime decodes with."""
+        carry = _Carry(state.conv, self._state_spec, num_frames, latent.shape[-1], fast)
         x = self.pre_conv(latent, carry)  # [B, latent, F]
         h, kv = self.pre_transformer(x.transpose(1, 2), state.kv, state.pos, carry)
         x = h.transpose(1, 2)  # [B, latent, F]
@@ -581,7 +589,7 @@ class CodecDecoder(nn.Module):
         for block in self.decoder[1:-2]:
             x = block(x, carry)
         x = self.decoder[-1](x, carry, self.decoder[-2])  # [B, 1, F * samples_per_frame]
-        advance = codes.shape[1] if num_frames is None else num_frames
+        advance = latent.shape[-1] if num_frames is None else num_frames
         new = CodecStreamState(carry.flat(), kv, state.pos + advance)
         return x.squeeze(1).clamp(-1.0, 1.0), new
 

@@ -412,11 +412,15 @@ class CodecEncoder(nn.Module):
             raise ValueError(f"wav: expected a non-empty [B, T] tensor, got {tuple(wav.shape)}")
         weight = self.downsample.conv.weight
         with torch.autocast(device_type=weight.device.type, enabled=False):
-            x = wav.to(device=weight.device, dtype=weight.dtype)[:, None, :]  # [B, 1, T]
-            x = self.encoder(x)  # [B, hidden, ceil(T / 960)]
-            x = self.encoder_transformer(x.transpose(1, 2)).transpose(1, 2)
-            x = self.downsample(x)  # [B, hidden, K]
+            x = self.embed(wav.to(device=weight.device, dtype=weight.dtype))  # [B, hidden, K]
             return self.quantizer.encode(x, self.num_kept_quantizers)  # [B, K, 16]
+
+    def embed(self, wav: Tensor) -> Tensor:
+        """``encode`` before the quantizer: ``wav [B, T]`` -> embeddings ``[B, hidden, K]``.
+        Keeps autograd on (the codec trainer, ``breezert.train``, learns through it)."""
+        x = self.encoder(wav[:, None, :])  # [B, hidden, ceil(T / 960)]
+        x = self.encoder_transformer(x.transpose(1, 2)).transpose(1, 2)
+        return self.downsample(x)  # [B, hidden, K]
 
 
 # ------------------------------------------------------------------------------- random init

@@ -1,0 +1,369 @@
+"""Codec training: CodecEncoder -> split RVQ -> CodecDecoder, resumable, exported in the released
+layout.
+
+Owns: the train-size codec presets, one training step (MR-STFT + commitment, then the MS-STFT
+discriminator's hinge and feature-matching terms after ``disc_start_step``), the loop that stops
+after a number of minutes with atomic saves, the export, and the command line
+``python -m breezert.train.codec_train --data DIR --out DIR --minutes M``. Must not: define its
+own module types (it trains the ones ``breezert.loader`` builds) or be imported by serving code.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import math
+import signal
+import time
+from dataclasses import asdict, dataclass, field, fields, replace
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from breezert.loader import load_checkpoint, save_checkpoint
+from breezert.models.codec import CodecDecoder, init_codec_random_
+from breezert.models.codec_encoder import CodecEncoder, init_codec_encoder_random_
+from breezert.models.config import BreezeConfig, CodecConfig
+from breezert.random_init import build_random
+from breezert.tokenizer import build_byte_tokenizer
+from breezert.train.checkpoint import LOG_FILE, STATE_FILE, StepLog, load_state, save_atomic
+from breezert.train.data import AudioFolderCrops, CropSource
+from breezert.train.losses import (
+    MultiScaleStftDiscriminator,
+    discriminator_hinge_loss,
+    feature_matching_loss,
+    generator_hinge_loss,
+    mr_stft_loss,
+)
+from breezert.train.quantizer import (
+    QuantizerOutput,
+    VQTrainConfig,
+    mark_codebooks_fresh_,
+    quantize,
+    sync_decoder_quantizer_,
+)
+
+CODEC_PRESETS = ("tiny", "small")
+
+
+def codec_preset(name: str) -> tuple[CodecConfig, dict[str, Any]]:
+    """``(decoder config, encoder_config JSON)`` of a train-size codec.
+
+    The encoder's width equals the decoder's ``codebook_dim`` and its code vectors are half of
+    it, as in the released tokenizer (512 / 256), so both quantizers hold the same tensors.
+    ``tiny`` is the test size; ``small`` is the size meant for the default voice.
+    """
+    if name == "tiny":
+        base = BreezeConfig.tiny()
+        codec, enc = base.codec, copy.deepcopy(base.codec_encoder_json)
+    elif name == "small":
+        # 5.5 M decoder + 1.3 M encoder parameters and 2 x 2.1 M codebook values: about 22 MB
+        # in bf16, to leave room for the LM in the issue's 40 MB.
+        codec = CodecConfig(
+            codebook_dim=128, latent_dim=192, decoder_dim=384, hidden_size=192,
+            intermediate_size=384, num_layers=4, num_heads=3, num_kv_heads=3, head_dim=64,
+            vq_hidden_dim=64,
+        )
+        enc = copy.deepcopy(BreezeConfig.full().codec_encoder_json)
+        enc.update(num_filters=16, intermediate_size=512, num_hidden_layers=2,
+                   num_attention_heads=2, num_key_value_heads=2, head_dim=64)
+    else:
+        raise ValueError(f"unknown codec preset {name!r}; choose one of {CODEC_PRESETS}")
+    half = codec.codebook_dim // 2
+    enc.update(hidden_size=codec.codebook_dim, codebook_dim=half,
+               vector_quantization_hidden_dimension=half, upsample_groups=codec.codebook_dim)
+    return codec, enc
+
+
+@dataclass(frozen=True)
+class CodecTrainConfig:
+    """One codec training run; a resumed run must use the same values."""
+
+    preset: str = "tiny"
+    """Codec size, one of ``CODEC_PRESETS``."""
+    batch_size: int = 4
+    """Crops per step."""
+    crop_frames: int = 8
+    """Crop length in codec frames (1920 samples each)."""
+    learning_rate: float = 3e-4
+    """AdamW learning rate of the encoder and decoder."""
+    disc_learning_rate: float = 3e-4
+    """AdamW learning rate of the discriminator."""
+    betas: tuple[float, float] = (0.8, 0.99)
+    """AdamW betas of both optimisers (HiFi-GAN's)."""
+    grad_clip: float = 10.0
+    """Max global gradient norm of each optimiser."""
+    commitment_weight: float = 1.0
+    """Weight of the commitment loss."""
+    stft_weight: float = 1.0
+    """Weight of spectral convergence + log magnitude."""
+    adv_weight: float = 1.0
+    """Weight of the generator hinge loss."""
+    feature_weight: float = 2.0
+    """Weight of the feature-matching loss."""
+    disc_start_step: int = 2000
+    """Step from which the discriminator trains and the adversarial terms count."""
+    disc_channels: int = 32
+    """Channels of each discriminator scale."""
+    seed: int = 0
+    """Seeds the weights, the codebook restarts and the data crops."""
+    vq: VQTrainConfig = field(default_factory=VQTrainConfig)
+    """Codebook EMA and restarts."""
+
+    def __post_init__(self) -> None:
+        if self.preset not in CODEC_PRESETS:
+            raise ValueError(f"preset={self.preset!r}: choose one of {CODEC_PRESETS}")
+        if self.batch_size < 1 or self.crop_frames < 1:
+            raise ValueError(f"batch_size={self.batch_size} and crop_frames={self.crop_frames} "
+                             "must be >= 1")
+
+    @property
+    def crop_samples(self) -> int:
+        return self.crop_frames * codec_preset(self.preset)[0].samples_per_frame
+
+    def as_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _config_from_json(d: dict[str, Any]) -> CodecTrainConfig:
+    d = dict(d)
+    d["betas"] = tuple(d["betas"])
+    d["vq"] = VQTrainConfig(**d["vq"])
+    return CodecTrainConfig(**d)
+
+
+# ------------------------------------------------------------------------------- the trainer
+class CodecTrainer:
+    """Encoder, decoder, discriminator, their optimisers and every random state of a run."""
+
+    def __init__(self, cfg: CodecTrainConfig, device: str | torch.device = "cpu") -> None:
+        self.cfg, self.device = cfg, torch.device(device)
+        codec_cfg, self.encoder_json = codec_preset(cfg.preset)
+        gen = torch.Generator().manual_seed(cfg.seed)
+        self.decoder = init_codec_random_(CodecDecoder(codec_cfg), gen).to(self.device).train()
+        self.encoder = init_codec_encoder_random_(CodecEncoder(self.encoder_json), gen)
+        self.encoder.to(self.device).train()
+        mark_codebooks_fresh_(self.encoder)
+        with torch.random.fork_rng(devices=[]):  # default nn init, seeded, global RNG untouched
+            torch.manual_seed(cfg.seed)
+            self.disc = MultiScaleStftDiscriminator(cfg.disc_channels).to(self.device)
+        adamw = dict(betas=cfg.betas, weight_decay=0.0)
+        self.opt_g = torch.optim.AdamW(self._generator_parameters(), lr=cfg.learning_rate, **adamw)
+        self.opt_d = torch.optim.AdamW(self.disc.parameters(), lr=cfg.disc_learning_rate, **adamw)
+        self.vq_gen = torch.Generator().manual_seed(cfg.seed + 1)
+        self.step = 0
+        self.train_time_s = 0.0
+
+    def _generator_parameters(self) -> list[torch.nn.Parameter]:
+        # The encoder-side output_proj and the decoder-side input_proj are copies the other
+        # module learns (sync_decoder_quantizer_ writes them at export): they get no gradient.
+        enc = [p for n, p in self.encoder.named_parameters() if ".output_proj." not in n]
+        dec = [p for n, p in self.decoder.named_parameters() if ".input_proj." not in n]
+        return enc + dec
+
+    def reconstruct(self, wav: Tensor, training: bool) -> tuple[Tensor, QuantizerOutput]:
+        """``wav [B, T]`` (T a multiple of 1920) -> ``(decoded [B, T], quantizer output)``;
+        ``training`` lets the codebooks learn."""
+        x = self.encoder.embed(wav)  # [B, hidden, K]
+        q = quantize(self.encoder, self.decoder, x, self.cfg.vq, self.vq_gen if training else None)
+        y, _ = self.decoder.decode_latent(q.latent, self.decoder.new_state(wav.shape[0]))
+        return y, q
+
+    def train_step(self, wav: Tensor) -> dict[str, float]:
+        """One optimisation step on ``wav [B, T]``; returns every loss as a float."""
+        cfg = self.cfg
+        y, q = self.reconstruct(wav, training=True)
+        sc, mag = mr_stft_loss(y, wav)
+        losses = {"stft_sc": sc, "stft_mag": mag, "commitment": q.commitment}
+        g_loss = cfg.stft_weight * (sc + mag) + cfg.commitment_weight * q.commitment
+        if self.step >= cfg.disc_start_step:
+            real = self.disc(wav)
+            d_loss = discriminator_hinge_loss([r[0] for r in real],
+                                              [f[0] for f in self.disc(y.detach())])
+            self._update(self.opt_d, d_loss, self.disc.parameters())
+            fake = self.disc(y)
+            adv = generator_hinge_loss([f[0] for f in fake])
+            fm = feature_matching_loss([r[1] for r in real], [f[1] for f in fake])
+            g_loss = g_loss + cfg.adv_weight * adv + cfg.feature_weight * fm
+            losses.update(disc_hinge=d_loss, gen_hinge=adv, feature_match=fm)
+        self._update(self.opt_g, g_loss, self._generator_parameters())
+        self.step += 1
+        out = {k: float(v.detach()) for k, v in losses.items()}
+        out["codes_restarted"] = float(q.num_restarted)
+        return out
+
+    def _update(self, opt: torch.optim.Optimizer, loss: Tensor, params: Any) -> None:
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(list(params), self.cfg.grad_clip)
+        opt.step()
+
+    @torch.no_grad()
+    def evaluate(self, wav: Tensor) -> dict[str, float]:
+        """MR-STFT of ``wav [B, T]`` through the codec, codebooks frozen."""
+        y, _ = self.reconstruct(wav.to(self.device), training=False)
+        sc, mag = mr_stft_loss(y, wav.to(self.device))
+        return {"stft_sc": float(sc), "stft_mag": float(mag)}
+
+    # ---------------------------------------------------------------- state
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "config": self.cfg.as_json(), "step": self.step, "train_time_s": self.train_time_s,
+            "encoder": self.encoder.state_dict(), "decoder": self.decoder.state_dict(),
+            "disc": self.disc.state_dict(), "opt_g": self.opt_g.state_dict(),
+            "opt_d": self.opt_d.state_dict(), "vq_gen": self.vq_gen.get_state(),
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        saved = _config_from_json(state["config"])
+        if saved != self.cfg:
+            diff = [f"{f.name}: saved {getattr(saved, f.name)!r}, now {getattr(self.cfg, f.name)!r}"
+                    for f in fields(saved) if getattr(saved, f.name) != getattr(self.cfg, f.name)]
+            raise ValueError("the saved run used another config: " + "; ".join(diff))
+        self.encoder.load_state_dict(state["encoder"])
+        self.decoder.load_state_dict(state["decoder"])
+        self.disc.load_state_dict(state["disc"])
+        self.opt_g.load_state_dict(state["opt_g"])
+        self.opt_d.load_state_dict(state["opt_d"])
+        self.vq_gen.set_state(state["vq_gen"])
+        self.step, self.train_time_s = int(state["step"]), float(state["train_time_s"])
+
+
+# ------------------------------------------------------------------------------- the loop
+class _StopFlag:
+    """Set by SIGTERM / SIGINT: the loop ends after the step in flight and saves."""
+
+    def __init__(self) -> None:
+        self.is_set = False
+
+    def __call__(self, signum: int, frame: object) -> None:
+        self.is_set = True
+
+
+def _save(trainer: CodecTrainer, data: CropSource, out: Path) -> None:
+    state = trainer.state_dict()
+    state["data"] = data.state_dict()
+    state["torch_rng"] = torch.get_rng_state()
+    save_atomic(state, out / STATE_FILE)
+
+
+def train(data: CropSource, out: str | Path, cfg: CodecTrainConfig, minutes: float,
+          max_steps: int | None = None, save_every: int = 200,
+          device: str | torch.device = "cpu", stop: _StopFlag | None = None) -> CodecTrainer:
+    """Trains until ``minutes`` pass (or ``max_steps`` total steps, or ``stop`` is set),
+    resuming from ``out/state.pt`` if present; saves every ``save_every`` steps and at the end.
+    An error (a non-finite loss included) leaves the last save as it was."""
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    trainer = CodecTrainer(cfg, device)
+    state_path = out / STATE_FILE
+    resumed = state_path.is_file()
+    if resumed:
+        state = load_state(state_path)
+        trainer.load_state_dict(state)
+        data.load_state_dict(state["data"])
+        torch.set_rng_state(state["torch_rng"])
+    log = StepLog(out / LOG_FILE, trainer.step if resumed else None)
+    start = last = time.monotonic()
+    try:
+        while time.monotonic() - start < minutes * 60 and not (stop and stop.is_set):
+            if max_steps is not None and trainer.step >= max_steps:
+                break
+            wav = data.sample(cfg.batch_size).to(trainer.device)
+            losses = trainer.train_step(wav)
+            if not all(math.isfinite(v) for v in losses.values()):
+                # Not saved: the last save (before the weights went bad) stays the one to resume.
+                raise FloatingPointError(f"step {trainer.step}: non-finite loss {losses}")
+            now = time.monotonic()
+            trainer.train_time_s += now - last
+            last = now
+            log.write({"step": trainer.step, "time_s": round(trainer.train_time_s, 3), **losses})
+            if trainer.step % save_every == 0:
+                _save(trainer, data, out)
+        _save(trainer, data, out)  # only between steps: an error mid-step saves nothing
+    finally:
+        log.close()
+    return trainer
+
+
+# ------------------------------------------------------------------------------- export
+def export_checkpoint(trainer: CodecTrainer, out: str | Path, lm_from: str | Path | None = None,
+                      dtype: torch.dtype = torch.float32) -> Path:
+    """Writes the trained codec (decoder + reference encoder) in the released layout.
+
+    The LM comes from the checkpoint at ``lm_from`` (its config, weights and tokenizer), else
+    the seeded random ``tiny`` LM with the byte-level tokenizer; only the codec is trained here.
+    ``dtype`` is the codec's storage in the file (bf16 halves it; the loader reads it as fp32).
+    """
+    encoder, decoder = copy.deepcopy(trainer.encoder).cpu(), copy.deepcopy(trainer.decoder).cpu()
+    sync_decoder_quantizer_(encoder, decoder)
+    encoder, decoder = encoder.to(dtype), decoder.to(dtype)
+    if lm_from is not None:
+        base = load_checkpoint(lm_from)
+        config, model = base.config, base.model
+        tokenizer_json = (Path(lm_from) / "tokenizer.json").read_text()
+    else:
+        config, model, _ = build_random("tiny", seed=trainer.cfg.seed)
+        tokenizer_json = build_byte_tokenizer().to_str()
+    config = replace(config, codec=decoder.cfg, codec_encoder_json=trainer.encoder_json)
+    return save_checkpoint(out, config, model, decoder.eval(), tokenizer_json,
+                           codec_encoder=encoder.eval())
+
+
+_EXPORT_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+_GPU_RECIPE = """\
+one GPU run of at most 10 minutes (re-run the same line to continue; keep --minutes under the
+machine's limit so the exit save lands):
+  python -m breezert.train.codec_train --data DATA --out runs/codec --minutes 9 \\
+      --preset small --batch-size 16 --crop-frames 24 --save-every 500 \\
+      --export runs/codec/ckpt --export-dtype bfloat16
+"""
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(
+        prog="python -m breezert.train.codec_train", description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter, epilog=_GPU_RECIPE)
+    p.add_argument("--data", required=True, help="folder of 24 kHz .wav / .npy int16 audio")
+    p.add_argument("--out", required=True, help="run folder: state.pt, log.jsonl")
+    p.add_argument("--minutes", type=float, required=True, help="wall time of this run")
+    p.add_argument("--max-steps", type=int, default=None, help="stop at this total step")
+    p.add_argument("--save-every", type=int, default=200, help="steps between saves")
+    p.add_argument("--export", default=None, help="write the released layout here at the end")
+    p.add_argument("--lm-from", default=None, help="checkpoint whose LM the export carries")
+    p.add_argument("--export-dtype", default="float32", choices=sorted(_EXPORT_DTYPES),
+                   help="codec storage in the exported file")
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    defaults = CodecTrainConfig()
+    for f in fields(CodecTrainConfig):
+        if f.name in ("vq", "betas"):
+            continue
+        p.add_argument("--" + f.name.replace("_", "-"), type=type(getattr(defaults, f.name)),
+                       default=getattr(defaults, f.name))
+    args = p.parse_args(argv)
+    cfg = CodecTrainConfig(**{f.name: getattr(args, f.name) for f in fields(CodecTrainConfig)
+                              if f.name not in ("vq", "betas")})
+    if torch.device(args.device).type == "cuda":
+        # NOTE(codec_train): TF32 matmuls and convs for training (the serving codec's own
+        # precision choice is separate, ``CODEC_PRECISIONS``).
+        torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
+    stop = _StopFlag()
+    previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        data = AudioFolderCrops(args.data, cfg.crop_samples, seed=cfg.seed)
+        trainer = train(data, args.out, cfg, args.minutes, args.max_steps, args.save_every,
+                        args.device, stop)
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    print(f"step {trainer.step}, {trainer.train_time_s:.1f} s trained, saved to {args.out}")
+    if args.export:
+        root = export_checkpoint(trainer, args.export, args.lm_from,
+                                 _EXPORT_DTYPES[args.export_dtype])
+        print(f"exported to {root}")
+
+
+if __name__ == "__main__":
+    main()

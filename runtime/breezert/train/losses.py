@@ -1,0 +1,107 @@
+"""Codec training losses: multi-resolution STFT and a complex multi-scale STFT discriminator.
+
+Owns: the reconstruction loss (spectral convergence + log magnitude at several resolutions) and
+the adversarial terms (hinge losses, feature matching) whose discriminator sees real and
+imaginary parts, so phase is judged, not only magnitude. Must not: know the codec or the data.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+STFT_RESOLUTIONS = ((256, 64), (512, 128), (1024, 256), (2048, 512))
+"""``(n_fft, hop)`` pairs of the reconstruction loss (Hann window of ``n_fft``) at 24 kHz."""
+DISC_N_FFTS = (2048, 1024, 512)
+"""Window sizes of the discriminator's scales (hop ``n_fft // 4``), as EnCodec's MS-STFT-D."""
+
+
+def _stft(x: Tensor, n_fft: int, hop: int) -> Tensor:
+    window = torch.hann_window(n_fft, device=x.device, dtype=x.dtype)
+    return torch.stft(x, n_fft, hop, window=window, return_complex=True)  # [B, F, frames]
+
+
+def stft_magnitude(x: Tensor, n_fft: int, hop: int) -> Tensor:
+    """``|STFT(x)|`` of ``x [B, T]``, floored so its gradient stays finite at silence."""
+    spec = torch.view_as_real(_stft(x, n_fft, hop))  # [B, F, frames, 2]
+    return spec.pow(2).sum(-1).clamp(min=1e-10).sqrt()
+
+
+def mr_stft_loss(
+    fake: Tensor, real: Tensor, resolutions: tuple[tuple[int, int], ...] = STFT_RESOLUTIONS
+) -> tuple[Tensor, Tensor]:
+    """``(spectral convergence, log-magnitude L1)``, each averaged over ``resolutions``;
+    both exactly 0 when ``fake`` equals ``real`` ([B, T] each)."""
+    sc = fake.new_zeros(())
+    mag = fake.new_zeros(())
+    for n_fft, hop in resolutions:
+        s_fake, s_real = stft_magnitude(fake, n_fft, hop), stft_magnitude(real, n_fft, hop)
+        sc = sc + torch.linalg.norm(s_real - s_fake) / torch.linalg.norm(s_real).clamp(min=1e-7)
+        mag = mag + F.l1_loss(s_fake.clamp(min=1e-5).log(), s_real.clamp(min=1e-5).log())
+    return sc / len(resolutions), mag / len(resolutions)
+
+
+class _StftScale(nn.Module):
+    """One scale: complex STFT as 2 channels -> 2-D convs striding over frequency -> logits."""
+
+    def __init__(self, n_fft: int, channels: int) -> None:
+        super().__init__()
+        self.n_fft, self.hop = n_fft, n_fft // 4
+        act = nn.LeakyReLU(0.2)
+        convs = [nn.Conv2d(2, channels, (3, 9), padding=(1, 4))]
+        for dilation in (1, 2, 4):
+            convs.append(nn.Conv2d(channels, channels, (3, 9), stride=(1, 2),
+                                   dilation=(dilation, 1), padding=(dilation, 4)))
+        convs.append(nn.Conv2d(channels, channels, (3, 3), padding=(1, 1)))
+        self.convs = nn.ModuleList(convs)
+        self.act = act
+        self.out = nn.Conv2d(channels, 1, (3, 3), padding=(1, 1))
+
+    def forward(self, wav: Tensor) -> tuple[Tensor, list[Tensor]]:
+        spec = torch.view_as_real(_stft(wav, self.n_fft, self.hop))  # [B, F, frames, 2]
+        x = spec.permute(0, 3, 2, 1)  # [B, 2, frames, F]
+        features = []
+        for conv in self.convs:
+            x = self.act(conv(x))
+            features.append(x)
+        return self.out(x), features  # logits [B, 1, frames, F']
+
+
+class MultiScaleStftDiscriminator(nn.Module):
+    """EnCodec-style MS-STFT discriminator: one ``_StftScale`` per window size."""
+
+    def __init__(self, channels: int = 32, n_ffts: tuple[int, ...] = DISC_N_FFTS) -> None:
+        super().__init__()
+        self.scales = nn.ModuleList(_StftScale(n, channels) for n in n_ffts)
+
+    def forward(self, wav: Tensor) -> list[tuple[Tensor, list[Tensor]]]:
+        """``wav [B, T]`` -> per scale ``(logits, feature maps)``."""
+        return [scale(wav) for scale in self.scales]
+
+
+def discriminator_hinge_loss(real_logits: list[Tensor], fake_logits: list[Tensor]) -> Tensor:
+    """``mean(relu(1 - D(real))) + mean(relu(1 + D(fake)))`` averaged over scales: 0 once real
+    scores >= 1 and fake scores <= -1."""
+    loss = real_logits[0].new_zeros(())
+    for real, fake in zip(real_logits, fake_logits, strict=True):
+        loss = loss + F.relu(1 - real).mean() + F.relu(1 + fake).mean()
+    return loss / len(real_logits)
+
+
+def generator_hinge_loss(fake_logits: list[Tensor]) -> Tensor:
+    """``mean(relu(1 - D(fake)))`` averaged over scales (EnCodec's generator hinge)."""
+    return sum(F.relu(1 - fake).mean() for fake in fake_logits) / len(fake_logits)
+
+
+def feature_matching_loss(real_features: list[list[Tensor]],
+                          fake_features: list[list[Tensor]]) -> Tensor:
+    """L1 between the discriminator's feature maps of real and fake, each map normalised by the
+    mean magnitude of its real one (EnCodec), averaged over maps and scales."""
+    total, count = real_features[0][0].new_zeros(()), 0
+    for reals, fakes in zip(real_features, fake_features, strict=True):
+        for real, fake in zip(reals, fakes, strict=True):
+            real = real.detach()
+            total = total + F.l1_loss(fake, real) / real.abs().mean().clamp(min=1e-7)
+            count += 1
+    return total / count

@@ -1,0 +1,147 @@
+"""Training of the split residual quantizer: straight-through codes, commitment, EMA codebooks.
+
+Owns: quantizing encoder embeddings with the encoder's own codebook buffers (Mimi's EMA layout,
+``embed_sum / cluster_usage``, is the EMA state itself), data init of fresh codebooks, dead-code
+restarts, and copying the learned tensors into the decoder's quantizer. Must not: own optimisers.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from breezert.models.codec import CodecDecoder
+from breezert.models.codec_encoder import CodecEncoder, _Codebook, _ResidualVectorQuantizer
+
+
+@dataclass(frozen=True)
+class VQTrainConfig:
+    """How the codebooks learn."""
+
+    decay: float = 0.99
+    """EMA decay of ``cluster_usage`` and ``embed_sum`` per step."""
+    dead_ratio: float = 0.1
+    """A code whose EMA usage falls below this fraction of the mean usage is restarted."""
+
+    def __post_init__(self) -> None:
+        if not 0.0 < self.decay < 1.0:
+            raise ValueError(f"decay={self.decay} must be in (0, 1)")
+        if not 0.0 <= self.dead_ratio < 1.0:
+            raise ValueError(f"dead_ratio={self.dead_ratio} must be in [0, 1)")
+
+
+@dataclass
+class QuantizerOutput:
+    latent: Tensor  # [B, codebook_dim, K] decoder-side latent (both groups, projected, summed)
+    codes: Tensor  # [B, K, num_quantizers] int64, what ``CodecEncoder.encode`` would return
+    commitment: Tensor  # scalar: mean over codebooks of ||residual - sg(code)||^2
+    num_restarted: Tensor  # scalar int64: codes restarted this step (0 when not training)
+
+
+def group_pairs(encoder: CodecEncoder, decoder: CodecDecoder):  # noqa: ANN201
+    """``(encoder group, decoder group, number of codebooks)`` for the semantic then acoustic
+    group: the same split as ``CodecDecoder.quantizer`` (``rvq_first`` / ``rvq_rest``)."""
+    enc, dec = encoder.quantizer, decoder.quantizer
+    return (
+        (enc.semantic_residual_vector_quantizer, dec.rvq_first, dec.num_first),
+        (enc.acoustic_residual_vector_quantizer, dec.rvq_rest,
+         decoder.cfg.num_quantizers - dec.num_first),
+    )
+
+
+def mark_codebooks_fresh_(encoder: CodecEncoder) -> None:
+    """Fresh codebooks take their first vectors from the first batch they see."""
+    for module in encoder.modules():
+        if isinstance(module, _Codebook):
+            module.initialized.zero_()
+
+
+@torch.no_grad()
+def _init_from_data_(book: _Codebook, x: Tensor, gen: torch.Generator) -> None:
+    # x [N, dim]: rows drawn with replacement plus a little noise, so duplicates separate.
+    if bool(book.initialized.item()):
+        return
+    size = book.cluster_usage.shape[0]
+    pick = torch.randint(0, x.shape[0], (size,), generator=gen).to(x.device)
+    noise = torch.randn(size, x.shape[1], generator=gen).to(x) * x.std().clamp(min=1e-6) * 0.01
+    book.embed_sum.copy_(x[pick] + noise)
+    book.cluster_usage.fill_(1.0)
+    book.initialized.fill_(1.0)
+
+
+@torch.no_grad()
+def _ema_update_(book: _Codebook, x: Tensor, indices: Tensor, cfg: VQTrainConfig,
+                 gen: torch.Generator) -> Tensor:
+    """EMA of usage and sums for ``x [N, dim]`` assigned to ``indices [N]``, then restarts of
+    dead codes from random rows of ``x``; returns how many were restarted. No host sync: the
+    restart is a ``where`` over every code, so the RNG draws the same whatever dies."""
+    size = book.cluster_usage.shape[0]
+    counts = torch.bincount(indices, minlength=size).to(x.dtype)  # [size]
+    sums = torch.zeros_like(book.embed_sum).index_add_(0, indices, x)  # [size, dim]
+    book.cluster_usage.mul_(cfg.decay).add_(counts, alpha=1 - cfg.decay)
+    book.embed_sum.mul_(cfg.decay).add_(sums, alpha=1 - cfg.decay)
+    mean_usage = book.cluster_usage.mean()
+    dead = book.cluster_usage < cfg.dead_ratio * mean_usage  # [size]
+    pick = torch.randint(0, x.shape[0], (size,), generator=gen).to(x.device)
+    book.embed_sum.copy_(torch.where(dead[:, None], x[pick] * mean_usage, book.embed_sum))
+    book.cluster_usage.copy_(torch.where(dead, mean_usage, book.cluster_usage))
+    return dead.sum()
+
+
+def _quantize_group(group: _ResidualVectorQuantizer, x: Tensor, num: int, cfg: VQTrainConfig,
+                    gen: torch.Generator | None) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """Residual VQ of ``x [B, hidden, K]`` with ``num`` codebooks; ``gen`` set = training."""
+    z = group.input_proj(x) if group.input_proj is not None else x  # [B, dim, K]
+    b, d, k = z.shape
+    flat = z.permute(0, 2, 1).reshape(b * k, d)  # [N, dim]
+    residual, summed = flat, torch.zeros_like(flat)
+    commitment, restarted, codes = flat.new_zeros(()), torch.zeros((), dtype=torch.long), []
+    for vq in group.layers[:num]:
+        book = vq.codebook
+        if gen is not None:
+            _init_from_data_(book, residual.detach(), gen)
+        indices, quantized = book.encode(residual.detach())  # [N], [N, dim]
+        commitment = commitment + F.mse_loss(residual, quantized)
+        if gen is not None:
+            restarted = restarted + _ema_update_(book, residual.detach(), indices, cfg, gen).cpu()
+        summed = summed + quantized
+        residual = residual - quantized
+        codes.append(indices.view(b, k))
+    # Straight-through: the forward value is the codes' sum, the gradient is the identity.
+    out = flat + (summed - flat).detach()
+    return out.view(b, k, d).permute(0, 2, 1), torch.stack(codes, -1), commitment / num, restarted
+
+
+def quantize(encoder: CodecEncoder, decoder: CodecDecoder, x: Tensor, cfg: VQTrainConfig,
+             gen: torch.Generator | None = None) -> QuantizerOutput:
+    """Split RVQ of encoder embeddings ``x [B, hidden, K]`` into the decoder's latent.
+
+    Both groups quantize the same ``x`` (Mimi's split); each group's sum goes through the
+    decoder's ``output_proj``. With ``gen`` the codebooks learn (init, EMA, restarts)."""
+    latent, codes = None, []
+    commitment, restarted = x.new_zeros(()), torch.zeros((), dtype=torch.long)
+    pairs = group_pairs(encoder, decoder)
+    for enc_group, dec_group, num in pairs:
+        q, c, commit, n = _quantize_group(enc_group, x, num, cfg, gen)
+        proj = dec_group.output_proj(q)  # [B, codebook_dim, K]
+        latent = proj if latent is None else latent + proj
+        codes.append(c)
+        commitment, restarted = commitment + commit, restarted + n
+    return QuantizerOutput(latent, torch.cat(codes, -1), commitment / len(pairs), restarted)
+
+
+@torch.no_grad()
+def sync_decoder_quantizer_(encoder: CodecEncoder, decoder: CodecDecoder) -> None:
+    """Writes the learned codebooks and projections where the other module keeps its copy:
+    codebooks and ``input_proj`` encoder -> decoder, ``output_proj`` decoder -> encoder, so
+    both files' quantizers are the same tensors (as in the released tokenizer)."""
+    for enc_group, dec_group, num in group_pairs(encoder, decoder):
+        for enc_vq, dec_vq in zip(enc_group.layers[:num], dec_group.vq.layers, strict=True):
+            dec_vq._codebook.embedding_sum.copy_(enc_vq.codebook.embed_sum)
+            dec_vq._codebook.cluster_usage.copy_(enc_vq.codebook.cluster_usage)
+        if enc_group.input_proj is not None:
+            dec_group.input_proj.weight.copy_(enc_group.input_proj.weight)
+            enc_group.output_proj.weight.copy_(dec_group.output_proj.weight)

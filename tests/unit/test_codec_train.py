@@ -1,0 +1,295 @@
+"""Codec training at the tiny size on CPU: losses, quantizer, learning, resume, export, CLI.
+
+Owns CPU-only checks of ``breezert.train`` (data, losses, quantizer, codec_train) on synthetic
+audio written to a temporary folder. Must not: need a GPU, the teacher or downloaded data.
+"""
+
+from __future__ import annotations
+
+import json
+import wave
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from breezert.loader import load_checkpoint
+from breezert.models.codec import StreamingCodec
+from breezert.train.checkpoint import LOG_FILE, STATE_FILE
+from breezert.train.codec_train import (
+    CodecTrainConfig,
+    CodecTrainer,
+    export_checkpoint,
+    main,
+    train,
+)
+from breezert.train.data import AudioFolderCrops, read_audio
+from breezert.train.losses import (
+    MultiScaleStftDiscriminator,
+    discriminator_hinge_loss,
+    feature_matching_loss,
+    generator_hinge_loss,
+    mr_stft_loss,
+)
+from breezert.train.quantizer import VQTrainConfig, _ema_update_, quantize
+
+pytestmark = pytest.mark.unit
+
+RATE = 24000
+# Small and fast: 4 frames (0.32 s) per crop, a thin discriminator that starts at step 1.
+CFG = CodecTrainConfig(batch_size=2, crop_frames=4, disc_start_step=1, disc_channels=4)
+
+
+def _synthetic_speechlike(seconds: float, seed: int) -> np.ndarray:
+    """A gliding harmonic tone (pitch 110-220 Hz, 8 partials) under a syllable-rate envelope."""
+    rng = np.random.default_rng(seed)
+    t = np.arange(int(seconds * RATE)) / RATE
+    f0 = 110 + 110 * (0.5 + 0.5 * np.sin(2 * np.pi * rng.uniform(0.3, 0.8) * t))
+    phase = 2 * np.pi * np.cumsum(f0) / RATE
+    wav = sum(np.sin(k * phase) / k for k in range(1, 9))
+    envelope = 0.5 + 0.5 * np.sin(2 * np.pi * 4.0 * t + rng.uniform(0, 6.28))
+    return (0.3 * wav * envelope / 2.0).astype(np.float32)
+
+
+@pytest.fixture(scope="module")
+def data_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("audio")
+    pcm = (_synthetic_speechlike(2.0, 0) * 32767).astype("<i2")
+    with wave.open(str(root / "a.wav"), "wb") as f:
+        f.setnchannels(1)
+        f.setsampwidth(2)
+        f.setframerate(RATE)
+        f.writeframes(pcm.tobytes())
+    np.save(root / "b.npy", (_synthetic_speechlike(2.0, 1) * 32767).astype(np.int16))
+    return root
+
+
+@pytest.fixture(scope="module")
+def clip() -> torch.Tensor:
+    return torch.from_numpy(_synthetic_speechlike(CFG.crop_samples / RATE, 2))[None]  # [1, T]
+
+
+# ------------------------------------------------------------------------------- losses
+def test_stft_loss_is_zero_for_equal_signals_and_positive_otherwise(clip: torch.Tensor) -> None:
+    sc, mag = mr_stft_loss(clip, clip.clone())
+    assert float(sc) == 0.0 and float(mag) == 0.0
+    sc, mag = mr_stft_loss(0.5 * clip, clip)
+    assert float(sc) == pytest.approx(0.5, abs=1e-4)  # ||S - S/2|| / ||S||
+    assert 0.1 < float(mag) <= np.log(2.0) + 1e-4  # log 2 where neither side hits the floor
+    noise = 0.01 * torch.randn(clip.shape, generator=torch.Generator().manual_seed(0))
+    sc, mag = mr_stft_loss(noise, clip)
+    assert float(sc) > 0.5 and float(mag) > 0.5
+
+
+def test_hinge_signs_and_feature_matching() -> None:
+    high, low = [torch.full((2, 5), 2.0)], [torch.full((2, 5), -2.0)]
+    assert float(discriminator_hinge_loss(high, low)) == 0.0  # real >= 1, fake <= -1: done
+    assert float(discriminator_hinge_loss(low, high)) == 6.0  # (1 + 2) + (1 + 2)
+    assert float(generator_hinge_loss(high)) == 0.0
+    assert float(generator_hinge_loss(low)) == 3.0
+    feats = [[torch.randn(2, 3, 4, 5)]]
+    assert float(feature_matching_loss(feats, feats)) == 0.0
+    assert float(feature_matching_loss(feats, [[feats[0][0] + 1.0]])) > 0.0
+
+
+def test_discriminator_is_phase_aware(clip: torch.Tensor) -> None:
+    # Same magnitude spectrum, different phase: a magnitude-only critic could not tell these.
+    spec = torch.fft.rfft(clip)
+    shifted = torch.fft.irfft(spec * torch.exp(1j * torch.rand(spec.shape) * 6.28), clip.shape[-1])
+    disc = MultiScaleStftDiscriminator(channels=4)
+    a = disc(clip)[0][0]
+    b = disc(shifted.float())[0][0]
+    assert not torch.allclose(a, b, atol=1e-3)
+
+
+# ------------------------------------------------------------------------------- data
+def test_folder_crops_read_wav_and_npy_with_a_seed(data_dir: Path) -> None:
+    a = AudioFolderCrops(data_dir, crop_samples=5000, seed=3)
+    assert len(a.clips) == 2 and all(len(c) == 2 * RATE for c in a.clips)
+    batch = a.sample(4)
+    assert batch.shape == (4, 5000) and batch.abs().max() <= 1.0 and batch.std() > 0.01
+    b = AudioFolderCrops(data_dir, crop_samples=5000, seed=3)
+    assert torch.equal(b.sample(4), batch)
+    state = a.state_dict()
+    nxt = a.sample(2)
+    a.load_state_dict(state)
+    assert torch.equal(a.sample(2), nxt)
+    long = AudioFolderCrops(data_dir, crop_samples=3 * RATE)  # longer than the files: padded
+    assert long.sample(1)[0, 2 * RATE :].abs().max() == 0.0
+
+
+def test_read_audio_scales_int16_mixes_stereo_and_resamples(tmp_path: Path) -> None:
+    left = np.full(1600, 16384, dtype="<i2")
+    frames = np.stack([left, np.zeros_like(left)], axis=1)  # [T, 2]
+    with wave.open(str(tmp_path / "s.wav"), "wb") as f:
+        f.setnchannels(2)
+        f.setsampwidth(2)
+        f.setframerate(16000)
+        f.writeframes(frames.tobytes())
+    wav = read_audio(tmp_path / "s.wav")
+    assert wav.dtype == np.float32 and len(wav) == 2400  # 0.1 s at 24 kHz
+    assert abs(float(wav[800:1600].mean()) - 0.25) < 1e-3  # (0.5 + 0) / 2
+
+
+# ------------------------------------------------------------------------------- quantizer
+def test_quantizer_codes_are_the_encoders_codes(clip: torch.Tensor) -> None:
+    trainer = CodecTrainer(CFG)
+    x = trainer.encoder.embed(clip)
+    q = quantize(trainer.encoder, trainer.decoder, x, CFG.vq, trainer.vq_gen)  # inits, learns
+    assert q.codes.shape == (1, CFG.crop_frames, 16)
+    frozen = quantize(trainer.encoder, trainer.decoder, x, CFG.vq)
+    assert torch.equal(frozen.codes, trainer.encoder.encode(clip))
+    assert float(frozen.commitment.detach()) > 0.0
+    # The straight-through latent carries a gradient back to the encoder.
+    frozen.latent.sum().backward()
+    assert trainer.encoder.downsample.conv.weight.grad.abs().sum() > 0
+
+
+def test_ema_update_moves_codes_and_restarts_dead_ones() -> None:
+    from breezert.models.codec_encoder import _Codebook
+
+    book = _Codebook(8, 2)
+    book.embed_sum.copy_(torch.arange(16.0).view(8, 2))
+    book.cluster_usage.fill_(1.0)
+    book.cluster_usage[5] = 1e-4  # dead
+    x = torch.tensor([[0.5, 0.5], [0.5, 1.5]])
+    cfg = VQTrainConfig(decay=0.5, dead_ratio=0.1)
+    restarted = _ema_update_(book, x, torch.tensor([0, 0]), cfg, torch.Generator().manual_seed(0))
+    assert int(restarted) == 1
+    usage = book.cluster_usage
+    assert float(usage[0]) == pytest.approx(0.5 * 1 + 0.5 * 2)  # EMA of the count
+    # embed_sum: 0.5 * [0, 1] + 0.5 * (sum of the two rows [1, 2]) = [0.5, 1.5]; / usage 1.5
+    assert torch.allclose(book.embed()[0], torch.tensor([1 / 3, 1.0]), atol=1e-6)
+    assert float(usage[5]) == pytest.approx(float(usage.mean()), rel=0.2)  # restarted: mean usage
+    assert any(torch.allclose(book.embed()[5], row) for row in x)  # a vector of the batch
+
+
+# ------------------------------------------------------------------------------- training
+def test_a_few_steps_lower_the_mr_stft_loss_on_a_fixed_clip(data_dir: Path,
+                                                            clip: torch.Tensor) -> None:
+    cfg = replace(CFG, learning_rate=3e-3, disc_start_step=10**9)
+    trainer = CodecTrainer(cfg)
+    data = AudioFolderCrops(data_dir, cfg.crop_samples, seed=0)
+    trainer.train_step(data.sample(cfg.batch_size))  # codebooks take their first vectors
+    before = trainer.evaluate(clip)
+    for _ in range(15):
+        trainer.train_step(data.sample(cfg.batch_size))
+    after = trainer.evaluate(clip)
+    print(before, after)
+    assert after["stft_mag"] + after["stft_sc"] < 0.8 * (before["stft_mag"] + before["stft_sc"])
+
+
+def _flat_state(trainer: CodecTrainer) -> dict[str, torch.Tensor]:
+    out = {}
+    for part in ("encoder", "decoder", "disc"):
+        out.update({f"{part}.{k}": v for k, v in getattr(trainer, part).state_dict().items()})
+    for part in ("opt_g", "opt_d"):
+        for pid, st in getattr(trainer, part).state_dict()["state"].items():
+            out.update({f"{part}.{pid}.{k}": torch.as_tensor(v) for k, v in st.items()})
+    return out
+
+
+def test_resume_gives_the_state_of_an_uninterrupted_run(data_dir: Path, tmp_path: Path) -> None:
+    def data() -> AudioFolderCrops:
+        return AudioFolderCrops(data_dir, CFG.crop_samples, seed=CFG.seed)
+
+    whole = train(data(), tmp_path / "whole", CFG, minutes=5, max_steps=4)
+    train(data(), tmp_path / "split", CFG, minutes=5, max_steps=2)
+    # A run killed after its save leaves log lines the state does not hold: they go on resume.
+    with open(tmp_path / "split" / LOG_FILE, "a") as f:
+        f.write(json.dumps({"step": 3, "time_s": 0.0}) + "\n")
+    resumed = train(data(), tmp_path / "split", CFG, minutes=5, max_steps=4)
+    assert resumed.step == whole.step == 4
+    a, b = _flat_state(whole), _flat_state(resumed)
+    assert a.keys() == b.keys()
+    unequal = [k for k in a if not torch.equal(a[k], b[k])]
+    assert not unequal, f"differ after resume: {unequal[:5]}"
+    lines = [json.loads(x) for x in (tmp_path / "split" / LOG_FILE).read_text().splitlines()]
+    assert [x["step"] for x in lines] == [1, 2, 3, 4]
+    assert {"stft_sc", "stft_mag", "commitment", "disc_hinge", "gen_hinge",
+            "feature_match"} <= lines[-1].keys()
+    assert lines[-1]["time_s"] >= lines[0]["time_s"] > 0
+
+
+def test_resume_refuses_another_config(data_dir: Path, tmp_path: Path) -> None:
+    data = AudioFolderCrops(data_dir, CFG.crop_samples)
+    train(data, tmp_path, CFG, minutes=5, max_steps=0)
+    with pytest.raises(ValueError, match="batch_size: saved 2, now 3"):
+        train(data, tmp_path, replace(CFG, batch_size=3), minutes=5, max_steps=1)
+
+
+def test_export_loads_with_the_loader_and_streams(data_dir: Path, tmp_path: Path,
+                                                  clip: torch.Tensor) -> None:
+    trainer = train(AudioFolderCrops(data_dir, CFG.crop_samples), tmp_path / "run", CFG,
+                    minutes=5, max_steps=2)
+    ckpt = load_checkpoint(export_checkpoint(trainer, tmp_path / "ckpt"))
+    assert ckpt.codec_encoder is not None and ckpt.codec.cfg == trainer.decoder.cfg
+    codes = ckpt.codec_encoder.encode(clip)  # [1, K, 16]: the loaded encoder's own codes
+    with torch.no_grad():
+        want, q = trainer.reconstruct(clip, training=False)
+    assert torch.equal(codes, q.codes)
+    offline = ckpt.codec.decode(codes)
+    assert torch.allclose(offline, want, atol=1e-5)  # the codes decode as in training
+    assert offline.abs().max() > 0
+    sc = StreamingCodec(ckpt.codec, max_slots=2)
+    slot = torch.tensor([1])
+    pieces, start = [], 0
+    for size in (1, 2, 1):
+        pieces.append(sc.decode(slot, codes[:, start : start + size]))
+        start += size
+    assert torch.allclose(torch.cat(pieces, dim=-1), offline, atol=1e-5)
+
+
+def test_command_line_trains_saves_and_continues(data_dir: Path, tmp_path: Path) -> None:
+    args = ["--data", str(data_dir), "--out", str(tmp_path), "--minutes", "5",
+            "--batch-size", "1", "--crop-frames", "2", "--disc-channels", "4",
+            "--disc-start-step", "1", "--save-every", "1"]
+    main([*args, "--max-steps", "2"])
+    assert (tmp_path / STATE_FILE).is_file() and not (tmp_path / (STATE_FILE + ".tmp")).exists()
+    main([*args, "--max-steps", "3", "--export", str(tmp_path / "ckpt")])
+    steps = [json.loads(x)["step"] for x in (tmp_path / LOG_FILE).read_text().splitlines()]
+    assert steps == [1, 2, 3]
+    main([*args, "--max-steps", "3", "--export", str(tmp_path / "bf16"),
+          "--export-dtype", "bfloat16"])  # no step left: exports the saved state
+    full, half = load_checkpoint(tmp_path / "ckpt"), load_checkpoint(tmp_path / "bf16")
+    assert full.codec_encoder is not None and half.codec_encoder is not None
+    codec_file = "audio_tokenizer/model.safetensors"
+    assert (tmp_path / "bf16" / codec_file).stat().st_size < 0.6 * (
+        (tmp_path / "ckpt" / codec_file).stat().st_size)
+    codes = torch.randint(0, 2048, (1, 3, 16), generator=torch.Generator().manual_seed(0))
+    a, b = full.codec.decode(codes), half.codec.decode(codes)
+    assert torch.corrcoef(torch.stack([a[0], b[0]]))[0, 1] > 0.99
+
+
+@pytest.mark.parametrize("preset", ["tiny", "small"])
+def test_presets_pair_the_encoder_and_decoder_quantizers(preset: str) -> None:
+    from breezert.models.codec import CodecDecoder
+    from breezert.models.codec_encoder import CodecEncoder
+    from breezert.models.config import BreezeConfig
+    from breezert.train.codec_train import codec_preset
+    from breezert.train.quantizer import group_pairs
+
+    codec, enc_json = codec_preset(preset)
+    BreezeConfig(codec=codec, codec_encoder_json=enc_json)  # 1920 samples a frame
+    with torch.device("meta"):
+        encoder, decoder = CodecEncoder(enc_json), CodecDecoder(codec)
+    for enc_group, dec_group, num in group_pairs(encoder, decoder):
+        assert len(dec_group.vq.layers) == num
+        for enc_vq, dec_vq in zip(enc_group.layers, dec_group.vq.layers, strict=True):
+            assert enc_vq.codebook.embed_sum.shape == dec_vq._codebook.embedding_sum.shape
+        assert enc_group.input_proj.weight.shape == dec_group.input_proj.weight.shape
+        assert enc_group.output_proj.weight.shape == dec_group.output_proj.weight.shape
+
+
+def test_a_non_finite_loss_stops_without_saving_over_the_last_state(
+        data_dir: Path, tmp_path: Path) -> None:
+    class Broken(AudioFolderCrops):
+        def sample(self, batch_size: int) -> torch.Tensor:
+            return torch.full((batch_size, self.crop_samples), float("nan"))
+
+    train(AudioFolderCrops(data_dir, CFG.crop_samples), tmp_path, CFG, minutes=5, max_steps=1)
+    saved = (tmp_path / STATE_FILE).read_bytes()
+    with pytest.raises(FloatingPointError, match="step 2: non-finite"):
+        train(Broken(data_dir, CFG.crop_samples), tmp_path, CFG, minutes=5, max_steps=3)
+    assert (tmp_path / STATE_FILE).read_bytes() == saved
