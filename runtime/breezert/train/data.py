@@ -1,0 +1,273 @@
+"""Teacher data generation, one resumable command:
+``python -m breezert.train.data --out DIR --hours H --workers N --shard-mb 16``.
+
+Owns the run: the corpus file in DIR (built once from the Debian sources, reused on resume),
+fanning utterances out to worker processes in a fixed order, shards through ``ShardWriter`` and
+``manifest.json`` (rewritten atomically after every shard). Re-running continues after the last
+complete shard. Must not hold model or training code.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import multiprocessing
+import os
+import sys
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any, Protocol
+
+import numpy as np
+
+from breezert.train import shards as shard_io
+from breezert.train.text import (
+    SOURCES,
+    SplitConfig,
+    Utterance,
+    build_corpus,
+    read_excluded,
+    read_sources,
+)
+
+CORPUS_NAME = "corpus.json.gz"
+MANIFEST_NAME = "manifest.json"
+SAMPLE_RATE = 24_000
+EVAL_SET = Path(__file__).resolve().parents[3].parent / "shared" / "bench" / "texts_en.tsv"
+"""The benchmark/quality-gate sentences: excluded from training, never read otherwise."""
+UTTERANCES_PER_TASK = 16
+
+
+class TeacherLike(Protocol):
+    model_sha256: str
+
+    def synthesize(self, text: str, seed: int) -> Any: ...
+
+
+# -- corpus ------------------------------------------------------------------------------------
+def _write_atomic(path: Path, data: bytes) -> None:
+    tmp = path.with_name(path.name + shard_io.TMP_SUFFIX)
+    with open(tmp, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def save_corpus(path: Path, train: list[Utterance], heldout: list[Utterance],
+                settings: dict[str, Any]) -> None:
+    body = {"settings": settings,
+            "train": [[u.source, u.text] for u in train],
+            "heldout": [[u.source, u.text] for u in heldout]}
+    _write_atomic(path, gzip.compress(json.dumps(body, ensure_ascii=False).encode(), mtime=0))
+
+
+def load_corpus(path: Path) -> tuple[list[Utterance], list[Utterance], dict[str, Any]]:
+    body = json.loads(gzip.decompress(path.read_bytes()))
+    train = [Utterance(i, s, t) for i, (s, t) in enumerate(body["train"])]
+    heldout = [Utterance(i, s, t) for i, (s, t) in enumerate(body["heldout"])]
+    return train, heldout, body["settings"]
+
+
+def ensure_corpus(out: Path, config: SplitConfig, seed: int, exclude: Path | None,
+                  passages: Callable[[], dict[str, Any]] = read_sources,
+                  ) -> tuple[list[Utterance], list[Utterance], dict[str, Any]]:
+    """The corpus in ``out``; built (and saved) on the first run. A resume with other settings
+    is refused: the utterance ids in the shards would mean other texts."""
+    settings = {"seed": seed, **asdict(config)}
+    path = out / CORPUS_NAME
+    if path.exists():
+        train, heldout, saved = load_corpus(path)
+        if saved != settings:
+            raise ValueError(f"{path} was built with {saved}, this run asks for {settings}: "
+                             "use another --out or the same settings")
+        return train, heldout, saved
+    train, heldout = build_corpus(passages(), config, seed, read_excluded(exclude))
+    save_corpus(path, train, heldout, settings)
+    return train, heldout, settings
+
+
+# -- workers -----------------------------------------------------------------------------------
+_TEACHER: TeacherLike | None = None
+
+
+def _init_worker(factory: Callable[[], TeacherLike]) -> None:
+    global _TEACHER
+    _TEACHER = factory()
+
+
+def utterance_seed(seed: int, utterance_id: int) -> int:
+    return (seed << 32) | utterance_id
+
+
+def _synthesize_task(task: tuple[int, list[tuple[int, str, str]]]) -> tuple[list[tuple], float]:
+    """A run of utterances in one worker: (results, CPU seconds this process spent on them)."""
+    seed, items = task
+    assert _TEACHER is not None, "worker not initialised"
+    start = time.process_time()
+    results = []
+    for utterance_id, source, text in items:
+        out = _TEACHER.synthesize(text, utterance_seed(seed, utterance_id))
+        results.append((utterance_id, source, text, out.phonemes, out.audio, out.phoneme_ids,
+                        out.durations))
+    return results, time.process_time() - start
+
+
+def _results(tasks: list[tuple[int, list[tuple[int, str, str]]]], workers: int,
+             factory: Callable[[], TeacherLike]) -> Iterator[tuple[list[tuple], float]]:
+    """Task results in task order, in ``workers`` processes (0 or 1: in this process)."""
+    if workers <= 1:
+        _init_worker(factory)
+        yield from map(_synthesize_task, tasks)
+        return
+    context = multiprocessing.get_context("spawn")
+    with context.Pool(workers, initializer=_init_worker, initargs=(factory,)) as pool:
+        yield from pool.imap(_synthesize_task, tasks)
+
+
+def default_teacher() -> TeacherLike:
+    from breezert.train.teacher import Teacher
+
+    return Teacher(threads=1)
+
+
+# -- manifest ----------------------------------------------------------------------------------
+def teacher_info(model_sha256: str) -> dict[str, str]:
+    from breezert.train import teacher
+
+    return {"package": teacher.TEACHER_PACKAGE, "version": teacher.TEACHER_VERSION,
+            "voice": teacher.TEACHER_VOICE, "onnx_sha256": model_sha256,
+            "durations": f"{teacher.DURATION_TENSOR}, 40 Hz units, one per phoneme id"}
+
+
+def write_manifest(out: Path, found: list[shard_io.ShardInfo], settings: dict[str, Any],
+                   num_heldout: int, teacher: dict[str, str], runs: list[dict[str, Any]]) -> dict:
+    sources: dict[str, int] = {}
+    for shard in found:
+        for name, count in shard.sources.items():
+            sources[name] = sources.get(name, 0) + count
+    manifest = {
+        "format": "breezert-teacher-shards-1",
+        "sample_rate": SAMPLE_RATE,
+        "teacher": teacher,
+        "corpus": {"file": CORPUS_NAME, "settings": settings, "num_heldout": num_heldout},
+        "sources": {name: {**SOURCES[name], "num_utterances": sources.get(name, 0)}
+                    for name in sorted(SOURCES)},
+        "num_shards": len(found),
+        "num_utterances": sum(s.num_utterances for s in found),
+        "seconds": sum(s.num_samples for s in found) / SAMPLE_RATE,
+        "num_bytes": sum(s.num_bytes for s in found),
+        "shards": [{"name": s.name, "num_utterances": s.num_utterances,
+                    "seconds": s.num_samples / SAMPLE_RATE, "num_bytes": s.num_bytes,
+                    "first_utterance_id": s.utterance_ids[0],
+                    "last_utterance_id": s.utterance_ids[-1]} for s in found],
+        "runs": runs,
+    }
+    _write_atomic(out / MANIFEST_NAME, (json.dumps(manifest, indent=1) + "\n").encode())
+    return manifest
+
+
+# -- the run -----------------------------------------------------------------------------------
+def generate(out: Path, hours: float, workers: int = 1, shard_mb: float = 16.0, seed: int = 0,
+             config: SplitConfig | None = None, exclude: Path | None = EVAL_SET,
+             teacher_factory: Callable[[], TeacherLike] = default_teacher,
+             passages: Callable[[], dict[str, Any]] = read_sources,
+             stop_after: int | None = None, log: Callable[[str], None] = print) -> dict:
+    """Synthesise training utterances in corpus order until the shards hold ``hours`` of audio.
+
+    Resumable: utterances already in a complete shard are skipped. ``stop_after`` ends the run
+    abruptly after that many new utterances, without flushing (what a kill leaves behind)."""
+    out.mkdir(parents=True, exist_ok=True)
+    for name in shard_io.remove_partial(out):
+        log(f"removed partial {name}")
+    train, heldout, settings = ensure_corpus(out, config or SplitConfig(), seed, exclude, passages)
+    found = shard_io.scan(out)
+    done = {i for shard in found for i in shard.utterance_ids}
+    samples = sum(shard.num_samples for shard in found)
+    target = int(hours * 3600 * SAMPLE_RATE)
+    pending = [(u.utterance_id, u.source, u.text) for u in train if u.utterance_id not in done]
+    previous = out / MANIFEST_NAME
+    runs = json.loads(previous.read_text())["runs"] if previous.exists() else []
+    log(f"{len(found)} shards, {samples / SAMPLE_RATE:.1f} s already; target {hours} h, "
+        f"{len(pending)} utterances left in the corpus")
+    teacher = teacher_info(teacher_factory().model_sha256) if samples < target else None
+    run = {"started_unix": round(time.time(), 1), "target_hours": hours,
+           "workers": max(workers, 1), "num_utterances": 0, "is_corpus_exhausted": False,
+           "audio_s": 0.0, "worker_cpu_s": 0.0, "wall_s": 0.0}
+    start = time.monotonic()
+    writer = shard_io.ShardWriter(out, int(shard_mb * 2**20))
+
+    def record(shard: shard_io.ShardInfo | None) -> None:
+        if shard is None:
+            return
+        found.append(shard)
+        run["wall_s"] = round(time.monotonic() - start, 3)
+        run["x_realtime_per_core"] = round(run["audio_s"] / max(run["worker_cpu_s"], 1e-9), 2)
+        run["x_realtime_wall"] = round(run["audio_s"] / max(run["wall_s"], 1e-9), 2)
+        write_manifest(out, sorted(found, key=lambda s: s.name), settings, len(heldout),
+                       teacher or {}, [*runs, run])
+        log(f"{shard.name}: {shard.num_utterances} utterances, {shard.num_bytes / 2**20:.1f} MiB; "
+            f"total {sum(s.num_samples for s in found) / SAMPLE_RATE / 3600:.3f} h")
+
+    tasks = [(seed, pending[i:i + UTTERANCES_PER_TASK])
+             for i in range(0, len(pending), UTTERANCES_PER_TASK)] if samples < target else []
+    added = 0
+    stream = _results(tasks, workers, teacher_factory)
+    try:
+        for results, cpu_s in stream:
+            run["worker_cpu_s"] += cpu_s
+            for utterance_id, source, text, phonemes, audio, phoneme_ids, durations in results:
+                if samples >= target:
+                    break
+                if stop_after is not None and added >= stop_after:
+                    return {"stopped_after": added}
+                record(writer.add(utterance_id, source, text, phonemes, np.asarray(audio),
+                                  np.asarray(phoneme_ids), np.asarray(durations)))
+                samples += len(audio)
+                added += 1
+                run["num_utterances"] += 1
+                run["audio_s"] += len(audio) / SAMPLE_RATE
+            if samples >= target:
+                break
+    finally:
+        stream.close()  # terminates the pool now, not when the generator is collected
+    if samples < target:
+        run["is_corpus_exhausted"] = True
+        log(f"corpus exhausted at {samples / SAMPLE_RATE / 3600:.3f} h of the {hours} h asked for")
+    last = writer.flush()
+    record(last)
+    if last is None:  # nothing new written: keep the set's teacher, record a run that did work
+        if teacher is None and previous.exists():
+            teacher = json.loads(previous.read_text()).get("teacher")
+        write_manifest(out, sorted(found, key=lambda s: s.name), settings, len(heldout),
+                       teacher or {}, [*runs, run] if run["num_utterances"] else runs)
+    return json.loads((out / MANIFEST_NAME).read_text())
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m breezert.train.data", description=__doc__)
+    parser.add_argument("--out", type=Path, required=True,
+                        help="data directory (resumed if it exists)")
+    parser.add_argument("--hours", type=float, required=True, help="hours of audio wanted in total")
+    parser.add_argument("--workers", type=int, default=os.cpu_count() or 1, help="processes")
+    parser.add_argument("--shard-mb", type=float, default=16.0, help="largest shard, MiB")
+    parser.add_argument("--seed", type=int, default=0, help="corpus order and teacher noise")
+    parser.add_argument("--min-words", type=int, default=3)
+    parser.add_argument("--max-words", type=int, default=20)
+    parser.add_argument("--heldout-percent", type=float, default=1.0)
+    parser.add_argument("--exclude", type=Path, default=EVAL_SET,
+                        help="TSV whose `text` sentences are never trained on (the eval set)")
+    args = parser.parse_args(argv)
+    config = SplitConfig(args.min_words, args.max_words, args.heldout_percent)
+    manifest = generate(args.out, args.hours, args.workers, args.shard_mb, args.seed, config,
+                        args.exclude, log=lambda line: print(line, file=sys.stderr, flush=True))
+    summary = {k: manifest[k] for k in ("num_shards", "num_utterances", "seconds", "num_bytes")}
+    print(json.dumps({**summary, "last_run": (manifest["runs"] or [None])[-1]}))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
