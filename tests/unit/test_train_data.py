@@ -186,7 +186,12 @@ def test_resume_after_a_kill_gives_the_one_shot_set(tmp_path: Path) -> None:
     assert shard_contents(tmp_path / "a") == shard_contents(tmp_path / "b")
     assert len(resumed["runs"]) == 2 and resumed["num_utterances"] == one_shot["num_utterances"]
     assert not list((tmp_path / "b").glob("*.tmp"))
-    assert run(tmp_path / "b", hours=0.01)["num_utterances"] == one_shot["num_utterances"]  # done
+    def no_teacher() -> FakeTeacher:
+        raise AssertionError("a finished set needs no teacher")
+
+    done = run(tmp_path / "b", hours=0.01, teacher_factory=no_teacher)
+    assert done["num_utterances"] == one_shot["num_utterances"] and len(done["runs"]) == 2
+    assert done["teacher"] == resumed["teacher"]
 
 
 def test_manifest_matches_the_shards(tmp_path: Path) -> None:

@@ -119,6 +119,8 @@ def _synthesize_task(task: tuple[int, list[tuple[int, str, str]]]) -> tuple[list
 def _results(tasks: list[tuple[int, list[tuple[int, str, str]]]], workers: int,
              factory: Callable[[], TeacherLike]) -> Iterator[tuple[list[tuple], float]]:
     """Task results in task order, in ``workers`` processes (0 or 1: in this process)."""
+    if not tasks:
+        return
     if workers <= 1:
         _init_worker(factory)
         yield from map(_synthesize_task, tasks)
@@ -170,7 +172,62 @@ def write_manifest(out: Path, found: list[shard_io.ShardInfo], settings: dict[st
     return manifest
 
 
-# -- the run -----------------------------------------------------------------------------------
+# -- the run ----------------------------------------------------------------------------------
+class _Run:
+    """One invocation's bookkeeping: the shards found and written, this run's throughput record,
+    and the manifest rewritten after every shard."""
+
+    def __init__(self, out: Path, found: list[shard_io.ShardInfo], settings: dict[str, Any],
+                 num_heldout: int, teacher: dict[str, str], hours: float, workers: int,
+                 shard_mb: float, log: Callable[[str], None]) -> None:
+        self.out, self.found, self.settings, self.num_heldout = out, found, settings, num_heldout
+        self.teacher, self.log = teacher, log
+        previous = out / MANIFEST_NAME
+        self.runs = json.loads(previous.read_text())["runs"] if previous.exists() else []
+        self.record = {"started_unix": round(time.time(), 1), "target_hours": hours,
+                       "workers": max(workers, 1), "num_utterances": 0,
+                       "is_corpus_exhausted": False, "audio_s": 0.0, "worker_cpu_s": 0.0,
+                       "wall_s": 0.0}
+        self.writer = shard_io.ShardWriter(out, int(shard_mb * 2**20))
+        self.start_time = time.monotonic()
+
+    def add(self, result: tuple) -> int:
+        """Buffer one synthesised utterance (writing a shard when full); returns its samples."""
+        utterance_id, source, text, phonemes, audio, phoneme_ids, durations = result
+        self._wrote(self.writer.add(utterance_id, source, text, phonemes, np.asarray(audio),
+                                    np.asarray(phoneme_ids), np.asarray(durations)))
+        self.record["num_utterances"] += 1
+        self.record["audio_s"] += len(audio) / SAMPLE_RATE
+        return len(audio)
+
+    def _wrote(self, shard: shard_io.ShardInfo | None) -> None:
+        if shard is None:
+            return
+        self.found.append(shard)
+        self._write_manifest()
+        total_h = sum(s.num_samples for s in self.found) / SAMPLE_RATE / 3600
+        self.log(f"{shard.name}: {shard.num_utterances} utterances, "
+                 f"{shard.num_bytes / 2**20:.1f} MiB; total {total_h:.3f} h")
+
+    def _write_manifest(self) -> None:
+        record = self.record
+        record["wall_s"] = round(time.monotonic() - self.start_time, 3)
+        audio_s = record["audio_s"]
+        record["x_realtime_per_core"] = round(audio_s / max(record["worker_cpu_s"], 1e-9), 2)
+        record["x_realtime_wall"] = round(audio_s / max(record["wall_s"], 1e-9), 2)
+        runs = [*self.runs, record] if record["num_utterances"] else self.runs
+        write_manifest(self.out, sorted(self.found, key=lambda s: s.name), self.settings,
+                       self.num_heldout, self.teacher, runs)
+
+    def finish(self) -> dict:
+        """Flush the last shard; the manifest is written even when there was nothing to add."""
+        last = self.writer.flush()
+        self._wrote(last)
+        if last is None:
+            self._write_manifest()
+        return json.loads((self.out / MANIFEST_NAME).read_text())
+
+
 def generate(out: Path, hours: float, workers: int = 1, shard_mb: float = 16.0, seed: int = 0,
              config: SplitConfig | None = None, exclude: Path | None = EVAL_SET,
              teacher_factory: Callable[[], TeacherLike] = default_teacher,
@@ -189,62 +246,35 @@ def generate(out: Path, hours: float, workers: int = 1, shard_mb: float = 16.0, 
     samples = sum(shard.num_samples for shard in found)
     target = int(hours * 3600 * SAMPLE_RATE)
     pending = [(u.utterance_id, u.source, u.text) for u in train if u.utterance_id not in done]
-    previous = out / MANIFEST_NAME
-    runs = json.loads(previous.read_text())["runs"] if previous.exists() else []
     log(f"{len(found)} shards, {samples / SAMPLE_RATE:.1f} s already; target {hours} h, "
         f"{len(pending)} utterances left in the corpus")
-    teacher = teacher_info(teacher_factory().model_sha256) if samples < target else None
-    run = {"started_unix": round(time.time(), 1), "target_hours": hours,
-           "workers": max(workers, 1), "num_utterances": 0, "is_corpus_exhausted": False,
-           "audio_s": 0.0, "worker_cpu_s": 0.0, "wall_s": 0.0}
-    start = time.monotonic()
-    writer = shard_io.ShardWriter(out, int(shard_mb * 2**20))
-
-    def record(shard: shard_io.ShardInfo | None) -> None:
-        if shard is None:
-            return
-        found.append(shard)
-        run["wall_s"] = round(time.monotonic() - start, 3)
-        run["x_realtime_per_core"] = round(run["audio_s"] / max(run["worker_cpu_s"], 1e-9), 2)
-        run["x_realtime_wall"] = round(run["audio_s"] / max(run["wall_s"], 1e-9), 2)
-        write_manifest(out, sorted(found, key=lambda s: s.name), settings, len(heldout),
-                       teacher or {}, [*runs, run])
-        log(f"{shard.name}: {shard.num_utterances} utterances, {shard.num_bytes / 2**20:.1f} MiB; "
-            f"total {sum(s.num_samples for s in found) / SAMPLE_RATE / 3600:.3f} h")
-
+    if samples >= target:
+        pending = []
+        previous = json.loads((out / MANIFEST_NAME).read_text()) if found else {}
+        teacher = previous.get("teacher", {})
+    else:
+        teacher = teacher_info(teacher_factory().model_sha256)
+    run = _Run(out, found, settings, len(heldout), teacher, hours, workers, shard_mb, log)
     tasks = [(seed, pending[i:i + UTTERANCES_PER_TASK])
-             for i in range(0, len(pending), UTTERANCES_PER_TASK)] if samples < target else []
-    added = 0
+             for i in range(0, len(pending), UTTERANCES_PER_TASK)]
     stream = _results(tasks, workers, teacher_factory)
     try:
         for results, cpu_s in stream:
-            run["worker_cpu_s"] += cpu_s
-            for utterance_id, source, text, phonemes, audio, phoneme_ids, durations in results:
+            run.record["worker_cpu_s"] += cpu_s
+            for result in results:
                 if samples >= target:
                     break
-                if stop_after is not None and added >= stop_after:
-                    return {"stopped_after": added}
-                record(writer.add(utterance_id, source, text, phonemes, np.asarray(audio),
-                                  np.asarray(phoneme_ids), np.asarray(durations)))
-                samples += len(audio)
-                added += 1
-                run["num_utterances"] += 1
-                run["audio_s"] += len(audio) / SAMPLE_RATE
+                if stop_after is not None and run.record["num_utterances"] >= stop_after:
+                    return {"stopped_after": run.record["num_utterances"]}
+                samples += run.add(result)
             if samples >= target:
                 break
     finally:
         stream.close()  # terminates the pool now, not when the generator is collected
     if samples < target:
-        run["is_corpus_exhausted"] = True
+        run.record["is_corpus_exhausted"] = True
         log(f"corpus exhausted at {samples / SAMPLE_RATE / 3600:.3f} h of the {hours} h asked for")
-    last = writer.flush()
-    record(last)
-    if last is None:  # nothing new written: keep the set's teacher, record a run that did work
-        if teacher is None and previous.exists():
-            teacher = json.loads(previous.read_text()).get("teacher")
-        write_manifest(out, sorted(found, key=lambda s: s.name), settings, len(heldout),
-                       teacher or {}, [*runs, run] if run["num_utterances"] else runs)
-    return json.loads((out / MANIFEST_NAME).read_text())
+    return run.finish()
 
 
 def main(argv: list[str] | None = None) -> int:
