@@ -104,8 +104,8 @@ livekit-web:
 	  npm ci --prefix $(LIVEKIT_WEB) --no-audit --no-fund --loglevel=error || \
 	  echo "warning: npm ci failed; the real-room browser tests will fail"
 
-# Issue 19's training text (python -m breezert.train.data reads them): the KJV Bible (decoded by
-# bible-kjv's `bible`), fortunes and WordNet, all Debian main.
+# Issue 19's training text (python -m breezert.train.teacher_data reads them): the KJV Bible
+# (decoded by bible-kjv's `bible`), fortunes and WordNet, all Debian main.
 TRAIN_TEXT_DEBS := bible-kjv bible-kjv-text fortunes wordnet-base
 
 train-texts:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import io
 import json
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -135,6 +136,16 @@ def remove_partial(directory: Path) -> list[str]:
 def read_shard(path: Path) -> dict[str, np.ndarray]:
     with np.load(path, allow_pickle=False) as data:
         return {key: data[key] for key in data.files}
+
+
+def iter_audio(directory: Path) -> Iterator[tuple[int, np.ndarray]]:
+    """(utterance id, int16 [num_samples] audio) of every utterance in the complete shards, in
+    shard order: what a codec trainer's crop source reads."""
+    for path in sorted(directory.glob(SHARD_GLOB)):
+        arrays = read_shard(path)
+        offsets = arrays["audio_offsets"]
+        for row, utterance_id in enumerate(arrays["utterance_ids"].tolist()):
+            yield utterance_id, arrays["audio"][offsets[row]:offsets[row + 1]]
 
 
 def scan(directory: Path) -> list[ShardInfo]:

@@ -14,7 +14,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from breezert.train import data, shards
+from breezert.train import shards
+from breezert.train import teacher_data as data
 from breezert.train.text import (
     SplitConfig,
     build_corpus,
@@ -211,6 +212,8 @@ def test_manifest_matches_the_shards(tmp_path: Path) -> None:
     assert manifest["corpus"]["settings"]["seed"] == 3 and manifest["corpus"]["num_heldout"] > 0
     train, heldout, _ = data.load_corpus(tmp_path / data.CORPUS_NAME)
     assert ids == list(range(len(ids)))  # corpus order
+    clips = list(shards.iter_audio(tmp_path))
+    assert [i for i, _ in clips] == ids and b"".join(c.tobytes() for _, c in clips) == audio
     assert not {u.text for u in heldout} & {u.text for u in train}
     run_record = manifest["runs"][-1]
     assert run_record["num_utterances"] == len(ids) and run_record["x_realtime_per_core"] > 0

@@ -1,5 +1,5 @@
 """Teacher data generation, one resumable command:
-``python -m breezert.train.data --out DIR --hours H --workers N --shard-mb 16``.
+``python -m breezert.train.teacher_data --out DIR --hours H --workers N --shard-mb 16``.
 
 Owns the run: the corpus file in DIR (built once from the Debian sources, reused on resume),
 fanning utterances out to worker processes in a fixed order, shards through ``ShardWriter`` and
@@ -278,7 +278,8 @@ def generate(out: Path, hours: float, workers: int = 1, shard_mb: float = 16.0, 
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m breezert.train.data", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m breezert.train.teacher_data",
+                                     description=__doc__)
     parser.add_argument("--out", type=Path, required=True,
                         help="data directory (resumed if it exists)")
     parser.add_argument("--hours", type=float, required=True, help="hours of audio wanted in total")
