@@ -9,6 +9,7 @@ from __future__ import annotations
 import ast
 import importlib.util
 import json
+import multiprocessing
 from pathlib import Path
 
 import numpy as np
@@ -48,6 +49,14 @@ class FakeTeacher:
 
     def synthesize(self, text: str, seed: int) -> FakeOutput:
         return FakeOutput(text, seed)
+
+
+class BrokenTeacher(FakeTeacher):
+    """Loads in the main process, fails in every worker."""
+
+    def __init__(self) -> None:
+        if multiprocessing.parent_process() is not None:
+            raise RuntimeError("no teacher in this worker")
 
 
 def fake_passages() -> dict[str, list[str]]:
@@ -223,6 +232,14 @@ def test_workers_give_the_same_shards(tmp_path: Path) -> None:
     run(tmp_path / "one", hours=0.005)
     run(tmp_path / "two", hours=0.005, workers=2)
     assert shard_contents(tmp_path / "one") == shard_contents(tmp_path / "two")
+
+
+def test_a_worker_that_dies_fails_the_run_instead_of_hanging(tmp_path: Path) -> None:
+    from concurrent.futures.process import BrokenProcessPool
+
+    with pytest.raises(BrokenProcessPool):
+        run(tmp_path, hours=0.005, workers=2, teacher_factory=BrokenTeacher)
+    assert not list(tmp_path.glob(shards.SHARD_GLOB))
 
 
 def test_a_short_corpus_ends_the_run_and_says_so(tmp_path: Path) -> None:

@@ -11,12 +11,15 @@ from __future__ import annotations
 
 import argparse
 import gzip
+import itertools
 import json
 import multiprocessing
 import os
 import sys
 import time
+from collections import deque
 from collections.abc import Callable, Iterator
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Protocol
@@ -39,6 +42,8 @@ SAMPLE_RATE = 24_000
 EVAL_SET = Path(__file__).resolve().parents[3].parent / "shared" / "bench" / "texts_en.tsv"
 """The benchmark/quality-gate sentences: excluded from training, never read otherwise."""
 UTTERANCES_PER_TASK = 16
+TASKS_IN_FLIGHT = 4
+"""Tasks submitted ahead per worker."""
 
 
 class TeacherLike(Protocol):
@@ -118,16 +123,30 @@ def _synthesize_task(task: tuple[int, list[tuple[int, str, str]]]) -> tuple[list
 
 def _results(tasks: list[tuple[int, list[tuple[int, str, str]]]], workers: int,
              factory: Callable[[], TeacherLike]) -> Iterator[tuple[list[tuple], float]]:
-    """Task results in task order, in ``workers`` processes (0 or 1: in this process)."""
+    """Task results in task order, in ``workers`` processes (0 or 1: in this process), with at
+    most ``TASKS_IN_FLIGHT`` tasks per worker submitted ahead (memory stays bounded)."""
     if not tasks:
         return
     if workers <= 1:
         _init_worker(factory)
         yield from map(_synthesize_task, tasks)
         return
-    context = multiprocessing.get_context("spawn")
-    with context.Pool(workers, initializer=_init_worker, initargs=(factory,)) as pool:
-        yield from pool.imap(_synthesize_task, tasks)
+    # NOTE(i19): an executor, not multiprocessing.Pool: a worker that dies raises
+    # BrokenProcessPool here instead of leaving imap waiting for ever.
+    executor = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"),
+                                   initializer=_init_worker, initargs=(factory,))
+    try:
+        remaining = iter(tasks)
+        window = deque(executor.submit(_synthesize_task, task)
+                       for task in itertools.islice(remaining, TASKS_IN_FLIGHT * workers))
+        while window:
+            result = window.popleft().result()
+            task = next(remaining, None)
+            if task is not None:
+                window.append(executor.submit(_synthesize_task, task))
+            yield result
+    finally:
+        executor.shutdown(wait=True, cancel_futures=True)
 
 
 def default_teacher() -> TeacherLike:
