@@ -11,7 +11,7 @@ TINY   ?= .cache/models/tiny
 STAMP  := $(VENV)/.installed
 
 .PHONY: run test install chromium livekit-server livekit-web telephony-deps livekit-sip synth \
-        bench-cpu bench-livekit-room train-texts clean
+        bench-cpu bench-livekit-room train-texts train-wheels clean
 
 # Two distributions: runtime/pyproject.toml is `breezert` (torch only in its `engine` extra),
 # pyproject.toml is `breezert-agent` (the LiveKit plugin; `local` = in-process engine).
@@ -113,6 +113,13 @@ train-texts:
 	  dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
 	if [ -n "$$missing" ]; then \
 	  apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q $$missing; fi
+
+# The teacher's wheels for a GPU machine that reaches no index (Python 3.12, x86-64 there):
+# carry .whl/ and `pip install --no-index --find-links .whl hibari-tts onnxruntime` on it.
+train-wheels: $(STAMP)
+	$(PIP) download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+	  --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 -d .whl \
+	  "hibari-tts==0.2.1" "onnxruntime==1.32.0"
 
 run: $(STAMP)
 	$(VENV)/bin/breezert serve --config cpu-tiny
