@@ -11,7 +11,7 @@ TINY   ?= .cache/models/tiny
 STAMP  := $(VENV)/.installed
 
 .PHONY: run test install chromium livekit-server livekit-web telephony-deps livekit-sip synth \
-        bench-cpu bench-livekit-room clean
+        bench-cpu bench-livekit-room train-texts train-wheels clean
 
 # Two distributions: runtime/pyproject.toml is `breezert` (torch only in its `engine` extra),
 # pyproject.toml is `breezert-agent` (the LiveKit plugin; `local` = in-process engine).
@@ -20,7 +20,9 @@ $(STAMP): pyproject.toml runtime/pyproject.toml
 	# torch first, pinned: the CPU wheel where pip's find-links has one, else PyPI's CUDA build
 	# (which brings its own triton).
 	$(PIP) install "torch==2.13.0"
-	$(PIP) install -e "./runtime[engine,serve,bench]" -e ".[local,test]"
+	# `train` (issue 19's teacher, hibari-tts + onnxruntime, ~42 MB of wheels) so that the teacher
+	# test in tests/unit runs instead of skipping.
+	$(PIP) install -e "./runtime[engine,serve,bench,train]" -e ".[local,test]"
 	# The fused-kernel CPU tests run Triton's interpreter: add triton only where torch brought
 	# none (the CPU wheel), on Linux x86_64 only (no other wheels).
 	if [ "$$(uname -s)-$$(uname -m)" = "Linux-x86_64" ]; then \
@@ -101,6 +103,23 @@ livekit-web:
 	@test -f $(LIVEKIT_WEB)/node_modules/livekit-client/dist/livekit-client.esm.mjs || \
 	  npm ci --prefix $(LIVEKIT_WEB) --no-audit --no-fund --loglevel=error || \
 	  echo "warning: npm ci failed; the real-room browser tests will fail"
+
+# Issue 19's training text (python -m breezert.train.teacher_data reads them): the KJV Bible
+# (decoded by bible-kjv's `bible`), fortunes and WordNet, all Debian main.
+TRAIN_TEXT_DEBS := bible-kjv bible-kjv-text fortunes wordnet-base
+
+train-texts:
+	@missing=""; for p in $(TRAIN_TEXT_DEBS); do \
+	  dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
+	if [ -n "$$missing" ]; then \
+	  apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q $$missing; fi
+
+# The teacher's wheels for a GPU machine that reaches no index (Python 3.12, x86-64 there):
+# carry .whl/ and `pip install --no-index --find-links .whl hibari-tts onnxruntime` on it.
+train-wheels: $(STAMP)
+	$(PIP) download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+	  --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 -d .whl \
+	  "hibari-tts==0.2.1" "onnxruntime==1.32.0"
 
 run: $(STAMP)
 	$(VENV)/bin/breezert serve --config cpu-tiny

@@ -45,6 +45,7 @@ LAYER_RULES: tuple[tuple[str, tuple[str, ...]], ...] = (
     *((serving, ("breezert.train",)) for serving in (
         "breezert.engine", "breezert.async_engine", "breezert.server", "breezert.worker",
         "breezert.stages", "breezert.models", "breezert.sched", "breezert.loader",
+        "breezert.cli", "breezert_agent",
     )),
 )
 LEAF_MODULES = ("breezert.errors", "breezert.constants")
