@@ -293,3 +293,26 @@ def test_a_non_finite_loss_stops_without_saving_over_the_last_state(
     with pytest.raises(FloatingPointError, match="step 2: non-finite"):
         train(Broken(data_dir, CFG.crop_samples), tmp_path, CFG, minutes=5, max_steps=3)
     assert (tmp_path / STATE_FILE).read_bytes() == saved
+
+
+def test_crops_read_the_teacher_shards(tmp_path: Path) -> None:
+    """A folder of teacher shards (``train.shards``) is a crop source as it is: PCM16 scaled to
+    [-1, 1], every crop a piece of one utterance, the same crops for the same seed."""
+    from breezert.train import shards
+
+    writer = shards.ShardWriter(tmp_path, max_bytes=1 << 20)
+    utterances = [np.arange(i * 7000, i * 7000 + 6000, dtype=np.int16) for i in range(3)]
+    for i, audio in enumerate(utterances):
+        writer.add(i, "fortunes", f"text {i}", "ph", audio, np.arange(4, dtype=np.int16),
+                   np.full(4, 2, np.int16))
+    writer.flush()
+    crops = AudioFolderCrops(tmp_path, crop_samples=2000, seed=5)
+    assert len(crops.clips) == 3
+    batch = crops.sample(8)
+    assert batch.shape == (8, 2000) and batch.dtype == torch.float32
+    for row in (batch * 32768.0).round().to(torch.int64):
+        start = int(row[0])
+        assert any(start in range(int(u[0]), int(u[-1]) + 1) for u in utterances)
+        assert torch.equal(row, torch.arange(start, start + 2000))  # one contiguous piece
+    again = AudioFolderCrops(tmp_path, crop_samples=2000, seed=5)
+    assert torch.equal(again.sample(8), batch)

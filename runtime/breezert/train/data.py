@@ -1,8 +1,9 @@
 """Random fixed-length crops of 24 kHz speech for codec training.
 
-Owns: reading a folder of ``.wav`` (PCM16) and ``.npy`` (int16 or float) files into memory and
-drawing seeded crops. Must not: know models or losses; another source (the teacher-speech shards)
-plugs in by offering the same ``sample`` / ``state_dict`` / ``load_state_dict``.
+Owns: reading a folder of ``.wav`` (PCM16) and ``.npy`` (int16 or float) files, or of the teacher
+shards ``teacher_data`` writes, into memory and drawing seeded crops. Must not: know models or
+losses; another source plugs in by offering the same ``sample`` / ``state_dict`` /
+``load_state_dict``.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import torch
 from torch import Tensor
 
 from breezert.constants import SAMPLE_RATE
+from breezert.train import shards
 
 AUDIO_SUFFIXES = (".wav", ".npy")
 
@@ -54,15 +56,21 @@ def read_audio(path: Path) -> np.ndarray:
 
 
 class AudioFolderCrops:
-    """Every ``.wav`` / ``.npy`` under ``root`` in memory; crops drawn with a seeded generator
-    (files picked in proportion to their length, shorter ones zero-padded on the right)."""
+    """Every utterance of the teacher shards in ``root`` (kept as int16), else every ``.wav`` /
+    ``.npy`` under it, in memory; crops drawn with a seeded generator (clips picked in
+    proportion to their length, shorter ones zero-padded on the right)."""
 
     def __init__(self, root: str | Path, crop_samples: int, seed: int = 0) -> None:
-        files = sorted(p for p in Path(root).rglob("*") if p.suffix in AUDIO_SUFFIXES)
-        if not files:
-            raise ValueError(f"no {'/'.join(AUDIO_SUFFIXES)} audio under {root}")
+        root = Path(root)
+        if any(root.glob(shards.SHARD_GLOB)):
+            self.clips = [torch.from_numpy(audio) for _, audio in shards.iter_audio(root)]
+        else:
+            files = sorted(p for p in root.rglob("*") if p.suffix in AUDIO_SUFFIXES)
+            self.clips = [torch.from_numpy(read_audio(p)) for p in files]
+        if not self.clips:
+            raise ValueError(f"no teacher shards and no {'/'.join(AUDIO_SUFFIXES)} audio under "
+                             f"{root}")
         self.crop_samples = crop_samples
-        self.clips = [torch.from_numpy(read_audio(p)) for p in files]
         lengths = torch.tensor([max(len(c), 1) for c in self.clips], dtype=torch.float64)
         self._weights = lengths / lengths.sum()
         self._gen = torch.Generator().manual_seed(seed)
@@ -75,6 +83,8 @@ class AudioFolderCrops:
             span = max(len(clip) - self.crop_samples, 0)
             start = int(torch.randint(0, span + 1, (1,), generator=self._gen))
             piece = clip[start : start + self.crop_samples]
+            if piece.dtype == torch.int16:  # teacher shards: PCM16
+                piece = piece.float() / 32768.0
             out[row, : len(piece)] = piece
         return out  # [batch_size, crop_samples]
 
