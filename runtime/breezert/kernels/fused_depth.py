@@ -7,6 +7,8 @@ Per layer and step (R rows, R <= 128 in our buckets):
   3. o_proj, split-K, + residual;
   4. post-attention RMSNorm + packed gate/up GEMM + SiLU(gate) * up;
   5. down_proj, split-K, + residual.
+Launch shapes come per row bucket (``TILES_BY_ROWS``, tuned on the H200), all with the same K
+split, so a row's bits never depend on how many rows run beside it.
 NOTE(kernels): why Triton rather than torch.compile here. The H200 census of one frame at batch
 16 (bench/profile_stages.py) was 3579 launches with Inductor (default mode) and 10.7 ms of GPU
 busy time for 2.2 ms of weight reads: the frame is launch- and tail-bound, and 1024-wide

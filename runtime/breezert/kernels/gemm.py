@@ -57,6 +57,8 @@ class Tiles:
     gate_stages: int | None = None
     split_warps: int | None = None
     split_stages: int | None = None
+    """Warps / pipeline stages of the gate/up and split-K GEMMs (None: ``num_warps`` /
+    ``num_stages``, which the other kernels use)."""
     qkv_bm: int = 64
     gate_bm: int = 64
     """Most rows per program of the q/k/v and gate/up GEMMs: with many rows, smaller row blocks
