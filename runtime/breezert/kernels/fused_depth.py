@@ -71,11 +71,12 @@ def _norm_qkv_rope_kernel(
     t = tl.program_id(0) // SUB
     HALF: tl.constexpr = D // 2
     C: tl.constexpr = HALF // SUB
-    d = (tl.program_id(0) % SUB) * C + tl.arange(0, C)  # columns within the lower half
+    j0 = (tl.program_id(0) % SUB) * C  # this slice's first column within each half
+    d = j0 + tl.arange(0, C)  # columns within the lower half
     rows = tl.program_id(1) * BM + tl.arange(0, BM)
     rmask = rows < R
     rstd = row_rstd(x_ptr, stride_x, rows, rmask, eps, K, BM, NK)
-    a0 = t * D + (tl.program_id(0) % SUB) * C
+    a0 = t * D + j0  # first weight row of the slice's lower half
     acc_lo, acc_hi = norm_dot2(x_ptr, nw_ptr, w_ptr, stride_x, rows, rmask, rstd, a0, a0 + HALF,
                                K, BM, C, BK, F32, TMA)
     a_lo, a_hi = bf16(acc_lo), bf16(acc_hi)  # the packed GEMM's bf16 output
@@ -172,11 +173,6 @@ class FusedDepthLayers:
     def gemms_for(self, rows: int) -> FusedGemms:
         """The launcher (tiles and workspace) of the first bucket that holds ``rows``."""
         return next((g for limit, g in self._buckets if rows <= limit), self._buckets[-1][1])
-
-    @property
-    def tiles(self) -> Tiles:
-        """The tiles of the largest bucket."""
-        return self._buckets[-1][1].tiles
 
     @property
     def counters(self) -> torch.Tensor:

@@ -80,6 +80,10 @@ class DepthModel(nn.Module):
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
 
+FrameRope = tuple[list[torch.Tensor], torch.Tensor, torch.Tensor]
+"""A frame's ``(positions, cos, sin)``: one-element position tensors and ``[P, head_dim]``."""
+
+
 class CodebooksHead(nn.Module):
     """Per-codebook output heads ``weight [15, d, vocab]``, applied as ``h @ weight[j - 1]``."""
 
@@ -102,7 +106,7 @@ class DepthDecoder(nn.Module):
         self.model = DepthModel(cfg)
         self.codebooks_head = CodebooksHead(cfg)
         self.heads_fp32: torch.Tensor | None = None  # fp32 copy, set by fuse_projections_()
-        self._frame_tables: dict[tuple[torch.device, torch.dtype], tuple] = {}
+        self._frame_tables: dict[tuple[torch.device, torch.dtype], FrameRope] = {}
         self.rope = Rope(
             llama3_inv_freq(
                 cfg.head_dim,
@@ -148,7 +152,7 @@ class DepthDecoder(nn.Module):
         return self.run_layers(x, cos[position].expand(rows, -1), sin[position].expand(rows, -1),
                                cache, positions[position])
 
-    def _frame_rope(self, device: torch.device, dtype: torch.dtype) -> tuple:
+    def _frame_rope(self, device: torch.device, dtype: torch.dtype) -> FrameRope:
         """``(positions, cos, sin)`` of the frame's positions: ``[P]`` one-element long tensors
         and ``[P, head_dim]`` tables, the values ``rope.cos_sin`` gives position by position.
         Built once per device and dtype outside a graph capture (so a captured step reads them

@@ -148,7 +148,7 @@ class DepthStage:
     def seen_rows(self, segments: Sequence[SegmentState], size: int) -> np.ndarray:
         """``[size, vocab]`` bool: each segment's first codes so far (padding rows empty); one
         row copy a segment (turning each segment's code list into a tensor every step cost
-        2.7-7.5 ms at 64 streams, bench/depth_host_inputs.py)."""
+        2.8-13.5 ms at 64 streams on the dev VM, bench/depth_host_inputs.py)."""
         seen = np.zeros((size, self.model.cfg.backbone.vocab_size), dtype=bool)
         for i, seg in enumerate(segments):
             if seg.seen is not None:
