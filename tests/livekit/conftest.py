@@ -97,6 +97,14 @@ class Server:
                 .with_grants(grants).to_jwt())
 
 
+def _keep_last_log(log_path: Path, name: str) -> None:
+    """Copy a finished process's log to ``$TMPDIR/name`` (the last run's, for a look after a
+    failure) and remove its temporary folder, so runs of the suite leave no folders behind."""
+    with contextlib.suppress(OSError):
+        shutil.copy(log_path, Path(tempfile.gettempdir()) / name)
+    shutil.rmtree(log_path.parent, ignore_errors=True)
+
+
 @contextlib.contextmanager
 def run_server(extra_config: str = "") -> Iterator[Server]:
     """A ``livekit-server --dev`` on free loopback ports; ``extra_config`` is more YAML for its
@@ -129,6 +137,7 @@ def run_server(extra_config: str = "") -> Iterator[Server]:
     finally:
         _stop(proc, 10)
         log.close()
+        _keep_last_log(log_path, "breezert-livekit-server.log")
 
 
 @pytest.fixture(scope="session")

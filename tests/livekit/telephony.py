@@ -43,6 +43,7 @@ from .conftest import (
     Server,
     Worker,
     _free_port,
+    _keep_last_log,
     _stop,
     built_binary,
     run_server,
@@ -206,7 +207,7 @@ def run_sip(server: Server, redis_address: str) -> Iterator[SipService]:
     finally:
         _stop(proc, 10)
         log.close()
-        shutil.copy(log_path, Path(tempfile.gettempdir()) / "breezert-livekit-sip.log")
+        _keep_last_log(log_path, "breezert-livekit-sip.log")
 
 
 async def create_dispatch(server: Server, number: str, greeting: str,
@@ -404,7 +405,7 @@ class Call:
     answer_sdp: str = ""
     rtp: list[RtpPacket] = field(default_factory=list)
     events: list[dict[str, object]] = field(default_factory=list)
-    recording: Path | None = None  # baresip's decoded-audio dump (sndfile)
+    recording: tuple[np.ndarray, int] | None = None  # baresip's decoded-audio dump: int16 PCM, rate
 
     def energetic(self, since: float = 0.0, until: float = float("inf")) -> list[RtpPacket]:
         return [p for p in self.rtp if p.rms > CALLER_ENERGY_RMS and since <= p.t <= until]
@@ -516,7 +517,7 @@ class Caller:
         if self._capture is not None:
             self._capture.close()
         self._collect()
-        shutil.copy(self.log_path, Path(tempfile.gettempdir()) / "breezert-baresip.log")
+        _keep_last_log(self.log_path, "breezert-baresip.log")
 
     async def _read(self) -> None:
         assert self._reader is not None
@@ -593,7 +594,8 @@ class Caller:
             if lines[0].startswith("SIP/2.0 200") and "INVITE" in cseq:
                 self.call.answered_at, self.call.answer_sdp = packet.t, body
         dumps = sorted(self.work.glob("dump-*dec*.wav"))
-        self.call.recording = dumps[-1] if dumps else None
+        # read now: the folder is removed when the caller exits
+        self.call.recording = sf.read(dumps[-1], dtype="int16") if dumps else None
 
 
 # ----------------------------------------------------------------------------- one call

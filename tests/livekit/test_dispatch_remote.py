@@ -14,6 +14,7 @@ import contextlib
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -96,6 +97,7 @@ def replicas() -> Iterator[list[Replica]]:
         for replica in started:
             if replica.proc is not None and replica.proc.poll() is None:
                 _stop(replica.proc, 15)
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 @pytest.fixture(scope="module")
