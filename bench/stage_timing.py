@@ -5,7 +5,8 @@ Prints a table and writes JSON: for each depth-kernel mode and batch size, eager
 of one DECODE step (context 512), one DEPTH frame (15-step loop with sampling), one CODEC chunk
 and text encoding. Modes: ``plain`` (graphs only), ``inductor`` (torch.compile of the depth step,
 sampler and text encoder), ``fused`` (the Triton depth layers, compiled sampler), ``fused-decode``
-(``fused`` plus the Triton backbone DECODE step).
+(``fused`` plus the Triton backbone DECODE step), ``fused-sampling`` (``fused-decode`` with the
+depth draws in the fused Triton sampler).
 """
 
 from __future__ import annotations
@@ -30,6 +31,8 @@ MODES = {
     "fused": {"compile_depth": True, "fused_depth": True, "compile_text_encoder": False},
     "fused-decode": {"compile_depth": True, "fused_depth": True, "fused_decode": True,
                      "compile_text_encoder": False},
+    "fused-sampling": {"compile_depth": True, "fused_depth": True, "fused_decode": True,
+                       "fused_sampling": True, "compile_text_encoder": False},
 }
 
 

@@ -175,7 +175,8 @@ class SchedulerConfig(_Frozen):
         return self
 
 
-CUDA_ONLY_SWITCHES = ("enable_cuda_graphs", "compile_depth", "fused_depth", "fused_decode")
+CUDA_ONLY_SWITCHES = ("enable_cuda_graphs", "compile_depth", "fused_depth", "fused_decode",
+                      "fused_sampling")
 """``GraphConfig`` switches that need CUDA: refused on ``model.device='cpu'`` and all turned off
 by ``BREEZERT_NO_CUDA_GRAPH=1``."""
 
@@ -194,6 +195,11 @@ class GraphConfig(_Frozen):
     """With ``fused_depth``: launch shapes per row bucket, tuned on the H200 (up to 64 and up
     to 128 rows; ``kernels/fused_depth.py`` ``TILES_BY_ROWS``); off: one shape for every row
     count (the shape tuned at 32 rows in November)."""
+    fused_sampling: bool = False
+    """The depth frame's 16 draws each in one Triton launch (temperature, top-k, top-p,
+    counter-based Gumbel-max; ``kernels/fused_sampling.py``) instead of the sampler's chain of
+    launches, for batches whose top-k are all bounded (the common graphs; unbounded ones keep
+    the full sort). Off until an H200 run shows the gain."""
     fused_decode: bool = False
     """Hand-fused Triton kernels for the backbone's DECODE step (6 launches per layer, attention
     reading the paged cache in place, ``kernels/fused_decode.py``): on the H200 2.65 ms per step
