@@ -20,8 +20,8 @@ $(STAMP): pyproject.toml runtime/pyproject.toml
 	# torch first, pinned: the CPU wheel where pip's find-links has one, else PyPI's CUDA build
 	# (which brings its own triton).
 	$(PIP) install "torch==2.13.0"
-	# `train` (issue 19's teacher, hibari-tts + onnxruntime, ~42 MB of wheels) so that the teacher
-	# test in tests/unit runs instead of skipping.
+	# `train` (issue 19's teacher, hibari-tts + onnxruntime, ~42 MB of wheels, and the quality
+	# gate's pocketsphinx, 29 MB) so that the teacher and ASR gate tests run instead of skipping.
 	$(PIP) install -e "./runtime[engine,serve,bench,train]" -e ".[local,test]"
 	# The fused-kernel CPU tests run Triton's interpreter: add triton only where torch brought
 	# none (the CPU wheel), on Linux x86_64 only (no other wheels).

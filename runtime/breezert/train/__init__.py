@@ -1,10 +1,12 @@
 """Training code for the embedded default voice (issue 19): teacher data, codec, LM, export.
 
-Owns everything that only runs on a training machine: text sources, teacher synthesis and data
-shards (``teacher_data``), the codec training loop with its losses, quantizer updates and
-resumable state (``codec_train``), and export in the released checkpoint layout. It lives inside
-the ``breezert`` package so that it reuses the model modules and the loader's layout, and it is
-installed with the ``train`` extra (``pip install "./runtime[train]"``, which brings the teacher).
+Owns everything that only training and its evaluation run: text sources, teacher synthesis and
+data shards (``teacher_data``), the codec training loop with its losses, quantizer updates and
+resumable state (``codec_train``), export in the released checkpoint layout, and the ASR quality
+gate (``asr_gate``: pocketsphinx transcripts of a voice offline, streamed and over Opus, scored by
+``wer``). It lives inside the ``breezert`` package so that it reuses the model modules and the
+loader's layout, and it is installed with the ``train`` extra (``pip install "./runtime[train]"``,
+which brings the teacher and the ASR).
 Must not: be imported by the serving runtime (engine, worker, stages, models, server, CLI, plugin;
 ``tests/unit/test_import_graph.py`` fails on such an import); nothing here is imported at
 ``breezert`` import time.

@@ -1,0 +1,95 @@
+"""Issue 19's quality gate in ``make test``: voices through pocketsphinx on the gate's sentences.
+
+The teacher (hibari-tts) must pass on all 20 sentences offline and over WebRTC Opus; the random
+tiny Breeze model, through the same harness (offline, streamed through the engine, Opus), must
+score near 100 % (the gate tells speech from noise). ``VOICES`` lists the Breeze folders the
+gate runs: add the default voice there once it ships, and the same test runs it on all 20
+sentences at chunks 1, 2, 4, 8, 16 and over Opus. About a minute on one core.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from breezert.random_init import write_random_checkpoint
+from breezert.train.asr import Transcriber
+from breezert.train.asr_gate import GATE_SENTENCES, gate_failures, read_sentences, run_gate, select
+from breezert.train.gate_audio import FIXED_CHUNKS, BreezeSubject, TeacherSubject
+
+pytestmark = [
+    pytest.mark.integration,
+    pytest.mark.skipif(
+        any(importlib.util.find_spec(m) is None for m in ("pocketsphinx", "hibari", "aiortc")),
+        reason="needs the train and serve extras (pip install './runtime[train,serve]')"),
+]
+
+NEAR_NOISE_WER = 0.8
+"""Random weights: every path's mean WER at least this (pocketsphinx hears nothing, 1.0)."""
+
+
+@dataclass(frozen=True)
+class Voice:
+    name: str
+    folder: Path | None
+    """Checkpoint folder; ``None``: a random tiny checkpoint written for the test."""
+    is_speech: bool
+    """True: must pass the gate; False: must score near noise."""
+    num_sentences: int = 20
+    chunk_sizes: tuple[int, ...] = FIXED_CHUNKS
+    max_frames_scale: float = 2.0
+
+
+VOICES = (
+    # Noise needs few sentences and short audio to show it; pocketsphinx is slowest on noise.
+    Voice("random-tiny", None, is_speech=False, num_sentences=2, chunk_sizes=(1,),
+          max_frames_scale=0.5),
+    # Voice("default", <the default voice's folder>, is_speech=True),
+)
+
+
+@pytest.fixture(scope="module")
+def transcriber() -> Transcriber:
+    return Transcriber()
+
+
+@pytest.fixture(scope="module")
+def teacher_report(transcriber: Transcriber) -> dict[str, Any]:
+    return run_gate(TeacherSubject(), read_sentences(GATE_SENTENCES), transcriber)
+
+
+def test_teacher_passes_the_gate_offline(teacher_report: dict[str, Any]) -> None:
+    wer = teacher_report["mean_wer"]
+    print(f"teacher mean WER on 20 sentences: offline {wer['offline']:.3f}, "
+          f"Opus {wer['opus']:.3f}")
+    assert teacher_report["num_sentences"] == 20
+    assert wer["offline"] <= 0.40, teacher_report["mean_wer"]
+
+
+def test_teacher_over_opus_is_within_five_points_of_offline(
+        teacher_report: dict[str, Any]) -> None:
+    wer = teacher_report["mean_wer"]
+    assert abs(wer["opus"] - wer["offline"]) <= 0.05, wer
+    assert gate_failures(teacher_report) == []
+
+
+@pytest.mark.parametrize("voice", VOICES, ids=lambda v: v.name)
+def test_breeze_voice_through_the_gate(voice: Voice, transcriber: Transcriber,
+                                       tmp_path: Path) -> None:
+    folder = voice.folder or write_random_checkpoint(tmp_path / "tiny", preset="tiny")
+    subject = BreezeSubject(folder, max_frames_scale=voice.max_frames_scale,
+                            chunk_sizes=voice.chunk_sizes)
+    sentences = select(read_sentences(GATE_SENTENCES), voice.num_sentences)
+    report = run_gate(subject, sentences, transcriber)
+    wer = report["mean_wer"]
+    assert set(wer) == {"offline", *(f"chunks_{n}" for n in voice.chunk_sizes), "opus"}
+    print(f"{voice.name} mean WER: {wer}")
+    if voice.is_speech:
+        assert gate_failures(report) == [], wer
+    else:
+        assert min(wer.values()) >= NEAR_NOISE_WER, wer
+        assert gate_failures(report), "random weights passed the gate"
