@@ -8,7 +8,7 @@
 #     --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 -d .whl \
 #     pydantic==2.14.4 pydantic-core==2.50.5 annotated-types typing-inspection
 # Then per phase: run(command="bash bench/h200_session.sh PHASE", carry=[".whl", ".benchdata"])
-# PHASE: tests | fused | depth-tiles | depth-sampling | chain P1 P2...  | decode | decode-micro | decode-bench | tune | profile | stages |
+# PHASE: tests | fused | depth-tiles | first-packet | first-packet-bench | chain P1 P2...  | decode | decode-micro | decode-bench | tune | profile | stages |
 #        ablation-eager | ablation-a|b|c|d[@I/N] | sweep | sweep+ablation | latency | latency-te |
 #        latency-nocap | predictor | predictor-edf
 # An ablation phase with @I/N runs shard I of N of its requests (bench --shard).
@@ -167,15 +167,20 @@ case "$phase" in
       --warmup 16 --run-budget 60 \
       --variant 'one-shape=config;graph.depth_tiles_by_rows=false' --variant 'by-rows=config' \
       --out "$out/h200-depth-tiles.json" 2>&1 | grep '^\[bench' ;;
-  depth-sampling)  # issue 14: the depth draws in the fused Triton sampler against the compiled
-    # sampler: its GPU tests, depth-frame graph times at 1/16/64 rows, then the engine, one run
-    timeout 150 python3 -m pytest tests/gpu/test_gpu_fused_sampling.py -q -p no:cacheprovider \
-      2>&1 | tee "$out/gpu_tests_sampling.log" | tail -4 || true
-    timeout 150 python3 bench/stage_timing.py --batches 1,16,64 --modes fused-decode,fused-sampling \
-      --out "$out/h200-stage-timing-sampling.json" 2>&1 | grep -v Warn | tail -10 || true
-    timeout 280 "${bench[@]}" --concurrency "${CONCURRENCY:-1,16}" --num-requests 300 \
-      --warmup 16 --run-budget 40 \
-      --variant 'compiled-sampler=config' --variant 'fused-sampler=config;graph.fused_sampling=true' \
-      --out "$out/h200-depth-sampling.json" 2>&1 | grep '^\[bench' ;;
+  first-packet)  # issue 14: the depth draws in the fused Triton sampler and the fused Triton
+    # text-encoder layers against today's kernels: their GPU tests, per-stage graph times at
+    # 1/16/64 rows (first-packet-bench: the engine at c=1 and 16 with each switch)
+    timeout 200 python3 -m pytest tests/gpu/test_gpu_fused_sampling.py \
+      tests/gpu/test_gpu_fused_text_encoder.py -q -p no:cacheprovider 2>&1 \
+      | tee "$out/gpu_tests_first_packet.log" | tail -4 || true
+    timeout 200 python3 bench/stage_timing.py --batches 1,16,64 \
+      --modes fused-decode,fused-sampling,fused-first \
+      --out "$out/h200-stage-timing-first-packet.json" 2>&1 | grep -v Warn | tail -12 || true ;;
+  first-packet-bench)  # the engine with each first-packet switch, one run
+    timeout 560 "${bench[@]}" --concurrency "${CONCURRENCY:-1,16}" --num-requests 300 \
+      --warmup 16 --run-budget 40 --variant 'today=config' \
+      --variant 'fused-sampler=config;graph.fused_sampling=true' \
+      --variant 'fused-first=config;graph.fused_sampling=true;graph.fused_text_encoder=true' \
+      --out "$out/h200-first-packet.json" 2>&1 | grep '^\[bench' ;;
   *) echo "unknown phase $phase" >&2; exit 2 ;;
 esac

@@ -6,7 +6,8 @@ of one DECODE step (context 512), one DEPTH frame (15-step loop with sampling), 
 and text encoding. Modes: ``plain`` (graphs only), ``inductor`` (torch.compile of the depth step,
 sampler and text encoder), ``fused`` (the Triton depth layers, compiled sampler), ``fused-decode``
 (``fused`` plus the Triton backbone DECODE step), ``fused-sampling`` (``fused-decode`` with the
-depth draws in the fused Triton sampler).
+depth draws in the fused Triton sampler), ``fused-first`` (``fused-sampling`` with the fused
+Triton text-encoder layers).
 """
 
 from __future__ import annotations
@@ -33,6 +34,9 @@ MODES = {
                      "compile_text_encoder": False},
     "fused-sampling": {"compile_depth": True, "fused_depth": True, "fused_decode": True,
                        "fused_sampling": True, "compile_text_encoder": False},
+    "fused-first": {"compile_depth": True, "fused_depth": True, "fused_decode": True,
+                    "fused_sampling": True, "fused_text_encoder": True,
+                    "compile_text_encoder": False},
 }
 
 

@@ -176,7 +176,7 @@ class SchedulerConfig(_Frozen):
 
 
 CUDA_ONLY_SWITCHES = ("enable_cuda_graphs", "compile_depth", "fused_depth", "fused_decode",
-                      "fused_sampling")
+                      "fused_sampling", "fused_text_encoder")
 """``GraphConfig`` switches that need CUDA: refused on ``model.device='cpu'`` and all turned off
 by ``BREEZERT_NO_CUDA_GRAPH=1``."""
 
@@ -208,6 +208,10 @@ class GraphConfig(_Frozen):
     """``torch.compile`` each backbone layer around its (uncompiled) paged attention."""
     compile_text_encoder: bool = False
     """``torch.compile`` the whole text encoder (first-packet path) before capturing it."""
+    fused_text_encoder: bool = False
+    """Hand-fused Triton kernels for the text encoder's layers (5 launches per layer instead of
+    ~70, ``kernels/fused_text_encoder.py``) for buckets of up to 128 tokens; longer ones run the
+    eager encoder. Off until an H200 run shows the gain."""
     decode_batch_buckets: tuple[int, ...] = (1, 2, 4, 8, 16, 32)
     """DECODE batch sizes in rows (CFG branches count)."""
     decode_context_buckets: tuple[int, ...] = (256, 512, 1024, 2048)

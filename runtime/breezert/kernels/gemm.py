@@ -207,9 +207,10 @@ def linear_residual_kernel(
     a_ptr, w_ptr, res_ptr, out_ptr, ws_ptr, count_ptr, R, stride_a, stride_res, stride_out,
     ws_split, N: tl.constexpr, K: tl.constexpr, SPLIT: tl.constexpr,
     BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, F32: tl.constexpr,
-    TMA: tl.constexpr = False,
+    TMA: tl.constexpr = False, HAS_RES: tl.constexpr = True,
 ):
-    """Program (column block, K split, row block): ``out = bf16(res + bf16(a @ w.T))``.
+    """Program (column block, K split, row block): ``out = bf16(res + bf16(a @ w.T))``
+    (``HAS_RES`` off: ``bf16(a @ w.T)``, ``res_ptr`` unread).
 
     Each program stores its fp32 partial; the last of the SPLIT programs of a tile (atomic
     counter) sums all partials in split order, writes the tile and resets the counter."""
@@ -237,9 +238,12 @@ def linear_residual_kernel(
         for s in range(SPLIT):
             total += tl.load(tile + s * ws_split, mask=rmask[:, None], other=0.0,
                              cache_modifier=".cg")
-        res = tl.load(res_ptr + rows[:, None] * stride_res + n[None, :], mask=rmask[:, None],
-                      other=0.0).to(tl.float32)
-        out = bf16(res + bf16(total)).to(tl.bfloat16)
+        if HAS_RES:
+            res = tl.load(res_ptr + rows[:, None] * stride_res + n[None, :],
+                          mask=rmask[:, None], other=0.0).to(tl.float32)
+            out = bf16(res + bf16(total)).to(tl.bfloat16)
+        else:
+            out = bf16(total).to(tl.bfloat16)
         tl.store(out_ptr + rows[:, None] * stride_out + n[None, :], out, mask=rmask[:, None])
         tl.store(counter, 0)
 
@@ -348,21 +352,24 @@ class FusedGemms:
         return out
 
     def linear_residual(self, a: torch.Tensor, weight: torch.Tensor,
-                        residual: torch.Tensor) -> torch.Tensor:
-        """``residual + a @ weight.T`` (bf16 rounding points of ``x + linear(a)``), split-K."""
+                        residual: torch.Tensor | None) -> torch.Tensor:
+        """``residual + a @ weight.T`` (bf16 rounding points of ``x + linear(a)``), split-K;
+        ``residual=None``: ``linear(a)``."""
         t = self.tiles
         rows, (n, k) = a.shape[0], weight.shape
         workspace, counters = (
             (self.workspace, self.counters) if rows <= self.max_rows
             else self._workspace(rows, a.device)
         )
-        out = torch.empty_like(residual)
+        out = torch.empty(rows, n, dtype=a.dtype, device=a.device)
+        has_res = residual is not None
+        residual = residual if has_res else out  # never read
         bm = row_block(rows)
         bk = min(t.split_bk, k // t.split_k)
         linear_residual_kernel[(n // t.split_bn, t.split_k, triton.cdiv(rows, bm))](
             a, self.weight(weight, t.split_bn, bk), residual, out, workspace, counters, rows,
             a.stride(0), residual.stride(0), out.stride(0), workspace.stride(0), N=n, K=k,
             SPLIT=t.split_k, BM=bm, BN=t.split_bn, BK=bk, F32=DOT_F32, TMA=t.tma,
-            **t.launch("split"),
+            HAS_RES=has_res, **t.launch("split"),
         )
         return out

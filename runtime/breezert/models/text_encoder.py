@@ -125,13 +125,18 @@ class T5Gemma2TextEncoder(nn.Module):
             FULL: seg_ids[:, None] == seg_ids[None, :],  # [N, N] block diagonal
             SLIDING: sliding_block_mask(seg_ids, positions, self.cfg.sliding_window),
         }
-        dtype = self.embed_tokens.weight.dtype
-        tables = {t: rope.cos_sin(positions, dtype) for t, rope in self._ropes.items()}
+        tables = self.rope_tables(positions)
         x = self.embed_tokens(input_ids)  # [N, d]
         for layer in self.layers:
             cos, sin = tables[layer.layer_type]
             x = layer(x, cos, sin, masks[layer.layer_type])
         return self.norm(x)
+
+    def rope_tables(self, positions: torch.Tensor) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+        """Per layer type, ``(cos, sin)`` ``[N, head_dim]`` of ``positions`` in the weights'
+        dtype."""
+        dtype = self.embed_tokens.weight.dtype
+        return {t: rope.cos_sin(positions, dtype) for t, rope in self._ropes.items()}
 
 
 def segment_layout(

@@ -98,13 +98,24 @@ def compile_backbone_layers(model: BreezeModel) -> None:
 
 
 def text_encode_fn(
-    model: BreezeModel, compile_text_encoder: bool
+    model: BreezeModel, compile_text_encoder: bool, fused_text_encoder: bool = False,
 ) -> Callable[..., dict[str, torch.Tensor]]:
-    """``encode_text`` bound to ``model``; compiled whole (26 layers, dynamic token count) on
-    CUDA when asked. The encoder sits on the first-packet path and runs ~70 launches per layer
-    uncompiled; the compile costs start-up time, so it is a switch to measure, off by default."""
+    """``encode_text`` bound to ``model``; on CUDA its layers run the fused Triton kernels
+    (``fused_text_encoder``) or it is compiled whole (26 layers, dynamic token count). The
+    encoder sits on the first-packet path and runs ~70 launches per layer unfused; the compile
+    costs start-up time, so both are switches to measure, off by default."""
     fn = partial(encode_text, model)
-    if not compile_text_encoder or model.lm_head.weight.device.type != "cuda":
+    if model.lm_head.weight.device.type != "cuda":
+        return fn
+    encoder = model.text_encoder
+    if fused_text_encoder and not getattr(encoder, "is_fused", False):
+        from breezert.kernels.fused_text_encoder import FusedTextEncoder  # needs Triton
+
+        encoder.encode = FusedTextEncoder(encoder)
+        encoder.is_fused = True
+        logger.info("text encoder layers run the fused Triton kernels")
+        return fn
+    if not compile_text_encoder:
         return fn
     _raise_cache_limit(64)
     return torch.compile(fn, dynamic=True, fullgraph=True)

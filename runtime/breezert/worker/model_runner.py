@@ -88,7 +88,8 @@ class ModelRunner:
         self.stages = {
             Stage.TEXT_ENCODE: TextEncodeStage(
                 model,
-                runner("text_encode", text_encode_fn(model, graph.compile_text_encoder)),
+                runner("text_encode", text_encode_fn(model, graph.compile_text_encoder,
+                                                     graph.fused_text_encoder)),
                 graph.text_encode_buckets,
             ),
             Stage.PREFILL: PrefillStage(

@@ -1,0 +1,72 @@
+"""GPU: the fused text-encoder layers (kernels/fused_text_encoder.py) at full size against the
+eager bf16 and fp32 encoders, under graph replay, and their launch count.
+
+Run on a CUDA machine: ``python -m pytest tests/gpu -q`` (skipped without CUDA).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from breezert.models.config import TextEncoderConfig
+from breezert.models.text_encoder import T5Gemma2TextEncoder
+from tests.kernel_helpers import random_bf16_fused_
+
+pytestmark = pytest.mark.gpu
+
+
+@pytest.fixture(scope="module")
+def encoders() -> tuple[T5Gemma2TextEncoder, T5Gemma2TextEncoder]:
+    """A full-size random encoder in bf16 (packed projections) and its fp32 copy."""
+    torch.manual_seed(0)
+    enc = T5Gemma2TextEncoder(TextEncoderConfig()).cuda()
+    enc = random_bf16_fused_(enc)
+    with torch.no_grad():
+        for name, p in enc.named_parameters():
+            if name.endswith("norm.weight"):
+                p.sub_(1.0)  # Gemma norm weights are offsets from 1
+    exact = T5Gemma2TextEncoder(TextEncoderConfig()).cuda()
+    exact.load_state_dict({k: v.float() for k, v in enc.state_dict().items()})
+    return enc, exact
+
+
+def _packed(lengths: list[int], pad: int) -> tuple[torch.Tensor, ...]:
+    ids = torch.randint(0, 262000, (sum(lengths) + pad,), device="cuda")
+    seg = torch.cat([torch.full((n,), i) for i, n in enumerate(lengths)]
+                    + [torch.full((pad,), len(lengths))]).cuda()
+    pos = torch.cat([torch.arange(n) for n in lengths] + [torch.arange(pad)]).cuda()
+    return ids, seg, pos
+
+
+@pytest.mark.parametrize("lengths,pad", [([1], 0), ([17], 15), ([9, 23], 0), ([40, 30, 20], 38)])
+def test_fused_is_as_close_to_fp32_as_eager(encoders, lengths: list[int], pad: int) -> None:
+    from breezert.kernels.fused_text_encoder import FusedTextEncoder
+
+    enc, exact = encoders
+    fused = FusedTextEncoder(enc)
+    ids, seg, pos = _packed(lengths, pad)
+    with torch.inference_mode():
+        want = exact.encode(ids, seg, pos)
+        eager = enc.encode(ids, seg, pos).float()
+        got = fused(ids, seg, pos).float()
+    for stat in (torch.max, torch.mean):
+        ours, theirs = stat((got - want).abs()).item(), stat((eager - want).abs()).item()
+        assert ours <= 1.25 * theirs + 1e-3, (stat.__name__, ours, theirs)
+
+
+def test_fused_graph_replay_equals_fused_eager(encoders) -> None:
+    from breezert.kernels.fused_text_encoder import FusedTextEncoder
+
+    enc, _ = encoders
+    fused = FusedTextEncoder(enc)
+    ids, seg, pos = _packed([20, 12], 0)
+    with torch.inference_mode():
+        want = fused(ids, seg, pos)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            out = fused(ids, seg, pos)
+        ids.copy_(_packed([20, 12], 0)[0])
+        graph.replay()
+        assert torch.equal(out, fused(ids, seg, pos))
+        assert not torch.equal(out, want)  # the replay read the new ids
