@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -286,3 +287,44 @@ def test_command_line_encodes_once_trains_resumes_and_exports(
     assert "parameters" in printed and "MB on disk" in printed
     assert load_checkpoint(voice).config.codec == load_checkpoint(codec_dir).config.codec
     shutil.rmtree(out / "codes")
+
+
+def test_the_pipeline_carries_its_state_to_a_second_call(tmp_path: Path) -> None:
+    """Call 1 makes data, trains codec and LM, packs; call 2, on a fresh work folder with only
+    the parts, makes no data, keeps the codec and goes on with the LM from its snapshot."""
+    from breezert.train.pipeline import Plan, run_pipeline
+    from breezert.train.shards import ShardWriter
+
+    def make_teacher(out: Path, plan: Plan) -> None:
+        out.mkdir(parents=True)
+        writer = ShardWriter(out, max_bytes=1 << 20)
+        for i, utt in enumerate(_utterances(6, seed=7)):
+            audio = (3000 * np.sin(np.arange(1920 * len(utt.codes)) * 0.05 * (i + 1)))
+            writer.add(i + 1, "test", utt.text, "", audio.astype(np.int16),
+                       np.zeros(1, np.int16), np.ones(1, np.int16))
+        writer.flush()
+
+    def no_teacher(out: Path, plan: Plan) -> None:
+        raise AssertionError("the second call must not need the teacher")
+
+    plan = Plan(codec_preset="tiny", codec_batch_size=2, codec_crop_frames=4, lm_recipe="tiny",
+                codec_max_steps=2, lm_max_steps=3, device="cpu", reserve_minutes=0.0,
+                sample_max_frames=6)
+    kw = dict(codec_overrides={"disc_channels": 4}, lm_overrides={"max_tokens": 256})
+    first = run_pipeline(tmp_path / "w1", 5, tmp_path / "out1", plan=plan,
+                         make_teacher=make_teacher, **kw)
+    assert all((tmp_path / "out1" / n).stat().st_size <= 16 * 1024 * 1024 for n in first["parts"])
+    assert len(list((tmp_path / "out1").iterdir())) <= 8  # what one device call returns
+    from breezert.train.state_shards import join_dir
+
+    carried = {p.name for p in join_dir(tmp_path / "out1", tmp_path / "joined").rglob("*")}
+    assert {"snapshot.pt", "codec_log.jsonl", "config.json"} <= carried
+    assert "state.pt" not in carried  # the full optimiser state stays on the machine
+    second = run_pipeline(tmp_path / "w2", 5, tmp_path / "out2", carry_in=tmp_path / "out1",
+                          plan=replace(plan, lm_max_steps=5), make_teacher=no_teacher, **kw)
+    assert second["sample"]["frames"] >= 1
+    steps = [r["step"] for r in _log_steps(tmp_path / "out2" / "lm_log.jsonl")]
+    assert steps == [1, 2, 3, 4, 5]
+    codec = "carry/codec/audio_tokenizer/model.safetensors"
+    assert (tmp_path / "w1" / codec).read_bytes() == (tmp_path / "w2" / codec).read_bytes()
+    assert load_checkpoint(tmp_path / "w2" / "voice").config.backbone.hidden_size == 64

@@ -427,7 +427,7 @@ def folder_bytes(root: str | Path) -> int:
 
 
 # ------------------------------------------------------------------------------- CLI
-_RECIPES = {"small-gpu": SMALL_GPU}
+_RECIPES = {"small-gpu": SMALL_GPU, "tiny": LMTrainConfig()}
 _GPU_RECIPE = """\
 one GPU run of at most 10 minutes (re-run the same line to continue):
   python -m breezert.train.lm_train --data data/teacher --codec runs/codec/ckpt --out runs/lm \\
