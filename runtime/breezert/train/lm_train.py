@@ -299,7 +299,7 @@ class LMTrainer:
         unused = torch.ones(table.shape[0], dtype=torch.bool)
         unused[rows] = False
         if bool(table[unused.to(table.device)].any()):
-            raise AssertionError("text rows outside the tokenizer moved: the snapshot would lose them")
+            raise AssertionError("text rows outside the tokenizer moved: a snapshot loses them")
         return {"config": asdict(self.cfg), "step": self.step, "train_time_s": self.train_time_s,
                 "weights": {k: v.detach().to("cpu", torch.bfloat16) for k, v in weights.items()},
                 "text_rows": rows, "text_table_rows": table[rows.to(table.device)].cpu().bfloat16(),

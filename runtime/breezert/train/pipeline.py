@@ -155,7 +155,8 @@ def run_pipeline(work: str | Path, minutes_total: float, out: str | Path,
                                 plan.sample_max_frames)
     out.mkdir(parents=True, exist_ok=True)
     summary["parts"] = [p.name for p in state_shards.split_dir(carry, out, PARTS_PREFIX)]
-    for name, target in (("lm/" + LOG_FILE, "lm_log.jsonl"), ("codec_log.jsonl", "codec_log.jsonl")):
+    logs = (("lm/" + LOG_FILE, "lm_log.jsonl"), ("codec_log.jsonl", "codec_log.jsonl"))
+    for name, target in logs:
         if (carry / name).is_file():
             shutil.copy(carry / name, out / target)
     summary["minutes"] = round((time.monotonic() - start) / 60, 2)
