@@ -10,7 +10,7 @@
 # Then per phase: run(command="bash bench/h200_session.sh PHASE", carry=[".whl", ".benchdata"])
 # PHASE: tests | fused | depth-tiles | first-packet | first-packet-bench | chain P1 P2...  | decode | decode-micro | decode-bench | tune | profile | stages |
 #        ablation-eager | ablation-a|b|c|d[@I/N] | sweep | sweep+ablation | latency | latency-te |
-#        latency-nocap | predictor | predictor-edf
+#        latency-nocap | predictor | predictor-edf | voice
 # An ablation phase with @I/N runs shard I of N of its requests (bench --shard).
 # Several GPUs (kind nvidia-h200-x4): "parallel GPU=PHASE[+PHASE...] ..." runs each list on its own
 # GPU at once, e.g. parallel 0=ablation-a@1/2 1=ablation-a@2/2 2=tests+ablation-d; the results
@@ -67,6 +67,13 @@ case "$phase" in
     done
     (cd "$out" && tar czf results.tgz g* && rm -rf g*) ;;
   chain) shift; for p in "$@"; do bash "$0" "$p" || echo "phase $p failed: $?"; done ;;
+  voice)  # issue 19, one call: teacher data -> codec -> codes -> LM -> export; the state comes
+    # back as $OUT/state.NNN (+ state.json); carry them in as .voicestate/ next time. The first
+    # call also needs .whl/ (make train-wheels) and .traindata/corpus.json.gz.
+    mkdir -p /tmp/voice/teacher
+    [ ! -f .traindata/corpus.json.gz ] || cp .traindata/corpus.json.gz /tmp/voice/teacher/
+    timeout 580 python3 -m breezert.train.pipeline --work /tmp/voice --minutes-total 9.3 \
+      --out "$out" --carry-in .voicestate 2>&1 | tee /tmp/voice/pipeline.log | tail -40 ;;
   decode)  # the fused backbone DECODE step: GPU tests, step times, census, then 300 requests
     # at 16 and 32 concurrent with it on (compare with h200-predictor-20261129.json)
     timeout 200 python3 -m pytest tests/gpu/test_gpu_fused_decode.py -q -p no:cacheprovider 2>&1 \

@@ -2,11 +2,13 @@
 
 Owns everything that only training and its evaluation run: text sources, teacher synthesis and
 data shards (``teacher_data``), the codec training loop with its losses, quantizer updates and
-resumable state (``codec_train``), export in the released checkpoint layout, and the ASR quality
-gate (``asr_gate``: pocketsphinx transcripts of a voice offline, streamed and over Opus, scored by
-``wer``). It lives inside the ``breezert`` package so that it reuses the model modules and the
-loader's layout, and it is installed with the ``train`` extra (``pip install "./runtime[train]"``,
-which brings the teacher and the ASR).
+resumable state (``codec_train``), the LM's codes cache and batches (``lm_data``), teacher-forced
+forward (``lm_forward``) and training loop (``lm_train``), export in the released checkpoint
+layout, the state split into parts for carrying between GPU calls (``state_shards``), the
+one-call ``pipeline``, and the ASR quality gate (``asr_gate``: pocketsphinx transcripts of a
+voice offline, streamed and over Opus, scored by ``wer``). It lives inside the ``breezert``
+package so that it reuses the model modules and the loader's layout, and it is installed with
+the ``train`` extra (``pip install "./runtime[train]"``, which brings the teacher and the ASR).
 Must not: be imported by the serving runtime (engine, worker, stages, models, server, CLI, plugin;
 ``tests/unit/test_import_graph.py`` fails on such an import); nothing here is imported at
 ``breezert`` import time.

@@ -1,14 +1,18 @@
 """Resumable training state on disk: atomic saves and a JSONL log that matches them.
 
 Owns: writing a state dict through a temporary file and ``os.replace`` (a run killed at any
-moment leaves the previous save or the new one, never half of one), reading it back, and the
-step log. Must not: know what the state holds.
+moment leaves the previous save or the new one, never half of one), reading it back, the step
+log, and the stop flag that SIGTERM / SIGINT set so a loop saves before it exits. Must not: know
+what the state holds.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import signal
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -52,3 +56,25 @@ class StepLog:
 
     def close(self) -> None:
         self._file.close()
+
+
+class StopFlag:
+    """Set by SIGTERM / SIGINT: a training loop ends after the step in flight and saves."""
+
+    def __init__(self) -> None:
+        self.is_set = False
+
+    def __call__(self, signum: int, frame: object) -> None:
+        self.is_set = True
+
+
+@contextmanager
+def stop_on_signals() -> Iterator[StopFlag]:
+    """A ``StopFlag`` that SIGTERM and SIGINT set while the block runs (handlers restored)."""
+    stop = StopFlag()
+    previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        yield stop
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)

@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import copy
 import math
-import signal
 import time
 from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
@@ -28,7 +27,15 @@ from breezert.models.codec_encoder import CodecEncoder, init_codec_encoder_rando
 from breezert.models.config import BreezeConfig, CodecConfig
 from breezert.random_init import build_random
 from breezert.tokenizer import build_byte_tokenizer
-from breezert.train.checkpoint import LOG_FILE, STATE_FILE, StepLog, load_state, save_atomic
+from breezert.train.checkpoint import (
+    LOG_FILE,
+    STATE_FILE,
+    StepLog,
+    StopFlag,
+    load_state,
+    save_atomic,
+    stop_on_signals,
+)
 from breezert.train.data import AudioFolderCrops, CropSource
 from breezert.train.losses import (
     MultiScaleStftDiscriminator,
@@ -232,16 +239,6 @@ class CodecTrainer:
 
 
 # ------------------------------------------------------------------------------- the loop
-class _StopFlag:
-    """Set by SIGTERM / SIGINT: the loop ends after the step in flight and saves."""
-
-    def __init__(self) -> None:
-        self.is_set = False
-
-    def __call__(self, signum: int, frame: object) -> None:
-        self.is_set = True
-
-
 def _save(trainer: CodecTrainer, data: CropSource, out: Path) -> None:
     state = trainer.state_dict()
     state["data"] = data.state_dict()
@@ -251,7 +248,7 @@ def _save(trainer: CodecTrainer, data: CropSource, out: Path) -> None:
 
 def train(data: CropSource, out: str | Path, cfg: CodecTrainConfig, minutes: float,
           max_steps: int | None = None, save_every: int = 200,
-          device: str | torch.device = "cpu", stop: _StopFlag | None = None) -> CodecTrainer:
+          device: str | torch.device = "cpu", stop: StopFlag | None = None) -> CodecTrainer:
     """Trains until ``minutes`` pass (or ``max_steps`` total steps, or ``stop`` is set),
     resuming from ``out/state.pt`` if present; saves every ``save_every`` steps and at the end.
     An error (a non-finite loss included) leaves the last save as it was."""
@@ -349,15 +346,10 @@ def main(argv: list[str] | None = None) -> None:
         # NOTE(codec_train): TF32 matmuls and convs for training (the serving codec's own
         # precision choice is separate, ``CODEC_PRECISIONS``).
         torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
-    stop = _StopFlag()
-    previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGTERM, signal.SIGINT)}
-    try:
+    with stop_on_signals() as stop:
         data = AudioFolderCrops(args.data, cfg.crop_samples, seed=cfg.seed)
         trainer = train(data, args.out, cfg, args.minutes, args.max_steps, args.save_every,
                         args.device, stop)
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
     print(f"step {trainer.step}, {trainer.train_time_s:.1f} s trained, saved to {args.out}")
     if args.export:
         root = export_checkpoint(trainer, args.export, args.lm_from,

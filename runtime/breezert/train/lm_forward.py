@@ -1,0 +1,163 @@
+"""Teacher-forced forward of the Breeze LM for training: the serving modules over whole utterances.
+
+Owns: the training ``KVCache`` (causal SDPA over a padded batch, plus the guided-attention
+diagonal prior on chosen layers), the depth decoder run over all 16 positions of every frame at
+once, and the losses (code 0 with end of speech, the 15 depth codes, the prior). Serving runs the
+same modules step by step (``models/generate.py``); ``tests/unit/test_lm_train.py`` checks both
+give the same logits. Must not: define modules or weights of its own, sample, or touch files.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from breezert.constants import FRAME_EOS_ID
+from breezert.layers.rope import apply_rope
+from breezert.models.breeze import BreezeModel
+from breezert.models.depth import DepthDecoder
+from breezert.train.lm_data import Utterance
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Where each utterance sits in the padded ``[B, S]`` batch."""
+
+    prompt_lens: Tensor  # [B] long
+    frame_lens: Tensor  # [B] long
+    seq_len: int  # S
+
+    @property
+    def batch_size(self) -> int:
+        return int(self.prompt_lens.shape[0])
+
+
+class TrainAttention:
+    """``KVCache`` for one teacher-forced forward: each row of the padded batch attends causally
+    to itself (padding sits after every real position, so it is never read). On
+    ``guided_layers`` it also scores the prior (``guided_losses``)."""
+
+    def __init__(self, layout: Layout, guided_layers: Sequence[int], sigma: float) -> None:
+        self.layout, self.guided_layers, self.sigma = layout, tuple(guided_layers), sigma
+        self.guided_losses: list[Tensor] = []
+
+    def attend(self, layer_idx: int, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+        b, s = self.layout.batch_size, self.layout.seq_len
+        heads, kv_heads, dim = q.shape[1], k.shape[1], q.shape[2]
+        q4 = q.view(b, s, heads, dim).transpose(1, 2)  # [B, H, S, D]
+        k4 = k.view(b, s, kv_heads, dim).transpose(1, 2)  # [B, KVH, S, D]
+        v4 = v.view(b, s, kv_heads, dim).transpose(1, 2)
+        out = F.scaled_dot_product_attention(q4, k4, v4, is_causal=True,
+                                             enable_gqa=heads != kv_heads)
+        if layer_idx in self.guided_layers:
+            self.guided_losses.append(self._guided(q4, k4))
+        return out.transpose(1, 2).reshape(b * s, heads, dim)
+
+    def _guided(self, q: Tensor, k: Tensor) -> Tensor:
+        """Guided attention (Tachibana et al. 2018) over the prompt keys only: the rows that
+        predict frame t (and end of speech) should look near prompt position ``t / T`` of the
+        way through; ``1 - exp(-(n/N - t/T)^2 / 2 sigma^2)`` weighs what they read elsewhere."""
+        lay = self.layout
+        max_prompt = int(lay.prompt_lens.max())
+        k = k.repeat_interleave(q.shape[1] // k.shape[1], dim=1)[:, :, :max_prompt]
+        scores = (q.float() @ k.float().transpose(-1, -2)) * q.shape[-1] ** -0.5  # [B,H,S,P]
+        weight, key_ok, row_ok = _prior(lay, max_prompt, self.sigma, q.device)
+        probs = scores.masked_fill(~key_ok, float("-inf")).softmax(dim=-1)
+        per_row = (probs * weight).sum(-1)  # [B, H, S]
+        return (per_row * row_ok).sum() / (row_ok.sum() * q.shape[1]).clamp(min=1)
+
+
+def _prior(lay: Layout, max_prompt: int, sigma: float, device: torch.device
+           ) -> tuple[Tensor, Tensor, Tensor]:
+    lp, lt = lay.prompt_lens.to(device)[:, None, None], lay.frame_lens.to(device)[:, None, None]
+    pos = torch.arange(lay.seq_len, device=device)[None, :, None]  # [1, S, 1]
+    key = torch.arange(max_prompt, device=device)[None, None, :]  # [1, 1, P]
+    frame = pos - (lp - 1)  # the row at L - 1 + t predicts frame t; t = T is end of speech
+    row_ok = (frame >= 0) & (frame <= lt)  # [B, S, 1]
+    t_norm = frame.float() / lt.float()
+    n_norm = key.float() / (lp - 1).clamp(min=1).float()
+    weight = 1.0 - torch.exp(-((n_norm - t_norm) ** 2) / (2 * sigma**2))  # [B, S, P]
+    return weight[:, None], (key < lp)[:, None], row_ok[:, None, :, 0].float()
+
+
+def depth_hidden(depth: DepthDecoder, x: Tensor) -> Tensor:
+    """All positions of many frames at once: ``x [R, P, backbone_hidden]`` (position 0 the
+    backbone state, position p the embedding of code p - 1) -> final-normed ``[R, P, d]``, the
+    values ``DepthDecoder.step`` gives position by position."""
+    rows, num_pos = x.shape[0], x.shape[1]
+    cos, sin = depth.rope.cos_sin(torch.arange(num_pos, device=x.device), x.dtype)  # [P, D]
+    h = depth.model.inputs_embeds_projector(x)  # [R, P, d]
+    for layer in depth.model.layers:
+        attn = layer.self_attn
+        q, k, v = attn.project(layer.input_layernorm(h))
+        q = apply_rope(q.view(rows, num_pos, attn.num_heads, attn.head_dim), cos, sin)
+        k = apply_rope(k.view(rows, num_pos, attn.num_kv_heads, attn.head_dim), cos, sin)
+        v = v.view(rows, num_pos, attn.num_kv_heads, attn.head_dim)
+        out = F.scaled_dot_product_attention(
+            q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True,
+            enable_gqa=attn.num_heads != attn.num_kv_heads)  # [R, H, P, D]
+        h = h + attn.o_proj(out.transpose(1, 2).reshape(rows, num_pos, -1))
+        h = h + layer.mlp(layer.post_attention_layernorm(h))
+    return depth.model.norm(h)
+
+
+@dataclass
+class ForwardOut:
+    code0_logits: Tensor  # [sum(T + 1), 2052] fp32: frames 0..T-1, then the EOS row
+    code0_targets: Tensor  # [sum(T + 1)]
+    is_eos_row: Tensor  # [sum(T + 1)] bool
+    depth_logits: Tensor  # [sum T, 15, vocab] fp32
+    depth_targets: Tensor  # [sum T, 15]
+    guided: Tensor  # scalar (0 when no layer is guided)
+
+
+def teacher_forced(model: BreezeModel, batch: Sequence[Utterance], guided_layers: Sequence[int],
+                   sigma: float) -> ForwardOut:
+    """Runs prompt + frames of every utterance through text encoder, backbone and depth."""
+    device = model.lm_head.weight.device
+    codes = [u.codes.to(device) for u in batch]
+    text_rows = model.prompt_embeds_many([u.prompt for u in batch])  # B x [L, D]
+    frame_rows = model.audio_frame_embeds(torch.cat(codes)).split([len(c) for c in codes])
+    rows = [torch.cat([t, f.to(t.dtype)]) for t, f in zip(text_rows, frame_rows)]
+    x = torch.nn.utils.rnn.pad_sequence(rows, batch_first=True)  # [B, S, D]
+    lay = Layout(torch.tensor([len(t) for t in text_rows]), torch.tensor([len(c) for c in codes]),
+                 x.shape[1])
+    attn = TrainAttention(lay, guided_layers, sigma)
+    positions = torch.arange(lay.seq_len, device=device).repeat(lay.batch_size)
+    hidden = model.backbone_model(x.reshape(-1, x.shape[-1]), positions, attn)  # [B*S, D]
+
+    starts = torch.arange(lay.batch_size) * lay.seq_len + lay.prompt_lens - 1  # row of frame 0
+    pred_rows = torch.cat([s + torch.arange(n + 1) for s, n in zip(starts.tolist(),
+                                                                   lay.frame_lens.tolist())])
+    eos = torch.full((1,), FRAME_EOS_ID, device=device, dtype=torch.long)
+    targets0 = torch.cat([torch.cat([c[:, 0], eos]) for c in codes])
+    is_eos = torch.cat([torch.arange(n + 1) == n for n in lay.frame_lens.tolist()]).to(device)
+    h_pred = hidden[pred_rows.to(device)]  # [sum(T+1), D]
+    with torch.autocast(device.type, enabled=False):
+        logits0 = model.first_code_logits(h_pred.float())
+
+    all_codes = torch.cat(codes)  # [R, 16]
+    depth = model.depth_decoder
+    vocab, num_books = depth.cfg.vocab_size, depth.cfg.num_codebooks
+    offsets = torch.arange(num_books - 1, device=device) * vocab
+    code_rows = depth.model.embed_tokens(all_codes[:, : num_books - 1] + offsets)  # [R, 15, D]
+    h_frames = h_pred[~is_eos]  # the state that predicted code 0 of each frame
+    depth_in = torch.cat([h_frames[:, None], code_rows.to(h_frames.dtype)], dim=1)  # [R, 16, D]
+    hd = depth_hidden(depth, depth_in)[:, 1:]  # [R, 15, d]: position j gives codebook j
+    with torch.autocast(device.type, enabled=False):
+        heads = depth.codebooks_head.weight.float()  # [15, d, vocab]
+        depth_logits = torch.einsum("rjd,jdv->rjv", hd.float(), heads)
+    guided = torch.stack(attn.guided_losses).mean() if attn.guided_losses else hidden.new_zeros(())
+    return ForwardOut(logits0, targets0, is_eos, depth_logits, all_codes[:, 1:], guided.float())
+
+
+def losses(out: ForwardOut) -> dict[str, Tensor]:
+    """Mean cross-entropies: code 0 over frames and EOS rows together, EOS rows alone, depth."""
+    ce0 = F.cross_entropy(out.code0_logits, out.code0_targets, reduction="none")
+    depth = F.cross_entropy(out.depth_logits.flatten(0, 1), out.depth_targets.flatten())
+    return {"code0": ce0.mean(), "eos": ce0[out.is_eos_row].mean(), "depth": depth,
+            "guided": out.guided}

@@ -1,0 +1,190 @@
+"""The default voice in one GPU call: teacher data -> codec -> codes -> LM -> export -> carry out.
+
+Owns: the order of the stages and their time budget inside one call of at most 10 minutes, the
+work folder's layout, and what leaves the call: the resumable state as ``state.NNN`` parts of at
+most 16 MiB (``state_shards``) plus the logs. The next call takes the parts back
+(``--carry-in``) and goes on where this one stopped. Must not: hold any stage's logic (each
+stage is its own module) or be imported by serving code.
+
+What is carried (about 47 MB for ``small``; the device call's carry limit is 64 MiB with the
+working tree): the codec export (bf16, 22 MB), the codes cache (11-bit packed, about 1 MB per
+hour of speech) and the LM's carry snapshot (bf16 weights, no optimiser moments: AdamW restarts
+with a short re-warmup). Not carried: the teacher audio (173 MB per hour) and the codec's
+optimiser and discriminator, so the codec trains in the first call only, and later calls train
+the LM on the codes already made (they need neither the teacher wheels nor its corpus).
+
+    python -m breezert.train.pipeline --work /tmp/voice --minutes-total 9.3 --out $OUT \\
+        [--carry-in DIR] [--hours 10] [--workers 16] [--codec-minutes 4]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+
+import torch
+
+from breezert.train import state_shards
+from breezert.train.checkpoint import LOG_FILE, stop_on_signals
+
+PARTS_PREFIX = "state"
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What one call does; every stage is skipped once its output exists in the carried state."""
+
+    hours: float = 10.0
+    """Teacher speech to generate (first call only)."""
+    workers: int = 16
+    """Teacher synthesis processes."""
+    codec_minutes: float = 4.0
+    """Codec training in the first call."""
+    codec_preset: str = "small"
+    codec_batch_size: int = 16
+    codec_crop_frames: int = 24
+    lm_recipe: str = "small-gpu"
+    """``lm_train`` recipe of the LM run."""
+    reserve_minutes: float = 0.7
+    """Kept at the end for the export, the sample and packing."""
+    sample_max_frames: int = 150
+    """Frame limit of the sample sentence (12 s)."""
+    codec_max_steps: int | None = None
+    lm_max_steps: int | None = None
+    """Step caps (tests)."""
+    device: str = "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def _generate_teacher(out: Path, plan: Plan) -> None:
+    from breezert.train.teacher_data import generate
+
+    generate(out, plan.hours, plan.workers)
+
+
+def _codec_stage(work: Path, plan: Plan, minutes: float, codec_cfg_overrides: dict) -> Path:
+    from breezert.train.codec_train import CodecTrainConfig, export_checkpoint
+    from breezert.train.codec_train import train as train_codec
+    from breezert.train.data import AudioFolderCrops
+
+    cfg = CodecTrainConfig(preset=plan.codec_preset, batch_size=plan.codec_batch_size,
+                           crop_frames=plan.codec_crop_frames, **codec_cfg_overrides)
+    data = AudioFolderCrops(work / "teacher", cfg.crop_samples, seed=cfg.seed)
+    with stop_on_signals() as stop:
+        trainer = train_codec(data, work / "codec_run", cfg, minutes, plan.codec_max_steps,
+                              save_every=500, device=plan.device, stop=stop)
+    shutil.copy(work / "codec_run" / LOG_FILE, work / "carry" / "codec_log.jsonl")
+    return export_checkpoint(trainer, work / "carry" / "codec", dtype=torch.bfloat16)
+
+
+def _lm_stage(work: Path, plan: Plan, minutes: float, lm_overrides: dict) -> Path:
+    from breezert.train.lm_data import BatchStream, encode_shards, load_utterances, split_heldout
+    from breezert.train.lm_train import (
+        _RECIPES,
+        SNAPSHOT_FILE,
+        export_checkpoint,
+        save_snapshot,
+        train,
+    )
+
+    carry, run = work / "carry", work / "lm_run"
+    run.mkdir(parents=True, exist_ok=True)
+    if not (run / "state.pt").is_file():  # a fresh machine: go on from the carried snapshot
+        for name in (SNAPSHOT_FILE, LOG_FILE):
+            if (carry / "lm" / name).is_file():
+                shutil.copy(carry / "lm" / name, run / name)
+    if (work / "teacher").is_dir():
+        encode_shards(work / "teacher", carry / "codec", carry / "codes", device=plan.device)
+    cfg = replace(_RECIPES[plan.lm_recipe], **lm_overrides)
+    items, heldout = split_heldout(load_utterances(carry / "codes", cfg.max_frames))
+    with stop_on_signals() as stop:
+        trainer = train(items, heldout, run, cfg, minutes, plan.lm_max_steps,
+                        save_every=500, eval_every=500, device=plan.device, stop=stop)
+    data = BatchStream(items, cfg.max_tokens, cfg.seed)
+    data.load_state_dict(torch.load(run / "state.pt", weights_only=True)["data"])
+    (carry / "lm").mkdir(exist_ok=True)
+    save_snapshot(trainer, data, carry / "lm" / SNAPSHOT_FILE)
+    shutil.copy(run / LOG_FILE, carry / "lm" / LOG_FILE)
+    return export_checkpoint(trainer, carry / "codec", work / "voice")
+
+
+def _sample(voice: Path, text: str, max_frames: int) -> dict:
+    """One sentence with the checkpoint's own sampling: frames made, whether EOS ended it."""
+    from breezert.loader import load_checkpoint
+    from breezert.offline import synthesize_whole
+    from breezert.request import SynthesisRequest
+
+    ckpt = load_checkpoint(voice)
+    audio = synthesize_whole(ckpt, SynthesisRequest(text=text, max_frames=max_frames))
+    frames = len(audio) // 1920
+    return {"text": text, "frames": frames, "ended_by_eos": frames < max_frames}
+
+
+def run_pipeline(work: str | Path, minutes_total: float, out: str | Path,
+                 carry_in: str | Path | None = None, plan: Plan = Plan(),
+                 make_teacher: Callable[[Path, Plan], None] = _generate_teacher,
+                 codec_overrides: dict | None = None, lm_overrides: dict | None = None) -> dict:
+    """One call: resume from ``carry_in`` parts, run what is left within ``minutes_total``,
+    write the state parts, the logs and ``summary.json`` to ``out``; returns the summary."""
+    start = time.monotonic()
+    work, out = Path(work), Path(out)
+    carry = work / "carry"
+    if carry_in and (Path(carry_in) / f"{PARTS_PREFIX}.json").is_file():
+        state_shards.join_dir(carry_in, carry, PARTS_PREFIX)
+    carry.mkdir(parents=True, exist_ok=True)
+    summary: dict = {"plan": asdict(plan), "stages": []}
+
+    def left() -> float:
+        return minutes_total - plan.reserve_minutes - (time.monotonic() - start) / 60
+
+    if not (carry / "codec").is_dir():
+        make_teacher(work / "teacher", plan)
+        summary["stages"].append({"teacher_done_min": round((time.monotonic() - start) / 60, 2)})
+        _codec_stage(work, plan, min(plan.codec_minutes, left()), codec_overrides or {})
+        summary["stages"].append({"codec_done_min": round((time.monotonic() - start) / 60, 2)})
+    voice = _lm_stage(work, plan, max(0.0, left()), lm_overrides or {})
+    summary["stages"].append({"lm_done_min": round((time.monotonic() - start) / 60, 2)})
+    from breezert.train.lm_train import folder_bytes
+
+    summary["voice_bytes"] = folder_bytes(voice)
+    summary["sample"] = _sample(voice, "The quick brown fox jumps over the lazy dog.",
+                                plan.sample_max_frames)
+    out.mkdir(parents=True, exist_ok=True)
+    summary["parts"] = [p.name for p in state_shards.split_dir(carry, out, PARTS_PREFIX)]
+    logs = (("lm/" + LOG_FILE, "lm_log.jsonl"), ("codec_log.jsonl", "codec_log.jsonl"))
+    for name, target in logs:
+        if (carry / name).is_file():
+            shutil.copy(carry / name, out / target)
+    summary["minutes"] = round((time.monotonic() - start) / 60, 2)
+    (out / "summary.json").write_text(json.dumps(summary, indent=1))
+    return summary
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(prog="python -m breezert.train.pipeline", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--work", required=True, help="scratch folder on the GPU machine")
+    p.add_argument("--minutes-total", type=float, required=True, help="wall time of this call")
+    p.add_argument("--out", required=True, help="where the state parts and logs go ($OUT)")
+    p.add_argument("--carry-in", default=None, help="folder holding the last call's parts")
+    defaults = Plan()
+    for name in ("hours", "workers", "codec_minutes", "codec_preset", "lm_recipe",
+                 "reserve_minutes", "device"):
+        p.add_argument("--" + name.replace("_", "-"), type=type(getattr(defaults, name)),
+                       default=getattr(defaults, name))
+    args = p.parse_args(argv)
+    plan = replace(defaults, **{k: getattr(args, k) for k in (
+        "hours", "workers", "codec_minutes", "codec_preset", "lm_recipe", "reserve_minutes",
+        "device")})
+    if plan.device.startswith("cuda"):
+        torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
+    print(json.dumps(run_pipeline(args.work, args.minutes_total, args.out, args.carry_in, plan),
+                     indent=1))
+
+
+if __name__ == "__main__":
+    main()

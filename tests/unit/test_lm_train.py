@@ -1,0 +1,330 @@
+"""LM training at the tiny size on CPU: serving equivalence, learning, resume, EOS, export, CLI.
+
+Owns CPU-only checks of ``breezert.train.lm_data``, ``lm_forward`` and ``lm_train`` on synthetic
+codes (a deterministic function of the text, so held-out utterances are predictable) and, for the
+command line, synthetic teacher shards encoded by a tiny random codec. Must not: need a GPU, the
+teacher or downloaded data.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from breezert.constants import FRAME_EOS_ID, NUM_CODEBOOKS
+from breezert.layers.attention import DenseKVCache
+from breezert.loader import load_checkpoint
+from breezert.models.generate import generate_frames
+from breezert.options import SamplingParams
+from breezert.train import lm_train
+from breezert.train.checkpoint import LOG_FILE, STATE_FILE
+from breezert.train.lm_data import (
+    BatchStream,
+    byte_tokenizer,
+    encode_batch,
+    make_utterance,
+    pack_codes,
+    unpack_codes,
+)
+from breezert.train.lm_forward import Layout, _prior, teacher_forced
+from breezert.train.lm_train import (
+    FP8,
+    FP8_TENSORS,
+    SNAPSHOT_FILE,
+    LMTrainConfig,
+    LMTrainer,
+    export_checkpoint,
+    plain_state,
+    save_snapshot,
+    train,
+)
+
+pytestmark = pytest.mark.unit
+
+TOK = byte_tokenizer()
+WORDS = ("the", "cat", "sat", "on", "a", "mat", "dog", "ran", "far", "and", "so", "it", "go")
+GREEDY = SamplingParams(temperature=0.0, repetition_penalty=1.0, depth_temperature=0.0)
+CFG = LMTrainConfig(warmup_steps=5, schedule_steps=200, max_tokens=512)
+
+
+def _codes(text: str) -> torch.Tensor:
+    """One frame per character: code k of a character is a fixed function of it."""
+    return torch.tensor([[(ord(c) * 37 + 131 * k) % 2048 for k in range(NUM_CODEBOOKS)]
+                         for c in text])
+
+
+def _utterances(n: int, seed: int) -> list:
+    rng = np.random.default_rng(seed)
+    out = []
+    for i in range(n):
+        text = " ".join(rng.choice(WORDS, size=int(rng.integers(2, 5))))
+        out.append(make_utterance(TOK, seed * 1000 + i, text, _codes(text)))
+    return out
+
+
+def test_codes_pack_in_11_bits_and_round_trip() -> None:
+    codes = np.random.default_rng(0).integers(0, 2048, size=(37, 16))
+    packed = pack_codes(codes)
+    assert packed.nbytes == -(-37 * 16 * 11 // 8)
+    assert (unpack_codes(packed, codes.size).reshape(codes.shape) == codes).all()
+    with pytest.raises(ValueError, match="2048"):
+        pack_codes(np.array([2048]))
+
+
+def test_teacher_forced_logits_equal_the_serving_path() -> None:
+    """Two utterances of different lengths in one padded batch give, row for row, the logits
+    that serving's step-by-step backbone (DenseKVCache) and depth loop give."""
+    model = LMTrainer(CFG).model.eval()
+    batch = [make_utterance(TOK, 1, "on a mat", _codes("on a mat")),
+             make_utterance(TOK, 2, "go", _codes("go"))]
+    with torch.no_grad():
+        out = teacher_forced(model, batch, (), 0.2)
+    row = 0
+    for utt in batch:
+        bb = model.cfg.backbone
+        kv = DenseKVCache(bb.num_layers, bb.num_kv_heads, bb.head_dim)
+        seq = kv.add_sequence()
+        with torch.no_grad():
+            embeds = model.prompt_embeds(utt.prompt)
+            h = model.backbone_model(embeds, kv.begin_step([seq], [len(embeds)]), kv)[-1:]
+            for t, frame in enumerate(utt.codes):
+                ref = model.first_code_logits(h)[0]
+                torch.testing.assert_close(out.code0_logits[row + t], ref, atol=1e-4, rtol=1e-4)
+                depth = model.depth_decoder
+                cache = depth.new_cache(1)
+                depth.step(h, 0, cache)
+                for j in range(1, NUM_CODEBOOKS):
+                    x = depth.embed_code(frame[j - 1 : j], j - 1)
+                    ref_j = depth.logits(depth.step(x, j, cache), j)[0]
+                    frame_row = int((~out.is_eos_row[:row + t]).sum())
+                    torch.testing.assert_close(out.depth_logits[frame_row, j - 1], ref_j,
+                                               atol=1e-4, rtol=1e-4)
+                h = model.backbone_model(model.audio_frame_embeds(frame[None]),
+                                         kv.begin_step([seq], [1]), kv)
+            eos_row = row + len(utt.codes)
+            torch.testing.assert_close(out.code0_logits[eos_row], model.first_code_logits(h)[0],
+                                       atol=1e-4, rtol=1e-4)
+        assert int(out.code0_targets[eos_row]) == FRAME_EOS_ID and bool(out.is_eos_row[eos_row])
+        row = eos_row + 1
+    assert row == out.code0_logits.shape[0]
+
+
+def test_guided_prior_is_zero_on_the_diagonal_and_near_one_far_from_it() -> None:
+    lay = Layout(torch.tensor([11]), torch.tensor([20]), 31)
+    weight, key_ok, row_ok = _prior(lay, 11, 0.2, torch.device("cpu"))
+    # row 10 + t predicts frame t (t = 20 is EOS): t = 10 is halfway, key 5 is halfway.
+    assert float(weight[0, 0, 20, 5]) == pytest.approx(0.0, abs=1e-6)
+    assert float(weight[0, 0, 10, 10]) > 0.99  # frame 0 reading the last prompt position
+    assert row_ok[0, 0, :10].sum() == 0 and row_ok[0, 0, 10:].sum() == 21
+    assert bool(key_ok.all())
+
+
+def test_a_few_steps_lower_the_held_out_loss() -> None:
+    train_items, heldout = _utterances(48, seed=1), _utterances(8, seed=2)
+    trainer = LMTrainer(CFG)
+    before = trainer.evaluate(heldout)
+    stream = BatchStream(train_items, CFG.max_tokens, CFG.seed)
+    for _ in range(40):
+        trainer.train_step(stream.next())
+    after = trainer.evaluate(heldout)
+    # Random weights score about ln(2052) = 7.6 nats; 40 steps must take 2 nats off code 0
+    # (end of speech included) and off the depth codes of unseen texts.
+    assert before["eval_code0"] > 7.0 and before["eval_depth"] > 7.0
+    assert after["eval_code0"] < before["eval_code0"] - 2.0, (before, after)
+    assert after["eval_depth"] < before["eval_depth"] - 2.0, (before, after)
+
+
+def _log_steps(path: Path) -> list[dict]:
+    """The step records (each run's closing held-out score is left out) without times."""
+    rows = [json.loads(line) for line in path.read_text().splitlines()]
+    return [{k: v for k, v in r.items() if k != "time_s"} for r in rows if "run_end" not in r]
+
+
+def test_resume_after_a_kill_equals_an_uninterrupted_run(tmp_path: Path) -> None:
+    items, heldout = _utterances(24, seed=3), _utterances(3, seed=4)
+    cfg = LMTrainConfig(warmup_steps=2, schedule_steps=8, max_tokens=256, fp8_tables=True)
+    kw = dict(save_every=3, eval_every=4)
+    whole = train(items, heldout, tmp_path / "a", cfg, minutes=5, max_steps=8, **kw)
+    b = tmp_path / "b"
+    train(items, heldout, b, cfg, minutes=5, max_steps=3, **kw)
+    saved = (b / STATE_FILE).read_bytes()
+    train(items, heldout, b, cfg, minutes=5, max_steps=5, **kw)  # steps 4-5 logged, then "killed"
+    (b / STATE_FILE).write_bytes(saved)  # ... before their save: the step-3 save is the last
+    resumed = train(items, heldout, b, cfg, minutes=5, max_steps=8, **kw)
+    assert resumed.step == whole.step == 8
+    for (name, x), (_, y) in zip(plain_state(whole.model).items(),
+                                 plain_state(resumed.model).items(), strict=True):
+        assert torch.equal(x, y), name
+    steps = _log_steps(tmp_path / "a" / LOG_FILE)
+    assert [r["step"] for r in steps] == list(range(1, 9)) and "eval_code0" in steps[3]
+    assert _log_steps(b / LOG_FILE) == steps
+
+
+def test_a_carry_snapshot_resumes_with_bf16_weights_and_a_fresh_optimizer(tmp_path: Path) -> None:
+    items = _utterances(12, seed=5)
+    trainer = train(items, [], tmp_path / "run", CFG, minutes=5, max_steps=3)
+    stream = BatchStream(items, CFG.max_tokens, CFG.seed)
+    stream.load_state_dict(torch.load(tmp_path / "run" / STATE_FILE)["data"])
+    carry = tmp_path / "carry"
+    carry.mkdir()
+    save_snapshot(trainer, stream, carry / SNAPSHOT_FILE)
+    state_bytes = (tmp_path / "run" / STATE_FILE).stat().st_size
+    assert (carry / SNAPSHOT_FILE).stat().st_size < state_bytes / 10  # no moments, sparse text
+    resumed = LMTrainer(CFG)
+    assert lm_train.resume(resumed, BatchStream(items, CFG.max_tokens, CFG.seed), carry)
+    assert resumed.step == resumed.reset_step == 3 and not resumed.opt.state
+    for (name, x), (_, y) in zip(plain_state(trainer.model).items(),
+                                 plain_state(resumed.model).items(), strict=True):
+        torch.testing.assert_close(y, x.bfloat16().float(), atol=0, rtol=0, msg=name)
+    assert resumed.lr() < trainer.lr() / 10  # re-warmup after the optimiser restart
+    again = train(items, [], carry, CFG, minutes=5, max_steps=5)
+    assert again.step == 5
+
+
+def test_end_of_speech_comes_on_time_after_overfitting_two_utterances() -> None:
+    batch = [make_utterance(TOK, 1, "the cat sat", _codes("the cat sat")[:6]),
+             make_utterance(TOK, 2, "a dog ran far", _codes("a dog ran far")[:10])]
+    cfg = LMTrainConfig(warmup_steps=10, schedule_steps=150, learning_rate=3e-3)
+    trainer = LMTrainer(cfg)
+    for _ in range(150):
+        record = trainer.train_step(batch)
+    assert record["eos"] < 0.1, record
+    model = trainer.model.eval()
+    for utt in batch:
+        frames = list(generate_frames(model, utt.prompt, GREEDY, max_frames=40))
+        assert abs(len(frames) - len(utt.codes)) <= 1, (utt.text, len(frames))
+        got = torch.stack(frames[: len(utt.codes)])
+        assert (got == utt.codes[: len(got)]).float().mean() > 0.9
+
+
+# ------------------------------------------------------------------------------- with a codec
+@pytest.fixture(scope="module")
+def codec_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from breezert.train.codec_train import CodecTrainConfig, CodecTrainer
+    from breezert.train.codec_train import export_checkpoint as export_codec
+
+    root = tmp_path_factory.mktemp("codec")
+    return export_codec(CodecTrainer(CodecTrainConfig()), root / "ckpt")
+
+
+@pytest.fixture(scope="module")
+def teacher_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from breezert.train.shards import ShardWriter
+
+    root = tmp_path_factory.mktemp("teacher")
+    rng = np.random.default_rng(0)
+    writer = ShardWriter(root, max_bytes=80_000)
+    for i in range(12):
+        text = " ".join(rng.choice(WORDS, size=3))
+        audio = (3000 * rng.standard_normal(int(rng.integers(4000, 12000)))).astype(np.int16)
+        writer.add(i, "test", text, "", audio, np.zeros(1, np.int16), np.ones(1, np.int16))
+    writer.flush()
+    assert len(list(root.glob("shard-*.npz"))) >= 2
+    return root
+
+
+def test_batched_encoding_equals_one_clip_at_a_time(codec_dir: Path) -> None:
+    encoder = load_checkpoint(codec_dir).codec_encoder
+    rng = np.random.default_rng(1)
+    clips = [(3000 * rng.standard_normal(n)).astype(np.int16) for n in (1920 * 3, 5000, 100)]
+    batched = encode_batch(encoder, clips, torch.device("cpu"))
+    for clip, codes in zip(clips, batched, strict=True):
+        assert codes.shape == (-(-len(clip) // 1920), NUM_CODEBOOKS)
+        assert (encode_batch(encoder, [clip], torch.device("cpu"))[0] == codes).all()
+
+
+def test_export_loads_stores_fp8_tables_and_serves(tmp_path: Path, codec_dir: Path) -> None:
+    from safetensors import safe_open
+
+    cfg = LMTrainConfig(fp8_tables=True, warmup_steps=1)
+    trainer = LMTrainer(cfg)
+    trainer.train_step(_utterances(4, seed=6))
+    root = export_checkpoint(trainer, codec_dir, tmp_path / "voice")
+    index = json.loads((root / "model.safetensors.index.json").read_text())["weight_map"]
+    for name in FP8_TENSORS:
+        with safe_open(str(root / index[name]), "pt") as f:
+            stored = f.get_tensor(name)
+        assert stored.dtype == FP8
+        master = plain_state(trainer.model)[name].detach()
+        assert torch.equal(stored.float(), master.clamp(-448, 448).to(FP8).float())
+    ckpt = load_checkpoint(root)
+    assert ckpt.config.backbone.hidden_size == 64 and ckpt.codec_encoder is not None
+    codec_file = codec_dir / "audio_tokenizer" / "model.safetensors"
+    assert (root / "audio_tokenizer" / "model.safetensors").read_bytes() == codec_file.read_bytes()
+    from breezert.cli import main as cli_main
+
+    wav = tmp_path / "out.wav"
+    assert cli_main(["synth", "--model", str(root), "--text", "the cat", "--out", str(wav),
+                     "--max-frames", "4", "--ignore-eos"]) == 0
+    import wave
+
+    with wave.open(str(wav)) as f:
+        assert f.getnframes() == 4 * 1920
+
+
+def test_command_line_encodes_once_trains_resumes_and_exports(
+    tmp_path: Path, codec_dir: Path, teacher_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out, voice = tmp_path / "lm", tmp_path / "voice"
+    def argv(max_steps: int) -> list[str]:
+        return ["--data", str(teacher_dir), "--codec", str(codec_dir), "--out", str(out),
+                "--minutes", "5", "--max-steps", str(max_steps), "--max-tokens", "256",
+                "--device", "cpu"]
+
+    lm_train.main(argv(2))
+    cached = sorted((out / "codes").glob("codes-*.npz"))
+    assert len(cached) == len(list(teacher_dir.glob("shard-*.npz")))
+    mtimes = [p.stat().st_mtime_ns for p in cached]
+    lm_train.main(argv(4) + ["--export", str(voice)])
+    assert [p.stat().st_mtime_ns for p in cached] == mtimes  # not encoded again
+    assert [r["step"] for r in _log_steps(out / LOG_FILE)] == [1, 2, 3, 4]
+    printed = capsys.readouterr().out
+    assert "parameters" in printed and "MB on disk" in printed
+    assert load_checkpoint(voice).config.codec == load_checkpoint(codec_dir).config.codec
+    shutil.rmtree(out / "codes")
+
+
+def test_the_pipeline_carries_its_state_to_a_second_call(tmp_path: Path) -> None:
+    """Call 1 makes data, trains codec and LM, packs; call 2, on a fresh work folder with only
+    the parts, makes no data, keeps the codec and goes on with the LM from its snapshot."""
+    from breezert.train.pipeline import Plan, run_pipeline
+    from breezert.train.shards import ShardWriter
+
+    def make_teacher(out: Path, plan: Plan) -> None:
+        out.mkdir(parents=True)
+        writer = ShardWriter(out, max_bytes=1 << 20)
+        for i, utt in enumerate(_utterances(6, seed=7)):
+            audio = (3000 * np.sin(np.arange(1920 * len(utt.codes)) * 0.05 * (i + 1)))
+            writer.add(i + 1, "test", utt.text, "", audio.astype(np.int16),
+                       np.zeros(1, np.int16), np.ones(1, np.int16))
+        writer.flush()
+
+    def no_teacher(out: Path, plan: Plan) -> None:
+        raise AssertionError("the second call must not need the teacher")
+
+    plan = Plan(codec_preset="tiny", codec_batch_size=2, codec_crop_frames=4, lm_recipe="tiny",
+                codec_max_steps=2, lm_max_steps=3, device="cpu", reserve_minutes=0.0,
+                sample_max_frames=6)
+    kw = dict(codec_overrides={"disc_channels": 4}, lm_overrides={"max_tokens": 256})
+    first = run_pipeline(tmp_path / "w1", 5, tmp_path / "out1", plan=plan,
+                         make_teacher=make_teacher, **kw)
+    assert all((tmp_path / "out1" / n).stat().st_size <= 16 * 1024 * 1024 for n in first["parts"])
+    assert len(list((tmp_path / "out1").iterdir())) <= 8  # what one device call returns
+    from breezert.train.state_shards import join_dir
+
+    carried = {p.name for p in join_dir(tmp_path / "out1", tmp_path / "joined").rglob("*")}
+    assert {"snapshot.pt", "codec_log.jsonl", "config.json"} <= carried
+    assert "state.pt" not in carried  # the full optimiser state stays on the machine
+    second = run_pipeline(tmp_path / "w2", 5, tmp_path / "out2", carry_in=tmp_path / "out1",
+                          plan=replace(plan, lm_max_steps=5), make_teacher=no_teacher, **kw)
+    assert second["sample"]["frames"] >= 1
+    steps = [r["step"] for r in _log_steps(tmp_path / "out2" / "lm_log.jsonl")]
+    assert steps == [1, 2, 3, 4, 5]
+    codec = "carry/codec/audio_tokenizer/model.safetensors"
+    assert (tmp_path / "w1" / codec).read_bytes() == (tmp_path / "w2" / codec).read_bytes()
+    assert load_checkpoint(tmp_path / "w2" / "voice").config.backbone.hidden_size == 64

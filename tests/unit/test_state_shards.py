@@ -1,0 +1,67 @@
+"""State split into bounded parts and joined back: sizes, round trip, determinism, corruption.
+
+Owns CPU-only checks of ``breezert.train.state_shards`` on a folder of random files made in the
+test. Must not: need a GPU or training.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from breezert.train.state_shards import StateShardError, join_dir, main, split_dir
+
+pytestmark = pytest.mark.unit
+
+
+def _folder(root: Path) -> dict[str, bytes]:
+    rng = np.random.default_rng(0)
+    files = {"codec/audio_tokenizer/model.safetensors": rng.bytes(30_000),
+             "codes/codes-00000000.npz": rng.bytes(12_345), "lm/snapshot.pt": rng.bytes(9_000),
+             "lm/log.jsonl": b'{"step": 1}\n', "empty.txt": b""}
+    for name, data in files.items():
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_bytes(data)
+    return files
+
+
+def _read(root: Path) -> dict[str, bytes]:
+    return {p.relative_to(root).as_posix(): p.read_bytes() for p in root.rglob("*") if p.is_file()}
+
+
+def test_split_bounds_every_part_and_join_restores_the_folder(tmp_path: Path) -> None:
+    files = _folder(tmp_path / "src")
+    written = split_dir(tmp_path / "src", tmp_path / "parts", max_bytes=10_000)
+    parts = [p for p in written if p.suffix != ".json"]
+    assert len(parts) >= 5 and all(p.stat().st_size <= 10_000 for p in parts)
+    assert _read(join_dir(tmp_path / "parts", tmp_path / "dst")) == files
+    again = split_dir(tmp_path / "dst", tmp_path / "parts2", max_bytes=10_000)  # deterministic
+    assert [p.read_bytes() for p in again] == [p.read_bytes() for p in written]
+
+
+def test_join_refuses_a_corrupt_or_missing_part_and_writes_nothing(tmp_path: Path) -> None:
+    _folder(tmp_path / "src")
+    split_dir(tmp_path / "src", tmp_path / "parts", max_bytes=10_000)
+    part = tmp_path / "parts" / "state.001"
+    data = bytearray(part.read_bytes())
+    data[100] ^= 1
+    part.write_bytes(bytes(data))
+    with pytest.raises(StateShardError, match="state.001"):
+        join_dir(tmp_path / "parts", tmp_path / "dst")
+    assert not (tmp_path / "dst").exists()
+    part.unlink()
+    with pytest.raises(StateShardError, match="missing part"):
+        join_dir(tmp_path / "parts", tmp_path / "dst")
+
+
+def test_a_new_split_replaces_the_old_parts_and_the_cli_round_trips(tmp_path: Path) -> None:
+    files = _folder(tmp_path / "src")
+    split_dir(tmp_path / "src", tmp_path / "parts", max_bytes=5_000)  # more, smaller parts
+    main(["split", str(tmp_path / "src"), str(tmp_path / "parts"), "--max-bytes", "20000"])
+    manifest = json.loads((tmp_path / "parts" / "state.json").read_text())
+    names = sorted(p.name for p in (tmp_path / "parts").glob("state.[0-9]*"))
+    assert names == [p["name"] for p in manifest["parts"]]
+    main(["join", str(tmp_path / "parts"), str(tmp_path / "dst")])
+    assert _read(tmp_path / "dst") == files
