@@ -32,7 +32,8 @@ import triton
 import triton.language as tl
 
 from breezert.kernels.gemm import DOT_F32, FusedGemms, Tiles, bf16, check_bf16, mm, rope, row_block
-from breezert.models.text_encoder import SLIDING
+
+SLIDING = "sliding_attention"  # models.text_encoder's layer kind (kernels import no models)
 
 MAX_TOKENS = 128
 """Most packed tokens the fused layers serve (a sentence is 20-60; the row blocks re-read each
