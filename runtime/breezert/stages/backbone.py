@@ -2,7 +2,9 @@
 
 Owns: gathering each item's input rows (prompt-embedding chunks, or the last frame's codes),
 bucket-padded KV metadata, the graphed forward functions, and storing each branch's last hidden
-state. Must not: sample (DEPTH does) or pick blocks (the scheduler does).
+state (with the device slot table, DECODE reads its frames from and writes its state into the
+table inside its graph: ``backbone_decode_from_slots``). Must not: sample (DEPTH does) or pick
+blocks (the scheduler does).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from breezert.sched.plan import DecodeItem, PrefillItem
 from breezert.worker.batch_state import BatchState
 from breezert.worker.cuda_graphs import GraphRunner, bucket_for
 from breezert.worker.kv_cache import KVRun, PagedKVCache, StepMeta
+from breezert.worker.slot_table import SlotTable
 
 
 def backbone_prefill(
@@ -39,6 +42,20 @@ def backbone_decode(
     view = GatherKV(kv, write_rows, read_rows, mask)
     embeds = model.audio_frame_embeds(codes)  # [R, D]
     return {"hidden": (backbone or model.backbone_model)(embeds, positions, view)}
+
+
+def backbone_decode_from_slots(
+    table: SlotTable, decode: Callable[..., dict[str, torch.Tensor]],
+    row_ids: torch.Tensor,  # [R] int64: slot * 2 + branch of each row
+    positions: torch.Tensor, write_rows: torch.Tensor, read_rows: torch.Tensor,
+    mask: torch.Tensor,
+) -> dict[str, torch.Tensor]:
+    """``decode`` (``backbone_decode`` bound to a model and cache) fed each row's last frame
+    from ``table``; the new hidden states go back into the table. Sync-free, graph-safe."""
+    hidden = decode(codes=table.decode_codes(row_ids), positions=positions,
+                    write_rows=write_rows, read_rows=read_rows, mask=mask)["hidden"]
+    table.store_hidden(row_ids, hidden)
+    return {"hidden": hidden}
 
 
 def _meta_inputs(meta: StepMeta, device: torch.device) -> dict[str, torch.Tensor]:
@@ -102,8 +119,12 @@ class DecodeStage:
     def __init__(
         self, model: BreezeModel, kv: PagedKVCache, graphs: GraphRunner,
         row_buckets: Sequence[int], context_buckets: Sequence[int],
+        table: SlotTable | None = None,
     ) -> None:
         self.model, self.kv, self.graphs = model, kv, graphs
+        self.table = table
+        """The device slot table; the graphs run ``backbone_decode_from_slots`` (None: the
+        host packs each row's frame)."""
         self.row_buckets, self.context_buckets = tuple(row_buckets), tuple(context_buckets)
         self.device = model.lm_head.weight.device
 
@@ -116,19 +137,22 @@ class DecodeStage:
         return num_rows, context
 
     def run(self, items: Sequence[DecodeItem], batch: BatchState) -> StageOutput:
-        frames, runs = [], []
+        runs = [KVRun(branch.block_ids, branch.position, 1)
+                for item in items for branch in item.branches]
+        shape = self.shape_for(len(runs), max(r.start + 1 for r in runs))
+        meta = _meta_inputs(self.kv.decode_meta(runs, *shape), self.device)
+        if self.table is not None:
+            rows = [2 * item.slot + b for item in items for b in range(len(item.branches))]
+            self.graphs(shape, {"row_ids": self.row_ids(rows, shape[0]), **meta})
+            return StageOutput()
+        frames = []
         for item in items:
             segment = batch.get(item.slot, item.request_id).segments[item.segment_index]
             assert segment.last_frame is not None, "DECODE before the segment's first DEPTH"
-            for branch in item.branches:
-                frames.append(segment.last_frame)
-                runs.append(KVRun(branch.block_ids, branch.position, 1))
-        shape = self.shape_for(len(runs), max(r.start + 1 for r in runs))
-        meta = self.kv.decode_meta(runs, *shape)
+            frames.extend([segment.last_frame] * len(item.branches))
         codes = torch.zeros(shape[0], frames[0].shape[0], dtype=torch.long)
         codes[: len(frames)] = torch.stack(frames)
-        inputs = {"codes": codes.to(self.device, non_blocking=True),
-                  **_meta_inputs(meta, self.device)}
+        inputs = {"codes": codes.to(self.device, non_blocking=True), **meta}
         hidden = self.graphs(shape, inputs)["hidden"]
         row = 0
         for item in items:
@@ -137,6 +161,13 @@ class DecodeStage:
                 segment.hidden[b] = hidden[row].clone()
                 row += 1
         return StageOutput()
+
+    def row_ids(self, rows: list[int], size: int) -> torch.Tensor:
+        """``[size]`` table rows on the device, padding rows the scratch slot's."""
+        assert self.table is not None
+        ids = torch.full((size,), 2 * self.table.scratch_slot, dtype=torch.long)
+        ids[: len(rows)] = torch.tensor(rows, dtype=torch.long)
+        return ids.to(self.device, non_blocking=True)
 
     def example_inputs(
         self, num_rows: int, context: int, cached: int = 0
@@ -150,6 +181,8 @@ class DecodeStage:
                              f"blocks; the pool has {self.kv.num_blocks}")
         runs = [KVRun(list(range(i * blocks, (i + 1) * blocks)), cached, 1)
                 for i in range(num_rows if cached else 0)]
-        meta = self.kv.decode_meta(runs, num_rows, context)
+        meta = _meta_inputs(self.kv.decode_meta(runs, num_rows, context), self.device)
+        if self.table is not None:  # every row reads and writes the scratch slot
+            return {"row_ids": self.row_ids([], num_rows), **meta}
         codes = torch.zeros(num_rows, self.model.cfg.num_codebooks, dtype=torch.long)
-        return {"codes": codes.to(self.device), **_meta_inputs(meta, self.device)}
+        return {"codes": codes.to(self.device), **meta}
