@@ -39,9 +39,15 @@ def engine_with(device_slot_state: bool, codec_mixed_sizes: bool = False) -> Eng
     graph = config.graph.model_copy(update={"device_slot_state": device_slot_state,
                                             "codec_mixed_sizes": codec_mixed_sizes})
     scheduler = config.scheduler.model_copy(update={"max_running_requests": MAX_RUNNING})
+    return deterministic_engine(config.model_copy(update={"graph": graph,
+                                                          "scheduler": scheduler}))
+
+
+def deterministic_engine(config: EngineConfig) -> Engine:
+    """An engine on a clock of fixed ticks (two engines fed the same requests make the same
+    plans) whose lm_head samples EOS now and then (``EOS_GAIN``)."""
     ticks = itertools.count()
-    engine = Engine(config.model_copy(update={"graph": graph, "scheduler": scheduler}),
-                    clock=lambda: 0.002 * next(ticks))  # the same schedule on both engines
+    engine = Engine(config, clock=lambda: 0.002 * next(ticks))
     model = engine.checkpoint.model
     with torch.no_grad():  # random weights never pick EOS: make request "eos" end on its own
         (model.lm_head_fp32 if model.lm_head_fp32 is not None else model.lm_head.weight)[
@@ -152,11 +158,9 @@ def traces(request: pytest.FixtureRequest) -> dict[bool, tuple[Engine, Trace]]:
             for engine in [engine_with(on, codec_mixed_sizes=request.param)]}
 
 
-def test_device_slot_state_equals_the_host_path_step_for_step(
-    traces: dict[bool, tuple[Engine, Trace]],
-) -> None:
-    (_, host), (device_engine, device) = traces[False], traces[True]
-    assert device_engine.runner.table is not None
+def assert_same_trace(host: Trace, device: Trace, audio_atol: float = 0.0) -> None:
+    """The same plans, first codes, frames, outcomes and chunk ranges; audio within
+    ``audio_atol`` (0: bit for bit)."""
     assert device.plans == host.plans  # the same schedule: every result matched
     assert device.first_codes == host.first_codes
     assert device.frames == host.frames
@@ -167,8 +171,17 @@ def test_device_slot_state_equals_the_host_path_step_for_step(
         got = device.chunks[request_id]
         assert [(c.frame_start, c.frame_end) for c in got] == \
             [(c.frame_start, c.frame_end) for c in chunks]
-        np.testing.assert_array_equal(np.concatenate([c.pcm for c in got]),
-                                      np.concatenate([c.pcm for c in chunks]))
+        np.testing.assert_allclose(np.concatenate([c.pcm for c in got]),
+                                   np.concatenate([c.pcm for c in chunks]),
+                                   atol=audio_atol, rtol=0)
+
+
+def test_device_slot_state_equals_the_host_path_step_for_step(
+    traces: dict[bool, tuple[Engine, Trace]],
+) -> None:
+    (_, host), (device_engine, device) = traces[False], traces[True]
+    assert device_engine.runner.table is not None
+    assert_same_trace(host, device)
 
 
 def test_the_mix_reuses_slots_aborts_and_ends_every_request(
