@@ -8,7 +8,9 @@ segment, repetition masks filled, frames waiting for the codec) and times ``stag
 of 30 calls) with each graph replaced by a stub that returns outputs of the right shape: what is
 left is the host's part of a step (packing inputs, reading results back, the stage's Python).
 Also counts, per step, the input tensors a GPU step copies host -> device and their bytes
-(DEPTH's backbone states are stacked on the device, so they are not counted). Prints one line
+(DEPTH's backbone states are stacked on the device and DECODE's key positions made once, so
+they are not counted; with the table a new segment's block tables are uploaded once, outside
+these steady-state steps). Prints one line
 per (stage, B) and writes JSON with host, torch and commit.
 """
 
@@ -52,8 +54,11 @@ class StubGraphs:
         return self._static.setdefault((shape, dtype), torch.zeros(shape, dtype=dtype))
 
     def __call__(self, key, inputs: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:  # noqa: ANN001
-        sent = [t for name, t in inputs.items() if name != "hidden"]
-        self.uploads = (len(sent), sum(t.numel() * t.element_size() for t in sent))
+        # DEPTH's states are stacked on the device, DECODE's key slots are made once; inputs
+        # that are views of one tensor (DECODE's row ids and positions) are one upload
+        sent = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes()
+                for name, t in inputs.items() if name not in ("hidden", "key_slots")}
+        self.uploads = (len(sent), sum(sent.values()))
         if "row_ids" in inputs and inputs["row_ids"].dim() == 2:  # DEPTH on the table
             return {"first_codes": self._zeros(inputs["row_ids"].shape[1], dtype=torch.long)}
         if "has_cfg" in inputs:  # DEPTH, host path

@@ -140,7 +140,10 @@ def test_every_decode_bucket_equals_the_host_path(engines: dict[bool, Engine]) -
             0, 2048, (-(-rows // 2), 16), device="cuda", generator=gen)
         codes = table.last_frame[torch.tensor(row_ids, device="cuda") // 2]
         want = host_graphs((rows, context), {"codes": codes, **meta})["hidden"].clone()
-        got = stage.graphs((rows, context), {"row_ids": stage.row_ids(row_ids, rows), **meta})
+        for row, run in zip(row_ids, runs):
+            table.set_block_table(row, tuple(run.block_ids))
+        inputs = stage.slot_inputs(row_ids, [run.start for run in runs], rows, context)
+        got = stage.graphs((rows, context), inputs)
         assert torch.equal(got["hidden"], want), (rows, context)
         assert torch.equal(table.hidden.view(-1, want.shape[-1])[:rows], want)
     table.release(list(range(table.scratch_slot)))

@@ -20,9 +20,13 @@ pytestmark = pytest.mark.unit
 VOCAB, HIDDEN, RING = 2052, 8, 4
 
 
+SCRATCH_BLOCK = 99
+
+
 def _table(max_slots: int = 3) -> SlotTable:
     return SlotTable(max_slots, vocab_size=VOCAB, hidden_size=HIDDEN, hidden_dtype=torch.float32,
-                     ring_frames=RING, device=torch.device("cpu"))
+                     ring_frames=RING, device=torch.device("cpu"), max_blocks=4,
+                     scratch_block=SCRATCH_BLOCK)
 
 
 def _params(seed: int, *, cfg: bool = False) -> SlotParams:
@@ -102,3 +106,35 @@ def test_decode_reads_last_frames_and_stores_hidden_per_branch() -> None:
     assert table.decode_codes(torch.tensor([2, 3, 6]))[:, 0].tolist() == [9, 9, 0]
     table.store_hidden(torch.tensor([2, 3]), torch.stack([torch.ones(HIDDEN), -torch.ones(HIDDEN)]))
     assert table.hidden[1, :, 0].tolist() == [1, -1]
+
+
+def test_block_tables_upload_on_change_and_reset_at_release(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    table = _table()
+    blocks = (5, 6)
+    table.set_block_table(3, blocks)  # slot 1, branch 1
+    assert table.block_tables[3].tolist() == [5, 6, SCRATCH_BLOCK, SCRATCH_BLOCK]
+    writes = []
+    monkeypatch.setattr(table, "block_tables", _Spy(table.block_tables, writes))
+    table.set_block_table(3, blocks)  # the same tuple: nothing to upload
+    assert writes == []
+    table.set_block_table(3, (7, 8, 9))  # a new segment's table
+    assert writes == [3]
+    monkeypatch.undo()
+    table.release([1])
+    assert (table.block_tables == SCRATCH_BLOCK).all()
+    table.set_block_table(3, blocks)  # written again after reuse
+    assert table.block_tables[3, 0].item() == 5
+    with pytest.raises(ValueError, match="exceeds"):
+        table.set_block_table(0, tuple(range(5)))
+
+
+class _Spy:
+    """A tensor stand-in that records the rows written to it."""
+
+    def __init__(self, tensor: torch.Tensor, writes: list[int]) -> None:
+        self.tensor, self.writes, self.shape = tensor, writes, tensor.shape
+
+    def __setitem__(self, row: int, value: torch.Tensor) -> None:
+        self.writes.append(row)
+        self.tensor[row] = value

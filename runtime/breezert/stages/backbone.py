@@ -2,8 +2,8 @@
 
 Owns: gathering each item's input rows (prompt-embedding chunks, or the last frame's codes),
 bucket-padded KV metadata, the graphed forward functions, and storing each branch's last hidden
-state (with the device slot table, DECODE reads its frames from and writes its state into the
-table inside its graph: ``backbone_decode_from_slots``). Must not: sample (DEPTH does) or pick
+state (with the device slot table, DECODE reads its frames and block tables from and writes its
+state into the table inside its graph: ``backbone_decode_from_slots``). Must not: sample (DEPTH does) or pick
 blocks (the scheduler does).
 """
 
@@ -19,7 +19,7 @@ from breezert.outputs import StageOutput
 from breezert.sched.plan import DecodeItem, PrefillItem
 from breezert.worker.batch_state import BatchState
 from breezert.worker.cuda_graphs import GraphRunner, bucket_for
-from breezert.worker.kv_cache import KVRun, PagedKVCache, StepMeta
+from breezert.worker.kv_cache import KVRun, PagedKVCache, StepMeta, decode_meta_on_device
 from breezert.worker.slot_table import SlotTable
 
 
@@ -45,15 +45,18 @@ def backbone_decode(
 
 
 def backbone_decode_from_slots(
-    table: SlotTable, decode: Callable[..., dict[str, torch.Tensor]],
+    table: SlotTable, decode: Callable[..., dict[str, torch.Tensor]], block_size: int,
+    scratch_row: int,
     row_ids: torch.Tensor,  # [R] int64: slot * 2 + branch of each row
-    positions: torch.Tensor, write_rows: torch.Tensor, read_rows: torch.Tensor,
-    mask: torch.Tensor,
+    positions: torch.Tensor,  # [R] int64: the fed frame's position (padding: 0)
+    key_slots: torch.Tensor,  # [T] int64: 0..T-1
 ) -> dict[str, torch.Tensor]:
     """``decode`` (``backbone_decode`` bound to a model and cache) fed each row's last frame
-    from ``table``; the new hidden states go back into the table. Sync-free, graph-safe."""
-    hidden = decode(codes=table.decode_codes(row_ids), positions=positions,
-                    write_rows=write_rows, read_rows=read_rows, mask=mask)["hidden"]
+    from ``table``, its KV metadata built from the table's block tables; the new hidden states
+    go back into the table. Sync-free, graph-safe."""
+    meta = decode_meta_on_device(table.block_tables[row_ids], positions, key_slots, block_size,
+                                 scratch_row)
+    hidden = decode(codes=table.decode_codes(row_ids), **meta)["hidden"]
     table.store_hidden(row_ids, hidden)
     return {"hidden": hidden}
 
@@ -124,7 +127,8 @@ class DecodeStage:
         self.model, self.kv, self.graphs = model, kv, graphs
         self.table = table
         """The device slot table; the graphs run ``backbone_decode_from_slots`` (None: the
-        host packs each row's frame)."""
+        host packs each row's frame and the KV metadata)."""
+        self._key_slots: dict[int, torch.Tensor] = {}  # context -> arange on the device
         self.row_buckets, self.context_buckets = tuple(row_buckets), tuple(context_buckets)
         self.device = model.lm_head.weight.device
 
@@ -140,11 +144,9 @@ class DecodeStage:
         runs = [KVRun(branch.block_ids, branch.position, 1)
                 for item in items for branch in item.branches]
         shape = self.shape_for(len(runs), max(r.start + 1 for r in runs))
-        meta = _meta_inputs(self.kv.decode_meta(runs, *shape), self.device)
         if self.table is not None:
-            rows = [2 * item.slot + b for item in items for b in range(len(item.branches))]
-            self.graphs(shape, {"row_ids": self.row_ids(rows, shape[0]), **meta})
-            return StageOutput()
+            return self._run_on_slots(items, shape, self.table)
+        meta = _meta_inputs(self.kv.decode_meta(runs, *shape), self.device)
         frames = []
         for item in items:
             segment = batch.get(item.slot, item.request_id).segments[item.segment_index]
@@ -162,12 +164,33 @@ class DecodeStage:
                 row += 1
         return StageOutput()
 
-    def row_ids(self, rows: list[int], size: int) -> torch.Tensor:
-        """``[size]`` table rows on the device, padding rows the scratch slot's."""
+    def _run_on_slots(self, items: Sequence[DecodeItem], shape: tuple[int, int],
+                      table: SlotTable) -> StageOutput:
+        """The device path: one upload of row ids and positions (block tables only when a
+        segment starts); the frames, KV metadata and new states stay on the device."""
+        rows, positions = [], []
+        for item in items:
+            for b, branch in enumerate(item.branches):
+                table.set_block_table(2 * item.slot + b, branch.block_ids)
+                rows.append(2 * item.slot + b)
+                positions.append(branch.position)
+        self.graphs(shape, self.slot_inputs(rows, positions, *shape))
+        return StageOutput()
+
+    def slot_inputs(self, rows: list[int], positions: list[int], size: int,
+                    context: int) -> dict[str, torch.Tensor]:
+        """Inputs of ``backbone_decode_from_slots``, padded to ``size`` rows (padding rows read
+        and write the scratch slot at position 0) and ``context`` keys."""
         assert self.table is not None
-        ids = torch.full((size,), 2 * self.table.scratch_slot, dtype=torch.long)
-        ids[: len(rows)] = torch.tensor(rows, dtype=torch.long)
-        return ids.to(self.device, non_blocking=True)
+        index = torch.zeros(2, size, dtype=torch.long)
+        index[0] = 2 * self.table.scratch_slot
+        index[0, : len(rows)] = torch.tensor(rows, dtype=torch.long)
+        index[1, : len(positions)] = torch.tensor(positions, dtype=torch.long)
+        index = index.to(self.device, non_blocking=True)  # one upload
+        key_slots = self._key_slots.get(context)
+        if key_slots is None:
+            key_slots = self._key_slots[context] = torch.arange(context, device=self.device)
+        return {"row_ids": index[0], "positions": index[1], "key_slots": key_slots}
 
     def example_inputs(
         self, num_rows: int, context: int, cached: int = 0
@@ -181,8 +204,8 @@ class DecodeStage:
                              f"blocks; the pool has {self.kv.num_blocks}")
         runs = [KVRun(list(range(i * blocks, (i + 1) * blocks)), cached, 1)
                 for i in range(num_rows if cached else 0)]
-        meta = _meta_inputs(self.kv.decode_meta(runs, num_rows, context), self.device)
         if self.table is not None:  # every row reads and writes the scratch slot
-            return {"row_ids": self.row_ids([], num_rows), **meta}
+            return self.slot_inputs([], [], num_rows, context)
+        meta = _meta_inputs(self.kv.decode_meta(runs, num_rows, context), self.device)
         codes = torch.zeros(num_rows, self.model.cfg.num_codebooks, dtype=torch.long)
         return {"codes": codes.to(self.device), **meta}

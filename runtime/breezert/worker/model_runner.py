@@ -65,10 +65,10 @@ class ModelRunner:
         block_size: int,
         graph: GraphConfig | None = None,
         codec_precision: str = "tf32",
-        ring_frames: int = 2048,
+        max_model_len: int = 2048,
     ) -> None:
-        """``ring_frames``: frames per slot that may wait for the codec with the device slot
-        table (``build_runner`` passes ``scheduler.max_model_len``, a whole segment's)."""
+        """``max_model_len``: tokens per branch; with the device slot table, also the frames
+        per slot that may wait for the codec (a whole segment's)."""
         self.ckpt = checkpoint
         model = checkpoint.model
         bb = checkpoint.config.backbone
@@ -97,16 +97,19 @@ class ModelRunner:
         self.table: SlotTable | None = None
         """Per-slot device state (``graph.device_slot_state``), else None."""
         if graph.device_slot_state:
+            longest = max(max_model_len, *graph.decode_context_buckets)  # keys a row reads
             self.table = SlotTable(
                 max_slots, vocab_size=bb.vocab_size, hidden_size=checkpoint.config.hidden_size,
-                hidden_dtype=model.lm_head.weight.dtype, ring_frames=ring_frames,
-                device=self.device)
+                hidden_dtype=model.lm_head.weight.dtype, ring_frames=max_model_len,
+                device=self.device, max_blocks=-(-longest // block_size),
+                scratch_block=num_blocks)
         table = self.table
         decode = decode_fn(model, self.kv.kv, graph.fused_decode, max(graph.decode_batch_buckets))
         depth = {max_k: depth_fn(model, max_k, *depth_kernels) for max_k in (TOP_K_BOUND, None)}
         codec = partial(codec_step, self.codec)
         if table is not None:  # the same functions, reading and writing the table by slot id
-            decode = partial(backbone_decode_from_slots, table, decode)
+            decode = partial(backbone_decode_from_slots, table, decode, block_size,
+                             self.kv.scratch_row)
             depth = {k: partial(depth_frames_from_slots, table, fn) for k, fn in depth.items()}
             codec = partial(codec_from_ring, table, codec, graph.codec_mixed_sizes)
         self.stages = {

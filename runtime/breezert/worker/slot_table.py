@@ -5,8 +5,9 @@ Owns: fixed-capacity tensors on the engine's device, one row per slot plus a scr
 ``max_slots``) that bucket padding reads and writes: the sampling parameters, seed, frame
 counter, CFG, repetition penalty and EOS switch of each request (written at admission), the
 repetition mask and the backbone state of the active segment (reset at each segment start), the
-last frame and a ring of frames waiting for the codec (written by DEPTH inside its graph), and
-the sync-free index ops the graphed stage functions use to gather and scatter them. A freed
+last frame and a ring of frames waiting for the codec (written by DEPTH inside its graph), each
+branch's KV block table (written when DECODE first sees it: a segment's table never changes),
+and the sync-free index ops the graphed stage functions use to gather and scatter them. A freed
 slot's rows are reset to the scratch defaults. Must not: decide anything (the scheduler does),
 run models (the stages do) or copy device -> host.
 
@@ -53,7 +54,10 @@ class SlotTable:
     """``max_slots + 1`` rows of per-request device state; the last row is scratch."""
 
     def __init__(self, max_slots: int, *, vocab_size: int, hidden_size: int,
-                 hidden_dtype: torch.dtype, ring_frames: int, device: torch.device) -> None:
+                 hidden_dtype: torch.dtype, ring_frames: int, device: torch.device,
+                 max_blocks: int = 1, scratch_block: int = 0) -> None:
+        """``max_blocks``: KV blocks of the longest context a DECODE row reads;
+        ``scratch_block``: the KV cache's scratch block (padding and unused entries)."""
         rows, dev = max_slots + 1, device
         self.scratch_slot = max_slots
         self.ring_frames = ring_frames
@@ -76,6 +80,11 @@ class SlotTable:
         """Frames waiting for the codec: frame ``f`` of a request at ``[slot, f % ring_frames]``."""
         self.next_codec_frame = np.zeros(rows, dtype=np.int64)
         """Host: the first frame of each slot the codec has not decoded yet (the ring's tail)."""
+        self.scratch_block = scratch_block
+        self.block_tables = torch.full((2 * rows, max_blocks), scratch_block, dtype=torch.long,
+                                       device=dev)
+        """``[slot * 2 + branch]`` the branch's KV blocks, the scratch block past them."""
+        self._tables: dict[int, tuple[int, ...]] = {}  # row -> the block ids written there
         self._write(list(range(rows)), [_DEFAULT] * rows)
 
     # ------------------------------------------------------------ host side (rare writes)
@@ -105,6 +114,10 @@ class SlotTable:
         for table in (self.frame_count, self.seen, self.hidden, self.last_frame, self.ring):
             table.index_fill_(0, index, 0)
         self.next_codec_frame[slots] = 0
+        self.block_tables.index_fill_(0, torch.cat([2 * index, 2 * index + 1]),
+                                      self.scratch_block)
+        for row in (r for slot in slots for r in (2 * slot, 2 * slot + 1)):
+            self._tables.pop(row, None)
 
     def start_segments(self, slots: Sequence[int], hidden: Sequence[Sequence[torch.Tensor]]) \
             -> None:
@@ -114,6 +127,19 @@ class SlotTable:
         index = torch.tensor(slots, dtype=torch.long).to(self.device, non_blocking=True)
         self.seen.index_fill_(0, index, False)
         self.hidden.index_copy_(0, index, torch.stack(rows).view(len(slots), 2, -1))
+
+    def set_block_table(self, row: int, block_ids: tuple[int, ...]) -> None:
+        """Row ``slot * 2 + branch`` reads ``block_ids``; uploads only when the table changed
+        (the plan hands the same tuple every step of a segment)."""
+        if self._tables.get(row) is block_ids:
+            return
+        if len(block_ids) > self.block_tables.shape[1]:
+            raise ValueError(f"a block table of {len(block_ids)} blocks exceeds the "
+                             f"{self.block_tables.shape[1]} of the slot table")
+        table = torch.full((self.block_tables.shape[1],), self.scratch_block, dtype=torch.long)
+        table[: len(block_ids)] = torch.tensor(block_ids, dtype=torch.long)
+        self.block_tables[row] = table.to(self.device, non_blocking=True)
+        self._tables[row] = block_ids
 
     def ring_would_overflow(self, slot: int, frame_index: int) -> bool:
         """Whether writing frame ``frame_index`` of ``slot`` would overwrite a frame the codec
