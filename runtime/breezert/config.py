@@ -227,10 +227,11 @@ class GraphConfig(_Frozen):
     device_slot_state: bool = False
     """Per-slot state lives on the device (``worker/slot_table.py``): DEPTH, DECODE and CODEC
     gather their rows by slot id inside their graphs (the sampling settings, repetition mask,
-    last frame, backbone state and a ring of frames waiting for the codec), so a step uploads
-    only row indices (and DECODE its KV metadata) and reads back only the first codes. Off: the
-    host packs every input each step (today's path). Off by default until the H200 run
-    (``bench/h200_session.sh slot-state``) shows the gain; the same codes and audio either way."""
+    last frame, backbone state, KV block tables and a ring of frames waiting for the codec), so
+    a step uploads only row indices (DECODE also positions) and reads back only the first codes
+    (CODEC its audio). Off: the host packs every input each step (today's path). Off by default
+    until the H200 run (``bench/h200_session.sh slot-state``) shows the gain; the same codes and
+    audio either way."""
 
     @model_validator(mode="after")
     def _check(self) -> GraphConfig:
