@@ -10,7 +10,8 @@
 # Then per phase: run(command="bash bench/h200_session.sh PHASE", carry=[".whl", ".benchdata"])
 # PHASE: tests | fused | depth-tiles | first-packet | first-packet-bench | chain P1 P2...  | decode | decode-micro | decode-bench | tune | profile | stages |
 #        ablation-eager | ablation-a|b|c|d[@I/N] | sweep | sweep+ablation | latency | latency-te |
-#        latency-nocap | predictor | predictor-edf | voice
+#        latency-nocap | predictor | predictor-edf | capacity-closed | capacity-open |
+#        slot-state | voice
 # An ablation phase with @I/N runs shard I of N of its requests (bench --shard).
 # Several GPUs (kind nvidia-h200-x4): "parallel GPU=PHASE[+PHASE...] ..." runs each list on its own
 # GPU at once, e.g. parallel 0=ablation-a@1/2 1=ablation-a@2/2 2=tests+ablation-d; the results
@@ -168,6 +169,15 @@ case "$phase" in
       timeout 60 python3 bench/profile_stages.py --batch $rows --fused --fused-decode --compile \
         --top 14 2>&1 | grep -v Warn | tee -a "$out/h200-profile.log" | grep -A15 DEPTH || true
     done ;;
+  slot-state)  # issue 13 item 3: the device slot table's GPU tests, then per-slot state on the
+    # host (today) against the device slot table, c=16 and 64, one run
+    timeout 150 python3 -m pytest tests/gpu/test_gpu_slot_state.py -q -p no:cacheprovider 2>&1 \
+      | tee "$out/gpu_tests_slot_state.log" | tail -4 || true
+    timeout 420 "${bench[@]}" --concurrency "${CONCURRENCY:-16,64}" --num-requests 300 \
+      --warmup 16 --run-budget 60 \
+      --variant 'host-slots=config;graph.device_slot_state=false' \
+      --variant 'device-slots=config;graph.device_slot_state=true' \
+      --out "$out/h200-slot-state.json" 2>&1 | grep '^\[bench' ;;
   depth-tiles)  # issue 14: the fused depth layers with one launch shape for all rows against
     # the per-bucket shapes (TILES_BY_ROWS), one run
     timeout 560 "${bench[@]}" --concurrency "${CONCURRENCY:-1,16,64}" --num-requests 300 \

@@ -234,6 +234,14 @@ class GraphConfig(_Frozen):
     codec_replay_cost_frames: float = Field(default=24.0, ge=0)
     """Fixed cost of one CODEC replay in frame-equivalents, for grouping mixed sizes: a small
     replay is launch-bound (H200: 1 stream x 1 frame 2.7 ms, against ~0.1 ms a frame at 256)."""
+    device_slot_state: bool = False
+    """Per-slot state lives on the device (``worker/slot_table.py``): DEPTH, DECODE and CODEC
+    gather their rows by slot id inside their graphs (the sampling settings, repetition mask,
+    last frame, backbone state, KV block tables and a ring of frames waiting for the codec), so
+    a step uploads only row indices (DECODE also positions) and reads back only the first codes
+    (CODEC its audio). Off: the host packs every input each step (today's path). Off by default
+    until the H200 run (``bench/h200_session.sh slot-state``) shows the gain; the same codes and
+    audio either way."""
 
     @model_validator(mode="after")
     def _check(self) -> GraphConfig:

@@ -273,7 +273,7 @@ class Engine:
         with self._lock:
             released = self.scheduler.take_released()
         for request_id in released:
-            self.runner.batch.release_request(request_id)
+            self.runner.release(request_id)
 
     def _drain_pending(self) -> list[EngineOutput]:
         with self._lock:

@@ -64,6 +64,7 @@ def build_runner(cfg: EngineConfig, ckpt: Checkpoint,
         block_size=cfg.cache.block_size,
         graph=cfg.graph,
         codec_precision=cfg.model.codec_precision,
+        max_model_len=cfg.scheduler.max_model_len,
     )
     if runner.uses_graphs:
         start = time.monotonic()

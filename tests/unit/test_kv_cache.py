@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from breezert.layers.attention import DenseKVCache, GatherKV
-from breezert.worker.kv_cache import KVRun, PagedKVCache
+from breezert.worker.kv_cache import KVRun, PagedKVCache, decode_meta_on_device
 
 pytestmark = pytest.mark.unit
 
@@ -36,6 +36,21 @@ def test_decode_meta_rows_mask_and_padding() -> None:
         kv.decode_meta([KVRun([0, 1, 2, 3, 4, 5, 6, 7], 30, 1)], 1, 24)
     with pytest.raises(ValueError, match="needs 3 blocks"):
         kv.decode_meta([KVRun([0, 1], 9, 1)], 1, 24)
+
+
+def test_decode_meta_on_device_equals_the_host_meta() -> None:
+    kv = _cache()
+    rng = random.Random(1)
+    runs = [KVRun(rng.sample(range(64), 6), rng.randint(0, 20), 1) for _ in range(5)]
+    want = kv.decode_meta(runs, num_rows=8, context=24)
+    tables = torch.full((8, 7), kv.num_blocks, dtype=torch.long)  # padding: the scratch block
+    positions = torch.zeros(8, dtype=torch.long)
+    for i, run in enumerate(runs):
+        tables[i, :6] = torch.tensor(run.block_ids)
+        positions[i] = run.start
+    got = decode_meta_on_device(tables, positions, torch.arange(24), BLOCK, kv.scratch_row)
+    for name in ("positions", "write_rows", "read_rows", "mask"):
+        assert torch.equal(got[name], getattr(want, name)), name
 
 
 def test_paged_attention_equals_dense_cache() -> None:

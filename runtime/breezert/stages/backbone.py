@@ -2,7 +2,9 @@
 
 Owns: gathering each item's input rows (prompt-embedding chunks, or the last frame's codes),
 bucket-padded KV metadata, the graphed forward functions, and storing each branch's last hidden
-state. Must not: sample (DEPTH does) or pick blocks (the scheduler does).
+state (with the device slot table, DECODE reads its frames and block tables from and writes its
+state into the table inside its graph: ``backbone_decode_from_slots``). Must not: sample (DEPTH does) or pick
+blocks (the scheduler does).
 """
 
 from __future__ import annotations
@@ -17,7 +19,8 @@ from breezert.outputs import StageOutput
 from breezert.sched.plan import DecodeItem, PrefillItem
 from breezert.worker.batch_state import BatchState
 from breezert.worker.cuda_graphs import GraphRunner, bucket_for
-from breezert.worker.kv_cache import KVRun, PagedKVCache, StepMeta
+from breezert.worker.kv_cache import KVRun, PagedKVCache, StepMeta, decode_meta_on_device
+from breezert.worker.slot_table import SlotTable
 
 
 def backbone_prefill(
@@ -39,6 +42,23 @@ def backbone_decode(
     view = GatherKV(kv, write_rows, read_rows, mask)
     embeds = model.audio_frame_embeds(codes)  # [R, D]
     return {"hidden": (backbone or model.backbone_model)(embeds, positions, view)}
+
+
+def backbone_decode_from_slots(
+    table: SlotTable, decode: Callable[..., dict[str, torch.Tensor]], block_size: int,
+    scratch_row: int,
+    row_ids: torch.Tensor,  # [R] int64: slot * 2 + branch of each row
+    positions: torch.Tensor,  # [R] int64: the fed frame's position (padding: 0)
+    key_slots: torch.Tensor,  # [T] int64: 0..T-1
+) -> dict[str, torch.Tensor]:
+    """``decode`` (``backbone_decode`` bound to a model and cache) fed each row's last frame
+    from ``table``, its KV metadata built from the table's block tables; the new hidden states
+    go back into the table. Sync-free, graph-safe."""
+    meta = decode_meta_on_device(table.block_tables[row_ids], positions, key_slots, block_size,
+                                 scratch_row)
+    hidden = decode(codes=table.decode_codes(row_ids), **meta)["hidden"]
+    table.store_hidden(row_ids, hidden)
+    return {"hidden": hidden}
 
 
 def _meta_inputs(meta: StepMeta, device: torch.device) -> dict[str, torch.Tensor]:
@@ -102,8 +122,13 @@ class DecodeStage:
     def __init__(
         self, model: BreezeModel, kv: PagedKVCache, graphs: GraphRunner,
         row_buckets: Sequence[int], context_buckets: Sequence[int],
+        table: SlotTable | None = None,
     ) -> None:
         self.model, self.kv, self.graphs = model, kv, graphs
+        self.table = table
+        """The device slot table; the graphs run ``backbone_decode_from_slots`` (None: the
+        host packs each row's frame and the KV metadata)."""
+        self._key_slots: dict[int, torch.Tensor] = {}  # context -> arange on the device
         self.row_buckets, self.context_buckets = tuple(row_buckets), tuple(context_buckets)
         self.device = model.lm_head.weight.device
 
@@ -116,19 +141,20 @@ class DecodeStage:
         return num_rows, context
 
     def run(self, items: Sequence[DecodeItem], batch: BatchState) -> StageOutput:
-        frames, runs = [], []
+        runs = [KVRun(branch.block_ids, branch.position, 1)
+                for item in items for branch in item.branches]
+        shape = self.shape_for(len(runs), max(r.start + 1 for r in runs))
+        if self.table is not None:
+            return self._run_on_slots(items, shape, self.table)
+        meta = _meta_inputs(self.kv.decode_meta(runs, *shape), self.device)
+        frames = []
         for item in items:
             segment = batch.get(item.slot, item.request_id).segments[item.segment_index]
             assert segment.last_frame is not None, "DECODE before the segment's first DEPTH"
-            for branch in item.branches:
-                frames.append(segment.last_frame)
-                runs.append(KVRun(branch.block_ids, branch.position, 1))
-        shape = self.shape_for(len(runs), max(r.start + 1 for r in runs))
-        meta = self.kv.decode_meta(runs, *shape)
+            frames.extend([segment.last_frame] * len(item.branches))
         codes = torch.zeros(shape[0], frames[0].shape[0], dtype=torch.long)
         codes[: len(frames)] = torch.stack(frames)
-        inputs = {"codes": codes.to(self.device, non_blocking=True),
-                  **_meta_inputs(meta, self.device)}
+        inputs = {"codes": codes.to(self.device, non_blocking=True), **meta}
         hidden = self.graphs(shape, inputs)["hidden"]
         row = 0
         for item in items:
@@ -137,6 +163,34 @@ class DecodeStage:
                 segment.hidden[b] = hidden[row].clone()
                 row += 1
         return StageOutput()
+
+    def _run_on_slots(self, items: Sequence[DecodeItem], shape: tuple[int, int],
+                      table: SlotTable) -> StageOutput:
+        """The device path: one upload of row ids and positions (block tables only when a
+        segment starts); the frames, KV metadata and new states stay on the device."""
+        rows, positions = [], []
+        for item in items:
+            for b, branch in enumerate(item.branches):
+                table.set_block_table(2 * item.slot + b, branch.block_ids)
+                rows.append(2 * item.slot + b)
+                positions.append(branch.position)
+        self.graphs(shape, self.slot_inputs(rows, positions, *shape))
+        return StageOutput()
+
+    def slot_inputs(self, rows: list[int], positions: list[int], size: int,
+                    context: int) -> dict[str, torch.Tensor]:
+        """Inputs of ``backbone_decode_from_slots``, padded to ``size`` rows (padding rows read
+        and write the scratch slot at position 0) and ``context`` keys."""
+        assert self.table is not None
+        index = torch.zeros(2, size, dtype=torch.long)
+        index[0] = 2 * self.table.scratch_slot
+        index[0, : len(rows)] = torch.tensor(rows, dtype=torch.long)
+        index[1, : len(positions)] = torch.tensor(positions, dtype=torch.long)
+        index = index.to(self.device, non_blocking=True)  # one upload
+        key_slots = self._key_slots.get(context)
+        if key_slots is None:
+            key_slots = self._key_slots[context] = torch.arange(context, device=self.device)
+        return {"row_ids": index[0], "positions": index[1], "key_slots": key_slots}
 
     def example_inputs(
         self, num_rows: int, context: int, cached: int = 0
@@ -150,6 +204,8 @@ class DecodeStage:
                              f"blocks; the pool has {self.kv.num_blocks}")
         runs = [KVRun(list(range(i * blocks, (i + 1) * blocks)), cached, 1)
                 for i in range(num_rows if cached else 0)]
-        meta = self.kv.decode_meta(runs, num_rows, context)
+        if self.table is not None:  # every row reads and writes the scratch slot
+            return self.slot_inputs([], [], num_rows, context)
+        meta = _meta_inputs(self.kv.decode_meta(runs, num_rows, context), self.device)
         codes = torch.zeros(num_rows, self.model.cfg.num_codebooks, dtype=torch.long)
-        return {"codes": codes.to(self.device), **_meta_inputs(meta, self.device)}
+        return {"codes": codes.to(self.device), **meta}

@@ -6,14 +6,16 @@ resetting a slot's state at a request's first chunk, and turning waveforms into
 ``DecodedChunk``s. Two groupings: ``mixed_sizes`` off, one group per chunk size (every row of a
 replay decodes the same number of frames); on, chunks of different sizes share a replay (each
 row decodes its own count, ``StreamingCodec.decode(num_frames=)``) and the items are split into
-the groups of sizes that minimise padded frames plus a fixed cost per replay. Must not: decide
-chunk sizes (the scheduler and the Predictor do).
+the groups of sizes that minimise padded frames plus a fixed cost per replay. With the device
+slot table the graphs read each chunk's frames from the table's ring (``codec_from_ring``); the
+host uploads only slot and frame indices. Must not: decide chunk sizes (the scheduler and the
+Predictor do).
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 
@@ -22,6 +24,7 @@ from breezert.outputs import DecodedChunk, StageOutput
 from breezert.sched.plan import CodecItem
 from breezert.worker.batch_state import BatchState
 from breezert.worker.cuda_graphs import GraphRunner, bucket_for
+from breezert.worker.slot_table import SlotTable
 
 
 def codec_step(
@@ -33,10 +36,24 @@ def codec_step(
     return {"wav": codec.decode(slot_ids, codes, num_frames)}
 
 
+def codec_from_ring(
+    table: SlotTable, step_fn: Callable[..., dict[str, torch.Tensor]], mixed_sizes: bool,
+    rows: torch.Tensor,  # [B, 1 + F] int64: the slot, then each frame's index (-1: padding)
+) -> dict[str, torch.Tensor]:
+    """``step_fn`` (``codec_step`` bound to a codec) over frames gathered from the table's ring;
+    ``mixed_sizes``: each row decodes only its real frames (else every real row has F)."""
+    codes, counts = table.codec_codes(rows)
+    return step_fn(slot_ids=rows[:, 0], codes=codes, num_frames=counts if mixed_sizes else None)
+
+
 class CodecStage:
     def __init__(self, codec: StreamingCodec, graphs: GraphRunner, buckets: Sequence[int],
-                 mixed_sizes: bool = False, replay_cost_frames: float = 24.0) -> None:
+                 mixed_sizes: bool = False, replay_cost_frames: float = 24.0,
+                 table: SlotTable | None = None) -> None:
         self.codec, self.graphs, self.buckets = codec, graphs, tuple(buckets)
+        self.table = table
+        """The device slot table; the graphs run ``codec_from_ring`` (None: the host packs
+        each chunk's frames)."""
         self.device = codec.positions.device
         self.scratch_slot = codec.max_slots - 1  # the arena has one slot more than the batch
         self.mixed_sizes = mixed_sizes
@@ -61,7 +78,7 @@ class CodecStage:
         """Predicted cost of decoding ``num_items`` rows of up to ``max_frames`` frames, in
         frame-equivalents: the bucketed rows times the padded frames of each piece, plus
         ``replay_cost_frames`` per replay (the launch-bound floor of a small step)."""
-        rows = (bucket_for(num_items, self.buckets) if self.graphs.enabled else None) or num_items
+        rows = self._rows_for(num_items)
         pieces = self._pieces(max_frames, padded=True)
         return sum(self.replay_cost_frames + rows * piece for piece in pieces)
 
@@ -86,18 +103,14 @@ class CodecStage:
     def _decode_mixed(self, items: list[CodecItem], batch: BatchState) -> list[DecodedChunk]:
         num = len(items)
         pieces = self._pieces(max(item.num_frames for item in items), padded=True)
-        width = sum(pieces)
-        size, slot_ids, codes, counts = self._inputs(items, batch, width)
-        waves, start = [], 0
-        for piece in pieces:
-            inputs = {"slot_ids": slot_ids, "codes": codes[:, start : start + piece],
-                      "num_frames": (counts - start).clamp(0, piece)}
+        size, replays = self._replays(items, batch, pieces)
+        waves = []
+        for piece, inputs in zip(pieces, replays):
             wav = self.graphs((size, piece), inputs)["wav"][:num]
             waves.append(wav.to(torch.float32, copy=True))  # the replay's buffer is reused
             self.num_replays += 1
-            start += piece
-        pcm = torch.cat(waves, dim=1).cpu().numpy()  # [num, width * 1920]
-        spf = pcm.shape[1] // width
+        pcm = torch.cat(waves, dim=1).cpu().numpy()  # [num, sum(pieces) * 1920]
+        spf = pcm.shape[1] // sum(pieces)
         return [
             DecodedChunk(item.request_id, item.start_frame, item.num_frames,
                          pcm[i, : item.num_frames * spf], item.is_final)
@@ -132,29 +145,71 @@ class CodecStage:
 
     def _decode_group(self, items: list[CodecItem], batch: BatchState) -> list[DecodedChunk]:
         num, frames_per = len(items), items[0].num_frames
-        size, slot_ids, codes, _ = self._inputs(items, batch, frames_per)
-        waves, start = [], 0
-        for piece in self._pieces(frames_per):
-            inputs = {"slot_ids": slot_ids, "codes": codes[:, start : start + piece]}
+        pieces = self._pieces(frames_per)
+        size, replays = self._replays(items, batch, pieces)
+        waves = []
+        for piece, inputs in zip(pieces, replays):
             waves.append(self.graphs((size, piece), inputs)["wav"][:num].float().cpu())
             self.num_replays += 1
-            start += piece
         pcm = torch.cat(waves, dim=1).numpy()  # [B, F * 1920]
         return [
             DecodedChunk(item.request_id, item.start_frame, item.num_frames, pcm[i], item.is_final)
             for i, item in enumerate(items)
         ]
 
+    def _replays(self, items: list[CodecItem], batch: BatchState, pieces: list[int]) \
+            -> tuple[int, list[dict[str, torch.Tensor]]]:
+        """``(bucket rows, inputs of each piece's replay)`` for ``items`` decoded in ``pieces``
+        frames at a time; resets the slots of first chunks."""
+        if self.table is not None:
+            return self._ring_replays(items, pieces, self.table)
+        size, slot_ids, codes, counts = self._inputs(items, batch, sum(pieces))
+        replays, start = [], 0
+        for piece in pieces:
+            inputs = {"slot_ids": slot_ids, "codes": codes[:, start : start + piece]}
+            if self.mixed_sizes:
+                inputs["num_frames"] = (counts - start).clamp(0, piece)
+            replays.append(inputs)
+            start += piece
+        return size, replays
+
+    def _ring_replays(self, items: list[CodecItem], pieces: list[int], table: SlotTable) \
+            -> tuple[int, list[dict[str, torch.Tensor]]]:
+        """The device path: ``rows [bucket, 1 + piece]`` per replay (slot, frame indices;
+        padding rows decode the scratch slot's zeros); marks the frames read."""
+        self._reset_first_chunks(items)
+        size = self._rows_for(len(items))
+        width = sum(pieces)
+        rows = torch.full((size, 1 + width), -1, dtype=torch.long)
+        rows[:, 0] = self.scratch_slot
+        for i, item in enumerate(items):
+            rows[i, 0] = item.slot
+            rows[i, 1 : 1 + item.num_frames] = torch.arange(item.start_frame,
+                                                            item.start_frame + item.num_frames)
+            table.mark_decoded(item.slot, item.start_frame + item.num_frames)
+        replays, start = [], 1
+        for piece in pieces:
+            piece_rows = torch.cat([rows[:, :1], rows[:, start : start + piece]], dim=1)
+            replays.append({"rows": piece_rows.to(self.device, non_blocking=True)})
+            start += piece
+        return size, replays
+
+    def _reset_first_chunks(self, items: list[CodecItem]) -> None:
+        fresh = [item.slot for item in items if item.is_first_chunk]
+        if fresh:
+            self.codec.reset(torch.tensor(fresh, device=self.device))
+
+    def _rows_for(self, num: int) -> int:
+        return (bucket_for(num, self.buckets) if self.graphs.enabled else None) or num
+
     def _inputs(self, items: list[CodecItem], batch: BatchState, width: int) \
             -> tuple[int, torch.Tensor, torch.Tensor, torch.Tensor]:
         """Resets the slots of first chunks, takes each item's frames out of its slot and pads
         them to ``[bucket rows, width, 16]`` (padding rows decode into the scratch slot):
         ``(rows, slot_ids [rows], codes, frames per row [rows])`` on the codec's device."""
-        fresh = [item.slot for item in items if item.is_first_chunk]
-        if fresh:
-            self.codec.reset(torch.tensor(fresh, device=self.device))
+        self._reset_first_chunks(items)
         num = len(items)
-        size = (bucket_for(num, self.buckets) if self.graphs.enabled else None) or num
+        size = self._rows_for(num)
         slot_ids = torch.full((size,), self.scratch_slot, dtype=torch.long)
         counts = torch.zeros(size, dtype=torch.long)
         codes = torch.zeros(size, width, 16, dtype=torch.long)
@@ -166,6 +221,10 @@ class CodecStage:
         return size, slot_ids.to(self.device), codes.to(self.device), counts.to(self.device)
 
     def example_inputs(self, size: int, frames: int) -> dict[str, torch.Tensor]:
+        if self.table is not None:  # every row decodes padding into the scratch slot
+            rows = torch.full((size, 1 + frames), -1, dtype=torch.long, device=self.device)
+            rows[:, 0] = self.scratch_slot
+            return {"rows": rows}
         slot_ids = torch.full((size,), self.scratch_slot, dtype=torch.long, device=self.device)
         codes = torch.zeros(size, frames, 16, dtype=torch.long, device=self.device)
         if not self.mixed_sizes:

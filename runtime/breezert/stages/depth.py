@@ -3,8 +3,10 @@
 Owns: ``depth_frames`` — one branch-free, sync-free tensor function for a whole frame (fp32
 ``lm_head``, per-request CFG, repetition penalty, reserved-id and EOS masking, counter-based
 sampling, the 15-step depth loop) that runs eagerly on CPU and as ONE CUDA graph per
-(request bucket, CFG layout) on GPU — and the host side that packs slot state into its inputs.
-Must not: run the backbone or the codec.
+(request bucket, CFG layout) on GPU — and the host side that packs slot state into its inputs,
+or, with the device slot table (``graph.device_slot_state``), ``depth_frames_from_slots``: the
+same frame over rows gathered by slot id, its results written back into the table, only the
+first codes read back. Must not: run the backbone or the codec.
 """
 
 from __future__ import annotations
@@ -25,8 +27,9 @@ from breezert.layers.sampling import (
 from breezert.models.breeze import BreezeModel
 from breezert.outputs import StageOutput
 from breezert.sched.plan import DepthItem
-from breezert.worker.batch_state import BatchState, SegmentState
+from breezert.worker.batch_state import BatchState, SegmentState, SlotState
 from breezert.worker.cuda_graphs import GraphRunner, bucket_for
+from breezert.worker.slot_table import SlotTable
 
 
 def _guide(logits: torch.Tensor, num: int, has_cfg: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
@@ -101,6 +104,19 @@ def depth_frames(
     return {"codes": torch.stack(codes, dim=1)}
 
 
+def depth_frames_from_slots(
+    table: SlotTable, frame_fn: Callable[..., dict[str, torch.Tensor]],
+    row_ids: torch.Tensor,  # [C, B] int64: slot * 2 + branch (C = 2: cond rows, uncond rows)
+) -> dict[str, torch.Tensor]:
+    """``frame_fn`` (``depth_frames`` bound to a model) over the table's rows ``row_ids``; each
+    frame goes back into the table (last frame, ring, repetition mask, frame counter) ->
+    ``{"first_codes": [B]}``, the one thing the scheduler needs. Sync-free, graph-safe."""
+    inputs = table.depth_inputs(row_ids)
+    codes = frame_fn(**inputs)["codes"]  # [B, 16]
+    table.commit_frames(row_ids[0] // 2, codes, inputs["frames_at"])
+    return {"first_codes": codes[:, 0]}
+
+
 TOP_K_BOUND = 64
 """Batches whose every top-k is in 1..TOP_K_BOUND (the default is 50) sample with a cheap
 ``topk``; others use the full-sort graphs."""
@@ -109,29 +125,38 @@ TOP_K_BOUND = 64
 class DepthStage:
     def __init__(
         self, model: BreezeModel, graphs: GraphRunner, full_sort_graphs: GraphRunner,
-        buckets: Sequence[int],
+        buckets: Sequence[int], table: SlotTable | None = None,
     ) -> None:
         self.model = model
         self.graphs = graphs  # depth_frames with max_k=TOP_K_BOUND
         self.full_sort_graphs = full_sort_graphs  # depth_frames with max_k=None
         self.buckets = tuple(sorted(buckets))
         self.device = model.lm_head.weight.device
+        self.table = table
+        """The device slot table; the graphs run ``depth_frames_from_slots`` (None: the host
+        packs the inputs)."""
+
+    def _launch(self, slots: Sequence[SlotState]) -> tuple[int, bool, GraphRunner]:
+        """(bucket rows, CFG layout, graphs) of a batch of ``slots``."""
+        num = len(slots)
+        size = bucket_for(num, self.buckets) if self.graphs.enabled else None
+        use_cfg = any(slot.num_branches == 2 for slot in slots)
+        bounded = all(
+            1 <= k <= TOP_K_BOUND for s in slots for k in (s.sampling.top_k, s.sampling.depth_top_k)
+        )
+        return size or num, use_cfg, self.graphs if bounded else self.full_sort_graphs
 
     def run(self, items: Sequence[DepthItem], batch: BatchState) -> StageOutput:
+        if self.table is not None:
+            return self._run_on_slots(items, batch, self.table)
         slots = [batch.get(item.slot, item.request_id) for item in items]
         segments = [slot.segments[item.segment_index] for item, slot in zip(items, slots)]
         for item, segment in zip(items, segments):
             if item.frame_index == 0:
                 segment.seen = None
         num = len(items)
-        size = bucket_for(num, self.buckets) if self.graphs.enabled else None
-        size = size or num
-        use_cfg = any(slot.num_branches == 2 for slot in slots)
+        size, use_cfg, graphs = self._launch(slots)
         inputs = self._inputs(items, slots, segments, size, use_cfg)
-        bounded = all(
-            1 <= k <= TOP_K_BOUND for s in slots for k in (s.sampling.top_k, s.sampling.depth_top_k)
-        )
-        graphs = self.graphs if bounded else self.full_sort_graphs
         codes = graphs((size, use_cfg), inputs)["codes"][:num].cpu()  # [B, 16]
         out = StageOutput()
         for item, slot, segment, frame in zip(items, slots, segments, codes):
@@ -144,6 +169,46 @@ class DepthStage:
                 segment.last_frame = frame
                 slot.frames[item.output_frame_index] = frame
         return out
+
+    def _run_on_slots(self, items: Sequence[DepthItem], batch: BatchState,
+                      table: SlotTable) -> StageOutput:
+        """The device path: one upload of row ids, one read-back of the first codes."""
+        out = StageOutput()
+        runnable: list[tuple[DepthItem, SlotState]] = []
+        for item in items:
+            if table.ring_would_overflow(item.slot, item.output_frame_index):
+                out.failed[item.request_id] = (
+                    f"DEPTH: {table.ring_frames} frames already wait for the codec (the slot "
+                    "table's ring is full)")
+            else:
+                runnable.append((item, batch.get(item.slot, item.request_id)))
+        if not runnable:
+            return out
+        fresh = [(item.slot, slot.segments[item.segment_index]) for item, slot in runnable
+                 if item.frame_index == 0]
+        if fresh:
+            table.start_segments([s for s, _ in fresh], [seg.hidden for _, seg in fresh])
+            for _, segment in fresh:
+                segment.hidden = [None] * len(segment.hidden)  # the table holds it now
+        size, use_cfg, graphs = self._launch([slot for _, slot in runnable])
+        row_ids = self.row_ids([item for item, _ in runnable], size, use_cfg)
+        first = graphs((size, use_cfg), {"row_ids": row_ids})["first_codes"]
+        for (item, _), code0 in zip(runnable, first[: len(runnable)].tolist()):
+            out.first_codes[item.request_id] = code0
+        return out
+
+    def row_ids(self, items: Sequence[DepthItem], size: int, use_cfg: bool) -> torch.Tensor:
+        """``[C, size]`` table rows (``slot * 2 + branch``) on the device; a 1-branch request
+        in a CFG batch repeats its cond row, padding rows read the scratch slot."""
+        assert self.table is not None
+        rows = torch.full((2 if use_cfg else 1, size), 2 * self.table.scratch_slot,
+                          dtype=torch.long)
+        num = len(items)
+        rows[0, :num] = torch.tensor([2 * item.slot for item in items], dtype=torch.long)
+        if use_cfg:
+            rows[1, :num] = rows[0, :num] + torch.tensor(
+                [item.num_branches == 2 for item in items], dtype=torch.long)
+        return rows.to(self.device, non_blocking=True)
 
     def seen_rows(self, segments: Sequence[SegmentState], size: int) -> np.ndarray:
         """``[size, vocab]`` bool: each segment's first codes so far (padding rows empty); one
@@ -187,7 +252,10 @@ class DepthStage:
         }
 
     def example_inputs(self, size: int, use_cfg: bool) -> dict[str, torch.Tensor]:
-        """Dummy inputs of a bucket, for capture at start-up."""
+        """Dummy inputs of a bucket, for capture at start-up (with the slot table: every row
+        the scratch slot's, so capture writes nothing a request owns)."""
+        if self.table is not None:
+            return {"row_ids": self.row_ids([], size, use_cfg)}
         dev, d = self.device, self.model.cfg.hidden_size
         rows = 2 * size if use_cfg else size
         dtype = self.model.lm_head.weight.dtype

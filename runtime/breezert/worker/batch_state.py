@@ -2,7 +2,10 @@
 
 Owns: the slot table (``slot -> SlotState``), each request's RNG seed, sampling settings, the
 per-segment prompt embeddings, last hidden states, repetition masks and the frames waiting for
-the codec. Must not: make decisions (the scheduler does) or run models (the stages do).
+the codec. With ``graph.device_slot_state`` the stages keep the per-step tensors (repetition
+mask, last frame, hidden state after the first, frames for the codec) in the device table
+(``worker/slot_table.py``) instead and these fields stay empty. Must not: make decisions (the
+scheduler does) or run models (the stages do).
 """
 
 from __future__ import annotations
@@ -60,10 +63,13 @@ class BatchState:
             raise RuntimeError(f"slot {slot} is still held by {self._slots[slot].request_id}")
         self._slots[slot] = state
 
-    def release_request(self, request_id: str) -> None:
-        for slot, state in enumerate(self._slots):
-            if state is not None and state.request_id == request_id:
-                self._slots[slot] = None
+    def release_request(self, request_id: str) -> list[int]:
+        """Empties the slots ``request_id`` holds; returns them (none if it holds none)."""
+        freed = [slot for slot, state in enumerate(self._slots)
+                 if state is not None and state.request_id == request_id]
+        for slot in freed:
+            self._slots[slot] = None
+        return freed
 
     def get(self, slot: int, request_id: str) -> SlotState:
         state = self._slots[slot]

@@ -3,8 +3,9 @@
 Owns: the ``[layers, 2, (num_blocks + 1) * block_size, KVH, D]`` tensor (the extra block is a
 scratch area that padding tokens write to and read from) and host-side metadata builders that
 turn block tables into the fixed-shape gather indices and masks that ``layers.attention.GatherKV``
-(the per-forward view implementing the ``KVCache`` contract) reads. Must not: choose blocks (the
-scheduler's ``BlockPool`` does) or know about requests.
+(the per-forward view implementing the ``KVCache`` contract) reads, and ``decode_meta_on_device``,
+the same DECODE metadata built inside a graph from block tables kept on the device. Must not:
+choose blocks (the scheduler's ``BlockPool`` does) or know about requests.
 """
 
 from __future__ import annotations
@@ -135,3 +136,18 @@ class PagedKVCache:
         pad_mask[k_off:] = True  # padding queries read the scratch keys only
         mask[q_off:] = pad_mask if k_off < num_keys else True
         return StepMeta(positions, write, read, mask, q_off, last)
+
+
+def decode_meta_on_device(
+    tables: torch.Tensor,  # [R, max_blocks] int64: each row's block table (scratch block past it)
+    positions: torch.Tensor,  # [R] int64: the new token's position (padding rows: 0)
+    key_slots: torch.Tensor,  # [T] int64: 0..T-1, the padded context
+    block_size: int, scratch_row: int,
+) -> dict[str, torch.Tensor]:
+    """``PagedKVCache.decode_meta``'s tensors (same values, padding rows included when their
+    table is all scratch block) from device block tables: sync-free, for a graph."""
+    rows = tables[:, key_slots // block_size] * block_size + key_slots % block_size  # [R, T]
+    valid = key_slots[None, :] <= positions[:, None]
+    mask = valid | (key_slots == 0)[None, :]  # padding rows read the scratch row: finite
+    return {"positions": positions, "write_rows": rows.gather(1, positions[:, None])[:, 0],
+            "read_rows": torch.where(valid, rows, scratch_row), "mask": mask[:, None, None, :]}

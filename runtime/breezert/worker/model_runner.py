@@ -1,6 +1,7 @@
 """Runs one ``StepPlan`` on the device: release slots, set up new requests, run the stage.
 
-Owns: the device, the paged KV cache, the codec state arena, the slot table and the five stage
+Owns: the device, the paged KV cache, the codec state arena, the slot table (host) and, with
+``graph.device_slot_state``, the device slot table (``worker/slot_table.py``), and the five stage
 runners. Stage-agnostic: it dispatches a plan to its stage and isolates per-request failures.
 Must not: decide what runs next (the scheduler does) or touch ``Request`` objects.
 """
@@ -21,14 +22,20 @@ from breezert.loader import Checkpoint
 from breezert.models.codec import StreamingCodec
 from breezert.outputs import StageOutput
 from breezert.sched.plan import NewRequestData, StageItem, StepPlan
-from breezert.stages.backbone import DecodeStage, PrefillStage, backbone_prefill
-from breezert.stages.codec import CodecStage, codec_step
-from breezert.stages.depth import TOP_K_BOUND, DepthStage
+from breezert.stages.backbone import (
+    DecodeStage,
+    PrefillStage,
+    backbone_decode_from_slots,
+    backbone_prefill,
+)
+from breezert.stages.codec import CodecStage, codec_from_ring, codec_step
+from breezert.stages.depth import TOP_K_BOUND, DepthStage, depth_frames_from_slots
 from breezert.stages.text_encode import TextEncodeStage
 from breezert.worker.batch_state import BatchState, SlotState
 from breezert.worker.compile import compile_backbone_layers, decode_fn, depth_fn, text_encode_fn
 from breezert.worker.cuda_graphs import GraphFn, GraphRunner
 from breezert.worker.kv_cache import PagedKVCache
+from breezert.worker.slot_table import SlotParams, SlotTable
 from breezert.worker.warmup import Progress, capture_all
 
 logger = logging.getLogger("breezert.worker")
@@ -58,7 +65,10 @@ class ModelRunner:
         block_size: int,
         graph: GraphConfig | None = None,
         codec_precision: str = "tf32",
+        max_model_len: int = 2048,
     ) -> None:
+        """``max_model_len``: tokens per branch; with the device slot table, also the frames
+        per slot that may wait for the codec (a whole segment's)."""
         self.ckpt = checkpoint
         model = checkpoint.model
         bb = checkpoint.config.backbone
@@ -85,6 +95,24 @@ class ModelRunner:
         def runner(name: str, fn: GraphFn) -> GraphRunner:
             return GraphRunner(name, fn, enabled=use_graphs, device=self.device)
 
+        self.table: SlotTable | None = None
+        """Per-slot device state (``graph.device_slot_state``), else None."""
+        if graph.device_slot_state:
+            longest = max(max_model_len, *graph.decode_context_buckets)  # keys a row reads
+            self.table = SlotTable(
+                max_slots, vocab_size=bb.vocab_size, hidden_size=checkpoint.config.hidden_size,
+                hidden_dtype=model.lm_head.weight.dtype, ring_frames=max_model_len,
+                device=self.device, max_blocks=-(-longest // block_size),
+                scratch_block=num_blocks)
+        table = self.table
+        decode = decode_fn(model, self.kv.kv, graph.fused_decode, max(graph.decode_batch_buckets))
+        depth = {max_k: depth_fn(model, max_k, *depth_kernels) for max_k in (TOP_K_BOUND, None)}
+        codec = partial(codec_step, self.codec)
+        if table is not None:  # the same functions, reading and writing the table by slot id
+            decode = partial(backbone_decode_from_slots, table, decode, block_size,
+                             self.kv.scratch_row)
+            depth = {k: partial(depth_frames_from_slots, table, fn) for k, fn in depth.items()}
+            codec = partial(codec_from_ring, table, codec, graph.codec_mixed_sizes)
         self.stages = {
             Stage.TEXT_ENCODE: TextEncodeStage(
                 model,
@@ -97,21 +125,17 @@ class ModelRunner:
                 graph.prefill_token_buckets, graph.decode_context_buckets,
             ),
             Stage.DECODE: DecodeStage(
-                model, self.kv,
-                runner("decode", decode_fn(model, self.kv.kv, graph.fused_decode,
-                                           max(graph.decode_batch_buckets))),
-                graph.decode_batch_buckets, graph.decode_context_buckets,
+                model, self.kv, runner("decode", decode),
+                graph.decode_batch_buckets, graph.decode_context_buckets, table,
             ),
             Stage.DEPTH: DepthStage(
-                model,
-                runner("depth", depth_fn(model, TOP_K_BOUND, *depth_kernels)),
-                runner("depth_full_sort", depth_fn(model, None, *depth_kernels)),
-                graph.depth_batch_buckets,
+                model, runner("depth", depth[TOP_K_BOUND]),
+                runner("depth_full_sort", depth[None]), graph.depth_batch_buckets, table,
             ),
             Stage.CODEC: CodecStage(
-                self.codec, runner("codec", partial(codec_step, self.codec)), graph.codec_buckets,
+                self.codec, runner("codec", codec), graph.codec_buckets,
                 mixed_sizes=graph.codec_mixed_sizes,
-                replay_cost_frames=graph.codec_replay_cost_frames,
+                replay_cost_frames=graph.codec_replay_cost_frames, table=table,
             ),
         }
         self.layout = ResolvedLayout(num_blocks, block_size, max_slots, self.kv.nbytes)
@@ -131,13 +155,19 @@ class ModelRunner:
     @torch.inference_mode()
     def execute(self, plan: StepPlan) -> StageOutput:
         for request_id in plan.finished_request_ids:
-            self.batch.release_request(request_id)
+            self.release(request_id)
         failed: dict[str, str] = {}
+        admitted: list[tuple[int, SlotState]] = []
         for new in plan.new_requests:
             try:
-                self.batch.add(new.slot, self._new_slot_state(new))
+                state = self._new_slot_state(new)
+                self.batch.add(new.slot, state)
+                admitted.append((new.slot, state))
             except Exception as exc:  # a bad request must not take the engine down
                 failed[new.request_id] = f"set-up failed: {exc}"
+        if self.table is not None and admitted:
+            self.table.admit([slot for slot, _ in admitted],
+                             [_slot_params(state) for _, state in admitted])
         items = self._runnable(plan.stage, plan.items, failed)
         out = StageOutput()
         if items:
@@ -150,6 +180,12 @@ class ModelRunner:
                 out = StageOutput()
         out.failed.update(failed)
         return out
+
+    def release(self, request_id: str) -> None:
+        """Frees the request's slot: its host state, and its device rows reset for reuse."""
+        slots = self.batch.release_request(request_id)
+        if self.table is not None:
+            self.table.release(slots)
 
     def _runnable(
         self, stage: Stage, items: Sequence[StageItem], failed: dict[str, str]
@@ -178,3 +214,8 @@ class ModelRunner:
             seed=seed,
             ignore_eos=new.ignore_eos,
         )
+
+
+def _slot_params(state: SlotState) -> SlotParams:
+    return SlotParams(state.sampling, state.seed, state.cfg_scale, state.num_branches == 2,
+                      state.ignore_eos)

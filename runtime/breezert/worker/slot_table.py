@@ -1,0 +1,198 @@
+"""Slot state on the device (``graph.device_slot_state``): per-slot tensors the stages read and
+write by slot id, so a step uploads a few row indices instead of re-packing every request.
+
+Owns: fixed-capacity tensors on the engine's device, one row per slot plus a scratch row (slot
+``max_slots``) that bucket padding reads and writes: the sampling parameters, seed, frame
+counter, CFG, repetition penalty and EOS switch of each request (written at admission), the
+repetition mask and the backbone state of the active segment (reset at each segment start), the
+last frame and a ring of frames waiting for the codec (written by DEPTH inside its graph), each
+branch's KV block table (written when DECODE first sees it: a segment's table never changes),
+and the sync-free index ops the graphed stage functions use to gather and scatter them. A freed
+slot's rows are reset to the scratch defaults. Must not: decide anything (the scheduler does),
+run models (the stages do) or copy device -> host.
+
+The ring holds frame ``f`` of a request at ``f % ring_frames``: its head is the frame counter
+(device, advanced by DEPTH on every non-EOS frame), its tail the next frame a CODEC item
+decodes (host, from the plan). The host knows both from the plans, so a request about to
+overwrite frames the codec has not read yet is refused before it does (``ring_would_overflow``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from breezert.constants import FRAME_EOS_ID, NUM_CODEBOOKS
+from breezert.options import SamplingParams
+
+
+@dataclass(frozen=True)
+class SlotParams:
+    """What the table keeps of one request, written once when it is admitted."""
+
+    sampling: SamplingParams
+    seed: int
+    cfg_scale: float
+    has_cfg: bool
+    ignore_eos: bool
+
+
+_DEFAULT = SlotParams(SamplingParams(), 0, 1.0, False, False)
+"""The scratch row's (and every freed row's) values: finite, ordinary sampling."""
+
+
+def sampling_row(p: SamplingParams) -> list[float]:
+    """``[6]``: T, top-k, top-p, depth T, depth top-k, depth top-p (the ``sampling`` column
+    order of ``stages.depth.depth_frames``)."""
+    return [p.temperature, p.top_k, p.top_p, p.depth_temperature, p.depth_top_k, p.depth_top_p]
+
+
+class SlotTable:
+    """``max_slots + 1`` rows of per-request device state; the last row is scratch."""
+
+    def __init__(self, max_slots: int, *, vocab_size: int, hidden_size: int,
+                 hidden_dtype: torch.dtype, ring_frames: int, device: torch.device,
+                 max_blocks: int = 1, scratch_block: int = 0) -> None:
+        """``max_blocks``: KV blocks of the longest context a DECODE row reads;
+        ``scratch_block``: the KV cache's scratch block (padding and unused entries)."""
+        rows, dev = max_slots + 1, device
+        self.scratch_slot = max_slots
+        self.ring_frames = ring_frames
+        self.device = device
+        self.sampling = torch.zeros(rows, 6, dtype=torch.float32, device=dev)
+        self.seeds = torch.zeros(rows, dtype=torch.long, device=dev)
+        self.frame_count = torch.zeros(rows, dtype=torch.long, device=dev)
+        """Frames generated so far per request (EOS is not a frame): the next frame's index."""
+        self.cfg_scale = torch.zeros(rows, dtype=torch.float32, device=dev)
+        self.has_cfg = torch.zeros(rows, dtype=torch.bool, device=dev)
+        self.penalty = torch.zeros(rows, dtype=torch.float32, device=dev)
+        self.no_eos = torch.zeros(rows, dtype=torch.bool, device=dev)
+        self.seen = torch.zeros(rows, vocab_size, dtype=torch.bool, device=dev)
+        """First codes generated so far in the active segment (repetition penalty)."""
+        self.hidden = torch.zeros(rows, 2, hidden_size, dtype=hidden_dtype, device=dev)
+        """``[slot, branch]`` final-normed backbone state feeding the next DEPTH step."""
+        self.last_frame = torch.zeros(rows, NUM_CODEBOOKS, dtype=torch.long, device=dev)
+        """The frame the next DECODE step feeds."""
+        self.ring = torch.zeros(rows, ring_frames, NUM_CODEBOOKS, dtype=torch.long, device=dev)
+        """Frames waiting for the codec: frame ``f`` of a request at ``[slot, f % ring_frames]``."""
+        self.next_codec_frame = np.zeros(rows, dtype=np.int64)
+        """Host: the first frame of each slot the codec has not decoded yet (the ring's tail)."""
+        self.scratch_block = scratch_block
+        self.block_tables = torch.full((2 * rows, max_blocks), scratch_block, dtype=torch.long,
+                                       device=dev)
+        """``[slot * 2 + branch]`` the branch's KV blocks, the scratch block past them."""
+        self._tables: dict[int, tuple[int, ...]] = {}  # row -> the block ids written there
+        self._write(list(range(rows)), [_DEFAULT] * rows)
+
+    # ------------------------------------------------------------ host side (rare writes)
+    def admit(self, slots: Sequence[int], params: Sequence[SlotParams]) -> None:
+        """Writes the rows of newly admitted requests (one upload per tensor for all)."""
+        if slots:
+            self._write(list(slots), list(params))
+
+    def release(self, slots: Sequence[int]) -> None:
+        """Resets freed slots to the scratch defaults, so nothing of a request outlives it."""
+        if slots:
+            self._write(list(slots), [_DEFAULT] * len(slots))
+
+    def _write(self, slots: list[int], params: list[SlotParams]) -> None:
+        index = torch.tensor(slots, dtype=torch.long).to(self.device, non_blocking=True)
+        dev = self.device
+
+        def put(table: torch.Tensor, values: list, dtype: torch.dtype) -> None:
+            table.index_copy_(0, index, torch.tensor(values, dtype=dtype).to(dev))
+
+        put(self.sampling, [sampling_row(p.sampling) for p in params], torch.float32)
+        put(self.seeds, [p.seed for p in params], torch.long)
+        put(self.cfg_scale, [p.cfg_scale for p in params], torch.float32)
+        put(self.has_cfg, [p.has_cfg for p in params], torch.bool)
+        put(self.penalty, [p.sampling.repetition_penalty for p in params], torch.float32)
+        put(self.no_eos, [p.ignore_eos for p in params], torch.bool)
+        for table in (self.frame_count, self.seen, self.hidden, self.last_frame, self.ring):
+            table.index_fill_(0, index, 0)
+        self.next_codec_frame[slots] = 0
+        self.block_tables.index_fill_(0, torch.cat([2 * index, 2 * index + 1]),
+                                      self.scratch_block)
+        for row in (r for slot in slots for r in (2 * slot, 2 * slot + 1)):
+            self._tables.pop(row, None)
+
+    def start_segments(self, slots: Sequence[int], hidden: Sequence[Sequence[torch.Tensor]]) \
+            -> None:
+        """A segment's first DEPTH step: clears its slot's repetition mask and takes the
+        PREFILL state of each branch (``hidden[i]``: one or two ``[D]`` rows)."""
+        rows = [h[b] for h in hidden for b in (0, len(h) - 1)]  # 1 branch: its row twice
+        index = torch.tensor(slots, dtype=torch.long).to(self.device, non_blocking=True)
+        self.seen.index_fill_(0, index, False)
+        self.hidden.index_copy_(0, index, torch.stack(rows).view(len(slots), 2, -1))
+
+    def set_block_table(self, row: int, block_ids: tuple[int, ...]) -> None:
+        """Row ``slot * 2 + branch`` reads ``block_ids``; uploads only when the table changed
+        (the plan hands the same tuple every step of a segment)."""
+        if self._tables.get(row) is block_ids:
+            return
+        if len(block_ids) > self.block_tables.shape[1]:
+            raise ValueError(f"a block table of {len(block_ids)} blocks exceeds the "
+                             f"{self.block_tables.shape[1]} of the slot table")
+        table = torch.full((self.block_tables.shape[1],), self.scratch_block, dtype=torch.long)
+        table[: len(block_ids)] = torch.tensor(block_ids, dtype=torch.long)
+        self.block_tables[row] = table.to(self.device, non_blocking=True)
+        self._tables[row] = block_ids
+
+    def ring_would_overflow(self, slot: int, frame_index: int) -> bool:
+        """Whether writing frame ``frame_index`` of ``slot`` would overwrite a frame the codec
+        has not read yet."""
+        return frame_index - int(self.next_codec_frame[slot]) >= self.ring_frames
+
+    def mark_decoded(self, slot: int, end_frame: int) -> None:
+        """The codec has read the slot's frames up to ``end_frame`` (exclusive)."""
+        self.next_codec_frame[slot] = end_frame
+
+    # ------------------------------------------------ device side (inside graphed functions)
+    def depth_inputs(self, row_ids: torch.Tensor) -> dict[str, torch.Tensor]:
+        """``row_ids [C, B]`` (C = 1, or 2 with CFG: ``slot * 2 + branch``) -> the keyword
+        inputs of ``depth_frames`` for those B rows (``hidden`` is ``[C * B, D]``)."""
+        slots = row_ids[0] // 2  # [B]
+        return {
+            "hidden": self.hidden.view(-1, self.hidden.shape[-1])[row_ids.flatten()],
+            "has_cfg": self.has_cfg[slots],
+            "cfg_scale": self.cfg_scale[slots],
+            "seen": self.seen[slots],
+            "penalty": self.penalty[slots],
+            "no_eos": self.no_eos[slots],
+            "sampling": self.sampling[slots],
+            "seeds": self.seeds[slots],
+            "frames_at": self.frame_count[slots],
+        }
+
+    def commit_frames(self, slots: torch.Tensor, codes: torch.Tensor,
+                      frames_at: torch.Tensor) -> None:
+        """Stores each row's sampled frame (``codes [B, 16]``): unless it is EOS, it becomes the
+        slot's last frame, enters the ring at ``frames_at``, marks its first code seen and
+        advances the frame counter. Distinct real slots; padding rows all write the scratch."""
+        keep = codes[:, 0] != FRAME_EOS_ID  # [B]
+        self.last_frame[slots] = torch.where(keep[:, None], codes, self.last_frame[slots])
+        at = frames_at % self.ring_frames
+        self.ring[slots, at] = torch.where(keep[:, None], codes, self.ring[slots, at])
+        first = codes[:, 0].clamp(max=self.seen.shape[1] - 1)
+        self.seen[slots, first] = self.seen[slots, first] | keep
+        self.frame_count[slots] = frames_at + keep.long()
+
+    def decode_codes(self, row_ids: torch.Tensor) -> torch.Tensor:
+        """``row_ids [R]`` (``slot * 2 + branch``) -> the frames DECODE feeds, ``[R, 16]``."""
+        return self.last_frame[row_ids // 2]
+
+    def store_hidden(self, row_ids: torch.Tensor, hidden: torch.Tensor) -> None:
+        """DECODE's new backbone state ``hidden [R, D]`` into its ``slot * 2 + branch`` rows."""
+        self.hidden.view(-1, self.hidden.shape[-1]).index_copy_(0, row_ids, hidden)
+
+    def codec_codes(self, rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``rows [B, 1 + F]`` (the slot, then the index of each frame to decode in its
+        request's audio, -1 for padding) -> ``(codes [B, F, 16], real frames per row [B])``;
+        padding frames are zeros."""
+        slots, frames = rows[:, 0], rows[:, 1:]
+        valid = frames >= 0  # [B, F]
+        codes = self.ring[slots[:, None], frames.clamp(min=0) % self.ring_frames]  # [B, F, 16]
+        return codes.masked_fill(~valid[..., None], 0), valid.sum(dim=1)

@@ -1,0 +1,240 @@
+"""``graph.device_slot_state`` end to end (CPU, tiny model): the device slot table gives the plans,
+first codes, frames and audio of the host path, step for step, for a mix of requests (seeds,
+sampling, CFG, repetition penalty, two segments, staggered arrivals that reuse slots, an abort
+mid-stream), and every freed slot's rows are back to the defaults.
+
+Owns: engine-level equality of the two slot-state paths and the table's release. Must not need
+a GPU (tests/gpu/test_gpu_slot_state.py checks the same under CUDA graphs for every bucket).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+from dataclasses import dataclass, field
+
+import numpy as np
+import pytest
+import torch
+
+from breezert.config import EngineConfig
+from breezert.constants import FRAME_EOS_ID, Stage
+from breezert.engine import Engine, RequestOutcome
+from breezert.options import SamplingParams, SynthesisOptions
+from breezert.outputs import AudioChunk
+from breezert.request import RequestStatus, SynthesisRequest
+from breezert.sched.plan import StepPlan
+from breezert.worker.slot_table import SlotTable
+from tests.integration.test_engine import CONFIG, assert_all_released
+
+pytestmark = pytest.mark.integration
+
+MAX_RUNNING = 3  # fewer slots than requests: later arrivals reuse freed slots
+EOS_GAIN = 30.0
+"""Scales the lm_head's EOS row: request ``eos`` then samples EOS after one frame."""
+
+
+def engine_with(device_slot_state: bool, codec_mixed_sizes: bool = False) -> Engine:
+    config = EngineConfig.from_file(CONFIG)
+    graph = config.graph.model_copy(update={"device_slot_state": device_slot_state,
+                                            "codec_mixed_sizes": codec_mixed_sizes})
+    scheduler = config.scheduler.model_copy(update={"max_running_requests": MAX_RUNNING})
+    return deterministic_engine(config.model_copy(update={"graph": graph,
+                                                          "scheduler": scheduler}))
+
+
+def deterministic_engine(config: EngineConfig) -> Engine:
+    """An engine on a clock of fixed ticks (two engines fed the same requests make the same
+    plans) whose lm_head samples EOS now and then (``EOS_GAIN``)."""
+    ticks = itertools.count()
+    engine = Engine(config, clock=lambda: 0.002 * next(ticks))
+    model = engine.checkpoint.model
+    with torch.no_grad():  # random weights never pick EOS: make request "eos" end on its own
+        (model.lm_head_fp32 if model.lm_head_fp32 is not None else model.lm_head.weight)[
+            FRAME_EOS_ID] *= EOS_GAIN
+    return engine
+
+
+def _request(request_id: str, seed: int, frames: int, *, cfg: bool = False,
+             sampling: SamplingParams | None = None, text: str | list[str] | None = None,
+             ignore_eos: bool = True) -> SynthesisRequest:
+    options = SynthesisOptions(seed=seed, sampling=sampling or SamplingParams(),
+                               cfg_scale=2.0 if cfg else 1.0,
+                               instructions="calm" if cfg else None)  # CFG needs a negative
+    return SynthesisRequest(text=text or f"{request_id} speaks.", options=options,
+                            max_frames=frames, ignore_eos=ignore_eos, request_id=request_id)
+
+
+ARRIVALS: dict[int, list[SynthesisRequest]] = {
+    0: [_request("plain", 11, 7), _request("cfg", 12, 9, cfg=True)],
+    1: [_request("abort", 16, 40)],
+    # a penalty below 1 favours repeats, so the repetition mask changes this request's codes
+    2: [_request("greedy", 13, 6, sampling=SamplingParams.greedy(repetition_penalty=0.05))],
+    3: [_request("fullsort", 14, 8, sampling=SamplingParams(top_k=0, top_p=0.8,
+                                                            repetition_penalty=1.3))],
+    5: [_request("twoseg", 15, 5, cfg=True, text=["seg one", "seg two"])],
+    6: [_request("eos", 17, 12, ignore_eos=False)],
+    9: [_request("late", 18, 4, sampling=SamplingParams(temperature=1.2, depth_top_p=0.7)),
+        _request("fail", 19, 20)],
+}
+ABORT_AFTER_CHUNKS = 2
+FAIL_AT_DEPTH = 3
+"""The fault hook fails request ``fail`` at its fourth DEPTH step."""
+
+
+@dataclass
+class Trace:
+    plans: list[tuple[Stage, tuple]] = field(default_factory=list)
+    """Each step's stage and its items' fields (``_summary``)."""
+    first_codes: list[dict[str, int]] = field(default_factory=list)
+    frames: list[dict[str, list[int]]] = field(default_factory=list)
+    """After each DEPTH step: each request's new frame (16 codes), EOS left out."""
+    chunks: dict[str, list[AudioChunk]] = field(default_factory=dict)
+    outcomes: dict[str, RequestOutcome] = field(default_factory=dict)
+
+
+def _frame(engine: Engine, slot: int, request_id: str, frame_index: int) -> list[int]:
+    table = engine.runner.table
+    if table is None:
+        return engine.runner.batch.get(slot, request_id).frames[frame_index].tolist()
+    assert torch.equal(table.ring[slot, frame_index % table.ring_frames], table.last_frame[slot])
+    return table.last_frame[slot].tolist()
+
+
+def _summary(item: object) -> tuple:
+    """An item's fields but the prompt (tensors do not compare as one bool)."""
+    return (type(item).__name__,
+            *(getattr(item, f.name) for f in dataclasses.fields(item) if f.name != "prompt"))
+
+
+def drive(engine: Engine) -> Trace:
+    trace = Trace()
+    execute = engine.runner.execute
+
+    def recording(plan: StepPlan):  # noqa: ANN202 - the runner's StageOutput
+        out = execute(plan)
+        trace.plans.append((plan.stage, tuple(_summary(item) for item in plan.items)))
+        trace.first_codes.append(dict(out.first_codes))
+        if plan.stage is Stage.DEPTH:
+            trace.frames.append({
+                item.request_id: _frame(engine, item.slot, item.request_id,
+                                        item.output_frame_index)
+                for item in plan.items if item.request_id in out.first_codes
+                and out.first_codes[item.request_id] != FRAME_EOS_ID})
+        return out
+
+    depth_steps = itertools.count()
+
+    def fault(stage: Stage, request_id: str) -> None:
+        if stage is Stage.DEPTH and request_id == "fail" and next(depth_steps) == FAIL_AT_DEPTH:
+            raise RuntimeError("injected fault")
+
+    engine.runner.execute = recording  # type: ignore[method-assign]
+    engine.runner.fault_hook = fault
+    try:
+        for step in range(2000):
+            for request in ARRIVALS.get(step, []):
+                engine.add_request(request)
+            if len(trace.chunks.get("abort", [])) == ABORT_AFTER_CHUNKS \
+                    and "abort" not in trace.outcomes:
+                engine.abort("abort")
+            if step > max(ARRIVALS) and not engine.has_work():
+                return trace
+            for out in engine.step():
+                if isinstance(out, RequestOutcome):
+                    trace.outcomes[out.request_id] = out
+                else:
+                    trace.chunks.setdefault(out.request_id, []).append(out)
+        raise AssertionError("the engine did not go idle")
+    finally:
+        del engine.runner.execute  # back to the class method
+        engine.runner.fault_hook = None
+
+
+@pytest.fixture(scope="module", params=[False, True], ids=["per-size-codec", "mixed-codec"])
+def traces(request: pytest.FixtureRequest) -> dict[bool, tuple[Engine, Trace]]:
+    """Both paths (key: ``device_slot_state``) over the mix, per codec grouping."""
+    return {on: (engine, drive(engine)) for on in (False, True)
+            for engine in [engine_with(on, codec_mixed_sizes=request.param)]}
+
+
+def assert_same_trace(host: Trace, device: Trace, audio_atol: float = 0.0) -> None:
+    """The same plans, first codes, frames, outcomes and chunk ranges; audio within
+    ``audio_atol`` (0: bit for bit)."""
+    assert device.plans == host.plans  # the same schedule: every result matched
+    assert device.first_codes == host.first_codes
+    assert device.frames == host.frames
+    assert {rid: o.status for rid, o in device.outcomes.items()} == \
+        {rid: o.status for rid, o in host.outcomes.items()}
+    assert device.chunks.keys() == host.chunks.keys()
+    for request_id, chunks in host.chunks.items():
+        got = device.chunks[request_id]
+        assert [(c.frame_start, c.frame_end) for c in got] == \
+            [(c.frame_start, c.frame_end) for c in chunks]
+        np.testing.assert_allclose(np.concatenate([c.pcm for c in got]),
+                                   np.concatenate([c.pcm for c in chunks]),
+                                   atol=audio_atol, rtol=0)
+
+
+def test_device_slot_state_equals_the_host_path_step_for_step(
+    traces: dict[bool, tuple[Engine, Trace]],
+) -> None:
+    (_, host), (device_engine, device) = traces[False], traces[True]
+    assert device_engine.runner.table is not None
+    assert_same_trace(host, device)
+
+
+def test_the_mix_reuses_slots_aborts_and_ends_every_request(
+    traces: dict[bool, tuple[Engine, Trace]],
+) -> None:
+    _, trace = traces[True]
+    assert trace.outcomes["abort"].status is RequestStatus.ABORTED
+    assert len(trace.chunks["abort"]) == ABORT_AFTER_CHUNKS
+    assert trace.outcomes["fail"].status is RequestStatus.FAILED
+    eos = [(items, codes) for (stage, items), codes in zip(trace.plans, trace.first_codes)
+           if FRAME_EOS_ID in codes.values()]
+    assert len(eos) == 1 and len(eos[0][0]) > 1, "EOS did not end a request in a batch"
+    assert len(trace.chunks["eos"]) == 1 and trace.chunks["eos"][0].frame_end == 1
+    finished = [rid for rid, o in trace.outcomes.items() if o.status is RequestStatus.FINISHED]
+    assert sorted(finished) == sorted(r.request_id for wave in ARRIVALS.values() for r in wave
+                                      if r.request_id not in ("abort", "fail"))
+    slots = {}
+    for _, items in trace.plans:
+        for _, request_id, slot, *_ in items:
+            slots.setdefault(slot, set()).add(request_id)
+    assert max(len(ids) for ids in slots.values()) >= 2, "no slot was reused"
+    depth = [items for stage, items in trace.plans if stage is Stage.DEPTH]
+    assert any({num_branches for *_, num_branches, _ in items} == {1, 2} for items in depth), \
+        "no DEPTH step mixed CFG and plain requests"
+    assert {c.segment_index for c in trace.chunks["twoseg"]} == {0, 1}
+
+
+def test_every_freed_slot_is_reset_and_everything_released(
+    traces: dict[bool, tuple[Engine, Trace]],
+) -> None:
+    engine, _ = traces[True]
+    assert_all_released(engine)
+    table = engine.runner.table
+    assert table is not None
+    fresh = SlotTable(MAX_RUNNING, vocab_size=table.seen.shape[1],
+                      hidden_size=table.hidden.shape[-1], hidden_dtype=table.hidden.dtype,
+                      ring_frames=table.ring_frames, device=table.device)
+    for name in ("sampling", "seeds", "frame_count", "cfg_scale", "has_cfg", "penalty", "no_eos",
+                 "seen", "hidden", "last_frame", "ring"):
+        got, want = getattr(table, name)[:MAX_RUNNING], getattr(fresh, name)[:MAX_RUNNING]
+        assert torch.equal(got, want), f"{name} of a freed slot was not reset"
+    assert not table.next_codec_frame.any()
+
+
+def test_abort_mid_stream_resets_the_slot_at_once() -> None:
+    engine = engine_with(True)
+    engine.add_request(_request("solo", 21, 30))
+    while not any(isinstance(o, AudioChunk) for o in engine.step()):
+        pass
+    table = engine.runner.table
+    assert table is not None and table.seeds[0].item() == 21 and table.frame_count[0] > 0
+    engine.abort("solo")
+    assert engine.step() == [RequestOutcome("solo", RequestStatus.ABORTED)]
+    assert table.seeds[0].item() == 0 and table.frame_count[0].item() == 0
+    assert not table.ring[0].any() and not table.seen[0].any()
+    assert_all_released(engine)
