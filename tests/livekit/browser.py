@@ -103,7 +103,8 @@ def edges_heard(edges: list[dict[str, Any]], rate: float | None, since_epoch: fl
     return Heard(first=first["t"] / 1000 - epoch_offset,
                  span_s=(last["frame"] - first["frame"]) / rate,
                  gap_s=max((g[0] for g in gaps), default=0) / rate,
-                 arrival_gap_s=max((g[1] for g in gaps), default=0) / 1000)
+                 arrival_gap_s=max((g[1] for g in gaps), default=0) / 1000,
+                 quiet_s=sum(g[0] for g in gaps) / rate)
 
 
 @contextlib.asynccontextmanager

@@ -26,6 +26,9 @@ class Heard:
     arrival_gap_s: float
     """Longest wait between energetic frames by arrival time here: ``gap_s`` plus this process's
     own delivery jitter (the frames come from the SDK's 10 ms playout clock)."""
+    quiet_s: float = 0.0
+    """All quiet runs inside it, in playout time (the tiny model's noise has none of its own:
+    each one is something a stage after the agent inserted)."""
 
 
 @dataclass
