@@ -6,10 +6,12 @@ most 16 MiB (``state_shards``) plus the logs. The next call takes the parts back
 (``--carry-in``) and goes on where this one stopped. Must not: hold any stage's logic (each
 stage is its own module) or be imported by serving code.
 
-What is carried (about 47 MB for ``small``; the device call's carry limit is 64 MiB with the
-working tree): the codec export (bf16, 22 MB), the codes cache (11-bit packed, about 1 MB per
-hour of speech) and the LM's carry snapshot (bf16 weights, no optimiser moments: AdamW restarts
-with a short re-warmup). Not carried: the teacher audio (173 MB per hour) and the codec's
+What is carried (about 37 MB for ``small`` plus the codes; the device call's carry limit is 64
+MiB with the working tree, and what comes back is at most 8 files of 16 MiB, 64 MiB in all): the
+codec export (bf16, 22 MB, without the random placeholder LM its export holds: rebuilt after
+the carry-in), the codes cache (11-bit packed, about 1.2 MB per hour of speech) and the LM's
+carry snapshot (bf16 weights, 15 MB, no optimiser moments: AdamW restarts with a short
+re-warmup). Not carried: the teacher audio (173 MB per hour) and the codec's
 optimiser and discriminator, so the codec trains in the first call only, and later calls train
 the LM on the codes already made (they need neither the teacher wheels nor its corpus).
 
@@ -81,6 +83,33 @@ def _codec_stage(work: Path, plan: Plan, minutes: float, codec_cfg_overrides: di
     return export_checkpoint(trainer, work / "carry" / "codec", dtype=torch.bfloat16)
 
 
+def _drop_placeholder_lm(codec: Path) -> None:
+    """Removes the codec export's LM, ``codec_train.export_checkpoint``'s random ``tiny``
+    placeholder (47 MB in fp32 at the released text vocabulary, never trained or used), so the
+    carry holds only the codec; ``_restore_placeholder_lm`` rebuilds one after the carry-in."""
+    from breezert.loader import INDEX_FILE
+
+    for name in [INDEX_FILE, *(p.name for p in codec.glob("model-*.safetensors"))]:
+        (codec / name).unlink(missing_ok=True)
+
+
+def _restore_placeholder_lm(codec: Path) -> None:
+    """Writes a random ``tiny`` LM beside a carried codec (its config.json names that size) so
+    the loader reads the folder again; only its codec and encoder are ever used."""
+    from breezert.loader import INDEX_FILE, save_checkpoint
+    from breezert.random_init import build_random
+    from breezert.tokenizer import build_byte_tokenizer
+
+    if (codec / INDEX_FILE).is_file() or not codec.is_dir():
+        return
+    scratch = codec.parent / "placeholder-lm"
+    config, model, decoder = build_random("tiny")
+    save_checkpoint(scratch, config, model, decoder, build_byte_tokenizer().to_str())
+    for name in [INDEX_FILE, *(p.name for p in scratch.glob("model-*.safetensors"))]:
+        shutil.move(str(scratch / name), str(codec / name))
+    shutil.rmtree(scratch)
+
+
 def _lm_stage(work: Path, plan: Plan, minutes: float, lm_overrides: dict) -> Path:
     from breezert.train.lm_data import BatchStream, encode_shards, load_utterances, split_heldout
     from breezert.train.lm_train import (
@@ -135,6 +164,7 @@ def run_pipeline(work: str | Path, minutes_total: float, out: str | Path,
     carry = work / "carry"
     if carry_in and (Path(carry_in) / f"{PARTS_PREFIX}.json").is_file():
         state_shards.join_dir(carry_in, carry, PARTS_PREFIX)
+        _restore_placeholder_lm(carry / "codec")
     carry.mkdir(parents=True, exist_ok=True)
     summary: dict = {"plan": asdict(plan), "stages": []}
 
@@ -154,6 +184,7 @@ def run_pipeline(work: str | Path, minutes_total: float, out: str | Path,
     summary["sample"] = _sample(voice, "The quick brown fox jumps over the lazy dog.",
                                 plan.sample_max_frames)
     out.mkdir(parents=True, exist_ok=True)
+    _drop_placeholder_lm(carry / "codec")
     summary["parts"] = [p.name for p in state_shards.split_dir(carry, out, PARTS_PREFIX)]
     logs = (("lm/" + LOG_FILE, "lm_log.jsonl"), ("codec_log.jsonl", "codec_log.jsonl"))
     for name, target in logs:
