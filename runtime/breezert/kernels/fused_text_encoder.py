@@ -31,7 +31,17 @@ import torch
 import triton
 import triton.language as tl
 
-from breezert.kernels.gemm import DOT_F32, FusedGemms, Tiles, bf16, check_bf16, mm, rope, row_block
+from breezert.kernels.gemm import (
+    DOT_F32,
+    FusedGemms,
+    Tiles,
+    bf16,
+    check_bf16,
+    mm,
+    rope,
+    row_block,
+    warm_row_counts,
+)
 
 SLIDING = "sliding_attention"  # models.text_encoder's layer kind (kernels import no models)
 
@@ -292,7 +302,7 @@ class FusedTextEncoder:
     def warm(self) -> None:
         """Builds every kernel variant (each row-block size) now, not in the middle of serving."""
         device = self.encoder.norm.weight.device
-        for rows in sorted({min(n, self.max_tokens) for n in (1, 17, 33)}):
+        for rows in warm_row_counts(self.max_tokens):
             ids = torch.zeros(rows, dtype=torch.long, device=device)
             self(ids, ids, torch.arange(rows, device=device))
 

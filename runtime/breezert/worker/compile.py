@@ -62,10 +62,10 @@ def depth_fn(
         logger.info("depth layers run the fused Triton kernels (%d-row workspace)", max_rows)
     if compile_depth:
         _raise_cache_limit(64)
-    if compile_depth and not fused_depth and not getattr(depth, "is_compiled", False):
-        depth.run_layers = torch.compile(depth.run_layers, dynamic=True, fullgraph=True)
-        depth.is_compiled = True
-        logger.info("compiled the depth step (inductor, default mode, dynamic batch)")
+        if not fused_depth and not getattr(depth, "is_compiled", False):
+            depth.run_layers = torch.compile(depth.run_layers, dynamic=True, fullgraph=True)
+            depth.is_compiled = True
+            logger.info("compiled the depth step (inductor, default mode, dynamic batch)")
     if fused_sampling and max_k is not None:
         from breezert.kernels.fused_sampling import fused_sample  # needs Triton
 
@@ -108,12 +108,13 @@ def text_encode_fn(
     if model.lm_head.weight.device.type != "cuda":
         return fn
     encoder = model.text_encoder
-    if fused_text_encoder and not getattr(encoder, "is_fused", False):
-        from breezert.kernels.fused_text_encoder import FusedTextEncoder  # needs Triton
+    if fused_text_encoder:  # never compiled on top: the kernels are the fusion
+        if not getattr(encoder, "is_fused", False):
+            from breezert.kernels.fused_text_encoder import FusedTextEncoder  # needs Triton
 
-        encoder.encode = FusedTextEncoder(encoder)
-        encoder.is_fused = True
-        logger.info("text encoder layers run the fused Triton kernels")
+            encoder.encode = FusedTextEncoder(encoder)
+            encoder.is_fused = True
+            logger.info("text encoder layers run the fused Triton kernels")
         return fn
     if not compile_text_encoder:
         return fn
