@@ -193,6 +193,17 @@ case "$phase" in
     timeout 200 python3 bench/stage_timing.py --batches 1,16,64 \
       --modes fused-decode,fused-sampling,fused-first \
       --out "$out/h200-stage-timing-first-packet.json" 2>&1 | grep -v Warn | tail -12 || true ;;
+  first-packet-short)  # one call: the fused text encoder's GPU tests, stage times, then the
+    # engine today against both first-packet switches at c=1 and 16 (shorter runs)
+    timeout 100 python3 -m pytest tests/gpu/test_gpu_fused_text_encoder.py -q -s -p no:cacheprovider \
+      2>&1 | tee "$out/gpu_tests_text_encoder.log" | grep -E 'lengths|passed|failed|^E ' || true
+    timeout 200 python3 bench/stage_timing.py --batches 1,16,64 \
+      --modes fused-decode,fused-sampling,fused-first \
+      --out "$out/h200-stage-timing-first-packet.json" 2>&1 | grep -v Warn | tail -14 || true
+    timeout 260 "${bench[@]}" --concurrency 1,16 --num-requests 300 --warmup 16 --run-budget 30 \
+      --variant 'today=config' \
+      --variant 'fused-first=config;graph.fused_sampling=true;graph.fused_text_encoder=true' \
+      --out "$out/h200-first-packet.json" 2>&1 | grep '^\[bench' ;;
   first-packet-bench)  # the engine with each first-packet switch, one run
     timeout 560 "${bench[@]}" --concurrency "${CONCURRENCY:-1,16}" --num-requests 300 \
       --warmup 16 --run-budget 40 --variant 'today=config' \

@@ -49,6 +49,10 @@ def main() -> None:
     parser.add_argument("--fused", action="store_true", help="the fused Triton depth layers")
     parser.add_argument("--fused-decode", action="store_true",
                         help="the fused Triton backbone DECODE step")
+    parser.add_argument("--text-tokens", type=int, default=0,
+                        help="also the TEXT_ENCODE stage for one sentence of this many tokens")
+    parser.add_argument("--fused-text-encoder", action="store_true",
+                        help="the fused Triton text-encoder layers")
     parser.add_argument("--top", type=int, default=15)
     args = parser.parse_args()
     cuda = torch.cuda.is_available()
@@ -61,13 +65,19 @@ def main() -> None:
                       "max_depth_rows": 2 * args.batch},
         "graph": {"enable_cuda_graphs": False, "compile_depth": args.compile and cuda,
                   "fused_depth": args.fused and cuda,
-                  "fused_decode": args.fused_decode and cuda},
+                  "fused_decode": args.fused_decode and cuda,
+                  "fused_text_encoder": args.fused_text_encoder and cuda},
     })
     runner = build_runner(cfg, load_engine_checkpoint(cfg.model))
     depth, decode = runner.stages[Stage.DEPTH], runner.stages[Stage.DECODE]
     depth_in = depth.example_inputs(args.batch, False)
     decode_in = decode.example_inputs(args.batch, args.context, cached=3 * args.context // 4)
     with torch.inference_mode():
+        if args.text_tokens:
+            te = runner.stages[Stage.TEXT_ENCODE]
+            te_in = te.example_inputs(args.text_tokens)
+            census(lambda: te.graphs.fn(**te_in), f"TEXT_ENCODE, {args.text_tokens} tokens", cuda,
+                   args.top)
         census(lambda: depth.graphs.fn(**depth_in), f"DEPTH frame, batch {args.batch}", cuda,
                args.top)
         census(lambda: decode.graphs.fn(**decode_in),

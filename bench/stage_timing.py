@@ -103,11 +103,18 @@ def main() -> None:
         "gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
         "cuda": torch.version.cuda, "date": datetime.now(timezone.utc).isoformat(),
         "host": platform.node(), "commit": commit,
-        "runs": [measure(batches, c, args.context) for c in modes],
+        "runs": [],
     }
-    if args.out:
-        with open(args.out, "w") as f:
-            json.dump(doc, f, indent=2)
+    for mode in modes:  # one failing mode (a kernel that does not build) leaves the others
+        try:
+            doc["runs"].append(measure(batches, mode, args.context))
+        except Exception as exc:  # noqa: BLE001 (recorded in the results and printed)
+            print(f"mode={mode} failed: {type(exc).__name__}: {exc}")
+            doc.setdefault("failed", {})[mode] = f"{type(exc).__name__}: {exc}"
+            torch.cuda.empty_cache()
+        if args.out:  # after every mode: a run stopped at its time limit keeps what it measured
+            with open(args.out, "w") as f:
+                json.dump(doc, f, indent=2)
     for run in doc["runs"]:
         print(f"mode={run['mode']} start-up {run['startup_s']:.1f} s "
               f"{run['warmup_stage_s']}")

@@ -243,12 +243,24 @@ def _join_norm_kernel(x_ptr, b_ptr, wb_ptr, wn_ptr, out_ptr, R, eps, stride_x,
                  _gemma(x, rstd, wn_ptr, cols).to(tl.bfloat16), mask=rmask[:, None])
 
 
+SMEM_BUDGET = 200 * 1024  # bytes of pipelined tiles per program (Hopper: 227 KB per block)
+
+
 def _largest_block(length: int, most: int) -> int:
     """The largest power of two <= ``most`` that divides ``length`` (>= 16 for ``tl.dot``)."""
     block = most
     while block > 16 and length % block:
         block //= 2
     return block
+
+
+def _stages(stage_bytes: int, most: int = 3) -> int:
+    """Pipeline depth whose bf16 tiles fit the shared memory of one Hopper block.
+
+    ``stage_bytes`` is one stage's tiles; Triton adds a little for the epilogue, so the budget
+    stays below the 227 KB a block may hold (three stages of the q/k/v kernel's 80 KB did not).
+    """
+    return max(1, min(most, SMEM_BUDGET // stage_bytes))
 
 
 def _split_for(k: int, block_k: int) -> int:
@@ -339,7 +351,8 @@ class FusedTextEncoder:
                 layer.self_attn.qkv_weight, layer.self_attn.q_norm.weight,
                 layer.self_attn.k_norm.weight, cos, sin, spare, q, k, v, rows, eps, x.stride(0),
                 cos.stride(0), H=heads, KVH=kv_heads, D=hd, K=d, BM=bm, BK=self.bk,
-                F32=DOT_F32, HAS_B=not first, num_warps=4, num_stages=3,
+                F32=DOT_F32, HAS_B=not first, num_warps=4,
+                num_stages=_stages(2 * (bm + hd) * self.bk),  # x tile + both weight halves
             )
             if not first:
                 x, spare = spare, x
@@ -353,7 +366,7 @@ class FusedTextEncoder:
                 x, o, layer.post_self_attn_layernorm.weight, layer.pre_feedforward_layernorm.weight,
                 layer.mlp.gate_up_weight, spare, act, rows, eps, x.stride(0), act.stride(0),
                 I=cfg.intermediate_size, K=d, BM=bm, BN=self.gate_bn, BK=self.bk, F32=DOT_F32,
-                num_warps=4, num_stages=3,
+                num_warps=4, num_stages=_stages(2 * (bm + 2 * self.gate_bn) * self.bk),
             )
             x, spare = spare, x
             branch = self.down_gemms.linear_residual(act, layer.mlp.down_proj.weight, None)
