@@ -209,9 +209,11 @@ class GraphConfig(_Frozen):
     compile_text_encoder: bool = False
     """``torch.compile`` the whole text encoder (first-packet path) before capturing it."""
     fused_text_encoder: bool = False
-    """Hand-fused Triton kernels for the text encoder's layers (5 launches per layer instead of
+    """Hand-fused Triton kernels for the text encoder's layers (7 launches per layer instead of
     ~70, ``kernels/fused_text_encoder.py``) for buckets of up to 128 tokens; longer ones run the
-    eager encoder. Off until an H200 run shows the gain."""
+    eager encoder. Off until an H200 run of this layout shows the gain (the first layout took
+    the engine's text encode from 5.6 to 3.6 ms at one request but was slower than today's
+    graph at 64-128 tokens)."""
     decode_batch_buckets: tuple[int, ...] = (1, 2, 4, 8, 16, 32)
     """DECODE batch sizes in rows (CFG branches count)."""
     decode_context_buckets: tuple[int, ...] = (256, 512, 1024, 2048)

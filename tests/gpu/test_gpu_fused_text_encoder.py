@@ -1,5 +1,5 @@
 """GPU: the fused text-encoder layers (kernels/fused_text_encoder.py) at full size against the
-eager bf16 and fp32 encoders, under graph replay, and their launch count.
+eager bf16 and fp32 encoders and under graph replay.
 
 Run on a CUDA machine: ``python -m pytest tests/gpu -q`` (skipped without CUDA).
 """

@@ -1,25 +1,28 @@
-"""Hand-fused T5Gemma2 text-encoder layers: 5 Triton launches per layer instead of ~70.
+"""Hand-fused T5Gemma2 text-encoder layers: 7 Triton launches per layer instead of ~70.
 
 Owns: the kernels and ``FusedTextEncoder``, a drop-in for ``T5Gemma2TextEncoder.encode`` on
 CUDA for packed batches of up to ``max_tokens`` tokens (longer ones run the eager encoder).
 Per layer (N packed tokens, N <= max_tokens):
-  1. residual join + pre-attention norm + packed q/k/v GEMM + per-head q/k norm + RoPE (one
-     program per head x row block);
-  2. packed bidirectional attention: segment and sliding-window masks from the tokens' segment
-     ids and positions, online softmax over key blocks (one program per query block x head);
-  3. o_proj, split-K;
-  4. residual join + pre-feedforward norm + packed gate/up GEMM + GELU(tanh)(gate) * up;
-  5. down_proj, split-K;
+  1. residual join + pre-attention norm (whole rows, a few per program);
+  2. packed q/k/v GEMM, split-K;
+  3. packed bidirectional attention: per-head q/k norm and RoPE of the GEMM's output, segment
+     and sliding-window masks from the tokens' segment ids and positions, online softmax over
+     key blocks (one program per query block x head);
+  4. o_proj, split-K;
+  5. residual join + pre-feedforward norm;
+  6. packed gate/up GEMM + GELU(tanh)(gate) * up;
+  7. down_proj, split-K;
 and one launch after the last layer (the last join and the final norm). Gemma's sandwich norms
 put a norm on each branch before it joins the residual (``x + norm(branch)``), so a join needs
-the whole branch row: each join runs in the prologue of the next GEMM, which reads the branch
-and the residual rows (a few KB, from L2), and the GEMM's first column block writes the joined
-residual once for the join after it.
+the whole branch row: it runs on its own, writing the joined residual and its norm once.
 NOTE(kernels): the first-packet path ran this encoder as ~70 launches per layer in a graph
 (5.7-7 ms for a sentence on the H200 against ~0.35 ms of weight reads); torch.compile made it
 4.0 ms and added 225 s of start-up (bench/README.md), so the fusion is by hand as for the depth
-layers. Every kernel keeps the eager modules' bf16 rounding points (GemmaRMSNorm,
-``F.linear``, ``apply_rope``, GELU, residual adds); attention rounds as flash attention does.
+layers. A first version joined in the next GEMM's prologue and ran q/k/v as one program per
+head (6 programs for 132 SMs): 61 us of a layer's 113 us at 32 tokens on the H200
+(bench/results/h200-profile-text-encode-20261201.log); the GEMMs now spread over the SMs.
+Every kernel keeps the eager modules' bf16 rounding points (GemmaRMSNorm, ``F.linear``,
+``apply_rope``, GELU, residual adds); attention rounds as flash attention does.
 Must not: project to the backbone width or place segments in a prompt (``BreezeModel`` does),
 or allocate per call beyond its activations (split-K workspaces are preallocated, so CUDA graphs
 capture it).
@@ -51,136 +54,109 @@ weight once per 64 rows, so long batches are better served by the eager GEMMs)."
 
 
 @triton.jit
-def _load(ptr, stride, rows, rmask, cols):
-    return tl.load(ptr + rows[:, None] * stride + cols[None, :], mask=rmask[:, None],
-                   other=0.0).to(tl.float32)
-
-
-@triton.jit
 def _gemma(x, rstd, w_ptr, cols):
     """GemmaRMSNorm of an fp32 tile as ``F.rms_norm(x, weight=1 + w)`` rounds it."""
     w = 1.0 + tl.load(w_ptr + cols).to(tl.float32)
     return bf16(x * rstd[:, None] * w[None, :])
 
 
-@triton.jit
-def _joined(x_ptr, b_ptr, wb_ptr, stride, rows, rmask, rstd_b, cols, HAS_B: tl.constexpr):
-    """The residual tile after its join: ``bf16(x + norm_b(b))`` (``HAS_B`` off: ``x``)."""
-    x = _load(x_ptr, stride, rows, rmask, cols)
-    if HAS_B:
-        x = bf16(x + _gemma(_load(b_ptr, stride, rows, rmask, cols), rstd_b, wb_ptr, cols))
-    return x
-
-
-@triton.jit
-def _join_rstd(x_ptr, b_ptr, wb_ptr, stride, rows, rmask, eps, K: tl.constexpr,
-               BM: tl.constexpr, BK: tl.constexpr, HAS_B: tl.constexpr):
-    """Per row: the branch's ``1/rms`` and the joined residual's (fp32)."""
-    rstd_b = tl.full([BM], 1.0, dtype=tl.float32)
-    if HAS_B:
-        sq = tl.zeros([BM], dtype=tl.float32)
-        for k0 in tl.static_range(0, K, BK):
-            b = _load(b_ptr, stride, rows, rmask, k0 + tl.arange(0, BK))
-            sq += tl.sum(b * b, axis=1)
-        rstd_b = 1.0 / tl.sqrt(sq / K + eps)
-    sq = tl.zeros([BM], dtype=tl.float32)
-    for k0 in tl.static_range(0, K, BK):
-        x = _joined(x_ptr, b_ptr, wb_ptr, stride, rows, rmask, rstd_b, k0 + tl.arange(0, BK),
-                    HAS_B)
-        sq += tl.sum(x * x, axis=1)
-    return rstd_b, 1.0 / tl.sqrt(sq / K + eps)
-
-
 @triton.jit(do_not_specialize=["R"])
-def _join_qkv_kernel(
-    x_ptr, b_ptr, wb_ptr, wn_ptr, w_ptr, qn_ptr, kn_ptr, cos_ptr, sin_ptr, xout_ptr,
-    q_ptr, k_ptr, v_ptr, R, eps, stride_x, stride_cs,
-    H: tl.constexpr, KVH: tl.constexpr, D: tl.constexpr, K: tl.constexpr, BM: tl.constexpr,
-    BK: tl.constexpr, F32: tl.constexpr, HAS_B: tl.constexpr,
+def _join_norm_kernel(
+    x_ptr, b_ptr, wb_ptr, wn_ptr, xout_ptr, xn_ptr, R, eps, stride,
+    K: tl.constexpr, BLOCK: tl.constexpr, BR: tl.constexpr, HAS_B: tl.constexpr,
+    WRITE_X: tl.constexpr,
 ):
-    """Program (head t, row block): heads 0..H-1 are q, then k heads, then v heads."""
-    t = tl.program_id(0)
-    rows = tl.program_id(1) * BM + tl.arange(0, BM)
-    rmask = rows < R
-    HALF: tl.constexpr = D // 2
+    """Program (BR whole rows): the joined residual ``bf16(x + norm_b(b))`` (``HAS_B`` off:
+    ``x``; stored at ``xout`` if ``WRITE_X``) and its norm ``norm_n(joined)`` at ``xn``."""
+    rows = tl.program_id(0) * BR + tl.arange(0, BR)
+    cols = tl.arange(0, BLOCK)
+    cmask = cols < K
+    mask = (rows < R)[:, None] & cmask[None, :]
+    at = rows[:, None] * stride + cols[None, :]
+    x = tl.load(x_ptr + at, mask=mask, other=0.0).to(tl.float32)
+    wcols = tl.where(cmask, cols, 0)
+    if HAS_B:
+        b = tl.load(b_ptr + at, mask=mask, other=0.0).to(tl.float32)
+        rstd_b = 1.0 / tl.sqrt(tl.sum(b * b, axis=1) / K + eps)
+        x = bf16(x + _gemma(b, rstd_b, wb_ptr, wcols))
+        if WRITE_X:
+            tl.store(xout_ptr + at, x.to(tl.bfloat16), mask=mask)
+    x = tl.where(mask, x, 0.0)
+    rstd = 1.0 / tl.sqrt(tl.sum(x * x, axis=1) / K + eps)
+    tl.store(xn_ptr + at, _gemma(x, rstd, wn_ptr, wcols).to(tl.bfloat16), mask=mask)
+
+
+@triton.jit
+def _head_halves(qkv_ptr, stride_qkv, rows, rmask, col0, HALF: tl.constexpr):
+    """The two RoPE halves of one head's columns ``col0..col0+2*HALF-1`` (fp32 of bf16)."""
     d = tl.arange(0, HALF)
-    rstd_b, rstd = _join_rstd(x_ptr, b_ptr, wb_ptr, stride_x, rows, rmask, eps, K, BM, BK, HAS_B)
-    lo = t * D + d  # weight rows of the head's lower half
-    acc_lo = tl.zeros([BM, HALF], dtype=tl.float32)
-    acc_hi = tl.zeros([BM, HALF], dtype=tl.float32)
-    for k0 in range(0, K, BK):
-        cols = k0 + tl.arange(0, BK)
-        x = _joined(x_ptr, b_ptr, wb_ptr, stride_x, rows, rmask, rstd_b, cols, HAS_B)
-        if HAS_B:  # noqa: SIM102 (a constexpr and a runtime test: Triton wants them apart)
-            if t == 0:  # one program column writes the joined residual
-                tl.store(xout_ptr + rows[:, None] * stride_x + cols[None, :],
-                         x.to(tl.bfloat16), mask=rmask[:, None])
-        xn = _gemma(x, rstd, wn_ptr, cols).to(tl.bfloat16)
-        w_lo = tl.load(w_ptr + lo[:, None] * K + cols[None, :])
-        w_hi = tl.load(w_ptr + (lo + HALF)[:, None] * K + cols[None, :])
-        acc_lo += mm(xn, tl.trans(w_lo), F32)
-        acc_hi += mm(xn, tl.trans(w_hi), F32)
-    a_lo, a_hi = bf16(acc_lo), bf16(acc_hi)  # the packed GEMM's bf16 output
-    if t < H + KVH:  # q/k: GemmaRMSNorm over the head, then RoPE with each token's position
-        rs = 1.0 / tl.sqrt((tl.sum(a_lo * a_lo, axis=1) + tl.sum(a_hi * a_hi, axis=1)) / D + eps)
-        if t < H:
-            a_lo, a_hi = _gemma(a_lo, rs, qn_ptr, d), _gemma(a_hi, rs, qn_ptr, HALF + d)
-        else:
-            a_lo, a_hi = _gemma(a_lo, rs, kn_ptr, d), _gemma(a_hi, rs, kn_ptr, HALF + d)
-        cs = rows[:, None] * stride_cs
-        a_lo, a_hi = rope(
-            a_lo, a_hi,
-            tl.load(cos_ptr + cs + d[None, :], mask=rmask[:, None], other=0.0).to(tl.float32),
-            tl.load(cos_ptr + cs + HALF + d[None, :], mask=rmask[:, None], other=0.0
-                    ).to(tl.float32),
-            tl.load(sin_ptr + cs + d[None, :], mask=rmask[:, None], other=0.0).to(tl.float32),
-            tl.load(sin_ptr + cs + HALF + d[None, :], mask=rmask[:, None], other=0.0
-                    ).to(tl.float32),
-        )
-    if t < H:
-        dst = q_ptr + rows[:, None] * (H * D) + t * D + d[None, :]
-    elif t < H + KVH:
-        dst = k_ptr + rows[:, None] * (KVH * D) + (t - H) * D + d[None, :]
-    else:
-        dst = v_ptr + rows[:, None] * (KVH * D) + (t - H - KVH) * D + d[None, :]
-    tl.store(dst, a_lo.to(tl.bfloat16), mask=rmask[:, None])
-    tl.store(dst + HALF, a_hi.to(tl.bfloat16), mask=rmask[:, None])
+    at = qkv_ptr + rows[:, None] * stride_qkv + col0 + d[None, :]
+    lo = tl.load(at, mask=rmask[:, None], other=0.0).to(tl.float32)
+    hi = tl.load(at + HALF, mask=rmask[:, None], other=0.0).to(tl.float32)
+    return lo, hi
+
+
+@triton.jit
+def _norm_rope(lo, hi, w_ptr, cos_ptr, sin_ptr, stride_cs, rows, rmask, eps,
+               HALF: tl.constexpr):
+    """Per-head GemmaRMSNorm (q_norm / k_norm), then RoPE at each token's position, as the
+    eager modules round them; bf16 halves for the dots."""
+    d = tl.arange(0, HALF)
+    rs = 1.0 / tl.sqrt((tl.sum(lo * lo, axis=1) + tl.sum(hi * hi, axis=1)) / (2 * HALF) + eps)
+    lo, hi = _gemma(lo, rs, w_ptr, d), _gemma(hi, rs, w_ptr, HALF + d)
+    cs = rows[:, None] * stride_cs + d[None, :]
+    m = rmask[:, None]
+    lo, hi = rope(
+        lo, hi,
+        tl.load(cos_ptr + cs, mask=m, other=0.0).to(tl.float32),
+        tl.load(cos_ptr + cs + HALF, mask=m, other=0.0).to(tl.float32),
+        tl.load(sin_ptr + cs, mask=m, other=0.0).to(tl.float32),
+        tl.load(sin_ptr + cs + HALF, mask=m, other=0.0).to(tl.float32),
+    )
+    return lo.to(tl.bfloat16), hi.to(tl.bfloat16)
 
 
 @triton.jit(do_not_specialize=["N"])
 def _packed_attention_kernel(
-    q_ptr, k_ptr, v_ptr, seg_ptr, pos_ptr, out_ptr, N, scale, left, right,
+    qkv_ptr, qn_ptr, kn_ptr, cos_ptr, sin_ptr, seg_ptr, pos_ptr, out_ptr, N, scale, left,
+    right, eps, stride_qkv, stride_cs,
     H: tl.constexpr, KVH: tl.constexpr, D: tl.constexpr, BQ: tl.constexpr, BKV: tl.constexpr,
     NKB: tl.constexpr, SLIDING: tl.constexpr, F32: tl.constexpr,
 ):
-    """Program (query block, head): its queries against every key of their own segment (and
-    window, ``SLIDING``), NKB blocks of BKV keys (a power of two covering N: few builds) with
-    an online softmax."""
+    """Program (query block, head): q/k norm and RoPE of the packed q/k/v GEMM's output, then
+    its queries against every key of their own segment (and window, ``SLIDING``), NKB blocks
+    of BKV keys (a power of two covering N: few builds) with an online softmax. Each program
+    norms and rotates the keys it reads (a few KB: cheaper than a launch of its own)."""
+    HALF: tl.constexpr = D // 2
     h = tl.program_id(1)
     g = h // (H // KVH)
     qrows = tl.program_id(0) * BQ + tl.arange(0, BQ)
     qmask = qrows < N
-    dd = tl.arange(0, D)
-    q = tl.load(q_ptr + qrows[:, None] * (H * D) + h * D + dd[None, :], mask=qmask[:, None],
-                other=0.0)
+    q_lo, q_hi = _head_halves(qkv_ptr, stride_qkv, qrows, qmask, h * D, HALF)
+    q_lo, q_hi = _norm_rope(q_lo, q_hi, qn_ptr, cos_ptr, sin_ptr, stride_cs, qrows, qmask, eps,
+                            HALF)
     qseg = tl.load(seg_ptr + qrows, mask=qmask, other=-1)
     qpos = tl.load(pos_ptr + qrows, mask=qmask, other=0)
+    dd = tl.arange(0, D)
     m = tl.full([BQ], float("-inf"), dtype=tl.float32)
     total = tl.zeros([BQ], dtype=tl.float32)
     acc = tl.zeros([BQ, D], dtype=tl.float32)
     for kb in range(NKB):
         krows = kb * BKV + tl.arange(0, BKV)
         kmask = krows < N
-        kv = krows[:, None] * (KVH * D) + g * D + dd[None, :]
-        k = tl.load(k_ptr + kv, mask=kmask[:, None], other=0.0)
-        v = tl.load(v_ptr + kv, mask=kmask[:, None], other=0.0)
+        k_lo, k_hi = _head_halves(qkv_ptr, stride_qkv, krows, kmask, (H + g) * D, HALF)
+        k_lo, k_hi = _norm_rope(k_lo, k_hi, kn_ptr, cos_ptr, sin_ptr, stride_cs, krows, kmask,
+                                eps, HALF)
+        v = tl.load(qkv_ptr + krows[:, None] * stride_qkv + (H + KVH + g) * D + dd[None, :],
+                    mask=kmask[:, None], other=0.0)
         kseg = tl.load(seg_ptr + krows, mask=kmask, other=-2)
         ok = qseg[:, None] == kseg[None, :]
         if SLIDING:  # q - k in [-(right - 1), left - 1], as sliding_block_mask
             kpos = tl.load(pos_ptr + krows, mask=kmask, other=0)
             dist = qpos[:, None] - kpos[None, :]
             ok = ok & (dist < left) & (-dist < right)
-        s = tl.where(ok, mm(q, tl.trans(k), F32) * scale, float("-inf"))
+        qk = mm(q_lo, tl.trans(k_lo), F32) + mm(q_hi, tl.trans(k_hi), F32)
+        s = tl.where(ok, qk * scale, float("-inf"))
         m_new = tl.maximum(m, tl.max(s, axis=1))
         base = tl.where(m_new == float("-inf"), 0.0, m_new)  # rows with no key yet
         p = tl.exp(s - base[:, None])
@@ -195,27 +171,23 @@ def _packed_attention_kernel(
 
 
 @triton.jit(do_not_specialize=["R"])
-def _join_gate_up_kernel(
-    x_ptr, b_ptr, wb_ptr, wn_ptr, w_ptr, xout_ptr, out_ptr, R, eps, stride_x, stride_out,
+def _gate_up_kernel(
+    xn_ptr, w_ptr, out_ptr, R, stride_x, stride_out,
     I: tl.constexpr, K: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
     F32: tl.constexpr,
 ):
-    """Program (column block, row block): ``bf16(gelu_tanh(gate) * up)`` of the normed joined
+    """Program (column block, row block): ``bf16(gelu_tanh(gate) * up)`` of the normed
     residual (gate rows 0..I-1, up rows I..2I-1 of the packed weight)."""
     pid = tl.program_id(0)
     rows = tl.program_id(1) * BM + tl.arange(0, BM)
     rmask = rows < R
-    rstd_b, rstd = _join_rstd(x_ptr, b_ptr, wb_ptr, stride_x, rows, rmask, eps, K, BM, BK, True)
     g_rows = pid * BN + tl.arange(0, BN)
     acc_g = tl.zeros([BM, BN], dtype=tl.float32)
     acc_u = tl.zeros([BM, BN], dtype=tl.float32)
     for k0 in range(0, K, BK):
         cols = k0 + tl.arange(0, BK)
-        x = _joined(x_ptr, b_ptr, wb_ptr, stride_x, rows, rmask, rstd_b, cols, True)
-        if pid == 0:  # one program column writes the joined residual
-            tl.store(xout_ptr + rows[:, None] * stride_x + cols[None, :], x.to(tl.bfloat16),
-                     mask=rmask[:, None])
-        xn = _gemma(x, rstd, wn_ptr, cols).to(tl.bfloat16)
+        xn = tl.load(xn_ptr + rows[:, None] * stride_x + cols[None, :], mask=rmask[:, None],
+                     other=0.0)
         w_g = tl.load(w_ptr + g_rows[:, None] * K + cols[None, :])
         w_u = tl.load(w_ptr + (g_rows + I)[:, None] * K + cols[None, :])
         acc_g += mm(xn, tl.trans(w_g), F32)
@@ -224,23 +196,8 @@ def _join_gate_up_kernel(
     # F.gelu(approximate="tanh") in fp32 on the bf16 gate; tanh(y) = 1 - 2 / (exp(2y) + 1)
     y = 0.7978845608028654 * (gate + 0.044715 * gate * gate * gate)
     act = bf16(0.5 * gate * (2.0 - 2.0 / (tl.exp(2.0 * y) + 1.0)))
-    n = pid * BN + tl.arange(0, BN)
-    tl.store(out_ptr + rows[:, None] * stride_out + n[None, :], bf16(act * up).to(tl.bfloat16),
-             mask=rmask[:, None])
-
-
-@triton.jit(do_not_specialize=["R"])
-def _join_norm_kernel(x_ptr, b_ptr, wb_ptr, wn_ptr, out_ptr, R, eps, stride_x,
-                      K: tl.constexpr, BM: tl.constexpr, BK: tl.constexpr):
-    """Program (row block): the last join, then the final norm."""
-    rows = tl.program_id(0) * BM + tl.arange(0, BM)
-    rmask = rows < R
-    rstd_b, rstd = _join_rstd(x_ptr, b_ptr, wb_ptr, stride_x, rows, rmask, eps, K, BM, BK, True)
-    for k0 in tl.static_range(0, K, BK):
-        cols = k0 + tl.arange(0, BK)
-        x = _joined(x_ptr, b_ptr, wb_ptr, stride_x, rows, rmask, rstd_b, cols, True)
-        tl.store(out_ptr + rows[:, None] * stride_x + cols[None, :],
-                 _gemma(x, rstd, wn_ptr, cols).to(tl.bfloat16), mask=rmask[:, None])
+    tl.store(out_ptr + rows[:, None] * stride_out + g_rows[None, :],
+             bf16(act * up).to(tl.bfloat16), mask=rmask[:, None])
 
 
 SMEM_BUDGET = 200 * 1024  # bytes of pipelined tiles per program (Hopper: 227 KB per block)
@@ -258,7 +215,7 @@ def _stages(stage_bytes: int, most: int = 3) -> int:
     """Pipeline depth whose bf16 tiles fit the shared memory of one Hopper block.
 
     ``stage_bytes`` is one stage's tiles; Triton adds a little for the epilogue, so the budget
-    stays below the 227 KB a block may hold (three stages of the q/k/v kernel's 80 KB did not).
+    stays below the 227 KB a block may hold (three stages of 80 KB tiles did not build).
     """
     return max(1, min(most, SMEM_BUDGET // stage_bytes))
 
@@ -270,11 +227,14 @@ def _split_for(k: int, block_k: int) -> int:
 
 
 class FusedTextEncoder:
-    """``T5Gemma2TextEncoder.encode`` as 5 Triton launches per layer (module docstring).
+    """``T5Gemma2TextEncoder.encode`` as 7 Triton launches per layer (module docstring).
 
     Needs ``BreezeModel.fuse_projections_()`` first (packed q/k/v and gate/up weights) and a
     bf16 encoder; batches of more than ``max_tokens`` tokens run the eager ``encode``.
     """
+
+    JOIN_ROWS = 2  # rows per program of the join + norm launches (whole rows in registers)
+    GATE_BN = 32  # gate/up columns per program: 6912 / 32 = 216 programs for 132 SMs
 
     def __init__(self, encoder: torch.nn.Module, max_tokens: int = MAX_TOKENS,
                  warm: bool = True) -> None:
@@ -288,12 +248,13 @@ class FusedTextEncoder:
                for layer in layers):
             raise ValueError("fused text encoder needs BreezeModel.fuse_projections_() first")
         self.bk = _largest_block(d, 128)
-        self.gate_bn = _largest_block(inter, 64)
+        self.gate_bn = _largest_block(inter, self.GATE_BN)
         attn_width = cfg.num_heads * hd
         if d % self.bk or inter % self.gate_bn or hd % 32 or cfg.num_heads % cfg.num_kv_heads:
             raise ValueError(f"fused text encoder: hidden {d}, intermediate {inter}, head_dim "
                              f"{hd} do not fit whole tiles")
         device = encoder.norm.weight.device
+        self.qkv_gemms = self._gemms(d, (cfg.num_heads + 2 * cfg.num_kv_heads) * hd, device)
         self.o_gemms = self._gemms(attn_width, d, device)
         self.down_gemms = self._gemms(inter, d, device)
         if warm and device.type == "cuda":
@@ -318,6 +279,20 @@ class FusedTextEncoder:
             ids = torch.zeros(rows, dtype=torch.long, device=device)
             self(ids, ids, torch.arange(rows, device=device))
 
+    def _join_norm(self, x: torch.Tensor, branch: torch.Tensor | None,
+                   branch_norm: torch.Tensor | None, norm: torch.Tensor,
+                   x_out: torch.Tensor | None, out: torch.Tensor) -> None:
+        """``out = norm(x + branch_norm(branch))``, the joined residual into ``x_out`` (no
+        ``branch``: ``out = norm(x)``)."""
+        rows, d = x.shape
+        has_b = branch is not None
+        _join_norm_kernel[(triton.cdiv(rows, self.JOIN_ROWS),)](
+            x, branch if has_b else x, branch_norm if has_b else norm, norm,
+            x_out if x_out is not None else out, out, rows, self.cfg.rms_norm_eps, x.stride(0),
+            K=d, BLOCK=triton.next_power_of_2(d), BR=self.JOIN_ROWS, HAS_B=has_b,
+            WRITE_X=x_out is not None, num_warps=4,
+        )
+
     def __call__(self, input_ids: torch.Tensor, seg_ids: torch.Tensor,
                  positions: torch.Tensor) -> torch.Tensor:
         """Same contract as ``T5Gemma2TextEncoder.encode``: ``[N]`` ids, segment ids and
@@ -330,50 +305,45 @@ class FusedTextEncoder:
         tables = {t: (cos.contiguous(), sin.contiguous())
                   for t, (cos, sin) in enc.rope_tables(positions).items()}
         x = enc.embed_tokens(input_ids).contiguous()  # [N, d]
-        d, hd, heads, kv_heads = cfg.hidden_size, cfg.head_dim, cfg.num_heads, cfg.num_kv_heads
+        hd, heads, kv_heads = cfg.head_dim, cfg.num_heads, cfg.num_kv_heads
         bm = row_block(rows)
         eps = cfg.rms_norm_eps
-        q = torch.empty(rows, heads * hd, dtype=dtype, device=x.device)
-        k = torch.empty(rows, kv_heads * hd, dtype=dtype, device=x.device)
-        v, attn = torch.empty_like(k), torch.empty_like(q)
+        attn = torch.empty(rows, heads * hd, dtype=dtype, device=x.device)
         act = torch.empty(rows, cfg.intermediate_size, dtype=dtype, device=x.device)
+        xn = torch.empty_like(x)  # the normed residual each GEMM reads
         spare = torch.empty_like(x)  # the residual stream alternates between x and spare
         seg_ids, positions = seg_ids.contiguous(), positions.contiguous()
         window = cfg.sliding_window
-        branch, branch_norm = x, enc.norm.weight  # no branch before the first layer
         block_q, block_kv = 16, 32
         key_blocks = triton.next_power_of_2(triton.cdiv(rows, block_kv))
-        for i, layer in enumerate(enc.layers):
+        branch = branch_norm = None  # no branch before the first layer
+        for layer in enc.layers:
             cos, sin = tables[layer.layer_type]
-            first = i == 0
-            _join_qkv_kernel[(heads + 2 * kv_heads, triton.cdiv(rows, bm))](
-                x, branch, branch_norm, layer.pre_self_attn_layernorm.weight,
-                layer.self_attn.qkv_weight, layer.self_attn.q_norm.weight,
-                layer.self_attn.k_norm.weight, cos, sin, spare, q, k, v, rows, eps, x.stride(0),
-                cos.stride(0), H=heads, KVH=kv_heads, D=hd, K=d, BM=bm, BK=self.bk,
-                F32=DOT_F32, HAS_B=not first, num_warps=4,
-                num_stages=_stages(2 * (bm + hd) * self.bk),  # x tile + both weight halves
-            )
-            if not first:
+            joined = spare if branch is not None else None
+            self._join_norm(x, branch, branch_norm, layer.pre_self_attn_layernorm.weight,
+                            joined, xn)
+            if joined is not None:
                 x, spare = spare, x
+            qkv = self.qkv_gemms.linear_residual(xn, layer.self_attn.qkv_weight, None)
             _packed_attention_kernel[(triton.cdiv(rows, block_q), heads)](
-                q, k, v, seg_ids, positions, attn, rows, layer.self_attn.scale,
-                (window + 1) // 2, window // 2 + 1, H=heads, KVH=kv_heads, D=hd, BQ=block_q,
-                BKV=block_kv, NKB=key_blocks, SLIDING=layer.layer_type == SLIDING, F32=DOT_F32, num_warps=4,
+                qkv, layer.self_attn.q_norm.weight, layer.self_attn.k_norm.weight, cos, sin,
+                seg_ids, positions, attn, rows, layer.self_attn.scale, (window + 1) // 2,
+                window // 2 + 1, eps, qkv.stride(0), cos.stride(0), H=heads, KVH=kv_heads, D=hd,
+                BQ=block_q, BKV=block_kv, NKB=key_blocks, SLIDING=layer.layer_type == SLIDING,
+                F32=DOT_F32, num_warps=4,
             )
             o = self.o_gemms.linear_residual(attn, layer.self_attn.o_proj.weight, None)
-            _join_gate_up_kernel[(cfg.intermediate_size // self.gate_bn, triton.cdiv(rows, bm))](
-                x, o, layer.post_self_attn_layernorm.weight, layer.pre_feedforward_layernorm.weight,
-                layer.mlp.gate_up_weight, spare, act, rows, eps, x.stride(0), act.stride(0),
-                I=cfg.intermediate_size, K=d, BM=bm, BN=self.gate_bn, BK=self.bk, F32=DOT_F32,
-                num_warps=4, num_stages=_stages(2 * (bm + 2 * self.gate_bn) * self.bk),
-            )
+            self._join_norm(x, o, layer.post_self_attn_layernorm.weight,
+                            layer.pre_feedforward_layernorm.weight, spare, xn)
             x, spare = spare, x
+            _gate_up_kernel[(cfg.intermediate_size // self.gate_bn, triton.cdiv(rows, bm))](
+                xn, layer.mlp.gate_up_weight, act, rows, xn.stride(0), act.stride(0),
+                I=cfg.intermediate_size, K=cfg.hidden_size, BM=bm, BN=self.gate_bn, BK=self.bk,
+                F32=DOT_F32, num_warps=4,
+                num_stages=_stages(2 * (bm + 2 * self.gate_bn) * self.bk),
+            )
             branch = self.down_gemms.linear_residual(act, layer.mlp.down_proj.weight, None)
             branch_norm = layer.post_feedforward_layernorm.weight
         out = torch.empty_like(x)
-        _join_norm_kernel[(triton.cdiv(rows, bm),)](
-            x, branch, branch_norm, enc.norm.weight, out, rows, eps, x.stride(0), K=d, BM=bm,
-            BK=self.bk, num_warps=4,
-        )
+        self._join_norm(x, branch, branch_norm, enc.norm.weight, None, out)
         return out
