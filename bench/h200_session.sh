@@ -8,7 +8,8 @@
 #     --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 -d .whl \
 #     pydantic==2.14.4 pydantic-core==2.50.5 annotated-types typing-inspection
 # Then per phase: run(command="bash bench/h200_session.sh PHASE", carry=[".whl", ".benchdata"])
-# PHASE: tests | fused | depth-tiles | first-packet | first-packet-bench | chain P1 P2...  | decode | decode-micro | decode-bench | tune | profile | stages |
+# PHASE: tests | fused | depth-tiles | first-packet | first-packet-short | first-packet-pdl |
+#        first-packet-bench | chain P1 P2...  | decode | decode-micro | decode-bench | tune | profile | stages |
 #        ablation-eager | ablation-a|b|c|d[@I/N] | sweep | sweep+ablation | latency | latency-te |
 #        latency-nocap | predictor | predictor-edf | capacity-closed | capacity-open |
 #        slot-state | voice
@@ -204,6 +205,20 @@ case "$phase" in
       --variant 'today=config' \
       --variant 'fused-first=config;graph.fused_sampling=true;graph.fused_text_encoder=true' \
       --out "$out/h200-first-packet.json" 2>&1 | grep '^\[bench' ;;
+  first-packet-pdl)  # one call: GPU tests of the fused text encoder (split-K layout) and of
+    # programmatic dependent launch, stage times with and without it, then the engine today
+    # against pdl + the fused text encoder at c=1 and 16
+    timeout 170 python3 -m pytest tests/gpu/test_gpu_fused_text_encoder.py \
+      "tests/gpu/test_gpu_fused_depth.py::test_pdl_changes_no_bit" \
+      "tests/gpu/test_gpu_fused_decode.py::test_pdl_decode_changes_no_bit" -q -s \
+      -p no:cacheprovider 2>&1 | tee "$out/gpu_tests_pdl.log" | grep -E 'lengths|passed|failed|^E ' || true
+    timeout 200 python3 bench/stage_timing.py --batches 1,16,64 \
+      --modes fused-decode,fused-pdl,fused-te-pdl \
+      --out "$out/h200-stage-timing-pdl.json" 2>&1 | grep -v Warn | tail -14 || true
+    timeout 210 "${bench[@]}" --concurrency 1,16 --num-requests 300 --warmup 16 --run-budget 25 \
+      --variant 'today=config' \
+      --variant 'pdl-te=config;graph.pdl=true;graph.fused_text_encoder=true' \
+      --out "$out/h200-first-packet-pdl.json" 2>&1 | grep '^\[bench' ;;
   first-packet-bench)  # the engine with each first-packet switch, one run
     timeout 560 "${bench[@]}" --concurrency "${CONCURRENCY:-1,16}" --num-requests 300 \
       --warmup 16 --run-budget 40 --variant 'today=config' \

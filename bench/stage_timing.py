@@ -7,7 +7,8 @@ and text encoding. Modes: ``plain`` (graphs only), ``inductor`` (torch.compile o
 sampler and text encoder), ``fused`` (the Triton depth layers, compiled sampler), ``fused-decode``
 (``fused`` plus the Triton backbone DECODE step), ``fused-sampling`` (``fused-decode`` with the
 depth draws in the fused Triton sampler), ``fused-first`` (``fused-sampling`` with the fused
-Triton text-encoder layers).
+Triton text-encoder layers), ``fused-pdl`` (``fused-decode`` with programmatic dependent launch
+between the fused kernels), ``fused-te-pdl`` (``fused-pdl`` with the fused text encoder).
 """
 
 from __future__ import annotations
@@ -37,6 +38,10 @@ MODES = {
     "fused-first": {"compile_depth": True, "fused_depth": True, "fused_decode": True,
                     "fused_sampling": True, "fused_text_encoder": True,
                     "compile_text_encoder": False},
+    "fused-pdl": {"compile_depth": True, "fused_depth": True, "fused_decode": True, "pdl": True,
+                  "compile_text_encoder": False},
+    "fused-te-pdl": {"compile_depth": True, "fused_depth": True, "fused_decode": True,
+                     "fused_text_encoder": True, "pdl": True, "compile_text_encoder": False},
 }
 
 
@@ -49,7 +54,7 @@ def measure(batches: list[int], mode: str, context: int) -> dict:
         "graph": {"enable_cuda_graphs": True, **MODES[mode], "compile_backbone": False,
                   "decode_batch_buckets": batches, "decode_context_buckets": [context],
                   "depth_batch_buckets": batches, "prefill_token_buckets": [64],
-                  "text_encode_buckets": [64, 128], "codec_buckets": batches},
+                  "text_encode_buckets": [32, 64, 128], "codec_buckets": batches},
     })
     ckpt = load_engine_checkpoint(cfg.model)
     start = time.monotonic()
@@ -73,7 +78,7 @@ def measure(batches: list[int], mode: str, context: int) -> dict:
             row["frame_step_graph_ms"] = row["decode_graph_ms"] + row["depth_graph_ms"]
             if b == batches[0]:  # text encode is per token bucket, not per batch
                 te = runner.stages[Stage.TEXT_ENCODE]
-                for tokens in (64, 128):
+                for tokens in (32, 64, 128):
                     inputs = te.example_inputs(tokens)
                     row[f"text_encode{tokens}_eager_ms"] = median_ms(lambda: te.graphs.fn(**inputs), 5)
                     row[f"text_encode{tokens}_graph_ms"] = median_ms(lambda: te.graphs(tokens, inputs))

@@ -176,7 +176,7 @@ class SchedulerConfig(_Frozen):
 
 
 CUDA_ONLY_SWITCHES = ("enable_cuda_graphs", "compile_depth", "fused_depth", "fused_decode",
-                      "fused_sampling", "fused_text_encoder")
+                      "fused_sampling", "fused_text_encoder", "pdl")
 """``GraphConfig`` switches that need CUDA: refused on ``model.device='cpu'`` and all turned off
 by ``BREEZERT_NO_CUDA_GRAPH=1``."""
 
@@ -200,6 +200,11 @@ class GraphConfig(_Frozen):
     counter-based Gumbel-max; ``kernels/fused_sampling.py``) instead of the sampler's chain of
     launches, for batches whose top-k are all bounded (the common graphs; unbounded ones keep
     the full sort). Off until an H200 run shows the gain."""
+    pdl: bool = False
+    """Programmatic dependent launch (Hopper) between the fused kernels of the depth layers, the
+    DECODE step and the text encoder (those switched on): each kernel is placed while the one
+    before it finishes and waits for it inside (``kernels/gemm.pdl_launch``), instead of
+    starting after it; same bits. Off until an H200 run shows the gain."""
     fused_decode: bool = False
     """Hand-fused Triton kernels for the backbone's DECODE step (6 launches per layer, attention
     reading the paged cache in place, ``kernels/fused_decode.py``): on the H200 2.65 ms per step

@@ -148,3 +148,33 @@ def test_tma_decode_changes_no_bit(backbone: Qwen3Backbone) -> None:
             fused = FusedBackboneDecode(model, max_rows=16, tiles=tiles)
             outs += [fused(embeds, meta["positions"], view).clone(), cache.kv.clone()]
     assert torch.equal(outs[0], outs[2]) and torch.equal(outs[1], outs[3])
+
+
+def test_pdl_decode_changes_no_bit(backbone: Qwen3Backbone) -> None:
+    """The DECODE step with programmatic dependent launch (``Tiles.pdl``): the plain launches'
+    bits, eager and in a replayed CUDA graph."""
+    from breezert.kernels.fused_decode import FusedBackboneDecode
+    from breezert.kernels.gemm import Tiles
+
+    model = SimpleNamespace(backbone_model=backbone)
+    cache, meta, embeds, _ = _step(16, 512, seed=13)
+    start = cache.kv.clone()
+    view = GatherKV(cache.kv, meta["write_rows"], meta["read_rows"], meta["mask"])
+    with torch.inference_mode():
+        want = FusedBackboneDecode(model, max_rows=16)(embeds, meta["positions"], view).clone()
+        want_kv = cache.kv.clone()
+        pdl = FusedBackboneDecode(model, max_rows=16, tiles=Tiles(pdl=True))
+        cache.kv.copy_(start)
+        got = pdl(embeds, meta["positions"], view).clone()
+        got_kv = cache.kv.clone()
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.stream(stream), torch.cuda.graph(graph, stream=stream):
+            out = pdl(embeds, meta["positions"], view)
+        torch.cuda.current_stream().wait_stream(stream)
+        cache.kv.copy_(start)
+        graph.replay()
+        torch.cuda.synchronize()
+    assert torch.equal(got, want) and torch.equal(got_kv, want_kv)
+    assert torch.equal(out, want) and torch.equal(cache.kv, want_kv)

@@ -127,3 +127,29 @@ def test_tma_weight_tiles_change_no_bit(depth: DepthDecoder, rows: int) -> None:
         got, got_cache = _frame(tma, depth, xs)
     for w, g in zip(want + [want_cache], got + [got_cache]):
         assert torch.equal(w, g)
+
+
+@pytest.mark.parametrize("rows", [1, 16, 64, 128])
+def test_pdl_changes_no_bit(depth: DepthDecoder, rows: int) -> None:
+    """Programmatic dependent launch (``graph.pdl``) gives the same bits as plain launches,
+    eager and replayed in a CUDA graph (where the launches become programmatic edges)."""
+    from breezert.kernels.fused_depth import FusedDepthLayers
+
+    plain = FusedDepthLayers(depth, max_rows=128)
+    pdl = FusedDepthLayers(depth, max_rows=128, pdl=True)
+    gen = torch.Generator(device="cuda").manual_seed(300 + rows)
+    xs = torch.randn(16, rows, 2048, device="cuda", generator=gen).to(torch.bfloat16)
+    with torch.inference_mode():
+        want, want_cache = _frame(plain, depth, xs)
+        got, got_cache = _frame(pdl, depth, xs)
+        graph = torch.cuda.CUDAGraph()
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream), torch.cuda.graph(graph, stream=stream):
+            replayed, replayed_cache = _frame(pdl, depth, xs)
+        torch.cuda.current_stream().wait_stream(stream)
+        for _ in range(3):
+            graph.replay()
+        torch.cuda.synchronize()
+    for w, g, r in zip(want + [want_cache], got + [got_cache], replayed + [replayed_cache]):
+        assert torch.equal(w, g) and torch.equal(w, r)

@@ -75,3 +75,22 @@ def test_fused_graph_replay_equals_fused_eager(encoders) -> None:
         graph.replay()
         assert torch.equal(out, fused(ids, seg, pos))
         assert not torch.equal(out, want)  # the replay read the new ids
+
+
+def test_pdl_changes_no_bit(encoders) -> None:
+    """Programmatic dependent launch (``graph.pdl``): the plain launches' bits, eager and in a
+    replayed CUDA graph."""
+    from breezert.kernels.fused_text_encoder import FusedTextEncoder
+
+    enc, _ = encoders
+    ids, seg, pos = _packed([30, 20, 9], 5)
+    with torch.inference_mode():
+        want = FusedTextEncoder(enc)(ids, seg, pos)
+        pdl = FusedTextEncoder(enc, pdl=True)
+        got = pdl(ids, seg, pos)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            out = pdl(ids, seg, pos)
+        graph.replay()
+        torch.cuda.synchronize()
+    assert torch.equal(got, want) and torch.equal(out, want)

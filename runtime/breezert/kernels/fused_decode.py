@@ -32,6 +32,8 @@ from breezert.kernels.gemm import (
     Tiles,
     bf16,
     check_bf16,
+    pdl_launch,
+    pdl_wait,
     rope,
     warm_row_counts,
 )
@@ -85,13 +87,14 @@ def _decode_attention_kernel(
     qkv_ptr, qn_ptr, kn_ptr, cos_ptr, sin_ptr, kv_ptr, write_ptr, read_ptr, len_ptr, part_ptr,
     eps, scale, stride_qkv, stride_cos, stride_read, c_kv, c_row, c_head, num_splits,
     H: tl.constexpr, KVH: tl.constexpr, D: tl.constexpr, BT: tl.constexpr,
-    SPLIT_TILES: tl.constexpr,
+    SPLIT_TILES: tl.constexpr, PDL: tl.constexpr = False,
 ):
     """Program (row r, KV head g, split s): its G = H / KVH query heads over cached tokens
     ``s * SPLIT_TILES * BT ..`` of the row; split 0 also writes the new k/v into the cache and
     counts the new token. Writes the split's running max, sum and unnormalised output (fp32) to
     ``part_ptr``; ``_decode_combine_kernel`` joins the splits. A split past the row's cached
     tokens does nothing (the combine skips it)."""
+    pdl_wait(PDL)
     r = tl.program_id(0)
     g = tl.program_id(1)
     s = tl.program_id(2)
@@ -150,10 +153,12 @@ def _decode_attention_kernel(
 @triton.jit(do_not_specialize=["num_splits"])
 def _decode_combine_kernel(part_ptr, len_ptr, out_ptr, stride_out, num_splits,
                            KVH: tl.constexpr, G: tl.constexpr, D: tl.constexpr,
-                           SPLIT_T: tl.constexpr, MAX_SPLITS: tl.constexpr):
+                           SPLIT_T: tl.constexpr, MAX_SPLITS: tl.constexpr,
+                           PDL: tl.constexpr = False):
     """Program (row r, KV head g): joins the splits that ran (all at once, the others masked to
     exact zeros) and writes the G heads' output in bf16. Split token ranges and the reduction
     over ``MAX_SPLITS`` are fixed, so a row's result does not depend on its batch or bucket."""
+    pdl_wait(PDL)
     r = tl.program_id(0)
     g = tl.program_id(1)
     cached = tl.load(len_ptr + r) - 1
@@ -243,6 +248,7 @@ class FusedBackboneDecode:
         final-normed hidden ``[R, D]``; writes the new k/v at ``view.write_rows``."""
         kv, write_rows, read_rows, mask = view.kv, view.write_rows, view.read_rows, view.mask
         backbone, gemms = self.backbone, self.gemms
+        pdl = gemms.tiles.pdl
         rows = embeds.shape[0]
         cos, sin = backbone.rope.cos_sin(positions, embeds.dtype)  # [R, head_dim]
         lengths = mask.reshape(rows, -1).sum(dim=1)  # valid keys per row, the new one included
@@ -264,11 +270,12 @@ class FusedBackboneDecode:
                 self.scale, qkv.stride(0), cos.stride(0), read_rows.stride(0),
                 c[0], c[1], c[2], splits, H=self.heads, KVH=self.kv_heads, D=d,
                 BT=self.ATTENTION_TILE, SPLIT_TILES=self.split_tokens // self.ATTENTION_TILE,
-                num_warps=4,
+                num_warps=4, **pdl_launch(pdl),
             )
             _decode_combine_kernel[(rows, self.kv_heads)](
                 part, lengths, attn, attn.stride(0), splits, KVH=self.kv_heads, G=group, D=d,
                 SPLIT_T=self.split_tokens, MAX_SPLITS=max_splits, num_warps=4,
+                **pdl_launch(pdl),
             )
             x = gemms.linear_residual(attn, layer.self_attn.o_proj.weight, x)
             act = gemms.norm_gate_up(x, layer.post_attention_layernorm.weight,

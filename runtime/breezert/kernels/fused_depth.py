@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from dataclasses import replace
 
 import torch
 import triton
@@ -36,6 +37,8 @@ from breezert.kernels.gemm import (
     bf16,
     check_bf16,
     norm_dot2,
+    pdl_launch,
+    pdl_wait,
     rope,
     row_block,
     row_rstd,
@@ -63,11 +66,12 @@ def _norm_qkv_rope_kernel(
     R, eps, stride_x, stride_q, c_kv, c_row, c_head, c_pos,
     H: tl.constexpr, KVH: tl.constexpr, D: tl.constexpr, K: tl.constexpr, SUB: tl.constexpr,
     BM: tl.constexpr, BK: tl.constexpr, NK: tl.constexpr, F32: tl.constexpr,
-    TMA: tl.constexpr = False,
+    TMA: tl.constexpr = False, PDL: tl.constexpr = False,
 ):
     """Program (head t x slice j, row block): q heads 0..H-1, then k heads, then v heads.
     Slice j covers columns j*C.. of both halves of the head (C = D / 2 / SUB), so RoPE's
     rotate-half pairs stay inside one program."""
+    pdl_wait(PDL)
     t = tl.program_id(0) // SUB
     HALF: tl.constexpr = D // 2
     C: tl.constexpr = HALF // SUB
@@ -104,9 +108,10 @@ def _norm_qkv_rope_kernel(
 @triton.jit
 def _short_attention_kernel(
     q_ptr, cache_ptr, pos_ptr, out_ptr, scale, stride_q, stride_out, c_kv, c_row, c_head, c_pos,
-    G: tl.constexpr, D: tl.constexpr, P: tl.constexpr,
+    G: tl.constexpr, D: tl.constexpr, P: tl.constexpr, PDL: tl.constexpr = False,
 ):
     """Program (row, KV head): its G query heads against cache slots 0..pos (<= P keys)."""
+    pdl_wait(PDL)
     r = tl.program_id(0)
     g = tl.program_id(1)
     pos = tl.load(pos_ptr)
@@ -135,9 +140,10 @@ class FusedDepthLayers:
 
     def __init__(self, depth: torch.nn.Module, max_rows: int,
                  tiles: Tiles | Sequence[tuple[int, Tiles]] | None = None,
-                 warm: bool = True) -> None:
+                 warm: bool = True, pdl: bool = False) -> None:
         """``tiles``: one ``Tiles`` for every row count, or ``(max rows, Tiles)`` buckets in
-        increasing order (the last also serves more rows); default ``TILES_BY_ROWS``."""
+        increasing order (the last also serves more rows); default ``TILES_BY_ROWS``.
+        ``pdl``: every launch with programmatic dependent launch (``gemm.pdl_launch``)."""
         cfg = depth.cfg
         self.depth = depth
         self.hidden, self.inter = cfg.hidden_size, cfg.intermediate_size
@@ -147,6 +153,7 @@ class FusedDepthLayers:
         device = depth.model.norm.weight.device
         check_bf16(depth.model.norm.weight, "depth")
         table = ((max_rows, tiles),) if isinstance(tiles, Tiles) else (tiles or TILES_BY_ROWS)
+        table = tuple((limit, replace(t, pdl=t.pdl or pdl)) for limit, t in table)
         self._buckets = [(limit, FusedGemms(t, min(limit, max_rows), self.hidden, device))
                          for limit, t in table]
         for _, gemms in self._buckets:
@@ -227,7 +234,7 @@ class FusedDepthLayers:
             _short_attention_kernel[(rows, self.kv_heads)](
                 q, layer_cache, pos, attn, self.scale, q.stride(0), attn.stride(0),
                 c[0], c[1], c[2], c[3], G=self.heads // self.kv_heads, D=hd,
-                P=layer_cache.shape[3], num_warps=4,
+                P=layer_cache.shape[3], num_warps=4, **pdl_launch(t.pdl),
             )
             h = gemms.linear_residual(attn, layer.self_attn.o_proj.weight, h)
             act = gemms.norm_gate_up(h, layer.post_attention_layernorm.weight,

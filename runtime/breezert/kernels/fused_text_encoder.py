@@ -41,6 +41,8 @@ from breezert.kernels.gemm import (
     bf16,
     check_bf16,
     mm,
+    pdl_launch,
+    pdl_wait,
     rope,
     row_block,
     warm_row_counts,
@@ -64,10 +66,11 @@ def _gemma(x, rstd, w_ptr, cols):
 def _join_norm_kernel(
     x_ptr, b_ptr, wb_ptr, wn_ptr, xout_ptr, xn_ptr, R, eps, stride,
     K: tl.constexpr, BLOCK: tl.constexpr, BR: tl.constexpr, HAS_B: tl.constexpr,
-    WRITE_X: tl.constexpr,
+    WRITE_X: tl.constexpr, PDL: tl.constexpr = False,
 ):
     """Program (BR whole rows): the joined residual ``bf16(x + norm_b(b))`` (``HAS_B`` off:
     ``x``; stored at ``xout`` if ``WRITE_X``) and its norm ``norm_n(joined)`` at ``xn``."""
+    pdl_wait(PDL)
     rows = tl.program_id(0) * BR + tl.arange(0, BR)
     cols = tl.arange(0, BLOCK)
     cmask = cols < K
@@ -121,12 +124,13 @@ def _packed_attention_kernel(
     qkv_ptr, qn_ptr, kn_ptr, cos_ptr, sin_ptr, seg_ptr, pos_ptr, out_ptr, N, scale, left,
     right, eps, stride_qkv, stride_cs,
     H: tl.constexpr, KVH: tl.constexpr, D: tl.constexpr, BQ: tl.constexpr, BKV: tl.constexpr,
-    NKB: tl.constexpr, SLIDING: tl.constexpr, F32: tl.constexpr,
+    NKB: tl.constexpr, SLIDING: tl.constexpr, F32: tl.constexpr, PDL: tl.constexpr = False,
 ):
     """Program (query block, head): q/k norm and RoPE of the packed q/k/v GEMM's output, then
     its queries against every key of their own segment (and window, ``SLIDING``), NKB blocks
     of BKV keys (a power of two covering N: few builds) with an online softmax. Each program
     norms and rotates the keys it reads (a few KB: cheaper than a launch of its own)."""
+    pdl_wait(PDL)
     HALF: tl.constexpr = D // 2
     h = tl.program_id(1)
     g = h // (H // KVH)
@@ -174,10 +178,11 @@ def _packed_attention_kernel(
 def _gate_up_kernel(
     xn_ptr, w_ptr, out_ptr, R, stride_x, stride_out,
     I: tl.constexpr, K: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
-    F32: tl.constexpr,
+    F32: tl.constexpr, PDL: tl.constexpr = False,
 ):
     """Program (column block, row block): ``bf16(gelu_tanh(gate) * up)`` of the normed
     residual (gate rows 0..I-1, up rows I..2I-1 of the packed weight)."""
+    pdl_wait(PDL)
     pid = tl.program_id(0)
     rows = tl.program_id(1) * BM + tl.arange(0, BM)
     rmask = rows < R
@@ -237,9 +242,10 @@ class FusedTextEncoder:
     GATE_BN = 32  # gate/up columns per program: 6912 / 32 = 216 programs for 132 SMs
 
     def __init__(self, encoder: torch.nn.Module, max_tokens: int = MAX_TOKENS,
-                 warm: bool = True) -> None:
+                 warm: bool = True, pdl: bool = False) -> None:
+        """``pdl``: every launch with programmatic dependent launch (``gemm.pdl_launch``)."""
         cfg = encoder.cfg
-        self.encoder, self.cfg, self.max_tokens = encoder, cfg, max_tokens
+        self.encoder, self.cfg, self.max_tokens, self.pdl = encoder, cfg, max_tokens, pdl
         self.eager = encoder.encode
         check_bf16(encoder.norm.weight, "text encoder")
         d, inter, hd = cfg.hidden_size, cfg.intermediate_size, cfg.head_dim
@@ -266,8 +272,8 @@ class FusedTextEncoder:
         bk = _largest_block(k, 256)
         split = _split_for(k, bk)
         bk = min(bk, k // split)
-        gemms = FusedGemms(Tiles(split_k=split, split_bn=split_bn, split_bk=bk), self.max_tokens,
-                           n, device)
+        tiles = Tiles(split_k=split, split_bn=split_bn, split_bk=bk, pdl=self.pdl)
+        gemms = FusedGemms(tiles, self.max_tokens, n, device)
         gemms.check("text encoder", split=(n, k))
         return gemms
 
@@ -290,7 +296,7 @@ class FusedTextEncoder:
             x, branch if has_b else x, branch_norm if has_b else norm, norm,
             x_out if x_out is not None else out, out, rows, self.cfg.rms_norm_eps, x.stride(0),
             K=d, BLOCK=triton.next_power_of_2(d), BR=self.JOIN_ROWS, HAS_B=has_b,
-            WRITE_X=x_out is not None, num_warps=4,
+            WRITE_X=x_out is not None, num_warps=4, **pdl_launch(self.pdl),
         )
 
     def __call__(self, input_ids: torch.Tensor, seg_ids: torch.Tensor,
@@ -330,7 +336,7 @@ class FusedTextEncoder:
                 seg_ids, positions, attn, rows, layer.self_attn.scale, (window + 1) // 2,
                 window // 2 + 1, eps, qkv.stride(0), cos.stride(0), H=heads, KVH=kv_heads, D=hd,
                 BQ=block_q, BKV=block_kv, NKB=key_blocks, SLIDING=layer.layer_type == SLIDING,
-                F32=DOT_F32, num_warps=4,
+                F32=DOT_F32, num_warps=4, **pdl_launch(self.pdl),
             )
             o = self.o_gemms.linear_residual(attn, layer.self_attn.o_proj.weight, None)
             self._join_norm(x, o, layer.post_self_attn_layernorm.weight,
@@ -340,7 +346,7 @@ class FusedTextEncoder:
                 xn, layer.mlp.gate_up_weight, act, rows, xn.stride(0), act.stride(0),
                 I=cfg.intermediate_size, K=cfg.hidden_size, BM=bm, BN=self.gate_bn, BK=self.bk,
                 F32=DOT_F32, num_warps=4,
-                num_stages=_stages(2 * (bm + 2 * self.gate_bn) * self.bk),
+                num_stages=_stages(2 * (bm + 2 * self.gate_bn) * self.bk), **pdl_launch(self.pdl),
             )
             branch = self.down_gemms.linear_residual(act, layer.mlp.down_proj.weight, None)
             branch_norm = layer.post_feedforward_layernorm.weight

@@ -4,7 +4,8 @@ Owns: the bf16 rounding helpers (and their interpreter workarounds), RMSNorm + G
 RoPE at ``apply_rope``'s rounding points,
 ``norm_linear`` (RMSNorm + GEMM), ``norm_gate_up`` (RMSNorm + packed gate/up GEMM + SiLU * up),
 ``linear_residual`` (split-K GEMM + residual, the last program of a tile summing the partials in
-a fixed order), their launch shapes (``Tiles``) and the split-K workspace. Every kernel keeps
+a fixed order), their launch shapes (``Tiles``), the split-K workspace, and programmatic
+dependent launch (``pdl_launch`` / ``pdl_wait``) for every fused kernel. Every kernel keeps
 the eager modules' bf16 rounding points (``RMSNorm``, ``F.linear``, ``F.silu``, residual add).
 Must not: know which model calls it.
 """
@@ -17,6 +18,7 @@ from dataclasses import dataclass
 import torch
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 # Triton 3.6's interpreter (CPU tests) mis-multiplies bf16 ``tl.dot`` operands and truncates
@@ -66,13 +68,36 @@ class Tiles:
     tma: bool = False
     """Weight tiles through the tensor-memory accelerator (host ``TensorDescriptor``s, one per
     weight and tile shape, cached) instead of per-thread loads; same tiles, same bits."""
+    pdl: bool = False
+    """Programmatic dependent launch (``pdl_launch``) for every kernel these tiles launch."""
 
     def launch(self, kernel: str) -> dict[str, int]:
         """``num_warps`` / ``num_stages`` of ``kernel`` ("gate" or "split"; others share the
-        defaults), so the GEMMs with the most bytes can take deeper pipelines."""
+        defaults), so the GEMMs with the most bytes can take deeper pipelines; and
+        ``pdl_launch(self.pdl)``."""
         warps = getattr(self, f"{kernel}_warps", None) or self.num_warps
         stages = getattr(self, f"{kernel}_stages", None) or self.num_stages
-        return {"num_warps": warps, "num_stages": stages}
+        return {"num_warps": warps, "num_stages": stages, **pdl_launch(self.pdl)}
+
+
+def pdl_launch(pdl: bool) -> dict[str, bool]:
+    """Launch keywords for programmatic dependent launch (Hopper): the kernel may start while
+    the one before it in the stream finishes, and waits for it in ``pdl_wait`` before touching
+    memory. The launch flag and the in-kernel wait travel together here: a kernel launched early
+    without its wait would race the one before it."""
+    return {"launch_pdl": pdl, "PDL": pdl}
+
+
+@triton.jit
+def pdl_wait(PDL: tl.constexpr):
+    """A fused kernel's first statement. With ``PDL``: wait until the kernel before has ended
+    and its writes are visible (so every load and store of this one comes after it, reads and
+    overwrites of shared buffers alike), then let the next kernel launch, so that its blocks are
+    placed while this one runs. Without: nothing (the interpreter never sees the instructions).
+    """
+    if PDL:
+        gdc_wait()
+        gdc_launch_dependents()
 
 
 @triton.jit
@@ -164,9 +189,10 @@ def rope(lo, hi, cos_lo, cos_hi, sin_lo, sin_hi):
 def norm_linear_kernel(
     x_ptr, nw_ptr, w_ptr, out_ptr, R, eps, stride_x, stride_out,
     K: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, NK: tl.constexpr,
-    F32: tl.constexpr, TMA: tl.constexpr = False,
+    F32: tl.constexpr, TMA: tl.constexpr = False, PDL: tl.constexpr = False,
 ):
     """Program (column block, row block): ``bf16(RMSNorm(x) @ w.T)``."""
+    pdl_wait(PDL)
     rows = tl.program_id(1) * BM + tl.arange(0, BM)
     rmask = rows < R
     n = tl.program_id(0) * BN + tl.arange(0, BN)
@@ -185,10 +211,11 @@ def norm_linear_kernel(
 def norm_gate_up_kernel(
     x_ptr, nw_ptr, w_ptr, out_ptr, R, eps, stride_x, stride_out,
     I: tl.constexpr, K: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
-    NK: tl.constexpr, F32: tl.constexpr, TMA: tl.constexpr = False,
+    NK: tl.constexpr, F32: tl.constexpr, TMA: tl.constexpr = False, PDL: tl.constexpr = False,
 ):
     """Program (column block, row block): ``bf16(silu(gate) * up)`` of the normed input; gate
     rows 0..I-1 and up rows I..2I-1 of the packed weight."""
+    pdl_wait(PDL)
     rows = tl.program_id(1) * BM + tl.arange(0, BM)
     rmask = rows < R
     n = tl.program_id(0) * BN + tl.arange(0, BN)
@@ -207,13 +234,14 @@ def linear_residual_kernel(
     a_ptr, w_ptr, res_ptr, out_ptr, ws_ptr, count_ptr, R, stride_a, stride_res, stride_out,
     ws_split, N: tl.constexpr, K: tl.constexpr, SPLIT: tl.constexpr,
     BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, F32: tl.constexpr,
-    TMA: tl.constexpr = False, HAS_RES: tl.constexpr = True,
+    TMA: tl.constexpr = False, HAS_RES: tl.constexpr = True, PDL: tl.constexpr = False,
 ):
     """Program (column block, K split, row block): ``out = bf16(res + bf16(a @ w.T))``
     (``HAS_RES`` off: ``bf16(a @ w.T)``, ``res_ptr`` unread).
 
     Each program stores its fp32 partial; the last of the SPLIT programs of a tile (atomic
     counter) sums all partials in split order, writes the tile and resets the counter."""
+    pdl_wait(PDL)  # before the workspace: the previous split-K launch may still be summing
     pid_n = tl.program_id(0)
     split = tl.program_id(1)
     row_block = tl.program_id(2)

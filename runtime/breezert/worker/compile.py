@@ -42,10 +42,12 @@ def _raise_cache_limit(limit: int) -> None:
 def depth_fn(
     model: BreezeModel, max_k: int | None, compile_depth: bool, fused_depth: bool = False,
     max_rows: int = 64, tiles_by_rows: bool = True, fused_sampling: bool = False,
+    pdl: bool = False,
 ) -> Callable[..., dict[str, torch.Tensor]]:
     """``depth_frames`` bound to ``model`` and ``max_k``; on CUDA its layer step runs the fused
     Triton kernels (``fused_depth``, workspace for ``max_rows`` rows, launch shapes per row
-    bucket with ``tiles_by_rows``) or is compiled (``compile_depth``); its draws run the fused
+    bucket with ``tiles_by_rows``, chained by programmatic dependent launch with ``pdl``) or is
+    compiled (``compile_depth``); its draws run the fused
     Triton sampler (``fused_sampling``, bounded top-k only: ``max_k`` set), else
     ``compile_depth`` compiles the sampler. On the CPU the frame's
     Gumbel noise is made in one call (``noise_per_frame``); CUDA keeps one per draw, as measured
@@ -57,7 +59,8 @@ def depth_fn(
         from breezert.kernels.fused_depth import FusedDepthLayers  # needs Triton
         from breezert.kernels.gemm import Tiles
 
-        depth.run_layers = FusedDepthLayers(depth, max_rows, None if tiles_by_rows else Tiles())
+        depth.run_layers = FusedDepthLayers(depth, max_rows, None if tiles_by_rows else Tiles(),
+                                            pdl=pdl)
         depth.is_fused = True
         logger.info("depth layers run the fused Triton kernels (%d-row workspace)", max_rows)
     if compile_depth:
@@ -77,16 +80,19 @@ def depth_fn(
 
 
 def decode_fn(
-    model: BreezeModel, kv: torch.Tensor, fused_decode: bool, max_rows: int
+    model: BreezeModel, kv: torch.Tensor, fused_decode: bool, max_rows: int, pdl: bool = False,
 ) -> Callable[..., dict[str, torch.Tensor]]:
     """The DECODE stage's function: the backbone over the paged cache, with the fused Triton
-    decode step on CUDA when asked (split-K workspace for ``max_rows`` rows)."""
+    decode step on CUDA when asked (split-K workspace for ``max_rows`` rows; programmatic
+    dependent launch with ``pdl``)."""
     if not fused_decode or model.lm_head.weight.device.type != "cuda":
         return partial(backbone_decode, model, kv)
     from breezert.kernels.fused_decode import FusedBackboneDecode  # needs Triton
+    from breezert.kernels.gemm import Tiles
 
     logger.info("backbone DECODE runs the fused Triton kernels (%d-row workspace)", max_rows)
-    return partial(backbone_decode, model, kv, backbone=FusedBackboneDecode(model, max_rows))
+    fused = FusedBackboneDecode(model, max_rows, Tiles(pdl=pdl))
+    return partial(backbone_decode, model, kv, backbone=fused)
 
 
 def compile_backbone_layers(model: BreezeModel) -> None:
@@ -99,6 +105,7 @@ def compile_backbone_layers(model: BreezeModel) -> None:
 
 def text_encode_fn(
     model: BreezeModel, compile_text_encoder: bool, fused_text_encoder: bool = False,
+    pdl: bool = False,
 ) -> Callable[..., dict[str, torch.Tensor]]:
     """``encode_text`` bound to ``model``; on CUDA its layers run the fused Triton kernels
     (``fused_text_encoder``) or it is compiled whole (26 layers, dynamic token count). The
@@ -112,7 +119,7 @@ def text_encode_fn(
         if not getattr(encoder, "is_fused", False):
             from breezert.kernels.fused_text_encoder import FusedTextEncoder  # needs Triton
 
-            encoder.encode = FusedTextEncoder(encoder)
+            encoder.encode = FusedTextEncoder(encoder, pdl=pdl)
             encoder.is_fused = True
             logger.info("text encoder layers run the fused Triton kernels")
         return fn

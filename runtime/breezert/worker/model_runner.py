@@ -90,7 +90,7 @@ class ModelRunner:
         # CFG runs two rows per request: the fused depth workspace covers the largest bucket.
         depth_kernels = (graph.compile_depth, graph.fused_depth,
                          2 * max(graph.depth_batch_buckets), graph.depth_tiles_by_rows,
-                         graph.fused_sampling)
+                         graph.fused_sampling, graph.pdl)
 
         def runner(name: str, fn: GraphFn) -> GraphRunner:
             return GraphRunner(name, fn, enabled=use_graphs, device=self.device)
@@ -105,7 +105,8 @@ class ModelRunner:
                 device=self.device, max_blocks=-(-longest // block_size),
                 scratch_block=num_blocks)
         table = self.table
-        decode = decode_fn(model, self.kv.kv, graph.fused_decode, max(graph.decode_batch_buckets))
+        decode = decode_fn(model, self.kv.kv, graph.fused_decode, max(graph.decode_batch_buckets),
+                           graph.pdl)
         depth = {max_k: depth_fn(model, max_k, *depth_kernels) for max_k in (TOP_K_BOUND, None)}
         codec = partial(codec_step, self.codec)
         if table is not None:  # the same functions, reading and writing the table by slot id
@@ -117,7 +118,7 @@ class ModelRunner:
             Stage.TEXT_ENCODE: TextEncodeStage(
                 model,
                 runner("text_encode", text_encode_fn(model, graph.compile_text_encoder,
-                                                     graph.fused_text_encoder)),
+                                                     graph.fused_text_encoder, graph.pdl)),
                 graph.text_encode_buckets,
             ),
             Stage.PREFILL: PrefillStage(

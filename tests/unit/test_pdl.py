@@ -1,0 +1,63 @@
+"""Programmatic dependent launch (``graph.pdl``, ``kernels/gemm.pdl_launch``): a kernel launched
+early must wait for the one before it before it touches memory. The interpreter cannot run the
+wait (tests/gpu checks the bits on the H200), so these check the invariant in the source: every
+fused kernel that takes ``PDL`` waits first, and the launch flag only travels with it."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.unit
+
+KERNELS = Path(__file__).resolve().parents[2] / "runtime" / "breezert" / "kernels"
+
+
+def _jit_functions(tree: ast.Module) -> list[ast.FunctionDef]:
+    def is_jit(dec: ast.expr) -> bool:
+        target = dec.func if isinstance(dec, ast.Call) else dec
+        return isinstance(target, ast.Attribute) and target.attr == "jit"
+
+    return [node for node in tree.body
+            if isinstance(node, ast.FunctionDef) and any(is_jit(d) for d in node.decorator_list)]
+
+
+def _first_statement(fn: ast.FunctionDef) -> ast.stmt:
+    body = fn.body
+    if isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant):
+        body = body[1:]  # the docstring
+    return body[0]
+
+
+def test_every_kernel_that_takes_pdl_waits_before_anything_else() -> None:
+    kernels = []
+    for path in sorted(KERNELS.glob("*.py")):
+        for fn in _jit_functions(ast.parse(path.read_text())):
+            if fn.name == "pdl_wait" or "PDL" not in [a.arg for a in fn.args.args]:
+                continue
+            kernels.append(f"{path.name}:{fn.name}")
+            first = _first_statement(fn)
+            assert isinstance(first, ast.Expr) and isinstance(first.value, ast.Call), fn.name
+            call = first.value
+            assert isinstance(call.func, ast.Name) and call.func.id == "pdl_wait", (
+                f"{path.name}:{fn.name} must call pdl_wait(PDL) first")
+            assert [ast.unparse(a) for a in call.args] == ["PDL"], fn.name
+    # the chains: depth (q/k/v, attention), DECODE (attention, combine), shared GEMMs (3),
+    # text encoder (join, attention, gate/up)
+    assert len(kernels) == 10, kernels
+
+
+def test_the_launch_flag_travels_only_with_the_wait() -> None:
+    from breezert.kernels.gemm import Tiles, pdl_launch
+
+    assert pdl_launch(True) == {"launch_pdl": True, "PDL": True}
+    assert Tiles(pdl=True).launch("gate")["launch_pdl"] is True
+    assert Tiles(pdl=True).launch("split")["PDL"] is True
+    assert Tiles().launch("qkv")["launch_pdl"] is False
+    for path in sorted(KERNELS.glob("*.py")):
+        text = path.read_text()
+        uses = text.count("launch_pdl")
+        assert uses == (1 if path.name == "gemm.py" else 0), (
+            f"{path.name}: pass launch_pdl only through gemm.pdl_launch / Tiles.launch")
