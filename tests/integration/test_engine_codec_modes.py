@@ -67,3 +67,33 @@ def test_plan_groups_trades_padding_against_replays(mixed_engine: Engine) -> Non
     stage.replay_cost_frames = 0.0  # free replays: one per size
     assert sizes(stage.plan_groups(_items(4, 1, 4, 2))) == [[1], [2], [4, 4]]
     assert stage.plan_groups([]) == []
+
+
+@pytest.mark.parametrize("graphs_on", [False, True])
+def test_plan_groups_is_the_cheapest_split_by_replay_cost(mixed_engine: Engine,
+                                                          graphs_on: bool) -> None:
+    """The grouping prices each run once per row bucket; it must pick what the definition
+    does: the dynamic programme over ``replay_cost`` of every pair of cut points."""
+    stage = mixed_engine.runner.stages[Stage.CODEC]
+    saved = stage.graphs.enabled, stage.buckets, stage.replay_cost_frames
+    rng = np.random.default_rng(7)
+    try:
+        stage.graphs.enabled, stage.buckets = graphs_on, (1, 2, 4, 8, 16, 24, 32, 48, 64)
+        for _ in range(200):
+            stage.replay_cost_frames = float(rng.choice([0.0, 7.5, 24.0, 40.0]))
+            sizes = rng.choice([1, 2, 3, 4, 5, 8, 12, 16, 17, 33], size=int(rng.integers(0, 80)))
+            ordered = sorted(_items(*sizes), key=lambda item: item.num_frames)
+            n = len(ordered)
+            best, cut = [0.0] + [float("inf")] * n, [0] * (n + 1)
+            for j in range(1, n + 1):
+                for i in range(j):
+                    cost = best[i] + stage.replay_cost(j - i, ordered[j - 1].num_frames)
+                    if cost < best[j]:
+                        best[j], cut[j] = cost, i
+            want, j = [], n
+            while j > 0:
+                want.append(ordered[cut[j]:j])
+                j = cut[j]
+            assert stage.plan_groups(ordered) == want[::-1]
+    finally:
+        stage.graphs.enabled, stage.buckets, stage.replay_cost_frames = saved
