@@ -206,14 +206,15 @@ case "$phase" in
       --variant 'fused-first=config;graph.fused_sampling=true;graph.fused_text_encoder=true' \
       --out "$out/h200-first-packet.json" 2>&1 | grep '^\[bench' ;;
   first-packet-pdl)  # one call: GPU tests of the fused text encoder (split-K layout) and of
-    # programmatic dependent launch, stage times with and without it, then the engine today
+    # programmatic dependent launch, stage times with and without both (the text encoder's
+    # columns show the one, depth and decode the other), then the engine today
     # against pdl + the fused text encoder at c=1 and 16
-    timeout 170 python3 -m pytest tests/gpu/test_gpu_fused_text_encoder.py \
+    timeout 220 python3 -m pytest tests/gpu/test_gpu_fused_text_encoder.py \
       "tests/gpu/test_gpu_fused_depth.py::test_pdl_changes_no_bit" \
       "tests/gpu/test_gpu_fused_decode.py::test_pdl_decode_changes_no_bit" -q -s \
       -p no:cacheprovider 2>&1 | tee "$out/gpu_tests_pdl.log" | grep -E 'lengths|passed|failed|^E ' || true
-    timeout 200 python3 bench/stage_timing.py --batches 1,16,64 \
-      --modes fused-decode,fused-pdl,fused-te-pdl \
+    timeout 150 python3 bench/stage_timing.py --batches 1,16,64 \
+      --modes fused-decode,fused-te-pdl \
       --out "$out/h200-stage-timing-pdl.json" 2>&1 | grep -v Warn | tail -14 || true
     timeout 210 "${bench[@]}" --concurrency 1,16 --num-requests 300 --warmup 16 --run-budget 25 \
       --variant 'today=config' \
