@@ -8,7 +8,7 @@
 #     --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 -d .whl \
 #     pydantic==2.14.4 pydantic-core==2.50.5 annotated-types typing-inspection
 # Then per phase: run(command="bash bench/h200_session.sh PHASE", carry=[".whl", ".benchdata"])
-# PHASE: tests | fused | depth-tiles | first-packet | first-packet-short | first-packet-pdl |
+# PHASE: tests | fused | depth-tiles | depth-pdl | first-packet | first-packet-short | first-packet-pdl |
 #        first-packet-bench | chain P1 P2...  | decode | decode-micro | decode-bench | tune | profile | stages |
 #        ablation-eager | ablation-a|b|c|d[@I/N] | sweep | sweep+ablation | latency | latency-te |
 #        latency-nocap | predictor | predictor-edf | capacity-closed | capacity-open |
@@ -220,6 +220,12 @@ case "$phase" in
       --variant 'today=config' \
       --variant 'pdl-te=config;graph.pdl=true;graph.fused_text_encoder=true' \
       --out "$out/h200-first-packet-pdl.json" 2>&1 | grep '^\[bench' ;;
+  depth-pdl)  # the depth layers' frame with the per-bucket shapes, plain launches against PDL,
+    # at 1 to 128 rows (no tuning), then a tuning round at 16 rows with PDL's frame beside it
+    timeout 200 python3 bench/tune_fused_depth.py --rows '' --check-rows 1,4,16,32,64,128 \
+      --out "$out/h200-depth-pdl.json" 2>&1 | grep -v Warn | tail -8 || true
+    timeout 380 python3 bench/tune_fused_depth.py --rows 16 --budget-s 300 --check-rows 16 \
+      --out "$out/h200-tune-depth-16.json" 2>&1 | grep -v Warn | tail -4 ;;
   first-packet-bench)  # the engine with each first-packet switch, one run
     timeout 560 "${bench[@]}" --concurrency "${CONCURRENCY:-1,16}" --num-requests 300 \
       --warmup 16 --run-budget 40 --variant 'today=config' \

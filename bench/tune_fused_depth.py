@@ -6,8 +6,9 @@ weights, then, for each row count in turn (starting from the previous count's be
 sweep of coordinate descent from ``Tiles()``, times one frame of layer steps (16 positions, no
 sampling) captured in a CUDA graph for each candidate, starting from the bucket's entry in
 ``TILES_BY_ROWS``. Prints the best shapes per row count and the frame time, then times plain
-PyTorch layers, one shape for all rows (``Tiles()``), the per-bucket table and each best at every
-``--check-rows`` count in one process; ``TILES_BY_ROWS`` in kernels/fused_depth.py comes from
+PyTorch layers, one shape for all rows (``Tiles()``), the per-bucket table without and with
+programmatic dependent launch (``graph.pdl``) and each best at every ``--check-rows`` count in one
+process (``--rows ''`` skips the tuning); ``TILES_BY_ROWS`` in kernels/fused_depth.py comes from
 this.
 """
 
@@ -117,7 +118,7 @@ def main() -> None:
     depth = build_depth()
     best_by_rows: dict[int, tuple[Tiles, float]] = {}
     log: list[dict] = []
-    for rows in (int(r) for r in args.rows.split(",")):
+    for rows in (int(r) for r in args.rows.split(",") if r):
         base = next((t for limit, t in TILES_BY_ROWS if rows <= limit), TILES_BY_ROWS[-1][1])
         base, best_ms, tried = tune(depth, rows, base, time.monotonic() + args.budget_s)
         best_by_rows[rows] = (base, best_ms)
@@ -129,6 +130,7 @@ def main() -> None:
                 "plain_layers": frame_ms(depth, depth.run_layers, rows),
                 "one_shape": frame_ms(depth, FusedDepthLayers(depth, rows, Tiles()), rows),
                 "by_rows": frame_ms(depth, FusedDepthLayers(depth, rows), rows),
+                "by_rows_pdl": frame_ms(depth, FusedDepthLayers(depth, rows, pdl=True), rows),
             }
             for tuned, (tiles, _) in best_by_rows.items():
                 rows_ms[rows][f"best_at_{tuned}"] = frame_ms(
