@@ -220,11 +220,11 @@ case "$phase" in
       --variant 'today=config' \
       --variant 'pdl-te=config;graph.pdl=true;graph.fused_text_encoder=true' \
       --out "$out/h200-first-packet-pdl.json" 2>&1 | grep '^\[bench' ;;
-  depth-pdl)  # the depth layers' frame with the per-bucket shapes, plain launches against PDL,
-    # at 1 to 128 rows (no tuning), then a tuning round at 16 rows with PDL's frame beside it
-    timeout 200 python3 bench/tune_fused_depth.py --rows '' --check-rows 1,4,16,32,64,128 \
+  depth-pdl)  # the depth layers' frame with the per-bucket shapes: plain launches, PDL, and the
+    # q/k/v GEMM split along K, at 1 to 128 rows (no tuning); then a tuning round at 16 rows
+    timeout 230 python3 bench/tune_fused_depth.py --rows '' --check-rows 1,16,64,128 \
       --out "$out/h200-depth-pdl.json" 2>&1 | grep -v Warn | tail -8 || true
-    timeout 380 python3 bench/tune_fused_depth.py --rows 16 --budget-s 300 --check-rows 16 \
+    timeout 350 python3 bench/tune_fused_depth.py --rows 16 --budget-s 270 --check-rows 16 \
       --out "$out/h200-tune-depth-16.json" 2>&1 | grep -v Warn | tail -4 ;;
   first-packet-bench)  # the engine with each first-packet switch, one run
     timeout 560 "${bench[@]}" --concurrency "${CONCURRENCY:-1,16}" --num-requests 300 \

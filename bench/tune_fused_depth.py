@@ -7,7 +7,8 @@ sweep of coordinate descent from ``Tiles()``, times one frame of layer steps (16
 sampling) captured in a CUDA graph for each candidate, starting from the bucket's entry in
 ``TILES_BY_ROWS``. Prints the best shapes per row count and the frame time, then times plain
 PyTorch layers, one shape for all rows (``Tiles()``), the per-bucket table without and with
-programmatic dependent launch (``graph.pdl``) and each best at every ``--check-rows`` count in one
+programmatic dependent launch (``graph.pdl``) and with the q/k/v GEMM split along K
+(``qkv_split_k`` 2 and 4, each without and with PDL), and each best at every ``--check-rows`` count in one
 process (``--rows ''`` skips the tuning); ``TILES_BY_ROWS`` in kernels/fused_depth.py comes from
 this.
 """
@@ -36,6 +37,9 @@ SEARCH = {
     "split_bn": [32, 64], "split_bk": [128, 256], "split_stages": [3, 4, 6],
     "split_warps": [4, 8], "qkv_split": [2, 4], "qkv_bk": [128, 256], "num_stages": [3, 4],
 }
+# Like split_k, qkv_split_k sets the sum order: a winner goes into every bucket at once. It is
+# searched first (a bounded run reaches it).
+SEARCH = {"qkv_split_k": [1, 2, 4], **SEARCH}
 
 
 def build_depth() -> DepthDecoder:
@@ -132,6 +136,12 @@ def main() -> None:
                 "by_rows": frame_ms(depth, FusedDepthLayers(depth, rows), rows),
                 "by_rows_pdl": frame_ms(depth, FusedDepthLayers(depth, rows, pdl=True), rows),
             }
+            for split in (2, 4):  # the q/k/v GEMM split along K in every bucket
+                table = tuple((limit, dataclasses.replace(t, qkv_split_k=split))
+                              for limit, t in TILES_BY_ROWS)
+                for pdl in (False, True):
+                    rows_ms[rows][f"by_rows_qkv_split{split}{'_pdl' if pdl else ''}"] = frame_ms(
+                        depth, FusedDepthLayers(depth, rows, table, pdl=pdl), rows)
             for tuned, (tiles, _) in best_by_rows.items():
                 rows_ms[rows][f"best_at_{tuned}"] = frame_ms(
                     depth, FusedDepthLayers(depth, rows, tiles), rows)

@@ -153,3 +153,34 @@ def test_pdl_changes_no_bit(depth: DepthDecoder, rows: int) -> None:
         torch.cuda.synchronize()
     for w, g, r in zip(want + [want_cache], got + [got_cache], replayed + [replayed_cache]):
         assert torch.equal(w, g) and torch.equal(w, r)
+
+
+@pytest.mark.parametrize("split", [2, 4])
+def test_split_k_qkv_is_close_and_batch_invariant(depth: DepthDecoder, depth_fp32: DepthDecoder,
+                                                  split: int) -> None:
+    """The q/k/v GEMM split along K (``Tiles.qkv_split_k``) in every bucket of
+    ``TILES_BY_ROWS``: as accurate as the eager modules against fp32, and a row alone gives its
+    bits in crowds of 16 to 128 (both buckets)."""
+    from dataclasses import replace
+
+    from breezert.kernels.fused_depth import TILES_BY_ROWS, FusedDepthLayers
+
+    table = tuple((limit, replace(t, qkv_split_k=split)) for limit, t in TILES_BY_ROWS)
+    fused = FusedDepthLayers(depth, max_rows=128, tiles=table)
+    gen = torch.Generator(device="cuda").manual_seed(400 + split)
+    xs = torch.randn(16, 128, 2048, device="cuda", generator=gen).to(torch.bfloat16)
+
+    def rel(a: torch.Tensor, b: torch.Tensor) -> float:
+        return ((a.float() - b.float()).norm() / b.float().norm()).item()
+
+    with torch.inference_mode():
+        alone, _ = _frame(fused, depth, xs[:, :1].contiguous())
+        for crowd in (16, 64, 128):
+            together, _ = _frame(fused, depth, xs[:, :crowd].contiguous())
+            assert all(torch.equal(a[0], c[0]) for a, c in zip(alone, together)), crowd
+        got, _ = _frame(fused, depth, xs[:, :16].contiguous())
+        want, _ = _frame(depth.run_layers, depth, xs[:, :16].contiguous())
+        exact, _ = _frame(depth_fp32.run_layers, depth_fp32, xs[:, :16].float())
+    for g, w, e in zip(got, want, exact):
+        assert rel(g, e) <= 1.25 * rel(w, e) + 1e-3
+    assert torch.count_nonzero(fused.counters).item() == 0

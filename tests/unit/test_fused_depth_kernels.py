@@ -47,6 +47,16 @@ def test_fused_head_slices_match_eager() -> None:
 
 
 @needs_triton
+def test_split_k_qkv_matches_eager() -> None:
+    """The q/k/v GEMM split along K (``Tiles.qkv_split_k``): 3 rows in the preallocated
+    workspace (its counters end at 0), 20 rows (two 16-row blocks, head_dim 128 in two slices)
+    in a call-local one."""
+    run_in_interpreter(__name__, "check_frame(3, qkv_split=1, qkv_split_k=2)")
+    run_in_interpreter(__name__, "check_frame(20, qkv_split=2, head_dim=128, qkv_split_k=2, "
+                                 "qkv_bm=16)")
+
+
+@needs_triton
 def test_fused_tma_weight_tiles_match_eager() -> None:
     """Weight tiles read through TMA descriptors (``Tiles.tma``), the full-size head layout and
     a two-layer decoder: the same checks, and the same bits as pointer loads."""
@@ -117,6 +127,14 @@ def test_fused_rejects_unfused_weights_and_odd_sizes() -> None:
         fused_depth.FusedDepthLayers(odd, max_rows=4)
     with pytest.raises(ValueError, match="hidden_size"):
         fused_depth.FusedDepthLayers(odd.to(torch.bfloat16), max_rows=4)
+    fused = random_bf16_fused_(DepthDecoder(SMALL))
+    with pytest.raises(ValueError, match="hidden_size"):  # 128 in 3 splits: no whole tiles
+        fused_depth.FusedDepthLayers(fused, max_rows=4, warm=False,
+                                     tiles=fused_depth.Tiles(qkv_split=1, qkv_split_k=3))
+    with pytest.raises(ValueError, match="qkv_split_k"):  # a row's bits would follow its bucket
+        fused_depth.FusedDepthLayers(fused, max_rows=4, warm=False, tiles=(
+            (2, fused_depth.Tiles(qkv_split=1)), (4, fused_depth.Tiles(qkv_split=1,
+                                                                        qkv_split_k=2))))
 
 
 @needs_triton

@@ -2,7 +2,8 @@
 
 Owns: the kernels and ``FusedDepthLayers``, a drop-in for ``DepthDecoder.run_layers`` on CUDA.
 Per layer and step (R rows, R <= 128 in our buckets):
-  1. input RMSNorm + packed q/k/v GEMM + RoPE, q to a buffer and k/v into the frame cache;
+  1. input RMSNorm + packed q/k/v GEMM + RoPE, q to a buffer and k/v into the frame cache
+     (optionally split-K, ``Tiles.qkv_split_k``: the last program of a tile runs the epilogue);
   2. short-cache attention (<= 16 keys; one program per row x KV head, its query group at once);
   3. o_proj, split-K, + residual;
   4. post-attention RMSNorm + packed gate/up GEMM + SiLU(gate) * up;
@@ -36,13 +37,16 @@ from breezert.kernels.gemm import (
     Tiles,
     bf16,
     check_bf16,
+    mm,
     norm_dot2,
+    normed_tile,
     pdl_launch,
     pdl_wait,
     rope,
     row_block,
     row_rstd,
     warm_row_counts,
+    weight_tile,
 )
 
 # Launch shapes per row bucket, tuned on the H200 by bench/tune_fused_depth.py (bench/results/
@@ -60,30 +64,13 @@ TILES_BY_ROWS: tuple[tuple[int, Tiles], ...] = (
 )
 
 
-@triton.jit(do_not_specialize=["R"])  # one build serves every row count
-def _norm_qkv_rope_kernel(
-    x_ptr, nw_ptr, w_ptr, cos_ptr, sin_ptr, pos_ptr, q_ptr, cache_ptr,
-    R, eps, stride_x, stride_q, c_kv, c_row, c_head, c_pos,
-    H: tl.constexpr, KVH: tl.constexpr, D: tl.constexpr, K: tl.constexpr, SUB: tl.constexpr,
-    BM: tl.constexpr, BK: tl.constexpr, NK: tl.constexpr, F32: tl.constexpr,
-    TMA: tl.constexpr = False, PDL: tl.constexpr = False,
-):
-    """Program (head t x slice j, row block): q heads 0..H-1, then k heads, then v heads.
-    Slice j covers columns j*C.. of both halves of the head (C = D / 2 / SUB), so RoPE's
-    rotate-half pairs stay inside one program."""
-    pdl_wait(PDL)
-    t = tl.program_id(0) // SUB
+@triton.jit
+def _qkv_store(a_lo, a_hi, t, d, rows, rmask, cos_ptr, sin_ptr, pos_ptr, q_ptr, cache_ptr,
+               stride_q, c_kv, c_row, c_head, c_pos,
+               H: tl.constexpr, KVH: tl.constexpr, D: tl.constexpr):
+    """The q/k/v epilogue of head ``t``'s columns ``d`` (both halves, bf16 values): RoPE on q
+    and k, then q to its buffer and k/v into the frame cache at ``pos``."""
     HALF: tl.constexpr = D // 2
-    C: tl.constexpr = HALF // SUB
-    j0 = (tl.program_id(0) % SUB) * C  # this slice's first column within each half
-    d = j0 + tl.arange(0, C)  # columns within the lower half
-    rows = tl.program_id(1) * BM + tl.arange(0, BM)
-    rmask = rows < R
-    rstd = row_rstd(x_ptr, stride_x, rows, rmask, eps, K, BM, NK)
-    a0 = t * D + j0  # first weight row of the slice's lower half
-    acc_lo, acc_hi = norm_dot2(x_ptr, nw_ptr, w_ptr, stride_x, rows, rmask, rstd, a0, a0 + HALF,
-                               K, BM, C, BK, F32, TMA)
-    a_lo, a_hi = bf16(acc_lo), bf16(acc_hi)  # the packed GEMM's bf16 output
     if t < H + KVH:  # q and k heads get RoPE
         out_lo, out_hi = rope(
             a_lo, a_hi, tl.load(cos_ptr + d).to(tl.float32)[None, :],
@@ -103,6 +90,68 @@ def _norm_qkv_rope_kernel(
                + d[None, :])
     tl.store(dst, out_lo.to(tl.bfloat16), mask=rmask[:, None])  # already bf16 values
     tl.store(dst + HALF, out_hi.to(tl.bfloat16), mask=rmask[:, None])
+
+
+@triton.jit(do_not_specialize=["R"])  # one build serves every row count
+def _norm_qkv_rope_kernel(
+    x_ptr, nw_ptr, w_ptr, cos_ptr, sin_ptr, pos_ptr, q_ptr, cache_ptr, ws_ptr, count_ptr,
+    R, eps, stride_x, stride_q, c_kv, c_row, c_head, c_pos, ws_split,
+    H: tl.constexpr, KVH: tl.constexpr, D: tl.constexpr, K: tl.constexpr, SUB: tl.constexpr,
+    BM: tl.constexpr, BK: tl.constexpr, NK: tl.constexpr, F32: tl.constexpr,
+    TMA: tl.constexpr = False, PDL: tl.constexpr = False, SPLIT: tl.constexpr = 1,
+):
+    """Program (head t x slice j, K split, row block): q heads 0..H-1, then k heads, then v
+    heads. Slice j covers columns j*C.. of both halves of the head (C = D / 2 / SUB), so RoPE's
+    rotate-half pairs stay inside one program. With ``SPLIT`` > 1 each program reduces 1/SPLIT
+    of K into an fp32 partial; the last of a tile's SPLIT programs (atomic counter) sums them in
+    split order, runs the epilogue and resets the counter (as ``linear_residual_kernel``)."""
+    pdl_wait(PDL)
+    pid = tl.program_id(0)
+    t = pid // SUB
+    HALF: tl.constexpr = D // 2
+    C: tl.constexpr = HALF // SUB
+    j0 = (pid % SUB) * C  # this slice's first column within each half
+    d = j0 + tl.arange(0, C)  # columns within the lower half
+    row_block = tl.program_id(2)
+    rows = row_block * BM + tl.arange(0, BM)
+    rmask = rows < R
+    rstd = row_rstd(x_ptr, stride_x, rows, rmask, eps, K, BM, NK)
+    a0 = t * D + j0  # first weight row of the slice's lower half
+    if SPLIT == 1:
+        acc_lo, acc_hi = norm_dot2(x_ptr, nw_ptr, w_ptr, stride_x, rows, rmask, rstd, a0,
+                                   a0 + HALF, K, BM, C, BK, F32, TMA)
+        _qkv_store(bf16(acc_lo), bf16(acc_hi), t, d, rows, rmask, cos_ptr, sin_ptr, pos_ptr,
+                   q_ptr, cache_ptr, stride_q, c_kv, c_row, c_head, c_pos, H, KVH, D)
+    else:
+        KS: tl.constexpr = K // SPLIT
+        split = tl.program_id(1)
+        acc_lo = tl.zeros([BM, C], dtype=tl.float32)
+        acc_hi = tl.zeros([BM, C], dtype=tl.float32)
+        for k0 in range(0, KS, BK):  # constant trip count: the loop pipelines
+            cols = split * KS + k0 + tl.arange(0, BK)
+            xn = normed_tile(x_ptr, nw_ptr, stride_x, rows, rmask, rstd, cols)
+            w_lo = weight_tile(w_ptr, a0, split * KS + k0, K, C, BK, TMA)
+            w_hi = weight_tile(w_ptr, a0 + HALF, split * KS + k0, K, C, BK, TMA)
+            acc_lo += mm(xn, tl.trans(w_lo), F32)
+            acc_hi += mm(xn, tl.trans(w_hi), F32)
+        N: tl.constexpr = (H + 2 * KVH) * D
+        tile = ws_ptr + rows[:, None] * N + t * D + d[None, :]  # partials: [SPLIT, R, N]
+        tl.store(tile + split * ws_split, acc_lo, mask=rmask[:, None])
+        tl.store(tile + split * ws_split + HALF, acc_hi, mask=rmask[:, None])
+        tl.debug_barrier()  # every thread's partial is written before the counter says so
+        counter = count_ptr + row_block * tl.num_programs(0) + pid
+        arrived = tl.atomic_add(counter, 1, sem="acq_rel", scope="gpu")
+        if arrived == SPLIT - 1:
+            lo = tl.zeros([BM, C], dtype=tl.float32)
+            hi = tl.zeros([BM, C], dtype=tl.float32)
+            for s in range(SPLIT):
+                lo += tl.load(tile + s * ws_split, mask=rmask[:, None], other=0.0,
+                              cache_modifier=".cg")
+                hi += tl.load(tile + s * ws_split + HALF, mask=rmask[:, None], other=0.0,
+                              cache_modifier=".cg")
+            _qkv_store(bf16(lo), bf16(hi), t, d, rows, rmask, cos_ptr, sin_ptr, pos_ptr,
+                       q_ptr, cache_ptr, stride_q, c_kv, c_row, c_head, c_pos, H, KVH, D)
+            tl.store(counter, 0)
 
 
 @triton.jit
@@ -154,6 +203,8 @@ class FusedDepthLayers:
         check_bf16(depth.model.norm.weight, "depth")
         table = ((max_rows, tiles),) if isinstance(tiles, Tiles) else (tiles or TILES_BY_ROWS)
         table = tuple((limit, replace(t, pdl=t.pdl or pdl)) for limit, t in table)
+        if len({t.qkv_split_k for _, t in table}) > 1:  # it sets the sum order
+            raise ValueError("fused depth kernels: every row bucket needs the same qkv_split_k")
         self._buckets = [(limit, FusedGemms(t, min(limit, max_rows), self.hidden, device))
                          for limit, t in table]
         for _, gemms in self._buckets:
@@ -163,16 +214,32 @@ class FusedDepthLayers:
                for layer in layers):
             raise ValueError("fused depth kernels need BreezeModel.fuse_projections_() first")
         self.max_rows = max_rows
+        self.qkv_cols = (self.heads + 2 * self.kv_heads) * self.head_dim
+        self.qkv_programs = max((self.heads + 2 * self.kv_heads) * t.qkv_split
+                                for _, t in table)
+        self.qkv_workspace, self.qkv_counters = self._qkv_workspace(max_rows, device)
         if warm and device.type == "cuda":
             self.warm()
+
+    def _qkv_workspace(self, rows: int, device: torch.device) -> tuple[torch.Tensor, ...]:
+        """fp32 partials and tile counters of the split-K q/k/v GEMM (``Tiles.qkv_split_k``)."""
+        split = max(t.qkv_split_k for t in (g.tiles for _, g in self._buckets))
+        if split == 1:
+            empty = torch.zeros(1, dtype=torch.int32, device=device)
+            return empty.float(), empty
+        workspace = torch.empty(split, rows, self.qkv_cols, dtype=torch.float32, device=device)
+        counters = torch.zeros(triton.cdiv(rows, 16) * self.qkv_programs, dtype=torch.int32,
+                               device=device)  # row blocks hold >= 16 rows
+        return workspace, counters
 
     def _check(self, gemms: FusedGemms) -> None:
         t, attn_width = gemms.tiles, self.heads * self.head_dim
         gemms.check("depth hidden_size", norm_k=self.hidden, split=(self.hidden, attn_width))
         gemms.check("depth intermediate_size", gate_up=(self.inter, self.hidden),
                     split=(self.hidden, self.inter))
-        qkv_bk = min(t.qkv_bk, self.hidden)
-        if self.hidden % qkv_bk or qkv_bk & (qkv_bk - 1):
+        qkv_bk = min(t.qkv_bk, self.hidden // t.qkv_split_k)
+        if (self.hidden % (qkv_bk * t.qkv_split_k) or qkv_bk & (qkv_bk - 1) or qkv_bk < 16
+                or t.qkv_split_k < 1):
             raise ValueError(f"fused depth kernels: depth hidden_size does not fit {t}")
         if self.head_dim // 2 % t.qkv_split or self.head_dim // 2 // t.qkv_split < 16:
             raise ValueError(f"fused depth kernels: depth head_dim does not fit {t}")
@@ -184,7 +251,7 @@ class FusedDepthLayers:
     @property
     def counters(self) -> torch.Tensor:
         """Every bucket's split-K tile counters (all 0 between calls)."""
-        return torch.cat([g.counters for _, g in self._buckets])
+        return torch.cat([g.counters for _, g in self._buckets] + [self.qkv_counters])
 
     @torch.inference_mode()
     def warm(self) -> None:
@@ -220,16 +287,23 @@ class FusedDepthLayers:
         d, hd = self.hidden, self.head_dim
         q = torch.empty(rows, self.heads * hd, dtype=h.dtype, device=h.device)
         attn = torch.empty_like(q)
-        qkv_grid = ((self.heads + 2 * self.kv_heads) * t.qkv_split, triton.cdiv(rows, bm))
-        qkv_bk = min(t.qkv_bk, d)
+        split = t.qkv_split_k
+        qkv_grid = ((self.heads + 2 * self.kv_heads) * t.qkv_split, split, triton.cdiv(rows, bm))
+        qkv_bk = min(t.qkv_bk, d // split)
+        workspace, counters = (
+            (self.qkv_workspace, self.qkv_counters) if rows <= self.max_rows or split == 1
+            else self._qkv_workspace(rows, h.device)
+        )
         for layer, layer_cache in zip(depth.model.layers, cache):
             c = layer_cache.stride()  # [2, R, KVH, P, D]
             qkv_weight = gemms.weight(layer.self_attn.qkv_weight, hd // 2 // t.qkv_split, qkv_bk)
             _norm_qkv_rope_kernel[qkv_grid](
                 h, layer.input_layernorm.weight, qkv_weight, cos, sin, pos, q,
-                layer_cache, rows, self.eps, h.stride(0), q.stride(0), c[0], c[1], c[2], c[3],
+                layer_cache, workspace, counters, rows, self.eps, h.stride(0), q.stride(0),
+                c[0], c[1], c[2], c[3], workspace.stride(0) if split > 1 else 0,
                 H=self.heads, KVH=self.kv_heads, D=hd, K=d, SUB=t.qkv_split, BM=bm,
-                BK=qkv_bk, NK=min(256, d), F32=DOT_F32, TMA=t.tma, **t.launch("qkv"),
+                BK=qkv_bk, NK=min(256, d), F32=DOT_F32, TMA=t.tma, SPLIT=split,
+                **t.launch("qkv"),
             )
             _short_attention_kernel[(rows, self.kv_heads)](
                 q, layer_cache, pos, attn, self.scale, q.stride(0), attn.stride(0),

@@ -70,6 +70,10 @@ class Tiles:
     weight and tile shape, cached) instead of per-thread loads; same tiles, same bits."""
     pdl: bool = False
     """Programmatic dependent launch (``pdl_launch``) for every kernel these tiles launch."""
+    qkv_split_k: int = 1
+    """K splits of the depth layers' q/k/v GEMM (1: one program reduces all of K). More
+    programs for a small GEMM (12 heads x ``qkv_split`` programs at up to 16 rows); like
+    ``split_k`` it sets the sum order, so every row bucket must use the same."""
 
     def launch(self, kernel: str) -> dict[str, int]:
         """``num_warps`` / ``num_stages`` of ``kernel`` ("gate" or "split"; others share the
