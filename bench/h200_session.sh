@@ -221,10 +221,14 @@ case "$phase" in
       --variant 'pdl-te=config;graph.pdl=true;graph.fused_text_encoder=true' \
       --out "$out/h200-first-packet-pdl.json" 2>&1 | grep '^\[bench' ;;
   depth-pdl)  # the depth layers' frame with the per-bucket shapes: plain launches, PDL, and the
-    # q/k/v GEMM split along K, at 1 to 128 rows (no tuning); then a tuning round at 16 rows
+    # q/k/v GEMM split along K, at 1 to 128 rows (no tuning); the census of a frame with the fused
+    # sampler and PDL (where its ~1.1 ms of sampling went); then a tuning round at 16 rows
     timeout 230 python3 bench/tune_fused_depth.py --rows '' --check-rows 1,16,64,128 \
       --out "$out/h200-depth-pdl.json" 2>&1 | grep -v Warn | tail -8 || true
-    timeout 350 python3 bench/tune_fused_depth.py --rows 16 --budget-s 270 --check-rows 16 \
+    timeout 90 python3 bench/profile_stages.py --batch 16 --fused --fused-decode --compile \
+      --fused-sampling --pdl --top 16 2>&1 | grep -v Warn | tee "$out/h200-profile-pdl-sampler.log" \
+      | grep -A17 DEPTH || true
+    timeout 260 python3 bench/tune_fused_depth.py --rows 16 --budget-s 190 --check-rows 16 \
       --out "$out/h200-tune-depth-16.json" 2>&1 | grep -v Warn | tail -4 ;;
   first-packet-bench)  # the engine with each first-packet switch, one run
     timeout 560 "${bench[@]}" --concurrency "${CONCURRENCY:-1,16}" --num-requests 300 \

@@ -49,6 +49,10 @@ def main() -> None:
     parser.add_argument("--fused", action="store_true", help="the fused Triton depth layers")
     parser.add_argument("--fused-decode", action="store_true",
                         help="the fused Triton backbone DECODE step")
+    parser.add_argument("--fused-sampling", action="store_true",
+                        help="the depth draws in the fused Triton sampler")
+    parser.add_argument("--pdl", action="store_true",
+                        help="programmatic dependent launch between the fused kernels")
     parser.add_argument("--text-tokens", type=int, default=0,
                         help="also the TEXT_ENCODE stage for one sentence of this many tokens")
     parser.add_argument("--fused-text-encoder", action="store_true",
@@ -66,7 +70,8 @@ def main() -> None:
         "graph": {"enable_cuda_graphs": False, "compile_depth": args.compile and cuda,
                   "fused_depth": args.fused and cuda,
                   "fused_decode": args.fused_decode and cuda,
-                  "fused_text_encoder": args.fused_text_encoder and cuda},
+                  "fused_text_encoder": args.fused_text_encoder and cuda,
+                  "fused_sampling": args.fused_sampling and cuda, "pdl": args.pdl and cuda},
     })
     runner = build_runner(cfg, load_engine_checkpoint(cfg.model))
     depth, decode = runner.stages[Stage.DEPTH], runner.stages[Stage.DECODE]
