@@ -221,9 +221,9 @@ case "$phase" in
       --variant 'pdl-te=config;graph.pdl=true;graph.fused_text_encoder=true' \
       --out "$out/h200-first-packet-pdl.json" 2>&1 | grep '^\[bench' ;;
   depth-pdl)  # the split-K q/k/v GPU test, then the depth layers' frame with the per-bucket
-    # shapes: plain launches, PDL, and the
-    # q/k/v GEMM split along K, at 1 to 128 rows (no tuning); the census of a frame with the fused
-    # sampler and PDL (where its ~1.1 ms of sampling went); then a tuning round at 16 rows
+    # shapes: plain launches, PDL, and the q/k/v GEMM split along K, at 1 to 128 rows (no
+    # tuning); the census of a frame with the fused sampler and PDL (where its ~1.1 ms of
+    # sampling went); then a tuning round at 16 rows
     timeout 100 python3 -m pytest "tests/gpu/test_gpu_fused_depth.py::test_split_k_qkv_is_close_and_batch_invariant" \
       -q -p no:cacheprovider 2>&1 | tee "$out/gpu_tests_qkv_split.log" | grep -E 'passed|failed|^E ' || true
     timeout 230 python3 bench/tune_fused_depth.py --rows '' --check-rows 1,16,64,128 \
