@@ -61,3 +61,18 @@ def test_the_launch_flag_travels_only_with_the_wait() -> None:
         uses = text.count("launch_pdl")
         assert uses == (1 if path.name == "gemm.py" else 0), (
             f"{path.name}: pass launch_pdl only through gemm.pdl_launch / Tiles.launch")
+
+
+def test_pdl_is_refused_before_hopper(monkeypatch: pytest.MonkeyPatch) -> None:
+    """On a GPU older than compute capability 9.0 the switch fails up front, naming itself."""
+    import torch
+
+    from breezert.worker.compile import check_pdl_supported
+
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (8, 0))
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA A100")
+    with pytest.raises(ValueError, match=r"graph\.pdl.*A100 is 8\.0"):
+        check_pdl_supported(torch.device("cuda"))
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
+    check_pdl_supported(torch.device("cuda"))  # Hopper: accepted
+    check_pdl_supported(torch.device("cpu"))  # the config refuses CUDA-only switches on CPU

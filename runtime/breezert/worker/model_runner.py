@@ -32,7 +32,13 @@ from breezert.stages.codec import CodecStage, codec_from_ring, codec_step
 from breezert.stages.depth import TOP_K_BOUND, DepthStage, depth_frames_from_slots
 from breezert.stages.text_encode import TextEncodeStage
 from breezert.worker.batch_state import BatchState, SlotState
-from breezert.worker.compile import compile_backbone_layers, decode_fn, depth_fn, text_encode_fn
+from breezert.worker.compile import (
+    check_pdl_supported,
+    compile_backbone_layers,
+    decode_fn,
+    depth_fn,
+    text_encode_fn,
+)
 from breezert.worker.cuda_graphs import GraphFn, GraphRunner
 from breezert.worker.kv_cache import PagedKVCache
 from breezert.worker.slot_table import SlotParams, SlotTable
@@ -74,6 +80,8 @@ class ModelRunner:
         bb = checkpoint.config.backbone
         self.device = checkpoint.device
         self.graph_config = graph = graph or GraphConfig()
+        if graph.pdl:
+            check_pdl_supported(self.device)
         use_graphs = graph.enable_cuda_graphs and self.device.type == "cuda"
         self.kv = PagedKVCache(
             bb.num_layers, num_blocks, block_size, bb.num_kv_heads, bb.head_dim,
