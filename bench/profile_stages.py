@@ -1,4 +1,5 @@
-"""Kernel census of one DEPTH frame and one DECODE step (torch.profiler), for the fast-path work.
+"""Kernel census of one DEPTH frame and one DECODE step (torch.profiler), for the fast-path work;
+optionally of the TEXT_ENCODE stage and a CODEC replay too.
 
 Usage: ``PYTHONPATH=runtime python bench/profile_stages.py [--preset full] [--batch 16]
 [--compile]``. Prints, per stage, the number of kernel launches, GPU busy time and the top
@@ -57,6 +58,8 @@ def main() -> None:
                         help="also the TEXT_ENCODE stage for one sentence of this many tokens")
     parser.add_argument("--fused-text-encoder", action="store_true",
                         help="the fused Triton text-encoder layers")
+    parser.add_argument("--codec-frames", type=int, default=0,
+                        help="also one CODEC replay of this many frames per row (--batch rows)")
     parser.add_argument("--top", type=int, default=15)
     args = parser.parse_args()
     cuda = torch.cuda.is_available()
@@ -83,6 +86,11 @@ def main() -> None:
             te_in = te.example_inputs(args.text_tokens)
             census(lambda: te.graphs.fn(**te_in), f"TEXT_ENCODE, {args.text_tokens} tokens", cuda,
                    args.top)
+        if args.codec_frames:
+            codec = runner.stages[Stage.CODEC]
+            codec_in = codec.example_inputs(args.batch, args.codec_frames)
+            census(lambda: codec.graphs.fn(**codec_in),
+                   f"CODEC step, {args.batch} rows x {args.codec_frames} frames", cuda, args.top)
         census(lambda: depth.graphs.fn(**depth_in), f"DEPTH frame, batch {args.batch}", cuda,
                args.top)
         census(lambda: decode.graphs.fn(**decode_in),
