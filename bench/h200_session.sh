@@ -226,14 +226,14 @@ case "$phase" in
     # sampling went) and of the first codec chunk (1 row x 1 frame); a tuning round at 16 rows
     timeout 100 python3 -m pytest "tests/gpu/test_gpu_fused_depth.py::test_split_k_qkv_is_close_and_batch_invariant" \
       -q -p no:cacheprovider 2>&1 | tee "$out/gpu_tests_qkv_split.log" | grep -E 'passed|failed|^E ' || true
-    timeout 230 python3 bench/tune_fused_depth.py --rows '' --check-rows 1,16,64,128 \
+    timeout 220 python3 bench/tune_fused_depth.py --rows '' --check-rows 1,16,64,128 \
       --out "$out/h200-depth-pdl.json" 2>&1 | grep -v Warn | tail -8 || true
     timeout 90 python3 bench/profile_stages.py --batch 16 --fused --fused-decode --compile \
       --fused-sampling --pdl --top 16 2>&1 | grep -v Warn | tee "$out/h200-profile-pdl-sampler.log" \
       | grep -A17 DEPTH || true
     timeout 60 python3 bench/profile_stages.py --batch 1 --fused --fused-decode --codec-frames 1 \
       --top 12 2>&1 | grep -v Warn | tee "$out/h200-profile-codec-1.log" | grep -A13 CODEC || true
-    timeout 120 python3 bench/tune_fused_depth.py --rows 16 --budget-s 75 --check-rows 16 \
+    timeout 110 python3 bench/tune_fused_depth.py --rows 16 --budget-s 65 --check-rows 16 \
       --out "$out/h200-tune-depth-16.json" 2>&1 | grep -v Warn | tail -4 ;;
   first-packet-bench)  # the engine with each first-packet switch, one run
     timeout 560 "${bench[@]}" --concurrency "${CONCURRENCY:-1,16}" --num-requests 300 \
