@@ -115,10 +115,11 @@ train-texts:
 	  apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q $$missing; fi
 
 # The teacher's wheels for a GPU machine that reaches no index (Python 3.12, x86-64 there):
-# carry .whl/ and `pip install --no-index --find-links .whl hibari-tts onnxruntime` on it.
+# carry .whl-train/ and `pip install --no-index --find-links .whl-train hibari-tts onnxruntime`
+# on it (apart from .whl/, so that the other device calls stay under their 64 MiB carry).
 train-wheels: $(STAMP)
 	$(PIP) download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
-	  --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 -d .whl \
+	  --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 -d .whl-train \
 	  "hibari-tts==0.2.1" "onnxruntime==1.32.0"
 
 run: $(STAMP)

@@ -22,8 +22,9 @@ phase=${1:?phase}
 out=${OUT:-/tmp/out}
 mkdir -p "$out"
 if [ -z "${BREEZERT_SITE_READY:-}" ] && ls .whl/*.whl >/dev/null 2>&1; then
+  # .whl-train/ (make train-wheels, ~42 MB) travels only with the voice phase
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-    --target /tmp/site .whl/*.whl
+    --target /tmp/site .whl/*.whl $(ls .whl-train/*.whl 2>/dev/null)
 fi
 export PYTHONPATH=/tmp/site:runtime:. PYTHONUNBUFFERED=1 BREEZERT_SITE_READY=1
 shard=""
@@ -70,8 +71,8 @@ case "$phase" in
     (cd "$out" && tar czf results.tgz g* && rm -rf g*) ;;
   chain) shift; for p in "$@"; do bash "$0" "$p" || echo "phase $p failed: $?"; done ;;
   voice)  # issue 19, one call: teacher data -> codec -> codes -> LM -> export; the state comes
-    # back as $OUT/state.NNN (+ state.json); carry them in as .voicestate/ next time. The first
-    # call also needs .whl/ (make train-wheels) and .traindata/corpus.json.gz.
+    # back as $OUT/state.NNN (+ state.json); carry them in as .voicestate/ next time. Carry
+    # .whl, .whl-train (make train-wheels) and .traindata (corpus.json.gz, built here).
     mkdir -p /tmp/voice/teacher
     [ ! -f .traindata/corpus.json.gz ] || cp .traindata/corpus.json.gz /tmp/voice/teacher/
     timeout 580 python3 -m breezert.train.pipeline --work /tmp/voice --minutes-total 9.3 \
