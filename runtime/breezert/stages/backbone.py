@@ -19,6 +19,7 @@ from breezert.outputs import StageOutput
 from breezert.sched.plan import DecodeItem, PrefillItem
 from breezert.worker.batch_state import BatchState
 from breezert.worker.cuda_graphs import GraphRunner, bucket_for
+from breezert.worker.device_copy import to_device
 from breezert.worker.kv_cache import KVRun, PagedKVCache, StepMeta, decode_meta_on_device
 from breezert.worker.slot_table import SlotTable
 
@@ -63,10 +64,10 @@ def backbone_decode_from_slots(
 
 def _meta_inputs(meta: StepMeta, device: torch.device) -> dict[str, torch.Tensor]:
     return {
-        "positions": meta.positions.to(device, non_blocking=True),
-        "write_rows": meta.write_rows.to(device, non_blocking=True),
-        "read_rows": meta.read_rows.to(device, non_blocking=True),
-        "mask": meta.mask.to(device, non_blocking=True),
+        "positions": to_device(meta.positions, device),
+        "write_rows": to_device(meta.write_rows, device),
+        "read_rows": to_device(meta.read_rows, device),
+        "mask": to_device(meta.mask, device),
     }
 
 
@@ -154,7 +155,7 @@ class DecodeStage:
             frames.extend([segment.last_frame] * len(item.branches))
         codes = torch.zeros(shape[0], frames[0].shape[0], dtype=torch.long)
         codes[: len(frames)] = torch.stack(frames)
-        inputs = {"codes": codes.to(self.device, non_blocking=True), **meta}
+        inputs = {"codes": to_device(codes, self.device), **meta}
         hidden = self.graphs(shape, inputs)["hidden"]
         row = 0
         for item in items:
@@ -186,7 +187,7 @@ class DecodeStage:
         index[0] = 2 * self.table.scratch_slot
         index[0, : len(rows)] = torch.tensor(rows, dtype=torch.long)
         index[1, : len(positions)] = torch.tensor(positions, dtype=torch.long)
-        index = index.to(self.device, non_blocking=True)  # one upload
+        index = to_device(index, self.device)  # one upload
         key_slots = self._key_slots.get(context)
         if key_slots is None:
             key_slots = self._key_slots[context] = torch.arange(context, device=self.device)

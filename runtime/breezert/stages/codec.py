@@ -24,6 +24,7 @@ from breezert.outputs import DecodedChunk, StageOutput
 from breezert.sched.plan import CodecItem
 from breezert.worker.batch_state import BatchState
 from breezert.worker.cuda_graphs import GraphRunner, bucket_for
+from breezert.worker.device_copy import tensor_to_device, to_device
 from breezert.worker.slot_table import SlotTable
 
 
@@ -199,14 +200,14 @@ class CodecStage:
         replays, start = [], 1
         for piece in pieces:
             piece_rows = torch.cat([rows[:, :1], rows[:, start : start + piece]], dim=1)
-            replays.append({"rows": piece_rows.to(self.device, non_blocking=True)})
+            replays.append({"rows": to_device(piece_rows, self.device)})
             start += piece
         return size, replays
 
     def _reset_first_chunks(self, items: list[CodecItem]) -> None:
         fresh = [item.slot for item in items if item.is_first_chunk]
         if fresh:
-            self.codec.reset(torch.tensor(fresh, device=self.device))
+            self.codec.reset(tensor_to_device(fresh, self.device))
 
     def _rows_for(self, num: int) -> int:
         return (bucket_for(num, self.buckets) if self.graphs.enabled else None) or num
@@ -227,7 +228,8 @@ class CodecStage:
             span = range(item.start_frame, item.start_frame + item.num_frames)
             codes[i, : item.num_frames] = torch.stack([frames.pop(f) for f in span])  # [n, 16]
             slot_ids[i], counts[i] = item.slot, item.num_frames
-        return size, slot_ids.to(self.device), codes.to(self.device), counts.to(self.device)
+        dev = self.device
+        return size, to_device(slot_ids, dev), to_device(codes, dev), to_device(counts, dev)
 
     def example_inputs(self, size: int, frames: int) -> dict[str, torch.Tensor]:
         if self.table is not None:  # every row decodes padding into the scratch slot

@@ -29,6 +29,7 @@ from breezert.outputs import StageOutput
 from breezert.sched.plan import DepthItem
 from breezert.worker.batch_state import BatchState, SegmentState, SlotState
 from breezert.worker.cuda_graphs import GraphRunner, bucket_for
+from breezert.worker.device_copy import tensor_to_device, to_device
 from breezert.worker.slot_table import SlotTable
 
 
@@ -208,7 +209,7 @@ class DepthStage:
         if use_cfg:
             rows[1, :num] = rows[0, :num] + torch.tensor(
                 [item.num_branches == 2 for item in items], dtype=torch.long)
-        return rows.to(self.device, non_blocking=True)
+        return to_device(rows, self.device)
 
     def seen_rows(self, segments: Sequence[SegmentState], size: int) -> np.ndarray:
         """``[size, vocab]`` bool: each segment's first codes so far (padding rows empty); one
@@ -239,15 +240,15 @@ class DepthStage:
         dev = self.device
         return {
             "hidden": torch.stack(rows),
-            "has_cfg": torch.tensor([slots[i].num_branches == 2 for i in order], device=dev),
-            "cfg_scale": torch.tensor([slots[i].cfg_scale for i in order], device=dev),
-            "seen": torch.from_numpy(seen).to(dev),
-            "penalty": torch.tensor([p.repetition_penalty for p in params], device=dev),
-            "no_eos": torch.tensor([slots[i].ignore_eos for i in order], device=dev),
-            "sampling": sampling.to(dev),
-            "seeds": torch.tensor([slots[i].seed for i in order], dtype=torch.long, device=dev),
-            "frames_at": torch.tensor(
-                [items[i].output_frame_index for i in order], dtype=torch.long, device=dev
+            "has_cfg": tensor_to_device([slots[i].num_branches == 2 for i in order], dev),
+            "cfg_scale": tensor_to_device([slots[i].cfg_scale for i in order], dev),
+            "seen": to_device(torch.from_numpy(seen), dev),
+            "penalty": tensor_to_device([p.repetition_penalty for p in params], dev),
+            "no_eos": tensor_to_device([slots[i].ignore_eos for i in order], dev),
+            "sampling": to_device(sampling, dev),
+            "seeds": tensor_to_device([slots[i].seed for i in order], dev, torch.long),
+            "frames_at": tensor_to_device(
+                [items[i].output_frame_index for i in order], dev, torch.long
             ),
         }
 

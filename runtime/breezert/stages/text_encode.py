@@ -18,6 +18,7 @@ from breezert.outputs import StageOutput
 from breezert.sched.plan import TextEncodeItem
 from breezert.worker.batch_state import BatchState, SegmentState
 from breezert.worker.cuda_graphs import GraphRunner, bucket_for
+from breezert.worker.device_copy import to_device
 
 
 def encode_text(
@@ -96,7 +97,8 @@ class TextEncodeStage:
             offset += n
         positions[offset:] = torch.arange(size - offset)
         dev = self.device
-        return {"input_ids": ids.to(dev), "seg_ids": seg_ids.to(dev), "positions": positions.to(dev)}
+        return {"input_ids": to_device(ids, dev), "seg_ids": to_device(seg_ids, dev),
+                "positions": to_device(positions, dev)}
 
     def example_inputs(self, size: int) -> dict[str, torch.Tensor]:
         return self.pack([torch.full((size,), 2, dtype=torch.long)], size)

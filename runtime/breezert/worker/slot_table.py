@@ -27,6 +27,7 @@ import torch
 
 from breezert.constants import FRAME_EOS_ID, NUM_CODEBOOKS
 from breezert.options import SamplingParams
+from breezert.worker.device_copy import tensor_to_device, to_device
 
 
 @dataclass(frozen=True)
@@ -99,11 +100,11 @@ class SlotTable:
             self._write(list(slots), [_DEFAULT] * len(slots))
 
     def _write(self, slots: list[int], params: list[SlotParams]) -> None:
-        index = torch.tensor(slots, dtype=torch.long).to(self.device, non_blocking=True)
+        index = tensor_to_device(slots, self.device, torch.long)
         dev = self.device
 
         def put(table: torch.Tensor, values: list, dtype: torch.dtype) -> None:
-            table.index_copy_(0, index, torch.tensor(values, dtype=dtype).to(dev))
+            table.index_copy_(0, index, tensor_to_device(values, dev, dtype))
 
         put(self.sampling, [sampling_row(p.sampling) for p in params], torch.float32)
         put(self.seeds, [p.seed for p in params], torch.long)
@@ -124,7 +125,7 @@ class SlotTable:
         """A segment's first DEPTH step: clears its slot's repetition mask and takes the
         PREFILL state of each branch (``hidden[i]``: one or two ``[D]`` rows)."""
         rows = [h[b] for h in hidden for b in (0, len(h) - 1)]  # 1 branch: its row twice
-        index = torch.tensor(slots, dtype=torch.long).to(self.device, non_blocking=True)
+        index = tensor_to_device(slots, self.device, torch.long)
         self.seen.index_fill_(0, index, False)
         self.hidden.index_copy_(0, index, torch.stack(rows).view(len(slots), 2, -1))
 
@@ -138,7 +139,7 @@ class SlotTable:
                              f"{self.block_tables.shape[1]} of the slot table")
         table = torch.full((self.block_tables.shape[1],), self.scratch_block, dtype=torch.long)
         table[: len(block_ids)] = torch.tensor(block_ids, dtype=torch.long)
-        self.block_tables[row] = table.to(self.device, non_blocking=True)
+        self.block_tables[row] = to_device(table, self.device)
         self._tables[row] = block_ids
 
     def ring_would_overflow(self, slot: int, frame_index: int) -> bool:

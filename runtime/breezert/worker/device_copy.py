@@ -1,0 +1,32 @@
+"""Host -> device copies that do not make the host wait for the GPU work already queued.
+
+A copy from pageable host memory (``t.to("cuda")``, ``torch.tensor(..., device="cuda")``) returns
+only once every kernel queued before it on the stream has run: a step's input uploads then wait
+for the previous step's graph (an asynchronous DECODE or PREFILL), and the GPU idles while the
+host finishes preparing and launching. Staged in pinned memory and copied with ``non_blocking``,
+the copy queues behind that work instead and the host runs ahead; PyTorch's caching host
+allocator keeps the pinned block until the copy has been done.
+
+Owns: ``to_device`` and ``tensor_to_device`` for the per-step inputs of the stages and the slot
+table. Must not: synchronize, or change what is copied (on the CPU both are plain ``.to``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+
+def to_device(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """``tensor.to(device)``; a CPU tensor bound for CUDA goes through pinned memory, without
+    waiting for the stream."""
+    if device.type != "cuda" or tensor.device.type != "cpu":
+        return tensor.to(device)
+    return tensor.pin_memory().to(device, non_blocking=True)
+
+
+def tensor_to_device(values: Sequence | torch.Tensor, device: torch.device,
+                     dtype: torch.dtype | None = None) -> torch.Tensor:
+    """``torch.tensor(values, dtype=dtype, device=device)`` without waiting for the stream."""
+    return to_device(torch.tensor(values, dtype=dtype), device)

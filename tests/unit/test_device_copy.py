@@ -1,0 +1,20 @@
+"""``worker.device_copy`` on the CPU: plain copies, same values and dtypes (the pinned,
+non-blocking path is CUDA's: tests/gpu/test_gpu_device_copy.py)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from breezert.worker.device_copy import tensor_to_device, to_device
+
+pytestmark = pytest.mark.unit
+
+
+def test_cpu_copies_are_plain() -> None:
+    cpu = torch.device("cpu")
+    t = torch.arange(5)
+    assert to_device(t, cpu) is t  # nothing to move
+    out = tensor_to_device([True, False], cpu)
+    assert out.dtype == torch.bool and out.tolist() == [True, False]
+    assert tensor_to_device([1, 2], cpu, torch.float32).dtype == torch.float32
