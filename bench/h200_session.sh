@@ -8,7 +8,7 @@
 #     --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 -d .whl \
 #     pydantic==2.14.4 pydantic-core==2.50.5 annotated-types typing-inspection
 # Then per phase: run(command="bash bench/h200_session.sh PHASE", carry=[".whl", ".benchdata"])
-# PHASE: tests | fused | depth-tiles | depth-pdl | first-packet | first-packet-short | first-packet-pdl |
+# PHASE: tests | fused | depth-tiles | depth-pdl | overlap | first-packet | first-packet-short | first-packet-pdl |
 #        first-packet-bench | chain P1 P2...  | decode | decode-micro | decode-bench | tune | profile | stages |
 #        ablation-eager | ablation-a|b|c|d[@I/N] | sweep | sweep+ablation | latency | latency-te |
 #        latency-nocap | predictor | predictor-edf | capacity-closed | capacity-open |
@@ -236,6 +236,14 @@ case "$phase" in
       --top 12 2>&1 | grep -v Warn | tee "$out/h200-profile-codec-1.log" | grep -A13 CODEC || true
     timeout 110 python3 bench/tune_fused_depth.py --rows 16 --budget-s 65 --check-rows 16 \
       --out "$out/h200-tune-depth-16.json" 2>&1 | grep -v Warn | tail -4 ;;
+  overlap)  # issue 13 item 4: per-step uploads through pinned memory (graph.async_uploads)
+    # against today's pageable copies, c=16 and 64, one run; then both with the device slot
+    # table, whose steps upload least
+    timeout 560 "${bench[@]}" --concurrency "${CONCURRENCY:-16,64}" --num-requests 300 \
+      --warmup 16 --run-budget 30 --variant 'today=config' \
+      --variant 'async-uploads=config;graph.async_uploads=true' \
+      --variant 'async+slots=config;graph.async_uploads=true;graph.device_slot_state=true' \
+      --out "$out/h200-overlap.json" 2>&1 | grep '^\[bench' ;;
   first-packet-bench)  # the engine with each first-packet switch, one run
     timeout 560 "${bench[@]}" --concurrency "${CONCURRENCY:-1,16}" --num-requests 300 \
       --warmup 16 --run-budget 40 --variant 'today=config' \

@@ -200,6 +200,11 @@ class GraphConfig(_Frozen):
     counter-based Gumbel-max; ``kernels/fused_sampling.py``) instead of the sampler's chain of
     launches, for batches whose top-k are all bounded (the common graphs; unbounded ones keep
     the full sort). Off until an H200 run shows the gain."""
+    async_uploads: bool = False
+    """Per-step host -> device uploads through pinned memory, not waiting for the GPU work
+    already queued (``worker/device_copy.py``): a pageable copy waits for it, so a step's
+    preparation cannot overlap the previous asynchronous step. Same values. Off until an H200
+    run shows the gain."""
     pdl: bool = False
     """Programmatic dependent launch (Hopper) between the fused kernels of the depth layers, the
     DECODE step and the text encoder (those switched on): each kernel is placed while the one

@@ -29,8 +29,10 @@ def _seconds_while_busy(upload) -> tuple[float, float]:  # type: ignore[no-untyp
 
 
 def test_upload_does_not_wait_for_queued_work() -> None:
+    from breezert.worker import device_copy
     from breezert.worker.device_copy import tensor_to_device, to_device
 
+    device_copy.set_async_uploads(True)
     dev = torch.device("cuda")
     host = torch.arange(4096, dtype=torch.long)
     blocking, busy = _seconds_while_busy(lambda: host.to(dev))
@@ -41,3 +43,6 @@ def test_upload_does_not_wait_for_queued_work() -> None:
     assert torch.equal(out.cpu(), host)
     assert torch.equal(tensor_to_device([1, 2, 3], dev, torch.float32).cpu(),
                        torch.tensor([1.0, 2.0, 3.0]))
+    device_copy.set_async_uploads(False)
+    plain, busy = _seconds_while_busy(lambda: to_device(host, dev))
+    assert plain > 0.5 * busy  # off: today's pageable copy

@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from breezert.worker import device_copy
 from breezert.worker.device_copy import tensor_to_device, to_device
 
 pytestmark = pytest.mark.unit
@@ -18,3 +19,12 @@ def test_cpu_copies_are_plain() -> None:
     out = tensor_to_device([True, False], cpu)
     assert out.dtype == torch.bool and out.tolist() == [True, False]
     assert tensor_to_device([1, 2], cpu, torch.float32).dtype == torch.float32
+
+
+def test_the_switch_never_changes_cpu_copies() -> None:
+    cpu = torch.device("cpu")
+    try:
+        device_copy.set_async_uploads(True)
+        assert tensor_to_device([3, 4], cpu).tolist() == [3, 4]
+    finally:
+        device_copy.set_async_uploads(False)

@@ -8,7 +8,9 @@ the copy queues behind that work instead and the host runs ahead; PyTorch's cach
 allocator keeps the pinned block until the copy has been done.
 
 Owns: ``to_device`` and ``tensor_to_device`` for the per-step inputs of the stages and the slot
-table. Must not: synchronize, or change what is copied (on the CPU both are plain ``.to``).
+table, and the process-wide switch ``set_async_uploads`` (``graph.async_uploads``; off: today's
+pageable copies, so one benchmark run can compare both). Must not: synchronize, or change what is
+copied (on the CPU both are plain ``.to``).
 """
 
 from __future__ import annotations
@@ -17,11 +19,20 @@ from collections.abc import Sequence
 
 import torch
 
+_ASYNC = False
+
+
+def set_async_uploads(enabled: bool) -> None:
+    """Turns the pinned, non-blocking path on or off for the whole process (the model runner
+    sets it from ``graph.async_uploads`` when it is built: the last engine built decides)."""
+    global _ASYNC
+    _ASYNC = bool(enabled)
+
 
 def to_device(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
-    """``tensor.to(device)``; a CPU tensor bound for CUDA goes through pinned memory, without
-    waiting for the stream."""
-    if device.type != "cuda" or tensor.device.type != "cpu":
+    """``tensor.to(device)``; with async uploads on, a CPU tensor bound for CUDA goes through
+    pinned memory, without waiting for the stream."""
+    if not _ASYNC or device.type != "cuda" or tensor.device.type != "cpu":
         return tensor.to(device)
     return tensor.pin_memory().to(device, non_blocking=True)
 

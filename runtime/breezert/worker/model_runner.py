@@ -40,6 +40,7 @@ from breezert.worker.compile import (
     text_encode_fn,
 )
 from breezert.worker.cuda_graphs import GraphFn, GraphRunner
+from breezert.worker.device_copy import set_async_uploads
 from breezert.worker.kv_cache import PagedKVCache
 from breezert.worker.slot_table import SlotParams, SlotTable
 from breezert.worker.warmup import Progress, capture_all
@@ -82,6 +83,7 @@ class ModelRunner:
         self.graph_config = graph = graph or GraphConfig()
         if graph.pdl:
             check_pdl_supported(self.device)
+        set_async_uploads(graph.async_uploads)
         use_graphs = graph.enable_cuda_graphs and self.device.type == "cuda"
         self.kv = PagedKVCache(
             bb.num_layers, num_blocks, block_size, bb.num_kv_heads, bb.head_dim,
