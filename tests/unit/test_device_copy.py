@@ -28,3 +28,23 @@ def test_the_switch_never_changes_cpu_copies() -> None:
         assert tensor_to_device([3, 4], cpu).tolist() == [3, 4]
     finally:
         device_copy.set_async_uploads(False)
+
+
+class _Recorder:
+    """Stands in for a CPU tensor: records how it is copied."""
+
+    device = torch.device("cpu")
+
+    def to(self, device: torch.device, non_blocking: bool = False) -> "_Recorder":
+        self.copied = (device.type, non_blocking)
+        return self
+
+
+def test_off_keeps_each_callers_own_copy() -> None:
+    """Async uploads off: the copy the call site made before (blocking or not), unchanged."""
+    device_copy.set_async_uploads(False)
+    cuda = torch.device("cuda")
+    for non_blocking in (False, True):
+        t = _Recorder()
+        assert to_device(t, cuda, non_blocking) is t  # type: ignore[arg-type]
+        assert t.copied == ("cuda", non_blocking)

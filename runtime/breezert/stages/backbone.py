@@ -64,10 +64,10 @@ def backbone_decode_from_slots(
 
 def _meta_inputs(meta: StepMeta, device: torch.device) -> dict[str, torch.Tensor]:
     return {
-        "positions": to_device(meta.positions, device),
-        "write_rows": to_device(meta.write_rows, device),
-        "read_rows": to_device(meta.read_rows, device),
-        "mask": to_device(meta.mask, device),
+        "positions": to_device(meta.positions, device, non_blocking=True),
+        "write_rows": to_device(meta.write_rows, device, non_blocking=True),
+        "read_rows": to_device(meta.read_rows, device, non_blocking=True),
+        "mask": to_device(meta.mask, device, non_blocking=True),
     }
 
 
@@ -155,7 +155,7 @@ class DecodeStage:
             frames.extend([segment.last_frame] * len(item.branches))
         codes = torch.zeros(shape[0], frames[0].shape[0], dtype=torch.long)
         codes[: len(frames)] = torch.stack(frames)
-        inputs = {"codes": to_device(codes, self.device), **meta}
+        inputs = {"codes": to_device(codes, self.device, non_blocking=True), **meta}
         hidden = self.graphs(shape, inputs)["hidden"]
         row = 0
         for item in items:
@@ -187,7 +187,7 @@ class DecodeStage:
         index[0] = 2 * self.table.scratch_slot
         index[0, : len(rows)] = torch.tensor(rows, dtype=torch.long)
         index[1, : len(positions)] = torch.tensor(positions, dtype=torch.long)
-        index = to_device(index, self.device)  # one upload
+        index = to_device(index, self.device, non_blocking=True)  # one upload
         key_slots = self._key_slots.get(context)
         if key_slots is None:
             key_slots = self._key_slots[context] = torch.arange(context, device=self.device)

@@ -200,7 +200,7 @@ class CodecStage:
         replays, start = [], 1
         for piece in pieces:
             piece_rows = torch.cat([rows[:, :1], rows[:, start : start + piece]], dim=1)
-            replays.append({"rows": to_device(piece_rows, self.device)})
+            replays.append({"rows": to_device(piece_rows, self.device, non_blocking=True)})
             start += piece
         return size, replays
 

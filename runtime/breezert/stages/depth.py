@@ -209,7 +209,7 @@ class DepthStage:
         if use_cfg:
             rows[1, :num] = rows[0, :num] + torch.tensor(
                 [item.num_branches == 2 for item in items], dtype=torch.long)
-        return to_device(rows, self.device)
+        return to_device(rows, self.device, non_blocking=True)
 
     def seen_rows(self, segments: Sequence[SegmentState], size: int) -> np.ndarray:
         """``[size, vocab]`` bool: each segment's first codes so far (padding rows empty); one

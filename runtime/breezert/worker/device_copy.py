@@ -29,15 +29,17 @@ def set_async_uploads(enabled: bool) -> None:
     _ASYNC = bool(enabled)
 
 
-def to_device(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
-    """``tensor.to(device)``; with async uploads on, a CPU tensor bound for CUDA goes through
-    pinned memory, without waiting for the stream."""
+def to_device(tensor: torch.Tensor, device: torch.device,
+              non_blocking: bool = False) -> torch.Tensor:
+    """With async uploads on, a CPU tensor bound for CUDA goes through pinned memory, without
+    waiting for the stream; off (and for anything else), the caller's own copy,
+    ``tensor.to(device, non_blocking=non_blocking)``."""
     if not _ASYNC or device.type != "cuda" or tensor.device.type != "cpu":
-        return tensor.to(device)
+        return tensor.to(device, non_blocking=non_blocking)
     return tensor.pin_memory().to(device, non_blocking=True)
 
 
 def tensor_to_device(values: Sequence | torch.Tensor, device: torch.device,
-                     dtype: torch.dtype | None = None) -> torch.Tensor:
-    """``torch.tensor(values, dtype=dtype, device=device)`` without waiting for the stream."""
-    return to_device(torch.tensor(values, dtype=dtype), device)
+                     dtype: torch.dtype | None = None, non_blocking: bool = False) -> torch.Tensor:
+    """``torch.tensor(values, dtype=dtype)`` on ``device`` as ``to_device`` copies it."""
+    return to_device(torch.tensor(values, dtype=dtype), device, non_blocking)

@@ -100,7 +100,7 @@ class SlotTable:
             self._write(list(slots), [_DEFAULT] * len(slots))
 
     def _write(self, slots: list[int], params: list[SlotParams]) -> None:
-        index = tensor_to_device(slots, self.device, torch.long)
+        index = tensor_to_device(slots, self.device, torch.long, non_blocking=True)
         dev = self.device
 
         def put(table: torch.Tensor, values: list, dtype: torch.dtype) -> None:
@@ -125,7 +125,7 @@ class SlotTable:
         """A segment's first DEPTH step: clears its slot's repetition mask and takes the
         PREFILL state of each branch (``hidden[i]``: one or two ``[D]`` rows)."""
         rows = [h[b] for h in hidden for b in (0, len(h) - 1)]  # 1 branch: its row twice
-        index = tensor_to_device(slots, self.device, torch.long)
+        index = tensor_to_device(slots, self.device, torch.long, non_blocking=True)
         self.seen.index_fill_(0, index, False)
         self.hidden.index_copy_(0, index, torch.stack(rows).view(len(slots), 2, -1))
 
@@ -139,7 +139,7 @@ class SlotTable:
                              f"{self.block_tables.shape[1]} of the slot table")
         table = torch.full((self.block_tables.shape[1],), self.scratch_block, dtype=torch.long)
         table[: len(block_ids)] = torch.tensor(block_ids, dtype=torch.long)
-        self.block_tables[row] = to_device(table, self.device)
+        self.block_tables[row] = to_device(table, self.device, non_blocking=True)
         self._tables[row] = block_ids
 
     def ring_would_overflow(self, slot: int, frame_index: int) -> bool:
