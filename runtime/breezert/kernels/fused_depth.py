@@ -37,16 +37,13 @@ from breezert.kernels.gemm import (
     Tiles,
     bf16,
     check_bf16,
-    mm,
     norm_dot2,
-    normed_tile,
     pdl_launch,
     pdl_wait,
     rope,
     row_block,
     row_rstd,
     warm_row_counts,
-    weight_tile,
 )
 
 # Launch shapes per row bucket, tuned on the H200 by bench/tune_fused_depth.py (bench/results/
@@ -117,23 +114,14 @@ def _norm_qkv_rope_kernel(
     rmask = rows < R
     rstd = row_rstd(x_ptr, stride_x, rows, rmask, eps, K, BM, NK)
     a0 = t * D + j0  # first weight row of the slice's lower half
+    KS: tl.constexpr = K // SPLIT
+    split = tl.program_id(1)  # 0 without a split: all of K
+    acc_lo, acc_hi = norm_dot2(x_ptr, nw_ptr, w_ptr, stride_x, rows, rmask, rstd, a0, a0 + HALF,
+                               split * KS, K, KS, BM, C, BK, F32, TMA)
     if SPLIT == 1:
-        acc_lo, acc_hi = norm_dot2(x_ptr, nw_ptr, w_ptr, stride_x, rows, rmask, rstd, a0,
-                                   a0 + HALF, K, BM, C, BK, F32, TMA)
         _qkv_store(bf16(acc_lo), bf16(acc_hi), t, d, rows, rmask, cos_ptr, sin_ptr, pos_ptr,
                    q_ptr, cache_ptr, stride_q, c_kv, c_row, c_head, c_pos, H, KVH, D)
     else:
-        KS: tl.constexpr = K // SPLIT
-        split = tl.program_id(1)
-        acc_lo = tl.zeros([BM, C], dtype=tl.float32)
-        acc_hi = tl.zeros([BM, C], dtype=tl.float32)
-        for k0 in range(0, KS, BK):  # constant trip count: the loop pipelines
-            cols = split * KS + k0 + tl.arange(0, BK)
-            xn = normed_tile(x_ptr, nw_ptr, stride_x, rows, rmask, rstd, cols)
-            w_lo = weight_tile(w_ptr, a0, split * KS + k0, K, C, BK, TMA)
-            w_hi = weight_tile(w_ptr, a0 + HALF, split * KS + k0, K, C, BK, TMA)
-            acc_lo += mm(xn, tl.trans(w_lo), F32)
-            acc_hi += mm(xn, tl.trans(w_hi), F32)
         N: tl.constexpr = (H + 2 * KVH) * D
         tile = ws_ptr + rows[:, None] * N + t * D + d[None, :]  # partials: [SPLIT, R, N]
         tl.store(tile + split * ws_split, acc_lo, mask=rmask[:, None])

@@ -162,19 +162,19 @@ def normed_tile(x_ptr, nw_ptr, stride_x, rows, rmask, rstd, cols):
 
 
 @triton.jit
-def norm_dot2(x_ptr, nw_ptr, w, stride_x, rows, rmask, rstd, a0, b0,
-              K: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
-              F32: tl.constexpr, TMA: tl.constexpr):
-    """``RMSNorm(x) @ w[a0:a0+BN].T`` and ``@ w[b0:b0+BN].T`` over K in one pass (fp32
-    ``[BM, BN]`` each): gate and up, or the two RoPE halves of a head, with the input tile
-    loaded once."""
+def norm_dot2(x_ptr, nw_ptr, w, stride_x, rows, rmask, rstd, a0, b0, k_start,
+              K: tl.constexpr, KLEN: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
+              BK: tl.constexpr, F32: tl.constexpr, TMA: tl.constexpr):
+    """``RMSNorm(x) @ w[a0:a0+BN].T`` and ``@ w[b0:b0+BN].T`` over columns ``k_start ..
+    k_start + KLEN - 1`` of K in one pass (fp32 ``[BM, BN]`` each; all of K, or one split of
+    it): gate and up, or the two RoPE halves of a head, with the input tile loaded once."""
     acc_a = tl.zeros([BM, BN], dtype=tl.float32)
     acc_b = tl.zeros([BM, BN], dtype=tl.float32)
-    for k0 in range(0, K, BK):
-        cols = k0 + tl.arange(0, BK)
+    for k0 in range(0, KLEN, BK):  # constant trip count: the loop pipelines
+        cols = k_start + k0 + tl.arange(0, BK)
         xn = normed_tile(x_ptr, nw_ptr, stride_x, rows, rmask, rstd, cols)
-        w_a = weight_tile(w, a0, k0, K, BN, BK, TMA)
-        w_b = weight_tile(w, b0, k0, K, BN, BK, TMA)
+        w_a = weight_tile(w, a0, k_start + k0, K, BN, BK, TMA)
+        w_b = weight_tile(w, b0, k_start + k0, K, BN, BK, TMA)
         acc_a += mm(xn, tl.trans(w_a), F32)
         acc_b += mm(xn, tl.trans(w_b), F32)
     return acc_a, acc_b
@@ -225,8 +225,8 @@ def norm_gate_up_kernel(
     n = tl.program_id(0) * BN + tl.arange(0, BN)
     rstd = row_rstd(x_ptr, stride_x, rows, rmask, eps, K, BM, NK)
     n0 = tl.program_id(0) * BN
-    acc_g, acc_u = norm_dot2(x_ptr, nw_ptr, w_ptr, stride_x, rows, rmask, rstd, n0, n0 + I, K,
-                             BM, BN, BK, F32, TMA)
+    acc_g, acc_u = norm_dot2(x_ptr, nw_ptr, w_ptr, stride_x, rows, rmask, rstd, n0, n0 + I, 0,
+                             K, K, BM, BN, BK, F32, TMA)
     gate, up = bf16(acc_g), bf16(acc_u)
     act = bf16(gate / (1.0 + tl.exp(-gate)))  # F.silu on a bf16 tensor
     tl.store(out_ptr + rows[:, None] * stride_out + n[None, :], bf16(act * up).to(tl.bfloat16),
