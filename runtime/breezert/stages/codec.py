@@ -90,7 +90,8 @@ class CodecStage:
         NOTE(host): the cost of a run depends only on its bucketed row count (a handful of
         values) and its largest chunk, so each end point prices those rows once; calling
         ``replay_cost`` for every pair took 8-12 ms at 64 items on a 2-core sandbox CPU (a
-        CODEC step's whole GPU time at that size), now 0.7 ms."""
+        CODEC step's whole GPU time at that size), now 0.7 ms (ad hoc timings against the
+        pairwise definition that tests/integration/test_engine_codec_modes.py keeps)."""
         ordered = sorted(items, key=lambda item: item.num_frames)
         n = len(ordered)
         rows_of = [0] + [self._rows_for(count) for count in range(1, n + 1)]
