@@ -126,7 +126,7 @@ run: $(STAMP)
 	$(VENV)/bin/breezert serve --config cpu-tiny
 
 test: $(STAMP) chromium livekit-server livekit-web livekit-sip
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q --durations=25
 
 $(TINY)/config.json: | $(STAMP)
 	$(VENV)/bin/breezert init-random --preset tiny --out $(TINY)

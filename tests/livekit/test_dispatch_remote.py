@@ -39,6 +39,11 @@ pytestmark = pytest.mark.livekit
 AGENT = "breezert-remote"
 SENTENCE = "Hello from the agent."
 LONG = "First sentence here. Second sentence here. Third sentence here."  # 3 x 12 frames
+# The mid-turn kill's turn: six sentences of at most 12 frames (5.76 s). The random model may end
+# a sentence early (EOS), and a replica runs ahead of the listener (1.2 s received when 0.5 s had
+# played, here): CI once saw a 3-sentence turn of 1.68 s finish before its kill.
+LONGER = LONG + " Fourth sentence here. Fifth sentence here. Sixth sentence here."
+LONGER_S = 6 * 12 * 0.08
 
 
 @dataclass
@@ -209,10 +214,10 @@ async def test_a_replica_killed_mid_turn_is_a_clear_error_and_no_duplicate_audio
         rooms: Any, remote_worker: WorkerGroup, replicas: list[Replica]) -> None:
     room, = await rooms(1)
     finished_before = {r.url: r.requests_finished() for r in replicas}
-    _, sent = await room.say(LONG)
-    for _ in range(500):  # half a second into the speech at the listener
+    message_id, sent = await room.say(LONGER)
+    for _ in range(500):  # a quarter of a second into the speech at the listener
         heard = room.recording.energetic(since=sent)
-        if heard and heard[-1] - heard[0] > 0.5:
+        if heard and heard[-1] - heard[0] > 0.25:
             break
         await asyncio.sleep(0.01)
     heard_before_kill = room.recording.energetic(since=sent)
@@ -222,6 +227,11 @@ async def test_a_replica_killed_mid_turn_is_a_clear_error_and_no_duplicate_audio
     victim = next(r for r in replicas if r.url == serving[0]["url"])
     other = next(r for r in replicas if r is not victim)
     assert victim.proc is not None
+    # the kill must land mid-turn: a turn the replica had already finished tests nothing here
+    assert victim.requests_finished() == finished_before[victim.url], \
+        "the replica finished the whole turn before the kill (it ran too far ahead)"
+    assert not [e for e in remote_worker.events(room.name)
+                if e["type"] == "done" and e.get("id") == message_id]
     killed = time.monotonic()
     victim.proc.send_signal(signal.SIGKILL)
     victim.proc.wait(5)
@@ -234,16 +244,16 @@ async def test_a_replica_killed_mid_turn_is_a_clear_error_and_no_duplicate_audio
     heard = room.recording.energetic(since=sent)
     span = heard[-1] - heard[0] + 0.010
     received = float(re.search(r"after ([0-9.]+) s of audio", error["message"]).group(1))  # type: ignore[union-attr]
-    print(f"heard {span:.2f} s of the 2.88 s turn; the agent had received {received:.2f} s "
-          "when the replica died")
+    print(f"heard {span:.2f} s of the {LONGER_S:.2f} s turn; the agent had received "
+          f"{received:.2f} s when the replica died")
     # what had arrived plays out (it may still be queued when the error comes), nothing more:
     # the rest of the turn is never replayed
     # (span is wall time at the listener: on two busy cores 0.56 s received played over 0.67 s)
-    assert span <= 1.5 * received + 0.1 and span < 2.88 - 0.5
+    assert span <= 1.5 * received + 0.1 and span < LONGER_S - 0.5
     assert len([e for e in remote_worker.events(room.name) if e["type"] == "replica"]) == 1
     assert other.requests_finished() == finished_before[other.url]  # nothing went to it
     FIGURES["remote_killed_mid_turn"] = {
         "error_after_kill_s": round(error["t"] - killed, 3), "error": error["message"],
-        "heard_s": round(span, 3), "received_before_kill_s": received, "turn_s": 2.88, "requests_on_the_other_replica": 0}
+        "heard_s": round(span, 3), "received_before_kill_s": received, "turn_s": LONGER_S, "requests_on_the_other_replica": 0}
     victim.start()
     victim.wait_ready()
