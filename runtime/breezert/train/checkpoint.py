@@ -2,19 +2,21 @@
 
 Owns: writing a state dict through a temporary file and ``os.replace`` (a run killed at any
 moment leaves the previous save or the new one, never half of one), reading it back, the step
-log, and the stop flag that SIGTERM / SIGINT set so a loop saves before it exits. Must not: know
-what the state holds.
+log, the stop flag that SIGTERM / SIGINT set so a loop saves before it exits, and the timed loop
+both trainers run (``timed_loop``). Must not: know what the state holds or what a step does.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import os
 import signal
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 
@@ -78,3 +80,41 @@ def stop_on_signals() -> Iterator[StopFlag]:
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+
+
+class Trainer(Protocol):
+    step: int  # optimiser steps so far, resumed runs included
+    train_time_s: float  # seconds spent in steps so far (evaluation and saves left out)
+
+
+def timed_loop(trainer: Trainer, step: Callable[[], dict[str, float]], save: Callable[[], None],
+               log: StepLog, minutes: float, max_steps: int | None, save_every: int,
+               stop: StopFlag | None, after_step: Callable[[dict[str, float]], None] | None = None,
+               at_end: Callable[[], None] | None = None) -> None:
+    """Runs ``step`` until ``minutes`` pass, ``trainer.step`` reaches ``max_steps`` or ``stop``
+    is set; logs each step's record (after ``after_step`` may add to it, e.g. a held-out score,
+    whose time is not training time), saves every ``save_every`` steps, then ``at_end`` and a
+    last save. Saves only between steps; a non-finite loss raises ``FloatingPointError`` before
+    its step is logged or saved, so the last save (before the weights went bad) stays the one to
+    resume. Closes ``log``."""
+    start = last = time.monotonic()
+    try:
+        while time.monotonic() - start < minutes * 60 and not (stop and stop.is_set):
+            if max_steps is not None and trainer.step >= max_steps:
+                break
+            record = step()
+            if not all(math.isfinite(v) for v in record.values()):
+                raise FloatingPointError(f"step {trainer.step}: non-finite loss {record}")
+            now = time.monotonic()
+            trainer.train_time_s += now - last
+            if after_step is not None:
+                after_step(record)
+            last = time.monotonic()
+            log.write({"step": trainer.step, "time_s": round(trainer.train_time_s, 3), **record})
+            if trainer.step % save_every == 0:
+                save()
+        if at_end is not None:
+            at_end()
+        save()
+    finally:
+        log.close()

@@ -12,8 +12,6 @@ from __future__ import annotations
 
 import argparse
 import copy
-import math
-import time
 from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
@@ -35,6 +33,7 @@ from breezert.train.checkpoint import (
     load_state,
     save_atomic,
     stop_on_signals,
+    timed_loop,
 )
 from breezert.train.data import AudioFolderCrops, CropSource
 from breezert.train.losses import (
@@ -263,25 +262,8 @@ def train(data: CropSource, out: str | Path, cfg: CodecTrainConfig, minutes: flo
         data.load_state_dict(state["data"])
         torch.set_rng_state(state["torch_rng"])
     log = StepLog(out / LOG_FILE, trainer.step if resumed else None)
-    start = last = time.monotonic()
-    try:
-        while time.monotonic() - start < minutes * 60 and not (stop and stop.is_set):
-            if max_steps is not None and trainer.step >= max_steps:
-                break
-            wav = data.sample(cfg.batch_size).to(trainer.device)
-            losses = trainer.train_step(wav)
-            if not all(math.isfinite(v) for v in losses.values()):
-                # Not saved: the last save (before the weights went bad) stays the one to resume.
-                raise FloatingPointError(f"step {trainer.step}: non-finite loss {losses}")
-            now = time.monotonic()
-            trainer.train_time_s += now - last
-            last = now
-            log.write({"step": trainer.step, "time_s": round(trainer.train_time_s, 3), **losses})
-            if trainer.step % save_every == 0:
-                _save(trainer, data, out)
-        _save(trainer, data, out)  # only between steps: an error mid-step saves nothing
-    finally:
-        log.close()
+    timed_loop(trainer, lambda: trainer.train_step(data.sample(cfg.batch_size).to(trainer.device)),
+               lambda: _save(trainer, data, out), log, minutes, max_steps, save_every, stop)
     return trainer
 
 

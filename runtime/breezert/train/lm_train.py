@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import math
-import time
 from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 from typing import Any
@@ -44,6 +43,7 @@ from breezert.train.checkpoint import (
     load_state,
     save_atomic,
     stop_on_signals,
+    timed_loop,
 )
 from breezert.train.lm_data import (
     BatchStream,
@@ -368,29 +368,19 @@ def train(train_items: list[Utterance], heldout: list[Utterance], out: str | Pat
     data = BatchStream(train_items, cfg.max_tokens, cfg.seed)
     resumed = resume(trainer, data, out)
     log = StepLog(out / LOG_FILE, trainer.step if resumed else None)
-    start = last = time.monotonic()
-    try:
-        while time.monotonic() - start < minutes * 60 and not (stop and stop.is_set):
-            if max_steps is not None and trainer.step >= max_steps:
-                break
-            record = trainer.train_step(data.next())
-            if not all(math.isfinite(v) for v in record.values()):
-                raise FloatingPointError(f"step {trainer.step}: non-finite loss {record}")
-            now = time.monotonic()
-            trainer.train_time_s += now - last
-            last = now
-            if heldout and trainer.step % eval_every == 0:
-                record.update(trainer.evaluate(heldout))
-                last = time.monotonic()  # evaluation is not training time
-            log.write({"step": trainer.step, "time_s": round(trainer.train_time_s, 3), **record})
-            if trainer.step % save_every == 0:
-                _save(trainer, data, out)
-        if heldout and trainer.step % eval_every:  # each run ends with a held-out score
+
+    def evaluate(record: dict[str, float]) -> None:
+        if heldout and trainer.step % eval_every == 0:
+            record.update(trainer.evaluate(heldout))
+
+    def run_end() -> None:  # each run ends with a held-out score
+        if heldout and trainer.step % eval_every:
             log.write({"step": trainer.step, "time_s": round(trainer.train_time_s, 3),
                        "run_end": True, **trainer.evaluate(heldout)})
-        _save(trainer, data, out)
-    finally:
-        log.close()
+
+    timed_loop(trainer, lambda: trainer.train_step(data.next()),
+               lambda: _save(trainer, data, out), log, minutes, max_steps, save_every, stop,
+               after_step=evaluate, at_end=run_end)
     return trainer
 
 
