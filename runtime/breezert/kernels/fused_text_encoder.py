@@ -240,6 +240,7 @@ class FusedTextEncoder:
 
     JOIN_ROWS = 2  # rows per program of the join + norm launches (whole rows in registers)
     GATE_BN = 32  # gate/up columns per program: 6912 / 32 = 216 programs for 132 SMs
+    BLOCK_Q, BLOCK_KV = 16, 32  # attention: query rows per program, keys per iteration
 
     def __init__(self, encoder: torch.nn.Module, max_tokens: int = MAX_TOKENS,
                  warm: bool = True, pdl: bool = False) -> None:
@@ -279,9 +280,15 @@ class FusedTextEncoder:
 
     @torch.inference_mode()
     def warm(self) -> None:
-        """Builds every kernel variant (each row-block size) now, not in the middle of serving."""
+        """Builds every kernel variant now, not in the middle of serving: each row-block size
+        of the GEMMs, and each key-block count (a power of two of ``BLOCK_KV``-token blocks)
+        of attention."""
         device = self.encoder.norm.weight.device
-        for rows in warm_row_counts(self.max_tokens):
+        counts, blocks = set(warm_row_counts(self.max_tokens)), 2
+        while self.BLOCK_KV * (blocks // 2) < self.max_tokens:  # fewest tokens needing ``blocks``
+            counts.add(self.BLOCK_KV * (blocks // 2) + 1)
+            blocks *= 2
+        for rows in sorted(counts):
             ids = torch.zeros(rows, dtype=torch.long, device=device)
             self(ids, ids, torch.arange(rows, device=device))
 
@@ -320,7 +327,7 @@ class FusedTextEncoder:
         spare = torch.empty_like(x)  # the residual stream alternates between x and spare
         seg_ids, positions = seg_ids.contiguous(), positions.contiguous()
         window = cfg.sliding_window
-        block_q, block_kv = 16, 32
+        block_q, block_kv = self.BLOCK_Q, self.BLOCK_KV
         key_blocks = triton.next_power_of_2(triton.cdiv(rows, block_kv))
         branch = branch_norm = None  # no branch before the first layer
         for layer in enc.layers:
