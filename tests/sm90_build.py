@@ -1,0 +1,317 @@
+"""Builds the project's Triton kernels for the H200 (sm_90) on a machine without a GPU.
+
+Triton compiles for a named target without a device: a stand-in driver names sm_90, and every
+launch is turned into a build only (``JITFunction.run`` with ``warmup=True``). The fused modules
+run on ``meta`` tensors (shapes without memory, torch ops without arithmetic), so the full-size
+modules cost nothing to make and every launch they would issue on the GPU is built with its real
+shapes and constexprs. What a build says (``cuobjdump --dump-resource-usage`` of the cubin):
+registers per thread, shared memory per block, local memory (spills). Checked against Hopper's
+limits, a build catches before a device session what the interpreter cannot: an ``OutOfResources``
+at launch (the first fused text encoder asked for 264 KB of shared memory, 227 KB per block, and
+failed every GPU test), an operation the compiler refuses, and a kernel variant that a module's
+``warm()`` leaves to be built in the middle of serving.
+
+Owns: the stand-in driver and the build-only launch (``build_only``), reading a build's resources
+(``resources``), and the list of module variants the engine can select (``VARIANTS``).
+Must not: run anything (no kernel is launched), or be imported by the runtime.
+
+``python -m tests.sm90_build [--json PATH]`` prints every variant's kernels and their resources.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import re
+import subprocess
+import tempfile
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+
+import torch
+
+# Hopper (sm_90) per-block limits: shared memory a block may opt into, and the register file.
+MAX_SHARED_BYTES = 227 * 1024
+MAX_BLOCK_REGISTERS = 64 * 1024
+MAX_THREADS = 1024
+
+
+@dataclass(frozen=True)
+class Built:
+    """One compiled kernel variant and what it needs per block."""
+
+    kernel: str
+    variant: str
+    registers: int  # per thread
+    shared_bytes: int  # per block (Triton's dynamic shared memory)
+    local_bytes: int  # per thread: register spills and local arrays
+    num_warps: int
+    num_stages: int
+
+    def problems(self) -> list[str]:
+        """Why this build would fail to launch on an H200 (empty: it launches)."""
+        threads = 32 * self.num_warps
+        out = []
+        if self.shared_bytes > MAX_SHARED_BYTES:
+            out.append(f"{self.shared_bytes} B of shared memory > {MAX_SHARED_BYTES}")
+        if self.registers * threads > MAX_BLOCK_REGISTERS:
+            out.append(f"{self.registers} registers x {threads} threads > {MAX_BLOCK_REGISTERS}")
+        if threads > MAX_THREADS:
+            out.append(f"{threads} threads > {MAX_THREADS}")
+        return out
+
+
+class _Sm90Driver:
+    """What ``JITFunction.run`` asks of the active driver before a build-only launch."""
+
+    def __init__(self, arch: int) -> None:
+        from triton.backends.compiler import GPUTarget
+
+        self.target = GPUTarget("cuda", arch, 32)
+
+    def get_current_device(self) -> int:
+        return 0
+
+    def get_current_stream(self, device: int | None = None) -> int:
+        return 0
+
+    def get_current_target(self) -> object:
+        return self.target
+
+    def get_active_torch_device(self) -> torch.device:
+        return torch.device("meta")
+
+
+@contextlib.contextmanager
+def build_only(arch: int = 90) -> Iterator[list[object]]:
+    """Inside: every Triton launch builds its kernel for ``sm_{arch}`` and returns without
+    running; yields the list of ``CompiledKernel`` objects the launches returned, in order (a
+    variant built earlier comes back as the same object)."""
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        raise RuntimeError("build_only needs Triton's compiler, not its interpreter")
+    from triton.runtime import jit
+    from triton.runtime.driver import driver
+
+    launched: list[object] = []
+    run = jit.JITFunction.run
+
+    def build(self, *args, grid, warmup, **kwargs):
+        kernel = run(self, *args, grid=grid, warmup=True, **kwargs)
+        launched.append(kernel)
+        return kernel
+
+    jit.JITFunction.run = build
+    previous = driver._active  # None without a GPU: reset_active() would look for one
+    driver.set_active(_Sm90Driver(arch))
+    try:
+        yield launched
+    finally:
+        jit.JITFunction.run = run
+        driver._active = previous
+
+
+def resources(kernel: object, variant: str) -> Built:
+    """Registers, shared and local memory of a ``CompiledKernel`` from its cubin."""
+    import triton
+
+    tool = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
+    meta = kernel.metadata  # type: ignore[attr-defined]
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as cubin:
+        cubin.write(kernel.asm["cubin"])  # type: ignore[attr-defined]
+        cubin.flush()
+        report = subprocess.run([str(tool), "--dump-resource-usage", cubin.name],
+                                capture_output=True, text=True, check=True).stdout
+    usage = dict(re.findall(r"(REG|LOCAL):(\d+)", report))
+    return Built(meta.name, variant, int(usage["REG"]), int(meta.shared), int(usage["LOCAL"]),
+                 meta.num_warps, meta.num_stages)
+
+
+# ----------------------------------------------------------------------------- the variants
+
+
+def _fused(module: torch.nn.Module) -> torch.nn.Module:
+    """``module`` in bf16 with q/k/v and gate/up packed, as ``BreezeModel.fuse_projections_``."""
+    module = module.to(torch.bfloat16)
+    for part in module.modules():
+        if hasattr(part, "fuse_"):
+            part.fuse_()
+    return module
+
+
+def _engine_graph() -> object:
+    from breezert.config import EngineConfig
+
+    path = Path(__file__).resolve().parents[1] / "configs" / "h200-latency.toml"
+    return EngineConfig.from_file(path).graph
+
+
+def _depth(tiles: str, pdl: bool, qkv_split_k: int) -> tuple[Callable[[], None], Callable]:
+    from breezert.kernels.fused_depth import TILES_BY_ROWS, FusedDepthLayers
+    from breezert.kernels.gemm import Tiles
+    from breezert.models.config import BreezeConfig
+    from breezert.models.depth import DepthDecoder
+
+    graph = _engine_graph()
+    max_rows = 2 * max(graph.depth_batch_buckets)  # CFG: two rows a request
+    with torch.device("meta"):
+        depth = _fused(DepthDecoder(BreezeConfig.full().depth))
+    table = TILES_BY_ROWS if tiles == "by-rows" else ((max_rows, Tiles()),)
+    table = tuple((limit, replace(t, qkv_split_k=qkv_split_k)) for limit, t in table)
+    fused = FusedDepthLayers(depth, max_rows, table, warm=False, pdl=pdl)
+    pos = torch.zeros(1, dtype=torch.long, device="meta")
+
+    def serve() -> None:  # every row count a depth bucket can hold, CFG or not
+        for rows in sorted({r for b in graph.depth_batch_buckets for r in (b, 2 * b)}):
+            x = torch.zeros(rows, depth.cfg.backbone_hidden_size, dtype=torch.bfloat16,
+                            device="meta")
+            cos, sin = depth.rope.cos_sin(pos.expand(rows), torch.bfloat16)
+            fused(x, cos, sin, depth.new_cache(rows), pos)
+
+    return fused.warm, serve
+
+
+def _decode(pdl: bool) -> tuple[Callable[[], None], Callable]:
+    from breezert.kernels.fused_decode import FusedBackboneDecode
+    from breezert.kernels.gemm import Tiles
+    from breezert.layers.attention import GatherKV
+    from breezert.models.breeze import BreezeModel
+    from breezert.models.config import BreezeConfig
+
+    graph = _engine_graph()
+    cfg = BreezeConfig.full()
+    with torch.device("meta"):
+        model = BreezeModel(cfg)
+    model.backbone_model = _fused(model.backbone_model)
+    max_rows = max(graph.decode_batch_buckets)
+    fused = FusedBackboneDecode(model, max_rows, Tiles(pdl=pdl))
+    bb = cfg.backbone
+
+    def serve() -> None:  # every (rows, context) bucket the DECODE graphs capture
+        kv = torch.zeros(bb.num_layers, 2, 16, bb.num_kv_heads, bb.head_dim,
+                         dtype=torch.bfloat16, device="meta")
+        for rows in graph.decode_batch_buckets:
+            for context in graph.decode_context_buckets:
+                zeros = torch.zeros(rows, dtype=torch.long, device="meta")
+                read = torch.zeros(rows, context, dtype=torch.long, device="meta")
+                mask = torch.zeros(rows, 1, 1, context, dtype=torch.bool, device="meta")
+                embeds = torch.zeros(rows, bb.hidden_size, dtype=torch.bfloat16, device="meta")
+                fused(embeds, zeros, GatherKV(kv, zeros, read, mask))
+
+    return fused.warm, serve
+
+
+def _text_encoder(pdl: bool) -> tuple[Callable[[], None], Callable]:
+    from breezert.kernels.fused_text_encoder import FusedTextEncoder
+    from breezert.models.config import TextEncoderConfig
+    from breezert.models.text_encoder import T5Gemma2TextEncoder
+
+    graph = _engine_graph()
+    with torch.device("meta"):
+        enc = _fused(T5Gemma2TextEncoder(TextEncoderConfig()))
+    fused = FusedTextEncoder(enc, warm=False, pdl=pdl)
+
+    def serve() -> None:  # every token count up to the fused limit (buckets past it run eager)
+        for tokens in range(1, fused.max_tokens + 1):
+            ids = torch.zeros(tokens, dtype=torch.long, device="meta")
+            fused(ids, ids, ids)
+
+    del graph
+    return fused.warm, serve
+
+
+def _sampler() -> tuple[Callable[[], None], Callable]:
+    from breezert.kernels.fused_sampling import fused_sample
+    from breezert.stages.depth import TOP_K_BOUND
+
+    graph = _engine_graph()
+
+    def serve() -> None:  # the first code (2052 logits) and the depth codes (2048)
+        for rows in sorted({r for b in graph.depth_batch_buckets for r in (b, 2 * b)}):
+            for vocab in (2052, 2048):
+                logits = torch.zeros(rows, vocab, device="meta")
+                column = torch.zeros(rows, device="meta")
+                seeds = torch.zeros(rows, dtype=torch.int64, device="meta")
+                fused_sample(logits, column, column.int(), column, seeds, seeds, TOP_K_BOUND)
+
+    return None, serve
+
+
+def _snake() -> tuple[Callable[[], None], Callable]:
+    from breezert.kernels.snake import snake_cat_triton
+
+    def serve() -> None:  # with and without a history (the kernel's shapes are arguments)
+        x = torch.zeros(4, 64, 8, device="meta")
+        alpha = torch.zeros(64, device="meta")
+        snake_cat_triton(x, alpha, alpha, None)
+        snake_cat_triton(x, alpha, alpha, torch.zeros(4, 64, 6, device="meta"))
+
+    return None, serve
+
+
+Warm = Callable[[], None] | None
+VARIANTS: dict[str, Callable[[], tuple[Warm, Callable[[], None]]]] = {
+    "depth by-rows": lambda: _depth("by-rows", False, 1),
+    "depth by-rows pdl": lambda: _depth("by-rows", True, 1),
+    "depth by-rows qkv-split-2": lambda: _depth("by-rows", False, 2),
+    "depth by-rows qkv-split-4 pdl": lambda: _depth("by-rows", True, 4),
+    "depth one-shape": lambda: _depth("one", False, 1),
+    "decode": lambda: _decode(False),
+    "decode pdl": lambda: _decode(True),
+    "text encoder": lambda: _text_encoder(False),
+    "text encoder pdl": lambda: _text_encoder(True),
+    "sampler": _sampler,
+    "snake": _snake,
+}
+"""Each module variant a config or a tuning run can select -> ``(warm, serve)``: its start-up
+build (None: a plain function, built when the stage's graphs are captured), and every shape the
+engine's buckets launch it with."""
+
+
+@dataclass
+class VariantReport:
+    variant: str
+    builds: list[Built]
+    not_warmed: list[str] | None
+    """Kernels that serving launched in a variant ``warm()`` had not built (None: no warm)."""
+
+
+@torch.inference_mode()
+def build_variant(name: str) -> VariantReport:
+    with build_only() as launched:
+        warm, serve = VARIANTS[name]()
+        if warm is not None:
+            warm()
+        warmed = {id(k) for k in launched}
+        served_from = len(launched)
+        serve()
+        kernels = {id(k): k for k in launched}
+        late = {id(k) for k in launched[served_from:]} - warmed
+    builds = [resources(k, name) for k in kernels.values()]
+    not_warmed = (sorted({kernels[i].metadata.name for i in late})  # type: ignore[attr-defined]
+                  if warm is not None else None)
+    return VariantReport(name, builds, not_warmed)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--json", type=Path, help="write every build's resources here")
+    parser.add_argument("variants", nargs="*", default=list(VARIANTS))
+    args = parser.parse_args()
+    reports = [build_variant(name) for name in args.variants]
+    for report in reports:
+        print(f"{report.variant}: {len(report.builds)} builds"
+              + (f"; not built by warm(): {report.not_warmed}" if report.not_warmed else ""))
+        for b in report.builds:
+            flags = "; ".join(b.problems())
+            print(f"  {b.kernel:32s} regs {b.registers:3d}  smem {b.shared_bytes:6d}  "
+                  f"local {b.local_bytes:4d}  warps {b.num_warps}  stages {b.num_stages}"
+                  + (f"  FAILS: {flags}" if flags else ""))
+    if args.json:
+        args.json.write_text(json.dumps([asdict(r) for r in reports], indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()
