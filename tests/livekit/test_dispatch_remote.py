@@ -39,9 +39,9 @@ pytestmark = pytest.mark.livekit
 AGENT = "breezert-remote"
 SENTENCE = "Hello from the agent."
 LONG = "First sentence here. Second sentence here. Third sentence here."  # 3 x 12 frames
-# The mid-turn kill's turn: six sentences of at most 12 frames (5.76 s). The random model may end
-# a sentence early (EOS), and a replica runs ahead of the listener (1.2 s received when 0.5 s had
-# played, here): CI once saw a 3-sentence turn of 1.68 s finish before its kill.
+# The mid-turn kill's turn: six sentences of at most 12 frames (5.76 s). A replica runs ahead of
+# the listener (1.2 s received when 0.5 s had played, here), and CI once saw a 3-sentence turn
+# (1.68 s of audio by the agent's metrics) end before its kill, half a second in.
 LONGER = LONG + " Fourth sentence here. Fifth sentence here. Sixth sentence here."
 LONGER_S = 6 * 12 * 0.08
 
