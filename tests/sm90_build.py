@@ -310,7 +310,16 @@ def main() -> None:
                   f"local {b.local_bytes:4d}  warps {b.num_warps}  stages {b.num_stages}"
                   + (f"  FAILS: {flags}" if flags else ""))
     if args.json:
-        args.json.write_text(json.dumps([asdict(r) for r in reports], indent=1) + "\n")
+        import datetime
+        import triton
+
+        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
+                                text=True, check=False, cwd=Path(__file__).parent).stdout.strip()
+        doc = {"target": "sm_90 (built, not run)", "triton_version": triton.__version__,
+               "torch_version": torch.__version__, "git_commit": commit or None,
+               "date": datetime.date.today().isoformat(),
+               "variants": [asdict(r) for r in reports]}
+        args.json.write_text(json.dumps(doc, indent=1) + "\n")
 
 
 if __name__ == "__main__":
