@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import datetime
 import json
 import os
 import re
@@ -310,7 +311,6 @@ def main() -> None:
                   f"local {b.local_bytes:4d}  warps {b.num_warps}  stages {b.num_stages}"
                   + (f"  FAILS: {flags}" if flags else ""))
     if args.json:
-        import datetime
         import triton
 
         commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
