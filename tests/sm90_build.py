@@ -38,6 +38,9 @@ import torch
 MAX_SHARED_BYTES = 227 * 1024
 MAX_BLOCK_REGISTERS = 64 * 1024
 MAX_THREADS = 1024
+# Per SM: shared memory (1 KB of it reserved per resident block), registers, warps, blocks.
+SM_SHARED_BYTES, SM_RESERVED_PER_BLOCK = 228 * 1024, 1024
+SM_REGISTERS, SM_WARPS, SM_BLOCKS = 64 * 1024, 64, 32
 
 
 @dataclass(frozen=True)
@@ -51,6 +54,17 @@ class Built:
     local_bytes: int  # per thread: register spills and local arrays
     num_warps: int
     num_stages: int
+    shape: str = ""  # the kernel's integer constexprs, e.g. "BM=16 BN=32 BK=256"
+
+    @property
+    def blocks_per_sm(self) -> int:
+        """Blocks of this kernel one SM holds at once (registers go out per warp in units of
+        256). Below 2, a programmatic dependent launch cannot place the next kernel's blocks
+        beside this one's on a full grid."""
+        warp_registers = -(-self.registers * 32 // 256) * 256
+        return min(SM_SHARED_BYTES // (self.shared_bytes + SM_RESERVED_PER_BLOCK),
+                   SM_REGISTERS // max(warp_registers * self.num_warps, 1),
+                   SM_WARPS // self.num_warps, SM_BLOCKS)
 
     def problems(self) -> list[str]:
         """Why this build would fail to launch on an H200 (empty: it launches)."""
@@ -126,8 +140,13 @@ def resources(kernel: object, variant: str) -> Built:
         report = subprocess.run([str(tool), "--dump-resource-usage", cubin.name],
                                 capture_output=True, text=True, check=True).stdout
     usage = dict(re.findall(r"(REG|LOCAL):(\d+)", report))
+    src = kernel.src  # type: ignore[attr-defined]
+    shape = " ".join(f"{src.fn.arg_names[path[0]]}={value}"
+                     for path, value in sorted(src.constants.items())
+                     if len(path) == 1 and type(value) is int
+                     and src.fn.arg_names[path[0]].isupper())
     return Built(meta.name, variant, int(usage["REG"]), int(meta.shared), int(usage["LOCAL"]),
-                 meta.num_warps, meta.num_stages)
+                 meta.num_warps, meta.num_stages, shape)
 
 
 # ----------------------------------------------------------------------------- the variants
@@ -308,7 +327,8 @@ def main() -> None:
         for b in report.builds:
             flags = "; ".join(b.problems())
             print(f"  {b.kernel:32s} regs {b.registers:3d}  smem {b.shared_bytes:6d}  "
-                  f"local {b.local_bytes:4d}  warps {b.num_warps}  stages {b.num_stages}"
+                  f"local {b.local_bytes:4d}  warps {b.num_warps}  stages {b.num_stages}  "
+                  f"blocks/SM {b.blocks_per_sm:2d}  {b.shape}"
                   + (f"  FAILS: {flags}" if flags else ""))
     if args.json:
         import triton
@@ -318,7 +338,8 @@ def main() -> None:
         doc = {"target": "sm_90 (built, not run)", "triton_version": triton.__version__,
                "torch_version": torch.__version__, "git_commit": commit or None,
                "date": datetime.date.today().isoformat(),
-               "variants": [asdict(r) for r in reports]}
+               "variants": [{**asdict(r), "builds": [{**asdict(b), "blocks_per_sm": b.blocks_per_sm}
+                                                      for b in r.builds]} for r in reports]}
         args.json.write_text(json.dumps(doc, indent=1) + "\n")
 
 

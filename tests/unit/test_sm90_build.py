@@ -40,7 +40,8 @@ def test_every_selectable_kernel_builds_for_sm90_within_hopper_limits(tmp_path) 
     reports = [r for out in outs for r in json.loads(out.read_text())["variants"]]
     assert [r["variant"] for r in reports] == [v for half in SELECTABLE for v in half]
     for report in reports:
-        builds = [Built(**b) for b in report["builds"]]
+        builds = [Built(**{k: v for k, v in b.items() if k != "blocks_per_sm"})
+                  for b in report["builds"]]
         assert builds, f"{report['variant']}: nothing was built"
         failing = {b.kernel: b.problems() for b in builds if b.problems()}
         assert not failing, f"{report['variant']}: would not launch on an H200: {failing}"
