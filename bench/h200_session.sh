@@ -12,7 +12,7 @@
 #        first-packet-bench | chain P1 P2...  | decode | decode-micro | decode-bench | tune | profile | stages |
 #        ablation-eager | ablation-a|b|c|d[@I/N] | sweep | sweep+ablation | latency | latency-te |
 #        latency-nocap | predictor | predictor-edf | capacity-closed | capacity-open |
-#        slot-state | voice
+#        slot-state | burst | voice
 # An ablation phase with @I/N runs shard I of N of its requests (bench --shard).
 # Several GPUs (kind nvidia-h200-x4): "parallel GPU=PHASE[+PHASE...] ..." runs each list on its own
 # GPU at once, e.g. parallel 0=ablation-a@1/2 1=ablation-a@2/2 2=tests+ablation-d; the results
@@ -244,6 +244,14 @@ case "$phase" in
       --variant 'async-uploads=config;graph.async_uploads=true' \
       --variant 'async+slots=config;graph.async_uploads=true;graph.device_slot_state=true' \
       --out "$out/h200-overlap.json" 2>&1 | grep '^\[bench' ;;
+  burst)  # issue 13: the c=64 TTFB p95 is its opening burst (1 Dec runs: the 64 first packets
+    # in five waves ~48 ms apart, p95 231-266 ms; the 236 after it p95 62-95 ms). New requests
+    # per TEXT_ENCODE / PREFILL step, today 16 (chosen at 13a5887), against 32 and 64; c=32, 64
+    timeout 560 "${bench[@]}" --concurrency "${CONCURRENCY:-32,64}" --num-requests 300 \
+      --warmup 16 --run-budget 40 --variant 'new16=config' \
+      --variant 'new32=config;scheduler.max_text_encode_requests=32;scheduler.max_prefill_requests=32' \
+      --variant 'new64=config;scheduler.max_text_encode_requests=64;scheduler.max_prefill_requests=64' \
+      --out "$out/h200-burst.json" 2>&1 | grep '^\[bench' ;;
   first-packet-bench)  # the engine with each first-packet switch, one run
     timeout 560 "${bench[@]}" --concurrency "${CONCURRENCY:-1,16}" --num-requests 300 \
       --warmup 16 --run-budget 40 --variant 'today=config' \

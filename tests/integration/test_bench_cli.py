@@ -71,6 +71,8 @@ def test_bench_writes_json_png_and_table(bench_run: tuple[Path, float]) -> None:
         assert run["gpu_max_memory_bytes"] is None
         assert run["startup_s"] > 0
         assert len(run["requests"]) == 4
+        submitted = [r["submit_s"] for r in run["requests"]]  # from the run's first submit
+        assert min(submitted) == 0 and all(s >= 0 for s in submitted)
         # fixed lengths from the text: every request got exactly its frames
         assert all(r["num_frames"] == r["num_frames_target"] for r in run["requests"])
     engine_runs = doc["runs"][:2]

@@ -282,7 +282,10 @@ def _run_record(variant: Variant, load: LoadPoint, results: list[RequestResult],
     run["frame_step_s_p50"] = _frame_step_p50(snapshot)
     run.update(_step_time_shares(snapshot, run.get("wall_s"), run.get("audio_s_total")))
     run["engine_metrics"] = snapshot
-    run["requests"] = [r.compact() for r in results]
+    first = min((r.submit_time for r in results), default=0.0)
+    # when each was submitted, from the run's first: the waves of an opening burst show
+    run["requests"] = [{**r.compact(), "submit_s": round(r.submit_time - first, 5)}
+                       for r in results]
     return run
 
 
