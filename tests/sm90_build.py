@@ -34,6 +34,8 @@ from pathlib import Path
 
 import torch
 
+from tests.kernel_helpers import random_bf16_fused_
+
 # Hopper (sm_90) per-block limits: shared memory a block may opt into, and the register file.
 MAX_SHARED_BYTES = 227 * 1024
 MAX_BLOCK_REGISTERS = 64 * 1024
@@ -151,14 +153,7 @@ def resources(kernel: object, variant: str) -> Built:
 
 # ----------------------------------------------------------------------------- the variants
 
-
-def _fused(module: torch.nn.Module) -> torch.nn.Module:
-    """``module`` in bf16 with q/k/v and gate/up packed, as ``BreezeModel.fuse_projections_``."""
-    module = module.to(torch.bfloat16)
-    for part in module.modules():
-        if hasattr(part, "fuse_"):
-            part.fuse_()
-    return module
+Warm = Callable[[], None] | None
 
 
 def _engine_graph() -> object:
@@ -168,7 +163,12 @@ def _engine_graph() -> object:
     return EngineConfig.from_file(path).graph
 
 
-def _depth(tiles: str, pdl: bool, qkv_split_k: int) -> tuple[Callable[[], None], Callable]:
+def _depth_rows(graph: object) -> list[int]:
+    """Every row count a depth bucket can hold, with CFG (two rows a request) or without."""
+    return sorted({r for b in graph.depth_batch_buckets for r in (b, 2 * b)})  # type: ignore[attr-defined]
+
+
+def _depth(tiles: str, pdl: bool, qkv_split_k: int) -> tuple[Warm, Callable[[], None]]:
     from breezert.kernels.fused_depth import TILES_BY_ROWS, FusedDepthLayers
     from breezert.kernels.gemm import Tiles
     from breezert.models.config import BreezeConfig
@@ -177,14 +177,14 @@ def _depth(tiles: str, pdl: bool, qkv_split_k: int) -> tuple[Callable[[], None],
     graph = _engine_graph()
     max_rows = 2 * max(graph.depth_batch_buckets)  # CFG: two rows a request
     with torch.device("meta"):
-        depth = _fused(DepthDecoder(BreezeConfig.full().depth))
+        depth = random_bf16_fused_(DepthDecoder(BreezeConfig.full().depth))
     table = TILES_BY_ROWS if tiles == "by-rows" else ((max_rows, Tiles()),)
     table = tuple((limit, replace(t, qkv_split_k=qkv_split_k)) for limit, t in table)
     fused = FusedDepthLayers(depth, max_rows, table, warm=False, pdl=pdl)
     pos = torch.zeros(1, dtype=torch.long, device="meta")
 
-    def serve() -> None:  # every row count a depth bucket can hold, CFG or not
-        for rows in sorted({r for b in graph.depth_batch_buckets for r in (b, 2 * b)}):
+    def serve() -> None:
+        for rows in _depth_rows(graph):
             x = torch.zeros(rows, depth.cfg.backbone_hidden_size, dtype=torch.bfloat16,
                             device="meta")
             cos, sin = depth.rope.cos_sin(pos.expand(rows), torch.bfloat16)
@@ -193,7 +193,7 @@ def _depth(tiles: str, pdl: bool, qkv_split_k: int) -> tuple[Callable[[], None],
     return fused.warm, serve
 
 
-def _decode(pdl: bool) -> tuple[Callable[[], None], Callable]:
+def _decode(pdl: bool) -> tuple[Warm, Callable[[], None]]:
     from breezert.kernels.fused_decode import FusedBackboneDecode
     from breezert.kernels.gemm import Tiles
     from breezert.layers.attention import GatherKV
@@ -204,7 +204,7 @@ def _decode(pdl: bool) -> tuple[Callable[[], None], Callable]:
     cfg = BreezeConfig.full()
     with torch.device("meta"):
         model = BreezeModel(cfg)
-    model.backbone_model = _fused(model.backbone_model)
+    model.backbone_model = random_bf16_fused_(model.backbone_model)
     max_rows = max(graph.decode_batch_buckets)
     fused = FusedBackboneDecode(model, max_rows, Tiles(pdl=pdl))
     bb = cfg.backbone
@@ -223,14 +223,13 @@ def _decode(pdl: bool) -> tuple[Callable[[], None], Callable]:
     return fused.warm, serve
 
 
-def _text_encoder(pdl: bool) -> tuple[Callable[[], None], Callable]:
+def _text_encoder(pdl: bool) -> tuple[Warm, Callable[[], None]]:
     from breezert.kernels.fused_text_encoder import FusedTextEncoder
     from breezert.models.config import TextEncoderConfig
     from breezert.models.text_encoder import T5Gemma2TextEncoder
 
-    graph = _engine_graph()
     with torch.device("meta"):
-        enc = _fused(T5Gemma2TextEncoder(TextEncoderConfig()))
+        enc = random_bf16_fused_(T5Gemma2TextEncoder(TextEncoderConfig()))
     fused = FusedTextEncoder(enc, warm=False, pdl=pdl)
 
     def serve() -> None:  # every token count up to the fused limit (buckets past it run eager)
@@ -238,18 +237,17 @@ def _text_encoder(pdl: bool) -> tuple[Callable[[], None], Callable]:
             ids = torch.zeros(tokens, dtype=torch.long, device="meta")
             fused(ids, ids, ids)
 
-    del graph
     return fused.warm, serve
 
 
-def _sampler() -> tuple[Callable[[], None], Callable]:
+def _sampler() -> tuple[Warm, Callable[[], None]]:
     from breezert.kernels.fused_sampling import fused_sample
     from breezert.stages.depth import TOP_K_BOUND
 
     graph = _engine_graph()
 
     def serve() -> None:  # the first code (2052 logits) and the depth codes (2048)
-        for rows in sorted({r for b in graph.depth_batch_buckets for r in (b, 2 * b)}):
+        for rows in _depth_rows(graph):
             for vocab in (2052, 2048):
                 logits = torch.zeros(rows, vocab, device="meta")
                 column = torch.zeros(rows, device="meta")
@@ -259,7 +257,7 @@ def _sampler() -> tuple[Callable[[], None], Callable]:
     return None, serve
 
 
-def _snake() -> tuple[Callable[[], None], Callable]:
+def _snake() -> tuple[Warm, Callable[[], None]]:
     from breezert.kernels.snake import snake_cat_triton
 
     def serve() -> None:  # with and without a history (the kernel's shapes are arguments)
@@ -271,7 +269,6 @@ def _snake() -> tuple[Callable[[], None], Callable]:
     return None, serve
 
 
-Warm = Callable[[], None] | None
 VARIANTS: dict[str, Callable[[], tuple[Warm, Callable[[], None]]]] = {
     "depth by-rows": lambda: _depth("by-rows", False, 1),
     "depth by-rows pdl": lambda: _depth("by-rows", True, 1),
