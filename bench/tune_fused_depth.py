@@ -8,9 +8,9 @@ sampling) captured in a CUDA graph for each candidate, starting from the bucket'
 ``TILES_BY_ROWS``. Prints the best shapes per row count and the frame time, then times plain
 PyTorch layers, one shape for all rows (``Tiles()``), the per-bucket table without and with
 programmatic dependent launch (``graph.pdl``) and with the q/k/v GEMM split along K
-(``qkv_split_k`` 2 and 4, each without and with PDL), and each best at every ``--check-rows`` count in one
-process (``--rows ''`` skips the tuning); ``TILES_BY_ROWS`` in kernels/fused_depth.py comes from
-this.
+(``qkv_split_k`` 2 and 4, each without and with PDL), and each best at every ``--check-rows``
+count in one process (``--rows ''`` skips the tuning); ``TILES_BY_ROWS`` in kernels/fused_depth.py
+comes from this.
 """
 
 from __future__ import annotations

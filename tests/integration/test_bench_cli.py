@@ -115,8 +115,8 @@ def test_shards_of_one_run_merge_into_that_run(tmp_path: Path, capsys) -> None:
     request, with the request-level numbers recomputed from the joined records; the naive
     baseline runs in shard 1 only."""
     base = ["bench", "--config", "cpu-tiny", "--concurrency", "2", "--texts",
-            short_texts(tmp_path), "--num-requests", "5", "--warmup", "0", "--variants", "progressive-eager,naive",
-            "--naive-requests", "2"]
+            short_texts(tmp_path), "--num-requests", "5", "--warmup", "0", "--variants",
+            "progressive-eager,naive", "--naive-requests", "2"]
     parts = [tmp_path / "s1.json", tmp_path / "s2.json"]
     for i, part in enumerate(parts, start=1):
         assert main([*base, "--shard", f"{i}/2", "--out", str(part)]) == 0

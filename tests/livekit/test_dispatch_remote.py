@@ -38,7 +38,8 @@ pytestmark = pytest.mark.livekit
 
 AGENT = "breezert-remote"
 SENTENCE = "Hello from the agent."
-LONG = "First sentence here. Second sentence here. Third sentence here."  # 3 x 12 frames
+LONG = "First sentence here. Second sentence here. Third sentence here."
+LONG_S = 3 * 12 * 0.08  # three segments of 12 frames (BREEZERT_TEST_MAX_FRAMES)
 # The mid-turn kill's turn: six sentences of at most 12 frames (5.76 s). A replica runs ahead of
 # the listener (1.2 s received when 0.5 s had played, here), and CI once saw a 3-sentence turn
 # (1.68 s of audio by the agent's metrics) end before its kill, half a second in.
@@ -223,10 +224,10 @@ async def test_a_turn_of_three_sentences_through_a_replica_is_heard_whole(
     span = heard[-1] - heard[0] + 0.010
     print(f"three sentences through {said['url']}: agent received "
           f"{metrics['audio_duration']:.2f} s, the listener heard {span:.2f} s")
-    assert abs(metrics["audio_duration"] - 3 * 12 * 0.08) < 0.01, metrics
+    assert abs(metrics["audio_duration"] - LONG_S) < 0.01, metrics
     # all of it reached the listener (its pace on busy cores is the room tests' business: there
     # 0.56 s once played over 0.67 s)
-    assert span >= 3 * 12 * 0.08 - 0.15, span
+    assert span >= LONG_S - 0.15, span
     FIGURES["remote_three_sentences"] = {"received_s": metrics["audio_duration"],
                                          "heard_s": round(span, 3)}
 
@@ -275,6 +276,7 @@ async def test_a_replica_killed_mid_turn_is_a_clear_error_and_no_duplicate_audio
     assert other.requests_finished() == finished_before[other.url]  # nothing went to it
     FIGURES["remote_killed_mid_turn"] = {
         "error_after_kill_s": round(error["t"] - killed, 3), "error": error["message"],
-        "heard_s": round(span, 3), "received_before_kill_s": received, "turn_s": LONGER_S, "requests_on_the_other_replica": 0}
+        "heard_s": round(span, 3), "received_before_kill_s": received, "turn_s": LONGER_S,
+        "requests_on_the_other_replica": 0}
     victim.start()
     victim.wait_ready()
