@@ -44,7 +44,8 @@ def serve_repository() -> Iterator[str]:
     """The repository over HTTP on loopback; fails without livekit-client or Chromium (``make
     test`` installs both: a missing one is a broken set-up, not a reason to skip)."""
     if not CLIENT.exists():
-        pytest.fail("livekit-client is not installed (make livekit-web: npm ci in tests/livekit/web)")
+        pytest.fail("livekit-client is not installed "
+                    "(make livekit-web: npm ci in tests/livekit/web)")
     if _chromium() is None:
         pytest.fail("no Chromium binary on PATH (make chromium installs Debian's chromium)")
     server = http.server.ThreadingHTTPServer(
@@ -117,8 +118,9 @@ async def join_browser(web_root: str, server: Server, room: str,
     async with chromium(binary, []) as devtools:
         targets = await devtools.call("Target.getTargets")
         page = next(t for t in targets["targetInfos"] if t["type"] == "page")
-        session = (await devtools.call("Target.attachToTarget",
-                                       {"targetId": page["targetId"], "flatten": True}))["sessionId"]
+        attached = await devtools.call("Target.attachToTarget",
+                                       {"targetId": page["targetId"], "flatten": True})
+        session = attached["sessionId"]
         await devtools.call("Runtime.enable", session_id=session)
         await devtools.call("Page.navigate", {"url": f"{web_root}/tests/livekit/web/index.html"},
                             session)
