@@ -58,6 +58,11 @@ def serve_repository() -> Iterator[str]:
         server.shutdown()
 
 
+SETTLE_S = 0.3
+"""Quiet at the page for this long after a loud run ends the turn there: longer than any quiet
+run inside speech (``MAX_GAP_S``, 60 ms, bounds those)."""
+
+
 class Browser:
     """One joined page; ``evaluate`` runs JavaScript in it."""
 
@@ -73,11 +78,22 @@ class Browser:
         return await self.evaluate("({stats: breezertTest.stats, errors: breezertTest.errors, "
                                    "edges: breezertTest.edges, rate: breezertTest.sampleRate})")
 
-    async def heard(self, since: float) -> Heard | None:
-        """The speech whose first loud edge reached the page after ``since`` (monotonic)."""
-        state = await self.state()
-        return edges_heard(state["edges"], state["rate"], since + self._epoch_offset,
-                           self._epoch_offset)
+    async def heard(self, since: float, settle_s: float = SETTLE_S,
+                    timeout_s: float = 5.0) -> Heard | None:
+        """The speech whose first loud edge reached the page after ``since`` (monotonic), once
+        the page's track has been quiet for ``settle_s`` after it: a page that plays behind the
+        agent (Chromium's renderer short of CPU) is measured whole, not up to its open last run.
+        After ``timeout_s`` it measures what there is (``None`` if nothing was heard)."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            state = await self.state()
+            edges = [e for e in state["edges"] if e["t"] / 1000 >= since + self._epoch_offset]
+            settled = bool(edges) and not edges[-1]["loud"] and (
+                time.time() - edges[-1]["t"] / 1000 >= settle_s)
+            if settled or time.monotonic() >= deadline:
+                return edges_heard(state["edges"], state["rate"], since + self._epoch_offset,
+                                   self._epoch_offset)
+            await asyncio.sleep(0.05)
 
 
 def edges_heard(edges: list[dict[str, Any]], rate: float | None, since_epoch: float,
