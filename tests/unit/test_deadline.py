@@ -348,6 +348,47 @@ def test_chunk_policy_keeps_the_schedule_for_startup_and_gaps() -> None:
     assert p.counters["predictor_early_emits"] == 0
 
 
+def slow_predictor(frame_s: float, codec_s: float) -> DeadlinePredictor:
+    """Margin 1, steady steps: DECODE + DEPTH ``frame_s`` per frame, CODEC ``codec_s``."""
+    model = StageTimeModel(alpha=1.0, margin=1.0, prior_s=0.001)
+    for stage, seconds in ((Stage.DECODE, frame_s / 2), (Stage.DEPTH, frame_s / 2),
+                           (Stage.CODEC, codec_s)):
+        model.observe(stage, 1, seconds)
+    return DeadlinePredictor(model, min_slack_s=0.05)
+
+
+def test_first_chunk_cover_sizes_the_first_chunk_from_step_times() -> None:
+    starter = stream("s", pending=1, phase=SegmentPhase.DEPTH)  # schedule (1, 2, 4, 8, 16)
+    fast = DeadlineChunkPolicy(make_predictor(), first_chunk_cover=True)
+    assert fast.chunk_frames(starter, 0.0) == 1  # 10 ms frame + 4 ms codec + 50 ms < 80 ms
+    slow = slow_predictor(frame_s=0.060, codec_s=0.010)  # 120 ms to cover: two frames
+    assert DeadlineChunkPolicy(slow, first_chunk_cover=True).chunk_frames(starter, 0.0) == 2
+    assert DeadlineChunkPolicy(slow).chunk_frames(starter, 0.0) == 1  # the switch off
+    crawl = slow_predictor(frame_s=3.0, codec_s=0.5)  # far past real time: the largest entry
+    assert DeadlineChunkPolicy(crawl, first_chunk_cover=True).chunk_frames(starter, 0.0) == 16
+    streaming = stream("t", chunk_times=(1.0,), decoded=2, pending=1, phase=SegmentPhase.DEPTH)
+    report(streaming, 1.0, 1.1, "webrtc")
+    assert DeadlineChunkPolicy(slow, first_chunk_cover=True).chunk_frames(streaming, 1.1) == 2
+    # only the first chunk is sized: a streaming request keeps its schedule entry (2)
+
+
+def test_first_chunk_cover_is_counted_once_per_covered_first_chunk() -> None:
+    p = slow_predictor(frame_s=0.060, codec_s=0.010)
+    chunks = DeadlineChunkPolicy(p, first_chunk_cover=True)
+    request = stream("s", pending=2, phase=SegmentPhase.DEPTH)
+    for now in (0.1, 0.2):  # asked on every step until the frames are there: no count
+        assert chunks.chunk_frames(request, now) == 2
+    for num_frames, now in ((2, 0.3), (2, 0.4)):  # the first chunk (covered), then the second
+        chunks.on_chunk(request, num_frames, now)
+        request.num_decoded_frames += num_frames
+        request.num_frames = request.num_decoded_frames
+        request.record_chunk(now)
+    assert p.counters["predictor_first_chunk_covers"] == 1
+    plain = stream("p", pending=1, phase=SegmentPhase.DEPTH)
+    chunks.on_chunk(plain, 1, 0.5)  # a first chunk of the schedule's own size
+    assert p.counters["predictor_first_chunk_covers"] == 1
+
+
 # ----------------------------------------------------------------------------- scheduler
 
 
@@ -402,4 +443,29 @@ def test_make_policies_is_off_by_default() -> None:
     assert make_policies(SchedulerConfig(), make_predictor()) == (None, None)
     stage, chunk = make_policies(SchedulerConfig(use_predictor=True), make_predictor())
     assert isinstance(stage, DeadlineStagePolicy) and isinstance(chunk, DeadlineChunkPolicy)
+    assert not chunk.first_chunk_cover
+    _, covered = make_policies(SchedulerConfig(use_predictor=True,
+                                               predictor_first_chunk_cover=True),
+                               make_predictor())
+    assert isinstance(covered, DeadlineChunkPolicy) and covered.first_chunk_cover
+
+
+@pytest.mark.parametrize("cover", [False, True])
+def test_scheduler_with_slow_steps_covers_the_first_chunk_and_loses_no_frame(cover: bool) -> None:
+    config = make_config(use_predictor=True, predictor_min_slack_s=0.05,
+                         predictor_max_lead_s=1.0, predictor_first_chunk_cover=cover)
+    h = PredictorHarness(config, dt=0.03)  # 30 ms per step: a frame takes 60 ms
+    for i in range(3):
+        h.worker.eos_after[(f"r{i}", 0)] = 20
+        h.sched.add_request(make_request(f"r{i}"), h.now)
+    for _ in range(5000):
+        if not h.step():
+            break
+    for i in range(3):
+        chunks = h.chunks[f"r{i}"]
+        assert sum(c.num_frames for c in chunks) == 20
+        assert [c.start_frame for c in chunks] == [sum(c.num_frames for c in chunks[:k])
+                                                  for k in range(len(chunks))]
+        assert (chunks[0].num_frames > 1) is cover
+    assert h.predictor.counters["predictor_first_chunk_covers"] == (3 if cover else 0)
     assert FRAME_S == 0.08

@@ -21,7 +21,7 @@ from breezert.request import Request
 COUNTERS = (
     "predictor_waits", "predictor_early_emits", "predictor_deadline_misses",
     "predictor_lead_yields", "predictor_feedback_used", "predictor_feedback_stale",
-    "predictor_feedback_missing",
+    "predictor_feedback_missing", "predictor_first_chunk_covers",
 )
 """Decision counters, each reported from 0 (``predictor_feedback_*``: per streaming chunk, where
 its deadline's buffer level came from)."""

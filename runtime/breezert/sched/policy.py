@@ -10,11 +10,12 @@ engine or import torch; the ``Scheduler`` calls these hooks with ``now``.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import Protocol
 
 from breezert.config import SchedulerConfig
-from breezert.constants import Stage
+from breezert.constants import FRAME_S, Stage
 from breezert.request import Request
 from breezert.sched.deadline import DeadlinePredictor
 
@@ -207,22 +208,27 @@ class DeadlineStagePolicy:
 class DeadlineChunkPolicy:
     """Follows the chunk schedule, except that a streaming request whose next chunk cannot be
     out before its deadline emits the frames it already has (a smaller chunk, counted as an
-    early emit when it goes out).
+    early emit when it goes out), and, with ``first_chunk_cover``, a first chunk holds enough
+    audio to last while the next frame is made and decoded (``_first_chunk``; counted as a
+    first-chunk cover).
 
     NOTE(predictor): the cut comes as late as it can: while one more frame still fits before the
     deadline, generation goes on, so the partial chunk is as large as possible (each chunk costs
     a CODEC step).
     """
 
-    def __init__(self, predictor: DeadlinePredictor) -> None:
+    def __init__(self, predictor: DeadlinePredictor, *, first_chunk_cover: bool = False) -> None:
         self.predictor = predictor
+        self.first_chunk_cover = first_chunk_cover
 
     def chunk_frames(self, request: Request, now: float) -> int:
         target = request.current_chunk_target
         pending = request.num_pending_frames
         p = self.predictor
         request.early_emit_target = None
-        if not request.is_streaming or not 0 < pending < target or request.is_at_gap:
+        if not request.is_streaming:
+            return self._first_chunk(request, target) if self.first_chunk_cover else target
+        if not 0 < pending < target or request.is_at_gap:
             return target
         deadline = p.deadline(request, now)
         if (now + p.work_s(request, target) <= deadline
@@ -232,8 +238,20 @@ class DeadlineChunkPolicy:
         return pending
 
     def on_chunk(self, request: Request, num_frames: int, now: float) -> None:
+        schedule = request.chunk_schedule
+        if not request.is_streaming and schedule and num_frames > schedule[0]:
+            self.predictor.count("predictor_first_chunk_covers")
         self.predictor.on_chunk(request, num_frames, now)
         request.early_emit_target = None
+
+    def _first_chunk(self, request: Request, target: int) -> int:
+        """The fewest frames, from ``target`` up to the schedule's largest entry, whose audio
+        lasts while the engine makes one more frame and decodes it with ``min_slack_s`` to
+        spare (the next chunk can be cut to that frame, so it is what must fit)."""
+        p = self.predictor
+        cover_s = p.frame_time_s() + p.time_model.predict(Stage.CODEC) + p.min_slack_s
+        largest = max(request.chunk_schedule or (target,))
+        return max(target, min(largest, math.ceil(cover_s / FRAME_S - 1e-9)))
 
 
 def make_policies(
@@ -242,4 +260,5 @@ def make_policies(
     """The scheduler's policies: the deadline pair with a predictor, the defaults without."""
     if predictor is None or not config.use_predictor:
         return None, None
-    return DeadlineStagePolicy(predictor), DeadlineChunkPolicy(predictor)
+    return DeadlineStagePolicy(predictor), DeadlineChunkPolicy(
+        predictor, first_chunk_cover=config.predictor_first_chunk_cover)
