@@ -417,6 +417,18 @@ class PredictorHarness:
                 self.chunks.setdefault(event.request_id, []).append(event)
         return True
 
+    def run(self, max_steps: int = 5000) -> None:
+        for _ in range(max_steps):
+            if not self.step():
+                return
+
+
+def assert_whole_in_order(chunks: list[ChunkEmitted], num_frames: int) -> None:
+    """One request's chunks carry ``num_frames`` frames back to back."""
+    assert sum(c.num_frames for c in chunks) == num_frames
+    assert [c.start_frame for c in chunks] == [sum(c.num_frames for c in chunks[:k])
+                                              for k in range(len(chunks))]
+
 
 def test_scheduler_with_deadline_policies_completes_every_stream_in_order() -> None:
     config = make_config(use_predictor=True, predictor_min_slack_s=0.05,
@@ -427,15 +439,10 @@ def test_scheduler_with_deadline_policies_completes_every_stream_in_order() -> N
         h.sched.add_request(make_request(f"r{i}"), h.now)
         for _ in range(15):
             h.step()
-    for _ in range(5000):
-        if not h.step():
-            break
+    h.run()
     for i in range(6):
-        chunks = h.chunks[f"r{i}"]
-        assert sum(c.num_frames for c in chunks) == 40
-        assert [c.start_frame for c in chunks] == [sum(c.num_frames for c in chunks[:k])
-                                                  for k in range(len(chunks))]
-        assert chunks[-1].is_final
+        assert_whole_in_order(h.chunks[f"r{i}"], 40)
+        assert h.chunks[f"r{i}"][-1].is_final
     assert not h.sched.has_work()
 
 
@@ -458,14 +465,10 @@ def test_scheduler_with_slow_steps_covers_the_first_chunk_and_loses_no_frame(cov
     for i in range(3):
         h.worker.eos_after[(f"r{i}", 0)] = 20
         h.sched.add_request(make_request(f"r{i}"), h.now)
-    for _ in range(5000):
-        if not h.step():
-            break
+    h.run()
     for i in range(3):
-        chunks = h.chunks[f"r{i}"]
-        assert sum(c.num_frames for c in chunks) == 20
-        assert [c.start_frame for c in chunks] == [sum(c.num_frames for c in chunks[:k])
-                                                  for k in range(len(chunks))]
-        assert (chunks[0].num_frames > 1) is cover
+        assert_whole_in_order(h.chunks[f"r{i}"], 20)
+        assert (h.chunks[f"r{i}"][0].num_frames > 1) is cover
+    assert not h.sched.has_work()
     assert h.predictor.counters["predictor_first_chunk_covers"] == (3 if cover else 0)
     assert FRAME_S == 0.08
