@@ -151,6 +151,13 @@ async def _turn(room: Any, worker: Any, browser: Any) -> dict[str, Any]:
     return turn
 
 
+def _switches() -> dict[str, bool]:
+    """The scheduler switches ``room_worker.engine_config`` turns on from the environment."""
+    predictor = os.environ.get("BREEZERT_TEST_PREDICTOR", "1") != "0"
+    return {"use_predictor": predictor, "predictor_first_chunk_cover": predictor and
+            os.environ.get("BREEZERT_TEST_FIRST_CHUNK_COVER", "1") != "0"}
+
+
 def _record(path: str, turns: list[dict[str, Any]], busy: list[dict[str, Any]],
             summary: dict[str, Any]) -> None:
     def plain(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -159,7 +166,7 @@ def _record(path: str, turns: list[dict[str, Any]], busy: list[dict[str, Any]],
     record = {"schema": "breezert.livekit_room/2", "commit": _commit(),
               "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
               "machine": _machine(), "turns_requested": TURNS, "sentence": SENTENCE,
-              "foreign_load_limit_cores": FOREIGN_LOAD_LIMIT,
+              "foreign_load_limit_cores": FOREIGN_LOAD_LIMIT, "worker_scheduler": _switches(),
               "max_over_ttfb_ms": MAX_OVER_TTFB_S * 1000, "summary": summary,
               "turns": plain(turns), "said_again_under_foreign_load": plain(busy)}
     Path(path).write_text(json.dumps(record, indent=1) + "\n")
