@@ -155,7 +155,7 @@ def _switches() -> dict[str, bool]:
     """The scheduler switches ``room_worker.engine_config`` turns on from the environment."""
     predictor = os.environ.get("BREEZERT_TEST_PREDICTOR", "1") != "0"
     return {"use_predictor": predictor, "predictor_first_chunk_cover": predictor and
-            os.environ.get("BREEZERT_TEST_FIRST_CHUNK_COVER", "1") != "0"}
+            os.environ.get("BREEZERT_TEST_FIRST_CHUNK_COVER", "0") == "1"}
 
 
 def _record(path: str, turns: list[dict[str, Any]], busy: list[dict[str, Any]],
