@@ -144,9 +144,11 @@ class SchedulerConfig(_Frozen):
     predictor_first_chunk_cover: bool = False
     """The first chunk carries enough audio to cover making the next one: as many frames of the
     schedule's first entry or more (up to its largest) as one more frame, a CODEC step and
-    ``predictor_min_slack_s`` take by the stage-time model. Where the engine makes a frame in
-    less than ~25 ms it stays the schedule's first entry; on a slow CPU it costs a frame of
-    first-packet time and saves the listener's hole after the first chunk."""
+    ``predictor_min_slack_s`` take by the stage-time model. Where a frame and a CODEC step take
+    under 30 ms it stays the schedule's first entry; past that it costs first-packet time (37 ms
+    at the median on two quiet cores, where no gap was heard without it either) to spare the
+    listener a hole right after the first chunk on an engine near real time. Off: measured
+    only on CPU (bench/README.md)."""
     predictor_min_slack_s: float = Field(default=0.05, ge=0)
     """A stream whose slack (deadline - now - predicted work) falls below this, seconds, is
     urgent: served before startup work; CODEC waits never take a stream below it."""

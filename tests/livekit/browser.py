@@ -58,6 +58,7 @@ def serve_repository() -> Iterator[str]:
         server.shutdown()
 
 
+PLAYOUT_COUNTERS = ("concealed", "silent", "inserted", "removed")
 SETTLE_S = 0.3
 """Quiet at the page for this long after a loud run ends the turn there: longer than any quiet
 run inside speech (``MAX_GAP_S``, 60 ms, bounds those)."""
@@ -77,6 +78,14 @@ class Browser:
     async def state(self) -> dict[str, Any]:
         return await self.evaluate("({stats: breezertTest.stats, errors: breezertTest.errors, "
                                    "edges: breezertTest.edges, rate: breezertTest.sampleRate})")
+
+    async def playout_counters(self, since: dict[str, int] | None = None) -> dict[str, int]:
+        """The jitter buffer's sample counters (``getStats``, the newest sample): concealed,
+        silent (concealed as silence), inserted (to slow playout), removed (to speed it up);
+        less ``since`` (an earlier call's result) when given."""
+        newest = (await self.state())["stats"][-1]
+        counters = {k: newest.get(k) or 0 for k in PLAYOUT_COUNTERS}
+        return counters if since is None else {k: counters[k] - since[k] for k in counters}
 
     async def heard(self, since: float, settle_s: float = SETTLE_S,
                     timeout_s: float = 5.0) -> Heard | None:

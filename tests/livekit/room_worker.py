@@ -31,8 +31,8 @@ else 24000) is the rate of the plugin's audio and of the RoomIO track (``TTS(sam
 What the tests read back goes to files under ``$BREEZERT_TEST_STATE`` (same machine, so the
 ``time.monotonic()`` stamps in them compare with the test's own): ``events.jsonl`` (one JSON
 object a line: ready, said, playback started, tts metrics, playout reports, interrupted, done)
-and ``metrics.json`` (the shared engine's counters, its step time split by ``StepClock`` and
-each room's ``PlayoutFeedback`` state, rewritten every 50 ms).
+and ``metrics.json`` (the shared engine's counters, its step time split by ``StepClock``, its
+scheduler switches and each room's ``PlayoutFeedback`` state, rewritten every 50 ms).
 """
 
 from __future__ import annotations
@@ -100,6 +100,8 @@ _prewarm_lock = threading.Lock()
 _rooms: dict[str, dict[str, Any]] = {}  # room name -> playout state, for metrics.json
 _engine: Any = None
 _clock: StepClock | None = None  # the shared engine's (set once, in the first prewarm)
+_switches: dict[str, bool] = {}  # its scheduler switches, for metrics.json (set with it)
+SWITCHES = ("use_predictor", "predictor_first_chunk_cover")
 _writer: threading.Thread | None = None
 
 
@@ -165,7 +167,7 @@ def _runqueue_s() -> float:
 def _write_metrics() -> None:
     now = time.monotonic()
     snapshot = {"t": now, "engine": _engine_counters(now), "rooms": dict(_rooms),
-                "engine_time": _clock.snapshot() if _clock else None}
+                "engine_time": _clock.snapshot() if _clock else None, "scheduler": _switches}
     tmp = STATE / "metrics.json.tmp"
     tmp.write_text(json.dumps(snapshot, default=str))
     tmp.replace(STATE / "metrics.json")
@@ -194,6 +196,8 @@ def prewarm(proc: JobProcess) -> None:
         if _engine is None:
             _engine = proc.userdata["breezert_engine"] = AsyncEngine.shared(engine_config())
             _clock = StepClock(_engine.engine)
+            scheduler = _engine.engine.config.scheduler
+            _switches.update({name: getattr(scheduler, name) for name in SWITCHES})
         else:
             proc.userdata["breezert_engine"] = _engine
     _start_metrics_writer()

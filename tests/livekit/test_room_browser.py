@@ -72,13 +72,11 @@ async def test_browser_hears_the_turn_and_its_reports_reach_the_predictor(
         async def attempt() -> None:
             # 6 s: reports flow while the engine request runs, and its first ~0.4 s has none
             # from the browser yet (two reporter samples with audio in them make the first)
-            start = (await browser.state())["stats"][-1]
+            start = await browser.playout_counters()
             sent, tts_metrics = await speak(room, agent_worker, LONG)
             heard = await browser.heard(since=sent)
             assert heard is not None, "the browser never heard the turn"
-            end = (await browser.state())["stats"][-1]
-            playout = {k: (end.get(k) or 0) - (start.get(k) or 0)
-                       for k in ("concealed", "silent", "inserted", "removed")}
+            playout = await browser.playout_counters(since=start)
             print(f"browser: first audio {(heard.first - sent) * 1000:.0f} ms after the trigger "
                   f"(agent TTFB {tts_metrics['ttfb'] * 1000:.0f} ms), heard {heard.span_s:.3f} s "
                   f"of {tts_metrics['audio_duration']:.3f} s, longest gap "

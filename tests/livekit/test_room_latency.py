@@ -122,11 +122,11 @@ def _miss(turn: dict[str, Any]) -> str | None:
 async def _turn(room: Any, worker: Any, browser: Any) -> dict[str, Any]:
     """Says ``SENTENCE`` once and returns its figures (``heard``: each listener's ``Heard``)."""
     meter, clock = CpuMeter(), worker.metrics()["engine_time"]
-    start = (await browser.state())["stats"][-1]
+    start = await browser.playout_counters()
     sent, tts_metrics = await speak(room, worker, SENTENCE)
     await idle(worker)
     heard = (room.recording.heard(since=sent), await browser.heard(since=sent))
-    end = (await browser.state())["stats"][-1]
+    playout = await browser.playout_counters(since=start)
     said = await worker.wait_event(room.name, "said", id=tts_metrics["id"])
     started = await worker.wait_event(room.name, "playback_started", id=tts_metrics["id"])
     turn: dict[str, Any] = {
@@ -143,30 +143,22 @@ async def _turn(room: Any, worker: Any, browser: Any) -> dict[str, Any]:
         turn[f"{name}_heard_s"] = round(listener.span_s, 3) if listener else None
         turn[f"{name}_gap_ms"] = _ms(listener.gap_s) if listener else None
     turn["browser_quiet_ms"] = _ms(heard[1].quiet_s) if heard[1] else None
-    turn["browser_playout"] = {k: (end.get(k) or 0) - (start.get(k) or 0)
-                               for k in ("concealed", "silent", "inserted", "removed")}
+    turn["browser_playout"] = playout
     turn["engine"] = _engine_time(clock, worker.metrics()["engine_time"])
     turn["foreign_load_cores"] = round(meter.foreign_cores(), 2)
     turn["heard"] = heard
     return turn
 
 
-def _switches() -> dict[str, bool]:
-    """The scheduler switches ``room_worker.engine_config`` turns on from the environment."""
-    predictor = os.environ.get("BREEZERT_TEST_PREDICTOR", "1") != "0"
-    return {"use_predictor": predictor, "predictor_first_chunk_cover": predictor and
-            os.environ.get("BREEZERT_TEST_FIRST_CHUNK_COVER", "0") == "1"}
-
-
 def _record(path: str, turns: list[dict[str, Any]], busy: list[dict[str, Any]],
-            summary: dict[str, Any]) -> None:
+            summary: dict[str, Any], switches: dict[str, bool]) -> None:
     def plain(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
         return [{k: v for k, v in t.items() if k != "heard"} for t in rows]
 
     record = {"schema": "breezert.livekit_room/2", "commit": _commit(),
               "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
               "machine": _machine(), "turns_requested": TURNS, "sentence": SENTENCE,
-              "foreign_load_limit_cores": FOREIGN_LOAD_LIMIT, "worker_scheduler": _switches(),
+              "foreign_load_limit_cores": FOREIGN_LOAD_LIMIT, "worker_scheduler": switches,
               "max_over_ttfb_ms": MAX_OVER_TTFB_S * 1000, "summary": summary,
               "turns": plain(turns), "said_again_under_foreign_load": plain(busy)}
     Path(path).write_text(json.dumps(record, indent=1) + "\n")
@@ -205,7 +197,8 @@ async def test_first_audio_at_both_listeners_against_agent_ttfb(
           f"{max(rtf, default=0):.2f}; "
           f"{len(busy)} turns said again (foreign load)")
     if os.environ.get("BREEZERT_ROOM_RESULTS"):
-        _record(os.environ["BREEZERT_ROOM_RESULTS"], turns, busy, summary)
+        _record(os.environ["BREEZERT_ROOM_RESULTS"], turns, busy, summary,
+                agent_worker.metrics()["scheduler"])
 
     assert len(turns) == TURNS, f"{len(busy)} turns missed a bound while the box was busy"
     misses = [(i, _miss(turn)) for i, turn in enumerate(turns)]

@@ -60,10 +60,11 @@ def stream(request_id: str, *, chunk_times: tuple[float, ...] = (), decoded: int
     return request
 
 
-def emit(p: DeadlinePredictor, request: Request, num_frames: int, now: float) -> None:
-    """What the scheduler does for a decoded chunk: tell the predictor (through the chunk
-    policy), then record it on the request."""
-    p.on_chunk(request, num_frames, now)
+def emit(hook: DeadlinePredictor | DeadlineChunkPolicy, request: Request, num_frames: int,
+         now: float) -> None:
+    """What the scheduler does for a decoded chunk: tell the chunk policy (or the predictor
+    directly), then record it on the request."""
+    hook.on_chunk(request, num_frames, now)
     request.num_decoded_frames += num_frames
     request.num_frames = max(request.num_frames, request.num_decoded_frames)
     request.record_chunk(now)
@@ -378,11 +379,8 @@ def test_first_chunk_cover_is_counted_once_per_covered_first_chunk() -> None:
     request = stream("s", pending=2, phase=SegmentPhase.DEPTH)
     for now in (0.1, 0.2):  # asked on every step until the frames are there: no count
         assert chunks.chunk_frames(request, now) == 2
-    for num_frames, now in ((2, 0.3), (2, 0.4)):  # the first chunk (covered), then the second
-        chunks.on_chunk(request, num_frames, now)
-        request.num_decoded_frames += num_frames
-        request.num_frames = request.num_decoded_frames
-        request.record_chunk(now)
+    emit(chunks, request, 2, now=0.3)  # the first chunk (covered)
+    emit(chunks, request, 2, now=0.4)  # the second
     assert p.counters["predictor_first_chunk_covers"] == 1
     plain = stream("p", pending=1, phase=SegmentPhase.DEPTH)
     chunks.on_chunk(plain, 1, 0.5)  # a first chunk of the schedule's own size
