@@ -37,7 +37,11 @@ from .telephony import (
 pytestmark = pytest.mark.livekit
 
 SENTENCE = "Hello from the agent."  # one segment: MAX_FRAMES (25) frames = 2.0 s of tiny noise
-LONG = "First sentence here. Second sentence here. Third sentence here."  # 6.0 s
+# The hang-up test's greeting: six sentences of 25 frames, 12.0 s. The engine runs ahead of the
+# caller (step time 0.28-0.42 of the audio in the room tests here), and a three-sentence greeting
+# (6.0 s) once had finished generating when the caller had heard a second of it: nothing to abort.
+LONG = ("First sentence here. Second sentence here. Third sentence here. "
+        "Fourth sentence here. Fifth sentence here. Sixth sentence here.")
 SHORT_NUMBER, LONG_NUMBER = "+15550100", "+15550101"
 NUMBERS = {24000: SHORT_NUMBER, 8000: "+15550108"}  # the greeting, by the plugin's rate
 FIRST_AUDIO_LIMIT_S = 3.0  # answer -> first sound, incl. the SIP media wait and the greeting
