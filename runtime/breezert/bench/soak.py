@@ -210,7 +210,11 @@ class Soak:
     async def ws_cancel(self, http: aiohttp.ClientSession) -> None:
         async def body(ws: aiohttp.ClientWebSocketResponse) -> str:
             await ws.send_json({"type": "say", "text": self._text()})
-            await self._until(ws, "first_audio", "turn_done")
+            started = await self._until(ws, "first_audio", "turn_done")
+            if started.get("type") != "first_audio":
+                # refused (overloaded: no turn to cancel, so no turn_done would come) or ended
+                # before any audio: judged as ws_say judges its end
+                return _status(started)
             await ws.send_json({"type": "cancel"})
             done = await self._until(ws, "turn_done")
             return _status(done)
