@@ -6,7 +6,7 @@
 #   git rev-parse --short HEAD > .benchdata/COMMIT     # recorded in the results
 #   python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
 #     --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 -d .whl \
-#     pydantic==2.14.4 pydantic-core==2.50.5 annotated-types typing-inspection
+#     pydantic==2.14.4 pydantic-core==2.50.5 annotated-types typing-inspection soxr==1.1.0
 # Then per phase: run(command="bash bench/h200_session.sh PHASE", carry=[".whl", ".benchdata"])
 # PHASE: tests | fused | depth-tiles | depth-pdl | overlap | first-packet | first-packet-short | first-packet-pdl |
 #        first-packet-bench | chain P1 P2...  | decode | decode-micro | decode-bench | tune | profile | stages |
@@ -27,6 +27,10 @@ if [ -z "${BREEZERT_SITE_READY:-}" ] && ls .whl/*.whl >/dev/null 2>&1; then
     --target /tmp/site .whl/*.whl $(ls .whl-train/*.whl 2>/dev/null)
 fi
 export PYTHONPATH=/tmp/site:runtime:. PYTHONUNBUFFERED=1 BREEZERT_SITE_READY=1
+# A wheel missing from .whl/ fails here in seconds, not minutes into a phase (soxr did, 2 Dec)
+[ -n "${BREEZERT_IMPORTS_OK:-}" ] || python3 -c "import breezert.cli, breezert.runtime_setup" \
+  || { echo "breezert does not import here: add the missing wheel to .whl/" >&2; exit 3; }
+export BREEZERT_IMPORTS_OK=1
 shard=""
 case "$phase" in *@*) shard=${phase#*@}; phase=${phase%@*} ;; esac
 case "$phase" in
