@@ -12,7 +12,7 @@
 #        first-packet-bench | chain P1 P2...  | decode | decode-micro | decode-bench | tune | profile | stages |
 #        ablation-eager | ablation-a|b|c|d[@I/N] | sweep | sweep+ablation | latency | latency-te |
 #        latency-nocap | predictor | predictor-edf | capacity-closed | capacity-open |
-#        slot-state | burst | voice
+#        slot-state | burst | slack | voice
 # An ablation phase with @I/N runs shard I of N of its requests (bench --shard).
 # Several GPUs (kind nvidia-h200-x4): "parallel GPU=PHASE[+PHASE...] ..." runs each list on its own
 # GPU at once, e.g. parallel 0=ablation-a@1/2 1=ablation-a@2/2 2=tests+ablation-d; the results
@@ -240,6 +240,13 @@ case "$phase" in
       --top 12 2>&1 | grep -v Warn | tee "$out/h200-profile-codec-1.log" | grep -A13 CODEC || true
     timeout 110 python3 bench/tune_fused_depth.py --rows 16 --budget-s 65 --check-rows 16 \
       --out "$out/h200-tune-depth-16.json" 2>&1 | grep -v Warn | tail -4 ;;
+  slack)  # issue 13: at c=64 the underruns are each a few ms late (2 Dec: 5-35 of 300, the
+    # latest chunk 1-18 ms): the predictor's urgency margin 0.05 s (profile) against 0.1 and 0.2
+    timeout 560 "${bench[@]}" --concurrency "${CONCURRENCY:-32,64}" --num-requests 300 \
+      --warmup 16 --run-budget 30 --variant 'slack50=config' \
+      --variant 'slack100=config;scheduler.predictor_min_slack_s=0.1' \
+      --variant 'slack200=config;scheduler.predictor_min_slack_s=0.2' \
+      --out "$out/h200-slack.json" 2>&1 | grep '^\[bench' ;;
   overlap)  # issue 13 item 4: per-step uploads through pinned memory (graph.async_uploads)
     # against today's pageable copies, c=16 and 64, one run; then both with the device slot
     # table, whose steps upload least

@@ -8,7 +8,9 @@ sampler and text encoder), ``fused`` (the Triton depth layers, compiled sampler)
 (``fused`` plus the Triton backbone DECODE step), ``fused-sampling`` (``fused-decode`` with the
 depth draws in the fused Triton sampler), ``fused-first`` (``fused-sampling`` with the fused
 Triton text-encoder layers), ``fused-pdl`` (``fused-decode`` with programmatic dependent launch
-between the fused kernels), ``fused-te-pdl`` (``fused-pdl`` with the fused text encoder).
+between the fused depth kernels, ``graph.pdl``), ``fused-te-pdl`` (``fused-pdl`` with the fused
+text encoder, the serving profile's kernels), ``fused-te-pdl-decode`` (``fused-te-pdl`` with
+PDL in the DECODE step too, ``graph.pdl_decode``).
 """
 
 from __future__ import annotations
@@ -42,6 +44,9 @@ MODES = {
                   "compile_text_encoder": False},
     "fused-te-pdl": {"compile_depth": True, "fused_depth": True, "fused_decode": True,
                      "fused_text_encoder": True, "pdl": True, "compile_text_encoder": False},
+    "fused-te-pdl-decode": {"compile_depth": True, "fused_depth": True, "fused_decode": True,
+                            "fused_text_encoder": True, "pdl": True, "pdl_decode": True,
+                            "compile_text_encoder": False},
 }
 
 

@@ -184,7 +184,7 @@ class SchedulerConfig(_Frozen):
 
 
 CUDA_ONLY_SWITCHES = ("enable_cuda_graphs", "compile_depth", "fused_depth", "fused_decode",
-                      "fused_sampling", "fused_text_encoder", "pdl")
+                      "fused_sampling", "fused_text_encoder", "pdl", "pdl_decode")
 """``GraphConfig`` switches that need CUDA: refused on ``model.device='cpu'`` and all turned off
 by ``BREEZERT_NO_CUDA_GRAPH=1``."""
 
@@ -214,10 +214,17 @@ class GraphConfig(_Frozen):
     preparation cannot overlap the previous asynchronous step. Same values. Off until an H200
     run shows the gain."""
     pdl: bool = False
-    """Programmatic dependent launch (Hopper) between the fused kernels of the depth layers, the
-    DECODE step and the text encoder (those switched on): each kernel is placed while the one
-    before it finishes and waits for it inside (``kernels/gemm.pdl_launch``), instead of
-    starting after it; same bits. Off until an H200 run shows the gain."""
+    """Programmatic dependent launch (Hopper) between the fused kernels of the depth layers and
+    of the text encoder (those switched on): each kernel is placed while the one before it
+    finishes and waits for it inside (``kernels/gemm.pdl_launch``), instead of starting after
+    it; same bits. H200, graph replays (bench/README.md, 2 Dec): depth frame 7.94 -> 7.49 ms at
+    1 row, 8.58 -> 8.02 at 16, equal at 64; with the fused text encoder, 32-token text encode
+    4.93 -> 1.30 ms (the fused layers' gain; the two were measured together)."""
+    pdl_decode: bool = False
+    """The same for the fused DECODE step's kernels. Off: on the H200 its graph was slower
+    with it at every row count (2.25 -> 2.94 ms at 1 row, 2.65 -> 3.30 at 16, 6.08 -> 6.91 at
+    64), which cancelled the depth frame's gain in the engine's DEPTH step (it waits for the
+    DECODE graph)."""
     fused_decode: bool = False
     """Hand-fused Triton kernels for the backbone's DECODE step (6 launches per layer, attention
     reading the paged cache in place, ``kernels/fused_decode.py``): on the H200 2.65 ms per step
@@ -229,9 +236,9 @@ class GraphConfig(_Frozen):
     fused_text_encoder: bool = False
     """Hand-fused Triton kernels for the text encoder's layers (7 launches per layer instead of
     ~70, ``kernels/fused_text_encoder.py``) for buckets of up to 128 tokens; longer ones run the
-    eager encoder. Off until an H200 run of this layout shows the gain (the first layout took
-    the engine's text encode from 5.6 to 3.6 ms at one request but was slower than today's
-    graph at 64-128 tokens)."""
+    eager encoder. H200 with ``pdl`` (2 Dec): text encode 4.93 / 5.03 / 5.36 -> 1.30 / 1.36 /
+    2.00 ms at 32 / 64 / 128 tokens (graph replays); the engine's TTFB p50 at one request 23.9
+    -> 19.5 ms. On in ``configs/h200-latency.toml``."""
     decode_batch_buckets: tuple[int, ...] = (1, 2, 4, 8, 16, 32)
     """DECODE batch sizes in rows (CFG branches count)."""
     decode_context_buckets: tuple[int, ...] = (256, 512, 1024, 2048)

@@ -90,6 +90,7 @@ def test_unknown_keys_are_rejected_with_their_path(tmp_path: Path) -> None:
         ("[model]\ndevice = \"cpu\"\n[graph]\nfused_sampling = true", "fused_sampling"),
         ("[model]\ndevice = \"cpu\"\n[graph]\nfused_text_encoder = true", "fused_text_encoder"),
         ("[model]\ndevice = \"cpu\"\n[graph]\npdl = true", "graph.pdl"),
+        ("[model]\ndevice = \"cpu\"\n[graph]\npdl_decode = true", "graph.pdl_decode"),
     ],
 )
 def test_invalid_values_name_the_field(tmp_path: Path, toml: str, field: str) -> None:

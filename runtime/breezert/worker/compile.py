@@ -35,16 +35,17 @@ from breezert.stages.text_encode import encode_text
 logger = logging.getLogger("breezert.compile")
 
 
-def check_pdl_supported(device: torch.device) -> None:
-    """``graph.pdl`` needs Hopper or later (the kernels' wait is a compute-capability 9.0
-    instruction): refused up front with the switch's name instead of a kernel build error."""
+def check_pdl_supported(device: torch.device, switch: str = "graph.pdl") -> None:
+    """``graph.pdl`` and ``graph.pdl_decode`` need Hopper or later (the kernels' wait is a
+    compute-capability 9.0 instruction): refused up front with the switch's name instead of a
+    kernel build error."""
     if device.type != "cuda":
         return  # EngineConfig refuses CUDA-only switches on a CPU model
     major, minor = torch.cuda.get_device_capability(device)
     if major < 9:
         raise ValueError(
-            f"graph.pdl needs a GPU of compute capability 9.0 or later (Hopper); "
-            f"{torch.cuda.get_device_name(device)} is {major}.{minor}: set graph.pdl = false")
+            f"{switch} needs a GPU of compute capability 9.0 or later (Hopper); "
+            f"{torch.cuda.get_device_name(device)} is {major}.{minor}: set {switch} = false")
 
 
 def _raise_cache_limit(limit: int) -> None:

@@ -81,8 +81,9 @@ class ModelRunner:
         bb = checkpoint.config.backbone
         self.device = checkpoint.device
         self.graph_config = graph = graph or GraphConfig()
-        if graph.pdl:
-            check_pdl_supported(self.device)
+        for switch in ("pdl", "pdl_decode"):
+            if getattr(graph, switch):
+                check_pdl_supported(self.device, f"graph.{switch}")
         set_async_uploads(graph.async_uploads)
         use_graphs = graph.enable_cuda_graphs and self.device.type == "cuda"
         self.kv = PagedKVCache(
@@ -116,7 +117,7 @@ class ModelRunner:
                 scratch_block=num_blocks)
         table = self.table
         decode = decode_fn(model, self.kv.kv, graph.fused_decode, max(graph.decode_batch_buckets),
-                           graph.pdl)
+                           graph.pdl_decode)
         depth = {max_k: depth_fn(model, max_k, *depth_kernels) for max_k in (TOP_K_BOUND, None)}
         codec = partial(codec_step, self.codec)
         if table is not None:  # the same functions, reading and writing the table by slot id
