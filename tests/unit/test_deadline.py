@@ -100,6 +100,22 @@ def test_time_model_prior_ewma_margin_and_nearest_bucket() -> None:
     assert model.predict(Stage.DEPTH, 4) == pytest.approx((0.012 + 0.004) * 1.5)
 
 
+def test_time_model_memo_answers_as_a_fresh_computation_after_every_observation() -> None:
+    """Predictions are kept between observations (the scheduler asks hundreds per step);
+    each observation drops them, so every answer equals one computed from the statistics."""
+    import random
+
+    rng = random.Random(3)
+    model = StageTimeModel(alpha=0.3, margin=1.2, prior_s=0.02)
+    stages, sizes = (Stage.DECODE, Stage.DEPTH, Stage.CODEC), (None, 1, 3, 16, 64, 200)
+    for _ in range(300):
+        if rng.random() < 0.4:
+            model.observe(rng.choice(stages), rng.choice(sizes[1:]), rng.uniform(0.001, 0.02))
+        stage, rows = rng.choice(stages), rng.choice(sizes)
+        first = model.predict(stage, rows)
+        assert first == model.predict(stage, rows) == model._predict(stage, rows)
+
+
 def test_time_model_follows_a_slowdown() -> None:
     model = StageTimeModel(alpha=0.2, margin=1.0)
     for _ in range(50):

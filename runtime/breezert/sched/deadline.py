@@ -62,6 +62,9 @@ class StageTimeModel:
         self.alpha, self.margin, self.prior_s = alpha, margin, prior_s
         self._stats: dict[tuple[Stage, int], _Ewma] = {}
         self._last_rows: dict[Stage, int] = {}
+        self._memo: dict[tuple[Stage, int | None], float] = {}
+        """Predictions since the last observation: the scheduler asks a few hundred times per
+        step at 64 streams, and nothing changes them between two steps."""
 
     def observe(self, stage: Stage, rows: int, duration_s: float) -> None:
         """Records one step of ``stage`` over ``rows`` batch rows that took ``duration_s``."""
@@ -74,11 +77,19 @@ class StageTimeModel:
         else:
             stats.add(duration_s, self.alpha)
         self._last_rows[stage] = rows
+        self._memo.clear()
 
     def predict(self, stage: Stage, rows: int | None = None) -> float:
         """Seconds one ``stage`` step over ``rows`` rows should take (``None``: the size of the
         stage's last observed step). An unseen bucket borrows the nearest known bucket of the
         stage (the larger one on a tie); an unseen stage gets the prior."""
+        memo_key = (stage, rows)
+        seconds = self._memo.get(memo_key)
+        if seconds is None:
+            seconds = self._memo[memo_key] = self._predict(stage, rows)
+        return seconds
+
+    def _predict(self, stage: Stage, rows: int | None = None) -> float:
         if rows is None:
             rows = self._last_rows.get(stage, 1)
         bucket = _bucket(max(1, rows))

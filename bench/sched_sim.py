@@ -1,0 +1,310 @@
+"""The engine's scheduling on the H200's step times, on any CPU: where a loaded engine's time goes.
+
+Runs the real ``Engine`` (scheduler, predictor, chunk policy, commit, outputs, metrics) with its
+worker's ``execute`` replaced by a stage-time model fitted to the H200 runs of the serving
+profile (``STEP_MS`` below, from ``bench/results/h200-profile-pdl-decode-off-20261202.json`` and
+``h200-first-packet-pdl-20261202.json``), on a clock that advances by the model's time for each
+step plus the host time the engine really spends here (scheduling, commit, outputs, playback
+reports). The load is the bench's: closed loop of N streams over ``texts_en.tsv``, the same
+lengths and seeds, EOS ignored, a simulated listener reporting its buffer every 100 ms.
+
+Usage (repo root, CPU): ``PYTHONPATH=runtime python bench/sched_sim.py --concurrency 16,64
+[--variant 'NAME=scheduler.key=value;...'] [--out X.json]``.
+
+Owns: the stage-time model, the simulated worker and clock, the closed-loop driver. Must not: be
+read as a GPU measurement. It shows how scheduling decisions and host time shape first packets
+and gaps under a given step-time model, so that the H200's minutes go to the changes that can
+win; every change it suggests is measured on the H200 before it becomes a default.
+"""
+
+from __future__ import annotations
+
+import argparse
+import bisect
+import json
+import platform
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from breezert.bench.listener import RequestResult, summarize
+from breezert.bench.workload import load_texts, make_workload
+from breezert.config import EngineConfig, GraphConfig
+from breezert.constants import Stage
+from breezert.engine import Engine, RequestOutcome
+from breezert.options import SynthesisOptions
+from breezert.outputs import AudioChunk, DecodedChunk, StageOutput
+from breezert.request import SynthesisRequest
+from breezert.sched.plan import CodecItem, StepPlan
+from cuda_bench import git_commit
+
+SAMPLES_PER_FRAME = 1920
+REPO = Path(__file__).resolve().parent.parent
+
+STEP_MS: dict[Stage, tuple[tuple[float, float], ...]] = {
+    # (rows, ms) of the engine's own step times (host preparation and GPU, p50), H200, the
+    # serving profile (fused kernels, graphs, PDL in depth and text encoder); linear between.
+    # DEPTH holds the DECODE graph queued before it (DECODE reads nothing back).
+    Stage.DEPTH: ((1, 9.6), (14, 10.0), (44, 12.4), (64, 13.5)),
+    Stage.DECODE: ((1, 0.54), (14, 1.2), (48, 2.47), (128, 5.0)),
+    Stage.TEXT_ENCODE: ((1, 1.9), (2, 3.0), (16, 9.0)),
+    Stage.PREFILL: ((1, 0.6), (2, 0.95), (16, 4.0)),
+}
+CODEC_MS = (3.3, 0.07, 0.3)
+"""CODEC step: base + per frame past the first + per chunk past the first (ms). Fitted to the
+engine's CODEC steps at c=1 (3.8 ms p50 over 1-16 frame chunks), c=16 (5.97 ms mean, 2.9 chunks,
+~28 frames) and c=64 (8.5 ms mean, 5.4 chunks, ~48 frames)."""
+
+
+def step_ms(plan: StepPlan) -> float:
+    """The model's time of one step."""
+    if plan.stage is Stage.CODEC:
+        items = [item for item in plan.items if isinstance(item, CodecItem)]
+        frames = sum(item.num_frames for item in items)
+        base, per_frame, per_chunk = CODEC_MS
+        return base + per_frame * max(0, frames - 1) + per_chunk * max(0, len(items) - 1)
+    points = STEP_MS[plan.stage]
+    rows = plan.num_rows
+    xs = [x for x, _ in points]
+    i = min(max(bisect.bisect_left(xs, rows), 1), len(points) - 1)
+    (x0, y0), (x1, y1) = points[i - 1], points[i]
+    return y0 + (y1 - y0) * (rows - x0) / (x1 - x0)
+
+
+class SimClock:
+    """Model time of the steps run so far plus the host time spent inside the engine's calls
+    (``host()`` brackets them); the driver's own bookkeeping does not count."""
+
+    def __init__(self) -> None:
+        self.model_s = 0.0
+        self.host_s = 0.0
+        self._since: float | None = None
+
+    def __call__(self) -> float:
+        live = time.perf_counter() - self._since if self._since is not None else 0.0
+        return self.model_s + self.host_s + live
+
+    def host(self, fn, *args):  # type: ignore[no-untyped-def]
+        self._since = time.perf_counter()
+        try:
+            return fn(*args)
+        finally:
+            self.host_s += time.perf_counter() - self._since
+            self._since = None
+
+
+@dataclass
+class SimWorker:
+    """Stands in for ``ModelRunner.execute``: first codes for DEPTH, silent PCM for CODEC, and
+    the model's step time added to the clock."""
+
+    clock: SimClock
+    steps: dict[str, list[float]] = field(default_factory=dict)
+
+    def execute(self, plan: StepPlan) -> StageOutput:
+        ms = step_ms(plan)
+        self.clock.model_s += ms / 1000
+        self.steps.setdefault(plan.stage.value, []).append(ms)
+        out = StageOutput()
+        if plan.stage is Stage.DEPTH:
+            out.first_codes = {item.request_id: 7 for item in plan.items}
+        elif plan.stage is Stage.CODEC:
+            out.chunks = [DecodedChunk(item.request_id, item.start_frame, item.num_frames,
+                                       np.zeros(item.num_frames * SAMPLES_PER_FRAME, np.float32),
+                                       item.is_final)
+                          for item in plan.items if isinstance(item, CodecItem)]
+        return out
+
+    def release(self, request_id: str) -> None:
+        pass
+
+
+def build_engine(overrides: dict[str, dict], clock: SimClock) -> tuple[Engine, SimWorker]:
+    """The serving profile's scheduler and cache on the tiny CPU model, its worker simulated."""
+    base = EngineConfig.from_file(REPO / "configs" / "h200-latency.toml").model_dump()
+    base["model"] = {"preset": "tiny", "device": "cpu", "dtype": "float32"}
+    base["graph"] = GraphConfig().model_dump()
+    base["cache"]["num_blocks"] = 8192
+    for section, values in overrides.items():
+        if section != "sim":
+            base[section].update(values)
+    engine = Engine(EngineConfig.from_dict(base), clock=clock)
+    apply_sim_switches(engine, overrides.get("sim", {}))
+    worker = SimWorker(clock)
+    engine.runner = worker  # type: ignore[assignment]
+    return engine, worker
+
+
+@dataclass
+class Stream:
+    result: RequestResult
+    next_report: float | None = None
+
+
+def run_point(engine: Engine, clock: SimClock, items, concurrency: int, tag: str,
+              feedback_period_s: float = 0.1) -> list[RequestResult]:
+    """Closed loop: ``concurrency`` requests in flight until every item has finished."""
+    pending = list(items)
+    live: dict[str, Stream] = {}
+    done: list[RequestResult] = []
+
+    arriving: list[SynthesisRequest] = []
+
+    def submit() -> None:
+        item = pending.pop(0)
+        request = SynthesisRequest(text=item.text, options=SynthesisOptions(seed=item.seed),
+                                   max_frames=item.num_frames, ignore_eos=True,
+                                   request_id=f"{tag}-{item.index}")
+        result = RequestResult(item.index, str(request.request_id), item.num_frames, clock())
+        arriving.append(request)
+        live[result.request_id] = Stream(result)
+
+    first = True
+    while pending or live:
+        # A request that replaces a finished one reaches the engine while its next step runs
+        # (the serving loop does not wait for arrivals), so it is added after that step.
+        for request in arriving:
+            clock.host(engine.add_request, request)
+        arriving.clear()
+        while pending and len(live) < concurrency:
+            submit()
+        if first:  # the opening burst is there before the first step
+            for request in arriving:
+                clock.host(engine.add_request, request)
+            arriving.clear()
+            first = False
+        now = clock()
+        for stream in live.values():
+            if stream.next_report is not None and stream.next_report <= now:
+                timeline = stream.result.timeline
+                clock.host(engine.report_playback, stream.result.request_id,
+                           timeline.buffered_s(now), now, "simulated")
+                stream.result.num_feedback_reports += 1
+                stream.next_report += feedback_period_s
+        outputs = clock.host(engine.step)
+        if not engine.last_step_ran and not outputs:
+            clock.model_s += 0.0005  # idle: the loop waits for work
+        for out in outputs:
+            if isinstance(out, AudioChunk):
+                stream = live[out.request_id]
+                stream.result.add_chunk(out.created_time, out.duration_s, out.num_frames,
+                                        out.created_time)
+                if stream.next_report is None:
+                    stream.next_report = out.created_time + feedback_period_s
+            elif isinstance(out, RequestOutcome):
+                stream = live.pop(out.request_id)
+                if out.status.value != "finished":
+                    stream.result.status, stream.result.error = "error", out.status.value
+                done.append(stream.result)
+    return done
+
+
+def summary(results: list[RequestResult], concurrency: int, wall_s: float,
+            worker: SimWorker, host_s: float) -> dict:
+    ok = [r for r in results if r.is_ok and r.chunk_times]
+    ordered = sorted(ok, key=lambda r: r.submit_time)
+    burst, after = ordered[:concurrency], ordered[concurrency:]
+
+    def ttfb_ms(rs: list[RequestResult]) -> dict:
+        s = summarize((r.chunk_times[0] - r.submit_time) * 1000 for r in rs)
+        return {k: (round(v, 1) if isinstance(v, float) else v) for k, v in s.items()}
+
+    audio = sum(sum(r.chunk_durations_s) for r in ok)
+    late = [r for r in ok if r.timeline.has_underrun]
+    late_chunks: dict[int, int] = {}
+    for r in late:
+        for k, lateness in enumerate(r.timeline.lateness_s):
+            if lateness > 1e-9:
+                late_chunks[k] = late_chunks.get(k, 0) + 1
+    steps = {stage: {"count": len(ms), "mean_ms": round(sum(ms) / len(ms), 2),
+                     "share": round(sum(ms) / 1000 / wall_s, 3)}
+             for stage, ms in worker.steps.items()}
+    return {
+        "requests": len(results), "ok": len(ok), "ttfb_ms": ttfb_ms(ok),
+        "burst_ttfb_ms": ttfb_ms(burst), "after_ttfb_ms": ttfb_ms(after),
+        "underrun_requests": len(late),
+        "burst_underruns": sum(r.timeline.has_underrun for r in burst),
+        "max_extra_buffer_ms": round(max((r.timeline.extra_buffer_s for r in ok), default=0)
+                                     * 1000, 1),
+        "late_chunks_by_index": dict(sorted(late_chunks.items())),
+        "audio_s_per_s": round(audio / wall_s, 1), "wall_s": round(wall_s, 2),
+        "model_busy": round(sum(sum(ms) for ms in worker.steps.values()) / 1000 / wall_s, 3),
+        "host_share": round(host_s / wall_s, 3),
+        "host_ms_per_step": round(1000 * host_s / max(1, sum(len(ms) for ms in
+                                                              worker.steps.values())), 3),
+        "steps": steps,
+    }
+
+
+SIM_SWITCHES = ("sim.predict_memo",)
+"""Host-side paths the simulator can put back beside today's, in one run: ``sim.predict_memo =
+false`` recomputes every stage-time prediction (as before the memo of 2 Dec)."""
+
+
+def parse_variant(spec: str) -> tuple[str, dict[str, dict]]:
+    name, _, body = spec.partition("=")
+    overrides: dict[str, dict] = {}
+    for assignment in filter(None, body.split(";")):
+        key, _, value = assignment.partition("=")
+        section, _, field_name = key.strip().partition(".")
+        if section == "sim" and f"sim.{field_name}" not in SIM_SWITCHES:
+            raise SystemExit(f"unknown simulator switch sim.{field_name}: {SIM_SWITCHES}")
+        overrides.setdefault(section, {})[field_name] = json.loads(value)
+    return name, overrides
+
+
+def apply_sim_switches(engine: Engine, switches: dict) -> None:
+    if not switches.get("predict_memo", True) and engine.predictor is not None:
+        model = engine.predictor.time_model
+        model.predict = model._predict  # type: ignore[method-assign]
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--concurrency", default="16,64")
+    p.add_argument("--num-requests", type=int, default=300)
+    p.add_argument("--warmup", type=int, default=16)
+    p.add_argument("--texts", default=str(REPO.parent / "shared" / "bench" / "texts_en.tsv"))
+    p.add_argument("--variant", action="append", default=[],
+                   help="NAME=section.key=JSON;... (default: one variant, the profile)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", default=None)
+    args = p.parse_args(argv)
+    texts = load_texts(args.texts)
+    variants = [parse_variant(v) for v in args.variant] or [("profile", {})]
+    runs = []
+    for name, overrides in variants:
+        for concurrency in (int(c) for c in args.concurrency.split(",")):
+            clock = SimClock()
+            engine, worker = build_engine(overrides, clock)
+            run_point(engine, clock, make_workload(texts, args.warmup, args.seed + 1),
+                      concurrency, "warm")
+            worker.steps.clear()
+            start, host0 = clock(), clock.host_s
+            results = run_point(engine, clock, make_workload(texts, args.num_requests,
+                                                             args.seed), concurrency, "run")
+            wall = clock() - start
+            run = {"variant": name, "overrides": overrides, "concurrency": concurrency,
+                   **summary(results, concurrency, wall, worker, clock.host_s - host0),
+                   "counters": engine.metrics.snapshot().get("counters", {})}
+            runs.append(run)
+            t = run["ttfb_ms"]
+            print(f"{name} c={concurrency}: TTFB p50 {t['p50']} p95 {t['p95']} ms, "
+                  f"underruns {run['underrun_requests']} (burst {run['burst_underruns']}, "
+                  f"late chunks by index {run['late_chunks_by_index']}), "
+                  f"{run['audio_s_per_s']} audio s/s, model busy {run['model_busy']}, "
+                  f"host {run['host_share']} ({run['host_ms_per_step']} ms a step)", flush=True)
+    doc = {"schema": "breezert-sched-sim/1", "host": platform.node(),
+           "python": sys.version.split()[0], "commit": git_commit(),
+           "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+           "step_ms": {s.value: v for s, v in STEP_MS.items()}, "codec_ms": CODEC_MS,
+           "options": vars(args), "runs": runs}
+    if args.out:
+        Path(args.out).write_text(json.dumps(doc, indent=1))
+
+
+if __name__ == "__main__":
+    main()

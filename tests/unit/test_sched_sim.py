@@ -1,0 +1,83 @@
+"""``bench/sched_sim.py``: the real engine's scheduling on a stage-time model (no GPU).
+
+Checks the step-time model between and past its points, and a small closed-loop run end to end:
+every request streams all its frames, the clock holds the model's step times plus host time, and
+a simulator switch puts the old host path back beside today's.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from breezert.constants import Stage
+from breezert.sched.plan import CodecItem, StepPlan
+
+pytestmark = pytest.mark.unit
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _sim():  # type: ignore[no-untyped-def]
+    spec = importlib.util.spec_from_file_location("sched_sim", REPO / "bench" / "sched_sim.py")
+    assert spec is not None and spec.loader is not None
+    sys.path.insert(0, str(REPO / "bench"))  # its own import of cuda_bench
+    try:
+        module = importlib.util.module_from_spec(spec)
+        sys.modules["sched_sim"] = module  # its dataclasses look their module up
+        spec.loader.exec_module(module)
+    finally:
+        sys.path.remove(str(REPO / "bench"))
+    return module
+
+
+def _plan(stage: Stage, rows: int) -> StepPlan:
+    from breezert.sched.plan import DepthItem
+
+    items = tuple(DepthItem(f"r{i}", i, 0, 0, 1, 0) for i in range(rows))
+    return StepPlan(1, stage, items)
+
+
+def test_step_model_interpolates_between_its_points_and_extends_past_them() -> None:
+    sim = _sim()
+    assert sim.step_ms(_plan(Stage.DEPTH, 1)) == pytest.approx(9.6)
+    assert sim.step_ms(_plan(Stage.DEPTH, 29)) == pytest.approx(10.0 + 2.4 * 15 / 30)
+    assert sim.step_ms(_plan(Stage.DEPTH, 84)) == pytest.approx(13.5 + 1.1 * 20 / 20)
+    codec = StepPlan(2, Stage.CODEC, (CodecItem("a", 0, 0, 4, False, False),
+                                      CodecItem("b", 1, 8, 16, False, False)))
+    base, per_frame, per_chunk = sim.CODEC_MS
+    assert sim.step_ms(codec) == pytest.approx(base + per_frame * 19 + per_chunk)
+
+
+def test_a_closed_loop_streams_every_request_whole(tmp_path: Path) -> None:
+    texts = tmp_path / "texts.tsv"
+    texts.write_text("id\ttext\n" + "".join(
+        f"{i}\t{'A sentence of some length for the simulator. ' * (1 + i % 3)}\n"
+        for i in range(10)))
+    out = tmp_path / "sim.json"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+        [str(REPO / "runtime"), str(REPO / "bench"), str(REPO)])}
+    subprocess.run(
+        [sys.executable, str(REPO / "bench" / "sched_sim.py"), "--concurrency", "4",
+         "--num-requests", "12", "--warmup", "2", "--texts", str(texts), "--out", str(out),
+         "--variant", "today=", "--variant", "no-memo=sim.predict_memo=false"],
+        check=True, env=env, timeout=240, capture_output=True)
+    doc = json.loads(out.read_text())
+    assert [run["variant"] for run in doc["runs"]] == ["today", "no-memo"]
+    for run in doc["runs"]:
+        assert run["ok"] == run["requests"] == 12
+        assert run["ttfb_ms"]["count"] == 12 and run["ttfb_ms"]["p50"] > 9.6 + 1.9
+        assert run["steps"]["depth"]["count"] >= max(1, 12 * 3)  # >= 3 s of speech each
+        assert 0 < run["model_busy"] < 1 and 0 < run["host_share"] < 1
+        assert run["model_busy"] + run["host_share"] <= 1.0 + 1e-6
+
+
+def test_an_unknown_simulator_switch_is_refused() -> None:
+    with pytest.raises(SystemExit, match="sim.nonsense"):
+        _sim().parse_variant("x=sim.nonsense=true")
