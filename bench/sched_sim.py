@@ -76,23 +76,35 @@ def step_ms(plan: StepPlan) -> float:
 
 class SimClock:
     """Model time of the steps run so far plus the host time spent inside the engine's calls
-    (``host()`` brackets them); the driver's own bookkeeping does not count."""
+    (``host()`` brackets them; CPU time of this thread, so that other processes on a shared
+    machine do not count); the driver's own bookkeeping does not count.
 
-    def __init__(self) -> None:
+    ``host_model = (a, b)`` replaces the measured host time with ``a + b * running requests``
+    ms per engine step (and nothing for the other calls): the run is then deterministic, so
+    two scheduling policies can be compared without this machine's timing noise."""
+
+    def __init__(self, host_model: tuple[float, float] | None = None) -> None:
         self.model_s = 0.0
         self.host_s = 0.0
+        self.host_model = host_model
+        self.running = 0
         self._since: float | None = None
 
     def __call__(self) -> float:
-        live = time.perf_counter() - self._since if self._since is not None else 0.0
+        live = (time.thread_time() - self._since
+                if self._since is not None and self.host_model is None else 0.0)
         return self.model_s + self.host_s + live
 
     def host(self, fn, *args):  # type: ignore[no-untyped-def]
-        self._since = time.perf_counter()
+        self._since = time.thread_time()
         try:
             return fn(*args)
         finally:
-            self.host_s += time.perf_counter() - self._since
+            if self.host_model is None:
+                self.host_s += time.thread_time() - self._since
+            elif getattr(fn, "__name__", "") == "step":
+                a, b = self.host_model
+                self.host_s += (a + b * self.running) / 1000
             self._since = None
 
 
@@ -145,8 +157,10 @@ class Stream:
 
 
 def run_point(engine: Engine, clock: SimClock, items, concurrency: int, tag: str,
-              feedback_period_s: float = 0.1) -> list[RequestResult]:
-    """Closed loop: ``concurrency`` requests in flight until every item has finished."""
+              feedback_period_s: float = 0.1, max_steps: int | None = None
+              ) -> list[RequestResult]:
+    """Closed loop: ``concurrency`` requests in flight until every item has finished (or,
+    with ``max_steps``, until that many engine steps have run, the rest left in flight)."""
     pending = list(items)
     live: dict[str, Stream] = {}
     done: list[RequestResult] = []
@@ -163,7 +177,9 @@ def run_point(engine: Engine, clock: SimClock, items, concurrency: int, tag: str
         live[result.request_id] = Stream(result)
 
     first = True
-    while pending or live:
+    steps = 0
+    while (pending or live) and (max_steps is None or steps < max_steps):
+        steps += 1
         # A request that replaces a finished one reaches the engine while its next step runs
         # (the serving loop does not wait for arrivals), so it is added after that step.
         for request in arriving:
@@ -184,6 +200,7 @@ def run_point(engine: Engine, clock: SimClock, items, concurrency: int, tag: str
                            timeline.buffered_s(now), now, "simulated")
                 stream.result.num_feedback_reports += 1
                 stream.next_report += feedback_period_s
+        clock.running = len(live)
         outputs = clock.host(engine.step)
         if not engine.last_step_ran and not outputs:
             clock.model_s += 0.0005  # idle: the loop waits for work
@@ -239,9 +256,12 @@ def summary(results: list[RequestResult], concurrency: int, wall_s: float,
     }
 
 
-SIM_SWITCHES = ("sim.predict_memo",)
+SIM_SWITCHES = ("sim.predict_memo", "sim.shared_keys")
 """Host-side paths the simulator can put back beside today's, in one run: ``sim.predict_memo =
-false`` recomputes every stage-time prediction (as before the memo of 2 Dec)."""
+false`` recomputes every stage-time prediction, ``sim.shared_keys = false`` ranks each of a
+request's ready stages on its own, computing its slack again for each (both as before 2 Dec).
+Measured and not kept: a per-step memo of when each listener runs dry (``_dry_time``, asked ~3
+times per stream and step) made the ranking slower, 0.86 -> 0.93 ms at 64 streams."""
 
 
 def parse_variant(spec: str) -> tuple[str, dict[str, dict]]:
@@ -260,6 +280,44 @@ def apply_sim_switches(engine: Engine, switches: dict) -> None:
     if not switches.get("predict_memo", True) and engine.predictor is not None:
         model = engine.predictor.time_model
         model.predict = model._predict  # type: ignore[method-assign]
+    if not switches.get("shared_keys", True):
+        policy = engine.scheduler.stage_policy
+        one = type(policy).priority_keys  # one stage at a time, as priority_key once did
+        policy.priority_keys = lambda request, stages, now: [  # type: ignore[method-assign]
+            one(policy, request, (stage,), now)[0] for stage in stages]
+
+
+HOST_PATHS = {"before": {"predict_memo": False, "shared_keys": False},
+              "memo": {"shared_keys": False}, "memo+keys": {}}
+
+
+def host_bench(concurrency: int, texts: list[str], steps: int, reps: int) -> dict:
+    """Host time of one step's ranking (``Scheduler._ready_pairs``, most of a step's host work)
+    on one frozen engine state, ``steps`` steps into a closed loop, for each path in
+    ``HOST_PATHS``; the paths interleaved, ``reps`` calls each, the stage-time memo cleared
+    before every call as an observed step clears it. Median and p10 in ms."""
+    clock = SimClock()
+    engine, _ = build_engine({}, clock)
+    run_point(engine, clock, make_workload(texts, 10 * concurrency, 0), concurrency, "hb",
+              max_steps=steps)
+    sched, model = engine.scheduler, engine.predictor.time_model
+    cls_keys, cls_predict = type(sched.stage_policy).priority_keys, type(model).predict
+    now = clock()
+    times: dict[str, list[float]] = {name: [] for name in HOST_PATHS}
+    for _ in range(reps):
+        for name, switches in HOST_PATHS.items():
+            sched.stage_policy.__dict__.pop("priority_keys", None)
+            model.__dict__.pop("predict", None)
+            apply_sim_switches(engine, switches)
+            model._memo.clear()
+            start = time.perf_counter()
+            sched._ready_pairs(now)
+            times[name].append((time.perf_counter() - start) * 1000)
+    assert type(sched.stage_policy).priority_keys is cls_keys and type(model).predict is cls_predict
+    return {"concurrency": concurrency, "running": sched.stats().num_running, "steps": steps,
+            "reps": reps, **{name: {"p50_ms": round(float(np.median(t)), 4),
+                                    "p10_ms": round(float(np.percentile(t, 10)), 4)}
+                             for name, t in times.items()}}
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -270,15 +328,27 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--texts", default=str(REPO.parent / "shared" / "bench" / "texts_en.tsv"))
     p.add_argument("--variant", action="append", default=[],
                    help="NAME=section.key=JSON;... (default: one variant, the profile)")
+    p.add_argument("--host-model", default=None, metavar="A,B",
+                   help="host ms per engine step = A + B x running requests instead of the "
+                        "host time measured here (deterministic runs)")
+    p.add_argument("--host-bench", type=int, default=0, metavar="REPS",
+                   help="instead of runs: time one step's ranking on a frozen engine state "
+                        "at each concurrency, each host path REPS times (HOST_PATHS)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default=None)
     args = p.parse_args(argv)
     texts = load_texts(args.texts)
     variants = [parse_variant(v) for v in args.variant] or [("profile", {})]
     runs = []
+    if args.host_bench:
+        for concurrency in (int(c) for c in args.concurrency.split(",")):
+            runs.append(host_bench(concurrency, texts, 40 * concurrency, args.host_bench))
+            print(json.dumps(runs[-1]), flush=True)
+        variants = []
     for name, overrides in variants:
         for concurrency in (int(c) for c in args.concurrency.split(",")):
-            clock = SimClock()
+            clock = SimClock(tuple(float(x) for x in args.host_model.split(","))
+                             if args.host_model else None)
             engine, worker = build_engine(overrides, clock)
             run_point(engine, clock, make_workload(texts, args.warmup, args.seed + 1),
                       concurrency, "warm")

@@ -53,6 +53,12 @@ class StagePolicy(Protocol):
     def priority_key(self, request: Request, stage: Stage, now: float) -> tuple[float, ...]:
         ...
 
+    def priority_keys(self, request: Request, stages: Sequence[Stage],
+                      now: float) -> list[tuple[float, ...]]:
+        """``priority_key`` of each of the request's ready stages (asked once per request and
+        step, so that what the stages share is computed once)."""
+        ...
+
     def pick(self, ready: Sequence[ReadyPair], now: float) -> tuple[Stage, list[Request]]:
         """``ready`` is sorted by key; returns the stage to run and its candidates (the batch is
         filled from them in order, within the stage's limits)."""
@@ -97,6 +103,10 @@ class DefaultStagePolicy:
             return (0, last, closeness)
         return (2, request.stage_ready_step[stage], closeness)
 
+    def priority_keys(self, request: Request, stages: Sequence[Stage],
+                      now: float) -> list[tuple[float, ...]]:
+        return [self.priority_key(request, stage, now) for stage in stages]
+
     def pick(self, ready: Sequence[ReadyPair], now: float) -> tuple[Stage, list[Request]]:
         return first_stage(ready)
 
@@ -129,21 +139,39 @@ class DeadlineStagePolicy:
         self.predictor = predictor
 
     def priority_key(self, request: Request, stage: Stage, now: float) -> tuple[float, ...]:
-        closeness = OUTPUT_ORDER[stage]
+        return self.priority_keys(request, (stage,), now)[0]
+
+    def priority_keys(self, request: Request, stages: Sequence[Stage],
+                      now: float) -> list[tuple[float, ...]]:
+        """The request's slack and buffer level are the same for each of its stages: each is
+        computed once, and only if a stage's key needs it (the host time of a step at 64
+        streams was mostly these predictions)."""
         p = self.predictor
         if not request.is_streaming:
             if p.overdue_startup_urgent and (slack := p.slack(request, now)) < p.min_slack_s:
-                return (0, slack, closeness)  # its first chunk is due: compete on slack
-            return (1, -request.priority, p.deadline(request, now), closeness)
-        waited = request.stage_ready_step.get(stage, 0)
-        if stage in _PREP and not request.is_at_gap:
-            return (2, waited, 0.0, closeness)
-        slack = p.slack(request, now)
-        if slack < p.min_slack_s:
-            return (0, slack, closeness)
-        if p.buffered_s(request, now) > p.max_lead_s:
-            return (3, waited, slack, closeness)
-        return (2, waited, slack, closeness)
+                # its first chunk is due: compete on slack
+                return [(0, slack, OUTPUT_ORDER[stage]) for stage in stages]
+            deadline = p.deadline(request, now)
+            return [(1, -request.priority, deadline, OUTPUT_ORDER[stage]) for stage in stages]
+        at_gap = request.is_at_gap
+        slack: float | None = None
+        buffered: float | None = None
+        keys: list[tuple[float, ...]] = []
+        for stage in stages:
+            closeness = OUTPUT_ORDER[stage]
+            waited = request.stage_ready_step.get(stage, 0)
+            if stage in _PREP and not at_gap:
+                keys.append((2, waited, 0.0, closeness))
+                continue
+            if slack is None:
+                slack = p.slack(request, now)
+            if slack < p.min_slack_s:
+                keys.append((0, slack, closeness))
+                continue
+            if buffered is None:
+                buffered = p.buffered_s(request, now)
+            keys.append((3 if buffered > p.max_lead_s else 2, waited, slack, closeness))
+        return keys
 
     def pick(self, ready: Sequence[ReadyPair], now: float) -> tuple[Stage, list[Request]]:
         stage, candidates = first_stage(self._startup_within_slack(ready))

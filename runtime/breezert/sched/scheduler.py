@@ -432,8 +432,8 @@ class Scheduler:
             request.stage_ready_step = {
                 s: request.stage_ready_step.get(s, self._step_id) for s in stages
             }
-            for stage in stages:
-                pairs.append((self.stage_policy.priority_key(request, stage, now), request, stage))
+            keys = self.stage_policy.priority_keys(request, stages, now)
+            pairs.extend((key, request, stage) for key, stage in zip(keys, stages))
         return pairs, codec_frames
 
     def _ready_stages(self, request: Request, is_codec_ready: bool) -> list[Stage]:
