@@ -30,7 +30,8 @@ from pathlib import Path
 
 import numpy as np
 
-from breezert.bench.listener import RequestResult, summarize
+from breezert.bench.listener import LATE_EPS_S, RequestResult, summarize
+from breezert.bench.variants import parse_variant_spec
 from breezert.bench.workload import load_texts, make_workload
 from breezert.config import EngineConfig, GraphConfig
 from breezert.constants import Stage
@@ -76,8 +77,8 @@ def step_ms(plan: StepPlan) -> float:
 
 class SimClock:
     """Model time of the steps run so far plus the host time spent inside the engine's calls
-    (``host()`` brackets them; CPU time of this thread, so that other processes on a shared
-    machine do not count); the driver's own bookkeeping does not count.
+    (``host()`` and ``step()`` bracket them; CPU time of this thread, so that other processes on
+    a shared machine do not count); the driver's own bookkeeping does not count.
 
     ``host_model = (a, b)`` replaces the measured host time with ``a + b * running requests``
     ms per engine step (and nothing for the other calls): the run is then deterministic, so
@@ -87,7 +88,6 @@ class SimClock:
         self.model_s = 0.0
         self.host_s = 0.0
         self.host_model = host_model
-        self.running = 0
         self._since: float | None = None
 
     def __call__(self) -> float:
@@ -96,16 +96,22 @@ class SimClock:
         return self.model_s + self.host_s + live
 
     def host(self, fn, *args):  # type: ignore[no-untyped-def]
+        """An engine call other than a step (with a host model it costs nothing)."""
         self._since = time.thread_time()
         try:
             return fn(*args)
         finally:
             if self.host_model is None:
                 self.host_s += time.thread_time() - self._since
-            elif getattr(fn, "__name__", "") == "step":
-                a, b = self.host_model
-                self.host_s += (a + b * self.running) / 1000
             self._since = None
+
+    def step(self, engine: Engine, running: int) -> list:
+        """``engine.step()`` with ``running`` requests in flight."""
+        outputs = self.host(engine.step)
+        if self.host_model is not None:
+            a, b = self.host_model
+            self.host_s += (a + b * running) / 1000
+        return outputs
 
 
 @dataclass
@@ -167,6 +173,11 @@ def run_point(engine: Engine, clock: SimClock, items, concurrency: int, tag: str
 
     arriving: list[SynthesisRequest] = []
 
+    def deliver() -> None:
+        for request in arriving:
+            clock.host(engine.add_request, request)
+        arriving.clear()
+
     def submit() -> None:
         item = pending.pop(0)
         request = SynthesisRequest(text=item.text, options=SynthesisOptions(seed=item.seed),
@@ -176,22 +187,16 @@ def run_point(engine: Engine, clock: SimClock, items, concurrency: int, tag: str
         arriving.append(request)
         live[result.request_id] = Stream(result)
 
-    first = True
     steps = 0
     while (pending or live) and (max_steps is None or steps < max_steps):
         steps += 1
         # A request that replaces a finished one reaches the engine while its next step runs
         # (the serving loop does not wait for arrivals), so it is added after that step.
-        for request in arriving:
-            clock.host(engine.add_request, request)
-        arriving.clear()
+        deliver()
         while pending and len(live) < concurrency:
             submit()
-        if first:  # the opening burst is there before the first step
-            for request in arriving:
-                clock.host(engine.add_request, request)
-            arriving.clear()
-            first = False
+        if steps == 1:  # the opening burst is there before the first step
+            deliver()
         now = clock()
         for stream in live.values():
             if stream.next_report is not None and stream.next_report <= now:
@@ -200,8 +205,7 @@ def run_point(engine: Engine, clock: SimClock, items, concurrency: int, tag: str
                            timeline.buffered_s(now), now, "simulated")
                 stream.result.num_feedback_reports += 1
                 stream.next_report += feedback_period_s
-        clock.running = len(live)
-        outputs = clock.host(engine.step)
+        outputs = clock.step(engine, len(live))
         if not engine.last_step_ran and not outputs:
             clock.model_s += 0.0005  # idle: the loop waits for work
         for out in outputs:
@@ -234,7 +238,7 @@ def summary(results: list[RequestResult], concurrency: int, wall_s: float,
     late_chunks: dict[int, int] = {}
     for r in late:
         for k, lateness in enumerate(r.timeline.lateness_s):
-            if lateness > 1e-9:
+            if lateness > LATE_EPS_S:
                 late_chunks[k] = late_chunks.get(k, 0) + 1
     steps = {stage: {"count": len(ms), "mean_ms": round(sum(ms) / len(ms), 2),
                      "share": round(sum(ms) / 1000 / wall_s, 3)}
@@ -265,15 +269,14 @@ times per stream and step) made the ranking slower, 0.86 -> 0.93 ms at 64 stream
 
 
 def parse_variant(spec: str) -> tuple[str, dict[str, dict]]:
-    name, _, body = spec.partition("=")
-    overrides: dict[str, dict] = {}
-    for assignment in filter(None, body.split(";")):
-        key, _, value = assignment.partition("=")
-        section, _, field_name = key.strip().partition(".")
-        if section == "sim" and f"sim.{field_name}" not in SIM_SWITCHES:
-            raise SystemExit(f"unknown simulator switch sim.{field_name}: {SIM_SWITCHES}")
-        overrides.setdefault(section, {})[field_name] = json.loads(value)
-    return name, overrides
+    """The bench's ``--variant`` syntax (``NAME=section.key=value;...``, TOML values) plus the
+    simulator's own ``sim.*`` switches."""
+    variant = parse_variant_spec(spec)
+    unknown = [f"sim.{key}" for key in variant.overrides.get("sim", {})
+               if f"sim.{key}" not in SIM_SWITCHES]
+    if unknown:
+        raise SystemExit(f"unknown simulator switch {', '.join(unknown)}: {SIM_SWITCHES}")
+    return variant.name, {section: dict(values) for section, values in variant.overrides.items()}
 
 
 def apply_sim_switches(engine: Engine, switches: dict) -> None:
@@ -327,7 +330,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--warmup", type=int, default=16)
     p.add_argument("--texts", default=str(REPO.parent / "shared" / "bench" / "texts_en.tsv"))
     p.add_argument("--variant", action="append", default=[],
-                   help="NAME=section.key=JSON;... (default: one variant, the profile)")
+                   help="NAME=section.key=value;... as in breezert bench, TOML values, plus "
+                        "sim.* switches (default: one variant, the profile)")
     p.add_argument("--host-model", default=None, metavar="A,B",
                    help="host ms per engine step = A + B x running requests instead of the "
                         "host time measured here (deterministic runs)")
