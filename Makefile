@@ -114,13 +114,13 @@ train-texts:
 	if [ -n "$$missing" ]; then \
 	  apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q $$missing; fi
 
-# The teacher's wheels for a GPU machine that reaches no index (Python 3.12, x86-64 there):
-# carry .whl-train/ and `pip install --no-index --find-links .whl-train hibari-tts onnxruntime`
-# on it (apart from .whl/, so that the other device calls stay under their 64 MiB carry).
+# The teacher's wheel for a GPU machine that reaches no index (Python 3.12 there): carry
+# .whl-train/ (14 MB; the GPU image's own onnxruntime 1.30 runs it) apart from .whl/, so that the
+# voice calls' carry (tree, wheels, corpus, the codec's snapshot) stays under its 64 MiB.
 train-wheels: $(STAMP)
 	$(PIP) download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
 	  --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 -d .whl-train \
-	  "hibari-tts==0.2.1" "onnxruntime==1.32.0"
+	  "hibari-tts==0.2.1"
 
 run: $(STAMP)
 	$(VENV)/bin/breezert serve --config cpu-tiny

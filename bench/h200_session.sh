@@ -77,10 +77,12 @@ case "$phase" in
   voice)  # issue 19, one call: teacher data -> codec -> codes -> LM -> export; the state comes
     # back as $OUT/state.NNN (+ state.json); carry them in as .voicestate/ next time. Carry
     # .whl, .whl-train (make train-wheels) and .traindata (corpus.json.gz, built here).
+    # VOICE_ARGS: more pipeline flags, e.g. "--codec-minutes 5.5".
     mkdir -p /tmp/voice/teacher
     [ ! -f .traindata/corpus.json.gz ] || cp .traindata/corpus.json.gz /tmp/voice/teacher/
     timeout 580 python3 -m breezert.train.pipeline --work /tmp/voice --minutes-total 9.3 \
-      --out "$out" --carry-in .voicestate 2>&1 | tee /tmp/voice/pipeline.log | tail -40 ;;
+      --out "$out" --carry-in .voicestate ${VOICE_ARGS:-} 2>&1 | tee /tmp/voice/pipeline.log | tail -40
+    cp /tmp/voice/pipeline.log "$out/" ;;
   decode)  # the fused backbone DECODE step: GPU tests, step times, census, then 300 requests
     # at 16 and 32 concurrent with it on (compare with h200-predictor-20261129.json)
     timeout 200 python3 -m pytest tests/gpu/test_gpu_fused_decode.py -q -p no:cacheprovider 2>&1 \

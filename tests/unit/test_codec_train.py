@@ -241,6 +241,56 @@ def test_export_loads_with_the_loader_and_streams(data_dir: Path, tmp_path: Path
     assert torch.allclose(torch.cat(pieces, dim=-1), offline, atol=1e-5)
 
 
+def test_snapshot_carries_bf16_weights_and_rewarms_the_rates(data_dir: Path,
+                                                             tmp_path: Path) -> None:
+    """A carry snapshot holds bf16 weights (usage counts exact), no optimiser state; a trainer
+    on another machine goes on from it at the same step with its rates warming up again, and a
+    larger batch is allowed there."""
+    data = AudioFolderCrops(data_dir, CFG.crop_samples, seed=CFG.seed)
+    first = train(data, tmp_path / "a", CFG, minutes=5, max_steps=3)
+    snap = first.snapshot()
+    assert "opt_g" not in snap and "opt_d" not in snap
+    usage = [k for k in snap["encoder"] if k.endswith("cluster_usage")]
+    assert usage and all(snap["encoder"][k].dtype == torch.float32 for k in usage)
+    assert snap["decoder"]["pre_conv.conv.weight"].dtype == torch.bfloat16
+    bigger = replace(CFG, batch_size=3, rewarmup_steps=4)
+    second = train(data, tmp_path / "b", bigger, minutes=5, max_steps=5,
+                   warm_start=lambda t: t.load_snapshot(snap))
+    assert (second.step, second.reset_step) == (5, 3)
+    lines = [json.loads(x) for x in (tmp_path / "b" / LOG_FILE).read_text().splitlines()]
+    assert [x["step"] for x in lines] == [4, 5]
+    # steps 4 and 5 ran at 1/4 and 2/4 of the rate
+    assert second.opt_g.param_groups[0]["lr"] == pytest.approx(CFG.learning_rate * 2 / 4)
+    restored = CodecTrainer(bigger)
+    restored.load_snapshot(snap)
+    want = first.decoder.state_dict()["pre_conv.conv.weight"].to(torch.bfloat16).float()
+    assert torch.equal(restored.decoder.state_dict()["pre_conv.conv.weight"], want)
+    with pytest.raises(ValueError, match="disc_channels"):
+        CodecTrainer(replace(CFG, disc_channels=8)).load_snapshot(snap)
+
+
+def test_an_export_warm_starts_a_run_with_its_codebooks(data_dir: Path, tmp_path: Path,
+                                                        clip: torch.Tensor) -> None:
+    """A codec export (no optimiser, no discriminator) goes on training: the loaded codec gives
+    the export's codes and audio, and its codebooks are not re-initialised from data."""
+    data = AudioFolderCrops(data_dir, CFG.crop_samples, seed=CFG.seed)
+    first = train(data, tmp_path / "a", CFG, minutes=5, max_steps=2)
+    ckpt = load_checkpoint(export_checkpoint(first, tmp_path / "ckpt"))
+    warm = CodecTrainer(CFG)
+    warm.load_export(tmp_path / "ckpt", step=2, train_time_s=1.5)
+    assert (warm.step, warm.train_time_s, warm.reset_step) == (2, 1.5, 2)
+    with torch.no_grad():
+        y, q = warm.reconstruct(clip, training=False)
+    assert torch.equal(q.codes, ckpt.codec_encoder.encode(clip))
+    assert torch.allclose(y, ckpt.codec.decode(q.codes), atol=1e-5)
+    before = q.codes
+    with torch.no_grad():  # a training pass keeps the codebooks (no data init of "fresh" ones)
+        _, q2 = warm.reconstruct(clip, training=True)
+    assert (q2.codes == before).float().mean() > 0.9
+    with pytest.raises(ValueError, match="preset"):
+        CodecTrainer(replace(CFG, preset="small")).load_export(tmp_path / "ckpt", 2, 1.5)
+
+
 def test_command_line_trains_saves_and_continues(data_dir: Path, tmp_path: Path) -> None:
     args = ["--data", str(data_dir), "--out", str(tmp_path), "--minutes", "5",
             "--batch-size", "1", "--crop-frames", "2", "--disc-channels", "4",

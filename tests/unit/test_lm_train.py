@@ -289,20 +289,26 @@ def test_command_line_encodes_once_trains_resumes_and_exports(
     shutil.rmtree(out / "codes")
 
 
+def _tone_teacher(out: Path) -> None:
+    """Stands in for the teacher: six tone clips with texts, as one shard in ``out``."""
+    from breezert.train.shards import ShardWriter
+
+    out.mkdir(parents=True)
+    writer = ShardWriter(out, max_bytes=1 << 20)
+    for i, utt in enumerate(_utterances(6, seed=7)):
+        audio = (3000 * np.sin(np.arange(1920 * len(utt.codes)) * 0.05 * (i + 1)))
+        writer.add(i + 1, "test", utt.text, "", audio.astype(np.int16),
+                   np.zeros(1, np.int16), np.ones(1, np.int16))
+    writer.flush()
+
+
 def test_the_pipeline_carries_its_state_to_a_second_call(tmp_path: Path) -> None:
     """Call 1 makes data, trains codec and LM, packs; call 2, on a fresh work folder with only
     the parts, makes no data, keeps the codec and goes on with the LM from its snapshot."""
     from breezert.train.pipeline import Plan, run_pipeline
-    from breezert.train.shards import ShardWriter
 
     def make_teacher(out: Path, plan: Plan) -> None:
-        out.mkdir(parents=True)
-        writer = ShardWriter(out, max_bytes=1 << 20)
-        for i, utt in enumerate(_utterances(6, seed=7)):
-            audio = (3000 * np.sin(np.arange(1920 * len(utt.codes)) * 0.05 * (i + 1)))
-            writer.add(i + 1, "test", utt.text, "", audio.astype(np.int16),
-                       np.zeros(1, np.int16), np.ones(1, np.int16))
-        writer.flush()
+        _tone_teacher(out)
 
     def no_teacher(out: Path, plan: Plan) -> None:
         raise AssertionError("the second call must not need the teacher")
@@ -330,3 +336,40 @@ def test_the_pipeline_carries_its_state_to_a_second_call(tmp_path: Path) -> None
     codec = "carry/codec/audio_tokenizer/model.safetensors"
     assert (tmp_path / "w1" / codec).read_bytes() == (tmp_path / "w2" / codec).read_bytes()
     assert load_checkpoint(tmp_path / "w2" / "voice").config.backbone.hidden_size == 64
+
+
+def test_the_codec_trains_over_several_calls_before_the_lm(tmp_path: Path) -> None:
+    """A call that cannot finish the codec's minutes trains the codec only and carries its
+    snapshot (no export, no LM); the next call makes the teacher data again, goes on from the
+    snapshot's step, finishes the codec and trains the LM."""
+    from breezert.train.pipeline import CODEC_DONE, CODEC_SNAPSHOT, Plan, run_pipeline
+    from breezert.train.state_shards import join_dir
+
+    teacher_calls = []
+
+    def make_teacher(out: Path, plan: Plan) -> None:
+        teacher_calls.append(out)
+        _tone_teacher(out)
+
+    plan = Plan(codec_preset="tiny", codec_batch_size=2, codec_crop_frames=4, lm_recipe="tiny",
+                codec_minutes=0.04, lm_max_steps=3, device="cpu", reserve_minutes=0.0,
+                sample_max_frames=6)
+    kw = dict(codec_overrides={"disc_channels": 4}, lm_overrides={"max_tokens": 256})
+    first = run_pipeline(tmp_path / "w1", 0.01, tmp_path / "out1", plan=plan,
+                         make_teacher=make_teacher, **kw)
+    assert first["stages"][-1]["codec_finished"] is False and "sample" not in first
+    carried = {p.relative_to(tmp_path / "j1").parts[0]
+               for p in join_dir(tmp_path / "out1", tmp_path / "j1").rglob("*")}
+    assert CODEC_SNAPSHOT in carried and not carried & {"codec", "lm", "codes", CODEC_DONE}
+    steps1 = [r["step"] for r in _log_steps(tmp_path / "out1" / "codec_log.jsonl")]
+    assert steps1 and steps1 == list(range(1, len(steps1) + 1))
+    second = run_pipeline(tmp_path / "w2", 5, tmp_path / "out2", carry_in=tmp_path / "out1",
+                          plan=plan, make_teacher=make_teacher, **kw)
+    assert len(teacher_calls) == 2
+    assert second["stages"][1]["codec_finished"] is True
+    assert second["stages"][1]["codec_trained_s"] >= 0.04 * 60 - 1.0
+    steps2 = [r["step"] for r in _log_steps(tmp_path / "out2" / "codec_log.jsonl")]
+    assert steps2[: len(steps1)] == steps1 and steps2 == list(range(1, len(steps2) + 1))
+    assert len(steps2) > len(steps1)
+    assert second["sample"]["frames"] >= 1
+    assert (tmp_path / "w2" / "carry" / CODEC_DONE).is_file()

@@ -5,7 +5,8 @@ Owns: the gate's sentences (``asr_gate_sentences.tsv``: every 40th line of
 so a fresh clone has them), running a subject's paths through the ASR, the JSON report, the
 pass/fail rule (``gate_failures``) and the command line::
 
-    python -m breezert.train.asr_gate --teacher | --model DIR [--sentences 20] [--out FILE]
+    python -m breezert.train.asr_gate --teacher | --model DIR | --codec DIR [--sentences 20]
+        [--out FILE]
 
 Must not: synthesise or transcribe itself (``gate_audio``, ``asr``), or be imported by serving
 code.
@@ -23,7 +24,13 @@ from pathlib import Path
 from typing import Any
 
 from breezert.train.asr import ASR_PACKAGE, ASR_VERSION, Transcriber
-from breezert.train.gate_audio import OFFLINE, BreezeSubject, Subject, TeacherSubject
+from breezert.train.gate_audio import (
+    OFFLINE,
+    BreezeSubject,
+    CodecSubject,
+    Subject,
+    TeacherSubject,
+)
 from breezert.train.wer import WordErrors, word_errors
 
 GATE_SENTENCES = Path(__file__).with_name("asr_gate_sentences.tsv")
@@ -126,6 +133,8 @@ def build_parser() -> argparse.ArgumentParser:
     who = parser.add_mutually_exclusive_group(required=True)
     who.add_argument("--teacher", action="store_true", help="hibari-tts 0.2.1 (offline, Opus)")
     who.add_argument("--model", type=Path, help="Breeze checkpoint folder (every path, on CPU)")
+    who.add_argument("--codec", type=Path, help="Breeze checkpoint folder: the teacher's audio "
+                                                "through its codec (encode, decode)")
     parser.add_argument("--sentences", type=int, default=20, help="how many, evenly spaced")
     parser.add_argument("--texts", type=Path, default=GATE_SENTENCES,
                         help="id<TAB>text file (default: the gate's 20, every 40th of "
@@ -144,8 +153,13 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     torch.set_num_threads(1)
     sentences = select(read_sentences(args.texts), args.sentences)
-    subject: Subject = (TeacherSubject() if args.teacher
-                        else BreezeSubject(args.model, max_frames_scale=args.max_frames_scale))
+    subject: Subject
+    if args.teacher:
+        subject = TeacherSubject()
+    elif args.codec is not None:
+        subject = CodecSubject(args.codec)
+    else:
+        subject = BreezeSubject(args.model, max_frames_scale=args.max_frames_scale)
     report = run_gate(subject, sentences, Transcriber(),
                       log=lambda line: print(line, file=sys.stderr, flush=True))
     failures = gate_failures(report, args.max_wer, args.max_delta)

@@ -1,6 +1,7 @@
 """The audio the ASR quality gate scores, by the path it takes to a listener.
 
-Owns: the teacher's one-shot synthesis; a Breeze checkpoint's one-shot synthesis
+Owns: the teacher's one-shot synthesis; the teacher's audio through a checkpoint's codec (encode
+then decode: the codec's own share of the error); a Breeze checkpoint's one-shot synthesis
 (``offline.synthesize_whole``), its streams through the ``Engine`` at fixed chunk sizes, and its
 stream at the server's progressive schedule; and the WebRTC Opus round trip (the server's own
 ``EngineAudioTrack`` at 48 kHz in 20 ms frames, decoded by aiortc's Opus decoder). Must not:
@@ -30,6 +31,7 @@ from breezert.train.teacher import TEACHER_PACKAGE, TEACHER_VERSION, TEACHER_VOI
 
 OFFLINE = "offline"
 OPUS = "opus"
+RESYNTHESIS = "resynthesis"
 FIXED_CHUNKS = (1, 2, 4, 8, 16)
 """Frames per chunk of the streamed paths, one fixed size per path (``chunks_<n>``)."""
 PROGRESSIVE = (1, 2, 4, 8, 16)
@@ -125,6 +127,38 @@ class TeacherSubject:
         pcm = self._teacher.synthesize(text, seed).audio.astype(np.float32) / 32768.0
         rate = self._teacher.sample_rate
         return {OFFLINE: PathAudio(pcm, rate), OPUS: opus_round_trip(frame_pieces(pcm), rate)}
+
+
+class CodecSubject:
+    """The teacher's audio (``offline``) and the same audio encoded and decoded by a Breeze
+    checkpoint's codec (``resynthesis``): what the codec alone costs in WER, before any LM."""
+
+    paths = (OFFLINE, RESYNTHESIS)
+
+    def __init__(self, model: Path) -> None:
+        from breezert.loader import load_checkpoint
+
+        ckpt = load_checkpoint(model, device="cpu")
+        if ckpt.codec_encoder is None:
+            raise ValueError(f"{model}: the checkpoint has no codec encoder (audio_tokenizer)")
+        self._encoder, self._decoder = ckpt.codec_encoder.float().eval(), ckpt.codec.float()
+        self._teacher = Teacher(threads=1)
+        self.name = f"codec of {model} on the teacher's audio"
+
+    def render(self, text: str, seed: int) -> dict[str, PathAudio]:
+        import torch
+
+        pcm = self._teacher.synthesize(text, seed).audio.astype(np.float32) / 32768.0
+        rate = self._teacher.sample_rate
+        if rate != SAMPLE_RATE:
+            raise ValueError(f"teacher rate {rate} Hz, the codec takes {SAMPLE_RATE} Hz")
+        frames = -(-len(pcm) // FRAME_SAMPLES)
+        wav = torch.zeros(1, frames * FRAME_SAMPLES)
+        wav[0, : len(pcm)] = torch.from_numpy(pcm)
+        with torch.no_grad():
+            codes = self._encoder.encode(wav)  # [1, frames, 16]
+            out = self._decoder.decode(codes)[0, : len(pcm)].float().numpy()
+        return {OFFLINE: PathAudio(pcm, rate), RESYNTHESIS: PathAudio(out, SAMPLE_RATE)}
 
 
 class BreezeSubject:

@@ -6,14 +6,18 @@ most 16 MiB (``state_shards``) plus the logs. The next call takes the parts back
 (``--carry-in``) and goes on where this one stopped. Must not: hold any stage's logic (each
 stage is its own module) or be imported by serving code.
 
-What is carried (about 37 MB for ``small`` plus the codes; the device call's carry limit is 64
-MiB with the working tree, and what comes back is at most 8 files of 16 MiB, 64 MiB in all): the
-codec export (bf16, 22 MB, without the random placeholder LM its export holds: rebuilt after
-the carry-in), the codes cache (11-bit packed, about 1.2 MB per hour of speech) and the LM's
-carry snapshot (bf16 weights, 15 MB, no optimiser moments: AdamW restarts with a short
-re-warmup). Not carried: the teacher audio (173 MB per hour) and the codec's
-optimiser and discriminator, so the codec trains in the first call only, and later calls train
-the LM on the codes already made (they need neither the teacher wheels nor its corpus).
+While the codec trains (``Plan.codec_minutes`` in all, over as many calls as it takes), a call
+makes the teacher data again (about 0.7 minutes for 10 h on 16 cores), trains the codec from the
+carried snapshot (bf16 weights of encoder, decoder and discriminator, about 23 MB, no optimiser
+moments: they restart with a short re-warmup) and carries the snapshot on. The call that finishes
+the codec exports it and goes on to the codes and the LM. What the LM calls carry (about 37 MB
+for ``small`` plus the codes; the device call's carry limit is 64 MiB with the working tree, and
+what comes back is at most 8 files of 16 MiB, 64 MiB in all): the codec export (bf16, 22 MB,
+without the random placeholder LM its export holds: rebuilt after the carry-in), the codes cache
+(11-bit packed, about 1.2 MB per hour of speech) and the LM's carry snapshot (bf16 weights, 15 MB,
+no optimiser moments: AdamW restarts with a short re-warmup). Not carried: the teacher audio (173
+MB per hour), so LM calls train on the codes already made (they need neither the teacher wheel
+nor its corpus). The GPU image's own onnxruntime runs the teacher, so its wheel stays home.
 
     python -m breezert.train.pipeline --work /tmp/voice --minutes-total 9.3 --out $OUT \\
         [--carry-in DIR] [--hours 10] [--workers 16] [--codec-minutes 4]
@@ -46,7 +50,9 @@ class Plan:
     workers: int = 16
     """Teacher synthesis processes."""
     codec_minutes: float = 4.0
-    """Codec training in the first call."""
+    """Codec training in all, over as many calls as it takes: a call that cannot finish it
+    trains the codec only and carries its snapshot; the call that finishes it exports the
+    codec and goes on to the codes and the LM."""
     codec_preset: str = "small"
     codec_batch_size: int = 16
     codec_crop_frames: int = 24
@@ -68,19 +74,80 @@ def _generate_teacher(out: Path, plan: Plan) -> None:
     generate(out, plan.hours, plan.workers)
 
 
-def _codec_stage(work: Path, plan: Plan, minutes: float, codec_cfg_overrides: dict) -> Path:
-    from breezert.train.codec_train import CodecTrainConfig, export_checkpoint
+CODEC_SNAPSHOT = "codec_snapshot.pt"
+"""The unfinished codec's carry (``CodecTrainer.snapshot`` plus its crop state)."""
+CODEC_LOG = "codec_log.jsonl"
+CODEC_DONE = "codec_done.json"
+"""Written beside the export by the call that finishes the codec (step, seconds trained)."""
+
+
+def codec_trained_s(carry: Path) -> float:
+    """Seconds the carried codec has trained: its snapshot's, else its log's last step (an
+    export carries no clock), else 0 (no codec yet)."""
+    if (carry / CODEC_SNAPSHOT).is_file():
+        return float(torch.load(carry / CODEC_SNAPSHOT, map_location="cpu",
+                                weights_only=True)["train_time_s"])
+    return _last_logged(carry / CODEC_LOG)[1] if (carry / "codec").is_dir() else 0.0
+
+
+def _last_logged(log: Path) -> tuple[int, float]:
+    """(step, time_s) of a training log's last step record; (0, 0.0) without one."""
+    last = (0, 0.0)
+    if log.is_file():
+        for line in log.read_text().splitlines():
+            record = json.loads(line)
+            if "step" in record and "time_s" in record:
+                last = (int(record["step"]), float(record["time_s"]))
+    return last
+
+
+def _codec_stage(work: Path, plan: Plan, minutes: float, codec_cfg_overrides: dict) -> bool:
+    """Trains the codec for ``minutes`` from whatever is carried (nothing, a snapshot or an
+    export); returns whether it reached ``plan.codec_minutes``. Finished: the bf16 export in
+    ``carry/codec``; not yet: ``carry/codec_snapshot.pt``. Either way the other is removed,
+    and so are codes and an LM made with an older codec."""
+    from breezert.train.codec_train import CodecTrainConfig, CodecTrainer, export_checkpoint
     from breezert.train.codec_train import train as train_codec
     from breezert.train.data import AudioFolderCrops
 
+    carry, run = work / "carry", work / "codec_run"
     cfg = CodecTrainConfig(preset=plan.codec_preset, batch_size=plan.codec_batch_size,
                            crop_frames=plan.codec_crop_frames, **codec_cfg_overrides)
-    data = AudioFolderCrops(work / "teacher", cfg.crop_samples, seed=cfg.seed)
+    run.mkdir(parents=True, exist_ok=True)
+    if (carry / CODEC_LOG).is_file() and not (run / LOG_FILE).is_file():
+        shutil.copy(carry / CODEC_LOG, run / LOG_FILE)
+    snapshot = (torch.load(carry / CODEC_SNAPSHOT, map_location="cpu", weights_only=True)
+                if (carry / CODEC_SNAPSHOT).is_file() else None)
+    step, seconds = _last_logged(carry / CODEC_LOG)
+    # crops: the snapshot's position, else (an export warm start) a seed of their own
+    data = AudioFolderCrops(work / "teacher", cfg.crop_samples, seed=cfg.seed + step)
+    if snapshot is not None and "data" in snapshot:
+        data.load_state_dict(snapshot["data"])
+
+    def warm_start(trainer: CodecTrainer) -> None:
+        if snapshot is not None:
+            trainer.load_snapshot(snapshot)
+        elif (carry / "codec").is_dir():
+            trainer.load_export(carry / "codec", step, seconds)
+
     with stop_on_signals() as stop:
-        trainer = train_codec(data, work / "codec_run", cfg, minutes, plan.codec_max_steps,
-                              save_every=500, device=plan.device, stop=stop)
-    shutil.copy(work / "codec_run" / LOG_FILE, work / "carry" / "codec_log.jsonl")
-    return export_checkpoint(trainer, work / "carry" / "codec", dtype=torch.bfloat16)
+        trainer = train_codec(data, run, cfg, minutes, plan.codec_max_steps, save_every=500,
+                              device=plan.device, stop=stop, warm_start=warm_start)
+    shutil.copy(run / LOG_FILE, carry / CODEC_LOG)
+    finished = trainer.train_time_s >= plan.codec_minutes * 60 - 1.0 or (
+        plan.codec_max_steps is not None and trainer.step >= plan.codec_max_steps)
+    for stale in ("codes", "lm", "codec"):
+        shutil.rmtree(carry / stale, ignore_errors=True)
+    (carry / CODEC_SNAPSHOT).unlink(missing_ok=True)
+    if finished:
+        export_checkpoint(trainer, carry / "codec", dtype=torch.bfloat16)
+        (carry / CODEC_DONE).write_text(json.dumps(
+            {"step": trainer.step, "train_time_s": round(trainer.train_time_s, 3)}))
+    else:
+        snap = trainer.snapshot()
+        snap["data"] = data.state_dict()
+        torch.save(snap, carry / CODEC_SNAPSHOT)
+    return finished
 
 
 def _drop_placeholder_lm(codec: Path) -> None:
@@ -171,11 +238,17 @@ def run_pipeline(work: str | Path, minutes_total: float, out: str | Path,
     def left() -> float:
         return minutes_total - plan.reserve_minutes - (time.monotonic() - start) / 60
 
-    if not (carry / "codec").is_dir():
-        make_teacher(work / "teacher", plan)
+    # an export without CODEC_DONE is an unfinished codec of an older pipeline: it goes on
+    if not ((carry / "codec").is_dir() and (carry / CODEC_DONE).is_file()):
+        codec_left_s = max(0.0, plan.codec_minutes * 60 - codec_trained_s(carry))
+        make_teacher(work / "teacher", plan)  # each codec call makes it again (not carried)
         summary["stages"].append({"teacher_done_min": round((time.monotonic() - start) / 60, 2)})
-        _codec_stage(work, plan, min(plan.codec_minutes, left()), codec_overrides or {})
-        summary["stages"].append({"codec_done_min": round((time.monotonic() - start) / 60, 2)})
+        finished = _codec_stage(work, plan, min(codec_left_s / 60, left()), codec_overrides or {})
+        summary["stages"].append({"codec_done_min": round((time.monotonic() - start) / 60, 2),
+                                  "codec_trained_s": round(codec_trained_s(carry), 1),
+                                  "codec_finished": finished})
+        if not finished:
+            return _pack(carry, out, summary, start)
     voice = _lm_stage(work, plan, max(0.0, left()), lm_overrides or {})
     summary["stages"].append({"lm_done_min": round((time.monotonic() - start) / 60, 2)})
     from breezert.train.lm_train import folder_bytes
@@ -183,10 +256,15 @@ def run_pipeline(work: str | Path, minutes_total: float, out: str | Path,
     summary["voice_bytes"] = folder_bytes(voice)
     summary["sample"] = _sample(voice, "The quick brown fox jumps over the lazy dog.",
                                 plan.sample_max_frames)
+    return _pack(carry, out, summary, start)
+
+
+def _pack(carry: Path, out: Path, summary: dict, start: float) -> dict:
+    """The carried state as parts in ``out``, with the logs and ``summary.json``."""
     out.mkdir(parents=True, exist_ok=True)
     _drop_placeholder_lm(carry / "codec")
     summary["parts"] = [p.name for p in state_shards.split_dir(carry, out, PARTS_PREFIX)]
-    logs = (("lm/" + LOG_FILE, "lm_log.jsonl"), ("codec_log.jsonl", "codec_log.jsonl"))
+    logs = (("lm/" + LOG_FILE, "lm_log.jsonl"), (CODEC_LOG, CODEC_LOG))
     for name, target in logs:
         if (carry / name).is_file():
             shutil.copy(carry / name, out / target)
@@ -203,14 +281,14 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--out", required=True, help="where the state parts and logs go ($OUT)")
     p.add_argument("--carry-in", default=None, help="folder holding the last call's parts")
     defaults = Plan()
-    for name in ("hours", "workers", "codec_minutes", "codec_preset", "lm_recipe",
-                 "reserve_minutes", "device"):
+    for name in ("hours", "workers", "codec_minutes", "codec_preset", "codec_batch_size",
+                 "lm_recipe", "reserve_minutes", "device"):
         p.add_argument("--" + name.replace("_", "-"), type=type(getattr(defaults, name)),
                        default=getattr(defaults, name))
     args = p.parse_args(argv)
     plan = replace(defaults, **{k: getattr(args, k) for k in (
-        "hours", "workers", "codec_minutes", "codec_preset", "lm_recipe", "reserve_minutes",
-        "device")})
+        "hours", "workers", "codec_minutes", "codec_preset", "codec_batch_size", "lm_recipe",
+        "reserve_minutes", "device")})
     if plan.device.startswith("cuda"):
         torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
     print(json.dumps(run_pipeline(args.work, args.minutes_total, args.out, args.carry_in, plan),
