@@ -77,7 +77,7 @@ case "$phase" in
   voice)  # issue 19, one call: teacher data -> codec -> codes -> LM -> export; the state comes
     # back as $OUT/state.NNN (+ state.json); carry them in as .voicestate/ next time. Carry
     # .whl, .whl-train (make train-wheels) and .traindata (corpus.json.gz, built here).
-    # VOICE_ARGS: more pipeline flags, e.g. "--codec-minutes 5.5".
+    # VOICE_ARGS: more pipeline flags, e.g. "--codec-batch-size 32".
     mkdir -p /tmp/voice/teacher
     [ ! -f .traindata/corpus.json.gz ] || cp .traindata/corpus.json.gz /tmp/voice/teacher/
     timeout 580 python3 -m breezert.train.pipeline --work /tmp/voice --minutes-total 9.3 \

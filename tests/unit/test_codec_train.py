@@ -366,3 +366,40 @@ def test_crops_read_the_teacher_shards(tmp_path: Path) -> None:
         assert torch.equal(row, torch.arange(start, start + 2000))  # one contiguous piece
     again = AudioFolderCrops(tmp_path, crop_samples=2000, seed=5)
     assert torch.equal(again.sample(8), batch)
+
+
+def test_log_mel_filterbank_and_the_latent_probe(data_dir: Path, clip: torch.Tensor) -> None:
+    """The filterbank's triangles cover the band and peak at 1; the probe reads 8 mel frames per
+    codec frame and its loss falls as the codec trains with it."""
+    from breezert.train.losses import LatentMelHead, log_mel, mel_filterbank
+
+    fb = mel_filterbank(1024, 80, 24000)
+    assert fb.shape == (80, 513) and float(fb.max()) <= 1.0 + 1e-6
+    assert bool((fb.max(dim=1).values > 0.5).all())  # every filter has bins near its peak
+    assert bool((fb.sum(dim=0)[5:-5] > 0).all())  # no hole in the band
+    tone = torch.sin(2 * torch.pi * 1000 * torch.arange(24000) / 24000)[None]
+    peak = int(log_mel(tone)[0, :, 50].argmax())
+    centres = 700.0 * (10.0 ** (torch.linspace(0, 2595 * np.log10(1 + 12000 / 700), 82)
+                                / 2595.0) - 1.0)[1:-1]
+    assert abs(float(centres[peak]) - 1000) < 80  # the 1 kHz tone lands in its own band
+    head = LatentMelHead(16)
+    assert head(torch.zeros(2, 16, 3)).shape == (2, 80, 24)
+    cfg = replace(CFG, latent_mel_weight=1.0, disc_start_step=100)
+    data = AudioFolderCrops(data_dir, cfg.crop_samples, seed=cfg.seed)
+    trainer = CodecTrainer(cfg)
+    with torch.no_grad():
+        _, q = trainer.reconstruct(clip, training=False)
+        before = float(trainer.mel_head.loss(q.latent, clip))
+    for _ in range(40):
+        record = trainer.train_step(data.sample(cfg.batch_size))
+    assert "latent_mel" in record
+    with torch.no_grad():
+        _, q = trainer.reconstruct(clip, training=False)
+        after = float(trainer.mel_head.loss(q.latent, clip))
+    assert after < 0.9 * before
+    snap = trainer.snapshot()
+    assert "mel_head" in snap and "mel_head" in trainer.state_dict()
+    other = CodecTrainer(cfg)
+    other.load_snapshot(snap)
+    assert torch.equal(other.mel_head.proj.weight,
+                       trainer.mel_head.proj.weight.to(torch.bfloat16).float())

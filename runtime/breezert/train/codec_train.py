@@ -40,6 +40,7 @@ from breezert.train.checkpoint import (
 )
 from breezert.train.data import AudioFolderCrops, CropSource
 from breezert.train.losses import (
+    LatentMelHead,
     MultiScaleStftDiscriminator,
     discriminator_hinge_loss,
     feature_matching_loss,
@@ -120,6 +121,10 @@ class CodecTrainConfig:
     """Channels of each discriminator scale."""
     rewarmup_steps: int = 200
     """Linear warmup of both rates after a warm start (fresh optimiser moments)."""
+    latent_mel_weight: float = 0.0
+    """Weight of the latent's log-mel probe (``LatentMelHead``, L1); 0: no probe."""
+    probe_lr_scale: float = 10.0
+    """The probe's learning rate over the generator's (a linear read-out can move faster)."""
     seed: int = 0
     """Seeds the weights, the codebook restarts and the data crops."""
     vq: VQTrainConfig = field(default_factory=VQTrainConfig)
@@ -162,9 +167,17 @@ class CodecTrainer:
         with torch.random.fork_rng(devices=[]):  # default nn init, seeded, global RNG untouched
             torch.manual_seed(cfg.seed)
             self.disc = MultiScaleStftDiscriminator(cfg.disc_channels).to(self.device)
+            self.mel_head = (LatentMelHead(codec_cfg.codebook_dim, codec_cfg.samples_per_frame)
+                             .to(self.device) if cfg.latent_mel_weight > 0 else None)
         adamw = dict(betas=cfg.betas, weight_decay=0.0)
-        self.opt_g = torch.optim.AdamW(self._generator_parameters(), lr=cfg.learning_rate, **adamw)
-        self.opt_d = torch.optim.AdamW(self.disc.parameters(), lr=cfg.disc_learning_rate, **adamw)
+        groups = [{"params": self._generator_parameters(), "base_lr": cfg.learning_rate}]
+        if self.mel_head is not None:
+            groups.append({"params": list(self.mel_head.parameters()),
+                           "base_lr": cfg.learning_rate * cfg.probe_lr_scale})
+        self.opt_g = torch.optim.AdamW(groups, lr=cfg.learning_rate, **adamw)
+        self.opt_d = torch.optim.AdamW(
+            [{"params": list(self.disc.parameters()), "base_lr": cfg.disc_learning_rate}],
+            lr=cfg.disc_learning_rate, **adamw)
         self.vq_gen = torch.Generator().manual_seed(cfg.seed + 1)
         self.step = 0
         self.train_time_s = 0.0
@@ -194,6 +207,9 @@ class CodecTrainer:
         sc, mag = mr_stft_loss(y, wav)
         losses = {"stft_sc": sc, "stft_mag": mag, "commitment": q.commitment}
         g_loss = cfg.stft_weight * (sc + mag) + cfg.commitment_weight * q.commitment
+        if self.mel_head is not None:
+            losses["latent_mel"] = self.mel_head.loss(q.latent, wav)
+            g_loss = g_loss + cfg.latent_mel_weight * losses["latent_mel"]
         if self.step >= cfg.disc_start_step:
             real = self.disc(wav)
             d_loss = discriminator_hinge_loss([r[0] for r in real],
@@ -204,7 +220,7 @@ class CodecTrainer:
             fm = feature_matching_loss([r[1] for r in real], [f[1] for f in fake])
             g_loss = g_loss + cfg.adv_weight * adv + cfg.feature_weight * fm
             losses.update(disc_hinge=d_loss, gen_hinge=adv, feature_match=fm)
-        self._update(self.opt_g, g_loss, self._generator_parameters())
+        self._update(self.opt_g, g_loss, [p for g in self.opt_g.param_groups for p in g["params"]])
         self.step += 1
         out = {k: float(v.detach()) for k, v in losses.items()}
         out["codes_restarted"] = float(q.num_restarted)
@@ -214,10 +230,9 @@ class CodecTrainer:
         scale = 1.0
         if self.reset_step:
             scale = min(1.0, (self.step - self.reset_step + 1) / max(1, self.cfg.rewarmup_steps))
-        for opt, rate in ((self.opt_g, self.cfg.learning_rate),
-                          (self.opt_d, self.cfg.disc_learning_rate)):
+        for opt in (self.opt_g, self.opt_d):
             for group in opt.param_groups:
-                group["lr"] = rate * scale
+                group["lr"] = group["base_lr"] * scale
 
     def _update(self, opt: torch.optim.Optimizer, loss: Tensor, params: Any) -> None:
         opt.zero_grad(set_to_none=True)
@@ -239,6 +254,7 @@ class CodecTrainer:
             "encoder": self.encoder.state_dict(), "decoder": self.decoder.state_dict(),
             "disc": self.disc.state_dict(), "opt_g": self.opt_g.state_dict(),
             "opt_d": self.opt_d.state_dict(), "vq_gen": self.vq_gen.get_state(),
+            **({"mel_head": self.mel_head.state_dict()} if self.mel_head is not None else {}),
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -250,6 +266,8 @@ class CodecTrainer:
         self.encoder.load_state_dict(state["encoder"])
         self.decoder.load_state_dict(state["decoder"])
         self.disc.load_state_dict(state["disc"])
+        if self.mel_head is not None:
+            self.mel_head.load_state_dict(state["mel_head"])
         self.opt_g.load_state_dict(state["opt_g"])
         self.opt_d.load_state_dict(state["opt_d"])
         self.vq_gen.set_state(state["vq_gen"])
@@ -267,10 +285,13 @@ class CodecTrainer:
                         and "initialized" not in k else v.detach().cpu().clone())
                     for k, v in module.state_dict().items()}
 
-        return {"config": self.cfg.as_json(), "step": self.step,
+        snap = {"config": self.cfg.as_json(), "step": self.step,
                 "train_time_s": self.train_time_s, "encoder": half(self.encoder),
                 "decoder": half(self.decoder), "disc": half(self.disc),
                 "vq_gen": self.vq_gen.get_state()}
+        if self.mel_head is not None:
+            snap["mel_head"] = half(self.mel_head)
+        return snap
 
     def _check_shape_config(self, saved: CodecTrainConfig, source: str) -> None:
         if (saved.preset, saved.disc_channels) != (self.cfg.preset, self.cfg.disc_channels):
@@ -283,7 +304,10 @@ class CodecTrainer:
         rates re-warmed over ``rewarmup_steps``. The other settings may change (batch size,
         rates): only the preset and the discriminator's width must match."""
         self._check_shape_config(_config_from_json(snap["config"]), "the snapshot")
-        for name in ("encoder", "decoder", "disc"):
+        names = ["encoder", "decoder", "disc"]
+        if self.mel_head is not None and "mel_head" in snap:  # else the probe starts fresh
+            names.append("mel_head")
+        for name in names:
             module = getattr(self, name)
             dtypes = {k: v.dtype for k, v in module.state_dict().items()}
             module.load_state_dict({k: v.to(dtypes[k]) for k, v in snap[name].items()})

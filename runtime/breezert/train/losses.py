@@ -1,8 +1,12 @@
-"""Codec training losses: multi-resolution STFT and a complex multi-scale STFT discriminator.
+"""Codec training losses: multi-resolution STFT, a complex multi-scale STFT discriminator, and
+the latent's log-mel probe.
 
-Owns: the reconstruction loss (spectral convergence + log magnitude at several resolutions) and
-the adversarial terms (hinge losses, feature matching) whose discriminator sees real and
-imaginary parts, so phase is judged, not only magnitude. Must not: know the codec or the data.
+Owns: the reconstruction loss (spectral convergence + log magnitude at several resolutions), the
+log-mel spectrogram (its own triangular filterbank) and ``LatentMelHead`` (a training-only
+linear read-out of the spectrogram from the codec's latent, so the encoder learns to carry it
+from the first steps instead of only through the whole decoder), and the adversarial terms
+(hinge losses, feature matching) whose discriminator sees real and imaginary parts, so phase is
+judged, not only magnitude. Must not: know the codec or the data.
 """
 
 from __future__ import annotations
@@ -40,6 +44,67 @@ def mr_stft_loss(
         sc = sc + torch.linalg.norm(s_real - s_fake) / torch.linalg.norm(s_real).clamp(min=1e-7)
         mag = mag + F.l1_loss(s_fake.clamp(min=1e-5).log(), s_real.clamp(min=1e-5).log())
     return sc / len(resolutions), mag / len(resolutions)
+
+
+MEL_BINS = 80
+MEL_HOP = 240
+"""10 ms at 24 kHz: 8 mel frames per 80 ms codec frame."""
+MEL_N_FFT = 1024
+LOG_MEL_MEAN, LOG_MEL_STD = -2.72, 3.73
+"""The teacher's log-mel statistics (three sentences, measured once): the probe's target is
+standardised with them, so a zero-initialised read-out starts near its target's scale."""
+
+
+def mel_filterbank(n_fft: int, n_mels: int, sample_rate: int, f_min: float = 0.0,
+                   f_max: float | None = None) -> Tensor:
+    """``[n_mels, n_fft // 2 + 1]`` triangular filters, equally spaced on the HTK mel scale."""
+    f_max = f_max if f_max is not None else sample_rate / 2
+
+    def mel(f: Tensor) -> Tensor:
+        return 2595.0 * torch.log10(1.0 + f / 700.0)
+
+    edges = torch.linspace(float(mel(torch.tensor(f_min))), float(mel(torch.tensor(f_max))),
+                           n_mels + 2)
+    hz = 700.0 * (10.0 ** (edges / 2595.0) - 1.0)  # [n_mels + 2]
+    bins = torch.linspace(0, sample_rate / 2, n_fft // 2 + 1)  # [F]
+    lower, centre, upper = hz[:-2, None], hz[1:-1, None], hz[2:, None]
+    rising = (bins - lower) / (centre - lower)
+    falling = (upper - bins) / (upper - centre)
+    return torch.clamp(torch.minimum(rising, falling), min=0.0)
+
+
+def log_mel(wav: Tensor, sample_rate: int = 24000, n_fft: int = MEL_N_FFT, hop: int = MEL_HOP,
+            n_mels: int = MEL_BINS) -> Tensor:
+    """``wav [B, T]`` -> natural-log mel magnitudes ``[B, n_mels, T // hop + 1]`` (floored)."""
+    fb = mel_filterbank(n_fft, n_mels, sample_rate).to(wav)
+    return (fb @ stft_magnitude(wav, n_fft, hop)).clamp(min=1e-5).log()
+
+
+class LatentMelHead(nn.Module):
+    """A linear read-out of the 8 log-mel frames of each codec frame from the latent.
+
+    ``latent [B, dim, K]`` -> ``[B, n_mels, 8 K]``. Training only (never exported): its L1 to the
+    real log-mel gives the encoder and codebooks a short gradient path to spectral content."""
+
+    def __init__(self, dim: int, samples_per_frame: int = 1920, n_mels: int = MEL_BINS) -> None:
+        super().__init__()
+        if samples_per_frame % MEL_HOP:
+            raise ValueError(f"samples_per_frame={samples_per_frame} is not a multiple of "
+                             f"{MEL_HOP}")
+        self.per_frame, self.n_mels = samples_per_frame // MEL_HOP, n_mels
+        self.proj = nn.Conv1d(dim, n_mels * self.per_frame, 1)
+
+    def forward(self, latent: Tensor) -> Tensor:
+        b, _, k = latent.shape
+        out = self.proj(latent).view(b, self.n_mels, self.per_frame, k)
+        return out.permute(0, 1, 3, 2).reshape(b, self.n_mels, k * self.per_frame)
+
+    def loss(self, latent: Tensor, wav: Tensor) -> Tensor:
+        """L1 between the read-out and the standardised ``log_mel(wav)`` over the latent's
+        frames."""
+        pred = self(latent)
+        target = (log_mel(wav)[..., : pred.shape[-1]] - LOG_MEL_MEAN) / LOG_MEL_STD
+        return F.l1_loss(pred, target)
 
 
 class _StftScale(nn.Module):

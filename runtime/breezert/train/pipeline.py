@@ -20,7 +20,8 @@ MB per hour), so LM calls train on the codes already made (they need neither the
 nor its corpus). The GPU image's own onnxruntime runs the teacher, so its wheel stays home.
 
     python -m breezert.train.pipeline --work /tmp/voice --minutes-total 9.3 --out $OUT \\
-        [--carry-in DIR] [--hours 10] [--workers 16] [--codec-minutes 4]
+        [--carry-in DIR] [--hours 10] [--workers 16] [--codec-minutes 40]
+        [--codec-batch-size 16] [--codec-latent-mel-weight 1.0]
 """
 
 from __future__ import annotations
@@ -49,13 +50,15 @@ class Plan:
     """Teacher speech to generate (first call only)."""
     workers: int = 16
     """Teacher synthesis processes."""
-    codec_minutes: float = 4.0
+    codec_minutes: float = 40.0
     """Codec training in all, over as many calls as it takes: a call that cannot finish it
     trains the codec only and carries its snapshot; the call that finishes it exports the
     codec and goes on to the codes and the LM."""
     codec_preset: str = "small"
     codec_batch_size: int = 16
     codec_crop_frames: int = 24
+    codec_latent_mel_weight: float = 1.0
+    """``CodecTrainConfig.latent_mel_weight`` (0: the run of 2 Dec without the probe)."""
     lm_recipe: str = "small-gpu"
     """``lm_train`` recipe of the LM run."""
     reserve_minutes: float = 0.7
@@ -112,7 +115,9 @@ def _codec_stage(work: Path, plan: Plan, minutes: float, codec_cfg_overrides: di
 
     carry, run = work / "carry", work / "codec_run"
     cfg = CodecTrainConfig(preset=plan.codec_preset, batch_size=plan.codec_batch_size,
-                           crop_frames=plan.codec_crop_frames, **codec_cfg_overrides)
+                           crop_frames=plan.codec_crop_frames,
+                           latent_mel_weight=plan.codec_latent_mel_weight,
+                           **codec_cfg_overrides)
     run.mkdir(parents=True, exist_ok=True)
     if (carry / CODEC_LOG).is_file() and not (run / LOG_FILE).is_file():
         shutil.copy(carry / CODEC_LOG, run / LOG_FILE)
@@ -281,14 +286,13 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--out", required=True, help="where the state parts and logs go ($OUT)")
     p.add_argument("--carry-in", default=None, help="folder holding the last call's parts")
     defaults = Plan()
-    for name in ("hours", "workers", "codec_minutes", "codec_preset", "codec_batch_size",
-                 "lm_recipe", "reserve_minutes", "device"):
+    names = ("hours", "workers", "codec_minutes", "codec_preset", "codec_batch_size",
+             "codec_latent_mel_weight", "lm_recipe", "reserve_minutes", "device")
+    for name in names:
         p.add_argument("--" + name.replace("_", "-"), type=type(getattr(defaults, name)),
                        default=getattr(defaults, name))
     args = p.parse_args(argv)
-    plan = replace(defaults, **{k: getattr(args, k) for k in (
-        "hours", "workers", "codec_minutes", "codec_preset", "codec_batch_size", "lm_recipe",
-        "reserve_minutes", "device")})
+    plan = replace(defaults, **{k: getattr(args, k) for k in names})
     if plan.device.startswith("cuda"):
         torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
     print(json.dumps(run_pipeline(args.work, args.minutes_total, args.out, args.carry_in, plan),
