@@ -324,7 +324,13 @@ class CodecTrainer:
             raise ValueError(f"{folder}: the export has no codec encoder")
         if ckpt.codec.cfg != self.decoder.cfg:
             raise ValueError(f"{folder}: its codec is not the {self.cfg.preset!r} preset")
-        self.encoder.load_state_dict(ckpt.codec_encoder.float().state_dict(), strict=False)
+        # the export holds no "initialized" flags (training-only buffers); nothing else may lack
+        result = self.encoder.load_state_dict(ckpt.codec_encoder.float().state_dict(),
+                                              strict=False)
+        odd = [k for k in result.missing_keys if not k.endswith("initialized")]
+        if odd or result.unexpected_keys:
+            raise ValueError(f"{folder}: the export's encoder does not match: missing {odd[:3]}, "
+                             f"unexpected {result.unexpected_keys[:3]}")
         self.decoder.load_state_dict(ckpt.codec.float().state_dict())
         for module in self.encoder.modules():  # the export's codebooks are trained, not fresh
             if hasattr(module, "initialized") and isinstance(module.initialized, Tensor):
