@@ -403,3 +403,24 @@ def test_log_mel_filterbank_and_the_latent_probe(data_dir: Path, clip: torch.Ten
     other.load_snapshot(snap)
     assert torch.equal(other.mel_head.proj.weight,
                        trainer.mel_head.proj.weight.to(torch.bfloat16).float())
+
+
+def test_bf16_autocast_trains_with_fp32_masters_and_close_losses(data_dir: Path) -> None:
+    """``autocast_bf16``: the same first step's losses within bf16 rounding of fp32's, weights
+    kept fp32, and steps that learn (the switch exists for the GPU, where the codec's training
+    is compute-bound)."""
+    cfg = replace(CFG, latent_mel_weight=1.0)
+    batch = AudioFolderCrops(data_dir, cfg.crop_samples, seed=cfg.seed).sample(cfg.batch_size)
+    plain = CodecTrainer(cfg).train_step(batch)
+    fast_trainer = CodecTrainer(replace(cfg, autocast_bf16=True))
+    fast = fast_trainer.train_step(batch)
+    assert fast.keys() == plain.keys()
+    for key in ("stft_sc", "stft_mag", "latent_mel", "commitment"):
+        assert fast[key] == pytest.approx(plain[key], rel=0.05), key
+    assert all(p.dtype == torch.float32 for p in fast_trainer.decoder.parameters())
+    data = AudioFolderCrops(data_dir, cfg.crop_samples, seed=cfg.seed)
+    first = fast_trainer.train_step(data.sample(cfg.batch_size))
+    for _ in range(12):
+        last = fast_trainer.train_step(data.sample(cfg.batch_size))
+    assert last["stft_mag"] < first["stft_mag"]
+    assert {"disc_hinge", "gen_hinge", "feature_match"} <= last.keys()  # the discriminator too

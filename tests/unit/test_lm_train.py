@@ -373,3 +373,18 @@ def test_the_codec_trains_over_several_calls_before_the_lm(tmp_path: Path) -> No
     assert len(steps2) > len(steps1)
     assert second["sample"]["frames"] >= 1
     assert (tmp_path / "w2" / "carry" / CODEC_DONE).is_file()
+
+
+def test_the_pipeline_command_line_sets_the_plan(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every plan flag reaches the plan; a bool is a --flag / --no-flag pair, not bool("False")."""
+    import breezert.train.pipeline as pipeline
+
+    plans = []
+    monkeypatch.setattr(pipeline, "run_pipeline", lambda *a: plans.append(a[-1]) or {})
+    base = ["--work", "w", "--minutes-total", "1", "--out", "o"]
+    pipeline.main(base + ["--codec-autocast-bf16", "--codec-batch-size", "32",
+                          "--codec-latent-mel-weight", "0"])
+    pipeline.main(base + ["--no-codec-autocast-bf16"])
+    assert (plans[0].codec_autocast_bf16, plans[0].codec_batch_size,
+            plans[0].codec_latent_mel_weight) == (True, 32, 0.0)
+    assert plans[1].codec_autocast_bf16 is False and plans[1].codec_batch_size == 16

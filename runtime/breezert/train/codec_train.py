@@ -125,6 +125,9 @@ class CodecTrainConfig:
     """Weight of the latent's log-mel probe (``LatentMelHead``, L1); 0: no probe."""
     probe_lr_scale: float = 10.0
     """The probe's learning rate over the generator's (a linear read-out can move faster)."""
+    autocast_bf16: bool = False
+    """Encoder, decoder and discriminator layers under bf16 autocast (fp32 master weights; the
+    quantizer, the STFTs and every loss stay fp32)."""
     seed: int = 0
     """Seeds the weights, the codebook restarts and the data crops."""
     vq: VQTrainConfig = field(default_factory=VQTrainConfig)
@@ -194,10 +197,22 @@ class CodecTrainer:
     def reconstruct(self, wav: Tensor, training: bool) -> tuple[Tensor, QuantizerOutput]:
         """``wav [B, T]`` (T a multiple of 1920) -> ``(decoded [B, T], quantizer output)``;
         ``training`` lets the codebooks learn."""
-        x = self.encoder.embed(wav)  # [B, hidden, K]
-        q = quantize(self.encoder, self.decoder, x, self.cfg.vq, self.vq_gen if training else None)
-        y, _ = self.decoder.decode_latent(q.latent, self.decoder.new_state(wav.shape[0]))
-        return y, q
+        with self._autocast():
+            x = self.encoder.embed(wav)  # [B, hidden, K]
+        q = quantize(self.encoder, self.decoder, x.float(), self.cfg.vq,
+                     self.vq_gen if training else None)
+        with self._autocast():
+            y, _ = self.decoder.decode_latent(q.latent, self.decoder.new_state(wav.shape[0]))
+        return y.float(), q
+
+    def _autocast(self) -> torch.autocast:
+        return torch.autocast(self.device.type, dtype=torch.bfloat16,
+                              enabled=self.cfg.autocast_bf16)
+
+    def _disc(self, wav: Tensor) -> list[tuple[Tensor, list[Tensor]]]:
+        with self._autocast():
+            out = self.disc(wav)
+        return [(logits.float(), [f.float() for f in features]) for logits, features in out]
 
     def train_step(self, wav: Tensor) -> dict[str, float]:
         """One optimisation step on ``wav [B, T]``; returns every loss as a float."""
@@ -211,11 +226,11 @@ class CodecTrainer:
             losses["latent_mel"] = self.mel_head.loss(q.latent, wav)
             g_loss = g_loss + cfg.latent_mel_weight * losses["latent_mel"]
         if self.step >= cfg.disc_start_step:
-            real = self.disc(wav)
+            real = self._disc(wav)
             d_loss = discriminator_hinge_loss([r[0] for r in real],
-                                              [f[0] for f in self.disc(y.detach())])
+                                              [f[0] for f in self._disc(y.detach())])
             self._update(self.opt_d, d_loss, self.disc.parameters())
-            fake = self.disc(y)
+            fake = self._disc(y)
             adv = generator_hinge_loss([f[0] for f in fake])
             fm = feature_matching_loss([r[1] for r in real], [f[1] for f in fake])
             g_loss = g_loss + cfg.adv_weight * adv + cfg.feature_weight * fm
@@ -426,8 +441,12 @@ def main(argv: list[str] | None = None) -> None:
     for f in fields(CodecTrainConfig):
         if f.name in ("vq", "betas"):
             continue
-        p.add_argument("--" + f.name.replace("_", "-"), type=type(getattr(defaults, f.name)),
-                       default=getattr(defaults, f.name))
+        default = getattr(defaults, f.name)
+        if isinstance(default, bool):
+            p.add_argument("--" + f.name.replace("_", "-"),
+                           action=argparse.BooleanOptionalAction, default=default)
+        else:
+            p.add_argument("--" + f.name.replace("_", "-"), type=type(default), default=default)
     args = p.parse_args(argv)
     cfg = CodecTrainConfig(**{f.name: getattr(args, f.name) for f in fields(CodecTrainConfig)
                               if f.name not in ("vq", "betas")})

@@ -21,7 +21,7 @@ nor its corpus). The GPU image's own onnxruntime runs the teacher, so its wheel 
 
     python -m breezert.train.pipeline --work /tmp/voice --minutes-total 9.3 --out $OUT \\
         [--carry-in DIR] [--hours 10] [--workers 16] [--codec-minutes 40]
-        [--codec-batch-size 16] [--codec-latent-mel-weight 1.0]
+        [--codec-batch-size 16] [--codec-latent-mel-weight 1.0] [--codec-autocast-bf16]
 """
 
 from __future__ import annotations
@@ -59,6 +59,8 @@ class Plan:
     codec_crop_frames: int = 24
     codec_latent_mel_weight: float = 1.0
     """``CodecTrainConfig.latent_mel_weight`` (0: the run of 2 Dec without the probe)."""
+    codec_autocast_bf16: bool = False
+    """``CodecTrainConfig.autocast_bf16`` (not yet measured on the GPU)."""
     lm_recipe: str = "small-gpu"
     """``lm_train`` recipe of the LM run."""
     reserve_minutes: float = 0.7
@@ -117,6 +119,7 @@ def _codec_stage(work: Path, plan: Plan, minutes: float, codec_cfg_overrides: di
     cfg = CodecTrainConfig(preset=plan.codec_preset, batch_size=plan.codec_batch_size,
                            crop_frames=plan.codec_crop_frames,
                            latent_mel_weight=plan.codec_latent_mel_weight,
+                           autocast_bf16=plan.codec_autocast_bf16,
                            **codec_cfg_overrides)
     run.mkdir(parents=True, exist_ok=True)
     if (carry / CODEC_LOG).is_file() and not (run / LOG_FILE).is_file():
@@ -287,10 +290,15 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--carry-in", default=None, help="folder holding the last call's parts")
     defaults = Plan()
     names = ("hours", "workers", "codec_minutes", "codec_preset", "codec_batch_size",
-             "codec_latent_mel_weight", "lm_recipe", "reserve_minutes", "device")
+             "codec_latent_mel_weight", "codec_autocast_bf16", "lm_recipe", "reserve_minutes",
+             "device")
     for name in names:
-        p.add_argument("--" + name.replace("_", "-"), type=type(getattr(defaults, name)),
-                       default=getattr(defaults, name))
+        default = getattr(defaults, name)
+        if isinstance(default, bool):
+            p.add_argument("--" + name.replace("_", "-"), action=argparse.BooleanOptionalAction,
+                           default=default)
+        else:
+            p.add_argument("--" + name.replace("_", "-"), type=type(default), default=default)
     args = p.parse_args(argv)
     plan = replace(defaults, **{k: getattr(args, k) for k in names})
     if plan.device.startswith("cuda"):
