@@ -52,13 +52,14 @@ def curve(rows: list[dict]) -> list[dict]:
 
 def codebook_ablation(codec_dir: Path) -> dict:
     """MR-STFT (spectral convergence, log magnitude) of the teacher's audio through the codec:
-    unquantised latent, then the first codebook plus 1, 2, 4, 8 and all of the rest."""
+    unquantised latent, then the first codebook plus 1, 2, 4, 8 and all of the rest (the first
+    group holds one codebook, so ``min(num, rest)`` keeps it whole)."""
     import numpy as np
     import torch
 
     from breezert.loader import load_checkpoint
     from breezert.train.losses import mr_stft_loss
-    from breezert.train.quantizer import group_pairs
+    from breezert.train.quantizer import VQTrainConfig, _quantize_group, group_pairs
     from breezert.train.teacher import Teacher
 
     ckpt = load_checkpoint(codec_dir)
@@ -73,15 +74,10 @@ def codebook_ablation(codec_dir: Path) -> dict:
         with torch.no_grad():
             x, latent = enc.embed(wav), None
             for enc_group, dec_group, num in group_pairs(enc, dec):
-                z = enc_group.input_proj(x) if enc_group.input_proj is not None else x
-                if rest is not None:
-                    b, d, k = z.shape
-                    residual = z.permute(0, 2, 1).reshape(b * k, d)
-                    summed = torch.zeros_like(residual)
-                    for vq in enc_group.layers[:num if num == 1 else min(num, rest)]:
-                        _, quantized = vq.codebook.encode(residual)
-                        summed, residual = summed + quantized, residual - quantized
-                    z = summed.view(b, k, d).permute(0, 2, 1)
+                if rest is None:  # the latent the quantizer would code
+                    z = enc_group.input_proj(x) if enc_group.input_proj is not None else x
+                else:  # the codebooks frozen (no generator: no learning)
+                    z = _quantize_group(enc_group, x, min(num, rest), VQTrainConfig(), None)[0]
                 proj = dec_group.output_proj(z)
                 latent = proj if latent is None else latent + proj
             y, _ = dec.decode_latent(latent, dec.new_state(wav.shape[0]))

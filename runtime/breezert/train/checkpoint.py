@@ -3,11 +3,13 @@
 Owns: writing a state dict through a temporary file and ``os.replace`` (a run killed at any
 moment leaves the previous save or the new one, never half of one), reading it back, the step
 log, the stop flag that SIGTERM / SIGINT set so a loop saves before it exits, and the timed loop
-both trainers run (``timed_loop``). Must not: know what the state holds or what a step does.
+both trainers run (``timed_loop``), and their command lines' flag for a config field
+(``add_default_flag``). Must not: know what the state holds or what a step does.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import math
 import os
@@ -80,6 +82,16 @@ def stop_on_signals() -> Iterator[StopFlag]:
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+
+
+def add_default_flag(parser: argparse.ArgumentParser, name: str, default: Any) -> None:
+    """``--name-with-dashes`` for a config field with ``default``: a bool becomes a ``--x`` /
+    ``--no-x`` pair (``type=bool`` would read any value, "False" too, as True)."""
+    flag = "--" + name.replace("_", "-")
+    if isinstance(default, bool):
+        parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=default)
+    else:
+        parser.add_argument(flag, type=type(default), default=default)
 
 
 class Trainer(Protocol):

@@ -33,6 +33,7 @@ from breezert.train.checkpoint import (
     STATE_FILE,
     StepLog,
     StopFlag,
+    add_default_flag,
     load_state,
     save_atomic,
     stop_on_signals,
@@ -56,8 +57,6 @@ from breezert.train.quantizer import (
 )
 
 CODEC_PRESETS = ("tiny", "small")
-SNAPSHOT_FILE = "snapshot.pt"
-"""A run's carry snapshot: ``CodecTrainer.snapshot``, written beside ``state.pt``."""
 
 
 def codec_preset(name: str) -> tuple[CodecConfig, dict[str, Any]]:
@@ -347,9 +346,7 @@ class CodecTrainer:
             raise ValueError(f"{folder}: the export's encoder does not match: missing {odd[:3]}, "
                              f"unexpected {result.unexpected_keys[:3]}")
         self.decoder.load_state_dict(ckpt.codec.float().state_dict())
-        for module in self.encoder.modules():  # the export's codebooks are trained, not fresh
-            if hasattr(module, "initialized") and isinstance(module.initialized, Tensor):
-                module.initialized.fill_(1)
+        mark_codebooks_fresh_(self.encoder, fresh=False)  # the export's are trained
         self.step, self.train_time_s = int(step), float(train_time_s)
         self.reset_step = self.step
 
@@ -441,12 +438,7 @@ def main(argv: list[str] | None = None) -> None:
     for f in fields(CodecTrainConfig):
         if f.name in ("vq", "betas"):
             continue
-        default = getattr(defaults, f.name)
-        if isinstance(default, bool):
-            p.add_argument("--" + f.name.replace("_", "-"),
-                           action=argparse.BooleanOptionalAction, default=default)
-        else:
-            p.add_argument("--" + f.name.replace("_", "-"), type=type(default), default=default)
+        add_default_flag(p, f.name, getattr(defaults, f.name))
     args = p.parse_args(argv)
     cfg = CodecTrainConfig(**{f.name: getattr(args, f.name) for f in fields(CodecTrainConfig)
                               if f.name not in ("vq", "betas")})

@@ -148,16 +148,17 @@ class CodecSubject:
     def render(self, text: str, seed: int) -> dict[str, PathAudio]:
         import torch
 
-        pcm = self._teacher.synthesize(text, seed).audio.astype(np.float32) / 32768.0
+        from breezert.train.lm_data import encode_batch
+
+        clip = self._teacher.synthesize(text, seed).audio  # int16
         rate = self._teacher.sample_rate
         if rate != SAMPLE_RATE:
             raise ValueError(f"teacher rate {rate} Hz, the codec takes {SAMPLE_RATE} Hz")
-        frames = -(-len(pcm) // FRAME_SAMPLES)
-        wav = torch.zeros(1, frames * FRAME_SAMPLES)
-        wav[0, : len(pcm)] = torch.from_numpy(pcm)
+        # the LM's own codes of this clip (padded to whole frames), decoded
+        codes = torch.from_numpy(encode_batch(self._encoder, [clip], torch.device("cpu"))[0])
         with torch.no_grad():
-            codes = self._encoder.encode(wav)  # [1, frames, 16]
-            out = self._decoder.decode(codes)[0, : len(pcm)].float().numpy()
+            out = self._decoder.decode(codes[None])[0, : len(clip)].float().numpy()
+        pcm = clip.astype(np.float32) / 32768.0
         return {OFFLINE: PathAudio(pcm, rate), RESYNTHESIS: PathAudio(out, SAMPLE_RATE)}
 
 

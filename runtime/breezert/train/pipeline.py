@@ -37,7 +37,13 @@ from pathlib import Path
 import torch
 
 from breezert.train import state_shards
-from breezert.train.checkpoint import LOG_FILE, stop_on_signals
+from breezert.train.checkpoint import (
+    LOG_FILE,
+    add_default_flag,
+    load_state,
+    save_atomic,
+    stop_on_signals,
+)
 
 PARTS_PREFIX = "state"
 
@@ -86,15 +92,6 @@ CODEC_DONE = "codec_done.json"
 """Written beside the export by the call that finishes the codec (step, seconds trained)."""
 
 
-def codec_trained_s(carry: Path) -> float:
-    """Seconds the carried codec has trained: its snapshot's, else its log's last step (an
-    export carries no clock), else 0 (no codec yet)."""
-    if (carry / CODEC_SNAPSHOT).is_file():
-        return float(torch.load(carry / CODEC_SNAPSHOT, map_location="cpu",
-                                weights_only=True)["train_time_s"])
-    return _last_logged(carry / CODEC_LOG)[1] if (carry / "codec").is_dir() else 0.0
-
-
 def _last_logged(log: Path) -> tuple[int, float]:
     """(step, time_s) of a training log's last step record; (0, 0.0) without one."""
     last = (0, 0.0)
@@ -106,11 +103,13 @@ def _last_logged(log: Path) -> tuple[int, float]:
     return last
 
 
-def _codec_stage(work: Path, plan: Plan, minutes: float, codec_cfg_overrides: dict) -> bool:
-    """Trains the codec for ``minutes`` from whatever is carried (nothing, a snapshot or an
-    export); returns whether it reached ``plan.codec_minutes``. Finished: the bf16 export in
-    ``carry/codec``; not yet: ``carry/codec_snapshot.pt``. Either way the other is removed,
-    and so are codes and an LM made with an older codec."""
+def _codec_stage(work: Path, plan: Plan, budget_minutes: float,
+                 codec_cfg_overrides: dict) -> tuple[bool, float]:
+    """Trains the codec from whatever is carried (nothing, a snapshot or an export) for what is
+    left of ``plan.codec_minutes``, at most ``budget_minutes``; returns (whether it finished,
+    seconds trained in all). Finished: the bf16 export in ``carry/codec``; not yet:
+    ``carry/codec_snapshot.pt``. Either way the other is removed, and so are codes and an LM
+    made with an older codec."""
     from breezert.train.codec_train import CodecTrainConfig, CodecTrainer, export_checkpoint
     from breezert.train.codec_train import train as train_codec
     from breezert.train.data import AudioFolderCrops
@@ -124,9 +123,13 @@ def _codec_stage(work: Path, plan: Plan, minutes: float, codec_cfg_overrides: di
     run.mkdir(parents=True, exist_ok=True)
     if (carry / CODEC_LOG).is_file() and not (run / LOG_FILE).is_file():
         shutil.copy(carry / CODEC_LOG, run / LOG_FILE)
-    snapshot = (torch.load(carry / CODEC_SNAPSHOT, map_location="cpu", weights_only=True)
-                if (carry / CODEC_SNAPSHOT).is_file() else None)
-    step, seconds = _last_logged(carry / CODEC_LOG)
+    snapshot = load_state(carry / CODEC_SNAPSHOT) if (carry / CODEC_SNAPSHOT).is_file() else None
+    step, seconds = _last_logged(carry / CODEC_LOG)  # an export carries no clock: its log does
+    if snapshot is not None:
+        seconds = float(snapshot["train_time_s"])
+    elif not (carry / "codec").is_dir():
+        seconds = 0.0
+    minutes = min(max(0.0, plan.codec_minutes * 60 - seconds) / 60, budget_minutes)
     # crops: the snapshot's position, else (an export warm start) a seed of their own
     data = AudioFolderCrops(work / "teacher", cfg.crop_samples, seed=cfg.seed + step)
     if snapshot is not None and "data" in snapshot:
@@ -154,8 +157,8 @@ def _codec_stage(work: Path, plan: Plan, minutes: float, codec_cfg_overrides: di
     else:
         snap = trainer.snapshot()
         snap["data"] = data.state_dict()
-        torch.save(snap, carry / CODEC_SNAPSHOT)
-    return finished
+        save_atomic(snap, carry / CODEC_SNAPSHOT)
+    return finished, trainer.train_time_s
 
 
 def _drop_placeholder_lm(codec: Path) -> None:
@@ -248,12 +251,11 @@ def run_pipeline(work: str | Path, minutes_total: float, out: str | Path,
 
     # an export without CODEC_DONE is an unfinished codec of an older pipeline: it goes on
     if not ((carry / "codec").is_dir() and (carry / CODEC_DONE).is_file()):
-        codec_left_s = max(0.0, plan.codec_minutes * 60 - codec_trained_s(carry))
         make_teacher(work / "teacher", plan)  # each codec call makes it again (not carried)
         summary["stages"].append({"teacher_done_min": round((time.monotonic() - start) / 60, 2)})
-        finished = _codec_stage(work, plan, min(codec_left_s / 60, left()), codec_overrides or {})
+        finished, trained_s = _codec_stage(work, plan, left(), codec_overrides or {})
         summary["stages"].append({"codec_done_min": round((time.monotonic() - start) / 60, 2),
-                                  "codec_trained_s": round(codec_trained_s(carry), 1),
+                                  "codec_trained_s": round(trained_s, 1),
                                   "codec_finished": finished})
         if not finished:
             return _pack(carry, out, summary, start)
@@ -293,12 +295,7 @@ def main(argv: list[str] | None = None) -> None:
              "codec_latent_mel_weight", "codec_autocast_bf16", "lm_recipe", "reserve_minutes",
              "device")
     for name in names:
-        default = getattr(defaults, name)
-        if isinstance(default, bool):
-            p.add_argument("--" + name.replace("_", "-"), action=argparse.BooleanOptionalAction,
-                           default=default)
-        else:
-            p.add_argument("--" + name.replace("_", "-"), type=type(default), default=default)
+        add_default_flag(p, name, getattr(defaults, name))
     args = p.parse_args(argv)
     plan = replace(defaults, **{k: getattr(args, k) for k in names})
     if plan.device.startswith("cuda"):

@@ -52,11 +52,12 @@ def group_pairs(encoder: CodecEncoder, decoder: CodecDecoder):  # noqa: ANN201
     )
 
 
-def mark_codebooks_fresh_(encoder: CodecEncoder) -> None:
-    """Fresh codebooks take their first vectors from the first batch they see."""
+def mark_codebooks_fresh_(encoder: CodecEncoder, fresh: bool = True) -> None:
+    """Fresh codebooks take their first vectors from the first batch they see; ``fresh=False``
+    marks them trained (loaded from an export, which does not store the flag)."""
     for module in encoder.modules():
         if isinstance(module, _Codebook):
-            module.initialized.zero_()
+            module.initialized.fill_(0.0 if fresh else 1.0)
 
 
 @torch.no_grad()
