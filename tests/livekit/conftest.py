@@ -349,6 +349,23 @@ class Room:
                     publication.set_subscribed(True)
         await asyncio.wait_for(self._subscribed.wait(), 10)
 
+    async def playout_counters(self, since: dict[str, int] | None = None) -> dict[str, int]:
+        """The jitter buffer's sample counters for the agent's audio at this participant (the
+        subscriber's inbound-rtp stats, as the browser's ``getStats`` gives them): received
+        (samples decoded from packets), concealed, silent (concealed as silence), inserted (to
+        slow playout), removed (to speed it up); less ``since`` (an earlier call's result)."""
+        stats = await self.room.get_rtc_stats()
+        # both lists: with the server's single peer connection the inbound stream is reported
+        # in the publisher's (livekit 1.1.21 against livekit-server v1.13.5)
+        audio = [s.inbound_rtp.inbound for s in [*stats.subscriber_stats, *stats.publisher_stats]
+                 if s.WhichOneof("stats") == "inbound_rtp" and s.inbound_rtp.stream.kind == "audio"]
+        counters = {"received": sum(a.total_samples_received for a in audio),
+                    "concealed": sum(a.concealed_samples for a in audio),
+                    "silent": sum(a.silent_concealed_samples for a in audio),
+                    "inserted": sum(a.inserted_samples_for_deceleration for a in audio),
+                    "removed": sum(a.removed_samples_for_acceleration for a in audio)}
+        return counters if since is None else {k: counters[k] - since[k] for k in counters}
+
     async def send(self, topic: str, body: dict[str, Any]) -> float:
         sent = time.monotonic()
         await self.room.local_participant.publish_data(json.dumps(body), reliable=True,

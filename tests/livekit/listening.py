@@ -29,6 +29,10 @@ class Heard:
     quiet_s: float = 0.0
     """All quiet runs inside it, in playout time (the tiny model's noise has none of its own:
     each one is something a stage after the agent inserted)."""
+    quiet_runs: tuple[tuple[float, float], ...] = ()
+    """Each quiet run inside it as (start, length) in playout seconds from its first energetic
+    frame (where in the turn a hole fell: right after the first chunk, or later); the Python
+    participant's only."""
 
 
 @dataclass
@@ -54,8 +58,11 @@ class Recording:
         if not loud:
             return None
         first, last = loud[0], loud[-1]
-        gap = max((sum(self.durations[a + 1:b]) for a, b in zip(loud, loud[1:])), default=0.0)
+        quiet = [sum(self.durations[a + 1:b]) for a, b in zip(loud, loud[1:])]
+        runs = tuple((round(sum(self.durations[first:a + 1]), 3), round(q, 3))
+                     for a, q in zip(loud, quiet) if q > 0)
         arrival = max((self.times[b] - self.times[a] for a, b in zip(loud, loud[1:])),
                       default=0.0)
         return Heard(first=self.times[first], span_s=sum(self.durations[first:last + 1]),
-                     gap_s=gap, arrival_gap_s=arrival)
+                     gap_s=max(quiet, default=0.0), arrival_gap_s=arrival, quiet_s=sum(quiet),
+                     quiet_runs=runs)

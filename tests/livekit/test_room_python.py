@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable
+from dataclasses import replace
 from typing import Any, TypeVar
 
 import pytest
@@ -27,6 +28,8 @@ LONG = "First sentence here. Second sentence here. Third sentence here."  # 6.0 
 FIRST_AUDIO_LIMIT_S = 1.5  # generous for two shared cores; the measured figure is printed
 MAX_GAP_S = 0.060
 DURATION_TOLERANCE_S = 0.08  # one 20 ms RoomIO frame each end plus jitter-buffer drift
+CONCEALED_MAX = 960  # samples at 48 kHz: one 20 ms Opus packet of speech
+JITTER_BUFFER_RATE = 48000  # the jitter buffer counts the Opus decoder's samples
 INTERRUPT_LIMIT_S = 0.100
 ATTEMPTS = 3
 T = TypeVar("T")
@@ -57,18 +60,20 @@ async def speak(room: Any, worker: Any, text: str = SENTENCE) -> tuple[float, di
     return sent, metrics
 
 
-def check_turn(room: Any, sent: float, tts_metrics: dict[str, Any]) -> Any:
+def check_turn(room: Any, sent: float, tts_metrics: dict[str, Any],
+               playout: dict[str, int]) -> Any:
     """Asserts the turn's audio at the listener: first audio within ``FIRST_AUDIO_LIMIT_S`` of
-    the trigger, then real time (``assert_real_time``); returns what was heard."""
+    the trigger, then real time (``assert_played_in_real_time`` with the jitter buffer's
+    counters of the turn, ``playout``); returns what was heard."""
     heard = room.recording.heard(since=sent)
     assert heard is not None, "the listener never heard the turn"
     first = heard.first - sent
     print(f"first audio at the listener {first * 1000:.0f} ms after the trigger (agent TTFB "
           f"{tts_metrics['ttfb'] * 1000:.0f} ms), heard {heard.span_s:.3f} s of "
           f"{tts_metrics['audio_duration']:.3f} s, longest gap {heard.gap_s * 1000:.0f} ms "
-          f"(by arrival {heard.arrival_gap_s * 1000:.0f} ms)")
+          f"(by arrival {heard.arrival_gap_s * 1000:.0f} ms); jitter buffer samples {playout}")
     assert first < FIRST_AUDIO_LIMIT_S
-    assert_real_time(heard, tts_metrics["audio_duration"])
+    assert_played_in_real_time(heard, playout, tts_metrics["audio_duration"])
     return heard
 
 
@@ -79,6 +84,40 @@ def assert_real_time(heard: Any, expected_s: float) -> None:
         raise NotRealTime(f"a {heard.gap_s * 1000:.0f} ms gap during speech")
     if abs(heard.span_s - expected_s) > DURATION_TOLERANCE_S:
         raise NotRealTime(f"heard {heard.span_s:.3f} s of {expected_s:.3f} s")
+
+
+def assert_played_in_real_time(heard: Any, playout: dict[str, int], expected_s: float) -> None:
+    """``assert_real_time`` with what the listener's WebRTC jitter buffer did during the turn
+    (``playout``: its sample counters, ``Room.playout_counters`` or the browser's).
+
+    It concealed at most ``CONCEALED_MAX`` samples of speech: concealment is what audio arriving
+    too late causes, so this is the check that the agent kept up. Its time-stretch (samples
+    inserted to slow playout while it grows its target delay, removed to speed it up) changes
+    the turn's length without a gap or a lost sample, and the counters do not say whether it
+    stretched the speech or the silence around it: the speech's length lies between the span
+    less the inserted samples and the span plus the removed ones, and the one nearest
+    ``expected_s`` is judged. What is left is silence the agent's side sent: RoomIO's
+    ``rtc.AudioSource`` plays silence when its queue runs dry, so a late agent shows as quiet
+    runs that arrive as packets (nothing concealed); they count in the span, and ``MAX_GAP_S``
+    bounds each (``Heard.quiet_runs`` says where they fell). The Python participant has no
+    output FIFO after its jitter buffer, so its quiet runs are never taken out: it is the
+    listener that catches a late sender."""
+    if "received" in playout:  # the Python participant's counters: they must be there
+        assert playout["received"] > 0, f"no inbound-rtp audio stats for the turn: {playout}"
+    concealed = playout["concealed"] - playout["silent"]
+    if concealed > CONCEALED_MAX:
+        raise NotRealTime(f"the jitter buffer concealed {concealed} samples of speech")
+    shortest = heard.span_s - playout["inserted"] / JITTER_BUFFER_RATE
+    longest = heard.span_s + playout["removed"] / JITTER_BUFFER_RATE
+    nearest = min(max(expected_s, shortest), longest)
+    try:
+        assert_real_time(replace(heard, span_s=nearest), expected_s)
+    except NotRealTime as miss:
+        runs = ", ".join(f"{length * 1000:.0f} ms at {start:.2f} s"
+                         for start, length in heard.quiet_runs[:8])
+        raise NotRealTime(f"{miss} (span {heard.span_s:.3f} s, within the jitter buffer's "
+                          f"stretch {shortest:.3f}-{longest:.3f} s; quiet runs: "
+                          f"{runs or 'none listed'})") from None
 
 
 async def in_real_time(attempt: Callable[[], Awaitable[T]]) -> T:
@@ -104,8 +143,10 @@ async def speak_in_real_time(room: Any, worker: Any,
                              text: str = SENTENCE) -> tuple[float, dict[str, Any], Any]:
     """``speak`` then ``check_turn``, under ``in_real_time``: (trigger, tts metrics, heard)."""
     async def attempt() -> tuple[float, dict[str, Any], Any]:
+        start = await room.playout_counters()
         sent, tts_metrics = await speak(room, worker, text)
-        return sent, tts_metrics, check_turn(room, sent, tts_metrics)
+        playout = await room.playout_counters(since=start)
+        return sent, tts_metrics, check_turn(room, sent, tts_metrics, playout)
 
     return await in_real_time(attempt)
 
@@ -154,6 +195,7 @@ async def test_speaking_before_anyone_subscribed_is_not_a_starving_listener(
         room_factory: Any, agent_worker: Any) -> None:
     async def attempt() -> None:
         room = await room_factory(auto_subscribe=False)
+        start = await room.playout_counters()  # zeros: no inbound audio yet
         before = agent_worker.metrics()
         message_id, sent = await room.say(LONG)
         await asyncio.sleep(1.0)  # the turn is open; RoomIO holds its frames until a subscriber
@@ -189,7 +231,8 @@ async def test_speaking_before_anyone_subscribed_is_not_a_starving_listener(
         print(f"after subscribing: {len(reports)} reports, largest {max(reports, default=0):.3f} s")
         assert max(reports, default=0) > 0.5
         await idle(agent_worker)
-        assert_real_time(heard, tts_metrics["audio_duration"])
+        assert_played_in_real_time(heard, await room.playout_counters(since=start),
+                                   tts_metrics["audio_duration"])
 
     await in_real_time(attempt)
 
