@@ -260,12 +260,15 @@ def summary(results: list[RequestResult], concurrency: int, wall_s: float,
     }
 
 
-SIM_SWITCHES = ("sim.predict_memo", "sim.shared_keys")
+SIM_SWITCHES = ("sim.predict_memo", "sim.shared_keys", "sim.pass_cache")
 """Host-side paths the simulator can put back beside today's, in one run: ``sim.predict_memo =
 false`` recomputes every stage-time prediction, ``sim.shared_keys = false`` ranks each of a
-request's ready stages on its own, computing its slack again for each (both as before 2 Dec).
+request's ready stages on its own, computing its slack again for each (both as before 2 Dec),
+``sim.pass_cache = false`` answers each of the policies' questions afresh instead of once per
+request within the scheduler's pass (``DeadlinePredictor.begin_pass``).
 Measured and not kept: a per-step memo of when each listener runs dry (``_dry_time``, asked ~3
-times per stream and step) made the ranking slower, 0.86 -> 0.93 ms at 64 streams."""
+times per stream and step) made the ranking slower, 0.86 -> 0.93 ms at 64 streams (the pass
+cache keeps it and the work per chunk size for one pass only, in dicts keyed by ``id``)."""
 
 
 def parse_variant(spec: str) -> tuple[str, dict[str, dict]]:
@@ -283,6 +286,10 @@ def apply_sim_switches(engine: Engine, switches: dict) -> None:
     if not switches.get("predict_memo", True) and engine.predictor is not None:
         model = engine.predictor.time_model
         model.predict = model._predict  # type: ignore[method-assign]
+    if not switches.get("pass_cache", True):  # predictions computed at every question
+        policy = engine.scheduler.stage_policy
+        policy.begin_pass = lambda now: None  # type: ignore[method-assign]
+        policy.end_pass = lambda: None  # type: ignore[method-assign]
     if not switches.get("shared_keys", True):
         policy = engine.scheduler.stage_policy
         one = type(policy).priority_keys  # one stage at a time, as priority_key once did
@@ -290,8 +297,9 @@ def apply_sim_switches(engine: Engine, switches: dict) -> None:
             one(policy, request, (stage,), now)[0] for stage in stages]
 
 
-HOST_PATHS = {"before": {"predict_memo": False, "shared_keys": False},
-              "memo": {"shared_keys": False}, "memo+keys": {}}
+HOST_PATHS = {"before": {"predict_memo": False, "shared_keys": False, "pass_cache": False},
+              "memo": {"shared_keys": False, "pass_cache": False},
+              "memo+keys": {"pass_cache": False}, "memo+keys+pass": {}}
 
 
 def host_bench(concurrency: int, texts: list[str], steps: int, reps: int) -> dict:
@@ -309,13 +317,20 @@ def host_bench(concurrency: int, texts: list[str], steps: int, reps: int) -> dic
     times: dict[str, list[float]] = {name: [] for name in HOST_PATHS}
     for _ in range(reps):
         for name, switches in HOST_PATHS.items():
-            sched.stage_policy.__dict__.pop("priority_keys", None)
+            policy = sched.stage_policy
+            for attr in ("priority_keys", "begin_pass", "end_pass"):
+                policy.__dict__.pop(attr, None)
             model.__dict__.pop("predict", None)
             apply_sim_switches(engine, switches)
             model._memo.clear()
             start = time.perf_counter()
+            policy.begin_pass(now)  # as Scheduler.schedule brackets its ranking
             sched._ready_pairs(now)
+            policy.end_pass()
             times[name].append((time.perf_counter() - start) * 1000)
+    for attr in ("priority_keys", "begin_pass", "end_pass"):
+        sched.stage_policy.__dict__.pop(attr, None)
+    model.__dict__.pop("predict", None)
     assert type(sched.stage_policy).priority_keys is cls_keys and type(model).predict is cls_predict
     return {"concurrency": concurrency, "running": sched.stats().num_running, "steps": steps,
             "reps": reps, **{name: {"p50_ms": round(float(np.median(t)), 4),

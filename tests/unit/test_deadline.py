@@ -126,6 +126,74 @@ def test_time_model_follows_a_slowdown() -> None:
     assert model.predict(Stage.DECODE, 8) == pytest.approx(0.008, rel=0.01)
 
 
+# ----------------------------------------------------------------------------- passes
+
+
+def _answers(p: DeadlinePredictor, request: Request, now: float) -> tuple[float, ...]:
+    return (p.deadline(request, now), p.buffered_s(request, now), p.slack(request, now),
+            p.slack(request, now, delay_s=0.03), p.work_s(request, 1), p.work_s(request, 3),
+            p.work_s(request, request.current_chunk_target))
+
+
+def _random_stream(rng: object, i: int) -> Request:
+    import random
+
+    assert isinstance(rng, random.Random)
+    chunks = tuple(sorted(rng.uniform(0.0, 1.0) for _ in range(rng.randrange(0, 4))))
+    request = stream(f"r{i}", chunk_times=chunks, decoded=rng.randrange(8, 40) * len(chunks),
+                     pending=rng.randrange(0, 6), phase=rng.choice(list(SegmentPhase)),
+                     enqueue_time=rng.uniform(0.0, 0.5))
+    if chunks and rng.random() < 0.6:
+        request.playback = PlaybackReport(rng.uniform(0.0, 0.4), rng.uniform(0.5, 1.2), "test")
+    return request
+
+
+def test_a_scheduling_pass_answers_as_a_fresh_computation() -> None:
+    """Inside a pass each request's dry time and work are computed once; every answer equals
+    the one given outside a pass, at the pass's ``now`` and at any other."""
+    import random
+
+    rng = random.Random(7)
+    p, reference = make_predictor(), make_predictor()  # the reference never opens a pass
+    requests = [_random_stream(rng, i) for i in range(40)]
+    for now in (0.9, 1.05, 1.3):
+        fresh = [_answers(reference, r, now) for r in requests]
+        other = [_answers(reference, r, now + 0.6) for r in requests]  # reports go stale
+        assert [_answers(p, r, now) for r in requests] == fresh  # no pass open
+        p.begin_pass(now)
+        for _ in range(2):  # asked again: from the pass's cache
+            assert [_answers(p, r, now) for r in requests] == fresh
+            assert [_answers(p, r, now + 0.6) for r in requests] == other
+        p.end_pass()
+
+
+def test_a_pass_keeps_nothing_after_it_ends() -> None:
+    p = make_predictor()
+    request = stream("s", chunk_times=(0.0, 0.1), decoded=3, pending=1)
+    p.begin_pass(0.2)
+    before = _answers(p, request, 0.2)
+    p.end_pass()
+    request.num_frames += 2  # a DEPTH step's frames, then a listener report
+    request.segments[0].num_frames += 2
+    request.playback = PlaybackReport(0.05, 0.2, "test")
+    p.begin_pass(0.2)
+    after = _answers(p, request, 0.2)
+    p.end_pass()
+    assert after != before
+    assert after == _answers(make_predictor(), request, 0.2)
+
+
+def test_schedule_closes_its_pass_whether_or_not_work_was_ready() -> None:
+    config = make_config(use_predictor=True)
+    predictor = DeadlinePredictor.from_config(config)
+    stage_policy, chunk_policy = make_policies(config, predictor)
+    sched = Scheduler(config, BlockPool(256, 16), stage_policy=stage_policy,
+                      chunk_policy=chunk_policy)
+    assert sched.schedule(0.0) is None and predictor._pass_now is None
+    sched.add_request(make_request("a"), 0.0)
+    assert sched.schedule(0.0) is not None and predictor._pass_now is None
+
+
 # ----------------------------------------------------------------------------- deadlines
 
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from breezert.config import SchedulerConfig
 from breezert.constants import FRAME_S, Stage
-from breezert.request import Request
+from breezert.request import Request, SegmentPhase
 
 COUNTERS = (
     "predictor_waits", "predictor_early_emits", "predictor_deadline_misses",
@@ -26,6 +26,9 @@ COUNTERS = (
 """Decision counters, each reported from 0 (``predictor_feedback_*``: per streaming chunk, where
 its deadline's buffer level came from)."""
 
+_BEFORE_TEXT_ENCODED = frozenset({SegmentPhase.QUEUED, SegmentPhase.TEXT_ENCODE})
+_BEFORE_PREFILLED = _BEFORE_TEXT_ENCODED | {SegmentPhase.PREFILL}
+"""Phases of an active segment that still owe a text encode / a prefill before its frames."""
 _DEV_K = 2.0  # predict mean + 2 * mean absolute deviation (roughly a p95 for steady steps)
 _LATE_EPS_S = 1e-6  # lateness up to this is float noise, not a miss
 
@@ -145,6 +148,12 @@ class DeadlinePredictor:
         self._on_count = on_count
         for name in COUNTERS:
             self.count(name, 0)
+        self._pass_now: float | None = None
+        self._pass_dry: dict[int, tuple[float, str]] = {}
+        self._pass_work: dict[tuple[int, int], float] = {}
+        """Inside a scheduling pass (``begin_pass``): each request's dry time and predicted work
+        per chunk size, computed once (the policies ask for them 3-5 times per request and
+        step); keyed by ``id(request)``, emptied when the pass ends."""
 
     @classmethod
     def from_config(cls, config: SchedulerConfig,
@@ -157,6 +166,20 @@ class DeadlinePredictor:
                    feedback_stale_s=config.predictor_feedback_stale_s,
                    overdue_startup_urgent=config.predictor_overdue_startup_urgent,
                    on_count=on_count)
+
+    # ------------------------------------------------------------------ scheduling passes
+    def begin_pass(self, now: float) -> None:
+        """Starts one scheduling pass at ``now``: until ``end_pass``, answers for ``now`` are
+        computed once per request. The caller changes no request, report or step time inside
+        the pass (the scheduler's ranking and pick); answers for another ``now`` are not kept."""
+        self._pass_now = now
+        self._pass_dry.clear()
+        self._pass_work.clear()
+
+    def end_pass(self) -> None:
+        self._pass_now = None
+        self._pass_dry.clear()
+        self._pass_work.clear()
 
     # ------------------------------------------------------------------ inputs
     def observe_step(self, stage: Stage, rows: int, duration_s: float) -> None:
@@ -186,11 +209,9 @@ class DeadlinePredictor:
     # ------------------------------------------------------------------ queries
     def buffered_s(self, request: Request, now: float) -> float:
         """Audio ahead of the listener's playhead at ``now`` (0 before the first chunk)."""
-        first = request.first_chunk_time
-        if first is None:
+        if not request.chunk_emit_times:
             return 0.0
-        dry_time, _ = self._dry_time(request, first, request.num_decoded_frames * FRAME_S, now)
-        return max(0.0, dry_time - now)
+        return max(0.0, self._pass_dry_time(request, now) - now)
 
     def feedback_source(self, request: Request, now: float) -> str:
         """``used`` (a fresh report), ``stale`` (too old) or ``missing`` (none yet)."""
@@ -212,16 +233,27 @@ class DeadlinePredictor:
     def work_s(self, request: Request, num_frames: int) -> float:
         """Predicted time until the request's next chunk of ``num_frames`` is out: its active
         segment's remaining text encode / prefill, the missing frames, one codec step."""
+        if self._pass_now is None:
+            return self._work_s(request, num_frames)
+        key = (id(request), num_frames)
+        seconds = self._pass_work.get(key)
+        if seconds is None:
+            seconds = self._pass_work[key] = self._work_s(request, num_frames)
+        return seconds
+
+    def _work_s(self, request: Request, num_frames: int) -> float:
         model = self.time_model
-        missing = max(0, num_frames - request.num_pending_frames)
+        missing = num_frames - request.num_pending_frames
         seconds = model.predict(Stage.CODEC)
-        active = request.active_segment
-        if active is None or missing == 0:
+        if missing <= 0:
             return seconds
-        phase = active.phase.value
-        if phase in ("queued", "text_encode"):
+        active = request.active_segment
+        if active is None:
+            return seconds
+        phase = active.phase
+        if phase in _BEFORE_TEXT_ENCODED:
             seconds += model.predict(Stage.TEXT_ENCODE)
-        if phase in ("queued", "text_encode", "prefill"):
+        if phase in _BEFORE_PREFILLED:
             seconds += model.predict(Stage.PREFILL)
         return seconds + missing * self.frame_time_s()
 
@@ -239,6 +271,19 @@ class DeadlinePredictor:
         return available - self.work_s(request, request.num_pending_frames + 1)
 
     # ------------------------------------------------------------------ internals
+    def _pass_dry_time(self, request: Request, now: float) -> float:
+        """``_dry_time`` of a streaming request at ``now``, once per pass."""
+        if now != self._pass_now:
+            first = request.chunk_emit_times[0]
+            return self._dry_time(request, first, request.num_decoded_frames * FRAME_S, now)[0]
+        key = id(request)
+        cached = self._pass_dry.get(key)
+        if cached is None:
+            first = request.chunk_emit_times[0]
+            cached = self._pass_dry[key] = self._dry_time(
+                request, first, request.num_decoded_frames * FRAME_S, now)
+        return cached[0]
+
     def _dry_time(self, request: Request, first_time: float, audio_s: float,
                   now: float) -> tuple[float, str]:
         """When the listener's buffer runs dry, and where that came from (see the class doc)."""

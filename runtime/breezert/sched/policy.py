@@ -64,6 +64,14 @@ class StagePolicy(Protocol):
         filled from them in order, within the stage's limits)."""
         ...
 
+    def begin_pass(self, now: float) -> None:
+        """The scheduler starts ranking and picking at ``now`` (it changes no request until
+        ``end_pass``): what the policy derives per request may be kept until then."""
+        ...
+
+    def end_pass(self) -> None:
+        ...
+
 
 def first_stage(ready: Sequence[ReadyPair]) -> tuple[Stage, list[Request]]:
     """The stage of the first ready pair, and every request ready for it, in order."""
@@ -110,6 +118,12 @@ class DefaultStagePolicy:
     def pick(self, ready: Sequence[ReadyPair], now: float) -> tuple[Stage, list[Request]]:
         return first_stage(ready)
 
+    def begin_pass(self, now: float) -> None:
+        pass
+
+    def end_pass(self) -> None:
+        pass
+
 
 _GENERATE = (Stage.DECODE, Stage.DEPTH)
 _PREP = (Stage.TEXT_ENCODE, Stage.PREFILL)
@@ -137,6 +151,12 @@ class DeadlineStagePolicy:
 
     def __init__(self, predictor: DeadlinePredictor) -> None:
         self.predictor = predictor
+
+    def begin_pass(self, now: float) -> None:
+        self.predictor.begin_pass(now)
+
+    def end_pass(self) -> None:
+        self.predictor.end_pass()
 
     def priority_key(self, request: Request, stage: Stage, now: float) -> tuple[float, ...]:
         return self.priority_keys(request, (stage,), now)[0]

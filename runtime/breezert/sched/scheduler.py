@@ -262,11 +262,17 @@ class Scheduler:
         if self._inflight is not None:
             raise RuntimeError(f"step {self._inflight.step_id} is not committed yet")
         self._admit()
-        ready, codec_frames = self._ready_pairs(now)
-        if not ready:
-            return None
-        ready.sort(key=lambda pair: pair[0])
-        stage, candidates = self.stage_policy.pick(ready, now)
+        # one pass: the policies' per-request predictions are computed once for ranking and
+        # picking (no request changes inside it)
+        self.stage_policy.begin_pass(now)
+        try:
+            ready, codec_frames = self._ready_pairs(now)
+            if not ready:
+                return None
+            ready.sort(key=lambda pair: pair[0])
+            stage, candidates = self.stage_policy.pick(ready, now)
+        finally:
+            self.stage_policy.end_pass()
         items = self._build_items(stage, candidates, codec_frames)
         self._mark_served(stage, items, now)
         self._step_id += 1
@@ -429,9 +435,10 @@ class Scheduler:
             if num_frames > 0:
                 codec_frames[request.request_id] = num_frames
             stages = self._ready_stages(request, is_codec_ready=num_frames > 0)
-            request.stage_ready_step = {
-                s: request.stage_ready_step.get(s, self._step_id) for s in stages
-            }
+            since = request.stage_ready_step
+            if len(since) != len(stages) or not all(s in since for s in stages):
+                # when each ready stage became ready; stages no longer ready drop out
+                request.stage_ready_step = {s: since.get(s, self._step_id) for s in stages}
             keys = self.stage_policy.priority_keys(request, stages, now)
             pairs.extend((key, request, stage) for key, stage in zip(keys, stages))
         return pairs, codec_frames
