@@ -75,13 +75,17 @@ case "$phase" in
     (cd "$out" && tar czf results.tgz g* && rm -rf g*) ;;
   chain) shift; for p in "$@"; do bash "$0" "$p" || echo "phase $p failed: $?"; done ;;
   voice)  # issue 19, one call: teacher data -> codec -> codes -> LM -> export; the state comes
-    # back as $OUT/state.NNN (+ state.json); carry them in as .voicestate/ next time. Carry
-    # .whl, .whl-train (make train-wheels) and .traindata (corpus.json.gz, built here).
-    # VOICE_ARGS: more pipeline flags, e.g. "--codec-batch-size 32".
+    # back as $OUT/state.NNN (+ state.json); put them in $VOICE_STATE (default .voicestate/,
+    # ignored: carry it) for the next call. Only committed files reach the next session's
+    # checkout: at a session's end keep the parts in a tracked folder (VOICE_STATE=voice-state,
+    # committed; it then travels with the tree). Carry .whl, .whl-train (make train-wheels) and
+    # .traindata (corpus.json.gz, built here). VOICE_ARGS: more pipeline flags, e.g.
+    # "--codec-batch-size 32".
     mkdir -p /tmp/voice/teacher
     [ ! -f .traindata/corpus.json.gz ] || cp .traindata/corpus.json.gz /tmp/voice/teacher/
     timeout 580 python3 -m breezert.train.pipeline --work /tmp/voice --minutes-total 9.3 \
-      --out "$out" --carry-in .voicestate ${VOICE_ARGS:-} 2>&1 | tee /tmp/voice/pipeline.log | tail -40
+      --out "$out" --carry-in "${VOICE_STATE:-.voicestate}" ${VOICE_ARGS:-} 2>&1 \
+      | tee /tmp/voice/pipeline.log | tail -40
     cp /tmp/voice/pipeline.log "$out/" ;;
   decode)  # the fused backbone DECODE step: GPU tests, step times, census, then 300 requests
     # at 16 and 32 concurrent with it on (compare with h200-predictor-20261129.json)
