@@ -315,12 +315,16 @@ def host_bench(concurrency: int, texts: list[str], steps: int, reps: int) -> dic
     cls_keys, cls_predict = type(sched.stage_policy).priority_keys, type(model).predict
     now = clock()
     times: dict[str, list[float]] = {name: [] for name in HOST_PATHS}
+    policy = sched.stage_policy
+
+    def restore() -> None:  # today's methods again (apply_sim_switches patched instances)
+        for attr in ("priority_keys", "begin_pass", "end_pass"):
+            policy.__dict__.pop(attr, None)
+        model.__dict__.pop("predict", None)
+
     for _ in range(reps):
         for name, switches in HOST_PATHS.items():
-            policy = sched.stage_policy
-            for attr in ("priority_keys", "begin_pass", "end_pass"):
-                policy.__dict__.pop(attr, None)
-            model.__dict__.pop("predict", None)
+            restore()
             apply_sim_switches(engine, switches)
             model._memo.clear()
             start = time.perf_counter()
@@ -328,10 +332,8 @@ def host_bench(concurrency: int, texts: list[str], steps: int, reps: int) -> dic
             sched._ready_pairs(now)
             policy.end_pass()
             times[name].append((time.perf_counter() - start) * 1000)
-    for attr in ("priority_keys", "begin_pass", "end_pass"):
-        sched.stage_policy.__dict__.pop(attr, None)
-    model.__dict__.pop("predict", None)
-    assert type(sched.stage_policy).priority_keys is cls_keys and type(model).predict is cls_predict
+    restore()
+    assert type(policy).priority_keys is cls_keys and type(model).predict is cls_predict
     return {"concurrency": concurrency, "running": sched.stats().num_running, "steps": steps,
             "reps": reps, **{name: {"p50_ms": round(float(np.median(t)), 4),
                                     "p10_ms": round(float(np.percentile(t, 10)), 4)}

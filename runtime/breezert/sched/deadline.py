@@ -149,7 +149,7 @@ class DeadlinePredictor:
         for name in COUNTERS:
             self.count(name, 0)
         self._pass_now: float | None = None
-        self._pass_dry: dict[int, tuple[float, str]] = {}
+        self._pass_dry: dict[int, float] = {}
         self._pass_work: dict[tuple[int, int], float] = {}
         """Inside a scheduling pass (``begin_pass``): each request's dry time and predicted work
         per chunk size, computed once (the policies ask for them 3-5 times per request and
@@ -272,17 +272,15 @@ class DeadlinePredictor:
 
     # ------------------------------------------------------------------ internals
     def _pass_dry_time(self, request: Request, now: float) -> float:
-        """``_dry_time`` of a streaming request at ``now``, once per pass."""
-        if now != self._pass_now:
-            first = request.chunk_emit_times[0]
-            return self._dry_time(request, first, request.num_decoded_frames * FRAME_S, now)[0]
-        key = id(request)
-        cached = self._pass_dry.get(key)
-        if cached is None:
-            first = request.chunk_emit_times[0]
-            cached = self._pass_dry[key] = self._dry_time(
-                request, first, request.num_decoded_frames * FRAME_S, now)
-        return cached[0]
+        """When a streaming request's listener runs dry, computed once per pass at its ``now``."""
+        kept = now == self._pass_now
+        dry = self._pass_dry.get(id(request)) if kept else None
+        if dry is None:
+            dry, _ = self._dry_time(request, request.chunk_emit_times[0],
+                                    request.num_decoded_frames * FRAME_S, now)
+            if kept:
+                self._pass_dry[id(request)] = dry
+        return dry
 
     def _dry_time(self, request: Request, first_time: float, audio_s: float,
                   now: float) -> tuple[float, str]:
