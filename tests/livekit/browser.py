@@ -58,7 +58,7 @@ def serve_repository() -> Iterator[str]:
         server.shutdown()
 
 
-PLAYOUT_COUNTERS = ("concealed", "silent", "inserted", "removed")
+PLAYOUT_COUNTERS = ("received", "concealed", "silent", "inserted", "removed")
 SETTLE_S = 0.3
 """Quiet at the page for this long after a loud run ends the turn there: longer than any quiet
 run inside speech (``MAX_GAP_S``, 60 ms, bounds those)."""
@@ -80,9 +80,10 @@ class Browser:
                                    "edges: breezertTest.edges, rate: breezertTest.sampleRate})")
 
     async def playout_counters(self, since: dict[str, int] | None = None) -> dict[str, int]:
-        """The jitter buffer's sample counters (``getStats``, the newest sample): concealed,
-        silent (concealed as silence), inserted (to slow playout), removed (to speed it up);
-        less ``since`` (an earlier call's result) when given."""
+        """The jitter buffer's sample counters (``getStats``, the newest sample): received
+        (decoded from packets), concealed, silent (concealed as silence), inserted (to slow
+        playout), removed (to speed it up); less ``since`` (an earlier call's result) when
+        given."""
         newest = (await self.state())["stats"][-1]
         counters = {k: newest.get(k) or 0 for k in PLAYOUT_COUNTERS}
         return counters if since is None else {k: counters[k] - since[k] for k in counters}
@@ -130,7 +131,10 @@ def edges_heard(edges: list[dict[str, Any]], rate: float | None, since_epoch: fl
                  span_s=(last["frame"] - first["frame"]) / rate,
                  gap_s=max((g[0] for g in gaps), default=0) / rate,
                  arrival_gap_s=max((g[1] for g in gaps), default=0) / 1000,
-                 quiet_s=sum(g[0] for g in gaps) / rate)
+                 quiet_s=sum(g[0] for g in gaps) / rate,
+                 quiet_runs=tuple((round((quiet["frame"] - first["frame"]) / rate, 3),
+                                   round(g[0] / rate, 3))
+                                  for (_, quiet), g in zip(runs, gaps)))
 
 
 @contextlib.asynccontextmanager

@@ -31,8 +31,7 @@ class Heard:
     each one is something a stage after the agent inserted)."""
     quiet_runs: tuple[tuple[float, float], ...] = ()
     """Each quiet run inside it as (start, length) in playout seconds from its first energetic
-    frame (where in the turn a hole fell: right after the first chunk, or later); the Python
-    participant's only."""
+    frame (where in the turn a hole fell: right after the first chunk, or later)."""
 
 
 @dataclass
