@@ -12,6 +12,7 @@ import json
 import shutil
 from dataclasses import replace
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pytest
@@ -43,6 +44,9 @@ from breezert.train.lm_train import (
     save_snapshot,
     train,
 )
+
+if TYPE_CHECKING:
+    from breezert.train.pipeline import Plan
 
 pytestmark = pytest.mark.unit
 
@@ -302,10 +306,23 @@ def _tone_teacher(out: Path) -> None:
     writer.flush()
 
 
+def _tiny_plan(**changes: Any) -> Plan:
+    """The pipeline tests' plan: tiny codec and LM on the CPU, no reserve, a 6-frame sample."""
+    from breezert.train.pipeline import Plan
+
+    return replace(Plan(codec_preset="tiny", codec_batch_size=2, codec_crop_frames=4,
+                        lm_recipe="tiny", device="cpu", reserve_minutes=0.0,
+                        sample_max_frames=6), **changes)
+
+
+TINY_OVERRIDES = dict(codec_overrides={"disc_channels": 4}, lm_overrides={"max_tokens": 256})
+"""``run_pipeline`` keywords of the pipeline tests: a narrow discriminator, short LM batches."""
+
+
 def test_the_pipeline_carries_its_state_to_a_second_call(tmp_path: Path) -> None:
     """Call 1 makes data, trains codec and LM, packs; call 2, on a fresh work folder with only
     the parts, makes no data, keeps the codec and goes on with the LM from its snapshot."""
-    from breezert.train.pipeline import Plan, run_pipeline
+    from breezert.train.pipeline import run_pipeline
 
     def make_teacher(out: Path, plan: Plan) -> None:
         _tone_teacher(out)
@@ -313,12 +330,9 @@ def test_the_pipeline_carries_its_state_to_a_second_call(tmp_path: Path) -> None
     def no_teacher(out: Path, plan: Plan) -> None:
         raise AssertionError("the second call must not need the teacher")
 
-    plan = Plan(codec_preset="tiny", codec_batch_size=2, codec_crop_frames=4, lm_recipe="tiny",
-                codec_max_steps=2, lm_max_steps=3, device="cpu", reserve_minutes=0.0,
-                sample_max_frames=6)
-    kw = dict(codec_overrides={"disc_channels": 4}, lm_overrides={"max_tokens": 256})
+    plan = _tiny_plan(codec_max_steps=2, lm_max_steps=3)
     first = run_pipeline(tmp_path / "w1", 5, tmp_path / "out1", plan=plan,
-                         make_teacher=make_teacher, **kw)
+                         make_teacher=make_teacher, **TINY_OVERRIDES)
     assert all((tmp_path / "out1" / n).stat().st_size <= 16 * 1024 * 1024 for n in first["parts"])
     assert len(list((tmp_path / "out1").iterdir())) <= 8  # what one device call returns
     from breezert.train.state_shards import join_dir
@@ -329,7 +343,8 @@ def test_the_pipeline_carries_its_state_to_a_second_call(tmp_path: Path) -> None
     # the codec export's random placeholder LM is rebuilt after the carry-in, not carried
     assert not any(name.startswith("model") for name in carried - {"model.safetensors"})
     second = run_pipeline(tmp_path / "w2", 5, tmp_path / "out2", carry_in=tmp_path / "out1",
-                          plan=replace(plan, lm_max_steps=5), make_teacher=no_teacher, **kw)
+                          plan=replace(plan, lm_max_steps=5), make_teacher=no_teacher,
+                          **TINY_OVERRIDES)
     assert second["sample"]["frames"] >= 1
     steps = [r["step"] for r in _log_steps(tmp_path / "out2" / "lm_log.jsonl")]
     assert steps == [1, 2, 3, 4, 5]
@@ -342,7 +357,7 @@ def test_the_codec_trains_over_several_calls_before_the_lm(tmp_path: Path) -> No
     """A call that cannot finish the codec's minutes trains the codec only and carries its
     snapshot (no export, no LM); the next call makes the teacher data again, goes on from the
     snapshot's step, finishes the codec and trains the LM."""
-    from breezert.train.pipeline import CODEC_DONE, CODEC_SNAPSHOT, Plan, run_pipeline
+    from breezert.train.pipeline import CODEC_DONE, CODEC_SNAPSHOT, run_pipeline
     from breezert.train.state_shards import join_dir
 
     teacher_calls = []
@@ -351,12 +366,9 @@ def test_the_codec_trains_over_several_calls_before_the_lm(tmp_path: Path) -> No
         teacher_calls.append(out)
         _tone_teacher(out)
 
-    plan = Plan(codec_preset="tiny", codec_batch_size=2, codec_crop_frames=4, lm_recipe="tiny",
-                codec_minutes=0.04, lm_max_steps=3, device="cpu", reserve_minutes=0.0,
-                sample_max_frames=6)
-    kw = dict(codec_overrides={"disc_channels": 4}, lm_overrides={"max_tokens": 256})
+    plan = _tiny_plan(codec_minutes=0.04, lm_max_steps=3)
     first = run_pipeline(tmp_path / "w1", 0.01, tmp_path / "out1", plan=plan,
-                         make_teacher=make_teacher, **kw)
+                         make_teacher=make_teacher, **TINY_OVERRIDES)
     assert first["stages"][-1]["codec_finished"] is False and "sample" not in first
     carried = {p.relative_to(tmp_path / "j1").parts[0]
                for p in join_dir(tmp_path / "out1", tmp_path / "j1").rglob("*")}
@@ -364,7 +376,7 @@ def test_the_codec_trains_over_several_calls_before_the_lm(tmp_path: Path) -> No
     steps1 = [r["step"] for r in _log_steps(tmp_path / "out1" / "codec_log.jsonl")]
     assert steps1 and steps1 == list(range(1, len(steps1) + 1))
     second = run_pipeline(tmp_path / "w2", 5, tmp_path / "out2", carry_in=tmp_path / "out1",
-                          plan=plan, make_teacher=make_teacher, **kw)
+                          plan=plan, make_teacher=make_teacher, **TINY_OVERRIDES)
     assert len(teacher_calls) == 2
     assert second["stages"][1]["codec_finished"] is True
     assert second["stages"][1]["codec_trained_s"] >= 0.04 * 60 - 1.0
