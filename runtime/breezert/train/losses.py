@@ -50,6 +50,7 @@ MEL_BINS = 80
 MEL_HOP = 240
 """10 ms at 24 kHz: 8 mel frames per 80 ms codec frame."""
 MEL_N_FFT = 1024
+MEL_SAMPLE_RATE = 24000
 LOG_MEL_MEAN, LOG_MEL_STD = -2.72, 3.73
 """The teacher's log-mel statistics (three sentences, measured once): the probe's target is
 standardised with them, so a zero-initialised read-out starts near its target's scale."""
@@ -73,10 +74,13 @@ def mel_filterbank(n_fft: int, n_mels: int, sample_rate: int, f_min: float = 0.0
     return torch.clamp(torch.minimum(rising, falling), min=0.0)
 
 
-def log_mel(wav: Tensor, sample_rate: int = 24000, n_fft: int = MEL_N_FFT, hop: int = MEL_HOP,
-            n_mels: int = MEL_BINS) -> Tensor:
-    """``wav [B, T]`` -> natural-log mel magnitudes ``[B, n_mels, T // hop + 1]`` (floored)."""
-    fb = mel_filterbank(n_fft, n_mels, sample_rate).to(wav)
+def log_mel(wav: Tensor, sample_rate: int = MEL_SAMPLE_RATE, n_fft: int = MEL_N_FFT,
+            hop: int = MEL_HOP, n_mels: int = MEL_BINS,
+            filterbank: Tensor | None = None) -> Tensor:
+    """``wav [B, T]`` -> natural-log mel magnitudes ``[B, n_mels, T // hop + 1]`` (floored);
+    ``filterbank``: ``mel_filterbank(n_fft, n_mels, sample_rate)`` already on ``wav``'s device
+    (built here when not given)."""
+    fb = mel_filterbank(n_fft, n_mels, sample_rate).to(wav) if filterbank is None else filterbank
     return (fb @ stft_magnitude(wav, n_fft, hop)).clamp(min=1e-5).log()
 
 
@@ -93,6 +97,9 @@ class LatentMelHead(nn.Module):
                              f"{MEL_HOP}")
         self.per_frame, self.n_mels = samples_per_frame // MEL_HOP, n_mels
         self.proj = nn.Conv1d(dim, n_mels * self.per_frame, 1)
+        # built once and moved with the module, not per step; not saved (a constant)
+        self.register_buffer("filterbank", mel_filterbank(MEL_N_FFT, n_mels, MEL_SAMPLE_RATE),
+                             persistent=False)
 
     def forward(self, latent: Tensor) -> Tensor:
         b, _, k = latent.shape
@@ -103,7 +110,8 @@ class LatentMelHead(nn.Module):
         """L1 between the read-out and the standardised ``log_mel(wav)`` over the latent's
         frames."""
         pred = self(latent)
-        target = (log_mel(wav)[..., : pred.shape[-1]] - LOG_MEL_MEAN) / LOG_MEL_STD
+        target = log_mel(wav, n_mels=self.n_mels, filterbank=self.filterbank)
+        target = (target[..., : pred.shape[-1]] - LOG_MEL_MEAN) / LOG_MEL_STD
         return F.l1_loss(pred, target)
 
 
