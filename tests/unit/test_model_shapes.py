@@ -3,12 +3,15 @@ depth step shapes, prompt validation and random init."""
 
 from __future__ import annotations
 
+import copy
 
 import pytest
 import torch
+import torch.nn.functional as F
 
-from breezert.layers.attention import DenseKVCache
+from breezert.layers.attention import DenseKVCache, sdpa_gqa
 from breezert.layers.norms import GemmaRMSNorm, RMSNorm
+from breezert.layers.rope import apply_rope, apply_rope_signed, fold_rotation_sign
 from breezert.models.backbone import Qwen3Backbone
 from breezert.models.breeze import BreezeModel
 from breezert.models.config import BackboneConfig, BreezeConfig
@@ -141,6 +144,65 @@ def test_depth_step_and_logit_shapes(tiny: BreezeModel) -> None:
     frames = torch.randint(0, 2048, (2, 16))
     assert tiny.audio_frame_embeds(frames).shape == (2, 64)
     assert tiny.first_code_logits(torch.randn(2, 64)).shape == (2, 2052)
+
+
+def _depth_step_by_modules(depth, x: torch.Tensor, position: int,
+                           cache: torch.Tensor) -> torch.Tensor:
+    """The depth step spelled out through the submodules' own calls (``RMSNorm``, the
+    projections, ``apply_rope`` on q and k apart, the MLP module): what ``DepthLayer.forward``
+    writes out on the weights for speed."""
+    cos, sin = depth.rope.cos_sin(torch.tensor([position]), x.dtype)
+    mask = (torch.arange(cache.shape[4]) <= position)[None, None, None, :]
+    h = depth.model.inputs_embeds_projector(x)
+    rows = x.shape[0]
+    for i, layer in enumerate(depth.model.layers):
+        attn = layer.self_attn
+        q, k, v = attn.project(layer.input_layernorm(h))
+        q = apply_rope(q.reshape(rows, attn.num_heads, attn.head_dim), cos.expand(rows, -1),
+                       sin.expand(rows, -1))
+        k = apply_rope(k.reshape(rows, attn.num_kv_heads, attn.head_dim), cos.expand(rows, -1),
+                       sin.expand(rows, -1))
+        cache[i, 0, :, :, position] = k
+        cache[i, 1, :, :, position] = v.reshape(rows, attn.num_kv_heads, attn.head_dim)
+        out = sdpa_gqa(q[:, :, None, :], cache[i, 0], cache[i, 1], mask)
+        h = h + attn.o_proj(out.reshape(rows, -1))
+        h = h + layer.mlp(layer.post_attention_layernorm(h))
+    return depth.model.norm(h)
+
+
+@pytest.mark.parametrize("packed", [False, True])
+@torch.no_grad()
+def test_depth_step_is_the_module_composition_bit_for_bit(tiny: BreezeModel,
+                                                          packed: bool) -> None:
+    """``DepthLayer.forward`` (weights read directly, q and k rotated together with the sign
+    folded into the table, one norm call with its weight) gives the same bits as the modules'
+    own composition, frame after frame (fp32, CPU)."""
+    model = copy.deepcopy(tiny)
+    if packed:
+        model.fuse_projections_()
+    depth = model.depth_decoder
+    fast, slow = depth.new_cache(3), depth.new_cache(3)
+    gen = torch.Generator().manual_seed(3)
+    for position in range(depth.max_positions):
+        x = (torch.randn(3, 64, generator=gen) if position == 0 else
+             depth.embed_code(torch.randint(0, 2048, (3,), generator=gen), position - 1))
+        assert torch.equal(depth.step(x, position, fast),
+                           _depth_step_by_modules(depth, x, position, slow))
+        assert torch.equal(fast, slow)
+
+
+def test_rms_norm_and_signed_rope_are_the_same_bits() -> None:
+    gen = torch.Generator().manual_seed(0)
+    for dim in (8, 32, 100, 1024):
+        norm = RMSNorm(dim)
+        norm.weight.data = torch.randn(dim, generator=gen)
+        x = torch.randn(5, dim, generator=gen) * 3
+        spelled = norm.weight * F.rms_norm(x, (dim,), eps=norm.eps)  # weight outside the call
+        assert torch.equal(norm(x), spelled)
+        q = torch.randn(5, 4, dim, generator=gen)
+        cos, sin = torch.randn(5, dim, generator=gen), torch.randn(5, dim, generator=gen)
+        assert torch.equal(apply_rope(q, cos, sin),
+                           apply_rope_signed(q, cos[:, None], fold_rotation_sign(sin)[:, None]))
 
 
 def test_prompt_validation_names_fields() -> None:
