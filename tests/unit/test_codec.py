@@ -6,12 +6,14 @@ Owns CPU-only checks of ``breezert.models.codec``; golden weights are tested in
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 
 import pytest
 import torch
 from breezert.models.codec import (
     CodecDecoder,
+    SnakeBeta,
     StreamingCodec,
     init_codec_random_,
     stream_state_numel,
@@ -250,3 +252,31 @@ def test_serving_codec_precisions(decoder: CodecDecoder) -> None:
     assert fp32.decoder is decoder and fp32.tf32 is None  # CPU: no TF32 to switch
     with pytest.raises(ValueError, match="codec precision"):
         StreamingCodec.for_serving(decoder, 2, "fp8")
+
+
+def test_serving_shortcuts_give_the_same_bits(decoder: CodecDecoder, codes: torch.Tensor) -> None:
+    """The serving codec's CPU shortcuts change no bit: codebooks divided once (summed in the
+    same order), SnakeBeta's per-channel scales kept between steps."""
+    sc = StreamingCodec(copy.deepcopy(decoder), max_slots=2)
+    assert sc.tables is not None
+    plain = copy.deepcopy(decoder)  # no tables; its SnakeBetas make their scales per call
+    state = plain.new_state(1)
+    for start, size in ((0, 1), (1, 3), (4, 8)):
+        part = codes[:1, start:start + size]
+        assert torch.equal(plain.quantizer.decode(part, sc.tables), plain.quantizer.decode(part))
+        expected, state = plain.step(part, state)
+        assert torch.equal(sc.decode(torch.tensor([1]), part), expected)
+
+
+def test_snake_scales_follow_their_parameters() -> None:
+    snake = SnakeBeta(4)
+    with torch.no_grad():
+        first = snake.scales()
+        assert snake.scales()[0] is first[0]  # kept while serving
+        snake.alpha.add_(0.5)  # an in-place update (an optimizer step, a load) is seen
+        alpha, inv_beta = snake.scales()
+    assert torch.equal(alpha, snake.alpha.detach().exp()[None, :, None])
+    assert torch.equal(inv_beta, 1.0 / (snake.beta.detach().exp()[None, :, None] + 1e-9))
+    x = torch.randn(2, 4, 5)
+    snake(x).sum().backward()  # with gradients wanted the scales are made in the graph
+    assert snake.alpha.grad is not None and snake.beta.grad is not None

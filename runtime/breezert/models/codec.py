@@ -17,6 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from breezert.layers.rope import apply_rope_signed, fold_rotation_sign
 from breezert.models.config import CodecConfig
 
 _RESIDUAL_DILATIONS = (1, 3, 9)
@@ -227,11 +228,28 @@ class SnakeBeta(nn.Module):
         super().__init__()
         self.alpha = nn.Parameter(torch.zeros(channels))
         self.beta = nn.Parameter(torch.zeros(channels))
+        self._kept: tuple[tuple[int, ...], Tensor, Tensor] | None = None
+
+    def scales(self) -> tuple[Tensor, Tensor]:
+        """``(e^alpha, 1 / (e^beta + 1e-9))``, each ``[1, C, 1]``. Serving on the CPU keeps
+        them until a parameter changes (a tiny model's codec step is bound by per-operator
+        overhead, and these are 6 of the 11 operators); with gradients wanted (the codec
+        trainer) or on CUDA (where graphs capture the step) they are made on each call."""
+        alpha, beta = self.alpha, self.beta
+        keep = not alpha.is_cuda and not (torch.is_grad_enabled() and (
+            alpha.requires_grad or beta.requires_grad))
+        if keep:
+            key = (alpha._version, beta._version, alpha.data_ptr(), beta.data_ptr())
+            if self._kept is not None and self._kept[0] == key:
+                return self._kept[1], self._kept[2]
+        scales = alpha.exp()[None, :, None], 1.0 / (beta.exp()[None, :, None] + 1e-9)
+        if keep:
+            self._kept = (key, *scales)
+        return scales
 
     def forward(self, x: Tensor) -> Tensor:
-        alpha = self.alpha.exp()[None, :, None]  # [1, C, 1]
-        beta = self.beta.exp()[None, :, None]
-        return x + (1.0 / (beta + 1e-9)) * torch.sin(x * alpha).pow(2)
+        alpha, inv_beta = self.scales()
+        return x + inv_beta * torch.sin(x * alpha).pow(2)
 
 
 class _ConvNeXt(nn.Module):
@@ -311,11 +329,21 @@ class _ResidualVectorQuantizer(nn.Module):
         self.output_proj = nn.Conv1d(dim, cfg.codebook_dim, 1, bias=False)
         self.vq = _ResidualVQ(cfg.codebook_size, dim, num_quantizers)
 
-    def decode(self, codes: Tensor) -> Tensor:
+    def decode(self, codes: Tensor, table: Tensor | None = None) -> Tensor:
         # codes [B, T, K] -> [B, codebook_dim, T]; summed in codebook order like the reference.
-        quantized = self.vq.layers[0]._codebook.decode(codes[..., 0])
-        for k in range(1, codes.shape[-1]):
-            quantized = quantized + self.vq.layers[k]._codebook.decode(codes[..., k])
+        # ``table``: the codebooks divided by their usage, stacked ([K * size, dim]): the same
+        # rows in one gather, summed in the same order (the same bits).
+        if table is not None:
+            size = self.vq.layers[0]._codebook.embedding_sum.shape[0]
+            offsets = torch.arange(codes.shape[-1], device=codes.device) * size
+            rows = F.embedding(codes + offsets, table).unbind(2)  # K x [B, T, dim]
+            quantized = rows[0]
+            for row in rows[1:]:
+                quantized = quantized + row
+        else:
+            quantized = self.vq.layers[0]._codebook.decode(codes[..., 0])
+            for k in range(1, codes.shape[-1]):
+                quantized = quantized + self.vq.layers[k]._codebook.decode(codes[..., k])
         return self.output_proj(quantized.transpose(1, 2))
 
 
@@ -327,16 +355,23 @@ class _SplitQuantizer(nn.Module):
         self.rvq_rest = _ResidualVectorQuantizer(cfg, cfg.num_quantizers - self.num_first)
         self.tables: tuple[Tensor, Tensor] | None = None  # set by prepare_fast
 
-    def decode(self, codes: Tensor) -> Tensor:
-        first = self.rvq_first.decode(codes[..., : self.num_first])
-        return first + self.rvq_rest.decode(codes[..., self.num_first :])  # [B, codebook_dim, T]
+    def decode(self, codes: Tensor, tables: tuple[Tensor, Tensor] | None = None) -> Tensor:
+        """``tables`` (``prepare_fast``'s): the same sums from pre-divided codebooks."""
+        first_table, rest_table = tables if tables is not None else (None, None)
+        first = self.rvq_first.decode(codes[..., : self.num_first], first_table)
+        return first + self.rvq_rest.decode(codes[..., self.num_first :], rest_table)
 
-    def prepare_fast(self) -> None:
-        """Divides each group's codebooks by their usage once ([K * size, dim] per group)."""
-        self.tables = tuple(  # type: ignore[assignment]
+    def divided_tables(self) -> tuple[Tensor, Tensor]:
+        """Each group's codebooks divided by their usage ([K * size, dim] per group): the rows
+        ``_Codebook.decode`` gives, bit for bit."""
+        return tuple(  # type: ignore[return-value]
             torch.cat([vq._codebook.embedding_sum / vq._codebook.cluster_usage.clamp(min=1e-5)[:, None]
                        for vq in group.vq.layers])
             for group in (self.rvq_first, self.rvq_rest))
+
+    def prepare_fast(self) -> None:
+        """Divides each group's codebooks by their usage once."""
+        self.tables = self.divided_tables()
 
     def decode_fast(self, codes: Tensor) -> Tensor:
         """``decode`` with one gather per group (the sum's order may differ in the last bit)."""
@@ -368,20 +403,28 @@ def _window_mask(pos: Tensor, num_new: int, window: int) -> tuple[Tensor, Tensor
     return q_pos, keep[:, None]
 
 
+_INV_FREQ: dict[tuple[int, float, torch.device], Tensor] = {}
+
+
+def _inv_freq(head_dim: int, theta: float, device: torch.device) -> Tensor:
+    """The transformers "default" rope's ``1 / theta^(2i/d)`` (fp32), made once per device."""
+    key = (head_dim, theta, device)
+    if key not in _INV_FREQ:
+        exponent = torch.arange(0, head_dim, 2, device=device).float() / head_dim
+        inv_freq = 1.0 / (theta**exponent)  # [head_dim / 2]
+        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+            return inv_freq  # never keep a graph pool's tensor
+        _INV_FREQ[key] = inv_freq
+    return _INV_FREQ[key]
+
+
 def _rope(q_pos: Tensor, head_dim: int, theta: float, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
-    # Same arithmetic as the transformers "default" rope (fp32, then cast): [B, T, head_dim] each.
-    exponent = torch.arange(0, head_dim, 2, device=q_pos.device).float() / head_dim
-    inv_freq = 1.0 / (theta**exponent)  # [head_dim / 2]
-    freqs = q_pos[..., None].float() * inv_freq
+    """``(cos, sin_signed)`` [B, 1, T, head_dim]: the transformers "default" rope (fp32, then
+    cast), the rotate-half sign folded into sin (``apply_rope_signed``)."""
+    freqs = q_pos[..., None].float() * _inv_freq(head_dim, theta, q_pos.device)
     emb = torch.cat([freqs, freqs], dim=-1)
-    return emb.cos().to(dtype), emb.sin().to(dtype)
-
-
-def _apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
-    # x [B, H, T, D]; cos/sin [B, T, D]
-    half = x.shape[-1] // 2
-    rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
-    return x * cos[:, None] + rotated * sin[:, None]
+    return (emb.cos().to(dtype)[:, None],
+            fold_rotation_sign(emb.sin().to(dtype))[:, None])
 
 
 class _RMSNorm(nn.Module):
@@ -391,6 +434,8 @@ class _RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: Tensor) -> Tensor:
+        if x.dtype == torch.float32 and self.weight.dtype == torch.float32 and not x.is_cuda:
+            return F.rms_norm(x, (x.shape[-1],), self.weight, self.eps)  # the same bits
         h = x.float()
         h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
         return self.weight * h.to(x.dtype)
@@ -428,7 +473,7 @@ class _Attention(nn.Module):
         q = self.q_proj(x).view(b, t, self.num_heads, self.head_dim).transpose(1, 2)
         k = self.k_proj(x).view(b, t, self.num_kv_heads, self.head_dim).transpose(1, 2)
         v = self.v_proj(x).view(b, t, self.num_kv_heads, self.head_dim).transpose(1, 2)
-        q, k = _apply_rope(q, cos, sin), _apply_rope(k, cos, sin)
+        q, k = apply_rope_signed(q, cos, sin), apply_rope_signed(k, cos, sin)
         k = torch.cat([kv[:, 0], k], dim=2)  # [B, Hkv, W-1+T, D]
         v = torch.cat([kv[:, 1], v], dim=2)
         keep_len = kv.shape[3]
@@ -551,7 +596,8 @@ class CodecDecoder(nn.Module):
 
     @torch.no_grad()
     def step(self, codes: Tensor, state: CodecStreamState, num_frames: Tensor | None = None,
-             fast: bool = False) -> tuple[Tensor, CodecStreamState]:
+             fast: bool = False, tables: tuple[Tensor, Tensor] | None = None,
+             ) -> tuple[Tensor, CodecStreamState]:
         """Decodes the next ``F`` frames of ``B`` streams exactly, given their state.
 
         Args:
@@ -561,6 +607,8 @@ class CodecDecoder(nn.Module):
                 padding: decoded, then dropped from the state); ``None``: all ``F``.
             fast: the serving kernels (fused SnakeBeta + history, codebook tables, GEMM
                 upsamplers; ``prepare_fast`` first): the same arithmetic up to rounding order.
+            tables: without ``fast``, the quantizer's ``divided_tables()`` made once: the
+                same bits as without them, in fewer operators.
 
         Returns:
             ``(wav [B, F * samples_per_frame] in [-1, 1], state after the F frames)``; with
@@ -570,7 +618,8 @@ class CodecDecoder(nn.Module):
             raise ValueError(
                 f"codes must be [B, F, {self.cfg.num_quantizers}], got {tuple(codes.shape)}"
             )
-        latent = self.quantizer.decode_fast(codes) if fast else self.quantizer.decode(codes)
+        latent = (self.quantizer.decode_fast(codes) if fast
+                  else self.quantizer.decode(codes, tables))
         return self.decode_latent(latent, state, num_frames, fast)
 
     def decode_latent(self, latent: Tensor, state: CodecStreamState,
@@ -647,6 +696,8 @@ class StreamingCodec:
         self.fast, self.tf32 = fast, tf32
         if fast:
             decoder.prepare_fast()
+        self.tables = None if fast else decoder.quantizer.divided_tables()
+        """The codebooks divided once (the serving weights do not change)."""
         self.state = decoder.new_state(max_slots, device=device, dtype=dtype)
 
     @classmethod
@@ -682,7 +733,7 @@ class StreamingCodec:
         slot_ids = slot_ids.to(self.state.pos.device)
         with tf32_math(self.tf32):
             wav, new = self.decoder.step(codes, self.state.gather(slot_ids), num_frames,
-                                         self.fast)
+                                         self.fast, self.tables)
         self.state.scatter_(slot_ids, new)
         return wav
 
