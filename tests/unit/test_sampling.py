@@ -220,7 +220,8 @@ def test_cfg_scale_zero_runs_negative_only(tiny: BreezeModel) -> None:
 
 def test_noise_made_per_frame_draws_the_same_codes(tiny: BreezeModel) -> None:
     """``depth_frames(noise_per_frame=True)`` (the CPU path) makes the 16 draws' noise in one
-    call: the codes are the per-draw path's, bit for bit (CFG rows, top-k and top-p included)."""
+    call: the codes are the per-draw path's, bit for bit (CFG rows, top-k and top-p included),
+    and both are what ``sample`` draws when called per draw."""
     gen = torch.Generator().manual_seed(3)
     num = 3
     hidden = torch.randn(2 * num, tiny.cfg.backbone.hidden_size, generator=gen)
@@ -235,3 +236,7 @@ def test_noise_made_per_frame_draws_the_same_codes(tiny: BreezeModel) -> None:
         per_draw = depth_frames(tiny, hidden, **inputs, max_k=max_k)["codes"]
         per_frame = depth_frames(tiny, hidden, **inputs, max_k=max_k, noise_per_frame=True)
         assert torch.equal(per_frame["codes"], per_draw)
+        # the settings turned into tensors once per frame (RowSampling) draw what ``sample``,
+        # called per draw with the raw settings, draws
+        by_sample = depth_frames(tiny, hidden, **inputs, max_k=max_k, sampler=sample)
+        assert torch.equal(by_sample["codes"], per_draw)

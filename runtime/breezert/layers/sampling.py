@@ -8,6 +8,7 @@ not: know about requests, KV or the models; parameters are ``breezert.options.Sa
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import NamedTuple
 
 import torch
 
@@ -94,21 +95,56 @@ def filter_top_k_top_p(
     beyond the ``max_k`` largest.
     """
     num_rows, vocab = logits.shape
-    k = _per_row(top_k, num_rows, torch.long, logits.device)[:, None]  # [R, 1]
-    p = _per_row(top_p, num_rows, torch.float32, logits.device)[:, None]  # [R, 1]
-    if max_k is not None:
-        sorted_desc, order = logits.topk(min(max_k, vocab), dim=-1)  # [R, K] descending
-    else:
-        sorted_desc, order = logits.sort(dim=-1, descending=True)  # [R, V]
-    kth = sorted_desc.gather(-1, k.clamp(1, sorted_desc.shape[-1]) - 1)  # [R, 1]
-    drop_k_sorted = (sorted_desc < kth) & (k > 0)  # ties with the k-th value are kept
-    probs = sorted_desc.masked_fill(drop_k_sorted, float("-inf")).float().softmax(dim=-1)
-    mass_before = probs.cumsum(dim=-1) - probs  # exclusive cumulative mass
-    drop_p_sorted = (mass_before >= p) & (p < 1)
-    drop_p = torch.zeros(num_rows, vocab, dtype=torch.bool, device=logits.device)
-    drop_p = drop_p.scatter(-1, order, drop_p_sorted)
-    drop_k = (logits < kth) & (k > 0)
-    return logits.masked_fill(drop_k | drop_p, float("-inf"))
+    return RowSampling.of(1.0, top_k, top_p, num_rows, vocab, logits.device, max_k).filter(logits)
+
+
+class RowSampling(NamedTuple):
+    """A batch's temperature, top-k and top-p as the per-row tensors a draw reads, made once
+    for many draws (a depth frame draws 16 times with the same settings): ``draw`` is
+    ``sample`` without rebuilding them (half its operators, which is what a draw costs on the
+    CPU). Sync-free, so it runs inside CUDA graphs."""
+
+    divisor: torch.Tensor  # [R, 1] float32: the temperature, 1 where it is 0 (greedy rows)
+    sampled: torch.Tensor  # [R] bool: temperature > 0 (else the row takes the argmax)
+    kth_index: torch.Tensor  # [R, 1] int64: position of the k-th largest among the sorted
+    has_k: torch.Tensor  # [R, 1] bool: top-k on (k > 0)
+    top_p: torch.Tensor  # [R, 1] float32
+    has_p: torch.Tensor  # [R, 1] bool: top-p on (p < 1)
+    max_k: int | None  # every row's k is in 1..max_k (see ``filter_top_k_top_p``), or None
+
+    @classmethod
+    def of(cls, temperature: PerRow, top_k: PerRow, top_p: PerRow, num_rows: int, vocab: int,
+           device: torch.device, max_k: int | None = None) -> RowSampling:
+        t = _per_row(temperature, num_rows, torch.float32, device)
+        k = _per_row(top_k, num_rows, torch.long, device)
+        p = _per_row(top_p, num_rows, torch.float32, device)
+        width = vocab if max_k is None else min(max_k, vocab)  # the sorted logits' width
+        return cls(torch.where(t > 0, t, torch.ones_like(t))[:, None], t > 0,
+                   (k.clamp(1, width) - 1)[:, None], (k > 0)[:, None], p[:, None],
+                   (p < 1)[:, None], max_k)
+
+    def filter(self, logits: torch.Tensor) -> torch.Tensor:
+        """Top-k, then top-p, of ``logits [R, V]`` (already tempered): the rest -> -inf."""
+        if self.max_k is not None:
+            sorted_desc, order = logits.topk(min(self.max_k, logits.shape[-1]), dim=-1)
+        else:
+            sorted_desc, order = logits.sort(dim=-1, descending=True)  # [R, V]
+        kth = sorted_desc.gather(-1, self.kth_index)  # [R, 1]
+        drop_k_sorted = (sorted_desc < kth) & self.has_k  # ties with the k-th value are kept
+        probs = sorted_desc.masked_fill(drop_k_sorted, float("-inf")).float().softmax(dim=-1)
+        mass_before = probs.cumsum(dim=-1) - probs  # exclusive cumulative mass
+        drop_p_sorted = (mass_before >= self.top_p) & self.has_p
+        drop_p = torch.zeros(logits.shape, dtype=torch.bool, device=logits.device)
+        drop_p = drop_p.scatter(-1, order, drop_p_sorted)
+        drop_k = (logits < kth) & self.has_k
+        return logits.masked_fill(drop_k | drop_p, float("-inf"))
+
+    def draw(self, logits: torch.Tensor, gumbel: torch.Tensor) -> torch.Tensor:
+        """One code per row of ``logits [R, V]`` (after penalty and suppression) with the
+        Gumbel noise ``gumbel [R, >= V]`` of the draw: ``sample``'s result."""
+        filtered = self.filter(logits.float() / self.divisor)
+        drawn = (filtered + gumbel[:, : logits.shape[-1]]).argmax(dim=-1)
+        return torch.where(self.sampled, drawn, logits.argmax(dim=-1))
 
 
 # Counter-based RNG: a draw is a pure function of (request seed, draw counter, column), so codes
@@ -179,9 +215,5 @@ def sample(
             ``seeds`` and ``counters`` are then unused.
     """
     num_rows, vocab = logits.shape
-    t = _per_row(temperature, num_rows, torch.float32, logits.device)
-    filtered = filter_top_k_top_p(apply_temperature(logits.float(), t), top_k, top_p, max_k)
-    if gumbel is None:
-        gumbel = gumbel_noise(seeds, counters, vocab)
-    drawn = (filtered + gumbel[:, :vocab]).argmax(dim=-1)
-    return torch.where(t > 0, drawn, logits.argmax(dim=-1))
+    rows = RowSampling.of(temperature, top_k, top_p, num_rows, vocab, logits.device, max_k)
+    return rows.draw(logits, gumbel_noise(seeds, counters, vocab) if gumbel is None else gumbel)
