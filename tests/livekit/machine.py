@@ -42,10 +42,10 @@ def _busy_ticks() -> int:
     return sum(fields[0:3]) + sum(fields[5:8])
 
 
-def _own_ticks(root: int) -> int:
-    """CPU ticks of ``root`` and every live descendant (their children that exited included)."""
-    parents: dict[int, int] = {}
-    ticks: dict[int, int] = {}
+def _processes() -> dict[int, tuple[int, str, int]]:
+    """Every live process: pid -> (parent, command name, CPU ticks of it and its reaped
+    children: utime stime cutime cstime)."""
+    table: dict[int, tuple[int, str, int]] = {}
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
@@ -54,17 +54,65 @@ def _own_ticks(root: int) -> int:
         except OSError:
             continue
         fields = stat[stat.rindex(")") + 2:].split()
-        parents[int(entry)] = int(fields[1])
-        ticks[int(entry)] = sum(int(v) for v in fields[11:15])  # utime stime cutime cstime
+        table[int(entry)] = (int(fields[1]), stat[stat.index("(") + 1:stat.rindex(")")],
+                             sum(int(v) for v in fields[11:15]))
+    return table
+
+
+def _tree(table: dict[int, tuple[int, str, int]], root: int) -> set[int]:
+    """``root`` and its live descendants."""
     ours = {root}
     changed = True  # pids are not ordered by ancestry: grow the set to a fixpoint
     while changed:
         changed = False
-        for pid, parent in parents.items():
+        for pid, (parent, _, _) in table.items():
             if parent in ours and pid not in ours:
                 ours.add(pid)
                 changed = True
-    return sum(ticks.get(pid, 0) for pid in ours)
+    return ours
+
+
+def _own_ticks(root: int) -> int:
+    """CPU ticks of ``root`` and every live descendant (their children that exited included)."""
+    table = _processes()
+    return sum(table[pid][2] for pid in _tree(table, root) if pid in table)
+
+
+def _ticks_by_part(parts: dict[str, int]) -> dict[str, int]:
+    """CPU ticks of each named process tree (``parts``: name -> root pid; a process in two
+    trees counts in the innermost); of the rest of this test's own tree, Chromium is
+    ``browser``, ``livekit-server`` is ``server`` and the others ``test``."""
+    table = _processes()
+    owner: dict[int, str] = {}
+    for pid in _tree(table, os.getpid()):
+        command = table[pid][1].lower()
+        owner[pid] = ("browser" if "chrom" in command else
+                      "server" if command.startswith("livekit-server") else "test")
+    for name, root in parts.items():
+        for pid in _tree(table, root):
+            owner[pid] = name
+    ticks = dict.fromkeys([*parts, "browser", "server", "test"], 0)
+    for pid, name in owner.items():
+        ticks[name] += table[pid][2] if pid in table else 0
+    return ticks
+
+
+class CpuSplit:
+    """Cores used since construction by each named process tree (the agent worker), the LiveKit
+    server, this test's listeners (Chromium, this process) and foreign work: where the box's
+    cores went during a turn, for a reader of a missed one."""
+
+    def __init__(self, parts: dict[str, int]) -> None:
+        self._parts = parts
+        self._start = (time.monotonic(), _busy_ticks(), _ticks_by_part(parts))
+
+    def cores(self) -> dict[str, float]:
+        wall = time.monotonic() - self._start[0]
+        now = _ticks_by_part(self._parts)
+        used = {name: max(now[name] - self._start[2].get(name, 0), 0) for name in now}
+        used["foreign"] = max(_busy_ticks() - self._start[1] - sum(used.values()), 0)
+        return {name: round(ticks / _HZ / wall, 2) if wall > 0 else 0.0
+                for name, ticks in used.items()}
 
 
 class CpuMeter:

@@ -34,7 +34,7 @@ import numpy as np
 import pytest
 
 from tests.livekit.browser import join_browser
-from tests.livekit.machine import FOREIGN_LOAD_LIMIT, CpuMeter, wait_for_quiet
+from tests.livekit.machine import FOREIGN_LOAD_LIMIT, CpuMeter, CpuSplit, wait_for_quiet
 from tests.livekit.test_room_browser import assert_browser_real_time
 from tests.livekit.test_room_python import (
     FIRST_AUDIO_LIMIT_S,
@@ -122,7 +122,9 @@ def _miss(turn: dict[str, Any]) -> str | None:
 
 async def _turn(room: Any, worker: Any, browser: Any) -> dict[str, Any]:
     """Says ``SENTENCE`` once and returns its figures (``heard``: each listener's ``Heard``)."""
-    meter, clock = CpuMeter(), worker.metrics()["engine_time"]
+    before = worker.metrics()
+    meter, clock = CpuMeter(), before["engine_time"]
+    split = CpuSplit({"agent": worker.pid})
     start = await browser.playout_counters()
     python_start = await room.playout_counters()
     sent, tts_metrics = await speak(room, worker, SENTENCE)
@@ -150,6 +152,11 @@ async def _turn(room: Any, worker: Any, browser: Any) -> dict[str, Any]:
     turn["python_playout"] = python_playout
     turn["engine"] = _engine_time(clock, worker.metrics()["engine_time"])
     turn["foreign_load_cores"] = round(meter.foreign_cores(), 2)
+    turn["cpu_cores"] = split.cores()
+    after = worker.metrics()["engine"]["counters"]
+    turn["engine_counters"] = {name: after[name] - before["engine"]["counters"].get(name, 0)
+                               for name in after
+                               if after[name] != before["engine"]["counters"].get(name, 0)}
     turn["heard"] = heard
     return turn
 
@@ -206,7 +213,8 @@ async def test_first_audio_at_both_listeners_against_agent_ttfb(
               f"{e['runqueue_s']} + GIL {e['gil_wait_s']} for {t['audio_s']} s of audio; "
               f"python heard {t['python_heard_s']} s, quiet runs (start, s) "
               f"{python.quiet_runs if python else None}, jitter buffer {t['python_playout']}; "
-              f"browser {t['browser_playout']}")
+              f"browser {t['browser_playout']}; cores used {t['cpu_cores']}; engine counters "
+              f"{t['engine_counters']}")
     if os.environ.get("BREEZERT_ROOM_RESULTS"):
         _record(os.environ["BREEZERT_ROOM_RESULTS"], turns, busy, summary,
                 agent_worker.metrics()["scheduler"])
