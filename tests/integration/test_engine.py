@@ -41,9 +41,23 @@ ATOL = 1e-5
 # ----------------------------------------------------------------------------- helpers
 
 
+class TickClock:
+    """A clock that moves 0.1 ms per reading: the shared engine's time no longer depends on
+    the box. With the wall clock, ``starvation_limit_s`` (0.5 s in ``configs/tiny.toml``)
+    reorders work whenever steps run slowly (a loaded two-core box: the sixteen staggered
+    requests then never shared one DEPTH batch), so batch-shape assertions were the box's."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        self.now += 1e-4
+        return self.now
+
+
 @pytest.fixture(scope="module")
 def engine() -> Engine:
-    return Engine(EngineConfig.from_file(CONFIG))
+    return Engine(EngineConfig.from_file(CONFIG), clock=TickClock())
 
 
 @pytest.fixture(autouse=True)
