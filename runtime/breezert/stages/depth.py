@@ -105,14 +105,16 @@ def depth_frames(
 
     code = draw(0, logits)
     depth = model.depth_decoder
-    has_uncond = hidden.shape[0] != num
-    owner = torch.arange(hidden.shape[0], device=hidden.device) % num  # row -> request
+    owner = None  # row -> request, for the uncond rows of CFG
+    if hidden.shape[0] != num:
+        owner = torch.arange(hidden.shape[0], device=hidden.device) % num
     cache = depth.new_cache(hidden.shape[0])
     depth.step(hidden, 0, cache)
     codes = [code]
     for j in range(1, num_codebooks):
-        last = codes[-1].clamp(max=FRAME_EOS_ID - 1) if j == 1 else codes[-1]  # EOS: code 0
-        x = depth.embed_code(last[owner] if has_uncond else last, j - 1)  # [R, D]
+        # an EOS first code (2051) is clamped into the table: that frame is dropped anyway
+        last = codes[-1].clamp(max=FRAME_EOS_ID - 1) if j == 1 else codes[-1]
+        x = depth.embed_code(last if owner is None else last[owner], j - 1)  # [R, D]
         logits = _guide(depth.logits(depth.step(x, j, cache), j), num, has_cfg, cfg_scale)
         codes.append(draw(j, suppress_reserved(logits)))
     return {"codes": torch.stack(codes, dim=1)}
