@@ -92,7 +92,8 @@ def fold_rotation_sign(sin: torch.Tensor) -> torch.Tensor:
 
 def apply_rope_signed(x: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor) -> torch.Tensor:
     """``apply_rope`` with the sign of ``rotate_half`` folded into the table
-    (``fold_rotation_sign``): ``x * cos + roll(x, D/2) * sin_signed``, the same bits in two
-    fewer-operator steps (negation is exact and commutes with the product). ``cos`` and
-    ``sin_signed`` broadcast against ``x [..., D]`` as they are."""
+    (``fold_rotation_sign``): ``x * cos + roll(x, D/2) * sin_signed``, the same bits with one
+    ``roll`` where ``rotate_half`` takes two slices, a negation and a concatenation (negation
+    is exact and commutes with the product). ``cos`` and ``sin_signed`` broadcast against
+    ``x [..., D]`` as they are."""
     return x * cos + x.roll(x.shape[-1] // 2, dims=-1) * sin_signed

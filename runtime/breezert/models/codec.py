@@ -228,24 +228,36 @@ class SnakeBeta(nn.Module):
         super().__init__()
         self.alpha = nn.Parameter(torch.zeros(channels))
         self.beta = nn.Parameter(torch.zeros(channels))
-        self._kept: tuple[tuple[int, ...], Tensor, Tensor] | None = None
+        self._kept: tuple[tuple[object, ...], Tensor, Tensor] | None = None
+        """(what the scales were made from, the scales)."""
 
     def scales(self) -> tuple[Tensor, Tensor]:
         """``(e^alpha, 1 / (e^beta + 1e-9))``, each ``[1, C, 1]``. Serving on the CPU keeps
-        them until a parameter changes (a tiny model's codec step is bound by per-operator
-        overhead, and these are 6 of the 11 operators); with gradients wanted (the codec
-        trainer) or on CUDA (where graphs capture the step) they are made on each call."""
+        them while the parameters hold the same data (a tiny model's codec step is bound by
+        per-operator overhead, and these are 6 of its 11 operators); they are made on each
+        call whenever gradients are on (the codec trainer: a kept tensor must never enter an
+        autograd graph), on CUDA (where graphs capture the step) and for inference-mode
+        parameters (they keep no version to check)."""
         alpha, beta = self.alpha, self.beta
-        keep = not alpha.is_cuda and not (torch.is_grad_enabled() and (
-            alpha.requires_grad or beta.requires_grad))
+        keep = (not torch.is_grad_enabled() and not alpha.is_cuda
+                and not torch.is_inference(alpha) and not torch.is_inference(beta))
+        if keep and self._kept is not None and self._same_data(self._kept[0]):
+            return self._kept[1], self._kept[2]
+        made = alpha.exp()[None, :, None], 1.0 / (beta.exp()[None, :, None] + 1e-9)
         if keep:
-            key = (alpha._version, beta._version, alpha.data_ptr(), beta.data_ptr())
-            if self._kept is not None and self._kept[0] == key:
-                return self._kept[1], self._kept[2]
-        scales = alpha.exp()[None, :, None], 1.0 / (beta.exp()[None, :, None] + 1e-9)
-        if keep:
-            self._kept = (key, *scales)
-        return scales
+            # detached views pin the old storage: a new tensor cannot reuse its address
+            source = (alpha, beta, alpha.detach(), beta.detach(), alpha._version, beta._version)
+            self._kept = (source, *made)
+        return made
+
+    def _same_data(self, source: tuple[object, ...]) -> bool:
+        """Whether the parameters are the objects, storages and versions ``source`` records
+        (an in-place update, ``.data =``, ``.to()`` or a load each change one of them)."""
+        alpha, beta, alpha_data, beta_data, alpha_version, beta_version = source
+        return (alpha is self.alpha and beta is self.beta
+                and self.alpha.data_ptr() == alpha_data.data_ptr()  # type: ignore[attr-defined]
+                and self.beta.data_ptr() == beta_data.data_ptr()  # type: ignore[attr-defined]
+                and self.alpha._version == alpha_version and self.beta._version == beta_version)
 
     def forward(self, x: Tensor) -> Tensor:
         alpha, inv_beta = self.scales()
@@ -364,9 +376,12 @@ class _SplitQuantizer(nn.Module):
     def divided_tables(self) -> tuple[Tensor, Tensor]:
         """Each group's codebooks divided by their usage ([K * size, dim] per group): the rows
         ``_Codebook.decode`` gives, bit for bit."""
+        def divided(vq: _VectorQuantization) -> Tensor:
+            book = vq._codebook
+            return book.embedding_sum / book.cluster_usage.clamp(min=1e-5)[:, None]
+
         return tuple(  # type: ignore[return-value]
-            torch.cat([vq._codebook.embedding_sum / vq._codebook.cluster_usage.clamp(min=1e-5)[:, None]
-                       for vq in group.vq.layers])
+            torch.cat([divided(vq) for vq in group.vq.layers])
             for group in (self.rvq_first, self.rvq_rest))
 
     def prepare_fast(self) -> None:
@@ -697,7 +712,10 @@ class StreamingCodec:
         if fast:
             decoder.prepare_fast()
         self.tables = None if fast else decoder.quantizer.divided_tables()
-        """The codebooks divided once (the serving weights do not change)."""
+        """The codebooks divided once: like ``fast``'s tables, a snapshot of the decoder's
+        codebooks at construction (serving weights do not change; build a new
+        ``StreamingCodec`` after loading others). Codes must be in 0..codebook_size-1, which
+        neither path checks on the step (no host sync)."""
         self.state = decoder.new_state(max_slots, device=device, dtype=dtype)
 
     @classmethod

@@ -23,8 +23,8 @@ from breezert.models.config import DepthConfig
 
 class StepRope(NamedTuple):
     """One depth position's attention inputs, made once per step for every layer: ``cos`` and
-    the sign-folded ``sin_signed`` (``apply_rope_signed``), both broadcasting to ``[R, H, D]``,
-    and the slot mask ``[1, 1, 1, P]`` (slot <= position)."""
+    the sign-folded ``sin_signed`` (``apply_rope_signed``), both ``[R, 1, D]`` (broadcast over
+    the q and k heads), and the slot mask ``[1, 1, 1, P]`` (slot <= position)."""
 
     cos: torch.Tensor
     sin_signed: torch.Tensor
@@ -55,7 +55,7 @@ class DepthLayer(nn.Module):
 
         Written out on the weights rather than through the submodules' calls: on the CPU a
         tiny model's step is bound by per-call overhead, and this form takes half the time of
-        the module calls for the same bits (q and k are rotated as one tensor when packed).
+        the module calls for the same bits (q and k are rotated as one tensor).
         """
         attn, mlp = self.self_attn, self.mlp
         r, heads, kv_heads, dim = x.shape[0], attn.num_heads, attn.num_kv_heads, attn.head_dim
@@ -74,7 +74,8 @@ class DepthLayer(nn.Module):
         keys, values = layer_cache[0], layer_cache[1]
         if keys.dtype != qk.dtype:
             keys, values = keys.to(qk.dtype), values.to(qk.dtype)
-        out = sdpa_gqa(qk[:, :heads, None, :], keys, values, rope.mask)  # [R, H, 1, D]
+        q = qk[:, :heads].contiguous()  # the layout q had when rotated on its own
+        out = sdpa_gqa(q[:, :, None, :], keys, values, rope.mask)  # [R, H, 1, D]
         x = x + F.linear(out.reshape(r, -1), attn.o_proj.weight)
         h = rms_norm(x, self.post_attention_layernorm.weight, self.post_attention_layernorm.eps)
         if mlp.gate_up_weight is not None:
