@@ -125,15 +125,16 @@ train-wheels: $(STAMP)
 run: $(STAMP)
 	$(VENV)/bin/breezert serve --config cpu-tiny
 
-# Two runs: the CPU-bound tests without real-time bounds (unit, golden; gpu ones skip without
-# CUDA) two at a time with pytest-xdist, then those with real-time bounds (servers, rooms, SIP,
-# soak: integration, livekit) alone on the box. Both run; either failing fails the target.
+# Two runs: the CPU-bound tests without real-time bounds (unit, golden) two at a time with
+# pytest-xdist, then those with real-time bounds (servers, rooms, SIP, soak: integration,
+# livekit) and the GPU ones (one GPU; they skip without CUDA) one at a time. Both run; either
+# failing fails the target.
 PYTEST_PARALLEL ?= 2
 
 test: $(STAMP) chromium livekit-server livekit-web livekit-sip
-	@status=0; \
-	$(PY) -m pytest -q -n $(PYTEST_PARALLEL) --durations=15 -m "unit or golden or gpu" || status=$$?; \
-	$(PY) -m pytest -q --durations=25 -m "integration or livekit" || status=$$?; \
+	status=0; \
+	$(PY) -m pytest -q -n $(PYTEST_PARALLEL) --durations=15 -m "unit or golden" || status=$$?; \
+	$(PY) -m pytest -q --durations=25 -m "integration or livekit or gpu" || status=$$?; \
 	exit $$status
 
 $(TINY)/config.json: | $(STAMP)

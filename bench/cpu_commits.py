@@ -10,7 +10,8 @@ box's load the same way. A child times, on one thread: one DEPTH frame (1 and 4 
 64 cached tokens) and one whole request through ``Engine`` (25 frames of the packaged
 ``cpu-tiny`` profile, its chunk schedule). Reported per commit: the best and the median round
 (each round's figure is already the best of several repeats). Writes JSON and a PNG beside it.
-Must not: change either commit's tree (worktrees are detached and left for reuse).
+Must not: change either commit's tree (the worktrees are detached, registered in ``.git`` and
+left for reuse; ``git worktree prune`` forgets them once ``.cache/`` is gone).
 """
 
 from __future__ import annotations
@@ -67,10 +68,11 @@ with torch.inference_mode():
     inputs = decode.example_inputs(1, 64, cached=48)
     out["decode_step_ms"] = best_ms(lambda: decode.graphs.fn(**inputs), 20)
 engine = Engine(resolve_config("cpu-tiny"))
-def request(seed=[0]):
-    seed[0] += 1
+seeds = iter(range(1, 1000))
+def request():
+    options = SynthesisOptions(seed=next(seeds))
     engine.add_request(SynthesisRequest(text="Hello from the agent.", max_frames=25,
-                                        ignore_eos=True, options=SynthesisOptions(seed=seed[0])))
+                                        ignore_eos=True, options=options))
     while engine.has_work():
         engine.step()
 out["request_25_frames_ms"] = best_ms(request, 2, reps=3)

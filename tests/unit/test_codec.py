@@ -259,7 +259,7 @@ def test_serving_shortcuts_give_the_same_bits(decoder: CodecDecoder, codes: torc
     same order), SnakeBeta's per-channel scales kept between steps."""
     sc = StreamingCodec(copy.deepcopy(decoder), max_slots=2)
     assert sc.tables is not None
-    plain = copy.deepcopy(decoder)  # no tables; its SnakeBetas make their scales per call
+    plain = copy.deepcopy(decoder)  # no tables (SnakeBeta's kept scales: the test below)
     state = plain.new_state(1)
     for start, size in ((0, 1), (1, 3), (4, 8)):
         part = codes[:1, start:start + size]
@@ -269,14 +269,33 @@ def test_serving_shortcuts_give_the_same_bits(decoder: CodecDecoder, codes: torc
 
 
 def test_snake_scales_follow_their_parameters() -> None:
+    """SnakeBeta keeps its scales while serving, and makes them again after anything that
+    changes its parameters; never inside an autograd graph."""
     snake = SnakeBeta(4)
-    with torch.no_grad():
+
+    def fresh(module: SnakeBeta) -> tuple[torch.Tensor, torch.Tensor]:
+        alpha, beta = module.alpha.detach(), module.beta.detach()
+        return alpha.exp()[None, :, None], 1.0 / (beta.exp()[None, :, None] + 1e-9)
+
+    with torch.inference_mode():  # as the engine serves
         first = snake.scales()
-        assert snake.scales()[0] is first[0]  # kept while serving
-        snake.alpha.add_(0.5)  # an in-place update (an optimizer step, a load) is seen
-        alpha, inv_beta = snake.scales()
-    assert torch.equal(alpha, snake.alpha.detach().exp()[None, :, None])
-    assert torch.equal(inv_beta, 1.0 / (snake.beta.detach().exp()[None, :, None] + 1e-9))
+        assert snake.scales()[0] is first[0]  # kept
+    with torch.no_grad():
+        snake.alpha.add_(0.5)  # an in-place update (an optimizer step, a load)
+        assert all(torch.equal(a, b) for a, b in zip(snake.scales(), fresh(snake)))
+        snake.beta.data = torch.full((4,), 0.3)  # new data under the same parameter
+        assert all(torch.equal(a, b) for a, b in zip(snake.scales(), fresh(snake)))
+        half = copy.deepcopy(snake).to(torch.bfloat16)  # the bf16 serving copy
+        assert half.scales()[0].dtype == torch.bfloat16
+        assert all(torch.equal(a, b) for a, b in zip(half.scales(), fresh(half)))
+    with torch.inference_mode():  # parameters made in inference mode keep no version
+        made_here = SnakeBeta(4)
+        assert all(torch.equal(a, b) for a, b in zip(made_here.scales(), fresh(made_here)))
     x = torch.randn(2, 4, 5)
     snake(x).sum().backward()  # with gradients wanted the scales are made in the graph
     assert snake.alpha.grad is not None and snake.beta.grad is not None
+    for param in snake.parameters():  # a frozen codec under a loss: kept scales stay out
+        param.requires_grad_(False)
+    x.requires_grad_(True)
+    snake(x).sum().backward()
+    assert x.grad is not None

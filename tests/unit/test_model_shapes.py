@@ -170,21 +170,22 @@ def _depth_step_by_modules(depth, x: torch.Tensor, position: int,
     return depth.model.norm(h)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("packed", [False, True])
 @torch.no_grad()
-def test_depth_step_is_the_module_composition_bit_for_bit(tiny: BreezeModel,
-                                                          packed: bool) -> None:
+def test_depth_step_is_the_module_composition_bit_for_bit(tiny: BreezeModel, packed: bool,
+                                                          dtype: torch.dtype) -> None:
     """``DepthLayer.forward`` (weights read directly, q and k rotated together with the sign
-    folded into the table, one norm call with its weight) gives the same bits as the modules'
-    own composition, frame after frame (fp32, CPU)."""
-    model = copy.deepcopy(tiny)
+    folded into the table, one norm call with its weight in fp32) gives the same bits as the
+    modules' own composition, frame after frame (CPU; bf16 takes the norm's other branch)."""
+    model = copy.deepcopy(tiny).to(dtype)
     if packed:
         model.fuse_projections_()
     depth = model.depth_decoder
     fast, slow = depth.new_cache(3), depth.new_cache(3)
     gen = torch.Generator().manual_seed(3)
     for position in range(depth.max_positions):
-        x = (torch.randn(3, 64, generator=gen) if position == 0 else
+        x = (torch.randn(3, 64, generator=gen).to(dtype) if position == 0 else
              depth.embed_code(torch.randint(0, 2048, (3,), generator=gen), position - 1))
         assert torch.equal(depth.step(x, position, fast),
                            _depth_step_by_modules(depth, x, position, slow))

@@ -14,6 +14,8 @@ from breezert.layers.sampling import (
     apply_top_k,
     apply_top_p,
     cfg_mix,
+    filter_top_k_top_p,
+    gumbel_noise,
     sample,
     seen_mask,
     suppress_reserved,
@@ -115,6 +117,53 @@ def test_sample_matches_softmax_distribution() -> None:
         draws = sample(logits, 1.0, k, p, seeds, torch.arange(4000))
         freq = torch.bincount(draws, minlength=4).float() / 4000
         assert torch.allclose(freq, torch.tensor([0.625, 0.375, 0.0, 0.0]), atol=0.03)
+
+
+def _reference_filter(logits: torch.Tensor, t: torch.Tensor, k: torch.Tensor,
+                      p: torch.Tensor) -> torch.Tensor:
+    """``sample``'s documented filtering spelled out row by row, with a full sort and none of
+    the module's helpers: temperature (0: unchanged), top-k (ties kept, 0: off), then top-p
+    (the first id to reach p kept, 1: off); dropped ids -inf."""
+    rows = []
+    for row in range(logits.shape[0]):
+        scores = logits[row].float() / (t[row] if t[row] > 0 else 1.0)
+        if k[row] > 0:
+            kth = scores.sort(descending=True).values[min(int(k[row]), scores.numel()) - 1]
+            scores = scores.masked_fill(scores < kth, NEG_INF)
+        if p[row] < 1:
+            values, order = scores.sort(descending=True)
+            probs = values.softmax(-1)
+            scores = scores.clone()
+            scores[order[probs.cumsum(-1) - probs >= p[row]]] = NEG_INF
+        rows.append(scores)
+    return torch.stack(rows)
+
+
+def test_sample_filters_and_draws_in_the_documented_order() -> None:
+    """``sample`` (and so ``RowSampling``, which it runs) against the order it documents,
+    written independently: the same ids kept, the same draw (greedy rows, top-k off, top-p
+    off, and the bounded-k path)."""
+    gen = torch.Generator().manual_seed(7)
+    t = torch.tensor([0.9, 0.0, 1.3, 0.7, 1.0, 0.5])
+    k = torch.tensor([50, 50, 0, 1, 64, 7])
+    p = torch.tensor([1.0, 0.9, 0.8, 0.5, 0.95, 1.0])
+    bounded = [0, 1, 3, 4, 5]  # rows whose k is in 1..64: the topk path
+    for trial in range(40):
+        logits = torch.randn(6, 2052, generator=gen) * (0.5 + trial % 5)
+        want = _reference_filter(logits, t, k, p)
+        kept = torch.isfinite(filter_top_k_top_p(apply_temperature(logits, t), k, p))
+        assert torch.equal(kept, torch.isfinite(want))
+        kept = filter_top_k_top_p(apply_temperature(logits[bounded], t[bounded]), k[bounded],
+                                  p[bounded], max_k=64)
+        assert torch.equal(torch.isfinite(kept), torch.isfinite(want[bounded]))
+        seeds = torch.randint(0, 2**40, (6,), generator=gen)
+        counters = torch.randint(0, 10_000, (6,), generator=gen)
+        drawn = (want + gumbel_noise(seeds, counters, 2052)).argmax(-1)
+        expected = torch.where(t > 0, drawn, logits.argmax(-1))
+        assert torch.equal(sample(logits, t, k, p, seeds, counters), expected)
+        got = sample(logits[bounded], t[bounded], k[bounded], p[bounded], seeds[bounded],
+                     counters[bounded], max_k=64)
+        assert torch.equal(got, expected[bounded])
 
 
 def test_sample_top_k_one_is_argmax() -> None:
