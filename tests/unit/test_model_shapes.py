@@ -192,6 +192,18 @@ def test_depth_step_is_the_module_composition_bit_for_bit(tiny: BreezeModel, pac
         assert torch.equal(fast, slow)
 
 
+def test_depth_step_after_an_inference_mode_warm_up_runs_under_autograd(tiny: BreezeModel) -> None:
+    """The frame's RoPE tables are kept from the first call; made under inference mode (the
+    engine's warm-up) they must still serve a later call that autograd records (the GPU graph
+    test runs the stages' eager functions so): the same values, no inference-tensor error."""
+    depth = copy.deepcopy(tiny).depth_decoder
+    x = torch.randn(2, 64, generator=torch.Generator().manual_seed(1))
+    with torch.inference_mode():
+        warm = depth.step(x, 0, depth.new_cache(2))
+    recorded = depth.step(x, 0, depth.new_cache(2))
+    assert recorded.requires_grad and torch.equal(recorded.detach(), warm)
+
+
 def test_rms_norm_and_signed_rope_are_the_same_bits() -> None:
     gen = torch.Generator().manual_seed(0)
     for dim in (8, 32, 100, 1024):

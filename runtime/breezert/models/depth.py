@@ -179,9 +179,12 @@ class DepthDecoder(nn.Module):
         key = (device, dtype)
         if key in self._frame_tables:
             return self._frame_tables[key]
-        steps = torch.arange(self.max_positions, device=device, dtype=torch.long)
-        cos, sin = self.rope.cos_sin(steps, dtype)
-        tables = (list(steps[:, None].unbind(0)), cos, sin)
+        # Normal tensors even when first asked for under inference mode (the warm-up): an
+        # inference tensor would fail any later call that autograd records (a test's eager run).
+        with torch.inference_mode(False), torch.no_grad():
+            steps = torch.arange(self.max_positions, device=device, dtype=torch.long)
+            cos, sin = self.rope.cos_sin(steps, dtype)
+            tables = (list(steps[:, None].unbind(0)), cos, sin)
         capturing = device.type == "cuda" and torch.cuda.is_current_stream_capturing()
         if not capturing:
             self._frame_tables[key] = tables
