@@ -50,7 +50,8 @@ MODES = {
 }
 
 
-def measure(batches: list[int], mode: str, context: int) -> dict:
+def measure(batches: list[int], mode: str, context: int,
+            text_tokens: tuple[int, ...] = (32, 64, 128)) -> dict:
     cfg = EngineConfig.from_dict({
         "model": {"preset": "full", "dtype": "bfloat16", "device": "cuda"},
         "cache": {"block_size": 16, "num_blocks": 4096},
@@ -59,7 +60,7 @@ def measure(batches: list[int], mode: str, context: int) -> dict:
         "graph": {"enable_cuda_graphs": True, **MODES[mode], "compile_backbone": False,
                   "decode_batch_buckets": batches, "decode_context_buckets": [context],
                   "depth_batch_buckets": batches, "prefill_token_buckets": [64],
-                  "text_encode_buckets": [32, 64, 128], "codec_buckets": batches},
+                  "text_encode_buckets": list(text_tokens), "codec_buckets": batches},
     })
     ckpt = load_engine_checkpoint(cfg.model)
     start = time.monotonic()
@@ -83,7 +84,7 @@ def measure(batches: list[int], mode: str, context: int) -> dict:
             row["frame_step_graph_ms"] = row["decode_graph_ms"] + row["depth_graph_ms"]
             if b == batches[0]:  # text encode is per token bucket, not per batch
                 te = runner.stages[Stage.TEXT_ENCODE]
-                for tokens in (32, 64, 128):
+                for tokens in text_tokens:
                     inputs = te.example_inputs(tokens)
                     row[f"text_encode{tokens}_eager_ms"] = median_ms(lambda: te.graphs.fn(**inputs), 5)
                     row[f"text_encode{tokens}_graph_ms"] = median_ms(lambda: te.graphs(tokens, inputs))
@@ -102,8 +103,12 @@ def main() -> None:
     parser.add_argument("--context", type=int, default=512)
     parser.add_argument("--modes", default="plain,fused",
                         help=f"comma-separated, from {','.join(MODES)}")
+    parser.add_argument("--text-tokens", default="32,64,128",
+                        help="text-encoder token buckets timed (a burst of 16 sentences packs "
+                             "~500 tokens into one step)")
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
+    text_tokens = tuple(int(t) for t in args.text_tokens.split(","))
     batches = [int(b) for b in args.batches.split(",")]
     modes = args.modes.split(",")
     if unknown := set(modes) - set(MODES):
@@ -117,7 +122,7 @@ def main() -> None:
     }
     for mode in modes:  # one failing mode (a kernel that does not build) leaves the others
         try:
-            doc["runs"].append(measure(batches, mode, args.context))
+            doc["runs"].append(measure(batches, mode, args.context, text_tokens))
         except Exception as exc:  # noqa: BLE001 (recorded in the results and printed)
             print(f"mode={mode} failed: {type(exc).__name__}: {exc}")
             doc.setdefault("failed", {})[mode] = f"{type(exc).__name__}: {exc}"
