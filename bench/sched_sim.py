@@ -60,19 +60,59 @@ engine's CODEC steps at c=1 (3.8 ms p50 over 1-16 frame chunks), c=16 (5.97 ms m
 ~28 frames) and c=64 (8.5 ms mean, 5.4 chunks, ~48 frames)."""
 
 
+@dataclass(frozen=True)
+class StageTimes:
+    """The stage-time model: ``points`` per stage, ``(rows, ms)`` of a step, linear between two
+    points and along the last two past the end; ``codec`` the CODEC step's ``(base, per frame
+    past the first, per chunk past the first)`` ms. A variant changes it with the ``sim.*``
+    what-if switches (``with_switches``) to ask how fast a stage must get for a target."""
+
+    points: dict[Stage, tuple[tuple[float, float], ...]] = field(
+        default_factory=lambda: dict(STEP_MS))
+    codec: tuple[float, float, float] = CODEC_MS
+
+    def step_ms(self, plan: StepPlan) -> float:
+        """The model's time of one step."""
+        if plan.stage is Stage.CODEC:
+            items = [item for item in plan.items if isinstance(item, CodecItem)]
+            frames = sum(item.num_frames for item in items)
+            base, per_frame, per_chunk = self.codec
+            return base + per_frame * max(0, frames - 1) + per_chunk * max(0, len(items) - 1)
+        points = self.points[plan.stage]
+        rows = plan.num_rows
+        xs = [x for x, _ in points]
+        i = min(max(bisect.bisect_left(xs, rows), 1), len(points) - 1)
+        (x0, y0), (x1, y1) = points[i - 1], points[i]
+        return y0 + (y1 - y0) * (rows - x0) / (x1 - x0)
+
+    def with_switches(self, switches: dict) -> StageTimes:
+        """This model with ``sim.<stage>_ms = [[rows, ms], ...]`` (a stage's points replaced,
+        at least two), ``sim.codec_ms = [base, per_frame, per_chunk]`` and ``sim.<stage>_scale
+        = f`` (every time of that stage, codec too, times f) applied; other keys ignored."""
+        points, codec = dict(self.points), self.codec
+        for stage in points:
+            if f"{stage.value}_ms" in switches:
+                new = tuple((float(r), float(ms)) for r, ms in switches[f"{stage.value}_ms"])
+                if len(new) < 2 or [r for r, _ in new] != sorted({r for r, _ in new}):
+                    raise SystemExit(f"sim.{stage.value}_ms: two or more [rows, ms] points, "
+                                     "rows increasing")
+                points[stage] = new
+        if "codec_ms" in switches:
+            codec = tuple(float(x) for x in switches["codec_ms"])  # type: ignore[assignment]
+            if len(codec) != 3:
+                raise SystemExit("sim.codec_ms: [base, per_frame, per_chunk]")
+        for stage in (*points, Stage.CODEC):
+            scale = float(switches.get(f"{stage.value}_scale", 1.0))
+            if stage is Stage.CODEC:
+                codec = tuple(x * scale for x in codec)  # type: ignore[assignment]
+            else:
+                points[stage] = tuple((r, ms * scale) for r, ms in points[stage])
+        return StageTimes(points, codec)
+
+
 def step_ms(plan: StepPlan) -> float:
-    """The model's time of one step."""
-    if plan.stage is Stage.CODEC:
-        items = [item for item in plan.items if isinstance(item, CodecItem)]
-        frames = sum(item.num_frames for item in items)
-        base, per_frame, per_chunk = CODEC_MS
-        return base + per_frame * max(0, frames - 1) + per_chunk * max(0, len(items) - 1)
-    points = STEP_MS[plan.stage]
-    rows = plan.num_rows
-    xs = [x for x, _ in points]
-    i = min(max(bisect.bisect_left(xs, rows), 1), len(points) - 1)
-    (x0, y0), (x1, y1) = points[i - 1], points[i]
-    return y0 + (y1 - y0) * (rows - x0) / (x1 - x0)
+    """The fitted model's time of one step (``StageTimes()``)."""
+    return StageTimes().step_ms(plan)
 
 
 class SimClock:
@@ -120,10 +160,11 @@ class SimWorker:
     the model's step time added to the clock."""
 
     clock: SimClock
+    times: StageTimes = field(default_factory=StageTimes)
     steps: dict[str, list[float]] = field(default_factory=dict)
 
     def execute(self, plan: StepPlan) -> StageOutput:
-        ms = step_ms(plan)
+        ms = self.times.step_ms(plan)
         self.clock.model_s += ms / 1000
         self.steps.setdefault(plan.stage.value, []).append(ms)
         out = StageOutput()
@@ -151,7 +192,7 @@ def build_engine(overrides: dict[str, dict], clock: SimClock) -> tuple[Engine, S
             base[section].update(values)
     engine = Engine(EngineConfig.from_dict(base), clock=clock)
     apply_sim_switches(engine, overrides.get("sim", {}))
-    worker = SimWorker(clock)
+    worker = SimWorker(clock, StageTimes().with_switches(overrides.get("sim", {})))
     engine.runner = worker  # type: ignore[assignment]
     return engine, worker
 
@@ -260,7 +301,12 @@ def summary(results: list[RequestResult], concurrency: int, wall_s: float,
     }
 
 
-SIM_SWITCHES = ("sim.predict_memo", "sim.shared_keys", "sim.pass_cache")
+WHAT_IF_SWITCHES = tuple(
+    [f"sim.{stage.value}_ms" for stage in STEP_MS] + ["sim.codec_ms"]
+    + [f"sim.{stage.value}_scale" for stage in (*STEP_MS, Stage.CODEC)])
+"""The stage-time model changed for a variant (``StageTimes.with_switches``), e.g.
+``--variant 'fast-te=sim.text_encode_ms=[[1, 1.9], [16, 3.0]]'``."""
+SIM_SWITCHES = ("sim.predict_memo", "sim.shared_keys", "sim.pass_cache", *WHAT_IF_SWITCHES)
 """Host-side paths the simulator can put back beside today's, in one run: ``sim.predict_memo =
 false`` recomputes every stage-time prediction, ``sim.shared_keys = false`` ranks each of a
 request's ready stages on its own, computing its slack again for each (both as before 2 Dec),
@@ -379,6 +425,8 @@ def main(argv: list[str] | None = None) -> None:
                                                              args.seed), concurrency, "run")
             wall = clock() - start
             run = {"variant": name, "overrides": overrides, "concurrency": concurrency,
+                   "step_ms": {st.value: v for st, v in worker.times.points.items()},
+                   "codec_ms": worker.times.codec,
                    **summary(results, concurrency, wall, worker, clock.host_s - host0),
                    "counters": engine.metrics.snapshot().get("counters", {})}
             runs.append(run)

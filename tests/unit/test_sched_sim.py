@@ -81,3 +81,21 @@ def test_a_closed_loop_streams_every_request_whole(tmp_path: Path) -> None:
 def test_an_unknown_simulator_switch_is_refused() -> None:
     with pytest.raises(SystemExit, match="sim.nonsense"):
         _sim().parse_variant("x=sim.nonsense=true")
+
+
+def test_what_if_switches_change_the_stage_time_model() -> None:
+    sim = _sim()
+    name, overrides = sim.parse_variant(
+        "fast=sim.text_encode_ms=[[1, 2.0], [16, 3.5]];sim.depth_scale=0.5;"
+        "sim.codec_ms=[3.0, 0.1, 0.2];sim.codec_scale=2")
+    times = sim.StageTimes().with_switches(overrides["sim"])
+    assert name == "fast"
+    assert times.step_ms(_plan(Stage.TEXT_ENCODE, 6)) == pytest.approx(2.0 + 1.5 * 5 / 15)
+    assert times.step_ms(_plan(Stage.DEPTH, 1)) == pytest.approx(9.6 / 2)
+    assert times.step_ms(_plan(Stage.PREFILL, 16)) == pytest.approx(4.0)  # untouched
+    codec = StepPlan(2, Stage.CODEC, (CodecItem("a", 0, 0, 4, False, False),
+                                      CodecItem("b", 1, 8, 16, False, False)))
+    assert times.step_ms(codec) == pytest.approx(2 * (3.0 + 0.1 * 19 + 0.2))
+    assert sim.StageTimes().step_ms(codec) == sim.step_ms(codec)  # the fitted model unchanged
+    with pytest.raises(SystemExit, match="rows increasing"):
+        sim.StageTimes().with_switches({"prefill_ms": [[16, 4.0], [1, 0.6]]})
