@@ -12,7 +12,7 @@
 #        first-packet-bench | chain P1 P2...  | decode | decode-micro | decode-bench | tune | profile | stages |
 #        ablation-eager | ablation-a|b|c|d[@I/N] | sweep | sweep+ablation | latency | latency-te |
 #        latency-nocap | predictor | predictor-edf | capacity-closed | capacity-open |
-#        slot-state | burst | slack | voice
+#        slot-state | burst | slack | voice | te-tokens | admit
 # An ablation phase with @I/N runs shard I of N of its requests (bench --shard).
 # Several GPUs (kind nvidia-h200-x4): "parallel GPU=PHASE[+PHASE...] ..." runs each list on its own
 # GPU at once, e.g. parallel 0=ablation-a@1/2 1=ablation-a@2/2 2=tests+ablation-d; the results
@@ -246,6 +246,25 @@ case "$phase" in
       --top 12 2>&1 | grep -v Warn | tee "$out/h200-profile-codec-1.log" | grep -A13 CODEC || true
     timeout 110 python3 bench/tune_fused_depth.py --rows 16 --budget-s 65 --check-rows 16 \
       --out "$out/h200-tune-depth-16.json" 2>&1 | grep -v Warn | tail -4 ;;
+  te-tokens)  # issues 13/14: the text encoder at the token buckets an opening burst packs
+    # (16 sentences ~500 tokens; the simulator puts a 16-request TEXT_ENCODE step at ~9 ms, the
+    # largest cost of a burst's wave), fused layers against the eager graph; then the serving
+    # codec's census at 1 and 16 rows x 1 frame (the first chunks)
+    timeout 330 python3 bench/stage_timing.py --batches 1 --modes fused-te-pdl,fused-pdl \
+      --text-tokens 32,128,256,512,1024 --out "$out/h200-stage-timing-te-tokens.json" 2>&1 \
+      | grep -v Warn | grep -iE 'text_encode|start-up|failed' || true
+    for rows in 1 16; do
+      timeout 90 python3 bench/profile_stages.py --batch $rows --fused --fused-decode --compile \
+        --fused-codec --codec-frames 1 --top 12 2>&1 | grep -v Warn \
+        | tee -a "$out/h200-profile-fused-codec.log" | grep -A13 CODEC || true
+    done ;;
+  admit)  # issue 13: 32 new requests per TEXT_ENCODE / PREFILL step with first-chunk CODEC steps
+    # of up to 64 frames, against the profile (16 / 16 frames); the simulator (3 Dec,
+    # sim-what-if-20261203.json) puts c=32 p95 89 -> 48 ms and c=64 222 -> 180 ms, 0 underruns
+    timeout 560 "${bench[@]}" --concurrency "${CONCURRENCY:-16,32,64}" --num-requests 300 \
+      --warmup 16 --run-budget 40 --variant 'profile=config' \
+      --variant 'admit32=config;scheduler.max_text_encode_requests=32;scheduler.max_prefill_requests=32;scheduler.max_startup_codec_step_frames=64' \
+      --out "$out/h200-admit.json" 2>&1 | grep '^\[bench' ;;
   slack)  # issue 13: at c=64 the underruns are each a few ms late (2 Dec: 5-35 of 300, the
     # latest chunk 1-18 ms): the predictor's urgency margin 0.05 s (profile) against 0.1 and 0.2
     timeout 560 "${bench[@]}" --concurrency "${CONCURRENCY:-32,64}" --num-requests 300 \

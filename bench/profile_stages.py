@@ -61,6 +61,9 @@ def main() -> None:
                         help="also the TEXT_ENCODE stage for one sentence of this many tokens")
     parser.add_argument("--fused-text-encoder", action="store_true",
                         help="the fused Triton text-encoder layers")
+    parser.add_argument("--fused-codec", action="store_true",
+                        help="the serving codec's kernels (graph.fused_codec; off: the eager "
+                             "SnakeBeta and convolutions)")
     parser.add_argument("--codec-frames", type=int, default=0,
                         help="also one CODEC replay of this many frames per row (--batch rows)")
     parser.add_argument("--top", type=int, default=15)
@@ -78,6 +81,7 @@ def main() -> None:
                   "fused_decode": args.fused_decode and cuda,
                   "fused_text_encoder": args.fused_text_encoder and cuda,
                   "fused_sampling": args.fused_sampling and cuda, "pdl": args.pdl and cuda,
+                  "fused_codec": args.fused_codec and cuda,
                   "pdl_decode": args.pdl_decode and cuda},
     })
     runner = build_runner(cfg, load_engine_checkpoint(cfg.model))
