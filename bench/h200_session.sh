@@ -247,9 +247,9 @@ case "$phase" in
     timeout 110 python3 bench/tune_fused_depth.py --rows 16 --budget-s 65 --check-rows 16 \
       --out "$out/h200-tune-depth-16.json" 2>&1 | grep -v Warn | tail -4 ;;
   te-tokens)  # issues 13/14: the text encoder at the token buckets an opening burst packs
-    # (16 sentences ~500 tokens; the simulator puts a 16-request TEXT_ENCODE step at ~9 ms, the
-    # largest cost of a burst's wave), fused layers against the eager graph; then the serving
-    # codec's census at 1 and 16 rows x 1 frame (the first chunks)
+    # (16 sentences ~370 tokens, bucket 512; the simulator puts a 16-request TEXT_ENCODE step
+    # at ~9 ms, the largest cost of a burst's wave), fused layers against the eager graph; then
+    # the serving codec's census at 1 and 16 rows x 1 frame (the first chunks)
     timeout 330 python3 bench/stage_timing.py --batches 1 --modes fused-te-pdl,fused-pdl \
       --text-tokens 32,128,256,512,1024 --out "$out/h200-stage-timing-te-tokens.json" 2>&1 \
       | grep -v Warn | grep -iE 'text_encode|start-up|failed' || true

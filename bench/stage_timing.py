@@ -105,7 +105,7 @@ def main() -> None:
                         help=f"comma-separated, from {','.join(MODES)}")
     parser.add_argument("--text-tokens", default="32,64,128",
                         help="text-encoder token buckets timed (a burst of 16 sentences packs "
-                             "~500 tokens into one step)")
+                             "~370 tokens into one step)")
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
     text_tokens = tuple(int(t) for t in args.text_tokens.split(","))
