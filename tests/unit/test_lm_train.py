@@ -385,6 +385,24 @@ def test_the_codec_trains_over_several_calls_before_the_lm(tmp_path: Path) -> No
     assert len(steps2) > len(steps1)
     assert second["sample"]["frames"] >= 1
     assert (tmp_path / "w2" / "carry" / CODEC_DONE).is_file()
+    # either call's codec, exported from its parts alone, loads; the finished one is the export
+    # the LM trained on, byte for byte
+    from breezert.train.pipeline import main as pipeline_main
+
+    pipeline_main(["--carry-in", str(tmp_path / "out1"), "--export-codec",
+                   str(tmp_path / "codec1")])
+    unfinished = load_checkpoint(tmp_path / "codec1")
+    codes = torch.randint(0, 2048, (1, 3, unfinished.codec.cfg.num_quantizers))
+    wav, _ = unfinished.codec.step(codes, unfinished.codec.new_state(1))
+    assert wav.shape[-1] == 3 * unfinished.codec.cfg.samples_per_frame and wav.abs().sum() > 0
+    pipeline_main(["--carry-in", str(tmp_path / "out2"), "--export-codec",
+                   str(tmp_path / "codec2")])
+    codec = "audio_tokenizer/model.safetensors"
+    assert ((tmp_path / "codec2" / codec).read_bytes()
+            == (tmp_path / "w2" / "carry" / "codec" / codec).read_bytes())
+    assert load_checkpoint(tmp_path / "codec2").codec_encoder is not None
+    with pytest.raises(SystemExit):
+        pipeline_main(["--export-codec", str(tmp_path / "codec3")])  # no parts named
 
 
 def test_the_pipeline_command_line_sets_the_plan(monkeypatch: pytest.MonkeyPatch) -> None:

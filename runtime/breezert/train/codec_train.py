@@ -147,7 +147,7 @@ class CodecTrainConfig:
         return asdict(self)
 
 
-def _config_from_json(d: dict[str, Any]) -> CodecTrainConfig:
+def config_from_json(d: dict[str, Any]) -> CodecTrainConfig:
     d = dict(d)
     d["betas"] = tuple(d["betas"])
     d["vq"] = VQTrainConfig(**d["vq"])
@@ -272,7 +272,7 @@ class CodecTrainer:
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        saved = _config_from_json(state["config"])
+        saved = config_from_json(state["config"])
         if saved != self.cfg:
             diff = [f"{f.name}: saved {getattr(saved, f.name)!r}, now {getattr(self.cfg, f.name)!r}"
                     for f in fields(saved) if getattr(saved, f.name) != getattr(self.cfg, f.name)]
@@ -317,7 +317,7 @@ class CodecTrainer:
         """Goes on from ``snapshot()``: same weights (rounded to bf16), fresh optimiser moments,
         rates re-warmed over ``rewarmup_steps``. The other settings may change (batch size,
         rates): only the preset and the discriminator's width must match."""
-        self._check_shape_config(_config_from_json(snap["config"]), "the snapshot")
+        self._check_shape_config(config_from_json(snap["config"]), "the snapshot")
         names = ["encoder", "decoder", "disc"]
         if self.mel_head is not None and "mel_head" in snap:  # else the probe starts fresh
             names.append("mel_head")

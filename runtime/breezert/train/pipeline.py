@@ -22,6 +22,7 @@ nor its corpus). The GPU image's own onnxruntime runs the teacher, so its wheel 
     python -m breezert.train.pipeline --work /tmp/voice --minutes-total 9.3 --out $OUT \\
         [--carry-in DIR] [--hours 10] [--workers 16] [--codec-minutes 40]
         [--codec-batch-size 16] [--codec-latent-mel-weight 1.0] [--codec-autocast-bf16]
+    python -m breezert.train.pipeline --carry-in PARTS --export-codec DIR   # score it here
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
+import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
@@ -188,6 +190,29 @@ def _restore_placeholder_lm(codec: Path) -> None:
     shutil.rmtree(scratch)
 
 
+def export_carried_codec(parts: str | Path, out: str | Path, scratch: str | Path) -> Path:
+    """The codec that a call's ``parts`` carry, in the released layout at ``out`` with a random
+    ``tiny`` placeholder LM, so that ``asr_gate --codec`` and the codebook ablation can score a
+    voice's codec between calls, on any machine. A finished codec: its export as carried. An
+    unfinished one: its snapshot exported as the call that finishes it would (bf16; the
+    snapshot's weights are already bf16). Trains nothing; ``scratch`` receives the joined
+    parts."""
+    from breezert.train.codec_train import CodecTrainer, config_from_json, export_checkpoint
+
+    carry, out = Path(scratch) / "carry", Path(out)
+    state_shards.join_dir(parts, carry, PARTS_PREFIX)
+    if (carry / "codec").is_dir():
+        shutil.copytree(carry / "codec", out)
+        _restore_placeholder_lm(out)
+        return out
+    if not (carry / CODEC_SNAPSHOT).is_file():
+        raise FileNotFoundError(f"{parts} carries neither a codec export nor {CODEC_SNAPSHOT}")
+    snapshot = load_state(carry / CODEC_SNAPSHOT)
+    trainer = CodecTrainer(config_from_json(snapshot["config"]), "cpu")
+    trainer.load_snapshot(snapshot)
+    return export_checkpoint(trainer, out, dtype=torch.bfloat16)
+
+
 def _lm_stage(work: Path, plan: Plan, minutes: float, lm_overrides: dict) -> Path:
     from breezert.train.lm_data import BatchStream, encode_shards, load_utterances, split_heldout
     from breezert.train.lm_train import (
@@ -286,10 +311,13 @@ def _pack(carry: Path, out: Path, summary: dict, start: float) -> dict:
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(prog="python -m breezert.train.pipeline", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--work", required=True, help="scratch folder on the GPU machine")
-    p.add_argument("--minutes-total", type=float, required=True, help="wall time of this call")
-    p.add_argument("--out", required=True, help="where the state parts and logs go ($OUT)")
+    p.add_argument("--work", help="scratch folder on the GPU machine")
+    p.add_argument("--minutes-total", type=float, help="wall time of this call")
+    p.add_argument("--out", help="where the state parts and logs go ($OUT)")
     p.add_argument("--carry-in", default=None, help="folder holding the last call's parts")
+    p.add_argument("--export-codec", metavar="DIR", default=None,
+                   help="instead of a call: write the codec that --carry-in's parts hold to DIR "
+                        "in the released layout (export_carried_codec), then stop")
     defaults = Plan()
     names = ("hours", "workers", "codec_minutes", "codec_preset", "codec_batch_size",
              "codec_latent_mel_weight", "codec_autocast_bf16", "lm_recipe", "reserve_minutes",
@@ -297,6 +325,16 @@ def main(argv: list[str] | None = None) -> None:
     for name in names:
         add_default_flag(p, name, getattr(defaults, name))
     args = p.parse_args(argv)
+    if args.export_codec:
+        if not args.carry_in:
+            p.error("--export-codec needs --carry-in (the parts to read)")
+        with tempfile.TemporaryDirectory() as scratch:
+            print(export_carried_codec(args.carry_in, args.export_codec, scratch))
+        return
+    missing = [flag for flag, value in (("--work", args.work), ("--out", args.out),
+                                        ("--minutes-total", args.minutes_total)) if value is None]
+    if missing:
+        p.error(f"a call needs {', '.join(missing)}")
     plan = replace(defaults, **{k: getattr(args, k) for k in names})
     if plan.device.startswith("cuda"):
         torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
