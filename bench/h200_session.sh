@@ -248,13 +248,18 @@ case "$phase" in
       --out "$out/h200-tune-depth-16.json" 2>&1 | grep -v Warn | tail -4 ;;
   te-tokens)  # issues 13/14: the text encoder at the token buckets an opening burst packs
     # (16 sentences ~370 tokens, bucket 512; the simulator puts a 16-request TEXT_ENCODE step
-    # at ~9 ms, the largest cost of a burst's wave), fused layers against the eager graph; then
+    # at ~9 ms, the largest cost of a burst's wave): the fused layers up to 128 tokens (today),
+    # up to 1024 (graph.fused_text_encoder_max_tokens) and the eager graph; its GPU test; then
     # the serving codec's census at 1 and 16 rows x 1 frame (the first chunks)
-    timeout 330 python3 bench/stage_timing.py --batches 1 --modes fused-te-pdl,fused-pdl \
+    timeout 330 python3 bench/stage_timing.py --batches 1 \
+      --modes fused-te-pdl,fused-te-pdl-wide,fused-pdl \
       --text-tokens 32,128,256,512,1024 --out "$out/h200-stage-timing-te-tokens.json" 2>&1 \
       | grep -v Warn | grep -iE 'text_encode|start-up|failed' || true
+    timeout 100 python3 -m pytest tests/gpu/test_gpu_fused_text_encoder.py -q -s \
+      -p no:cacheprovider 2>&1 | tee "$out/gpu_tests_text_encoder.log" \
+      | grep -E 'lengths|passed|failed|^E ' || true
     for rows in 1 16; do
-      timeout 90 python3 bench/profile_stages.py --batch $rows --fused --fused-decode --compile \
+      timeout 70 python3 bench/profile_stages.py --batch $rows --fused --fused-decode --compile \
         --fused-codec --codec-frames 1 --top 12 2>&1 | grep -v Warn \
         | tee -a "$out/h200-profile-fused-codec.log" | grep -A13 CODEC || true
     done ;;

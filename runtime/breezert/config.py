@@ -239,6 +239,12 @@ class GraphConfig(_Frozen):
     eager encoder. H200 with ``pdl`` (2 Dec): text encode 4.93 / 5.03 / 5.36 -> 1.30 / 1.36 /
     2.00 ms at 32 / 64 / 128 tokens (graph replays); the engine's TTFB p50 at one request 23.9
     -> 19.5 ms. On in ``configs/h200-latency.toml``."""
+    fused_text_encoder_max_tokens: int = Field(default=128, ge=1, le=4096)
+    """With ``fused_text_encoder``: the longest packed batch the fused layers take (their GEMMs
+    read each weight once per 64 rows; longer batches run the eager encoder). A burst of 16
+    sentences packs ~370 tokens (bucket 512), past 128: the eager graph, ~9 ms a step on the
+    H200 in the engine's burst steps; phase ``te-tokens`` of ``bench/h200_session.sh`` times
+    the fused layers at 256-1024 tokens against it (unmeasured: 128 until then)."""
     decode_batch_buckets: tuple[int, ...] = (1, 2, 4, 8, 16, 32)
     """DECODE batch sizes in rows (CFG branches count)."""
     decode_context_buckets: tuple[int, ...] = (256, 512, 1024, 2048)

@@ -128,8 +128,9 @@ class ModelRunner:
         self.stages = {
             Stage.TEXT_ENCODE: TextEncodeStage(
                 model,
-                runner("text_encode", text_encode_fn(model, graph.compile_text_encoder,
-                                                     graph.fused_text_encoder, graph.pdl)),
+                runner("text_encode", text_encode_fn(
+                    model, graph.compile_text_encoder, graph.fused_text_encoder, graph.pdl,
+                    graph.fused_text_encoder_max_tokens)),
                 graph.text_encode_buckets,
             ),
             Stage.PREFILL: PrefillStage(
