@@ -252,7 +252,7 @@ case "$phase" in
     # up to 1024 (graph.fused_text_encoder_max_tokens) and the eager graph; its GPU test; then
     # the serving codec's census at 1 and 16 rows x 1 frame (the first chunks)
     timeout 330 python3 bench/stage_timing.py --batches 1 \
-      --modes fused-te-pdl,fused-te-pdl-wide,fused-pdl \
+      --modes profile,profile-te-wide,profile-te-eager \
       --text-tokens 32,128,256,512,1024 --out "$out/h200-stage-timing-te-tokens.json" 2>&1 \
       | grep -v Warn | grep -iE 'text_encode|start-up|failed' || true
     timeout 100 python3 -m pytest tests/gpu/test_gpu_fused_text_encoder.py -q -s \

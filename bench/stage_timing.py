@@ -10,7 +10,10 @@ depth draws in the fused Triton sampler), ``fused-first`` (``fused-sampling`` wi
 Triton text-encoder layers), ``fused-pdl`` (``fused-decode`` with programmatic dependent launch
 between the fused depth kernels, ``graph.pdl``), ``fused-te-pdl`` (``fused-pdl`` with the fused
 text encoder, the serving profile's kernels), ``fused-te-pdl-decode`` (``fused-te-pdl`` with
-PDL in the DECODE step too, ``graph.pdl_decode``).
+PDL in the DECODE step too, ``graph.pdl_decode``). ``profile``: every kernel switch of
+``configs/h200-latency.toml``'s ``[graph]`` as served (the modes above leave the codec eager and
+fp32); ``profile-te-wide`` and ``profile-te-eager``: the same with the fused text encoder up to
+1024 tokens, and without it.
 """
 
 from __future__ import annotations
@@ -22,6 +25,8 @@ import time
 from datetime import datetime, timezone
 
 import torch
+
+from pathlib import Path
 
 from breezert.config import EngineConfig
 from breezert.constants import Stage
@@ -44,13 +49,19 @@ MODES = {
                   "compile_text_encoder": False},
     "fused-te-pdl": {"compile_depth": True, "fused_depth": True, "fused_decode": True,
                      "fused_text_encoder": True, "pdl": True, "compile_text_encoder": False},
-    "fused-te-pdl-wide": {"compile_depth": True, "fused_depth": True, "fused_decode": True,
-                          "fused_text_encoder": True, "fused_text_encoder_max_tokens": 1024,
-                          "pdl": True, "compile_text_encoder": False},
     "fused-te-pdl-decode": {"compile_depth": True, "fused_depth": True, "fused_decode": True,
                             "fused_text_encoder": True, "pdl": True, "pdl_decode": True,
                             "compile_text_encoder": False},
 }
+
+_PROFILE_PATH = Path(__file__).resolve().parent.parent / "configs" / "h200-latency.toml"
+PROFILE = {key: value
+           for key, value in EngineConfig.from_file(_PROFILE_PATH).graph.model_dump().items()
+           if not key.endswith("_buckets")}
+"""The serving profile's kernel switches (the buckets are this script's own)."""
+MODES["profile"] = PROFILE
+MODES["profile-te-wide"] = {**PROFILE, "fused_text_encoder_max_tokens": 1024}
+MODES["profile-te-eager"] = {**PROFILE, "fused_text_encoder": False}
 
 
 def measure(batches: list[int], mode: str, context: int,
