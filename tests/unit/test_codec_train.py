@@ -424,3 +424,22 @@ def test_bf16_autocast_trains_with_fp32_masters_and_close_losses(data_dir: Path)
         last = fast_trainer.train_step(data.sample(cfg.batch_size))
     assert last["stft_mag"] < first["stft_mag"]
     assert {"disc_hinge", "gen_hinge", "feature_match"} <= last.keys()  # the discriminator too
+
+
+def test_the_codebook_flag_is_read_again_after_every_write() -> None:
+    """``_is_initialized`` keeps the flag it read (no GPU sync per codebook and step) until the
+    flag is written: a fresh mark, a state-dict load, the first batch's initialisation."""
+    from breezert.models.codec_encoder import _Codebook
+    from breezert.train.quantizer import _is_initialized, mark_codebooks_fresh_
+
+    trainer = CodecTrainer(CFG)
+    book = next(m for m in trainer.encoder.modules() if isinstance(m, _Codebook))
+    assert _is_initialized(book) is False
+    trainer.train_step(torch.randn(CFG.batch_size, CFG.crop_samples) * 0.1)
+    assert _is_initialized(book) is True and book.initialized.item() == 1.0
+    mark_codebooks_fresh_(trainer.encoder)
+    assert _is_initialized(book) is False
+    book.load_state_dict({**book.state_dict(), "initialized": torch.ones_like(book.initialized)})
+    assert _is_initialized(book) is True
+    book.initialized.zero_()
+    assert _is_initialized(book) is False

@@ -236,9 +236,10 @@ class CodecTrainer:
             losses.update(disc_hinge=d_loss, gen_hinge=adv, feature_match=fm)
         self._update(self.opt_g, g_loss, [p for g in self.opt_g.param_groups for p in g["params"]])
         self.step += 1
-        out = {k: float(v.detach()) for k, v in losses.items()}
-        out["codes_restarted"] = float(q.num_restarted)
-        return out
+        # one device -> host copy for the step's figures (a float() each was a sync each)
+        values = torch.stack([v.detach().float() for v in losses.values()]
+                             + [q.num_restarted.float()]).tolist()
+        return dict(zip([*losses, "codes_restarted"], values))
 
     def _set_rates(self) -> None:
         scale = 1.0

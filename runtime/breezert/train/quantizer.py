@@ -38,7 +38,7 @@ class QuantizerOutput:
     latent: Tensor  # [B, codebook_dim, K] decoder-side latent (both groups, projected, summed)
     codes: Tensor  # [B, K, num_quantizers] int64, what ``CodecEncoder.encode`` would return
     commitment: Tensor  # scalar: mean over codebooks of ||residual - sg(code)||^2
-    num_restarted: Tensor  # scalar int64: codes restarted this step (0 when not training)
+    num_restarted: Tensor  # scalar int64 on x's device: codes restarted this step
 
 
 def group_pairs(encoder: CodecEncoder, decoder: CodecDecoder):  # noqa: ANN201
@@ -60,14 +60,36 @@ def mark_codebooks_fresh_(encoder: CodecEncoder, fresh: bool = True) -> None:
             module.initialized.fill_(0.0 if fresh else 1.0)
 
 
+def _is_initialized(book: _Codebook) -> bool:
+    """``book.initialized`` as a bool, read from the device only when the flag was written
+    since the last read (its version counter moved: ``fill_``, a state-dict load): one GPU sync
+    per codebook per step, 16 in all, stalled the training step's queue on CUDA."""
+    flag = book.initialized
+    seen = getattr(book, "_initialized_seen", None)
+    if seen is not None and seen[0] == flag._version:
+        return seen[1]
+    value = bool(flag.item())
+    book._initialized_seen = (flag._version, value)
+    return value
+
+
+def _to(t: Tensor, like: Tensor) -> Tensor:
+    """``t`` (made on the CPU by the carried generator) on ``like``'s device without a sync: a
+    copy from pageable memory waits for the stream, one from pinned memory does not."""
+    if like.device.type != "cuda":
+        return t.to(like.device)
+    return t.pin_memory().to(like.device, non_blocking=True)
+
+
 @torch.no_grad()
 def _init_from_data_(book: _Codebook, x: Tensor, gen: torch.Generator) -> None:
     # x [N, dim]: rows drawn with replacement plus a little noise, so duplicates separate.
-    if bool(book.initialized.item()):
+    if _is_initialized(book):
         return
     size = book.cluster_usage.shape[0]
-    pick = torch.randint(0, x.shape[0], (size,), generator=gen).to(x.device)
-    noise = torch.randn(size, x.shape[1], generator=gen).to(x) * x.std().clamp(min=1e-6) * 0.01
+    pick = _to(torch.randint(0, x.shape[0], (size,), generator=gen), x)
+    noise = (_to(torch.randn(size, x.shape[1], generator=gen), x).to(x.dtype)
+             * x.std().clamp(min=1e-6) * 0.01)
     book.embed_sum.copy_(x[pick] + noise)
     book.cluster_usage.fill_(1.0)
     book.initialized.fill_(1.0)
@@ -80,13 +102,14 @@ def _ema_update_(book: _Codebook, x: Tensor, indices: Tensor, cfg: VQTrainConfig
     dead codes from random rows of ``x``; returns how many were restarted. No host sync: the
     restart is a ``where`` over every code, so the RNG draws the same whatever dies."""
     size = book.cluster_usage.shape[0]
-    counts = torch.bincount(indices, minlength=size).to(x.dtype)  # [size]
+    # (not torch.bincount: on CUDA it reads the largest index back to size its output)
+    counts = x.new_zeros(size).index_add_(0, indices, x.new_ones(indices.shape[0]))  # [size]
     sums = torch.zeros_like(book.embed_sum).index_add_(0, indices, x)  # [size, dim]
     book.cluster_usage.mul_(cfg.decay).add_(counts, alpha=1 - cfg.decay)
     book.embed_sum.mul_(cfg.decay).add_(sums, alpha=1 - cfg.decay)
     mean_usage = book.cluster_usage.mean()
     dead = book.cluster_usage < cfg.dead_ratio * mean_usage  # [size]
-    pick = torch.randint(0, x.shape[0], (size,), generator=gen).to(x.device)
+    pick = _to(torch.randint(0, x.shape[0], (size,), generator=gen), x)
     book.embed_sum.copy_(torch.where(dead[:, None], x[pick] * mean_usage, book.embed_sum))
     book.cluster_usage.copy_(torch.where(dead, mean_usage, book.cluster_usage))
     return dead.sum()
@@ -99,7 +122,8 @@ def _quantize_group(group: _ResidualVectorQuantizer, x: Tensor, num: int, cfg: V
     b, d, k = z.shape
     flat = z.permute(0, 2, 1).reshape(b * k, d)  # [N, dim]
     residual, summed = flat, torch.zeros_like(flat)
-    commitment, restarted, codes = flat.new_zeros(()), torch.zeros((), dtype=torch.long), []
+    commitment, codes = flat.new_zeros(()), []
+    restarted = torch.zeros((), dtype=torch.long, device=flat.device)
     for vq in group.layers[:num]:
         book = vq.codebook
         if gen is not None:
@@ -107,7 +131,7 @@ def _quantize_group(group: _ResidualVectorQuantizer, x: Tensor, num: int, cfg: V
         indices, quantized = book.encode(residual.detach())  # [N], [N, dim]
         commitment = commitment + F.mse_loss(residual, quantized)
         if gen is not None:
-            restarted = restarted + _ema_update_(book, residual.detach(), indices, cfg, gen).cpu()
+            restarted = restarted + _ema_update_(book, residual.detach(), indices, cfg, gen)
         summed = summed + quantized
         residual = residual - quantized
         codes.append(indices.view(b, k))
@@ -123,7 +147,8 @@ def quantize(encoder: CodecEncoder, decoder: CodecDecoder, x: Tensor, cfg: VQTra
     Both groups quantize the same ``x`` (Mimi's split); each group's sum goes through the
     decoder's ``output_proj``. With ``gen`` the codebooks learn (init, EMA, restarts)."""
     latent, codes = None, []
-    commitment, restarted = x.new_zeros(()), torch.zeros((), dtype=torch.long)
+    commitment = x.new_zeros(())
+    restarted = torch.zeros((), dtype=torch.long, device=x.device)
     pairs = group_pairs(encoder, decoder)
     for enc_group, dec_group, num in pairs:
         q, c, commit, n = _quantize_group(enc_group, x, num, cfg, gen)
