@@ -230,3 +230,19 @@ def test_prompt_validation_names_fields() -> None:
         build_prompt([2, 262144])
     plain = build_prompt([2, 5, 6], speaker="S2", instruction_ids=[2])  # empty instruction
     assert plain.input_ids.tolist() == [2, 262148, 5, 6] and plain.negative is None
+
+
+def test_rows_placed_by_runs_of_positions_equal_an_indexed_assignment() -> None:
+    from breezert.models.breeze import _place_rows
+
+    gen = torch.Generator().manual_seed(0)
+    positions = [1, 2, 3, 7, 9, 10]
+    rows = torch.randn(len(positions), 4, generator=gen)
+    want, got = torch.zeros(12, 4), torch.zeros(12, 4)
+    want[torch.tensor(positions)] = rows
+    _place_rows(got, positions, rows)
+    assert torch.equal(got, want)
+    one = torch.randn(1, 4, generator=gen)  # one row for every position (audio end of speech)
+    want[torch.tensor(positions)] = one
+    _place_rows(got, positions, one)
+    assert torch.equal(got, want)

@@ -102,20 +102,23 @@ class BreezeModel(nn.Module):
         return outs
 
     def _place_audio(self, out: torch.Tensor, prompt: Prompt) -> None:
-        ids = prompt.input_ids.to(out.device)
-        audio_pos = (ids == AUDIO_TOKEN_ID).nonzero().flatten()
-        eos_pos = (ids == AUDIO_EOS_TOKEN_ID).nonzero().flatten()
+        # The positions are found on the host (the prompt's ids live there): on CUDA an upload
+        # and two nonzero() per prompt waited for the GPU, three times per branch of every
+        # request in a TEXT_ENCODE step. Rows go in by slices of consecutive positions.
+        ids = prompt.input_ids.cpu()
+        audio_pos = (ids == AUDIO_TOKEN_ID).nonzero().flatten().tolist()
+        eos_pos = (ids == AUDIO_EOS_TOKEN_ID).nonzero().flatten().tolist()
         num_ref = 0 if prompt.ref_codes is None else int(prompt.ref_codes.shape[0])
-        if audio_pos.numel() != num_ref:
-            raise ValueError(f"prompt has {audio_pos.numel()} AUDIO ids but {num_ref} ref frames")
+        if len(audio_pos) != num_ref:
+            raise ValueError(f"prompt has {len(audio_pos)} AUDIO ids but {num_ref} ref frames")
         if num_ref:
             assert prompt.ref_codes is not None
-            out[audio_pos] = self.audio_frame_embeds(prompt.ref_codes.to(out.device))
-        if eos_pos.numel():
+            _place_rows(out, audio_pos, self.audio_frame_embeds(prompt.ref_codes.to(out.device)))
+        if eos_pos:
             eos_frame = torch.full(
                 (1, self.cfg.num_codebooks), CODEBOOK_EOS_ID, dtype=torch.long, device=out.device
             )
-            out[eos_pos] = self.audio_frame_embeds(eos_frame)
+            _place_rows(out, eos_pos, self.audio_frame_embeds(eos_frame))
 
     def first_code_logits(self, h_last: torch.Tensor) -> torch.Tensor:
         """fp32 backbone logits ``[R, 2052]`` (2051 = frame EOS) from final-normed ``h_last``."""
@@ -152,3 +155,16 @@ class BreezeModel(nn.Module):
     def count_parameters(self) -> int:
         """Number of live parameters (the tied audio table counted once)."""
         return sum(p.numel() for p in self.parameters())
+
+
+def _place_rows(out: torch.Tensor, positions: list[int], rows: torch.Tensor) -> None:
+    """``out[positions] = rows`` (``rows [len(positions), D]``, or ``[1, D]`` for every
+    position) as one slice copy per run of consecutive positions: no index upload."""
+    i = 0
+    while i < len(positions):
+        j = i + 1
+        while j < len(positions) and positions[j] == positions[j - 1] + 1:
+            j += 1
+        piece = rows if rows.shape[0] == 1 else rows[i:j]
+        out[positions[i] : positions[i] + (j - i)] = piece
+        i = j
