@@ -21,6 +21,7 @@ from breezert.layers.rope import apply_rope
 from breezert.models.breeze import BreezeModel
 from breezert.models.depth import DepthDecoder
 from breezert.train.lm_data import Utterance
+from breezert.train.upload import upload
 
 
 @dataclass(frozen=True)
@@ -44,6 +45,7 @@ class TrainAttention:
     def __init__(self, layout: Layout, guided_layers: Sequence[int], sigma: float) -> None:
         self.layout, self.guided_layers, self.sigma = layout, tuple(guided_layers), sigma
         self.guided_losses: list[Tensor] = []
+        self._prior: tuple[Tensor, Tensor, Tensor] | None = None  # the same for every layer
 
     def attend(self, layer_idx: int, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
         b, s = self.layout.batch_size, self.layout.seq_len
@@ -65,7 +67,9 @@ class TrainAttention:
         max_prompt = int(lay.prompt_lens.max())
         k = k.repeat_interleave(q.shape[1] // k.shape[1], dim=1)[:, :, :max_prompt]
         scores = (q.float() @ k.float().transpose(-1, -2)) * q.shape[-1] ** -0.5  # [B,H,S,P]
-        weight, key_ok, row_ok = _prior(lay, max_prompt, self.sigma, q.device)
+        if self._prior is None:
+            self._prior = _prior(lay, max_prompt, self.sigma, q.device)
+        weight, key_ok, row_ok = self._prior
         probs = scores.masked_fill(~key_ok, float("-inf")).softmax(dim=-1)
         per_row = (probs * weight).sum(-1)  # [B, H, S]
         return (per_row * row_ok).sum() / (row_ok.sum() * q.shape[1]).clamp(min=1)
@@ -73,7 +77,8 @@ class TrainAttention:
 
 def _prior(lay: Layout, max_prompt: int, sigma: float, device: torch.device
            ) -> tuple[Tensor, Tensor, Tensor]:
-    lp, lt = lay.prompt_lens.to(device)[:, None, None], lay.frame_lens.to(device)[:, None, None]
+    lp = upload(lay.prompt_lens, device)[:, None, None]
+    lt = upload(lay.frame_lens, device)[:, None, None]
     pos = torch.arange(lay.seq_len, device=device)[None, :, None]  # [1, S, 1]
     key = torch.arange(max_prompt, device=device)[None, None, :]  # [1, 1, P]
     frame = pos - (lp - 1)  # the row at L - 1 + t predicts frame t; t = T is end of speech
@@ -110,6 +115,7 @@ class ForwardOut:
     code0_logits: Tensor  # [sum(T + 1), 2052] fp32: frames 0..T-1, then the EOS row
     code0_targets: Tensor  # [sum(T + 1)]
     is_eos_row: Tensor  # [sum(T + 1)] bool
+    eos_rows: Tensor  # [B] long: where ``is_eos_row`` is set (an index: a mask reads back)
     depth_logits: Tensor  # [sum T, 15, vocab] fp32
     depth_targets: Tensor  # [sum T, 15]
     guided: Tensor  # scalar (0 when no layer is guided)
@@ -119,45 +125,49 @@ def teacher_forced(model: BreezeModel, batch: Sequence[Utterance], guided_layers
                    sigma: float) -> ForwardOut:
     """Runs prompt + frames of every utterance through text encoder, backbone and depth."""
     device = model.lm_head.weight.device
-    codes = [u.codes.to(device) for u in batch]
+    # Every index is made on the host and uploaded before the forward is queued (a copy or a
+    # boolean mask in the middle of it waited for the GPU).
+    frame_lens = [int(u.codes.shape[0]) for u in batch]
+    all_codes = upload(torch.cat([u.codes for u in batch]), device)  # [R, 16]
     text_rows = model.prompt_embeds_many([u.prompt for u in batch])  # B x [L, D]
-    frame_rows = model.audio_frame_embeds(torch.cat(codes)).split([len(c) for c in codes])
+    frame_rows = model.audio_frame_embeds(all_codes).split(frame_lens)
     rows = [torch.cat([t, f.to(t.dtype)]) for t, f in zip(text_rows, frame_rows)]
     x = torch.nn.utils.rnn.pad_sequence(rows, batch_first=True)  # [B, S, D]
-    lay = Layout(torch.tensor([len(t) for t in text_rows]), torch.tensor([len(c) for c in codes]),
-                 x.shape[1])
+    lay = Layout(torch.tensor([len(t) for t in text_rows]), torch.tensor(frame_lens), x.shape[1])
+    starts = torch.arange(lay.batch_size) * lay.seq_len + lay.prompt_lens - 1  # row of frame 0
+    pred_rows = torch.cat([s + torch.arange(n + 1) for s, n in zip(starts.tolist(), frame_lens)])
+    is_eos_cpu = torch.cat([torch.arange(n + 1) == n for n in frame_lens])
+    eos = torch.full((1,), FRAME_EOS_ID, dtype=torch.long)
+    targets0 = upload(torch.cat([torch.cat([u.codes[:, 0], eos]) for u in batch]), device)
+    is_eos, pred_rows = upload(is_eos_cpu, device), upload(pred_rows, device)
+    eos_rows = upload(is_eos_cpu.nonzero().flatten(), device)
+    frame_pred = upload((~is_eos_cpu).nonzero().flatten(), device)
     attn = TrainAttention(lay, guided_layers, sigma)
     positions = torch.arange(lay.seq_len, device=device).repeat(lay.batch_size)
     hidden = model.backbone_model(x.reshape(-1, x.shape[-1]), positions, attn)  # [B*S, D]
 
-    starts = torch.arange(lay.batch_size) * lay.seq_len + lay.prompt_lens - 1  # row of frame 0
-    pred_rows = torch.cat([s + torch.arange(n + 1) for s, n in zip(starts.tolist(),
-                                                                   lay.frame_lens.tolist())])
-    eos = torch.full((1,), FRAME_EOS_ID, device=device, dtype=torch.long)
-    targets0 = torch.cat([torch.cat([c[:, 0], eos]) for c in codes])
-    is_eos = torch.cat([torch.arange(n + 1) == n for n in lay.frame_lens.tolist()]).to(device)
-    h_pred = hidden[pred_rows.to(device)]  # [sum(T+1), D]
+    h_pred = hidden[pred_rows]  # [sum(T+1), D]
     with torch.autocast(device.type, enabled=False):
         logits0 = model.first_code_logits(h_pred.float())
 
-    all_codes = torch.cat(codes)  # [R, 16]
     depth = model.depth_decoder
     vocab, num_books = depth.cfg.vocab_size, depth.cfg.num_codebooks
     offsets = torch.arange(num_books - 1, device=device) * vocab
     code_rows = depth.model.embed_tokens(all_codes[:, : num_books - 1] + offsets)  # [R, 15, D]
-    h_frames = h_pred[~is_eos]  # the state that predicted code 0 of each frame
+    h_frames = h_pred[frame_pred]  # the state that predicted code 0 of each frame
     depth_in = torch.cat([h_frames[:, None], code_rows.to(h_frames.dtype)], dim=1)  # [R, 16, D]
     hd = depth_hidden(depth, depth_in)[:, 1:]  # [R, 15, d]: position j gives codebook j
     with torch.autocast(device.type, enabled=False):
         heads = depth.codebooks_head.weight.float()  # [15, d, vocab]
         depth_logits = torch.einsum("rjd,jdv->rjv", hd.float(), heads)
     guided = torch.stack(attn.guided_losses).mean() if attn.guided_losses else hidden.new_zeros(())
-    return ForwardOut(logits0, targets0, is_eos, depth_logits, all_codes[:, 1:], guided.float())
+    return ForwardOut(logits0, targets0, is_eos, eos_rows, depth_logits, all_codes[:, 1:],
+                      guided.float())
 
 
 def losses(out: ForwardOut) -> dict[str, Tensor]:
     """Mean cross-entropies: code 0 over frames and EOS rows together, EOS rows alone, depth."""
     ce0 = F.cross_entropy(out.code0_logits, out.code0_targets, reduction="none")
     depth = F.cross_entropy(out.depth_logits.flatten(0, 1), out.depth_targets.flatten())
-    return {"code0": ce0.mean(), "eos": ce0[out.is_eos_row].mean(), "depth": depth,
+    return {"code0": ce0.mean(), "eos": ce0[out.eos_rows].mean(), "depth": depth,
             "guided": out.guided}

@@ -249,9 +249,13 @@ class LMTrainer:
         grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.grad_clip)
         self.opt.step()
         self.step += 1
-        out = {k: float(v.detach()) for k, v in parts.items()}
-        out.update(loss=float(loss.detach()), lr=lr, grad_norm=float(grad_norm),
-                   utterances=len(batch), frames=sum(int(u.codes.shape[0]) for u in batch))
+        # the step's figures in one device -> host copy (a float() each was a sync each)
+        names = [*parts, "loss", "grad_norm"]
+        values = torch.stack([v.detach().float() for v in parts.values()]
+                             + [loss.detach().float(), grad_norm.detach().float()]).tolist()
+        out: dict[str, float] = dict(zip(names, values))
+        out.update(lr=lr, utterances=len(batch),
+                   frames=sum(int(u.codes.shape[0]) for u in batch))
         return out
 
     @torch.no_grad()

@@ -15,6 +15,7 @@ from torch import Tensor
 
 from breezert.models.codec import CodecDecoder
 from breezert.models.codec_encoder import CodecEncoder, _Codebook, _ResidualVectorQuantizer
+from breezert.train.upload import upload
 
 
 @dataclass(frozen=True)
@@ -73,22 +74,14 @@ def _is_initialized(book: _Codebook) -> bool:
     return value
 
 
-def _to(t: Tensor, like: Tensor) -> Tensor:
-    """``t`` (made on the CPU by the carried generator) on ``like``'s device without a sync: a
-    copy from pageable memory waits for the stream, one from pinned memory does not."""
-    if like.device.type != "cuda":
-        return t.to(like.device)
-    return t.pin_memory().to(like.device, non_blocking=True)
-
-
 @torch.no_grad()
 def _init_from_data_(book: _Codebook, x: Tensor, gen: torch.Generator) -> None:
     # x [N, dim]: rows drawn with replacement plus a little noise, so duplicates separate.
     if _is_initialized(book):
         return
     size = book.cluster_usage.shape[0]
-    pick = _to(torch.randint(0, x.shape[0], (size,), generator=gen), x)
-    noise = (_to(torch.randn(size, x.shape[1], generator=gen), x).to(x.dtype)
+    pick = upload(torch.randint(0, x.shape[0], (size,), generator=gen), x.device)
+    noise = (upload(torch.randn(size, x.shape[1], generator=gen), x.device).to(x.dtype)
              * x.std().clamp(min=1e-6) * 0.01)
     book.embed_sum.copy_(x[pick] + noise)
     book.cluster_usage.fill_(1.0)
@@ -109,7 +102,7 @@ def _ema_update_(book: _Codebook, x: Tensor, indices: Tensor, cfg: VQTrainConfig
     book.embed_sum.mul_(cfg.decay).add_(sums, alpha=1 - cfg.decay)
     mean_usage = book.cluster_usage.mean()
     dead = book.cluster_usage < cfg.dead_ratio * mean_usage  # [size]
-    pick = _to(torch.randint(0, x.shape[0], (size,), generator=gen), x)
+    pick = upload(torch.randint(0, x.shape[0], (size,), generator=gen), x.device)
     book.embed_sum.copy_(torch.where(dead[:, None], x[pick] * mean_usage, book.embed_sum))
     book.cluster_usage.copy_(torch.where(dead, mean_usage, book.cluster_usage))
     return dead.sum()
