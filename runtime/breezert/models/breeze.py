@@ -93,15 +93,16 @@ class BreezeModel(nn.Module):
         outs = [torch.zeros(p.num_tokens, self.cfg.hidden_size, dtype=weight.dtype,
                             device=weight.device) for p in prompts]
         offset = 0
+        eos_row: list[torch.Tensor] = []  # the audio end-of-speech row, made once per call
         for out, prompt in zip(outs, prompts):
             for start, length in prompt.text_spans:
                 assert encoded is not None
                 out[start : start + length] = encoded[offset : offset + length]
                 offset += length
-            self._place_audio(out, prompt)
+            self._place_audio(out, prompt, eos_row)
         return outs
 
-    def _place_audio(self, out: torch.Tensor, prompt: Prompt) -> None:
+    def _place_audio(self, out: torch.Tensor, prompt: Prompt, eos_row: list[torch.Tensor]) -> None:
         # The positions are found on the host (the prompt's ids live there): on CUDA an upload
         # and two nonzero() per prompt waited for the GPU, three times per branch of every
         # request in a TEXT_ENCODE step. Rows go in by slices of consecutive positions.
@@ -115,10 +116,11 @@ class BreezeModel(nn.Module):
             assert prompt.ref_codes is not None
             _place_rows(out, audio_pos, self.audio_frame_embeds(prompt.ref_codes.to(out.device)))
         if eos_pos:
-            eos_frame = torch.full(
-                (1, self.cfg.num_codebooks), CODEBOOK_EOS_ID, dtype=torch.long, device=out.device
-            )
-            _place_rows(out, eos_pos, self.audio_frame_embeds(eos_frame))
+            if not eos_row:  # the same row for every prompt: 16 table rows summed once
+                eos_frame = torch.full((1, self.cfg.num_codebooks), CODEBOOK_EOS_ID,
+                                       dtype=torch.long, device=out.device)
+                eos_row.append(self.audio_frame_embeds(eos_frame))
+            _place_rows(out, eos_pos, eos_row[0])
 
     def first_code_logits(self, h_last: torch.Tensor) -> torch.Tensor:
         """fp32 backbone logits ``[R, 2052]`` (2051 = frame EOS) from final-normed ``h_last``."""
