@@ -103,6 +103,8 @@ class StageTimes:
                 raise SystemExit("sim.codec_ms: [base, per_frame, per_chunk]")
         for stage in (*points, Stage.CODEC):
             scale = float(switches.get(f"{stage.value}_scale", 1.0))
+            if scale <= 0:
+                raise SystemExit(f"sim.{stage.value}_scale: a factor above 0, not {scale}")
             if stage is Stage.CODEC:
                 codec = tuple(x * scale for x in codec)  # type: ignore[assignment]
             else:

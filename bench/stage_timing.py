@@ -23,10 +23,9 @@ import json
 import platform
 import time
 from datetime import datetime, timezone
+from pathlib import Path
 
 import torch
-
-from pathlib import Path
 
 from breezert.config import EngineConfig
 from breezert.constants import Stage

@@ -21,7 +21,8 @@ pytestmark = pytest.mark.gpu
 
 
 def _syncs(step) -> tuple[list[str], dict]:  # type: ignore[no-untyped-def]
-    """``step()``'s host syncs (file:line of each) under CUDA's sync debug mode, and its result."""
+    """``step()``'s host syncs (file:line of each) under CUDA's sync debug mode, and its result.
+    A lower bound: the mode reports synchronizing copies and stream syncs, not allocations."""
     torch.cuda.synchronize()
     torch.cuda.set_sync_debug_mode("warn")
     try:
@@ -31,6 +32,12 @@ def _syncs(step) -> tuple[list[str], dict]:  # type: ignore[no-untyped-def]
     finally:
         torch.cuda.set_sync_debug_mode(0)
     return [f"{w.filename}:{w.lineno}" for w in caught if "synchroniz" in str(w.message)], result
+
+
+def test_the_sync_counter_sees_a_read_back() -> None:
+    """The control: without it, a counter that saw nothing would pass every test below."""
+    syncs, _ = _syncs(lambda: torch.ones(1, device="cuda").item())
+    assert len(syncs) == 1 and syncs[0].startswith(__file__), syncs
 
 
 def test_prompt_assembly_waits_for_nothing() -> None:
@@ -72,7 +79,7 @@ def test_a_codec_training_step_syncs_once_for_its_figures() -> None:
     batch = (torch.randn(cfg.batch_size, cfg.crop_samples, device="cuda", generator=gen) * 0.1)
     trainer.train_step(batch)
     syncs, figures = _syncs(lambda: trainer.train_step(batch))
-    assert len(syncs) <= 1, syncs
+    assert len(syncs) == 1 and "codec_train.py" in syncs[0], syncs  # the figures' one copy
     assert set(figures) >= {"stft_sc", "stft_mag", "disc_hinge", "latent_mel", "codes_restarted"}
 
 
@@ -88,5 +95,5 @@ def test_an_lm_training_step_syncs_once_for_its_figures() -> None:
              for i in range(24)]
     trainer.train_step(batch)
     syncs, figures = _syncs(lambda: trainer.train_step(batch))
-    assert len(syncs) <= 1, syncs
+    assert len(syncs) == 1 and "lm_train.py" in syncs[0], syncs  # the figures' one copy
     assert set(figures) >= {"code0", "eos", "depth", "guided", "loss", "grad_norm"}

@@ -426,16 +426,39 @@ def test_bf16_autocast_trains_with_fp32_masters_and_close_losses(data_dir: Path)
     assert {"disc_hinge", "gen_hinge", "feature_match"} <= last.keys()  # the discriminator too
 
 
+class _CountReads(torch.overrides.TorchFunctionMode):
+    """Counts ``Tensor.item`` calls on ``watched`` tensors (each a GPU sync on CUDA)."""
+
+    def __init__(self, watched: list[torch.Tensor]) -> None:
+        super().__init__()
+        self.watched, self.count = {id(t) for t in watched}, 0
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+        if func is torch.Tensor.item and id(args[0]) in self.watched:
+            self.count += 1
+        return func(*args, **(kwargs or {}))
+
+
 def test_the_codebook_flag_is_read_again_after_every_write() -> None:
-    """``_is_initialized`` keeps the flag it read (no GPU sync per codebook and step) until the
-    flag is written: a fresh mark, a state-dict load, the first batch's initialisation."""
+    """``_is_initialized`` keeps the flag it read (no GPU sync per codebook and step): a step
+    after the first reads no flag back, the first step's own initialisation included; a fresh
+    mark, a state-dict load, an outside write or a new tensor are read again."""
     from breezert.models.codec_encoder import _Codebook
     from breezert.train.quantizer import _is_initialized, mark_codebooks_fresh_
 
     trainer = CodecTrainer(CFG)
-    book = next(m for m in trainer.encoder.modules() if isinstance(m, _Codebook))
-    assert _is_initialized(book) is False
-    trainer.train_step(torch.randn(CFG.batch_size, CFG.crop_samples) * 0.1)
+    books = [m for m in trainer.encoder.modules() if isinstance(m, _Codebook)]
+    book = books[0]
+    flags = [b.initialized for b in books]
+    wav = torch.randn(CFG.batch_size, CFG.crop_samples, generator=torch.Generator().manual_seed(0))
+    with _CountReads(flags) as first:
+        trainer.train_step(wav * 0.1)
+    with _CountReads(flags) as second:
+        trainer.train_step(wav * 0.1)
+    with _CountReads(flags) as control:
+        flags[0].item()
+    assert control.count == 1  # the counter sees a read
+    assert first.count == 0 and second.count == 0  # mark_codebooks_fresh_ noted the flags
     assert _is_initialized(book) is True and book.initialized.item() == 1.0
     mark_codebooks_fresh_(trainer.encoder)
     assert _is_initialized(book) is False
@@ -443,3 +466,5 @@ def test_the_codebook_flag_is_read_again_after_every_write() -> None:
     assert _is_initialized(book) is True
     book.initialized.zero_()
     assert _is_initialized(book) is False
+    book.initialized = torch.ones(1)
+    assert _is_initialized(book) is True

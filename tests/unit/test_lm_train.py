@@ -403,6 +403,10 @@ def test_the_codec_trains_over_several_calls_before_the_lm(tmp_path: Path) -> No
     assert load_checkpoint(tmp_path / "codec2").codec_encoder is not None
     with pytest.raises(SystemExit):
         pipeline_main(["--export-codec", str(tmp_path / "codec3")])  # no parts named
+    with pytest.raises(FileExistsError):  # never over an earlier export
+        pipeline_main(["--carry-in", str(tmp_path / "out2"), "--export-codec",
+                       str(tmp_path / "codec2")])
+    assert not (tmp_path / "placeholder-lm").exists()
 
 
 def test_the_pipeline_command_line_sets_the_plan(monkeypatch: pytest.MonkeyPatch) -> None:

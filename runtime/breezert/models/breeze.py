@@ -14,6 +14,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from breezert.constants import AUDIO_EOS_TOKEN_ID, AUDIO_TOKEN_ID, CODEBOOK_EOS_ID
+from breezert.host_copy import upload
 from breezert.layers.norms import GemmaRMSNorm, RMSNorm
 from breezert.models.backbone import Qwen3Backbone
 from breezert.models.config import BreezeConfig, ConfigError
@@ -80,7 +81,7 @@ class BreezeModel(nn.Module):
         if segments:
             device = self.text_encoder_proj.weight.device
             encoded = self.encode_text_segments(
-                torch.cat(segments).to(device), [int(s.shape[0]) for s in segments]
+                upload(torch.cat(segments), device), [int(s.shape[0]) for s in segments]
             )  # [N, D]
         return self.assemble_prompt_embeds(prompts, encoded)
 
@@ -92,35 +93,28 @@ class BreezeModel(nn.Module):
         weight = self.text_encoder_proj.weight
         outs = [torch.zeros(p.num_tokens, self.cfg.hidden_size, dtype=weight.dtype,
                             device=weight.device) for p in prompts]
+        # The positions of audio rows are found on the host (the prompts' ids live there): on
+        # CUDA an upload and two nonzero() per branch each waited for the GPU.
+        positions = [_audio_positions(p) for p in prompts]
+        eos_row = None  # the same row for every prompt: 16 table rows summed once per call
+        if any(eos for _, eos in positions):
+            eos_frame = torch.full((1, self.cfg.num_codebooks), CODEBOOK_EOS_ID,
+                                   dtype=torch.long, device=weight.device)
+            eos_row = self.audio_frame_embeds(eos_frame)
         offset = 0
-        eos_row: list[torch.Tensor] = []  # the audio end-of-speech row, made once per call
-        for out, prompt in zip(outs, prompts):
+        for out, prompt, (audio_pos, eos_pos) in zip(outs, prompts, positions):
             for start, length in prompt.text_spans:
                 assert encoded is not None
                 out[start : start + length] = encoded[offset : offset + length]
                 offset += length
-            self._place_audio(out, prompt, eos_row)
+            if audio_pos:
+                assert prompt.ref_codes is not None
+                frames = self.audio_frame_embeds(upload(prompt.ref_codes, out.device))
+                _place_rows(out, audio_pos, frames)
+            if eos_pos:
+                assert eos_row is not None
+                _place_rows(out, eos_pos, eos_row)
         return outs
-
-    def _place_audio(self, out: torch.Tensor, prompt: Prompt, eos_row: list[torch.Tensor]) -> None:
-        # The positions are found on the host (the prompt's ids live there): on CUDA an upload
-        # and two nonzero() per prompt waited for the GPU, three times per branch of every
-        # request in a TEXT_ENCODE step. Rows go in by slices of consecutive positions.
-        ids = prompt.input_ids.cpu()
-        audio_pos = (ids == AUDIO_TOKEN_ID).nonzero().flatten().tolist()
-        eos_pos = (ids == AUDIO_EOS_TOKEN_ID).nonzero().flatten().tolist()
-        num_ref = 0 if prompt.ref_codes is None else int(prompt.ref_codes.shape[0])
-        if len(audio_pos) != num_ref:
-            raise ValueError(f"prompt has {len(audio_pos)} AUDIO ids but {num_ref} ref frames")
-        if num_ref:
-            assert prompt.ref_codes is not None
-            _place_rows(out, audio_pos, self.audio_frame_embeds(prompt.ref_codes.to(out.device)))
-        if eos_pos:
-            if not eos_row:  # the same row for every prompt: 16 table rows summed once
-                eos_frame = torch.full((1, self.cfg.num_codebooks), CODEBOOK_EOS_ID,
-                                       dtype=torch.long, device=out.device)
-                eos_row.append(self.audio_frame_embeds(eos_frame))
-            _place_rows(out, eos_pos, eos_row[0])
 
     def first_code_logits(self, h_last: torch.Tensor) -> torch.Tensor:
         """fp32 backbone logits ``[R, 2052]`` (2051 = frame EOS) from final-normed ``h_last``."""
@@ -159,9 +153,25 @@ class BreezeModel(nn.Module):
         return sum(p.numel() for p in self.parameters())
 
 
+def _audio_positions(prompt: Prompt) -> tuple[list[int], list[int]]:
+    """Host positions of ``prompt``'s AUDIO rows (one per reference frame, checked) and of its
+    audio end-of-speech rows."""
+    ids = prompt.input_ids.cpu()
+    audio_pos = (ids == AUDIO_TOKEN_ID).nonzero().flatten().tolist()
+    eos_pos = (ids == AUDIO_EOS_TOKEN_ID).nonzero().flatten().tolist()
+    num_ref = 0 if prompt.ref_codes is None else int(prompt.ref_codes.shape[0])
+    if len(audio_pos) != num_ref:
+        raise ValueError(f"prompt has {len(audio_pos)} AUDIO ids but {num_ref} ref frames")
+    return audio_pos, eos_pos
+
+
 def _place_rows(out: torch.Tensor, positions: list[int], rows: torch.Tensor) -> None:
-    """``out[positions] = rows`` (``rows [len(positions), D]``, or ``[1, D]`` for every
-    position) as one slice copy per run of consecutive positions: no index upload."""
+    """``out[positions] = rows`` for ascending, non-negative ``positions`` (as ``nonzero``
+    gives them) and ``rows [len(positions), D]`` or ``[1, D]`` (one row for every position),
+    as one slice copy per run of consecutive positions: no index upload."""
+    if rows.shape[0] not in (1, len(positions)) or positions != sorted(positions) or (
+            positions and positions[0] < 0):
+        raise ValueError(f"{rows.shape[0]} rows for positions {positions}")
     i = 0
     while i < len(positions):
         j = i + 1

@@ -15,6 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from breezert.host_copy import upload
 from breezert.layers.attention import sdpa_gqa
 from breezert.layers.fused import GatedMLP, PackedQKV
 from breezert.layers.norms import GemmaRMSNorm
@@ -151,7 +152,7 @@ def segment_layout(
         raise ValueError(f"seg_lens {lens} do not split {num_tokens} tokens into segments")
     seg_ids = torch.repeat_interleave(torch.arange(len(lens)), torch.tensor(lens))
     positions = torch.cat([torch.arange(n) for n in lens])
-    return seg_ids.to(device), positions.to(device)
+    return upload(seg_ids, device), upload(positions, device)
 
 
 def sliding_block_mask(seg_ids: torch.Tensor, positions: torch.Tensor, window: int) -> torch.Tensor:

@@ -148,6 +148,7 @@ class CodecTrainConfig:
 
 
 def config_from_json(d: dict[str, Any]) -> CodecTrainConfig:
+    """The ``CodecTrainConfig`` that ``as_json`` wrote (a state file's or a snapshot's)."""
     d = dict(d)
     d["betas"] = tuple(d["betas"])
     d["vq"] = VQTrainConfig(**d["vq"])

@@ -21,7 +21,7 @@ from breezert.layers.rope import apply_rope
 from breezert.models.breeze import BreezeModel
 from breezert.models.depth import DepthDecoder
 from breezert.train.lm_data import Utterance
-from breezert.train.upload import upload
+from breezert.host_copy import upload
 
 
 @dataclass(frozen=True)
@@ -115,18 +115,21 @@ class ForwardOut:
     code0_logits: Tensor  # [sum(T + 1), 2052] fp32: frames 0..T-1, then the EOS row
     code0_targets: Tensor  # [sum(T + 1)]
     is_eos_row: Tensor  # [sum(T + 1)] bool
-    eos_rows: Tensor  # [B] long: where ``is_eos_row`` is set (an index: a mask reads back)
     depth_logits: Tensor  # [sum T, 15, vocab] fp32
     depth_targets: Tensor  # [sum T, 15]
     guided: Tensor  # scalar (0 when no layer is guided)
+    eos_rows: Tensor  # [B] long: where ``is_eos_row`` is set (an index: a mask reads back)
 
 
 def teacher_forced(model: BreezeModel, batch: Sequence[Utterance], guided_layers: Sequence[int],
                    sigma: float) -> ForwardOut:
     """Runs prompt + frames of every utterance through text encoder, backbone and depth."""
     device = model.lm_head.weight.device
-    # Every index is made on the host and uploaded before the forward is queued (a copy or a
-    # boolean mask in the middle of it waited for the GPU).
+    # Every index is made on the host and uploaded through pinned memory before the forward
+    # is queued (a pageable copy or a boolean mask in the middle of it waited for the GPU); the
+    # guided prior's lengths go the same way at its first layer (``_prior``).
+    if any(u.codes.device.type != "cpu" for u in batch):
+        raise ValueError("teacher_forced: utterance codes must be CPU tensors (uploaded here)")
     frame_lens = [int(u.codes.shape[0]) for u in batch]
     all_codes = upload(torch.cat([u.codes for u in batch]), device)  # [R, 16]
     text_rows = model.prompt_embeds_many([u.prompt for u in batch])  # B x [L, D]
@@ -161,8 +164,8 @@ def teacher_forced(model: BreezeModel, batch: Sequence[Utterance], guided_layers
         heads = depth.codebooks_head.weight.float()  # [15, d, vocab]
         depth_logits = torch.einsum("rjd,jdv->rjv", hd.float(), heads)
     guided = torch.stack(attn.guided_losses).mean() if attn.guided_losses else hidden.new_zeros(())
-    return ForwardOut(logits0, targets0, is_eos, eos_rows, depth_logits, all_codes[:, 1:],
-                      guided.float())
+    return ForwardOut(logits0, targets0, is_eos, depth_logits, all_codes[:, 1:], guided.float(),
+                      eos_rows)
 
 
 def losses(out: ForwardOut) -> dict[str, Tensor]:

@@ -195,15 +195,17 @@ def export_carried_codec(parts: str | Path, out: str | Path, scratch: str | Path
     ``tiny`` placeholder LM, so that ``asr_gate --codec`` and the codebook ablation can score a
     voice's codec between calls, on any machine. A finished codec: its export as carried. An
     unfinished one: its snapshot exported as the call that finishes it would (bf16; the
-    snapshot's weights are already bf16). Trains nothing; ``scratch`` receives the joined
-    parts."""
+    snapshot's weights are already bf16). Trains nothing; ``out`` must not exist or be empty;
+    ``scratch`` receives the joined parts."""
     from breezert.train.codec_train import CodecTrainer, config_from_json, export_checkpoint
 
     carry, out = Path(scratch) / "carry", Path(out)
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise FileExistsError(f"{out} exists and is not an empty folder")
     state_shards.join_dir(parts, carry, PARTS_PREFIX)
     if (carry / "codec").is_dir():
-        shutil.copytree(carry / "codec", out)
-        _restore_placeholder_lm(out)
+        _restore_placeholder_lm(carry / "codec")  # (its scratch folder beside it, in scratch)
+        shutil.copytree(carry / "codec", out, dirs_exist_ok=True)
         return out
     if not (carry / CODEC_SNAPSHOT).is_file():
         raise FileNotFoundError(f"{parts} carries neither a codec export nor {CODEC_SNAPSHOT}")

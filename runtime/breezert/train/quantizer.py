@@ -15,7 +15,7 @@ from torch import Tensor
 
 from breezert.models.codec import CodecDecoder
 from breezert.models.codec_encoder import CodecEncoder, _Codebook, _ResidualVectorQuantizer
-from breezert.train.upload import upload
+from breezert.host_copy import upload
 
 
 @dataclass(frozen=True)
@@ -59,19 +59,28 @@ def mark_codebooks_fresh_(encoder: CodecEncoder, fresh: bool = True) -> None:
     for module in encoder.modules():
         if isinstance(module, _Codebook):
             module.initialized.fill_(0.0 if fresh else 1.0)
+            _note_initialized(module, not fresh)
 
 
 def _is_initialized(book: _Codebook) -> bool:
-    """``book.initialized`` as a bool, read from the device only when the flag was written
-    since the last read (its version counter moved: ``fill_``, a state-dict load): one GPU sync
-    per codebook per step, 16 in all, stalled the training step's queue on CUDA."""
+    """``book.initialized`` as a bool, read from the device only when that tensor was written
+    since the last read: one GPU sync per codebook per step, 16 in all, stalled the training
+    step's queue on CUDA. Kept as (the tensor's identity, its version counter, the value), so
+    an in-place write (``fill_``, a state-dict load) or a new tensor reads it again; this
+    module's own writes record what they wrote (``_note_initialized``)."""
     flag = book.initialized
     seen = getattr(book, "_initialized_seen", None)
-    if seen is not None and seen[0] == flag._version:
-        return seen[1]
+    if not flag.is_inference() and seen is not None and seen[:2] == (id(flag), flag._version):
+        return seen[2]
     value = bool(flag.item())
-    book._initialized_seen = (flag._version, value)
+    _note_initialized(book, value)
     return value
+
+
+def _note_initialized(book: _Codebook, value: bool) -> None:
+    flag = book.initialized
+    if not flag.is_inference():  # (inference tensors keep no version counter)
+        book._initialized_seen = (id(flag), flag._version, value)
 
 
 @torch.no_grad()
@@ -86,6 +95,7 @@ def _init_from_data_(book: _Codebook, x: Tensor, gen: torch.Generator) -> None:
     book.embed_sum.copy_(x[pick] + noise)
     book.cluster_usage.fill_(1.0)
     book.initialized.fill_(1.0)
+    _note_initialized(book, True)
 
 
 @torch.no_grad()

@@ -19,6 +19,8 @@ from collections.abc import Sequence
 
 import torch
 
+from breezert.host_copy import upload
+
 _ASYNC = False
 
 
@@ -36,7 +38,7 @@ def to_device(tensor: torch.Tensor, device: torch.device,
     ``tensor.to(device, non_blocking=non_blocking)``."""
     if not _ASYNC or device.type != "cuda" or tensor.device.type != "cpu":
         return tensor.to(device, non_blocking=non_blocking)
-    return tensor.pin_memory().to(device, non_blocking=True)
+    return upload(tensor, device)
 
 
 def tensor_to_device(values: Sequence | torch.Tensor, device: torch.device,
