@@ -1,7 +1,7 @@
 """The import graph of ``breezert`` and ``breezert_agent`` points one way (issue #12).
 
 plugin -> runtime -> (sched | worker -> stages -> models -> layers/kernels), with the leaf
-modules ``errors`` and ``constants`` at the bottom. Every module is parsed (AST; nothing is
+modules ``errors``, ``constants`` and ``host_copy`` at the bottom. Every module is parsed (AST; nothing is
 imported) and every import statement counts: module level, function-local and
 ``if TYPE_CHECKING:`` alike, relative ones resolved. Asserts: no cycle, the runtime never imports
 the plugin, and the layer rules below.
@@ -48,7 +48,7 @@ LAYER_RULES: tuple[tuple[str, tuple[str, ...]], ...] = (
         "breezert.cli", "breezert_agent",
     )),
 )
-LEAF_MODULES = ("breezert.errors", "breezert.constants")
+LEAF_MODULES = ("breezert.errors", "breezert.constants", "breezert.host_copy")
 """They may import no ``breezert`` module but ``breezert.errors``."""
 
 
