@@ -17,11 +17,11 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from breezert.constants import FRAME_EOS_ID
+from breezert.host_copy import upload
 from breezert.layers.rope import apply_rope
 from breezert.models.breeze import BreezeModel
 from breezert.models.depth import DepthDecoder
 from breezert.train.lm_data import Utterance
-from breezert.host_copy import upload
 
 
 @dataclass(frozen=True)

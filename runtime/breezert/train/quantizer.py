@@ -13,9 +13,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from breezert.host_copy import upload
 from breezert.models.codec import CodecDecoder
 from breezert.models.codec_encoder import CodecEncoder, _Codebook, _ResidualVectorQuantizer
-from breezert.host_copy import upload
 
 
 @dataclass(frozen=True)
