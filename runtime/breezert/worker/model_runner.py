@@ -130,7 +130,7 @@ class ModelRunner:
                 model,
                 runner("text_encode", text_encode_fn(
                     model, graph.compile_text_encoder, graph.fused_text_encoder, graph.pdl,
-                    graph.fused_text_encoder_max_tokens)),
+                    fused_max_tokens=graph.fused_text_encoder_max_tokens)),
                 graph.text_encode_buckets,
             ),
             Stage.PREFILL: PrefillStage(
