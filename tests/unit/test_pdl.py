@@ -94,8 +94,8 @@ def test_pdl_chains_depth_and_text_encoder_and_pdl_decode_the_decode_step(
 
     seen: dict[str, set[bool]] = {}
     for name in ("decode_fn", "depth_fn", "text_encode_fn"):
-        def spy(*args, _real=getattr(model_runner, name), _name=name,  # type: ignore[no-untyped-def]
-                **kwargs):
+        def spy(*args, _real=getattr(model_runner, name),  # type: ignore[no-untyped-def]
+                _name=name, **kwargs):
             seen.setdefault(_name, set()).add(args[-1])  # each one's last positional: its pdl
             return _real(*args[:-1], False, **kwargs)  # a CPU build: no fused kernels anyway
         monkeypatch.setattr(model_runner, name, spy)
