@@ -65,12 +65,13 @@ def mark_codebooks_fresh_(encoder: CodecEncoder, fresh: bool = True) -> None:
 def _is_initialized(book: _Codebook) -> bool:
     """``book.initialized`` as a bool, read from the device only when that tensor was written
     since the last read: one GPU sync per codebook per step, 16 in all, stalled the training
-    step's queue on CUDA. Kept as (the tensor's identity, its version counter, the value), so
-    an in-place write (``fill_``, a state-dict load) or a new tensor reads it again; this
-    module's own writes record what they wrote (``_note_initialized``)."""
+    step's queue on CUDA. Kept as (the tensor itself, its version counter, the value), so an
+    in-place write (``fill_``, a state-dict load) or a new tensor reads it again; this module's
+    own writes record what they wrote (``_note_initialized``)."""
     flag = book.initialized
     seen = getattr(book, "_initialized_seen", None)
-    if not flag.is_inference() and seen is not None and seen[:2] == (id(flag), flag._version):
+    if (not flag.is_inference() and seen is not None and seen[0] is flag
+            and seen[1] == flag._version):
         return seen[2]
     value = bool(flag.item())
     _note_initialized(book, value)
@@ -80,7 +81,7 @@ def _is_initialized(book: _Codebook) -> bool:
 def _note_initialized(book: _Codebook, value: bool) -> None:
     flag = book.initialized
     if not flag.is_inference():  # (inference tensors keep no version counter)
-        book._initialized_seen = (id(flag), flag._version, value)
+        book._initialized_seen = (flag, flag._version, value)  # the tensor: an id can recur
 
 
 @torch.no_grad()
