@@ -96,9 +96,9 @@ class Engine:
         self._lock = threading.RLock()
         self._pending: list[EngineOutput] = []  # outcomes produced outside step()
         self.last_step_ran = False
+        """Whether the last ``step`` ran a plan (False: nothing was runnable)."""
         self.last_plan: StepPlan | None = None
         """The last plan run (dumped when the engine loop dies)."""
-        """Whether the last ``step`` ran a plan (False: nothing was runnable)."""
         self._max_seq_len = min(config.scheduler.max_model_len, self.checkpoint.config.max_seq_len)
 
     # ----------------------------------------------------------------- requests
@@ -234,14 +234,15 @@ class Engine:
         with self._lock:
             result = StepResult(plan.step_id, out.first_codes, out.failed)
             events = self.scheduler.commit(plan, result, end)
-            self._record_step(plan, end - start)
+            self._record_step(plan, start, end)
             return self._drain_pending() + self._outputs(plan, out, events, end)
 
     # ------------------------------------------------------------------ helpers
-    def _record_step(self, plan: StepPlan, duration_s: float) -> None:
-        self.metrics.record_step(plan.stage.value, plan.num_rows, duration_s)
+    def _record_step(self, plan: StepPlan, start: float, end: float) -> None:
+        self.metrics.record_step(plan.stage.value, plan.num_rows, end - start,
+                                 plan.request_ids, start)
         if self.predictor is not None:
-            self.predictor.observe_step(plan.stage, plan.num_rows, duration_s)
+            self.predictor.observe_step(plan.stage, plan.num_rows, end - start)
 
     def _outputs(
         self, plan: StepPlan, out: StageOutput, events: list[SchedulerEvent], now: float

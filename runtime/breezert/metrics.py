@@ -18,6 +18,21 @@ import numpy as np
 from breezert.constants import FRAME_S
 from breezert.sched.scheduler import ChunkEmitted, RequestFinished, SchedulerEvent
 
+STEP_LOG = 1 << 16
+"""Steps the log keeps (minutes of steps at 64 streams); older ones fall out."""
+
+
+@dataclass(frozen=True, slots=True)
+class StepRecord:
+    """One step the worker ran: its stage, the requests it carried, when it ran (engine
+    clock, seconds)."""
+
+    stage: str
+    request_ids: frozenset[str]
+    start: float
+    end: float
+
+
 # Histogram bucket upper bounds for TTFB, seconds (Prometheus ``le`` labels).
 TTFB_BUCKETS_S = (0.01, 0.02, 0.03, 0.04, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 1.0, 2.0, 5.0)
 _WINDOW = 2048  # recent samples kept per series for quantiles
@@ -55,15 +70,22 @@ class EngineMetrics:
         self.rtf = _Series()
         self.ttfb_buckets = [0] * (len(TTFB_BUCKETS_S) + 1)
         self.counters: dict[str, int] = {}
+        self.steps: deque[StepRecord] = deque(maxlen=STEP_LOG)
+        """The latest steps in order (``bench/first_packet.py`` reads them; not exported)."""
         self.num_finished = 0
         """Requests that reached a terminal status (``active_requests`` = added - this)."""
 
     def incr(self, name: str, value: int = 1) -> None:
         self.counters[name] = self.counters.get(name, 0) + value
 
-    def record_step(self, stage: str, num_rows: int, duration_s: float) -> None:
+    def record_step(self, stage: str, num_rows: int, duration_s: float,
+                    request_ids: Iterable[str] = (), start: float | None = None) -> None:
+        """A step's time and rows; with ``start`` (engine clock) it also enters the step log."""
         self.step_s.setdefault(stage, _Series()).add(duration_s)
         self.batch_rows.setdefault(stage, _Series()).add(float(num_rows))
+        if start is not None:
+            self.steps.append(StepRecord(stage, frozenset(request_ids), start,
+                                         start + duration_s))
 
     def request_added(self) -> None:
         self.incr("requests_added")

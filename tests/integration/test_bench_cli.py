@@ -81,6 +81,15 @@ def test_bench_writes_json_png_and_table(bench_run: tuple[Path, float]) -> None:
         assert {"decode", "depth", "codec"} <= set(run["engine_metrics"]["stages"])
         assert run["engine_metrics"]["counters"]["requests_finished"] == 4
         assert run["frame_step_s_p50"] > 0
+        # every first packet's time by part: its own steps by stage, others', host; the
+        # means add up to the mean TTFB (the run's summary keeps microseconds)
+        path = run["first_packet_path"]
+        assert path["num_requests"] == 4
+        own = {k for k in path if k.startswith("own_")}
+        assert {"own_text_encode_ms", "own_prefill_ms", "own_depth_ms", "own_codec_ms"} <= own
+        total_ms = sum(v["mean"] for k, v in path.items() if k.endswith("_ms"))
+        assert total_ms == pytest.approx(run["ttfb_s"]["mean"] * 1000, abs=0.01)
+        assert path["host_ms"]["mean"] >= 0
     naive = doc["runs"][2]
     # the naive baseline hands over the whole utterance at once: TTFB = the synthesis time
     assert all(r["num_chunks"] == 1 for r in naive["requests"])

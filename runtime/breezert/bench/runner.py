@@ -247,7 +247,25 @@ async def _engine_load_point(options: BenchOptions, variant: Variant, async_engi
     run = _run_record(variant, load, results, options, snapshot, gpu.peak_bytes(),
                       truncated=len(results) < len(items))
     run["warmup_s"] = warmup_s
+    run["first_packet_path"] = _first_packet_path(async_engine.engine.metrics, results)
     return run
+
+
+def _first_packet_path(metrics: Any, results: list[RequestResult]) -> dict[str, Any]:
+    """Where the run's first packets spent their time (``bench/first_packet.py``)."""
+    from breezert.bench.first_packet import FirstPacket, first_packet_paths
+
+    for _ in range(5):  # the engine is idle now; a last step may still be being logged
+        try:
+            steps = list(metrics.steps)
+            break
+        except RuntimeError:  # deque mutated during iteration
+            continue
+    else:
+        return {}
+    firsts = [FirstPacket(r.request_id, r.submit_time, r.chunk_times[0])
+              for r in results if r.is_ok]
+    return first_packet_paths(steps, firsts)
 
 
 async def _warm_up(target: Any, texts: list[str], load: LoadPoint, options: BenchOptions,
@@ -323,6 +341,12 @@ def _log_run(run: dict[str, Any]) -> None:
     log(f"{run['variant']} {run['load']['label']}: {run['num_ok']}/{run['num_requests']} ok, "
          f"TTFB p50 {p50} ms p95 {p95} ms, underruns {run['underrun_requests']}, "
          f"wall {run['wall_s']:.1f} s")
+    path = run.get("first_packet_path") or {}
+    parts = {k[: -len("_ms")]: v for k, v in path.items() if k.endswith("_ms")}
+    if parts:
+        log(f"{run['variant']} {run['load']['label']} first packet, mean ms: "
+            + ", ".join(f"{name.removeprefix('own_')} {v['mean']:.1f}"
+                        for name, v in parts.items()))
 
 
 # ------------------------------------------------------------------------------ load generation

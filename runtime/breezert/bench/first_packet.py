@@ -1,0 +1,68 @@
+"""Where each request's first packet spends its time: its own steps by stage, other requests'
+steps it waited behind, and the host time in between.
+
+Owns: ``first_packet_paths`` over the engine's step log (``EngineMetrics.steps``) and the
+requests' submit and first-chunk times, and its summary. For request r submitted at ``s``,
+whose first chunk left the engine at ``c`` (the end of the CODEC step that made it):
+
+- ``own_<stage>``: time in steps of that stage that carried r, between s and c;
+- ``others``: time in steps between s and c that did not carry r (it waited behind them);
+- ``host``: the rest of ``c - s`` (scheduling, committing, input preparation outside steps,
+  and the engine loop between steps); the parts sum to the TTFB exactly.
+
+A step that began before s counts from s (a request submitted mid-step waits for its end).
+Must not: run anything or read the clock; it reads what a run recorded.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from breezert.metrics import StepRecord
+
+
+@dataclass(frozen=True, slots=True)
+class FirstPacket:
+    """One request: when it was submitted and when its first chunk left the engine."""
+
+    request_id: str
+    submit_time: float
+    first_chunk_time: float
+
+
+def first_packet_path(steps: Sequence[StepRecord], request: FirstPacket) -> dict[str, float]:
+    """Seconds of ``request``'s TTFB by part (``own_<stage>``, ``others``, ``host``)."""
+    s, c = request.submit_time, request.first_chunk_time
+    parts: dict[str, float] = {}
+    busy = 0.0
+    for step in steps:
+        if step.end <= s or step.start >= c:
+            continue
+        length = min(step.end, c) - max(step.start, s)
+        key = f"own_{step.stage}" if request.request_id in step.request_ids else "others"
+        parts[key] = parts.get(key, 0.0) + length
+        busy += length
+    parts["host"] = (c - s) - busy
+    return parts
+
+
+def first_packet_paths(steps: Iterable[StepRecord],
+                       requests: Iterable[FirstPacket]) -> dict[str, Any]:
+    """Per part: p50 / p95 / mean milliseconds over ``requests`` (a part a request lacks counts
+    as 0 for it), and how many requests; empty without requests or steps."""
+    log = sorted(steps, key=lambda step: step.start)
+    paths = [first_packet_path(log, r) for r in requests]
+    if not paths or not log:
+        return {}
+    names = sorted({name for path in paths for name in path})
+    summary: dict[str, Any] = {"num_requests": len(paths)}
+    for name in names:
+        values = np.array([path.get(name, 0.0) for path in paths]) * 1000
+        summary[f"{name}_ms"] = {"p50": float(np.percentile(values, 50)),
+                                 "p95": float(np.percentile(values, 95)),
+                                 "mean": float(values.mean())}
+    return summary

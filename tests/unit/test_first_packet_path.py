@@ -1,0 +1,55 @@
+"""The first-packet breakdown (``breezert.bench.first_packet``) on a hand-made step log."""
+
+from __future__ import annotations
+
+import pytest
+
+from breezert.bench.first_packet import FirstPacket, first_packet_path, first_packet_paths
+from breezert.metrics import EngineMetrics, StepRecord
+
+pytestmark = pytest.mark.unit
+
+
+def _step(stage: str, ids: set[str], start: float, end: float) -> StepRecord:
+    return StepRecord(stage, frozenset(ids), start, end)
+
+
+LOG = [
+    _step("depth", {"b"}, 0.0, 0.010),  # in flight when "a" arrives at 0.004
+    _step("text_encode", {"a"}, 0.011, 0.013),
+    _step("prefill", {"a", "b"}, 0.0135, 0.014),
+    _step("codec", {"b"}, 0.015, 0.018),  # "a" waits behind it
+    _step("depth", {"a", "b"}, 0.018, 0.026),
+    _step("codec", {"a"}, 0.027, 0.029),
+    _step("decode", {"a"}, 0.030, 0.032),  # after the first packet: not on its path
+]
+
+
+def test_parts_are_own_steps_by_stage_others_and_host_summing_to_the_ttfb() -> None:
+    parts = first_packet_path(LOG, FirstPacket("a", 0.004, 0.029))
+    assert parts == pytest.approx({
+        "others": 0.006 + 0.003,  # the rest of b's DEPTH step from 0.004, b's CODEC
+        "own_text_encode": 0.002, "own_prefill": 0.0005, "own_depth": 0.008,
+        "own_codec": 0.002, "host": 0.025 - 0.0215,
+    })
+    assert sum(parts.values()) == pytest.approx(0.029 - 0.004)
+
+
+def test_summary_over_requests_in_milliseconds_with_missing_parts_as_zero() -> None:
+    summary = first_packet_paths(LOG, [FirstPacket("a", 0.004, 0.029),
+                                       FirstPacket("b", 0.0, 0.018)])
+    assert summary["num_requests"] == 2
+    assert summary["own_text_encode_ms"]["mean"] == pytest.approx(1.0)  # b: 0, a: 2 ms
+    assert summary["own_codec_ms"]["p50"] == pytest.approx(2.5)  # b 3 ms, a 2 ms
+    means = sum(v["mean"] for k, v in summary.items() if k.endswith("_ms"))
+    assert means == pytest.approx(1000 * ((0.029 - 0.004) + 0.018) / 2)
+    assert first_packet_paths([], [FirstPacket("a", 0.0, 1.0)]) == {}
+
+
+def test_the_engine_metrics_log_steps_with_their_requests() -> None:
+    metrics = EngineMetrics()
+    metrics.record_step("depth", 2, 0.005, ("a", "b", "a"), start=1.0)
+    metrics.record_step("codec", 1, 0.002)  # no start: timed, not logged
+    assert list(metrics.steps) == [_step("depth", {"a", "b"}, 1.0, 1.005)]
+    assert metrics.snapshot()["stages"]["codec"]["step_s"]["count"] == 1
+    assert "steps" not in metrics.snapshot()  # the log is not exported
