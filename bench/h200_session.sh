@@ -12,7 +12,7 @@
 #        first-packet-bench | chain P1 P2...  | decode | decode-micro | decode-bench | tune | profile | stages |
 #        ablation-eager | ablation-a|b|c|d[@I/N] | sweep | sweep+ablation | latency | latency-te |
 #        latency-nocap | predictor | predictor-edf | capacity-closed | capacity-open |
-#        slot-state | burst | slack | voice | te-tokens | admit | depth-fuse
+#        slot-state | burst | slack | voice | te-tokens | admit | depth-fuse | path
 # An ablation phase with @I/N runs shard I of N of its requests (bench --shard).
 # Several GPUs (kind nvidia-h200-x4): "parallel GPU=PHASE[+PHASE...] ..." runs each list on its own
 # GPU at once, e.g. parallel 0=ablation-a@1/2 1=ablation-a@2/2 2=tests+ablation-d; the results
@@ -286,6 +286,19 @@ print(';'.join(f'graph.depth_{s}=true' for s in ('prefetch', 'attn_in_oproj') if
     timeout 330 "${bench[@]}" --concurrency "${CONCURRENCY:-1,16,32}" --num-requests 300 \
       --warmup 16 --run-budget 22 "${variants[@]}" \
       --out "$out/h200-depth-fuse-bench.json" 2>&1 | grep '^\[bench' ;;
+  path)  # issues 13/14: the profile as committed (fused text encoder up to 512 tokens since
+    # 3 Dec) at c=1-64 with each first packet's time by part (own steps by stage, others', host:
+    # first_packet_path), 32 new requests per step at c=32 and 64, then the census of one
+    # depth frame at 1 row with PDL and the fused sampler (where its 6.3 ms of layers go)
+    timeout 200 "${bench[@]}" --concurrency "${CONCURRENCY:-1,16,32,64}" --num-requests 300 \
+      --warmup 16 --run-budget 25 --variant 'profile=config' \
+      --out "$out/h200-path.json" 2>&1 | grep '^\[bench' || true
+    timeout 130 "${bench[@]}" --concurrency 32,64 --num-requests 300 --warmup 16 --run-budget 25 \
+      --variant 'admit32=config;scheduler.max_text_encode_requests=32;scheduler.max_prefill_requests=32;scheduler.max_startup_codec_step_frames=64' \
+      --out "$out/h200-path-admit32.json" 2>&1 | grep '^\[bench' || true
+    timeout 80 python3 bench/profile_stages.py --batch 1 --fused --fused-decode --compile \
+      --fused-sampling --pdl --top 12 2>&1 | grep -v Warn | tee "$out/h200-profile-depth-1.log" \
+      | grep -A13 DEPTH || true ;;
   admit)  # issue 13: 32 new requests per TEXT_ENCODE / PREFILL step with first-chunk CODEC steps
     # of up to 64 frames, against the profile (16 / 16 frames); the simulator (3 Dec,
     # sim-what-if-20261203.json) puts c=32 p95 89 -> 48 ms and c=64 222 -> 180 ms, 0 underruns

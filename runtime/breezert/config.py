@@ -224,11 +224,14 @@ class GraphConfig(_Frozen):
     depth_prefetch: bool = False
     """With ``fused_depth``: each depth kernel's program asks for its weight slice in L2 before
     its programmatic-dependent wait (``kernels/gemm.Tiles.prefetch``), so with ``pdl`` the
-    weights stream in while the kernel before runs. Same bits. Off until an H200 run shows it."""
+    weights stream in while the kernel before runs. Same bits. Off: slower on the H200 (3 Dec,
+    layer frame with PDL 6.29 -> 7.65 ms at 1 row, 6.60 -> 7.78 at 16, 8.75 -> 9.71 at 64)."""
     depth_attn_in_oproj: bool = False
     """With ``fused_depth``: the depth layers' short-cache attention runs inside the o_proj
     kernel (``kernels/gemm.Tiles.attn_in_oproj``): 4 launches per layer and step instead of 5;
-    values within bf16 rounding of the separate kernel. Off until an H200 run shows it."""
+    values within bf16 rounding of the separate kernel. Off: much slower on the H200 (3 Dec,
+    layer frame 6.29 -> 12.46 ms at 1 row, 6.60 -> 12.90 at 16, 8.75 -> 26.22 at 64: every
+    o_proj program recomputes its heads' attention)."""
     pdl_decode: bool = False
     """The same for the fused DECODE step's kernels. Off: on the H200 its graph was slower
     with it at every row count (2.25 -> 2.94 ms at 1 row, 2.65 -> 3.30 at 16, 6.08 -> 6.91 at
@@ -251,9 +254,9 @@ class GraphConfig(_Frozen):
     fused_text_encoder_max_tokens: int = Field(default=128, ge=1, le=4096)
     """With ``fused_text_encoder``: the longest packed batch the fused layers take (their GEMMs
     read each weight once per 64 rows; longer batches run the eager encoder). A burst of 16
-    sentences packs ~370 tokens (bucket 512), past 128: the eager graph, ~9 ms a step on the
-    H200 in the engine's burst steps; phase ``te-tokens`` of ``bench/h200_session.sh`` times
-    the fused layers at 256-1024 tokens against it (unmeasured: 128 until then)."""
+    sentences packs ~370 tokens (bucket 512). H200 graph replays (3 Dec, te-tokens): fused
+    3.31 / 5.62 / 12.40 ms at 256 / 512 / 1024 tokens, eager 5.78 / 7.38 / 12.58; 512 in
+    ``configs/h200-latency.toml`` (c=16 TTFB p95 33 -> 32 ms, c=32 92 -> 84 in one run)."""
     decode_batch_buckets: tuple[int, ...] = (1, 2, 4, 8, 16, 32)
     """DECODE batch sizes in rows (CFG branches count)."""
     decode_context_buckets: tuple[int, ...] = (256, 512, 1024, 2048)
