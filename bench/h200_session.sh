@@ -12,7 +12,7 @@
 #        first-packet-bench | chain P1 P2...  | decode | decode-micro | decode-bench | tune | profile | stages |
 #        ablation-eager | ablation-a|b|c|d[@I/N] | sweep | sweep+ablation | latency | latency-te |
 #        latency-nocap | predictor | predictor-edf | capacity-closed | capacity-open |
-#        slot-state | burst | slack | voice | te-tokens | admit | depth-fuse | path
+#        slot-state | burst | slack | voice | te-tokens | admit | path
 # An ablation phase with @I/N runs shard I of N of its requests (bench --shard).
 # Several GPUs (kind nvidia-h200-x4): "parallel GPU=PHASE[+PHASE...] ..." runs each list on its own
 # GPU at once, e.g. parallel 0=ablation-a@1/2 1=ablation-a@2/2 2=tests+ablation-d; the results
@@ -263,29 +263,6 @@ case "$phase" in
         --fused-codec --codec-frames 1 --top 12 2>&1 | grep -v Warn \
         | tee -a "$out/h200-profile-fused-codec.log" | grep -A13 CODEC || true
     done ;;
-  depth-fuse)  # issue 14: the depth layers' L2 weight prefetch ahead of the PDL wait and the
-    # attention inside o_proj (graph.depth_prefetch / depth_attn_in_oproj): their GPU tests,
-    # the layer frame at 1/16/64 rows with each, then the engine at c=1, 16, 32: the profile,
-    # the fused text encoder up to 512 tokens (te-tokens, 3 Dec: 5.6 against 7.3 ms at 512),
-    # and that plus the depth switches that won at 16 rows (only if their tests passed)
-    timeout 150 python3 -m pytest tests/gpu/test_gpu_fused_depth.py -k "prefetch or attention" \
-      -q -p no:cacheprovider 2>&1 | tee "$out/gpu_tests_depth_fuse.log" | tail -3 || true
-    timeout 120 python3 bench/tune_fused_depth.py --rows '' --check-rows 1,16,64 \
-      --variants by_rows_pdl,by_rows_pdl_prefetch,by_rows_pdl_attn_in_oproj,by_rows_pdl_prefetch_attn_in_oproj \
-      --out "$out/h200-depth-fuse.json" 2>&1 | grep -v Warn | tail -4 || true
-    te='graph.fused_text_encoder_max_tokens=512'
-    variants=(--variant 'profile=config' --variant "te512=config;$te")
-    if grep -q ' passed' "$out/gpu_tests_depth_fuse.log" \
-        && ! grep -qE 'failed|error' "$out/gpu_tests_depth_fuse.log"; then
-      switches=$(python3 -c "
-import json; ms = json.load(open('$out/h200-depth-fuse.json'))['frame_ms_by_rows']['16']
-best = min(ms, key=ms.get)
-print(';'.join(f'graph.depth_{s}=true' for s in ('prefetch', 'attn_in_oproj') if s in best))")
-      [ -z "$switches" ] || variants+=(--variant "te512-depth=config;$te;$switches")
-    fi
-    timeout 330 "${bench[@]}" --concurrency "${CONCURRENCY:-1,16,32}" --num-requests 300 \
-      --warmup 16 --run-budget 22 "${variants[@]}" \
-      --out "$out/h200-depth-fuse-bench.json" 2>&1 | grep '^\[bench' ;;
   path)  # issues 13/14: the profile as committed (fused text encoder up to 512 tokens since
     # 3 Dec) at c=1-64 with each first packet's time by part (own steps by stage, others', host:
     # first_packet_path), 32 new requests per step at c=32 and 64, then the census of one

@@ -7,10 +7,9 @@ sweep of coordinate descent from ``Tiles()``, times one frame of layer steps (16
 sampling) captured in a CUDA graph for each candidate, starting from the bucket's entry in
 ``TILES_BY_ROWS``. Prints the best shapes per row count and the frame time, then times plain
 PyTorch layers, one shape for all rows (``Tiles()``), the per-bucket table without and with
-programmatic dependent launch (``graph.pdl``), with PDL and the L2 weight prefetch and / or the
-attention inside o_proj (``graph.depth_prefetch``, ``graph.depth_attn_in_oproj``), optionally
-the q/k/v GEMM split along K (``--variants``), and each best at every ``--check-rows`` count in
-one process (``--rows ''`` skips the tuning); ``TILES_BY_ROWS`` in kernels/fused_depth.py
+programmatic dependent launch (``graph.pdl``) and with the q/k/v GEMM split along K
+(``qkv_split_k`` 2 and 4, each without and with PDL), and each best at every ``--check-rows``
+count in one process (``--rows ''`` skips the tuning); ``TILES_BY_ROWS`` in kernels/fused_depth.py
 comes from this.
 """
 
@@ -112,38 +111,12 @@ def tune(depth: DepthDecoder, rows: int, base: Tiles,
     return best, best_ms, log
 
 
-def _split_qkv(split: int, pdl: bool):  # type: ignore[no-untyped-def]
-    table = tuple((limit, dataclasses.replace(t, qkv_split_k=split)) for limit, t in TILES_BY_ROWS)
-    return lambda depth, rows: FusedDepthLayers(depth, rows, table, pdl=pdl)
-
-
-CHECKS = {
-    "plain_layers": lambda depth, rows: depth.run_layers,
-    "one_shape": lambda depth, rows: FusedDepthLayers(depth, rows, Tiles()),
-    "by_rows": lambda depth, rows: FusedDepthLayers(depth, rows),
-    "by_rows_pdl": lambda depth, rows: FusedDepthLayers(depth, rows, pdl=True),
-    "by_rows_pdl_prefetch": lambda depth, rows: FusedDepthLayers(depth, rows, pdl=True,
-                                                                 prefetch=True),
-    "by_rows_pdl_attn_in_oproj": lambda depth, rows: FusedDepthLayers(
-        depth, rows, pdl=True, attn_in_oproj=True),
-    "by_rows_pdl_prefetch_attn_in_oproj": lambda depth, rows: FusedDepthLayers(
-        depth, rows, pdl=True, prefetch=True, attn_in_oproj=True),
-    **{f"by_rows_qkv_split{split}{'_pdl' if pdl else ''}": _split_qkv(split, pdl)
-       for split in (2, 4) for pdl in (False, True)},
-}
-"""What ``--check-rows`` times: depth layer modules by name (``depth, rows -> run_layers``)."""
-DEFAULT_CHECKS = ("plain_layers,one_shape,by_rows,by_rows_pdl,by_rows_pdl_prefetch,"
-                  "by_rows_pdl_attn_in_oproj,by_rows_pdl_prefetch_attn_in_oproj")
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--rows", default="32", help="row counts to tune at, in order")
     parser.add_argument("--check-rows", default="1,16,64", help="rows to compare best/default")
     parser.add_argument("--budget-s", type=float, default=1e9,
                         help="seconds of tuning per row count (then the best so far)")
-    parser.add_argument("--variants", default=DEFAULT_CHECKS,
-                        help=f"what --check-rows times, from {','.join(CHECKS)}")
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
     depth = build_depth()
@@ -155,13 +128,20 @@ def main() -> None:
         best_by_rows[rows] = (base, best_ms)
         log += [{**entry, "rows": rows} for entry in tried]
     rows_ms = {}
-    chosen = args.variants.split(",")
-    if unknown := set(chosen) - set(CHECKS):
-        parser.error(f"unknown variants {sorted(unknown)}; choose from {', '.join(CHECKS)}")
     with torch.inference_mode():
         for rows in (int(r) for r in args.check_rows.split(",")):
-            rows_ms[rows] = {name: frame_ms(depth, CHECKS[name](depth, rows), rows)
-                             for name in chosen}
+            rows_ms[rows] = {
+                "plain_layers": frame_ms(depth, depth.run_layers, rows),
+                "one_shape": frame_ms(depth, FusedDepthLayers(depth, rows, Tiles()), rows),
+                "by_rows": frame_ms(depth, FusedDepthLayers(depth, rows), rows),
+                "by_rows_pdl": frame_ms(depth, FusedDepthLayers(depth, rows, pdl=True), rows),
+            }
+            for split in (2, 4):  # the q/k/v GEMM split along K in every bucket
+                table = tuple((limit, dataclasses.replace(t, qkv_split_k=split))
+                              for limit, t in TILES_BY_ROWS)
+                for pdl in (False, True):
+                    rows_ms[rows][f"by_rows_qkv_split{split}{'_pdl' if pdl else ''}"] = frame_ms(
+                        depth, FusedDepthLayers(depth, rows, table, pdl=pdl), rows)
             for tuned, (tiles, _) in best_by_rows.items():
                 rows_ms[rows][f"best_at_{tuned}"] = frame_ms(
                     depth, FusedDepthLayers(depth, rows, tiles), rows)

@@ -57,7 +57,6 @@ class Built:
     num_warps: int
     num_stages: int
     shape: str = ""  # the kernel's integer constexprs, e.g. "BM=16 BN=32 BK=256"
-    l2_prefetches: int = 0  # cp.async.bulk.prefetch.L2 instructions in its PTX (Tiles.prefetch)
 
     @property
     def blocks_per_sm(self) -> int:
@@ -149,8 +148,7 @@ def resources(kernel: object, variant: str) -> Built:
                      if len(path) == 1 and type(value) is int
                      and src.fn.arg_names[path[0]].isupper())
     return Built(meta.name, variant, int(usage["REG"]), int(meta.shared), int(usage["LOCAL"]),
-                 meta.num_warps, meta.num_stages, shape,
-                 kernel.asm["ptx"].count("cp.async.bulk.prefetch.L2"))  # type: ignore[attr-defined]
+                 meta.num_warps, meta.num_stages, shape)
 
 
 # ----------------------------------------------------------------------------- the variants
@@ -170,9 +168,7 @@ def _depth_rows(graph: object) -> list[int]:
     return sorted({r for b in graph.depth_batch_buckets for r in (b, 2 * b)})  # type: ignore[attr-defined]
 
 
-def _depth(tiles: str, pdl: bool, qkv_split_k: int,
-           **fields: bool) -> tuple[Warm, Callable[[], None]]:
-    """``fields``: more ``Tiles`` fields for every bucket (``prefetch``, ``attn_in_oproj``)."""
+def _depth(tiles: str, pdl: bool, qkv_split_k: int) -> tuple[Warm, Callable[[], None]]:
     from breezert.kernels.fused_depth import TILES_BY_ROWS, FusedDepthLayers
     from breezert.kernels.gemm import Tiles
     from breezert.models.config import BreezeConfig
@@ -183,7 +179,7 @@ def _depth(tiles: str, pdl: bool, qkv_split_k: int,
     with torch.device("meta"):
         depth = random_bf16_fused_(DepthDecoder(BreezeConfig.full().depth))
     table = TILES_BY_ROWS if tiles == "by-rows" else ((max_rows, Tiles()),)
-    table = tuple((limit, replace(t, qkv_split_k=qkv_split_k, **fields)) for limit, t in table)
+    table = tuple((limit, replace(t, qkv_split_k=qkv_split_k)) for limit, t in table)
     fused = FusedDepthLayers(depth, max_rows, table, warm=False, pdl=pdl)
     pos = torch.zeros(1, dtype=torch.long, device="meta")
 
@@ -279,10 +275,6 @@ VARIANTS: dict[str, Callable[[], tuple[Warm, Callable[[], None]]]] = {
     "depth by-rows qkv-split-2": lambda: _depth("by-rows", False, 2),
     "depth by-rows qkv-split-4 pdl": lambda: _depth("by-rows", True, 4),
     "depth one-shape": lambda: _depth("one", False, 1),
-    "depth by-rows pdl prefetch": lambda: _depth("by-rows", True, 1, prefetch=True),
-    "depth by-rows pdl attn-in-oproj": lambda: _depth("by-rows", True, 1, attn_in_oproj=True),
-    "depth by-rows pdl prefetch attn-in-oproj": lambda: _depth(
-        "by-rows", True, 1, prefetch=True, attn_in_oproj=True),
     "decode": lambda: _decode(False),
     "decode pdl": lambda: _decode(True),
     "text encoder": lambda: _text_encoder(False),

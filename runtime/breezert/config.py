@@ -184,8 +184,7 @@ class SchedulerConfig(_Frozen):
 
 
 CUDA_ONLY_SWITCHES = ("enable_cuda_graphs", "compile_depth", "fused_depth", "fused_decode",
-                      "fused_sampling", "fused_text_encoder", "pdl", "pdl_decode",
-                      "depth_prefetch", "depth_attn_in_oproj")
+                      "fused_sampling", "fused_text_encoder", "pdl", "pdl_decode")
 """``GraphConfig`` switches that need CUDA: refused on ``model.device='cpu'`` and all turned off
 by ``BREEZERT_NO_CUDA_GRAPH=1``."""
 
@@ -221,17 +220,6 @@ class GraphConfig(_Frozen):
     it; same bits. H200, graph replays (bench/README.md, 2 Dec): depth frame 7.94 -> 7.49 ms at
     1 row, 8.58 -> 8.02 at 16, equal at 64; with the fused text encoder, 32-token text encode
     4.93 -> 1.30 ms (the fused layers' gain; the two were measured together)."""
-    depth_prefetch: bool = False
-    """With ``fused_depth``: each depth kernel's program asks for its weight slice in L2 before
-    its programmatic-dependent wait (``kernels/gemm.Tiles.prefetch``), so with ``pdl`` the
-    weights stream in while the kernel before runs. Same bits. Off: slower on the H200 (3 Dec,
-    layer frame with PDL 6.29 -> 7.65 ms at 1 row, 6.60 -> 7.78 at 16, 8.75 -> 9.71 at 64)."""
-    depth_attn_in_oproj: bool = False
-    """With ``fused_depth``: the depth layers' short-cache attention runs inside the o_proj
-    kernel (``kernels/gemm.Tiles.attn_in_oproj``): 4 launches per layer and step instead of 5;
-    values within bf16 rounding of the separate kernel. Off: much slower on the H200 (3 Dec,
-    layer frame 6.29 -> 12.46 ms at 1 row, 6.60 -> 12.90 at 16, 8.75 -> 26.22 at 64: every
-    o_proj program recomputes its heads' attention)."""
     pdl_decode: bool = False
     """The same for the fused DECODE step's kernels. Off: on the H200 its graph was slower
     with it at every row count (2.25 -> 2.94 ms at 1 row, 2.65 -> 3.30 at 16, 6.08 -> 6.91 at

@@ -115,50 +115,6 @@ def check_frame(rows: int, qkv_split: int, head_dim: int = 32, positions: int = 
 
 
 @needs_triton
-def test_attention_inside_o_proj_matches_eager() -> None:
-    """``Tiles.attn_in_oproj``: one head per K split (3 rows, then 20 rows as two 16-row
-    blocks in a call-local workspace), and the full-size head layout with two heads per split
-    read through TMA tiles."""
-    run_in_interpreter(__name__, "check_frame(3, qkv_split=1, split_k=4, attn_in_oproj=True, "
-                                 "positions=4)")
-    run_in_interpreter(__name__, "check_frame(20, qkv_split=1, split_k=4, attn_in_oproj=True, "
-                                 "positions=2)")
-    run_in_interpreter(__name__, "check_frame(3, qkv_split=4, head_dim=128, split_k=1, "
-                                 "attn_in_oproj=True, tma=True, positions=3)")
-
-
-@needs_triton
-def test_attention_inside_o_proj_keeps_row_bits_and_is_close_to_the_separate_kernel() -> None:
-    run_in_interpreter(__name__, "check_attn_in_oproj_rows()")
-
-
-def check_attn_in_oproj_rows() -> None:
-    """A row alone gets the bits it gets among 6 (rows never mix); the fused attention is
-    within bf16 rounding of the separate attention kernel (its sums run in other chunks)."""
-    from breezert.kernels import fused_depth
-    from breezert.kernels.gemm import Tiles
-
-    depth = _decoder(7)
-    tiles = Tiles(qkv_split=1, split_k=4)
-    fused = fused_depth.FusedDepthLayers(depth, max_rows=8, tiles=tiles, attn_in_oproj=True)
-    separate = fused_depth.FusedDepthLayers(depth, max_rows=8, tiles=tiles)
-    assert fused.gemms_for(1).tiles.attn_in_oproj and not separate.gemms_for(1).tiles.attn_in_oproj
-    torch.manual_seed(5)
-    xs = torch.randn(3, 6, SMALL.backbone_hidden_size).to(torch.bfloat16)
-    caches = [depth.new_cache(1), depth.new_cache(6), depth.new_cache(6)]
-    with torch.inference_mode():
-        for position in range(3):
-            pos = torch.full((1,), position, dtype=torch.long)
-            cos, sin = depth.rope.cos_sin(pos.expand(6), torch.bfloat16)
-            alone = fused(xs[position, :1], cos[:1], sin[:1], caches[0], pos)
-            crowd = fused(xs[position], cos, sin, caches[1], pos)
-            apart = separate(xs[position], cos, sin, caches[2], pos).float()
-            assert torch.equal(alone[0], crowd[0]), position
-            assert (crowd.float() - apart).abs().max() <= 0.02 * apart.abs().max(), position
-    assert torch.count_nonzero(fused.counters) == 0
-
-
-@needs_triton
 def test_fused_rejects_unfused_weights_and_odd_sizes() -> None:
     from breezert.kernels import fused_depth
 
@@ -178,9 +134,6 @@ def test_fused_rejects_unfused_weights_and_odd_sizes() -> None:
     with pytest.raises(ValueError, match="hidden_size"):  # 128 in 3 splits: no whole tiles
         fused_depth.FusedDepthLayers(fused, max_rows=4, warm=False,
                                      tiles=fused_depth.Tiles(qkv_split=1, qkv_split_k=3))
-    with pytest.raises(ValueError, match="attn_in_oproj"):  # 128 / 8 splits: part of a head
-        fused_depth.FusedDepthLayers(fused, max_rows=4, warm=False, attn_in_oproj=True,
-                                     tiles=fused_depth.Tiles(qkv_split=1, split_k=8))
     with pytest.raises(ValueError, match="qkv_split_k"):  # a row's bits would follow its bucket
         fused_depth.FusedDepthLayers(fused, max_rows=4, warm=False, tiles=(
             (2, fused_depth.Tiles(qkv_split=1)), (4, fused_depth.Tiles(qkv_split=1,

@@ -37,17 +37,13 @@ from breezert.kernels.gemm import (
     Tiles,
     bf16,
     check_bf16,
-    mm,
     norm_dot2,
     pdl_launch,
     pdl_wait,
-    prefetch_rows,
     rope,
     row_block,
     row_rstd,
-    split_k_finish,
     warm_row_counts,
-    weight_tile,
 )
 
 # Launch shapes per row bucket, tuned on the H200 by bench/tune_fused_depth.py (bench/results/
@@ -95,35 +91,30 @@ def _qkv_store(a_lo, a_hi, t, d, rows, rmask, cos_ptr, sin_ptr, pos_ptr, q_ptr, 
 
 @triton.jit(do_not_specialize=["R"])  # one build serves every row count
 def _norm_qkv_rope_kernel(
-    x_ptr, nw_ptr, w_ptr, wp_ptr, cos_ptr, sin_ptr, pos_ptr, q_ptr, cache_ptr, ws_ptr, count_ptr,
+    x_ptr, nw_ptr, w_ptr, cos_ptr, sin_ptr, pos_ptr, q_ptr, cache_ptr, ws_ptr, count_ptr,
     R, eps, stride_x, stride_q, c_kv, c_row, c_head, c_pos, ws_split,
     H: tl.constexpr, KVH: tl.constexpr, D: tl.constexpr, K: tl.constexpr, SUB: tl.constexpr,
     BM: tl.constexpr, BK: tl.constexpr, NK: tl.constexpr, F32: tl.constexpr,
     TMA: tl.constexpr = False, PDL: tl.constexpr = False, SPLIT: tl.constexpr = 1,
-    PREFETCH: tl.constexpr = False,
 ):
     """Program (head t x slice j, K split, row block): q heads 0..H-1, then k heads, then v
     heads. Slice j covers columns j*C.. of both halves of the head (C = D / 2 / SUB), so RoPE's
     rotate-half pairs stay inside one program. With ``SPLIT`` > 1 each program reduces 1/SPLIT
     of K into an fp32 partial; the last of a tile's SPLIT programs (atomic counter) sums them in
-    split order, runs the epilogue and resets the counter (as ``linear_residual_kernel``).
-    ``wp_ptr``: the weight itself (``w_ptr`` may be its TMA descriptor), for ``PREFETCH``."""
+    split order, runs the epilogue and resets the counter (as ``linear_residual_kernel``)."""
+    pdl_wait(PDL)
     pid = tl.program_id(0)
     t = pid // SUB
     HALF: tl.constexpr = D // 2
     C: tl.constexpr = HALF // SUB
     j0 = (pid % SUB) * C  # this slice's first column within each half
-    KS: tl.constexpr = K // SPLIT
-    if PREFETCH:
-        prefetch_rows(wp_ptr, t * D + j0, C, tl.program_id(1) * KS, KS, K)
-        prefetch_rows(wp_ptr, t * D + j0 + HALF, C, tl.program_id(1) * KS, KS, K)
-    pdl_wait(PDL)
     d = j0 + tl.arange(0, C)  # columns within the lower half
     row_block = tl.program_id(2)
     rows = row_block * BM + tl.arange(0, BM)
     rmask = rows < R
     rstd = row_rstd(x_ptr, stride_x, rows, rmask, eps, K, BM, NK)
     a0 = t * D + j0  # first weight row of the slice's lower half
+    KS: tl.constexpr = K // SPLIT
     split = tl.program_id(1)  # 0 without a split: all of K
     acc_lo, acc_hi = norm_dot2(x_ptr, nw_ptr, w_ptr, stride_x, rows, rmask, rstd, a0, a0 + HALF,
                                split * KS, K, KS, BM, C, BK, F32, TMA)
@@ -178,67 +169,6 @@ def _short_attention_kernel(
     tl.store(out_ptr + r * stride_out + heads[:, None] * D + d[None, :], bf16(out).to(tl.bfloat16))
 
 
-ATTN_CHUNK = 32  # head-dimension columns per step of the fused attention's sums
-
-
-@triton.jit(do_not_specialize=["R"])  # one build serves every row count
-def _attention_o_proj_kernel(
-    q_ptr, cache_ptr, pos_ptr, w_ptr, wp_ptr, res_ptr, out_ptr, ws_ptr, count_ptr, R, scale,
-    stride_q, stride_res, stride_out, ws_split, c_kv, c_row, c_head, c_pos,
-    N: tl.constexpr, K: tl.constexpr, SPLIT: tl.constexpr, G: tl.constexpr, D: tl.constexpr,
-    P: tl.constexpr, DC: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, F32: tl.constexpr,
-    TMA: tl.constexpr = False, PDL: tl.constexpr = False, PREFETCH: tl.constexpr = False,
-):
-    """``Tiles.attn_in_oproj``: program (column block, K split, row block) of o_proj + residual,
-    whose A operand (the attention output of the split's heads, K / SPLIT / D of them, one KV
-    head's) it computes itself from q and the frame cache, as ``_short_attention_kernel`` does
-    per head: fp32 scores over cache slots 0..pos, unnormalised probabilities rounded to bf16 for
-    P @ V, fp32 row sums, the output rounded to bf16. The sums over the head dimension run in
-    chunks of ``DC`` columns (registers), so values match the separate kernel within rounding.
-    Then the split-K end of ``linear_residual_kernel`` (``split_k_finish``)."""
-    pid_n = tl.program_id(0)
-    split = tl.program_id(1)
-    KS: tl.constexpr = K // SPLIT
-    HEADS: tl.constexpr = KS // D  # query heads of this split (one KV head's)
-    NC: tl.constexpr = D // DC
-    if PREFETCH:
-        prefetch_rows(wp_ptr, pid_n * BN, BN, split * KS, KS, K)
-    pdl_wait(PDL)
-    rows = tl.program_id(2) * BM + tl.arange(0, BM)
-    rmask = rows < R
-    pos = tl.load(pos_ptr)
-    slots = tl.arange(0, P)
-    live = slots <= pos
-    kv_mask = rmask[:, None, None] & live[None, :, None]
-    kv_head = split * HEADS // G
-    acc = tl.zeros([BM, BN], dtype=tl.float32)
-    for hh in tl.static_range(HEADS):
-        head = split * HEADS + hh
-        scores = tl.zeros([BM, P], dtype=tl.float32)
-        for c in tl.static_range(NC):
-            d = c * DC + tl.arange(0, DC)
-            q = tl.load(q_ptr + rows[:, None] * stride_q + head * D + d[None, :],
-                        mask=rmask[:, None], other=0.0).to(tl.float32)
-            k = tl.load(cache_ptr + rows[:, None, None] * c_row + kv_head * c_head
-                        + slots[None, :, None] * c_pos + d[None, None, :],
-                        mask=kv_mask, other=0.0).to(tl.float32)
-            scores += tl.sum(q[:, None, :] * k, axis=2)
-        scores = tl.where(live[None, :], scores * scale, float("-inf"))
-        p = tl.exp(scores - tl.max(scores, axis=1)[:, None])
-        p16 = bf16(p)
-        total = tl.sum(p, axis=1)
-        for c in tl.static_range(NC):
-            d = c * DC + tl.arange(0, DC)
-            v = tl.load(cache_ptr + c_kv + rows[:, None, None] * c_row + kv_head * c_head
-                        + slots[None, :, None] * c_pos + d[None, None, :],
-                        mask=kv_mask, other=0.0).to(tl.float32)
-            a = bf16(tl.sum(p16[:, :, None] * v, axis=1) / total[:, None]).to(tl.bfloat16)
-            w = weight_tile(w_ptr, pid_n * BN, head * D + c * DC, K, BN, DC, TMA)
-            acc += mm(a, tl.trans(w), F32)
-    split_k_finish(acc, res_ptr, out_ptr, ws_ptr, count_ptr, R, stride_res, stride_out,
-                   ws_split, N, SPLIT, BM, BN, True)
-
-
 class FusedDepthLayers:
     """``DepthDecoder.run_layers`` as 5 Triton launches per layer (see the module docstring).
 
@@ -247,12 +177,10 @@ class FusedDepthLayers:
 
     def __init__(self, depth: torch.nn.Module, max_rows: int,
                  tiles: Tiles | Sequence[tuple[int, Tiles]] | None = None,
-                 warm: bool = True, pdl: bool = False, prefetch: bool = False,
-                 attn_in_oproj: bool = False) -> None:
+                 warm: bool = True, pdl: bool = False) -> None:
         """``tiles``: one ``Tiles`` for every row count, or ``(max rows, Tiles)`` buckets in
         increasing order (the last also serves more rows); default ``TILES_BY_ROWS``.
-        ``pdl``, ``prefetch``, ``attn_in_oproj``: turn that ``Tiles`` switch on in every bucket
-        (``pdl``: every launch with programmatic dependent launch, ``gemm.pdl_launch``)."""
+        ``pdl``: every launch with programmatic dependent launch (``gemm.pdl_launch``)."""
         cfg = depth.cfg
         self.depth = depth
         self.hidden, self.inter = cfg.hidden_size, cfg.intermediate_size
@@ -262,9 +190,7 @@ class FusedDepthLayers:
         device = depth.model.norm.weight.device
         check_bf16(depth.model.norm.weight, "depth")
         table = ((max_rows, tiles),) if isinstance(tiles, Tiles) else (tiles or TILES_BY_ROWS)
-        table = tuple((limit, replace(t, pdl=t.pdl or pdl, prefetch=t.prefetch or prefetch,
-                                      attn_in_oproj=t.attn_in_oproj or attn_in_oproj))
-                      for limit, t in table)
+        table = tuple((limit, replace(t, pdl=t.pdl or pdl)) for limit, t in table)
         if len({t.qkv_split_k for _, t in table}) > 1:  # it sets the sum order
             raise ValueError("fused depth kernels: every row bucket needs the same qkv_split_k")
         self._buckets = [(limit, FusedGemms(t, min(limit, max_rows), self.hidden, device))
@@ -305,34 +231,6 @@ class FusedDepthLayers:
             raise ValueError(f"fused depth kernels: depth hidden_size does not fit {t}")
         if self.head_dim // 2 % t.qkv_split or self.head_dim // 2 // t.qkv_split < 16:
             raise ValueError(f"fused depth kernels: depth head_dim does not fit {t}")
-        if t.attn_in_oproj:  # each K split of o_proj: whole heads of one KV head
-            group = self.heads // self.kv_heads
-            split_heads = attn_width // t.split_k // self.head_dim
-            if (attn_width % (t.split_k * self.head_dim) or group % max(split_heads, 1)
-                    or split_heads < 1 or self.head_dim % ATTN_CHUNK):
-                raise ValueError("fused depth kernels: attn_in_oproj needs whole heads of one "
-                                 f"KV head per o_proj K split, not {t}")
-
-    def _attention_o_proj(self, gemms: FusedGemms, q: torch.Tensor, cache: torch.Tensor,
-                          pos: torch.Tensor, weight: torch.Tensor,
-                          residual: torch.Tensor) -> torch.Tensor:
-        """``residual + o_proj(attention)`` in one launch (``Tiles.attn_in_oproj``), 16 rows a
-        program (the attention's [rows, slots, chunk] operands live in registers)."""
-        t, rows, (n, k) = gemms.tiles, q.shape[0], weight.shape
-        workspace, counters = (
-            (gemms.workspace, gemms.counters) if rows <= gemms.max_rows
-            else gemms._workspace(rows, q.device)
-        )
-        out = torch.empty_like(residual)
-        c = cache.stride()
-        _attention_o_proj_kernel[(n // t.split_bn, t.split_k, triton.cdiv(rows, 16))](
-            q, cache, pos, gemms.weight(weight, t.split_bn, ATTN_CHUNK), weight, residual, out,
-            workspace, counters, rows, self.scale, q.stride(0), residual.stride(0),
-            out.stride(0), workspace.stride(0), c[0], c[1], c[2], c[3], N=n, K=k,
-            SPLIT=t.split_k, G=self.heads // self.kv_heads, D=self.head_dim, P=cache.shape[3],
-            DC=ATTN_CHUNK, BM=16, BN=t.split_bn, F32=DOT_F32, TMA=t.tma, **t.launch("split"),
-        )
-        return out
 
     def gemms_for(self, rows: int) -> FusedGemms:
         """The launcher (tiles and workspace) of the first bucket that holds ``rows``."""
@@ -376,7 +274,7 @@ class FusedDepthLayers:
         cos, sin = cos[0].contiguous(), sin[0].contiguous()  # one position for every row
         d, hd = self.hidden, self.head_dim
         q = torch.empty(rows, self.heads * hd, dtype=h.dtype, device=h.device)
-        attn = None if t.attn_in_oproj else torch.empty_like(q)
+        attn = torch.empty_like(q)
         split = t.qkv_split_k
         qkv_grid = ((self.heads + 2 * self.kv_heads) * t.qkv_split, split, triton.cdiv(rows, bm))
         qkv_bk = min(t.qkv_bk, d // split)
@@ -388,23 +286,19 @@ class FusedDepthLayers:
             c = layer_cache.stride()  # [2, R, KVH, P, D]
             qkv_weight = gemms.weight(layer.self_attn.qkv_weight, hd // 2 // t.qkv_split, qkv_bk)
             _norm_qkv_rope_kernel[qkv_grid](
-                h, layer.input_layernorm.weight, qkv_weight, layer.self_attn.qkv_weight, cos, sin, pos, q,
+                h, layer.input_layernorm.weight, qkv_weight, cos, sin, pos, q,
                 layer_cache, workspace, counters, rows, self.eps, h.stride(0), q.stride(0),
                 c[0], c[1], c[2], c[3], workspace.stride(0) if split > 1 else 0,
                 H=self.heads, KVH=self.kv_heads, D=hd, K=d, SUB=t.qkv_split, BM=bm,
                 BK=qkv_bk, NK=min(256, d), F32=DOT_F32, TMA=t.tma, SPLIT=split,
                 **t.launch("qkv"),
             )
-            if t.attn_in_oproj:
-                h = self._attention_o_proj(gemms, q, layer_cache, pos,
-                                           layer.self_attn.o_proj.weight, h)
-            else:
-                _short_attention_kernel[(rows, self.kv_heads)](
-                    q, layer_cache, pos, attn, self.scale, q.stride(0), attn.stride(0),
-                    c[0], c[1], c[2], c[3], G=self.heads // self.kv_heads, D=hd,
-                    P=layer_cache.shape[3], num_warps=4, **pdl_launch(t.pdl),
-                )
-                h = gemms.linear_residual(attn, layer.self_attn.o_proj.weight, h)
+            _short_attention_kernel[(rows, self.kv_heads)](
+                q, layer_cache, pos, attn, self.scale, q.stride(0), attn.stride(0),
+                c[0], c[1], c[2], c[3], G=self.heads // self.kv_heads, D=hd,
+                P=layer_cache.shape[3], num_warps=4, **pdl_launch(t.pdl),
+            )
+            h = gemms.linear_residual(attn, layer.self_attn.o_proj.weight, h)
             act = gemms.norm_gate_up(h, layer.post_attention_layernorm.weight,
                                      layer.mlp.gate_up_weight, self.eps)
             h = gemms.linear_residual(act, layer.mlp.down_proj.weight, h)

@@ -4,9 +4,8 @@ Owns: the bf16 rounding helpers (and their interpreter workarounds), RMSNorm + G
 RoPE at ``apply_rope``'s rounding points,
 ``norm_linear`` (RMSNorm + GEMM), ``norm_gate_up`` (RMSNorm + packed gate/up GEMM + SiLU * up),
 ``linear_residual`` (split-K GEMM + residual, the last program of a tile summing the partials in
-a fixed order, ``split_k_finish``), their launch shapes (``Tiles``), the split-K workspace,
-programmatic dependent launch (``pdl_launch`` / ``pdl_wait``) for every fused kernel, and the L2
-prefetch of a program's weights ahead of that wait (``prefetch_rows``). Every kernel keeps
+a fixed order), their launch shapes (``Tiles``), the split-K workspace, and programmatic
+dependent launch (``pdl_launch`` / ``pdl_wait``) for every fused kernel. Every kernel keeps
 the eager modules' bf16 rounding points (``RMSNorm``, ``F.linear``, ``F.silu``, residual add).
 Must not: know which model calls it.
 """
@@ -75,26 +74,14 @@ class Tiles:
     """K splits of the depth layers' q/k/v GEMM (1: one program reduces all of K). More
     programs for a small GEMM (12 heads x ``qkv_split`` programs at up to 16 rows); like
     ``split_k`` it sets the sum order, so every row bucket must use the same."""
-    prefetch: bool = False
-    """Each program asks for its weight slice in L2 (``prefetch_rows``) before ``pdl_wait``: with
-    ``pdl`` a kernel's blocks are placed while the kernel before runs, so its weights stream in
-    during that kernel's latency-bound tail instead of after it. Weights never change, so the
-    bits are the same; without ``pdl`` it only reorders the kernel's own loads."""
-    attn_in_oproj: bool = False
-    """Depth layers only (``fused_depth``): the short-cache attention runs inside the o_proj
-    GEMM's programs, each for the heads of its K split, instead of as its own launch (one launch
-    fewer per layer and step; the fp32 sums run in chunks of the head dimension, so values match
-    the separate kernel within bf16 rounding, not bit for bit)."""
 
     def launch(self, kernel: str) -> dict[str, int]:
         """``num_warps`` / ``num_stages`` of ``kernel`` ("gate" or "split"; others share the
-        defaults), so the GEMMs with the most bytes can take deeper pipelines;
-        ``pdl_launch(self.pdl)``; and ``PREFETCH`` (never under the interpreter, which runs no
-        PTX)."""
+        defaults), so the GEMMs with the most bytes can take deeper pipelines; and
+        ``pdl_launch(self.pdl)``."""
         warps = getattr(self, f"{kernel}_warps", None) or self.num_warps
         stages = getattr(self, f"{kernel}_stages", None) or self.num_stages
-        return {"num_warps": warps, "num_stages": stages, **pdl_launch(self.pdl),
-                "PREFETCH": self.prefetch and not INTERPRETED}
+        return {"num_warps": warps, "num_stages": stages, **pdl_launch(self.pdl)}
 
 
 def pdl_launch(pdl: bool) -> dict[str, bool]:
@@ -115,27 +102,6 @@ def pdl_wait(PDL: tl.constexpr):
     if PDL:
         gdc_wait()
         gdc_launch_dependents()
-
-
-@triton.jit
-def prefetch_rows(w, row0, ROWS: tl.constexpr, col0, COLS: tl.constexpr, K: tl.constexpr):
-    """Asks L2 for rows ``row0 .. row0+ROWS-1``, columns ``col0 .. col0+COLS-1`` of a row-major
-    bf16 ``[N, K]`` weight (``cp.async.bulk.prefetch.L2``: no registers, no wait, no effect on
-    values). Whole rows are one contiguous block, split into 128 pieces (one per thread of a
-    4-warp program); part rows are one piece per row. Every piece is a multiple of 16 bytes on a
-    16-byte boundary where ``COLS`` and ``col0`` are multiples of 8 (the kernels' tiles are)."""
-    if COLS == K:
-        PIECES: tl.constexpr = 128 if ROWS * K % 1024 == 0 else ROWS
-        ELEMS: tl.constexpr = ROWS * K // PIECES
-        addr = w + row0.to(tl.int64) * K + tl.arange(0, PIECES).to(tl.int64) * ELEMS
-    else:
-        PIECES: tl.constexpr = ROWS
-        ELEMS: tl.constexpr = COLS
-        addr = w + (row0 + tl.arange(0, PIECES)).to(tl.int64) * K + col0
-    size = tl.full([PIECES], ELEMS * 2, tl.int32)
-    tl.inline_asm_elementwise("cp.async.bulk.prefetch.L2.global [$1], $2; mov.u32 $0, 0;",
-                              "=r,l,r", [addr.to(tl.int64, bitcast=True), size],
-                              dtype=tl.int32, is_pure=False, pack=1)
 
 
 @triton.jit
@@ -225,15 +191,11 @@ def rope(lo, hi, cos_lo, cos_hi, sin_lo, sin_hi):
 
 @triton.jit(do_not_specialize=["R"])  # one build serves every row count
 def norm_linear_kernel(
-    x_ptr, nw_ptr, w_ptr, wp_ptr, out_ptr, R, eps, stride_x, stride_out,
+    x_ptr, nw_ptr, w_ptr, out_ptr, R, eps, stride_x, stride_out,
     K: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, NK: tl.constexpr,
     F32: tl.constexpr, TMA: tl.constexpr = False, PDL: tl.constexpr = False,
-    PREFETCH: tl.constexpr = False,
 ):
-    """Program (column block, row block): ``bf16(RMSNorm(x) @ w.T)``. ``wp_ptr``: the weight
-    itself (``w_ptr`` may be its TMA descriptor), for ``PREFETCH``."""
-    if PREFETCH:
-        prefetch_rows(wp_ptr, tl.program_id(0) * BN, BN, 0, K, K)
+    """Program (column block, row block): ``bf16(RMSNorm(x) @ w.T)``."""
     pdl_wait(PDL)
     rows = tl.program_id(1) * BM + tl.arange(0, BM)
     rmask = rows < R
@@ -251,16 +213,12 @@ def norm_linear_kernel(
 
 @triton.jit(do_not_specialize=["R"])  # one build serves every row count
 def norm_gate_up_kernel(
-    x_ptr, nw_ptr, w_ptr, wp_ptr, out_ptr, R, eps, stride_x, stride_out,
+    x_ptr, nw_ptr, w_ptr, out_ptr, R, eps, stride_x, stride_out,
     I: tl.constexpr, K: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
     NK: tl.constexpr, F32: tl.constexpr, TMA: tl.constexpr = False, PDL: tl.constexpr = False,
-    PREFETCH: tl.constexpr = False,
 ):
     """Program (column block, row block): ``bf16(silu(gate) * up)`` of the normed input; gate
-    rows 0..I-1 and up rows I..2I-1 of the packed weight (``wp_ptr``: as ``norm_linear_kernel``)."""
-    if PREFETCH:
-        prefetch_rows(wp_ptr, tl.program_id(0) * BN, BN, 0, K, K)
-        prefetch_rows(wp_ptr, I + tl.program_id(0) * BN, BN, 0, K, K)
+    rows 0..I-1 and up rows I..2I-1 of the packed weight."""
     pdl_wait(PDL)
     rows = tl.program_id(1) * BM + tl.arange(0, BM)
     rmask = rows < R
@@ -277,23 +235,24 @@ def norm_gate_up_kernel(
 
 @triton.jit(do_not_specialize=["R"])  # one build serves every row count
 def linear_residual_kernel(
-    a_ptr, w_ptr, wp_ptr, res_ptr, out_ptr, ws_ptr, count_ptr, R, stride_a, stride_res,
-    stride_out, ws_split, N: tl.constexpr, K: tl.constexpr, SPLIT: tl.constexpr,
+    a_ptr, w_ptr, res_ptr, out_ptr, ws_ptr, count_ptr, R, stride_a, stride_res, stride_out,
+    ws_split, N: tl.constexpr, K: tl.constexpr, SPLIT: tl.constexpr,
     BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, F32: tl.constexpr,
     TMA: tl.constexpr = False, HAS_RES: tl.constexpr = True, PDL: tl.constexpr = False,
-    PREFETCH: tl.constexpr = False,
 ):
     """Program (column block, K split, row block): ``out = bf16(res + bf16(a @ w.T))``
-    (``HAS_RES`` off: ``bf16(a @ w.T)``, ``res_ptr`` unread; ``wp_ptr``: as
-    ``norm_linear_kernel``). The partials are summed by ``split_k_finish``."""
+    (``HAS_RES`` off: ``bf16(a @ w.T)``, ``res_ptr`` unread).
+
+    Each program stores its fp32 partial; the last of the SPLIT programs of a tile (atomic
+    counter) sums all partials in split order, writes the tile and resets the counter."""
+    pdl_wait(PDL)  # before the workspace: the previous split-K launch may still be summing
     pid_n = tl.program_id(0)
     split = tl.program_id(1)
-    KS: tl.constexpr = K // SPLIT
-    if PREFETCH:
-        prefetch_rows(wp_ptr, pid_n * BN, BN, split * KS, KS, K)
-    pdl_wait(PDL)  # before the workspace: the previous split-K launch may still be summing
-    rows = tl.program_id(2) * BM + tl.arange(0, BM)
+    row_block = tl.program_id(2)
+    rows = row_block * BM + tl.arange(0, BM)
     rmask = rows < R
+    n = pid_n * BN + tl.arange(0, BN)
+    KS: tl.constexpr = K // SPLIT
     acc = tl.zeros([BM, BN], dtype=tl.float32)
     for k0 in range(0, KS, BK):  # constant trip count: the loop pipelines
         cols = split * KS + k0 + tl.arange(0, BK)
@@ -301,24 +260,6 @@ def linear_residual_kernel(
                     other=0.0)
         w = weight_tile(w_ptr, pid_n * BN, split * KS + k0, K, BN, BK, TMA)
         acc += mm(a, tl.trans(w), F32)
-    split_k_finish(acc, res_ptr, out_ptr, ws_ptr, count_ptr, R, stride_res, stride_out,
-                   ws_split, N, SPLIT, BM, BN, HAS_RES)
-
-
-@triton.jit
-def split_k_finish(acc, res_ptr, out_ptr, ws_ptr, count_ptr, R, stride_res, stride_out,
-                   ws_split, N: tl.constexpr, SPLIT: tl.constexpr, BM: tl.constexpr,
-                   BN: tl.constexpr, HAS_RES: tl.constexpr):
-    """The end of a split-K program (column block, K split, row block) holding its fp32
-    partial ``acc``: it stores the partial; the last of the SPLIT programs of a tile (atomic
-    counter) sums all partials in split order, writes ``bf16(res + bf16(sum))`` (or
-    ``bf16(sum)``) and resets the counter."""
-    pid_n = tl.program_id(0)
-    split = tl.program_id(1)
-    row_block = tl.program_id(2)
-    rows = row_block * BM + tl.arange(0, BM)
-    rmask = rows < R
-    n = pid_n * BN + tl.arange(0, BN)
     tile = ws_ptr + rows[:, None] * N + n[None, :]  # partials of this call: [SPLIT, R, N]
     tl.store(tile + split * ws_split, acc, mask=rmask[:, None])
     tl.debug_barrier()  # every thread's partial is written before the counter says so
@@ -421,8 +362,8 @@ class FusedGemms:
         bm = row_block(rows)
         bk = min(t.linear_bk, k)
         norm_linear_kernel[(n // t.linear_bn, triton.cdiv(rows, bm))](
-            x, norm_weight, self.weight(weight, t.linear_bn, bk), weight, out, rows, eps,
-            x.stride(0), out.stride(0), K=k, BM=bm, BN=t.linear_bn, BK=bk, NK=min(256, k), F32=DOT_F32,
+            x, norm_weight, self.weight(weight, t.linear_bn, bk), out, rows, eps, x.stride(0),
+            out.stride(0), K=k, BM=bm, BN=t.linear_bn, BK=bk, NK=min(256, k), F32=DOT_F32,
             TMA=t.tma, **t.launch("linear"),
         )
         return out
@@ -436,8 +377,8 @@ class FusedGemms:
         bm = row_block(rows, t.gate_bm)
         bk = min(t.gate_bk, k)
         norm_gate_up_kernel[(inter // t.gate_bn, triton.cdiv(rows, bm))](
-            x, norm_weight, self.weight(weight, t.gate_bn, bk), weight, out, rows, eps,
-            x.stride(0), out.stride(0), I=inter, K=k, BM=bm, BN=t.gate_bn, BK=bk, NK=min(256, k),
+            x, norm_weight, self.weight(weight, t.gate_bn, bk), out, rows, eps, x.stride(0),
+            out.stride(0), I=inter, K=k, BM=bm, BN=t.gate_bn, BK=bk, NK=min(256, k),
             F32=DOT_F32, TMA=t.tma, **t.launch("gate"),
         )
         return out
@@ -458,8 +399,8 @@ class FusedGemms:
         bm = row_block(rows)
         bk = min(t.split_bk, k // t.split_k)
         linear_residual_kernel[(n // t.split_bn, t.split_k, triton.cdiv(rows, bm))](
-            a, self.weight(weight, t.split_bn, bk), weight, residual, out, workspace, counters,
-            rows, a.stride(0), residual.stride(0), out.stride(0), workspace.stride(0), N=n, K=k,
+            a, self.weight(weight, t.split_bn, bk), residual, out, workspace, counters, rows,
+            a.stride(0), residual.stride(0), out.stride(0), workspace.stride(0), N=n, K=k,
             SPLIT=t.split_k, BM=bm, BN=t.split_bn, BK=bk, F32=DOT_F32, TMA=t.tma,
             HAS_RES=has_res, **t.launch("split"),
         )

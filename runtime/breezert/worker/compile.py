@@ -55,12 +55,11 @@ def _raise_cache_limit(limit: int) -> None:
 def depth_fn(
     model: BreezeModel, max_k: int | None, compile_depth: bool, fused_depth: bool = False,
     max_rows: int = 64, tiles_by_rows: bool = True, fused_sampling: bool = False,
-    pdl: bool = False, prefetch: bool = False, attn_in_oproj: bool = False,
+    pdl: bool = False,
 ) -> Callable[..., dict[str, torch.Tensor]]:
     """``depth_frames`` bound to ``model`` and ``max_k``; on CUDA its layer step runs the fused
     Triton kernels (``fused_depth``, workspace for ``max_rows`` rows, launch shapes per row
-    bucket with ``tiles_by_rows``, chained by programmatic dependent launch with ``pdl``, with
-    the ``Tiles`` switches ``prefetch`` and ``attn_in_oproj`` in every bucket) or is
+    bucket with ``tiles_by_rows``, chained by programmatic dependent launch with ``pdl``) or is
     compiled (``compile_depth``); its draws run the fused
     Triton sampler (``fused_sampling``, bounded top-k only: ``max_k`` set), else
     ``compile_depth`` compiles the sampler. On the CPU the frame's
@@ -74,8 +73,7 @@ def depth_fn(
         from breezert.kernels.gemm import Tiles
 
         depth.run_layers = FusedDepthLayers(depth, max_rows, None if tiles_by_rows else Tiles(),
-                                            pdl=pdl, prefetch=prefetch,
-                                            attn_in_oproj=attn_in_oproj)
+                                            pdl=pdl)
         depth.is_fused = True
         logger.info("depth layers run the fused Triton kernels (%d-row workspace)", max_rows)
     if compile_depth:

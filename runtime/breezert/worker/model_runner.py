@@ -102,8 +102,6 @@ class ModelRunner:
         depth_kernels = (graph.compile_depth, graph.fused_depth,
                          2 * max(graph.depth_batch_buckets), graph.depth_tiles_by_rows,
                          graph.fused_sampling, graph.pdl)
-        depth_switches = {"prefetch": graph.depth_prefetch,
-                          "attn_in_oproj": graph.depth_attn_in_oproj}
 
         def runner(name: str, fn: GraphFn) -> GraphRunner:
             return GraphRunner(name, fn, enabled=use_graphs, device=self.device)
@@ -120,8 +118,7 @@ class ModelRunner:
         table = self.table
         decode = decode_fn(model, self.kv.kv, graph.fused_decode, max(graph.decode_batch_buckets),
                            graph.pdl_decode)
-        depth = {max_k: depth_fn(model, max_k, *depth_kernels, **depth_switches)
-                 for max_k in (TOP_K_BOUND, None)}
+        depth = {max_k: depth_fn(model, max_k, *depth_kernels) for max_k in (TOP_K_BOUND, None)}
         codec = partial(codec_step, self.codec)
         if table is not None:  # the same functions, reading and writing the table by slot id
             decode = partial(backbone_decode_from_slots, table, decode, block_size,
