@@ -12,7 +12,7 @@
 #        first-packet-bench | chain P1 P2...  | decode | decode-micro | decode-bench | tune | profile | stages |
 #        ablation-eager | ablation-a|b|c|d[@I/N] | sweep | sweep+ablation | latency | latency-te |
 #        latency-nocap | predictor | predictor-edf | capacity-closed | capacity-open |
-#        slot-state | burst | slack | voice | te-tokens | admit | path
+#        slot-state | burst | slack | voice | te-tokens | admit | path | te-wide
 # An ablation phase with @I/N runs shard I of N of its requests (bench --shard).
 # Several GPUs (kind nvidia-h200-x4): "parallel GPU=PHASE[+PHASE...] ..." runs each list on its own
 # GPU at once, e.g. parallel 0=ablation-a@1/2 1=ablation-a@2/2 2=tests+ablation-d; the results
@@ -263,6 +263,19 @@ case "$phase" in
         --fused-codec --codec-frames 1 --top 12 2>&1 | grep -v Warn \
         | tee -a "$out/h200-profile-fused-codec.log" | grep -A13 CODEC || true
     done ;;
+  te-wide)  # issue 14: the fused text encoder's wide GEMM tiles past 128 tokens
+    # (graph.fused_text_encoder_wide_tiles) against today's narrow tiles at the token counts a
+    # burst packs, their GPU test, then the engine at c=1 and 16 with and without (the c=16
+    # p95 is the opening burst's TEXT_ENCODE step)
+    timeout 100 python3 bench/stage_timing.py --batches 1 --modes profile-te-wide,profile-te-wide-tiles \
+      --text-tokens 128,256,512,1024 --out "$out/h200-stage-timing-te-wide.json" 2>&1 \
+      | grep -v Warn | grep -iE 'text_encode|start-up|failed' || true
+    timeout 60 python3 -m pytest tests/gpu/test_gpu_fused_text_encoder.py -k wide -q -s \
+      -p no:cacheprovider 2>&1 | tee "$out/gpu_tests_te_wide.log" | grep -E 'wide tiles|passed|failed|^E ' || true
+    timeout 170 "${bench[@]}" --concurrency "${CONCURRENCY:-1,16}" --num-requests 300 --warmup 16 \
+      --run-budget 20 --variant 'profile=config' \
+      --variant 'wide-tiles=config;graph.fused_text_encoder_wide_tiles=true' \
+      --out "$out/h200-te-wide.json" 2>&1 | grep '^\[bench' || true ;;
   path)  # issues 13/14: the profile as committed (fused text encoder up to 512 tokens since
     # 3 Dec) at c=1-64 with each first packet's time by part (own steps by stage, others', host:
     # first_packet_path), 32 new requests per step at c=32 and 64, then the census of one

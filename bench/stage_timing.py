@@ -61,6 +61,8 @@ PROFILE = {key: value
 MODES["profile"] = PROFILE
 MODES["profile-te-wide"] = {**PROFILE, "fused_text_encoder_max_tokens": 1024}
 MODES["profile-te-eager"] = {**PROFILE, "fused_text_encoder": False}
+MODES["profile-te-wide-tiles"] = {**PROFILE, "fused_text_encoder_max_tokens": 1024,
+                                  "fused_text_encoder_wide_tiles": True}
 
 
 def measure(batches: list[int], mode: str, context: int,

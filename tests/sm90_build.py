@@ -223,17 +223,21 @@ def _decode(pdl: bool) -> tuple[Warm, Callable[[], None]]:
     return fused.warm, serve
 
 
-def _text_encoder(pdl: bool) -> tuple[Warm, Callable[[], None]]:
+def _text_encoder(pdl: bool, wide: bool = False) -> tuple[Warm, Callable[[], None]]:
+    """``wide``: up to 1024 tokens with ``wide_tiles`` (every count to 128, then the counts
+    where a row-block or key-block size changes)."""
     from breezert.kernels.fused_text_encoder import FusedTextEncoder
     from breezert.models.config import TextEncoderConfig
     from breezert.models.text_encoder import T5Gemma2TextEncoder
 
     with torch.device("meta"):
         enc = random_bf16_fused_(T5Gemma2TextEncoder(TextEncoderConfig()))
-    fused = FusedTextEncoder(enc, warm=False, pdl=pdl)
+    fused = FusedTextEncoder(enc, max_tokens=1024 if wide else 128, warm=False, pdl=pdl,
+                             wide_tiles=wide)
+    counts = [*range(1, 129), *((129, 200, 256, 257, 400, 512, 513, 800, 1024) if wide else ())]
 
     def serve() -> None:  # every token count up to the fused limit (buckets past it run eager)
-        for tokens in range(1, fused.max_tokens + 1):
+        for tokens in counts:
             ids = torch.zeros(tokens, dtype=torch.long, device="meta")
             fused(ids, ids, ids)
 
@@ -279,6 +283,7 @@ VARIANTS: dict[str, Callable[[], tuple[Warm, Callable[[], None]]]] = {
     "decode pdl": lambda: _decode(True),
     "text encoder": lambda: _text_encoder(False),
     "text encoder pdl": lambda: _text_encoder(True),
+    "text encoder pdl wide": lambda: _text_encoder(True, wide=True),
     "sampler": _sampler,
     "snake": _snake,
 }

@@ -245,6 +245,11 @@ class GraphConfig(_Frozen):
     sentences packs ~370 tokens (bucket 512). H200 graph replays (3 Dec, te-tokens): fused
     3.31 / 5.62 / 12.40 ms at 256 / 512 / 1024 tokens, eager 5.78 / 7.38 / 12.58; 512 in
     ``configs/h200-latency.toml`` (c=16 TTFB p95 33 -> 32 ms, c=32 92 -> 84 in one run)."""
+    fused_text_encoder_wide_tiles: bool = False
+    """With ``fused_text_encoder``: batches of more than 128 tokens run the GEMMs in 128 x 64
+    tiles (``kernels/fused_text_encoder.WIDE_ROWS``), halving what each layer moves through L2
+    at 512 tokens; the same K split and K tiles. Off until an H200 run times it (phase
+    ``te-wide`` of ``bench/h200_session.sh``)."""
     decode_batch_buckets: tuple[int, ...] = (1, 2, 4, 8, 16, 32)
     """DECODE batch sizes in rows (CFG branches count)."""
     decode_context_buckets: tuple[int, ...] = (256, 512, 1024, 2048)

@@ -100,3 +100,38 @@ def test_pdl_changes_no_bit(encoders) -> None:
         graph.replay()
         torch.cuda.synchronize()
     assert torch.equal(got, want) and torch.equal(out, want)
+
+
+@pytest.mark.parametrize("lengths,pad", [(BURST, 512 - sum(BURST)), ([90, 70], 0)])
+def test_wide_tiles_are_as_close_to_fp32_and_replay(encoders, lengths: list[int],
+                                                    pad: int) -> None:
+    """``wide_tiles`` (128 x 64 GEMM tiles past 128 tokens) at an opening burst's 512 tokens and
+    at 160: as close to the fp32 encoder as the eager bf16 one, within bf16 rounding of the
+    narrow tiles, deterministic, and the same bits replayed in a CUDA graph with PDL."""
+    from breezert.kernels.fused_text_encoder import FusedTextEncoder
+
+    enc, exact = encoders
+    wide = FusedTextEncoder(enc, max_tokens=512, wide_tiles=True, pdl=True)
+    narrow = FusedTextEncoder(enc, max_tokens=512, pdl=True)
+    ids, seg, pos = _packed(lengths, pad)
+    with torch.inference_mode():
+        want = exact.encode(ids, seg, pos)
+        eager = enc.encode(ids, seg, pos).float()
+        got = wide(ids, seg, pos)
+        again = wide(ids, seg, pos)
+        apart = narrow(ids, seg, pos).float()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            out = wide(ids, seg, pos)
+        graph.replay()
+        torch.cuda.synchronize()
+    assert torch.equal(got, again) and torch.equal(out, got)
+    got = got.float()
+    err = {stat.__name__: (stat((got - want).abs()).item(), stat((eager - want).abs()).item())
+           for stat in (torch.max, torch.mean)}
+    same = (got == apart).float().mean().item()
+    print(f"wide tiles, {sum(lengths) + pad} tokens: |wide - fp32| / |eager - fp32| {err}; "
+          f"bits equal to the narrow tiles: {same:.4f}")
+    assert err["mean"][0] <= 1.25 * err["mean"][1] + 1e-4, err
+    assert err["max"][0] <= 2.0 * err["max"][1] + 1e-3, err
+    assert (got - apart).abs().max().item() <= 0.03 * apart.abs().max().item()

@@ -30,6 +30,8 @@ capture it).
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import torch
 import triton
 import triton.language as tl
@@ -51,8 +53,13 @@ from breezert.kernels.gemm import (
 SLIDING = "sliding_attention"  # models.text_encoder's layer kind (kernels import no models)
 
 MAX_TOKENS = 128
-"""Most packed tokens the fused layers serve (a sentence is 20-60; the row blocks re-read each
-weight once per 64 rows, so long batches are better served by the eager GEMMs)."""
+"""Most packed tokens the fused layers serve by default (a sentence is 20-60)."""
+
+WIDE_ROWS = 128
+"""With ``wide_tiles``: batches of more tokens run the GEMMs in 128 x 64 tiles (8 warps)
+instead of 64 x 32. At 512 tokens the narrow tiles move ~1 GB per layer through L2 (the
+gate/up GEMM's 216 column programs each read all the normed rows, and each row block reads
+the weights again: ~0.5 GB of it); the wide ones about half. The same K split and K tiles."""
 
 
 @triton.jit
@@ -240,13 +247,16 @@ class FusedTextEncoder:
 
     JOIN_ROWS = 2  # rows per program of the join + norm launches (whole rows in registers)
     GATE_BN = 32  # gate/up columns per program: 6912 / 32 = 216 programs for 132 SMs
+    WIDE_GATE_BN, WIDE_BM = 64, 128  # the gate/up tiles past ``WIDE_ROWS`` tokens (8 warps)
     BLOCK_Q, BLOCK_KV = 16, 32  # attention: query rows per program, keys per iteration
 
     def __init__(self, encoder: torch.nn.Module, max_tokens: int = MAX_TOKENS,
-                 warm: bool = True, pdl: bool = False) -> None:
-        """``pdl``: every launch with programmatic dependent launch (``gemm.pdl_launch``)."""
+                 warm: bool = True, pdl: bool = False, wide_tiles: bool = False) -> None:
+        """``pdl``: every launch with programmatic dependent launch (``gemm.pdl_launch``);
+        ``wide_tiles``: batches of more than ``WIDE_ROWS`` tokens run wider GEMM tiles."""
         cfg = encoder.cfg
         self.encoder, self.cfg, self.max_tokens, self.pdl = encoder, cfg, max_tokens, pdl
+        self.wide_tiles = wide_tiles and max_tokens > WIDE_ROWS
         self.eager = encoder.encode
         check_bf16(encoder.norm.weight, "text encoder")
         d, inter, hd = cfg.hidden_size, cfg.intermediate_size, cfg.head_dim
@@ -260,20 +270,29 @@ class FusedTextEncoder:
         if d % self.bk or inter % self.gate_bn or hd % 32 or cfg.num_heads % cfg.num_kv_heads:
             raise ValueError(f"fused text encoder: hidden {d}, intermediate {inter}, head_dim "
                              f"{hd} do not fit whole tiles")
+        self.wide_gate_bn = _largest_block(inter, self.WIDE_GATE_BN)
+        if self.wide_tiles and inter % self.wide_gate_bn:
+            raise ValueError(f"fused text encoder: intermediate {inter} does not fit wide tiles")
         device = encoder.norm.weight.device
-        self.qkv_gemms = self._gemms(d, (cfg.num_heads + 2 * cfg.num_kv_heads) * hd, device)
-        self.o_gemms = self._gemms(attn_width, d, device)
-        self.down_gemms = self._gemms(inter, d, device)
+        shapes = {"qkv": (d, (cfg.num_heads + 2 * cfg.num_kv_heads) * hd),
+                  "o": (attn_width, d), "down": (inter, d)}
+        self.gemms = {name: self._gemms(k, n, device) for name, (k, n) in shapes.items()}
+        self.wide_gemms = ({name: self._gemms(k, n, device, wide=True)
+                            for name, (k, n) in shapes.items()} if self.wide_tiles else {})
         if warm and device.type == "cuda":
             self.warm()
 
-    def _gemms(self, k: int, n: int, device: torch.device) -> FusedGemms:
-        """A split-K launcher for ``[*, k] @ [k, n]`` with whole tiles."""
-        split_bn = _largest_block(n, 32)
+    def _gemms(self, k: int, n: int, device: torch.device, wide: bool = False) -> FusedGemms:
+        """A split-K launcher for ``[*, k] @ [k, n]`` with whole tiles; ``wide``: 128-row,
+        64-column tiles with 8 warps (``WIDE_ROWS``), the same K split and K tiles."""
+        split_bn = _largest_block(n, 64 if wide else 32)
         bk = _largest_block(k, 256)
         split = _split_for(k, bk)
         bk = min(bk, k // split)
         tiles = Tiles(split_k=split, split_bn=split_bn, split_bk=bk, pdl=self.pdl)
+        if wide:
+            tiles = replace(tiles, split_bm=128, split_warps=8,
+                            split_stages=_stages(2 * (128 + split_bn) * bk))
         gemms = FusedGemms(tiles, self.max_tokens, n, device)
         gemms.check("text encoder", split=(n, k))
         return gemms
@@ -285,6 +304,8 @@ class FusedTextEncoder:
         of attention."""
         device = self.encoder.norm.weight.device
         counts, blocks = set(warm_row_counts(self.max_tokens)), 2
+        if self.wide_tiles:  # the 128-row blocks of wide tiles (and the first wide count)
+            counts |= {WIDE_ROWS + 1, min(self.max_tokens, 2 * WIDE_ROWS + 1)}
         while self.BLOCK_KV * (blocks // 2) < self.max_tokens:  # fewest tokens needing ``blocks``
             counts.add(self.BLOCK_KV * (blocks // 2) + 1)
             blocks *= 2
@@ -319,7 +340,10 @@ class FusedTextEncoder:
                   for t, (cos, sin) in enc.rope_tables(positions).items()}
         x = enc.embed_tokens(input_ids).contiguous()  # [N, d]
         hd, heads, kv_heads = cfg.head_dim, cfg.num_heads, cfg.num_kv_heads
-        bm = row_block(rows)
+        wide = self.wide_tiles and rows > WIDE_ROWS
+        gemms = self.wide_gemms if wide else self.gemms
+        bm = row_block(rows, self.WIDE_BM if wide else 64)
+        gate_bn = self.wide_gate_bn if wide else self.gate_bn
         eps = cfg.rms_norm_eps
         attn = torch.empty(rows, heads * hd, dtype=dtype, device=x.device)
         act = torch.empty(rows, cfg.intermediate_size, dtype=dtype, device=x.device)
@@ -337,7 +361,7 @@ class FusedTextEncoder:
                             joined, xn)
             if joined is not None:
                 x, spare = spare, x
-            qkv = self.qkv_gemms.linear_residual(xn, layer.self_attn.qkv_weight, None)
+            qkv = gemms["qkv"].linear_residual(xn, layer.self_attn.qkv_weight, None)
             _packed_attention_kernel[(triton.cdiv(rows, block_q), heads)](
                 qkv, layer.self_attn.q_norm.weight, layer.self_attn.k_norm.weight, cos, sin,
                 seg_ids, positions, attn, rows, layer.self_attn.scale, (window + 1) // 2,
@@ -345,17 +369,17 @@ class FusedTextEncoder:
                 BQ=block_q, BKV=block_kv, NKB=key_blocks, SLIDING=layer.layer_type == SLIDING,
                 F32=DOT_F32, num_warps=4, **pdl_launch(self.pdl),
             )
-            o = self.o_gemms.linear_residual(attn, layer.self_attn.o_proj.weight, None)
+            o = gemms["o"].linear_residual(attn, layer.self_attn.o_proj.weight, None)
             self._join_norm(x, o, layer.post_self_attn_layernorm.weight,
                             layer.pre_feedforward_layernorm.weight, spare, xn)
             x, spare = spare, x
-            _gate_up_kernel[(cfg.intermediate_size // self.gate_bn, triton.cdiv(rows, bm))](
+            _gate_up_kernel[(cfg.intermediate_size // gate_bn, triton.cdiv(rows, bm))](
                 xn, layer.mlp.gate_up_weight, act, rows, xn.stride(0), act.stride(0),
-                I=cfg.intermediate_size, K=cfg.hidden_size, BM=bm, BN=self.gate_bn, BK=self.bk,
-                F32=DOT_F32, num_warps=4,
-                num_stages=_stages(2 * (bm + 2 * self.gate_bn) * self.bk), **pdl_launch(self.pdl),
+                I=cfg.intermediate_size, K=cfg.hidden_size, BM=bm, BN=gate_bn, BK=self.bk,
+                F32=DOT_F32, num_warps=8 if wide else 4,
+                num_stages=_stages(2 * (bm + 2 * gate_bn) * self.bk), **pdl_launch(self.pdl),
             )
-            branch = self.down_gemms.linear_residual(act, layer.mlp.down_proj.weight, None)
+            branch = gemms["down"].linear_residual(act, layer.mlp.down_proj.weight, None)
             branch_norm = layer.post_feedforward_layernorm.weight
         out = torch.empty_like(x)
         self._join_norm(x, branch, branch_norm, enc.norm.weight, None, out)

@@ -29,7 +29,7 @@ INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
 DOT_F32 = INTERPRETED
 _RNE_BY_HAND = tl.constexpr(INTERPRETED)
 
-BM_MAX = 64  # rows per program; more rows run as more row blocks
+BM_MAX = 64  # rows per program by default; more rows run as more row blocks
 
 
 @dataclass(frozen=True)
@@ -65,6 +65,9 @@ class Tiles:
     gate_bm: int = 64
     """Most rows per program of the q/k/v and gate/up GEMMs: with many rows, smaller row blocks
     give more programs (each streams its weight slice again, mostly from L2)."""
+    split_bm: int = BM_MAX
+    """Most rows per program of ``linear_residual`` (up to 128: wide tiles for hundreds of
+    rows, where each smaller block would read the weight and its input rows again)."""
     tma: bool = False
     """Weight tiles through the tensor-memory accelerator (host ``TensorDescriptor``s, one per
     weight and tile shape, cached) instead of per-thread loads; same tiles, same bits."""
@@ -294,8 +297,8 @@ def warm_row_counts(max_rows: int) -> list[int]:
 
 
 def row_block(rows: int, most: int = BM_MAX) -> int:
-    """Rows per program for ``rows`` rows: a power of two from 16 up to ``most`` (<= BM_MAX)."""
-    return min(most, BM_MAX, max(16, triton.next_power_of_2(rows)))
+    """Rows per program for ``rows`` rows: a power of two from 16 up to ``most`` (<= 128)."""
+    return min(most, 128, max(16, triton.next_power_of_2(rows)))
 
 
 class FusedGemms:
@@ -396,7 +399,7 @@ class FusedGemms:
         out = torch.empty(rows, n, dtype=a.dtype, device=a.device)
         has_res = residual is not None
         residual = residual if has_res else out  # never read
-        bm = row_block(rows)
+        bm = row_block(rows, t.split_bm)
         bk = min(t.split_bk, k // t.split_k)
         linear_residual_kernel[(n // t.split_bn, t.split_k, triton.cdiv(rows, bm))](
             a, self.weight(weight, t.split_bn, bk), residual, out, workspace, counters, rows,

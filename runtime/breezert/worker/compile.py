@@ -118,10 +118,11 @@ def compile_backbone_layers(model: BreezeModel) -> None:
 
 def text_encode_fn(
     model: BreezeModel, compile_text_encoder: bool, fused_text_encoder: bool = False,
-    pdl: bool = False, fused_max_tokens: int = 128,
+    pdl: bool = False, fused_max_tokens: int = 128, wide_tiles: bool = False,
 ) -> Callable[..., dict[str, torch.Tensor]]:
     """``encode_text`` bound to ``model``; on CUDA its layers run the fused Triton kernels
-    (``fused_text_encoder``, batches of up to ``fused_max_tokens`` tokens; longer ones eager)
+    (``fused_text_encoder``, batches of up to ``fused_max_tokens`` tokens, wider GEMM tiles past
+    128 with ``wide_tiles``; longer ones eager)
     or it is compiled whole (26 layers, dynamic token count). The
     encoder sits on the first-packet path and runs ~70 launches per layer unfused; the compile
     costs start-up time, so both are switches to measure, off by default."""
@@ -133,7 +134,8 @@ def text_encode_fn(
         if not getattr(encoder, "is_fused", False):
             from breezert.kernels.fused_text_encoder import FusedTextEncoder  # needs Triton
 
-            encoder.encode = FusedTextEncoder(encoder, max_tokens=fused_max_tokens, pdl=pdl)
+            encoder.encode = FusedTextEncoder(encoder, max_tokens=fused_max_tokens, pdl=pdl,
+                                              wide_tiles=wide_tiles)
             encoder.is_fused = True
             logger.info("text encoder layers run the fused Triton kernels (up to %d tokens)",
                         fused_max_tokens)

@@ -130,7 +130,8 @@ class ModelRunner:
                 model,
                 runner("text_encode", text_encode_fn(
                     model, graph.compile_text_encoder, graph.fused_text_encoder, graph.pdl,
-                    fused_max_tokens=graph.fused_text_encoder_max_tokens)),
+                    fused_max_tokens=graph.fused_text_encoder_max_tokens,
+                    wide_tiles=graph.fused_text_encoder_wide_tiles)),
                 graph.text_encode_buckets,
             ),
             Stage.PREFILL: PrefillStage(
