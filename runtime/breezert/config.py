@@ -248,8 +248,10 @@ class GraphConfig(_Frozen):
     fused_text_encoder_wide_tiles: bool = False
     """With ``fused_text_encoder``: batches of more than 128 tokens run the GEMMs in 128 x 64
     tiles (``kernels/fused_text_encoder.WIDE_ROWS``), halving what each layer moves through L2
-    at 512 tokens; the same K split and K tiles. Off until an H200 run times it (phase
-    ``te-wide`` of ``bench/h200_session.sh``)."""
+    at 512 tokens; the same K split and K tiles, and on the H200 the same bits. H200 graph
+    replays (3 Dec, ``h200-stage-timing-te-wide-20261203.json``): 3.22 / 5.47 / 12.33 ->
+    2.80 / 4.67 / 10.48 ms at 256 / 512 / 1024 tokens. On in ``configs/h200-latency.toml``; the
+    engine run beside the narrow tiles (phase ``te-wide``) was cut by the device budget."""
     decode_batch_buckets: tuple[int, ...] = (1, 2, 4, 8, 16, 32)
     """DECODE batch sizes in rows (CFG branches count)."""
     decode_context_buckets: tuple[int, ...] = (256, 512, 1024, 2048)
