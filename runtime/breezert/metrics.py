@@ -19,7 +19,7 @@ from breezert.constants import FRAME_S
 from breezert.sched.scheduler import ChunkEmitted, RequestFinished, SchedulerEvent
 
 STEP_LOG = 1 << 16
-"""Steps the log keeps (minutes of steps at 64 streams); older ones fall out."""
+"""Steps a benchmark's log keeps (minutes of steps at 64 streams); older ones fall out."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,15 +63,18 @@ class _Series:
 class EngineMetrics:
     """Counters, recent-window quantiles and a TTFB histogram."""
 
-    def __init__(self) -> None:
+    def __init__(self, step_log: int = 0) -> None:
+        """``step_log``: keep the latest that many steps in ``steps`` (0: none; a serving
+        engine keeps none, since each entry holds the ids of the requests it carried)."""
         self.step_s: dict[str, _Series] = {}
         self.batch_rows: dict[str, _Series] = {}
         self.ttfb = _Series()
         self.rtf = _Series()
         self.ttfb_buckets = [0] * (len(TTFB_BUCKETS_S) + 1)
         self.counters: dict[str, int] = {}
-        self.steps: deque[StepRecord] = deque(maxlen=STEP_LOG)
+        self.steps: deque[StepRecord] = deque(maxlen=step_log)
         """The latest steps in order (``bench/first_packet.py`` reads them; not exported)."""
+        self.step_log = step_log
         self.num_finished = 0
         """Requests that reached a terminal status (``active_requests`` = added - this)."""
 
@@ -83,7 +86,7 @@ class EngineMetrics:
         """A step's time and rows; with ``start`` (engine clock) it also enters the step log."""
         self.step_s.setdefault(stage, _Series()).add(duration_s)
         self.batch_rows.setdefault(stage, _Series()).add(float(num_rows))
-        if start is not None:
+        if start is not None and self.step_log:
             self.steps.append(StepRecord(stage, frozenset(request_ids), start,
                                          start + duration_s))
 

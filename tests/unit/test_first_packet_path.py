@@ -46,10 +46,16 @@ def test_summary_over_requests_in_milliseconds_with_missing_parts_as_zero() -> N
     assert first_packet_paths([], [FirstPacket("a", 0.0, 1.0)]) == {}
 
 
-def test_the_engine_metrics_log_steps_with_their_requests() -> None:
-    metrics = EngineMetrics()
+def test_the_engine_metrics_log_steps_with_their_requests_only_when_asked() -> None:
+    metrics = EngineMetrics(step_log=2)
     metrics.record_step("depth", 2, 0.005, ("a", "b", "a"), start=1.0)
     metrics.record_step("codec", 1, 0.002)  # no start: timed, not logged
     assert list(metrics.steps) == [_step("depth", {"a", "b"}, 1.0, 1.005)]
+    for start in (2.0, 3.0):  # the log keeps the latest ``step_log`` steps
+        metrics.record_step("decode", 1, 0.001, ("c",), start=start)
+    assert [step.start for step in metrics.steps] == [2.0, 3.0]
+    serving = EngineMetrics()  # a serving engine's metrics keep no log
+    serving.record_step("depth", 2, 0.005, ("a", "b"), start=1.0)
+    assert not serving.steps and serving.snapshot()["stages"]["depth"]["step_s"]["count"] == 1
     assert metrics.snapshot()["stages"]["codec"]["step_s"]["count"] == 1
     assert "steps" not in metrics.snapshot()  # the log is not exported

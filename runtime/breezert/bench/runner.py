@@ -231,7 +231,7 @@ def _runner_facts(engine: Any) -> dict[str, Any]:
 async def _engine_load_point(options: BenchOptions, variant: Variant, async_engine: Any,
                              config: Any, texts: list[str], load: LoadPoint,
                              gpu: _Gpu) -> dict[str, Any]:
-    from breezert.metrics import EngineMetrics
+    from breezert.metrics import STEP_LOG, EngineMetrics
 
     items = shard_items(make_workload(texts, options.num_requests, options.seed), options.shard)
     tag = f"{variant.name}-{load.label}"
@@ -240,7 +240,7 @@ async def _engine_load_point(options: BenchOptions, variant: Variant, async_engi
                    config.scheduler.max_running_requests)
     warmup_s = time.monotonic() - warmup_start
     # NOTE(bench): a fresh metrics object per run; the engine is idle here, so nothing races.
-    async_engine.engine.metrics = EngineMetrics()
+    async_engine.engine.metrics = EngineMetrics(step_log=STEP_LOG)  # for first_packet_path
     gpu.reset_peak()
     results = await _run_load(async_engine, items, load, options, tag)
     snapshot = async_engine.metrics()
