@@ -264,9 +264,9 @@ case "$phase" in
         | tee -a "$out/h200-profile-fused-codec.log" | grep -A13 CODEC || true
     done ;;
   te-wide)  # issue 14: the fused text encoder's wide GEMM tiles past 128 tokens
-    # (graph.fused_text_encoder_wide_tiles) against today's narrow tiles at the token counts a
-    # burst packs, their GPU test, then the engine at c=1 and 16 with and without (the c=16
-    # p95 is the opening burst's TEXT_ENCODE step)
+    # (graph.fused_text_encoder_wide_tiles, on in the profile since 518bddc) against the narrow
+    # tiles at the token counts a burst packs, their GPU test, then the engine at c=1 and 16
+    # with and without (the c=16 p95 is the opening burst, whose TEXT_ENCODE step this is)
     timeout 100 python3 bench/stage_timing.py --batches 1 --modes profile-te-wide,profile-te-wide-tiles \
       --text-tokens 128,256,512,1024 --out "$out/h200-stage-timing-te-wide.json" 2>&1 \
       | grep -v Warn | grep -iE 'text_encode|start-up|failed' || true
@@ -274,7 +274,7 @@ case "$phase" in
       -p no:cacheprovider 2>&1 | tee "$out/gpu_tests_te_wide.log" | grep -E 'wide tiles|passed|failed|^E ' || true
     timeout 170 "${bench[@]}" --concurrency "${CONCURRENCY:-1,16}" --num-requests 300 --warmup 16 \
       --run-budget 20 --variant 'profile=config' \
-      --variant 'wide-tiles=config;graph.fused_text_encoder_wide_tiles=true' \
+      --variant 'narrow-tiles=config;graph.fused_text_encoder_wide_tiles=false' \
       --out "$out/h200-te-wide.json" 2>&1 | grep '^\[bench' || true ;;
   path)  # issues 13/14: the profile as committed (fused text encoder up to 512 tokens since
     # 3 Dec) at c=1-64 with each first packet's time by part (own steps by stage, others', host:

@@ -13,7 +13,8 @@ text encoder, the serving profile's kernels), ``fused-te-pdl-decode`` (``fused-t
 PDL in the DECODE step too, ``graph.pdl_decode``). ``profile``: every kernel switch of
 ``configs/h200-latency.toml``'s ``[graph]`` as served (the modes above leave the codec eager and
 fp32); ``profile-te-wide`` and ``profile-te-eager``: the same with the fused text encoder up to
-1024 tokens, and without it.
+1024 tokens in its narrow tiles, and without it; ``profile-te-wide-tiles``: up to 1024 tokens
+with the wide tiles past 128.
 """
 
 from __future__ import annotations
@@ -59,7 +60,8 @@ PROFILE = {key: value
            if not key.endswith("_buckets")}
 """The serving profile's kernel switches (the buckets are this script's own)."""
 MODES["profile"] = PROFILE
-MODES["profile-te-wide"] = {**PROFILE, "fused_text_encoder_max_tokens": 1024}
+MODES["profile-te-wide"] = {**PROFILE, "fused_text_encoder_max_tokens": 1024,
+                            "fused_text_encoder_wide_tiles": False}
 MODES["profile-te-eager"] = {**PROFILE, "fused_text_encoder": False}
 MODES["profile-te-wide-tiles"] = {**PROFILE, "fused_text_encoder_max_tokens": 1024,
                                   "fused_text_encoder_wide_tiles": True}

@@ -241,7 +241,8 @@ class GraphConfig(_Frozen):
     -> 19.5 ms. On in ``configs/h200-latency.toml``."""
     fused_text_encoder_max_tokens: int = Field(default=128, ge=1, le=4096)
     """With ``fused_text_encoder``: the longest packed batch the fused layers take (their GEMMs
-    read each weight once per 64 rows; longer batches run the eager encoder). A burst of 16
+    read each weight once per row block, of 64 rows, or 128 past 128 tokens with
+    ``fused_text_encoder_wide_tiles``; longer batches run the eager encoder). A burst of 16
     sentences packs ~370 tokens (bucket 512). H200 graph replays (3 Dec, te-tokens): fused
     3.31 / 5.62 / 12.40 ms at 256 / 512 / 1024 tokens, eager 5.78 / 7.38 / 12.58; 512 in
     ``configs/h200-latency.toml`` (c=16 TTFB p95 33 -> 32 ms, c=32 92 -> 84 in one run)."""

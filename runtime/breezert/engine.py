@@ -22,7 +22,7 @@ from typing import Any
 from breezert.config import EngineConfig
 from breezert.errors import InvalidRequest
 from breezert.loader import Checkpoint
-from breezert.metrics import EngineMetrics
+from breezert.metrics import EngineMetrics, StepRecord
 from breezert.models.generate import cfg_branches
 from breezert.outputs import AudioChunk, StageOutput
 from breezert import prompting
@@ -206,6 +206,12 @@ class Engine:
         (``breezert.sched.load.EngineLoad``); safe from any thread."""
         with self._lock:
             return self.scheduler.load(self.predictor, self.clock())
+
+    def step_log(self) -> list[StepRecord]:
+        """A copy of the metrics' step log (``EngineMetrics(step_log=N)``; empty without one);
+        safe from any thread."""
+        with self._lock:
+            return list(self.metrics.steps)
 
     def drain(self) -> list[EngineOutput]:
         """Outcomes produced outside ``step`` (``abort``, ``close_input``) that no step returned

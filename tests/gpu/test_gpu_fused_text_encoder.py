@@ -107,7 +107,8 @@ def test_wide_tiles_are_as_close_to_fp32_and_replay(encoders, lengths: list[int]
                                                     pad: int) -> None:
     """``wide_tiles`` (128 x 64 GEMM tiles past 128 tokens) at an opening burst's 512 tokens and
     at 160: as close to the fp32 encoder as the eager bf16 one, within bf16 rounding of the
-    narrow tiles, deterministic, and the same bits replayed in a CUDA graph with PDL."""
+    narrow tiles (on the H200, 3 Dec: the same bits, which the profile relies on),
+    deterministic, and the same bits replayed in a CUDA graph with PDL."""
     from breezert.kernels.fused_text_encoder import FusedTextEncoder
 
     enc, exact = encoders
@@ -134,4 +135,4 @@ def test_wide_tiles_are_as_close_to_fp32_and_replay(encoders, lengths: list[int]
           f"bits equal to the narrow tiles: {same:.4f}")
     assert err["mean"][0] <= 1.25 * err["mean"][1] + 1e-4, err
     assert err["max"][0] <= 2.0 * err["max"][1] + 1e-3, err
-    assert (got - apart).abs().max().item() <= 0.03 * apart.abs().max().item()
+    assert torch.equal(got, apart)  # same K split and K tiles: each sum in the same order

@@ -44,6 +44,12 @@ def test_summary_over_requests_in_milliseconds_with_missing_parts_as_zero() -> N
     means = sum(v["mean"] for k, v in summary.items() if k.endswith("_ms"))
     assert means == pytest.approx(1000 * ((0.029 - 0.004) + 0.018) / 2)
     assert first_packet_paths([], [FirstPacket("a", 0.0, 1.0)]) == {}
+    assert "log_truncated" not in summary
+    # a full log whose oldest step began after a request's submit lost steps of its path
+    late = first_packet_paths(LOG[1:], [FirstPacket("a", 0.004, 0.029)], log_full=True)
+    assert late["log_truncated"] is True
+    assert "log_truncated" not in first_packet_paths(LOG, [FirstPacket("a", 0.004, 0.029)],
+                                                     log_full=True)
 
 
 def test_the_engine_metrics_log_steps_with_their_requests_only_when_asked() -> None:

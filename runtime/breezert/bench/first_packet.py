@@ -8,9 +8,15 @@ whose first chunk left the engine at ``c`` (the end of the CODEC step that made 
 - ``own_<stage>``: time in steps of that stage that carried r, between s and c;
 - ``others``: time in steps between s and c that did not carry r (it waited behind them);
 - ``host``: the rest of ``c - s`` (scheduling, committing, input preparation outside steps,
-  and the engine loop between steps); the parts sum to the TTFB exactly.
+  and the engine loop between steps); the parts sum to the TTFB by construction.
 
 A step that began before s counts from s (a request submitted mid-step waits for its end).
+Step times are the host's wall time around the worker's ``execute``: a step that returns
+before its GPU work ends (TEXT_ENCODE, PREFILL, DECODE read nothing back) leaves that work to
+the next step that waits for the GPU, so a request's DEPTH step holds its own text encode and
+prefill, and its wait behind another request's step can hold GPU work of its own (or theirs).
+A log that lost its oldest steps (``EngineMetrics.step_log``) makes the summary say
+``log_truncated``: the lost time would count as host time.
 Must not: run anything or read the clock; it reads what a run recorded.
 """
 
@@ -50,16 +56,20 @@ def first_packet_path(steps: Sequence[StepRecord], request: FirstPacket) -> dict
     return parts
 
 
-def first_packet_paths(steps: Iterable[StepRecord],
-                       requests: Iterable[FirstPacket]) -> dict[str, Any]:
+def first_packet_paths(steps: Iterable[StepRecord], requests: Iterable[FirstPacket],
+                       log_full: bool = False) -> dict[str, Any]:
     """Per part: p50 / p95 / mean milliseconds over ``requests`` (a part a request lacks counts
-    as 0 for it), and how many requests; empty without requests or steps."""
+    as 0 for it), and how many requests; empty without requests or steps. ``log_full``: the
+    log is at its size limit, so steps may have fallen out of it."""
     log = sorted(steps, key=lambda step: step.start)
+    requests = list(requests)
     paths = [first_packet_path(log, r) for r in requests]
     if not paths or not log:
         return {}
     names = sorted({name for path in paths for name in path})
     summary: dict[str, Any] = {"num_requests": len(paths)}
+    if log_full and log[0].start > min(r.submit_time for r in requests):
+        summary["log_truncated"] = True
     for name in names:
         values = np.array([path.get(name, 0.0) for path in paths]) * 1000
         summary[f"{name}_ms"] = {"p50": float(np.percentile(values, 50)),

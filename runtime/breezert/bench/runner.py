@@ -247,25 +247,18 @@ async def _engine_load_point(options: BenchOptions, variant: Variant, async_engi
     run = _run_record(variant, load, results, options, snapshot, gpu.peak_bytes(),
                       truncated=len(results) < len(items))
     run["warmup_s"] = warmup_s
-    run["first_packet_path"] = _first_packet_path(async_engine.engine.metrics, results)
+    run["first_packet_path"] = _first_packet_path(async_engine.engine, results)
     return run
 
 
-def _first_packet_path(metrics: Any, results: list[RequestResult]) -> dict[str, Any]:
+def _first_packet_path(engine: Any, results: list[RequestResult]) -> dict[str, Any]:
     """Where the run's first packets spent their time (``bench/first_packet.py``)."""
     from breezert.bench.first_packet import FirstPacket, first_packet_paths
 
-    for _ in range(5):  # the engine is idle now; a last step may still be being logged
-        try:
-            steps = list(metrics.steps)
-            break
-        except RuntimeError:  # deque mutated during iteration
-            continue
-    else:
-        return {}
+    steps = engine.step_log()
     firsts = [FirstPacket(r.request_id, r.submit_time, r.chunk_times[0])
               for r in results if r.is_ok]
-    return first_packet_paths(steps, firsts)
+    return first_packet_paths(steps, firsts, log_full=len(steps) == engine.metrics.step_log)
 
 
 async def _warm_up(target: Any, texts: list[str], load: LoadPoint, options: BenchOptions,

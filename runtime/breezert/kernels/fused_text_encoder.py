@@ -285,15 +285,17 @@ class FusedTextEncoder:
     def _gemms(self, k: int, n: int, device: torch.device, wide: bool = False) -> FusedGemms:
         """A split-K launcher for ``[*, k] @ [k, n]`` with whole tiles; ``wide``: 128-row,
         64-column tiles with 8 warps (``WIDE_ROWS``), the same K split and K tiles."""
-        split_bn = _largest_block(n, 64 if wide else 32)
+        split_bn = _largest_block(n, self.WIDE_GATE_BN if wide else 32)
         bk = _largest_block(k, 256)
         split = _split_for(k, bk)
         bk = min(bk, k // split)
         tiles = Tiles(split_k=split, split_bn=split_bn, split_bk=bk, pdl=self.pdl)
         if wide:
-            tiles = replace(tiles, split_bm=128, split_warps=8,
-                            split_stages=_stages(2 * (128 + split_bn) * bk))
-        gemms = FusedGemms(tiles, self.max_tokens, n, device)
+            tiles = replace(tiles, split_bm=self.WIDE_BM, split_warps=8,
+                            split_stages=_stages(2 * (self.WIDE_BM + split_bn) * bk))
+        # with wide tiles the narrow ones serve at most WIDE_ROWS rows: workspace for those
+        rows = self.max_tokens if wide or not self.wide_tiles else WIDE_ROWS
+        gemms = FusedGemms(tiles, rows, n, device)
         gemms.check("text encoder", split=(n, k))
         return gemms
 
@@ -304,8 +306,8 @@ class FusedTextEncoder:
         of attention."""
         device = self.encoder.norm.weight.device
         counts, blocks = set(warm_row_counts(self.max_tokens)), 2
-        if self.wide_tiles:  # the 128-row blocks of wide tiles (and the first wide count)
-            counts |= {WIDE_ROWS + 1, min(self.max_tokens, 2 * WIDE_ROWS + 1)}
+        if self.wide_tiles:  # the wide tiles' 128-row blocks
+            counts.add(WIDE_ROWS + 1)
         while self.BLOCK_KV * (blocks // 2) < self.max_tokens:  # fewest tokens needing ``blocks``
             counts.add(self.BLOCK_KV * (blocks // 2) + 1)
             blocks *= 2

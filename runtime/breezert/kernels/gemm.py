@@ -292,7 +292,8 @@ def check_bf16(weight: torch.Tensor, model: str) -> None:
 
 def warm_row_counts(max_rows: int) -> list[int]:
     """One row count per row-block size (16, 32, 64 rows) up to ``max_rows``: running each once
-    at start builds every kernel variant a layer can need."""
+    at start builds every kernel variant a layer with the default row blocks can need (a caller
+    that asks for 128-row blocks, ``row_block(rows, 128)``, adds a count past 64 itself)."""
     return sorted({min(rows, max_rows) for rows in (1, 17, 33)})
 
 
