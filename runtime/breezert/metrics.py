@@ -74,7 +74,6 @@ class EngineMetrics:
         self.counters: dict[str, int] = {}
         self.steps: deque[StepRecord] = deque(maxlen=step_log)
         """The latest steps in order (``bench/first_packet.py`` reads them; not exported)."""
-        self.step_log = step_log
         self.num_finished = 0
         """Requests that reached a terminal status (``active_requests`` = added - this)."""
 
@@ -86,7 +85,7 @@ class EngineMetrics:
         """A step's time and rows; with ``start`` (engine clock) it also enters the step log."""
         self.step_s.setdefault(stage, _Series()).add(duration_s)
         self.batch_rows.setdefault(stage, _Series()).add(float(num_rows))
-        if start is not None and self.step_log:
+        if start is not None and self.steps.maxlen:
             self.steps.append(StepRecord(stage, frozenset(request_ids), start,
                                          start + duration_s))
 

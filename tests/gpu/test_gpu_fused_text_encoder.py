@@ -39,6 +39,16 @@ def _packed(lengths: list[int], pad: int) -> tuple[torch.Tensor, ...]:
     return ids, seg, pos
 
 
+def _replayed(fn, *args: torch.Tensor) -> torch.Tensor:  # type: ignore[no-untyped-def]
+    """``fn(*args)`` captured in a CUDA graph and replayed once: the graph's output."""
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = fn(*args)
+    graph.replay()
+    torch.cuda.synchronize()
+    return out
+
+
 BURST = [23, 31, 12, 27, 19, 44, 23, 8, 25, 30, 16, 21, 35, 23, 14, 29]
 """16 sentences' token counts (``texts_en.tsv`` averages 23): an opening burst's TEXT_ENCODE step,
 380 tokens padded to the 512 bucket (``graph.fused_text_encoder_max_tokens``)."""
@@ -94,11 +104,7 @@ def test_pdl_changes_no_bit(encoders) -> None:
         want = FusedTextEncoder(enc)(ids, seg, pos)
         pdl = FusedTextEncoder(enc, pdl=True)
         got = pdl(ids, seg, pos)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            out = pdl(ids, seg, pos)
-        graph.replay()
-        torch.cuda.synchronize()
+        out = _replayed(pdl, ids, seg, pos)
     assert torch.equal(got, want) and torch.equal(out, want)
 
 
@@ -121,11 +127,7 @@ def test_wide_tiles_are_as_close_to_fp32_and_replay(encoders, lengths: list[int]
         got = wide(ids, seg, pos)
         again = wide(ids, seg, pos)
         apart = narrow(ids, seg, pos).float()
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            out = wide(ids, seg, pos)
-        graph.replay()
-        torch.cuda.synchronize()
+        out = _replayed(wide, ids, seg, pos)
     assert torch.equal(got, again) and torch.equal(out, got)
     got = got.float()
     err = {stat.__name__: (stat((got - want).abs()).item(), stat((eager - want).abs()).item())

@@ -15,7 +15,7 @@ Step times are the host's wall time around the worker's ``execute``: a step that
 before its GPU work ends (TEXT_ENCODE, PREFILL, DECODE read nothing back) leaves that work to
 the next step that waits for the GPU, so a request's DEPTH step holds its own text encode and
 prefill, and its wait behind another request's step can hold GPU work of its own (or theirs).
-A log that lost its oldest steps (``EngineMetrics.step_log``) makes the summary say
+A log that lost its oldest steps (``EngineMetrics(step_log=N)``) makes the summary say
 ``log_truncated``: the lost time would count as host time.
 Must not: run anything or read the clock; it reads what a run recorded.
 """

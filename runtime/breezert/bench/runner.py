@@ -258,7 +258,7 @@ def _first_packet_path(engine: Any, results: list[RequestResult]) -> dict[str, A
     steps = engine.step_log()
     firsts = [FirstPacket(r.request_id, r.submit_time, r.chunk_times[0])
               for r in results if r.is_ok]
-    return first_packet_paths(steps, firsts, log_full=len(steps) == engine.metrics.step_log)
+    return first_packet_paths(steps, firsts, log_full=len(steps) == engine.metrics.steps.maxlen)
 
 
 async def _warm_up(target: Any, texts: list[str], load: LoadPoint, options: BenchOptions,

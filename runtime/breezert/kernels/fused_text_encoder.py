@@ -247,7 +247,7 @@ class FusedTextEncoder:
 
     JOIN_ROWS = 2  # rows per program of the join + norm launches (whole rows in registers)
     GATE_BN = 32  # gate/up columns per program: 6912 / 32 = 216 programs for 132 SMs
-    WIDE_GATE_BN, WIDE_BM = 64, 128  # the gate/up tiles past ``WIDE_ROWS`` tokens (8 warps)
+    WIDE_BN, WIDE_BM = 64, 128  # every GEMM's tiles past ``WIDE_ROWS`` tokens (8 warps)
     BLOCK_Q, BLOCK_KV = 16, 32  # attention: query rows per program, keys per iteration
 
     def __init__(self, encoder: torch.nn.Module, max_tokens: int = MAX_TOKENS,
@@ -270,7 +270,7 @@ class FusedTextEncoder:
         if d % self.bk or inter % self.gate_bn or hd % 32 or cfg.num_heads % cfg.num_kv_heads:
             raise ValueError(f"fused text encoder: hidden {d}, intermediate {inter}, head_dim "
                              f"{hd} do not fit whole tiles")
-        self.wide_gate_bn = _largest_block(inter, self.WIDE_GATE_BN)
+        self.wide_gate_bn = _largest_block(inter, self.WIDE_BN)
         if self.wide_tiles and inter % self.wide_gate_bn:
             raise ValueError(f"fused text encoder: intermediate {inter} does not fit wide tiles")
         device = encoder.norm.weight.device
@@ -285,7 +285,7 @@ class FusedTextEncoder:
     def _gemms(self, k: int, n: int, device: torch.device, wide: bool = False) -> FusedGemms:
         """A split-K launcher for ``[*, k] @ [k, n]`` with whole tiles; ``wide``: 128-row,
         64-column tiles with 8 warps (``WIDE_ROWS``), the same K split and K tiles."""
-        split_bn = _largest_block(n, self.WIDE_GATE_BN if wide else 32)
+        split_bn = _largest_block(n, self.WIDE_BN if wide else 32)
         bk = _largest_block(k, 256)
         split = _split_for(k, bk)
         bk = min(bk, k // split)
@@ -344,7 +344,7 @@ class FusedTextEncoder:
         hd, heads, kv_heads = cfg.head_dim, cfg.num_heads, cfg.num_kv_heads
         wide = self.wide_tiles and rows > WIDE_ROWS
         gemms = self.wide_gemms if wide else self.gemms
-        bm = row_block(rows, self.WIDE_BM if wide else 64)
+        bm = row_block(rows, self.WIDE_BM) if wide else row_block(rows)
         gate_bn = self.wide_gate_bn if wide else self.gate_bn
         eps = cfg.rms_norm_eps
         attn = torch.empty(rows, heads * hd, dtype=dtype, device=x.device)
