@@ -278,8 +278,9 @@ case "$phase" in
       --out "$out/h200-te-wide.json" 2>&1 | grep '^\[bench' || true ;;
   path)  # issues 13/14: the profile as committed (fused text encoder up to 512 tokens since
     # 3 Dec) at c=1-64 with each first packet's time by part (own steps by stage, others', host:
-    # first_packet_path), 32 new requests per step at c=32 and 64, then the census of one
-    # depth frame at 1 row with PDL and the fused sampler (where its 6.3 ms of layers go)
+    # first_packet_path) and the opening burst's step timeline (opening_burst), 32 new requests
+    # per step at c=32 and 64, the census of one depth frame at 1 row with PDL and the fused
+    # sampler (where its 6.3 ms of layers go), then each stage's graph at 1-64 rows
     timeout 200 "${bench[@]}" --concurrency "${CONCURRENCY:-1,16,32,64}" --num-requests 300 \
       --warmup 16 --run-budget 25 --variant 'profile=config' \
       --out "$out/h200-path.json" 2>&1 | grep '^\[bench' || true
@@ -288,7 +289,10 @@ case "$phase" in
       --out "$out/h200-path-admit32.json" 2>&1 | grep '^\[bench' || true
     timeout 80 python3 bench/profile_stages.py --batch 1 --fused --fused-decode --compile \
       --fused-sampling --pdl --top 12 2>&1 | grep -v Warn | tee "$out/h200-profile-depth-1.log" \
-      | grep -A13 DEPTH || true ;;
+      | grep -A13 DEPTH || true
+    # each stage's graph at the row counts a burst brings (CODEC at 1 and 16 frames a row)
+    timeout 90 python3 bench/stage_timing.py --batches 1,16,32,64 --modes profile \
+      --out "$out/h200-stage-timing-path.json" 2>&1 | grep -v Warn | tail -12 || true ;;
   admit)  # issue 13: 32 new requests per TEXT_ENCODE / PREFILL step with first-chunk CODEC steps
     # of up to 64 frames, against the profile (16 / 16 frames); the simulator (3 Dec,
     # sim-what-if-20261203.json) puts c=32 p95 89 -> 48 ms and c=64 222 -> 180 ms, 0 underruns

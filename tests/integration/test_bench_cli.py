@@ -90,6 +90,12 @@ def test_bench_writes_json_png_and_table(bench_run: tuple[Path, float]) -> None:
         total_ms = sum(v["mean"] for k, v in path.items() if k.endswith("_ms"))
         assert total_ms == pytest.approx(run["ttfb_s"]["mean"] * 1000, abs=0.01)
         assert path["host_ms"]["mean"] >= 0
+    # c=2's opening burst: both requests, the steps until the later first chunk
+    burst = engine_runs[1]["opening_burst"]
+    assert burst["num_requests"] == 2 and len(burst["first_chunk_ms"]) == 2
+    assert {s["stage"] for s in burst["steps"]} >= {"text_encode", "depth", "codec"}
+    assert max(s["start_ms"] + s["ms"] for s in burst["steps"]) >= burst["first_chunk_ms"][-1]
+    assert engine_runs[0]["opening_burst"] == {}  # c=1 has no burst
     naive = doc["runs"][2]
     # the naive baseline hands over the whole utterance at once: TTFB = the synthesis time
     assert all(r["num_chunks"] == 1 for r in naive["requests"])

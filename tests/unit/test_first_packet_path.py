@@ -4,7 +4,12 @@ from __future__ import annotations
 
 import pytest
 
-from breezert.bench.first_packet import FirstPacket, first_packet_path, first_packet_paths
+from breezert.bench.first_packet import (
+    FirstPacket,
+    first_packet_path,
+    first_packet_paths,
+    opening_steps,
+)
 from breezert.metrics import EngineMetrics, StepRecord
 
 pytestmark = pytest.mark.unit
@@ -65,3 +70,18 @@ def test_the_engine_metrics_log_steps_with_their_requests_only_when_asked() -> N
     assert not serving.steps and serving.snapshot()["stages"]["depth"]["step_s"]["count"] == 1
     assert metrics.snapshot()["stages"]["codec"]["step_s"]["count"] == 1
     assert "steps" not in metrics.snapshot()  # the log is not exported
+
+
+def test_the_opening_burst_timeline_lists_the_steps_until_its_last_first_chunk() -> None:
+    requests = [FirstPacket("b", 0.0, 0.018), FirstPacket("a", 0.004, 0.029),
+                FirstPacket("c", 0.5, 0.6)]  # c came later: not in a burst of 2
+    burst = opening_steps(LOG, requests, 2)
+    assert burst["num_requests"] == 2
+    assert burst["submit_ms"] == [0.0, 4.0]
+    assert burst["first_chunk_ms"] == [18.0, 29.0]
+    stages = [(s["stage"], s["burst_requests"], s["requests"]) for s in burst["steps"]]
+    assert stages == [("depth", 1, 1), ("text_encode", 1, 1), ("prefill", 2, 2),
+                      ("codec", 1, 1), ("depth", 2, 2), ("codec", 1, 1)]  # not the decode at 30
+    assert burst["steps"][1]["start_ms"] == pytest.approx(11.0)
+    assert burst["steps"][1]["ms"] == pytest.approx(2.0)
+    assert opening_steps([], requests, 2) == {}

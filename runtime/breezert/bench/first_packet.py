@@ -2,7 +2,8 @@
 steps it waited behind, and the host time in between.
 
 Owns: ``first_packet_paths`` over the engine's step log (``EngineMetrics.steps``) and the
-requests' submit and first-chunk times, and its summary. For request r submitted at ``s``,
+requests' submit and first-chunk times, and its summary; ``opening_steps``, the step timeline of
+a closed loop's opening burst. For request r submitted at ``s``,
 whose first chunk left the engine at ``c`` (the end of the CODEC step that made it):
 
 - ``own_<stage>``: time in steps of that stage that carried r, between s and c;
@@ -76,3 +77,28 @@ def first_packet_paths(steps: Iterable[StepRecord], requests: Iterable[FirstPack
                                  "p95": float(np.percentile(values, 95)),
                                  "mean": float(values.mean())}
     return summary
+
+
+def opening_steps(steps: Iterable[StepRecord], requests: Iterable[FirstPacket],
+                  burst: int) -> dict[str, Any]:
+    """The timeline of a run's opening burst: the first ``burst`` requests by submit time, the
+    steps that ran from the first submit to the last of their first chunks (stage, how many of
+    the burst's requests and how many requests in all they carried, start and length in ms
+    from the first submit), and when each burst request's first chunk left. Empty without
+    requests or steps."""
+    firsts = sorted(requests, key=lambda r: r.submit_time)[:burst]
+    log = sorted(steps, key=lambda step: step.start)
+    if not firsts or not log:
+        return {}
+    t0, end = firsts[0].submit_time, max(r.first_chunk_time for r in firsts)
+    ids = {r.request_id for r in firsts}
+    ms = lambda t: round((t - t0) * 1000, 3)  # noqa: E731
+    return {
+        "num_requests": len(firsts),
+        "submit_ms": [ms(r.submit_time) for r in firsts],
+        "first_chunk_ms": sorted(ms(r.first_chunk_time) for r in firsts),
+        "steps": [{"stage": s.stage, "burst_requests": len(s.request_ids & ids),
+                   "requests": len(s.request_ids), "start_ms": ms(s.start),
+                   "ms": round((s.end - s.start) * 1000, 3)}
+                  for s in log if s.end > t0 and s.start < end],
+    }

@@ -247,18 +247,22 @@ async def _engine_load_point(options: BenchOptions, variant: Variant, async_engi
     run = _run_record(variant, load, results, options, snapshot, gpu.peak_bytes(),
                       truncated=len(results) < len(items))
     run["warmup_s"] = warmup_s
-    run["first_packet_path"] = _first_packet_path(async_engine.engine, results)
+    run["first_packet_path"], run["opening_burst"] = _first_packet_path(
+        async_engine.engine, results, int(load.value) if load.mode == "closed" else 0)
     return run
 
 
-def _first_packet_path(engine: Any, results: list[RequestResult]) -> dict[str, Any]:
-    """Where the run's first packets spent their time (``bench/first_packet.py``)."""
-    from breezert.bench.first_packet import FirstPacket, first_packet_paths
+def _first_packet_path(engine: Any, results: list[RequestResult],
+                       burst: int) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Where the run's first packets spent their time, and the step timeline of its opening
+    burst of ``burst`` requests (a closed loop's concurrency; 0: none) (``bench/first_packet.py``)."""
+    from breezert.bench.first_packet import FirstPacket, first_packet_paths, opening_steps
 
     steps = engine.step_log()
     firsts = [FirstPacket(r.request_id, r.submit_time, r.chunk_times[0])
               for r in results if r.is_ok]
-    return first_packet_paths(steps, firsts, log_full=len(steps) == engine.metrics.steps.maxlen)
+    paths = first_packet_paths(steps, firsts, log_full=len(steps) == engine.metrics.steps.maxlen)
+    return paths, opening_steps(steps, firsts, burst) if burst > 1 else {}
 
 
 async def _warm_up(target: Any, texts: list[str], load: LoadPoint, options: BenchOptions,
