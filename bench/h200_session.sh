@@ -12,7 +12,7 @@
 #        first-packet-bench | chain P1 P2...  | decode | decode-micro | decode-bench | tune | profile | stages |
 #        ablation-eager | ablation-a|b|c|d[@I/N] | sweep | sweep+ablation | latency | latency-te |
 #        latency-nocap | predictor | predictor-edf | capacity-closed | capacity-open |
-#        slot-state | burst | slack | voice | te-tokens | admit | path | te-wide
+#        slot-state | burst | slack | voice | te-tokens | admit | path | te-wide | gil
 # An ablation phase with @I/N runs shard I of N of its requests (bench --shard).
 # Several GPUs (kind nvidia-h200-x4): "parallel GPU=PHASE[+PHASE...] ..." runs each list on its own
 # GPU at once, e.g. parallel 0=ablation-a@1/2 1=ablation-a@2/2 2=tests+ablation-d; the results
@@ -293,6 +293,14 @@ case "$phase" in
     # each stage's graph at the row counts a burst brings (CODEC at 1 and 16 frames a row)
     timeout 90 python3 bench/stage_timing.py --batches 1,16,32,64 --modes profile \
       --out "$out/h200-stage-timing-path.json" 2>&1 | grep -v Warn | tail -12 || true ;;
+  gil)  # issues 13/14: the engine thread's GIL hand-back (scheduler.thread_switch_interval_s):
+    # the interpreter's 5 ms against 0.5 and 0.1 ms, one run; opening_burst shows whether the
+    # burst's steps stop stretching while the event loop submits the rest of it
+    timeout 560 "${bench[@]}" --concurrency "${CONCURRENCY:-16,32,64}" --num-requests 300 \
+      --warmup 16 --run-budget 20 --variant 'profile=config' \
+      --variant 'gil500us=config;scheduler.thread_switch_interval_s=0.0005' \
+      --variant 'gil100us=config;scheduler.thread_switch_interval_s=0.0001' \
+      --out "$out/h200-gil.json" 2>&1 | grep '^\[bench' || true ;;
   admit)  # issue 13: 32 new requests per TEXT_ENCODE / PREFILL step with first-chunk CODEC steps
     # of up to 64 frames, against the profile (16 / 16 frames); the simulator (3 Dec,
     # sim-what-if-20261203.json) puts c=32 p95 89 -> 48 ms and c=64 222 -> 180 ms, 0 underruns

@@ -96,6 +96,12 @@ class SchedulerConfig(_Frozen):
     max_model_len: int = Field(default=2048, gt=2)
     """Backbone context per branch in tokens (prompt + frames); a segment stops at
     ``prompt_len + frames == max_model_len - 1`` (SPEC §2.5)."""
+    thread_switch_interval_s: float | None = Field(default=None, gt=0, le=0.1)
+    """Python's thread switch interval (``sys.setswitchinterval``) while an ``AsyncEngine``'s
+    engine thread runs; ``None`` keeps the interpreter's (5 ms). The engine thread shares the
+    GIL with the event loop that submits requests and delivers chunks: each time a step gives
+    the GIL up (an upload, a read-back) it waits up to this long to take it back while the loop
+    is busy, e.g. submitting a burst of requests (process-wide; restored by ``aclose``)."""
     max_lookahead_segments: int = Field(default=1, ge=0)
     """Segments after the active one that may text-encode and prefill ahead (each holds KV)."""
     max_text_encode_requests: int = Field(default=8, gt=0)
