@@ -297,7 +297,7 @@ class Engine:
         branches = cfg_branches(prompt, float(options.cfg_scale))
         return Segment(
             prompt_lens=tuple(p.num_tokens for p in branches), prompt=branches,
-            num_text_tokens=sum(len(s) for p in branches for s in p.text_segments()),
+            num_text_tokens=sum(n for p in branches for _, n in p.text_spans),
         )
 
     def _num_branches(self, options: SynthesisOptions, reference: Reference | None) -> int:

@@ -634,6 +634,25 @@ def test_admission_waits_for_blocks() -> None:
     h.assert_all_free()
 
 
+def test_a_running_request_gets_freed_blocks_for_its_next_segment_before_a_waiting_one() -> None:
+    # 32 blocks a segment, 40 in the pool: "a"'s second segment waits for its first one's
+    # blocks, and runs before "b" (waiting since it came) gets any.
+    h = Harness(num_blocks=40)
+    first = h.add(make_request("a", num_segments=2), eos_after=3)
+    assert h.sched._short_of_blocks == {"a"}  # running, a segment without blocks
+    second = h.add(make_request("b"), eos_after=3)
+    assert second.status is RequestStatus.WAITING
+    h.run()
+    assert all(seg.num_frames == 3 for seg in first.segments)
+    steps = [{(item.request_id, getattr(item, "segment_index", None)) for item in plan.items}
+             for plan in h.plans]
+    a_second = next(i for i, ids in enumerate(steps) if ("a", 1) in ids)
+    b_first = next(i for i, ids in enumerate(steps) if ("b", 0) in ids)
+    assert a_second < b_first
+    assert h.sched._short_of_blocks == set()
+    h.assert_all_free()
+
+
 def test_segment_that_can_never_fit_is_rejected() -> None:
     h = Harness(make_config(max_model_len=64, default_max_frames=20), num_blocks=7)
     with pytest.raises(InvalidRequest, match="max_model_len"):

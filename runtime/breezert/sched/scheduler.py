@@ -140,6 +140,10 @@ class Scheduler:
         self._requests: dict[str, Request] = {}  # waiting + running
         self._waiting: list[Request] = []  # sorted by (-priority, enqueue_time), FIFO on ties
         self._running: dict[str, Request] = {}  # admission order
+        self._short_of_blocks: set[str] = set()
+        """Running requests with a segment still QUEUED (no KV blocks yet): the only ones
+        ``_admit`` has blocks to give, so that admitting a burst does not walk every running
+        request for each new one."""
         self._free_slots = list(range(config.max_running_requests))  # a heap: lowest first
         self._new_requests: list[NewRequestData] = []
         self._released: list[str] = []
@@ -226,6 +230,7 @@ class Scheduler:
             raise InvalidRequest(f"request {request_id}: input is closed")
         self._check_segment(request, segment)
         request.add_segment(segment)
+        self._track_blocks(request)
         self._admit()
 
     def close_input(self, request_id: str, now: float) -> list[SchedulerEvent]:
@@ -384,7 +389,7 @@ class Scheduler:
         """Hands out blocks and slots: running requests' active segments, then waiting
         requests (strict priority/FIFO order: a request that does not fit blocks those behind
         it), then lookahead segments."""
-        for request in self._running.values():
+        for request in self._awaiting_blocks():
             self._allocate_segments(request, lookahead=0)
         for request in list(self._waiting):
             if not self._free_slots:
@@ -394,14 +399,29 @@ class Scheduler:
             if not self._allocate(request.segments[0]):
                 break
             self._start(request)
-        for request in self._running.values():
+        for request in self._awaiting_blocks():
             self._allocate_segments(request, lookahead=self.config.max_lookahead_segments)
+
+    def _awaiting_blocks(self) -> list[Request]:
+        """Running requests that have a QUEUED segment, in admission order."""
+        short = self._short_of_blocks
+        return [r for r in self._running.values() if r.request_id in short] if short else []
+
+    def _track_blocks(self, request: Request) -> None:
+        """Keeps ``request`` in ``_short_of_blocks`` exactly while it runs with a QUEUED
+        segment."""
+        if request.request_id in self._running and any(
+                seg.phase is SegmentPhase.QUEUED for seg in request.segments):
+            self._short_of_blocks.add(request.request_id)
+        else:
+            self._short_of_blocks.discard(request.request_id)
 
     def _start(self, request: Request) -> None:
         self._waiting.remove(request)
         request.status = RequestStatus.RUNNING
         request.slot = heapq.heappop(self._free_slots)
         self._running[request.request_id] = request
+        self._track_blocks(request)
         self._new_requests.append(NewRequestData(
             request_id=request.request_id, slot=request.slot, num_branches=request.num_branches,
             cfg_scale=request.cfg_scale, seed=request.seed, sampling=request.sampling,
@@ -415,6 +435,7 @@ class Scheduler:
         for segment in request.segments[active.index: active.index + 1 + lookahead]:
             if segment.phase is SegmentPhase.QUEUED and not self._allocate(segment):
                 return
+        self._track_blocks(request)
 
     def _allocate(self, segment: Segment) -> bool:
         need = segment.blocks_per_branch(self.block_pool.block_size)
@@ -633,6 +654,7 @@ class Scheduler:
                     self._free_blocks(seg)
                 heapq.heappush(self._free_slots, request.slot)
             del self._running[request.request_id]
+            self._short_of_blocks.discard(request.request_id)
             pending = [d for d in self._new_requests if d.request_id != request.request_id]
             if len(pending) == len(self._new_requests):
                 self._released.append(request.request_id)  # the worker knows it: release
