@@ -80,10 +80,11 @@ case "$phase" in
     # checkout: at a session's end keep the parts in a tracked folder (VOICE_STATE=voice-state,
     # committed; it then travels with the tree). Carry .whl, .whl-train (make train-wheels) and
     # .traindata (corpus.json.gz, built here). VOICE_ARGS: more pipeline flags, e.g.
-    # "--codec-batch-size 32".
+    # "--codec-batch-size 32". VOICE_MINUTES: the call's minutes (9.3), less where the session's
+    # device budget is short.
     mkdir -p /tmp/voice/teacher
     [ ! -f .traindata/corpus.json.gz ] || cp .traindata/corpus.json.gz /tmp/voice/teacher/
-    timeout 580 python3 -m breezert.train.pipeline --work /tmp/voice --minutes-total 9.3 \
+    timeout 580 python3 -m breezert.train.pipeline --work /tmp/voice --minutes-total "${VOICE_MINUTES:-9.3}" \
       --out "$out" --carry-in "${VOICE_STATE:-.voicestate}" ${VOICE_ARGS:-} 2>&1 \
       | tee /tmp/voice/pipeline.log | tail -40
     cp /tmp/voice/pipeline.log "$out/" ;;
@@ -294,12 +295,13 @@ case "$phase" in
     timeout 90 python3 bench/stage_timing.py --batches 1,16,32,64 --modes profile \
       --out "$out/h200-stage-timing-path.json" 2>&1 | grep -v Warn | tail -12 || true ;;
   gil)  # issues 13/14: the engine thread's GIL hand-back (scheduler.thread_switch_interval_s):
-    # the interpreter's 5 ms against 0.5 and 0.1 ms, one run; opening_burst shows whether the
-    # burst's steps stop stretching while the event loop submits the rest of it
+    # the interpreter's 5 ms against 0.2 ms, then 0.2 ms with uploads through pinned memory (the
+    # c=16 burst's PREFILL step waits 6.4 ms for the text encoder's GPU work behind a pageable
+    # upload), one run; opening_burst shows whether the burst's steps stop stretching
     timeout 560 "${bench[@]}" --concurrency "${CONCURRENCY:-16,32,64}" --num-requests 300 \
       --warmup 16 --run-budget 20 --variant 'profile=config' \
-      --variant 'gil500us=config;scheduler.thread_switch_interval_s=0.0005' \
-      --variant 'gil100us=config;scheduler.thread_switch_interval_s=0.0001' \
+      --variant 'gil200us=config;scheduler.thread_switch_interval_s=0.0002' \
+      --variant 'gil200us-pinned=config;scheduler.thread_switch_interval_s=0.0002;graph.async_uploads=true' \
       --out "$out/h200-gil.json" 2>&1 | grep '^\[bench' || true ;;
   admit)  # issue 13: 32 new requests per TEXT_ENCODE / PREFILL step with first-chunk CODEC steps
     # of up to 64 frames, against the profile (16 / 16 frames); the simulator (3 Dec,
