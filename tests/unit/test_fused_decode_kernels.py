@@ -71,6 +71,39 @@ def check_decode() -> None:
 
 
 @needs_triton
+def test_the_shapes_the_decode_tuner_searches_keep_every_bit() -> None:
+    run_in_interpreter(__name__, "check_tuner_fields_keep_bits()")
+
+
+def check_tuner_fields_keep_bits() -> None:
+    """``bench/tune_fused_decode.py`` searches column tiles and row blocks only (the K tiles and
+    split set the sum order): with any of them the step's hidden states are the same bits."""
+    from dataclasses import replace
+
+    from breezert.kernels.fused_decode import DECODE_TILES, FusedBackboneDecode
+
+    backbone = _backbone()
+    model = SimpleNamespace(backbone_model=backbone)
+    cache = PagedKVCache(SMALL.num_layers, 16, 16, SMALL.num_kv_heads, SMALL.head_dim,
+                         dtype=torch.bfloat16, device="cpu")
+    torch.manual_seed(2)
+    cache.kv.copy_(torch.randn_like(cache.kv.float()).to(torch.bfloat16))
+    meta = cache.decode_meta([KVRun([3, 11], 19, 1), KVRun([2, 9, 5], 40, 1)], 2, 64)
+    embeds = torch.randn(2, SMALL.hidden_size).to(torch.bfloat16)
+
+    def step(tiles: object) -> torch.Tensor:
+        fused = FusedBackboneDecode(model, max_rows=2, tiles=tiles, split_tokens=32)
+        with torch.inference_mode():
+            return fused(embeds, meta.positions, GatherKV(cache.kv.clone(), meta.write_rows,
+                                                          meta.read_rows, meta.mask))
+
+    want = step(DECODE_TILES)
+    for fields in ({"linear_bn": 16}, {"linear_bn": 32, "gate_bn": 32}, {"split_bn": 64},
+                   {"gate_bm": 16, "split_bm": 16}):
+        assert torch.equal(step(replace(DECODE_TILES, **fields)), want), fields
+
+
+@needs_triton
 def test_fused_decode_rejects_unfused_weights() -> None:
     from breezert.kernels.fused_decode import FusedBackboneDecode
 

@@ -176,6 +176,12 @@ def _decode_combine_kernel(part_ptr, len_ptr, out_ptr, stride_out, num_splits,
     tl.store(out, bf16(acc / total[:, None]).to(tl.bfloat16))
 
 
+DECODE_TILES = Tiles()
+"""The DECODE step's launch shapes (``worker/compile.decode_fn``): ``Tiles()``, the depth
+layers' first tuned shapes; ``bench/tune_fused_decode.py`` searches the fields that keep the
+bits."""
+
+
 class FusedBackboneDecode:
     """The backbone's forward for DECODE steps (``Qwen3Backbone.forward`` with a decode-form
     ``GatherKV``), as 5 launches per layer (see the module docstring).
@@ -190,7 +196,9 @@ class FusedBackboneDecode:
     (another build, and a row's bits may then differ from the shorter buckets')."""
 
     def __init__(self, model: torch.nn.Module, max_rows: int, tiles: Tiles | None = None,
-                 split_tokens: int = 128) -> None:
+                 split_tokens: int = 128, warm: bool = True) -> None:
+        """``tiles``: default ``DECODE_TILES``; ``warm``: build every kernel variant now (on
+        CUDA)."""
         backbone = model.backbone_model
         cfg = backbone.cfg
         self.backbone = backbone
@@ -198,7 +206,7 @@ class FusedBackboneDecode:
         self.eps = cfg.rms_norm_eps
         self.scale = 1.0 / math.sqrt(cfg.head_dim)
         device = backbone.norm.weight.device
-        self.gemms = gemms = FusedGemms(tiles or Tiles(), max_rows, cfg.hidden_size, device)
+        self.gemms = gemms = FusedGemms(tiles or DECODE_TILES, max_rows, cfg.hidden_size, device)
         check_bf16(backbone.norm.weight, "backbone")
         d, attn_width = cfg.hidden_size, self.heads * self.head_dim
         gemms.check("backbone hidden_size", norm_k=d,
@@ -218,7 +226,7 @@ class FusedBackboneDecode:
                              f"{self.ATTENTION_TILE}")
         self.split_tokens = split_tokens
         self.max_rows = max_rows
-        if device.type == "cuda":
+        if warm and device.type == "cuda":
             self.warm()
 
     @property

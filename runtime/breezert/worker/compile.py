@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from dataclasses import replace
 from functools import partial
 
 import torch
@@ -100,11 +101,10 @@ def decode_fn(
     dependent launch with ``pdl``)."""
     if not fused_decode or model.lm_head.weight.device.type != "cuda":
         return partial(backbone_decode, model, kv)
-    from breezert.kernels.fused_decode import FusedBackboneDecode  # needs Triton
-    from breezert.kernels.gemm import Tiles
+    from breezert.kernels.fused_decode import DECODE_TILES, FusedBackboneDecode  # needs Triton
 
     logger.info("backbone DECODE runs the fused Triton kernels (%d-row workspace)", max_rows)
-    fused = FusedBackboneDecode(model, max_rows, Tiles(pdl=pdl))
+    fused = FusedBackboneDecode(model, max_rows, replace(DECODE_TILES, pdl=pdl))
     return partial(backbone_decode, model, kv, backbone=fused)
 
 
