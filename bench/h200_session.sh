@@ -12,7 +12,7 @@
 #        first-packet-bench | chain P1 P2...  | decode | decode-micro | decode-bench | tune | profile | stages |
 #        ablation-eager | ablation-a|b|c|d[@I/N] | sweep | sweep+ablation | latency | latency-te |
 #        latency-nocap | predictor | predictor-edf | capacity-closed | capacity-open |
-#        slot-state | burst | slack | voice | te-tokens | admit | path | te-wide | gil | tune-decode
+#        slot-state | burst | slack | voice | te-tokens | admit | path | te-wide | gil | tune-decode | trace
 # An ablation phase with @I/N runs shard I of N of its requests (bench --shard).
 # Several GPUs (kind nvidia-h200-x4): "parallel GPU=PHASE[+PHASE...] ..." runs each list on its own
 # GPU at once, e.g. parallel 0=ablation-a@1/2 1=ablation-a@2/2 2=tests+ablation-d; the results
@@ -305,8 +305,13 @@ case "$phase" in
       --out "$out/h200-gil.json" 2>&1 | grep '^\[bench' || true ;;
   tune-decode)  # issue 13: the fused DECODE step's launch shapes (DECODE_TILES = Tiles() today:
     # 2.33 ms at one row, 1.2 TB/s of the backbone's 2.8 GB); only bit-preserving fields
-    timeout 400 python3 bench/tune_fused_decode.py --rows 2,32,128 --context 256 --budget-s 240 \
+    timeout 330 python3 bench/tune_fused_decode.py --rows 2,32,128 --context 256 --budget-s 200 \
       --out "$out/h200-tune-fused-decode.json" 2>&1 | grep -v Warn | tail -25 || true ;;
+  trace)  # issue 14: one request's first packet on the idle serving engine, each step on the
+    # host and on the GPU (CUDA events), and the kernel census of the whole first packet
+    timeout 200 python3 bench/first_packet_trace.py --config configs/h200-latency.toml \
+      --texts .benchdata/texts_en.tsv --tokenizer .benchdata/tokenizer.json --requests 5 \
+      --out "$out/h200-first-packet-trace.json" 2>&1 | grep -v Warn | tail -40 || true ;;
   admit)  # issue 13: 32 new requests per TEXT_ENCODE / PREFILL step with first-chunk CODEC steps
     # of up to 64 frames, against the profile (16 / 16 frames); the simulator (3 Dec,
     # sim-what-if-20261203.json) puts c=32 p95 89 -> 48 ms and c=64 222 -> 180 ms, 0 underruns
