@@ -305,7 +305,7 @@ case "$phase" in
       --out "$out/h200-gil.json" 2>&1 | grep '^\[bench' || true ;;
   tune-decode)  # issue 13: the fused DECODE step's launch shapes (DECODE_TILES = Tiles() today:
     # 2.33 ms at one row, 1.2 TB/s of the backbone's 2.8 GB); only bit-preserving fields
-    timeout 330 python3 bench/tune_fused_decode.py --rows 2,32,128 --context 256 --budget-s 200 \
+    timeout 200 python3 bench/tune_fused_decode.py --rows 2,32,128 --context 256 --budget-s 110 \
       --out "$out/h200-tune-fused-decode.json" 2>&1 | grep -v Warn | tail -25 || true ;;
   trace)  # issue 14: one request's first packet on the idle serving engine, each step on the
     # host and on the GPU (CUDA events), and the kernel census of the whole first packet
