@@ -2,7 +2,7 @@
 
 Usage (GPU machine, repo root): ``PYTHONPATH=runtime python bench/first_packet_trace.py
 --config configs/h200-latency.toml --texts .benchdata/texts_en.tsv --tokenizer
-.benchdata/tokenizer.json [--requests 5] [--out X.json]``. Builds the engine (graphs captured),
+.benchdata/tokenizer.json [--requests 5] [--set graph.fused_prefill=true] [--out X.json]``. Builds the engine (graphs captured),
 warms it with a few requests, then for each of ``--requests`` sentences submits one request to
 the idle engine and steps it on this thread (``Engine.step``, no event loop) until its first
 chunk. Each step is bracketed by CUDA events on the stream its work runs on, so the run shows,
@@ -28,6 +28,7 @@ import torch
 from cuda_bench import gpu_metadata
 from torch.profiler import ProfilerActivity, profile
 
+from breezert.bench.variants import parse_variant_spec, variant_config
 from breezert.bench.workload import load_texts, make_workload
 from breezert.config import EngineConfig
 from breezert.engine import Engine
@@ -125,12 +126,13 @@ def main() -> None:
     parser.add_argument("--tokenizer", default=None)
     parser.add_argument("--requests", type=int, default=5)
     parser.add_argument("--warmup", type=int, default=4)
+    parser.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
+                        help="a config override (TOML value), e.g. graph.fused_prefill=true")
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
-    config = EngineConfig.from_file(args.config)
-    if args.tokenizer:
-        config = config.model_copy(update={"model": config.model.model_copy(
-            update={"tokenizer": args.tokenizer})})
+    base = EngineConfig.from_file(args.config)
+    spec = ";".join(args.set + ([f"model.tokenizer='{args.tokenizer}'"] if args.tokenizer else []))
+    config = variant_config(base, parse_variant_spec(f"trace={spec}")) if spec else base
     start = time.monotonic()
     engine = Engine(config)
     startup_s = time.monotonic() - start
@@ -164,7 +166,8 @@ def main() -> None:
     print("medians: " + ", ".join(f"{k} {v:.2f}" for k, v in summary.items()))
     if args.out:
         with open(args.out, "w") as f:
-            json.dump({**gpu_metadata(), "config": args.config, "startup_s": startup_s,
+            json.dump({**gpu_metadata(), "config": args.config, "set": args.set,
+                       "startup_s": startup_s,
                        "medians": summary, "census": kernels, "requests": runs}, f, indent=2)
 
 

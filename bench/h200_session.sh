@@ -12,7 +12,7 @@
 #        first-packet-bench | chain P1 P2...  | decode | decode-micro | decode-bench | tune | profile | stages |
 #        ablation-eager | ablation-a|b|c|d[@I/N] | sweep | sweep+ablation | latency | latency-te |
 #        latency-nocap | predictor | predictor-edf | capacity-closed | capacity-open |
-#        slot-state | burst | slack | voice | te-tokens | admit | path | te-wide | gil | tune-decode | trace
+#        slot-state | burst | slack | voice | te-tokens | admit | path | te-wide | gil | tune-decode | trace | prefill
 # An ablation phase with @I/N runs shard I of N of its requests (bench --shard).
 # Several GPUs (kind nvidia-h200-x4): "parallel GPU=PHASE[+PHASE...] ..." runs each list on its own
 # GPU at once, e.g. parallel 0=ablation-a@1/2 1=ablation-a@2/2 2=tests+ablation-d; the results
@@ -312,6 +312,15 @@ case "$phase" in
     timeout 200 python3 bench/first_packet_trace.py --config configs/h200-latency.toml \
       --texts .benchdata/texts_en.tsv --tokenizer .benchdata/tokenizer.json --requests 5 \
       --out "$out/h200-first-packet-trace.json" 2>&1 | grep -v Warn | tail -40 || true ;;
+  prefill)  # issue 14: the fused PREFILL step (graph.fused_prefill; the eager one took 5.3 ms of
+    # one request's 17.9 ms first packet, trace at 533276d): its GPU tests, then the first
+    # packet on the idle engine with it
+    timeout 170 python3 -m pytest tests/gpu/test_gpu_fused_prefill.py -q -s -p no:cacheprovider \
+      2>&1 | tee "$out/gpu_tests_prefill.log" | grep -E 'fused vs|passed|failed|^E ' || true
+    timeout 200 python3 bench/first_packet_trace.py --config configs/h200-latency.toml \
+      --texts .benchdata/texts_en.tsv --tokenizer .benchdata/tokenizer.json --requests 5 \
+      --set graph.fused_prefill=true --out "$out/h200-first-packet-trace-fused-prefill.json" \
+      2>&1 | grep -v Warn | tail -40 || true ;;
   admit)  # issue 13: 32 new requests per TEXT_ENCODE / PREFILL step with first-chunk CODEC steps
     # of up to 64 frames, against the profile (16 / 16 frames); the simulator (3 Dec,
     # sim-what-if-20261203.json) puts c=32 p95 89 -> 48 ms and c=64 222 -> 180 ms, 0 underruns

@@ -190,7 +190,8 @@ class SchedulerConfig(_Frozen):
 
 
 CUDA_ONLY_SWITCHES = ("enable_cuda_graphs", "compile_depth", "fused_depth", "fused_decode",
-                      "fused_sampling", "fused_text_encoder", "pdl", "pdl_decode")
+                      "fused_prefill", "fused_sampling", "fused_text_encoder", "pdl",
+                      "pdl_decode")
 """``GraphConfig`` switches that need CUDA: refused on ``model.device='cpu'`` and all turned off
 by ``BREEZERT_NO_CUDA_GRAPH=1``."""
 
@@ -235,6 +236,12 @@ class GraphConfig(_Frozen):
     """Hand-fused Triton kernels for the backbone's DECODE step (6 launches per layer, attention
     reading the paged cache in place, ``kernels/fused_decode.py``): on the H200 2.65 ms per step
     at 16 rows x 512 tokens against 4.4 ms for the eager step's graph."""
+    fused_prefill: bool = False
+    """PREFILL steps of up to ``fused_prefill_max_tokens`` packed tokens through the fused
+    Triton kernels (``kernels/fused_prefill.py``: 6 launches a layer instead of ~50); longer
+    steps run the eager backbone. Needs CUDA."""
+    fused_prefill_max_tokens: int = Field(default=256, ge=1, le=4096)
+    """The longest PREFILL step the fused kernels take (tokens, padding included)."""
     compile_backbone: bool = False
     """``torch.compile`` each backbone layer around its (uncompiled) paged attention."""
     compile_text_encoder: bool = False

@@ -27,10 +27,12 @@ from breezert.worker.slot_table import SlotTable
 def backbone_prefill(
     model: BreezeModel, kv: torch.Tensor, embeds: torch.Tensor, positions: torch.Tensor,
     write_rows: torch.Tensor, read_rows: torch.Tensor, mask: torch.Tensor,
+    *, backbone: Callable[..., torch.Tensor] | None = None,
 ) -> dict[str, torch.Tensor]:
-    """Packed prompt rows ``embeds [N, D]`` → final-normed hidden ``[N, D]``."""
+    """Packed prompt rows ``embeds [N, D]`` → final-normed hidden ``[N, D]``. ``backbone``
+    replaces ``model.backbone_model`` (same contract; the fused Triton prefill step)."""
     view = GatherKV(kv, write_rows, read_rows, mask)
-    return {"hidden": model.backbone_model(embeds, positions, view)}
+    return {"hidden": (backbone or model.backbone_model)(embeds, positions, view)}
 
 
 def backbone_decode(

@@ -29,7 +29,7 @@ import torch
 
 from breezert.layers.sampling import sample
 from breezert.models.breeze import BreezeModel
-from breezert.stages.backbone import backbone_decode
+from breezert.stages.backbone import backbone_decode, backbone_prefill
 from breezert.stages.depth import depth_frames
 from breezert.stages.text_encode import encode_text
 
@@ -106,6 +106,23 @@ def decode_fn(
     logger.info("backbone DECODE runs the fused Triton kernels (%d-row workspace)", max_rows)
     fused = FusedBackboneDecode(model, max_rows, replace(DECODE_TILES, pdl=pdl))
     return partial(backbone_decode, model, kv, backbone=fused)
+
+
+def prefill_fn(
+    model: BreezeModel, kv: torch.Tensor, fused_prefill: bool, max_tokens: int,
+    pdl: bool = False,
+) -> Callable[..., dict[str, torch.Tensor]]:
+    """The PREFILL stage's function: the backbone over the paged cache, with the fused Triton
+    prefill step on CUDA when asked for steps of up to ``max_tokens`` tokens (longer ones run
+    the eager backbone; programmatic dependent launch with ``pdl``)."""
+    if not fused_prefill or model.lm_head.weight.device.type != "cuda":
+        return partial(backbone_prefill, model, kv)
+    from breezert.kernels.fused_decode import DECODE_TILES  # needs Triton
+    from breezert.kernels.fused_prefill import FusedBackbonePrefill
+
+    logger.info("backbone PREFILL runs the fused Triton kernels up to %d tokens", max_tokens)
+    fused = FusedBackbonePrefill(model, max_tokens, replace(DECODE_TILES, pdl=pdl))
+    return partial(backbone_prefill, model, kv, backbone=fused)
 
 
 def compile_backbone_layers(model: BreezeModel) -> None:

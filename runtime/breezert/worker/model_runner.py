@@ -26,7 +26,6 @@ from breezert.stages.backbone import (
     DecodeStage,
     PrefillStage,
     backbone_decode_from_slots,
-    backbone_prefill,
 )
 from breezert.stages.codec import CodecStage, codec_from_ring, codec_step
 from breezert.stages.depth import TOP_K_BOUND, DepthStage, depth_frames_from_slots
@@ -37,6 +36,7 @@ from breezert.worker.compile import (
     compile_backbone_layers,
     decode_fn,
     depth_fn,
+    prefill_fn,
     text_encode_fn,
 )
 from breezert.worker.cuda_graphs import GraphFn, GraphRunner
@@ -135,7 +135,9 @@ class ModelRunner:
                 graph.text_encode_buckets,
             ),
             Stage.PREFILL: PrefillStage(
-                model, self.kv, runner("prefill", partial(backbone_prefill, model, self.kv.kv)),
+                model, self.kv, runner("prefill", prefill_fn(
+                    model, self.kv.kv, graph.fused_prefill, graph.fused_prefill_max_tokens,
+                    graph.pdl_decode)),
                 graph.prefill_token_buckets, graph.decode_context_buckets,
             ),
             Stage.DECODE: DecodeStage(
