@@ -119,10 +119,44 @@ def census(prof: Any, top: int = 15) -> dict[str, Any]:
                     for e in ranked[:top]]}
 
 
+def plot(paths: list[str], png: str) -> None:
+    """Each file's requests as rows of bars: each step's GPU work, coloured by stage."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    colors = {"text_encode": "tab:blue", "prefill": "tab:orange", "decode": "tab:gray",
+              "depth": "tab:green", "codec": "tab:red"}
+    docs = [json.loads(open(path).read()) for path in paths]
+    fig, axes = plt.subplots(len(docs), 1, figsize=(10, 1.2 + 0.5 * sum(len(d["requests"])
+                                                                       for d in docs)),
+                             squeeze=False, sharex=True)
+    for ax, doc, path in zip(axes[:, 0], docs, paths):
+        for i, request in enumerate(doc["requests"]):
+            for step in request["steps"]:
+                start, end = step["gpu_ms"]
+                ax.barh(i, end - start, left=start, color=colors.get(step["stage"], "k"))
+            ax.text(request["gpu_end_ms"] + 0.2, i, f"{request['ttfb_ms']:.1f} ms", va="center")
+        ax.set_yticks(range(len(doc["requests"])))
+        ax.invert_yaxis()
+        ax.set_xlabel("ms from submit (GPU work of each step)")
+        overrides = ", ".join(doc.get("set") or []) or "as committed"
+        ax.set_title(f"{doc['config']} ({overrides}), {doc['gpu']}, torch {doc['torch_version']}, "
+                     f"{doc['git_commit']}, {doc['date'][:10]}", fontsize=8)
+    handles = [plt.Rectangle((0, 0), 1, 1, color=c) for c in colors.values()]
+    fig.legend(handles, list(colors), loc="lower center", ncol=len(colors), fontsize=8)
+    fig.tight_layout(rect=(0, 0.05, 1, 1))
+    fig.savefig(png, dpi=110)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--plot", nargs="+", default=None, metavar="JSON",
+                        help="only draw these runs' timelines into --png")
+    parser.add_argument("--png", default=None)
     parser.add_argument("--config", default="configs/h200-latency.toml")
-    parser.add_argument("--texts", required=True)
+    parser.add_argument("--texts", default=None)
     parser.add_argument("--tokenizer", default=None)
     parser.add_argument("--requests", type=int, default=5)
     parser.add_argument("--warmup", type=int, default=4)
@@ -130,6 +164,11 @@ def main() -> None:
                         help="a config override (TOML value), e.g. graph.fused_prefill=true")
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
+    if args.plot:
+        plot(args.plot, args.png or args.plot[0].replace(".json", ".png"))
+        return
+    if args.texts is None:
+        parser.error("--texts is required (unless --plot)")
     base = EngineConfig.from_file(args.config)
     spec = ";".join(args.set + ([f"model.tokenizer='{args.tokenizer}'"] if args.tokenizer else []))
     config = variant_config(base, parse_variant_spec(f"trace={spec}")) if spec else base

@@ -12,7 +12,7 @@
 #        first-packet-bench | chain P1 P2...  | decode | decode-micro | decode-bench | tune | profile | stages |
 #        ablation-eager | ablation-a|b|c|d[@I/N] | sweep | sweep+ablation | latency | latency-te |
 #        latency-nocap | predictor | predictor-edf | capacity-closed | capacity-open |
-#        slot-state | burst | slack | voice | te-tokens | admit | path | te-wide | gil | tune-decode | trace | prefill
+#        slot-state | burst | slack | voice | te-tokens | admit | path | te-wide | gil | tune-decode | trace | prefill | prefill-bench
 # An ablation phase with @I/N runs shard I of N of its requests (bench --shard).
 # Several GPUs (kind nvidia-h200-x4): "parallel GPU=PHASE[+PHASE...] ..." runs each list on its own
 # GPU at once, e.g. parallel 0=ablation-a@1/2 1=ablation-a@2/2 2=tests+ablation-d; the results
@@ -321,6 +321,12 @@ case "$phase" in
       --texts .benchdata/texts_en.tsv --tokenizer .benchdata/tokenizer.json --requests 5 \
       --set graph.fused_prefill=true --out "$out/h200-first-packet-trace-fused-prefill.json" \
       2>&1 | grep -v Warn | tail -40 || true ;;
+  prefill-bench)  # issues 13/14: the profile (fused PREFILL on since 3 Dec) against the eager
+    # prefill, one run, c=1-32
+    timeout 560 "${bench[@]}" --concurrency "${CONCURRENCY:-1,16,32}" --num-requests 300 \
+      --warmup 16 --run-budget 25 --variant 'profile=config' \
+      --variant 'eager-prefill=config;graph.fused_prefill=false' \
+      --out "$out/h200-prefill-bench.json" 2>&1 | grep '^\[bench' || true ;;
   admit)  # issue 13: 32 new requests per TEXT_ENCODE / PREFILL step with first-chunk CODEC steps
     # of up to 64 frames, against the profile (16 / 16 frames); the simulator (3 Dec,
     # sim-what-if-20261203.json) puts c=32 p95 89 -> 48 ms and c=64 222 -> 180 ms, 0 underruns

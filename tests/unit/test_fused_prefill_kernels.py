@@ -41,6 +41,7 @@ def check_prefill() -> None:
 
     backbone = _backbone()
     fused = FusedBackbonePrefill(SimpleNamespace(backbone_model=backbone), max_tokens=32)
+    fused.warm()  # as on CUDA at start-up: a scratch cache, every row-block size, no error
     cache = PagedKVCache(SMALL.num_layers, 16, 16, SMALL.num_kv_heads, SMALL.head_dim,
                          dtype=torch.bfloat16, device="cpu")
     torch.manual_seed(1)

@@ -185,15 +185,16 @@ class FusedBackbonePrefill:
         """Builds every kernel variant (one per GEMM row-block size) now, on a one-block
         scratch cache: a Triton build in the middle of serving stalls every stream."""
         weight = self.backbone.norm.weight
-        layers = len(self.backbone.layers)
-        for tokens in warm_row_counts(self.max_tokens):
-            kv = torch.zeros(layers, 2, tokens + 1, self.kv_heads, self.head_dim,
+        layers, keys = len(self.backbone.layers), 16  # key buckets are multiples of 16: so are
+        for tokens in warm_row_counts(self.max_tokens):  # the mask strides Triton specialises on
+            kv = torch.zeros(layers, 2, max(tokens, keys) + 1, self.kv_heads, self.head_dim,
                              dtype=weight.dtype, device=weight.device)
             rows = torch.arange(tokens, device=weight.device)
-            mask = torch.ones(tokens, tokens, dtype=torch.bool, device=weight.device).tril()
+            mask = (torch.arange(keys, device=weight.device)[None, :] <= rows[:, None])
             embeds = torch.zeros(tokens, weight.shape[0], dtype=weight.dtype,
                                  device=weight.device)
-            self(embeds, rows, GatherKV(kv, rows, rows, mask))
+            self(embeds, rows, GatherKV(kv, rows, torch.arange(keys, device=weight.device),
+                                        mask))
 
     def __call__(self, embeds: torch.Tensor, positions: torch.Tensor, view: GatherKV) -> torch.Tensor:
         """``Qwen3Backbone.forward`` for a prefill step: ``embeds [N, D]`` of the packed new
