@@ -22,6 +22,7 @@ import argparse
 import json
 import statistics
 import time
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -128,7 +129,7 @@ def plot(paths: list[str], png: str) -> None:
 
     colors = {"text_encode": "tab:blue", "prefill": "tab:orange", "decode": "tab:gray",
               "depth": "tab:green", "codec": "tab:red"}
-    docs = [json.loads(open(path).read()) for path in paths]
+    docs = [json.loads(Path(path).read_text()) for path in paths]
     fig, axes = plt.subplots(len(docs), 1, figsize=(10, 1.2 + 0.5 * sum(len(d["requests"])
                                                                        for d in docs)),
                              squeeze=False, sharex=True)

@@ -92,7 +92,10 @@ def opening_steps(steps: Iterable[StepRecord], requests: Iterable[FirstPacket],
         return {}
     t0, end = firsts[0].submit_time, max(r.first_chunk_time for r in firsts)
     ids = {r.request_id for r in firsts}
-    ms = lambda t: round((t - t0) * 1000, 3)  # noqa: E731
+
+    def ms(t: float) -> float:
+        return round((t - t0) * 1000, 3)
+
     return {
         "num_requests": len(firsts),
         "submit_ms": [ms(r.submit_time) for r in firsts],

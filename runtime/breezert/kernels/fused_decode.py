@@ -32,26 +32,12 @@ from breezert.kernels.gemm import (
     Tiles,
     bf16,
     check_bf16,
+    head_norm_rope,
     pdl_launch,
     pdl_wait,
-    rope,
     warm_row_counts,
 )
 from breezert.layers.attention import GatherKV
-
-
-@triton.jit
-def _rms_rope(lo, hi, w_ptr, cos_lo, cos_hi, sin_lo, sin_hi, eps, D: tl.constexpr):
-    """RMSNorm over each head (rows of ``lo``/``hi`` ``[heads, D/2]``, fp32 of bf16 values) then
-    RoPE, at ``RMSNorm``'s and ``apply_rope``'s bf16 rounding points."""
-    HALF: tl.constexpr = D // 2
-    d = tl.arange(0, HALF)
-    rstd = 1.0 / tl.sqrt((tl.sum(lo * lo, axis=1) + tl.sum(hi * hi, axis=1)) / D + eps)
-    w_lo = tl.load(w_ptr + d).to(tl.float32)[None, :]
-    w_hi = tl.load(w_ptr + HALF + d).to(tl.float32)[None, :]
-    n_lo = bf16(w_lo * bf16(lo * rstd[:, None]))
-    n_hi = bf16(w_hi * bf16(hi * rstd[:, None]))
-    return rope(n_lo, n_hi, cos_lo, cos_hi, sin_lo, sin_hi)
 
 
 @triton.jit
@@ -110,7 +96,7 @@ def _decode_attention_kernel(
         cos_hi = tl.load(cos_ptr + r * stride_cos + HALF + dd).to(tl.float32)
         sin_lo = tl.load(sin_ptr + r * stride_cos + dd).to(tl.float32)
         sin_hi = tl.load(sin_ptr + r * stride_cos + HALF + dd).to(tl.float32)
-        q_lo, q_hi = _rms_rope(
+        q_lo, q_hi = head_norm_rope(
             tl.load(row + heads[:, None] * D + dd).to(tl.float32),
             tl.load(row + heads[:, None] * D + HALF + dd).to(tl.float32),
             qn_ptr, cos_lo, cos_hi, sin_lo, sin_hi, eps, D,
@@ -121,7 +107,7 @@ def _decode_attention_kernel(
         acc_hi = tl.zeros([G, HALF], dtype=tl.float32)
         if s == 0:  # the new token: write it, and seed the softmax with it (probability 1)
             k_col = row + (H + g) * D
-            k_lo, k_hi = _rms_rope(
+            k_lo, k_hi = head_norm_rope(
                 tl.load(k_col + dd).to(tl.float32), tl.load(k_col + HALF + dd).to(tl.float32),
                 kn_ptr, cos_lo, cos_hi, sin_lo, sin_hi, eps, D,
             )  # [1, HALF] each

@@ -30,13 +30,14 @@ import torch
 import triton
 import triton.language as tl
 
-from breezert.kernels.fused_decode import DECODE_TILES, _rms_rope
+from breezert.kernels.fused_decode import DECODE_TILES
 from breezert.kernels.gemm import (
     DOT_F32,
     FusedGemms,
     Tiles,
     bf16,
     check_bf16,
+    head_norm_rope,
     mm,
     pdl_launch,
     pdl_wait,
@@ -78,7 +79,7 @@ def _prefill_kv_kernel(
     cos_lo, cos_hi, sin_lo, sin_hi = _cos_sin_halves(cos_ptr, sin_ptr, one, one >= 0, stride_cos,
                                                      HALF)
     row = qkv_ptr + n * stride_qkv
-    k_lo, k_hi = _rms_rope(tl.load(row + (H + g) * D + d).to(tl.float32),
+    k_lo, k_hi = head_norm_rope(tl.load(row + (H + g) * D + d).to(tl.float32),
                            tl.load(row + (H + g) * D + HALF + d).to(tl.float32),
                            kn_ptr, cos_lo, cos_hi, sin_lo, sin_hi, eps, D)
     slot = kv_ptr + tl.load(write_ptr + n) * c_row + g * c_head
@@ -108,7 +109,7 @@ def _prefill_attention_kernel(
     q_at = qkv_ptr + qrows[:, None] * stride_qkv + h * D + d
     cos_lo, cos_hi, sin_lo, sin_hi = _cos_sin_halves(cos_ptr, sin_ptr, qrows, qmask, stride_cos,
                                                      HALF)
-    q_lo, q_hi = _rms_rope(tl.load(q_at, mask=qmask[:, None], other=0.0).to(tl.float32),
+    q_lo, q_hi = head_norm_rope(tl.load(q_at, mask=qmask[:, None], other=0.0).to(tl.float32),
                            tl.load(q_at + HALF, mask=qmask[:, None], other=0.0).to(tl.float32),
                            qn_ptr, cos_lo, cos_hi, sin_lo, sin_hi, eps, D)
     q_lo, q_hi = q_lo.to(tl.bfloat16), q_hi.to(tl.bfloat16)  # bf16 values already

@@ -1,7 +1,7 @@
 """Shared Triton building blocks of the fused layers: GEMMs with RMSNorm prologues and epilogues.
 
 Owns: the bf16 rounding helpers (and their interpreter workarounds), RMSNorm + GEMM prologues,
-RoPE at ``apply_rope``'s rounding points,
+RoPE at ``apply_rope``'s rounding points (and after a per-head QK-norm, ``head_norm_rope``),
 ``norm_linear`` (RMSNorm + GEMM), ``norm_gate_up`` (RMSNorm + packed gate/up GEMM + SiLU * up),
 ``linear_residual`` (split-K GEMM + residual, the last program of a tile summing the partials in
 a fixed order), their launch shapes (``Tiles``), the split-K workspace, and programmatic
@@ -190,6 +190,21 @@ def rope(lo, hi, cos_lo, cos_hi, sin_lo, sin_hi):
     out_lo = bf16(bf16(lo * cos_lo) + bf16(-hi * sin_lo))
     out_hi = bf16(bf16(hi * cos_hi) + bf16(lo * sin_hi))
     return out_lo, out_hi
+
+
+@triton.jit
+def head_norm_rope(lo, hi, w_ptr, cos_lo, cos_hi, sin_lo, sin_hi, eps, D: tl.constexpr):
+    """QK-norm then RoPE: RMSNorm over each row of ``lo``/``hi`` (the halves of one head per row,
+    ``[rows, D/2]``, fp32 of bf16 values), then RoPE, at ``RMSNorm``'s and ``apply_rope``'s bf16
+    rounding points (the backbone's DECODE and PREFILL steps)."""
+    HALF: tl.constexpr = D // 2
+    d = tl.arange(0, HALF)
+    rstd = 1.0 / tl.sqrt((tl.sum(lo * lo, axis=1) + tl.sum(hi * hi, axis=1)) / D + eps)
+    w_lo = tl.load(w_ptr + d).to(tl.float32)[None, :]
+    w_hi = tl.load(w_ptr + HALF + d).to(tl.float32)[None, :]
+    n_lo = bf16(w_lo * bf16(lo * rstd[:, None]))
+    n_hi = bf16(w_hi * bf16(hi * rstd[:, None]))
+    return rope(n_lo, n_hi, cos_lo, cos_hi, sin_lo, sin_hi)
 
 
 @triton.jit(do_not_specialize=["R"])  # one build serves every row count
