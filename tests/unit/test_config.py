@@ -87,6 +87,7 @@ def test_unknown_keys_are_rejected_with_their_path(tmp_path: Path) -> None:
         ("[serving]\nport = 70000", "serving.port"),
         ("[model]\ndevice = \"cpu\"\n[graph]\nenable_cuda_graphs = true", "enable_cuda_graphs"),
         ("[model]\ndevice = \"cpu\"\n[graph]\nfused_decode = true", "fused_decode"),
+        ("[model]\ndevice = \"cpu\"\n[graph]\nfused_prefill = true", "fused_prefill"),
         ("[model]\ndevice = \"cpu\"\n[graph]\nfused_sampling = true", "fused_sampling"),
         ("[model]\ndevice = \"cpu\"\n[graph]\nfused_text_encoder = true", "fused_text_encoder"),
         ("[model]\ndevice = \"cpu\"\n[graph]\npdl = true", "graph.pdl"),
@@ -122,6 +123,7 @@ def test_env_override_is_explicit() -> None:
     off = apply_env_overrides(cfg, {"BREEZERT_NO_CUDA_GRAPH": "1"})
     assert not off.graph.enable_cuda_graphs and not off.graph.compile_depth
     assert not off.graph.fused_depth and not off.graph.fused_decode
+    assert cfg.graph.fused_prefill and not off.graph.fused_prefill
     assert cfg.graph.enable_cuda_graphs  # the input is unchanged
     with pytest.raises(InvalidConfig, match="BREEZERT_NO_CUDA_GRAPH"):
         apply_env_overrides(cfg, {"BREEZERT_NO_CUDA_GRAPH": "maybe"})
