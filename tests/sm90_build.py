@@ -223,6 +223,36 @@ def _decode(pdl: bool) -> tuple[Warm, Callable[[], None]]:
     return fused.warm, serve
 
 
+def _prefill() -> tuple[Warm, Callable[[], None]]:
+    from breezert.kernels.fused_decode import DECODE_TILES
+    from breezert.kernels.fused_prefill import FusedBackbonePrefill
+    from breezert.layers.attention import GatherKV
+    from breezert.models.breeze import BreezeModel
+    from breezert.models.config import BreezeConfig
+
+    graph = _engine_graph()
+    cfg = BreezeConfig.full()
+    with torch.device("meta"):
+        model = BreezeModel(cfg)
+    model.backbone_model = random_bf16_fused_(model.backbone_model)
+    limit = graph.fused_prefill_max_tokens  # type: ignore[attr-defined]
+    fused = FusedBackbonePrefill(model, limit, DECODE_TILES, warm=False)
+    bb = cfg.backbone
+
+    def serve() -> None:  # every (tokens, keys) bucket the PREFILL graphs capture up to the limit
+        kv = torch.zeros(bb.num_layers, 2, 16, bb.num_kv_heads, bb.head_dim,
+                         dtype=torch.bfloat16, device="meta")
+        for tokens in (t for t in graph.prefill_token_buckets if t <= limit):  # type: ignore[attr-defined]
+            for keys in (k for k in graph.decode_context_buckets if k >= tokens):  # type: ignore[attr-defined]
+                rows = torch.zeros(tokens, dtype=torch.long, device="meta")
+                read = torch.zeros(keys, dtype=torch.long, device="meta")
+                mask = torch.zeros(tokens, keys, dtype=torch.bool, device="meta")
+                embeds = torch.zeros(tokens, bb.hidden_size, dtype=torch.bfloat16, device="meta")
+                fused(embeds, rows, GatherKV(kv, rows, read, mask))
+
+    return fused.warm, serve
+
+
 def _text_encoder(pdl: bool, wide: bool = False) -> tuple[Warm, Callable[[], None]]:
     """``wide``: up to 1024 tokens with ``wide_tiles`` (every count to 128, then the counts
     where a row-block or key-block size changes)."""
@@ -281,6 +311,7 @@ VARIANTS: dict[str, Callable[[], tuple[Warm, Callable[[], None]]]] = {
     "depth one-shape": lambda: _depth("one", False, 1),
     "decode": lambda: _decode(False),
     "decode pdl": lambda: _decode(True),
+    "prefill": _prefill,
     "text encoder": lambda: _text_encoder(False),
     "text encoder pdl": lambda: _text_encoder(True),
     "text encoder pdl wide": lambda: _text_encoder(True, wide=True),
