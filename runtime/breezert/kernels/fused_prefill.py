@@ -8,7 +8,8 @@ backbone=...)``) for steps of up to ``max_tokens`` packed tokens. Per layer:
      (one program per token x KV head);
   3. attention: one program per block of queries x head does its queries' QK-norm and RoPE,
      then an online softmax over the step's keys, read in place through ``read_rows`` under
-     the packed mask ``[N, Tk]`` (causal within each run, an earlier chunk's keys included);
+     the packed mask ``[N, Tk]`` (causal within each run, an earlier chunk's keys included),
+     visiting only the key blocks between its queries' first and last readable keys;
   4. o_proj, split-K, + residual; 5. RMSNorm + gate/up + SiLU * up; 6. down, split-K, +
      residual (the GEMMs of ``fused_decode``, with ``DECODE_TILES``).
 The rounding points are the eager modules' (``RMSNorm``, ``apply_rope``, bf16 probabilities
@@ -91,14 +92,16 @@ def _prefill_kv_kernel(
 
 @triton.jit(do_not_specialize=["N", "Tk"])  # one build serves every token and key bucket
 def _prefill_attention_kernel(
-    qkv_ptr, qn_ptr, cos_ptr, sin_ptr, kv_ptr, read_ptr, mask_ptr, out_ptr, N, Tk, eps, scale,
-    stride_qkv, stride_cos, stride_mask, stride_out, c_kv, c_row, c_head,
+    qkv_ptr, qn_ptr, cos_ptr, sin_ptr, kv_ptr, read_ptr, mask_ptr, span_ptr, out_ptr, N, Tk, eps,
+    scale, stride_qkv, stride_cos, stride_mask, stride_out, c_kv, c_row, c_head,
     H: tl.constexpr, KVH: tl.constexpr, D: tl.constexpr, BQ: tl.constexpr, BKV: tl.constexpr,
     F32: tl.constexpr, PDL: tl.constexpr = False,
 ):
     """Program (query block, head h): its queries' q = RoPE(q_norm(q)), then an online softmax
     over the step's keys ``read_rows[0..Tk)`` (cache rows, already holding this step's k/v)
-    where ``mask[query, key]``; a query with no key (never a real one) gets zeros."""
+    where ``mask[query, key]``; a query with no key (never a real one) gets zeros. Only the key
+    blocks between its queries' first and last readable keys (``span [2, N]``) are visited: a
+    block no query of the program may read would leave every sum as it is, bit for bit."""
     pdl_wait(PDL)
     HALF: tl.constexpr = D // 2
     h = tl.program_id(1)
@@ -117,7 +120,9 @@ def _prefill_attention_kernel(
     total = tl.zeros([BQ], dtype=tl.float32)
     acc_lo = tl.zeros([BQ, HALF], dtype=tl.float32)
     acc_hi = tl.zeros([BQ, HALF], dtype=tl.float32)
-    for k0 in range(0, Tk, BKV):
+    k_first = tl.min(tl.load(span_ptr + qrows, mask=qmask, other=Tk), axis=0)
+    k_end = tl.max(tl.load(span_ptr + N + qrows, mask=qmask, other=0), axis=0) + 1
+    for k0 in range(k_first // BKV * BKV, k_end, BKV):
         kcols = k0 + tl.arange(0, BKV)
         kmask = kcols < Tk
         krows = tl.load(read_ptr + kcols, mask=kmask, other=0)
@@ -212,6 +217,10 @@ class FusedBackbonePrefill:
         attn = torch.empty(tokens, self.heads * self.head_dim, dtype=x.dtype, device=x.device)
         mask = view.mask.view(torch.uint8)  # [N, Tk], one byte a key
         keys = view.read_rows.shape[0]
+        # each query's first and last readable key (a query that reads none: all of them)
+        readable = view.mask.to(torch.int32)
+        span = torch.stack([readable.argmax(dim=1),
+                            keys - 1 - readable.flip(1).argmax(dim=1)]).to(torch.int32)
         h, kvh, hd = self.heads, self.kv_heads, self.head_dim
         for layer, store in zip(backbone.layers, view.kv):
             attn_mod = layer.self_attn
@@ -224,7 +233,7 @@ class FusedBackbonePrefill:
                 H=h, KVH=kvh, D=hd, num_warps=1, **pdl,
             )
             _prefill_attention_kernel[(triton.cdiv(tokens, QUERY_BLOCK), h)](
-                qkv, attn_mod.q_norm.weight, cos, sin, store, view.read_rows, mask, attn,
+                qkv, attn_mod.q_norm.weight, cos, sin, store, view.read_rows, mask, span, attn,
                 tokens, keys, attn_mod.q_norm.eps, self.scale, qkv.stride(0), cos.stride(0),
                 mask.stride(0), attn.stride(0), c[0], c[1], c[2],
                 H=h, KVH=kvh, D=hd, BQ=QUERY_BLOCK, BKV=KEY_BLOCK, F32=DOT_F32, num_warps=4,
