@@ -239,7 +239,8 @@ class GraphConfig(_Frozen):
     fused_prefill: bool = False
     """PREFILL steps of up to ``fused_prefill_max_tokens`` packed tokens through the fused
     Triton kernels (``kernels/fused_prefill.py``: 6 launches a layer instead of ~50); longer
-    steps run the eager backbone. Needs CUDA."""
+    steps run the eager backbone. Its GEMMs are the DECODE step's, so programmatic dependent
+    launch follows ``pdl_decode``. Needs CUDA."""
     fused_prefill_max_tokens: int = Field(default=256, ge=1, le=4096)
     """The longest PREFILL step the fused kernels take (tokens, padding included)."""
     compile_backbone: bool = False

@@ -247,12 +247,12 @@ async def _engine_load_point(options: BenchOptions, variant: Variant, async_engi
     run = _run_record(variant, load, results, options, snapshot, gpu.peak_bytes(),
                       truncated=len(results) < len(items))
     run["warmup_s"] = warmup_s
-    run["first_packet_path"], run["opening_burst"] = _first_packet_path(
+    run["first_packet_path"], run["opening_burst"] = _first_packet_figures(
         async_engine.engine, results, int(load.value) if load.mode == "closed" else 0)
     return run
 
 
-def _first_packet_path(engine: Any, results: list[RequestResult],
+def _first_packet_figures(engine: Any, results: list[RequestResult],
                        burst: int) -> tuple[dict[str, Any], dict[str, Any]]:
     """Where the run's first packets spent their time, and the step timeline of its opening
     burst of ``burst`` requests (a closed loop's concurrency; 0: none) (``bench/first_packet.py``)."""

@@ -168,6 +168,28 @@ layers' first tuned shapes; ``bench/tune_fused_decode.py`` searches the fields t
 bits."""
 
 
+def backbone_gemms(backbone: torch.nn.Module, tiles: Tiles | None, max_rows: int,
+                   kernels: str) -> FusedGemms:
+    """The fused GEMMs of the backbone's layers (norm + q/k/v, o_proj, gate/up, down) for up to
+    ``max_rows`` rows, shared by the DECODE and PREFILL steps (``tiles``: default
+    ``DECODE_TILES``). Raises ValueError (naming ``kernels``) for weights that are not bf16, do
+    not fit the tiles, or are not packed yet."""
+    cfg = backbone.cfg
+    check_bf16(backbone.norm.weight, "backbone")
+    gemms = FusedGemms(tiles or DECODE_TILES, max_rows, cfg.hidden_size,
+                       backbone.norm.weight.device)
+    d, attn_width = cfg.hidden_size, cfg.num_heads * cfg.head_dim
+    gemms.check("backbone hidden_size", norm_k=d,
+                linear=((cfg.num_heads + 2 * cfg.num_kv_heads) * cfg.head_dim, d),
+                split=(d, attn_width))
+    gemms.check("backbone intermediate_size", gate_up=(cfg.intermediate_size, d),
+                split=(d, cfg.intermediate_size))
+    if any(layer.self_attn.qkv_weight is None or layer.mlp.gate_up_weight is None
+           for layer in backbone.layers):
+        raise ValueError(f"{kernels} need BreezeModel.fuse_projections_() first")
+    return gemms
+
+
 class FusedBackboneDecode:
     """The backbone's forward for DECODE steps (``Qwen3Backbone.forward`` with a decode-form
     ``GatherKV``), as 5 launches per layer (see the module docstring).
@@ -192,21 +214,11 @@ class FusedBackboneDecode:
         self.eps = cfg.rms_norm_eps
         self.scale = 1.0 / math.sqrt(cfg.head_dim)
         device = backbone.norm.weight.device
-        self.gemms = gemms = FusedGemms(tiles or DECODE_TILES, max_rows, cfg.hidden_size, device)
-        check_bf16(backbone.norm.weight, "backbone")
-        d, attn_width = cfg.hidden_size, self.heads * self.head_dim
-        gemms.check("backbone hidden_size", norm_k=d,
-                    linear=((self.heads + 2 * self.kv_heads) * self.head_dim, d),
-                    split=(d, attn_width))
-        gemms.check("backbone intermediate_size", gate_up=(cfg.intermediate_size, d),
-                    split=(d, cfg.intermediate_size))
+        self.gemms = backbone_gemms(backbone, tiles, max_rows, "fused decode kernels")
         group = self.heads // self.kv_heads
         if group * self.kv_heads != self.heads or group & (group - 1) or self.head_dim & (
                 self.head_dim - 1):
             raise ValueError("fused decode kernels need power-of-two head_dim and query groups")
-        if any(layer.self_attn.qkv_weight is None or layer.mlp.gate_up_weight is None
-               for layer in backbone.layers):
-            raise ValueError("fused decode kernels need BreezeModel.fuse_projections_() first")
         if split_tokens % self.ATTENTION_TILE:
             raise ValueError(f"split_tokens={split_tokens} must be a multiple of "
                              f"{self.ATTENTION_TILE}")

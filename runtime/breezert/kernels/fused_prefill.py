@@ -31,17 +31,16 @@ import torch
 import triton
 import triton.language as tl
 
-from breezert.kernels.fused_decode import DECODE_TILES
+from breezert.kernels.fused_decode import backbone_gemms
 from breezert.kernels.gemm import (
     DOT_F32,
-    FusedGemms,
     Tiles,
     bf16,
-    check_bf16,
     head_norm_rope,
     mm,
     pdl_launch,
     pdl_wait,
+    softmax_step,
     warm_row_counts,
 )
 from breezert.layers.attention import GatherKV
@@ -133,17 +132,12 @@ def _prefill_attention_kernel(
                      mask=qmask[:, None] & kmask[None, :], other=0) != 0
         qk = mm(q_lo, tl.trans(k_lo), F32) + mm(q_hi, tl.trans(k_hi), F32)
         s = tl.where(ok, qk * scale, float("-inf"))
-        m_new = tl.maximum(m, tl.max(s, axis=1))
-        base = tl.where(m_new == float("-inf"), 0.0, m_new)  # rows with no key yet
-        p = tl.exp(s - base[:, None])
-        alpha = tl.exp(m - base)
-        total = total * alpha + tl.sum(p, axis=1)
+        m, p, alpha, total = softmax_step(s, m, total)
         p16 = bf16(p).to(tl.bfloat16)  # as flash attention rounds P for P @ V
         acc_lo = acc_lo * alpha[:, None] + mm(p16, tl.load(key + c_kv, mask=kmask[:, None],
                                                            other=0.0), F32)
         acc_hi = acc_hi * alpha[:, None] + mm(p16, tl.load(key + c_kv + HALF,
                                                            mask=kmask[:, None], other=0.0), F32)
-        m = m_new
     inv = 1.0 / tl.where(total > 0, total, 1.0)
     out = out_ptr + qrows[:, None] * stride_out + h * D + d
     tl.store(out, bf16(acc_lo * inv[:, None]).to(tl.bfloat16), mask=qmask[:, None])
@@ -168,21 +162,10 @@ class FusedBackbonePrefill:
         self.scale = 1.0 / math.sqrt(cfg.head_dim)
         self.max_tokens = max_tokens
         device = backbone.norm.weight.device
-        check_bf16(backbone.norm.weight, "backbone")
-        self.gemms = gemms = FusedGemms(tiles or DECODE_TILES, max_tokens, cfg.hidden_size,
-                                        device)
-        d, attn_width = cfg.hidden_size, self.heads * self.head_dim
-        gemms.check("backbone hidden_size", norm_k=d,
-                    linear=((self.heads + 2 * self.kv_heads) * self.head_dim, d),
-                    split=(d, attn_width))
-        gemms.check("backbone intermediate_size", gate_up=(cfg.intermediate_size, d),
-                    split=(d, cfg.intermediate_size))
+        self.gemms = backbone_gemms(backbone, tiles, max_tokens, "fused prefill kernels")
         if self.heads % self.kv_heads or self.head_dim & (self.head_dim - 1) or self.head_dim < 32:
             raise ValueError("fused prefill kernels need whole query groups and a power-of-two "
                              "head_dim of at least 32")
-        if any(layer.self_attn.qkv_weight is None or layer.mlp.gate_up_weight is None
-               for layer in backbone.layers):
-            raise ValueError("fused prefill kernels need BreezeModel.fuse_projections_() first")
         if warm and device.type == "cuda":
             self.warm()
 

@@ -47,6 +47,7 @@ from breezert.kernels.gemm import (
     pdl_wait,
     rope,
     row_block,
+    softmax_step,
     warm_row_counts,
 )
 
@@ -168,14 +169,9 @@ def _packed_attention_kernel(
             ok = ok & (dist < left) & (-dist < right)
         qk = mm(q_lo, tl.trans(k_lo), F32) + mm(q_hi, tl.trans(k_hi), F32)
         s = tl.where(ok, qk * scale, float("-inf"))
-        m_new = tl.maximum(m, tl.max(s, axis=1))
-        base = tl.where(m_new == float("-inf"), 0.0, m_new)  # rows with no key yet
-        p = tl.exp(s - base[:, None])
-        alpha = tl.exp(m - base)
-        total = total * alpha + tl.sum(p, axis=1)
+        m, p, alpha, total = softmax_step(s, m, total)
         # as flash attention rounds: unnormalised probabilities to bf16 for P @ V
         acc = acc * alpha[:, None] + mm(bf16(p).to(tl.bfloat16), v, F32)
-        m = m_new
     out = acc / tl.where(total > 0, total, 1.0)[:, None]
     tl.store(out_ptr + qrows[:, None] * (H * D) + h * D + dd[None, :],
              bf16(out).to(tl.bfloat16), mask=qmask[:, None])

@@ -207,6 +207,19 @@ def head_norm_rope(lo, hi, w_ptr, cos_lo, cos_hi, sin_lo, sin_hi, eps, D: tl.con
     return rope(n_lo, n_hi, cos_lo, cos_hi, sin_lo, sin_hi)
 
 
+@triton.jit
+def softmax_step(s, m, total):
+    """One key block of an online softmax over scores ``s [rows, keys]`` (-inf where masked):
+    the new running max, the block's unnormalised probabilities, the factor that rescales the
+    sums so far, and the new running sum; a row with no key yet keeps its max at -inf and its
+    sums at 0."""
+    m_new = tl.maximum(m, tl.max(s, axis=1))
+    base = tl.where(m_new == float("-inf"), 0.0, m_new)  # rows with no key yet
+    p = tl.exp(s - base[:, None])
+    alpha = tl.exp(m - base)
+    return m_new, p, alpha, total * alpha + tl.sum(p, axis=1)
+
+
 @triton.jit(do_not_specialize=["R"])  # one build serves every row count
 def norm_linear_kernel(
     x_ptr, nw_ptr, w_ptr, out_ptr, R, eps, stride_x, stride_out,
