@@ -1,4 +1,5 @@
-"""What the GPU benchmark scripts under bench/ share: CUDA-event timing and run metadata.
+"""What the GPU benchmark scripts under bench/ share: CUDA-event timing, run metadata and random
+bf16 weights for the layer stacks they time.
 
 Imported by the scripts as a sibling module (they run as ``python bench/NAME.py``, so bench/ is
 on ``sys.path``). Must not: import the runtime (each script builds what it measures).
@@ -13,6 +14,20 @@ from datetime import datetime, timezone
 from typing import Any
 
 import torch
+
+
+def random_bf16_packed(module: torch.nn.Module, layers: Any) -> torch.nn.Module:
+    """``module`` with random weights (each ~ N(0, 1/fan_in), from torch's current seed), cast
+    to bf16 and in eval mode, the q/k/v and gate/up projections of each of ``layers`` packed as
+    serving packs them."""
+    with torch.no_grad():
+        for p in module.parameters():
+            p.normal_(0, p.shape[-1] ** -0.5)
+    module = module.to(torch.bfloat16).eval()
+    for layer in layers:
+        layer.self_attn.fuse_()
+        layer.mlp.fuse_()
+    return module
 
 
 def median_ms(fn: Callable[[], Any], iters: int = 20, warmup: int = 3) -> float:

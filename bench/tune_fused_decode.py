@@ -21,7 +21,7 @@ import time
 from types import SimpleNamespace
 
 import torch
-from cuda_bench import gpu_metadata, median_ms
+from cuda_bench import gpu_metadata, median_ms, random_bf16_packed
 
 from breezert.kernels.fused_decode import DECODE_TILES, FusedBackboneDecode
 from breezert.kernels.gemm import Tiles
@@ -43,14 +43,7 @@ def build_backbone() -> SimpleNamespace:
     torch.manual_seed(0)
     with torch.device("cuda"):
         backbone = Qwen3Backbone(BreezeConfig.full().backbone)
-    with torch.no_grad():
-        for p in backbone.parameters():
-            p.normal_(0, p.shape[-1] ** -0.5)
-    backbone = backbone.to(torch.bfloat16).eval()
-    for layer in backbone.layers:
-        layer.self_attn.fuse_()
-        layer.mlp.fuse_()
-    return SimpleNamespace(backbone_model=backbone)
+    return SimpleNamespace(backbone_model=random_bf16_packed(backbone, backbone.layers))
 
 
 class Step:

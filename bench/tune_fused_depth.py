@@ -21,7 +21,7 @@ import json
 import time
 
 import torch
-from cuda_bench import gpu_metadata, median_ms
+from cuda_bench import gpu_metadata, median_ms, random_bf16_packed
 
 from breezert.kernels.fused_depth import TILES_BY_ROWS, FusedDepthLayers
 from breezert.kernels.gemm import Tiles
@@ -46,14 +46,7 @@ def build_depth() -> DepthDecoder:
     torch.manual_seed(0)
     with torch.device("cuda"):
         depth = DepthDecoder(BreezeConfig.full().depth)
-    with torch.no_grad():
-        for p in depth.parameters():
-            p.normal_(0, p.shape[-1] ** -0.5)
-    depth = depth.to(torch.bfloat16).eval()
-    for layer in depth.model.layers:
-        layer.self_attn.fuse_()
-        layer.mlp.fuse_()
-    return depth
+    return random_bf16_packed(depth, depth.model.layers)
 
 
 def frame_ms(depth: DepthDecoder, fn, rows: int, iters: int = 20) -> float:  # type: ignore[no-untyped-def]

@@ -1,5 +1,6 @@
 """Helpers of the fused-kernel tests (CPU interpreter and GPU): random weights shaped like
-trained ones, and running a check in a fresh interpreter process."""
+trained ones, the smallest backbone the fused kernels take, a backbone step in fp32 as the
+reference, relative error, and running a check in a fresh interpreter process."""
 
 from __future__ import annotations
 
@@ -12,6 +13,11 @@ from pathlib import Path
 import pytest
 import torch
 from torch import nn
+
+from breezert.layers.attention import GatherKV
+from breezert.models.backbone import Qwen3Backbone
+from breezert.models.config import BackboneConfig
+from breezert.worker.kv_cache import PagedKVCache
 
 REPO = Path(__file__).resolve().parents[1]
 needs_triton = pytest.mark.skipif(importlib.util.find_spec("triton") is None,
@@ -32,6 +38,51 @@ def random_bf16_fused_(model: nn.Module) -> nn.Module:
         if hasattr(module, "fuse_"):
             module.fuse_()
     return model
+
+
+SMALL_BACKBONE = BackboneConfig(hidden_size=128, intermediate_size=256, num_layers=2,
+                               num_heads=4, num_kv_heads=2, head_dim=32)
+"""The smallest Qwen3 backbone the fused DECODE and PREFILL kernels accept (tensor-core tiles
+need >= 16 per dot axis)."""
+
+
+def small_backbone() -> Qwen3Backbone:
+    """``SMALL_BACKBONE`` with seeded random bf16 weights, projections packed."""
+    torch.manual_seed(0)
+    return random_bf16_fused_(Qwen3Backbone(SMALL_BACKBONE))
+
+
+def small_paged_cache(seed: int) -> PagedKVCache:
+    """A 16-block (16 tokens a block) bf16 paged cache for ``SMALL_BACKBONE`` on the CPU, filled
+    with seeded random values."""
+    cfg = SMALL_BACKBONE
+    cache = PagedKVCache(cfg.num_layers, 16, 16, cfg.num_kv_heads, cfg.head_dim,
+                         dtype=torch.bfloat16, device="cpu")
+    torch.manual_seed(seed)
+    cache.kv.copy_(torch.randn_like(cache.kv.float()).to(torch.bfloat16))
+    return cache
+
+
+def fp32_backbone_step(backbone: Qwen3Backbone, kv: torch.Tensor, meta: dict[str, torch.Tensor],
+                       embeds: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``backbone``'s step over ``kv`` in fp32 (weights, cache and inputs upcast; ``meta``: the
+    ``GatherKV`` tensors and ``positions``): the hidden states, and the fp32 cache with the new
+    k/v written."""
+    with torch.device(embeds.device):
+        ref = Qwen3Backbone(backbone.cfg)
+    ref.load_state_dict({k: v.float() for k, v in backbone.state_dict().items()})
+    kv32 = kv.float()
+    view = GatherKV(kv32, meta["write_rows"], meta["read_rows"], meta["mask"])
+    out = ref.eval()(embeds.float(), meta["positions"], view)
+    del ref
+    if embeds.is_cuda:
+        torch.cuda.empty_cache()
+    return out, kv32
+
+
+def rel_error(a: torch.Tensor, b: torch.Tensor) -> float:
+    """``|a - b| / |b|`` (Frobenius norms, in fp32)."""
+    return ((a.float() - b.float()).norm() / b.float().norm()).item()
 
 
 def run_in_interpreter(module: str, call: str) -> None:

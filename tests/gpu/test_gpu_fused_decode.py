@@ -16,7 +16,7 @@ from breezert.layers.attention import GatherKV
 from breezert.models.backbone import Qwen3Backbone
 from breezert.models.config import BreezeConfig
 from breezert.worker.kv_cache import KVRun, PagedKVCache
-from tests.kernel_helpers import random_bf16_fused_
+from tests.kernel_helpers import fp32_backbone_step, random_bf16_fused_, rel_error
 
 pytestmark = pytest.mark.gpu
 
@@ -74,37 +74,20 @@ def test_fused_decode_matches_eager(backbone: Qwen3Backbone, rows: int, context:
         again = fused(embeds, meta["positions"], GatherKV(again_kv, *args))
         widened = fused(embeds, wide["positions"],
                         GatherKV(wide_kv, wide["write_rows"], wide["read_rows"], wide["mask"]))
-        exact, exact_kv = _fp32_step(backbone, cache.kv, meta, embeds)
+        exact, exact_kv = fp32_backbone_step(backbone, cache.kv, meta, embeds)
     assert torch.equal(got, again), "not deterministic"
     if context < 2048:  # the 2048 case has no larger bucket in the profile
         assert torch.equal(widened, got) and torch.equal(wide_kv, fused_kv), "bucket changed bits"
 
-    def rel(a: torch.Tensor, b: torch.Tensor) -> float:
-        return ((a.float() - b.float()).norm() / b.float().norm()).item()
-
-    fused_err, eager_err = rel(got, exact), rel(want, exact)
+    fused_err, eager_err = rel_error(got, exact), rel_error(want, exact)
     print(f"rows={rows} context={context}: fused vs fp32 {fused_err:.4f}, eager vs fp32 "
-          f"{eager_err:.4f}, fused vs eager {rel(got, want):.4f}")
+          f"{eager_err:.4f}, fused vs eager {rel_error(got, want):.4f}")
     assert fused_err <= 1.25 * eager_err + 1e-3, (fused_err, eager_err)
-    assert rel(got, want) <= 2.0 * eager_err + 1e-3  # two independent bf16 errors at most
+    assert rel_error(got, want) <= 2.0 * eager_err + 1e-3  # two independent bf16 errors at most
     written = meta["write_rows"]
-    kv_err = rel(fused_kv[:, :, written], exact_kv[:, :, written])
-    assert kv_err <= 1.25 * rel(eager_kv[:, :, written], exact_kv[:, :, written]) + 1e-3
+    kv_err = rel_error(fused_kv[:, :, written], exact_kv[:, :, written])
+    assert kv_err <= 1.25 * rel_error(eager_kv[:, :, written], exact_kv[:, :, written]) + 1e-3
     assert torch.count_nonzero(fused.counters).item() == 0
-
-
-def _fp32_step(backbone: Qwen3Backbone, kv: torch.Tensor, meta, embeds):  # type: ignore[no-untyped-def]
-    """The same step in fp32 (weights and cache upcast): the hidden state and the fp32 cache
-    with the new k/v written."""
-    with torch.device("cuda"):
-        ref = Qwen3Backbone(CFG)
-    ref.load_state_dict({k: v.float() for k, v in backbone.state_dict().items()})
-    kv32 = kv.float()
-    view = GatherKV(kv32, meta["write_rows"], meta["read_rows"], meta["mask"])
-    out = ref.eval()(embeds.float(), meta["positions"], view)
-    del ref
-    torch.cuda.empty_cache()
-    return out, kv32
 
 
 def test_fused_decode_graph_replay_equals_eager_fused(backbone: Qwen3Backbone) -> None:

@@ -11,7 +11,7 @@ import torch
 
 from breezert.models.config import BreezeConfig
 from breezert.models.depth import DepthDecoder
-from tests.kernel_helpers import random_bf16_fused_
+from tests.kernel_helpers import random_bf16_fused_, rel_error
 
 pytestmark = pytest.mark.gpu
 
@@ -58,16 +58,13 @@ def test_fused_matches_eager(depth: DepthDecoder, depth_fp32: DepthDecoder, rows
         again, _ = _frame(fused, depth, xs)
         exact, _ = _frame(depth_fp32.run_layers, depth_fp32, xs.float())
 
-    def rel(a: torch.Tensor, b: torch.Tensor) -> float:
-        return ((a.float() - b.float()).norm() / b.float().norm()).item()
-
     for position, (w, g, a, e) in enumerate(zip(want, got, again, exact)):
         assert torch.equal(g, a), f"position {position}: not deterministic"
-        assert rel(g, w) < 2e-2, f"position {position}: {rel(g, w)} from eager"
+        assert rel_error(g, w) < 2e-2, f"position {position}: {rel_error(g, w)} from eager"
         # As accurate as the eager bf16 modules, measured against fp32 math.
-        assert rel(g, e) <= 1.25 * rel(w, e) + 1e-3, (position, rel(g, e), rel(w, e))
-    rel_cache = ((got_cache.float() - want_cache.float()).norm() / want_cache.float().norm())
-    assert rel_cache.item() < 2e-2
+        fused_err, eager_err = rel_error(g, e), rel_error(w, e)
+        assert fused_err <= 1.25 * eager_err + 1e-3, (position, fused_err, eager_err)
+    assert rel_error(got_cache, want_cache) < 2e-2
     assert torch.count_nonzero(fused.counters).item() == 0
 
 
@@ -170,9 +167,6 @@ def test_split_k_qkv_is_close_and_batch_invariant(depth: DepthDecoder, depth_fp3
     gen = torch.Generator(device="cuda").manual_seed(400 + split)
     xs = torch.randn(16, 128, 2048, device="cuda", generator=gen).to(torch.bfloat16)
 
-    def rel(a: torch.Tensor, b: torch.Tensor) -> float:
-        return ((a.float() - b.float()).norm() / b.float().norm()).item()
-
     with torch.inference_mode():
         alone, _ = _frame(fused, depth, xs[:, :1].contiguous())
         for crowd in (16, 64, 128):
@@ -182,5 +176,5 @@ def test_split_k_qkv_is_close_and_batch_invariant(depth: DepthDecoder, depth_fp3
         want, _ = _frame(depth.run_layers, depth, xs[:, :16].contiguous())
         exact, _ = _frame(depth_fp32.run_layers, depth_fp32, xs[:, :16].float())
     for g, w, e in zip(got, want, exact):
-        assert rel(g, e) <= 1.25 * rel(w, e) + 1e-3
+        assert rel_error(g, e) <= 1.25 * rel_error(w, e) + 1e-3
     assert torch.count_nonzero(fused.counters).item() == 0

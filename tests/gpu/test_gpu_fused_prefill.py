@@ -16,7 +16,7 @@ from breezert.layers.attention import GatherKV
 from breezert.models.backbone import Qwen3Backbone
 from breezert.models.config import BreezeConfig
 from breezert.worker.kv_cache import KVRun, PagedKVCache
-from tests.kernel_helpers import random_bf16_fused_
+from tests.kernel_helpers import fp32_backbone_step, random_bf16_fused_, rel_error
 
 pytestmark = pytest.mark.gpu
 
@@ -53,18 +53,6 @@ def _step(lengths: list[tuple[int, int]], num_tokens: int, num_keys: int, seed: 
     return cache, tensors, embeds, real
 
 
-def _fp32_step(backbone: Qwen3Backbone, kv: torch.Tensor, meta, embeds):  # type: ignore[no-untyped-def]
-    with torch.device("cuda"):
-        ref = Qwen3Backbone(CFG)
-    ref.load_state_dict({k: v.float() for k, v in backbone.state_dict().items()})
-    kv32 = kv.float()
-    view = GatherKV(kv32, meta["write_rows"], meta["read_rows"], meta["mask"])
-    out = ref.eval()(embeds.float(), meta["positions"], view)
-    del ref
-    torch.cuda.empty_cache()
-    return out, kv32
-
-
 @pytest.mark.parametrize("lengths,tokens,keys", [
     ([(0, 45), (0, 40)], 128, 256),  # one request's two CFG branches
     ([(0, 30), (19, 7), (0, 60)], 128, 256),  # a second chunk over cached tokens
@@ -89,22 +77,19 @@ def test_fused_prefill_matches_eager(backbone: Qwen3Backbone, lengths: list[tupl
         wide = fused(embeds, wide_meta["positions"],
                      GatherKV(wide_kv, wide_meta["write_rows"], wide_meta["read_rows"],
                               wide_meta["mask"]))[:real]
-        exact, exact_kv = _fp32_step(backbone, cache.kv, meta, embeds)
+        exact, exact_kv = fp32_backbone_step(backbone, cache.kv, meta, embeds)
     assert torch.equal(got, again), "not deterministic"
     assert torch.equal(wide, got), "the key bucket changed bits"
 
-    def rel(a: torch.Tensor, b: torch.Tensor) -> float:
-        return ((a.float() - b.float()).norm() / b.float().norm()).item()
-
     exact = exact[:real]
-    fused_err, eager_err = rel(got, exact), rel(want, exact)
+    fused_err, eager_err = rel_error(got, exact), rel_error(want, exact)
     print(f"{lengths}: fused vs fp32 {fused_err:.4f}, eager vs fp32 {eager_err:.4f}, "
-          f"fused vs eager {rel(got, want):.4f}")
+          f"fused vs eager {rel_error(got, want):.4f}")
     assert fused_err <= 1.25 * eager_err + 1e-3, (fused_err, eager_err)
-    assert rel(got, want) <= 2.0 * eager_err + 1e-3
+    assert rel_error(got, want) <= 2.0 * eager_err + 1e-3
     written = meta["write_rows"][:real]
-    kv_err = rel(fused_kv[:, :, written], exact_kv[:, :, written])
-    assert kv_err <= 1.25 * rel(eager_kv[:, :, written], exact_kv[:, :, written]) + 1e-3
+    kv_err = rel_error(fused_kv[:, :, written], exact_kv[:, :, written])
+    assert kv_err <= 1.25 * rel_error(eager_kv[:, :, written], exact_kv[:, :, written]) + 1e-3
     assert torch.count_nonzero(fused.gemms.counters).item() == 0
 
 

@@ -10,23 +10,20 @@ import torch
 
 from breezert.layers.attention import GatherKV
 from breezert.models.backbone import Qwen3Backbone
-from breezert.models.config import BackboneConfig
-from breezert.worker.kv_cache import KVRun, PagedKVCache
-from tests.kernel_helpers import needs_triton, random_bf16_fused_, run_in_interpreter
+from breezert.worker.kv_cache import KVRun
+from tests.kernel_helpers import (
+    SMALL_BACKBONE,
+    needs_triton,
+    run_in_interpreter,
+    small_backbone,
+    small_paged_cache,
+)
 
 pytestmark = pytest.mark.unit
 
-# The smallest Qwen3 backbone the kernels accept (tensor-core tiles need >= 16 per dot axis).
-SMALL = BackboneConfig(hidden_size=128, intermediate_size=256, num_layers=2, num_heads=4,
-                       num_kv_heads=2, head_dim=32)
 @needs_triton
 def test_fused_decode_matches_eager_paged_attention() -> None:
     run_in_interpreter(__name__, "check_decode()")
-
-
-def _backbone() -> Qwen3Backbone:
-    torch.manual_seed(0)
-    return random_bf16_fused_(Qwen3Backbone(SMALL))
 
 
 def check_decode() -> None:
@@ -35,16 +32,13 @@ def check_decode() -> None:
     step, and a larger context bucket (more splits, all past the rows' lengths) changes no bit."""
     from breezert.kernels.fused_decode import FusedBackboneDecode
 
-    backbone = _backbone()
+    backbone = small_backbone()
     fused = FusedBackboneDecode(SimpleNamespace(backbone_model=backbone), max_rows=8,
                                 split_tokens=32)
-    cache = PagedKVCache(SMALL.num_layers, 16, 16, SMALL.num_kv_heads, SMALL.head_dim,
-                         dtype=torch.bfloat16, device="cpu")
-    torch.manual_seed(1)
-    cache.kv.copy_(torch.randn_like(cache.kv.float()).to(torch.bfloat16))
+    cache = small_paged_cache(seed=1)
     runs = [KVRun([7], 0, 1), KVRun([3, 11], 19, 1), KVRun([2, 9, 5, 14], 45, 1)]
     meta = cache.decode_meta(runs, 4, 64)
-    embeds = torch.randn(4, SMALL.hidden_size).to(torch.bfloat16)
+    embeds = torch.randn(4, SMALL_BACKBONE.hidden_size).to(torch.bfloat16)
     eager_kv, fused_kv = cache.kv.clone(), cache.kv.clone()
     with torch.inference_mode():
         view = GatherKV(eager_kv, meta.write_rows, meta.read_rows, meta.mask)
@@ -82,14 +76,11 @@ def check_tuner_fields_keep_bits() -> None:
 
     from breezert.kernels.fused_decode import DECODE_TILES, FusedBackboneDecode
 
-    backbone = _backbone()
+    backbone = small_backbone()
     model = SimpleNamespace(backbone_model=backbone)
-    cache = PagedKVCache(SMALL.num_layers, 16, 16, SMALL.num_kv_heads, SMALL.head_dim,
-                         dtype=torch.bfloat16, device="cpu")
-    torch.manual_seed(2)
-    cache.kv.copy_(torch.randn_like(cache.kv.float()).to(torch.bfloat16))
+    cache = small_paged_cache(seed=2)
     meta = cache.decode_meta([KVRun([3, 11], 19, 1), KVRun([2, 9, 5], 40, 1)], 2, 64)
-    embeds = torch.randn(2, SMALL.hidden_size).to(torch.bfloat16)
+    embeds = torch.randn(2, SMALL_BACKBONE.hidden_size).to(torch.bfloat16)
 
     def step(tiles: object) -> torch.Tensor:
         fused = FusedBackboneDecode(model, max_rows=2, tiles=tiles, split_tokens=32)
@@ -107,7 +98,7 @@ def check_tuner_fields_keep_bits() -> None:
 def test_fused_decode_rejects_unfused_weights() -> None:
     from breezert.kernels.fused_decode import FusedBackboneDecode
 
-    backbone = Qwen3Backbone(SMALL).to(torch.bfloat16)
+    backbone = Qwen3Backbone(SMALL_BACKBONE).to(torch.bfloat16)
     with pytest.raises(ValueError, match="fuse_projections_"):
         FusedBackboneDecode(SimpleNamespace(backbone_model=backbone), max_rows=4)
 
@@ -127,4 +118,5 @@ def test_gemm_shapes_and_dtype_are_checked_before_any_launch() -> None:
     with pytest.raises(ValueError, match="odd-norm"):  # the RMSNorm prologue reads 256 at once
         gemms.check("odd-norm", norm_k=384)
     with pytest.raises(ValueError, match="bfloat16"):
-        FusedBackboneDecode(SimpleNamespace(backbone_model=Qwen3Backbone(SMALL)), max_rows=4)
+        FusedBackboneDecode(SimpleNamespace(backbone_model=Qwen3Backbone(SMALL_BACKBONE)),
+                            max_rows=4)

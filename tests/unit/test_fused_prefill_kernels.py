@@ -10,25 +10,21 @@ import torch
 
 from breezert.layers.attention import GatherKV
 from breezert.models.backbone import Qwen3Backbone
-from breezert.models.config import BackboneConfig
-from breezert.worker.kv_cache import KVRun, PagedKVCache
-from tests.kernel_helpers import needs_triton, random_bf16_fused_, run_in_interpreter
+from breezert.worker.kv_cache import KVRun
+from tests.kernel_helpers import (
+    SMALL_BACKBONE,
+    needs_triton,
+    run_in_interpreter,
+    small_backbone,
+    small_paged_cache,
+)
 
 pytestmark = pytest.mark.unit
-
-# The smallest Qwen3 backbone the kernels accept (tensor-core tiles need >= 16 per dot axis).
-SMALL = BackboneConfig(hidden_size=128, intermediate_size=256, num_layers=2, num_heads=4,
-                       num_kv_heads=2, head_dim=32)
 
 
 @needs_triton
 def test_fused_prefill_matches_eager_packed_attention() -> None:
     run_in_interpreter(__name__, "check_prefill()")
-
-
-def _backbone() -> Qwen3Backbone:
-    torch.manual_seed(0)
-    return random_bf16_fused_(Qwen3Backbone(SMALL))
 
 
 def check_prefill() -> None:
@@ -39,15 +35,12 @@ def check_prefill() -> None:
     bit."""
     from breezert.kernels.fused_prefill import FusedBackbonePrefill
 
-    backbone = _backbone()
+    backbone = small_backbone()
     fused = FusedBackbonePrefill(SimpleNamespace(backbone_model=backbone), max_tokens=32)
     fused.warm()  # as on CUDA at start-up: a scratch cache, every row-block size, no error
-    cache = PagedKVCache(SMALL.num_layers, 16, 16, SMALL.num_kv_heads, SMALL.head_dim,
-                         dtype=torch.bfloat16, device="cpu")
-    torch.manual_seed(1)
-    cache.kv.copy_(torch.randn_like(cache.kv.float()).to(torch.bfloat16))
+    cache = small_paged_cache(seed=1)
     runs = [KVRun([7], 0, 12), KVRun([3, 11], 19, 7)]
-    embeds = torch.randn(19, SMALL.hidden_size).to(torch.bfloat16)
+    embeds = torch.randn(19, SMALL_BACKBONE.hidden_size).to(torch.bfloat16)
 
     def step(num_tokens: int, num_keys: int, use_fused: bool) -> tuple[torch.Tensor, torch.Tensor]:
         meta = cache.packed_meta(runs, num_tokens, num_keys)
@@ -82,6 +75,6 @@ def test_fused_prefill_rejects_unfused_weights() -> None:
     from breezert.kernels.fused_prefill import FusedBackbonePrefill
 
     torch.manual_seed(0)
-    backbone = Qwen3Backbone(SMALL).to(torch.bfloat16)
+    backbone = Qwen3Backbone(SMALL_BACKBONE).to(torch.bfloat16)
     with pytest.raises(ValueError, match="fuse_projections_"):
         FusedBackbonePrefill(SimpleNamespace(backbone_model=backbone), max_tokens=32)
