@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 import json
 import os
+import random
 import shutil
 import socket
 import subprocess
@@ -42,19 +43,53 @@ API_KEY, API_SECRET = "devkey", "secret"
 AGENT_NAME = "breezert-test"
 
 
+def _ephemeral_range() -> tuple[int, int]:
+    """The kernel's range for the source ports of outgoing connections (Linux's default when
+    it cannot be read)."""
+    try:
+        low, high = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
+        return int(low), int(high)
+    except (OSError, ValueError):
+        return 32768, 60999
+
+
+def _candidate_ports() -> Iterator[int]:
+    """Ports to try, at random, from below the ephemeral range: a port the kernel may hand to an
+    outgoing connection was taken between the check and the bind once (livekit-server's own
+    client to Redis got it: "listen tcp :46055: bind: address already in use"). Where that
+    range leaves too little room below it, the kernel picks (port 0)."""
+    low, _ = _ephemeral_range()
+    if low - 10000 < 2000:
+        while True:
+            yield 0
+    while True:
+        yield random.randrange(10000, low)
+
+
 def _free_port(kind: int = socket.SOCK_STREAM) -> int:
-    with socket.socket(socket.AF_INET, kind) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+    """A port free now on every IPv4 address (servers such as livekit-server bind ``:port``)."""
+    for port in _candidate_ports():
+        with socket.socket(socket.AF_INET, kind) as sock:
+            try:
+                sock.bind(("0.0.0.0", port))
+            except OSError:
+                continue
+            return int(sock.getsockname()[1])
+    raise AssertionError("unreachable")
 
 
 def _free_any_port() -> int:
     """A TCP port free on every address, IPv4 and IPv6 (the agent worker's health server binds
     them all: a port free on 127.0.0.1 alone was taken on another address once)."""
-    with socket.socket(socket.AF_INET6, socket.SOCK_STREAM) as sock:
-        sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
-        sock.bind(("::", 0))
-        return int(sock.getsockname()[1])
+    for port in _candidate_ports():
+        with socket.socket(socket.AF_INET6, socket.SOCK_STREAM) as sock:
+            sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
+            try:
+                sock.bind(("::", port))
+            except OSError:
+                continue
+            return int(sock.getsockname()[1])
+    raise AssertionError("unreachable")
 
 
 def built_binary(path: Path, build_log: Path, target: str, override_env: str) -> Path:
@@ -105,38 +140,55 @@ def _keep_last_log(log_path: Path, name: str) -> None:
     shutil.rmtree(log_path.parent, ignore_errors=True)
 
 
-@contextlib.contextmanager
-def run_server(extra_config: str = "") -> Iterator[Server]:
-    """A ``livekit-server --dev`` on free loopback ports; ``extra_config`` is more YAML for its
-    config (the SIP tests add ``redis:``)."""
-    binary = _server_binary()
+def _start_server(binary: Path, extra_config: str) -> tuple[subprocess.Popen[bytes], int, Path]:
+    """One ``livekit-server --dev`` on fresh free ports, answering HTTP: its process, HTTP port
+    and log. Raises ``OSError`` when a port was taken before the server bound it."""
     http, tcp, udp = _free_port(), _free_port(), _free_port(socket.SOCK_DGRAM)
     config = (f"port: {http}\nrtc:\n  tcp_port: {tcp}\n  udp_port: {udp}\n"
               "  use_external_ip: false\n  enable_loopback_candidate: true\n"
               "logging:\n  level: info\n" + extra_config)
     log_path = Path(tempfile.mkdtemp(prefix="breezert-livekit-")) / "server.log"
-    log = open(log_path, "wb")
-    proc = subprocess.Popen(
-        [str(binary), "--dev", "--bind", "127.0.0.1", "--node-ip", "127.0.0.1",
-         "--config-body", config], stdout=log, stderr=subprocess.STDOUT,
-        preexec_fn=agent_priority,
-    )
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(
+            [str(binary), "--dev", "--bind", "127.0.0.1", "--node-ip", "127.0.0.1",
+             "--config-body", config], stdout=log, stderr=subprocess.STDOUT,
+            preexec_fn=agent_priority,
+        )
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{http}/", timeout=1) as reply:
+                if reply.status == 200:
+                    return proc, http, log_path
+        except OSError:
+            pass
+        if proc.poll() is not None or time.monotonic() > deadline:
+            _stop(proc, 10)
+            text = log_path.read_text(errors="replace")
+            _keep_last_log(log_path, "breezert-livekit-server.log")
+            if "address already in use" in text:
+                raise OSError(f"livekit-server lost a port: {text[-300:]}")
+            raise RuntimeError(f"livekit-server did not start: {text[-2000:]}")
+        time.sleep(0.1)
+
+
+@contextlib.contextmanager
+def run_server(extra_config: str = "") -> Iterator[Server]:
+    """A ``livekit-server --dev`` on free loopback ports; ``extra_config`` is more YAML for its
+    config (the SIP tests add ``redis:``). A port taken between its choice and the server's bind
+    (another process may bind any free port) means three more tries on fresh ports."""
+    binary = _server_binary()
+    for attempt in range(4):
+        try:
+            proc, http, log_path = _start_server(binary, extra_config)
+            break
+        except OSError:
+            if attempt == 3:
+                raise
     try:
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{http}/", timeout=1) as reply:
-                    if reply.status == 200:
-                        break
-            except OSError:
-                pass
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"livekit-server did not start: {log_path.read_text()[-2000:]}")
-            time.sleep(0.1)
         yield Server(http, log_path)
     finally:
         _stop(proc, 10)
-        log.close()
         _keep_last_log(log_path, "breezert-livekit-server.log")
 
 
