@@ -66,12 +66,15 @@ def _candidate_ports() -> Iterator[int]:
         yield random.randrange(10000, low)
 
 
-def _free_port(kind: int = socket.SOCK_STREAM) -> int:
-    """A port free now on every IPv4 address (servers such as livekit-server bind ``:port``)."""
+def _free_port(kind: int = socket.SOCK_STREAM, family: int = socket.AF_INET) -> int:
+    """A port free now on every address of ``family`` (servers such as livekit-server bind
+    ``:port``); ``AF_INET6`` asks for one free on IPv4 and IPv6 both."""
     for port in _candidate_ports():
-        with socket.socket(socket.AF_INET, kind) as sock:
+        with socket.socket(family, kind) as sock:
+            if family == socket.AF_INET6:
+                sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
             try:
-                sock.bind(("0.0.0.0", port))
+                sock.bind(("::" if family == socket.AF_INET6 else "0.0.0.0", port))
             except OSError:
                 continue
             return int(sock.getsockname()[1])
@@ -81,15 +84,7 @@ def _free_port(kind: int = socket.SOCK_STREAM) -> int:
 def _free_any_port() -> int:
     """A TCP port free on every address, IPv4 and IPv6 (the agent worker's health server binds
     them all: a port free on 127.0.0.1 alone was taken on another address once)."""
-    for port in _candidate_ports():
-        with socket.socket(socket.AF_INET6, socket.SOCK_STREAM) as sock:
-            sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
-            try:
-                sock.bind(("::", port))
-            except OSError:
-                continue
-            return int(sock.getsockname()[1])
-    raise AssertionError("unreachable")
+    return _free_port(family=socket.AF_INET6)
 
 
 def built_binary(path: Path, build_log: Path, target: str, override_env: str) -> Path:
