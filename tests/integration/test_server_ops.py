@@ -8,7 +8,6 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -20,6 +19,7 @@ import aiohttp
 import pytest
 from aiohttp.test_utils import TestServer
 from breezert.async_engine import AsyncEngine
+from breezert.bench.ports import free_port
 from breezert.config import ServingConfig
 from breezert.errors import EngineOverloaded
 from breezert.server import health
@@ -171,17 +171,11 @@ async def test_drain_closes_idle_sockets_at_once_and_lets_a_turn_finish(
         await wait_idle(engine)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_sigterm_with_an_idle_websocket_exits_within_the_grace() -> None:
     """Before: 47-49 s (aiohttp waited on the open socket). Now the idle socket is closed at
     once (1001) and the whole exit (drain, handler shutdown, engine close) stays under the
     default grace (10 s); the console showed the start-up phases."""
-    port = _free_port()
+    port = free_port()
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(
         [str(REPO / "runtime"), str(REPO), os.environ.get("PYTHONPATH", "")])}
     proc = subprocess.Popen(

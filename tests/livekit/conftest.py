@@ -13,7 +13,6 @@ import asyncio
 import contextlib
 import json
 import os
-import random
 import shutil
 import socket
 import subprocess
@@ -31,6 +30,7 @@ import numpy as np
 import pytest
 from livekit import api, rtc
 
+from breezert.bench.ports import free_port
 from tests.livekit.browser import serve_repository
 from tests.livekit.listening import Recording
 from tests.livekit.machine import agent_priority
@@ -43,48 +43,15 @@ API_KEY, API_SECRET = "devkey", "secret"
 AGENT_NAME = "breezert-test"
 
 
-def _ephemeral_range() -> tuple[int, int]:
-    """The kernel's range for the source ports of outgoing connections (Linux's default when
-    it cannot be read)."""
-    try:
-        low, high = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
-        return int(low), int(high)
-    except (OSError, ValueError):
-        return 32768, 60999
-
-
-def _candidate_ports() -> Iterator[int]:
-    """Ports to try, at random, from below the ephemeral range: a port the kernel may hand to an
-    outgoing connection was taken between the check and the bind once (livekit-server's own
-    client to Redis got it: "listen tcp :46055: bind: address already in use"). Where that
-    range leaves too little room below it, the kernel picks (port 0)."""
-    low, _ = _ephemeral_range()
-    if low - 10000 < 2000:
-        while True:
-            yield 0
-    while True:
-        yield random.randrange(10000, low)
-
-
-def _free_port(kind: int = socket.SOCK_STREAM, family: int = socket.AF_INET) -> int:
-    """A port free now on every address of ``family`` (servers such as livekit-server bind
-    ``:port``); ``AF_INET6`` asks for one free on IPv4 and IPv6 both."""
-    for port in _candidate_ports():
-        with socket.socket(family, kind) as sock:
-            if family == socket.AF_INET6:
-                sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
-            try:
-                sock.bind(("::" if family == socket.AF_INET6 else "0.0.0.0", port))
-            except OSError:
-                continue
-            return int(sock.getsockname()[1])
-    raise AssertionError("unreachable")
+def _free_port(kind: int = socket.SOCK_STREAM) -> int:
+    """A port free on every IPv4 address, from below the ephemeral range (``bench.ports``)."""
+    return free_port(kind)
 
 
 def _free_any_port() -> int:
     """A TCP port free on every address, IPv4 and IPv6 (the agent worker's health server binds
     them all: a port free on 127.0.0.1 alone was taken on another address once)."""
-    return _free_port(family=socket.AF_INET6)
+    return free_port(family=socket.AF_INET6)
 
 
 def built_binary(path: Path, build_log: Path, target: str, override_env: str) -> Path:

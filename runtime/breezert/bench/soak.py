@@ -14,7 +14,6 @@ import asyncio
 import contextlib
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -26,6 +25,7 @@ from typing import Any
 
 import aiohttp
 
+from breezert.bench.ports import free_port
 from breezert.profiles import EMBEDDED_PROFILE, profile_path
 
 IDLE_GAUGES = {
@@ -80,12 +80,6 @@ class _Tally:
         self.statuses[f"{kind}:{status}"] += 1
         if not ok and len(self.unexpected) < 50:
             self.unexpected.append(f"{kind}: {status} {detail}".strip())
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
 
 
 def parse_metrics(text: str) -> dict[str, float]:
