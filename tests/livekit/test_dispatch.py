@@ -45,6 +45,10 @@ WORKER_ENV = {
     "BREEZERT_TEST_SEED": "11",
 }
 SENTENCE = "Hello from the agent."
+MIN_FRAMES_HEARD = 20
+"""10 ms frames above the energy floor that make a turn heard (the turn is about 1 s)."""
+SUBSCRIBE_SETTLE_S = 0.3
+TAIL_WAIT_S = 5.0
 WAVE = 1
 """Rooms dispatched at once. With several at once, two jobs of one worker process sometimes
 connected at the same moment and one connect never completed on two shared cores: livekit-rtc
@@ -146,18 +150,29 @@ async def speak_everywhere(group: WorkerGroup, rooms: list[Room], wave: int = 3)
     for start in range(0, len(rooms), wave):
         batch = rooms[start:start + wave]
         await asyncio.gather(*(subscribe(room) for room in batch))
+        # The subscription is answered after the track event that ends subscribe(); a turn said
+        # at once lost all its audio once (0 frames heard, the run before passed)
+        await asyncio.sleep(SUBSCRIBE_SETTLE_S)
         sent = await asyncio.gather(*(room.say(SENTENCE) for room in batch))
         await asyncio.gather(*(group.wait_event(room.name, "done", id=message_id, timeout_s=60)
                                for room, (message_id, _) in zip(batch, sent)))
-        await asyncio.sleep(0.3)  # the tails reach the listeners
+        # the tails reach the listeners (late on two starved cores: wait for them, bounded)
+        deadline = time.monotonic() + TAIL_WAIT_S
+        while (any(len(room.recording.energetic(since=t)) < MIN_FRAMES_HEARD
+                   for room, (_, t) in zip(batch, sent))
+               and time.monotonic() < deadline):
+            await asyncio.sleep(0.05)
+        await asyncio.sleep(0.3)
         for room in batch:
             unsubscribe(room)
         said += sent
     first = []
     for room, (_, sent) in zip(rooms, said):
         heard = room.recording.energetic(since=sent)
-        assert len(heard) >= 20, (f"{room.name} heard {len(heard)} frames of its turn; "
-                                  f"events: {group.events(room.name)}")
+        assert len(heard) >= MIN_FRAMES_HEARD, (
+            f"{room.name} heard {len(heard)} loud frames of its turn "
+            f"({len(room.recording.energetic(since=0.0))} loud, {len(room.recording.times)} "
+            f"in all since it joined); events: {group.events(room.name)}")
         first.append(round(heard[0] - sent, 3))
     return first
 
