@@ -51,7 +51,7 @@ def assert_browser_real_time(heard: Any, playout: dict[str, int], expected_s: fl
         assert_played_in_real_time(speech, playout, expected_s)
     except NotRealTime as miss:
         raise NotRealTime(f"{miss}; the page's quiet runs {heard.quiet_s:.3f} s taken out of "
-                          f"its span {heard.span_s:.3f} s") from None
+                          f"its span {heard.span_s:.3f} s", in_transit=miss.in_transit) from None
 
 
 async def test_browser_hears_the_turn_and_its_reports_reach_the_predictor(

@@ -6,8 +6,9 @@ listener and in the engine, a second turn, the before-subscribe case and a liste
 mid-turn. Times are ``time.monotonic()`` of this process and the worker's (one machine).
 
 The real-time check is strict; a turn that misses it while other work on the box took more than
-``machine.FOREIGN_LOAD_LIMIT`` cores is said again (``in_real_time``), up to ``ATTEMPTS`` times,
-and each attempt's figures are printed. A miss on a quiet box fails at once.
+``machine.FOREIGN_LOAD_LIMIT`` cores, or only by speech its jitter buffer concealed, is said
+again (``in_real_time``), up to ``ATTEMPTS`` times, and each attempt's figures are printed. A
+late sender on a quiet box fails at once.
 """
 
 from __future__ import annotations
@@ -36,7 +37,13 @@ T = TypeVar("T")
 
 
 class NotRealTime(AssertionError):
-    """A turn had a gap during speech or the wrong length at a listener."""
+    """A turn had a gap during speech or the wrong length at a listener, or its jitter buffer
+    concealed speech. ``in_transit``: only the concealment, the turn otherwise whole and without
+    a gap, so the sender kept time and packets reached the listener late."""
+
+    def __init__(self, message: str, *, in_transit: bool = False) -> None:
+        super().__init__(message)
+        self.in_transit = in_transit
 
 
 def counters(snapshot: dict[str, Any]) -> dict[str, int]:
@@ -90,8 +97,10 @@ def assert_played_in_real_time(heard: Any, playout: dict[str, int], expected_s: 
     """``assert_real_time`` with what the listener's WebRTC jitter buffer did during the turn
     (``playout``: its sample counters, ``Room.playout_counters`` or the browser's).
 
-    It concealed at most ``CONCEALED_MAX`` samples of speech: concealment is what audio arriving
-    too late causes, so this is the check that the agent kept up. Its time-stretch (samples
+    It concealed at most ``CONCEALED_MAX`` samples of speech: concealment is what packets reaching
+    the listener too late cause (the server, the loopback or the listener's own process; a late
+    agent shows as quiet runs instead, below), raised after the length and gap checks with
+    ``in_transit`` set, which ``in_real_time`` says again. Its time-stretch (samples
     inserted to slow playout while it grows its target delay, removed to speed it up) changes
     the turn's length without a gap or a lost sample, and the counters do not say whether it
     stretched the speech or the silence around it: the speech's length lies between the span
@@ -104,8 +113,6 @@ def assert_played_in_real_time(heard: Any, playout: dict[str, int], expected_s: 
     listener that catches a late sender."""
     assert playout["received"] > 0, f"no inbound-rtp audio stats for the turn: {playout}"
     concealed = playout["concealed"] - playout["silent"]
-    if concealed > CONCEALED_MAX:
-        raise NotRealTime(f"the jitter buffer concealed {concealed} samples of speech")
     shortest = heard.span_s - playout["inserted"] / JITTER_BUFFER_RATE
     longest = heard.span_s + playout["removed"] / JITTER_BUFFER_RATE
     nearest = min(max(expected_s, shortest), longest)
@@ -117,12 +124,18 @@ def assert_played_in_real_time(heard: Any, playout: dict[str, int], expected_s: 
         raise NotRealTime(f"{miss} (span {heard.span_s:.3f} s, within the jitter buffer's "
                           f"stretch {shortest:.3f}-{longest:.3f} s; quiet runs: "
                           f"{runs or 'none listed'})") from None
+    if concealed > CONCEALED_MAX:
+        raise NotRealTime(f"the jitter buffer concealed {concealed} samples of speech in a turn "
+                          "otherwise whole and without a gap", in_transit=True)
 
 
 async def in_real_time(attempt: Callable[[], Awaitable[T]]) -> T:
     """Runs ``attempt`` (it says a turn and asserts it, ``assert_real_time`` included) once the
     box is quiet; again, up to ``ATTEMPTS`` times, while it misses real time with more than
-    ``FOREIGN_LOAD_LIMIT`` cores of foreign load during it. A miss on a quiet box fails at once."""
+    ``FOREIGN_LOAD_LIMIT`` cores of foreign load during it, or only by speech concealed in
+    transit (``NotRealTime.in_transit``: once 1560 samples, 33 ms, in a 6 s turn heard whole
+    with no gap on a quiet box, where the server, agent and listener share two cores). A sender
+    that missed real time on a quiet box fails at once; so does a miss on every attempt."""
     misses: list[str] = []
     for _ in range(ATTEMPTS):
         await wait_for_quiet(timeout_s=15.0 if misses else 5.0)
@@ -131,11 +144,12 @@ async def in_real_time(attempt: Callable[[], Awaitable[T]]) -> T:
             return await attempt()
         except NotRealTime as miss:
             load = meter.foreign_cores()
-            if load < FOREIGN_LOAD_LIMIT:
+            if load < FOREIGN_LOAD_LIMIT and not miss.in_transit:
                 raise NotRealTime(f"{miss} ({load:.2f} cores of foreign load)") from None
             misses.append(f"{miss} with {load:.2f} cores of foreign load")
-            print(f"not real-time while the box was busy, said again: {misses[-1]}")
-    raise NotRealTime(f"{ATTEMPTS} attempts, all while the box was busy: " + "; ".join(misses))
+            print(f"not real-time (busy box or late in transit), said again: {misses[-1]}")
+    raise NotRealTime(f"{ATTEMPTS} attempts, each on a busy box or late in transit: "
+                      + "; ".join(misses))
 
 
 async def speak_in_real_time(room: Any, worker: Any,
