@@ -43,17 +43,6 @@ API_KEY, API_SECRET = "devkey", "secret"
 AGENT_NAME = "breezert-test"
 
 
-def _free_port(kind: int = socket.SOCK_STREAM) -> int:
-    """A port free on every IPv4 address, from below the ephemeral range (``bench.ports``)."""
-    return free_port(kind)
-
-
-def _free_any_port() -> int:
-    """A TCP port free on every address, IPv4 and IPv6 (the agent worker's health server binds
-    them all: a port free on 127.0.0.1 alone was taken on another address once)."""
-    return free_port(family=socket.AF_INET6)
-
-
 def built_binary(path: Path, build_log: Path, target: str, override_env: str) -> Path:
     """``path`` as ``make target`` builds it (``$override_env`` names another); builds it when it
     was never tried; skips with the build's reason (``build_log``) when it cannot be built."""
@@ -102,10 +91,14 @@ def _keep_last_log(log_path: Path, name: str) -> None:
     shutil.rmtree(log_path.parent, ignore_errors=True)
 
 
+class _PortLost(RuntimeError):
+    """livekit-server exited because a port chosen for it was taken before it bound it."""
+
+
 def _start_server(binary: Path, extra_config: str) -> tuple[subprocess.Popen[bytes], int, Path]:
     """One ``livekit-server --dev`` on fresh free ports, answering HTTP: its process, HTTP port
-    and log. Raises ``OSError`` when a port was taken before the server bound it."""
-    http, tcp, udp = _free_port(), _free_port(), _free_port(socket.SOCK_DGRAM)
+    and log. Raises ``_PortLost`` when a port was taken before the server bound it."""
+    http, tcp, udp = free_port(), free_port(), free_port(socket.SOCK_DGRAM)
     config = (f"port: {http}\nrtc:\n  tcp_port: {tcp}\n  udp_port: {udp}\n"
               "  use_external_ip: false\n  enable_loopback_candidate: true\n"
               "logging:\n  level: info\n" + extra_config)
@@ -129,7 +122,7 @@ def _start_server(binary: Path, extra_config: str) -> tuple[subprocess.Popen[byt
             text = log_path.read_text(errors="replace")
             _keep_last_log(log_path, "breezert-livekit-server.log")
             if "address already in use" in text:
-                raise OSError(f"livekit-server lost a port: {text[-300:]}")
+                raise _PortLost(f"livekit-server lost a port: {text[-300:]}")
             raise RuntimeError(f"livekit-server did not start: {text[-2000:]}")
         time.sleep(0.1)
 
@@ -144,7 +137,7 @@ def run_server(extra_config: str = "") -> Iterator[Server]:
         try:
             proc, http, log_path = _start_server(binary, extra_config)
             break
-        except OSError:
+        except _PortLost:
             if attempt == 3:
                 raise
     try:
@@ -245,7 +238,7 @@ class Worker:
 def worker_env(server: Server, state_dir: Path) -> dict[str, str]:
     env = dict(os.environ)
     env.update(LIVEKIT_URL=server.ws_url, LIVEKIT_API_KEY=API_KEY, LIVEKIT_API_SECRET=API_SECRET,
-               BREEZERT_TEST_STATE=str(state_dir), BREEZERT_TEST_WORKER_PORT=str(_free_port()),
+               BREEZERT_TEST_STATE=str(state_dir), BREEZERT_TEST_WORKER_PORT=str(free_port()),
                PYTHONPATH=os.pathsep.join(p for p in (str(REPO / "runtime"), str(REPO),
                                                       env.get("PYTHONPATH", "")) if p))
     return env
@@ -272,7 +265,9 @@ def spawn_workers(server: Server, count: int, env: dict[str, str] | None = None,
             log_path = state_dir / "worker.log"
             logs.append(open(log_path, "wb"))
             full_env = {**worker_env(server, state_dir), **(env or {}),
-                        "BREEZERT_TEST_WORKER_PORT": str(_free_any_port())}
+                        # free on IPv4 and IPv6: the worker's health server binds every
+                        # address, and a port free on 127.0.0.1 alone was taken on another once
+                        "BREEZERT_TEST_WORKER_PORT": str(free_port(family=socket.AF_INET6))}
             proc = subprocess.Popen([sys.executable, str(WORKER), "start"], cwd=REPO,
                                     env=full_env, stdout=logs[-1], stderr=subprocess.STDOUT,
                                     preexec_fn=agent_priority)

@@ -35,6 +35,8 @@ import pytest
 import soundfile as sf
 from livekit import api
 
+from breezert.bench.ports import free_port
+
 from .conftest import (
     AGENT_NAME,
     API_KEY,
@@ -42,7 +44,6 @@ from .conftest import (
     REPO,
     Server,
     Worker,
-    _free_port,
     _keep_last_log,
     _stop,
     built_binary,
@@ -105,7 +106,7 @@ def _sip_port() -> int:
     at their SIP port, and a port free for UDP was once taken for TCP (baresip did not start:
     "tcp: sock_bind: Address already in use")."""
     for _ in range(200):
-        port = _free_port(socket.SOCK_DGRAM)
+        port = free_port(socket.SOCK_DGRAM)
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
             try:
                 sock.bind(("127.0.0.1", port))
@@ -118,7 +119,7 @@ def _sip_port() -> int:
 def _port_range(count: int) -> int:
     """The first of ``count`` consecutive UDP ports that are free now (even, for RTP)."""
     for _ in range(200):
-        start = _free_port(socket.SOCK_DGRAM) & ~1
+        start = free_port(socket.SOCK_DGRAM) & ~1
         if start + count > 65535:
             continue
         socks = []
@@ -143,7 +144,7 @@ def _port_range(count: int) -> int:
 def run_redis() -> Iterator[str]:
     """``redis-server`` on a free loopback port, no RDB/AOF, its dir a temp one; yields
     ``host:port``."""
-    port = _free_port()
+    port = free_port()
     work = Path(tempfile.mkdtemp(prefix="breezert-redis-"))
     log_path = work / "redis.log"
     log = open(log_path, "wb")
@@ -189,7 +190,7 @@ def run_sip(server: Server, redis_address: str) -> Iterator[SipService]:
     """``livekit-sip`` for ``server``: SIP (UDP and TCP) and RTP on 127.0.0.1 only, the
     addresses it announces 127.0.0.1 (never a STUN look-up: ``use_external_ip`` stays off)."""
     binary = sip_binary()
-    sip_port, health_port = _sip_port(), _free_port()
+    sip_port, health_port = _sip_port(), free_port()
     rtp = _port_range(SIP_RTP_RANGE)
     config = (f"api_key: {API_KEY}\napi_secret: {API_SECRET}\nws_url: {server.ws_url}\n"
               f"redis:\n  address: {redis_address}\n"
@@ -441,7 +442,7 @@ class Caller:
             raise ValueError(f"codec {codec!r} is not one of {sorted(PAYLOAD_TYPES)}")
         self.codec = codec
         self.work = Path(tempfile.mkdtemp(prefix="breezert-baresip-"))
-        self.sip_port, self.ctrl_port = _sip_port(), _free_port()
+        self.sip_port, self.ctrl_port = _sip_port(), free_port()
         self.rtp_start = _port_range(RTP_RANGE)
         self.prompt_s = prompt_s
         self.log_path = self.work / "baresip.log"

@@ -28,8 +28,8 @@ from typing import Any
 import aiohttp
 import pytest
 
-from tests.livekit.conftest import REPO, Room, Server, WorkerGroup, _free_port, _stop, \
-    spawn_workers
+from breezert.bench.ports import free_port
+from tests.livekit.conftest import REPO, Room, Server, WorkerGroup, _stop, spawn_workers
 from tests.livekit.dispatch_figures import FIGURES, write_figures
 from tests.livekit.test_dispatch import subscribe
 
@@ -91,7 +91,7 @@ class Replica:
 @pytest.fixture(scope="module")
 def replicas() -> Iterator[list[Replica]]:
     folder = Path(tempfile.mkdtemp(prefix="breezert-replicas-"))
-    started = [Replica(_free_port(), folder / f"replica-{i}.log") for i in range(2)]
+    started = [Replica(free_port(), folder / f"replica-{i}.log") for i in range(2)]
     try:
         for replica in started:
             replica.start()
