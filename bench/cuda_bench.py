@@ -16,17 +16,17 @@ from typing import Any
 import torch
 
 
-def random_bf16_packed(module: torch.nn.Module, layers: Any) -> torch.nn.Module:
+def random_bf16_packed(module: torch.nn.Module) -> torch.nn.Module:
     """``module`` with random weights (each ~ N(0, 1/fan_in), from torch's current seed), cast
-    to bf16 and in eval mode, the q/k/v and gate/up projections of each of ``layers`` packed as
-    serving packs them."""
+    to bf16 and in eval mode, every q/k/v and gate/up projection packed (each submodule with a
+    ``fuse_``) as serving packs them."""
     with torch.no_grad():
         for p in module.parameters():
             p.normal_(0, p.shape[-1] ** -0.5)
     module = module.to(torch.bfloat16).eval()
-    for layer in layers:
-        layer.self_attn.fuse_()
-        layer.mlp.fuse_()
+    for sub in module.modules():
+        if hasattr(sub, "fuse_"):
+            sub.fuse_()
     return module
 
 

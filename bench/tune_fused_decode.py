@@ -43,7 +43,7 @@ def build_backbone() -> SimpleNamespace:
     torch.manual_seed(0)
     with torch.device("cuda"):
         backbone = Qwen3Backbone(BreezeConfig.full().backbone)
-    return SimpleNamespace(backbone_model=random_bf16_packed(backbone, backbone.layers))
+    return SimpleNamespace(backbone_model=random_bf16_packed(backbone))
 
 
 class Step:

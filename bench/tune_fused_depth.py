@@ -46,7 +46,7 @@ def build_depth() -> DepthDecoder:
     torch.manual_seed(0)
     with torch.device("cuda"):
         depth = DepthDecoder(BreezeConfig.full().depth)
-    return random_bf16_packed(depth, depth.model.layers)
+    return random_bf16_packed(depth)
 
 
 def frame_ms(depth: DepthDecoder, fn, rows: int, iters: int = 20) -> float:  # type: ignore[no-untyped-def]
