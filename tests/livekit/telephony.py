@@ -102,18 +102,25 @@ def _wait_for(check: object, what: str, proc: subprocess.Popen[bytes], log: Path
 
 
 def _sip_port() -> int:
-    """A loopback port free for both UDP and TCP now: baresip and LiveKit SIP listen on both
-    at their SIP port, and a port free for UDP was once taken for TCP (baresip did not start:
-    "tcp: sock_bind: Address already in use")."""
+    """A loopback port free now for UDP and TCP, with the next one free for TCP: baresip and
+    LiveKit SIP listen on both at their SIP port, and baresip puts its SIP/TLS listener on the
+    port after it. A port free for UDP was once taken for TCP, and once the next one was
+    (baresip did not start: "tcp: sock_bind: Address already in use", then "SIP/TLS transport
+    failed")."""
     for _ in range(200):
         port = free_port(socket.SOCK_DGRAM)
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-            try:
-                sock.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-        return port
-    raise RuntimeError("no loopback port free for both UDP and TCP")
+        if all(_tcp_free(p) for p in (port, port + 1)):
+            return port
+    raise RuntimeError("no loopback port free for UDP and TCP with the next free for TCP")
+
+
+def _tcp_free(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
 
 
 def _port_range(count: int) -> int:
