@@ -291,6 +291,29 @@ def _sampler() -> tuple[Warm, Callable[[], None]]:
     return None, serve
 
 
+def _persistent_depth() -> tuple[Warm, Callable[[], None]]:
+    from breezert.kernels.persistent_depth import PersistentDepthFrame
+    from breezert.models.config import BreezeConfig
+    from breezert.models.depth import DepthDecoder
+
+    graph = _engine_graph()
+    with torch.device("meta"):
+        depth = random_bf16_fused_(DepthDecoder(BreezeConfig.full().depth))
+    rows = _depth_rows(graph)
+    frame = PersistentDepthFrame(depth, max(rows))
+
+    def serve() -> None:  # every bucket, with CFG (2B rows) and without (B rows)
+        for batch in graph.depth_batch_buckets:  # type: ignore[attr-defined]
+            for num_rows in (batch, 2 * batch):
+                column = torch.zeros(batch, device="meta")
+                ids = torch.zeros(batch, dtype=torch.int64, device="meta")
+                frame(torch.zeros(num_rows, depth.cfg.backbone_hidden_size, dtype=torch.bfloat16,
+                                  device="meta"), ids, column.bool(), column,
+                      torch.zeros(batch, 3, device="meta"), ids, ids)
+
+    return None, serve
+
+
 def _snake() -> tuple[Warm, Callable[[], None]]:
     from breezert.kernels.snake import snake_cat_triton
 
@@ -316,6 +339,7 @@ VARIANTS: dict[str, Callable[[], tuple[Warm, Callable[[], None]]]] = {
     "text encoder pdl": lambda: _text_encoder(True),
     "text encoder pdl wide": lambda: _text_encoder(True, wide=True),
     "sampler": _sampler,
+    "persistent depth": _persistent_depth,
     "snake": _snake,
 }
 """Each module variant a config or a tuning run can select -> ``(warm, serve)``: its start-up

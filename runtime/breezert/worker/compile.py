@@ -56,7 +56,7 @@ def _raise_cache_limit(limit: int) -> None:
 def depth_fn(
     model: BreezeModel, max_k: int | None, compile_depth: bool, fused_depth: bool = False,
     max_rows: int = 64, tiles_by_rows: bool = True, fused_sampling: bool = False,
-    pdl: bool = False,
+    pdl: bool = False, persistent_depth: bool = False,
 ) -> Callable[..., dict[str, torch.Tensor]]:
     """``depth_frames`` bound to ``model`` and ``max_k``; on CUDA its layer step runs the fused
     Triton kernels (``fused_depth``, workspace for ``max_rows`` rows, launch shapes per row
@@ -65,10 +65,22 @@ def depth_fn(
     Triton sampler (``fused_sampling``, bounded top-k only: ``max_k`` set), else
     ``compile_depth`` compiles the sampler. On the CPU the frame's
     Gumbel noise is made in one call (``noise_per_frame``); CUDA keeps one per draw, as measured
-    on the H200 (one call would be a new, unmeasured kernel chain in the graph)."""
+    on the H200 (one call would be a new, unmeasured kernel chain in the graph).
+    ``persistent_depth`` (bounded top-k): the 15 depth codes in one persistent launch
+    (``kernels/persistent_depth.py``, workspaces for ``max_rows`` rows); the first code is
+    drawn as above."""
     if model.lm_head.weight.device.type != "cuda":
         return partial(depth_frames, model, max_k=max_k, noise_per_frame=True)
     depth = model.depth_decoder
+    frame_kernel = None
+    if persistent_depth and max_k is not None:
+        from breezert.kernels.persistent_depth import PersistentDepthFrame  # needs Triton
+
+        frame_kernel = getattr(depth, "persistent_frame", None)
+        if frame_kernel is None:
+            frame_kernel = depth.persistent_frame = PersistentDepthFrame(depth, max_rows)
+            logger.info("depth frames run the persistent Triton kernel (%d programs, %d-row "
+                        "workspaces)", frame_kernel.programs, max_rows)
     if fused_depth and not getattr(depth, "is_fused", False):
         from breezert.kernels.fused_depth import FusedDepthLayers  # needs Triton
         from breezert.kernels.gemm import Tiles
@@ -86,11 +98,12 @@ def depth_fn(
     if fused_sampling and max_k is not None:
         from breezert.kernels.fused_sampling import fused_sample  # needs Triton
 
-        return partial(depth_frames, model, max_k=max_k, sampler=fused_sample)
+        return partial(depth_frames, model, max_k=max_k, sampler=fused_sample,
+                       frame_kernel=frame_kernel)
     if not compile_depth:
-        return partial(depth_frames, model, max_k=max_k)
+        return partial(depth_frames, model, max_k=max_k, frame_kernel=frame_kernel)
     sampler = torch.compile(sample, dynamic=True, fullgraph=True)
-    return partial(depth_frames, model, max_k=max_k, sampler=sampler)
+    return partial(depth_frames, model, max_k=max_k, sampler=sampler, frame_kernel=frame_kernel)
 
 
 def decode_fn(
