@@ -36,10 +36,12 @@ from breezert.stages.depth import TOP_K_BOUND, depth_frames  # noqa: E402
 
 VARIANTS = {
     "pps2": {"programs_per_sm": 2},
-    "stages1": {"num_stages": 1},
-    "stages3": {"num_stages": 3},
+    "stages2": {"num_stages": 2},
+    "stages4": {"num_stages": 4},
     "gate128": {"gate_bk": 128},
     "warps4": {"num_warps": 4},
+    "split1": {"qkv_split": 1, "o_split": 2},
+    "down256": {"down_bk": 256, "down_split": 2, "down_bn": 64},
 }
 
 

@@ -67,7 +67,7 @@ class FrameTiles:
     head_bn: int = 16
     head_bk: int = 128
     num_warps: int = 8
-    num_stages: int = 2
+    num_stages: int = 3
     programs_per_sm: int = 1
     max_bm: int = 64
     """Rows per work item grow with the rows (16 .. ``max_bm``), so that many rows read each
@@ -79,16 +79,25 @@ class FrameTiles:
 
 
 @triton.jit
+def _acquire_load(ptr):
+    """``ld.acquire.gpu`` of an int64: a read that later reads cannot pass (no atomic)."""
+    return tl.inline_asm_elementwise("ld.global.acquire.gpu.b64 $0, [$1];", "=l,l", [ptr],
+                                     dtype=tl.int64, is_pure=False, pack=1)
+
+
+@triton.jit
 def _grid_sync(bar_ptr, num_programs):
     """Every program of the grid meets here: release this program's writes, wait until all
     ``num_programs`` arrived at this barrier, acquire theirs. The counter only grows (a launch
-    adds the same multiple of the grid size), so no reset is needed between launches."""
+    adds the same multiple of the grid size), so no reset is needed between launches. One
+    atomic per program; the wait spins on acquire loads, which do not queue behind the
+    arrivals as atomics on the same word would."""
     tl.debug_barrier()  # every thread's stores are issued before the arrival
     old = tl.atomic_add(bar_ptr, 1, sem="release", scope="gpu")
     target = (old // num_programs + 1) * num_programs
-    seen = tl.atomic_add(bar_ptr, 0, sem="acquire", scope="gpu")
+    seen = _acquire_load(bar_ptr)
     while seen < target:
-        seen = tl.atomic_add(bar_ptr, 0, sem="acquire", scope="gpu")
+        seen = _acquire_load(bar_ptr)
     tl.debug_barrier()  # no thread reads before the acquire
 
 
@@ -96,7 +105,7 @@ def _grid_sync(bar_ptr, num_programs):
 def _rstd(x_ptr, stride, rows, rmask, eps, K: tl.constexpr, BM: tl.constexpr, BK: tl.constexpr):
     """``1 / sqrt(mean(x^2) + eps)`` per row (fp32), ``x`` made inside this launch."""
     sq = tl.zeros([BM], dtype=tl.float32)
-    for k0 in range(0, K, BK):
+    for k0 in tl.static_range(0, K, BK):  # unrolled: every load in flight at once
         cols = k0 + tl.arange(0, BK)
         x = tl.load(x_ptr + rows[:, None] * stride + cols[None, :], mask=rmask[:, None],
                     other=0.0, cache_modifier=".cg").to(tl.float32)
@@ -189,7 +198,7 @@ def _qkv_phase(pid, P, pos, R, h_ptr, nw_ptr, w_ptr, cos_ptr, sin_ptr, q_ptr, ca
                ws_ptr, ws_split, cnt_ptr, eps, c_kv, c_row, c_head, c_pos,
                D: tl.constexpr, H: tl.constexpr, KVH: tl.constexpr, HD: tl.constexpr,
                SUB: tl.constexpr, S: tl.constexpr, BM: tl.constexpr, BK: tl.constexpr,
-               F32: tl.constexpr):
+               F32: tl.constexpr, RK: tl.constexpr):
     """RMSNorm + packed q/k/v GEMM + RoPE: q heads to ``q``, k and v heads into the frame cache
     at ``pos``. An item is (head t, slice of SUB, K split, rows); a slice holds matching columns
     of both RoPE halves, so the rotation stays inside the item."""
@@ -208,7 +217,7 @@ def _qkv_phase(pid, P, pos, R, h_ptr, nw_ptr, w_ptr, cos_ptr, sin_ptr, q_ptr, ca
         d = j0 + tl.arange(0, C)
         rows = rb * BM + tl.arange(0, BM)
         rmask = rows < R
-        rstd = _rstd(h_ptr, D, rows, rmask, eps, D, BM, BK)
+        rstd = _rstd(h_ptr, D, rows, rmask, eps, D, BM, RK)
         a0 = t * HD + j0
         acc_lo = tl.zeros([BM, C], dtype=tl.float32)
         acc_hi = tl.zeros([BM, C], dtype=tl.float32)
@@ -315,7 +324,7 @@ def _linear_residual_phase(pid, P, R, a_ptr, w_ptr, h_ptr, ws_ptr, ws_split, cnt
 @triton.jit
 def _gate_up_phase(pid, P, R, h_ptr, nw_ptr, w_ptr, act_ptr, eps, D: tl.constexpr,
                    I: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
-                   F32: tl.constexpr):
+                   F32: tl.constexpr, RK: tl.constexpr):
     """``act = bf16(silu(gate) * up)`` of the normed ``h``; gate rows 0..I-1 and up rows
     I..2I-1 of the packed weight."""
     n_tiles: tl.constexpr = I // BN
@@ -326,7 +335,7 @@ def _gate_up_phase(pid, P, R, h_ptr, nw_ptr, w_ptr, act_ptr, eps, D: tl.constexp
         rows = rb * BM + tl.arange(0, BM)
         rmask = rows < R
         n = tile * BN + tl.arange(0, BN)
-        rstd = _rstd(h_ptr, D, rows, rmask, eps, D, BM, BK)
+        rstd = _rstd(h_ptr, D, rows, rmask, eps, D, BM, RK)
         acc_g = tl.zeros([BM, BN], dtype=tl.float32)
         acc_u = tl.zeros([BM, BN], dtype=tl.float32)
         for k0 in range(0, D, BK):
@@ -345,7 +354,7 @@ def _gate_up_phase(pid, P, R, h_ptr, nw_ptr, w_ptr, act_ptr, eps, D: tl.constexp
 @triton.jit
 def _head_phase(pid, P, pos, R, h_ptr, nw_ptr, w_ptr, logits_ptr, eps, D: tl.constexpr,
                 V: tl.constexpr, VP: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
-                BK: tl.constexpr, F32: tl.constexpr):
+                BK: tl.constexpr, F32: tl.constexpr, RK: tl.constexpr):
     """fp32 logits of codebook ``pos``: final RMSNorm (bf16), then ``@ head[pos - 1]`` (bf16
     weights transposed to ``[VP, D]``, fp32 sums)."""
     n_tiles: tl.constexpr = VP // BN
@@ -358,7 +367,7 @@ def _head_phase(pid, P, pos, R, h_ptr, nw_ptr, w_ptr, logits_ptr, eps, D: tl.con
         rows = rb * BM + tl.arange(0, BM)
         rmask = rows < R
         n = tile * BN + tl.arange(0, BN)
-        rstd = _rstd(h_ptr, D, rows, rmask, eps, D, BM, BK)
+        rstd = _rstd(h_ptr, D, rows, rmask, eps, D, BM, RK)
         acc = tl.zeros([BM, BN], dtype=tl.float32)
         for k0 in range(0, D, BK):
             cols = k0 + tl.arange(0, BK)
@@ -414,7 +423,7 @@ def _frame_kernel(
     DOWN_BN: tl.constexpr, DOWN_S: tl.constexpr, DOWN_BK: tl.constexpr,
     HEAD_BN: tl.constexpr, HEAD_BK: tl.constexpr,
     BM: tl.constexpr, BLOCK: tl.constexpr, MAX_K: tl.constexpr, CODES: tl.constexpr,
-    F32: tl.constexpr, EXACT_LOG: tl.constexpr, BARRIER: tl.constexpr,
+    F32: tl.constexpr, EXACT_LOG: tl.constexpr, BARRIER: tl.constexpr, RK: tl.constexpr,
 ):
     """Phases ``s_begin .. s_end - 1`` of a frame (all of them in one launch on the GPU, with a
     grid barrier after each; one per launch under the interpreter). Phase s is position
@@ -435,7 +444,7 @@ def _frame_kernel(
         elif r == PER - 2:
             if pos > 0:
                 _head_phase(pid, P, pos, R, h_ptr, norm_ptr, head_ptr, logits_ptr, eps, D, V,
-                            VP, BM, HEAD_BN, HEAD_BK, F32)
+                            VP, BM, HEAD_BN, HEAD_BK, F32, RK)
         elif r == PER - 1:
             if pos > 0:
                 _draw_phase(pid, P, pos, R, B, logits_ptr, has_cfg_ptr, scale_ptr, params_ptr,
@@ -446,7 +455,7 @@ def _frame_kernel(
                        qkv_ptr + layer.to(tl.int64) * ((H + 2 * KVH) * HD * D), cos_ptr, sin_ptr,
                        q_ptr, cache_ptr + layer.to(tl.int64) * c_layer, ws_ptr, ws_split,
                        cnt_ptr, eps, c_kv, c_row, c_head, c_pos, D, H, KVH, HD, QKV_SUB, QKV_S,
-                       BM, QKV_BK, F32)
+                       BM, QKV_BK, F32, RK)
         elif kind == 1:
             _attention_phase(pid, P, pos, R, q_ptr, cache_ptr + layer.to(tl.int64) * c_layer,
                              attn_ptr, scale, c_kv, c_row, c_head, c_pos, H, KVH, HD, NCB)
@@ -457,7 +466,7 @@ def _frame_kernel(
         elif kind == 3:
             _gate_up_phase(pid, P, R, h_ptr, ln2_ptr + layer * D,
                            gu_ptr + layer.to(tl.int64) * (2 * I * D), act_ptr, eps, D, I, BM,
-                           GATE_BN, GATE_BK, F32)
+                           GATE_BN, GATE_BK, F32, RK)
         else:
             _linear_residual_phase(pid, P, R, act_ptr, down_ptr + layer.to(tl.int64) * (D * I),
                                    h_ptr, ws_ptr, ws_split, cnt_ptr, D, I, DOWN_S, BM, DOWN_BN,
@@ -621,6 +630,7 @@ class PersistentDepthFrame:
             HEAD_BN=t.head_bn, HEAD_BK=min(t.head_bk, cfg.hidden_size),
             BM=frame_row_block(rows, t.max_bm), BLOCK=triton.next_power_of_2(self.vocab),
             MAX_K=MAX_K, CODES=CODEBOOK_CODES, F32=DOT_F32, EXACT_LOG=hidden.is_cuda,
+            RK=min(cfg.hidden_size, 128),
             num_warps=t.num_warps, num_stages=t.num_stages,
         )
         scalars = (cfg.rms_norm_eps, self.scale, self.workspace.stride(0), c[0], c[1], c[2],
