@@ -67,8 +67,11 @@ class FrameTiles:
     head_bn: int = 16
     head_bk: int = 128
     num_warps: int = 8
-    num_stages: int = 3
+    num_stages: int = 4
     programs_per_sm: int = 1
+    prefetch: bool = True
+    """Each phase first pulls the next phase's weights into L2 (1/P of the lines a program),
+    so HBM streams through the barriers."""
     max_bm: int = 64
     """Rows per work item grow with the rows (16 .. ``max_bm``), so that many rows read each
     weight tile fewer times."""
@@ -99,6 +102,64 @@ def _grid_sync(bar_ptr, num_programs):
     while seen < target:
         seen = _acquire_load(bar_ptr)
     tl.debug_barrier()  # no thread reads before the acquire
+
+
+@triton.jit
+def _prefetch_lines(addr, live):
+    """``prefetch.global.L2`` of each address where ``live`` (no value comes back)."""
+    return tl.inline_asm_elementwise(
+        "{ .reg .pred p; setp.ne.b32 p, $2, 0; @p prefetch.global.L2 [$1]; mov.u32 $0, 0; }",
+        "=r,l,r", [addr, live.to(tl.int32)], dtype=tl.int32, is_pure=False, pack=1)
+
+
+@triton.jit
+def _prefetch_l2(ptr, num_elems, pid, P, NT: tl.constexpr):
+    """This program's share (1/P of the 128-byte lines) of the bf16 region ``ptr ..
+    ptr + num_elems`` pulled into L2, so that the phase reading it next streams from L2 while
+    HBM keeps busy across the barrier."""
+    lines = tl.cdiv(num_elems, 64)
+    per = tl.cdiv(lines, P)
+    start = pid * per
+    end = tl.minimum(start + per, lines)
+    for j0 in range(start, end, NT):
+        idx = j0 + tl.arange(0, NT)
+        _prefetch_lines(ptr + idx.to(tl.int64) * 64, idx < end)
+
+
+@triton.jit
+def _phase_weights(s, proj_ptr, qkv_ptr, o_ptr, gu_ptr, down_ptr, head_ptr,
+                   D: tl.constexpr, DB: tl.constexpr, I: tl.constexpr, H: tl.constexpr,
+                   KVH: tl.constexpr, HD: tl.constexpr, L: tl.constexpr, NCB: tl.constexpr,
+                   VP: tl.constexpr):
+    """The weights phase ``s`` reads (pointer, elements); ``(proj_ptr, 0)`` for none."""
+    PER: tl.constexpr = 1 + 5 * L + 2
+    pos = s // PER
+    r = s % PER
+    layer = (r - 1) // 5
+    kind = (r - 1) % 5
+    ptr = proj_ptr
+    size = 0
+    if s < NCB * PER:
+        if r == 0:
+            size = D * DB
+        elif r == PER - 2:
+            if pos > 0:
+                ptr = head_ptr + (pos - 1).to(tl.int64) * (VP * D)
+                size = VP * D
+        elif r < PER - 2:
+            if kind == 0:
+                ptr = qkv_ptr + layer.to(tl.int64) * ((H + 2 * KVH) * HD * D)
+                size = (H + 2 * KVH) * HD * D
+            elif kind == 2:
+                ptr = o_ptr + layer.to(tl.int64) * (D * H * HD)
+                size = D * H * HD
+            elif kind == 3:
+                ptr = gu_ptr + layer.to(tl.int64) * (2 * I * D)
+                size = 2 * I * D
+            elif kind == 4:
+                ptr = down_ptr + layer.to(tl.int64) * (D * I)
+                size = D * I
+    return ptr, size
 
 
 @triton.jit
@@ -424,6 +485,7 @@ def _frame_kernel(
     HEAD_BN: tl.constexpr, HEAD_BK: tl.constexpr,
     BM: tl.constexpr, BLOCK: tl.constexpr, MAX_K: tl.constexpr, CODES: tl.constexpr,
     F32: tl.constexpr, EXACT_LOG: tl.constexpr, BARRIER: tl.constexpr, RK: tl.constexpr,
+    PREFETCH: tl.constexpr, NT: tl.constexpr,
 ):
     """Phases ``s_begin .. s_end - 1`` of a frame (all of them in one launch on the GPU, with a
     grid barrier after each; one per launch under the interpreter). Phase s is position
@@ -437,6 +499,13 @@ def _frame_kernel(
         r = s % PER
         layer = (r - 1) // 5
         kind = (r - 1) % 5
+        if PREFETCH:  # the next phase's weights (or the one after, past attention and draws)
+            ahead, size = _phase_weights(s + 1, proj_ptr, qkv_ptr, o_ptr, gu_ptr, down_ptr,
+                                         head_ptr, D, DB, I, H, KVH, HD, L, NCB, VP)
+            if size == 0:
+                ahead, size = _phase_weights(s + 2, proj_ptr, qkv_ptr, o_ptr, gu_ptr, down_ptr,
+                                             head_ptr, D, DB, I, H, KVH, HD, L, NCB, VP)
+            _prefetch_l2(ahead, size, pid, P, NT)
         if r == 0:
             _proj_phase(pid, P, pos, R, B, hidden_ptr, codes_ptr, embed_ptr, proj_ptr, h_ptr,
                         ws_ptr, ws_split, cnt_ptr, D, DB, V, NCB, PROJ_S, BM, PROJ_BN, PROJ_BK,
@@ -630,7 +699,7 @@ class PersistentDepthFrame:
             HEAD_BN=t.head_bn, HEAD_BK=min(t.head_bk, cfg.hidden_size),
             BM=frame_row_block(rows, t.max_bm), BLOCK=triton.next_power_of_2(self.vocab),
             MAX_K=MAX_K, CODES=CODEBOOK_CODES, F32=DOT_F32, EXACT_LOG=hidden.is_cuda,
-            RK=min(cfg.hidden_size, 128),
+            RK=min(cfg.hidden_size, 128), NT=32 * t.num_warps,
             num_warps=t.num_warps, num_stages=t.num_stages,
         )
         scalars = (cfg.rms_norm_eps, self.scale, self.workspace.stride(0), c[0], c[1], c[2],
@@ -639,8 +708,8 @@ class PersistentDepthFrame:
         if INTERPRETED:  # programs run one by one: one phase per launch, no barrier
             for s in range(self.phases):
                 _frame_kernel[grid](*args, rows, num, s, s + 1, *scalars, BARRIER=False,
-                                    **consts)
+                                    PREFETCH=False, **consts)
         else:
             _frame_kernel[grid](*args, rows, num, 0, self.phases, *scalars, BARRIER=True,
-                                launch_cooperative_grid=True, **consts)
+                                PREFETCH=t.prefetch, launch_cooperative_grid=True, **consts)
         return codes
