@@ -38,7 +38,6 @@ VARIANTS = {
     "pps2": {"programs_per_sm": 2},
     "stages2": {"num_stages": 2},
     "stages3": {"num_stages": 3},
-    "noprefetch": {"prefetch": False},
     "bm32": {"max_bm": 32},
     "stages4": {"num_stages": 4},
     "gate128": {"gate_bk": 128},

@@ -207,10 +207,11 @@ class GraphConfig(_Frozen):
     fused_depth: bool = False
     """Hand-fused Triton kernels for the depth decoder's layers (5 launches per layer,
     ``kernels/fused_depth.py``); with it ``compile_depth`` compiles only the sampler."""
-    persistent_depth: bool = False
-    """A depth frame's 15 codes after the first in ONE persistent Triton launch (projector,
-    12 layers, head, CFG and draw for all 16 positions, ``kernels/persistent_depth.py``) instead
-    of ~1,200 launches; batches whose top-k are all bounded (the others keep the step loop)."""
+    persistent_depth: int = Field(default=0, ge=0, le=512)
+    """Depth batches of up to this many rows (two a request with CFG; 0: none) draw a frame's
+    15 codes after the first in ONE persistent Triton launch (projector, 12 layers, head, CFG
+    and draw for all 16 positions, ``kernels/persistent_depth.py``) instead of ~1,200
+    launches, when their top-k are all bounded; other batches keep the step loop."""
     depth_tiles_by_rows: bool = True
     """With ``fused_depth``: launch shapes per row bucket, tuned on the H200 (up to 64 and up
     to 128 rows; ``kernels/fused_depth.py`` ``TILES_BY_ROWS``); off: one shape for every row

@@ -15,6 +15,7 @@ from tests.unit.test_fused_depth_kernels import SMALL
 pytestmark = pytest.mark.unit
 
 RESERVED = 2048  # ids 2048.. are never drawn in the depth codebooks
+MAX_K = 4  # the interpreter's top-k sort is slow: a small bound keeps a frame near a minute
 
 
 def _decoder(seed: int) -> DepthDecoder:
@@ -31,7 +32,7 @@ def _inputs(num: int, cfg: bool, temperature: float, seed: int) -> dict[str, tor
                                                                            2051),  # EOS: clamped
         "has_cfg": torch.tensor([i % 2 == 0 for i in range(num)]) & cfg,
         "cfg_scale": torch.linspace(1.5, 3.0, num),
-        "depth_sampling": torch.tensor([[temperature, 50.0, 0.9]]).repeat(num, 1),
+        "depth_sampling": torch.tensor([[temperature, float(MAX_K), 0.9]]).repeat(num, 1),
         "seeds": torch.arange(num, dtype=torch.long) * 7919 + seed,
         "frames_at": torch.arange(num, dtype=torch.long) + 3,
     }
@@ -68,7 +69,7 @@ def check_greedy_frame(num: int, cfg: bool) -> None:
 
     depth = _decoder(1)
     inputs = _inputs(num, cfg, temperature=0.0, seed=2)
-    frame = PersistentDepthFrame(depth, max_rows=8, programs=3)
+    frame = PersistentDepthFrame(depth, max_rows=8, programs=3, max_k=MAX_K)
     with torch.inference_mode():
         codes = frame(**inputs)
         logits = frame.frame_logits(inputs["hidden"].shape[0]).clone()
@@ -93,29 +94,28 @@ def check_sampled_frame() -> None:
     from breezert.layers.sampling import draw_counter, sample
 
     depth = _decoder(3)
-    inputs = _inputs(3, cfg=True, temperature=0.9, seed=5)
-    frame = PersistentDepthFrame(depth, max_rows=8, programs=3)
+    inputs = _inputs(2, cfg=True, temperature=0.9, seed=5)
+    frame = PersistentDepthFrame(depth, max_rows=8, programs=2, max_k=MAX_K)
     with torch.inference_mode():
         codes = frame(**inputs)
-        logits = frame.frame_logits(6).clone()
+        logits = frame.frame_logits(4).clone()
         params = inputs["depth_sampling"]
         for pos in range(1, 16):
             want = sample(_guided(logits[pos], inputs), params[:, 0], params[:, 1].long(),
                           params[:, 2], inputs["seeds"], draw_counter(inputs["frames_at"], pos),
-                          max_k=64)
+                          max_k=MAX_K)
             assert torch.equal(codes[:, pos], want), pos
-        alone = {k: (v[[1, 4]] if k == "hidden" else v[1:2]) for k, v in inputs.items()}
+        alone = {k: (v[[1, 3]] if k == "hidden" else v[1:2]) for k, v in inputs.items()}
         codes_alone = frame(**alone)
         logits_alone = frame.frame_logits(2)
     assert torch.equal(codes_alone[0], codes[1])
     assert torch.equal(logits_alone[1:, 0], logits[1:, 1])
-    assert torch.equal(logits_alone[1:, 1], logits[1:, 4])
+    assert torch.equal(logits_alone[1:, 1], logits[1:, 3])
 
 
 @needs_triton
-@pytest.mark.parametrize(("num", "cfg"), [(2, True), (3, False)])
-def test_greedy_frame_matches_eager(num: int, cfg: bool) -> None:
-    run_in_interpreter(__name__, f"check_greedy_frame({num}, {cfg})")
+def test_greedy_frame_matches_eager() -> None:
+    run_in_interpreter(__name__, "check_greedy_frame(2, True)")
 
 
 @needs_triton
@@ -136,6 +136,7 @@ def test_refuses_what_it_cannot_run() -> None:
         PersistentDepthFrame(depth, max_rows=4, tiles=FrameTiles(down_split=3))
     frame = PersistentDepthFrame(depth, max_rows=4)
     inputs = _inputs(2, cfg=True, temperature=0.0, seed=0)
-    inputs["hidden"] = inputs["hidden"][:3]
     with pytest.raises(ValueError, match="3 rows for 2 requests"):
-        frame(**inputs)
+        frame(**dict(inputs, hidden=inputs["hidden"][:3]))
+    with pytest.raises(ValueError, match="6 rows past"):
+        frame(**_inputs(3, cfg=True, temperature=0.0, seed=0))

@@ -69,9 +69,6 @@ class FrameTiles:
     num_warps: int = 8
     num_stages: int = 4
     programs_per_sm: int = 1
-    prefetch: bool = True
-    """Each phase first pulls the next phase's weights into L2 (1/P of the lines a program),
-    so HBM streams through the barriers."""
     max_bm: int = 64
     """Rows per work item grow with the rows (16 .. ``max_bm``), so that many rows read each
     weight tile fewer times."""
@@ -102,64 +99,6 @@ def _grid_sync(bar_ptr, num_programs):
     while seen < target:
         seen = _acquire_load(bar_ptr)
     tl.debug_barrier()  # no thread reads before the acquire
-
-
-@triton.jit
-def _prefetch_lines(addr, live):
-    """``prefetch.global.L2`` of each address where ``live`` (no value comes back)."""
-    return tl.inline_asm_elementwise(
-        "{ .reg .pred p; setp.ne.b32 p, $2, 0; @p prefetch.global.L2 [$1]; mov.u32 $0, 0; }",
-        "=r,l,r", [addr, live.to(tl.int32)], dtype=tl.int32, is_pure=False, pack=1)
-
-
-@triton.jit
-def _prefetch_l2(ptr, num_elems, pid, P, NT: tl.constexpr):
-    """This program's share (1/P of the 128-byte lines) of the bf16 region ``ptr ..
-    ptr + num_elems`` pulled into L2, so that the phase reading it next streams from L2 while
-    HBM keeps busy across the barrier."""
-    lines = tl.cdiv(num_elems, 64)
-    per = tl.cdiv(lines, P)
-    start = pid * per
-    end = tl.minimum(start + per, lines)
-    for j0 in range(start, end, NT):
-        idx = j0 + tl.arange(0, NT)
-        _prefetch_lines(ptr + idx.to(tl.int64) * 64, idx < end)
-
-
-@triton.jit
-def _phase_weights(s, proj_ptr, qkv_ptr, o_ptr, gu_ptr, down_ptr, head_ptr,
-                   D: tl.constexpr, DB: tl.constexpr, I: tl.constexpr, H: tl.constexpr,
-                   KVH: tl.constexpr, HD: tl.constexpr, L: tl.constexpr, NCB: tl.constexpr,
-                   VP: tl.constexpr):
-    """The weights phase ``s`` reads (pointer, elements); ``(proj_ptr, 0)`` for none."""
-    PER: tl.constexpr = 1 + 5 * L + 2
-    pos = s // PER
-    r = s % PER
-    layer = (r - 1) // 5
-    kind = (r - 1) % 5
-    ptr = proj_ptr
-    size = 0
-    if s < NCB * PER:
-        if r == 0:
-            size = D * DB
-        elif r == PER - 2:
-            if pos > 0:
-                ptr = head_ptr + (pos - 1).to(tl.int64) * (VP * D)
-                size = VP * D
-        elif r < PER - 2:
-            if kind == 0:
-                ptr = qkv_ptr + layer.to(tl.int64) * ((H + 2 * KVH) * HD * D)
-                size = (H + 2 * KVH) * HD * D
-            elif kind == 2:
-                ptr = o_ptr + layer.to(tl.int64) * (D * H * HD)
-                size = D * H * HD
-            elif kind == 3:
-                ptr = gu_ptr + layer.to(tl.int64) * (2 * I * D)
-                size = 2 * I * D
-            elif kind == 4:
-                ptr = down_ptr + layer.to(tl.int64) * (D * I)
-                size = D * I
-    return ptr, size
 
 
 @triton.jit
@@ -485,7 +424,6 @@ def _frame_kernel(
     HEAD_BN: tl.constexpr, HEAD_BK: tl.constexpr,
     BM: tl.constexpr, BLOCK: tl.constexpr, MAX_K: tl.constexpr, CODES: tl.constexpr,
     F32: tl.constexpr, EXACT_LOG: tl.constexpr, BARRIER: tl.constexpr, RK: tl.constexpr,
-    PREFETCH: tl.constexpr, NT: tl.constexpr,
 ):
     """Phases ``s_begin .. s_end - 1`` of a frame (all of them in one launch on the GPU, with a
     grid barrier after each; one per launch under the interpreter). Phase s is position
@@ -499,13 +437,6 @@ def _frame_kernel(
         r = s % PER
         layer = (r - 1) // 5
         kind = (r - 1) % 5
-        if PREFETCH:  # the next phase's weights (or the one after, past attention and draws)
-            ahead, size = _phase_weights(s + 1, proj_ptr, qkv_ptr, o_ptr, gu_ptr, down_ptr,
-                                         head_ptr, D, DB, I, H, KVH, HD, L, NCB, VP)
-            if size == 0:
-                ahead, size = _phase_weights(s + 2, proj_ptr, qkv_ptr, o_ptr, gu_ptr, down_ptr,
-                                             head_ptr, D, DB, I, H, KVH, HD, L, NCB, VP)
-            _prefetch_l2(ahead, size, pid, P, NT)
         if r == 0:
             _proj_phase(pid, P, pos, R, B, hidden_ptr, codes_ptr, embed_ptr, proj_ptr, h_ptr,
                         ws_ptr, ws_split, cnt_ptr, D, DB, V, NCB, PROJ_S, BM, PROJ_BN, PROJ_BK,
@@ -563,7 +494,11 @@ class PersistentDepthFrame:
     """
 
     def __init__(self, depth: torch.nn.Module, max_rows: int, tiles: FrameTiles | None = None,
-                 programs: int | None = None) -> None:
+                 programs: int | None = None, max_k: int = MAX_K) -> None:
+        """Workspaces for ``max_rows`` rows: ``depth_frames`` hands it batches of up to that
+        many rows (larger ones run its step loop). ``max_k``: every request's depth top-k is
+        in 1..max_k (a power of two; the CPU tests take a small one: Triton's interpreter
+        sorts slowly)."""
         cfg = depth.cfg
         model = depth.model
         check_bf16(model.norm.weight, "depth")
@@ -571,7 +506,7 @@ class PersistentDepthFrame:
         if any(layer.self_attn.qkv_weight is None or layer.mlp.gate_up_weight is None
                for layer in layers):
             raise ValueError("the persistent depth frame needs BreezeModel.fuse_projections_()")
-        self.cfg, self.max_rows = cfg, max_rows
+        self.cfg, self.max_rows, self.max_k = cfg, max_rows, max_k
         self.tiles = tiles or FrameTiles()
         self._check(cfg, self.tiles)
         device = model.norm.weight.device
@@ -667,7 +602,7 @@ class PersistentDepthFrame:
         if rows not in (num, 2 * num):
             raise ValueError(f"hidden has {rows} rows for {num} requests (want B or 2B)")
         if rows > self.rows:
-            self._alloc(rows)  # an uncaptured eager call past the graphs' buckets
+            raise ValueError(f"{rows} rows past the persistent depth frame's {self.rows}")
         cfg, t = self.cfg, self.tiles
         codes = torch.empty(num, cfg.num_codebooks, dtype=torch.long, device=hidden.device)
         codes[:, 0] = code0
@@ -698,8 +633,8 @@ class PersistentDepthFrame:
             DOWN_BK=min(t.down_bk, cfg.intermediate_size // t.down_split),
             HEAD_BN=t.head_bn, HEAD_BK=min(t.head_bk, cfg.hidden_size),
             BM=frame_row_block(rows, t.max_bm), BLOCK=triton.next_power_of_2(self.vocab),
-            MAX_K=MAX_K, CODES=CODEBOOK_CODES, F32=DOT_F32, EXACT_LOG=hidden.is_cuda,
-            RK=min(cfg.hidden_size, 128), NT=32 * t.num_warps,
+            MAX_K=self.max_k, CODES=CODEBOOK_CODES, F32=DOT_F32, EXACT_LOG=hidden.is_cuda,
+            RK=min(cfg.hidden_size, 128),
             num_warps=t.num_warps, num_stages=t.num_stages,
         )
         scalars = (cfg.rms_norm_eps, self.scale, self.workspace.stride(0), c[0], c[1], c[2],
@@ -708,8 +643,8 @@ class PersistentDepthFrame:
         if INTERPRETED:  # programs run one by one: one phase per launch, no barrier
             for s in range(self.phases):
                 _frame_kernel[grid](*args, rows, num, s, s + 1, *scalars, BARRIER=False,
-                                    PREFETCH=False, **consts)
+                                    **consts)
         else:
             _frame_kernel[grid](*args, rows, num, 0, self.phases, *scalars, BARRIER=True,
-                                PREFETCH=t.prefetch, launch_cooperative_grid=True, **consts)
+                                launch_cooperative_grid=True, **consts)
         return codes

@@ -12,6 +12,7 @@ first codes read back. Must not: run the backbone or the codec.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import numpy as np
 import torch
@@ -61,7 +62,7 @@ def depth_frames(
     max_k: int | None = None,
     sampler: Callable[..., torch.Tensor] | None = None,
     noise_per_frame: bool = False,
-    frame_kernel: Callable[..., torch.Tensor] | None = None,
+    frame_kernel: Any = None,
 ) -> dict[str, torch.Tensor]:
     """One frame per request → ``{"codes": [B, 16]}`` (``codes[:, 0] == 2051`` means EOS).
 
@@ -74,8 +75,8 @@ def depth_frames(
     CPU that is ~18 % of a frame's time (tiny model: 34.5 -> 28.3 ms); a compiled sampler fuses
     the noise into its own kernel instead.
     ``frame_kernel``: the 15 depth codes of every request after the first code, in one call
-    (``kernels/persistent_depth.PersistentDepthFrame``: bounded top-k only), instead of the
-    15-step loop below.
+    (``kernels/persistent_depth.PersistentDepthFrame``: bounded top-k only), for batches of up
+    to its ``max_rows`` rows, instead of the 15-step loop below.
     """
     num = has_cfg.shape[0]
     logits = _guide(model.first_code_logits(hidden), num, has_cfg, cfg_scale)  # [B, 2052]
@@ -108,7 +109,7 @@ def depth_frames(
         return rows.draw(logits, g)
 
     code = draw(0, logits)
-    if frame_kernel is not None:
+    if frame_kernel is not None and hidden.shape[0] <= frame_kernel.max_rows:
         return {"codes": frame_kernel(hidden, code, has_cfg, cfg_scale, sampling[:, 3:6], seeds,
                                       frames_at)}
     depth = model.depth_decoder

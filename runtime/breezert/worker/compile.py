@@ -56,7 +56,7 @@ def _raise_cache_limit(limit: int) -> None:
 def depth_fn(
     model: BreezeModel, max_k: int | None, compile_depth: bool, fused_depth: bool = False,
     max_rows: int = 64, tiles_by_rows: bool = True, fused_sampling: bool = False,
-    pdl: bool = False, persistent_depth: bool = False,
+    pdl: bool = False, persistent_depth: int = 0,
 ) -> Callable[..., dict[str, torch.Tensor]]:
     """``depth_frames`` bound to ``model`` and ``max_k``; on CUDA its layer step runs the fused
     Triton kernels (``fused_depth``, workspace for ``max_rows`` rows, launch shapes per row
@@ -66,21 +66,21 @@ def depth_fn(
     ``compile_depth`` compiles the sampler. On the CPU the frame's
     Gumbel noise is made in one call (``noise_per_frame``); CUDA keeps one per draw, as measured
     on the H200 (one call would be a new, unmeasured kernel chain in the graph).
-    ``persistent_depth`` (bounded top-k): the 15 depth codes in one persistent launch
-    (``kernels/persistent_depth.py``, workspaces for ``max_rows`` rows); the first code is
-    drawn as above."""
+    ``persistent_depth`` (rows; 0: off): batches of up to that many rows with a bounded top-k
+    draw their 15 depth codes in one persistent launch (``kernels/persistent_depth.py``); the
+    first code is drawn as above."""
     if model.lm_head.weight.device.type != "cuda":
         return partial(depth_frames, model, max_k=max_k, noise_per_frame=True)
     depth = model.depth_decoder
     frame_kernel = None
-    if persistent_depth and max_k is not None:
+    if persistent_depth > 0 and max_k is not None:
         from breezert.kernels.persistent_depth import PersistentDepthFrame  # needs Triton
 
         frame_kernel = getattr(depth, "persistent_frame", None)
         if frame_kernel is None:
-            frame_kernel = depth.persistent_frame = PersistentDepthFrame(depth, max_rows)
-            logger.info("depth frames run the persistent Triton kernel (%d programs, %d-row "
-                        "workspaces)", frame_kernel.programs, max_rows)
+            frame_kernel = depth.persistent_frame = PersistentDepthFrame(depth, persistent_depth)
+            logger.info("depth frames of up to %d rows run the persistent Triton kernel (%d "
+                        "programs)", persistent_depth, frame_kernel.programs)
     if fused_depth and not getattr(depth, "is_fused", False):
         from breezert.kernels.fused_depth import FusedDepthLayers  # needs Triton
         from breezert.kernels.gemm import Tiles
