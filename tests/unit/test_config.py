@@ -91,7 +91,10 @@ def test_unknown_keys_are_rejected_with_their_path(tmp_path: Path) -> None:
         ("[model]\ndevice = \"cpu\"\n[graph]\nfused_sampling = true", "fused_sampling"),
         ("[model]\ndevice = \"cpu\"\n[graph]\nfused_text_encoder = true", "fused_text_encoder"),
         ("[model]\ndevice = \"cpu\"\n[graph]\npdl = true", "graph.pdl"),
-        ("[model]\ndevice = \"cpu\"\n[graph]\npdl_decode = true", "graph.pdl_decode"),
+        # switches deleted in issue 32: an old config naming one fails, naming it
+        *((f"[graph]\n{name} = false", f"graph.{name}") for name in (
+            "device_slot_state", "async_uploads", "pdl_decode", "compile_backbone",
+            "compile_text_encoder")),
     ],
 )
 def test_invalid_values_name_the_field(tmp_path: Path, toml: str, field: str) -> None:
