@@ -74,7 +74,7 @@ class PrefillStage:
         self, model: BreezeModel, worker: StageWorker, graphs: Graphs,
         token_buckets: Sequence[int], context_buckets: Sequence[int],
     ) -> None:
-        self.model, self.worker, self.kv, self.graphs = model, worker, worker.kv, graphs
+        self.model, self.slots, self.kv, self.graphs = model, worker.slots, worker.kv, graphs
         self.token_buckets, self.context_buckets = tuple(token_buckets), tuple(context_buckets)
         self.device = worker.device
 
@@ -88,7 +88,7 @@ class PrefillStage:
 
     def run(self, items: Sequence[PrefillItem]) -> StageOutput:
         rows, runs = [], []
-        segments = [self.worker.slots.segment(item.slot, item.request_id, item.segment_index)
+        segments = [self.slots.segment(item.slot, item.request_id, item.segment_index)
                     for item in items]
         for item, segment in zip(items, segments):
             assert segment.embeds is not None, "PREFILL after the segment's last chunk"
@@ -113,18 +113,18 @@ class PrefillStage:
     def example_inputs(self, num_tokens: int, num_keys: int) -> dict[str, torch.Tensor]:
         meta = self.kv.packed_meta([], num_tokens, num_keys)
         d = self.model.cfg.hidden_size
-        embeds = torch.randn(num_tokens, d, device=self.device, dtype=self.model.lm_head.weight.dtype)
+        dtype = self.model.lm_head.weight.dtype
+        embeds = torch.randn(num_tokens, d, device=self.device, dtype=dtype)
         return {"embeds": embeds, **_meta_inputs(meta, self.device)}
 
 
 class DecodeStage:
     def __init__(
-        self, model: BreezeModel, worker: StageWorker, graphs: Graphs,
+        self, worker: StageWorker, graphs: Graphs,
         row_buckets: Sequence[int], context_buckets: Sequence[int],
     ) -> None:
         """``graphs`` runs ``backbone_decode_from_slots`` bound to the slot table."""
-        self.model, self.worker, self.graphs = model, worker, graphs
-        self.slots, self.kv = worker.slots, worker.kv
+        self.graphs, self.slots, self.kv = graphs, worker.slots, worker.kv
         self._key_slots: dict[int, torch.Tensor] = {}  # context -> arange on the device
         self.row_buckets, self.context_buckets = tuple(row_buckets), tuple(context_buckets)
         self.device = worker.device

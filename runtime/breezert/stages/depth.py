@@ -135,12 +135,11 @@ TOP_K_BOUND = 64
 
 class DepthStage:
     def __init__(
-        self, model: BreezeModel, worker: StageWorker, graphs: Graphs, full_sort_graphs: Graphs,
+        self, worker: StageWorker, graphs: Graphs, full_sort_graphs: Graphs,
         buckets: Sequence[int],
     ) -> None:
         """``graphs`` and ``full_sort_graphs`` run ``depth_frames_from_slots`` bound to the slot
         table, with ``max_k=TOP_K_BOUND`` and ``max_k=None``."""
-        self.model = model
         self.graphs = graphs
         self.full_sort_graphs = full_sort_graphs
         self.buckets = tuple(sorted(buckets))

@@ -45,13 +45,13 @@ def split_into_buckets(lengths: Sequence[int], largest: int) -> list[tuple[int, 
 class TextEncodeStage:
     def __init__(self, model: BreezeModel, worker: StageWorker, graphs: Graphs,
                  buckets: Sequence[int]) -> None:
-        self.model, self.worker, self.graphs, self.buckets = model, worker, graphs, tuple(buckets)
-        self.device = worker.device
+        self.model, self.slots, self.graphs = model, worker.slots, graphs
+        self.buckets, self.device = tuple(buckets), worker.device
 
     def run(self, items: Sequence[TextEncodeItem]) -> StageOutput:
         prompts: list[Prompt] = []
         for item in items:
-            self.worker.slots.params(item.slot, item.request_id)  # the slot is the request's
+            self.slots.params(item.slot, item.request_id)  # the slot is the request's
             prompts.extend(item.prompt)
         pieces = [piece for p in prompts for piece in p.text_segments()]
         encoded = self._encode(pieces) if pieces else None
@@ -59,8 +59,8 @@ class TextEncodeStage:
         offset = 0
         for item in items:
             num = len(item.prompt)
-            self.worker.slots.add_segment(item.slot, item.request_id, item.segment_index,
-                                          embeds[offset : offset + num])
+            self.slots.add_segment(item.slot, item.request_id, item.segment_index,
+                                   embeds[offset : offset + num])
             offset += num
         return StageOutput()
 

@@ -131,11 +131,11 @@ class ModelRunner:
                 graph.prefill_token_buckets, graph.decode_context_buckets,
             ),
             Stage.DECODE: DecodeStage(
-                model, worker, runner("decode", decode),
+                worker, runner("decode", decode),
                 graph.decode_batch_buckets, graph.decode_context_buckets,
             ),
             Stage.DEPTH: DepthStage(
-                model, worker, runner("depth", depth[TOP_K_BOUND]),
+                worker, runner("depth", depth[TOP_K_BOUND]),
                 runner("depth_full_sort", depth[None]), graph.depth_batch_buckets,
             ),
             Stage.CODEC: CodecStage(
