@@ -17,7 +17,7 @@ from breezert.layers.attention import GatherKV, KVRun, StepMeta, decode_meta_on_
 from breezert.models.breeze import BreezeModel
 from breezert.outputs import StageOutput
 from breezert.sched.plan import DecodeItem, PrefillItem
-from breezert.stages.interface import Graphs, SlotState, StageWorker, bucket_for
+from breezert.stages.interface import Graphs, Slots, StageWorker, bucket_for
 
 
 def backbone_prefill(
@@ -44,7 +44,7 @@ def backbone_decode(
 
 
 def backbone_decode_from_slots(
-    table: SlotState, decode: Callable[..., dict[str, torch.Tensor]], block_size: int,
+    table: Slots, decode: Callable[..., dict[str, torch.Tensor]], block_size: int,
     scratch_row: int,
     row_ids: torch.Tensor,  # [R] int64: slot * 2 + branch of each row
     positions: torch.Tensor,  # [R] int64: the fed frame's position (padding: 0)

@@ -21,7 +21,7 @@ import torch
 from breezert.models.codec import StreamingCodec
 from breezert.outputs import DecodedChunk, StageOutput
 from breezert.sched.plan import CodecItem
-from breezert.stages.interface import Graphs, SlotState, StageWorker, bucket_for
+from breezert.stages.interface import Graphs, Slots, StageWorker, bucket_for
 
 
 def codec_step(
@@ -34,7 +34,7 @@ def codec_step(
 
 
 def codec_from_ring(
-    table: SlotState, step_fn: Callable[..., dict[str, torch.Tensor]], mixed_sizes: bool,
+    table: Slots, step_fn: Callable[..., dict[str, torch.Tensor]], mixed_sizes: bool,
     rows: torch.Tensor,  # [B, 1 + F] int64: the slot, then each frame's index (-1: padding)
 ) -> dict[str, torch.Tensor]:
     """``step_fn`` (``codec_step`` bound to a codec) over frames gathered from the table's ring;

@@ -25,7 +25,7 @@ from breezert.layers.sampling import (
 from breezert.models.breeze import BreezeModel
 from breezert.outputs import StageOutput
 from breezert.sched.plan import DepthItem
-from breezert.stages.interface import Graphs, SlotParams, SlotState, StageWorker, bucket_for
+from breezert.stages.interface import Graphs, SlotParams, Slots, StageWorker, bucket_for
 
 
 def _guide(logits: torch.Tensor, num: int, has_cfg: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
@@ -116,7 +116,7 @@ def depth_frames(
 
 
 def depth_frames_from_slots(
-    table: SlotState, frame_fn: Callable[..., dict[str, torch.Tensor]],
+    table: Slots, frame_fn: Callable[..., dict[str, torch.Tensor]],
     row_ids: torch.Tensor,  # [C, B] int64: slot * 2 + branch (C = 2: cond rows, uncond rows)
 ) -> dict[str, torch.Tensor]:
     """``frame_fn`` (``depth_frames`` bound to a model) over the table's rows ``row_ids``; each

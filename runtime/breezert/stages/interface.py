@@ -70,7 +70,7 @@ class PendingSegment:
     """Per branch ``[D]`` final-normed backbone state after the prompt's last PREFILL chunk."""
 
 
-class SlotState(Protocol):
+class Slots(Protocol):
     """The device slot table (``worker.slot_table.SlotTable``): host calls between steps, and
     the sync-free gathers and scatters the graphed stage functions make by slot id."""
 
@@ -105,7 +105,7 @@ class StageWorker:
     """What every stage gets from the model runner (each also gets its own graph runners)."""
 
     device: torch.device
-    slots: SlotState
+    slots: Slots
     kv: PagedKV
 
 
