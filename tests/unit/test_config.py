@@ -140,3 +140,28 @@ def test_auth_token_from_the_environment() -> None:
     assert with_token.serving.auth_token.get_secret_value() == "s3cret"
     assert with_token.serving.binding_problem() is None  # may bind beyond loopback
     assert apply_env_overrides(cfg, {"BREEZERT_AUTH_TOKEN": ""}) is cfg
+
+
+def test_the_graph_table_lists_every_switch_with_its_default_and_h200_value() -> None:
+    """``docs/configuration.md`` is the one table of ``[graph]``: one row per field, no row for
+    a field that is gone, and the default and H200 columns of every switch and number as the
+    config and ``configs/h200-latency.toml`` have them (bucket lists are shown as ranges)."""
+    doc = (CONFIGS.parent / "docs" / "configuration.md").read_text(encoding="utf-8")
+    rows = {}
+    for line in doc.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) == 4 and cells[0].startswith("`"):
+            rows[cells[0].strip("`")] = (cells[1], cells[2])
+    assert sorted(rows) == sorted(GraphConfig.model_fields)
+    default, h200 = GraphConfig(), EngineConfig.from_file(CONFIGS / "h200-latency.toml").graph
+
+    def shown(value: object) -> str:
+        if isinstance(value, bool):
+            return str(value).lower()
+        if isinstance(value, tuple):
+            return f"{value[0]} .. {value[-1]}"
+        return f"{value:g}" if isinstance(value, float) else str(value)
+
+    for name, (want_default, want_h200) in rows.items():
+        assert (shown(getattr(default, name)), shown(getattr(h200, name))) == \
+            (want_default, want_h200), name
