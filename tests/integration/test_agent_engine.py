@@ -78,7 +78,7 @@ async def _wait_idle(engine: AsyncEngine, timeout_s: float = 10.0) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if core.block_pool.num_free == core.block_pool.num_blocks \
-                and core.scheduler.num_running == 0 and core.runner.batch.num_active == 0:
+                and core.scheduler.num_running == 0 and core.runner.slots.num_active == 0:
             return
         await asyncio.sleep(0.02)
 
@@ -147,7 +147,7 @@ async def test_aclose_mid_turn_aborts_and_frees_the_engine(engine: AsyncEngine) 
     await _wait_idle(engine)
     assert core.block_pool.num_free == core.block_pool.num_blocks
     assert core.scheduler.num_running == 0
-    assert core.runner.batch.num_active == 0
+    assert core.runner.slots.num_active == 0
 
 
 async def test_agent_session_say_feeds_the_source_queue_back_to_the_engine(

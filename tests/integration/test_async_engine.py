@@ -60,7 +60,7 @@ async def collect(chunks: AsyncIterator[AudioChunk]) -> list[AudioChunk]:
 async def wait_released(engine: Engine) -> None:
     """Polls until nothing is running and pool, slots and the worker's slot table are free."""
     async def released() -> None:
-        while (engine.scheduler.has_work() or engine.runner.batch.num_active
+        while (engine.scheduler.has_work() or engine.runner.slots.num_active
                or engine.block_pool.num_free != engine.block_pool.num_blocks):
             await asyncio.sleep(0.005)
 

@@ -1,7 +1,8 @@
 """The import graph of ``breezert`` and ``breezert_agent`` points one way (issue #12).
 
-plugin -> runtime -> (sched | worker -> stages -> models -> layers/kernels), with the leaf
-modules ``errors``, ``constants`` and ``host_copy`` at the bottom. Every module is parsed (AST; nothing is
+plugin -> runtime -> (sched | worker -> stages -> models -> layers/kernels; stages never import
+the worker, which hands them ``stages.interface.StageWorker``), with the leaf modules
+``errors``, ``constants`` and ``host_copy`` at the bottom. Every module is parsed (AST; nothing is
 imported) and every import statement counts: module level, function-local and
 ``if TYPE_CHECKING:`` alike, relative ones resolved. Asserts: no cycle, the runtime never imports
 the plugin, and the layer rules below.
@@ -39,7 +40,8 @@ LAYER_RULES: tuple[tuple[str, tuple[str, ...]], ...] = (
         "breezert.models", "breezert.worker", "breezert.stages", "breezert.sched",
         "breezert.engine",
     )),
-    ("breezert.stages", ("breezert.worker.model_runner", "breezert.engine", "breezert.server")),
+    # The runner hands the stages a ``StageWorker`` (issue 32): they import nothing of the worker.
+    ("breezert.stages", ("breezert.worker", "breezert.engine", "breezert.server")),
     ("breezert.worker", ("breezert.engine", "breezert.async_engine", "breezert.server")),
     # Training code (issue 19) is never imported by what serves.
     *((serving, ("breezert.train",)) for serving in (

@@ -38,7 +38,7 @@ def capacity(engine: Any) -> dict[str, int] | None:
         return None
     stats = scheduler.stats()
     max_slots = inner.config.scheduler.max_running_requests
-    batch = getattr(getattr(inner, "runner", None), "batch", None)
+    batch = getattr(getattr(inner, "runner", None), "slots", None)
     codec_used = int(batch.num_active) if batch is not None else stats.num_running
     return {
         "running": stats.num_running, "queued": stats.num_waiting,
