@@ -42,9 +42,10 @@ logger = logging.getLogger("breezert.async_engine")
 _shared: dict[str, AsyncEngine] = {}
 """``AsyncEngine.shared``'s engines, keyed by their resolved config as JSON."""
 _shared_lock = threading.Lock()
-_NUM_PREPARE_THREADS = 2
-"""Prepare threads per engine: tokenizing is short, two keep one long text from holding up
-the next request's."""
+_NUM_PREPARE_THREADS = 1
+"""Prepare threads per engine. One: requests are prepared (and so queued) in the order they
+arrive, and the tokenizer never runs on two threads at once (a ``tokenizers`` object shared
+across threads can fail with "Already borrowed")."""
 
 
 @dataclass
