@@ -186,7 +186,7 @@ class FakeEngine:
         return EngineLoad(capacity.running, capacity.queued, self.max_running, 64)
 
     def capacity(self) -> EngineCapacity:
-        live = sum(not r.is_done for r in self._requests.values())
+        live = sum(not r.is_done for r in list(self._requests.values()))  # any thread
         running = min(live, self.max_running)
         return EngineCapacity(running=running, queued=live - running,
                               max_running=self.max_running,

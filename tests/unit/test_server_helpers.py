@@ -26,7 +26,7 @@ from breezert import audio
 from breezert.config import ServingConfig
 from breezert.server import ice, protocol
 from breezert.server.health import Lifecycle
-from breezert.server.metrics_export import register
+from breezert.server.metrics_export import Scrape, register
 from breezert.server.playout import PlayoutTracker
 from breezert.server.protocol import (
     INVALID_REQUEST_CODES,
@@ -284,9 +284,9 @@ def test_prometheus_text_from_a_snapshot() -> None:
     engine.metrics = lambda: snapshot  # type: ignore[method-assign]
     state = ServerState(engine=engine, serving=ServingConfig(), request_options={},
                         ice=ice.HostAddresses(), underruns_total=4)
-    register(state, Lifecycle())
+    register(state)
     state.first_audio.observe(0.05)
-    text = generate_latest(state.registry).decode()
+    text = generate_latest(Scrape(state, Lifecycle())).decode()
     samples = {(s.name, tuple(sorted(s.labels.items()))): s.value
                for family in text_string_to_metric_families(text) for s in family.samples}
     for name, labels, value in (

@@ -1,14 +1,17 @@
 """``/metrics``: the app's ``prometheus_client`` registry in the Prometheus text format (0.0.4).
 
-Owns: the metric names, and the collector that reads the engine (its ``metrics()`` snapshot,
-``capacity()`` and ``load()``) and the server state at each scrape; the registry also holds the
-first-audio histogram (``ServerState.first_audio``) and ``prometheus_client``'s process collector
-(``process_resident_memory_bytes``, CPU, open files). Must not: compute anything the engine or
-server state does not already hold; it only reads them.
+Owns: the metric names; the engine collector in the registry (the engine's ``metrics()``
+snapshot, ``capacity()`` and ``load()``), beside the first-audio histogram
+(``ServerState.first_audio``) and ``prometheus_client``'s process collector
+(``process_resident_memory_bytes``, CPU, open files); and ``Scrape``, which adds the server's
+own figures. Must not: compute anything the engine or server state does not already hold, or
+block the event loop with the exposition: the server's figures are read on the loop that
+changes them, the rest (the engine's percentiles, ``/proc``, the text) on a worker thread.
 """
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterator, Mapping
 from typing import Any
 
@@ -29,35 +32,47 @@ from breezert.server.state import STATE, ServerState
 
 
 def setup(app: web.Application) -> None:
-    """Registers the collectors in the app's registry (after ``health.setup``) and the route."""
-    state = app[STATE]
-    register(state, app[LIFECYCLE])
+    register(app[STATE])
     app.router.add_get("/metrics", metrics)
 
 
-def register(state: ServerState, lifecycle: Lifecycle) -> None:
-    """Adds the engine/server collector and the process collector to ``state.registry``."""
-    state.registry.register(ServerCollector(state, lifecycle))
+def register(state: ServerState) -> None:
+    """Adds the engine collector and the process collector to ``state.registry``."""
+    state.registry.register(EngineCollector(state))
     ProcessCollector(registry=state.registry)
 
 
 async def metrics(request: web.Request) -> web.Response:
-    body = generate_latest(request.app[STATE].registry)
+    scrape = Scrape(request.app[STATE], request.app[LIFECYCLE])  # on the loop: server figures
+    body = await asyncio.get_running_loop().run_in_executor(None, generate_latest, scrape)
     return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_PLAIN_0_0_4})
 
 
-class ServerCollector:
-    """Reads the engine and the server state at each scrape (a ``prometheus_client`` custom
-    collector: nothing is copied between scrapes)."""
+class EngineCollector:
+    """Reads the engine at each scrape (a ``prometheus_client`` custom collector: nothing is
+    copied between scrapes); ``EngineClient``'s metrics, capacity and load are safe from any
+    thread."""
 
-    def __init__(self, state: ServerState, lifecycle: Lifecycle) -> None:
+    def __init__(self, state: ServerState) -> None:
         self._state = state
-        self._lifecycle = lifecycle
 
     def collect(self) -> Iterator[Metric]:
-        if self._state.engine is not None:  # None while it is being built
-            yield from engine_metrics(self._state.engine)
-        yield from server_metrics(self._state, self._lifecycle)
+        engine = self._state.engine
+        if engine is not None:  # None while it is being built
+            yield from engine_metrics(engine)
+
+
+class Scrape:
+    """One scrape: the server's figures, read when it is made (on the event loop that changes
+    them), then the registry's collectors when ``generate_latest`` collects it."""
+
+    def __init__(self, state: ServerState, lifecycle: Lifecycle) -> None:
+        self._registry = state.registry
+        self._server = list(server_metrics(state, lifecycle))
+
+    def collect(self) -> Iterator[Metric]:
+        yield from self._registry.collect()
+        yield from self._server
 
 
 def engine_metrics(engine: EngineClient) -> Iterator[Metric]:
@@ -177,4 +192,5 @@ def _gauge(name: str, documentation: str, value: float | None = None, *,
     return family
 
 
-__all__ = ["ServerCollector", "engine_metrics", "register", "server_metrics", "setup"]
+__all__ = ["EngineCollector", "Scrape", "engine_metrics", "register", "server_metrics",
+           "setup"]
