@@ -57,7 +57,9 @@ class EngineCapacity:
 class EngineClient(Protocol):
     """What a front end (the HTTP/WebSocket/WebRTC server, the plugin's in-process client)
     needs of an engine. Every method but the ``async`` ones returns at once; the ``async`` ones
-    do their CPU work (tokenizing, prompt templates, reference encoding) off the event loop."""
+    do their CPU work (tokenizing, prompt templates, reference encoding) off the event loop.
+    ``load``, ``capacity`` and ``metrics`` are safe from any thread (``/metrics`` reads them
+    on a worker thread); the rest belong to the event loop the request was submitted on."""
 
     async def submit(self, request: SynthesisRequest, *, split: Split = Split.NONE) -> Submitted:
         """Prepares the request's text once (off the event loop), then queues it.
