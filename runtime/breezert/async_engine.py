@@ -1,7 +1,7 @@
 """asyncio facade over ``Engine``: the engine loop on its own thread, one output queue per request.
 
-Owns: the engine thread, the prepare threads (the text front end and reference encoding run
-there, never on an event loop), routing each step's outputs to the awaiting request's queue on
+Owns: the engine thread, the prepare thread (the text front end runs there and reference
+encoding on a worker thread: never on an event loop), routing each step's outputs to the awaiting request's queue on
 its event loop, turning a cancelled or abandoned consumer into ``Engine.abort``, and the
 process-wide shared engines (``AsyncEngine.shared``: one per config, built and warmed up once).
 Implements ``breezert.engine_client.EngineClient``. Must not: call the GPU or make scheduling
@@ -201,7 +201,7 @@ class AsyncEngine:
                 yield chunk
 
     async def submit(self, request: SynthesisRequest, *, split: Split = Split.NONE) -> Submitted:
-        """Prepares the request's text on a prepare thread (tokenizer, templates, ``split``;
+        """Prepares the request's text on the prepare thread (tokenizer, templates, ``split``;
         each prompt built once), then queues it and opens its output route; use ``stream`` to
         read it.
 
@@ -289,7 +289,7 @@ class AsyncEngine:
             None, self.engine.frontend.encode_reference, samples, sample_rate, ref_text)
 
     async def append(self, request_id: str, text: str, *, split: Split = Split.NONE) -> int:
-        """Adds ``text`` to a running turn, prepared on a prepare thread (cut as ``split``
+        """Adds ``text`` to a running turn, prepared on the prepare thread (cut as ``split``
         says); returns how many segments it became. Raises ``InvalidRequest`` when the turn is
         not running."""
         prepared = await asyncio.get_running_loop().run_in_executor(

@@ -4,7 +4,7 @@ Owns: tokenizing and the prompt templates (``prompting.make_prompt``), cutting a
 prompt does not fit (``text.split_text``, measured on the very prompts it keeps, so each piece's
 prompt is built once), the per-segment token limit, the prompt-token count (OpenAI ``usage``)
 and reference-audio encoding (the checkpoint's codec encoder). Lock-free and thread-safe:
-``AsyncEngine`` runs it on its prepare threads, never on an event loop. Must not: touch the
+``AsyncEngine`` runs it on its prepare thread, never on an event loop. Must not: touch the
 scheduler, the engine lock or the worker.
 """
 
