@@ -3,9 +3,9 @@
 Owns: tokenizing and the prompt templates (``prompting.make_prompt``), cutting a text whose
 prompt does not fit (``text.split_text``, measured on the very prompts it keeps, so each piece's
 prompt is built once), the per-segment token limit, the prompt-token count (OpenAI ``usage``)
-and reference-audio encoding (the checkpoint's codec encoder). Lock-free and thread-safe:
-``AsyncEngine`` runs it on its prepare thread, never on an event loop. Must not: touch the
-scheduler, the engine lock or the worker.
+and reference-audio encoding (the checkpoint's codec encoder). Holds no lock and no state
+between calls: ``AsyncEngine`` runs it on its one prepare thread (reference encoding on a worker
+thread), never on an event loop. Must not: touch the scheduler, the engine lock or the worker.
 """
 
 from __future__ import annotations
