@@ -1,11 +1,11 @@
 """asyncio facade over ``Engine``: the engine loop on its own thread, one output queue per request.
 
-Owns: the engine thread, the prepare thread (the text front end runs there and reference
-encoding on a worker thread: never on an event loop), routing each step's outputs to the awaiting request's queue on
-its event loop, turning a cancelled or abandoned consumer into ``Engine.abort``, and the
-process-wide shared engines (``AsyncEngine.shared``: one per config, built and warmed up once).
-Implements ``breezert.engine_client.EngineClient``. Must not: call the GPU or make scheduling
-decisions; everything goes through ``Engine``'s thread-safe methods.
+Owns: the engine thread, the prepare thread (the text front end runs there, reference encoding
+on a worker thread: never on an event loop), routing each step's outputs to the awaiting
+request's queue on its event loop, turning a cancelled or abandoned consumer into
+``Engine.abort``, and the process-wide shared engines (``AsyncEngine.shared``: one per config,
+built and warmed up once). Implements ``breezert.engine_client.EngineClient``. Must not: call
+the GPU or make scheduling decisions; everything goes through ``Engine``'s thread-safe methods.
 """
 
 from __future__ import annotations

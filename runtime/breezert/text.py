@@ -3,8 +3,9 @@
 Owns: ``SentenceSplitter`` (streamed text -> sentences, as soon as each is complete),
 ``split_sentences`` (a whole text), ``split_text`` (sentences, each cut further at spaces,
 then punctuation, then anywhere until a caller's ``fits`` check passes: the prompt's token
-limit) and ``Split``, the way a caller asks the engine's text front end to cut its text. Used
-by the text front end (``breezert.frontend``) and by the LiveKit plugin (``breezert_agent``). Must not: import torch, the tokenizer or anything beyond the standard
+limit) and ``Split`` / ``cut_text``, the way a caller asks the engine's text front end to cut
+its text. Used by the text front end (``breezert.frontend``) and by the LiveKit plugin
+(``breezert_agent``). Must not: import torch, the tokenizer or anything beyond the standard
 library; the token check comes in as a callable.
 """
 

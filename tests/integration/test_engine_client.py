@@ -45,8 +45,9 @@ def client(request: pytest.FixtureRequest, engine: AsyncEngine) -> EngineClient:
 
 
 def make(text: str | list[str], frames: int = 2, **kwargs: object) -> SynthesisRequest:
-    return SynthesisRequest(text=text, max_frames=frames, ignore_eos=True,
-                            request_id=f"conform-{uuid.uuid4().hex[:8]}", **kwargs)  # type: ignore[arg-type]
+    request_id = f"conform-{uuid.uuid4().hex[:8]}"
+    return SynthesisRequest(text=text, max_frames=frames, ignore_eos=True,  # type: ignore[arg-type]
+                            request_id=request_id, **kwargs)
 
 
 async def drain(items: AsyncIterator[AudioChunk | SegmentStarted]) \

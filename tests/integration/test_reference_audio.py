@@ -1,9 +1,9 @@
 """Voice cloning from real reference audio, end to end, on the tiny CPU model.
 
-Owns: ``TextFrontEnd.encode_reference`` / ``AsyncEngine.encode_reference`` (K = ceil(n24 / 1920) frames,
-errors naming the field, no event-loop blocking), ``reference_audio`` + ``reference_text`` on
-``POST /v1/audio/speech`` (clone and direction templates, 400s naming the field) and on the
-WebSocket ``say`` message.
+Owns: ``TextFrontEnd.encode_reference`` / ``AsyncEngine.encode_reference`` (K = ceil(n24 /
+1920) frames, errors naming the field, no event-loop blocking), ``reference_audio`` +
+``reference_text`` on ``POST /v1/audio/speech`` (clone and direction templates, 400s naming
+the field) and on the WebSocket ``say`` message.
 """
 
 from __future__ import annotations

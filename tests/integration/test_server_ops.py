@@ -85,7 +85,8 @@ async def test_capacity_gauges_follow_an_open_turn(engine: AsyncEngine) -> None:
 
 
 async def test_retry_after_on_overload_not_ready_and_draining(engine: AsyncEngine) -> None:
-    async with serve(FakeEngine(is_overloaded=True), warmup=False) as (url, _), aiohttp.ClientSession() as http:
+    async with serve(FakeEngine(is_overloaded=True), warmup=False) as (url, _), \
+            aiohttp.ClientSession() as http:
         async with http.post(f"{url}/v1/audio/speech", json={"input": "Hi"}) as r:
             assert r.status == 503 and r.headers["Retry-After"] == "2"
     # not ready: the engine is still being built

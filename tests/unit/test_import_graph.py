@@ -48,8 +48,8 @@ LAYER_RULES: tuple[tuple[str, tuple[str, ...]], ...] = (
         "breezert.stages", "breezert.models", "breezert.frontend", "breezert.server",
     )),
     ("breezert.server", (
-        "torch", "breezert.engine", "breezert.async_engine", "breezert.worker", "breezert.stages", "breezert.models",
-        "breezert.sched.scheduler", "breezert.frontend",
+        "torch", "breezert.engine", "breezert.async_engine", "breezert.worker",
+        "breezert.stages", "breezert.models", "breezert.sched.scheduler", "breezert.frontend",
     )),
     # Training code (issue 19) is never imported by what serves.
     *((serving, ("breezert.train",)) for serving in (

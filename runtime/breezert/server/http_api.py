@@ -2,12 +2,13 @@
 
 Owns: validating the OpenAI request fields (plus ``reference_audio`` / ``reference_text`` for
 voice cloning, encoded off the event loop, and ``seed``), submitting ``input`` to be cut into
-sentences that fit the prompt (``Split.SENTENCES``: the engine's text front end does it once, off
-the event loop, and counts the prompt tokens for ``usage``), and answering as OpenAI does: the audio streamed in the requested format
-(``wav`` with a streaming header, ``pcm``, ``opus`` in Ogg) as each engine chunk exists, or
-with ``stream_format: "sse"`` as ``speech.audio.delta`` / ``speech.audio.done`` events;
-``stream: false`` buffers one whole file. Must not: buffer a streamed response or hold the
-engine request after the client has gone, or do CPU work between a chunk and its bytes.
+sentences that fit the prompt (``Split.SENTENCES``: the engine's text front end does it once,
+off the event loop, and counts the prompt tokens for ``usage``), and answering as OpenAI does:
+the audio streamed in the requested format (``wav`` with a streaming header, ``pcm``, ``opus``
+in Ogg) as each engine chunk exists, or with ``stream_format: "sse"`` as ``speech.audio.delta``
+/ ``speech.audio.done`` events; ``stream: false`` buffers one whole file. Must not: buffer a
+streamed response, hold the engine request after the client has gone, or do more between a
+chunk and its bytes than encode them (the ``usage`` figure is known before the first chunk).
 """
 
 from __future__ import annotations
