@@ -86,8 +86,8 @@ class InProcessRuntimeClient(RuntimeClient):
         submitted = await engine.submit(request)
         if submitted.is_queued:
             self.num_queued_turns += 1
-            load = engine.load()
-            log_queued(request_id, load.queued, load.max_running)
+            capacity = engine.capacity()  # lengths: no engine lock on the agent's loop
+            log_queued(request_id, capacity.queued, capacity.max_running)
         turn = _EngineTurn(engine, request_id)
         turn.connection_reused, turn.acquire_time = is_loaded, acquire_time
         return turn

@@ -198,9 +198,9 @@ class TurnController:
             self.active = turn
             await self._send(event("turn_started", **self._ids(turn)))
             if say.queued_events and submitted.is_queued:
-                load = self.engine.load()
-                await self._send(event("queued", **self._ids(turn), waiting=load.queued,
-                                       max_running_requests=load.max_running))
+                capacity = self.engine.capacity()  # lengths: no engine lock on the loop
+                await self._send(event("queued", **self._ids(turn), waiting=capacity.queued,
+                                       max_running_requests=capacity.max_running))
         except BaseException:  # nobody will consume the request: free it now
             self.engine.abort(request_id)
             self.active = None
