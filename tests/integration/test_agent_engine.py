@@ -238,12 +238,12 @@ async def test_shared_engine_builds_once_for_concurrent_threads(
 async def test_engine_marks_each_segment_start_exactly(engine: AsyncEngine) -> None:
     """Chunks of 4 frames over segments of up to 3: a chunk carries the end of one segment and
     the start of the next, and only the engine's frame counts tell where the boundary is."""
-    from breezert.async_engine import SegmentStarted
-    from breezert.outputs import AudioChunk
+    from breezert.outputs import AudioChunk, SegmentStarted
     from breezert.request import SynthesisRequest
 
-    request_id = engine.submit(SynthesisRequest(
-        text=["One.", "Two.", "Three."], max_frames=3, chunk_schedule=(4,), request_id="marks-1"))
+    request_id = (await engine.submit(SynthesisRequest(
+        text=["One.", "Two.", "Three."], max_frames=3, chunk_schedule=(4,),
+        request_id="marks-1"))).request_id
     items = [item async for item in engine.stream(request_id, segments=True)]
     marks = [i for i in items if isinstance(i, SegmentStarted)]
     chunks = [i for i in items if isinstance(i, AudioChunk)]
@@ -289,8 +289,8 @@ async def test_turn_queued_behind_the_running_limit_is_logged_and_counted(
 ) -> None:
     from breezert.request import SynthesisRequest
 
-    holders = [engine.submit(SynthesisRequest(text=["Hold."], input_closed=False, max_frames=1,
-                                              request_id=f"holder-{i}"))
+    holders = [(await engine.submit(SynthesisRequest(
+        text=["Hold."], input_closed=False, max_frames=1, request_id=f"holder-{i}"))).request_id
                for i in range(engine.max_running_requests)]  # open turns hold every slot
     metrics: list[TTSMetrics] = []
     before = engine.metrics()["counters"].get("queued_requests", 0)

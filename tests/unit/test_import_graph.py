@@ -43,6 +43,16 @@ LAYER_RULES: tuple[tuple[str, tuple[str, ...]], ...] = (
     # The runner hands the stages a ``StageWorker`` (issue 32): they import nothing of the worker.
     ("breezert.stages", ("breezert.worker", "breezert.engine", "breezert.server")),
     ("breezert.worker", ("breezert.engine", "breezert.async_engine", "breezert.server")),
+    # Issue 32: the engine's typed surface is torch-free, and the server drives the engine only
+    # through it (``EngineClient``), never the engine's internals.
+    ("breezert.engine_client", (
+        "torch", "breezert.engine", "breezert.async_engine", "breezert.worker",
+        "breezert.stages", "breezert.models", "breezert.frontend", "breezert.server",
+    )),
+    ("breezert.server", (
+        "torch", "breezert.engine", "breezert.async_engine", "breezert.worker",
+        "breezert.stages", "breezert.models", "breezert.sched.scheduler", "breezert.frontend",
+    )),
     # Training code (issue 19) is never imported by what serves.
     *((serving, ("breezert.train",)) for serving in (
         "breezert.engine", "breezert.async_engine", "breezert.server", "breezert.worker",

@@ -404,7 +404,7 @@ async def _one_request(async_engine: Any, item: WorkItem, options: BenchOptions,
                 feedback = asyncio.create_task(_feedback_loop(async_engine, result, options))
 
     try:
-        request_id = async_engine.submit(request)
+        request_id = (await async_engine.submit(request)).request_id
         await asyncio.wait_for(consume(), timeout=options.request_timeout_s)
         server_ttfb = getattr(async_engine, "server_ttfb_s", {})  # a RemoteSpeech target
         result.server_ttfb_s = server_ttfb.pop(request_id, None)
