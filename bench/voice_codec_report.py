@@ -1,6 +1,6 @@
 """Issue 19's codec runs side by side: loss curves, ASR resynthesis WER and a codebook ablation.
 
-Reads each run's ``codec_log.jsonl`` (what ``python -m breezert.train.pipeline`` brings back from
+Reads each run's ``codec_log.jsonl`` (what ``python -m breezert_train.pipeline`` brings back from
 a GPU call) and, where given, its ``asr_gate --codec`` report; for a codec export it also
 measures, on four teacher sentences, the MR-STFT loss of the decoder fed the encoder's
 unquantised latent and fed 1 + N of its codebooks (does the quantizer or the decoder limit the
@@ -58,9 +58,9 @@ def codebook_ablation(codec_dir: Path) -> dict:
     import torch
 
     from breezert.loader import load_checkpoint
-    from breezert.train.losses import mr_stft_loss
-    from breezert.train.quantizer import VQTrainConfig, _quantize_group, group_pairs
-    from breezert.train.teacher import Teacher
+    from breezert_train.losses import mr_stft_loss
+    from breezert_train.quantizer import VQTrainConfig, _quantize_group, group_pairs
+    from breezert_train.teacher import Teacher
 
     ckpt = load_checkpoint(codec_dir)
     enc, dec = ckpt.codec_encoder.float().eval(), ckpt.codec.float().eval()

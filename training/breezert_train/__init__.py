@@ -6,10 +6,10 @@ resumable state (``codec_train``), the LM's codes cache and batches (``lm_data``
 forward (``lm_forward``) and training loop (``lm_train``), export in the released checkpoint
 layout, the state split into parts for carrying between GPU calls (``state_shards``), the
 one-call ``pipeline``, and the ASR quality gate (``asr_gate``: pocketsphinx transcripts of a
-voice offline, streamed and over Opus, scored by ``wer``). It lives inside the ``breezert``
-package so that it reuses the model modules and the loader's layout, and it is installed with
-the ``train`` extra (``pip install "./runtime[train]"``, which brings the teacher and the ASR).
-Must not: be imported by the serving runtime (engine, worker, stages, models, server, CLI, plugin;
-``tests/unit/test_import_graph.py`` fails on such an import); nothing here is imported at
-``breezert`` import time.
+voice offline, streamed and over Opus, scored by ``wer``). It is its own distribution,
+``breezert-train`` (``training/pyproject.toml``: ``pip install -e ./training``, which brings the
+teacher and the ASR; ``make test`` installs it, ``make run`` does not), and reuses the runtime's
+model modules and the loader's layout through ``breezert[engine]``.
+Must not: be imported by the runtime or the plugin (``tests/unit/test_import_graph.py`` fails on
+such an import).
 """
