@@ -38,7 +38,7 @@ case "$phase" in
   *) [ -z "$shard" ] || { echo "phase $phase takes no @I/N shard" >&2; exit 2; } ;;
 esac
 commit=$(cat .benchdata/COMMIT 2>/dev/null || echo unknown)
-export BREEZERT_GIT_COMMIT=$commit  # bench/stage_timing.py records it
+export BREEZERT_GIT_COMMIT=$commit  # every result records it (breezert.bench.provenance)
 # The common bench command; each phase adds its own arguments.
 bench=(python3 -m breezert.cli bench --config configs/h200-latency.toml
        --texts .benchdata/texts_en.tsv --tokenizer .benchdata/tokenizer.json --git-commit "$commit")

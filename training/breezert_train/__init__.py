@@ -5,8 +5,9 @@ data shards (``teacher_data``), the codec training loop with its losses, quantiz
 resumable state (``codec_train``), the LM's codes cache and batches (``lm_data``), teacher-forced
 forward (``lm_forward``) and training loop (``lm_train``), export in the released checkpoint
 layout, the state split into parts for carrying between GPU calls (``state_shards``), the
-one-call ``pipeline``, and the ASR quality gate (``asr_gate``: pocketsphinx transcripts of a
-voice offline, streamed and over Opus, scored by ``wer``). It is its own distribution,
+one-call ``pipeline``, the ASR quality gate (``asr_gate``: pocketsphinx transcripts of a
+voice offline, streamed and over Opus, scored by ``wer``) and the codec runs' report
+(``codec_report``). It is its own distribution,
 ``breezert-train`` (``training/pyproject.toml``: ``pip install -e ./training``, which brings the
 teacher and the ASR; ``make test`` installs it, ``make run`` does not), and reuses the runtime's
 model modules and the loader's layout through ``breezert[engine]``.

@@ -6,20 +6,20 @@ measures, on four teacher sentences, the MR-STFT loss of the decoder fed the enc
 unquantised latent and fed 1 + N of its codebooks (does the quantizer or the decoder limit the
 codec?). Writes one JSON and one PNG::
 
-    python bench/voice_codec_report.py --run NAME:LOG[:GATE_JSON[:CODEC_DIR]] ... \\
+    python -m breezert_train.codec_report --run NAME:LOG[:GATE_JSON[:CODEC_DIR]] ... \\
         --out bench/results/voice-codec-DATE.json [--note TEXT]
 
-Must not: train or be imported by the runtime.
+Must not: train (it reads what training wrote).
 """
 
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import json
 import statistics
-import subprocess
 from pathlib import Path
+
+from breezert.bench.provenance import provenance
 
 LOSSES = ("stft_sc", "stft_mag", "commitment", "latent_mel", "feature_match", "gen_hinge",
           "disc_hinge", "codes_restarted")
@@ -135,11 +135,10 @@ def main() -> None:
         if len(rest) > 1 and rest[1]:
             run["codebook_ablation"] = codebook_ablation(Path(rest[1]))
         runs[name] = run
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
-                            text=True).stdout.strip()
     report = {"what": "issue 19 codec training runs (small preset) on one H200",
-              "gpu": "NVIDIA H200 (torch 2.11 + CUDA 13 there)", "commit": commit,
-              "date": dt.date.today().isoformat(), "note": args.note, "runs": runs}
+              **provenance(device="cpu"),  # this report's; the runs' own machine is below
+              "gpu": "NVIDIA H200 (torch 2.11 + CUDA 13 there)",
+              "note": args.note, "runs": runs}
     args.out.write_text(json.dumps(report, indent=1) + "\n")
     plot(runs, args.out.with_suffix(".png"))
     print(json.dumps({k: {kk: v for kk, v in r.items() if kk != "curve"}
