@@ -154,7 +154,7 @@ synth: $(STAMP) $(TINY)/config.json
 	$(VENV)/bin/breezert synth --model $(TINY) --text "Hello from BreezeRT, streaming speech in tens of milliseconds." --max-frames 60 --out .cache/hello.wav
 
 # Issue 15, item 5: 20 turns in a real room (CPU tiny model), first audio at the livekit.rtc and
-# the browser participant against the agent's TTFB, as JSON (the README's LiveKit table).
+# the browser participant against the agent's TTFB, as JSON (docs/livekit-plugin.md's table).
 bench-livekit-room: $(STAMP) chromium livekit-server livekit-web
 	BREEZERT_ROOM_TURNS=20 \
 	BREEZERT_ROOM_RESULTS=bench/results/livekit-room-cpu-tiny-$$(date -u +%Y%m%d).json \
