@@ -6,26 +6,26 @@ Usage (repo root, CPU is enough: this is host work): ``PYTHONPATH=runtime python
 bench/depth_host_inputs.py [--out X.json]``. Builds the tiny model's DEPTH stage, fills B
 segments with H frames of history, and times ``DepthStage._inputs`` (median of 30 calls) with
 the current masks and with the old construction of the ``seen`` input (each measured alone, the exact code of each path);
-both give the same tensor (checked). Prints one line per (B, H) and writes JSON with host, torch and commit.
+both give the same tensor (checked). Prints one line per (B, H) and writes JSON with where it
+ran (``breezert.bench.provenance``).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import platform
 import time
 
 import numpy as np
 import torch
 
+from breezert.bench.provenance import provenance
 from breezert.config import EngineConfig
 from breezert.constants import Stage
 from breezert.runtime_setup import build_runner, load_engine_checkpoint
 from breezert.sched.plan import DepthItem
 from breezert.worker.batch_state import SegmentState, SlotState
 from breezert.options import SamplingParams
-from cuda_bench import git_commit
 
 SHAPES = ((16, 100), (64, 100), (64, 400), (64, 750))
 
@@ -83,10 +83,7 @@ def main() -> None:
               f"{1e3 * inputs_s:.3f} ms")
     if args.out:
         with open(args.out, "w") as f:
-            json.dump({"host": platform.node(), "cpu": platform.processor() or platform.machine(),
-                       "torch_version": torch.__version__, "git_commit": git_commit(),
-                       "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-                       "rows": rows}, f, indent=2)
+            json.dump({**provenance(device="cpu"), "rows": rows}, f, indent=2)
 
 
 if __name__ == "__main__":

@@ -26,7 +26,7 @@ if [ -z "${BREEZERT_SITE_READY:-}" ] && ls .whl/*.whl >/dev/null 2>&1; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
     --target /tmp/site .whl/*.whl $(ls .whl-train/*.whl 2>/dev/null)
 fi
-export PYTHONPATH=/tmp/site:runtime:. PYTHONUNBUFFERED=1 BREEZERT_SITE_READY=1
+export PYTHONPATH=/tmp/site:runtime:training:. PYTHONUNBUFFERED=1 BREEZERT_SITE_READY=1
 # A wheel missing from .whl/ fails here in seconds, not minutes into a phase (soxr did, 2 Dec)
 [ -n "${BREEZERT_IMPORTS_OK:-}" ] || python3 -c "import breezert.cli, breezert.runtime_setup" \
   || { echo "breezert does not import here: add the missing wheel to .whl/" >&2; exit 3; }
@@ -38,7 +38,7 @@ case "$phase" in
   *) [ -z "$shard" ] || { echo "phase $phase takes no @I/N shard" >&2; exit 2; } ;;
 esac
 commit=$(cat .benchdata/COMMIT 2>/dev/null || echo unknown)
-export BREEZERT_GIT_COMMIT=$commit  # bench/stage_timing.py records it
+export BREEZERT_GIT_COMMIT=$commit  # every result records it (breezert.bench.provenance)
 # The common bench command; each phase adds its own arguments.
 bench=(python3 -m breezert.cli bench --config configs/h200-latency.toml
        --texts .benchdata/texts_en.tsv --tokenizer .benchdata/tokenizer.json --git-commit "$commit")
@@ -84,7 +84,7 @@ case "$phase" in
     # device budget is short.
     mkdir -p /tmp/voice/teacher
     [ ! -f .traindata/corpus.json.gz ] || cp .traindata/corpus.json.gz /tmp/voice/teacher/
-    timeout 580 python3 -m breezert.train.pipeline --work /tmp/voice --minutes-total "${VOICE_MINUTES:-9.3}" \
+    timeout 580 python3 -m breezert_train.pipeline --work /tmp/voice --minutes-total "${VOICE_MINUTES:-9.3}" \
       --out "$out" --carry-in "${VOICE_STATE:-.voicestate}" ${VOICE_ARGS:-} 2>&1 \
       | tee /tmp/voice/pipeline.log | tail -40
     cp /tmp/voice/pipeline.log "$out/" ;;

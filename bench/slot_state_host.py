@@ -11,20 +11,20 @@ Also counts, per step, the input tensors a GPU step copies host -> device and th
 (DEPTH's backbone states are stacked on the device and DECODE's key positions made once, so
 they are not counted; with the table a new segment's block tables are uploaded once, outside
 these steady-state steps). Prints one line
-per (stage, B) and writes JSON with host, torch and commit.
+per (stage, B) and writes JSON with where it ran (``breezert.bench.provenance``).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import platform
 import time
 from collections.abc import Callable
 
 import numpy as np
 import torch
 
+from breezert.bench.provenance import provenance
 from breezert.config import EngineConfig
 from breezert.constants import Stage
 from breezert.options import SamplingParams
@@ -32,7 +32,6 @@ from breezert.runtime_setup import build_runner, load_engine_checkpoint
 from breezert.sched.plan import CodecItem, DecodeBranch, DecodeItem, DepthItem
 from breezert.worker.batch_state import SegmentState, SlotState
 from breezert.worker.model_runner import ModelRunner
-from cuda_bench import git_commit
 
 BATCHES = (16, 64)
 FRAME, PROMPT, CHUNK = 100, 60, 4  # steady state: frame 100 after a 60-token prompt; 4-frame chunks
@@ -160,10 +159,7 @@ def main() -> None:
                   f"{row['device_upload_bytes']} B)")
     if args.out:
         with open(args.out, "w") as f:
-            json.dump({"host": platform.node(), "cpu": platform.processor() or platform.machine(),
-                       "gpu": None, "torch_version": torch.__version__,
-                       "git_commit": git_commit(),
-                       "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            json.dump({**provenance(device="cpu"),
                        "config": {"frame": FRAME, "prompt_tokens": PROMPT, "chunk_frames": CHUNK,
                                   "cfg": "every other request", "iters": 30},
                        "rows": rows}, f, indent=2)

@@ -21,17 +21,16 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import time
-from datetime import datetime, timezone
 from pathlib import Path
 
 import torch
 
+from breezert.bench.provenance import provenance
 from breezert.config import EngineConfig
 from breezert.constants import Stage
 from breezert.runtime_setup import build_runner, load_engine_checkpoint
-from cuda_bench import git_commit, median_ms
+from cuda_bench import median_ms
 
 
 MODES = {
@@ -130,13 +129,7 @@ def main() -> None:
     modes = args.modes.split(",")
     if unknown := set(modes) - set(MODES):
         parser.error(f"unknown modes {sorted(unknown)}; choose from {', '.join(MODES)}")
-    commit = git_commit()
-    doc = {
-        "gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
-        "cuda": torch.version.cuda, "date": datetime.now(timezone.utc).isoformat(),
-        "host": platform.node(), "commit": commit,
-        "runs": [],
-    }
+    doc = {**provenance(), "runs": []}
     for mode in modes:  # one failing mode (a kernel that does not build) leaves the others
         try:
             doc["runs"].append(measure(batches, mode, args.context, text_tokens))

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import datetime
 import json
 import os
 import re
@@ -390,11 +389,10 @@ def main() -> None:
     if args.json:
         import triton
 
-        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
-                                text=True, check=False, cwd=Path(__file__).parent).stdout.strip()
+        from breezert.bench.provenance import provenance
+
         doc = {"target": "sm_90 (built, not run)", "triton_version": triton.__version__,
-               "torch_version": torch.__version__, "git_commit": commit or None,
-               "date": datetime.date.today().isoformat(),
+               **provenance(device="cpu"),
                "variants": [{**asdict(r), "builds": [{**asdict(b), "blocks_per_sm": b.blocks_per_sm}
                                                       for b in r.builds]} for r in reports]}
         args.json.write_text(json.dumps(doc, indent=1) + "\n")

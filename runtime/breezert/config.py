@@ -63,9 +63,9 @@ class ModelConfig(_Frozen):
     """Seed of the random weight init (only used when ``path`` is ``None``)."""
     codec_precision: Literal["fp32", "tf32", "bf16"] = "tf32"
     """Serving codec math on CUDA: ``tf32`` (fp32 storage, TF32 tensor cores for its convolutions
-    and matmuls; 51 dB waveform SNR against strict fp32 on the H200), ``fp32`` (TF32 off),
-    ``bf16`` (a bf16 copy of the codec: faster, 27 dB). The golden and reference paths stay
-    fp32; on CPU every choice but ``bf16`` is plain fp32."""
+    and matmuls), ``fp32`` (TF32 off), ``bf16`` (a bf16 copy of the codec: faster, less exact;
+    each one's SNR is in bench/README.md). The golden and reference paths stay fp32; on CPU
+    every choice but ``bf16`` is plain fp32."""
     tokenizer: str | None = None
     """``tokenizer.json`` for random weights (``path`` unset); ``None``: the built-in byte-level
     tokenizer, which spends one token per character (prompts about 4x longer than Gemma's)."""
@@ -146,15 +146,13 @@ class SchedulerConfig(_Frozen):
     """A request still waiting for its first chunk whose slack falls below
     ``predictor_min_slack_s`` competes with urgent streams on slack (earliest deadline first
     across both) instead of waiting behind every urgent stream: bounds TTFB when the engine is
-    past capacity, at the cost of stream gaps. Off until measured on the H200."""
+    past capacity, at the cost of stream gaps."""
     predictor_first_chunk_cover: bool = False
     """The first chunk carries enough audio to cover making the next one: as many frames of the
     schedule's first entry or more (up to its largest) as one more frame, a CODEC step and
     ``predictor_min_slack_s`` take by the stage-time model. Where a frame and a CODEC step take
-    under 30 ms it stays the schedule's first entry; past that it costs first-packet time (37 ms
-    at the median on two quiet cores, where no gap was heard without it either) to spare the
-    listener a hole right after the first chunk on an engine near real time. Off: measured
-    only on CPU (bench/README.md)."""
+    under 30 ms it stays the schedule's first entry; past that it costs first-packet time to
+    spare the listener a hole right after the first chunk on an engine near real time."""
     predictor_min_slack_s: float = Field(default=0.05, ge=0)
     """A stream whose slack (deadline - now - predicted work) falls below this, seconds, is
     urgent: served before startup work; CODEC waits never take a stream below it."""
@@ -214,9 +212,9 @@ class GraphConfig(_Frozen):
     and draw for all 16 positions, ``kernels/persistent_depth.py``) instead of ~1,200
     launches, when their top-k are all bounded; other batches keep the step loop."""
     depth_tiles_by_rows: bool = True
-    """With ``fused_depth``: launch shapes per row bucket, tuned on the H200 (up to 64 and up
-    to 128 rows; ``kernels/fused_depth.py`` ``TILES_BY_ROWS``); off: one shape for every row
-    count (the shape tuned at 32 rows in November)."""
+    """With ``fused_depth``: launch shapes per row bucket (up to 64 and up to 128 rows;
+    ``kernels/fused_depth.py`` ``TILES_BY_ROWS``); off: one shape for every row count (the one
+    for 32 rows)."""
     fused_sampling: bool = False
     """The depth frame's 16 draws each in one Triton launch (temperature, top-k, top-p,
     counter-based Gumbel-max; ``kernels/fused_sampling.py``) instead of the sampler's chain of

@@ -18,8 +18,9 @@ from typing import Any
 
 from breezert.bench.listener import RequestResult, summarize_requests
 from breezert.bench.options import (
-    BenchOptions, LoadPoint, collect_metadata, collect_remote_metadata, load_avg, read_texts,
+    BenchOptions, LoadPoint, collect_metadata, collect_remote_metadata, read_texts,
 )
+from breezert.bench.provenance import load_avg
 from breezert.bench.variants import Variant, variant_config
 from breezert.bench.workload import WorkItem, make_workload, poisson_offsets, shard_items
 
