@@ -25,8 +25,9 @@ from types import SimpleNamespace
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from cuda_bench import gpu_metadata, median_ms, random_bf16_packed  # noqa: E402
+from cuda_bench import median_ms, random_bf16_packed  # noqa: E402
 
+from breezert.bench.provenance import provenance  # noqa: E402
 from breezert.kernels.fused_depth import FusedDepthLayers  # noqa: E402
 from breezert.kernels.fused_sampling import fused_sample  # noqa: E402
 from breezert.kernels.persistent_depth import FrameTiles, PersistentDepthFrame  # noqa: E402
@@ -173,7 +174,7 @@ def main() -> None:
             codes_old = record("fused-loop", b, old)
             agree = (codes_old == codes_new[b]).float().mean().item()
             rows_out[-1]["codes_agree_with_persistent"] = round(agree, 4)
-    meta = gpu_metadata(script="bench/depth_frame.py", batches=batches,
+    meta = provenance(script="bench/depth_frame.py", batches=batches,
                         default_tiles=asdict(FrameTiles()), programs=persistent.programs)
     Path(args.out).write_text(json.dumps({"meta": meta, "rows": rows_out}, indent=1))
     print("\npath | batch | graph ms | launches | busy ms | TB/s | TFLOP/s")
@@ -193,7 +194,7 @@ def main() -> None:
         ax.set_xscale("log", base=2)
         ax.set_xlabel("requests (2 rows each, CFG)")
         ax.set_ylabel("depth frame, graph replay ms")
-        ax.set_title(f"depth frame: {meta['gpu']}, torch {meta['torch_version']}, "
+        ax.set_title(f"depth frame: {meta.get('gpu')}, torch {meta.get('torch_version')}, "
                      f"{meta['git_commit']}", fontsize=9)
         ax.grid(True, alpha=0.3)
         ax.legend()
