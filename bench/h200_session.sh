@@ -284,11 +284,11 @@ case "$phase" in
     # each stage's graph at the row counts a burst brings (CODEC at 1 and 16 frames a row)
     timeout 90 python3 bench/stage_timing.py --batches 1,16,32,64 --modes profile \
       --out "$out/h200-stage-timing-path.json" 2>&1 | grep -v Warn | tail -12 || true ;;
-  depth-engine)  # issues 30/32: the profile (persistent depth frame up to 32 rows) against the
+  depth-engine)  # issues 30/32: the persistent depth frame up to 32 rows against the profile's
     # fused step loop for every depth batch, at 1, 16 and 64 concurrent, one run
     timeout 560 "${bench[@]}" --concurrency "${CONCURRENCY:-1,16,64}" --num-requests 300 \
-      --warmup 16 --run-budget 25 --variant 'persistent=config' \
-      --variant 'loop=config;graph.persistent_depth=0' \
+      --warmup 16 --run-budget 25 --variant 'persistent=config;graph.persistent_depth=32' \
+      --variant 'loop=config' \
       --out "$out/h200-depth-engine.json" 2>&1 | grep '^\[bench' || true ;;
   tests-changed)  # the GPU tests of what issue 32 and 30 changed (slot table, graphs, sampler,
     # host syncs, fused DECODE/PREFILL builders, the persistent depth frame)
