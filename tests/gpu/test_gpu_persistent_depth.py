@@ -15,7 +15,7 @@ import torch
 from breezert.layers.sampling import draw_counter, sample
 from breezert.models.config import BreezeConfig
 from breezert.models.depth import DepthDecoder
-from tests.kernel_helpers import random_bf16_fused_, rel_error
+from tests.kernel_helpers import fp32_copy, random_bf16_fused_, rel_error
 
 pytestmark = pytest.mark.gpu
 
@@ -32,9 +32,7 @@ def depth() -> DepthDecoder:
 @pytest.fixture(scope="module")
 def depth_fp32(depth: DepthDecoder) -> DepthDecoder:
     with torch.device("cuda"):
-        copy = DepthDecoder(depth.cfg)
-    copy.load_state_dict({k: v.float() for k, v in depth.state_dict().items()})
-    return copy.eval()
+        return fp32_copy(depth, DepthDecoder)
 
 
 @pytest.fixture(scope="module")

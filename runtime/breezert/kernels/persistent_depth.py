@@ -153,6 +153,18 @@ def _finish(acc, tile_id, split, rows, rmask, n, N, out_ptr, stride_out, ws_ptr,
         tl.store(dst, out.to(tl.bfloat16), mask=mask)
 
 
+@triton.jit
+def _split_item(item, R, n_tiles: tl.constexpr, S: tl.constexpr, BM: tl.constexpr,
+                BN: tl.constexpr):
+    """Work item ``item`` of a split-K GEMM phase: (tile, K split, row block, its rows, which
+    of them exist, its output columns)."""
+    tile = item % n_tiles
+    split = (item // n_tiles) % S
+    rb = item // (n_tiles * S)
+    rows = rb * BM + tl.arange(0, BM)
+    return tile, split, rb, rows, rows < R, tile * BN + tl.arange(0, BN)
+
+
 # ---------------------------------------------------------------------------------------------
 # Phases
 
@@ -169,12 +181,7 @@ def _proj_phase(pid, P, pos, R, B, hidden_ptr, codes_ptr, embed_ptr, w_ptr, h_pt
     KS: tl.constexpr = DB // S
     n_items = n_tiles * S * tl.cdiv(R, BM)
     for item in range(pid, n_items, P):
-        tile = item % n_tiles
-        split = (item // n_tiles) % S
-        rb = item // (n_tiles * S)
-        rows = rb * BM + tl.arange(0, BM)
-        rmask = rows < R
-        n = tile * BN + tl.arange(0, BN)
+        tile, split, rb, rows, rmask, n = _split_item(item, R, n_tiles, S, BM, BN)
         if pos == 0:
             src = hidden_ptr + rows.to(tl.int64) * DB
         else:
@@ -304,12 +311,7 @@ def _linear_residual_phase(pid, P, R, a_ptr, w_ptr, h_ptr, ws_ptr, ws_split, cnt
     KS: tl.constexpr = K // S
     n_items = n_tiles * S * tl.cdiv(R, BM)
     for item in range(pid, n_items, P):
-        tile = item % n_tiles
-        split = (item // n_tiles) % S
-        rb = item // (n_tiles * S)
-        rows = rb * BM + tl.arange(0, BM)
-        rmask = rows < R
-        n = tile * BN + tl.arange(0, BN)
+        tile, split, rb, rows, rmask, n = _split_item(item, R, n_tiles, S, BM, BN)
         acc = tl.zeros([BM, BN], dtype=tl.float32)
         for k0 in range(0, KS, BK):
             cols = split * KS + k0 + tl.arange(0, BK)
