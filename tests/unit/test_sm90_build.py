@@ -20,7 +20,7 @@ pytestmark = pytest.mark.unit
 SELECTABLE = (["depth by-rows", "depth by-rows qkv-split-2", "decode", "text encoder pdl",
                "snake", "prefill"],
               ["depth by-rows pdl", "decode pdl", "text encoder", "text encoder pdl wide",
-               "sampler"])
+               "sampler", "persistent depth"])
 
 
 @needs_triton

@@ -101,7 +101,7 @@ class ModelRunner:
         # CFG runs two rows per request: the fused depth workspace covers the largest bucket.
         depth_kernels = (graph.compile_depth, graph.fused_depth,
                          2 * max(graph.depth_batch_buckets), graph.depth_tiles_by_rows,
-                         graph.fused_sampling, graph.pdl, graph.persistent_depth)
+                         graph.fused_sampling, graph.pdl)
 
         def runner(name: str, fn: GraphFn) -> GraphRunner:
             return GraphRunner(name, fn, enabled=use_graphs, device=self.device)
@@ -112,7 +112,8 @@ class ModelRunner:
                                    max(graph.decode_batch_buckets)),
                          block_size, self.kv.scratch_row)
         depth = {max_k: partial(depth_frames_from_slots, self.slots,
-                                depth_fn(model, max_k, *depth_kernels))
+                                depth_fn(model, max_k, *depth_kernels,
+                                         persistent_depth=graph.persistent_depth))
                  for max_k in (TOP_K_BOUND, None)}
         codec = partial(codec_from_ring, self.slots, partial(codec_step, self.codec),
                         graph.codec_mixed_sizes)
