@@ -98,10 +98,11 @@ class SchedulerConfig(_Frozen):
     max_queued_requests: int = Field(default=64, ge=0)
     """Requests waiting for a slot; one more raises ``EngineOverloaded``."""
     max_queue_wait_s: float | None = Field(default=10.0, gt=0)
-    """Longest a request may wait for a slot: one whose predicted wait (its place in the queue
-    over the rate at which slots were freed in the last 30 s) is longer is refused at once with
-    ``EngineOverloaded`` (HTTP 503 + ``Retry-After``), and one still waiting after this long is
-    refused then. ``None``: wait as long as it takes."""
+    """Longest a request may wait for a slot: one whose predicted wait (when the running
+    requests ahead of it end, from their remaining audio and time per frame:
+    ``sched/slot_wait.py``) is longer is refused at once with ``EngineOverloaded`` (HTTP 503 +
+    ``Retry-After`` of that wait), and one still waiting after this long (its wait was unknown)
+    is refused then. ``None``: wait as long as it takes."""
     max_model_len: int = Field(default=2048, gt=2)
     """Backbone context per branch in tokens (prompt + frames); a segment stops at
     ``prompt_len + frames == max_model_len - 1`` (SPEC §2.5)."""
