@@ -19,6 +19,9 @@ The estimate (simple on purpose, so a caller can check it):
 - the waiting request at ``position`` (0 = next) gets the slot of the ``position + 1``-th running
   request to end; past the number of running requests (all with a known end) the cycle repeats,
   each slot taking the running requests' mean length (elapsed plus remaining) once more.
+
+It counts slots only: a request that finds a slot but not the KV blocks for its first segment
+waits longer (the pool is sized so that every slot's request fits, ``CacheConfig.num_blocks``).
 """
 
 from __future__ import annotations
