@@ -21,7 +21,7 @@ The estimate (simple on purpose, so a caller can check it):
   each slot taking the running requests' mean length (elapsed plus remaining) once more.
 
 It counts slots only: a request that finds a slot but not the KV blocks for its first segment
-waits longer (the pool is sized so that every slot's request fits, ``CacheConfig.num_blocks``).
+waits longer (``configs/h200-capacity.toml``'s pool holds 256 typical requests at once).
 """
 
 from __future__ import annotations
