@@ -11,7 +11,7 @@
 # PHASE: tests | fused | depth-tiles | depth-pdl | first-packet | first-packet-short | first-packet-pdl |
 #        first-packet-bench | chain P1 P2...  | decode | decode-micro | decode-bench | tune | profile | stages |
 #        ablation-eager | ablation-a|b|c|d[@I/N] | sweep | sweep+ablation | latency |
-#        latency-nocap | predictor | predictor-edf | capacity-closed | capacity-open |
+#        latency-nocap | predictor | predictor-edf | capacity-closed | capacity-open | capacity-tests | capacity-256 |
 #        burst | slack | voice | te-tokens | admit | path | te-wide | gil | tune-decode | trace | prefill | prefill-bench | depth-engine | tests-changed
 # An ablation phase with @I/N runs shard I of N of its requests (bench --shard).
 # Several GPUs (kind nvidia-h200-x4): "parallel GPU=PHASE[+PHASE...] ..." runs each list on its own
@@ -172,6 +172,22 @@ case "$phase" in
       --variant 'before=config;graph.fused_codec=false;graph.codec_mixed_sizes=false' \
       --variant 'after=config' \
       --out "$out/h200-$phase.json" 2>&1 | grep '^\[bench' ;;
+  capacity-tests)  # issue 31: the 256-stream profile's KV pool sized from free memory (the full
+    # model's weights, then the blocks that fit in cache.gpu_memory_fraction), before capacity-256
+    timeout 300 python3 -m pytest tests/gpu/test_gpu_kv_sizing.py -q -s -p no:cacheprovider 2>&1 \
+      | tee "$out/gpu_tests.log" | tail -8 ;;
+  capacity-256)  # issue 31: configs/h200-capacity.toml (256 running requests, buckets to 256
+    # requests / 512 rows, KV sized from free memory, refusal past capacity) side by side with the
+    # 64-stream profile at c=128 and c=256 and open loop 40 req/s, one bench process. Two graph
+    # captures (~80 s for the 64-stream profile, more for 256) and six runs may not fit one call:
+    # VARIANTS=capacity-256 and VARIANTS=latency-64 run one each (own result file) in two
+    # calls; CONCURRENCY / RATES change the load points (add 1,16 for the low-load check)
+    timeout 560 "${bench[@]}" --config configs/h200-capacity.toml \
+      --concurrency "${CONCURRENCY:-128,256}" --rate "${RATES:-40}" \
+      --num-requests 300 --warmup 16 --run-budget 60 \
+      --variant 'capacity-256=config' --variant 'latency-64=@configs/h200-latency.toml' \
+      ${VARIANTS:+--variants "$VARIANTS"} \
+      --out "$out/h200-capacity-256${VARIANTS:+-${VARIANTS//,/+}}.json" 2>&1 | grep '^\[bench' ;;
   depth-census) # every GPU test, then per-stage graph times and the depth/decode census at 16
     # and 64 rows with the serving kernels (fused depth by row bucket, fused DECODE)
     timeout 330 python3 -m pytest tests/gpu -q -p no:cacheprovider 2>&1 | tee "$out/gpu_tests.log" | tail -4 || true

@@ -95,7 +95,9 @@ def build_parser() -> argparse.ArgumentParser:
                             "progressive-compiled, progressive-graphs, naive, config (the "
                             "profile as is), or names defined with --variant")
     bench.add_argument("--variant", action="append", default=[],
-                       metavar="NAME=[BASE;]SECTION.KEY=VALUE;...", help="define a variant")
+                       metavar="NAME=[BASE;]SECTION.KEY=VALUE;...",
+                       help="define a variant (BASE: a builtin variant, or @PATH: another "
+                            "profile in place of --config)")
     bench.add_argument("--out", type=Path, default=None,
                        help="result JSON (default bench/results/<config>-<date>.json); PNG beside")
     bench.add_argument("--server", default=None, metavar="URL",

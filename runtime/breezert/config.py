@@ -77,8 +77,17 @@ class CacheConfig(_Frozen):
     block_size: int = Field(default=16, gt=0, le=1024)
     """Tokens per KV block."""
     num_blocks: int | None = Field(default=None, gt=0)
-    """KV blocks in the pool. ``None``: derive at startup (see
-    ``EngineConfig.worst_case_num_blocks``; the worker may lower it to what fits in memory)."""
+    """KV blocks in the pool. ``None``: derive at startup: on CUDA as many as fit in
+    ``gpu_memory_fraction`` of the device after the weights, capped at
+    ``EngineConfig.worst_case_num_blocks``; elsewhere the worst case. Requests that find no free
+    blocks wait (or are refused as overloaded), so a pool smaller than the worst case only
+    lowers how many long requests run at once."""
+    gpu_memory_fraction: float = Field(default=0.9, gt=0.0, le=1.0)
+    """Share of the GPU's total memory this process may use when ``num_blocks`` is derived
+    (as vLLM's ``gpu_memory_utilization``): the weights and anything already on the device
+    count against it, KV blocks take the rest of it, and the remaining ``1 -
+    gpu_memory_fraction`` is left for activations, the codec state, the slot table and
+    CUDA graphs."""
 
 
 class SchedulerConfig(_Frozen):
@@ -89,10 +98,11 @@ class SchedulerConfig(_Frozen):
     max_queued_requests: int = Field(default=64, ge=0)
     """Requests waiting for a slot; one more raises ``EngineOverloaded``."""
     max_queue_wait_s: float | None = Field(default=10.0, gt=0)
-    """Longest a request may wait for a slot: one whose predicted wait (its place in the queue
-    over the rate at which slots were freed in the last 30 s) is longer is refused at once with
-    ``EngineOverloaded`` (HTTP 503 + ``Retry-After``), and one still waiting after this long is
-    refused then. ``None``: wait as long as it takes."""
+    """Longest a request may wait for a slot: one whose predicted wait (when the running
+    requests ahead of it end, from their remaining audio and time per frame:
+    ``sched/slot_wait.py``) is longer is refused at once with ``EngineOverloaded`` (HTTP 503 +
+    ``Retry-After`` of that wait), and one still waiting after this long (its wait was unknown)
+    is refused then. ``None``: wait as long as it takes."""
     max_model_len: int = Field(default=2048, gt=2)
     """Backbone context per branch in tokens (prompt + frames); a segment stops at
     ``prompt_len + frames == max_model_len - 1`` (SPEC §2.5)."""
@@ -414,8 +424,13 @@ class EngineConfig(_Frozen):
         ``max_running_requests * 2 * (1 + max_lookahead_segments) * ceil(max_model_len /
         block_size)``. What ``cache.num_blocks=None`` derives before any memory cap."""
         s = self.scheduler
-        per_branch = -(-s.max_model_len // self.cache.block_size)
-        return s.max_running_requests * 2 * (1 + s.max_lookahead_segments) * per_branch
+        per_request = (1 + s.max_lookahead_segments) * self.min_request_num_blocks()
+        return s.max_running_requests * per_request
+
+    def min_request_num_blocks(self) -> int:
+        """KV blocks one segment may need at most (two CFG branches at full context): a pool
+        smaller than this could refuse a valid request forever."""
+        return 2 * -(-self.scheduler.max_model_len // self.cache.block_size)
 
 
 def _describe(exc: ValidationError) -> str:

@@ -1,7 +1,8 @@
 """Start-up: weights for ``ModelConfig`` and a ``ModelRunner`` sized for ``EngineConfig``.
 
 Owns: choosing the device, loading a checkpoint folder or building random weights of a preset,
-and resolving the KV block count. Must not: schedule or run requests.
+and resolving the KV block count (from the device's free memory when unset). Must not: schedule
+or run requests.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from breezert.config import EngineConfig, ModelConfig
 from breezert.loader import Checkpoint, GenerationDefaults, load_checkpoint
 from breezert.random_init import build_random, build_random_codec_encoder
 from breezert.tokenizer import BreezeTokenizer, build_byte_tokenizer
+from breezert.worker.kv_cache import kv_block_bytes, kv_blocks_for_memory
 from breezert.worker.model_runner import ModelRunner
 from breezert.worker.warmup import Progress
 
@@ -49,14 +51,40 @@ def load_engine_checkpoint(cfg: ModelConfig, progress: Progress | None = None) -
     )
 
 
+def resolve_num_blocks(cfg: EngineConfig, ckpt: Checkpoint) -> int:
+    """``cache.num_blocks`` when set; else, on CUDA, the blocks that fit in
+    ``cache.gpu_memory_fraction`` of the device now that the weights are loaded
+    (``kv_blocks_for_memory``), capped at the worst case; elsewhere the worst case.
+
+    Raises:
+        InvalidConfig: not even one request's blocks fit.
+    """
+    if cfg.cache.num_blocks is not None:
+        return cfg.cache.num_blocks
+    worst = cfg.worst_case_num_blocks()
+    device = ckpt.device
+    if device.type != "cuda":
+        return worst
+    torch.cuda.empty_cache()  # blocks the allocator caches but nothing uses count as free
+    free, total = torch.cuda.mem_get_info(device)
+    bb = ckpt.config.backbone
+    block_bytes = kv_block_bytes(bb.num_layers, cfg.cache.block_size, bb.num_kv_heads,
+                                 bb.head_dim, ckpt.model.lm_head.weight.element_size())
+    return kv_blocks_for_memory(
+        free_bytes=free, total_bytes=total, block_bytes=block_bytes,
+        memory_fraction=cfg.cache.gpu_memory_fraction, worst_case=worst,
+        min_blocks=cfg.min_request_num_blocks())
+
+
 def build_runner(cfg: EngineConfig, ckpt: Checkpoint,
                  progress: Progress | None = None) -> ModelRunner:
     """A ``ModelRunner`` with the configured slots and a KV pool of the resolved size, its
     graphs captured (warm-up) when they are enabled; ``progress`` hears each start-up phase
     (``"allocating KV cache"``, then ``"capturing graphs"`` per bucket)."""
-    num_blocks = cfg.cache.num_blocks or cfg.worst_case_num_blocks()
+    num_blocks = resolve_num_blocks(cfg, ckpt)
     if progress is not None:
-        progress("allocating KV cache", 0, 0, f"{num_blocks} blocks of {cfg.cache.block_size}")
+        progress("allocating KV cache", 0, 0, f"{num_blocks} blocks of {cfg.cache.block_size} "
+                 f"(worst case {cfg.worst_case_num_blocks()})")
     runner = ModelRunner(
         ckpt,
         max_slots=cfg.scheduler.max_running_requests,

@@ -159,7 +159,8 @@ async def _run_all(options: BenchOptions, base: Any, texts: list[str], doc: dict
                    on_update: Callable[[dict[str, Any]], None]) -> None:
     for variant in options.variants:
         record: dict[str, Any] = {"name": variant.name, "description": variant.description,
-                                  "overrides": variant.overrides, "naive": variant.is_naive}
+                                  "overrides": variant.overrides, "naive": variant.is_naive,
+                                  "profile": variant.profile}
         doc["variants"].append(record)
         if variant.is_naive and options.shard and options.shard[0] != 1:
             record.update(status="skipped", error="the naive baseline runs in shard 1 only")

@@ -30,6 +30,10 @@ class Variant:
     description: str = ""
     is_naive: bool = False
     """Run the offline baseline (``synthesize_whole``, one request at a time) instead."""
+    profile: str | None = None
+    """A TOML profile whose sections replace the base profile's for this variant
+    (``NAME=@PATH``), all but ``[model]`` (the run's weights, tokenizer and device stay): two
+    profiles side by side in one run; ``overrides`` then apply over it."""
 
 
 def _eager(schedule: list[int], *, fast_depth: bool = False, graphs: bool = False) -> dict:
@@ -70,7 +74,8 @@ def _toml_value(raw: str) -> Any:
 
 def parse_variant_spec(spec: str) -> Variant:
     """``NAME=[BASE;]section.key=value[;section.key=value...]`` (values in TOML syntax), e.g.
-    ``predictor-on=progressive-graphs;scheduler.use_predictor=true``.
+    ``predictor-on=progressive-graphs;scheduler.use_predictor=true``; ``BASE`` may be ``@PATH``,
+    another profile file in place of ``--config`` (``latency-64=@configs/h200-latency.toml``).
 
     Raises:
         ValueError: the spec is malformed or names an unknown base variant.
@@ -81,7 +86,12 @@ def parse_variant_spec(spec: str) -> Variant:
         raise ValueError(f"--variant {spec!r}: expected NAME=[BASE;]section.key=value;...")
     overrides: dict[str, dict[str, Any]] = {}
     is_naive, parts = False, [p.strip() for p in body.split(";") if p.strip()]
-    if parts and "=" not in parts[0]:
+    profile = None
+    if parts and parts[0].startswith("@"):
+        profile, parts = parts[0][1:].strip(), parts[1:]
+        if not profile:
+            raise ValueError(f"--variant {spec!r}: '@' needs a profile path")
+    elif parts and "=" not in parts[0]:
         base = BUILTIN_VARIANTS.get(parts[0])
         if base is None:
             raise ValueError(f"--variant {spec!r}: unknown base variant {parts[0]!r} "
@@ -94,7 +104,7 @@ def parse_variant_spec(spec: str) -> Variant:
         if not dot or not leaf or not raw.strip():
             raise ValueError(f"--variant {spec!r}: {part!r} is not section.key=value")
         overrides.setdefault(section, {})[leaf] = _toml_value(raw.strip())
-    return Variant(name, overrides, f"custom: {body}", is_naive=is_naive)
+    return Variant(name, overrides, f"custom: {body}", is_naive=is_naive, profile=profile)
 
 
 def resolve_variants(names: Sequence[str], specs: Sequence[str] = ()) -> list[Variant]:
@@ -112,10 +122,17 @@ def resolve_variants(names: Sequence[str], specs: Sequence[str] = ()) -> list[Va
 
 
 def variant_config(base: Any, variant: Variant) -> Any:
-    """``base`` (an ``EngineConfig``) with the variant's overrides and the env switches applied."""
+    """``base`` (an ``EngineConfig``; the variant's ``profile`` with ``base``'s ``[model]`` when
+    it names one) with the variant's overrides and the env switches applied.
+
+    Raises:
+        ValueError: an override is invalid, or the profile does not load (``InvalidConfig``).
+    """
     from breezert.config import EngineConfig, apply_env_overrides
 
     data = base.model_dump()
+    if variant.profile is not None:
+        data = {**EngineConfig.from_file(variant.profile).model_dump(), "model": data["model"]}
     for section, values in variant.overrides.items():
         data.setdefault(section, {}).update(values)
     return apply_env_overrides(EngineConfig.from_dict(data, source=f"variant {variant.name}"))

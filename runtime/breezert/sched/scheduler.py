@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import heapq
 from bisect import insort_right
-from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -42,9 +41,7 @@ from breezert.sched.policy import (
     ScheduleChunkPolicy,
     StagePolicy,
 )
-
-_RELEASE_WINDOW_S = 30.0
-"""How far back slot releases count for the rate that predicts a queued request's wait."""
+from breezert.sched.slot_wait import FramesPerToken, predicted_slot_wait
 
 # ----------------------------------------------------------------------------- events
 
@@ -154,7 +151,7 @@ class Scheduler:
         in flight: the worker may still write them, so they are freed at that plan's commit."""
         self._num_steps = {stage.value: 0 for stage in Stage}
         self._num_finished = {s.value: 0 for s in RequestStatus if s.is_finished}
-        self._slot_releases: deque[float] = deque()  # when running requests ended (30 s)
+        self._frames_per_token = FramesPerToken()  # segments that ended by EOS
 
     # ------------------------------------------------------------------ requests in
     def add_request(self, request: Request, now: float) -> None:
@@ -194,16 +191,11 @@ class Scheduler:
         raise refusal
 
     def predicted_queue_wait(self, position: int, now: float) -> float | None:
-        """Seconds until the request at ``position`` (0 = next) of the waiting queue gets a slot:
-        ``(position + 1)`` releases at the rate running requests ended over the last
-        ``_RELEASE_WINDOW_S``; ``None`` while fewer than two releases were seen (no rate)."""
-        releases = self._slot_releases
-        while releases and releases[0] < now - _RELEASE_WINDOW_S:
-            releases.popleft()
-        if len(releases) < 2:
-            return None
-        rate = len(releases) / max(now - releases[0], 1e-3)  # releases per second
-        return (position + 1) / rate
+        """Seconds until the request at ``position`` (0 = next) of the waiting queue gets a slot,
+        from the running requests' remaining audio and their time per frame
+        (``sched/slot_wait.py``); ``None`` when unknown."""
+        return predicted_slot_wait(list(self._running.values()), position, now,
+                                   self._frames_per_token.value)
 
     def expire_waiting(self, now: float) -> list[SchedulerEvent]:
         """Refuses the waiting requests that waited past ``max_queue_wait_s`` (FAILED with
@@ -631,6 +623,8 @@ class Scheduler:
     def _end_segment(self, request: Request, seg: Segment, reason: str) -> SegmentEnded:
         seg.phase = SegmentPhase.ENDED
         seg.end_reason = reason
+        if reason == "eos":
+            self._frames_per_token.observe(seg.num_frames, seg.num_text_tokens)
         self._free_blocks(seg)
         return SegmentEnded(request.request_id, seg.index, seg.num_frames, reason)
 
@@ -645,7 +639,6 @@ class Scheduler:
         if request.status is RequestStatus.WAITING:
             self._waiting.remove(request)
         else:
-            self._slot_releases.append(now)
             assert request.slot is not None
             if self._inflight is not None and request.request_id in self._inflight.request_ids:
                 self._held.append((request.slot, list(request.segments)))

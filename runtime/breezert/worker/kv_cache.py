@@ -4,8 +4,9 @@ Owns: the ``[layers, 2, (num_blocks + 1) * block_size, KVH, D]`` tensor (the ext
 scratch area that padding tokens write to and read from) and host-side metadata builders that
 turn block tables into the fixed-shape gather indices and masks that ``layers.attention.GatherKV``
 (the per-forward view implementing the ``KVCache`` contract) reads (DECODE builds the same in
-its graph from the slot table's block tables: ``layers.attention.decode_meta_on_device``). Must
-not: choose blocks (the scheduler's ``BlockPool`` does) or know about requests.
+its graph from the slot table's block tables: ``layers.attention.decode_meta_on_device``);
+``kv_blocks_for_memory`` sizes the pool from the device's free memory. Must not: choose blocks
+(the scheduler's ``BlockPool`` does) or know about requests.
 """
 
 from __future__ import annotations
@@ -15,7 +16,46 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
+from breezert.errors import InvalidConfig
 from breezert.layers.attention import KVRun, StepMeta
+
+
+def kv_block_bytes(num_layers: int, block_size: int, num_kv_heads: int, head_dim: int,
+                   dtype_bytes: int) -> int:
+    """Bytes one KV block takes in ``PagedKVCache`` (K and V of every layer)."""
+    return num_layers * 2 * block_size * num_kv_heads * head_dim * dtype_bytes
+
+
+def kv_blocks_for_memory(*, free_bytes: int, total_bytes: int, block_bytes: int,
+                         memory_fraction: float, worst_case: int, min_blocks: int) -> int:
+    """KV blocks to allocate on a device with ``free_bytes`` of ``total_bytes`` free (measured
+    after the weights are loaded), as vLLM's ``gpu_memory_utilization``: this process may use
+    ``memory_fraction`` of the device's memory in all, the weights and whatever else already
+    holds memory count against it, and the rest of that budget goes to KV blocks (one of them
+    the scratch block), capped at ``worst_case`` (every running request at full context). The
+    ``1 - memory_fraction`` left over is the headroom for activations, the codec state arena,
+    the slot table and captured graphs, which are allocated after the cache.
+
+    Pure arithmetic (no device): the caller measures the memory.
+
+    Raises:
+        InvalidConfig: fewer than ``min_blocks`` fit (not even one request could be admitted);
+            the message names ``cache.gpu_memory_fraction`` and the sizes.
+    """
+    if block_bytes <= 0 or worst_case <= 0:
+        raise ValueError(f"block_bytes={block_bytes} and worst_case={worst_case} must be > 0")
+    used = total_bytes - free_bytes
+    budget = int(memory_fraction * total_bytes) - used
+    fit = budget // block_bytes - 1  # the scratch block comes on top of the pool
+    if fit < min_blocks:
+        gib = 2.0 ** 30
+        raise InvalidConfig(
+            f"cache.gpu_memory_fraction={memory_fraction:g}: {used / gib:.1f} GiB of the "
+            f"device's {total_bytes / gib:.1f} GiB are in use after loading the weights, which "
+            f"leaves room for {max(fit, 0)} KV blocks of {block_bytes / 2**20:.2f} MiB; one "
+            f"request needs up to {min_blocks} (raise cache.gpu_memory_fraction, free the "
+            "device, or lower scheduler.max_model_len)")
+    return min(worst_case, fit)
 
 
 class PagedKVCache:
