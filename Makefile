@@ -31,18 +31,19 @@ $(STAMP): pyproject.toml runtime/pyproject.toml
 
 install: $(STAMP)
 
-# The headless-browser tests need Debian's chromium: the integration one skips without it, the
-# real-room ones (tests/livekit) fail.
+# The headless-browser tests need Debian's chromium: without it they fail under CI=true (with
+# the last lines of .cache/chromium-install.log), and skip elsewhere.
 chromium:
-	@command -v chromium >/dev/null 2>&1 || { \
+	@command -v chromium >/dev/null 2>&1 || { mkdir -p .cache; \
 	  (apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium) \
-	  || echo "warning: chromium could not be installed; the browser tests will skip or fail"; }
+	    >.cache/chromium-install.log 2>&1 \
+	  || echo "warning: chromium could not be installed (.cache/chromium-install.log); the browser tests will fail under CI=true, skip elsewhere"; }
 
 # The real-room tests (tests/livekit): livekit-server at a pinned release, built from its Go module
 # through the Go module proxy (v1.13.5's go.mod has no replace directives, so `go install
 # pkg@version` works; it needs Go >= 1.26); ~5 min on two cores the first time, then cached.
-# Without Go, or when the build fails, `make test` still runs and those tests skip with the
-# reason written to .cache/livekit/build.log.
+# Without Go, or when the build fails, `make test` still runs and those tests fail under CI=true
+# (skip elsewhere) with the last lines of .cache/livekit/build.log.
 LIVEKIT_SERVER_VERSION ?= v1.13.5
 LIVEKIT_DIR            := .cache/livekit
 LIVEKIT_WEB            := tests/livekit/web
@@ -57,7 +58,7 @@ livekit-server:
 	  if GOBIN="$(abspath $(LIVEKIT_DIR))/bin" go install \
 	       github.com/livekit/livekit-server/cmd/server@$(LIVEKIT_SERVER_VERSION) >$(LIVEKIT_DIR)/build.log 2>&1; then \
 	    mv $(LIVEKIT_DIR)/bin/server $(LIVEKIT_DIR)/livekit-server && rm -rf $(LIVEKIT_DIR)/bin; \
-	  else echo "warning: livekit-server build failed (see $(LIVEKIT_DIR)/build.log); tests/livekit will skip"; fi; \
+	  else echo "warning: livekit-server build failed (see $(LIVEKIT_DIR)/build.log); tests/livekit will fail under CI=true"; fi; \
 	fi
 
 # The SIP test (tests/livekit/test_sip.py): LiveKit SIP at a pinned release from its Go module
@@ -67,16 +68,18 @@ livekit-server:
 # livekit-server v1.13.5 speaks. `go install pkg@version` refuses it (the proxy has no version
 # list for the deprecation check), so the module is downloaded and built inside a copy of it;
 # ~3 min on two cores the first time, then cached. A missing tool or a failed build makes the
-# SIP test skip with the reason from .cache/livekit/sip-build.log.
+# SIP test fail under CI=true (skip elsewhere) with the last lines of .cache/livekit/sip-build.log
+# or .cache/livekit/telephony-deps.log.
 LIVEKIT_SIP_VERSION ?= v1.8.0
 TELEPHONY_DEBS      := redis-server baresip-core pkg-config libopus-dev libopusfile-dev libsoxr-dev
 
 telephony-deps:
 	@missing=""; for p in $(TELEPHONY_DEBS); do \
 	  dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
-	if [ -n "$$missing" ]; then \
+	if [ -n "$$missing" ]; then mkdir -p $(LIVEKIT_DIR); \
 	  (apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q $$missing) \
-	  || echo "warning: could not install$$missing; the SIP test will skip"; fi
+	    >$(LIVEKIT_DIR)/telephony-deps.log 2>&1 \
+	  || echo "warning: could not install$$missing ($(LIVEKIT_DIR)/telephony-deps.log); the SIP test will fail under CI=true"; fi
 
 livekit-sip: telephony-deps
 	@mkdir -p $(LIVEKIT_DIR)
@@ -93,7 +96,7 @@ livekit-sip: telephony-deps
 	     && (cd "$$src" && CGO_ENABLED=1 go build -buildvcs=false -o ../livekit-sip.tmp ./cmd/livekit-sip) \
 	          >>$(LIVEKIT_DIR)/sip-build.log 2>&1; then \
 	    mv $(LIVEKIT_DIR)/livekit-sip.tmp $(LIVEKIT_DIR)/livekit-sip; \
-	  else echo "warning: livekit-sip build failed (see $(LIVEKIT_DIR)/sip-build.log); the SIP test will skip"; fi; \
+	  else echo "warning: livekit-sip build failed (see $(LIVEKIT_DIR)/sip-build.log); the SIP test will fail under CI=true"; fi; \
 	  rm -rf "$$src"; \
 	fi
 

@@ -6,7 +6,8 @@ sentence, and the test reads the first audible time (AnalyserNode onset on the p
 stats reached ``report_playback``. Chromium runs in its own netns joined to the host by a veth
 pair; without the privileges for that it falls back to loopback and says so. It is driven over
 the DevTools protocol on a pipe (``--remote-debugging-pipe``), so no port crosses namespaces.
-Skipped only when no Chromium binary exists (``make test`` installs Debian's ``chromium``).
+Without a Chromium binary (``make chromium`` installs Debian's ``chromium``) it fails under
+``CI=true`` with the install log's last lines, and skips elsewhere (``tests/components``).
 """
 
 from __future__ import annotations
@@ -26,12 +27,14 @@ from typing import Any
 import pytest
 from breezert.async_engine import AsyncEngine
 
+from tests.components import REPO, missing
 from tests.integration._server import close_engine, make_engine, serve
 
 pytestmark = pytest.mark.integration
 
 CHROMIUM_NAMES = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable")
 INSTALL_HINT = "apt-get install -y --no-install-recommends chromium"
+CHROMIUM_LOG = REPO / ".cache" / "chromium-install.log"  # make chromium's apt output
 FIRST_AUDIBLE_LIMIT_MS = 3000.0  # generous for CI; the measured figure is printed
 SENTENCE = "Hello from BreezeRT in a headless browser."
 
@@ -230,8 +233,8 @@ async def _open_page(devtools: DevTools, url: str) -> str:
 async def test_demo_page_speaks_without_concealment(engine: AsyncEngine, monkeypatch) -> None:
     binary = _chromium()
     if binary is None:
-        pytest.skip(f"no Chromium binary ({', '.join(CHROMIUM_NAMES)}) on PATH; install it "
-                    f"with: {INSTALL_HINT}")
+        missing(f"no Chromium binary ({', '.join(CHROMIUM_NAMES)}) on PATH; install it with: "
+                f"{INSTALL_HINT}", "chromium", CHROMIUM_LOG)
     reports: list[tuple[float, str]] = []
     real = engine.report_playback
 

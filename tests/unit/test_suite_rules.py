@@ -1,0 +1,178 @@
+"""The suite's own rules: what may skip, that nothing xfails, and the one real-time retry.
+
+Owns: a scan of every ``.py`` under ``tests/`` for imperative ``pytest.xfail(``, ``xfail``
+markers and skips (``pytest.skip(``, ``skipif(``, ``importorskip(``, ``mark.skip(``) outside
+``ALLOWED``, the small list of places that skip with the reason written next to each; and
+``tests.realtime.retry_if_starved``'s policy and its report (terminal summary, JUnit property),
+on a fake CPU meter and a loop that does not sleep.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from tests import conftest as suite
+from tests import realtime
+
+pytestmark = pytest.mark.unit
+
+TESTS = Path(__file__).resolve().parents[1]
+THIS = Path(__file__).resolve()
+XFAIL = re.compile(r"\bpytest\.xfail\s*\(|\bmark\.xfail\b")
+SKIP = re.compile(r"\bpytest\.skip\s*\(|\bskipif\s*\(|\bimportorskip\s*\(|\bmark\.skip\s*\(")
+ALLOWED: dict[str, tuple[int, str]] = {
+    "conftest.py": (1, "gpu tests without CUDA (torch.cuda.is_available() is False)"),
+    "components.py": (2, "a component make test installs, absent outside CI; under CI=true the "
+                         "test fails with the install log instead"),
+    "golden/_paths.py": (1, "the golden fixtures outside the repository (../shared), absent "
+                            "outside CI; under CI=true the test fails"),
+    "unit/test_ports.py": (1, "a kernel without IPv6 sockets (absent hardware support)"),
+    "unit/test_tokenizer_prompting.py": (1, "the real Breeze tokenizer, which is not shipped"),
+    "unit/test_asr_gate_parts.py": (1, "../shared/bench/texts_en.tsv, outside the repository: "
+                                        "the committed copy is checked where it exists"),
+}
+"""Relative path under tests/ -> (how many skip sites, why each may skip)."""
+
+
+def _code(path: Path) -> str:
+    """``path`` without its comments (a comment may name what it must not call)."""
+    return "\n".join(line.split("#", 1)[0] for line in path.read_text().splitlines())
+
+
+def _sites(pattern: re.Pattern[str]) -> dict[str, int]:
+    found: dict[str, int] = {}
+    for path in sorted(TESTS.rglob("*.py")):
+        if path.resolve() == THIS:
+            continue
+        count = len(pattern.findall(_code(path)))
+        if count:
+            found[path.relative_to(TESTS).as_posix()] = count
+    return found
+
+
+def test_no_test_xfails() -> None:
+    assert _sites(XFAIL) == {}, "an xfail cannot fail: assert, or fail with the figures"
+
+
+def test_skips_only_where_the_allow_list_says_why() -> None:
+    found = _sites(SKIP)
+    extra = {path: n for path, n in found.items() if ALLOWED.get(path, (0, ""))[0] < n}
+    assert not extra, (f"skips outside the allow-list (CUDA, absent hardware, what cannot exist): "
+                       f"{extra}; a component make test installs goes through "
+                       "tests/components.missing / needs")
+    stale = {path for path, (n, _) in ALLOWED.items() if found.get(path, 0) != n}
+    assert not stale, f"the allow-list names skips that are gone: {stale}"
+
+
+def test_the_scan_sees_each_form() -> None:
+    for line in ("pytest.xfail('x')", "@pytest.mark.xfail(strict=True)"):
+        assert XFAIL.search(line), line
+    for line in ("pytest.skip('x')", "pytest.mark.skipif(True, reason='r')",
+                 "pytest.importorskip('torch')", "pytest.mark.skip(reason='r')"):
+        assert SKIP.search(line), line
+    assert not SKIP.search("Skips only when the server cannot be built")
+
+
+# ----------------------------------------------------------------------- one retry
+
+
+class FakeMeter:
+    """``CpuMeter`` reading the next figure of ``loads`` at each ``foreign_cores``."""
+
+    loads: list[float] = []
+
+    def foreign_cores(self) -> float:
+        return FakeMeter.loads.pop(0)
+
+
+class Miss(AssertionError):
+    pass
+
+
+@pytest.fixture
+def item(monkeypatch: pytest.MonkeyPatch) -> Any:
+    async def quiet(timeout_s: float = 0.0, window_s: float = 0.0) -> float:
+        return 0.0
+
+    monkeypatch.setattr(realtime, "CpuMeter", FakeMeter)
+    monkeypatch.setattr(realtime, "wait_for_quiet", quiet)
+    return SimpleNamespace(user_properties=[])  # a test item: set as current in the test
+
+
+def _attempts(*outcomes: str | None) -> tuple[list[int], Any]:
+    """An attempt that raises ``Miss(outcome)`` or returns its call count, in order."""
+    calls: list[int] = []
+
+    async def attempt() -> int:
+        calls.append(1)
+        outcome = outcomes[len(calls) - 1]
+        if outcome is not None:
+            raise Miss(outcome)
+        return len(calls)
+
+    return calls, attempt
+
+
+async def test_a_miss_on_a_quiet_box_fails_at_once(item: Any) -> None:
+    realtime.current_item = item  # the hook made the real item current; use the fake
+    FakeMeter.loads = [0.10]
+    calls, attempt = _attempts("a 90 ms gap")
+    with pytest.raises(Miss, match=r"a 90 ms gap \(0.10 cores .* not starved, no retry\)"):
+        await realtime.retry_if_starved(attempt, (Miss,))
+    assert len(calls) == 1 and item.user_properties == []
+
+
+async def test_a_starved_miss_is_retried_once_and_recorded(item: Any) -> None:
+    realtime.current_item = item  # the hook made the real item current; use the fake
+    FakeMeter.loads = [0.80]
+    calls, attempt = _attempts("a 90 ms gap", None)
+    assert await realtime.retry_if_starved(attempt, (Miss,), "turn") == 2
+    assert len(calls) == 2
+    assert item.user_properties == [(realtime.RETRY_PROPERTY,
+                                      "turn: a 90 ms gap with 0.80 cores of foreign load (starved)")]
+
+
+async def test_a_second_miss_fails_even_when_starved(item: Any) -> None:
+    realtime.current_item = item  # the hook made the real item current; use the fake
+    FakeMeter.loads = [0.80, 0.90]
+    calls, attempt = _attempts("first", "second")
+    with pytest.raises(Miss, match="second .* on the one retry; the first attempt: .*first"):
+        await realtime.retry_if_starved(attempt, (Miss,))
+    assert len(calls) == 2
+
+
+async def test_other_failures_are_never_retried(item: Any) -> None:
+    realtime.current_item = item  # the hook made the real item current; use the fake
+    FakeMeter.loads = [0.80]
+
+    async def attempt() -> None:
+        raise ValueError("not a real-time miss")
+
+    with pytest.raises(ValueError):
+        await realtime.retry_if_starved(attempt, (Miss,))
+    assert item.user_properties == []
+
+
+def test_the_terminal_summary_lists_each_retry_with_its_reason() -> None:
+    lines: list[str] = []
+    report = SimpleNamespace(when="call", nodeid="tests/livekit/test_x.py::test_y",
+                             user_properties=[(realtime.RETRY_PROPERTY, "a 90 ms gap (starved)"),
+                                              ("other", "x")])
+    reporter = SimpleNamespace(stats={"passed": [report]},
+                               section=lambda title: lines.append(f"== {title}"),
+                               line=lines.append)
+    suite.pytest_terminal_summary(reporter)  # type: ignore[arg-type]
+    assert lines == ["== real-time retries (the machine was starved)",
+                     "tests/livekit/test_x.py::test_y: a 90 ms gap (starved)",
+                     "1 real-time check(s) retried once"]
+
+
+def test_the_foreign_load_meter_reads_this_box() -> None:
+    meter = realtime.CpuMeter()
+    sum(i * i for i in range(200_000))  # our own work is not foreign
+    assert 0.0 <= meter.foreign_cores() <= (realtime.os.cpu_count() or 1)
