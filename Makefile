@@ -10,7 +10,7 @@ PIP    := $(PY) -m pip --disable-pip-version-check -q
 TINY   ?= .cache/models/tiny
 STAMP  := $(VENV)/.installed
 
-.PHONY: run test install chromium livekit-server livekit-web telephony-deps livekit-sip synth \
+.PHONY: run test test-gpu install chromium livekit-server livekit-web telephony-deps livekit-sip synth \
         bench-cpu bench-livekit-room train-texts train-wheels clean
 
 # Two distributions: runtime/pyproject.toml is `breezert` (torch only in its `engine` extra),
@@ -139,6 +139,13 @@ test: $(STAMP) chromium livekit-server livekit-web livekit-sip
 	$(PY) -m pytest -q -n $(PYTEST_PARALLEL) --durations=15 -m "unit or golden" || status=$$?; \
 	$(PY) -m pytest -q --durations=25 -m "integration or livekit or gpu" || status=$$?; \
 	exit $$status
+
+# The GPU tier in one command on a CUDA machine: every gpu-marked test (tests/gpu and any other),
+# with CUDA required (BREEZERT_REQUIRE_CUDA=1: no CUDA is a usage error, not 74 skips). Run it
+# before a change to kernels, stages or graphs lands and quote its count. Where the venv cannot
+# be built (the H200 image has no index), `make test-gpu STAMP= PY=python3` with PYTHONPATH=runtime:.
+test-gpu: $(STAMP)
+	BREEZERT_REQUIRE_CUDA=1 $(PY) -m pytest -q -rs -p no:cacheprovider --durations=15 -m gpu tests
 
 $(TINY)/config.json: | $(STAMP)
 	$(VENV)/bin/breezert init-random --preset tiny --out $(TINY)

@@ -2,7 +2,8 @@
 every real-time retry is reported.
 
 Owns marker enforcement (collection fails when a module lacks its ``pytestmark`` or has two kinds),
-the CUDA skip, and the report of ``tests/realtime.py``'s retries: the running test is made known
+the CUDA skip (a usage error instead under ``BREEZERT_REQUIRE_CUDA=1``, ``make test-gpu``), and
+the report of ``tests/realtime.py``'s retries: the running test is made known
 to it, and the terminal summary lists every retry with its reason (they are in the JUnit XML as
 ``realtime_retry`` properties). Must not import torch at module level: CPU-only runs stay
 torch-free here.
@@ -11,6 +12,7 @@ torch-free here.
 from __future__ import annotations
 
 import functools
+import os
 
 import pytest
 
@@ -51,6 +53,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             + ",".join(KIND_MARKERS) + "}:\n" + "\n".join(lines)
         )
     gpu_items = [item for item in items if item.get_closest_marker("gpu") is not None]
+    if gpu_items and not _cuda_available() and os.environ.get("BREEZERT_REQUIRE_CUDA") == "1":
+        raise pytest.UsageError(f"BREEZERT_REQUIRE_CUDA=1 (make test-gpu) and no CUDA here: "
+                                f"{len(gpu_items)} gpu tests would only skip")
     if gpu_items and not _cuda_available():
         skip = pytest.mark.skip(reason="needs CUDA (torch.cuda.is_available() is False)")
         for item in gpu_items:
