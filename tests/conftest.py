@@ -17,6 +17,7 @@ import os
 import pytest
 
 from tests import realtime
+from tests.virtual_clock import virtual_clock  # noqa: F401  (the fixture, for every tier)
 
 KIND_MARKERS = ("unit", "golden", "integration", "gpu", "livekit")
 

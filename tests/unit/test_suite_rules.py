@@ -176,3 +176,43 @@ def test_the_foreign_load_meter_reads_this_box() -> None:
     meter = realtime.CpuMeter()
     sum(i * i for i in range(200_000))  # our own work is not foreign
     assert 0.0 <= meter.foreign_cores() <= (realtime.os.cpu_count() or 1)
+
+
+# ----------------------------------------------------------------------- virtual clock
+
+REAL_SLEEP = re.compile(r"\basyncio\.sleep\s*\((?!\s*0\s*\))")  # any wait but a bare yield
+
+
+def test_unit_tests_that_wait_on_time_run_on_the_virtual_clock() -> None:
+    """No unit test sleeps in real time: ``time.sleep`` is not used, and a module that awaits
+    ``asyncio.sleep(t)`` runs on ``virtual_clock`` (its pytestmark)."""
+    blocking, real = [], []
+    for path in sorted((TESTS / "unit").glob("*.py")):
+        code = _code(path)
+        if re.search(r"\btime\.sleep\s*\(", code):
+            blocking.append(path.name)
+        if REAL_SLEEP.search(code) and 'usefixtures("virtual_clock")' not in code:
+            real.append(path.name)
+    assert not blocking and not real, (blocking, real)
+
+
+async def test_the_virtual_clock_skips_idle_waits_and_moves_every_clock(
+        virtual_clock: Any) -> None:
+    import asyncio
+    import time
+
+    real = virtual_clock._perf
+    start_real, start_mono, start_perf = real(), time.monotonic(), time.perf_counter()
+    order: list[str] = []
+
+    async def after(delay: float, name: str) -> None:
+        await asyncio.sleep(delay)
+        order.append(name)
+
+    await asyncio.gather(after(0.5, "late"), after(0.2, "early"), after(30.0, "latest"))
+    assert order == ["early", "late", "latest"]
+    assert time.monotonic() - start_mono >= 30.0 and time.perf_counter() - start_perf >= 30.0
+    assert asyncio.get_running_loop().time() == pytest.approx(time.monotonic(), abs=0.05)
+    assert real() - start_real < 5.0, "a virtual wait took real time"
+    with pytest.raises(TimeoutError):  # timeouts fire on virtual time too
+        await asyncio.wait_for(asyncio.Event().wait(), 60.0)
