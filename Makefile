@@ -10,7 +10,8 @@ PIP    := $(PY) -m pip --disable-pip-version-check -q
 TINY   ?= .cache/models/tiny
 STAMP  := $(VENV)/.installed
 
-.PHONY: run test test-gpu install chromium livekit-server livekit-web telephony-deps livekit-sip synth \
+.PHONY: run test test-gpu test-stall install chromium livekit-server livekit-web telephony-deps \
+        livekit-sip synth \
         bench-cpu bench-livekit-room train-texts train-wheels clean
 
 # Two distributions: runtime/pyproject.toml is `breezert` (torch only in its `engine` extra),
@@ -146,6 +147,12 @@ test: $(STAMP) chromium livekit-server livekit-web livekit-sip
 # be built (the H200 image has no index), `make test-gpu STAMP= PY=python3` with PYTHONPATH=runtime:.
 test-gpu: $(STAMP)
 	BREEZERT_REQUIRE_CUDA=1 $(PY) -m pytest -q -rs -p no:cacheprovider --durations=15 -m gpu tests
+
+# Proof that the real-time checks can fail: the room, SIP and WebRTC checks run once each with a
+# 150 ms stall injected after each engine request's first chunk (BREEZERT_INJECT_STALL_MS) and
+# must each go red on a real-time miss (tests/stall_proof.py; about 3 minutes, not in `make test`).
+test-stall: $(STAMP) chromium livekit-server livekit-web livekit-sip
+	$(PY) -m tests.stall_proof
 
 $(TINY)/config.json: | $(STAMP)
 	$(VENV)/bin/breezert init-random --preset tiny --out $(TINY)

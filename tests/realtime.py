@@ -15,6 +15,7 @@ Must not: retry anything but the ``misses`` it is given, or more than once.
 from __future__ import annotations
 
 import asyncio
+import functools
 import os
 import time
 from collections.abc import Awaitable, Callable
@@ -146,3 +147,17 @@ async def retry_if_starved(attempt: Callable[[], Awaitable[T]],
     except misses as miss:
         raise type(miss)(f"{miss} ({meter.foreign_cores():.2f} cores of foreign load) on the "
                          f"one retry; the first attempt: {first}") from None
+
+
+def retried_when_starved(*misses: type[BaseException],
+                         what: str = "") -> Callable[[Callable[..., Awaitable[T]]],
+                                                     Callable[..., Awaitable[T]]]:
+    """A decorator for an async test whose whole body is one real-time attempt: the body runs
+    under ``retry_if_starved`` (fixtures are shared by both runs)."""
+    def wrap(test: Callable[..., Awaitable[T]]) -> Callable[..., Awaitable[T]]:
+        @functools.wraps(test)
+        async def run(*args: object, **kwargs: object) -> T:
+            return await retry_if_starved(lambda: test(*args, **kwargs),
+                                          misses or (AssertionError,), what or test.__name__)
+        return run
+    return wrap

@@ -27,15 +27,17 @@ from typing import Any
 import pytest
 from breezert.async_engine import AsyncEngine
 
+from tests import latency
 from tests.components import REPO, missing
 from tests.integration._server import close_engine, make_engine, serve
+from tests.latency import LatencyMiss
+from tests.realtime import retried_when_starved
 
 pytestmark = pytest.mark.integration
 
 CHROMIUM_NAMES = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable")
 INSTALL_HINT = "apt-get install -y --no-install-recommends chromium"
 CHROMIUM_LOG = REPO / ".cache" / "chromium-install.log"  # make chromium's apt output
-FIRST_AUDIBLE_LIMIT_MS = 3000.0  # generous for CI; the measured figure is printed
 SENTENCE = "Hello from BreezeRT in a headless browser."
 
 
@@ -230,6 +232,7 @@ async def _open_page(devtools: DevTools, url: str) -> str:
 # ----------------------------------------------------------------------------- the test
 
 
+@retried_when_starved(LatencyMiss)
 async def test_demo_page_speaks_without_concealment(engine: AsyncEngine, monkeypatch) -> None:
     binary = _chromium()
     if binary is None:
@@ -280,8 +283,11 @@ async def test_demo_page_speaks_without_concealment(engine: AsyncEngine, monkeyp
           f"jitter buffer {state['jitterBufferMs']:.0f} ms, concealment events during speech "
           f"{growth}, engine-late ticks {state['turnDone']['starved_frames']}, "
           f"{len(reports)} playout reports")
-    assert first_ms < FIRST_AUDIBLE_LIMIT_MS
-    assert growth == 0, "the browser concealed (lost or late packets) during speech"
+    latency.check("chromium_first_audible", first_ms / 1000)
+    if growth or state["turnDone"]["starved_frames"]:  # real time, as test_server_webrtc's
+        raise LatencyMiss(f"not real-time: the browser concealed {growth} times during speech "
+                          f"(lost or late packets), the engine was late for "
+                          f"{state['turnDone']['starved_frames']} ticks")
     assert reports and all(source == "webrtc" and 0 <= b < 2.0 for b, source in reports)
     # the live plots: a playout-buffer line and a first-audio bar for the turn, drawn
     assert len(state["bufferSeries"]) >= 3 and len(state["turns"]) == 1, state["turns"]

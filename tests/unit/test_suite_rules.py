@@ -133,8 +133,8 @@ async def test_a_starved_miss_is_retried_once_and_recorded(item: Any) -> None:
     calls, attempt = _attempts("a 90 ms gap", None)
     assert await realtime.retry_if_starved(attempt, (Miss,), "turn") == 2
     assert len(calls) == 2
-    assert item.user_properties == [(realtime.RETRY_PROPERTY,
-                                      "turn: a 90 ms gap with 0.80 cores of foreign load (starved)")]
+    reason = "turn: a 90 ms gap with 0.80 cores of foreign load (starved)"
+    assert item.user_properties == [(realtime.RETRY_PROPERTY, reason)]
 
 
 async def test_a_second_miss_fails_even_when_starved(item: Any) -> None:
@@ -216,3 +216,33 @@ async def test_the_virtual_clock_skips_idle_waits_and_moves_every_clock(
     assert real() - start_real < 5.0, "a virtual wait took real time"
     with pytest.raises(TimeoutError):  # timeouts fire on virtual time too
         await asyncio.wait_for(asyncio.Event().wait(), 60.0)
+
+
+# ----------------------------------------------------------------------- latency bounds
+
+
+def test_every_latency_check_has_a_measured_bound_of_the_stated_rule() -> None:
+    """Each ``latency.check("name", ...)`` in tests/ names a bound in tests/latency_bounds.json,
+    and each bound is its measured p95 times the file's margin, or a perceptual cap below that
+    with its reason (no hand-typed seconds)."""
+    import math
+
+    from tests import latency
+
+    doc = latency.bounds()
+    names = set()
+    for path in TESTS.rglob("*.py"):
+        if path.resolve() == THIS:
+            continue
+        names |= set(re.findall(r"latency\.check\(\s*\"(\w+)\"", _code(path)))
+        for listener in re.findall(r"latency\.check\(\s*f\"room_\{(\w+)\}_first_audio\"",
+                                   _code(path)):
+            assert listener == "name"  # test_room_latency's listeners
+            names |= {"room_python_first_audio", "room_browser_first_audio"}
+    assert names and names <= set(doc["bounds"]), names - set(doc["bounds"])
+    assert {"machine", "runs", "margin", "rule"} <= set(doc)
+    for name, entry in doc["bounds"].items():
+        want = min(math.ceil(entry["p95_ms"] * doc["margin"]), entry.get("cap_ms", math.inf))
+        assert entry["bound_ms"] == want, name
+        assert "cap_ms" not in entry or entry["cap_reason"], name
+        assert entry["n"] >= 3 and entry["p50_ms"] <= entry["p95_ms"] <= entry["max_ms"], name
