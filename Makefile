@@ -132,13 +132,17 @@ run: $(STAMP)
 # Two runs: the CPU-bound tests without real-time bounds (unit, golden) two at a time with
 # pytest-xdist, then those with real-time bounds (servers, rooms, SIP, soak: integration,
 # livekit) and the GPU ones (one GPU; they skip without CUDA) one at a time. Both run; either
-# failing fails the target.
+# failing fails the target. Skip reasons are listed (-rs), real-time retries in the summary and,
+# with every test's outcome, in .cache/junit-*.xml (property realtime_retry).
 PYTEST_PARALLEL ?= 2
 
 test: $(STAMP) chromium livekit-server livekit-web livekit-sip
+	@mkdir -p .cache
 	status=0; \
-	$(PY) -m pytest -q -n $(PYTEST_PARALLEL) --durations=15 -m "unit or golden" || status=$$?; \
-	$(PY) -m pytest -q --durations=25 -m "integration or livekit or gpu" || status=$$?; \
+	$(PY) -m pytest -q -rs -n $(PYTEST_PARALLEL) --durations=15 -m "unit or golden" \
+	  --junitxml=.cache/junit-unit-golden.xml || status=$$?; \
+	$(PY) -m pytest -q -rs --durations=25 -m "integration or livekit or gpu" \
+	  --junitxml=.cache/junit-realtime.xml || status=$$?; \
 	exit $$status
 
 # The GPU tier in one command on a CUDA machine: every gpu-marked test (tests/gpu and any other),

@@ -246,3 +246,39 @@ def test_every_latency_check_has_a_measured_bound_of_the_stated_rule() -> None:
         assert entry["bound_ms"] == want, name
         assert "cap_ms" not in entry or entry["cap_reason"], name
         assert entry["n"] >= 3 and entry["p50_ms"] <= entry["p95_ms"] <= entry["max_ms"], name
+
+
+# ----------------------------------------------------------------------- missing components
+
+
+def test_a_missing_component_fails_under_ci_with_the_logs_last_lines(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from tests import components
+
+    log = tmp_path / "build.log"
+    log.write_text("".join(f"line {i}\n" for i in range(100)) + "go: module not found\n")
+    monkeypatch.setenv("CI", "true")
+    with pytest.raises(pytest.fail.Exception, match=r"(?s)CI=true.*livekit-server could not be "
+                       r"built \(make livekit-server installs it\).*line 99\ngo: module not found"):
+        components.missing("livekit-server could not be built", "livekit-server", log)
+    assert "line 75" not in components.log_tail(log) and "line 76" in components.log_tail(log)
+    monkeypatch.setenv("CI", "")
+    with pytest.raises(pytest.skip.Exception, match="go: module not found"):
+        components.missing("livekit-server could not be built", "livekit-server", log)
+    assert "make never tried" in components.log_tail(tmp_path / "absent.log")
+
+
+def test_needs_skips_outside_ci_and_runs_under_ci_where_make_provides_it(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from tests import components
+
+    def skips(mark: pytest.MarkDecorator) -> bool:
+        return bool(mark.mark.args[0])
+
+    absent = "breezert_no_such_module_xyz"
+    monkeypatch.setenv("CI", "")
+    assert skips(components.needs(absent)) and not skips(components.needs("json"))
+    assert "make install installs it" in components.needs(absent).mark.kwargs["reason"]
+    monkeypatch.setenv("CI", "true")
+    assert not skips(components.needs(absent))  # runs, and fails on the missing module
+    assert skips(components.needs(absent, provided=False))  # make provides none here
