@@ -1,7 +1,7 @@
 """Agent audio through a real ``rtc.AudioSource`` (the Rust SDK paces it on its own real-time
 clock): a tap through ``LocalAudioTrack`` + ``AudioStream`` and the source's queue reaching the
-engine, and ``AgentSession.say`` through ``AudioSourceOutput`` in real time and interrupted, all
-against ``FakeRuntimeClient``.
+engine, ``AgentSession.say`` through ``AudioSourceOutput`` in real time and interrupted, all
+against ``FakeRuntimeClient``, and a ``clear_buffer`` while idle not dropping the next segment.
 
 Owns: what plays in real time through the SDK's source. Integration, not unit: these wait on the
 SDK's real clock, which no virtual clock moves (``tests/virtual_clock.py``). Must not: need a
@@ -128,3 +128,18 @@ async def test_interrupted_say_aborts_the_turn_and_reports_the_played_position()
 
 
 # ----------------------------------------------------------------------------- RoomIO output
+
+
+async def test_audio_source_output_ignores_clear_buffer_when_idle() -> None:
+    output = AudioSourceOutput()
+    finished: list[Any] = []
+    output.on("playback_finished", finished.append)
+    output.clear_buffer()  # nothing playing: no event, and the next segment is not dropped
+    frame = rtc.AudioFrame(data=b"\x01\x00" * 480, sample_rate=SAMPLE_RATE, num_channels=1,
+                           samples_per_channel=480)
+    await output.capture_frame(frame)
+    output.flush()
+    await asyncio.wait_for(output.wait_for_playout(), 2.0)
+    assert len(finished) == 1 and not finished[0].interrupted
+    assert finished[0].playback_position == pytest.approx(0.02)
+    await output.aclose()

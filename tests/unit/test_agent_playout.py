@@ -8,7 +8,6 @@ server or a model (the rtc FFI runs locally; no room is joined).
 
 from __future__ import annotations
 
-import asyncio
 import json
 import time
 from types import SimpleNamespace
@@ -19,10 +18,10 @@ from livekit import rtc
 
 from breezert_agent import TTS
 from breezert_agent.client import TurnOptions
-from breezert_agent.playout import AudioSourceOutput, PlayoutFeedback
+from breezert_agent.playout import PlayoutFeedback
 from tests.unit.test_agent_tts import FakeRuntimeClient, FakeTurn
 
-pytestmark = [pytest.mark.unit, pytest.mark.usefixtures("virtual_clock")]
+pytestmark = pytest.mark.unit
 
 SAMPLE_RATE = 24000
 
@@ -196,18 +195,3 @@ async def test_attach_audio_output_finds_the_roomio_source_and_its_backlog() -> 
     assert not PlayoutFeedback().attach_audio_output(None)
     await sync.aclose()
     await room_output.aclose()
-
-
-async def test_audio_source_output_ignores_clear_buffer_when_idle() -> None:
-    output = AudioSourceOutput()
-    finished: list[Any] = []
-    output.on("playback_finished", finished.append)
-    output.clear_buffer()  # nothing playing: no event, and the next segment is not dropped
-    frame = rtc.AudioFrame(data=b"\x01\x00" * 480, sample_rate=SAMPLE_RATE, num_channels=1,
-                           samples_per_channel=480)
-    await output.capture_frame(frame)
-    output.flush()
-    await asyncio.wait_for(output.wait_for_playout(), 2.0)
-    assert len(finished) == 1 and not finished[0].interrupted
-    assert finished[0].playback_position == pytest.approx(0.02)
-    await output.aclose()
