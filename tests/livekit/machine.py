@@ -17,11 +17,8 @@ from __future__ import annotations
 import os
 import time
 
-from tests.realtime import busy_ticks, processes, tree
+from tests.realtime import AGENT_NICE, busy_ticks, processes, tree
 
-AGENT_NICE = int(os.environ.get("BREEZERT_TEST_AGENT_NICE", "-10"))
-"""Niceness of the LiveKit server and the agent worker: a real-time agent host gives its agent
-the CPU before unrelated work. Needs CAP_SYS_NICE (root here); without it they run at 0."""
 
 
 def agent_priority() -> None:

@@ -282,3 +282,20 @@ def test_needs_skips_outside_ci_and_runs_under_ci_where_make_provides_it(
     monkeypatch.setenv("CI", "true")
     assert not skips(components.needs(absent))  # runs, and fails on the missing module
     assert skips(components.needs(absent, provided=False))  # make provides none here
+
+
+def test_the_in_process_product_runs_at_the_agents_priority_and_gets_its_own_back() -> None:
+    import os
+    import threading
+
+    before = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+    with realtime.agent_priority_here():
+        inside = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+    assert os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) == before
+    try:  # the right to raise priority (CAP_SYS_NICE: root, as make test runs in CI)
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), before - 1)
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), before)
+    except OSError:
+        assert inside == before
+    else:
+        assert inside == realtime.AGENT_NICE
