@@ -1,8 +1,9 @@
 # BreezeRT Agent: two commands on a fresh machine.
-#   make run   create .venv, install, serve the embedded tiny model (demo page, HTTP, WS, WebRTC)
-#   make test  create .venv, install (plus Chromium for the browser test, the LiveKit server and
-#              livekit-client for the real-room tests, LiveKit SIP, Redis and baresip for the SIP
-#              test), run the test suite
+#   make run   create .venv, install the runtime and the plugin, serve the embedded tiny model
+#              (demo page, HTTP, WS, WebRTC)
+#   make test  create .venv, install (plus the training distribution, Chromium for the browser
+#              test, the LiveKit server and livekit-client for the real-room tests, LiveKit SIP,
+#              Redis and baresip for the SIP test), run the test suite
 PYTHON ?= python3
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
@@ -14,23 +15,31 @@ STAMP  := $(VENV)/.installed
         livekit-sip synth \
         bench-cpu bench-livekit-room train-texts train-wheels clean
 
-# Two distributions: runtime/pyproject.toml is `breezert` (torch only in its `engine` extra),
-# pyproject.toml is `breezert-agent` (the LiveKit plugin; `local` = in-process engine).
+# Three distributions: runtime/pyproject.toml is `breezert` (torch only in its `engine` extra),
+# pyproject.toml is `breezert-agent` (the LiveKit plugin; `local` = in-process engine), and
+# training/pyproject.toml is `breezert-train` (the voice's training code; `make test` installs it,
+# `make run` does not).
+TRAIN_STAMP := $(VENV)/.installed-train
+
 $(STAMP): pyproject.toml runtime/pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	# torch first, pinned: the CPU wheel where pip's find-links has one, else PyPI's CUDA build
 	# (which brings its own triton).
 	$(PIP) install "torch==2.13.0"
-	# `train` (issue 19's teacher, hibari-tts + onnxruntime, ~42 MB of wheels, and the quality
-	# gate's pocketsphinx, 29 MB) so that the teacher and ASR gate tests run instead of skipping.
-	$(PIP) install -e "./runtime[engine,serve,bench,train]" -e ".[local,test]"
+	$(PIP) install -e "./runtime[engine,serve,bench]" -e ".[local,test]"
 	# The fused-kernel CPU tests run Triton's interpreter: add triton only where torch brought
 	# none (the CPU wheel), on Linux x86_64 only (no other wheels).
 	if [ "$$(uname -s)-$$(uname -m)" = "Linux-x86_64" ]; then \
 	  $(PY) -c "import triton" 2>/dev/null || $(PIP) install "triton==3.6.0"; fi
 	touch $(STAMP)
 
-install: $(STAMP)
+# Issue 19's teacher (hibari-tts + onnxruntime, ~42 MB of wheels) and the quality gate's
+# pocketsphinx (29 MB) come with it, so that the teacher and ASR gate tests run instead of skipping.
+$(TRAIN_STAMP): training/pyproject.toml $(STAMP)
+	$(PIP) install -e ./training
+	touch $(TRAIN_STAMP)
+
+install: $(STAMP) $(TRAIN_STAMP)
 
 # The headless-browser tests need Debian's chromium: without it they fail under CI=true (with
 # the last lines of .cache/chromium-install.log), and skip elsewhere.
@@ -108,7 +117,7 @@ livekit-web:
 	  npm ci --prefix $(LIVEKIT_WEB) --no-audit --no-fund --loglevel=error || \
 	  echo "warning: npm ci failed; the real-room browser tests will fail"
 
-# Issue 19's training text (python -m breezert.train.teacher_data reads them): the KJV Bible
+# Issue 19's training text (python -m breezert_train.teacher_data reads them): the KJV Bible
 # (decoded by bible-kjv's `bible`), fortunes and WordNet, all Debian main.
 TRAIN_TEXT_DEBS := bible-kjv bible-kjv-text fortunes wordnet-base
 
@@ -136,7 +145,7 @@ run: $(STAMP)
 # with every test's outcome, in .cache/junit-*.xml (property realtime_retry).
 PYTEST_PARALLEL ?= 2
 
-test: $(STAMP) chromium livekit-server livekit-web livekit-sip
+test: $(STAMP) $(TRAIN_STAMP) chromium livekit-server livekit-web livekit-sip
 	@mkdir -p .cache
 	status=0; \
 	$(PY) -m pytest -q -rs -n $(PYTEST_PARALLEL) --durations=15 -m "unit or golden" \
@@ -166,7 +175,7 @@ synth: $(STAMP) $(TINY)/config.json
 	$(VENV)/bin/breezert synth --model $(TINY) --text "Hello from BreezeRT, streaming speech in tens of milliseconds." --max-frames 60 --out .cache/hello.wav
 
 # Issue 15, item 5: 20 turns in a real room (CPU tiny model), first audio at the livekit.rtc and
-# the browser participant against the agent's TTFB, as JSON (the README's LiveKit table).
+# the browser participant against the agent's TTFB, as JSON (docs/livekit-plugin.md's table).
 bench-livekit-room: $(STAMP) chromium livekit-server livekit-web
 	BREEZERT_ROOM_TURNS=20 \
 	BREEZERT_ROOM_RESULTS=bench/results/livekit-room-cpu-tiny-$$(date -u +%Y%m%d).json \

@@ -27,7 +27,9 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
-from cuda_bench import gpu_metadata, median_ms
+from cuda_bench import median_ms
+
+from breezert.bench.provenance import provenance
 
 K = 7
 
@@ -158,7 +160,7 @@ def main() -> None:
                 print(f"{name} {cin}->{cout} s={s} T={t:6d} {precision:4s} {vname:5s} "
                       f"{ms:7.3f} ms {row['tflops']:6.1f} TFLOP/s err {row['rel_err']:.1e}",
                       flush=True)
-    results["metadata"] = gpu_metadata(streams=bsz, frames=frames)
+    results["metadata"] = provenance(streams=bsz, frames=frames)
     with open(args.out, "w") as f:
         json.dump(results, f, indent=2)
 

@@ -24,8 +24,8 @@ import json
 
 import torch
 
+from breezert.bench.provenance import provenance
 from breezert.models.codec import StreamingCodec, tf32_math
-from cuda_bench import gpu_metadata
 from breezert.random_init import build_random
 
 PRECISIONS = ("fp32", "fp32-strict", "tf32", "bf16", "tf32-fast", "bf16-fast")
@@ -143,7 +143,7 @@ def main() -> None:
             print(f"{precision:12s} FAILED: {type(exc).__name__}: {exc}", flush=True)
             results["precisions"][precision] = {"error": f"{type(exc).__name__}: {exc}"}
         torch.cuda.empty_cache()
-    results["metadata"] = gpu_metadata(**{
+    results["metadata"] = provenance(**{
         "default_flags": {"cudnn_allow_tf32": torch.backends.cudnn.allow_tf32,
                           "matmul_allow_tf32": torch.backends.cuda.matmul.allow_tf32},
         "snr_frames": args.frames, "gflop_per_frame": GFLOP_PER_FRAME,

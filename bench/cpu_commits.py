@@ -19,12 +19,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import statistics
 import subprocess
 import sys
 from datetime import datetime, timezone
 from pathlib import Path
+
+from breezert.bench.provenance import provenance
 
 REPO = Path(__file__).resolve().parents[1]
 WORKTREES = REPO / ".cache" / "cpu-commits"
@@ -119,8 +120,8 @@ def plot(record: dict, path: Path) -> None:
                   fontsize=8)
     ax.set_ylabel("ms (median of rounds)")
     ax.set_yscale("log")
-    ax.set_title(f"tiny model on CPU, one thread · {record['machine']['cpu']} · "
-                 f"torch {record['torch']} · {record['date'][:10]}", fontsize=9)
+    ax.set_title(f"tiny model on CPU, one thread · {record['cpu']} · "
+                 f"torch {record['torch_version']} · {record['date'][:10]}", fontsize=9)
     ax.legend()
     fig.tight_layout()
     fig.savefig(path, dpi=110)
@@ -140,17 +141,9 @@ def main() -> None:
             rounds[side].append(measure(tree))
             print(f"round {i + 1}/{args.rounds} {side} {commit}: "
                   + ", ".join(f"{k} {v:.2f}" for k, v in rounds[side][-1].items()), flush=True)
-    import torch
-
-    cpu = next((line.split(":", 1)[1].strip() for line in
-                Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("model name")),
-               platform.processor())
     record = {
         "schema": "breezert.cpu_commits/1",
-        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "torch": torch.__version__, "python": platform.python_version(),
-        "machine": {"cpu": cpu, "cores": os.cpu_count(),
-                    "load_avg_1m_at_end": round(os.getloadavg()[0], 2)},
+        **provenance(device="cpu"),  # this checkout's commit; each side's is under base/head
         "threads": 1, "rounds": args.rounds,
     }
     for side, (_, commit) in sides.items():

@@ -1,5 +1,5 @@
-"""What the GPU benchmark scripts under bench/ share: CUDA-event timing, run metadata and random
-bf16 weights for the layer stacks they time.
+"""What the GPU benchmark scripts under bench/ share: CUDA-event timing and random bf16 weights
+for the layer stacks they time (where a run ran comes from ``breezert.bench.provenance``).
 
 Imported by the scripts as a sibling module (they run as ``python bench/NAME.py``, so bench/ is
 on ``sys.path``). Must not: import the runtime (each script builds what it measures).
@@ -7,10 +7,7 @@ on ``sys.path``). Must not: import the runtime (each script builds what it measu
 
 from __future__ import annotations
 
-import os
-import subprocess
 from collections.abc import Callable
-from datetime import datetime, timezone
 from typing import Any
 
 import torch
@@ -44,24 +41,3 @@ def median_ms(fn: Callable[[], Any], iters: int = 20, warmup: int = 3) -> float:
         torch.cuda.synchronize()
         times.append(start.elapsed_time(end))
     return sorted(times)[len(times) // 2]
-
-
-def git_commit() -> str:
-    """``BREEZERT_GIT_COMMIT`` (a copied tree's .git may be stale), else ``git rev-parse``."""
-    commit = os.environ.get("BREEZERT_GIT_COMMIT")
-    if commit:
-        return commit
-    try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
-                              text=True).stdout.strip() or "unknown"
-    except OSError:
-        return "unknown"
-
-
-def gpu_metadata(**extra: Any) -> dict[str, Any]:
-    """GPU, torch and CUDA versions, commit and date of a run, plus ``extra``."""
-    return {
-        "gpu": torch.cuda.get_device_name(), "torch_version": torch.__version__,
-        "cuda_version": torch.version.cuda, "git_commit": git_commit(),
-        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"), **extra,
-    }

@@ -26,9 +26,9 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from cuda_bench import gpu_metadata
 from torch.profiler import ProfilerActivity, profile
 
+from breezert.bench.provenance import provenance
 from breezert.bench.variants import parse_variant_spec, variant_config
 from breezert.bench.workload import load_texts, make_workload
 from breezert.config import EngineConfig
@@ -206,7 +206,7 @@ def main() -> None:
     print("medians: " + ", ".join(f"{k} {v:.2f}" for k, v in summary.items()))
     if args.out:
         with open(args.out, "w") as f:
-            json.dump({**gpu_metadata(), "config": args.config, "set": args.set,
+            json.dump({**provenance(), "config": args.config, "set": args.set,
                        "startup_s": startup_s,
                        "medians": summary, "census": kernels, "requests": runs}, f, indent=2)
 

@@ -8,11 +8,11 @@
 #     --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 -d .whl \
 #     pydantic==2.14.4 pydantic-core==2.50.5 annotated-types typing-inspection soxr==1.1.0
 # Then per phase: run(command="bash bench/h200_session.sh PHASE", carry=[".whl", ".benchdata"])
-# PHASE: tests | fused | depth-tiles | depth-pdl | overlap | first-packet | first-packet-short | first-packet-pdl |
+# PHASE: tests | fused | depth-tiles | depth-pdl | first-packet | first-packet-short | first-packet-pdl |
 #        first-packet-bench | chain P1 P2...  | decode | decode-micro | decode-bench | tune | profile | stages |
-#        ablation-eager | ablation-a|b|c|d[@I/N] | sweep | sweep+ablation | latency | latency-te |
+#        ablation-eager | ablation-a|b|c|d[@I/N] | sweep | sweep+ablation | latency |
 #        latency-nocap | predictor | predictor-edf | capacity-closed | capacity-open |
-#        slot-state | burst | slack | voice | te-tokens | admit | path | te-wide | gil | tune-decode | trace | prefill | prefill-bench
+#        burst | slack | voice | te-tokens | admit | path | te-wide | gil | tune-decode | trace | prefill | prefill-bench | depth-engine | tests-changed
 # An ablation phase with @I/N runs shard I of N of its requests (bench --shard).
 # Several GPUs (kind nvidia-h200-x4): "parallel GPU=PHASE[+PHASE...] ..." runs each list on its own
 # GPU at once, e.g. parallel 0=ablation-a@1/2 1=ablation-a@2/2 2=tests+ablation-d; the results
@@ -26,7 +26,7 @@ if [ -z "${BREEZERT_SITE_READY:-}" ] && ls .whl/*.whl >/dev/null 2>&1; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
     --target /tmp/site .whl/*.whl $(ls .whl-train/*.whl 2>/dev/null)
 fi
-export PYTHONPATH=/tmp/site:runtime:. PYTHONUNBUFFERED=1 BREEZERT_SITE_READY=1
+export PYTHONPATH=/tmp/site:runtime:training:. PYTHONUNBUFFERED=1 BREEZERT_SITE_READY=1
 # A wheel missing from .whl/ fails here in seconds, not minutes into a phase (soxr did, 2 Dec)
 [ -n "${BREEZERT_IMPORTS_OK:-}" ] || python3 -c "import breezert.cli, breezert.runtime_setup" \
   || { echo "breezert does not import here: add the missing wheel to .whl/" >&2; exit 3; }
@@ -38,7 +38,7 @@ case "$phase" in
   *) [ -z "$shard" ] || { echo "phase $phase takes no @I/N shard" >&2; exit 2; } ;;
 esac
 commit=$(cat .benchdata/COMMIT 2>/dev/null || echo unknown)
-export BREEZERT_GIT_COMMIT=$commit  # bench/stage_timing.py records it
+export BREEZERT_GIT_COMMIT=$commit  # every result records it (breezert.bench.provenance)
 # The common bench command; each phase adds its own arguments.
 bench=(python3 -m breezert.cli bench --config configs/h200-latency.toml
        --texts .benchdata/texts_en.tsv --tokenizer .benchdata/tokenizer.json --git-commit "$commit")
@@ -84,7 +84,7 @@ case "$phase" in
     # device budget is short.
     mkdir -p /tmp/voice/teacher
     [ ! -f .traindata/corpus.json.gz ] || cp .traindata/corpus.json.gz /tmp/voice/teacher/
-    timeout 580 python3 -m breezert.train.pipeline --work /tmp/voice --minutes-total "${VOICE_MINUTES:-9.3}" \
+    timeout 580 python3 -m breezert_train.pipeline --work /tmp/voice --minutes-total "${VOICE_MINUTES:-9.3}" \
       --out "$out" --carry-in "${VOICE_STATE:-.voicestate}" ${VOICE_ARGS:-} 2>&1 \
       | tee /tmp/voice/pipeline.log | tail -40
     cp /tmp/voice/pipeline.log "$out/" ;;
@@ -139,12 +139,11 @@ case "$phase" in
   sweep)   # closed loop 1, 4, 8, the latency profile as committed
     timeout 250 "${bench[@]}" --concurrency 1,4,8 --num-requests 300 --warmup 8 \
       --variants config --run-budget 60 --out "$out/h200-sweep.json" 2>&1 | grep '^\[bench' ;;
-  latency|latency-te|latency-nocap)  # the profile as committed (predictor on, fused DECODE) at
-    # 8-64 concurrent; -te also compiles the text encoder; -nocap lets a first chunk's CODEC step
-    # carry every ready chunk (max_startup_codec_step_frames = max_codec_step_frames)
+  latency|latency-nocap)  # the profile as committed (predictor on, fused DECODE) at 8-64
+    # concurrent; -nocap lets a first chunk's CODEC step carry every ready chunk
+    # (max_startup_codec_step_frames = max_codec_step_frames)
     case "$phase" in
-      latency) spec='latency=config;graph.compile_text_encoder=false' ;;
-      latency-te) spec='latency-te=config;graph.compile_text_encoder=true' ;;
+      latency) spec='latency=config' ;;
       latency-nocap) spec='latency-nocap=config;scheduler.max_startup_codec_step_frames=256' ;;
     esac
     timeout 540 "${bench[@]}" --concurrency "${CONCURRENCY:-8,16,32,64}" --num-requests 300 \
@@ -182,15 +181,6 @@ case "$phase" in
       timeout 60 python3 bench/profile_stages.py --batch $rows --fused --fused-decode --compile \
         --top 14 2>&1 | grep -v Warn | tee -a "$out/h200-profile.log" | grep -A15 DEPTH || true
     done ;;
-  slot-state)  # issue 13 item 3: the device slot table's GPU tests, then per-slot state on the
-    # host (today) against the device slot table, c=16 and 64, one run
-    timeout 150 python3 -m pytest tests/gpu/test_gpu_slot_state.py -q -p no:cacheprovider 2>&1 \
-      | tee "$out/gpu_tests_slot_state.log" | tail -4 || true
-    timeout 420 "${bench[@]}" --concurrency "${CONCURRENCY:-16,64}" --num-requests 300 \
-      --warmup 16 --run-budget 60 \
-      --variant 'host-slots=config;graph.device_slot_state=false' \
-      --variant 'device-slots=config;graph.device_slot_state=true' \
-      --out "$out/h200-slot-state.json" 2>&1 | grep '^\[bench' ;;
   depth-tiles)  # issue 14: the fused depth layers with one launch shape for all rows against
     # the per-bucket shapes (TILES_BY_ROWS), one run
     timeout 560 "${bench[@]}" --concurrency "${CONCURRENCY:-1,16,64}" --num-requests 300 \
@@ -294,6 +284,19 @@ case "$phase" in
     # each stage's graph at the row counts a burst brings (CODEC at 1 and 16 frames a row)
     timeout 90 python3 bench/stage_timing.py --batches 1,16,32,64 --modes profile \
       --out "$out/h200-stage-timing-path.json" 2>&1 | grep -v Warn | tail -12 || true ;;
+  depth-engine)  # issues 30/32: the persistent depth frame up to 32 rows against the profile's
+    # fused step loop for every depth batch, at 1, 16 and 64 concurrent, one run
+    timeout 560 "${bench[@]}" --concurrency "${CONCURRENCY:-1,16,64}" --num-requests 300 \
+      --warmup 16 --run-budget 25 --variant 'persistent=config;graph.persistent_depth=32' \
+      --variant 'loop=config' \
+      --out "$out/h200-depth-engine.json" 2>&1 | grep '^\[bench' || true ;;
+  tests-changed)  # the GPU tests of what issue 32 and 30 changed (slot table, graphs, sampler,
+    # host syncs, fused DECODE/PREFILL builders, the persistent depth frame)
+    timeout 400 python3 -m pytest tests/gpu/test_gpu_slot_state.py tests/gpu/test_gpu_graphs.py \
+      tests/gpu/test_gpu_fused_sampling.py tests/gpu/test_gpu_host_syncs.py \
+      tests/gpu/test_gpu_fused_decode.py tests/gpu/test_gpu_fused_prefill.py \
+      tests/gpu/test_gpu_persistent_depth.py -q -p no:cacheprovider 2>&1 \
+      | tee "$out/gpu_tests.log" | tail -15 ;;
   gil)  # issues 13/14: the engine thread's GIL hand-back (scheduler.thread_switch_interval_s):
     # the interpreter's 5 ms against 0.2 ms, then 0.2 ms with uploads through pinned memory (the
     # c=16 burst's PREFILL step waits 6.4 ms for the text encoder's GPU work behind a pageable
@@ -301,7 +304,6 @@ case "$phase" in
     timeout 560 "${bench[@]}" --concurrency "${CONCURRENCY:-16,32,64}" --num-requests 300 \
       --warmup 16 --run-budget 20 --variant 'profile=config' \
       --variant 'gil200us=config;scheduler.thread_switch_interval_s=0.0002' \
-      --variant 'gil200us-pinned=config;scheduler.thread_switch_interval_s=0.0002;graph.async_uploads=true' \
       --out "$out/h200-gil.json" 2>&1 | grep '^\[bench' || true ;;
   tune-decode)  # issue 13: the fused DECODE step's launch shapes (DECODE_TILES = Tiles() today:
     # 2.33 ms at one row, 1.2 TB/s of the backbone's 2.8 GB); only bit-preserving fields
@@ -341,14 +343,6 @@ case "$phase" in
       --variant 'slack100=config;scheduler.predictor_min_slack_s=0.1' \
       --variant 'slack200=config;scheduler.predictor_min_slack_s=0.2' \
       --out "$out/h200-slack.json" 2>&1 | grep '^\[bench' ;;
-  overlap)  # issue 13 item 4: per-step uploads through pinned memory (graph.async_uploads)
-    # against today's pageable copies, c=16 and 64, one run; then both with the device slot
-    # table, whose steps upload least
-    timeout 560 "${bench[@]}" --concurrency "${CONCURRENCY:-16,64}" --num-requests 300 \
-      --warmup 16 --run-budget 30 --variant 'today=config' \
-      --variant 'async-uploads=config;graph.async_uploads=true' \
-      --variant 'async+slots=config;graph.async_uploads=true;graph.device_slot_state=true' \
-      --out "$out/h200-overlap.json" 2>&1 | grep '^\[bench' ;;
   burst)  # issue 13: the c=64 TTFB p95 is its opening burst (1 Dec runs: the 64 first packets
     # in five waves ~48 ms apart, p95 231-266 ms; the 236 after it p95 62-95 ms). New requests
     # per TEXT_ENCODE / PREFILL step, today 16 (chosen at 13a5887), against 32 and 64; c=32, 64

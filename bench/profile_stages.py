@@ -55,8 +55,6 @@ def main() -> None:
     parser.add_argument("--pdl", action="store_true",
                         help="programmatic dependent launch between the fused depth and "
                              "text-encoder kernels (graph.pdl)")
-    parser.add_argument("--pdl-decode", action="store_true",
-                        help="the same between the DECODE step's kernels (graph.pdl_decode)")
     parser.add_argument("--text-tokens", type=int, default=0,
                         help="also the TEXT_ENCODE stage for one sentence of this many tokens")
     parser.add_argument("--fused-text-encoder", action="store_true",
@@ -81,8 +79,7 @@ def main() -> None:
                   "fused_decode": args.fused_decode and cuda,
                   "fused_text_encoder": args.fused_text_encoder and cuda,
                   "fused_sampling": args.fused_sampling and cuda, "pdl": args.pdl and cuda,
-                  "fused_codec": args.fused_codec and cuda,
-                  "pdl_decode": args.pdl_decode and cuda},
+                  "fused_codec": args.fused_codec and cuda},
     })
     runner = build_runner(cfg, load_engine_checkpoint(cfg.model))
     depth, decode = runner.stages[Stage.DEPTH], runner.stages[Stage.DECODE]

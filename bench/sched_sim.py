@@ -22,14 +22,13 @@ from __future__ import annotations
 import argparse
 import bisect
 import json
-import platform
-import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
+from breezert.bench.provenance import provenance
 from breezert.bench.listener import LATE_EPS_S, RequestResult, summarize
 from breezert.bench.variants import parse_variant_spec
 from breezert.bench.workload import load_texts, make_workload
@@ -40,7 +39,6 @@ from breezert.options import SynthesisOptions
 from breezert.outputs import AudioChunk, DecodedChunk, StageOutput
 from breezert.request import SynthesisRequest
 from breezert.sched.plan import CodecItem, StepPlan
-from cuda_bench import git_commit
 
 SAMPLES_PER_FRAME = 1920
 REPO = Path(__file__).resolve().parent.parent
@@ -438,9 +436,7 @@ def main(argv: list[str] | None = None) -> None:
                   f"late chunks by index {run['late_chunks_by_index']}), "
                   f"{run['audio_s_per_s']} audio s/s, model busy {run['model_busy']}, "
                   f"host {run['host_share']} ({run['host_ms_per_step']} ms a step)", flush=True)
-    doc = {"schema": "breezert-sched-sim/1", "host": platform.node(),
-           "python": sys.version.split()[0], "commit": git_commit(),
-           "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    doc = {"schema": "breezert-sched-sim/1", **provenance(device="cpu"),
            "step_ms": {s.value: v for s, v in STEP_MS.items()}, "codec_ms": CODEC_MS,
            "options": vars(args), "runs": runs}
     if args.out:

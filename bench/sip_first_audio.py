@@ -20,20 +20,18 @@ import argparse
 import asyncio
 import json
 import os
-import platform
 import statistics
 import subprocess
 import sys
 import time
 from dataclasses import asdict
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO / "runtime"), str(REPO)]
 
-from breezert.bench.options import _cpu_model, _git_commit, load_avg  # noqa: E402
+from breezert.bench.provenance import load_avg, provenance  # noqa: E402
 from tests.livekit.telephony import (  # noqa: E402
     SIP_BIN,
     Telephony,
@@ -167,13 +165,9 @@ def main() -> None:
     parser.add_argument("--pause-s", type=float, default=0.5, help="between calls")
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
-    commit, dirty = _git_commit()
     metadata = {
         "schema": "breezert-sip-bench/1",
-        "git_commit": commit, "git_dirty": dirty,
-        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "cpu": _cpu_model(), "num_cpus": os.cpu_count(), "load_avg_1m_before": load_avg(),
-        "python_version": platform.python_version(),
+        **provenance(device="cpu"),
         "command_line": " ".join(sys.argv),
         "model": "embedded cpu-tiny profile (random tiny checkpoint), Predictor on, "
                  "torch 1 thread (tests/livekit/room_worker.py)",

@@ -9,8 +9,7 @@ sampler and text encoder), ``fused`` (the Triton depth layers, compiled sampler)
 depth draws in the fused Triton sampler), ``fused-first`` (``fused-sampling`` with the fused
 Triton text-encoder layers), ``fused-pdl`` (``fused-decode`` with programmatic dependent launch
 between the fused depth kernels, ``graph.pdl``), ``fused-te-pdl`` (``fused-pdl`` with the fused
-text encoder, the serving profile's kernels), ``fused-te-pdl-decode`` (``fused-te-pdl`` with
-PDL in the DECODE step too, ``graph.pdl_decode``). ``profile``: every kernel switch of
+text encoder, the serving profile's kernels). ``profile``: every kernel switch of
 ``configs/h200-latency.toml``'s ``[graph]`` as served (the modes above leave the codec eager and
 fp32); ``profile-te-wide`` and ``profile-te-eager``: the same with the fused text encoder up to
 1024 tokens in its narrow tiles, and without it; ``profile-te-wide-tiles``: up to 1024 tokens
@@ -21,37 +20,30 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import time
-from datetime import datetime, timezone
 from pathlib import Path
 
 import torch
 
+from breezert.bench.provenance import provenance
 from breezert.config import EngineConfig
 from breezert.constants import Stage
 from breezert.runtime_setup import build_runner, load_engine_checkpoint
-from cuda_bench import git_commit, median_ms
+from cuda_bench import median_ms
 
 
 MODES = {
-    "plain": {"compile_depth": False, "fused_depth": False, "compile_text_encoder": False},
-    "inductor": {"compile_depth": True, "fused_depth": False, "compile_text_encoder": True},
-    "fused": {"compile_depth": True, "fused_depth": True, "compile_text_encoder": False},
-    "fused-decode": {"compile_depth": True, "fused_depth": True, "fused_decode": True,
-                     "compile_text_encoder": False},
+    "plain": {"compile_depth": False, "fused_depth": False},
+    "inductor": {"compile_depth": True, "fused_depth": False},
+    "fused": {"compile_depth": True, "fused_depth": True},
+    "fused-decode": {"compile_depth": True, "fused_depth": True, "fused_decode": True},
     "fused-sampling": {"compile_depth": True, "fused_depth": True, "fused_decode": True,
-                       "fused_sampling": True, "compile_text_encoder": False},
+                       "fused_sampling": True},
     "fused-first": {"compile_depth": True, "fused_depth": True, "fused_decode": True,
-                    "fused_sampling": True, "fused_text_encoder": True,
-                    "compile_text_encoder": False},
-    "fused-pdl": {"compile_depth": True, "fused_depth": True, "fused_decode": True, "pdl": True,
-                  "compile_text_encoder": False},
+                    "fused_sampling": True, "fused_text_encoder": True},
+    "fused-pdl": {"compile_depth": True, "fused_depth": True, "fused_decode": True, "pdl": True},
     "fused-te-pdl": {"compile_depth": True, "fused_depth": True, "fused_decode": True,
-                     "fused_text_encoder": True, "pdl": True, "compile_text_encoder": False},
-    "fused-te-pdl-decode": {"compile_depth": True, "fused_depth": True, "fused_decode": True,
-                            "fused_text_encoder": True, "pdl": True, "pdl_decode": True,
-                            "compile_text_encoder": False},
+                     "fused_text_encoder": True, "pdl": True},
 }
 
 _PROFILE_PATH = Path(__file__).resolve().parent.parent / "configs" / "h200-latency.toml"
@@ -74,7 +66,7 @@ def measure(batches: list[int], mode: str, context: int,
         "cache": {"block_size": 16, "num_blocks": 4096},
         "scheduler": {"max_running_requests": max(batches), "max_model_len": 2048,
                       "max_decode_rows": 2 * max(batches), "max_depth_rows": 2 * max(batches)},
-        "graph": {"enable_cuda_graphs": True, **MODES[mode], "compile_backbone": False,
+        "graph": {"enable_cuda_graphs": True, **MODES[mode], 
                   "decode_batch_buckets": batches, "decode_context_buckets": [context],
                   "depth_batch_buckets": batches, "prefill_token_buckets": [64],
                   "text_encode_buckets": list(text_tokens), "codec_buckets": batches},
@@ -130,13 +122,7 @@ def main() -> None:
     modes = args.modes.split(",")
     if unknown := set(modes) - set(MODES):
         parser.error(f"unknown modes {sorted(unknown)}; choose from {', '.join(MODES)}")
-    commit = git_commit()
-    doc = {
-        "gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
-        "cuda": torch.version.cuda, "date": datetime.now(timezone.utc).isoformat(),
-        "host": platform.node(), "commit": commit,
-        "runs": [],
-    }
+    doc = {**provenance(), "runs": []}
     for mode in modes:  # one failing mode (a kernel that does not build) leaves the others
         try:
             doc["runs"].append(measure(batches, mode, args.context, text_tokens))

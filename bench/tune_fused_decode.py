@@ -21,8 +21,9 @@ import time
 from types import SimpleNamespace
 
 import torch
-from cuda_bench import gpu_metadata, median_ms, random_bf16_packed
+from cuda_bench import median_ms, random_bf16_packed
 
+from breezert.bench.provenance import provenance
 from breezert.kernels.fused_decode import DECODE_TILES, FusedBackboneDecode
 from breezert.kernels.gemm import Tiles
 from breezert.layers.attention import GatherKV
@@ -123,7 +124,7 @@ def main() -> None:
     print(f"best: {best}")
     if args.out:
         with open(args.out, "w") as f:
-            json.dump({**gpu_metadata(), "context": args.context,
+            json.dump({**provenance(), "context": args.context,
                        "step_ms": {k: {str(r): ms for r, ms in v.items()} for k, v in table.items()},
                        "best": dataclasses.asdict(best),
                        "tried": [{**dataclasses.asdict(t), "step_ms": {str(r): ms

@@ -21,8 +21,9 @@ import json
 import time
 
 import torch
-from cuda_bench import gpu_metadata, median_ms, random_bf16_packed
+from cuda_bench import median_ms, random_bf16_packed
 
+from breezert.bench.provenance import provenance
 from breezert.kernels.fused_depth import TILES_BY_ROWS, FusedDepthLayers
 from breezert.kernels.gemm import Tiles
 from breezert.models.config import BreezeConfig
@@ -143,7 +144,7 @@ def main() -> None:
         print(f"tuned at {rows} rows: {ms:.3f} ms with {tiles}")
     if args.out:
         with open(args.out, "w") as f:
-            json.dump({**gpu_metadata(),
+            json.dump({**provenance(),
                        "best": {rows: {**dataclasses.asdict(t), "frame_ms": ms}
                                 for rows, (t, ms) in best_by_rows.items()},
                        "frame_ms_by_rows": rows_ms, "tried": log}, f, indent=2)

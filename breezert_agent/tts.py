@@ -1,7 +1,8 @@
 """LiveKit Agents TTS over BreezeRT: ``TTS``, ``ChunkedStream``, ``SynthesizeStream``.
 
-Owns: turning LLM tokens into engine segments with the runtime's sentence splitter
-(``breezert.text``; one engine request per turn), the options snapshot per stream, audio out
+Owns: turning LLM tokens into engine segments with a LiveKit ``tokenize.SentenceTokenizer``
+(default: ``tokenizer.SentenceTokenizer``, the runtime's splitter; one engine request per turn,
+one segment per sentence), the options snapshot per stream, audio out
 through the ``AudioEmitter`` in 10/20 ms frames at the plugin's rate (resampled once per turn
 with soxr when that is not the runtime's 24 kHz, e.g. 8 kHz for telephony), reporting playback
 (``playout.PlayoutFeedback``) while a turn plays, and the mapping of runtime errors to the
@@ -31,6 +32,7 @@ from livekit.agents import (
     APIStatusError,
     APITimeoutError,
     NotGivenOr,
+    tokenize,
     tts,
     utils,
 )
@@ -44,7 +46,6 @@ from breezert.errors import (
     RequestAborted,
     RequestFailed,
 )
-from breezert.text import SentenceSplitter, split_sentences
 
 from .client import (
     InProcessRuntimeClient,
@@ -57,6 +58,7 @@ from .client import (
 )
 from .log import logger
 from .playout import PlayoutFeedback
+from .tokenizer import SentenceTokenizer
 from .models import (
     DEFAULT_FEEDBACK_INTERVAL_S,
     DEFAULT_FRAME_SIZE_MS,
@@ -82,6 +84,7 @@ class _TTSOptions:
     turn: TurnOptions
     frame_size_ms: int
     sample_rate: int
+    tokenizer: tokenize.SentenceTokenizer
 
 
 def _check_frame_size(frame_size_ms: int) -> int:
@@ -140,6 +143,7 @@ class TTS(tts.TTS[Literal["metrics_collected", "error"]]):  # no events of its o
         frame_size_ms: FrameSizeMs = DEFAULT_FRAME_SIZE_MS,
         sample_rate: int = SAMPLE_RATE,
         feedback_interval_s: float = DEFAULT_FEEDBACK_INTERVAL_S,
+        tokenizer: NotGivenOr[tokenize.SentenceTokenizer] = NOT_GIVEN,
         http_session: aiohttp.ClientSession | None = None,
     ) -> None:
         """BreezeRT text-to-speech: one engine request per turn, streamed sentence by sentence.
@@ -171,6 +175,11 @@ class TTS(tts.TTS[Literal["metrics_collected", "error"]]):  # no events of its o
                 Match the agent's output to it (``room_io.AudioOutputOptions(sample_rate=...)``),
                 or livekit-agents resamples it again.
             feedback_interval_s: Playback feedback period while a turn plays.
+            tokenizer: Cuts the LLM's text into sentences, each one engine segment (default:
+                ``breezert_agent.tokenizer.SentenceTokenizer``, which hands a sentence on the
+                moment it is complete; LiveKit's own, e.g. ``tokenize.blingfire``, wait for the
+                next one to start). A remote ``breezert serve`` cuts a segment further where
+                its prompt would not fit; in-process such a segment fails the turn (HTTP 400).
             http_session: aiohttp session for ``base_url`` (default: one of its own).
         """
         super().__init__(
@@ -190,6 +199,7 @@ class TTS(tts.TTS[Literal["metrics_collected", "error"]]):  # no events of its o
                 chunk_schedule=tuple(chunk_schedule) if chunk_schedule is not None else None),
             frame_size_ms=_check_frame_size(frame_size_ms),
             sample_rate=self.sample_rate,
+            tokenizer=tokenizer if utils.is_given(tokenizer) else SentenceTokenizer(),
         )
         self._owns_client = client is None
         if client is not None:
@@ -439,10 +449,10 @@ def _initialize(output_emitter: tts.AudioEmitter, opts: _TTSOptions, *, stream: 
     return request_id
 
 
-def _speakable(pieces: Sequence[str]) -> list[str]:
-    """The pieces with something to say: a letter or digit (``"..."``, ``"—"`` or ``"!?"`` alone
-    would only cost the engine a request or a segment of noise)."""
-    return [piece for piece in pieces if any(ch.isalnum() for ch in piece)]
+def _is_speakable(piece: str) -> bool:
+    """Whether a piece has something to say: a letter or digit (``"..."``, ``"—"`` or ``"!?"``
+    alone would only cost the engine a request or a segment of noise)."""
+    return any(ch.isalnum() for ch in piece)
 
 
 class ChunkedStream(tts.ChunkedStream):
@@ -455,7 +465,8 @@ class ChunkedStream(tts.ChunkedStream):
 
     async def _run(self, output_emitter: tts.AudioEmitter) -> None:
         request_id = _initialize(output_emitter, self._opts, stream=False)
-        segments = _speakable(split_sentences(self._input_text))
+        segments = [piece for piece in self._opts.tokenizer.tokenize(self._input_text)
+                    if _is_speakable(piece)]
         if not segments:
             if self._input_text.strip():  # livekit-agents wants audio for any text: a frame
                 output_emitter.push(bytes(2 * self._opts.sample_rate * self._opts.frame_size_ms
@@ -484,30 +495,34 @@ class SynthesizeStream(tts.SynthesizeStream):
         request_id = _initialize(output_emitter, self._opts, stream=True)
         runner = _TurnRunner(self._tts, self._opts, output_emitter, request_id,
                              self._conn_options.timeout, self)
-        splitter = SentenceSplitter()
-
-        async def send(sentences: list[str]) -> None:
-            for sentence in _speakable(sentences):
-                if runner.turn is None:
-                    self._mark_started()  # TTFB counts from the first text sent
-                    output_emitter.start_segment(segment_id=request_id)
-                await runner.send(sentence)
+        sentences = self._opts.tokenizer.stream()
 
         async def input_task() -> None:
             async for data in self._input_ch:
                 if isinstance(data, self._FlushSentinel):
-                    await send(splitter.flush())  # flush ends a segment now
+                    sentences.flush()  # flush ends a segment now
                 else:
-                    await send(splitter.push(data))
-            await send(splitter.flush())
+                    sentences.push_text(data)
+            sentences.end_input()
+
+        async def send_task() -> None:
+            async for sentence in sentences:
+                if not _is_speakable(sentence.token):
+                    continue
+                if runner.turn is None:
+                    self._mark_started()  # TTFB counts from the first text sent
+                    output_emitter.start_segment(segment_id=request_id)
+                await runner.send(sentence.token)
             await runner.close_input()  # end_input closes the turn
 
         async def body() -> None:
-            tasks = [asyncio.create_task(input_task()), asyncio.create_task(runner.pump())]
+            tasks = [asyncio.create_task(input_task()), asyncio.create_task(send_task()),
+                     asyncio.create_task(runner.pump())]
             try:
                 await asyncio.gather(*tasks)
             finally:
                 await utils.aio.gracefully_cancel(*tasks)
+                await sentences.aclose()
             if runner.turn is not None:
                 output_emitter.end_segment()
 

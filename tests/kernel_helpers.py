@@ -42,6 +42,14 @@ def random_bf16_fused_(model: nn.Module) -> nn.Module:
     return model
 
 
+def fp32_copy(module: nn.Module, cls: type[nn.Module]) -> nn.Module:
+    """A ``cls(module.cfg)`` with ``module``'s weights in fp32, on the current device: the
+    reference math of a GPU test."""
+    copy = cls(module.cfg)
+    copy.load_state_dict({k: v.float() for k, v in module.state_dict().items()})
+    return copy.eval()
+
+
 SMALL_BACKBONE = BackboneConfig(hidden_size=128, intermediate_size=256, num_layers=2,
                                num_heads=4, num_kv_heads=2, head_dim=32)
 """The smallest Qwen3 backbone the fused DECODE and PREFILL kernels accept (tensor-core tiles

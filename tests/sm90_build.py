@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import datetime
 import json
 import os
 import re
@@ -291,6 +290,29 @@ def _sampler() -> tuple[Warm, Callable[[], None]]:
     return None, serve
 
 
+def _persistent_depth() -> tuple[Warm, Callable[[], None]]:
+    from breezert.kernels.persistent_depth import PersistentDepthFrame
+    from breezert.models.config import BreezeConfig
+    from breezert.models.depth import DepthDecoder
+
+    graph = _engine_graph()
+    with torch.device("meta"):
+        depth = random_bf16_fused_(DepthDecoder(BreezeConfig.full().depth))
+    rows = _depth_rows(graph)
+    frame = PersistentDepthFrame(depth, max(rows))
+
+    def serve() -> None:  # every bucket, with CFG (2B rows) and without (B rows)
+        for batch in graph.depth_batch_buckets:  # type: ignore[attr-defined]
+            for num_rows in (batch, 2 * batch):
+                column = torch.zeros(batch, device="meta")
+                ids = torch.zeros(batch, dtype=torch.int64, device="meta")
+                frame(torch.zeros(num_rows, depth.cfg.backbone_hidden_size, dtype=torch.bfloat16,
+                                  device="meta"), ids, column.bool(), column,
+                      torch.zeros(batch, 3, device="meta"), ids, ids)
+
+    return None, serve
+
+
 def _snake() -> tuple[Warm, Callable[[], None]]:
     from breezert.kernels.snake import snake_cat_triton
 
@@ -316,6 +338,7 @@ VARIANTS: dict[str, Callable[[], tuple[Warm, Callable[[], None]]]] = {
     "text encoder pdl": lambda: _text_encoder(True),
     "text encoder pdl wide": lambda: _text_encoder(True, wide=True),
     "sampler": _sampler,
+    "persistent depth": _persistent_depth,
     "snake": _snake,
 }
 """Each module variant a config or a tuning run can select -> ``(warm, serve)``: its start-up
@@ -366,11 +389,10 @@ def main() -> None:
     if args.json:
         import triton
 
-        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
-                                text=True, check=False, cwd=Path(__file__).parent).stdout.strip()
+        from breezert.bench.provenance import provenance
+
         doc = {"target": "sm_90 (built, not run)", "triton_version": triton.__version__,
-               "torch_version": torch.__version__, "git_commit": commit or None,
-               "date": datetime.date.today().isoformat(),
+               **provenance(device="cpu"),
                "variants": [{**asdict(r), "builds": [{**asdict(b), "blocks_per_sm": b.blocks_per_sm}
                                                       for b in r.builds]} for r in reports]}
         args.json.write_text(json.dumps(doc, indent=1) + "\n")

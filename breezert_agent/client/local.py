@@ -1,8 +1,9 @@
 """``InProcessRuntimeClient``: turns on this process's shared ``AsyncEngine``, no network.
 
-Owns: mapping ``TurnOptions`` onto a ``SynthesisRequest`` and one engine stream per turn. Must
-not: reach past the runtime's public API (``AsyncEngine``, ``SynthesisRequest``), or import the
-engine (torch) before the first in-process turn or prewarm.
+Owns: mapping ``TurnOptions`` onto a ``SynthesisRequest`` and one engine stream per turn,
+through the runtime's ``EngineClient`` (its text front end tokenizes off the agent's event loop).
+Must not: reach past that interface (``AsyncEngine.shared`` only builds the engine), or import
+the engine (torch) before the first in-process turn or prewarm.
 """
 
 from __future__ import annotations
@@ -14,13 +15,15 @@ import time
 from collections.abc import AsyncIterator, Sequence
 from typing import TYPE_CHECKING
 
+from breezert.engine_client import EngineClient
 from breezert.errors import BreezeRTError, InvalidRequest
+from breezert.outputs import AudioChunk
+from breezert.request import SynthesisRequest
 
 from ..log import logger
 from .base import RuntimeClient, SegmentStart, Turn, TurnOptions, log_queued
 
 if TYPE_CHECKING:
-    from breezert.async_engine import AsyncEngine
     from breezert.config import EngineConfig
 
 
@@ -29,7 +32,7 @@ class InProcessRuntimeClient(RuntimeClient):
 
     def __init__(self, config: str | os.PathLike[str] | EngineConfig | None = None) -> None:
         self._config = config
-        self._engine: AsyncEngine | None = None
+        self._engine: EngineClient | None = None
         self._loading: threading.Thread | None = None
 
     def prewarm(self) -> None:
@@ -46,7 +49,7 @@ class InProcessRuntimeClient(RuntimeClient):
         except Exception:  # the first turn loads again and reports the error properly
             logger.exception("breezert prewarm failed")
 
-    async def get_engine(self) -> AsyncEngine:
+    async def get_engine(self) -> EngineClient:
         """The shared engine; loads it off the event loop the first time."""
         if self._engine is None:
             loop = asyncio.get_running_loop()
@@ -72,8 +75,6 @@ class InProcessRuntimeClient(RuntimeClient):
         input_closed: bool,
         timeout: float | None = None,
     ) -> Turn:
-        from breezert.request import SynthesisRequest
-
         is_loaded, start_time = self._is_loaded(), time.perf_counter()
         engine = await self.get_engine()
         acquire_time = 0.0 if is_loaded else time.perf_counter() - start_time
@@ -82,16 +83,17 @@ class InProcessRuntimeClient(RuntimeClient):
             max_frames=options.max_frames, priority=options.priority, request_id=request_id,
             input_closed=input_closed,
         )
-        engine.submit(request)
-        if engine.is_waiting(request_id):
+        submitted = await engine.submit(request)
+        if submitted.is_queued:
             self.num_queued_turns += 1
-            log_queued(request_id, engine.num_waiting, engine.max_running_requests)
+            capacity = engine.capacity()  # lengths: no engine lock on the agent's loop
+            log_queued(request_id, capacity.queued, capacity.max_running)
         turn = _EngineTurn(engine, request_id)
         turn.connection_reused, turn.acquire_time = is_loaded, acquire_time
         return turn
 
 
-def _shared_engine(config: str | os.PathLike[str] | EngineConfig | None) -> AsyncEngine:
+def _shared_engine(config: str | os.PathLike[str] | EngineConfig | None) -> EngineClient:
     try:
         from breezert.async_engine import AsyncEngine  # torch: only once a turn runs in-process
     except ModuleNotFoundError as exc:
@@ -103,7 +105,7 @@ def _shared_engine(config: str | os.PathLike[str] | EngineConfig | None) -> Asyn
 
 
 class _EngineTurn(Turn):
-    def __init__(self, engine: AsyncEngine, request_id: str) -> None:
+    def __init__(self, engine: EngineClient, request_id: str) -> None:
         self._engine = engine
         self.request_id = request_id
         self._is_done = False
@@ -112,7 +114,7 @@ class _EngineTurn(Turn):
         if self._is_done:
             return
         try:
-            self._engine.append_text(self.request_id, text)
+            await self._engine.append(self.request_id, text)
         except InvalidRequest:
             if self._is_done or not self._engine.is_live(self.request_id):
                 return  # the turn already ended (failed or aborted): its stream reports why
@@ -141,8 +143,6 @@ class _EngineTurn(Turn):
             pass
 
     async def audio(self) -> AsyncIterator[bytes | SegmentStart]:
-        from breezert.outputs import AudioChunk
-
         try:
             async for item in self._engine.stream(self.request_id, segments=True):
                 if isinstance(item, AudioChunk):

@@ -1,10 +1,11 @@
 """asyncio facade over ``Engine``: the engine loop on its own thread, one output queue per request.
 
-Owns: the engine thread, routing each step's outputs to the awaiting request's queue on its
-event loop, turning a cancelled or abandoned consumer into ``Engine.abort``, and the process-wide
-shared engines (``AsyncEngine.shared``: one per config, built and warmed up once). Must not:
-call the GPU or make scheduling decisions; everything goes through ``Engine``'s thread-safe
-methods.
+Owns: the engine thread, the prepare thread (the text front end runs there, reference encoding
+on a worker thread: never on an event loop), routing each step's outputs to the awaiting
+request's queue on its event loop, turning a cancelled or abandoned consumer into
+``Engine.abort``, and the process-wide shared engines (``AsyncEngine.shared``: one per config,
+built and warmed up once). Implements ``breezert.engine_client.EngineClient``. Must not: call
+the GPU or make scheduling decisions; everything goes through ``Engine``'s thread-safe methods.
 """
 
 from __future__ import annotations
@@ -16,19 +17,24 @@ import os
 import sys
 import threading
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 from breezert.config import EngineConfig
-from breezert.constants import FRAME_S
 from breezert.engine import Engine, EngineOutput, RequestOutcome
+from breezert.engine_client import EngineCapacity, Submitted
 from breezert.errors import BreezeRTError, EngineOverloaded, RequestAborted, RequestFailed
+from breezert.frontend import PreparedRequest
 from breezert.options import SynthesisOptions
-from breezert.outputs import AudioChunk
+from breezert.outputs import AudioChunk, SegmentStarted
 from breezert.profiles import resolve_config
 from breezert.request import Reference, RequestStatus, SynthesisRequest
 from breezert.sched.load import EngineLoad
+from breezert.text import Split
 from breezert.worker.warmup import Progress
 
 logger = logging.getLogger("breezert.async_engine")
@@ -49,20 +55,10 @@ def injected_stall_s() -> float:
     return float(os.environ.get(INJECT_STALL_ENV) or 0) / 1000
 
 
-@dataclass(frozen=True)
-class SegmentStarted:
-    """Text segment ``segment_index`` of a request starts at frame ``start_frame`` of the
-    request's audio (exact: the engine's count of the frames of the segments before it).
-    ``stream(..., segments=True)`` yields it before the chunk that carries that frame; a chunk
-    may carry the end of one segment and the start of the next."""
-
-    request_id: str
-    segment_index: int
-    start_frame: int
-
-    @property
-    def start_s(self) -> float:
-        return self.start_frame * FRAME_S
+_NUM_PREPARE_THREADS = 1
+"""Prepare threads per engine. One: requests are prepared (and so queued) in the order they
+arrive, and the tokenizer never runs on two threads at once (a ``tokenizers`` object shared
+across threads can fail with "Already borrowed")."""
 
 
 @dataclass
@@ -84,9 +80,6 @@ class AsyncEngine:
     process (``AsyncEngine.from_config``) and share it.
     """
 
-    marks_segments = True
-    """``stream(..., segments=True)`` yields ``SegmentStarted`` (a stand-in engine may not)."""
-
     def __init__(self, engine: Engine, *, idle_wait_s: float = 0.05) -> None:
         self.engine = engine
         self._idle_wait_s = idle_wait_s
@@ -97,6 +90,9 @@ class AsyncEngine:
         self._thread: threading.Thread | None = None
         self._fatal: BaseException | None = None
         self._closing = False  # aclose() in progress: submit is refused (under _routes_lock)
+        self._prepare_pool = ThreadPoolExecutor(_NUM_PREPARE_THREADS,
+                                                thread_name_prefix="breezert-prepare")
+        """Runs the text front end (``Engine.frontend``) for ``submit`` and ``append``."""
         self._previous_switch_interval: float | None = None
         """The interpreter's switch interval before ``start`` set
         ``scheduler.thread_switch_interval_s`` (None: untouched); ``aclose`` restores it."""
@@ -212,46 +208,62 @@ class AsyncEngine:
     async def synthesize(self, request: SynthesisRequest) -> AsyncIterator[AudioChunk]:
         """Streams the request's chunks. Raises ``RequestFailed`` / ``RequestAborted`` on those
         outcomes; leaving the loop early or cancelling the consumer aborts the request."""
-        request_id = self.submit(request)
-        async for chunk in self.stream(request_id):
+        submitted = await self.submit(request)
+        async for chunk in self.stream(submitted.request_id):
             if isinstance(chunk, AudioChunk):
                 yield chunk
 
-    def submit(self, request: SynthesisRequest) -> str:
-        """Queues ``request`` and opens its output route; use ``stream`` to read it.
+    async def submit(self, request: SynthesisRequest, *, split: Split = Split.NONE) -> Submitted:
+        """Prepares the request's text on the prepare thread (tokenizer, templates, ``split``;
+        each prompt built once), then queues it and opens its output route; use ``stream`` to
+        read it.
 
         Raises ``InvalidRequest`` / ``EngineOverloaded`` at once.
         """
+        self._check_open()
+        prepared = await asyncio.get_running_loop().run_in_executor(
+            self._prepare_pool, self.engine.frontend.prepare, request, split)
+        request_id = self._add(prepared)
+        is_queued = self.is_waiting(request_id)
+        if is_queued:
+            self.engine.metrics.incr("queued_requests")
+            logger.info(
+                "request %s queued: all %d running slots are taken (max_running_requests; an "
+                "open turn holds its slot until its input closes)", request_id,
+                self.max_running_requests)
+        self._wake.set()
+        return Submitted(request_id, prepared.text.owners, prepared.text.num_prompt_tokens,
+                         is_queued)
+
+    def _check_open(self) -> None:
         if self._fatal is not None:
             raise BreezeRTError(f"engine stopped after a fatal error: {self._fatal}")
+
+    def _add(self, prepared: PreparedRequest) -> str:
+        """Opens the route and hands the prepared request to the engine (on the loop: cheap)."""
+        self._check_open()
+        request_id = prepared.request.request_id
+        assert request_id is not None
         route = _Route(asyncio.get_running_loop(), asyncio.Queue())
-        assert request.request_id is not None
         with self._routes_lock:
             if self._closing:
                 raise BreezeRTError("the engine is shutting down (aclose in progress)")
             self.start()
-            if request.request_id in self._routes:
-                raise BreezeRTError(f"request_id={request.request_id!r} is already streaming")
-            self._routes[request.request_id] = route
+            if request_id in self._routes:
+                raise BreezeRTError(f"request_id={request_id!r} is already streaming")
+            self._routes[request_id] = route
         try:
-            self.engine.add_request(request)
+            self.engine.add_request(prepared)
         except BaseException:
             with self._routes_lock:
-                self._routes.pop(request.request_id, None)
+                self._routes.pop(request_id, None)
             raise
-        route.request = self.engine.scheduler.get_request(request.request_id)
-        if self.is_waiting(request.request_id):
-            self.engine.metrics.incr("queued_requests")
-            logger.info(
-                "request %s queued: all %d running slots are taken (max_running_requests; an "
-                "open turn holds its slot until its input closes)", request.request_id,
-                self.max_running_requests)
-        self._wake.set()
-        return request.request_id
+        route.request = self.engine.scheduler.get_request(request_id)
+        return request_id
 
     async def stream(
         self, request_id: str, *, segments: bool = False
-    ) -> AsyncIterator[AudioChunk | SegmentStarted]:
+    ) -> AsyncGenerator[AudioChunk | SegmentStarted, None]:
         """Yields the chunks of a submitted request until it finishes; with ``segments``, a
         ``SegmentStarted`` before the first audio of each text segment too."""
         with self._routes_lock:
@@ -284,25 +296,24 @@ class AsyncEngine:
                 self.engine.abort(request_id)
                 self._wake.set()
 
-    async def encode_reference(self, samples: Any, sample_rate: int, ref_text: str) -> Reference:
-        """``Engine.encode_reference`` on a worker thread, so the event loop keeps running.
-
-        Raises ``InvalidRequest`` naming the field (bad audio, no encoder, empty text)."""
+    async def encode_reference(self, samples: np.ndarray, sample_rate: int,
+                               ref_text: str) -> Reference:
+        """``Engine.frontend.encode_reference`` on a worker thread, so the event loop keeps
+        running. Raises ``InvalidRequest`` naming the field (bad audio, no encoder, empty
+        text)."""
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(
-            None, self.engine.encode_reference, samples, sample_rate, ref_text)
+            None, self.engine.frontend.encode_reference, samples, sample_rate, ref_text)
 
-    @property
-    def max_prompt_tokens(self) -> int:
-        return self.engine.max_prompt_tokens
-
-    def prompt_tokens(self, text: str, options: Any, reference: Reference | None = None) -> int:
-        """``Engine.prompt_tokens``: one segment's prompt length, to check it fits."""
-        return self.engine.prompt_tokens(text, options, reference)
-
-    def append_text(self, request_id: str, text: str) -> None:
-        self.engine.append_text(request_id, text)
+    async def append(self, request_id: str, text: str, *, split: Split = Split.NONE) -> int:
+        """Adds ``text`` to a running turn, prepared on the prepare thread (cut as ``split``
+        says); returns how many segments it became. Raises ``InvalidRequest`` when the turn is
+        not running."""
+        prepared = await asyncio.get_running_loop().run_in_executor(
+            self._prepare_pool, self.engine.prepare_append, request_id, text, split)
+        self.engine.append_segments(request_id, prepared)
         self._wake.set()
+        return len(prepared.segments)
 
     def close_input(self, request_id: str) -> None:
         self.engine.close_input(request_id)
@@ -342,6 +353,10 @@ class AsyncEngine:
 
     def metrics(self) -> dict[str, Any]:
         return self.engine.metrics.snapshot()
+
+    def capacity(self) -> EngineCapacity:
+        """``Engine.capacity``: slots, KV blocks and codec slots in use now."""
+        return self.engine.capacity()
 
     def load(self) -> EngineLoad:
         """``Engine.load``: how full the engine is now (``EngineLoad.fraction``, 1 = full)."""

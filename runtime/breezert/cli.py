@@ -277,23 +277,6 @@ def serve_config(  # type: ignore[no-untyped-def]
     return cfg
 
 
-class _StartingEngine:
-    """``state.engine`` until the real one is built: no requests (the gate answers 503)."""
-
-    is_running = False
-
-    def metrics(self) -> dict[str, object]:
-        return {}
-
-    def submit(self, request: object) -> str:
-        from breezert.errors import EngineOverloaded
-
-        raise EngineOverloaded("the engine is still starting")
-
-    async def aclose(self) -> None:
-        return None
-
-
 async def _serve(cfg, args: argparse.Namespace) -> int:  # type: ignore[no-untyped-def]
     """Listens at once, builds the engine in the background (progress on the console and in
     ``/readyz``), serves until SIGTERM/SIGINT, then drains within ``serving.shutdown_grace_s``."""
@@ -309,7 +292,7 @@ async def _serve(cfg, args: argparse.Namespace) -> int:  # type: ignore[no-untyp
     from breezert.server.state import STATE
 
     policy = {"max_frames": args.max_frames} if args.max_frames else {}
-    app = create_app(_StartingEngine(), cfg.serving, request_options=policy,
+    app = create_app(None, cfg.serving, request_options=policy,
                      ice_addresses=args.ice_address, frame_ms=args.frame_ms)
     app[health.LIFECYCLE].console = health.ConsoleProgress()
     health.build_engine_in_background(
@@ -341,7 +324,9 @@ async def _serve(cfg, args: argparse.Namespace) -> int:  # type: ignore[no-untyp
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.remove_signal_handler(sig)
         await runner.cleanup()
-        await app[STATE].engine.aclose()
+        engine = app[STATE].engine
+        if engine is not None:
+            await engine.aclose()
     return 0
 
 

@@ -63,9 +63,9 @@ class ModelConfig(_Frozen):
     """Seed of the random weight init (only used when ``path`` is ``None``)."""
     codec_precision: Literal["fp32", "tf32", "bf16"] = "tf32"
     """Serving codec math on CUDA: ``tf32`` (fp32 storage, TF32 tensor cores for its convolutions
-    and matmuls; 51 dB waveform SNR against strict fp32 on the H200), ``fp32`` (TF32 off),
-    ``bf16`` (a bf16 copy of the codec: faster, 27 dB). The golden and reference paths stay
-    fp32; on CPU every choice but ``bf16`` is plain fp32."""
+    and matmuls), ``fp32`` (TF32 off), ``bf16`` (a bf16 copy of the codec: faster, less exact;
+    each one's SNR is in bench/README.md). The golden and reference paths stay fp32; on CPU
+    every choice but ``bf16`` is plain fp32."""
     tokenizer: str | None = None
     """``tokenizer.json`` for random weights (``path`` unset); ``None``: the built-in byte-level
     tokenizer, which spends one token per character (prompts about 4x longer than Gemma's)."""
@@ -146,15 +146,13 @@ class SchedulerConfig(_Frozen):
     """A request still waiting for its first chunk whose slack falls below
     ``predictor_min_slack_s`` competes with urgent streams on slack (earliest deadline first
     across both) instead of waiting behind every urgent stream: bounds TTFB when the engine is
-    past capacity, at the cost of stream gaps. Off until measured on the H200."""
+    past capacity, at the cost of stream gaps."""
     predictor_first_chunk_cover: bool = False
     """The first chunk carries enough audio to cover making the next one: as many frames of the
     schedule's first entry or more (up to its largest) as one more frame, a CODEC step and
     ``predictor_min_slack_s`` take by the stage-time model. Where a frame and a CODEC step take
-    under 30 ms it stays the schedule's first entry; past that it costs first-packet time (37 ms
-    at the median on two quiet cores, where no gap was heard without it either) to spare the
-    listener a hole right after the first chunk on an engine near real time. Off: measured
-    only on CPU (bench/README.md)."""
+    under 30 ms it stays the schedule's first entry; past that it costs first-packet time to
+    spare the listener a hole right after the first chunk on an engine near real time."""
     predictor_min_slack_s: float = Field(default=0.05, ge=0)
     """A stream whose slack (deadline - now - predicted work) falls below this, seconds, is
     urgent: served before startup work; CODEC waits never take a stream below it."""
@@ -189,15 +187,17 @@ class SchedulerConfig(_Frozen):
         return self
 
 
-CUDA_ONLY_SWITCHES = ("enable_cuda_graphs", "compile_depth", "fused_depth", "fused_decode",
-                      "fused_prefill", "fused_sampling", "fused_text_encoder", "pdl",
-                      "pdl_decode")
+CUDA_ONLY_SWITCHES = ("enable_cuda_graphs", "compile_depth", "fused_depth", "persistent_depth",
+                      "fused_decode", "fused_prefill", "fused_sampling", "fused_text_encoder",
+                      "pdl")
 """``GraphConfig`` switches that need CUDA: refused on ``model.device='cpu'`` and all turned off
 by ``BREEZERT_NO_CUDA_GRAPH=1``."""
 
 
 class GraphConfig(_Frozen):
-    """CUDA graphs and torch.compile; all off runs the same code eagerly (CPU included)."""
+    """CUDA graphs, torch.compile and the fused kernels; all off runs the same code eagerly (CPU
+    included). ``docs/configuration.md`` has one table of every switch (what the H200 profile
+    sets, and why); ``bench/README.md`` the measurements behind them."""
 
     enable_cuda_graphs: bool = False
     """Capture and replay CUDA graphs per (stage, bucket); eager fallback past the last bucket."""
@@ -206,67 +206,46 @@ class GraphConfig(_Frozen):
     fused_depth: bool = False
     """Hand-fused Triton kernels for the depth decoder's layers (5 launches per layer,
     ``kernels/fused_depth.py``); with it ``compile_depth`` compiles only the sampler."""
+    persistent_depth: int = Field(default=0, ge=0, le=512)
+    """Depth batches of up to this many rows (two a request with CFG; 0: none) draw a frame's
+    15 codes after the first in ONE persistent Triton launch (projector, 12 layers, head, CFG
+    and draw for all 16 positions, ``kernels/persistent_depth.py``) instead of ~1,200
+    launches, when their top-k are all bounded; other batches keep the step loop."""
     depth_tiles_by_rows: bool = True
-    """With ``fused_depth``: launch shapes per row bucket, tuned on the H200 (up to 64 and up
-    to 128 rows; ``kernels/fused_depth.py`` ``TILES_BY_ROWS``); off: one shape for every row
-    count (the shape tuned at 32 rows in November)."""
+    """With ``fused_depth``: launch shapes per row bucket (up to 64 and up to 128 rows;
+    ``kernels/fused_depth.py`` ``TILES_BY_ROWS``); off: one shape for every row count (the one
+    for 32 rows)."""
     fused_sampling: bool = False
     """The depth frame's 16 draws each in one Triton launch (temperature, top-k, top-p,
     counter-based Gumbel-max; ``kernels/fused_sampling.py``) instead of the sampler's chain of
     launches, for batches whose top-k are all bounded (the common graphs; unbounded ones keep
-    the full sort). Off until an H200 run shows the gain."""
-    async_uploads: bool = False
-    """Per-step host -> device uploads through pinned memory, not waiting for the GPU work
-    already queued (``worker/device_copy.py``): a pageable copy waits for it, so a step's
-    preparation cannot overlap the previous asynchronous step. Same values. Off until an H200
-    run shows the gain."""
+    the full sort)."""
     pdl: bool = False
     """Programmatic dependent launch (Hopper) between the fused kernels of the depth layers and
     of the text encoder (those switched on): each kernel is placed while the one before it
     finishes and waits for it inside (``kernels/gemm.pdl_launch``), instead of starting after
-    it; same bits. H200, graph replays (bench/README.md, 2 Dec): depth frame 7.94 -> 7.49 ms at
-    1 row, 8.58 -> 8.02 at 16, equal at 64; with the fused text encoder, 32-token text encode
-    4.93 -> 1.30 ms (the fused layers' gain; the two were measured together)."""
-    pdl_decode: bool = False
-    """The same for the fused DECODE step's kernels. Off: on the H200 its graph was slower
-    with it at every row count (2.25 -> 2.94 ms at 1 row, 2.65 -> 3.30 at 16, 6.08 -> 6.91 at
-    64), which cancelled the depth frame's gain in the engine's DEPTH step (it waits for the
-    DECODE graph)."""
+    it; same bits. The DECODE and PREFILL kernels never use it (slower there on the H200)."""
     fused_decode: bool = False
     """Hand-fused Triton kernels for the backbone's DECODE step (6 launches per layer, attention
-    reading the paged cache in place, ``kernels/fused_decode.py``): on the H200 2.65 ms per step
-    at 16 rows x 512 tokens against 4.4 ms for the eager step's graph."""
+    reading the paged cache in place, ``kernels/fused_decode.py``)."""
     fused_prefill: bool = False
     """PREFILL steps of up to ``fused_prefill_max_tokens`` packed tokens through the fused
     Triton kernels (``kernels/fused_prefill.py``: 6 launches a layer instead of ~50); longer
-    steps run the eager backbone. Its GEMMs are the DECODE step's, so programmatic dependent
-    launch follows ``pdl_decode``. Needs CUDA."""
+    steps run the eager backbone."""
     fused_prefill_max_tokens: int = Field(default=256, ge=1, le=4096)
     """The longest PREFILL step the fused kernels take (tokens, padding included)."""
-    compile_backbone: bool = False
-    """``torch.compile`` each backbone layer around its (uncompiled) paged attention."""
-    compile_text_encoder: bool = False
-    """``torch.compile`` the whole text encoder (first-packet path) before capturing it."""
     fused_text_encoder: bool = False
     """Hand-fused Triton kernels for the text encoder's layers (7 launches per layer instead of
-    ~70, ``kernels/fused_text_encoder.py``) for buckets of up to 128 tokens; longer ones run the
-    eager encoder. H200 with ``pdl`` (2 Dec): text encode 4.93 / 5.03 / 5.36 -> 1.30 / 1.36 /
-    2.00 ms at 32 / 64 / 128 tokens (graph replays); the engine's TTFB p50 at one request 23.9
-    -> 19.5 ms. On in ``configs/h200-latency.toml``."""
+    ~70, ``kernels/fused_text_encoder.py``) for packed batches of up to
+    ``fused_text_encoder_max_tokens``; longer ones run the eager encoder."""
     fused_text_encoder_max_tokens: int = Field(default=128, ge=1, le=4096)
     """With ``fused_text_encoder``: the longest packed batch the fused layers take (their GEMMs
     read each weight once per row block, of 64 rows, or 128 past 128 tokens with
-    ``fused_text_encoder_wide_tiles``; longer batches run the eager encoder). A burst of 16
-    sentences packs ~370 tokens (bucket 512). H200 graph replays (3 Dec, te-tokens): fused
-    3.31 / 5.62 / 12.40 ms at 256 / 512 / 1024 tokens, eager 5.78 / 7.38 / 12.58; 512 in
-    ``configs/h200-latency.toml`` (c=16 TTFB p95 33 -> 32 ms, c=32 92 -> 84 in one run)."""
+    ``fused_text_encoder_wide_tiles``). A burst of 16 sentences packs ~370 tokens."""
     fused_text_encoder_wide_tiles: bool = False
     """With ``fused_text_encoder``: batches of more than 128 tokens run the GEMMs in 128 x 64
     tiles (``kernels/fused_text_encoder.WIDE_ROWS``), halving what each layer moves through L2
-    at 512 tokens; the same K split and K tiles, and on the H200 the same bits. H200 graph
-    replays (3 Dec, ``h200-stage-timing-te-wide-20261203.json``): 3.22 / 5.47 / 12.33 ->
-    2.80 / 4.67 / 10.48 ms at 256 / 512 / 1024 tokens. On in ``configs/h200-latency.toml``; the
-    engine run beside the narrow tiles (phase ``te-wide``) was cut by the device budget."""
+    at 512 tokens; the same K split and K tiles, and on the H200 the same bits."""
     decode_batch_buckets: tuple[int, ...] = (1, 2, 4, 8, 16, 32)
     """DECODE batch sizes in rows (CFG branches count)."""
     decode_context_buckets: tuple[int, ...] = (256, 512, 1024, 2048)
@@ -289,14 +268,6 @@ class GraphConfig(_Frozen):
     codec_replay_cost_frames: float = Field(default=24.0, ge=0)
     """Fixed cost of one CODEC replay in frame-equivalents, for grouping mixed sizes: a small
     replay is launch-bound (H200: 1 stream x 1 frame 2.7 ms, against ~0.1 ms a frame at 256)."""
-    device_slot_state: bool = False
-    """Per-slot state lives on the device (``worker/slot_table.py``): DEPTH, DECODE and CODEC
-    gather their rows by slot id inside their graphs (the sampling settings, repetition mask,
-    last frame, backbone state, KV block tables and a ring of frames waiting for the codec), so
-    a step uploads only row indices (DECODE also positions) and reads back only the first codes
-    (CODEC its audio). Off: the host packs every input each step (today's path). Off by default
-    until the H200 run (``bench/h200_session.sh slot-state``) shows the gain; the same codes and
-    audio either way."""
 
     @model_validator(mode="after")
     def _check(self) -> GraphConfig:

@@ -1,39 +1,33 @@
 """The synchronous engine: ``step()`` = schedule → execute → commit.
 
-Owns: turning ``SynthesisRequest``s into scheduler ``Request``s (tokenizing on the host), the
-engine lock that makes ``add_request``/``abort``/``append_text`` safe from other threads, and
-assembling ``AudioChunk``s and request outcomes from a step. Must not: run asyncio, make policy
-decisions (the scheduler does) or run the model's stages (the worker does). The tensors it does
-touch are outside ``step``: the CPU prompt tensors that tokenizing builds (``make_prompt``), and
-``encode_reference``, which runs the codec encoder (torch) on the caller's thread.
+Owns: turning prepared ``SynthesisRequest``s into scheduler ``Request``s, the engine lock that
+makes ``add_request``/``abort``/``append_segments`` safe from other threads, and assembling
+``AudioChunk``s and request outcomes from a step. Must not: run asyncio, make policy decisions
+(the scheduler does), run the model's stages (the worker does) or tokenize under its lock: the
+text front end (``frontend.TextFrontEnd``, ``self.frontend``) builds the prompts, on the
+caller's thread, before a request or a segment reaches the scheduler.
 """
 
 from __future__ import annotations
 
 import logging
 import secrets
-import sys
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import Any
 
 from breezert.config import EngineConfig
+from breezert.engine_client import EngineCapacity
 from breezert.errors import InvalidRequest
+from breezert.frontend import PreparedRequest, PreparedText, TextFrontEnd
 from breezert.loader import Checkpoint
 from breezert.metrics import EngineMetrics, StepRecord
-from breezert.models.generate import cfg_branches
 from breezert.outputs import AudioChunk, StageOutput
-from breezert import prompting
-from breezert.prompting import make_prompt
-from breezert.options import SynthesisOptions
 from breezert.request import (
     PlaybackReport,
-    Reference,
     Request,
     RequestStatus,
-    Segment,
     SynthesisRequest,
 )
 from breezert.sched.block_pool import BlockPool
@@ -42,6 +36,7 @@ from breezert.sched.load import EngineLoad
 from breezert.sched.plan import StepPlan, StepResult
 from breezert.sched.policy import make_policies
 from breezert.sched.scheduler import ChunkEmitted, RequestFinished, Scheduler, SchedulerEvent
+from breezert.text import Split
 from breezert.worker.model_runner import ModelRunner
 from breezert.worker.warmup import Progress
 
@@ -99,82 +94,45 @@ class Engine:
         """Whether the last ``step`` ran a plan (False: nothing was runnable)."""
         self.last_plan: StepPlan | None = None
         """The last plan run (dumped when the engine loop dies)."""
-        self._max_seq_len = min(config.scheduler.max_model_len, self.checkpoint.config.max_seq_len)
+        self.frontend = TextFrontEnd(
+            self.checkpoint.tokenizer,
+            min(config.scheduler.max_model_len, self.checkpoint.config.max_seq_len),
+            self.checkpoint.codec_encoder)
+        """Tokenizer, templates, splitting and reference audio: the prompts, built once."""
 
     # ----------------------------------------------------------------- requests
-    def add_request(self, request: SynthesisRequest) -> str:
-        """Queues ``request``; raises ``InvalidRequest`` or ``EngineOverloaded`` at once."""
-        if request.options.seed is None:  # a known seed makes every request reproducible
-            request = replace(request, options=replace(request.options,
-                                                       seed=secrets.randbits(63)))
-        sampling = request.options.resolve_sampling(self.checkpoint.generation.sampling)
-        segments = [self._segment(request.options, request.reference, text)
-                    for text in request.segments]
-        num_branches = (segments[0].num_branches if segments
-                        else self._num_branches(request.options, request.reference))
-        logical = Request.from_synthesis(request, segments, sampling=sampling,
-                                         num_branches=num_branches)
+    def add_request(self, request: SynthesisRequest | PreparedRequest) -> str:
+        """Queues ``request`` (prepared here, on the calling thread, unless it already was by
+        ``frontend.prepare``); raises ``InvalidRequest`` or ``EngineOverloaded`` at once."""
+        prepared = (request if isinstance(request, PreparedRequest)
+                    else self.frontend.prepare(request))
+        synth = prepared.request
+        if synth.options.seed is None:  # a known seed makes every request reproducible
+            synth = replace(synth, options=replace(synth.options, seed=secrets.randbits(63)))
+        sampling = synth.options.resolve_sampling(self.checkpoint.generation.sampling)
+        logical = Request.from_synthesis(synth, prepared.text.segments, sampling=sampling,
+                                         num_branches=prepared.num_branches)
         with self._lock:
             self.scheduler.add_request(logical, self.clock())
             self.metrics.request_added()
         return logical.request_id
 
-    def encode_reference(self, samples: Any, sample_rate: int, ref_text: str) -> Reference:
-        """Reference audio -> ``Reference(ref_text, ref_codes)`` for voice clone / direction.
-
-        Runs the checkpoint's codec encoder (fp32) under ``torch.inference_mode`` on its own
-        device. Touches no scheduler state, so any thread may call it while ``step`` runs.
-
-        Args:
-            samples: ``[num_samples]`` or ``[num_samples, num_channels]``; float, int16 or int32.
-            sample_rate: Hz (resampled to 24 kHz).
-            ref_text: the reference audio's transcript.
-
-        Raises:
-            InvalidRequest: naming ``reference_text``, ``samples`` / ``sample_rate`` (bad audio)
-                or ``reference_audio`` (the model has no encoder).
-        """
-        import torch
-
-        from breezert.reference_audio import encode_reference
-
-        if not isinstance(ref_text, str) or not ref_text.strip():
-            raise InvalidRequest("reference_text: must be non-empty text (the reference's "
-                                 "transcript)")
-        encoder = self.checkpoint.codec_encoder
-        if encoder is None:
-            raise InvalidRequest("reference_audio: this model has no reference-audio encoder "
-                                 "(its checkpoint lacks the audio-tokenizer encoder weights)")
-        with torch.inference_mode():
-            codes = encode_reference(encoder, samples, sample_rate)
-        return Reference(ref_text=ref_text, ref_codes=codes)
-
-    @property
-    def max_prompt_tokens(self) -> int:
-        """The longest prompt one segment may have, in tokens: ``min(scheduler.max_model_len,
-        the checkpoint's max_seq_len) - 2`` (room for at least one frame)."""
-        return self._max_seq_len - 2
-
-    def prompt_tokens(self, text: str, options: SynthesisOptions,
-                      reference: Reference | None = None) -> int:
-        """Tokens of the longest CFG branch of ``text``'s prompt (template, voice,
-        instructions and reference included); the segment fits when it is at most
-        ``max_prompt_tokens``. Raises ``InvalidRequest`` for empty text or an unknown voice."""
-        # NOTE: through the module, not this module's name: a count builds no segment, and
-        # spies on the segments' prompts (breezert.engine.make_prompt) must not see it.
-        prompt = prompting.make_prompt(
-            self.checkpoint.tokenizer, text, speaker=options.speaker,
-            instructions=options.instructions, reference=reference, max_seq_len=sys.maxsize,
-        )
-        return max(p.num_tokens for p in cfg_branches(prompt, float(options.cfg_scale)))
-
-    def append_text(self, request_id: str, text: str) -> None:
-        """Adds a text segment to a running turn (its input must still be open)."""
+    def prepare_append(self, request_id: str, text: str, split: Split) -> PreparedText:
+        """``text`` as segments of the running turn ``request_id`` (its voice, instructions
+        and reference), for ``append_segments``; builds the prompts outside the engine lock."""
         with self._lock:
             request = self._live_request(request_id)
-        segment = self._segment(request.options, request.reference, text)
+        return self.frontend.prepare_text([text], request.options, request.reference, split)
+
+    def append_segments(self, request_id: str, prepared: PreparedText) -> None:
+        """Adds prepared segments to a running turn (its input must still be open)."""
         with self._lock:
-            self.scheduler.append_segment(request_id, segment, self.clock())
+            for segment in prepared.segments:
+                self.scheduler.append_segment(request_id, segment, self.clock())
+
+    def append_text(self, request_id: str, text: str) -> None:
+        """Adds ``text`` to a running turn as one segment (its input must still be open)."""
+        self.append_segments(request_id, self.prepare_append(request_id, text, Split.NONE))
 
     def close_input(self, request_id: str) -> None:
         """No more segments: the turn ends after the last one."""
@@ -200,6 +158,16 @@ class Engine:
         with self._lock:
             if self.scheduler.report_playback(request_id, report):
                 self.metrics.incr(f"playback_reports_{source}")
+
+    def capacity(self) -> EngineCapacity:
+        """Slots, KV blocks and codec slots in use: lengths and counters, read without the
+        engine lock (safe from any thread)."""
+        stats = self.scheduler.stats()
+        return EngineCapacity(
+            running=stats.num_running, queued=stats.num_waiting,
+            max_running=self.config.scheduler.max_running_requests,
+            free_slots=stats.num_free_slots, kv_blocks_free=stats.num_free_blocks,
+            kv_blocks_total=stats.num_blocks, codec_slots_used=self.runner.slots.num_active)
 
     def load(self) -> EngineLoad:
         """Running and queued requests against the limits, and the Predictor's least slack
@@ -286,23 +254,6 @@ class Engine:
         with self._lock:
             pending, self._pending = self._pending, []
         return pending
-
-    def _segment(self, options: SynthesisOptions, reference: Reference | None,
-                 text: str) -> Segment:
-        prompt = make_prompt(
-            self.checkpoint.tokenizer, text, speaker=options.speaker,
-            instructions=options.instructions, reference=reference,
-            max_seq_len=self._max_seq_len,
-        )
-        branches = cfg_branches(prompt, float(options.cfg_scale))
-        return Segment(
-            prompt_lens=tuple(p.num_tokens for p in branches), prompt=branches,
-            num_text_tokens=sum(n for p in branches for _, n in p.text_spans),
-        )
-
-    def _num_branches(self, options: SynthesisOptions, reference: Reference | None) -> int:
-        """CFG branches of a turn that has no text yet (its template decides them)."""
-        return self._segment(options, reference, "probe").num_branches
 
     def _live_request(self, request_id: str) -> Request:
         request = self.scheduler.get_request(request_id)

@@ -6,8 +6,8 @@ are launched only then. Through pinned memory with ``non_blocking`` the copy que
 work instead; PyTorch's caching host allocator keeps the pinned block until the copy is done.
 
 Owns: ``upload``, for the models' own input copies and the training steps. Must not:
-synchronize, or hold a policy (serving's stage inputs go through ``worker/device_copy.py``, whose
-switch decides between this path and pageable copies).
+synchronize, or hold a policy (the stages' per-step inputs are a few row indices, copied with
+plain ``.to``: through pinned memory they measured no different on the H200, bench/README.md).
 """
 
 from __future__ import annotations

@@ -1,7 +1,8 @@
 """What crosses the runtime's two hand-offs, as plain data.
 
 Owns: ``StageOutput`` and ``DecodedChunk`` (worker -> engine: what one stage step produced),
-``AudioChunk`` (engine -> caller) and PCM conversions. Must not: hold tensors or engine state.
+``AudioChunk`` and ``SegmentStarted`` (engine -> caller) and PCM conversions. Must not: hold
+tensors or engine state.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from breezert.audio import float_to_pcm16
+from breezert.constants import FRAME_S
 
 
 @dataclass(frozen=True)
@@ -62,3 +64,19 @@ class AudioChunk:
     def pcm16(self) -> bytes:
         """Little-endian signed 16-bit PCM bytes."""
         return float_to_pcm16(self.pcm)
+
+
+@dataclass(frozen=True)
+class SegmentStarted:
+    """Text segment ``segment_index`` of a request starts at frame ``start_frame`` of the
+    request's audio (exact: the engine's count of the frames of the segments before it).
+    ``EngineClient.stream(..., segments=True)`` yields it before the chunk that carries that
+    frame; a chunk may carry the end of one segment and the start of the next."""
+
+    request_id: str
+    segment_index: int
+    start_frame: int
+
+    @property
+    def start_s(self) -> float:
+        return self.start_frame * FRAME_S

@@ -42,6 +42,13 @@ def make_prompt(
         ref_text_ids=ref_text_ids,
         ref_codes=ref_codes,
     )
+    check_fits(prompt, max_seq_len)
+    return prompt
+
+
+def check_fits(prompt: Prompt, max_seq_len: int) -> None:
+    """Raises ``InvalidRequest`` when ``prompt`` (or its CFG negative) leaves no room for a
+    frame in a context of ``max_seq_len`` tokens."""
     longest = max(prompt.num_tokens, prompt.negative.num_tokens if prompt.negative else 0)
     # At least one frame must fit: generation stops at prefill_len + t >= max_seq_len - 1.
     if longest >= max_seq_len - 1:
@@ -49,4 +56,3 @@ def make_prompt(
             f"text: the prompt is {longest} tokens, over the context limit of "
             f"{max_seq_len - 2} tokens (max_seq_len={max_seq_len}); split the text into segments"
         )
-    return prompt

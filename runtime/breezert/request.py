@@ -306,7 +306,8 @@ class Request:
 
         Args:
             synth: The validated user request.
-            segments: One tokenized ``Segment`` per text segment of ``synth`` (same order).
+            segments: The tokenized ``Segment``s of ``synth``'s text, in order: at least one per
+                text segment (the text front end may cut one text into several).
             sampling: The resolved ``SamplingParams`` (``None``: the worker's defaults).
             num_branches: CFG branches of every segment; ``None`` = ``num_cfg_branches``. The
                 engine passes what the prompt has: plain and clone prompts have no negative,
@@ -315,8 +316,9 @@ class Request:
         Raises:
             InvalidRequest: segment count or CFG branch count mismatch.
         """
-        check(len(segments) == len(synth.segments), "segments",
-              f"expected one per text segment ({len(synth.segments)})", len(segments))
+        check(len(segments) >= len(synth.segments), "segments",
+              f"expected at least one per text segment ({len(synth.segments)})",
+              len(segments))
         assert synth.request_id is not None  # set by SynthesisRequest.__post_init__
         return cls(
             request_id=synth.request_id,

@@ -1,15 +1,17 @@
 """Text into engine segments: the sentence splitter, and cutting a piece until its prompt fits.
 
 Owns: ``SentenceSplitter`` (streamed text -> sentences, as soon as each is complete),
-``split_sentences`` (a whole text) and ``split_text`` (sentences, each cut further at spaces,
+``split_sentences`` (a whole text), ``split_text`` (sentences, each cut further at spaces,
 then punctuation, then anywhere until a caller's ``fits`` check passes: the prompt's token
-limit). Used by the server's HTTP route and turns and by the LiveKit plugin
+limit) and ``Split`` / ``cut_text``, the way a caller asks the engine's text front end to cut
+its text. Used by the text front end (``breezert.frontend``) and by the LiveKit plugin
 (``breezert_agent``). Must not: import torch, the tokenizer or anything beyond the standard
 library; the token check comes in as a callable.
 """
 
 from __future__ import annotations
 
+import enum
 from collections.abc import Callable
 
 MAX_SENTENCE_CHARS = 300
@@ -24,6 +26,19 @@ _ABBREVIATIONS = frozenset(
     "mr mrs ms dr prof sr jr st vs etc e.g i.e inc ltd corp fig approx dept mt "
     "jan feb apr jun jul aug sep sept oct nov dec u.s u.k a.m p.m ph.d cf al".split()
 )
+
+
+class Split(str, enum.Enum):
+    """How the text front end turns one text a caller sends into engine segments."""
+
+    NONE = "none"
+    """The text is one segment; a prompt over the token limit is an ``InvalidRequest``."""
+    FIT = "fit"
+    """The text is one segment when its prompt fits, else it is cut as ``SENTENCES`` cuts it
+    (the server's turns: a client's segment stays whole when it can)."""
+    SENTENCES = "sentences"
+    """The text's sentences (``split_text``), each cut further until its prompt fits (the
+    server's HTTP route: one input, spoken sentence by sentence)."""
 
 
 def _has_word(text: str) -> bool:
@@ -145,6 +160,13 @@ def split_text(text: str, fits: Callable[[str], bool] | None = None, *,
     for sentence in split_sentences(text, max_chars=max_chars):
         pieces.extend(_cut_until_fits(sentence, fits))
     return pieces
+
+
+def cut_text(text: str, split: Split, fits: Callable[[str], bool]) -> list[str]:
+    """``text`` cut as ``split`` says (``fits``: whether a piece's prompt fits one segment)."""
+    if split is Split.NONE or (split is Split.FIT and fits(text)):
+        return [text]
+    return split_text(text, fits)
 
 
 def _cut_until_fits(piece: str, fits: Callable[[str], bool] | None) -> list[str]:

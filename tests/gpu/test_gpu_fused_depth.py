@@ -11,7 +11,7 @@ import torch
 
 from breezert.models.config import BreezeConfig
 from breezert.models.depth import DepthDecoder
-from tests.kernel_helpers import random_bf16_fused_, rel_error
+from tests.kernel_helpers import fp32_copy, random_bf16_fused_, rel_error
 
 pytestmark = pytest.mark.gpu
 
@@ -28,9 +28,7 @@ def depth() -> DepthDecoder:
 def depth_fp32(depth: DepthDecoder) -> DepthDecoder:
     """An fp32 copy with the same weights, for reference math."""
     with torch.device("cuda"):
-        copy = DepthDecoder(depth.cfg)
-    copy.load_state_dict({k: v.float() for k, v in depth.state_dict().items()})
-    return copy.eval()
+        return fp32_copy(depth, DepthDecoder)
 
 
 def _frame(fn, depth: DepthDecoder, xs: torch.Tensor) -> tuple[list[torch.Tensor], torch.Tensor]:

@@ -74,12 +74,14 @@ def graph_engine() -> Engine:
 
 def _stage_inputs(stage: Stage, key, engine: Engine) -> dict[str, torch.Tensor]:
     """Realistic inputs for one captured bucket: real KV rows and slots, random values (padding
-    rows/tokens that all write one scratch row would make the comparison racy)."""
+    rows/tokens that all write one scratch row would make the comparison racy). DECODE, DEPTH and
+    CODEC read the slot table: their rows' state is written there first."""
+    from breezert.layers.attention import KVRun
+    from breezert.sched.plan import DepthItem
     from breezert.stages.backbone import _meta_inputs
-    from breezert.worker.kv_cache import KVRun
 
     runner = engine.runner
-    st = runner.stages[stage]
+    st, table = runner.stages[stage], runner.slots
     gen = torch.Generator(device="cuda").manual_seed(0)
     if stage is Stage.PREFILL:
         n, k = key
@@ -90,19 +92,27 @@ def _stage_inputs(stage: Stage, key, engine: Engine) -> dict[str, torch.Tensor]:
         return inputs
     if stage is Stage.DECODE:
         r, t = key
-        runs = [KVRun([3 * i, 3 * i + 1, 3 * i + 2], min(t - 1, 10 + i), 1) for i in range(r)]
-        codes = torch.randint(0, 2048, (r, 16), device="cuda", generator=gen)
-        return {"codes": codes,
-                **_meta_inputs(runner.kv.decode_meta(runs, r, t), torch.device("cuda"))}
+        positions = [min(t - 1, 10 + i) for i in range(r)]
+        for row in range(r):  # slot row // 2, branch row % 2: its own three blocks
+            table.set_block_table(row, (3 * row, 3 * row + 1, 3 * row + 2))
+        table.last_frame.random_(0, 2048, generator=gen)
+        return st.slot_inputs(list(range(r)), positions, r, t)
+    if stage is Stage.DEPTH:
+        size, use_cfg = key
+        table.hidden.normal_(generator=gen)
+        table.seen.copy_(torch.rand(table.seen.shape, device="cuda", generator=gen) < 0.02)
+        table.frame_count.random_(0, 100, generator=gen)
+        items = [DepthItem(f"r{i}", i, 0, 1, 2 if use_cfg and i % 2 == 0 else 1, 0)
+                 for i in range(size)]
+        return {"row_ids": st.row_ids(items, size, use_cfg)}
     inputs = st.example_inputs(*key) if isinstance(key, tuple) else st.example_inputs(key)
     if stage is Stage.TEXT_ENCODE:
         inputs["input_ids"].random_(3, 5000, generator=gen)
-    elif stage is Stage.DEPTH:
-        inputs["hidden"].normal_(generator=gen)
     elif stage is Stage.CODEC:
-        b = key[0]
-        inputs["slot_ids"].copy_(torch.arange(b, device="cuda"))  # distinct real slots
-        inputs["codes"].random_(0, 2048, generator=gen)
+        b, f = key
+        table.ring.random_(0, 2048, generator=gen)
+        inputs["rows"][:, 0] = torch.arange(b, device="cuda")  # distinct real slots
+        inputs["rows"][:, 1:] = torch.arange(f, device="cuda")  # frames 0..f-1 of each
     return inputs
 
 
@@ -118,16 +128,29 @@ def test_every_graph_equals_eager(graph_engine: Engine) -> None:
                 _compare(graphs, key, _stage_inputs(stage, key, graph_engine), runner)
 
 
-def _compare(graphs, key, inputs: dict[str, torch.Tensor], runner) -> None:
+def _state(runner) -> dict[str, torch.Tensor]:  # type: ignore[no-untyped-def]
+    """Every tensor a stage function writes: the codec arena, the KV cache, the slot table."""
     state = runner.codec.state
-    saved = state.conv.clone(), state.kv.clone(), state.pos.clone(), runner.kv.kv.clone()
+    tensors = {"codec.conv": state.conv, "codec.kv": state.kv, "codec.pos": state.pos,
+               "kv": runner.kv.kv}
+    tensors.update({f"slots.{name}": t for name, t in vars(runner.slots).items()
+                    if isinstance(t, torch.Tensor)})
+    return tensors
+
+
+def _compare(graphs, key, inputs: dict[str, torch.Tensor], runner) -> None:
+    """The replay's outputs and its writes (slot table, KV cache, codec state) equal the eager
+    function's from the same starting state."""
+    saved = {name: t.clone() for name, t in _state(runner).items()}
     eager = {k: v.clone() for k, v in graphs.fn(**inputs).items()}
-    state.conv.copy_(saved[0]), state.kv.copy_(saved[1]), state.pos.copy_(saved[2])
-    runner.kv.kv.copy_(saved[3])
-    replay = graphs(key, inputs)
+    eager.update({name: t.clone() for name, t in _state(runner).items()})
+    for name, t in _state(runner).items():
+        t.copy_(saved[name])
+    replay = dict(graphs(key, inputs))
+    replay.update(_state(runner))
     for name, value in eager.items():
         got = replay[name]
-        if value.dtype in (torch.long, torch.int32):
+        if value.dtype in (torch.long, torch.int32, torch.bool):
             assert torch.equal(got, value), f"{graphs.name} {key} {name} differs"
         else:
             err = (got.float() - value.float()).abs().max().item()

@@ -1,6 +1,6 @@
 """GPU: host code that must not wait for the GPU in the middle of its work. A TEXT_ENCODE step's
 prompt assembly (audio rows placed by host positions), and a step of the voice's codec training
-(``breezert.train.codec_train``) and LM training (``breezert.train.lm_train``), which wait once,
+(``breezert_train.codec_train``) and LM training (``breezert_train.lm_train``), which wait once,
 for their figures, not once per codebook, per copy or per boolean mask.
 
 Run on a CUDA machine: ``python -m pytest tests/gpu -q`` (skipped without CUDA).
@@ -13,9 +13,9 @@ import warnings
 import pytest
 import torch
 
-from breezert.train.codec_train import CodecTrainConfig, CodecTrainer
-from breezert.train.lm_data import byte_tokenizer, make_utterance
-from breezert.train.lm_train import SMALL_GPU, LMTrainer
+from breezert_train.codec_train import CodecTrainConfig, CodecTrainer
+from breezert_train.lm_data import byte_tokenizer, make_utterance
+from breezert_train.lm_train import SMALL_GPU, LMTrainer
 
 pytestmark = pytest.mark.gpu
 

@@ -1,9 +1,9 @@
 """Shared helpers of the server tests: one tiny CPU engine per module, an app on a real port.
 
 Owns: the engine fixture factory, ``serve`` (the aiohttp app on a random port through aiohttp's
-test server), ``wait_idle`` (the engine's slots and KV blocks all free again) and
-``ReplayEngine`` (a stand-in engine for transport-only checks). Not a test module; the server
-test modules import it.
+test server) and ``wait_idle`` (the engine's slots and KV blocks all free again); the stand-in
+engine for transport-only checks is ``tests.fake_engine.FakeEngine``. Not a test module; the
+server test modules import it.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from aiohttp import web
 from aiohttp.test_utils import TestServer
 from breezert.async_engine import AsyncEngine
 from breezert.config import EngineConfig, ServingConfig
+from breezert.engine_client import EngineClient
 from breezert.profiles import EMBEDDED_PROFILE, profile_path
 from breezert.server.app import create_app
 from breezert.server.state import STATE, ServerState
@@ -41,7 +42,7 @@ def close_engine(engine: AsyncEngine) -> None:
 
 @contextlib.asynccontextmanager
 async def serve(
-    engine: AsyncEngine,
+    engine: EngineClient,
     *,
     host: str = "127.0.0.1",
     serving: Mapping[str, Any] | None = None,
@@ -83,89 +84,6 @@ async def wait_idle(engine: AsyncEngine, timeout_s: float = 5.0) -> None:
         if asyncio.get_running_loop().time() > deadline:
             raise AssertionError(f"engine still busy after {timeout_s} s: {stats}")
         await asyncio.sleep(0.02)
-
-
-class ReplayEngine:
-    """Stands in for ``AsyncEngine`` where a test checks the transport, not synthesis.
-
-    Each request yields ``num_frames`` codec frames of a continuous two-tone signal (never
-    silent) on the 1, 2, 4, 8, 16 chunk schedule: the first chunk ``first_chunk_s`` after
-    submit, each next one after a ``1 / speedup`` share of the previous chunk's duration, so
-    it always stays ahead of real time whatever else loads the CPU.
-    """
-
-    is_running = True
-
-    def __init__(self, *, num_frames: int = FRAMES_PER_TURN, first_chunk_s: float = 0.03,
-                 speedup: float = 4.0, fail_after_chunks: int | None = None) -> None:
-        self.num_frames = num_frames
-        self.fail_after_chunks = fail_after_chunks
-        """Fail the next request after this many chunks (``RequestFailed``), then behave."""
-        self.first_chunk_s = first_chunk_s
-        self.speedup = speedup
-        self._queues: dict[str, asyncio.Queue[Any]] = {}
-        self._tasks: dict[str, asyncio.Task[None]] = {}
-        self.num_samples_sent = 0
-
-    def submit(self, request: Any) -> str:
-        request_id = request.request_id
-        self._queues[request_id] = asyncio.Queue()
-        self._tasks[request_id] = asyncio.create_task(self._produce(request_id))
-        return request_id
-
-    async def _produce(self, request_id: str) -> None:
-        import numpy as np
-        from breezert.errors import RequestFailed
-        from breezert.outputs import AudioChunk
-
-        queue = self._queues[request_id]
-        await asyncio.sleep(self.first_chunk_s)
-        start, sizes = 0, [1, 2, 4, 8, 16]
-        fail_after, self.fail_after_chunks = self.fail_after_chunks, None
-        while start < self.num_frames:
-            if fail_after is not None and start >= sum([1, 2, 4, 8, 16][:fail_after]):
-                queue.put_nowait(RequestFailed(request_id, "injected fault"))
-                return
-            n = min(sizes[0] if sizes else 16, self.num_frames - start)
-            sizes = sizes[1:]
-            t = np.arange(start * SAMPLES_PER_FRAME, (start + n) * SAMPLES_PER_FRAME) / 24000
-            pcm = (0.3 * np.sin(2 * np.pi * 220 * t) + 0.2 * np.sin(2 * np.pi * 1250 * t))
-            queue.put_nowait(AudioChunk(request_id, pcm.astype(np.float32), 24000, start,
-                                        start + n, 0, 0.0, start + n == self.num_frames))
-            self.num_samples_sent += len(pcm)
-            start += n
-            await asyncio.sleep(n * 0.08 / self.speedup)
-        queue.put_nowait(None)
-
-    async def stream(self, request_id: str) -> AsyncIterator[Any]:
-        queue = self._queues[request_id]
-        while (item := await queue.get()) is not None:
-            if isinstance(item, BaseException):
-                raise item
-            yield item
-        self._queues.pop(request_id, None)
-
-    def abort(self, request_id: str) -> None:
-        from breezert.errors import RequestAborted
-
-        task = self._tasks.pop(request_id, None)
-        if task is not None:
-            task.cancel()
-        queue = self._queues.get(request_id)
-        if queue is not None:
-            queue.put_nowait(RequestAborted(request_id))
-
-    def append_text(self, request_id: str, text: str) -> None:
-        pass
-
-    def close_input(self, request_id: str) -> None:
-        pass
-
-    def report_playback(self, *args: Any) -> None:
-        pass
-
-    def metrics(self) -> dict[str, Any]:
-        return {}
 
 
 async def recvonly_offer() -> str:

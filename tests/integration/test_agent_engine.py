@@ -81,7 +81,7 @@ async def _wait_idle(engine: AsyncEngine, timeout_s: float = 10.0) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if core.block_pool.num_free == core.block_pool.num_blocks \
-                and core.scheduler.num_running == 0 and core.runner.batch.num_active == 0:
+                and core.scheduler.num_running == 0 and core.runner.slots.num_active == 0:
             return
         await asyncio.sleep(0.02)
 
@@ -153,7 +153,7 @@ async def test_aclose_mid_turn_aborts_and_frees_the_engine(engine: AsyncEngine) 
     await _wait_idle(engine)
     assert core.block_pool.num_free == core.block_pool.num_blocks
     assert core.scheduler.num_running == 0
-    assert core.runner.batch.num_active == 0
+    assert core.runner.slots.num_active == 0
 
 
 async def test_agent_session_say_feeds_the_source_queue_back_to_the_engine(
@@ -244,12 +244,12 @@ async def test_shared_engine_builds_once_for_concurrent_threads(
 async def test_engine_marks_each_segment_start_exactly(engine: AsyncEngine) -> None:
     """Chunks of 4 frames over segments of up to 3: a chunk carries the end of one segment and
     the start of the next, and only the engine's frame counts tell where the boundary is."""
-    from breezert.async_engine import SegmentStarted
-    from breezert.outputs import AudioChunk
+    from breezert.outputs import AudioChunk, SegmentStarted
     from breezert.request import SynthesisRequest
 
-    request_id = engine.submit(SynthesisRequest(
-        text=["One.", "Two.", "Three."], max_frames=3, chunk_schedule=(4,), request_id="marks-1"))
+    request_id = (await engine.submit(SynthesisRequest(
+        text=["One.", "Two.", "Three."], max_frames=3, chunk_schedule=(4,),
+        request_id="marks-1"))).request_id
     items = [item async for item in engine.stream(request_id, segments=True)]
     marks = [i for i in items if isinstance(i, SegmentStarted)]
     chunks = [i for i in items if isinstance(i, AudioChunk)]
@@ -295,8 +295,8 @@ async def test_turn_queued_behind_the_running_limit_is_logged_and_counted(
 ) -> None:
     from breezert.request import SynthesisRequest
 
-    holders = [engine.submit(SynthesisRequest(text=["Hold."], input_closed=False, max_frames=1,
-                                              request_id=f"holder-{i}"))
+    holders = [(await engine.submit(SynthesisRequest(
+        text=["Hold."], input_closed=False, max_frames=1, request_id=f"holder-{i}"))).request_id
                for i in range(engine.max_running_requests)]  # open turns hold every slot
     metrics: list[TTSMetrics] = []
     before = engine.metrics()["counters"].get("queued_requests", 0)

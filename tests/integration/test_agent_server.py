@@ -104,9 +104,14 @@ async def test_queued_event_when_every_running_slot_is_held(engine: AsyncEngine)
             await holder.close()
 
 
-def _queued_total(text: str) -> float:
+def _sample(text: str, name: str) -> float:
+    """The value of the sample line ``name value`` (Prometheus text; ``1.0`` or ``1``)."""
     return next(float(line.split()[-1]) for line in text.splitlines()
-                if line.startswith("breezert_requests_queued_total "))
+                if line.startswith(f"{name} "))
+
+
+def _queued_total(text: str) -> float:
+    return _sample(text, "breezert_requests_queued_total")
 
 
 async def test_a_queued_turn_is_counted_on_metrics_and_by_the_remote_plugin(
@@ -126,7 +131,7 @@ async def test_a_queued_turn_is_counted_on_metrics_and_by_the_remote_plugin(
             text = await r.text()
         assert tts.num_queued_turns == 1
         assert _queued_total(text) == before + 1
-        assert "breezert_queued_requests 1" in text.splitlines()  # the gauge, while it waits
+        assert _sample(text, "breezert_queued_requests") == 1  # the gauge, while it waits
         for holder in holders:
             await holder.send_json({"type": "end"})
         assert (await asyncio.wait_for(turn, 20)).duration > 0

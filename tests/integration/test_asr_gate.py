@@ -16,9 +16,9 @@ from typing import Any
 import pytest
 
 from breezert.random_init import write_random_checkpoint
-from breezert.train.asr import Transcriber
-from breezert.train.asr_gate import GATE_SENTENCES, gate_failures, read_sentences, run_gate, select
-from breezert.train.gate_audio import FIXED_CHUNKS, BreezeSubject, TeacherSubject
+from breezert_train.asr import Transcriber
+from breezert_train.asr_gate import GATE_SENTENCES, gate_failures, read_sentences, run_gate, select
+from breezert_train.gate_audio import FIXED_CHUNKS, BreezeSubject, TeacherSubject
 from tests.components import needs
 
 pytestmark = [

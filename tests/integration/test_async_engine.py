@@ -2,7 +2,7 @@
 
 Owns the asyncio contract: chunks stream per request, cancelling or leaving a consumer aborts its
 request and frees every resource, failures reach the consumer as ``RequestFailed``, turns grow
-through ``append_text``/``close_input``, and ``aclose`` stops the thread. Must not need a GPU.
+through ``append``/``close_input``, and ``aclose`` stops the thread. Must not need a GPU.
 """
 
 from __future__ import annotations
@@ -60,7 +60,7 @@ async def collect(chunks: AsyncIterator[AudioChunk]) -> list[AudioChunk]:
 async def wait_released(engine: Engine) -> None:
     """Polls until nothing is running and pool, slots and the worker's slot table are free."""
     async def released() -> None:
-        while (engine.scheduler.has_work() or engine.runner.batch.num_active
+        while (engine.scheduler.has_work() or engine.runner.slots.num_active
                or engine.block_pool.num_free != engine.block_pool.num_blocks):
             await asyncio.sleep(0.005)
 
@@ -126,13 +126,14 @@ async def test_failing_request_raises_request_failed(aengine: AsyncEngine) -> No
 async def test_append_text_and_close_input_make_a_two_segment_turn(
     aengine: AsyncEngine,
 ) -> None:
-    request_id = aengine.submit(make("turn", frames=6, text="seg one", input_closed=False))
+    submitted = await aengine.submit(make("turn", frames=6, text="seg one", input_closed=False))
+    request_id = submitted.request_id
     chunks: list[AudioChunk] = []
 
     async def consume() -> None:
         async for chunk in aengine.stream(request_id):
             if not chunks:
-                aengine.append_text(request_id, "seg two")
+                assert await aengine.append(request_id, "seg two") == 1
                 aengine.close_input(request_id)
             chunks.append(chunk)
 
@@ -154,8 +155,8 @@ async def test_aclose_aborts_open_streams_and_stops_the_thread(aengine: AsyncEng
 
     # An open turn without text (never runnable) and a stream closed right on a chunk, when
     # the engine thread is between two steps.
-    idle = asyncio.ensure_future(collect(aengine.stream(
-        aengine.submit(make("idle", frames=4, text=[], input_closed=False)))))
+    idle_turn = await aengine.submit(make("idle", frames=4, text=[], input_closed=False))
+    idle = asyncio.ensure_future(collect(aengine.stream(idle_turn.request_id)))
     busy = asyncio.ensure_future(consume(aengine.synthesize(make("busy", frames=400))))
     await asyncio.wait_for(first_chunk.wait(), TIMEOUT_S)
     thread = aengine._thread
@@ -187,7 +188,7 @@ async def test_the_configured_thread_switch_interval_holds_while_the_engine_thre
 
 async def test_abort_before_streaming_drops_the_route(aengine: AsyncEngine) -> None:
     # A caller that submits, then gives up before it streams (a client gone, a barge-in).
-    request_id = aengine.submit(make("unread", frames=40))
+    request_id = (await aengine.submit(make("unread", frames=40))).request_id
     aengine.abort(request_id)
     await wait_released(aengine.engine)
     assert request_id not in aengine._routes
@@ -195,7 +196,7 @@ async def test_abort_before_streaming_drops_the_route(aengine: AsyncEngine) -> N
 
 def _submit_from_a_loop_that_closes(aengine: AsyncEngine, request: SynthesisRequest) -> None:
     async def submit() -> None:
-        aengine.submit(request)
+        await aengine.submit(request)
 
     asyncio.run(submit())
 

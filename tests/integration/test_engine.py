@@ -19,8 +19,9 @@ import pytest
 import torch
 
 from breezert.config import EngineConfig
-from breezert.constants import Stage
+from breezert.constants import FRAME_EOS_ID, Stage
 from breezert.engine import Engine, EngineOutput, RequestOutcome
+from breezert.layers.attention import decode_meta_on_device
 from breezert.errors import EngineOverloaded, InvalidRequest
 from breezert.options import SamplingParams
 from breezert.metrics import EngineMetrics
@@ -124,7 +125,7 @@ def assert_all_released(engine: Engine) -> None:
     assert (stats.num_running, stats.num_waiting) == (0, 0)
     assert stats.num_free_slots == engine.config.scheduler.max_running_requests
     assert engine.block_pool.num_free == engine.block_pool.num_blocks
-    assert engine.runner.batch.num_active == 0
+    assert engine.runner.slots.num_active == 0
 
 
 @dataclass
@@ -146,11 +147,11 @@ class Recorder:
         for item in plan.items:
             self.items.append((len(self.steps), plan.stage, item.request_id,
                                getattr(item, "segment_index", -1)))
-            if plan.stage is Stage.DEPTH and item.request_id not in out.failed:
-                state = self.engine.runner.batch.get(item.slot, item.request_id)
-                frame = state.frames.get(item.output_frame_index)
-                if frame is not None:  # None: EOS
-                    self.frames.setdefault(item.request_id, []).append(frame.clone())
+            if plan.stage is Stage.DEPTH and item.request_id not in out.failed \
+                    and out.first_codes[item.request_id] != FRAME_EOS_ID:  # EOS: no frame
+                slots = self.engine.runner.slots
+                frame = slots.ring[item.slot, item.output_frame_index % slots.ring_frames]
+                self.frames.setdefault(item.request_id, []).append(frame.clone())
         return out
 
 
@@ -307,9 +308,9 @@ def test_abort_and_failure_leave_others_correct_and_free_everything(engine: Engi
 def test_idle_engine_releases_worker_slots(engine: Engine) -> None:
     engine.add_request(make("short", seed=1, frames=2))
     run(engine)
-    assert engine.runner.batch.num_active == 1  # the release rides on the next plan or idle step
+    assert engine.runner.slots.num_active == 1  # the release rides on the next plan or idle step
     assert engine.step() == []
-    assert engine.runner.batch.num_active == 0
+    assert engine.runner.slots.num_active == 0
 
 
 # ----------------------------------------------------------------------------- multi-segment turn
@@ -478,13 +479,22 @@ def test_chunks_carry_their_segment_index(engine: Engine) -> None:
 
 
 def test_decode_example_inputs_with_a_real_context(engine: Engine) -> None:
-    """The benchmarks' DECODE inputs: rows holding ``cached`` tokens in their own blocks."""
+    """The benchmarks' DECODE inputs: rows holding ``cached`` tokens in their own blocks, their
+    block tables written into the (idle) engine's slot table."""
     stage = engine.runner.stages[Stage.DECODE]
+    slots, kv = engine.runner.slots, engine.runner.kv
+
+    def meta(inputs: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        return decode_meta_on_device(slots.block_tables[inputs["row_ids"]], inputs["positions"],
+                                     inputs["key_slots"], kv.block_size, kv.scratch_row)
+
     inputs = stage.example_inputs(3, 64, cached=40)
-    assert inputs["mask"].reshape(3, -1).sum(dim=1).tolist() == [41, 41, 41]
-    assert inputs["positions"].tolist() == [40, 40, 40]
-    assert len(set(inputs["write_rows"].tolist())) == 3  # each row its own blocks
-    idle = stage.example_inputs(2, 64)  # capture inputs: padding rows only
+    real = meta(inputs)
+    assert real["mask"].reshape(3, -1).sum(dim=1).tolist() == [41, 41, 41]
+    assert real["positions"].tolist() == [40, 40, 40]
+    assert len(set(real["write_rows"].tolist())) == 3  # each row its own blocks
+    idle = meta(stage.example_inputs(2, 64))  # capture inputs: padding rows only
     assert idle["mask"].reshape(2, -1).sum(dim=1).tolist() == [1, 1]
+    assert set(idle["write_rows"].tolist()) == {kv.scratch_row}
     with pytest.raises(ValueError, match="blocks"):
-        stage.example_inputs(3, 64, cached=engine.runner.kv.num_blocks * 16)
+        stage.example_inputs(3, 64, cached=kv.num_blocks * 16)

@@ -1,10 +1,10 @@
-"""``graph.device_slot_state`` end to end (CPU, tiny model): the device slot table gives the plans,
-first codes, frames and audio of the host path, step for step, for a mix of requests (seeds,
-sampling, CFG, repetition penalty, two segments, staggered arrivals that reuse slots, an abort
-mid-stream), and every freed slot's rows are back to the defaults.
+"""The slot table end to end (CPU, tiny model): a mix of requests (seeds, sampling, CFG,
+repetition penalty, two segments, staggered arrivals that reuse slots, EOS, an abort mid-stream,
+a failure) runs to its end, every frame in the ring is the one DEPTH sampled, and every freed
+slot's rows are back to the defaults.
 
-Owns: engine-level equality of the two slot-state paths and the table's release. Must not need
-a GPU (tests/gpu/test_gpu_slot_state.py checks the same under CUDA graphs for every bucket).
+Owns: the mix and its trace (``drive``), which tests/gpu/test_gpu_slot_state.py replays under
+CUDA graphs, and the table's release. Must not need a GPU.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from breezert.outputs import AudioChunk
 from breezert.request import RequestStatus, SynthesisRequest
 from breezert.sched.plan import StepPlan
 from breezert.worker.slot_table import SlotTable
-from tests.integration.test_engine import CONFIG, assert_all_released
+from tests.integration.test_engine import CONFIG, assert_all_released, sequential
 
 pytestmark = pytest.mark.integration
 
@@ -34,10 +34,9 @@ EOS_GAIN = 30.0
 """Scales the lm_head's EOS row: request ``eos`` then samples EOS after one frame."""
 
 
-def engine_with(device_slot_state: bool, codec_mixed_sizes: bool = False) -> Engine:
+def engine_with(codec_mixed_sizes: bool = False) -> Engine:
     config = EngineConfig.from_file(CONFIG)
-    graph = config.graph.model_copy(update={"device_slot_state": device_slot_state,
-                                            "codec_mixed_sizes": codec_mixed_sizes})
+    graph = config.graph.model_copy(update={"codec_mixed_sizes": codec_mixed_sizes})
     scheduler = config.scheduler.model_copy(update={"max_running_requests": MAX_RUNNING})
     return deterministic_engine(config.model_copy(update={"graph": graph,
                                                           "scheduler": scheduler}))
@@ -93,10 +92,9 @@ class Trace:
     outcomes: dict[str, RequestOutcome] = field(default_factory=dict)
 
 
-def _frame(engine: Engine, slot: int, request_id: str, frame_index: int) -> list[int]:
-    table = engine.runner.table
-    if table is None:
-        return engine.runner.batch.get(slot, request_id).frames[frame_index].tolist()
+def _frame(engine: Engine, slot: int, frame_index: int) -> list[int]:
+    """The frame DEPTH just wrote: the slot's last frame, and the ring's entry for it."""
+    table = engine.runner.slots
     assert torch.equal(table.ring[slot, frame_index % table.ring_frames], table.last_frame[slot])
     return table.last_frame[slot].tolist()
 
@@ -117,8 +115,7 @@ def drive(engine: Engine) -> Trace:
         trace.first_codes.append(dict(out.first_codes))
         if plan.stage is Stage.DEPTH:
             trace.frames.append({
-                item.request_id: _frame(engine, item.slot, item.request_id,
-                                        item.output_frame_index)
+                item.request_id: _frame(engine, item.slot, item.output_frame_index)
                 for item in plan.items if item.request_id in out.first_codes
                 and out.first_codes[item.request_id] != FRAME_EOS_ID})
         return out
@@ -152,42 +149,62 @@ def drive(engine: Engine) -> Trace:
 
 
 @pytest.fixture(scope="module", params=[False, True], ids=["per-size-codec", "mixed-codec"])
-def traces(request: pytest.FixtureRequest) -> dict[bool, tuple[Engine, Trace]]:
-    """Both paths (key: ``device_slot_state``) over the mix, per codec grouping."""
-    return {on: (engine, drive(engine)) for on in (False, True)
-            for engine in [engine_with(on, codec_mixed_sizes=request.param)]}
+def traces(request: pytest.FixtureRequest) -> tuple[Engine, Trace]:
+    """The mix, per codec grouping."""
+    engine = engine_with(codec_mixed_sizes=request.param)
+    return engine, drive(engine)
 
 
-def assert_same_trace(host: Trace, device: Trace, audio_atol: float = 0.0) -> None:
-    """The same plans, first codes, frames, outcomes and chunk ranges; audio within
-    ``audio_atol`` (0: bit for bit)."""
-    assert device.plans == host.plans  # the same schedule: every result matched
-    assert device.first_codes == host.first_codes
-    assert device.frames == host.frames
-    assert {rid: o.status for rid, o in device.outcomes.items()} == \
-        {rid: o.status for rid, o in host.outcomes.items()}
-    assert device.chunks.keys() == host.chunks.keys()
-    for request_id, chunks in host.chunks.items():
-        got = device.chunks[request_id]
-        assert [(c.frame_start, c.frame_end) for c in got] == \
+def assert_same_trace(want: Trace, got: Trace, audio_atol: float = 0.0) -> None:
+    """The same stages step for step, first codes, frames, outcomes and chunk ranges (KV blocks
+    may differ); audio within ``audio_atol`` (0: bit for bit)."""
+    assert [stage for stage, _ in got.plans] == [stage for stage, _ in want.plans]
+    assert got.first_codes == want.first_codes
+    assert got.frames == want.frames
+    assert {rid: o.status for rid, o in got.outcomes.items()} == \
+        {rid: o.status for rid, o in want.outcomes.items()}
+    assert got.chunks.keys() == want.chunks.keys()
+    for request_id, chunks in want.chunks.items():
+        assert [(c.frame_start, c.frame_end) for c in got.chunks[request_id]] == \
             [(c.frame_start, c.frame_end) for c in chunks]
-        np.testing.assert_allclose(np.concatenate([c.pcm for c in got]),
+        np.testing.assert_allclose(np.concatenate([c.pcm for c in got.chunks[request_id]]),
                                    np.concatenate([c.pcm for c in chunks]),
                                    atol=audio_atol, rtol=0)
 
 
-def test_device_slot_state_equals_the_host_path_step_for_step(
-    traces: dict[bool, tuple[Engine, Trace]],
+def test_a_second_run_on_the_reused_slots_repeats_the_first(
+    traces: tuple[Engine, Trace],
 ) -> None:
-    (_, host), (device_engine, device) = traces[False], traces[True]
-    assert device_engine.runner.table is not None
-    assert_same_trace(host, device)
+    """Nothing of a freed slot leaks into the next request: the mix again, on the slots the
+    first run left, gives the same codes, frames and audio bit for bit."""
+    engine, first = traces
+    assert_same_trace(first, drive(engine))
+
+
+def test_the_ring_holds_the_frames_the_codec_turned_into_audio(
+    traces: tuple[Engine, Trace],
+) -> None:
+    """Requests that ran to their end sound as the sequential reference, whose codes the
+    ring's frames must then have been (slot reuse, CFG next to plain rows, two segments)."""
+    engine, trace = traces
+    for wave in ARRIVALS.values():
+        for request in wave:
+            if request.request_id in ("abort", "fail", "eos"):
+                continue
+            want = np.concatenate([c.pcm for c in sequential(engine, request)])
+            got = np.concatenate([c.pcm for c in trace.chunks[request.request_id]])
+            np.testing.assert_allclose(got, want, atol=1e-5, rtol=0)
 
 
 def test_the_mix_reuses_slots_aborts_and_ends_every_request(
-    traces: dict[bool, tuple[Engine, Trace]],
+    traces: tuple[Engine, Trace],
 ) -> None:
-    _, trace = traces[True]
+    assert_mix_ran(traces[1])
+
+
+def assert_mix_ran(trace: Trace, slots_reused: bool = True) -> None:
+    """What the mix must have exercised and how each request ended (``slots_reused``: fewer
+    slots than requests, so later arrivals must take freed slots)."""
     assert trace.outcomes["abort"].status is RequestStatus.ABORTED
     assert len(trace.chunks["abort"]) == ABORT_AFTER_CHUNKS
     assert trace.outcomes["fail"].status is RequestStatus.FAILED
@@ -198,11 +215,12 @@ def test_the_mix_reuses_slots_aborts_and_ends_every_request(
     finished = [rid for rid, o in trace.outcomes.items() if o.status is RequestStatus.FINISHED]
     assert sorted(finished) == sorted(r.request_id for wave in ARRIVALS.values() for r in wave
                                       if r.request_id not in ("abort", "fail"))
-    slots = {}
+    slots: dict[int, set[str]] = {}
     for _, items in trace.plans:
         for _, request_id, slot, *_ in items:
             slots.setdefault(slot, set()).add(request_id)
-    assert max(len(ids) for ids in slots.values()) >= 2, "no slot was reused"
+    if slots_reused:
+        assert max(len(ids) for ids in slots.values()) >= 2, "no slot was reused"
     depth = [items for stage, items in trace.plans if stage is Stage.DEPTH]
     assert any({num_branches for *_, num_branches, _ in items} == {1, 2} for items in depth), \
         "no DEPTH step mixed CFG and plain requests"
@@ -210,29 +228,33 @@ def test_the_mix_reuses_slots_aborts_and_ends_every_request(
 
 
 def test_every_freed_slot_is_reset_and_everything_released(
-    traces: dict[bool, tuple[Engine, Trace]],
+    traces: tuple[Engine, Trace],
 ) -> None:
-    engine, _ = traces[True]
+    assert_slots_reset(traces[0])
+
+
+def assert_slots_reset(engine: Engine) -> None:
+    """The engine is idle with everything released, every slot's rows at the defaults."""
     assert_all_released(engine)
-    table = engine.runner.table
-    assert table is not None
-    fresh = SlotTable(MAX_RUNNING, vocab_size=table.seen.shape[1],
+    table = engine.runner.slots
+    slots = table.scratch_slot
+    fresh = SlotTable(slots, vocab_size=table.seen.shape[1],
                       hidden_size=table.hidden.shape[-1], hidden_dtype=table.hidden.dtype,
                       ring_frames=table.ring_frames, device=table.device)
     for name in ("sampling", "seeds", "frame_count", "cfg_scale", "has_cfg", "penalty", "no_eos",
                  "seen", "hidden", "last_frame", "ring"):
-        got, want = getattr(table, name)[:MAX_RUNNING], getattr(fresh, name)[:MAX_RUNNING]
+        got, want = getattr(table, name)[:slots], getattr(fresh, name)[:slots]
         assert torch.equal(got, want), f"{name} of a freed slot was not reset"
     assert not table.next_codec_frame.any()
 
 
 def test_abort_mid_stream_resets_the_slot_at_once() -> None:
-    engine = engine_with(True)
+    engine = engine_with()
     engine.add_request(_request("solo", 21, 30))
     while not any(isinstance(o, AudioChunk) for o in engine.step()):
         pass
-    table = engine.runner.table
-    assert table is not None and table.seeds[0].item() == 21 and table.frame_count[0] > 0
+    table = engine.runner.slots
+    assert table.seeds[0].item() == 21 and table.frame_count[0] > 0
     engine.abort("solo")
     assert engine.step() == [RequestOutcome("solo", RequestStatus.ABORTED)]
     assert table.seeds[0].item() == 0 and table.frame_count[0].item() == 0

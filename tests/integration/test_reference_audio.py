@@ -1,9 +1,9 @@
 """Voice cloning from real reference audio, end to end, on the tiny CPU model.
 
-Owns: ``Engine.encode_reference`` / ``AsyncEngine.encode_reference`` (K = ceil(n24 / 1920) frames,
-errors naming the field, no event-loop blocking), ``reference_audio`` + ``reference_text`` on
-``POST /v1/audio/speech`` (clone and direction templates, 400s naming the field) and on the
-WebSocket ``say`` message.
+Owns: ``TextFrontEnd.encode_reference`` / ``AsyncEngine.encode_reference`` (K = ceil(n24 /
+1920) frames, errors naming the field, no event-loop blocking), ``reference_audio`` +
+``reference_text`` on ``POST /v1/audio/speech`` (clone and direction templates, 400s naming
+the field) and on the WebSocket ``say`` message.
 """
 
 from __future__ import annotations
@@ -15,14 +15,13 @@ import json
 import math
 import time
 import wave
-from dataclasses import replace
 from typing import Any
 
 import aiohttp
 import numpy as np
 import pytest
 import soundfile as sf
-from breezert import engine as engine_module
+from breezert import frontend as frontend_module
 from breezert.async_engine import AsyncEngine
 from breezert.errors import InvalidRequest
 from breezert.models.prompt import Prompt
@@ -65,14 +64,14 @@ def expected_frames(num_samples: int, rate: int) -> int:
 def prompts(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, Prompt, Any]]:
     """Every prompt the engine builds: (text, prompt, reference passed)."""
     seen: list[tuple[str, Prompt, Any]] = []
-    real = engine_module.make_prompt
+    real = frontend_module.make_prompt
 
     def spy(tokenizer: Any, text: str, **kwargs: Any) -> Prompt:
         prompt = real(tokenizer, text, **kwargs)
         seen.append((text, prompt, kwargs.get("reference")))
         return prompt
 
-    monkeypatch.setattr(engine_module, "make_prompt", spy)
+    monkeypatch.setattr(frontend_module, "make_prompt", spy)
     return seen
 
 
@@ -90,8 +89,8 @@ def segment_prompts(seen: list[tuple[str, Prompt, Any]]) -> list[Prompt]:
 
 
 def test_engine_encode_reference_frames_and_errors(engine: AsyncEngine) -> None:
-    eng = engine.engine
-    assert eng.checkpoint.codec_encoder is not None  # the random tiny model has one
+    eng = engine.engine.frontend
+    assert eng.codec_encoder is not None  # the random tiny model has one
     for samples, rate in ((sine(1.5, 16000), 16000), (sine(1.5, 44100, 2), 44100),
                           ((sine(0.5, 24000) * 32767).astype(np.int16), 24000)):
         ref = eng.encode_reference(samples, rate, "A reference.")
@@ -114,22 +113,21 @@ def test_engine_encode_reference_frames_and_errors(engine: AsyncEngine) -> None:
 def test_engine_without_an_encoder_names_reference_audio(
     engine: AsyncEngine, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    eng = engine.engine
-    monkeypatch.setattr(eng, "checkpoint", replace(eng.checkpoint, codec_encoder=None))
+    monkeypatch.setattr(engine.engine.frontend, "codec_encoder", None)
     with pytest.raises(InvalidRequest, match="reference_audio"):
-        eng.encode_reference(sine(1.0, 16000), 16000, "x")
+        engine.engine.frontend.encode_reference(sine(1.0, 16000), 16000, "x")
 
 
 async def test_async_encode_reference_keeps_the_loop_running(
     engine: AsyncEngine, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    real = engine.engine.encode_reference
+    real = engine.engine.frontend.encode_reference
 
     def slow(*args: Any) -> Reference:
         time.sleep(0.3)
         return real(*args)
 
-    monkeypatch.setattr(engine.engine, "encode_reference", slow)
+    monkeypatch.setattr(engine.engine.frontend, "encode_reference", slow)
     ticks = 0
 
     async def ticker() -> None:
@@ -240,8 +238,7 @@ async def test_http_bad_reference_gets_400_naming_the_field(
 async def test_http_reference_without_an_encoder_is_400(
     engine: AsyncEngine, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    eng = engine.engine
-    monkeypatch.setattr(eng, "checkpoint", replace(eng.checkpoint, codec_encoder=None))
+    monkeypatch.setattr(engine.engine.frontend, "codec_encoder", None)
     body = {"input": "Hi.", "reference_audio": wav_b64(sine(1.0, 16000), 16000),
             "reference_text": "Me."}
     async with serve(engine, warmup=False) as (url, _), aiohttp.ClientSession() as http, \

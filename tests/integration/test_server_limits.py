@@ -15,6 +15,8 @@ import time
 import aiohttp
 import pytest
 from breezert.async_engine import AsyncEngine
+from breezert.errors import InvalidRequest
+from breezert.text import Split
 
 from tests import latency
 from tests.integration._server import SAMPLES_PER_FRAME, TURN_BYTES, serve, wait_idle, ws_turn
@@ -133,7 +135,10 @@ SEGMENT_BYTES = TURN_BYTES  # every segment is FRAMES_PER_TURN frames (ignore_eo
 async def test_http_input_up_to_max_text_chars_is_spoken(engine: AsyncEngine, text: str) -> None:
     """Over one prompt's token limit (1,022 tokens on this profile: about 1,020 ASCII or 340
     CJK characters), within ``max_text_chars``: the server cuts it into segments."""
-    assert engine.prompt_tokens(text, _options()) > engine.max_prompt_tokens
+    frontend = engine.engine.frontend
+    with pytest.raises(InvalidRequest, match="over the context limit"):  # not as one segment
+        frontend.prepare_text([text], _options(), None)
+    assert len(frontend.prepare_text([text], _options(), None, Split.SENTENCES).segments) >= 2
     async with serve(engine, serving={"max_text_chars": 2000}) as (url, _), \
             aiohttp.ClientSession() as http, \
             http.post(f"{url}/v1/audio/speech",
@@ -169,7 +174,8 @@ async def test_a_prompt_that_cannot_fit_is_refused_in_tokens(engine: AsyncEngine
             http.post(f"{url}/v1/audio/speech", json=body) as r:
         error = (await r.json())["error"]
     assert r.status == 400 and error["param"] == "input", error
-    assert f"context limit of {engine.max_prompt_tokens} tokens" in error["message"]
+    limit = engine.engine.frontend.max_prompt_tokens
+    assert f"context limit of {limit} tokens" in error["message"]
     assert "split the text" not in error["message"] and "instructions" in error["message"]
     await wait_idle(engine)
 

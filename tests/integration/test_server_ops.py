@@ -21,12 +21,11 @@ from aiohttp.test_utils import TestServer
 from breezert.async_engine import AsyncEngine
 from breezert.bench.ports import free_port
 from breezert.config import ServingConfig
-from breezert.errors import EngineOverloaded
 from breezert.server import health
 from breezert.server.app import create_app
 
-from tests.integration._server import CONFIG, REQUEST_OPTIONS, ReplayEngine, serve, wait_idle, \
-    ws_turn
+from tests.fake_engine import FakeEngine
+from tests.integration._server import CONFIG, REQUEST_OPTIONS, serve, wait_idle, ws_turn
 
 pytestmark = pytest.mark.integration
 REPO = Path(__file__).resolve().parents[2]
@@ -85,13 +84,9 @@ async def test_capacity_gauges_follow_an_open_turn(engine: AsyncEngine) -> None:
             assert after[name] == value, name
 
 
-class _FullEngine(ReplayEngine):
-    def submit(self, request: Any) -> str:
-        raise EngineOverloaded("max_queued_requests=0 waiting")
-
-
 async def test_retry_after_on_overload_not_ready_and_draining(engine: AsyncEngine) -> None:
-    async with serve(_FullEngine(), warmup=False) as (url, _), aiohttp.ClientSession() as http:
+    async with serve(FakeEngine(is_overloaded=True), warmup=False) as (url, _), \
+            aiohttp.ClientSession() as http:
         async with http.post(f"{url}/v1/audio/speech", json={"input": "Hi"}) as r:
             assert r.status == 503 and r.headers["Retry-After"] == "2"
     # not ready: the engine is still being built
@@ -103,7 +98,7 @@ async def test_retry_after_on_overload_not_ready_and_draining(engine: AsyncEngin
         release.wait(10)
         return engine
 
-    app = create_app(ReplayEngine(), ServingConfig(port=0), request_options=REQUEST_OPTIONS)
+    app = create_app(None, ServingConfig(port=0), request_options=REQUEST_OPTIONS)
     health.build_engine_in_background(app, build)
     server = TestServer(app, host="127.0.0.1", port=0)
     await server.start_server()

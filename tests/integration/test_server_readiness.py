@@ -26,11 +26,12 @@ async def readyz(http: aiohttp.ClientSession, url: str) -> tuple[int, dict[str, 
         return r.status, await r.json()
 
 
-def hold(engine: AsyncEngine, n: int, tag: str) -> list[str]:
+async def hold(engine: AsyncEngine, n: int, tag: str) -> list[str]:
     """``n`` open turns that said one frame: each holds its running slot, then costs no steps
     (a turn with no text yet is not admitted: it would hold nothing)."""
-    return [engine.submit(SynthesisRequest(text=["Hold."], max_frames=1, input_closed=False,
-                                           request_id=f"{tag}-{i}")) for i in range(n)]
+    return [(await engine.submit(SynthesisRequest(
+        text=["Hold."], max_frames=1, input_closed=False, request_id=f"{tag}-{i}"))).request_id
+            for i in range(n)]
 
 
 async def test_readyz_reports_load_and_is_503_full_at_capacity(engine: AsyncEngine) -> None:
@@ -40,12 +41,12 @@ async def test_readyz_reports_load_and_is_503_full_at_capacity(engine: AsyncEngi
         assert status == 200 and body["status"] == "ready"
         assert body["load"] == {"fraction": 0.0, "running": 0, "queued": 0,
                                 "max_running": slots, "max_queued": 32}
-        held = hold(engine, slots - 1, "part")
+        held = await hold(engine, slots - 1, "part")
         status, body = await readyz(http, url)
         assert status == 200 and body["load"]["running"] == slots - 1
         assert body["load"]["fraction"] == pytest.approx((slots - 1) / slots, abs=1e-4)
 
-        held += hold(engine, 1, "last")  # every slot taken: route new work elsewhere
+        held += await hold(engine, 1, "last")  # every slot taken: route new work elsewhere
         status, body = await readyz(http, url)
         assert status == 503 and body["status"] == "full" and body["ready"] is False
         assert body["load"]["fraction"] == 1.0 and body["load"]["running"] == slots

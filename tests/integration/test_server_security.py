@@ -19,7 +19,8 @@ import pytest
 from breezert.async_engine import AsyncEngine
 from breezert.config import EngineConfig, ServingConfig
 
-from tests.integration._server import ReplayEngine, recvonly_offer, serve, state_of, ws_turn
+from tests.fake_engine import FakeEngine
+from tests.integration._server import recvonly_offer, serve, state_of, ws_turn
 
 pytestmark = pytest.mark.integration
 
@@ -80,7 +81,7 @@ async def test_websocket_keeps_the_socket_on_surrogates_and_deep_nesting(
 
 
 async def test_v1_accepts_only_application_json() -> None:
-    async with serve(ReplayEngine(), warmup=False) as (url, _), \
+    async with serve(FakeEngine(), warmup=False) as (url, _), \
             aiohttp.ClientSession() as http:
         for path in ("/v1/audio/speech", "/v1/webrtc/offer"):
             for headers in ({"Content-Type": "text/plain"}, {},
@@ -95,7 +96,7 @@ async def test_v1_accepts_only_application_json() -> None:
 
 
 async def test_origin_is_checked_against_the_allow_list() -> None:
-    async with serve(ReplayEngine(), warmup=False,
+    async with serve(FakeEngine(), warmup=False,
                      serving={"allowed_origins": ("https://app.example.com",)}) as (url, _), \
             aiohttp.ClientSession() as http:
         for origin, ok in [("https://evil.example", False), ("null", False),
@@ -117,7 +118,7 @@ async def test_origin_is_checked_against_the_allow_list() -> None:
 
 
 async def test_a_foreign_host_is_refused_on_a_loopback_bind() -> None:
-    async with serve(ReplayEngine(), warmup=False) as (url, _), \
+    async with serve(FakeEngine(), warmup=False) as (url, _), \
             aiohttp.ClientSession() as http:
         port = int(url.rsplit(":", 1)[1])
         for host, ok in [(f"evil.example:{port}", False), (f"localhost.evil.example:{port}", False),
@@ -149,7 +150,7 @@ def test_an_empty_token_is_a_config_error() -> None:
 
 
 async def test_a_bare_bearer_never_passes() -> None:
-    async with serve(ReplayEngine(), warmup=False, serving={"auth_token": "s3cret"}) as (url, _), \
+    async with serve(FakeEngine(), warmup=False, serving={"auth_token": "s3cret"}) as (url, _), \
             aiohttp.ClientSession() as http:
         for header in ("Bearer", "Bearer ", "bearer   ", " Bearer"):
             async with http.post(f"{url}/v1/audio/speech", json={"input": "Hi"},
@@ -161,7 +162,7 @@ async def test_a_bare_bearer_never_passes() -> None:
 
 async def test_tokens_never_reach_the_access_log(caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.INFO, logger="aiohttp.access")
-    async with serve(ReplayEngine(), warmup=False, serving={"auth_token": "s3cret"}) as (url, _), \
+    async with serve(FakeEngine(), warmup=False, serving={"auth_token": "s3cret"}) as (url, _), \
             aiohttp.ClientSession() as http:
         ws = await _ready_ws(http, url, params={"access_token": "s3cret"})
         await ws.close()
@@ -199,7 +200,7 @@ def test_serve_refuses_a_public_bind_without_a_token(monkeypatch, capsys) -> Non
 async def test_peers_that_never_connect_are_freed_by_the_deadline() -> None:
     assert ServingConfig().webrtc_connect_timeout_s <= 10
     serving = {"max_peers": 3, "webrtc_connect_timeout_s": 0.5}
-    async with serve(ReplayEngine(), warmup=False, serving=serving,
+    async with serve(FakeEngine(), warmup=False, serving=serving,
                      ice_addresses=["127.0.0.1"]) as (url, app), \
             aiohttp.ClientSession() as http:
         for _ in range(3):

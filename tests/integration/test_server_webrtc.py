@@ -29,9 +29,9 @@ from breezert.server import webrtc_api
 from breezert.server.ice import HostAddresses, host_addresses
 from breezert.server.webrtc_track import EngineAudioTrack
 from tests import latency
+from tests.fake_engine import FakeEngine
 from tests.integration._server import (
     FRAMES_PER_TURN,
-    ReplayEngine,
     serve,
     state_of,
     wait_idle,
@@ -207,7 +207,7 @@ async def test_opus_turn_first_audio_then_cancel(engine: AsyncEngine) -> None:
 
 async def test_no_gaps_when_the_engine_keeps_up() -> None:
     """Transport only: a stand-in engine that is always ahead, so any gap is ours."""
-    replay = ReplayEngine()
+    replay = FakeEngine()
     async with serve(replay, warmup=False) as (url, _):
         client = await connect(url)
         for _ in range(2):  # two turns: the second starts on a running track
@@ -243,7 +243,7 @@ async def test_pcmu_peer_gets_8khz_audio(engine: AsyncEngine) -> None:
 
 
 async def test_opus_10ms_frames_decode_completely() -> None:
-    replay = ReplayEngine()
+    replay = FakeEngine()
     async with serve(replay, warmup=False) as (url, _):
         client = await connect(url, frame_ms=10)
         assert client.answer["frame_ms"] == 10
@@ -260,7 +260,7 @@ async def test_opus_10ms_frames_decode_completely() -> None:
 
 
 async def test_failed_request_ends_the_turn_and_the_peer_goes_on() -> None:
-    replay = ReplayEngine(fail_after_chunks=2)
+    replay = FakeEngine(fail_after_chunks=2)
     async with serve(replay, warmup=False) as (url, app):
         client = await connect(url)
         client.send(type="say", text="This one breaks.")

@@ -286,6 +286,10 @@ async def entrypoint(ctx: JobContext) -> None:
         await handle
         emit(name, "done", id=message_id, interrupted=handle.interrupted)
 
+    async def saturate(n: int) -> None:
+        held.extend(await _hold(name, n))
+        emit(name, "saturated", held=len(held), load=_engine.load().fraction)
+
     def on_data(packet: rtc.DataPacket) -> None:
         if packet.topic == "test.say":
             body = json.loads(packet.data)
@@ -295,8 +299,7 @@ async def entrypoint(ctx: JobContext) -> None:
             emit(name, "interrupt")
             session.interrupt()
         elif packet.topic == "test.saturate":
-            held.extend(_hold(name, json.loads(packet.data)["n"]))
-            emit(name, "saturated", held=len(held), load=_engine.load().fraction)
+            asyncio.create_task(saturate(json.loads(packet.data)["n"]))
         elif packet.topic == "test.release":
             for request_id in held:
                 _engine.abort(request_id)
@@ -361,14 +364,14 @@ async def _stop(task: asyncio.Task[None], name: str) -> None:
     emit(name, "shutdown")
 
 
-def _hold(room: str, n: int) -> list[str]:
+async def _hold(room: str, n: int) -> list[str]:
     """``n`` open requests on the engine that said one frame: each holds a running slot and
     costs no steps after that (what open turns waiting for their next text do)."""
     from breezert.request import SynthesisRequest
 
-    return [_engine.submit(SynthesisRequest(
+    return [(await _engine.submit(SynthesisRequest(
         text=["Hold."], max_frames=1, input_closed=False,
-        request_id=f"hold-{room}-{i}-{time.monotonic_ns()}")) for i in range(n)]
+        request_id=f"hold-{room}-{i}-{time.monotonic_ns()}"))).request_id for i in range(n)]
 
 
 def _record_replicas(room: str, tts: TTS) -> None:

@@ -1,8 +1,9 @@
 """``breezert_agent.TTS`` against ``FakeRuntimeClient``: the LiveKit plugin contract, no engine.
 
-Owns: the sentence splitter, one request per turn with segments in order, flush/end_input,
-TTFB metrics, ``synthesize``, frame size, options snapshots, error mapping and retries, and
-abort on ``aclose``. Must not: load a model, import torch or need a LiveKit server.
+Owns: the pluggable sentence tokenizer (the default and LiveKit's own), one request per turn
+with segments in order, flush/end_input, TTFB metrics, ``synthesize``, frame size, options
+snapshots, error mapping and retries, and abort on ``aclose``. Must not: load a model, import
+torch or need a LiveKit server.
 """
 
 from __future__ import annotations
@@ -14,14 +15,14 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import pytest
-from livekit.agents import APIConnectOptions, APIError, APIStatusError
+from livekit.agents import APIConnectOptions, APIError, APIStatusError, tokenize
 from livekit.agents.metrics import TTSMetrics
 
 from breezert.errors import EngineOverloaded, InvalidRequest, RequestAborted, RequestFailed
 from breezert_agent import TTS
 from breezert.options import SynthesisOptions
 from breezert_agent.client import RuntimeClient, Turn, TurnOptions
-from breezert_agent.tts import SentenceSplitter, split_sentences
+from breezert_agent.tokenizer import SentenceTokenizer
 
 pytestmark = [pytest.mark.unit, pytest.mark.usefixtures("virtual_clock")]
 
@@ -146,49 +147,70 @@ def _samples(events: list) -> np.ndarray:
     return np.concatenate([np.frombuffer(ev.frame.data, dtype="<i2") for ev in events])
 
 
-# ----------------------------------------------------------------------------- splitter
+# ----------------------------------------------------------------------------- tokenizer
 
-@pytest.mark.parametrize(
-    ("text", "expected"),
-    [
-        ("Hello there. How are you?", ["Hello there.", "How are you?"]),
-        ("Mr. Smith paid 3.14 dollars. Then he left!", ["Mr. Smith paid 3.14 dollars.",
-                                                        "Then he left!"]),
-        ("e.g. this one. J. K. Rowling wrote it.", ["e.g. this one.",
-                                                    "J. K. Rowling wrote it."]),
-        ("Visit example.com today. It works.", ["Visit example.com today.", "It works."]),
-        ("Wait... What? Yes!", ["Wait...", "What?", "Yes!"]),
-        ("你好。我很好！谢谢", ["你好。", "我很好！", "谢谢"]),
-        ("one\ntwo\n\n- three", ["one", "two", "- three"]),
-        ('He said "Stop." Then silence.', ['He said "Stop."', "Then silence."]),
-        ("...", ["..."]),
-        ("   ", []),
-    ],
-)
-def test_split_sentences(text: str, expected: list[str]) -> None:
-    assert split_sentences(text) == expected
+class SemicolonTokenizer(tokenize.SentenceTokenizer):
+    """A LiveKit tokenizer that cuts at ``;`` only (the default never does)."""
+
+    @staticmethod
+    def _split(text: str) -> list[str]:
+        return [piece.strip() for piece in text.split(";") if piece.strip()]
+
+    def tokenize(self, text: str, *, language: str | None = None) -> list[str]:
+        return self._split(text)
+
+    def stream(self, *, language: str | None = None) -> tokenize.SentenceStream:
+        return tokenize.BufferedSentenceStream(tokenizer=self._split, min_token_len=1,
+                                               min_ctx_len=1)
 
 
-def test_splitter_streamed_char_by_char_equals_whole_text() -> None:
-    text = "Dr. Who arrived at 10.30 a.m. sharp. It was 3.5 km away! Was it far? Not really."
-    splitter = SentenceSplitter()
-    streamed = [s for ch in text for s in splitter.push(ch)] + splitter.flush()
-    assert streamed == split_sentences(text)
+async def test_default_tokenizer_hands_each_sentence_on_inside_push_text() -> None:
+    tokenizer = SentenceTokenizer()
+    assert isinstance(tokenizer, tokenize.SentenceTokenizer)
+    stream = tokenizer.stream()
+    stream.push_text("Hi!")  # complete: out before any later text comes
+    first = await asyncio.wait_for(stream.__anext__(), 0.1)
+    assert first.token == "Hi!"
+    stream.push_text(" Ok.")  # "Ok." could still be "Ok.5": held for the next word
+    stream.push_text(" Next")
+    stream.flush()
+    stream.push_text("After the flush.")
+    stream.end_input()
+    rest = [data async for data in stream]
+    assert [d.token for d in rest] == ["Ok.", "Next", "After the flush."]
+    assert first.segment_id == rest[0].segment_id == rest[1].segment_id != rest[2].segment_id
+    text = "Hi! Ok. Next"
+    assert tokenizer.tokenize(text) == ["Hi!", "Ok.", "Next"]
+    with pytest.raises(RuntimeError, match="closed"):
+        stream.push_text("late")
 
 
-def test_splitter_emits_complete_sentence_without_minimum_length() -> None:
-    splitter = SentenceSplitter()
-    assert splitter.push("Hi!") == ["Hi!"]  # unambiguous: at once, however short
-    assert splitter.push(" Ok.") == []  # "Ok." could still be "Ok.5": wait for the next word
-    assert splitter.push(" Next") == ["Ok."]
-    assert splitter.flush() == ["Next"]
+async def test_a_livekit_tokenizer_cuts_the_turns_segments() -> None:
+    client = FakeRuntimeClient()
+    tts = TTS(client=client, tokenizer=SemicolonTokenizer())
+    async with tts.stream(conn_options=NO_RETRY) as stream:
+        for piece in ("one. two", "; three!", " four;", " five"):
+            stream.push_text(piece)
+        stream.end_input()
+        await _collect(stream)
+    await tts.synthesize("Mr. Smith; Bye. Now", conn_options=NO_RETRY).collect()
+    assert [turn.segments for turn in client.turns] == [
+        ["one. two", "three! four", "five"], ["Mr. Smith", "Bye. Now"]]
+    assert all(turn.input_closed for turn in client.turns)
+    await tts.aclose()
 
 
-def test_splitter_cuts_overlong_sentence_at_a_space() -> None:
-    splitter = SentenceSplitter(max_chars=20)
-    pieces = splitter.push("one two three four five six seven eight") + splitter.flush()
-    assert all(len(p) <= 20 for p in pieces)
-    assert " ".join(pieces) == "one two three four five six seven eight"
+async def test_blingfire_tokenizer_plugs_in() -> None:
+    client = FakeRuntimeClient()
+    tts = TTS(client=client, tokenizer=tokenize.blingfire.SentenceTokenizer(
+        min_sentence_len=1, stream_context_len=1))
+    async with tts.stream(conn_options=NO_RETRY) as stream:
+        for word in "Hello there. How are you? I am fine".split(" "):
+            stream.push_text(word + " ")
+        stream.end_input()
+        await _collect(stream)
+    assert client.turns[0].segments == ["Hello there.", "How are you?", "I am fine"]
+    await tts.aclose()
 
 
 # ----------------------------------------------------------------------------- stream()

@@ -20,6 +20,7 @@ from breezert.bench.variants import (
     BUILTIN_VARIANTS, parse_variant_spec, resolve_variants, variant_config,
 )
 from breezert.bench.workload import make_workload
+from breezert.engine_client import Submitted
 from breezert.errors import EngineOverloaded, RequestFailed
 from breezert.outputs import AudioChunk
 from breezert.profiles import EMBEDDED_PROFILE, profile_path
@@ -39,13 +40,13 @@ class FakeAsyncEngine:
         self.submitted: list[tuple[float, SynthesisRequest]] = []
         self.closed: list[str] = []
 
-    def submit(self, request: SynthesisRequest) -> str:
+    async def submit(self, request: SynthesisRequest) -> Submitted:
         if self.in_flight >= self.limit:
             raise EngineOverloaded("queue full")
         self.in_flight += 1
         self.max_seen = max(self.max_seen, self.in_flight)
         self.submitted.append((time.monotonic(), request))
-        return str(request.request_id)
+        return Submitted(str(request.request_id), (0,), 0, False)
 
     async def stream(self, request_id: str) -> AsyncIterator[AudioChunk]:
         start = 0

@@ -1,6 +1,6 @@
 """Codec training at the tiny size on CPU: losses, quantizer, learning, resume, export, CLI.
 
-Owns CPU-only checks of ``breezert.train`` (data, losses, quantizer, codec_train) on synthetic
+Owns CPU-only checks of ``breezert_train`` (data, losses, quantizer, codec_train) on synthetic
 audio written to a temporary folder. Must not: need a GPU, the teacher or downloaded data.
 """
 
@@ -16,23 +16,23 @@ import pytest
 import torch
 from breezert.loader import load_checkpoint
 from breezert.models.codec import StreamingCodec
-from breezert.train.checkpoint import LOG_FILE, STATE_FILE
-from breezert.train.codec_train import (
+from breezert_train.checkpoint import LOG_FILE, STATE_FILE
+from breezert_train.codec_train import (
     CodecTrainConfig,
     CodecTrainer,
     export_checkpoint,
     main,
     train,
 )
-from breezert.train.data import AudioFolderCrops, read_audio
-from breezert.train.losses import (
+from breezert_train.data import AudioFolderCrops, read_audio
+from breezert_train.losses import (
     MultiScaleStftDiscriminator,
     discriminator_hinge_loss,
     feature_matching_loss,
     generator_hinge_loss,
     mr_stft_loss,
 )
-from breezert.train.quantizer import VQTrainConfig, _ema_update_, quantize
+from breezert_train.quantizer import VQTrainConfig, _ema_update_, quantize
 
 pytestmark = pytest.mark.unit
 
@@ -317,8 +317,8 @@ def test_presets_pair_the_encoder_and_decoder_quantizers(preset: str) -> None:
     from breezert.models.codec import CodecDecoder
     from breezert.models.codec_encoder import CodecEncoder
     from breezert.models.config import BreezeConfig
-    from breezert.train.codec_train import codec_preset
-    from breezert.train.quantizer import group_pairs
+    from breezert_train.codec_train import codec_preset
+    from breezert_train.quantizer import group_pairs
 
     codec, enc_json = codec_preset(preset)
     BreezeConfig(codec=codec, codec_encoder_json=enc_json)  # 1920 samples a frame
@@ -348,7 +348,7 @@ def test_a_non_finite_loss_stops_without_saving_over_the_last_state(
 def test_crops_read_the_teacher_shards(tmp_path: Path) -> None:
     """A folder of teacher shards (``train.shards``) is a crop source as it is: PCM16 scaled to
     [-1, 1], every crop a piece of one utterance, the same crops for the same seed."""
-    from breezert.train import shards
+    from breezert_train import shards
 
     writer = shards.ShardWriter(tmp_path, max_bytes=1 << 20)
     utterances = [np.arange(i * 7000, i * 7000 + 6000, dtype=np.int16) for i in range(3)]
@@ -371,7 +371,7 @@ def test_crops_read_the_teacher_shards(tmp_path: Path) -> None:
 def test_log_mel_filterbank_and_the_latent_probe(data_dir: Path, clip: torch.Tensor) -> None:
     """The filterbank's triangles cover the band and peak at 1; the probe reads 8 mel frames per
     codec frame and its loss falls as the codec trains with it."""
-    from breezert.train.losses import LatentMelHead, log_mel, mel_filterbank
+    from breezert_train.losses import LatentMelHead, log_mel, mel_filterbank
 
     fb = mel_filterbank(1024, 80, 24000)
     assert fb.shape == (80, 513) and float(fb.max()) <= 1.0 + 1e-6
@@ -444,7 +444,7 @@ def test_the_codebook_flag_is_read_again_after_every_write() -> None:
     after the first reads no flag back, the first step's own initialisation included; a fresh
     mark, a state-dict load, an outside write or a new tensor are read again."""
     from breezert.models.codec_encoder import _Codebook
-    from breezert.train.quantizer import _is_initialized, mark_codebooks_fresh_
+    from breezert_train.quantizer import _is_initialized, mark_codebooks_fresh_
 
     trainer = CodecTrainer(CFG)
     books = [m for m in trainer.encoder.modules() if isinstance(m, _Codebook)]

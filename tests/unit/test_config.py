@@ -91,7 +91,10 @@ def test_unknown_keys_are_rejected_with_their_path(tmp_path: Path) -> None:
         ("[model]\ndevice = \"cpu\"\n[graph]\nfused_sampling = true", "fused_sampling"),
         ("[model]\ndevice = \"cpu\"\n[graph]\nfused_text_encoder = true", "fused_text_encoder"),
         ("[model]\ndevice = \"cpu\"\n[graph]\npdl = true", "graph.pdl"),
-        ("[model]\ndevice = \"cpu\"\n[graph]\npdl_decode = true", "graph.pdl_decode"),
+        # switches deleted in issue 32: an old config naming one fails, naming it
+        *((f"[graph]\n{name} = false", f"graph.{name}") for name in (
+            "device_slot_state", "async_uploads", "pdl_decode", "compile_backbone",
+            "compile_text_encoder")),
     ],
 )
 def test_invalid_values_name_the_field(tmp_path: Path, toml: str, field: str) -> None:
@@ -137,3 +140,28 @@ def test_auth_token_from_the_environment() -> None:
     assert with_token.serving.auth_token.get_secret_value() == "s3cret"
     assert with_token.serving.binding_problem() is None  # may bind beyond loopback
     assert apply_env_overrides(cfg, {"BREEZERT_AUTH_TOKEN": ""}) is cfg
+
+
+def test_the_graph_table_lists_every_switch_with_its_default_and_h200_value() -> None:
+    """``docs/configuration.md`` is the one table of ``[graph]``: one row per field, no row for
+    a field that is gone, and the default and H200 columns of every switch and number as the
+    config and ``configs/h200-latency.toml`` have them (bucket lists are shown as ranges)."""
+    doc = (CONFIGS.parent / "docs" / "configuration.md").read_text(encoding="utf-8")
+    rows = {}
+    for line in doc.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) == 4 and cells[0].startswith("`"):
+            rows[cells[0].strip("`")] = (cells[1], cells[2])
+    assert sorted(rows) == sorted(GraphConfig.model_fields)
+    default, h200 = GraphConfig(), EngineConfig.from_file(CONFIGS / "h200-latency.toml").graph
+
+    def shown(value: object) -> str:
+        if isinstance(value, bool):
+            return str(value).lower()
+        if isinstance(value, tuple):
+            return f"{value[0]} .. {value[-1]}"
+        return f"{value:g}" if isinstance(value, float) else str(value)
+
+    for name, (want_default, want_h200) in rows.items():
+        assert (shown(getattr(default, name)), shown(getattr(h200, name))) == \
+            (want_default, want_h200), name

@@ -1,8 +1,11 @@
-"""The import graph of ``breezert`` and ``breezert_agent`` points one way (issue #12).
+"""The import graph of ``breezert``, ``breezert_agent`` and ``breezert_train`` points one way
+(issue #12).
 
-plugin -> runtime -> (sched | worker -> stages -> models -> layers/kernels), with the leaf
-modules ``errors``, ``constants`` and ``host_copy`` at the bottom. Every module is parsed (AST; nothing is
-imported) and every import statement counts: module level, function-local and
+plugin -> runtime -> (sched | worker -> stages -> models -> layers/kernels; stages never import
+the worker, which hands them ``stages.interface.StageWorker``), with the leaf modules
+``errors``, ``constants`` and ``host_copy`` at the bottom; the training distribution
+(``training/breezert_train``) sits beside the plugin, above the runtime. Every module is parsed
+(AST; nothing is imported) and every import statement counts: module level, function-local and
 ``if TYPE_CHECKING:`` alike, relative ones resolved. Asserts: no cycle, the runtime never imports
 the plugin, and the layer rules below.
 """
@@ -19,7 +22,8 @@ import pytest
 pytestmark = pytest.mark.unit
 
 REPO = Path(__file__).resolve().parents[2]
-PACKAGES = {"breezert": REPO / "runtime" / "breezert", "breezert_agent": REPO / "breezert_agent"}
+PACKAGES = {"breezert": REPO / "runtime" / "breezert", "breezert_agent": REPO / "breezert_agent",
+            "breezert_train": REPO / "training" / "breezert_train"}
 
 # (importer prefix, forbidden import prefixes). A prefix ``p`` matches ``p`` and ``p.*``.
 LAYER_RULES: tuple[tuple[str, tuple[str, ...]], ...] = (
@@ -39,14 +43,22 @@ LAYER_RULES: tuple[tuple[str, tuple[str, ...]], ...] = (
         "breezert.models", "breezert.worker", "breezert.stages", "breezert.sched",
         "breezert.engine",
     )),
-    ("breezert.stages", ("breezert.worker.model_runner", "breezert.engine", "breezert.server")),
+    # The runner hands the stages a ``StageWorker`` (issue 32): they import nothing of the worker.
+    ("breezert.stages", ("breezert.worker", "breezert.engine", "breezert.server")),
     ("breezert.worker", ("breezert.engine", "breezert.async_engine", "breezert.server")),
-    # Training code (issue 19) is never imported by what serves.
-    *((serving, ("breezert.train",)) for serving in (
-        "breezert.engine", "breezert.async_engine", "breezert.server", "breezert.worker",
-        "breezert.stages", "breezert.models", "breezert.sched", "breezert.loader",
-        "breezert.cli", "breezert_agent",
+    # Issue 32: the engine's typed surface is torch-free, and the server drives the engine only
+    # through it (``EngineClient``), never the engine's internals.
+    ("breezert.engine_client", (
+        "torch", "breezert.engine", "breezert.async_engine", "breezert.worker",
+        "breezert.stages", "breezert.models", "breezert.frontend", "breezert.server",
     )),
+    ("breezert.server", (
+        "torch", "breezert.engine", "breezert.async_engine", "breezert.worker",
+        "breezert.stages", "breezert.models", "breezert.sched.scheduler", "breezert.frontend",
+    )),
+    # The training distribution (issue 19) is never imported by the runtime or the plugin.
+    ("breezert", ("breezert_train",)),
+    ("breezert_agent", ("breezert_train",)),
 )
 LEAF_MODULES = ("breezert.errors", "breezert.constants", "breezert.host_copy")
 """They may import no ``breezert`` module but ``breezert.errors``."""
@@ -266,3 +278,16 @@ def test_checker_flags_a_leaf_that_imports_upward(tmp_path: Path) -> None:
     ((cycle, group),) = _cycles(modules, edges)
     assert [e.source for e in cycle] == ["breezert.constants", "breezert.sched.plan"]
     assert group == {"breezert.constants", "breezert.sched.plan"}
+
+
+def test_checker_flags_the_runtime_or_plugin_importing_training(tmp_path: Path) -> None:
+    _, edges = _tree(tmp_path, {
+        "breezert/cli.py": "def f():\n    from breezert_train.pipeline import main\n",
+        "breezert_agent/tts.py": "import breezert_train\n",
+    })
+    assert _layer_violations(edges) == [
+        "breezert/cli.py:2: breezert.cli -> breezert_train.pipeline "
+        "(breezert must not import breezert_train)",
+        "breezert_agent/tts.py:1: breezert_agent.tts -> breezert_train "
+        "(breezert_agent must not import breezert_train)",
+    ]

@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from breezert.layers.attention import DenseKVCache, GatherKV
-from breezert.worker.kv_cache import KVRun, PagedKVCache, decode_meta_on_device
+from breezert.layers.attention import KVRun, decode_meta_on_device
+from breezert.worker.kv_cache import PagedKVCache
 
 pytestmark = pytest.mark.unit
 

@@ -1,6 +1,6 @@
 """LM training at the tiny size on CPU: serving equivalence, learning, resume, EOS, export, CLI.
 
-Owns CPU-only checks of ``breezert.train.lm_data``, ``lm_forward`` and ``lm_train`` on synthetic
+Owns CPU-only checks of ``breezert_train.lm_data``, ``lm_forward`` and ``lm_train`` on synthetic
 codes (a deterministic function of the text, so held-out utterances are predictable) and, for the
 command line, synthetic teacher shards encoded by a tiny random codec. Must not: need a GPU, the
 teacher or downloaded data.
@@ -22,9 +22,9 @@ from breezert.layers.attention import DenseKVCache
 from breezert.loader import load_checkpoint
 from breezert.models.generate import generate_frames
 from breezert.options import SamplingParams
-from breezert.train import lm_train
-from breezert.train.checkpoint import LOG_FILE, STATE_FILE
-from breezert.train.lm_data import (
+from breezert_train import lm_train
+from breezert_train.checkpoint import LOG_FILE, STATE_FILE
+from breezert_train.lm_data import (
     BatchStream,
     byte_tokenizer,
     encode_batch,
@@ -32,8 +32,8 @@ from breezert.train.lm_data import (
     pack_codes,
     unpack_codes,
 )
-from breezert.train.lm_forward import Layout, _prior, teacher_forced
-from breezert.train.lm_train import (
+from breezert_train.lm_forward import Layout, _prior, teacher_forced
+from breezert_train.lm_train import (
     FP8,
     FP8_TENSORS,
     SNAPSHOT_FILE,
@@ -46,7 +46,7 @@ from breezert.train.lm_train import (
 )
 
 if TYPE_CHECKING:
-    from breezert.train.pipeline import Plan
+    from breezert_train.pipeline import Plan
 
 pytestmark = pytest.mark.unit
 
@@ -209,8 +209,8 @@ def test_end_of_speech_comes_on_time_after_overfitting_two_utterances() -> None:
 # ------------------------------------------------------------------------------- with a codec
 @pytest.fixture(scope="module")
 def codec_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from breezert.train.codec_train import CodecTrainConfig, CodecTrainer
-    from breezert.train.codec_train import export_checkpoint as export_codec
+    from breezert_train.codec_train import CodecTrainConfig, CodecTrainer
+    from breezert_train.codec_train import export_checkpoint as export_codec
 
     root = tmp_path_factory.mktemp("codec")
     return export_codec(CodecTrainer(CodecTrainConfig()), root / "ckpt")
@@ -218,7 +218,7 @@ def codec_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def teacher_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from breezert.train.shards import ShardWriter
+    from breezert_train.shards import ShardWriter
 
     root = tmp_path_factory.mktemp("teacher")
     rng = np.random.default_rng(0)
@@ -295,7 +295,7 @@ def test_command_line_encodes_once_trains_resumes_and_exports(
 
 def _tone_teacher(out: Path) -> None:
     """Stands in for the teacher: six tone clips with texts, as one shard in ``out``."""
-    from breezert.train.shards import ShardWriter
+    from breezert_train.shards import ShardWriter
 
     out.mkdir(parents=True)
     writer = ShardWriter(out, max_bytes=1 << 20)
@@ -308,7 +308,7 @@ def _tone_teacher(out: Path) -> None:
 
 def _tiny_plan(**changes: Any) -> Plan:
     """The pipeline tests' plan: tiny codec and LM on the CPU, no reserve, a 6-frame sample."""
-    from breezert.train.pipeline import Plan
+    from breezert_train.pipeline import Plan
 
     return replace(Plan(codec_preset="tiny", codec_batch_size=2, codec_crop_frames=4,
                         lm_recipe="tiny", device="cpu", reserve_minutes=0.0,
@@ -322,7 +322,7 @@ TINY_OVERRIDES = dict(codec_overrides={"disc_channels": 4}, lm_overrides={"max_t
 def test_the_pipeline_carries_its_state_to_a_second_call(tmp_path: Path) -> None:
     """Call 1 makes data, trains codec and LM, packs; call 2, on a fresh work folder with only
     the parts, makes no data, keeps the codec and goes on with the LM from its snapshot."""
-    from breezert.train.pipeline import run_pipeline
+    from breezert_train.pipeline import run_pipeline
 
     def make_teacher(out: Path, plan: Plan) -> None:
         _tone_teacher(out)
@@ -335,7 +335,7 @@ def test_the_pipeline_carries_its_state_to_a_second_call(tmp_path: Path) -> None
                          make_teacher=make_teacher, **TINY_OVERRIDES)
     assert all((tmp_path / "out1" / n).stat().st_size <= 16 * 1024 * 1024 for n in first["parts"])
     assert len(list((tmp_path / "out1").iterdir())) <= 8  # what one device call returns
-    from breezert.train.state_shards import join_dir
+    from breezert_train.state_shards import join_dir
 
     carried = {p.name for p in join_dir(tmp_path / "out1", tmp_path / "joined").rglob("*")}
     assert {"snapshot.pt", "codec_log.jsonl", "config.json"} <= carried
@@ -357,8 +357,8 @@ def test_the_codec_trains_over_several_calls_before_the_lm(tmp_path: Path) -> No
     """A call that cannot finish the codec's minutes trains the codec only and carries its
     snapshot (no export, no LM); the next call makes the teacher data again, goes on from the
     snapshot's step, finishes the codec and trains the LM."""
-    from breezert.train.pipeline import CODEC_DONE, CODEC_SNAPSHOT, run_pipeline
-    from breezert.train.state_shards import join_dir
+    from breezert_train.pipeline import CODEC_DONE, CODEC_SNAPSHOT, run_pipeline
+    from breezert_train.state_shards import join_dir
 
     teacher_calls = []
 
@@ -387,7 +387,7 @@ def test_the_codec_trains_over_several_calls_before_the_lm(tmp_path: Path) -> No
     assert (tmp_path / "w2" / "carry" / CODEC_DONE).is_file()
     # either call's codec, exported from its parts alone, loads; the finished one is the export
     # the LM trained on, byte for byte
-    from breezert.train.pipeline import main as pipeline_main
+    from breezert_train.pipeline import main as pipeline_main
 
     pipeline_main(["--carry-in", str(tmp_path / "out1"), "--export-codec",
                    str(tmp_path / "codec1")])
@@ -411,7 +411,7 @@ def test_the_codec_trains_over_several_calls_before_the_lm(tmp_path: Path) -> No
 
 def test_the_pipeline_command_line_sets_the_plan(monkeypatch: pytest.MonkeyPatch) -> None:
     """Every plan flag reaches the plan; a bool is a --flag / --no-flag pair, not bool("False")."""
-    import breezert.train.pipeline as pipeline
+    import breezert_train.pipeline as pipeline
 
     plans = []
     monkeypatch.setattr(pipeline, "run_pipeline", lambda *a: plans.append(a[-1]) or {})

@@ -76,16 +76,15 @@ def test_pdl_is_refused_before_hopper(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
     check_pdl_supported(torch.device("cuda"))  # Hopper: accepted
     check_pdl_supported(torch.device("cpu"))  # the config refuses CUDA-only switches on CPU
-    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (8, 0))
-    with pytest.raises(ValueError, match=r"graph\.pdl_decode.*set graph\.pdl_decode = false"):
-        check_pdl_supported(torch.device("cuda"), "graph.pdl_decode")
 
 
-@pytest.mark.parametrize("pdl, pdl_decode", [(False, False), (True, False), (False, True)])
-def test_pdl_chains_depth_and_text_encoder_and_pdl_decode_the_decode_step(
-        monkeypatch: pytest.MonkeyPatch, pdl: bool, pdl_decode: bool) -> None:
-    """``graph.pdl`` reaches the depth and text-encoder kernels and ``graph.pdl_decode`` the
-    DECODE step's (on the H200 DECODE was slower with it, so the two are separate)."""
+@pytest.mark.parametrize("pdl", [False, True])
+def test_pdl_chains_depth_and_text_encoder_only(
+        monkeypatch: pytest.MonkeyPatch, pdl: bool) -> None:
+    """``graph.pdl`` reaches the depth and text-encoder kernels; the DECODE and PREFILL steps
+    take no PDL argument (on the H200 DECODE was slower with it)."""
+    import inspect
+
     import torch
 
     from breezert.config import EngineConfig, GraphConfig
@@ -93,7 +92,7 @@ def test_pdl_chains_depth_and_text_encoder_and_pdl_decode_the_decode_step(
     from breezert.worker import model_runner
 
     seen: dict[str, set[bool]] = {}
-    for name in ("decode_fn", "depth_fn", "text_encode_fn"):
+    for name in ("depth_fn", "text_encode_fn"):
         def spy(*args, _real=getattr(model_runner, name),  # type: ignore[no-untyped-def]
                 _name=name, **kwargs):
             seen.setdefault(_name, set()).add(args[-1])  # each one's last positional: its pdl
@@ -102,5 +101,7 @@ def test_pdl_chains_depth_and_text_encoder_and_pdl_decode_the_decode_step(
     ckpt = load_engine_checkpoint(EngineConfig.from_dict({"model": {"preset": "tiny"}}).model)
     with torch.inference_mode():
         model_runner.ModelRunner(ckpt, max_slots=2, num_blocks=64, block_size=16,
-                                 graph=GraphConfig(pdl=pdl, pdl_decode=pdl_decode))
-    assert seen == {"decode_fn": {pdl_decode}, "depth_fn": {pdl}, "text_encode_fn": {pdl}}
+                                 graph=GraphConfig(pdl=pdl))
+    assert seen == {"depth_fn": {pdl}, "text_encode_fn": {pdl}}
+    assert "pdl" not in inspect.signature(model_runner.decode_fn).parameters
+    assert "pdl" not in inspect.signature(model_runner.prefill_fn).parameters

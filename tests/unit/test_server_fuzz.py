@@ -1,10 +1,11 @@
 """Property-based abuse of the server's parsers: any HTTP body, WebSocket message or SDP offer
 gets a 4xx or an ``error`` event, never a 5xx, never a dropped socket (issue 16, item 1).
 
-Owns: one app per module over ``StrictEngine`` (a ``ReplayEngine`` that, like the real
-tokenizer, rejects text that is not valid Unicode), driven by hypothesis with bounded examples.
-Must not: synthesise real audio (a valid request yields one replayed frame) or take more than a
-few seconds per property.
+Owns: one app per module over ``FakeEngine`` (like the real tokenizer, it rejects text that is
+not valid Unicode; its token limit is small, so long input reaches the server's cutting of text
+into segments that fit), driven by hypothesis with bounded examples. Must not: synthesise real
+audio (a valid request yields one replayed frame per segment) or take more than a few seconds
+per property.
 """
 
 from __future__ import annotations
@@ -23,7 +24,8 @@ from breezert.server.state import STATE
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from tests.integration._server import ReplayEngine, recvonly_offer
+from tests.fake_engine import TEMPLATE_TOKENS, FakeEngine
+from tests.integration._server import recvonly_offer
 
 pytestmark = pytest.mark.unit
 
@@ -31,28 +33,13 @@ FUZZ = settings(max_examples=60, deadline=None, derandomize=True, database=None,
                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
 
 
-class StrictEngine(ReplayEngine):
-    """Replays one frame per request; text that cannot be UTF-8 encoded fails as in the real
-    engine's tokenizer (a ``TypeError`` there: the 500 / dropped socket of issue 16)."""
-
-    def __init__(self) -> None:
-        super().__init__(num_frames=1, first_chunk_s=0.0, speedup=1000.0)
-
-    def submit(self, request: Any) -> str:
-        segments = (request.text,) if isinstance(request.text, str) else tuple(request.text)
-        for text in (*segments, request.options.instructions or ""):
-            _tokenize(text)
-        return super().submit(request)
-
-    def append_text(self, request_id: str, text: str) -> None:
-        _tokenize(text)
+MAX_PROMPT_TOKENS = 48
+"""The fake's token limit: any input over about 40 bytes is cut into segments (``Split``)."""
 
 
-def _tokenize(text: str) -> None:
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        raise TypeError("TextInputSequence must be str") from None  # as the tokenizers library
+def _engine() -> FakeEngine:
+    return FakeEngine(num_frames=1, first_chunk_s=0.0, speedup=1000.0,
+                      max_prompt_tokens=MAX_PROMPT_TOKENS)
 
 
 # ----------------------------------------------------------------------------- strategies
@@ -102,7 +89,8 @@ WS_MESSAGES = _document(_objects(WS_FIELDS, {"type": st.sampled_from(WS_TYPES) |
 class Harness:
     def __init__(self) -> None:
         self.loop = asyncio.new_event_loop()
-        self.app = create_app(StrictEngine(), ServingConfig(port=0, max_peers=1000),
+        self.engine = _engine()
+        self.app = create_app(self.engine, ServingConfig(port=0, max_peers=1000),
                               request_options={"max_frames": 1}, warmup=False,
                               ice_addresses=["127.0.0.1"])
         self.server = TestServer(self.app, host="127.0.0.1", port=0)
@@ -159,6 +147,9 @@ def _assert_4xx_names_what(status: int, body: Any) -> None:
 @example(body=b'{"input": "Hi", "seed": ' + b"1" * 5000 + b"}")
 @example(body=b'{"input": "Hi", "speed": NaN}')
 @example(body=b'{"input": "\xff\xfe"}')
+@example(body=json.dumps({"input": "lorem ipsum dolor " * 30}).encode())
+@example(body=json.dumps({"input": "x" * 300, "stream_format": "sse"}).encode())
+@example(body=json.dumps({"input": "Hi.", "instructions": "Speak slowly. " * 5}).encode())
 def test_any_speech_body_gets_a_4xx_or_audio(harness: Harness, body: bytes) -> None:
     status, data = harness.run(harness.post("/v1/audio/speech", body))
     _assert_4xx_names_what(status, data)
@@ -169,6 +160,7 @@ def test_any_speech_body_gets_a_4xx_or_audio(harness: Harness, body: bytes) -> N
 @example(message=b'{"type": "say", "text": "\\ud800"}')
 @example(message=b'{"type": "say", "text": "Hi", "more": true}')
 @example(message=b'{"type": "append", "text": "\\ud800"}')
+@example(message=json.dumps({"type": "say", "text": "lorem ipsum dolor " * 30}).encode())
 @example(message=b"[" * 50_000)
 @example(message=b'{"type": "say", "text": "Hi", "seed": ' + b"9" * 5000 + b"}")
 @example(message=b'{"type": "say", "text": "Hi", "temperature": 1e400}')
@@ -198,6 +190,22 @@ def test_any_websocket_message_keeps_the_socket(harness: Harness, message: bytes
     events = harness.run(exchange())
     assert not [e for e in events if e.get("code") == "internal"], events
     harness.run(harness.ws.send_str('{"type": "end"}'))  # close any open turn
+
+
+def test_long_input_is_cut_into_segments_that_fit(harness: Harness) -> None:
+    """The path the examples above reach: input over the token limit is spoken whole, cut
+    into segments each within it; what cannot fit at all is a 400 in tokens."""
+    text = "lorem ipsum dolor " * 30  # 540 bytes: over ten times the limit
+    status, _ = harness.run(harness.post("/v1/audio/speech", json.dumps(
+        {"input": text, "stream": False}).encode()))
+    submitted = harness.engine.submissions[-1]
+    assert status == 200 and len(submitted.segment_owners) >= 540 // MAX_PROMPT_TOKENS
+    assert set(submitted.segment_owners) == {0}
+    assert submitted.num_prompt_tokens >= len(text.strip()) + TEMPLATE_TOKENS
+    status, body = harness.run(harness.post("/v1/audio/speech", json.dumps(
+        {"input": "Hi.", "instructions": "Speak slowly. " * 5}).encode()))
+    assert status == 400 and body["error"]["param"] == "input", body
+    assert f"context limit of {MAX_PROMPT_TOKENS} tokens" in body["error"]["message"]
 
 
 _OFFER: list[str] = []

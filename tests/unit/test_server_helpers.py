@@ -19,11 +19,14 @@ from pathlib import Path
 import aioice.ice
 import numpy as np
 import pytest
+from prometheus_client import generate_latest
+from prometheus_client.parser import text_string_to_metric_families
 from breezert.options import SynthesisOptions
 from breezert import audio
 from breezert.config import ServingConfig
 from breezert.server import ice, protocol
-from breezert.server.metrics_export import render
+from breezert.server.health import Lifecycle
+from breezert.server.metrics_export import Scrape, register
 from breezert.server.playout import PlayoutTracker
 from breezert.server.protocol import (
     INVALID_REQUEST_CODES,
@@ -38,7 +41,9 @@ from breezert.server.protocol import (
     Say,
     parse_message,
 )
-from breezert.server.state import Histogram, ServerState
+from breezert.server.state import ServerState
+
+from tests.fake_engine import FakeEngine
 
 pytestmark = pytest.mark.unit
 SERVER_DIR = Path(protocol.__file__).parent
@@ -275,23 +280,35 @@ def test_prometheus_text_from_a_snapshot() -> None:
         "ttfb_histogram": {"buckets_s": [0.01, 0.1], "counts": [0, 1, 1]},
         "active_requests": 1,
     }
-    state = ServerState(engine=None, serving=ServingConfig(), request_options={},
+    engine = FakeEngine(max_running=4)
+    engine.metrics = lambda: snapshot  # type: ignore[method-assign]
+    state = ServerState(engine=engine, serving=ServingConfig(), request_options={},
                         ice=ice.HostAddresses(), underruns_total=4)
-    state.first_audio = Histogram((0.1, 1.0))
+    register(state)
     state.first_audio.observe(0.05)
-    text = render(snapshot, state, queue=2)
-    lines = set(text.splitlines())
-    for line in (
-        'breezert_ttfb_seconds_bucket{le="0.01"} 0', 'breezert_ttfb_seconds_bucket{le="0.1"} 1',
-        'breezert_ttfb_seconds_bucket{le="+Inf"} 2', "breezert_ttfb_seconds_sum 0.1",
-        "breezert_ttfb_seconds_count 2", 'breezert_first_audio_seconds_bucket{le="0.1"} 1',
-        "breezert_underruns_total 4", "breezert_active_streams 1", "breezert_queue_depth 2",
-        'breezert_stage_step_seconds{stage="decode",quantile="0.95"} 0.003',
-        'breezert_stage_step_seconds_count{stage="decode"} 4',
-        'breezert_requests_finished_total{status="aborted"} 1',
-        'breezert_connections{kind="webrtc"} 0',
+    text = generate_latest(Scrape(state, Lifecycle())).decode()
+    samples = {(s.name, tuple(sorted(s.labels.items()))): s.value
+               for family in text_string_to_metric_families(text) for s in family.samples}
+    for name, labels, value in (
+        ("breezert_ttfb_seconds_bucket", {"le": "0.01"}, 0),
+        ("breezert_ttfb_seconds_bucket", {"le": "0.1"}, 1),
+        ("breezert_ttfb_seconds_bucket", {"le": "+Inf"}, 2),
+        ("breezert_ttfb_seconds_sum", {}, 0.1), ("breezert_ttfb_seconds_count", {}, 2),
+        ("breezert_first_audio_seconds_bucket", {"le": "0.02"}, 0),
+        ("breezert_first_audio_seconds_bucket", {"le": "0.06"}, 1),
+        ("breezert_first_audio_seconds_count", {}, 1),
+        ("breezert_underruns_total", {}, 4), ("breezert_active_streams", {}, 1),
+        ("breezert_queue_depth", {}, 0),
+        ("breezert_stage_step_seconds", {"stage": "decode", "quantile": "0.95"}, 0.003),
+        ("breezert_stage_step_seconds_count", {"stage": "decode"}, 4),
+        ("breezert_requests_finished_total", {"status": "aborted"}, 1),
+        ("breezert_requests_added_total", {}, 3),
+        ("breezert_connections", {"kind": "webrtc"}, 0),
+        ("breezert_slots", {"state": "free"}, 4), ("breezert_codec_slots", {"state": "used"}, 0),
+        ("breezert_ready", {}, 0), ("breezert_draining", {}, 0),
     ):
-        assert line in lines, line
+        assert samples[(name, tuple(sorted(labels.items())))] == pytest.approx(value), name
+    assert ("process_resident_memory_bytes", ()) in samples  # prometheus_client's collector
     for line in text.splitlines():  # every sample line is "name{labels} number"
-        if not line.startswith("#"):
+        if line and not line.startswith("#"):
             float(line.rsplit(" ", 1)[1])

@@ -1,9 +1,10 @@
-"""The device slot table (``worker/slot_table.py``) on its own: admission writes a request's rows,
-DEPTH's commit keeps EOS out of every record, the ring wraps and refuses to overrun the codec,
-the codec's gather pads with zeros, and a freed slot is back to the scratch defaults.
+"""The slot table (``worker/slot_table.py``) on its own: admission writes a request's rows and
+refuses a held slot, DEPTH's commit keeps EOS out of every record, the ring wraps and refuses to
+overrun the codec, the codec's gather pads with zeros, a segment's prompt rows and PREFILL states
+wait on the host until its first DEPTH step, and a freed slot is back to the scratch defaults.
 
-Owns: the table's index ops (tensors only, no model). Must not need a GPU; the engine-level
-equality with the host path is tests/integration/test_engine_slot_state.py.
+Owns: the table's index ops and host bookkeeping (tensors only, no model). Must not need a GPU;
+the engine-level mix is tests/integration/test_engine_slot_state.py.
 """
 
 from __future__ import annotations
@@ -13,7 +14,8 @@ import torch
 
 from breezert.constants import FRAME_EOS_ID
 from breezert.options import SamplingParams
-from breezert.worker.slot_table import SlotParams, SlotTable, sampling_row
+from breezert.stages.interface import SlotParams
+from breezert.worker.slot_table import SlotTable, sampling_row
 
 pytestmark = pytest.mark.unit
 
@@ -31,7 +33,8 @@ def _table(max_slots: int = 3) -> SlotTable:
 
 def _params(seed: int, *, cfg: bool = False) -> SlotParams:
     sampling = SamplingParams(temperature=0.7, top_k=20, repetition_penalty=1.3)
-    return SlotParams(sampling, seed, 2.5 if cfg else 1.0, cfg, ignore_eos=seed % 2 == 1)
+    return SlotParams(f"r{seed}", 2 if cfg else 1, 2.5 if cfg else 1.0, sampling, seed,
+                      ignore_eos=seed % 2 == 1)
 
 
 def _snapshot(table: SlotTable, slot: int) -> list[torch.Tensor]:
@@ -54,7 +57,7 @@ def test_admit_writes_rows_and_release_restores_the_defaults() -> None:
     frame = torch.arange(16)[None, :] + 5
     table.commit_frames(torch.tensor([1]), frame, torch.tensor([0]))
     table.mark_decoded(1, 1)
-    table.release([1])
+    assert table.release_request("r7") == [1] and table.num_active == 1
     for got, want in zip(_snapshot(table, 1), fresh):
         assert torch.equal(got, want)
     assert table.next_codec_frame[1] == 0
@@ -121,12 +124,53 @@ def test_block_tables_upload_on_change_and_reset_at_release(
     table.set_block_table(3, (7, 8, 9))  # a new segment's table
     assert writes == [3]
     monkeypatch.undo()
-    table.release([1])
+    table.admit([1], [_params(3)])
+    table.release_request("r3")
     assert (table.block_tables == SCRATCH_BLOCK).all()
     table.set_block_table(3, blocks)  # written again after reuse
     assert table.block_tables[3, 0].item() == 5
     with pytest.raises(ValueError, match="exceeds"):
         table.set_block_table(0, tuple(range(5)))
+
+
+def test_admission_refuses_a_held_slot_and_params_check_the_request() -> None:
+    table = _table()
+    assert table.admit([0, 1], [_params(1), _params(2)]) == {}
+    refused = table.admit([1, 2], [_params(3), _params(4, cfg=True)])
+    assert refused == {"r3": "slot 1 is still held by r2"}
+    assert table.seeds[:3].tolist() == [1, 2, 4] and table.num_active == 3
+    assert table.params(2, "r4").has_cfg
+    with pytest.raises(RuntimeError, match="slot 1 holds 'r2', the plan says 'r3'"):
+        table.params(1, "r3")
+    table.release_request("r2")
+    with pytest.raises(RuntimeError, match="slot 1 holds None"):
+        table.params(1, "r2")
+    assert table.release_request("r2") == []  # released twice: nothing held
+
+
+def test_a_segment_waits_on_the_host_until_its_first_depth_step() -> None:
+    table = _table()
+    table.admit([0], [_params(4, cfg=True)])
+    with pytest.raises(RuntimeError, match="no prompt rows"):
+        table.segment(0, "r4", 0)
+    table.add_segment(0, "r4", 0, [torch.zeros(3, HIDDEN), torch.zeros(2, HIDDEN)])
+    table.add_segment(0, "r4", 1, [torch.zeros(4, HIDDEN), torch.zeros(4, HIDDEN)])  # look-ahead
+    pending = table.segment(0, "r4", 0)
+    pending.hidden[0] = torch.ones(HIDDEN)
+    with pytest.raises(RuntimeError, match="before the end of segment 0's PREFILL"):
+        table.take_prefill_states(0, "r4", 0)
+    pending.hidden[1] = 2 * torch.ones(HIDDEN)
+    hidden = table.take_prefill_states(0, "r4", 0)
+    assert [h[0].item() for h in hidden] == [1, 2]
+    with pytest.raises(RuntimeError, match="no prompt rows"):
+        table.segment(0, "r4", 0)  # handed over once
+    table.start_segments([0], [hidden])
+    assert table.hidden[0, :, 0].tolist() == [1, 2]
+    assert table.segment(0, "r4", 1).embeds is not None
+    table.release_request("r4")
+    table.admit([0], [_params(4, cfg=True)])  # the same request id in the slot again
+    with pytest.raises(RuntimeError, match="no prompt rows"):
+        table.segment(0, "r4", 1)  # the look-ahead segment went with the release
 
 
 class _Spy:

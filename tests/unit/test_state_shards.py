@@ -1,6 +1,6 @@
 """State split into bounded parts and joined back: sizes, round trip, determinism, corruption.
 
-Owns CPU-only checks of ``breezert.train.state_shards`` on a folder of random files made in the
+Owns CPU-only checks of ``breezert_train.state_shards`` on a folder of random files made in the
 test. Must not: need a GPU or training.
 """
 
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from breezert.train.state_shards import StateShardError, join_dir, main, split_dir
+from breezert_train.state_shards import StateShardError, join_dir, main, split_dir
 
 pytestmark = pytest.mark.unit
 

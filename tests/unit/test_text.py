@@ -1,9 +1,10 @@
-"""``breezert.text.split_text``: sentences, then cuts until each piece fits."""
+"""``breezert.text``: the sentence splitter (streamed and whole), then ``split_text``'s cuts until
+each piece fits."""
 
 from __future__ import annotations
 
 import pytest
-from breezert.text import split_text
+from breezert.text import SentenceSplitter, split_sentences, split_text
 
 pytestmark = pytest.mark.unit
 
@@ -24,3 +25,46 @@ def test_text_without_spaces_is_cut_at_commas_then_anywhere() -> None:
 
 def test_no_check_gives_sentences() -> None:
     assert split_text("One. Two? Three") == ["One.", "Two?", "Three"]
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("Hello there. How are you?", ["Hello there.", "How are you?"]),
+        ("Mr. Smith paid 3.14 dollars. Then he left!", ["Mr. Smith paid 3.14 dollars.",
+                                                        "Then he left!"]),
+        ("e.g. this one. J. K. Rowling wrote it.", ["e.g. this one.",
+                                                    "J. K. Rowling wrote it."]),
+        ("Visit example.com today. It works.", ["Visit example.com today.", "It works."]),
+        ("Wait... What? Yes!", ["Wait...", "What?", "Yes!"]),
+        ("你好。我很好！谢谢", ["你好。", "我很好！", "谢谢"]),
+        ("one\ntwo\n\n- three", ["one", "two", "- three"]),
+        ('He said "Stop." Then silence.', ['He said "Stop."', "Then silence."]),
+        ("...", ["..."]),
+        ("   ", []),
+    ],
+)
+def test_split_sentences(text: str, expected: list[str]) -> None:
+    assert split_sentences(text) == expected
+
+
+def test_splitter_streamed_char_by_char_equals_whole_text() -> None:
+    text = "Dr. Who arrived at 10.30 a.m. sharp. It was 3.5 km away! Was it far? Not really."
+    splitter = SentenceSplitter()
+    streamed = [s for ch in text for s in splitter.push(ch)] + splitter.flush()
+    assert streamed == split_sentences(text)
+
+
+def test_splitter_emits_complete_sentence_without_minimum_length() -> None:
+    splitter = SentenceSplitter()
+    assert splitter.push("Hi!") == ["Hi!"]  # unambiguous: at once, however short
+    assert splitter.push(" Ok.") == []  # "Ok." could still be "Ok.5": wait for the next word
+    assert splitter.push(" Next") == ["Ok."]
+    assert splitter.flush() == ["Next"]
+
+
+def test_splitter_cuts_overlong_sentence_at_a_space() -> None:
+    splitter = SentenceSplitter(max_chars=20)
+    pieces = splitter.push("one two three four five six seven eight") + splitter.flush()
+    assert all(len(p) <= 20 for p in pieces)
+    assert " ".join(pieces) == "one two three four five six seven eight"

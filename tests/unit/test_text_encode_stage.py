@@ -10,6 +10,7 @@ import torch
 
 from breezert.models.breeze import BreezeModel
 from breezert.models.config import BreezeConfig
+from breezert.stages.interface import StageWorker
 from breezert.stages.text_encode import TextEncodeStage, encode_text, split_into_buckets
 
 pytestmark = pytest.mark.unit
@@ -40,7 +41,8 @@ class _RecordingGraphs:
 def test_pieces_past_the_largest_bucket_encode_in_several_replays_with_equal_rows() -> None:
     model = BreezeModel(BreezeConfig.tiny()).init_random_(torch.Generator().manual_seed(1)).eval()
     graphs = _RecordingGraphs(lambda **kw: encode_text(model, **kw))
-    stage = TextEncodeStage(model, graphs, buckets=(16, 32))  # type: ignore[arg-type]
+    worker = StageWorker(torch.device("cpu"), None, None)  # type: ignore[arg-type] # unused
+    stage = TextEncodeStage(model, worker, graphs, buckets=(16, 32))  # type: ignore[arg-type]
     gen = torch.Generator().manual_seed(1)
     pieces = [torch.randint(3, 200, (n,), generator=gen) for n in (12, 9, 20, 7, 40, 3)]
     with torch.inference_mode():

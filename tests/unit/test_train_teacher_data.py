@@ -13,9 +13,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from breezert.train import shards
-from breezert.train import teacher_data as data
-from breezert.train.text import (
+from breezert_train import shards
+from breezert_train import teacher_data as data
+from breezert_train.text import (
     SplitConfig,
     build_corpus,
     dedup_key,
@@ -255,9 +255,9 @@ def test_other_corpus_settings_are_refused(tmp_path: Path) -> None:
 
 
 # -- the real teacher --------------------------------------------------------------------------
-@needs("hibari")  # hibari-tts, the train extra
+@needs("hibari")  # hibari-tts, in breezert-train (training/)
 def test_the_teacher_speaks_two_sentences() -> None:
-    from breezert.train.teacher import SAMPLES_PER_DURATION, Teacher
+    from breezert_train.teacher import SAMPLES_PER_DURATION, Teacher
 
     teacher = Teacher()
     assert teacher.sample_rate == 24000

@@ -1,10 +1,10 @@
-"""``breezert.train.wer``: the quality gate's text normalisation and word alignment."""
+"""``breezert_train.wer``: the quality gate's text normalisation and word alignment."""
 
 from __future__ import annotations
 
 import pytest
 
-from breezert.train.wer import align, normalise, number_words, word_errors
+from breezert_train.wer import align, normalise, number_words, word_errors
 
 pytestmark = pytest.mark.unit
 

@@ -1,21 +1,20 @@
 """What ``breezert bench`` was asked to do: options, load points, defaults and metadata.
 
 Owns: turning parsed CLI arguments into ``BenchOptions`` (naming the flag in every error), the
-default config/texts/output paths, and the machine/software/commit metadata of a result. Must
-not: run engines (``runner``) or format output (``report``).
+default config/texts/output paths, and a result's metadata (its options beside the machine,
+software and commit from ``provenance``). Must not: run engines (``runner``) or format output
+(``report``).
 """
 
 from __future__ import annotations
 
 import os
-import platform
-import socket
-import subprocess
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from breezert.bench.provenance import provenance, repo_root
 from breezert.bench.variants import BUILTIN_VARIANTS, Variant, resolve_variants
 from breezert.bench.workload import BUILTIN_TEXTS, default_texts_path, load_texts
 from breezert.profiles import EMBEDDED_PROFILE, profile_path
@@ -89,11 +88,6 @@ class BenchOptions:
                 + [LoadPoint("open", r) for r in self.rates])
 
 
-def repo_root() -> Path:
-    """The checkout holding this package (``runtime/breezert/bench`` → three levels up)."""
-    return Path(__file__).resolve().parents[3]
-
-
 def default_config_path(cuda: bool) -> Path:
     if cuda:
         return repo_root() / "configs" / "h200-latency.toml"
@@ -111,35 +105,6 @@ def read_texts(path: Path | None) -> tuple[list[str], str]:
 # ------------------------------------------------------------------------------------ metadata
 
 
-def _git_commit() -> tuple[str, bool | None]:
-    root = repo_root()
-    try:
-        commit = subprocess.run(["git", "-C", str(root), "rev-parse", "--short", "HEAD"],
-                                capture_output=True, text=True, timeout=10, check=True)
-        status = subprocess.run(["git", "-C", str(root), "status", "--porcelain"],
-                                capture_output=True, text=True, timeout=10, check=True)
-    except (OSError, subprocess.SubprocessError):
-        return "unknown", None
-    return commit.stdout.strip() or "unknown", bool(status.stdout.strip())
-
-
-def load_avg() -> float | None:
-    try:
-        return round(os.getloadavg()[0], 2)
-    except (AttributeError, OSError):
-        return None
-
-
-def _cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
 def collect_metadata(options: BenchOptions, base: Any, texts_source: str,
                      num_texts: int) -> dict[str, Any]:
     """Machine, software, commit, date and options of this benchmark."""
@@ -148,24 +113,10 @@ def collect_metadata(options: BenchOptions, base: Any, texts_source: str,
     from breezert.runtime_setup import resolve_device
 
     device = str(resolve_device(base.model.device))
-    cuda = device.startswith("cuda")
-    commit, dirty = _git_commit()
-    if options.git_commit:
-        commit, dirty = options.git_commit, None
     return {
         "device": device,
-        "gpu": torch.cuda.get_device_name(0) if cuda else None,
-        "cpu": _cpu_model(),
-        "num_cpus": os.cpu_count(),
-        "load_avg_1m": load_avg(),
+        **provenance(device=device, git_commit_override=options.git_commit),
         "torch_threads": torch.get_num_threads(),
-        "torch_version": torch.__version__,
-        "cuda_version": torch.version.cuda,
-        "python_version": platform.python_version(),
-        "git_commit": commit,
-        "git_dirty": dirty,
-        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "hostname": socket.gethostname(),
         "command_line": options.command_line,
         "config_path": str(options.config_path),
         "texts": texts_source,
@@ -186,15 +137,10 @@ def collect_metadata(options: BenchOptions, base: Any, texts_source: str,
 def collect_remote_metadata(options: BenchOptions, texts_source: str,
                             num_texts: int) -> dict[str, Any]:
     """This client's machine, commit, date and options for a run against a server."""
-    commit, dirty = _git_commit()
-    if options.git_commit:
-        commit, dirty = options.git_commit, None
     return {
-        "device": "remote", "server_url": options.server_url, "gpu": None,
-        "cpu": _cpu_model(), "num_cpus": os.cpu_count(), "load_avg_1m": load_avg(),
-        "python_version": platform.python_version(), "git_commit": commit, "git_dirty": dirty,
-        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "hostname": socket.gethostname(), "command_line": options.command_line,
+        "device": "remote", "server_url": options.server_url,
+        **provenance(device="remote", git_commit_override=options.git_commit),
+        "command_line": options.command_line,
         "config_path": None, "texts": texts_source, "num_texts": num_texts,
         "options": {
             "num_requests": options.num_requests, "warmup": options.warmup,

@@ -18,6 +18,7 @@ from typing import Any
 
 import aiohttp
 
+from breezert.engine_client import Submitted
 from breezert.errors import EngineOverloaded, RequestFailed
 
 SAMPLE_RATE = 24_000
@@ -51,11 +52,11 @@ class RemoteSpeech:
         scheme, rest = self.base_url.split("://", 1)
         return f"{'wss' if scheme == 'https' else 'ws'}://{rest}/v1/audio/speech/stream"
 
-    def submit(self, request: Any) -> str:
+    async def submit(self, request: Any) -> Submitted:
         """Opens the request's socket and sends its ``say`` (in a task; ``stream`` awaits it)."""
         request_id = str(request.request_id)
         self._sockets[request_id] = asyncio.create_task(self._open(request))
-        return request_id
+        return Submitted(request_id, tuple(range(len(request.segments))), 0, False)
 
     async def _open(self, request: Any) -> aiohttp.ClientWebSocketResponse:
         ws = await self.session.ws_connect(self.ws_url, headers=self.headers, heartbeat=None)

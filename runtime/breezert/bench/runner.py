@@ -18,8 +18,9 @@ from typing import Any
 
 from breezert.bench.listener import RequestResult, summarize_requests
 from breezert.bench.options import (
-    BenchOptions, LoadPoint, collect_metadata, collect_remote_metadata, load_avg, read_texts,
+    BenchOptions, LoadPoint, collect_metadata, collect_remote_metadata, read_texts,
 )
+from breezert.bench.provenance import load_avg
 from breezert.bench.variants import Variant, variant_config
 from breezert.bench.workload import WorkItem, make_workload, poisson_offsets, shard_items
 
@@ -404,7 +405,7 @@ async def _one_request(async_engine: Any, item: WorkItem, options: BenchOptions,
                 feedback = asyncio.create_task(_feedback_loop(async_engine, result, options))
 
     try:
-        request_id = async_engine.submit(request)
+        request_id = (await async_engine.submit(request)).request_id
         await asyncio.wait_for(consume(), timeout=options.request_timeout_s)
         server_ttfb = getattr(async_engine, "server_ttfb_s", {})  # a RemoteSpeech target
         result.server_ttfb_s = server_ttfb.pop(request_id, None)

@@ -44,17 +44,12 @@ def _hash32(x):
 
 
 @triton.jit
-def _sample_kernel(logits_ptr, temp_ptr, top_k_ptr, top_p_ptr, seeds_ptr, counters_ptr, out_ptr,
-                   V, stride_row, t_stride, k_stride, p_stride,
-                   BLOCK: tl.constexpr, MAX_K: tl.constexpr, EXACT_LOG: tl.constexpr):
-    row = tl.program_id(0)
-    cols = tl.arange(0, BLOCK)
-    inside = cols < V
-    x = tl.load(logits_ptr + row * stride_row + cols, mask=inside, other=float("-inf"))
-    x = x.to(tl.float32)
-    t = tl.load(temp_ptr + row * t_stride).to(tl.float32)
-    k = tl.load(top_k_ptr + row * k_stride).to(tl.int32)
-    p = tl.load(top_p_ptr + row * p_stride).to(tl.float32)
+def sample_row(x, t, k, p, seed, counter, cols, inside, MAX_K: tl.constexpr,
+               EXACT_LOG: tl.constexpr):
+    """One draw from a row ``x`` (fp32 ``[BLOCK]`` logits, -inf outside the vocabulary):
+    temperature ``t``, top-k ``k``, top-p ``p``, Gumbel noise of (``seed``, ``counter``,
+    column); ``t <= 0``: the argmax. Shared by ``_sample_kernel`` and the persistent depth
+    frame (``kernels/persistent_depth.py``), so both draw the same code from the same row."""
     y = x / tl.where(t > 0, t, 1.0)
 
     # top-k: the k-th largest of the row (ties with it kept), from the sorted top MAX_K
@@ -73,8 +68,6 @@ def _sample_kernel(logits_ptr, temp_ptr, top_k_ptr, top_p_ptr, seeds_ptr, counte
     keep = (y >= kth) & ((y > cut) | none_dropped) & inside
 
     # Gumbel noise of (seed, counter, column), as layers.sampling.counter_uniform
-    seed = tl.load(seeds_ptr + row).to(tl.int64)
-    counter = tl.load(counters_ptr + row).to(tl.int64)
     lo = seed.to(tl.uint32)  # int64 -> uint32 keeps the low 32 bits
     hi = (seed >> 32).to(tl.uint32)
     h = _hash32(_hash32(lo) ^ hi)
@@ -89,7 +82,24 @@ def _sample_kernel(logits_ptr, temp_ptr, top_k_ptr, top_p_ptr, seeds_ptr, counte
 
     drawn = tl.argmax(tl.where(keep, y + gumbel, float("-inf")), axis=0)
     greedy = tl.argmax(x, axis=0)
-    tl.store(out_ptr + row, tl.where(t > 0, drawn, greedy).to(tl.int64))
+    return tl.where(t > 0, drawn, greedy)
+
+
+@triton.jit
+def _sample_kernel(logits_ptr, temp_ptr, top_k_ptr, top_p_ptr, seeds_ptr, counters_ptr, out_ptr,
+                   V, stride_row, t_stride, k_stride, p_stride,
+                   BLOCK: tl.constexpr, MAX_K: tl.constexpr, EXACT_LOG: tl.constexpr):
+    row = tl.program_id(0)
+    cols = tl.arange(0, BLOCK)
+    inside = cols < V
+    x = tl.load(logits_ptr + row * stride_row + cols, mask=inside, other=float("-inf"))
+    code = sample_row(
+        x.to(tl.float32), tl.load(temp_ptr + row * t_stride).to(tl.float32),
+        tl.load(top_k_ptr + row * k_stride).to(tl.int32),
+        tl.load(top_p_ptr + row * p_stride).to(tl.float32),
+        tl.load(seeds_ptr + row).to(tl.int64), tl.load(counters_ptr + row).to(tl.int64),
+        cols, inside, MAX_K, EXACT_LOG)
+    tl.store(out_ptr + row, code.to(tl.int64))
 
 
 def _column(value: Tensor | float, rows: int, dtype: torch.dtype,

@@ -1,9 +1,10 @@
 """Attention helpers and the pluggable KV-cache contract of the backbone, with a dense reference.
 
 Owns: ``sdpa_gqa`` (grouped-query SDPA on one sequence), the ``KVCache`` protocol, ``GatherKV``
-(the paged cache's per-forward view, over the index tensors ``worker/kv_cache.py`` builds; the
-fused DECODE kernel reads the same view) and ``DenseKVCache``. Must not: pick sequences or blocks
-(the caller does) or know about requests.
+(the paged cache's per-forward view, over the index tensors ``worker/kv_cache.py`` builds, or
+``decode_meta_on_device`` inside a graph; the fused DECODE kernel reads the same view), the
+metadata's value types ``KVRun`` and ``StepMeta``, and ``DenseKVCache``. Must not: pick
+sequences or blocks (the caller does) or know about requests.
 
 The ``KVCache`` contract (what a paged implementation must honour too):
 
@@ -20,10 +21,32 @@ The ``KVCache`` contract (what a paged implementation must honour too):
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Protocol
 
 import torch
 import torch.nn.functional as F
+
+
+@dataclass(frozen=True)
+class KVRun:
+    """New tokens of one sequence in this step: positions ``start .. start + num_new - 1``."""
+
+    block_ids: Sequence[int]
+    start: int
+    num_new: int
+
+
+@dataclass(frozen=True)
+class StepMeta:
+    """Host-built metadata of one backbone step (CPU tensors, padded to a bucket)."""
+
+    positions: torch.Tensor  # [N] long
+    write_rows: torch.Tensor  # [N] long
+    read_rows: torch.Tensor  # [R, T] (decode) or [Tk] (packed)
+    mask: torch.Tensor  # [R, 1, 1, T] or [N, Tk] bool
+    num_tokens: int  # real (unpadded) tokens
+    last_index: list[int]  # index of each run's last token in the step
 
 
 class KVCache(Protocol):
@@ -182,3 +205,19 @@ class DenseKVCache:
         grown = self._alloc(capacity)
         grown[:, :, : store.shape[2]] = store
         self._store[seq_id] = grown
+
+
+def decode_meta_on_device(
+    tables: torch.Tensor,  # [R, max_blocks] int64: each row's block table (scratch block past it)
+    positions: torch.Tensor,  # [R] int64: the new token's position (padding rows: 0)
+    key_slots: torch.Tensor,  # [T] int64: 0..T-1, the padded context
+    block_size: int, scratch_row: int,
+) -> dict[str, torch.Tensor]:
+    """``PagedKVCache.decode_meta``'s tensors (``worker/kv_cache.py``; same values, padding rows
+    included when their table is all scratch block) from device block tables: sync-free, for a
+    graph."""
+    rows = tables[:, key_slots // block_size] * block_size + key_slots % block_size  # [R, T]
+    valid = key_slots[None, :] <= positions[:, None]
+    mask = valid | (key_slots == 0)[None, :]  # padding rows read the scratch row: finite
+    return {"positions": positions, "write_rows": rows.gather(1, positions[:, None])[:, 0],
+            "read_rows": torch.where(valid, rows, scratch_row), "mask": mask[:, None, None, :]}

@@ -642,7 +642,7 @@ class CodecDecoder(nn.Module):
                       fast: bool = False) -> tuple[Tensor, CodecStreamState]:
         """``step`` after the quantizer: ``latent [B, codebook_dim, F]`` (summed, projected
         codebook vectors) -> ``(wav [B, F * samples_per_frame], state)``. Keeps autograd on, so
-        the codec trainer (``breezert.train``) drives the same graph the runtime decodes with."""
+        the codec trainer (``breezert_train``) drives the same graph the runtime decodes with."""
         carry = _Carry(state.conv, self._state_spec, num_frames, latent.shape[-1], fast)
         x = self.pre_conv(latent, carry)  # [B, latent, F]
         h, kv = self.pre_transformer(x.transpose(1, 2), state.kv, state.pos, carry)

@@ -417,7 +417,7 @@ class CodecEncoder(nn.Module):
 
     def embed(self, wav: Tensor) -> Tensor:
         """``encode`` before the quantizer: ``wav [B, T]`` -> embeddings ``[B, hidden, K]``.
-        Keeps autograd on (the codec trainer, ``breezert.train``, learns through it)."""
+        Keeps autograd on (the codec trainer, ``breezert_train``, learns through it)."""
         x = self.encoder(wav[:, None, :])  # [B, hidden, ceil(T / 960)]
         x = self.encoder_transformer(x.transpose(1, 2)).transpose(1, 2)
         return self.downsample(x)  # [B, hidden, K]

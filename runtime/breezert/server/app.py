@@ -22,6 +22,7 @@ from typing import Any
 from aiohttp import web
 
 from breezert.config import ServingConfig, is_loopback_host
+from breezert.engine_client import EngineClient
 from breezert.server import health, http_api, metrics_export, webrtc_api, ws_api
 from breezert.server.ice import scope_for
 from breezert.server.state import STATE, ServerState, json_error
@@ -34,7 +35,7 @@ POLICY_FIELDS = frozenset({"max_frames", "ignore_eos", "chunk_schedule", "priori
 
 
 def create_app(
-    engine: Any,
+    engine: EngineClient | None,
     serving: ServingConfig,
     *,
     request_options: Mapping[str, Any] | None = None,
@@ -46,7 +47,8 @@ def create_app(
     """The BreezeRT HTTP/WebSocket/WebRTC app over a shared ``AsyncEngine``.
 
     Args:
-        engine: The engine (started lazily; the caller closes it).
+        engine: The engine (started lazily; the caller closes it); ``None`` until
+            ``health.build_engine_in_background`` builds it.
         serving: Bind address, peer/text limits and the optional bearer token.
         request_options: Server policy applied to every request: ``SynthesisRequest`` fields
             that are not the caller's voice options (``max_frames``, ``ignore_eos``,

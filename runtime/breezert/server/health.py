@@ -23,8 +23,8 @@ from typing import Any, TextIO
 
 from aiohttp import web
 
+from breezert.engine_client import EngineClient
 from breezert.request import SynthesisRequest
-from breezert.sched.load import EngineLoad
 from breezert.server.state import STATE, ServerState, json_error
 
 logger = logging.getLogger("breezert.server")
@@ -51,7 +51,7 @@ class Lifecycle:
     started_at: float = field(default_factory=time.monotonic)
     draining: bool = False
     engine_built: asyncio.Event = field(default_factory=asyncio.Event)
-    """Set once ``state.engine`` is the real engine (at once unless built in the background)."""
+    """Set once ``state.engine`` is the engine (at once unless built in the background)."""
     console: ConsoleProgress | None = None
 
     def progress(self, phase: str, done: int = 0, total: int = 0, detail: str = "") -> None:
@@ -128,10 +128,10 @@ def setup(app: web.Application, *, warmup: bool) -> None:
 
 
 def build_engine_in_background(
-    app: web.Application, build: Callable[[Callable[..., None]], Any]
+    app: web.Application, build: Callable[[Callable[..., None]], EngineClient]
 ) -> None:
     """Builds the engine after the server listens (so ``/readyz`` shows the start-up), on a
-    worker thread: ``build(progress)`` returns the engine, which replaces ``state.engine``; the
+    worker thread: ``build(progress)`` returns the engine, which becomes ``state.engine``; the
     warm-up request waits for it. A failure is a ``warmup_error`` (``/healthz`` 503)."""
     lifecycle = app[LIFECYCLE]
     lifecycle.engine_built.clear()
@@ -165,7 +165,7 @@ def build_engine_in_background(
 
 async def healthz(request: web.Request) -> web.Response:
     state = request.app[STATE]
-    engine_ok = getattr(state.engine, "is_running", True) or not state.is_ready
+    engine_ok = not state.is_ready or (state.engine is not None and state.engine.is_running)
     if state.warmup_error is not None or not engine_ok:
         reason = state.warmup_error or "the engine loop has stopped"
         return web.json_response({"status": "unhealthy", "reason": reason}, status=503)
@@ -183,23 +183,16 @@ async def readyz(request: web.Request) -> web.Response:
     if not state.is_ready:
         return web.json_response({"ready": False, "status": "warming_up",
                                   **lifecycle.as_json()}, status=503)
-    if not getattr(state.engine, "is_running", True):
+    engine = state.client  # ready: built
+    if not engine.is_running:
         return web.json_response({"ready": False, "status": "failed",
                                   "reason": "engine loop stopped"}, status=503)
-    body: dict[str, Any] = {"ready": True, "status": "ready", "peers": len(state.peers)}
-    load = engine_load(state.engine)
-    if load is not None:
-        body["load"] = load.as_json()
-        if load.is_full:  # every running slot taken, or behind real time: route elsewhere
-            return web.json_response({**body, "ready": False, "status": "full"}, status=503)
+    load = engine.load()
+    body: dict[str, Any] = {"ready": True, "status": "ready", "peers": len(state.peers),
+                            "load": load.as_json()}
+    if load.is_full:  # every running slot taken, or behind real time: route elsewhere
+        return web.json_response({**body, "ready": False, "status": "full"}, status=503)
     return web.json_response(body)
-
-
-def engine_load(engine: Any) -> EngineLoad | None:
-    """``engine.load()``, or ``None`` for an engine that does not tell (one being built, a
-    stand-in)."""
-    load = getattr(engine, "load", None)
-    return load() if callable(load) else None
 
 
 async def warm_up(state: ServerState, lifecycle: Lifecycle | None = None) -> None:
@@ -211,7 +204,9 @@ async def warm_up(state: ServerState, lifecycle: Lifecycle | None = None) -> Non
     lifecycle.progress(PHASE_WARMUP, 0, 1, "one short request through every stage")
     request = SynthesisRequest("Warm up.", max_frames=2, ignore_eos=True)
     try:
-        async for _ in state.engine.synthesize(request):
+        engine = state.client
+        submitted = await engine.submit(request)
+        async for _ in engine.stream(submitted.request_id):
             pass
     except Exception as exc:
         state.warmup_error = f"warm-up request failed: {type(exc).__name__}: {exc}"
@@ -268,10 +263,12 @@ async def _gate_middleware(
 
 def _busy(state: ServerState) -> dict[str, int]:
     """What still runs: HTTP streams, turns in progress, requests in the engine."""
-    scheduler = getattr(getattr(state.engine, "engine", None), "scheduler", None)
-    in_engine = (scheduler.num_running + scheduler.num_waiting) if scheduler is not None else 0
+    in_engine = 0
+    if state.engine is not None:
+        capacity = state.engine.capacity()
+        in_engine = capacity.running + capacity.queued
     turns = sum(ctl.active is not None for ctl in state.websockets.values())
-    turns += sum(getattr(peer.controller, "active", None) is not None for peer in state.peers)
+    turns += sum(peer.controller.active is not None for peer in state.peers)
     return {"http_streams": state.num_http_streams, "turns": turns, "in_engine": in_engine}
 
 
@@ -282,7 +279,7 @@ async def _close_idle(state: ServerState) -> int:
         if controller.active is None and not ws.closed:
             closing.append(ws.close(code=1001, message=b"server shutting down"))
     for peer in list(state.peers):
-        if getattr(peer.controller, "active", None) is None:
+        if peer.controller.active is None:
             closing.append(peer.close())
     await asyncio.gather(*closing, return_exceptions=True)
     return len(closing)

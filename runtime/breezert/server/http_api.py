@@ -1,12 +1,14 @@
 """``POST /v1/audio/speech``: OpenAI-compatible text to speech over plain HTTP.
 
 Owns: validating the OpenAI request fields (plus ``reference_audio`` / ``reference_text`` for
-voice cloning, encoded off the event loop, and ``seed``), cutting ``input`` into segments that
-fit the prompt, and answering as OpenAI does: the audio streamed in the requested format
-(``wav`` with a streaming header, ``pcm``, ``opus`` in Ogg) as each engine chunk exists, or
-with ``stream_format: "sse"`` as ``speech.audio.delta`` / ``speech.audio.done`` events;
-``stream: false`` buffers one whole file. Must not: buffer a streamed response or hold the
-engine request after the client has gone.
+voice cloning, encoded off the event loop, and ``seed``), submitting ``input`` to be cut into
+sentences that fit the prompt (``Split.SENTENCES``: the engine's text front end does it once,
+off the event loop, and counts the prompt tokens for ``usage``), and answering as OpenAI does:
+the audio streamed in the requested format (``wav`` with a streaming header, ``pcm``, ``opus``
+in Ogg) as each engine chunk exists, or with ``stream_format: "sse"`` as ``speech.audio.delta``
+/ ``speech.audio.done`` events; ``stream: false`` buffers one whole file. Must not: buffer a
+streamed response, hold the engine request after the client has gone, or do more between a
+chunk and its bytes than encode them (the ``usage`` figure is known before the first chunk).
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from breezert.constants import SPEAKER_TOKEN_IDS
 from breezert.errors import EngineOverloaded, InvalidRequest, RequestAborted, RequestFailed
 from breezert.options import SynthesisOptions
 from breezert.outputs import AudioChunk
-from breezert.request import SynthesisRequest
+from breezert.request import Reference, SynthesisRequest
 from breezert.server.ogg_opus import OggOpusWriter
 from breezert.server.protocol import (
     MAX_REFERENCE_MESSAGE_BYTES,
@@ -36,8 +38,8 @@ from breezert.server.protocol import (
     decode_reference,
 )
 from breezert.server.state import STATE, ServerState, json_error, read_json_object
-from breezert.server.turns import prompt_fits, prompt_message, reference_message
-from breezert.text import split_text
+from breezert.server.turns import prompt_message, reference_message
+from breezert.text import Split
 
 FORMATS = ("wav", "pcm", "opus")
 """``response_format`` values; OpenAI's ``mp3``, ``aac`` and ``flac`` get a 400 listing these."""
@@ -66,25 +68,25 @@ async def speech(request: web.Request) -> web.StreamResponse:
     if isinstance(parsed, web.Response):
         return parsed
     text, options, reference, fmt, mode = parsed
+    engine = state.client
     encoded = None
     if reference is not None:
         encoded = await _encode_reference(state, reference)
         if isinstance(encoded, web.Response):
             return encoded
     # Sentences, each cut further until its prompt fits the token limit: HTTP has no way to
-    # send segments, so the server makes them (as the plugin does for in-process turns).
-    fits = prompt_fits(state.engine, options, encoded)
-    segments = split_text(text, fits)
+    # send segments, so the server asks the engine for them.
     try:
-        synth = SynthesisRequest(text=segments, options=options, reference=encoded,
+        synth = SynthesisRequest(text=text, options=options, reference=encoded,
                                  **state.request_options)
-        request_id = state.engine.submit(synth)
+        submitted = await engine.submit(synth, split=Split.SENTENCES)
     except InvalidRequest as exc:
         message = prompt_message(str(exc))
         return json_error(400, message, param=_param_of(message))
     except EngineOverloaded as exc:
         return overloaded_error(exc)
-    async with aclosing(state.engine.stream(request_id)) as chunks:
+    request_id = submitted.request_id
+    async with aclosing(engine.stream(request_id)) as chunks:
         # NOTE: headers wait for the first chunk (engine TTFB), so a request that fails before
         # any audio still gets a JSON error with its status.
         first = await _first_chunk(chunks)
@@ -92,8 +94,8 @@ async def speech(request: web.Request) -> web.StreamResponse:
             return first
         if mode == "whole":
             return await _whole(chunks, first, fmt)
-        usage_in = _input_tokens(state, segments, options, encoded)
-        return await _stream(request, state, request_id, chunks, first, fmt, mode, usage_in)
+        return await _stream(request, state, request_id, chunks, first, fmt, mode,
+                             submitted.num_prompt_tokens)
 
 
 def _parse(body: dict[str, Any], state: ServerState) \
@@ -160,14 +162,12 @@ def _parse(body: dict[str, Any], state: ServerState) \
     return text, options, reference, fmt, mode
 
 
-async def _encode_reference(state: ServerState, reference: ReferenceAudio) -> Any:
+async def _encode_reference(state: ServerState,
+                            reference: ReferenceAudio) -> Reference | web.Response:
     """``breezert.request.Reference`` of the decoded audio, or a 400 naming the field."""
-    encode = getattr(state.engine, "encode_reference", None)
-    if encode is None:
-        return json_error(400, "reference_audio is not supported by this engine",
-                          param="reference_audio")
     try:
-        return await encode(reference.samples, reference.sample_rate, reference.text)
+        return await state.client.encode_reference(reference.samples, reference.sample_rate,
+                                                   reference.text)
     except InvalidRequest as exc:
         message = reference_message(str(exc))
         param = "reference_text" if message.startswith("reference_text") else "reference_audio"
@@ -263,7 +263,7 @@ async def _stream(request: web.Request, state: ServerState, request_id: str,
         state.num_http_streams -= 1
         # NOTE: a client gone before the stream opened (prepare/header write) never read on,
         # so nothing above aborted the request; a no-op for one that already finished.
-        state.engine.abort(request_id)
+        state.client.abort(request_id)
     await response.write_eof()
     return response
 
@@ -299,18 +299,6 @@ def _audio_headers(fmt: str) -> dict[str, str]:
         headers.update({"X-Sample-Rate": str(ENGINE_SAMPLE_RATE), "X-Sample-Format": "s16le",
                         "X-Channels": "1"})
     return headers
-
-
-def _input_tokens(state: ServerState, segments: list[str], options: SynthesisOptions,
-                  reference: Any) -> int:
-    """Prompt tokens over all segments (SSE ``usage``); 0 for an engine that cannot tell."""
-    count = getattr(state.engine, "prompt_tokens", None)
-    if count is None:
-        return 0
-    try:
-        return sum(count(segment, options, reference) for segment in segments)
-    except InvalidRequest:
-        return 0
 
 
 def _param_of(message: str) -> str | None:

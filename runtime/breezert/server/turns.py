@@ -1,9 +1,11 @@
 """One conversation's turns: say/append/end/cancel -> engine requests -> an audio sink.
 
 Owns: the turn lifecycle shared by the DataChannel and the WebSocket (one turn at a time per
-connection), text limits, mapping engine errors to protocol errors, and the server's
-``turn_started`` / ``first_audio`` / ``turn_done`` messages. Must not: know the transport or the
-audio format; a ``TurnSink`` turns chunks into frames or bytes, ``send`` delivers messages.
+connection), text limits, mapping engine errors to protocol errors, the client segment each
+engine segment belongs to (the engine's text front end cuts one that does not fit:
+``Split.FIT``), and the server's ``turn_started`` / ``first_audio`` / ``turn_done`` messages.
+Must not: know the transport or the audio format (a ``TurnSink`` turns chunks into frames or
+bytes, ``send`` delivers messages), or tokenize on the event loop (the engine does, off it).
 """
 
 from __future__ import annotations
@@ -12,15 +14,16 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 from breezert.audio import ENGINE_SAMPLE_RATE
 from breezert.constants import FRAME_S
+from breezert.engine_client import EngineClient
 from breezert.errors import EngineOverloaded, InvalidRequest, RequestAborted, RequestFailed
 from breezert.outputs import AudioChunk
-from breezert.request import SynthesisRequest
+from breezert.request import Reference, SynthesisRequest
 from breezert.server.protocol import (
     OVERLOADED_CODE,
     Append,
@@ -32,7 +35,7 @@ from breezert.server.protocol import (
     Say,
     event,
 )
-from breezert.text import split_text
+from breezert.text import Split
 
 logger = logging.getLogger("breezert.server")
 
@@ -69,9 +72,6 @@ class _Turn:
     concealment_events: int = 0
     idle_timer: asyncio.TimerHandle | None = field(default=None, repr=False)
     """Closes the input when no append/end comes in time (``idle_timeout_s``)."""
-    fits: Callable[[str], bool] | None = field(default=None, repr=False)
-    """Whether a piece of text fits one segment's prompt (``prompt_fits``) with this turn's
-    voice, instructions and reference."""
     reason: str | None = None
     """Why the server closed the turn's input (``idle_timeout``), reported in ``turn_done``."""
     error_code: str | None = None
@@ -90,7 +90,7 @@ class TurnController:
     """Runs one connection's turns against the engine, one at a time.
 
     Args:
-        engine: The shared ``AsyncEngine``.
+        engine: The engine (the shared ``AsyncEngine`` in production).
         sink: Receives each turn's chunks.
         send: Delivers a server message (JSON text) to the client.
         max_text_chars: Characters per turn over ``say`` and all ``append``s.
@@ -102,7 +102,7 @@ class TurnController:
 
     def __init__(
         self,
-        engine: Any,
+        engine: EngineClient,
         sink: TurnSink,
         send: Callable[[str], Awaitable[None]],
         *,
@@ -127,7 +127,7 @@ class TurnController:
         if isinstance(message, Say):
             await self._say(message)
         elif isinstance(message, Append):
-            self._append(message.text)
+            await self._append(message.text)
         elif isinstance(message, End):
             turn = self.active
             if turn is None:
@@ -135,7 +135,8 @@ class TurnController:
             if turn.is_input_open:  # ending an already closed turn is harmless: a no-op
                 turn.is_input_open = False
                 self._disarm(turn)
-                self._call_engine(self.engine.close_input, turn.request_id)
+                with _engine_errors():
+                    self.engine.close_input(turn.request_id)
         elif isinstance(message, Cancel):
             await self.cancel()
         elif isinstance(message, Playback):
@@ -176,33 +177,30 @@ class TurnController:
         self._check_chars(say.num_chars, 0)
         say_time = self._clock()
         request = self._request(say)  # every cheap check before encoding the reference
-        fits = prompt_fits(self.engine, say.options)
         if say.reference is not None:
             reference = await self._encode_reference(say)
             if self.active is not None:  # NOTE: the transports handle messages in order
                 raise ProtocolError("turn_active", "a turn started while the reference audio "
                                     "was being encoded; send cancel first (barge-in)")
-            fits = prompt_fits(self.engine, say.options, reference)
             try:
                 request = replace(request, reference=reference)
             except InvalidRequest as exc:
                 raise ProtocolError("invalid_request", str(exc)) from None
-        pieces = [fit_segments((segment,), fits) for segment in request.segments]
-        request = replace(request, text=tuple(p for cut in pieces for p in cut))
-        request_id = self._call_engine(self.engine.submit, request)
+        with _engine_errors():  # each say segment whole when it fits, else cut (off the loop)
+            submitted = await self.engine.submit(request, split=Split.FIT)
+        request_id = submitted.request_id
         turn = _Turn(request_id, say.client_request_id, say_time, say.more, say.num_chars,
-                     fits=fits, num_client_segments=len(pieces),
+                     num_client_segments=len(request.segments),
                      segment_events=say.segment_events,
-                     segment_owners=[i for i, cut in enumerate(pieces) for _ in cut])
+                     segment_owners=list(submitted.segment_owners))
         try:
             turn.marks = self.sink.begin(request_id, ENGINE_SAMPLE_RATE, say)
             self.active = turn
             await self._send(event("turn_started", **self._ids(turn)))
-            if say.queued_events and getattr(self.engine, "is_waiting", None) is not None \
-                    and self.engine.is_waiting(request_id):
-                await self._send(event("queued", **self._ids(turn),
-                                       waiting=self.engine.num_waiting,
-                                       max_running_requests=self.engine.max_running_requests))
+            if say.queued_events and submitted.is_queued:
+                capacity = self.engine.capacity()  # lengths: no engine lock on the loop
+                await self._send(event("queued", **self._ids(turn), waiting=capacity.queued,
+                                       max_running_requests=capacity.max_running))
         except BaseException:  # nobody will consume the request: free it now
             self.engine.abort(request_id)
             self.active = None
@@ -210,15 +208,12 @@ class TurnController:
         turn.task = asyncio.create_task(self._run(turn), name=f"turn-{request_id}")
         self._arm(turn)
 
-    async def _encode_reference(self, say: Say) -> Any:
+    async def _encode_reference(self, say: Say) -> Reference:
         """The say's reference audio -> ``breezert.request.Reference`` (off the event loop)."""
         assert say.reference is not None
-        encode = getattr(self.engine, "encode_reference", None)
-        if encode is None:
-            raise ProtocolError("invalid_request", "reference_audio is not supported here")
         ref = say.reference
         try:
-            return await encode(ref.samples, ref.sample_rate, ref.text)
+            return await self.engine.encode_reference(ref.samples, ref.sample_rate, ref.text)
         except InvalidRequest as exc:
             raise ProtocolError("invalid_request", reference_message(str(exc))) from None
 
@@ -237,13 +232,18 @@ class TurnController:
             ids["client_request_id"] = turn.client_request_id
         return ids
 
-    def _append(self, text: str) -> None:
+    async def _append(self, text: str) -> None:
         turn = self._open_turn("append")
         self._check_chars(len(text), turn.num_chars)
         if text.strip():  # whitespace-only pieces carry nothing to say
-            for piece in fit_segments((text,), turn.fits):
-                self._call_engine(self.engine.append_text, turn.request_id, piece)
-                turn.segment_owners.append(turn.num_client_segments)
+            self._disarm(turn)  # the idle timer must not close the input under the append
+            try:
+                with _engine_errors():  # whole when it fits, else cut (off the event loop)
+                    num_segments = await self.engine.append(turn.request_id, text,
+                                                            split=Split.FIT)
+            finally:
+                self._arm(turn)
+            turn.segment_owners.extend([turn.num_client_segments] * num_segments)
         turn.num_client_segments += 1
         turn.num_chars += len(text)
         self._arm(turn)
@@ -279,7 +279,8 @@ class TurnController:
         status, error = "finished", None
         first = asyncio.create_task(self._report_first_audio(turn))
         try:
-            async with contextlib.aclosing(self._stream(turn.request_id)) as chunks:
+            async with contextlib.aclosing(
+                    self.engine.stream(turn.request_id, segments=True)) as chunks:
                 async for item in chunks:
                     if not isinstance(item, AudioChunk):  # the engine's SegmentStarted
                         await self._announce(turn, item.segment_index, item.start_frame)
@@ -308,16 +309,10 @@ class TurnController:
         first.cancel()
         await self._done(turn, status, error)
 
-    def _stream(self, request_id: str) -> Any:
-        """The engine's chunks, with ``SegmentStarted`` marks where it makes them."""
-        if getattr(self.engine, "marks_segments", False):
-            return self.engine.stream(request_id, segments=True)
-        return self.engine.stream(request_id)
-
     async def _announce(self, turn: _Turn, engine_segment: int, start_frame: int) -> None:
         """``segment`` events for the client segments that start by engine segment
-        ``engine_segment`` at ``start_frame`` (exact with the engine's marks; without them, at
-        the first chunk that carries the segment), before any of their audio goes out."""
+        ``engine_segment`` at ``start_frame`` (the engine's ``SegmentStarted`` marks, exact),
+        before any of their audio goes out."""
         if not turn.segment_events:
             return
         owners = turn.segment_owners
@@ -381,43 +376,18 @@ class TurnController:
                 f"{self._max_text_chars}",
             )
 
-    def _call_engine(self, fn: Callable[..., Any], *args: Any) -> Any:
-        try:
-            return fn(*args)
-        except InvalidRequest as exc:
-            raise ProtocolError("invalid_request", prompt_message(str(exc))) from None
-        except EngineOverloaded as exc:
-            raise ProtocolError(OVERLOADED_CODE,
-                                f"the engine is at capacity, retry later: {exc}") from None
 
 
-def prompt_fits(engine: Any, options: Any, reference: Any = None) \
-        -> Callable[[str], bool] | None:
-    """``fits`` for ``breezert.text.split_text``: whether a piece's prompt (with this voice,
-    instructions and reference) is within the engine's ``max_prompt_tokens``; ``None`` for an
-    engine that cannot tell (a test stand-in)."""
-    count = getattr(engine, "prompt_tokens", None)
-    if count is None:
-        return None
-    limit = engine.max_prompt_tokens
-
-    def fits(piece: str) -> bool:
-        try:
-            return bool(count(piece, options, reference) <= limit)
-        except InvalidRequest:  # not a length problem: submit reports it
-            return True
-
-    return fits
-
-
-def fit_segments(segments: tuple[str, ...] | list[str], fits: Callable[[str], bool] | None) \
-        -> tuple[str, ...]:
-    """Each segment as it is when it fits one prompt, else cut into sentences and smaller
-    pieces until each does (``split_text``), so text up to ``max_text_chars`` is spoken."""
-    if fits is None:
-        return tuple(segments)
-    return tuple(piece for segment in segments
-                 for piece in ([segment] if fits(segment) else split_text(segment, fits)))
+@contextlib.contextmanager
+def _engine_errors() -> Iterator[None]:
+    """An engine's refusal as the protocol error the client gets."""
+    try:
+        yield
+    except InvalidRequest as exc:
+        raise ProtocolError("invalid_request", prompt_message(str(exc))) from None
+    except EngineOverloaded as exc:
+        raise ProtocolError(OVERLOADED_CODE,
+                            f"the engine is at capacity, retry later: {exc}") from None
 
 
 _SPLIT_ADVICE = "; split the text into segments"

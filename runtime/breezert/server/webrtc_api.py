@@ -126,7 +126,7 @@ class PeerSession:
         self.pc = RTCPeerConnection(RTCConfiguration(iceServers=[]))  # no STUN: host candidates
         self.track = EngineAudioTrack(frame_ms=frame_ms, clock=state.clock)
         self.controller = TurnController(
-            state.engine, TrackSink(self.track, state), self._send,
+            state.client, TrackSink(self.track, state), self._send,
             max_text_chars=state.serving.max_text_chars, request_options=state.request_options,
             idle_timeout_s=state.serving.turn_idle_timeout_s,
             clock=state.clock, on_first_audio=state.first_audio.observe,

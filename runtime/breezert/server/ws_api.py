@@ -100,7 +100,7 @@ async def speech_stream(request: web.Request) -> web.WebSocketResponse:
                 await ws.send_str(text)
 
     controller = TurnController(
-        state.engine, sink, send, max_text_chars=state.serving.max_text_chars,
+        state.client, sink, send, max_text_chars=state.serving.max_text_chars,
         idle_timeout_s=state.serving.turn_idle_timeout_s,
         request_options=state.request_options, clock=state.clock,
         on_first_audio=state.first_audio.observe,

@@ -1,10 +1,10 @@
 """PREFILL and DECODE: the Qwen3 backbone over the paged KV cache.
 
-Owns: gathering each item's input rows (prompt-embedding chunks, or the last frame's codes),
-bucket-padded KV metadata, the graphed forward functions, and storing each branch's last hidden
-state (with the device slot table, DECODE reads its frames and block tables from and writes its
-state into the table inside its graph: ``backbone_decode_from_slots``). Must not: sample (DEPTH does) or pick
-blocks (the scheduler does).
+Owns: PREFILL's packed prompt-embedding chunks and bucket-padded KV metadata, keeping each
+branch's state after its prompt's last chunk; DECODE's row indices and positions, whose graph
+(``backbone_decode_from_slots``) reads each row's last frame and block table from the slot table
+and writes its new state back; the graphed forward functions. Must not: sample (DEPTH does) or
+pick blocks (the scheduler does).
 """
 
 from __future__ import annotations
@@ -13,15 +13,11 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-from breezert.layers.attention import GatherKV
+from breezert.layers.attention import GatherKV, KVRun, StepMeta, decode_meta_on_device
 from breezert.models.breeze import BreezeModel
 from breezert.outputs import StageOutput
 from breezert.sched.plan import DecodeItem, PrefillItem
-from breezert.worker.batch_state import BatchState
-from breezert.worker.cuda_graphs import GraphRunner, bucket_for
-from breezert.worker.device_copy import to_device
-from breezert.worker.kv_cache import KVRun, PagedKVCache, StepMeta, decode_meta_on_device
-from breezert.worker.slot_table import SlotTable
+from breezert.stages.interface import Graphs, Slots, StageWorker, bucket_for
 
 
 def backbone_prefill(
@@ -48,7 +44,7 @@ def backbone_decode(
 
 
 def backbone_decode_from_slots(
-    table: SlotTable, decode: Callable[..., dict[str, torch.Tensor]], block_size: int,
+    table: Slots, decode: Callable[..., dict[str, torch.Tensor]], block_size: int,
     scratch_row: int,
     row_ids: torch.Tensor,  # [R] int64: slot * 2 + branch of each row
     positions: torch.Tensor,  # [R] int64: the fed frame's position (padding: 0)
@@ -66,21 +62,21 @@ def backbone_decode_from_slots(
 
 def _meta_inputs(meta: StepMeta, device: torch.device) -> dict[str, torch.Tensor]:
     return {
-        "positions": to_device(meta.positions, device, non_blocking=True),
-        "write_rows": to_device(meta.write_rows, device, non_blocking=True),
-        "read_rows": to_device(meta.read_rows, device, non_blocking=True),
-        "mask": to_device(meta.mask, device, non_blocking=True),
+        "positions": meta.positions.to(device, non_blocking=True),
+        "write_rows": meta.write_rows.to(device, non_blocking=True),
+        "read_rows": meta.read_rows.to(device, non_blocking=True),
+        "mask": meta.mask.to(device, non_blocking=True),
     }
 
 
 class PrefillStage:
     def __init__(
-        self, model: BreezeModel, kv: PagedKVCache, graphs: GraphRunner,
+        self, model: BreezeModel, worker: StageWorker, graphs: Graphs,
         token_buckets: Sequence[int], context_buckets: Sequence[int],
     ) -> None:
-        self.model, self.kv, self.graphs = model, kv, graphs
+        self.model, self.slots, self.kv, self.graphs = model, worker.slots, worker.kv, graphs
         self.token_buckets, self.context_buckets = tuple(token_buckets), tuple(context_buckets)
-        self.device = model.lm_head.weight.device
+        self.device = worker.device
 
     def shape_for(self, num_tokens: int, num_keys: int) -> tuple[int, int]:
         if self.graphs.enabled:
@@ -90,11 +86,12 @@ class PrefillStage:
                 return n, k
         return num_tokens, num_keys
 
-    def run(self, items: Sequence[PrefillItem], batch: BatchState) -> StageOutput:
+    def run(self, items: Sequence[PrefillItem]) -> StageOutput:
         rows, runs = [], []
-        for item in items:
-            segment = batch.get(item.slot, item.request_id).segments[item.segment_index]
-            assert segment.embeds is not None, "PREFILL before TEXT_ENCODE"
+        segments = [self.slots.segment(item.slot, item.request_id, item.segment_index)
+                    for item in items]
+        for item, segment in zip(items, segments):
+            assert segment.embeds is not None, "PREFILL after the segment's last chunk"
             end = item.start_pos + item.num_tokens
             rows.append(segment.embeds[item.branch][item.start_pos : end])
             runs.append(KVRun(item.block_ids, item.start_pos, item.num_tokens))
@@ -106,9 +103,8 @@ class PrefillStage:
             embeds = torch.cat([embeds, embeds.new_zeros(shape[0] - num_tokens, embeds.shape[1])])
         inputs = {"embeds": embeds, **_meta_inputs(meta, self.device)}
         hidden = self.graphs(shape, inputs)["hidden"]
-        for item, last in zip(items, meta.last_index):
+        for item, segment, last in zip(items, segments, meta.last_index):
             if item.is_last_chunk:
-                segment = batch.get(item.slot, item.request_id).segments[item.segment_index]
                 segment.hidden[item.branch] = hidden[last].clone()
                 if all(h is not None for h in segment.hidden):
                     segment.embeds = None  # prompt rows are no longer needed
@@ -117,23 +113,21 @@ class PrefillStage:
     def example_inputs(self, num_tokens: int, num_keys: int) -> dict[str, torch.Tensor]:
         meta = self.kv.packed_meta([], num_tokens, num_keys)
         d = self.model.cfg.hidden_size
-        embeds = torch.randn(num_tokens, d, device=self.device, dtype=self.model.lm_head.weight.dtype)
+        dtype = self.model.lm_head.weight.dtype
+        embeds = torch.randn(num_tokens, d, device=self.device, dtype=dtype)
         return {"embeds": embeds, **_meta_inputs(meta, self.device)}
 
 
 class DecodeStage:
     def __init__(
-        self, model: BreezeModel, kv: PagedKVCache, graphs: GraphRunner,
+        self, worker: StageWorker, graphs: Graphs,
         row_buckets: Sequence[int], context_buckets: Sequence[int],
-        table: SlotTable | None = None,
     ) -> None:
-        self.model, self.kv, self.graphs = model, kv, graphs
-        self.table = table
-        """The device slot table; the graphs run ``backbone_decode_from_slots`` (None: the
-        host packs each row's frame and the KV metadata)."""
+        """``graphs`` runs ``backbone_decode_from_slots`` bound to the slot table."""
+        self.graphs, self.slots, self.kv = graphs, worker.slots, worker.kv
         self._key_slots: dict[int, torch.Tensor] = {}  # context -> arange on the device
         self.row_buckets, self.context_buckets = tuple(row_buckets), tuple(context_buckets)
-        self.device = model.lm_head.weight.device
+        self.device = worker.device
 
     def shape_for(self, num_rows: int, context: int) -> tuple[int, int]:
         if self.graphs.enabled:
@@ -143,40 +137,16 @@ class DecodeStage:
                 return r, t
         return num_rows, context
 
-    def run(self, items: Sequence[DecodeItem], batch: BatchState) -> StageOutput:
-        runs = [KVRun(branch.block_ids, branch.position, 1)
-                for item in items for branch in item.branches]
-        shape = self.shape_for(len(runs), max(r.start + 1 for r in runs))
-        if self.table is not None:
-            return self._run_on_slots(items, shape, self.table)
-        meta = _meta_inputs(self.kv.decode_meta(runs, *shape), self.device)
-        frames = []
-        for item in items:
-            segment = batch.get(item.slot, item.request_id).segments[item.segment_index]
-            assert segment.last_frame is not None, "DECODE before the segment's first DEPTH"
-            frames.extend([segment.last_frame] * len(item.branches))
-        codes = torch.zeros(shape[0], frames[0].shape[0], dtype=torch.long)
-        codes[: len(frames)] = torch.stack(frames)
-        inputs = {"codes": to_device(codes, self.device, non_blocking=True), **meta}
-        hidden = self.graphs(shape, inputs)["hidden"]
-        row = 0
-        for item in items:
-            segment = batch.get(item.slot, item.request_id).segments[item.segment_index]
-            for b in range(len(item.branches)):
-                segment.hidden[b] = hidden[row].clone()
-                row += 1
-        return StageOutput()
-
-    def _run_on_slots(self, items: Sequence[DecodeItem], shape: tuple[int, int],
-                      table: SlotTable) -> StageOutput:
-        """The device path: one upload of row ids and positions (block tables only when a
-        segment starts); the frames, KV metadata and new states stay on the device."""
+    def run(self, items: Sequence[DecodeItem]) -> StageOutput:
+        """One upload of row ids and positions (block tables only when a segment starts); the
+        frames, KV metadata and new states stay on the device."""
         rows, positions = [], []
         for item in items:
             for b, branch in enumerate(item.branches):
-                table.set_block_table(2 * item.slot + b, branch.block_ids)
+                self.slots.set_block_table(2 * item.slot + b, branch.block_ids)
                 rows.append(2 * item.slot + b)
                 positions.append(branch.position)
+        shape = self.shape_for(len(rows), max(positions) + 1)
         self.graphs(shape, self.slot_inputs(rows, positions, *shape))
         return StageOutput()
 
@@ -184,12 +154,11 @@ class DecodeStage:
                     context: int) -> dict[str, torch.Tensor]:
         """Inputs of ``backbone_decode_from_slots``, padded to ``size`` rows (padding rows read
         and write the scratch slot at position 0) and ``context`` keys."""
-        assert self.table is not None
         index = torch.zeros(2, size, dtype=torch.long)
-        index[0] = 2 * self.table.scratch_slot
+        index[0] = 2 * self.slots.scratch_slot
         index[0, : len(rows)] = torch.tensor(rows, dtype=torch.long)
         index[1, : len(positions)] = torch.tensor(positions, dtype=torch.long)
-        index = to_device(index, self.device, non_blocking=True)  # one upload
+        index = index.to(self.device, non_blocking=True)  # one upload
         key_slots = self._key_slots.get(context)
         if key_slots is None:
             key_slots = self._key_slots[context] = torch.arange(context, device=self.device)
@@ -198,17 +167,23 @@ class DecodeStage:
     def example_inputs(
         self, num_rows: int, context: int, cached: int = 0
     ) -> dict[str, torch.Tensor]:
-        """Inputs of a bucket. ``cached=0``: every row is padding (graph capture at start-up);
-        else each row holds ``cached`` tokens in its own blocks (benchmarks: attention then
-        reads a real context). Raises ``ValueError`` when the pool has too few blocks."""
+        """Inputs of a bucket. ``cached=0``: every row is padding, reading and writing the
+        scratch slot (graph capture at start-up); else row ``i`` (slot ``i // 2``, branch
+        ``i % 2``) holds ``cached`` tokens in its own blocks, its block table written into the
+        slot table (benchmarks on an idle engine: attention then reads a real context).
+
+        Raises:
+            ValueError: the pool has too few blocks, or the table too few slots.
+        """
+        if not cached:
+            return self.slot_inputs([], [], num_rows, context)
         blocks = cached // self.kv.block_size + 1
-        if cached and num_rows * blocks > self.kv.num_blocks:
+        if num_rows * blocks > self.kv.num_blocks:
             raise ValueError(f"{num_rows} rows x {cached} cached tokens need {num_rows * blocks} "
                              f"blocks; the pool has {self.kv.num_blocks}")
-        runs = [KVRun(list(range(i * blocks, (i + 1) * blocks)), cached, 1)
-                for i in range(num_rows if cached else 0)]
-        if self.table is not None:  # every row reads and writes the scratch slot
-            return self.slot_inputs([], [], num_rows, context)
-        meta = _meta_inputs(self.kv.decode_meta(runs, num_rows, context), self.device)
-        codes = torch.zeros(num_rows, self.model.cfg.num_codebooks, dtype=torch.long)
-        return {"codes": codes.to(self.device), **meta}
+        if num_rows > 2 * self.slots.scratch_slot:
+            raise ValueError(f"{num_rows} rows need {-(-num_rows // 2)} slots; the table has "
+                             f"{self.slots.scratch_slot}")
+        for row in range(num_rows):
+            self.slots.set_block_table(row, tuple(range(row * blocks, (row + 1) * blocks)))
+        return self.slot_inputs(list(range(num_rows)), [cached] * num_rows, num_rows, context)

@@ -6,10 +6,9 @@ resetting a slot's state at a request's first chunk, and turning waveforms into
 ``DecodedChunk``s. Two groupings: ``mixed_sizes`` off, one group per chunk size (every row of a
 replay decodes the same number of frames); on, chunks of different sizes share a replay (each
 row decodes its own count, ``StreamingCodec.decode(num_frames=)``) and the items are split into
-the groups of sizes that minimise padded frames plus a fixed cost per replay. With the device
-slot table the graphs read each chunk's frames from the table's ring (``codec_from_ring``); the
-host uploads only slot and frame indices. Must not: decide chunk sizes (the scheduler and the
-Predictor do).
+the groups of sizes that minimise padded frames plus a fixed cost per replay. The graphs read
+each chunk's frames from the slot table's ring (``codec_from_ring``): the host uploads only slot
+and frame indices. Must not: decide chunk sizes (the scheduler and the Predictor do).
 """
 
 from __future__ import annotations
@@ -22,10 +21,7 @@ import torch
 from breezert.models.codec import StreamingCodec
 from breezert.outputs import DecodedChunk, StageOutput
 from breezert.sched.plan import CodecItem
-from breezert.worker.batch_state import BatchState
-from breezert.worker.cuda_graphs import GraphRunner, bucket_for
-from breezert.worker.device_copy import tensor_to_device, to_device
-from breezert.worker.slot_table import SlotTable
+from breezert.stages.interface import Graphs, Slots, StageWorker, bucket_for
 
 
 def codec_step(
@@ -38,7 +34,7 @@ def codec_step(
 
 
 def codec_from_ring(
-    table: SlotTable, step_fn: Callable[..., dict[str, torch.Tensor]], mixed_sizes: bool,
+    table: Slots, step_fn: Callable[..., dict[str, torch.Tensor]], mixed_sizes: bool,
     rows: torch.Tensor,  # [B, 1 + F] int64: the slot, then each frame's index (-1: padding)
 ) -> dict[str, torch.Tensor]:
     """``step_fn`` (``codec_step`` bound to a codec) over frames gathered from the table's ring;
@@ -48,30 +44,29 @@ def codec_from_ring(
 
 
 class CodecStage:
-    def __init__(self, codec: StreamingCodec, graphs: GraphRunner, buckets: Sequence[int],
-                 mixed_sizes: bool = False, replay_cost_frames: float = 24.0,
-                 table: SlotTable | None = None) -> None:
+    def __init__(self, codec: StreamingCodec, worker: StageWorker, graphs: Graphs,
+                 buckets: Sequence[int], mixed_sizes: bool = False,
+                 replay_cost_frames: float = 24.0) -> None:
+        """``graphs`` runs ``codec_from_ring`` bound to the slot table."""
         self.codec, self.graphs, self.buckets = codec, graphs, tuple(buckets)
-        self.table = table
-        """The device slot table; the graphs run ``codec_from_ring`` (None: the host packs
-        each chunk's frames)."""
+        self.slots = worker.slots
         self.device = codec.positions.device
         self.scratch_slot = codec.max_slots - 1  # the arena has one slot more than the batch
         self.mixed_sizes = mixed_sizes
         self.replay_cost_frames = replay_cost_frames
         self.num_replays = 0  # graph replays or eager calls, all steps
 
-    def run(self, items: Sequence[CodecItem], batch: BatchState) -> StageOutput:
+    def run(self, items: Sequence[CodecItem]) -> StageOutput:
         out = StageOutput()
         if self.mixed_sizes:
             for group in self.plan_groups(items):
-                out.chunks.extend(self._decode_mixed(group, batch))
+                out.chunks.extend(self._decode_mixed(group))
             return out
         groups: dict[int, list[CodecItem]] = defaultdict(list)
         for item in items:
             groups[item.num_frames].append(item)
         for group in groups.values():
-            out.chunks.extend(self._decode_group(group, batch))
+            out.chunks.extend(self._decode_group(group))
         return out
 
     # ---------------------------------------------------------------- mixed-size replays
@@ -111,10 +106,10 @@ class CodecStage:
             j = cut[j]
         return groups[::-1]
 
-    def _decode_mixed(self, items: list[CodecItem], batch: BatchState) -> list[DecodedChunk]:
+    def _decode_mixed(self, items: list[CodecItem]) -> list[DecodedChunk]:
         num = len(items)
         pieces = self._pieces(max(item.num_frames for item in items), padded=True)
-        size, replays = self._replays(items, batch, pieces)
+        size, replays = self._replays(items, pieces)
         waves = []
         for piece, inputs in zip(pieces, replays):
             wav = self.graphs((size, piece), inputs)["wav"][:num]
@@ -154,10 +149,10 @@ class CodecStage:
                 left -= size
         return pieces
 
-    def _decode_group(self, items: list[CodecItem], batch: BatchState) -> list[DecodedChunk]:
+    def _decode_group(self, items: list[CodecItem]) -> list[DecodedChunk]:
         num, frames_per = len(items), items[0].num_frames
         pieces = self._pieces(frames_per)
-        size, replays = self._replays(items, batch, pieces)
+        size, replays = self._replays(items, pieces)
         waves = []
         for piece, inputs in zip(pieces, replays):
             waves.append(self.graphs((size, piece), inputs)["wav"][:num].float().cpu())
@@ -168,78 +163,38 @@ class CodecStage:
             for i, item in enumerate(items)
         ]
 
-    def _replays(self, items: list[CodecItem], batch: BatchState, pieces: list[int]) \
+    def _replays(self, items: list[CodecItem], pieces: list[int]) \
             -> tuple[int, list[dict[str, torch.Tensor]]]:
         """``(bucket rows, inputs of each piece's replay)`` for ``items`` decoded in ``pieces``
-        frames at a time; resets the slots of first chunks."""
-        if self.table is not None:
-            return self._ring_replays(items, pieces, self.table)
-        size, slot_ids, codes, counts = self._inputs(items, batch, sum(pieces))
-        replays, start = [], 0
-        for piece in pieces:
-            inputs = {"slot_ids": slot_ids, "codes": codes[:, start : start + piece]}
-            if self.mixed_sizes:
-                inputs["num_frames"] = (counts - start).clamp(0, piece)
-            replays.append(inputs)
-            start += piece
-        return size, replays
-
-    def _ring_replays(self, items: list[CodecItem], pieces: list[int], table: SlotTable) \
-            -> tuple[int, list[dict[str, torch.Tensor]]]:
-        """The device path: ``rows [bucket, 1 + piece]`` per replay (slot, frame indices;
-        padding rows decode the scratch slot's zeros); marks the frames read."""
+        frames at a time: ``rows [bucket, 1 + piece]`` per replay (slot, frame indices; padding
+        rows decode the scratch slot's zeros). Resets the slots of first chunks and marks the
+        frames read."""
         self._reset_first_chunks(items)
         size = self._rows_for(len(items))
-        width = sum(pieces)
-        rows = torch.full((size, 1 + width), -1, dtype=torch.long)
+        rows = torch.full((size, 1 + sum(pieces)), -1, dtype=torch.long)
         rows[:, 0] = self.scratch_slot
         for i, item in enumerate(items):
             rows[i, 0] = item.slot
             rows[i, 1 : 1 + item.num_frames] = torch.arange(item.start_frame,
                                                             item.start_frame + item.num_frames)
-            table.mark_decoded(item.slot, item.start_frame + item.num_frames)
+            self.slots.mark_decoded(item.slot, item.start_frame + item.num_frames)
         replays, start = [], 1
         for piece in pieces:
             piece_rows = torch.cat([rows[:, :1], rows[:, start : start + piece]], dim=1)
-            replays.append({"rows": to_device(piece_rows, self.device, non_blocking=True)})
+            replays.append({"rows": piece_rows.to(self.device, non_blocking=True)})
             start += piece
         return size, replays
 
     def _reset_first_chunks(self, items: list[CodecItem]) -> None:
         fresh = [item.slot for item in items if item.is_first_chunk]
         if fresh:
-            self.codec.reset(tensor_to_device(fresh, self.device))
+            self.codec.reset(torch.tensor(fresh).to(self.device))
 
     def _rows_for(self, num: int) -> int:
         return (bucket_for(num, self.buckets) if self.graphs.enabled else None) or num
 
-    def _inputs(self, items: list[CodecItem], batch: BatchState, width: int) \
-            -> tuple[int, torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Resets the slots of first chunks, takes each item's frames out of its slot and pads
-        them to ``[bucket rows, width, 16]`` (padding rows decode into the scratch slot):
-        ``(rows, slot_ids [rows], codes, frames per row [rows])`` on the codec's device."""
-        self._reset_first_chunks(items)
-        num = len(items)
-        size = self._rows_for(num)
-        slot_ids = torch.full((size,), self.scratch_slot, dtype=torch.long)
-        counts = torch.zeros(size, dtype=torch.long)
-        codes = torch.zeros(size, width, 16, dtype=torch.long)
-        for i, item in enumerate(items):
-            frames = batch.get(item.slot, item.request_id).frames
-            span = range(item.start_frame, item.start_frame + item.num_frames)
-            codes[i, : item.num_frames] = torch.stack([frames.pop(f) for f in span])  # [n, 16]
-            slot_ids[i], counts[i] = item.slot, item.num_frames
-        dev = self.device
-        return size, to_device(slot_ids, dev), to_device(codes, dev), to_device(counts, dev)
-
     def example_inputs(self, size: int, frames: int) -> dict[str, torch.Tensor]:
-        if self.table is not None:  # every row decodes padding into the scratch slot
-            rows = torch.full((size, 1 + frames), -1, dtype=torch.long, device=self.device)
-            rows[:, 0] = self.scratch_slot
-            return {"rows": rows}
-        slot_ids = torch.full((size,), self.scratch_slot, dtype=torch.long, device=self.device)
-        codes = torch.zeros(size, frames, 16, dtype=torch.long, device=self.device)
-        if not self.mixed_sizes:
-            return {"slot_ids": slot_ids, "codes": codes}
-        counts = torch.full((size,), frames, dtype=torch.long, device=self.device)
-        return {"slot_ids": slot_ids, "codes": codes, "num_frames": counts}
+        """Inputs of a bucket: every row decodes padding into the scratch slot."""
+        rows = torch.full((size, 1 + frames), -1, dtype=torch.long, device=self.device)
+        rows[:, 0] = self.scratch_slot
+        return {"rows": rows}

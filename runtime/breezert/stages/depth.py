@@ -3,17 +3,16 @@
 Owns: ``depth_frames`` — one branch-free, sync-free tensor function for a whole frame (fp32
 ``lm_head``, per-request CFG, repetition penalty, reserved-id and EOS masking, counter-based
 sampling, the 15-step depth loop) that runs eagerly on CPU and as ONE CUDA graph per
-(request bucket, CFG layout) on GPU — and the host side that packs slot state into its inputs,
-or, with the device slot table (``graph.device_slot_state``), ``depth_frames_from_slots``: the
-same frame over rows gathered by slot id, its results written back into the table, only the
+(request bucket, CFG layout) on GPU — and ``depth_frames_from_slots``, the same frame over rows
+gathered by slot id from the slot table, its results written back into the table, only the
 first codes read back. Must not: run the backbone or the codec.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from typing import Any
 
-import numpy as np
 import torch
 
 from breezert.constants import FRAME_EOS_ID
@@ -27,10 +26,7 @@ from breezert.layers.sampling import (
 from breezert.models.breeze import BreezeModel
 from breezert.outputs import StageOutput
 from breezert.sched.plan import DepthItem
-from breezert.worker.batch_state import BatchState, SegmentState, SlotState
-from breezert.worker.cuda_graphs import GraphRunner, bucket_for
-from breezert.worker.device_copy import tensor_to_device, to_device
-from breezert.worker.slot_table import SlotTable
+from breezert.stages.interface import Graphs, SlotParams, Slots, StageWorker, bucket_for
 
 
 def _guide(logits: torch.Tensor, num: int, has_cfg: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
@@ -61,6 +57,7 @@ def depth_frames(
     max_k: int | None = None,
     sampler: Callable[..., torch.Tensor] | None = None,
     noise_per_frame: bool = False,
+    frame_kernel: Any = None,
 ) -> dict[str, torch.Tensor]:
     """One frame per request → ``{"codes": [B, 16]}`` (``codes[:, 0] == 2051`` means EOS).
 
@@ -72,6 +69,9 @@ def depth_frames(
     draw (the same bits: it depends on seed and counter only, never on the codes drawn). On the
     CPU that is ~18 % of a frame's time (tiny model: 34.5 -> 28.3 ms); a compiled sampler fuses
     the noise into its own kernel instead.
+    ``frame_kernel``: the 15 depth codes of every request after the first code, in one call
+    (``kernels/persistent_depth.PersistentDepthFrame``: bounded top-k only), for batches of up
+    to its ``max_rows`` rows, instead of the 15-step loop below.
     """
     num = has_cfg.shape[0]
     logits = _guide(model.first_code_logits(hidden), num, has_cfg, cfg_scale)  # [B, 2052]
@@ -104,6 +104,9 @@ def depth_frames(
         return rows.draw(logits, g)
 
     code = draw(0, logits)
+    if frame_kernel is not None and hidden.shape[0] <= frame_kernel.max_rows:
+        return {"codes": frame_kernel(hidden, code, has_cfg, cfg_scale, sampling[:, 3:6], seeds,
+                                      frames_at)}
     depth = model.depth_decoder
     owner = None  # row -> request, for the uncond rows of CFG
     if hidden.shape[0] != num:
@@ -121,7 +124,7 @@ def depth_frames(
 
 
 def depth_frames_from_slots(
-    table: SlotTable, frame_fn: Callable[..., dict[str, torch.Tensor]],
+    table: Slots, frame_fn: Callable[..., dict[str, torch.Tensor]],
     row_ids: torch.Tensor,  # [C, B] int64: slot * 2 + branch (C = 2: cond rows, uncond rows)
 ) -> dict[str, torch.Tensor]:
     """``frame_fn`` (``depth_frames`` bound to a model) over the table's rows ``row_ids``; each
@@ -140,73 +143,46 @@ TOP_K_BOUND = 64
 
 class DepthStage:
     def __init__(
-        self, model: BreezeModel, graphs: GraphRunner, full_sort_graphs: GraphRunner,
-        buckets: Sequence[int], table: SlotTable | None = None,
+        self, worker: StageWorker, graphs: Graphs, full_sort_graphs: Graphs,
+        buckets: Sequence[int],
     ) -> None:
-        self.model = model
-        self.graphs = graphs  # depth_frames with max_k=TOP_K_BOUND
-        self.full_sort_graphs = full_sort_graphs  # depth_frames with max_k=None
+        """``graphs`` and ``full_sort_graphs`` run ``depth_frames_from_slots`` bound to the slot
+        table, with ``max_k=TOP_K_BOUND`` and ``max_k=None``."""
+        self.graphs = graphs
+        self.full_sort_graphs = full_sort_graphs
         self.buckets = tuple(sorted(buckets))
-        self.device = model.lm_head.weight.device
-        self.table = table
-        """The device slot table; the graphs run ``depth_frames_from_slots`` (None: the host
-        packs the inputs)."""
+        self.device = worker.device
+        self.slots = worker.slots
 
-    def _launch(self, slots: Sequence[SlotState]) -> tuple[int, bool, GraphRunner]:
-        """(bucket rows, CFG layout, graphs) of a batch of ``slots``."""
-        num = len(slots)
+    def _launch(self, params: Sequence[SlotParams]) -> tuple[int, bool, Graphs]:
+        """(bucket rows, CFG layout, graphs) of a batch of requests."""
+        num = len(params)
         size = bucket_for(num, self.buckets) if self.graphs.enabled else None
-        use_cfg = any(slot.num_branches == 2 for slot in slots)
-        bounded = all(
-            1 <= k <= TOP_K_BOUND for s in slots for k in (s.sampling.top_k, s.sampling.depth_top_k)
-        )
+        use_cfg = any(p.has_cfg for p in params)
+        bounded = all(1 <= k <= TOP_K_BOUND
+                      for p in params for k in (p.sampling.top_k, p.sampling.depth_top_k))
         return size or num, use_cfg, self.graphs if bounded else self.full_sort_graphs
 
-    def run(self, items: Sequence[DepthItem], batch: BatchState) -> StageOutput:
-        if self.table is not None:
-            return self._run_on_slots(items, batch, self.table)
-        slots = [batch.get(item.slot, item.request_id) for item in items]
-        segments = [slot.segments[item.segment_index] for item, slot in zip(items, slots)]
-        for item, segment in zip(items, segments):
-            if item.frame_index == 0:
-                segment.seen = None
-        num = len(items)
-        size, use_cfg, graphs = self._launch(slots)
-        inputs = self._inputs(items, slots, segments, size, use_cfg)
-        codes = graphs((size, use_cfg), inputs)["codes"][:num].cpu()  # [B, 16]
+    def run(self, items: Sequence[DepthItem]) -> StageOutput:
+        """One upload of row ids, one read-back of the first codes."""
         out = StageOutput()
-        for item, slot, segment, frame in zip(items, slots, segments, codes):
-            code0 = int(frame[0])
-            out.first_codes[item.request_id] = code0
-            if code0 != FRAME_EOS_ID:
-                if segment.seen is None:
-                    segment.seen = np.zeros(self.model.cfg.backbone.vocab_size, dtype=bool)
-                segment.seen[code0] = True
-                segment.last_frame = frame
-                slot.frames[item.output_frame_index] = frame
-        return out
-
-    def _run_on_slots(self, items: Sequence[DepthItem], batch: BatchState,
-                      table: SlotTable) -> StageOutput:
-        """The device path: one upload of row ids, one read-back of the first codes."""
-        out = StageOutput()
-        runnable: list[tuple[DepthItem, SlotState]] = []
+        table = self.slots
+        runnable: list[tuple[DepthItem, SlotParams]] = []
         for item in items:
             if table.ring_would_overflow(item.slot, item.output_frame_index):
                 out.failed[item.request_id] = (
                     f"DEPTH: {table.ring_frames} frames already wait for the codec (the slot "
                     "table's ring is full)")
             else:
-                runnable.append((item, batch.get(item.slot, item.request_id)))
+                runnable.append((item, table.params(item.slot, item.request_id)))
         if not runnable:
             return out
-        fresh = [(item.slot, slot.segments[item.segment_index]) for item, slot in runnable
-                 if item.frame_index == 0]
+        fresh = [item for item, _ in runnable if item.frame_index == 0]
         if fresh:
-            table.start_segments([s for s, _ in fresh], [seg.hidden for _, seg in fresh])
-            for _, segment in fresh:
-                segment.hidden = [None] * len(segment.hidden)  # the table holds it now
-        size, use_cfg, graphs = self._launch([slot for _, slot in runnable])
+            table.start_segments([item.slot for item in fresh], [
+                table.take_prefill_states(item.slot, item.request_id, item.segment_index)
+                for item in fresh])
+        size, use_cfg, graphs = self._launch([p for _, p in runnable])
         row_ids = self.row_ids([item for item, _ in runnable], size, use_cfg)
         first = graphs((size, use_cfg), {"row_ids": row_ids})["first_codes"]
         for (item, _), code0 in zip(runnable, first[: len(runnable)].tolist()):
@@ -216,75 +192,16 @@ class DepthStage:
     def row_ids(self, items: Sequence[DepthItem], size: int, use_cfg: bool) -> torch.Tensor:
         """``[C, size]`` table rows (``slot * 2 + branch``) on the device; a 1-branch request
         in a CFG batch repeats its cond row, padding rows read the scratch slot."""
-        assert self.table is not None
-        rows = torch.full((2 if use_cfg else 1, size), 2 * self.table.scratch_slot,
+        rows = torch.full((2 if use_cfg else 1, size), 2 * self.slots.scratch_slot,
                           dtype=torch.long)
         num = len(items)
         rows[0, :num] = torch.tensor([2 * item.slot for item in items], dtype=torch.long)
         if use_cfg:
             rows[1, :num] = rows[0, :num] + torch.tensor(
                 [item.num_branches == 2 for item in items], dtype=torch.long)
-        return to_device(rows, self.device, non_blocking=True)
-
-    def seen_rows(self, segments: Sequence[SegmentState], size: int) -> np.ndarray:
-        """``[size, vocab]`` bool: each segment's first codes so far (padding rows empty); one
-        row copy a segment (turning each segment's code list into a tensor every step cost
-        2.8-13.5 ms at 64 streams on the dev VM, bench/depth_host_inputs.py)."""
-        seen = np.zeros((size, self.model.cfg.backbone.vocab_size), dtype=bool)
-        for i, seg in enumerate(segments):
-            if seg.seen is not None:
-                seen[i] = seg.seen
-        return seen
-
-    def _inputs(self, items, slots, segments, size: int, use_cfg: bool) -> dict[str, torch.Tensor]:
-        """Host-built, bucket-padded inputs of ``depth_frames`` (padding rows copy row 0)."""
-        num = len(items)
-        pad = [0] * (size - num)
-        cond = [seg.hidden[0] for seg in segments]
-        rows = cond + [cond[i] for i in pad]
-        if use_cfg:
-            uncond = [seg.hidden[-1] for seg in segments]  # a 1-branch request repeats its row
-            rows += uncond + [uncond[i] for i in pad]
-        seen = self.seen_rows(segments, size)
-        order = list(range(num)) + pad
-        params = [slots[i].sampling for i in order]
-        sampling = torch.tensor(
-            [[p.temperature, p.top_k, p.top_p, p.depth_temperature, p.depth_top_k, p.depth_top_p]
-             for p in params], dtype=torch.float32,
-        )
-        dev = self.device
-        return {
-            "hidden": torch.stack(rows),
-            "has_cfg": tensor_to_device([slots[i].num_branches == 2 for i in order], dev),
-            "cfg_scale": tensor_to_device([slots[i].cfg_scale for i in order], dev),
-            "seen": to_device(torch.from_numpy(seen), dev),
-            "penalty": tensor_to_device([p.repetition_penalty for p in params], dev),
-            "no_eos": tensor_to_device([slots[i].ignore_eos for i in order], dev),
-            "sampling": to_device(sampling, dev),
-            "seeds": tensor_to_device([slots[i].seed for i in order], dev, torch.long),
-            "frames_at": tensor_to_device(
-                [items[i].output_frame_index for i in order], dev, torch.long
-            ),
-        }
+        return rows.to(self.device, non_blocking=True)
 
     def example_inputs(self, size: int, use_cfg: bool) -> dict[str, torch.Tensor]:
-        """Dummy inputs of a bucket, for capture at start-up (with the slot table: every row
-        the scratch slot's, so capture writes nothing a request owns)."""
-        if self.table is not None:
-            return {"row_ids": self.row_ids([], size, use_cfg)}
-        dev, d = self.device, self.model.cfg.hidden_size
-        rows = 2 * size if use_cfg else size
-        dtype = self.model.lm_head.weight.dtype
-        return {
-            "hidden": torch.randn(rows, d, device=dev, dtype=dtype),
-            "has_cfg": torch.full((size,), use_cfg, device=dev),
-            "cfg_scale": torch.ones(size, device=dev),
-            "seen": torch.zeros(size, self.model.cfg.backbone.vocab_size, dtype=torch.bool,
-                                device=dev),
-            "penalty": torch.ones(size, device=dev),
-            "no_eos": torch.zeros(size, dtype=torch.bool, device=dev),
-            "sampling": torch.tensor([[0.9, 50, 1.0, 0.9, 50, 1.0]], device=dev).expand(size, 6)
-            .contiguous(),
-            "seeds": torch.arange(size, device=dev),
-            "frames_at": torch.zeros(size, dtype=torch.long, device=dev),
-        }
+        """Inputs of a bucket, for capture at start-up: every row the scratch slot's, so
+        capture writes nothing a request owns."""
+        return {"row_ids": self.row_ids([], size, use_cfg)}

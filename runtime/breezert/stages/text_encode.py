@@ -2,8 +2,8 @@
 
 Owns: packing the pieces of all items (each piece attends only to itself), padding to a token
 bucket for the graphed encoder (several replays past the largest bucket), and assembling
-per-branch prefill rows (text rows, reference frames, audio-EOS row) into the segment's state.
-Must not: run the backbone.
+per-branch prefill rows (text rows, reference frames, audio-EOS row), handed to the slot table
+until PREFILL has read them. Must not: run the backbone.
 """
 
 from __future__ import annotations
@@ -16,9 +16,7 @@ from breezert.models.breeze import BreezeModel
 from breezert.models.prompt import Prompt
 from breezert.outputs import StageOutput
 from breezert.sched.plan import TextEncodeItem
-from breezert.worker.batch_state import BatchState, SegmentState
-from breezert.worker.cuda_graphs import GraphRunner, bucket_for
-from breezert.worker.device_copy import to_device
+from breezert.stages.interface import Graphs, StageWorker, bucket_for
 
 
 def encode_text(
@@ -45,25 +43,24 @@ def split_into_buckets(lengths: Sequence[int], largest: int) -> list[tuple[int, 
 
 
 class TextEncodeStage:
-    def __init__(self, model: BreezeModel, graphs: GraphRunner, buckets: Sequence[int]) -> None:
-        self.model, self.graphs, self.buckets = model, graphs, tuple(buckets)
-        self.device = model.lm_head.weight.device
+    def __init__(self, model: BreezeModel, worker: StageWorker, graphs: Graphs,
+                 buckets: Sequence[int]) -> None:
+        self.model, self.slots, self.graphs = model, worker.slots, graphs
+        self.buckets, self.device = tuple(buckets), worker.device
 
-    def run(self, items: Sequence[TextEncodeItem], batch: BatchState) -> StageOutput:
+    def run(self, items: Sequence[TextEncodeItem]) -> StageOutput:
         prompts: list[Prompt] = []
-        owners: list[tuple[SegmentState, int]] = []  # (segment, number of branches)
         for item in items:
-            branch_prompts = list(item.prompt)
-            segment = SegmentState(prompts=branch_prompts, hidden=[None] * len(branch_prompts))
-            batch.get(item.slot, item.request_id).segments[item.segment_index] = segment
-            prompts.extend(branch_prompts)
-            owners.append((segment, len(branch_prompts)))
+            self.slots.params(item.slot, item.request_id)  # the slot is the request's
+            prompts.extend(item.prompt)
         pieces = [piece for p in prompts for piece in p.text_segments()]
         encoded = self._encode(pieces) if pieces else None
         embeds = self.model.assemble_prompt_embeds(prompts, encoded)
         offset = 0
-        for segment, num in owners:
-            segment.embeds = embeds[offset : offset + num]
+        for item in items:
+            num = len(item.prompt)
+            self.slots.add_segment(item.slot, item.request_id, item.segment_index,
+                                   embeds[offset : offset + num])
             offset += num
         return StageOutput()
 
@@ -97,8 +94,8 @@ class TextEncodeStage:
             offset += n
         positions[offset:] = torch.arange(size - offset)
         dev = self.device
-        return {"input_ids": to_device(ids, dev), "seg_ids": to_device(seg_ids, dev),
-                "positions": to_device(positions, dev)}
+        return {"input_ids": ids.to(dev), "seg_ids": seg_ids.to(dev),
+                "positions": positions.to(dev)}
 
     def example_inputs(self, size: int) -> dict[str, torch.Tensor]:
         return self.pack([torch.full((size,), 2, dtype=torch.long)], size)

@@ -13,16 +13,14 @@ max-autotune measured 529 s of compile per batch size, and compiling the whole u
 (16 steps x 12 layers in one graph) took minutes too; start-up is part of the product. So we
 compile the two units the frame repeats — ``DepthDecoder.run_layers`` (position is a tensor, so
 one graph serves all 16 steps) and ``sample`` — once each, with a dynamic batch, and capture
-the result in the depth CUDA graph. The backbone layers can be compiled the same way
-(``compile_backbone``), each around its uncompiled paged attention. Must not: change numerics
-beyond Inductor's fusion (the GPU tests compare graphs with eager).
+the result in the depth CUDA graph. Must not: change numerics beyond Inductor's fusion (the GPU
+tests compare graphs with eager).
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from dataclasses import replace
 from functools import partial
 
 import torch
@@ -36,17 +34,16 @@ from breezert.stages.text_encode import encode_text
 logger = logging.getLogger("breezert.compile")
 
 
-def check_pdl_supported(device: torch.device, switch: str = "graph.pdl") -> None:
-    """``graph.pdl`` and ``graph.pdl_decode`` need Hopper or later (the kernels' wait is a
-    compute-capability 9.0 instruction): refused up front with the switch's name instead of a
-    kernel build error."""
+def check_pdl_supported(device: torch.device) -> None:
+    """``graph.pdl`` needs Hopper or later (the kernels' wait is a compute-capability 9.0
+    instruction): refused up front, naming the switch, instead of a kernel build error."""
     if device.type != "cuda":
         return  # EngineConfig refuses CUDA-only switches on a CPU model
     major, minor = torch.cuda.get_device_capability(device)
     if major < 9:
         raise ValueError(
-            f"{switch} needs a GPU of compute capability 9.0 or later (Hopper); "
-            f"{torch.cuda.get_device_name(device)} is {major}.{minor}: set {switch} = false")
+            f"graph.pdl needs a GPU of compute capability 9.0 or later (Hopper); "
+            f"{torch.cuda.get_device_name(device)} is {major}.{minor}: set graph.pdl = false")
 
 
 def _raise_cache_limit(limit: int) -> None:
@@ -56,7 +53,7 @@ def _raise_cache_limit(limit: int) -> None:
 def depth_fn(
     model: BreezeModel, max_k: int | None, compile_depth: bool, fused_depth: bool = False,
     max_rows: int = 64, tiles_by_rows: bool = True, fused_sampling: bool = False,
-    pdl: bool = False,
+    pdl: bool = False, persistent_depth: int = 0,
 ) -> Callable[..., dict[str, torch.Tensor]]:
     """``depth_frames`` bound to ``model`` and ``max_k``; on CUDA its layer step runs the fused
     Triton kernels (``fused_depth``, workspace for ``max_rows`` rows, launch shapes per row
@@ -65,10 +62,22 @@ def depth_fn(
     Triton sampler (``fused_sampling``, bounded top-k only: ``max_k`` set), else
     ``compile_depth`` compiles the sampler. On the CPU the frame's
     Gumbel noise is made in one call (``noise_per_frame``); CUDA keeps one per draw, as measured
-    on the H200 (one call would be a new, unmeasured kernel chain in the graph)."""
+    on the H200 (one call would be a new, unmeasured kernel chain in the graph).
+    ``persistent_depth`` (rows; 0: off): batches of up to that many rows with a bounded top-k
+    draw their 15 depth codes in one persistent launch (``kernels/persistent_depth.py``); the
+    first code is drawn as above."""
     if model.lm_head.weight.device.type != "cuda":
         return partial(depth_frames, model, max_k=max_k, noise_per_frame=True)
     depth = model.depth_decoder
+    frame_kernel = None
+    if persistent_depth > 0 and max_k is not None:
+        from breezert.kernels.persistent_depth import PersistentDepthFrame  # needs Triton
+
+        frame_kernel = getattr(depth, "persistent_frame", None)
+        if frame_kernel is None:
+            frame_kernel = depth.persistent_frame = PersistentDepthFrame(depth, persistent_depth)
+            logger.info("depth frames of up to %d rows run the persistent Triton kernel (%d "
+                        "programs)", persistent_depth, frame_kernel.programs)
     if fused_depth and not getattr(depth, "is_fused", False):
         from breezert.kernels.fused_depth import FusedDepthLayers  # needs Triton
         from breezert.kernels.gemm import Tiles
@@ -86,78 +95,63 @@ def depth_fn(
     if fused_sampling and max_k is not None:
         from breezert.kernels.fused_sampling import fused_sample  # needs Triton
 
-        return partial(depth_frames, model, max_k=max_k, sampler=fused_sample)
+        return partial(depth_frames, model, max_k=max_k, sampler=fused_sample,
+                       frame_kernel=frame_kernel)
     if not compile_depth:
-        return partial(depth_frames, model, max_k=max_k)
+        return partial(depth_frames, model, max_k=max_k, frame_kernel=frame_kernel)
     sampler = torch.compile(sample, dynamic=True, fullgraph=True)
-    return partial(depth_frames, model, max_k=max_k, sampler=sampler)
+    return partial(depth_frames, model, max_k=max_k, sampler=sampler, frame_kernel=frame_kernel)
 
 
 def decode_fn(
-    model: BreezeModel, kv: torch.Tensor, fused_decode: bool, max_rows: int, pdl: bool = False,
+    model: BreezeModel, kv: torch.Tensor, fused_decode: bool, max_rows: int,
 ) -> Callable[..., dict[str, torch.Tensor]]:
     """The DECODE stage's function: the backbone over the paged cache, with the fused Triton
-    decode step on CUDA when asked (split-K workspace for ``max_rows`` rows; programmatic
-    dependent launch with ``pdl``)."""
+    decode step on CUDA when asked (split-K workspace for ``max_rows`` rows). NOTE(pdl): its
+    kernels launch without programmatic dependent launch: on the H200 the DECODE graph was
+    slower with it at every row count (2.25 -> 2.94 ms at 1 row, bench/README.md)."""
     if not fused_decode or model.lm_head.weight.device.type != "cuda":
         return partial(backbone_decode, model, kv)
     from breezert.kernels.fused_decode import DECODE_TILES, FusedBackboneDecode  # needs Triton
 
     logger.info("backbone DECODE runs the fused Triton kernels (%d-row workspace)", max_rows)
-    fused = FusedBackboneDecode(model, max_rows, replace(DECODE_TILES, pdl=pdl))
+    fused = FusedBackboneDecode(model, max_rows, DECODE_TILES)
     return partial(backbone_decode, model, kv, backbone=fused)
 
 
 def prefill_fn(
     model: BreezeModel, kv: torch.Tensor, fused_prefill: bool, max_tokens: int,
-    pdl: bool = False,
 ) -> Callable[..., dict[str, torch.Tensor]]:
     """The PREFILL stage's function: the backbone over the paged cache, with the fused Triton
     prefill step on CUDA when asked for steps of up to ``max_tokens`` tokens (longer ones run
-    the eager backbone; programmatic dependent launch with ``pdl``)."""
+    the eager backbone; the DECODE step's launch shapes, without PDL as there)."""
     if not fused_prefill or model.lm_head.weight.device.type != "cuda":
         return partial(backbone_prefill, model, kv)
     from breezert.kernels.fused_decode import DECODE_TILES  # needs Triton
     from breezert.kernels.fused_prefill import FusedBackbonePrefill
 
     logger.info("backbone PREFILL runs the fused Triton kernels up to %d tokens", max_tokens)
-    fused = FusedBackbonePrefill(model, max_tokens, replace(DECODE_TILES, pdl=pdl))
+    fused = FusedBackbonePrefill(model, max_tokens, DECODE_TILES)
     return partial(backbone_prefill, model, kv, backbone=fused)
 
 
-def compile_backbone_layers(model: BreezeModel) -> None:
-    """Compiles each backbone layer (dynamic batch); paged attention runs uncompiled between
-    the two fused regions (norm + qkv + q/k-norm + RoPE, and o_proj + residual + MLP)."""
-    _raise_cache_limit(128)
-    for layer in model.backbone_model.layers:
-        layer.compile(dynamic=True)
-
-
 def text_encode_fn(
-    model: BreezeModel, compile_text_encoder: bool, fused_text_encoder: bool = False,
-    pdl: bool = False, fused_max_tokens: int = 128, wide_tiles: bool = False,
+    model: BreezeModel, fused_text_encoder: bool = False, pdl: bool = False,
+    fused_max_tokens: int = 128, wide_tiles: bool = False,
 ) -> Callable[..., dict[str, torch.Tensor]]:
     """``encode_text`` bound to ``model``; on CUDA its layers run the fused Triton kernels
     (``fused_text_encoder``, batches of up to ``fused_max_tokens`` tokens, wider GEMM tiles past
-    128 with ``wide_tiles``; longer ones eager)
-    or it is compiled whole (26 layers, dynamic token count). The
-    encoder sits on the first-packet path and runs ~70 launches per layer unfused; the compile
-    costs start-up time, so both are switches to measure, off by default."""
+    128 with ``wide_tiles``; longer ones eager), chained by programmatic dependent launch with
+    ``pdl``. The encoder sits on the first-packet path and runs ~70 launches per layer unfused."""
     fn = partial(encode_text, model)
-    if model.lm_head.weight.device.type != "cuda":
-        return fn
     encoder = model.text_encoder
-    if fused_text_encoder:  # never compiled on top: the kernels are the fusion
-        if not getattr(encoder, "is_fused", False):
-            from breezert.kernels.fused_text_encoder import FusedTextEncoder  # needs Triton
+    if (fused_text_encoder and model.lm_head.weight.device.type == "cuda"
+            and not getattr(encoder, "is_fused", False)):
+        from breezert.kernels.fused_text_encoder import FusedTextEncoder  # needs Triton
 
-            encoder.encode = FusedTextEncoder(encoder, max_tokens=fused_max_tokens, pdl=pdl,
-                                              wide_tiles=wide_tiles)
-            encoder.is_fused = True
-            logger.info("text encoder layers run the fused Triton kernels (up to %d tokens)",
-                        fused_max_tokens)
-        return fn
-    if not compile_text_encoder:
-        return fn
-    _raise_cache_limit(64)
-    return torch.compile(fn, dynamic=True, fullgraph=True)
+        encoder.encode = FusedTextEncoder(encoder, max_tokens=fused_max_tokens, pdl=pdl,
+                                          wide_tiles=wide_tiles)
+        encoder.is_fused = True
+        logger.info("text encoder layers run the fused Triton kernels (up to %d tokens)",
+                    fused_max_tokens)
+    return fn

@@ -84,10 +84,3 @@ class GraphRunner:
         self.num_replays += 1
         return captured.outputs
 
-
-def bucket_for(n: int, buckets: tuple[int, ...] | list[int]) -> int | None:
-    """Smallest bucket >= n, or None when n exceeds them all (split or run eagerly)."""
-    for b in sorted(buckets):
-        if b >= n:
-            return b
-    return None

@@ -3,39 +3,19 @@
 Owns: the ``[layers, 2, (num_blocks + 1) * block_size, KVH, D]`` tensor (the extra block is a
 scratch area that padding tokens write to and read from) and host-side metadata builders that
 turn block tables into the fixed-shape gather indices and masks that ``layers.attention.GatherKV``
-(the per-forward view implementing the ``KVCache`` contract) reads, and ``decode_meta_on_device``,
-the same DECODE metadata built inside a graph from block tables kept on the device. Must not:
-choose blocks (the scheduler's ``BlockPool`` does) or know about requests.
+(the per-forward view implementing the ``KVCache`` contract) reads (DECODE builds the same in
+its graph from the slot table's block tables: ``layers.attention.decode_meta_on_device``). Must
+not: choose blocks (the scheduler's ``BlockPool`` does) or know about requests.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 import numpy as np
 import torch
 
-
-@dataclass(frozen=True)
-class KVRun:
-    """New tokens of one sequence in this step: positions ``start .. start + num_new - 1``."""
-
-    block_ids: Sequence[int]
-    start: int
-    num_new: int
-
-
-@dataclass(frozen=True)
-class StepMeta:
-    """Host-built metadata of one backbone step (CPU tensors, padded to a bucket)."""
-
-    positions: torch.Tensor  # [N] long
-    write_rows: torch.Tensor  # [N] long
-    read_rows: torch.Tensor  # [R, T] (decode) or [Tk] (packed)
-    mask: torch.Tensor  # [R, 1, 1, T] or [N, Tk] bool
-    num_tokens: int  # real (unpadded) tokens
-    last_index: list[int]  # index of each run's last token in the step
+from breezert.layers.attention import KVRun, StepMeta
 
 
 class PagedKVCache:
@@ -137,17 +117,3 @@ class PagedKVCache:
         mask[q_off:] = pad_mask if k_off < num_keys else True
         return StepMeta(positions, write, read, mask, q_off, last)
 
-
-def decode_meta_on_device(
-    tables: torch.Tensor,  # [R, max_blocks] int64: each row's block table (scratch block past it)
-    positions: torch.Tensor,  # [R] int64: the new token's position (padding rows: 0)
-    key_slots: torch.Tensor,  # [T] int64: 0..T-1, the padded context
-    block_size: int, scratch_row: int,
-) -> dict[str, torch.Tensor]:
-    """``PagedKVCache.decode_meta``'s tensors (same values, padding rows included when their
-    table is all scratch block) from device block tables: sync-free, for a graph."""
-    rows = tables[:, key_slots // block_size] * block_size + key_slots % block_size  # [R, T]
-    valid = key_slots[None, :] <= positions[:, None]
-    mask = valid | (key_slots == 0)[None, :]  # padding rows read the scratch row: finite
-    return {"positions": positions, "write_rows": rows.gather(1, positions[:, None])[:, 0],
-            "read_rows": torch.where(valid, rows, scratch_row), "mask": mask[:, None, None, :]}

@@ -1,9 +1,10 @@
 """Runs one ``StepPlan`` on the device: release slots, set up new requests, run the stage.
 
-Owns: the device, the paged KV cache, the codec state arena, the slot table (host) and, with
-``graph.device_slot_state``, the device slot table (``worker/slot_table.py``), and the five stage
-runners. Stage-agnostic: it dispatches a plan to its stage and isolates per-request failures.
-Must not: decide what runs next (the scheduler does) or touch ``Request`` objects.
+Owns: the device, the paged KV cache, the codec state arena, the slot table
+(``worker/slot_table.py``), and the five stage runners, each built with the same ``StageWorker``
+(``stages/interface.py``). Stage-agnostic: it dispatches a plan to its stage and isolates
+per-request failures. Must not: decide what runs next (the scheduler does) or touch ``Request``
+objects.
 """
 
 from __future__ import annotations
@@ -29,20 +30,18 @@ from breezert.stages.backbone import (
 )
 from breezert.stages.codec import CodecStage, codec_from_ring, codec_step
 from breezert.stages.depth import TOP_K_BOUND, DepthStage, depth_frames_from_slots
+from breezert.stages.interface import SlotParams, StageWorker
 from breezert.stages.text_encode import TextEncodeStage
-from breezert.worker.batch_state import BatchState, SlotState
 from breezert.worker.compile import (
     check_pdl_supported,
-    compile_backbone_layers,
     decode_fn,
     depth_fn,
     prefill_fn,
     text_encode_fn,
 )
 from breezert.worker.cuda_graphs import GraphFn, GraphRunner
-from breezert.worker.device_copy import set_async_uploads
 from breezert.worker.kv_cache import PagedKVCache
-from breezert.worker.slot_table import SlotParams, SlotTable
+from breezert.worker.slot_table import SlotTable
 from breezert.worker.warmup import Progress, capture_all
 
 logger = logging.getLogger("breezert.worker")
@@ -74,17 +73,15 @@ class ModelRunner:
         codec_precision: str = "tf32",
         max_model_len: int = 2048,
     ) -> None:
-        """``max_model_len``: tokens per branch; with the device slot table, also the frames
-        per slot that may wait for the codec (a whole segment's)."""
+        """``max_model_len``: tokens per branch, and the frames per slot that may wait for
+        the codec (a whole segment's)."""
         self.ckpt = checkpoint
         model = checkpoint.model
         bb = checkpoint.config.backbone
         self.device = checkpoint.device
         self.graph_config = graph = graph or GraphConfig()
-        for switch in ("pdl", "pdl_decode"):
-            if getattr(graph, switch):
-                check_pdl_supported(self.device, f"graph.{switch}")
-        set_async_uploads(graph.async_uploads)
+        if graph.pdl:
+            check_pdl_supported(self.device)
         use_graphs = graph.enable_cuda_graphs and self.device.type == "cuda"
         self.kv = PagedKVCache(
             bb.num_layers, num_blocks, block_size, bb.num_kv_heads, bb.head_dim,
@@ -93,65 +90,58 @@ class ModelRunner:
         # One arena slot more than the batch: bucket padding decodes into it.
         self.codec = StreamingCodec.for_serving(checkpoint.codec, max_slots + 1,
                                                 codec_precision, fast=graph.fused_codec)
-        self.batch = BatchState(max_slots)
+        longest = max(max_model_len, *graph.decode_context_buckets)  # keys a DECODE row reads
+        self.slots = SlotTable(
+            max_slots, vocab_size=bb.vocab_size, hidden_size=checkpoint.config.hidden_size,
+            hidden_dtype=model.lm_head.weight.dtype, ring_frames=max_model_len,
+            device=self.device, max_blocks=-(-longest // block_size), scratch_block=num_blocks)
+        worker = StageWorker(self.device, self.slots, self.kv)
         model.fuse_projections_()
-        if graph.compile_backbone and self.device.type == "cuda":
-            compile_backbone_layers(model)
 
         # CFG runs two rows per request: the fused depth workspace covers the largest bucket.
         depth_kernels = (graph.compile_depth, graph.fused_depth,
                          2 * max(graph.depth_batch_buckets), graph.depth_tiles_by_rows,
-                         graph.fused_sampling, graph.pdl)
+                         graph.fused_sampling, graph.pdl, graph.persistent_depth)
 
         def runner(name: str, fn: GraphFn) -> GraphRunner:
             return GraphRunner(name, fn, enabled=use_graphs, device=self.device)
 
-        self.table: SlotTable | None = None
-        """Per-slot device state (``graph.device_slot_state``), else None."""
-        if graph.device_slot_state:
-            longest = max(max_model_len, *graph.decode_context_buckets)  # keys a row reads
-            self.table = SlotTable(
-                max_slots, vocab_size=bb.vocab_size, hidden_size=checkpoint.config.hidden_size,
-                hidden_dtype=model.lm_head.weight.dtype, ring_frames=max_model_len,
-                device=self.device, max_blocks=-(-longest // block_size),
-                scratch_block=num_blocks)
-        table = self.table
-        decode = decode_fn(model, self.kv.kv, graph.fused_decode, max(graph.decode_batch_buckets),
-                           graph.pdl_decode)
-        depth = {max_k: depth_fn(model, max_k, *depth_kernels) for max_k in (TOP_K_BOUND, None)}
-        codec = partial(codec_step, self.codec)
-        if table is not None:  # the same functions, reading and writing the table by slot id
-            decode = partial(backbone_decode_from_slots, table, decode, block_size,
-                             self.kv.scratch_row)
-            depth = {k: partial(depth_frames_from_slots, table, fn) for k, fn in depth.items()}
-            codec = partial(codec_from_ring, table, codec, graph.codec_mixed_sizes)
+        # Each graphed function reads and writes the slot table by slot id.
+        decode = partial(backbone_decode_from_slots, self.slots,
+                         decode_fn(model, self.kv.kv, graph.fused_decode,
+                                   max(graph.decode_batch_buckets)),
+                         block_size, self.kv.scratch_row)
+        depth = {max_k: partial(depth_frames_from_slots, self.slots,
+                                depth_fn(model, max_k, *depth_kernels))
+                 for max_k in (TOP_K_BOUND, None)}
+        codec = partial(codec_from_ring, self.slots, partial(codec_step, self.codec),
+                        graph.codec_mixed_sizes)
         self.stages = {
             Stage.TEXT_ENCODE: TextEncodeStage(
-                model,
+                model, worker,
                 runner("text_encode", text_encode_fn(
-                    model, graph.compile_text_encoder, graph.fused_text_encoder, graph.pdl,
+                    model, graph.fused_text_encoder, graph.pdl,
                     fused_max_tokens=graph.fused_text_encoder_max_tokens,
                     wide_tiles=graph.fused_text_encoder_wide_tiles)),
                 graph.text_encode_buckets,
             ),
             Stage.PREFILL: PrefillStage(
-                model, self.kv, runner("prefill", prefill_fn(
-                    model, self.kv.kv, graph.fused_prefill, graph.fused_prefill_max_tokens,
-                    graph.pdl_decode)),
+                model, worker, runner("prefill", prefill_fn(
+                    model, self.kv.kv, graph.fused_prefill, graph.fused_prefill_max_tokens)),
                 graph.prefill_token_buckets, graph.decode_context_buckets,
             ),
             Stage.DECODE: DecodeStage(
-                model, self.kv, runner("decode", decode),
-                graph.decode_batch_buckets, graph.decode_context_buckets, table,
+                worker, runner("decode", decode),
+                graph.decode_batch_buckets, graph.decode_context_buckets,
             ),
             Stage.DEPTH: DepthStage(
-                model, runner("depth", depth[TOP_K_BOUND]),
-                runner("depth_full_sort", depth[None]), graph.depth_batch_buckets, table,
+                worker, runner("depth", depth[TOP_K_BOUND]),
+                runner("depth_full_sort", depth[None]), graph.depth_batch_buckets,
             ),
             Stage.CODEC: CodecStage(
-                self.codec, runner("codec", codec), graph.codec_buckets,
+                self.codec, worker, runner("codec", codec), graph.codec_buckets,
                 mixed_sizes=graph.codec_mixed_sizes,
-                replay_cost_frames=graph.codec_replay_cost_frames, table=table,
+                replay_cost_frames=graph.codec_replay_cost_frames,
             ),
         }
         self.layout = ResolvedLayout(num_blocks, block_size, max_slots, self.kv.nbytes)
@@ -173,22 +163,20 @@ class ModelRunner:
         for request_id in plan.finished_request_ids:
             self.release(request_id)
         failed: dict[str, str] = {}
-        admitted: list[tuple[int, SlotState]] = []
+        admitted = []
         for new in plan.new_requests:
             try:
-                state = self._new_slot_state(new)
-                self.batch.add(new.slot, state)
-                admitted.append((new.slot, state))
+                admitted.append(self._slot_params(new))
             except Exception as exc:  # a bad request must not take the engine down
                 failed[new.request_id] = f"set-up failed: {exc}"
-        if self.table is not None and admitted:
-            self.table.admit([slot for slot, _ in admitted],
-                             [_slot_params(state) for _, state in admitted])
+        slots = {new.request_id: new.slot for new in plan.new_requests}
+        refused = self.slots.admit([slots[p.request_id] for p in admitted], admitted)
+        failed.update({rid: f"set-up failed: {why}" for rid, why in refused.items()})
         items = self._runnable(plan.stage, plan.items, failed)
         out = StageOutput()
         if items:
             try:
-                out = self.stages[plan.stage].run(items, self.batch)
+                out = self.stages[plan.stage].run(items)
             except Exception as exc:
                 logger.exception("stage %s failed for %d request(s)", plan.stage.value, len(items))
                 reason = f"{plan.stage.value} step failed: {type(exc).__name__}: {exc}"
@@ -198,10 +186,8 @@ class ModelRunner:
         return out
 
     def release(self, request_id: str) -> None:
-        """Frees the request's slot: its host state, and its device rows reset for reuse."""
-        slots = self.batch.release_request(request_id)
-        if self.table is not None:
-            self.table.release(slots)
+        """Frees the request's slot: its rows reset for reuse, its pending segments dropped."""
+        self.slots.release_request(request_id)
 
     def _runnable(
         self, stage: Stage, items: Sequence[StageItem], failed: dict[str, str]
@@ -220,18 +206,7 @@ class ModelRunner:
             runnable.append(item)
         return runnable
 
-    def _new_slot_state(self, new: NewRequestData) -> SlotState:
+    def _slot_params(self, new: NewRequestData) -> SlotParams:
         seed = new.seed if new.seed is not None else secrets.randbits(63)
-        return SlotState(
-            request_id=new.request_id,
-            num_branches=new.num_branches,
-            cfg_scale=new.cfg_scale,
-            sampling=new.sampling or self.ckpt.generation.sampling,
-            seed=seed,
-            ignore_eos=new.ignore_eos,
-        )
-
-
-def _slot_params(state: SlotState) -> SlotParams:
-    return SlotParams(state.sampling, state.seed, state.cfg_scale, state.num_branches == 2,
-                      state.ignore_eos)
+        return SlotParams(new.request_id, new.num_branches, new.cfg_scale,
+                          new.sampling or self.ckpt.generation.sampling, seed, new.ignore_eos)

@@ -1,5 +1,4 @@
-"""Slot state on the device (``graph.device_slot_state``): per-slot tensors the stages read and
-write by slot id, so a step uploads a few row indices instead of re-packing every request.
+"""Per-slot state of the running requests, on the engine's device: the one slot-state path.
 
 Owns: fixed-capacity tensors on the engine's device, one row per slot plus a scratch row (slot
 ``max_slots``) that bucket padding reads and writes: the sampling parameters, seed, frame
@@ -7,9 +6,12 @@ counter, CFG, repetition penalty and EOS switch of each request (written at admi
 repetition mask and the backbone state of the active segment (reset at each segment start), the
 last frame and a ring of frames waiting for the codec (written by DEPTH inside its graph), each
 branch's KV block table (written when DECODE first sees it: a segment's table never changes),
-and the sync-free index ops the graphed stage functions use to gather and scatter them. A freed
-slot's rows are reset to the scratch defaults. Must not: decide anything (the scheduler does),
-run models (the stages do) or copy device -> host.
+and the sync-free index ops the graphed stage functions use to gather and scatter them. On the
+host it keeps only what admission and the stages' launch choices need: each slot's
+``SlotParams``, and each segment's prompt rows and PREFILL states from TEXT_ENCODE to its first
+DEPTH step (a look-ahead segment gets them while the active one still runs). A freed slot's rows
+are reset to the scratch defaults. Must not: decide anything (the scheduler does), run models
+(the stages do) or copy device -> host.
 
 The ring holds frame ``f`` of a request at ``f % ring_frames``: its head is the frame counter
 (device, advanced by DEPTH on every non-EOS frame), its tail the next frame a CODEC item
@@ -20,28 +22,15 @@ overwrite frames the codec has not read yet is refused before it does (``ring_wo
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 import numpy as np
 import torch
 
 from breezert.constants import FRAME_EOS_ID, NUM_CODEBOOKS
 from breezert.options import SamplingParams
-from breezert.worker.device_copy import tensor_to_device, to_device
+from breezert.stages.interface import PendingSegment, SlotParams
 
-
-@dataclass(frozen=True)
-class SlotParams:
-    """What the table keeps of one request, written once when it is admitted."""
-
-    sampling: SamplingParams
-    seed: int
-    cfg_scale: float
-    has_cfg: bool
-    ignore_eos: bool
-
-
-_DEFAULT = SlotParams(SamplingParams(), 0, 1.0, False, False)
+_DEFAULT = SlotParams("", 1, 1.0, SamplingParams(), 0, False)
 """The scratch row's (and every freed row's) values: finite, ordinary sampling."""
 
 
@@ -49,6 +38,10 @@ def sampling_row(p: SamplingParams) -> list[float]:
     """``[6]``: T, top-k, top-p, depth T, depth top-k, depth top-p (the ``sampling`` column
     order of ``stages.depth.depth_frames``)."""
     return [p.temperature, p.top_k, p.top_p, p.depth_temperature, p.depth_top_k, p.depth_top_p]
+
+
+def _upload(values: list, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+    return torch.tensor(values, dtype=dtype).to(device, non_blocking=True)
 
 
 class SlotTable:
@@ -86,25 +79,63 @@ class SlotTable:
                                        device=dev)
         """``[slot * 2 + branch]`` the branch's KV blocks, the scratch block past them."""
         self._tables: dict[int, tuple[int, ...]] = {}  # row -> the block ids written there
+        self._params: list[SlotParams | None] = [None] * max_slots
+        """Host: the request holding each slot (None: free)."""
+        self._segments: dict[tuple[int, int], PendingSegment] = {}  # (slot, segment index)
         self._write(list(range(rows)), [_DEFAULT] * rows)
 
     # ------------------------------------------------------------ host side (rare writes)
-    def admit(self, slots: Sequence[int], params: Sequence[SlotParams]) -> None:
-        """Writes the rows of newly admitted requests (one upload per tensor for all)."""
-        if slots:
-            self._write(list(slots), list(params))
+    def admit(self, slots: Sequence[int], params: Sequence[SlotParams]) -> dict[str, str]:
+        """Writes the rows of newly admitted requests (one upload per tensor for all); a request
+        whose slot is still held is refused and returned, ``{request_id: why}``."""
+        refused, admitted = {}, []
+        for slot, p in zip(slots, params):
+            held = self._params[slot]
+            if held is not None:
+                refused[p.request_id] = f"slot {slot} is still held by {held.request_id}"
+                continue
+            self._params[slot] = p
+            admitted.append((slot, p))
+        if admitted:
+            self._write([slot for slot, _ in admitted], [p for _, p in admitted])
+        return refused
 
-    def release(self, slots: Sequence[int]) -> None:
-        """Resets freed slots to the scratch defaults, so nothing of a request outlives it."""
+    def release_request(self, request_id: str) -> list[int]:
+        """Frees the slots ``request_id`` holds (none if it holds none), their rows back to the
+        scratch defaults so nothing of the request outlives it; returns them."""
+        slots = [slot for slot, p in enumerate(self._params)
+                 if p is not None and p.request_id == request_id]
+        for slot in slots:
+            self._params[slot] = None
+        for key in [key for key in self._segments if key[0] in slots]:
+            del self._segments[key]
         if slots:
-            self._write(list(slots), [_DEFAULT] * len(slots))
+            self._write(slots, [_DEFAULT] * len(slots))
+        return slots
+
+    def params(self, slot: int, request_id: str) -> SlotParams:
+        """The settings of the request holding ``slot``.
+
+        Raises:
+            RuntimeError: the slot is free or held by another request than ``request_id``.
+        """
+        held = self._params[slot]
+        if held is None or held.request_id != request_id:
+            raise RuntimeError(f"slot {slot} holds {held and held.request_id!r}, the plan says "
+                               f"{request_id!r}")
+        return held
+
+    @property
+    def num_active(self) -> int:
+        """Slots held by a request."""
+        return sum(p is not None for p in self._params)
 
     def _write(self, slots: list[int], params: list[SlotParams]) -> None:
-        index = tensor_to_device(slots, self.device, torch.long, non_blocking=True)
+        index = _upload(slots, self.device, torch.long)
         dev = self.device
 
         def put(table: torch.Tensor, values: list, dtype: torch.dtype) -> None:
-            table.index_copy_(0, index, tensor_to_device(values, dev, dtype))
+            table.index_copy_(0, index, _upload(values, dev, dtype))
 
         put(self.sampling, [sampling_row(p.sampling) for p in params], torch.float32)
         put(self.seeds, [p.seed for p in params], torch.long)
@@ -120,12 +151,45 @@ class SlotTable:
         for row in (r for slot in slots for r in (2 * slot, 2 * slot + 1)):
             self._tables.pop(row, None)
 
+    def add_segment(self, slot: int, request_id: str, segment_index: int,
+                    embeds: list[torch.Tensor]) -> None:
+        """TEXT_ENCODE: a segment's prompt rows, one ``[L, D]`` tensor per branch."""
+        self.params(slot, request_id)
+        self._segments[slot, segment_index] = PendingSegment(embeds, [None] * len(embeds))
+
+    def segment(self, slot: int, request_id: str, segment_index: int) -> PendingSegment:
+        """A segment between TEXT_ENCODE and its first DEPTH step.
+
+        Raises:
+            RuntimeError: the slot is not the request's, or the segment was not encoded.
+        """
+        self.params(slot, request_id)
+        pending = self._segments.get((slot, segment_index))
+        if pending is None:
+            raise RuntimeError(f"segment {segment_index} of {request_id!r} has no prompt rows "
+                               "(PREFILL or DEPTH before TEXT_ENCODE)")
+        return pending
+
+    def take_prefill_states(self, slot: int, request_id: str, segment_index: int) \
+            -> list[torch.Tensor]:
+        """A segment's first DEPTH step: its PREFILL state per branch (``[D]`` each), handed
+        over to ``start_segments`` and no longer kept here.
+
+        Raises:
+            RuntimeError: as ``segment``, or a branch has not finished its PREFILL.
+        """
+        pending = self.segment(slot, request_id, segment_index)
+        if any(h is None for h in pending.hidden):
+            raise RuntimeError(f"DEPTH before the end of segment {segment_index}'s PREFILL")
+        del self._segments[slot, segment_index]
+        return [h for h in pending.hidden if h is not None]
+
     def start_segments(self, slots: Sequence[int], hidden: Sequence[Sequence[torch.Tensor]]) \
             -> None:
         """A segment's first DEPTH step: clears its slot's repetition mask and takes the
         PREFILL state of each branch (``hidden[i]``: one or two ``[D]`` rows)."""
         rows = [h[b] for h in hidden for b in (0, len(h) - 1)]  # 1 branch: its row twice
-        index = tensor_to_device(slots, self.device, torch.long, non_blocking=True)
+        index = _upload(list(slots), self.device, torch.long)
         self.seen.index_fill_(0, index, False)
         self.hidden.index_copy_(0, index, torch.stack(rows).view(len(slots), 2, -1))
 
@@ -139,7 +203,7 @@ class SlotTable:
                              f"{self.block_tables.shape[1]} of the slot table")
         table = torch.full((self.block_tables.shape[1],), self.scratch_block, dtype=torch.long)
         table[: len(block_ids)] = torch.tensor(block_ids, dtype=torch.long)
-        self.block_tables[row] = to_device(table, self.device, non_blocking=True)
+        self.block_tables[row] = table.to(self.device, non_blocking=True)
         self._tables[row] = block_ids
 
     def ring_would_overflow(self, slot: int, frame_index: int) -> bool:

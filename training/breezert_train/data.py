@@ -17,7 +17,7 @@ import torch
 from torch import Tensor
 
 from breezert.constants import SAMPLE_RATE
-from breezert.train import shards
+from breezert_train import shards
 
 AUDIO_SUFFIXES = (".wav", ".npy")
 

@@ -5,7 +5,7 @@ Owns: the gate's sentences (``asr_gate_sentences.tsv``: every 40th line of
 so a fresh clone has them), running a subject's paths through the ASR, the JSON report, the
 pass/fail rule (``gate_failures``) and the command line::
 
-    python -m breezert.train.asr_gate --teacher | --model DIR | --codec DIR [--sentences 20]
+    python -m breezert_train.asr_gate --teacher | --model DIR | --codec DIR [--sentences 20]
         [--out FILE]
 
 Must not: synthesise or transcribe itself (``gate_audio``, ``asr``), or be imported by serving
@@ -23,15 +23,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from breezert.train.asr import ASR_PACKAGE, ASR_VERSION, Transcriber
-from breezert.train.gate_audio import (
+from breezert_train.asr import ASR_PACKAGE, ASR_VERSION, Transcriber
+from breezert_train.gate_audio import (
     OFFLINE,
     BreezeSubject,
     CodecSubject,
     Subject,
     TeacherSubject,
 )
-from breezert.train.wer import WordErrors, word_errors
+from breezert_train.wer import WordErrors, word_errors
 
 GATE_SENTENCES = Path(__file__).with_name("asr_gate_sentences.tsv")
 MAX_MEAN_WER = 0.40
@@ -127,7 +127,7 @@ def gate_failures(report: dict[str, Any], max_mean_wer: float = MAX_MEAN_WER,
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m breezert.train.asr_gate", description=(
+    parser = argparse.ArgumentParser(prog="python -m breezert_train.asr_gate", description=(
         "ASR round trip (pocketsphinx) of a voice: mean WER offline, streamed at fixed chunk "
         "sizes and over WebRTC Opus, as JSON on stdout; exit status 1 when the gate fails"))
     who = parser.add_mutually_exclusive_group(required=True)

@@ -5,7 +5,7 @@ Owns: the train-size LM presets, the optimiser and its schedule, fp8 storage of 
 tables (trained with a straight-through fp8 round trip so the export is what was trained), the
 loop that stops after a number of minutes with atomic saves, the compact carry snapshot (weights
 in bf16, no optimiser moments) for the next GPU call, the export, and the command line
-``python -m breezert.train.lm_train --data DIR --codec DIR --out DIR --minutes M``. Must not:
+``python -m breezert_train.lm_train --data DIR --codec DIR --out DIR --minutes M``. Must not:
 define module types of its own (it trains the ones ``breezert.loader`` builds) or be imported by
 serving code.
 
@@ -35,7 +35,7 @@ from breezert.loader import GenerationDefaults, load_checkpoint, save_checkpoint
 from breezert.models.breeze import BreezeModel
 from breezert.models.config import BackboneConfig, BreezeConfig, DepthConfig, TextEncoderConfig
 from breezert.tokenizer import build_byte_tokenizer
-from breezert.train.checkpoint import (
+from breezert_train.checkpoint import (
     LOG_FILE,
     STATE_FILE,
     StepLog,
@@ -45,7 +45,7 @@ from breezert.train.checkpoint import (
     stop_on_signals,
     timed_loop,
 )
-from breezert.train.lm_data import (
+from breezert_train.lm_data import (
     BatchStream,
     Utterance,
     encode_shards,
@@ -53,7 +53,7 @@ from breezert.train.lm_data import (
     load_utterances,
     split_heldout,
 )
-from breezert.train.lm_forward import losses, teacher_forced
+from breezert_train.lm_forward import losses, teacher_forced
 
 LM_PRESETS = ("tiny", "small")
 SNAPSHOT_FILE = "snapshot.pt"
@@ -424,7 +424,7 @@ def folder_bytes(root: str | Path) -> int:
 _RECIPES = {"small-gpu": SMALL_GPU, "tiny": LMTrainConfig()}
 _GPU_RECIPE = """\
 one GPU run of at most 10 minutes (re-run the same line to continue):
-  python -m breezert.train.lm_train --data data/teacher --codec runs/codec/ckpt --out runs/lm \\
+  python -m breezert_train.lm_train --data data/teacher --codec runs/codec/ckpt --out runs/lm \\
       --minutes 8 --recipe small-gpu --export runs/voice
 """
 
@@ -477,7 +477,7 @@ def run(args: argparse.Namespace, cfg: LMTrainConfig) -> LMTrainer:
 
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(
-        prog="python -m breezert.train.lm_train", description=__doc__,
+        prog="python -m breezert_train.lm_train", description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter, epilog=_GPU_RECIPE)
     p.add_argument("--data", required=True, help="teacher shards folder (shard-*.npz)")
     p.add_argument("--codec", required=True, help="codec export (released layout) to encode with")

@@ -1,25 +1,25 @@
 """Issue 19's codec runs side by side: loss curves, ASR resynthesis WER and a codebook ablation.
 
-Reads each run's ``codec_log.jsonl`` (what ``python -m breezert.train.pipeline`` brings back from
+Reads each run's ``codec_log.jsonl`` (what ``python -m breezert_train.pipeline`` brings back from
 a GPU call) and, where given, its ``asr_gate --codec`` report; for a codec export it also
 measures, on four teacher sentences, the MR-STFT loss of the decoder fed the encoder's
 unquantised latent and fed 1 + N of its codebooks (does the quantizer or the decoder limit the
 codec?). Writes one JSON and one PNG::
 
-    python bench/voice_codec_report.py --run NAME:LOG[:GATE_JSON[:CODEC_DIR]] ... \\
+    python -m breezert_train.codec_report --run NAME:LOG[:GATE_JSON[:CODEC_DIR]] ... \\
         --out bench/results/voice-codec-DATE.json [--note TEXT]
 
-Must not: train or be imported by the runtime.
+Must not: train (it reads what training wrote).
 """
 
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import json
 import statistics
-import subprocess
 from pathlib import Path
+
+from breezert.bench.provenance import provenance
 
 LOSSES = ("stft_sc", "stft_mag", "commitment", "latent_mel", "feature_match", "gen_hinge",
           "disc_hinge", "codes_restarted")
@@ -58,9 +58,9 @@ def codebook_ablation(codec_dir: Path) -> dict:
     import torch
 
     from breezert.loader import load_checkpoint
-    from breezert.train.losses import mr_stft_loss
-    from breezert.train.quantizer import VQTrainConfig, _quantize_group, group_pairs
-    from breezert.train.teacher import Teacher
+    from breezert_train.losses import mr_stft_loss
+    from breezert_train.quantizer import VQTrainConfig, _quantize_group, group_pairs
+    from breezert_train.teacher import Teacher
 
     ckpt = load_checkpoint(codec_dir)
     enc, dec = ckpt.codec_encoder.float().eval(), ckpt.codec.float().eval()
@@ -135,11 +135,10 @@ def main() -> None:
         if len(rest) > 1 and rest[1]:
             run["codebook_ablation"] = codebook_ablation(Path(rest[1]))
         runs[name] = run
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
-                            text=True).stdout.strip()
     report = {"what": "issue 19 codec training runs (small preset) on one H200",
-              "gpu": "NVIDIA H200 (torch 2.11 + CUDA 13 there)", "commit": commit,
-              "date": dt.date.today().isoformat(), "note": args.note, "runs": runs}
+              **provenance(device="cpu"),  # this report's; the runs' own machine is below
+              "gpu": "NVIDIA H200 (torch 2.11 + CUDA 13 there)",
+              "note": args.note, "runs": runs}
     args.out.write_text(json.dumps(report, indent=1) + "\n")
     plot(runs, args.out.with_suffix(".png"))
     print(json.dumps({k: {kk: v for kk, v in r.items() if kk != "curve"}

@@ -19,10 +19,10 @@ no optimiser moments: AdamW restarts with a short re-warmup). Not carried: the t
 MB per hour), so LM calls train on the codes already made (they need neither the teacher wheel
 nor its corpus). The GPU image's own onnxruntime runs the teacher, so its wheel stays home.
 
-    python -m breezert.train.pipeline --work /tmp/voice --minutes-total 9.3 --out $OUT \\
+    python -m breezert_train.pipeline --work /tmp/voice --minutes-total 9.3 --out $OUT \\
         [--carry-in DIR] [--hours 10] [--workers 16] [--codec-minutes 40]
         [--codec-batch-size 16] [--codec-latent-mel-weight 1.0] [--codec-autocast-bf16]
-    python -m breezert.train.pipeline --carry-in PARTS --export-codec DIR   # score it here
+    python -m breezert_train.pipeline --carry-in PARTS --export-codec DIR   # score it here
 """
 
 from __future__ import annotations
@@ -38,8 +38,8 @@ from pathlib import Path
 
 import torch
 
-from breezert.train import state_shards
-from breezert.train.checkpoint import (
+from breezert_train import state_shards
+from breezert_train.checkpoint import (
     LOG_FILE,
     add_default_flag,
     load_state,
@@ -82,7 +82,7 @@ class Plan:
 
 
 def _generate_teacher(out: Path, plan: Plan) -> None:
-    from breezert.train.teacher_data import generate
+    from breezert_train.teacher_data import generate
 
     generate(out, plan.hours, plan.workers)
 
@@ -112,9 +112,9 @@ def _codec_stage(work: Path, plan: Plan, budget_minutes: float,
     seconds trained in all). Finished: the bf16 export in ``carry/codec``; not yet:
     ``carry/codec_snapshot.pt``. Either way the other is removed, and so are codes and an LM
     made with an older codec."""
-    from breezert.train.codec_train import CodecTrainConfig, CodecTrainer, export_checkpoint
-    from breezert.train.codec_train import train as train_codec
-    from breezert.train.data import AudioFolderCrops
+    from breezert_train.codec_train import CodecTrainConfig, CodecTrainer, export_checkpoint
+    from breezert_train.codec_train import train as train_codec
+    from breezert_train.data import AudioFolderCrops
 
     carry, run = work / "carry", work / "codec_run"
     cfg = CodecTrainConfig(preset=plan.codec_preset, batch_size=plan.codec_batch_size,
@@ -197,7 +197,7 @@ def export_carried_codec(parts: str | Path, out: str | Path, scratch: str | Path
     unfinished one: its snapshot exported as the call that finishes it would (bf16; the
     snapshot's weights are already bf16). Trains nothing; ``out`` must not exist or be empty;
     ``scratch`` receives the joined parts."""
-    from breezert.train.codec_train import CodecTrainer, config_from_json, export_checkpoint
+    from breezert_train.codec_train import CodecTrainer, config_from_json, export_checkpoint
 
     carry, out = Path(scratch) / "carry", Path(out)
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
@@ -216,8 +216,8 @@ def export_carried_codec(parts: str | Path, out: str | Path, scratch: str | Path
 
 
 def _lm_stage(work: Path, plan: Plan, minutes: float, lm_overrides: dict) -> Path:
-    from breezert.train.lm_data import BatchStream, encode_shards, load_utterances, split_heldout
-    from breezert.train.lm_train import (
+    from breezert_train.lm_data import BatchStream, encode_shards, load_utterances, split_heldout
+    from breezert_train.lm_train import (
         _RECIPES,
         SNAPSHOT_FILE,
         export_checkpoint,
@@ -288,7 +288,7 @@ def run_pipeline(work: str | Path, minutes_total: float, out: str | Path,
             return _pack(carry, out, summary, start)
     voice = _lm_stage(work, plan, max(0.0, left()), lm_overrides or {})
     summary["stages"].append({"lm_done_min": round((time.monotonic() - start) / 60, 2)})
-    from breezert.train.lm_train import folder_bytes
+    from breezert_train.lm_train import folder_bytes
 
     summary["voice_bytes"] = folder_bytes(voice)
     summary["sample"] = _sample(voice, "The quick brown fox jumps over the lazy dog.",
@@ -311,7 +311,7 @@ def _pack(carry: Path, out: Path, summary: dict, start: float) -> dict:
 
 
 def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(prog="python -m breezert.train.pipeline", description=__doc__,
+    p = argparse.ArgumentParser(prog="python -m breezert_train.pipeline", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--work", help="scratch folder on the GPU machine")
     p.add_argument("--minutes-total", type=float, help="wall time of this call")

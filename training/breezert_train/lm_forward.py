@@ -21,7 +21,7 @@ from breezert.host_copy import upload
 from breezert.layers.rope import apply_rope
 from breezert.models.breeze import BreezeModel
 from breezert.models.depth import DepthDecoder
-from breezert.train.lm_data import Utterance
+from breezert_train.lm_data import Utterance
 
 
 @dataclass(frozen=True)

@@ -6,8 +6,8 @@ most ``max_bytes`` (16 MiB by default, what a device call returns per file), a
 against the manifest before anything is written). Must not: know what the folder holds, or be
 imported by serving code.
 
-    python -m breezert.train.state_shards split SRC_DIR PARTS_DIR [--prefix state]
-    python -m breezert.train.state_shards join PARTS_DIR DST_DIR [--prefix state]
+    python -m breezert_train.state_shards split SRC_DIR PARTS_DIR [--prefix state]
+    python -m breezert_train.state_shards join PARTS_DIR DST_DIR [--prefix state]
 """
 
 from __future__ import annotations
@@ -82,7 +82,7 @@ def join_dir(src: str | Path, dst: str | Path, prefix: str = "state") -> Path:
 
 
 def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(prog="python -m breezert.train.state_shards", description=__doc__,
+    p = argparse.ArgumentParser(prog="python -m breezert_train.state_shards", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("verb", choices=("split", "join"))
     p.add_argument("src")

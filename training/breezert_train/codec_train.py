@@ -6,7 +6,7 @@ discriminator's hinge and feature-matching terms after ``disc_start_step``), the
 after a number of minutes with atomic saves, the carry snapshot (weights without optimiser
 moments, small enough to move to the next GPU machine) and the warm starts from it or from an
 export, the export, and the command line
-``python -m breezert.train.codec_train --data DIR --out DIR --minutes M``. Must not: define its
+``python -m breezert_train.codec_train --data DIR --out DIR --minutes M``. Must not: define its
 own module types (it trains the ones ``breezert.loader`` builds) or be imported by serving code.
 """
 
@@ -28,7 +28,7 @@ from breezert.models.codec_encoder import CodecEncoder, init_codec_encoder_rando
 from breezert.models.config import BreezeConfig, CodecConfig
 from breezert.random_init import build_random
 from breezert.tokenizer import build_byte_tokenizer
-from breezert.train.checkpoint import (
+from breezert_train.checkpoint import (
     LOG_FILE,
     STATE_FILE,
     StepLog,
@@ -39,8 +39,8 @@ from breezert.train.checkpoint import (
     stop_on_signals,
     timed_loop,
 )
-from breezert.train.data import AudioFolderCrops, CropSource
-from breezert.train.losses import (
+from breezert_train.data import AudioFolderCrops, CropSource
+from breezert_train.losses import (
     LatentMelHead,
     MultiScaleStftDiscriminator,
     discriminator_hinge_loss,
@@ -48,7 +48,7 @@ from breezert.train.losses import (
     generator_hinge_loss,
     mr_stft_loss,
 )
-from breezert.train.quantizer import (
+from breezert_train.quantizer import (
     QuantizerOutput,
     VQTrainConfig,
     mark_codebooks_fresh_,
@@ -416,7 +416,7 @@ _EXPORT_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 _GPU_RECIPE = """\
 one GPU run of at most 10 minutes (re-run the same line to continue; keep --minutes under the
 machine's limit so the exit save lands):
-  python -m breezert.train.codec_train --data DATA --out runs/codec --minutes 9 \\
+  python -m breezert_train.codec_train --data DATA --out runs/codec --minutes 9 \\
       --preset small --batch-size 16 --crop-frames 24 --save-every 500 \\
       --export runs/codec/ckpt --export-dtype bfloat16
 """
@@ -424,7 +424,7 @@ machine's limit so the exit save lands):
 
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(
-        prog="python -m breezert.train.codec_train", description=__doc__,
+        prog="python -m breezert_train.codec_train", description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter, epilog=_GPU_RECIPE)
     p.add_argument("--data", required=True, help="folder of 24 kHz .wav / .npy int16 audio")
     p.add_argument("--out", required=True, help="run folder: state.pt, log.jsonl")

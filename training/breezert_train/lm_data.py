@@ -25,7 +25,7 @@ from breezert.models.codec_encoder import CodecEncoder
 from breezert.models.prompt import Prompt
 from breezert.prompting import make_prompt
 from breezert.tokenizer import BreezeTokenizer, build_byte_tokenizer
-from breezert.train import shards
+from breezert_train import shards
 
 CODES_GLOB = "codes-*.npz"
 CODE_BITS = 11  # codes are 0..2047

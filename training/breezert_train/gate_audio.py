@@ -27,7 +27,7 @@ from breezert.offline import synthesize_whole
 from breezert.options import SynthesisOptions
 from breezert.profiles import EMBEDDED_PROFILE, profile_path
 from breezert.request import RequestStatus, SynthesisRequest
-from breezert.train.teacher import TEACHER_PACKAGE, TEACHER_VERSION, TEACHER_VOICE, Teacher
+from breezert_train.teacher import TEACHER_PACKAGE, TEACHER_VERSION, TEACHER_VOICE, Teacher
 
 OFFLINE = "offline"
 OPUS = "opus"
@@ -148,7 +148,7 @@ class CodecSubject:
     def render(self, text: str, seed: int) -> dict[str, PathAudio]:
         import torch
 
-        from breezert.train.lm_data import encode_batch
+        from breezert_train.lm_data import encode_batch
 
         clip = self._teacher.synthesize(text, seed).audio  # int16
         rate = self._teacher.sample_rate

@@ -1,5 +1,5 @@
 """Teacher data generation, one resumable command:
-``python -m breezert.train.teacher_data --out DIR --hours H --workers N --shard-mb 16``.
+``python -m breezert_train.teacher_data --out DIR --hours H --workers N --shard-mb 16``.
 
 Owns the run: the corpus file in DIR (built once from the Debian sources, reused on resume),
 fanning utterances out to worker processes in a fixed order, shards through ``ShardWriter`` and
@@ -26,8 +26,8 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from breezert.train import shards as shard_io
-from breezert.train.text import (
+from breezert_train import shards as shard_io
+from breezert_train.text import (
     SOURCES,
     SplitConfig,
     Utterance,
@@ -39,7 +39,7 @@ from breezert.train.text import (
 CORPUS_NAME = "corpus.json.gz"
 MANIFEST_NAME = "manifest.json"
 SAMPLE_RATE = 24_000
-EVAL_SET = Path(__file__).resolve().parents[3].parent / "shared" / "bench" / "texts_en.tsv"
+EVAL_SET = Path(__file__).resolve().parents[2].parent / "shared" / "bench" / "texts_en.tsv"
 """The benchmark/quality-gate sentences: excluded from training, never read otherwise."""
 UTTERANCES_PER_TASK = 16
 TASKS_IN_FLIGHT = 4
@@ -150,14 +150,14 @@ def _results(tasks: list[tuple[int, list[tuple[int, str, str]]]], workers: int,
 
 
 def default_teacher() -> TeacherLike:
-    from breezert.train.teacher import Teacher
+    from breezert_train.teacher import Teacher
 
     return Teacher(threads=1)
 
 
 # -- manifest ----------------------------------------------------------------------------------
 def teacher_info(model_sha256: str) -> dict[str, str]:
-    from breezert.train import teacher
+    from breezert_train import teacher
 
     return {"package": teacher.TEACHER_PACKAGE, "version": teacher.TEACHER_VERSION,
             "voice": teacher.TEACHER_VOICE, "onnx_sha256": model_sha256,
@@ -297,7 +297,7 @@ def generate(out: Path, hours: float, workers: int = 1, shard_mb: float = 16.0, 
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m breezert.train.teacher_data",
+    parser = argparse.ArgumentParser(prog="python -m breezert_train.teacher_data",
                                      description=__doc__)
     parser.add_argument("--out", type=Path, required=True,
                         help="data directory (resumed if it exists)")
