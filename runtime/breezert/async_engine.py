@@ -42,6 +42,19 @@ logger = logging.getLogger("breezert.async_engine")
 _shared: dict[str, AsyncEngine] = {}
 """``AsyncEngine.shared``'s engines, keyed by their resolved config as JSON."""
 _shared_lock = threading.Lock()
+
+INJECT_STALL_ENV = "BREEZERT_INJECT_STALL_MS"
+"""Test hook (never set in serving): ``stream`` holds each request's second chunk until its first
+has played out and then this many ms more, so a listener's audio stops that long mid-turn, as
+behind an engine stalled with nothing buffered; the real-time tests prove with it that they go
+red when the agent's audio is late (``make test-stall``, tests/stall_proof.py)."""
+
+
+def injected_stall_s() -> float:
+    """``INJECT_STALL_ENV`` in seconds (0: no stall), read per request."""
+    return float(os.environ.get(INJECT_STALL_ENV) or 0) / 1000
+
+
 _NUM_PREPARE_THREADS = 1
 """Prepare threads per engine. One: requests are prepared (and so queued) in the order they
 arrive, and the tokenizer never runs on two threads at once (a ``tokenizers`` object shared
@@ -260,6 +273,7 @@ class AsyncEngine:
         if route is None:
             raise BreezeRTError(f"request_id={request_id!r} was not submitted here")
         finished = False
+        stall_s = injected_stall_s()
         try:
             while True:
                 item = await route.queue.get()
@@ -272,6 +286,9 @@ class AsyncEngine:
                     return
                 if segments or not isinstance(item, SegmentStarted):
                     yield item
+                if stall_s and isinstance(item, AudioChunk):  # the test hook, once
+                    await asyncio.sleep(item.duration_s + stall_s)
+                    stall_s = 0.0
         finally:
             with self._routes_lock:
                 self._routes.pop(request_id, None)

@@ -9,7 +9,6 @@ sentences at chunks 1, 2, 4, 8, 16 and over Opus. About a minute on one core.
 
 from __future__ import annotations
 
-import importlib.util
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -20,12 +19,11 @@ from breezert.random_init import write_random_checkpoint
 from breezert_train.asr import Transcriber
 from breezert_train.asr_gate import GATE_SENTENCES, gate_failures, read_sentences, run_gate, select
 from breezert_train.gate_audio import FIXED_CHUNKS, BreezeSubject, TeacherSubject
+from tests.components import needs
 
 pytestmark = [
     pytest.mark.integration,
-    pytest.mark.skipif(
-        any(importlib.util.find_spec(m) is None for m in ("pocketsphinx", "hibari", "aiortc")),
-        reason="needs the train and serve extras (pip install './runtime[train,serve]')"),
+    needs("pocketsphinx", "hibari", "aiortc"),  # the train and serve extras
 ]
 
 NEAR_NOISE_WER = 0.8

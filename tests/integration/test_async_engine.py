@@ -243,3 +243,27 @@ async def test_engine_fault_fails_every_stream_even_beside_a_closed_loop(
         for request_id in ("closed-loop", "open-loop"):
             engine.abort(request_id)
         engine.step()  # hands the releases to the worker
+
+
+async def test_the_injected_stall_holds_the_second_chunk_past_the_first_ones_playout(
+        aengine: AsyncEngine, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``BREEZERT_INJECT_STALL_MS`` (the real-time tests' stall, ``make test-stall``): the
+    second chunk reaches the consumer no sooner than the first one's audio plus the stall, and
+    the audio itself is what the same request gives without it."""
+    import time
+
+    async def arrivals(request_id: str) -> tuple[list[float], list[AudioChunk]]:
+        times, chunks = [], []
+        async for chunk in aengine.synthesize(make(request_id, frames=12)):
+            times.append(time.monotonic())
+            chunks.append(chunk)
+        return times, chunks
+
+    monkeypatch.setenv("BREEZERT_INJECT_STALL_MS", "300")
+    times, stalled = await asyncio.wait_for(arrivals("stall"), TIMEOUT_S)
+    assert len(stalled) >= 2
+    assert times[1] - times[0] >= stalled[0].duration_s + 0.300 - 0.005
+    monkeypatch.delenv("BREEZERT_INJECT_STALL_MS")
+    _, plain = await asyncio.wait_for(arrivals("stall"), TIMEOUT_S)
+    np.testing.assert_array_equal(np.concatenate([c.pcm for c in stalled]),
+                                  np.concatenate([c.pcm for c in plain]))

@@ -81,15 +81,23 @@ def test_bench_writes_json_png_and_table(bench_run: tuple[Path, float]) -> None:
         assert {"decode", "depth", "codec"} <= set(run["engine_metrics"]["stages"])
         assert run["engine_metrics"]["counters"]["requests_finished"] == 4
         assert run["frame_step_s_p50"] > 0
-        # every first packet's time by part: its own steps by stage, others', host; the
-        # means add up to the mean TTFB (the run's summary keeps microseconds)
+        # every first packet's time by part: its own steps by stage, others', host
         path = run["first_packet_path"]
         assert path["num_requests"] == 4
         own = {k for k in path if k.startswith("own_")}
         assert {"own_text_encode_ms", "own_prefill_ms", "own_depth_ms", "own_codec_ms"} <= own
-        total_ms = sum(v["mean"] for k, v in path.items() if k.endswith("_ms"))
-        assert total_ms == pytest.approx(run["ttfb_s"]["mean"] * 1000, abs=0.01)
         assert path["host_ms"]["mean"] >= 0
+    # c=1 against the engine's own step timings (EngineMetrics.step_s, kept apart from the step
+    # log the parts come from): one request at a time, so no other request's step is on a
+    # first packet's path, and every TEXT_ENCODE and PREFILL step of the run (each request's
+    # own, all before its first audio) is in exactly one request's parts
+    alone = engine_runs[0]
+    path, stages = alone["first_packet_path"], alone["engine_metrics"]["stages"]
+    assert path.get("others_ms", {"mean": 0.0})["mean"] == pytest.approx(0.0, abs=1e-6)
+    for stage in ("text_encode", "prefill"):
+        engine_ms = stages[stage]["step_s"]["mean"] * stages[stage]["step_s"]["count"] * 1000
+        assert path[f"own_{stage}_ms"]["mean"] * 4 == pytest.approx(engine_ms, rel=1e-3,
+                                                                    abs=0.01), stage
     # c=2's opening burst: both requests, the steps until the later first chunk
     burst = engine_runs[1]["opening_burst"]
     assert burst["num_requests"] == 2 and len(burst["first_chunk_ms"]) == 2

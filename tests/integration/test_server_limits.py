@@ -18,9 +18,14 @@ from breezert.async_engine import AsyncEngine
 from breezert.errors import InvalidRequest
 from breezert.text import Split
 
+from tests import latency
 from tests.integration._server import SAMPLES_PER_FRAME, TURN_BYTES, serve, wait_idle, ws_turn
+from tests.latency import LatencyMiss
+from tests.realtime import retried_when_starved
 
 pytestmark = pytest.mark.integration
+
+IDLE_TIMEOUT_S = 1.0  # turn_idle_timeout_s of the idle-turn test
 
 # ----------------------------------------------------------------------------- idle turns
 
@@ -33,18 +38,23 @@ async def _open_idle_turn(http: aiohttp.ClientSession, url: str) -> aiohttp.Clie
     return ws
 
 
+@retried_when_starved(LatencyMiss)
 async def test_idle_open_turns_do_not_starve_the_next_caller(engine: AsyncEngine) -> None:
     slots = engine.engine.config.scheduler.max_running_requests
-    async with serve(engine, serving={"turn_idle_timeout_s": 1.0}) as (url, _), \
+    async with serve(engine, serving={"turn_idle_timeout_s": IDLE_TIMEOUT_S}) as (url, _), \
             aiohttp.ClientSession() as http:
         sockets = [await _open_idle_turn(http, url) for _ in range(slots)]
         start = time.monotonic()
         async with http.post(f"{url}/v1/audio/speech",
                              json={"input": "Me next.", "response_format": "pcm"}) as r:
             assert r.status == 200
-            first = await asyncio.wait_for(r.content.readexactly(2 * SAMPLES_PER_FRAME), 8.0)
+            first = await asyncio.wait_for(r.content.readexactly(2 * SAMPLES_PER_FRAME), 30.0)
         first_s = time.monotonic() - start
-        assert first and first_s < 8.0, first_s
+        print(f"first audio behind {slots} idle turns: {first_s * 1000:.0f} ms, "
+              f"{(first_s - IDLE_TIMEOUT_S) * 1000:.0f} ms after their idle timeout")
+        assert first
+        # what the server adds to the idle timeout: ending the idle turns, the new request's TTFB
+        latency.check("first_audio_after_idle_timeout", first_s - IDLE_TIMEOUT_S)
         # Each idle turn was ended, audio kept, with turn_done saying why.
         for ws in sockets:
             events, audio = await ws_turn(ws)

@@ -4,7 +4,8 @@ Owns: finding (or building, through the Makefile) the pinned ``livekit-server``,
 free loopback ports and stopping it; starting ``room_worker.py`` against it; a ``Room`` helper
 that dispatches the agent into a fresh room, joins it with ``livekit.rtc`` and records the agent's
 audio (``listening.Recording``); serves the repository to the browser participant (``browser.py``).
-Skips only when the server cannot be built (the reason is printed).
+A server that ``make`` could not build fails the tests under ``CI=true`` with the build log's
+last lines, and skips them elsewhere (``tests/components.missing``).
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ import pytest
 from livekit import api, rtc
 
 from breezert.bench.ports import free_port
+from tests.components import missing
 from tests.livekit.browser import serve_repository
 from tests.livekit.listening import Recording
 from tests.livekit.machine import agent_priority
@@ -45,16 +47,15 @@ AGENT_NAME = "breezert-test"
 
 def built_binary(path: Path, build_log: Path, target: str, override_env: str) -> Path:
     """``path`` as ``make target`` builds it (``$override_env`` names another); builds it when it
-    was never tried; skips with the build's reason (``build_log``) when it cannot be built."""
+    was never tried; when it cannot be built, ``components.missing`` with ``build_log`` (a
+    failure under ``CI=true``, a skip elsewhere)."""
     override = os.environ.get(override_env)
     if override:
         return Path(override)
     if not path.exists() and not build_log.exists() and shutil.which("make"):
         subprocess.run(["make", "-s", "-C", str(REPO), target], check=False, timeout=1800)
     if not path.exists():
-        reason = build_log.read_text()[-800:] if build_log.exists() else "no build log"
-        print(f"SKIP: {target} could not be built (make {target}): {reason}")
-        pytest.skip(f"{target} could not be built (make {target}): {reason}")
+        missing(f"{target} could not be built", target, build_log)
     return path
 
 

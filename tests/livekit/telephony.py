@@ -6,7 +6,8 @@ through that Redis; the inbound trunk and dispatch rules (``livekit-api``) that 
 a fresh room with the agent dispatched; a ``baresip`` caller driven over its ``ctrl_tcp``
 interface that sends a prompt and records what it decodes; and what reaches the caller's
 sockets, stamped by the kernel (``AF_PACKET`` on ``lo``): the SIP answer and every RTP packet.
-Skips only when a component cannot be built or installed (the reason is printed).
+A component that cannot be built or installed fails the tests under ``CI=true`` with its log's
+last lines, and skips them elsewhere (``tests/components.missing``).
 
 Plain context managers, so that ``bench/sip_first_audio.py`` runs the same calls as the tests.
 """
@@ -31,11 +32,11 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import pytest
 import soundfile as sf
 from livekit import api
 
 from breezert.bench.ports import free_port
+from tests.components import missing
 
 from .conftest import (
     AGENT_NAME,
@@ -53,6 +54,7 @@ from .conftest import (
 
 SIP_BIN = REPO / ".cache" / "livekit" / "livekit-sip"
 SIP_BUILD_LOG = REPO / ".cache" / "livekit" / "sip-build.log"
+TELEPHONY_LOG = REPO / ".cache" / "livekit" / "telephony-deps.log"
 GREETING_ATTRIBUTE = "breezert.greeting"  # set on the SIP participant by the dispatch rule;
 #                                           room_worker.py says it once the call is answered
 SAMPLE_RATE_ATTRIBUTE = "breezert.sample_rate"  # likewise: TTS(sample_rate=) for that call
@@ -70,26 +72,23 @@ SIP_RTP_RANGE = 128  # LiveKit SIP's: it keeps a closed call's port draining (30
 #                      packets, 10 min at most), so each call in a run takes a fresh one
 
 
-def _skip(reason: str) -> None:
-    print(f"SKIP: {reason}")  # the reason in the log too, not only in -rs
-    pytest.skip(reason)
-
-
 def sip_binary() -> Path:
     """The built ``livekit-sip`` (``make livekit-sip``; ``BREEZERT_LIVEKIT_SIP`` overrides)."""
     return built_binary(SIP_BIN, SIP_BUILD_LOG, "livekit-sip", "BREEZERT_LIVEKIT_SIP")
 
 
 def require_tools() -> None:
-    """Skips unless Debian's redis-server and baresip are there (``make telephony-deps``) and
-    this process may capture on loopback (root, as in CI)."""
+    """Debian's redis-server and baresip (``make telephony-deps``, whose apt log is
+    ``TELEPHONY_LOG``) and the right to capture on loopback (root, as ``make test`` runs in CI),
+    else ``components.missing``: a failure under ``CI=true``, a skip elsewhere."""
     for tool, package in (("redis-server", "redis-server"), ("baresip", "baresip-core")):
         if shutil.which(tool) is None:
-            _skip(f"{tool} not found: apt-get install {package} (make telephony-deps)")
+            missing(f"{tool} not found (Debian's {package})", "telephony-deps", TELEPHONY_LOG)
     try:
         socket.socket(socket.AF_PACKET, socket.SOCK_DGRAM, socket.htons(0x0800)).close()
     except (PermissionError, AttributeError) as exc:
-        _skip(f"capturing the caller's packets on lo needs CAP_NET_RAW (root): {exc}")
+        missing(f"capturing the caller's packets on lo needs CAP_NET_RAW (root): {exc}",
+                "test (as root)")
 
 
 def _wait_for(check: object, what: str, proc: subprocess.Popen[bytes], log: Path,
@@ -621,7 +620,7 @@ class Telephony:
 @contextlib.contextmanager
 def run_telephony(greeting: str) -> Iterator[Telephony]:
     """Redis, a livekit-server on it, livekit-sip, and ``room_worker.py`` greeting callers
-    (``BREEZERT_TEST_GREETING``); skips where a component cannot be had."""
+    (``BREEZERT_TEST_GREETING``); ``components.missing`` where a component cannot be had."""
     require_tools()
     sip_binary()
     with (run_redis() as redis, run_server(f"redis:\n  address: {redis}\n") as server,

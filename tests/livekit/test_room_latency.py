@@ -8,13 +8,14 @@ trigger: the agent's ``say``, its first frame into ``rtc.AudioSource`` (RoomIO's
 the browser's own AudioWorklet on the decoded track), each minus the agent's TTFB
 (``TTSMetrics.ttfb`` of the turn: text into the TTS to its first audio), the longest gap at each,
 the engine thread's step time split into CPU, runqueue and GIL waits, and the foreign load on
-the box. Asserted per turn (``_miss``): both heard it, after the agent sent it, within
-``FIRST_AUDIO_LIMIT_S`` of the trigger and ``MAX_OVER_TTFB_S`` of the TTFB, in real time (each
-listener's jitter buffer concealing at most one packet of speech, the length judged within its
+the box. Asserted per turn (``_miss``): both heard it, after the agent sent it, within its
+``room_<listener>_first_audio`` bound (``tests/latency_bounds.json``) of the trigger and
+``MAX_OVER_TTFB_S`` of the TTFB, in real time (each listener's jitter buffer concealing at most one packet of speech, the length judged within its
 time-stretch, ``assert_played_in_real_time``; the browser's length without the quiet runs
-headless Chromium's output FIFO adds, as ``test_room_browser`` judges it). A turn
-that misses while other work took more than ``FOREIGN_LOAD_LIMIT`` cores is said again and
-listed apart. ``BREEZERT_ROOM_TURNS`` sets the count (5 in the suite, 20 for the README's
+headless Chromium's output FIFO adds, as ``test_room_browser`` judges it). One turn in the
+test, at most, that misses while other work took ``realtime.FOREIGN_LOAD_LIMIT`` cores or more
+during it is said again (recorded as a retry, listed in the terminal summary) and kept apart.
+``BREEZERT_ROOM_TURNS`` sets the count (5 in the suite, 20 for the README's
 table); ``BREEZERT_ROOM_RESULTS=path.json`` writes the figures there with commit, date and
 machine (``bench/results/livekit-room-cpu-tiny-<date>.json``).
 """
@@ -34,15 +35,16 @@ import numpy as np
 import pytest
 
 from tests.livekit.browser import join_browser
-from tests.livekit.machine import FOREIGN_LOAD_LIMIT, CpuMeter, CpuSplit, wait_for_quiet
+from tests.livekit.machine import CpuSplit
 from tests.livekit.test_room_browser import assert_browser_real_time
 from tests.livekit.test_room_python import (
-    FIRST_AUDIO_LIMIT_S,
     SENTENCE,
     assert_played_in_real_time,
     idle,
     speak,
 )
+from tests import latency
+from tests.realtime import FOREIGN_LOAD_LIMIT, CpuMeter, record_retry, starved, wait_for_quiet
 
 pytestmark = pytest.mark.livekit
 
@@ -98,16 +100,18 @@ def _commit() -> str:
 def _miss(turn: dict[str, Any]) -> str | None:
     """Why the turn fails the test's bounds at a listener, or ``None``: heard at all, after the
     agent's first frame went out (one clock: an earlier stamp would mean the figures are
-    wrong), first audio within ``FIRST_AUDIO_LIMIT_S`` of the trigger and ``MAX_OVER_TTFB_S`` of
-    the agent's TTFB, and in real time."""
+    wrong), first audio within its ``room_<listener>_first_audio`` bound of the trigger and
+    ``MAX_OVER_TTFB_S`` of the agent's TTFB, and in real time."""
     for name, heard in zip(LISTENERS, turn["heard"]):
         if heard is None:
             return f"the {name} participant never heard the turn"
         first_ms, over_ms = turn[f"{name}_first_audio_ms"], turn[f"{name}_over_ttfb_ms"]
         if first_ms <= turn["agent_playout_ms"]:
             return f"{name}: first audio {first_ms} ms before the agent sent any"
-        if first_ms > FIRST_AUDIO_LIMIT_S * 1000:
-            return f"{name}: first audio {first_ms} ms after the trigger"
+        try:
+            latency.check(f"room_{name}_first_audio", first_ms / 1000)
+        except latency.LatencyMiss as miss:
+            return str(miss)
         if over_ms > MAX_OVER_TTFB_S * 1000:
             return f"{name}: first audio {over_ms} ms after the agent's TTFB"
         try:
@@ -179,22 +183,19 @@ async def test_first_audio_at_both_listeners_against_agent_ttfb(
         room_factory: Any, agent_worker: Any, livekit_server: Any, web_root: str) -> None:
     room = await room_factory()
     turns: list[dict[str, Any]] = []
-    busy: list[dict[str, Any]] = []  # missed a bound under foreign load: said again
+    busy: list[dict[str, Any]] = []  # the one turn that missed on a starved box: said again
     async with join_browser(web_root, livekit_server, room.name) as browser:
-        calm_s = 5.0
-        while len(turns) < TURNS and len(busy) < TURNS:
-            if calm_s:
-                await wait_for_quiet(timeout_s=calm_s)
-            calm_s = 0.0  # no wait between turns unless the last one is said again
+        await wait_for_quiet(timeout_s=5.0)
+        while len(turns) < TURNS:
             turn = await _turn(room, agent_worker, browser)
             miss = _miss(turn)
-            if miss and turn["foreign_load_cores"] >= FOREIGN_LOAD_LIMIT:
-                busy.append({**turn, "miss": miss})
-                calm_s = 15.0
-                print(f"{miss} with {turn['foreign_load_cores']} cores of foreign load, "
-                      "said again")
+            if miss and not busy and starved(turn["foreign_load_cores"]):
+                busy.append({**turn, "miss": miss})  # the test's one retry
+                record_retry(f"turn {len(turns)}: {miss} with {turn['foreign_load_cores']} "
+                             "cores of foreign load (starved), said again")
+                await wait_for_quiet(timeout_s=15.0)
                 continue
-            turns.append(turn)
+            turns.append({**turn, "miss": miss})
         state = await browser.state()
     assert not state["errors"], state["errors"]
 
@@ -206,7 +207,7 @@ async def test_first_audio_at_both_listeners_against_agent_ttfb(
     rtf = [t["engine"]["wall_s"] / t["audio_s"] for t in turns if t["audio_s"]]
     print(f"engine step time / audio per turn: {min(rtf, default=0):.2f}.."
           f"{max(rtf, default=0):.2f}; "
-          f"{len(busy)} turns said again (foreign load)")
+          f"{len(busy)} turn said again (starved box)")
     for i, t in enumerate(turns):  # where each turn's time went, for a failure's reader
         e, python = t["engine"], t["heard"][0]
         print(f"turn {i}: engine wall {e['wall_s']} s = CPU {e['cpu_s']} + runqueue "
@@ -219,6 +220,5 @@ async def test_first_audio_at_both_listeners_against_agent_ttfb(
         _record(os.environ["BREEZERT_ROOM_RESULTS"], turns, busy, summary,
                 agent_worker.metrics()["scheduler"])
 
-    assert len(turns) == TURNS, f"{len(busy)} turns missed a bound while the box was busy"
-    misses = [(i, _miss(turn)) for i, turn in enumerate(turns)]
+    misses = [(i, turn["miss"]) for i, turn in enumerate(turns)]
     assert not [m for m in misses if m[1]], [m for m in misses if m[1]]

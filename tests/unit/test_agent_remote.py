@@ -31,7 +31,7 @@ from livekit.agents.metrics import TTSMetrics
 from breezert_agent import TTS
 from breezert_agent.client import RemoteRuntimeClient, speech_stream_url
 
-pytestmark = pytest.mark.unit
+pytestmark = [pytest.mark.unit, pytest.mark.usefixtures("virtual_clock")]
 
 SAMPLE_RATE = 24000
 NO_RETRY = APIConnectOptions(max_retry=0, timeout=5.0)

@@ -23,7 +23,7 @@ from breezert_agent.client.remote import readiness_url
 
 from tests.unit.test_agent_remote import NO_RETRY, SAMPLES_PER_SEGMENT, FakeServe, _serve
 
-pytestmark = pytest.mark.unit
+pytestmark = [pytest.mark.unit, pytest.mark.usefixtures("virtual_clock")]
 
 
 class Replica(FakeServe):

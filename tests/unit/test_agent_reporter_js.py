@@ -8,7 +8,6 @@ browser, livekit-client or a server (skipped when ``node`` is not installed).
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
 from pathlib import Path
 from types import SimpleNamespace
@@ -18,6 +17,7 @@ from livekit import rtc
 
 from breezert_agent.client import TurnOptions
 from breezert_agent.playout import PlayoutFeedback
+from tests.components import needs
 from tests.unit.test_agent_tts import FakeRuntimeClient, FakeTurn
 
 pytestmark = pytest.mark.unit
@@ -55,7 +55,7 @@ setTimeout(() => { stop(); }, 130);
 """
 
 
-@pytest.mark.skipif(shutil.which("node") is None, reason="needs node to run the JS reporter")
+@needs(binary="node", make_target="livekit-web")  # its npm ci needs node too
 def test_js_reporter_messages_drive_the_plugin_handler(tmp_path: Path) -> None:
     harness = tmp_path / "harness.mjs"
     harness.write_text(HARNESS % {"reporter": json.dumps(REPORTER.as_uri())})

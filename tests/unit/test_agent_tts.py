@@ -24,7 +24,7 @@ from breezert.options import SynthesisOptions
 from breezert_agent.client import RuntimeClient, Turn, TurnOptions
 from breezert_agent.tokenizer import SentenceTokenizer
 
-pytestmark = pytest.mark.unit
+pytestmark = [pytest.mark.unit, pytest.mark.usefixtures("virtual_clock")]
 
 SAMPLE_RATE = 24000
 NO_RETRY = APIConnectOptions(max_retry=0, timeout=5.0)

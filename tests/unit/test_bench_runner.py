@@ -26,7 +26,7 @@ from breezert.outputs import AudioChunk
 from breezert.profiles import EMBEDDED_PROFILE, profile_path
 from breezert.request import SynthesisRequest
 
-pytestmark = pytest.mark.unit
+pytestmark = [pytest.mark.unit, pytest.mark.usefixtures("virtual_clock")]
 
 
 class FakeAsyncEngine:

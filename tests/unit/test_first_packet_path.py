@@ -1,7 +1,9 @@
-"""The first-packet breakdown (``breezert.bench.first_packet``) on a hand-made step log."""
+"""The first-packet breakdown (``breezert.bench.first_packet``) on a hand-made step log, and on
+random step logs against a point-sampling oracle (what the engine was doing at each instant)."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from breezert.bench.first_packet import (
@@ -30,14 +32,46 @@ LOG = [
 ]
 
 
-def test_parts_are_own_steps_by_stage_others_and_host_summing_to_the_ttfb() -> None:
+def test_parts_are_own_steps_by_stage_others_and_host() -> None:
     parts = first_packet_path(LOG, FirstPacket("a", 0.004, 0.029))
     assert parts == pytest.approx({
         "others": 0.006 + 0.003,  # the rest of b's DEPTH step from 0.004, b's CODEC
         "own_text_encode": 0.002, "own_prefill": 0.0005, "own_depth": 0.008,
         "own_codec": 0.002, "host": 0.025 - 0.0215,
     })
-    assert sum(parts.values()) == pytest.approx(0.029 - 0.004)
+
+
+def _sampled(log: list[StepRecord], request: FirstPacket, dt: float) -> dict[str, float]:
+    """The oracle: at each instant of a ``dt`` grid over the request's wait, what the step log
+    says the engine was doing (its own step of a stage, another request's, none), times ``dt``."""
+    parts: dict[str, float] = {}
+    for t in np.arange(request.submit_time, request.first_chunk_time, dt) + dt / 2:
+        step = next((s for s in log if s.start <= t < s.end), None)
+        key = ("host" if step is None else f"own_{step.stage}"
+               if request.request_id in step.request_ids else "others")
+        parts[key] = parts.get(key, 0.0) + dt
+    return parts
+
+
+def test_parts_match_what_the_step_log_says_at_each_instant() -> None:
+    rng = np.random.default_rng(3)
+    stages = ("text_encode", "prefill", "depth", "codec")
+    dt = 1e-5
+    for _ in range(40):
+        log, t = [], 0.0
+        for _ in range(int(rng.integers(1, 12))):  # one engine thread: steps never overlap
+            t += float(rng.choice([0.0, rng.uniform(0.0, 0.004)]))  # host time between steps
+            length = float(rng.uniform(0.0005, 0.008))
+            ids = {"a", "b"} if rng.random() < 0.4 else {str(rng.choice(["a", "b"]))}
+            log.append(_step(str(rng.choice(stages)), ids, round(t, 5), round(t + length, 5)))
+            t += length
+        submit = round(float(rng.uniform(0.0, t / 2)), 5)
+        request = FirstPacket("a", submit, round(float(rng.uniform(submit + dt, t + 0.003)), 5))
+        want = _sampled(log, request, dt)
+        got = first_packet_path(log, request)
+        assert set(got) - {"host"} <= set(want)
+        for key in set(got) | set(want):
+            assert got.get(key, 0.0) == pytest.approx(want.get(key, 0.0), abs=3 * dt), key
 
 
 def test_summary_over_requests_in_milliseconds_with_missing_parts_as_zero() -> None:

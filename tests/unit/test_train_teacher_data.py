@@ -6,7 +6,6 @@ one test runs the real hibari-tts teacher on two short sentences.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import multiprocessing
 from pathlib import Path
@@ -26,6 +25,7 @@ from breezert_train.text import (
     read_excluded,
     split_utterances,
 )
+from tests.components import needs
 
 pytestmark = pytest.mark.unit
 
@@ -255,8 +255,7 @@ def test_other_corpus_settings_are_refused(tmp_path: Path) -> None:
 
 
 # -- the real teacher --------------------------------------------------------------------------
-@pytest.mark.skipif(importlib.util.find_spec("hibari") is None,
-                    reason="hibari-tts is not installed (pip install -e ./training)")
+@needs("hibari")  # hibari-tts, in breezert-train (training/)
 def test_the_teacher_speaks_two_sentences() -> None:
     from breezert_train.teacher import SAMPLES_PER_DURATION, Teacher
 
