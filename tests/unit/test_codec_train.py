@@ -415,8 +415,13 @@ def test_bf16_autocast_trains_with_fp32_masters_and_close_losses(data_dir: Path)
     fast_trainer = CodecTrainer(replace(cfg, autocast_bf16=True))
     fast = fast_trainer.train_step(batch)
     assert fast.keys() == plain.keys()
-    for key in ("stft_sc", "stft_mag", "latent_mel", "commitment"):
+    for key in ("stft_sc", "stft_mag", "latent_mel"):
         assert fast[key] == pytest.approx(plain[key], rel=0.05), key
+    # The first step's commitment loss is a squared distance between latents and the codes they
+    # initialised (~1e-7): below bf16's rounding of unit-scale latents ((2**-8)**2 ~ 1.5e-5), so
+    # it is checked against that floor, not relative to its own size (2.2e-8 against 8.5e-8 in
+    # one run: both zero at bf16 precision).
+    assert fast["commitment"] == pytest.approx(plain["commitment"], rel=0.05, abs=2.0 ** -16)
     assert all(p.dtype == torch.float32 for p in fast_trainer.decoder.parameters())
     data = AudioFolderCrops(data_dir, cfg.crop_samples, seed=cfg.seed)
     first = fast_trainer.train_step(data.sample(cfg.batch_size))
