@@ -79,10 +79,12 @@ def _machine() -> dict[str, Any]:
 
 
 def _commit() -> str:
-    def git(*args: str) -> str:
-        return subprocess.run(["git", *args], cwd=REPO, capture_output=True, text=True).stdout
-    dirty = " (dirty tree)" if git("status", "--porcelain", "--untracked-files=no").strip() else ""
-    return git("rev-parse", "--short", "HEAD").strip() + dirty
+    """The commit the bounds were measured at (``breezert.bench.provenance``), with a note
+    when the tree had uncommitted changes."""
+    from breezert.bench.provenance import git_commit
+
+    commit, dirty = git_commit()
+    return commit + (" (dirty tree)" if dirty else "")
 
 
 def measure(tier: str, runs: int) -> tuple[dict[str, list[float]], float, list[str]]:
