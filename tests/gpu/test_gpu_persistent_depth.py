@@ -15,7 +15,13 @@ import torch
 from breezert.layers.sampling import draw_counter, sample
 from breezert.models.config import BreezeConfig
 from breezert.models.depth import DepthDecoder
-from tests.kernel_helpers import fp32_copy, random_bf16_fused_, rel_error
+from tests.kernel_helpers import (
+    fp32_copy,
+    guided_depth_logits,
+    random_bf16_fused_,
+    rel_error,
+    teacher_forced_depth_logits,
+)
 
 pytestmark = pytest.mark.gpu
 
@@ -56,29 +62,6 @@ def _inputs(num: int, cfg: bool, temperature: float, seed: int) -> dict[str, tor
     }
 
 
-def _guided(logits: torch.Tensor, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
-    num = inputs["code0"].shape[0]
-    cond = logits[:num]
-    if logits.shape[0] > num:
-        mixed = logits[num:] + inputs["cfg_scale"][:, None] * (cond - logits[num:])
-        cond = torch.where(inputs["has_cfg"][:, None], mixed, cond)
-    out = cond.clone()
-    out[:, RESERVED:] = float("-inf")
-    return out
-
-
-def _teacher_forced(depth: DepthDecoder, hidden: torch.Tensor, codes: torch.Tensor):
-    """Logits of positions 1..15 from ``depth`` fed ``codes`` (its dtype's math)."""
-    owner = torch.arange(hidden.shape[0], device="cuda") % codes.shape[0]
-    cache = depth.new_cache(hidden.shape[0])
-    depth.step(hidden, 0, cache)
-    out = []
-    for pos in range(1, 16):
-        x = depth.embed_code(codes[:, pos - 1].clamp(max=2050)[owner], pos - 1)
-        out.append(depth.logits(depth.step(x, pos, cache), pos))
-    return out
-
-
 @pytest.mark.parametrize(("num", "cfg"), [(1, True), (1, False), (16, True), (64, True),
                                           (256, True)])
 def test_greedy_frame_as_accurate_as_eager(depth, depth_fp32, frame, num: int, cfg: bool) -> None:
@@ -88,17 +71,17 @@ def test_greedy_frame_as_accurate_as_eager(depth, depth_fp32, frame, num: int, c
         codes = frame(**inputs)
         logits = frame.frame_logits(rows).clone()
         again = frame(**inputs)
-        exact = _teacher_forced(depth_fp32, inputs["hidden"].float(), codes)
-        eager = _teacher_forced(depth, inputs["hidden"], codes)
+        exact = teacher_forced_depth_logits(depth_fp32, inputs["hidden"].float(), codes)
+        eager = teacher_forced_depth_logits(depth, inputs["hidden"], codes)
     assert torch.equal(codes, again), "not deterministic"
     assert torch.equal(codes[:, 0], inputs["code0"])
     for pos in range(1, 16):
         got, want, bf = logits[pos], exact[pos - 1], eager[pos - 1]
         err, eager_err = rel_error(got, want), rel_error(bf, want)
         assert err <= 1.5 * eager_err + 2e-3, (pos, err, eager_err)
-        guided = _guided(got, inputs)
+        guided = guided_depth_logits(got, inputs)
         assert torch.equal(codes[:, pos], guided.argmax(-1)), pos
-        ref = _guided(want, inputs)
+        ref = guided_depth_logits(want, inputs)
         picked = ref.gather(1, codes[:, pos : pos + 1])[:, 0]
         margin = ref.max(-1).values - picked  # 0 where fp32 math picks the same code
         assert (margin <= 0.05 * ref.max(-1).values.abs() + 1e-2).all(), (pos, margin.max())
@@ -113,8 +96,9 @@ def test_sampled_draws_equal_sample(frame) -> None:
     params = inputs["depth_sampling"]
     mismatched = 0
     for pos in range(1, 16):
-        want = sample(_guided(logits[pos], inputs), params[:, 0], params[:, 1].long(), params[:, 2],
-                      inputs["seeds"], draw_counter(inputs["frames_at"], pos), max_k=64)
+        want = sample(guided_depth_logits(logits[pos], inputs), params[:, 0],
+                      params[:, 1].long(), params[:, 2], inputs["seeds"],
+                      draw_counter(inputs["frames_at"], pos), max_k=64)
         mismatched += int((codes[:, pos] != want).sum())
     # sample() and the kernel differ only at exact ties or where rounding moves the top-p cut
     assert mismatched <= 1, mismatched

@@ -9,7 +9,14 @@ import pytest
 import torch
 
 from breezert.models.depth import DepthDecoder
-from tests.kernel_helpers import needs_triton, random_bf16_fused_, rel_error, run_in_interpreter
+from tests.kernel_helpers import (
+    guided_depth_logits,
+    needs_triton,
+    random_bf16_fused_,
+    rel_error,
+    run_in_interpreter,
+    teacher_forced_depth_logits,
+)
 from tests.unit.test_fused_depth_kernels import SMALL
 
 pytestmark = pytest.mark.unit
@@ -38,30 +45,6 @@ def _inputs(num: int, cfg: bool, temperature: float, seed: int) -> dict[str, tor
     }
 
 
-def _guided(logits: torch.Tensor, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
-    """CFG where a request has it (rows b and B + b), reserved ids to -inf: what a draw reads."""
-    num = inputs["code0"].shape[0]
-    cond = logits[:num]
-    if logits.shape[0] > num:
-        mixed = logits[num:] + inputs["cfg_scale"][:, None] * (cond - logits[num:])
-        cond = torch.where(inputs["has_cfg"][:, None], mixed, cond)
-    return cond.clone().index_fill_(1, torch.arange(RESERVED, logits.shape[1]), float("-inf"))
-
-
-def _eager_logits(depth: DepthDecoder, inputs: dict[str, torch.Tensor],
-                  codes: torch.Tensor) -> list[torch.Tensor]:
-    """The eager decoder fed ``codes`` (teacher forcing): fp32 logits of positions 1..15."""
-    hidden = inputs["hidden"]
-    owner = torch.arange(hidden.shape[0]) % codes.shape[0]
-    cache = depth.new_cache(hidden.shape[0])
-    depth.step(hidden, 0, cache)
-    out = []
-    for pos in range(1, depth.max_positions):
-        x = depth.embed_code(codes[:, pos - 1].clamp(max=2050)[owner], pos - 1)
-        out.append(depth.logits(depth.step(x, pos, cache), pos))
-    return out
-
-
 def check_greedy_frame(num: int, cfg: bool) -> None:
     """Greedy draws: each position's logits close to the eager decoder's on the same codes,
     each code the argmax of the guided logits (the eager argmax too, unless a near tie)."""
@@ -73,13 +56,13 @@ def check_greedy_frame(num: int, cfg: bool) -> None:
     with torch.inference_mode():
         codes = frame(**inputs)
         logits = frame.frame_logits(inputs["hidden"].shape[0]).clone()
-        want = _eager_logits(depth, inputs, codes)
+        want = teacher_forced_depth_logits(depth, inputs["hidden"], codes)
     assert torch.equal(codes[:, 0], inputs["code0"])
     assert int(codes[:, 1:].max()) < RESERVED and int(codes.min()) >= 0
     for pos in range(1, 16):
         got, ref = logits[pos], want[pos - 1]
         assert rel_error(got, ref) < 2e-2, (pos, rel_error(got, ref))
-        guided, ref_guided = _guided(got, inputs), _guided(ref, inputs)
+        guided, ref_guided = guided_depth_logits(got, inputs), guided_depth_logits(ref, inputs)
         assert torch.equal(codes[:, pos], guided.argmax(-1)), pos
         picked = ref_guided.gather(1, codes[:, pos : pos + 1])[:, 0]
         margin = ref_guided.max(-1).values - picked  # 0 where eager picks the same code
@@ -101,9 +84,9 @@ def check_sampled_frame() -> None:
         logits = frame.frame_logits(4).clone()
         params = inputs["depth_sampling"]
         for pos in range(1, 16):
-            want = sample(_guided(logits[pos], inputs), params[:, 0], params[:, 1].long(),
-                          params[:, 2], inputs["seeds"], draw_counter(inputs["frames_at"], pos),
-                          max_k=MAX_K)
+            want = sample(guided_depth_logits(logits[pos], inputs), params[:, 0],
+                          params[:, 1].long(), params[:, 2], inputs["seeds"],
+                          draw_counter(inputs["frames_at"], pos), max_k=MAX_K)
             assert torch.equal(codes[:, pos], want), pos
         alone = {k: (v[[1, 3]] if k == "hidden" else v[1:2]) for k, v in inputs.items()}
         codes_alone = frame(**alone)

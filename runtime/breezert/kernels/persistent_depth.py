@@ -156,8 +156,8 @@ def _finish(acc, tile_id, split, rows, rmask, n, N, out_ptr, stride_out, ws_ptr,
 @triton.jit
 def _split_item(item, R, n_tiles: tl.constexpr, S: tl.constexpr, BM: tl.constexpr,
                 BN: tl.constexpr):
-    """Work item ``item`` of a split-K GEMM phase: (tile, K split, row block, its rows, which
-    of them exist, its output columns)."""
+    """Work item ``item`` of a GEMM phase (``S`` = 1: not split): (tile, K split, row block, its
+    rows, which of them exist, its output columns)."""
     tile = item % n_tiles
     split = (item // n_tiles) % S
     rb = item // (n_tiles * S)
@@ -332,11 +332,7 @@ def _gate_up_phase(pid, P, R, h_ptr, nw_ptr, w_ptr, act_ptr, eps, D: tl.constexp
     n_tiles: tl.constexpr = I // BN
     n_items = n_tiles * tl.cdiv(R, BM)
     for item in range(pid, n_items, P):
-        tile = item % n_tiles
-        rb = item // n_tiles
-        rows = rb * BM + tl.arange(0, BM)
-        rmask = rows < R
-        n = tile * BN + tl.arange(0, BN)
+        _, _, _, rows, rmask, n = _split_item(item, R, n_tiles, 1, BM, BN)
         rstd = _rstd(h_ptr, D, rows, rmask, eps, D, BM, RK)
         acc_g = tl.zeros([BM, BN], dtype=tl.float32)
         acc_u = tl.zeros([BM, BN], dtype=tl.float32)
@@ -364,11 +360,7 @@ def _head_phase(pid, P, pos, R, h_ptr, nw_ptr, w_ptr, logits_ptr, eps, D: tl.con
     w_cb = w_ptr + (pos - 1).to(tl.int64) * (VP * D)
     out = logits_ptr + pos.to(tl.int64) * R * V
     for item in range(pid, n_items, P):
-        tile = item % n_tiles
-        rb = item // n_tiles
-        rows = rb * BM + tl.arange(0, BM)
-        rmask = rows < R
-        n = tile * BN + tl.arange(0, BN)
+        _, _, _, rows, rmask, n = _split_item(item, R, n_tiles, 1, BM, BN)
         rstd = _rstd(h_ptr, D, rows, rmask, eps, D, BM, RK)
         acc = tl.zeros([BM, BN], dtype=tl.float32)
         for k0 in range(0, D, BK):
@@ -376,7 +368,8 @@ def _head_phase(pid, P, pos, R, h_ptr, nw_ptr, w_ptr, logits_ptr, eps, D: tl.con
             xn = _normed(h_ptr, D, nw_ptr, rows, rmask, rstd, cols)
             w = tl.load(w_cb + n[:, None] * D + cols[None, :])
             acc += mm(xn, tl.trans(w), F32)
-        tl.store(out + rows[:, None] * V + n[None, :], acc, mask=rmask[:, None] & (n < V)[None, :])
+        tl.store(out + rows[:, None] * V + n[None, :], acc,
+                 mask=rmask[:, None] & (n < V)[None, :])
 
 
 @triton.jit
@@ -399,7 +392,8 @@ def _draw_phase(pid, P, pos, R, B, logits_ptr, has_cfg_ptr, scale_ptr, params_pt
             mixed = uncond + s * (cond - uncond)
             x = tl.where(tl.load(has_cfg_ptr + b) != 0, mixed, cond)
         x = tl.where(inside, x, float("-inf"))
-        code = sample_row(x, tl.load(params_ptr + b * 3), tl.load(params_ptr + b * 3 + 1).to(tl.int32),
+        code = sample_row(x, tl.load(params_ptr + b * 3),
+                          tl.load(params_ptr + b * 3 + 1).to(tl.int32),
                           tl.load(params_ptr + b * 3 + 2), tl.load(seeds_ptr + b),
                           tl.load(frames_ptr + b) * NCB + pos, cols, inside, MAX_K, EXACT_LOG)
         tl.store(codes_ptr + b * NCB + pos, code.to(tl.int64))
@@ -511,6 +505,7 @@ class PersistentDepthFrame:
         self.cfg, self.max_rows, self.max_k = cfg, max_rows, max_k
         self.tiles = tiles or FrameTiles()
         self._check(cfg, self.tiles)
+        self.qkv_sub = self._qkv_sub(cfg, self.tiles)
         device = model.norm.weight.device
         self.device = device
         with torch.no_grad():
@@ -541,9 +536,15 @@ class PersistentDepthFrame:
         self._alloc(max_rows)
 
     @staticmethod
-    def _check(cfg, t: FrameTiles) -> None:
+    def _qkv_sub(cfg, t: FrameTiles) -> int:
+        """Programs per q/k/v head: ``t.qkv_sub``, fewer where a slice of a RoPE half would be
+        under 16 columns (a tensor-core tile's least)."""
+        return min(t.qkv_sub, max(1, cfg.head_dim // 2 // 16))
+
+    @classmethod
+    def _check(cls, cfg, t: FrameTiles) -> None:
         half = cfg.head_dim // 2
-        qkv_sub = min(t.qkv_sub, max(1, half // 16))
+        qkv_sub = cls._qkv_sub(cfg, t)
         problems = []
         if half // qkv_sub < 16 or half % qkv_sub:
             problems.append(f"head_dim {cfg.head_dim}")
@@ -610,8 +611,6 @@ class PersistentDepthFrame:
         codes[:, 0] = code0
         params = depth_sampling.to(torch.float32).contiguous()
         c = self.cache.stride()  # [L, 2, R, KVH, P, D]
-        half = cfg.head_dim // 2
-        qkv_sub = min(t.qkv_sub, max(1, half // 16))
         args = (
             hidden.contiguous(), codes, has_cfg.to(torch.int8).contiguous(),
             cfg_scale.to(torch.float32).contiguous(), params, seeds.to(torch.long).contiguous(),
@@ -627,7 +626,8 @@ class PersistentDepthFrame:
             NCB=cfg.num_codebooks, V=self.vocab, VP=self.vocab_padded,
             PROJ_BN=t.proj_bn, PROJ_S=t.proj_split,
             PROJ_BK=min(t.proj_bk, cfg.backbone_hidden_size // t.proj_split),
-            QKV_SUB=qkv_sub, QKV_S=t.qkv_split, QKV_BK=min(t.qkv_bk, cfg.hidden_size // t.qkv_split),
+            QKV_SUB=self.qkv_sub, QKV_S=t.qkv_split,
+            QKV_BK=min(t.qkv_bk, cfg.hidden_size // t.qkv_split),
             O_BN=t.o_bn, O_S=t.o_split,
             O_BK=min(t.o_bk, cfg.num_heads * cfg.head_dim // t.o_split),
             GATE_BN=t.gate_bn, GATE_BK=min(t.gate_bk, cfg.hidden_size),
