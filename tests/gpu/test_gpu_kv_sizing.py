@@ -50,7 +50,7 @@ def test_an_engine_without_num_blocks_gets_its_worst_case_when_it_fits() -> None
     cfg = EngineConfig.from_dict({
         "model": {"preset": "tiny", "dtype": "float32", "device": "cuda"},
         "scheduler": {"max_running_requests": 256, "max_model_len": 512,
-                      "max_decode_rows": 512, "max_depth_rows": 512},
+                      "default_max_frames": 400, "max_decode_rows": 512, "max_depth_rows": 512},
         "graph": {"enable_cuda_graphs": False, "compile_depth": False},
     })
     engine = Engine(cfg)
