@@ -96,6 +96,7 @@ def build_runner(cfg: EngineConfig, ckpt: Checkpoint,
     )
     if runner.uses_graphs:
         start = time.monotonic()
-        runner.warmup_stage_s = runner.warmup(cfg.scheduler.max_codec_frames, progress)
+        runner.warmup_stage_s = runner.warmup(cfg.scheduler.max_codec_frames, progress,
+                                              cfg.scheduler.max_codec_step_frames)
         runner.warmup_s = time.monotonic() - start
     return runner

@@ -84,18 +84,40 @@ def _partitions(items: list[CodecItem]) -> Iterator[list[list[CodecItem]]]:
         yield [[first], *partition]
 
 
-@pytest.mark.parametrize("graphs_on", [False, True])
-def test_plan_groups_is_the_cheapest_of_all_groupings(mixed_engine: Engine,
-                                                      graphs_on: bool) -> None:
+def test_graph_keys_are_the_replays_a_step_can_reach(mixed_engine: Engine) -> None:
+    """A bucket is captured at the frame counts its fewest rows can fill within a step's
+    frames (written out by hand for buckets up to 64 and 32 frames a step)."""
+    stage = mixed_engine.runner.stages[Stage.CODEC]
+    saved = stage.buckets
+    try:
+        stage.buckets = (1, 2, 4, 8, 16, 24, 32, 48, 64)
+        keys = stage.graph_keys(16, 32)
+    finally:
+        stage.buckets = saved
+    frames = {b: sorted(f for k, f in keys if k == b) for b in (1, 2, 4, 8, 16, 24, 32, 48, 64)}
+    assert frames == {1: [1, 2, 4, 8, 16], 2: [1, 2, 4, 8, 16], 4: [1, 2, 4, 8], 8: [1, 2, 4],
+                      16: [1, 2], 24: [1], 32: [1], 48: [], 64: []}
+    assert keys == sorted(keys, reverse=True)
+
+
+CAPTURE_PLANS = {"eager": (False, None), "every key": (True, None), "step of 32": (True, 32)}
+
+
+@pytest.mark.parametrize("graphs", sorted(CAPTURE_PLANS))
+def test_plan_groups_is_the_cheapest_of_all_groupings(mixed_engine: Engine, graphs: str) -> None:
     """Brute force: over every way to split up to 9 chunks into replays (any grouping, not
     only runs of the sorted order), none costs less by ``replay_cost`` than ``plan_groups``'s,
-    and that one replays each chunk exactly once."""
+    and that one replays each chunk exactly once; with only the keys a 32-frame step reaches
+    captured, every replay of the plan is one of them."""
     stage = mixed_engine.runner.stages[Stage.CODEC]
-    saved = stage.graphs.enabled, stage.buckets, stage.replay_cost_frames
+    saved = stage.graphs.enabled, stage.buckets, stage.replay_cost_frames, stage.graphs._graphs
+    graphs_on, max_step = CAPTURE_PLANS[graphs]
     rng = np.random.default_rng(7)
     one_replay_loses = 0  # cases where the naive plans are not the cheapest: the oracle bites
     try:
         stage.graphs.enabled, stage.buckets = graphs_on, (1, 2, 4, 8, 16, 24, 32, 48, 64)
+        if max_step:  # stands in for warm-up's captures: only the keys are read when planning
+            stage.graphs._graphs = dict.fromkeys(stage.graph_keys(16, max_step))
         for _ in range(80):
             stage.replay_cost_frames = float(rng.choice([0.0, 7.5, 24.0, 40.0]))
             sizes = rng.choice([1, 2, 3, 4, 5, 8, 12, 16, 17, 33], size=int(rng.integers(0, 10)))
@@ -117,7 +139,10 @@ def test_plan_groups_is_the_cheapest_of_all_groupings(mixed_engine: Engine,
             assert all(plan), "an empty replay"
             cheapest = min(cost(groups) for groups in _partitions(items))
             assert cost(plan) == pytest.approx(cheapest, rel=1e-12), (list(sizes), plan)
+            if max_step:
+                assert cost(plan) < float("inf"), (list(sizes), plan)
             one_replay_loses += bool(items) and cost([items]) > cheapest + 1e-9
     finally:
-        stage.graphs.enabled, stage.buckets, stage.replay_cost_frames = saved
+        (stage.graphs.enabled, stage.buckets, stage.replay_cost_frames,
+         stage.graphs._graphs) = saved
     assert one_replay_loses >= 10, one_replay_loses

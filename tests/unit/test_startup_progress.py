@@ -31,8 +31,8 @@ class _Stage:
     def example_inputs(self, *key: Any) -> tuple[Any, ...]:
         return key
 
-    def frame_buckets(self, max_frames: int) -> list[int]:
-        return [1, 2]
+    def graph_keys(self, max_frames: int, max_step_frames: int) -> list[tuple[int, int]]:
+        return [(1, 2), (1, 1)]
 
 
 def test_capture_all_reports_every_bucket() -> None:

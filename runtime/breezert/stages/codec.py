@@ -74,8 +74,15 @@ class CodecStage:
         """Predicted cost of decoding ``num_items`` rows of up to ``max_frames`` frames, in
         frame-equivalents: the bucketed rows times the padded frames of each piece, plus
         ``replay_cost_frames`` per replay (the launch-bound floor of a small step)."""
-        rows = self._rows_for(num_items)
-        pieces = self._pieces(max_frames, padded=True)
+        return self._price(self._rows_for(num_items), self._pieces(max_frames, padded=True),
+                           set(self.graphs.keys))
+
+    def _price(self, rows: int, pieces: list[int], captured: set) -> float:
+        """``replay_cost`` of ``rows`` bucketed rows in ``pieces``; infinite where a piece's
+        key was never captured (after warm-up, ``graph_keys``): such a replay would run
+        eagerly."""
+        if captured and any((rows, piece) not in captured for piece in pieces):
+            return float("inf")
         return sum(self.replay_cost_frames + rows * piece for piece in pieces)
 
     def plan_groups(self, items: Sequence[CodecItem]) -> list[list[CodecItem]]:
@@ -90,11 +97,12 @@ class CodecStage:
         ordered = sorted(items, key=lambda item: item.num_frames)
         n = len(ordered)
         rows_of = [0] + [self._rows_for(count) for count in range(1, n + 1)]
+        captured = set(self.graphs.keys)  # after warm-up a replay takes a captured key only
         best = [0.0] + [float("inf")] * n  # best[j]: cheapest split of ordered[:j]
         cut = [0] * (n + 1)
         for j in range(1, n + 1):
             pieces = self._pieces(ordered[j - 1].num_frames, padded=True)
-            price = {rows: sum(self.replay_cost_frames + rows * piece for piece in pieces)
+            price = {rows: self._price(rows, pieces, captured)
                      for rows in set(rows_of[1 : j + 1])}  # == replay_cost(count, frames)
             for i in range(j):
                 cost = best[i] + price[rows_of[j - i]]
@@ -122,6 +130,20 @@ class CodecStage:
                          pcm[i, : item.num_frames * spf], item.is_final)
             for i, item in enumerate(items)
         ]
+
+    def graph_keys(self, max_frames: int, max_step_frames: int) -> list[tuple[int, int]]:
+        """The (bucket rows, frames) replays a step can need, largest first: a bucket whose
+        fewest rows (one more than the bucket below it) times the frames fit in
+        ``max_step_frames``, and every frame count for the smallest bucket. Larger keys never
+        pay (``plan_groups`` splits instead) and their padded activations do not fit beside
+        a large KV pool (256 rows x 16 frames: 2.8 GiB in one tensor, H200 4 Dec)."""
+        buckets = sorted(self.buckets)
+        keys = []
+        for i, b in enumerate(buckets):
+            fewest = buckets[i - 1] + 1 if i else 1
+            keys += [(b, f) for f in self.frame_buckets(max_frames)
+                     if i == 0 or fewest * f <= max_step_frames]
+        return sorted(keys, reverse=True)
 
     def frame_buckets(self, max_frames: int) -> list[int]:
         """Captured frame counts (powers of two); other chunk sizes are split into these."""

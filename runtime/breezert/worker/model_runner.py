@@ -153,11 +153,12 @@ class ModelRunner:
         self.warmup_stage_s: dict[str, float] = {}
 
     @torch.inference_mode()
-    def warmup(self, max_codec_frames: int = 16,
-               progress: Progress | None = None) -> dict[str, float]:
-        """Captures every configured bucket (largest first) and returns seconds per stage;
-        ``progress`` hears each capture (``worker/warmup.py``)."""
-        return capture_all(self.graph_config, self.stages, max_codec_frames, progress)
+    def warmup(self, max_codec_frames: int = 16, progress: Progress | None = None,
+               max_codec_step_frames: int | None = None) -> dict[str, float]:
+        """Captures every configured bucket a step can reach (largest first) and returns
+        seconds per stage; ``progress`` hears each capture (``worker/warmup.py``)."""
+        return capture_all(self.graph_config, self.stages, max_codec_frames, progress,
+                           max_codec_step_frames)
 
     @torch.inference_mode()
     def execute(self, plan: StepPlan) -> StageOutput:

@@ -25,13 +25,16 @@ thread doing the work; it must be quick and must not raise."""
 
 def capture_all(
     graph: GraphConfig, stages: Mapping[Stage, Any], max_codec_frames: int,
-    progress: Progress | None = None,
+    progress: Progress | None = None, max_codec_step_frames: int | None = None,
 ) -> dict[str, float]:
     """Captures all buckets of all stages; returns seconds spent per stage. ``progress`` is
     called once before the first capture and after each one (``"capturing graphs"``).
+    CODEC captures only the (rows, frames) keys a step of ``max_codec_step_frames`` can reach
+    (all of them when ``None``).
 
     ``stages`` maps each stage to its runner: each has ``graphs`` (its ``GraphRunner``) and
-    ``example_inputs(*key)``; DEPTH also ``full_sort_graphs``, CODEC ``frame_buckets(max)``.
+    ``example_inputs(*key)``; DEPTH also ``full_sort_graphs``, CODEC ``graph_keys(max,
+    max_step)``.
     """
     g, s = graph, stages
     contexts = sorted(g.decode_context_buckets, reverse=True)
@@ -46,8 +49,8 @@ def capture_all(
         Stage.DEPTH: [((b, cfg), lambda b=b, cfg=cfg: s[Stage.DEPTH].example_inputs(b, cfg))
                       for b in sorted(g.depth_batch_buckets, reverse=True) for cfg in (True, False)],
         Stage.CODEC: [((b, f), lambda b=b, f=f: s[Stage.CODEC].example_inputs(b, f))
-                      for b in sorted(g.codec_buckets, reverse=True)
-                      for f in s[Stage.CODEC].frame_buckets(max_codec_frames)],
+                      for b, f in s[Stage.CODEC].graph_keys(
+                          max_codec_frames, max_codec_step_frames or 1 << 30)],
     }
     report = progress or (lambda phase, done, total, detail: None)
     total = sum(len(keys) * (2 if stage is Stage.DEPTH else 1) for stage, keys in plan.items())
