@@ -12,7 +12,7 @@
 #        first-packet-bench | chain P1 P2...  | decode | decode-micro | decode-bench | tune | profile | stages |
 #        ablation-eager | ablation-a|b|c|d[@I/N] | sweep | sweep+ablation | latency |
 #        latency-nocap | predictor | predictor-edf | capacity-closed | capacity-open | capacity-tests | capacity-256 |
-#        burst | slack | voice | te-tokens | admit | path | te-wide | gil | tune-decode | trace | prefill | prefill-bench | anatomy | depth-engine | tests-changed
+#        burst | slack | voice | te-tokens | admit | path | te-wide | gil | tune-decode | trace | prefill | prefill-bench | before-after | anatomy | depth-engine | tests-changed
 # An ablation phase with @I/N runs shard I of N of its requests (bench --shard).
 # Several GPUs (kind nvidia-h200-x4): "parallel GPU=PHASE[+PHASE...] ..." runs each list on its own
 # GPU at once, e.g. parallel 0=ablation-a@1/2 1=ablation-a@2/2 2=tests+ablation-d; the results
@@ -300,6 +300,17 @@ case "$phase" in
     # each stage's graph at the row counts a burst brings (CODEC at 1 and 16 frames a row)
     timeout 90 python3 bench/stage_timing.py --batches 1,16,32,64 --modes profile \
       --out "$out/h200-stage-timing-path.json" 2>&1 | grep -v Warn | tail -12 || true ;;
+  before-after)  # issue 32: the latency profile at c=1, 16 and 64 on the tree issue 32 was filed
+    # against (6c89905, carried as .oldtree/: git archive 6c89905 runtime configs | tar -x -C
+    # .oldtree) and on this one, one call, each tree in its own process
+    for tree in .oldtree .; do
+      if [ "$tree" = . ]; then name=after; rev=$commit; else name=before; rev=6c89905; fi
+      (cd "$tree" && PYTHONPATH=/tmp/site:runtime:. timeout 270 python3 -m breezert.cli bench \
+        --config configs/h200-latency.toml --texts "$OLDPWD/.benchdata/texts_en.tsv" \
+        --tokenizer "$OLDPWD/.benchdata/tokenizer.json" --git-commit "$rev" \
+        --concurrency 1,16,64 --num-requests 300 --warmup 16 --run-budget 25 \
+        --out "$out/h200-latency-$name.json" 2>&1 | grep '^\[bench' || true)
+    done ;;
   anatomy)  # issue 30: the persistent frame's grid barriers alone, its work alone, and both
     timeout 300 python3 bench/depth_anatomy.py --rows "${ROWS:-2,32,128}" \
       --out "$out/h200-depth-anatomy.json" 2>&1 | grep -v Warn | tail -30 ;;
