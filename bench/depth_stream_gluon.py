@@ -209,14 +209,14 @@ def _consume_phase(ring, ready, empty, it, x_ptr, out_ptr, pid, P, N: gl.constex
     for t in range(t0, t1):
         x0 = nx0.to(gl.float32)
         x1 = nx1.to(gl.float32)
-        tn = gl.minimum(t + 1, t1 - 1)
-        nx0, nx1 = _x_chunk(x_ptr, tn % KT, K, BK, layout)  # in flight during this tile
         slot = it % S
         mbarrier.wait(ready.index(slot), (it // S) & 1)
         w = ring.index(slot).load(layout)
-        fence_async_shared()
+        fence_async_shared()  # (a MEMBAR.CTA: the next chunk's loads are issued after it)
         mbarrier.arrive(empty.index(slot), count=1)
         it += 1
+        tn = gl.minimum(t + 1, t1 - 1)
+        nx0, nx1 = _x_chunk(x_ptr, tn % KT, K, BK, layout)  # in flight during this tile
         w = w.to(gl.float32)
         acc0 += gl.sum(w * x0[None, :], axis=1)
         acc1 += gl.sum(w * x1[None, :], axis=1)
