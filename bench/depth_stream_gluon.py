@@ -260,7 +260,7 @@ def _consumer(ring, ready, empty, counters, err_ptr, x1024_ptr, x8192_ptr, out_p
                         it = _consume_phase(ring, ready, empty, it, x8192_ptr, out_ptr + COL4,
                                             pid, P, HIDDEN_C, FFN_C, OUT_W, BN, BK, S, layout)
                 if MODE != 0:
-                    gl.thread_barrier()  # every warp's output atomics are issued first
+                    _partition_barrier()  # every warp's output atomics are issued first
                     gl.atomic_add(counters + g, 1, sem="release", scope="gpu")
                 g += 1
     if budget <= 0:
@@ -291,6 +291,9 @@ def _stream_kernel(desc, counters, err_ptr, x1024_ptr, x8192_ptr, out_ptr, posit
                    budget, MODE, WORK, BN, BK, S, LAYER_TILES, OFF0, OFF2, OFF3, OFF4)),
     ], [1], [40])
 
+
+# triton 3.6 names the partition-wide barrier thread_barrier; 3.7 renamed it barrier
+_partition_barrier = getattr(gl, "thread_barrier", None) or gl.barrier
 
 # constexpr globals the device code reads (gluon.jit resolves module-level constexprs)
 Q_OUT_C = gl.constexpr(Q_OUT)
@@ -532,6 +535,7 @@ def main() -> None:
         return
     from breezert.bench.provenance import provenance
 
+    torch.backends.cuda.matmul.allow_tf32 = False  # the references are full fp32 GEMVs
     props = torch.cuda.get_device_properties(0)
     SMS[0] = props.multi_processor_count
     run = replace(run, programs=args.programs or props.multi_processor_count)
