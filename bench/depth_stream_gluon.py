@@ -579,7 +579,7 @@ def main() -> None:
                 except Exception as exc:
                     print(f"  {mode} (cooperative={cooperative}) FAILED: {exc!r}"[:1500],
                           flush=True)
-                    traceback.print_exc(limit=4)
+                    traceback.print_exc(limit=2)
                     result["failures"].append(f"{stream} {mode} coop={cooperative}: {exc!r}"[:500])
                     save()
                     continue
@@ -590,10 +590,11 @@ def main() -> None:
         del frame
         torch.cuda.empty_cache()
     save()
-    print("\nconfig BNxBKxS | mode | ms/frame | TB/s | x 2.1 ms floor | correct | hang | "
-          "regs | spills | smem B")
+    print("\nconfig BNxBKxSwW | mode | cooperative | ms/frame | TB/s | x 2.1 ms floor | correct "
+          "| hang | regs | spills | smem B")
     for r in result["rows"]:
-        print(f"{r['config']:12s} | {r['mode']:8s} | {r['ms']} | {r.get('tb_per_s', '-')} "
+        print(f"{r['config']:12s} | {r['mode']:8s} | {r['cooperative']} | {r['ms']} | "
+              f"{r.get('tb_per_s', '-')} "
               f"| {r.get('x_floor', '-')} | {r.get('correct', '-')} | {r['hang']} | "
               f"{r['n_regs']} | {r['n_spills']} | {r['shared_bytes']}")
 
