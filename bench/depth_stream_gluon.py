@@ -520,8 +520,9 @@ def main() -> None:
     ap.add_argument("--spin-budget", type=int, default=1 << 20,
                     help="spin iterations a program may spend per launch before it reports a "
                          "hang and stops waiting")
-    ap.add_argument("--deadline-s", type=float, default=130,
-                    help="start no new config or mode after this many seconds")
+    ap.add_argument("--deadline-s", type=float, default=110,
+                    help="start no new config or mode after this many seconds (a mode takes "
+                         "seconds: the whole run stays inside `timeout 150`)")
     ap.add_argument("--no-cooperative", action="store_true")
     ap.add_argument("--compile-only", action="store_true")
     ap.add_argument("--out", default="depth-stream-gluon.json")
