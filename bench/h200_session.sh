@@ -162,14 +162,14 @@ case "$phase" in
       --variant 'predictor-on=progressive-graphs;scheduler.use_predictor=true' \
       --variant 'predictor-edf=progressive-graphs;scheduler.use_predictor=true;scheduler.predictor_overdue_startup_urgent=true' \
       --out "$out/h200-predictor-edf.json" 2>&1 | grep '^\[bench' ;;
-  capacity-closed|capacity-open)  # issue 13: today's codec path (one replay per chunk size,
-    # eager SnakeBeta) against the serving codec (fused kernels, mixed-size replays), one run
+  capacity-closed|capacity-open)  # issue 13: the eager codec (SnakeBeta unfused) against the
+    # serving codec (fused kernels), one run; mixed-size replays are the only CODEC path (issue 32)
     case "$phase" in
       capacity-closed) load=(--concurrency "${CONCURRENCY:-16,32,64,128}") ;;
       capacity-open) load=(--rate "${RATES:-10,15,20,25}") ;;
     esac
     timeout 560 "${bench[@]}" "${load[@]}" --num-requests 300 --warmup 16 --run-budget 60 \
-      --variant 'before=config;graph.fused_codec=false;graph.codec_mixed_sizes=false' \
+      --variant 'before=config;graph.fused_codec=false' \
       --variant 'after=config' \
       --out "$out/h200-$phase.json" 2>&1 | grep '^\[bench' ;;
   capacity-tests)  # issue 31: the 256-stream profile's KV pool sized from free memory (the full

@@ -272,12 +272,11 @@ class GraphConfig(_Frozen):
     """The codec's serving kernels: SnakeBeta fused with each conv's carried history (one Triton
     launch instead of six, CUDA only), one gather per codebook group, the widest upsampler as a
     GEMM. Same arithmetic up to rounding order."""
-    codec_mixed_sizes: bool = False
-    """Chunks of different sizes share a CODEC replay (each row decodes its own frames) instead
-    of one replay per chunk size; the step's items are grouped by ``codec_replay_cost_frames``."""
     codec_replay_cost_frames: float = Field(default=24.0, ge=0)
-    """Fixed cost of one CODEC replay in frame-equivalents, for grouping mixed sizes: a small
-    replay is launch-bound (H200: 1 stream x 1 frame 2.7 ms, against ~0.1 ms a frame at 256)."""
+    """Fixed cost of one CODEC replay in frame-equivalents: chunks of different sizes share a
+    replay (each row decodes its own frames), grouped to minimise padded frames plus this per
+    replay (a small replay is launch-bound: H200, 1 stream x 1 frame 2.7 ms, ~0.1 ms a frame at
+    256)."""
 
     @model_validator(mode="after")
     def _check(self) -> GraphConfig:

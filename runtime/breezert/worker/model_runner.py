@@ -115,8 +115,7 @@ class ModelRunner:
                                 depth_fn(model, max_k, *depth_kernels,
                                          persistent_depth=graph.persistent_depth))
                  for max_k in (TOP_K_BOUND, None)}
-        codec = partial(codec_from_ring, self.slots, partial(codec_step, self.codec),
-                        graph.codec_mixed_sizes)
+        codec = partial(codec_from_ring, self.slots, partial(codec_step, self.codec))
         self.stages = {
             Stage.TEXT_ENCODE: TextEncodeStage(
                 model, worker,
@@ -141,7 +140,6 @@ class ModelRunner:
             ),
             Stage.CODEC: CodecStage(
                 self.codec, worker, runner("codec", codec), graph.codec_buckets,
-                mixed_sizes=graph.codec_mixed_sizes,
                 replay_cost_frames=graph.codec_replay_cost_frames,
             ),
         }
