@@ -8,8 +8,8 @@
 #     --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 -d .whl \
 #     pydantic==2.14.4 pydantic-core==2.50.5 annotated-types typing-inspection soxr==1.1.0
 # Then per phase: run(command="bash bench/h200_session.sh PHASE", carry=[".whl", ".benchdata"])
-# PHASE: tests | fused | depth-tiles | depth-pdl | first-packet | first-packet-short | first-packet-pdl |
-#        first-packet-bench | chain P1 P2...  | decode | decode-micro | decode-bench | tune | profile | stages |
+# PHASE: tests | fused | depth-pdl | first-packet-pdl |
+#        chain P1 P2...  | decode | decode-micro | decode-bench | tune | profile | stages |
 #        ablation-eager | ablation-a|b|c|d[@I/N] | sweep | sweep+ablation | latency |
 #        latency-nocap | predictor | predictor-edf | capacity-closed | capacity-open | capacity-tests | capacity-256 |
 #        burst | slack | voice | te-tokens | admit | path | te-wide | gil | tune-decode | trace | prefill | prefill-bench | depth-engine | tests-changed
@@ -197,32 +197,6 @@ case "$phase" in
       timeout 60 python3 bench/profile_stages.py --batch $rows --fused --fused-decode --compile \
         --top 14 2>&1 | grep -v Warn | tee -a "$out/h200-profile.log" | grep -A15 DEPTH || true
     done ;;
-  depth-tiles)  # issue 14: the fused depth layers with one launch shape for all rows against
-    # the per-bucket shapes (TILES_BY_ROWS), one run
-    timeout 560 "${bench[@]}" --concurrency "${CONCURRENCY:-1,16,64}" --num-requests 300 \
-      --warmup 16 --run-budget 60 \
-      --variant 'one-shape=config;graph.depth_tiles_by_rows=false' --variant 'by-rows=config' \
-      --out "$out/h200-depth-tiles.json" 2>&1 | grep '^\[bench' ;;
-  first-packet)  # issue 14: the depth draws in the fused Triton sampler and the fused Triton
-    # text-encoder layers against today's kernels: their GPU tests, per-stage graph times at
-    # 1/16/64 rows (first-packet-bench: the engine at c=1 and 16 with each switch)
-    timeout 200 python3 -m pytest tests/gpu/test_gpu_fused_sampling.py \
-      tests/gpu/test_gpu_fused_text_encoder.py -q -p no:cacheprovider 2>&1 \
-      | tee "$out/gpu_tests_first_packet.log" | tail -4 || true
-    timeout 200 python3 bench/stage_timing.py --batches 1,16,64 \
-      --modes fused-decode,fused-sampling,fused-first \
-      --out "$out/h200-stage-timing-first-packet.json" 2>&1 | grep -v Warn | tail -12 || true ;;
-  first-packet-short)  # one call: the fused text encoder's GPU tests, stage times, then the
-    # engine today against both first-packet switches at c=1 and 16 (shorter runs)
-    timeout 100 python3 -m pytest tests/gpu/test_gpu_fused_text_encoder.py -q -s -p no:cacheprovider \
-      2>&1 | tee "$out/gpu_tests_text_encoder.log" | grep -E 'lengths|passed|failed|^E ' || true
-    timeout 200 python3 bench/stage_timing.py --batches 1,16,64 \
-      --modes fused-decode,fused-sampling,fused-first \
-      --out "$out/h200-stage-timing-first-packet.json" 2>&1 | grep -v Warn | tail -14 || true
-    timeout 260 "${bench[@]}" --concurrency 1,16 --num-requests 300 --warmup 16 --run-budget 30 \
-      --variant 'today=config' \
-      --variant 'fused-first=config;graph.fused_sampling=true;graph.fused_text_encoder=true' \
-      --out "$out/h200-first-packet.json" 2>&1 | grep '^\[bench' ;;
   first-packet-pdl)  # one call: GPU tests of the fused text encoder (split-K layout) and of
     # programmatic dependent launch, stage times with and without both (the text encoder's
     # columns show the one, depth and decode the other), then the engine today
@@ -240,14 +214,14 @@ case "$phase" in
       --out "$out/h200-first-packet-pdl.json" 2>&1 | grep '^\[bench' ;;
   depth-pdl)  # the split-K q/k/v GPU test, then the depth layers' frame with the per-bucket
     # shapes: plain launches, PDL, and the q/k/v GEMM split along K, at 1 to 128 rows (no
-    # tuning); the census of a frame with the fused sampler and PDL (where its ~1.1 ms of
+    # tuning); the census of a frame with PDL (where its ~1.1 ms of
     # sampling went) and of the first codec chunk (1 row x 1 frame); a tuning round at 16 rows
     timeout 100 python3 -m pytest "tests/gpu/test_gpu_fused_depth.py::test_split_k_qkv_is_close_and_batch_invariant" \
       -q -p no:cacheprovider 2>&1 | tee "$out/gpu_tests_qkv_split.log" | grep -E 'passed|failed|^E ' || true
     timeout 220 python3 bench/tune_fused_depth.py --rows '' --check-rows 1,16,64,128 \
       --out "$out/h200-depth-pdl.json" 2>&1 | grep -v Warn | tail -8 || true
     timeout 90 python3 bench/profile_stages.py --batch 16 --fused --fused-decode --compile \
-      --fused-sampling --pdl --top 16 2>&1 | grep -v Warn | tee "$out/h200-profile-pdl-sampler.log" \
+      --pdl --top 16 2>&1 | grep -v Warn | tee "$out/h200-profile-pdl-sampler.log" \
       | grep -A17 DEPTH || true
     timeout 60 python3 bench/profile_stages.py --batch 1 --fused --fused-decode --codec-frames 1 \
       --top 12 2>&1 | grep -v Warn | tee "$out/h200-profile-codec-1.log" | grep -A13 CODEC || true
@@ -295,7 +269,7 @@ case "$phase" in
       --variant 'admit32=config;scheduler.max_text_encode_requests=32;scheduler.max_prefill_requests=32;scheduler.max_startup_codec_step_frames=64' \
       --out "$out/h200-path-admit32.json" 2>&1 | grep '^\[bench' || true
     timeout 80 python3 bench/profile_stages.py --batch 1 --fused --fused-decode --compile \
-      --fused-sampling --pdl --top 12 2>&1 | grep -v Warn | tee "$out/h200-profile-depth-1.log" \
+      --pdl --top 12 2>&1 | grep -v Warn | tee "$out/h200-profile-depth-1.log" \
       | grep -A13 DEPTH || true
     # each stage's graph at the row counts a burst brings (CODEC at 1 and 16 frames a row)
     timeout 90 python3 bench/stage_timing.py --batches 1,16,32,64 --modes profile \
@@ -367,11 +341,5 @@ case "$phase" in
       --variant 'new32=config;scheduler.max_text_encode_requests=32;scheduler.max_prefill_requests=32' \
       --variant 'new64=config;scheduler.max_text_encode_requests=64;scheduler.max_prefill_requests=64' \
       --out "$out/h200-burst.json" 2>&1 | grep '^\[bench' ;;
-  first-packet-bench)  # the engine with each first-packet switch, one run
-    timeout 560 "${bench[@]}" --concurrency "${CONCURRENCY:-1,16}" --num-requests 300 \
-      --warmup 16 --run-budget 40 --variant 'today=config' \
-      --variant 'fused-sampler=config;graph.fused_sampling=true' \
-      --variant 'fused-first=config;graph.fused_sampling=true;graph.fused_text_encoder=true' \
-      --out "$out/h200-first-packet.json" 2>&1 | grep '^\[bench' ;;
   *) echo "unknown phase $phase" >&2; exit 2 ;;
 esac

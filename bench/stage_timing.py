@@ -5,9 +5,8 @@ Prints a table and writes JSON: for each depth-kernel mode and batch size, eager
 of one DECODE step (context 512), one DEPTH frame (15-step loop with sampling), one CODEC chunk
 and text encoding. Modes: ``plain`` (graphs only), ``inductor`` (torch.compile of the depth step,
 sampler and text encoder), ``fused`` (the Triton depth layers, compiled sampler), ``fused-decode``
-(``fused`` plus the Triton backbone DECODE step), ``fused-sampling`` (``fused-decode`` with the
-depth draws in the fused Triton sampler), ``fused-first`` (``fused-sampling`` with the fused
-Triton text-encoder layers), ``fused-pdl`` (``fused-decode`` with programmatic dependent launch
+(``fused`` plus the Triton backbone DECODE step), ``fused-first`` (``fused-decode`` with the
+fused Triton text-encoder layers), ``fused-pdl`` (``fused-decode`` with programmatic dependent launch
 between the fused depth kernels, ``graph.pdl``), ``fused-te-pdl`` (``fused-pdl`` with the fused
 text encoder, the serving profile's kernels). ``profile``: every kernel switch of
 ``configs/h200-latency.toml``'s ``[graph]`` as served (the modes above leave the codec eager and
@@ -37,10 +36,8 @@ MODES = {
     "inductor": {"compile_depth": True, "fused_depth": False},
     "fused": {"compile_depth": True, "fused_depth": True},
     "fused-decode": {"compile_depth": True, "fused_depth": True, "fused_decode": True},
-    "fused-sampling": {"compile_depth": True, "fused_depth": True, "fused_decode": True,
-                       "fused_sampling": True},
     "fused-first": {"compile_depth": True, "fused_depth": True, "fused_decode": True,
-                    "fused_sampling": True, "fused_text_encoder": True},
+                    "fused_text_encoder": True},
     "fused-pdl": {"compile_depth": True, "fused_depth": True, "fused_decode": True, "pdl": True},
     "fused-te-pdl": {"compile_depth": True, "fused_depth": True, "fused_decode": True,
                      "fused_text_encoder": True, "pdl": True},

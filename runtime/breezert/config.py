@@ -198,8 +198,7 @@ class SchedulerConfig(_Frozen):
 
 
 CUDA_ONLY_SWITCHES = ("enable_cuda_graphs", "compile_depth", "fused_depth", "persistent_depth",
-                      "fused_decode", "fused_prefill", "fused_sampling", "fused_text_encoder",
-                      "pdl")
+                      "fused_decode", "fused_prefill", "fused_text_encoder", "pdl")
 """``GraphConfig`` switches that need CUDA: refused on ``model.device='cpu'`` and all turned off
 by ``BREEZERT_NO_CUDA_GRAPH=1``."""
 
@@ -214,22 +213,14 @@ class GraphConfig(_Frozen):
     compile_depth: bool = False
     """``torch.compile`` the whole depth frame (15-step loop with sampling) as one unit."""
     fused_depth: bool = False
-    """Hand-fused Triton kernels for the depth decoder's layers (5 launches per layer,
-    ``kernels/fused_depth.py``); with it ``compile_depth`` compiles only the sampler."""
+    """Hand-fused Triton kernels for the depth decoder's layers (5 launches per layer, launch
+    shapes per row bucket: ``kernels/fused_depth.py``); with it ``compile_depth`` compiles only
+    the sampler."""
     persistent_depth: int = Field(default=0, ge=0, le=512)
     """Depth batches of up to this many rows (two a request with CFG; 0: none) draw a frame's
     15 codes after the first in ONE persistent Triton launch (projector, 12 layers, head, CFG
     and draw for all 16 positions, ``kernels/persistent_depth.py``) instead of ~1,200
     launches, when their top-k are all bounded; other batches keep the step loop."""
-    depth_tiles_by_rows: bool = True
-    """With ``fused_depth``: launch shapes per row bucket (up to 64 and up to 128 rows;
-    ``kernels/fused_depth.py`` ``TILES_BY_ROWS``); off: one shape for every row count (the one
-    for 32 rows)."""
-    fused_sampling: bool = False
-    """The depth frame's 16 draws each in one Triton launch (temperature, top-k, top-p,
-    counter-based Gumbel-max; ``kernels/fused_sampling.py``) instead of the sampler's chain of
-    launches, for batches whose top-k are all bounded (the common graphs; unbounded ones keep
-    the full sort)."""
     pdl: bool = False
     """Programmatic dependent launch (Hopper) between the fused kernels of the depth layers and
     of the text encoder (those switched on): each kernel is placed while the one before it

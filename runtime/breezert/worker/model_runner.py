@@ -100,8 +100,7 @@ class ModelRunner:
 
         # CFG runs two rows per request: the fused depth workspace covers the largest bucket.
         depth_kernels = (graph.compile_depth, graph.fused_depth,
-                         2 * max(graph.depth_batch_buckets), graph.depth_tiles_by_rows,
-                         graph.fused_sampling, graph.pdl)
+                         2 * max(graph.depth_batch_buckets), graph.pdl)
 
         def runner(name: str, fn: GraphFn) -> GraphRunner:
             return GraphRunner(name, fn, enabled=use_graphs, device=self.device)
