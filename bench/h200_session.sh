@@ -12,7 +12,7 @@
 #        chain P1 P2...  | decode | decode-micro | decode-bench | tune | profile | stages |
 #        ablation-eager | ablation-a|b|c|d[@I/N] | sweep | sweep+ablation | latency |
 #        latency-nocap | predictor | predictor-edf | capacity-closed | capacity-open | capacity-tests | capacity-256 |
-#        burst | slack | voice | te-tokens | admit | path | te-wide | gil | tune-decode | trace | prefill | prefill-bench | depth-engine | tests-changed
+#        burst | slack | voice | te-tokens | admit | path | tune-decode | trace | prefill | prefill-bench | depth-engine | tests-changed
 # An ablation phase with @I/N runs shard I of N of its requests (bench --shard).
 # Several GPUs (kind nvidia-h200-x4): "parallel GPU=PHASE[+PHASE...] ..." runs each list on its own
 # GPU at once, e.g. parallel 0=ablation-a@1/2 1=ablation-a@2/2 2=tests+ablation-d; the results
@@ -233,7 +233,7 @@ case "$phase" in
     # up to 1024 (graph.fused_text_encoder_max_tokens) and the eager graph; its GPU test; then
     # the serving codec's census at 1 and 16 rows x 1 frame (the first chunks)
     timeout 330 python3 bench/stage_timing.py --batches 1 \
-      --modes profile,profile-te-wide,profile-te-eager \
+      --modes profile,profile-te-wide-tiles,profile-te-eager \
       --text-tokens 32,128,256,512,1024 --out "$out/h200-stage-timing-te-tokens.json" 2>&1 \
       | grep -v Warn | grep -iE 'text_encode|start-up|failed' || true
     timeout 100 python3 -m pytest tests/gpu/test_gpu_fused_text_encoder.py -q -s \
@@ -244,19 +244,6 @@ case "$phase" in
         --fused-codec --codec-frames 1 --top 12 2>&1 | grep -v Warn \
         | tee -a "$out/h200-profile-fused-codec.log" | grep -A13 CODEC || true
     done ;;
-  te-wide)  # issue 14: the fused text encoder's wide GEMM tiles past 128 tokens
-    # (graph.fused_text_encoder_wide_tiles, on in the profile since 518bddc) against the narrow
-    # tiles at the token counts a burst packs, their GPU test, then the engine at c=1 and 16
-    # with and without (the c=16 p95 is the opening burst, whose TEXT_ENCODE step this is)
-    timeout 100 python3 bench/stage_timing.py --batches 1 --modes profile-te-wide,profile-te-wide-tiles \
-      --text-tokens 128,256,512,1024 --out "$out/h200-stage-timing-te-wide.json" 2>&1 \
-      | grep -v Warn | grep -iE 'text_encode|start-up|failed' || true
-    timeout 60 python3 -m pytest tests/gpu/test_gpu_fused_text_encoder.py -k wide -q -s \
-      -p no:cacheprovider 2>&1 | tee "$out/gpu_tests_te_wide.log" | grep -E 'wide tiles|passed|failed|^E ' || true
-    timeout 170 "${bench[@]}" --concurrency "${CONCURRENCY:-1,16}" --num-requests 300 --warmup 16 \
-      --run-budget 20 --variant 'profile=config' \
-      --variant 'narrow-tiles=config;graph.fused_text_encoder_wide_tiles=false' \
-      --out "$out/h200-te-wide.json" 2>&1 | grep '^\[bench' || true ;;
   path)  # issues 13/14: the profile as committed (fused text encoder up to 512 tokens since
     # 3 Dec) at c=1-64 with each first packet's time by part (own steps by stage, others', host:
     # first_packet_path) and the opening burst's step timeline (opening_burst), 32 new requests
@@ -287,14 +274,6 @@ case "$phase" in
       tests/gpu/test_gpu_fused_decode.py tests/gpu/test_gpu_fused_prefill.py \
       tests/gpu/test_gpu_persistent_depth.py -q -p no:cacheprovider 2>&1 \
       | tee "$out/gpu_tests.log" | tail -15 ;;
-  gil)  # issues 13/14: the engine thread's GIL hand-back (scheduler.thread_switch_interval_s):
-    # the interpreter's 5 ms against 0.2 ms, then 0.2 ms with uploads through pinned memory (the
-    # c=16 burst's PREFILL step waits 6.4 ms for the text encoder's GPU work behind a pageable
-    # upload), one run; opening_burst shows whether the burst's steps stop stretching
-    timeout 560 "${bench[@]}" --concurrency "${CONCURRENCY:-16,32,64}" --num-requests 300 \
-      --warmup 16 --run-budget 20 --variant 'profile=config' \
-      --variant 'gil200us=config;scheduler.thread_switch_interval_s=0.0002' \
-      --out "$out/h200-gil.json" 2>&1 | grep '^\[bench' || true ;;
   tune-decode)  # issue 13: the fused DECODE step's launch shapes (DECODE_TILES = Tiles() today:
     # 2.33 ms at one row, 1.2 TB/s of the backbone's 2.8 GB); only bit-preserving fields
     timeout 200 python3 bench/tune_fused_decode.py --rows 2,32,128 --context 256 --budget-s 110 \

@@ -10,9 +10,8 @@ fused Triton text-encoder layers), ``fused-pdl`` (``fused-decode`` with programm
 between the fused depth kernels, ``graph.pdl``), ``fused-te-pdl`` (``fused-pdl`` with the fused
 text encoder, the serving profile's kernels). ``profile``: every kernel switch of
 ``configs/h200-latency.toml``'s ``[graph]`` as served (the modes above leave the codec eager and
-fp32); ``profile-te-wide`` and ``profile-te-eager``: the same with the fused text encoder up to
-1024 tokens in its narrow tiles, and without it; ``profile-te-wide-tiles``: up to 1024 tokens
-with the wide tiles past 128.
+fp32); ``profile-te-eager``: the same without the fused text encoder;
+``profile-te-wide-tiles``: with it up to 1024 tokens (the wide tiles past 128).
 """
 
 from __future__ import annotations
@@ -49,11 +48,8 @@ PROFILE = {key: value
            if not key.endswith("_buckets")}
 """The serving profile's kernel switches (the buckets are this script's own)."""
 MODES["profile"] = PROFILE
-MODES["profile-te-wide"] = {**PROFILE, "fused_text_encoder_max_tokens": 1024,
-                            "fused_text_encoder_wide_tiles": False}
 MODES["profile-te-eager"] = {**PROFILE, "fused_text_encoder": False}
-MODES["profile-te-wide-tiles"] = {**PROFILE, "fused_text_encoder_max_tokens": 1024,
-                                  "fused_text_encoder_wide_tiles": True}
+MODES["profile-te-wide-tiles"] = {**PROFILE, "fused_text_encoder_max_tokens": 1024}
 
 
 def measure(batches: list[int], mode: str, context: int,

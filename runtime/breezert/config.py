@@ -106,12 +106,6 @@ class SchedulerConfig(_Frozen):
     max_model_len: int = Field(default=2048, gt=2)
     """Backbone context per branch in tokens (prompt + frames); a segment stops at
     ``prompt_len + frames == max_model_len - 1`` (SPEC §2.5)."""
-    thread_switch_interval_s: float | None = Field(default=None, gt=0, le=0.1)
-    """Python's thread switch interval (``sys.setswitchinterval``) while an ``AsyncEngine``'s
-    engine thread runs; ``None`` keeps the interpreter's (5 ms). The engine thread shares the
-    GIL with the event loop that submits requests and delivers chunks: each time a step gives
-    the GIL up (an upload, a read-back) it waits up to this long to take it back while the loop
-    is busy, e.g. submitting a burst of requests (process-wide; restored by ``aclose``)."""
     max_lookahead_segments: int = Field(default=1, ge=0)
     """Segments after the active one that may text-encode and prefill ahead (each holds KV)."""
     max_text_encode_requests: int = Field(default=8, gt=0)
@@ -241,12 +235,9 @@ class GraphConfig(_Frozen):
     ``fused_text_encoder_max_tokens``; longer ones run the eager encoder."""
     fused_text_encoder_max_tokens: int = Field(default=128, ge=1, le=4096)
     """With ``fused_text_encoder``: the longest packed batch the fused layers take (their GEMMs
-    read each weight once per row block, of 64 rows, or 128 past 128 tokens with
-    ``fused_text_encoder_wide_tiles``). A burst of 16 sentences packs ~370 tokens."""
-    fused_text_encoder_wide_tiles: bool = False
-    """With ``fused_text_encoder``: batches of more than 128 tokens run the GEMMs in 128 x 64
-    tiles (``kernels/fused_text_encoder.WIDE_ROWS``), halving what each layer moves through L2
-    at 512 tokens; the same K split and K tiles, and on the H200 the same bits."""
+    read each weight once per row block: of 64 rows, and past 128 tokens of 128 rows in 128 x 64
+    tiles, ``kernels/fused_text_encoder.WIDE_ROWS``, the same bits on the H200). A burst of 16
+    sentences packs ~370 tokens."""
     decode_batch_buckets: tuple[int, ...] = (1, 2, 4, 8, 16, 32)
     """DECODE batch sizes in rows (CFG branches count)."""
     decode_context_buckets: tuple[int, ...] = (256, 512, 1024, 2048)

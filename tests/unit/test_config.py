@@ -94,7 +94,8 @@ def test_unknown_keys_are_rejected_with_their_path(tmp_path: Path) -> None:
         *((f"[graph]\n{name} = false", f"graph.{name}") for name in (
             "device_slot_state", "async_uploads", "pdl_decode", "compile_backbone",
             "compile_text_encoder", "fused_sampling", "depth_tiles_by_rows",
-            "codec_mixed_sizes")),
+            "codec_mixed_sizes", "fused_text_encoder_wide_tiles")),
+        ("[scheduler]\nthread_switch_interval_s = 0.001", "scheduler.thread_switch_interval_s"),
     ],
 )
 def test_invalid_values_name_the_field(tmp_path: Path, toml: str, field: str) -> None:

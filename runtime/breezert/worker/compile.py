@@ -127,11 +127,11 @@ def prefill_fn(
 
 def text_encode_fn(
     model: BreezeModel, fused_text_encoder: bool = False, pdl: bool = False,
-    fused_max_tokens: int = 128, wide_tiles: bool = False,
+    fused_max_tokens: int = 128,
 ) -> Callable[..., dict[str, torch.Tensor]]:
     """``encode_text`` bound to ``model``; on CUDA its layers run the fused Triton kernels
     (``fused_text_encoder``, batches of up to ``fused_max_tokens`` tokens, wider GEMM tiles past
-    128 with ``wide_tiles``; longer ones eager), chained by programmatic dependent launch with
+    128; longer ones eager), chained by programmatic dependent launch with
     ``pdl``. The encoder sits on the first-packet path and runs ~70 launches per layer unfused."""
     fn = partial(encode_text, model)
     encoder = model.text_encoder
@@ -140,7 +140,7 @@ def text_encode_fn(
         from breezert.kernels.fused_text_encoder import FusedTextEncoder  # needs Triton
 
         encoder.encode = FusedTextEncoder(encoder, max_tokens=fused_max_tokens, pdl=pdl,
-                                          wide_tiles=wide_tiles)
+                                          wide_tiles=True)
         encoder.is_fused = True
         logger.info("text encoder layers run the fused Triton kernels (up to %d tokens)",
                     fused_max_tokens)

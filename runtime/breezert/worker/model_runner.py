@@ -120,8 +120,7 @@ class ModelRunner:
                 model, worker,
                 runner("text_encode", text_encode_fn(
                     model, graph.fused_text_encoder, graph.pdl,
-                    fused_max_tokens=graph.fused_text_encoder_max_tokens,
-                    wide_tiles=graph.fused_text_encoder_wide_tiles)),
+                    fused_max_tokens=graph.fused_text_encoder_max_tokens)),
                 graph.text_encode_buckets,
             ),
             Stage.PREFILL: PrefillStage(
