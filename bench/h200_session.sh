@@ -8,11 +8,11 @@
 #     --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 -d .whl \
 #     pydantic==2.14.4 pydantic-core==2.50.5 annotated-types typing-inspection soxr==1.1.0
 # Then per phase: run(command="bash bench/h200_session.sh PHASE", carry=[".whl", ".benchdata"])
-# PHASE: tests | fused | depth-tiles | depth-pdl | first-packet | first-packet-short | first-packet-pdl |
-#        first-packet-bench | chain P1 P2...  | decode | decode-micro | decode-bench | tune | profile | stages |
+# PHASE: tests | fused | depth-pdl | first-packet-pdl |
+#        chain P1 P2...  | decode | decode-micro | decode-bench | tune | profile | stages |
 #        ablation-eager | ablation-a|b|c|d[@I/N] | sweep | sweep+ablation | latency |
 #        latency-nocap | predictor | predictor-edf | capacity-closed | capacity-open | capacity-tests | capacity-256 |
-#        burst | slack | voice | te-tokens | admit | path | te-wide | gil | tune-decode | trace | prefill | prefill-bench | before-after | anatomy | depth-engine | tests-changed
+#        burst | slack | voice | te-tokens | admit | path | tune-decode | trace | prefill | prefill-bench | before-after | anatomy | depth-engine | tests-changed
 # An ablation phase with @I/N runs shard I of N of its requests (bench --shard).
 # Several GPUs (kind nvidia-h200-x4): "parallel GPU=PHASE[+PHASE...] ..." runs each list on its own
 # GPU at once, e.g. parallel 0=ablation-a@1/2 1=ablation-a@2/2 2=tests+ablation-d; the results
@@ -162,14 +162,14 @@ case "$phase" in
       --variant 'predictor-on=progressive-graphs;scheduler.use_predictor=true' \
       --variant 'predictor-edf=progressive-graphs;scheduler.use_predictor=true;scheduler.predictor_overdue_startup_urgent=true' \
       --out "$out/h200-predictor-edf.json" 2>&1 | grep '^\[bench' ;;
-  capacity-closed|capacity-open)  # issue 13: today's codec path (one replay per chunk size,
-    # eager SnakeBeta) against the serving codec (fused kernels, mixed-size replays), one run
+  capacity-closed|capacity-open)  # issue 13: the eager codec (SnakeBeta unfused) against the
+    # serving codec (fused kernels), one run; mixed-size replays are the only CODEC path (issue 32)
     case "$phase" in
       capacity-closed) load=(--concurrency "${CONCURRENCY:-16,32,64,128}") ;;
       capacity-open) load=(--rate "${RATES:-10,15,20,25}") ;;
     esac
     timeout 560 "${bench[@]}" "${load[@]}" --num-requests 300 --warmup 16 --run-budget 60 \
-      --variant 'before=config;graph.fused_codec=false;graph.codec_mixed_sizes=false' \
+      --variant 'before=config;graph.fused_codec=false' \
       --variant 'after=config' \
       --out "$out/h200-$phase.json" 2>&1 | grep '^\[bench' ;;
   capacity-tests)  # issue 31: the 256-stream profile's KV pool sized from free memory (the full
@@ -197,32 +197,6 @@ case "$phase" in
       timeout 60 python3 bench/profile_stages.py --batch $rows --fused --fused-decode --compile \
         --top 14 2>&1 | grep -v Warn | tee -a "$out/h200-profile.log" | grep -A15 DEPTH || true
     done ;;
-  depth-tiles)  # issue 14: the fused depth layers with one launch shape for all rows against
-    # the per-bucket shapes (TILES_BY_ROWS), one run
-    timeout 560 "${bench[@]}" --concurrency "${CONCURRENCY:-1,16,64}" --num-requests 300 \
-      --warmup 16 --run-budget 60 \
-      --variant 'one-shape=config;graph.depth_tiles_by_rows=false' --variant 'by-rows=config' \
-      --out "$out/h200-depth-tiles.json" 2>&1 | grep '^\[bench' ;;
-  first-packet)  # issue 14: the depth draws in the fused Triton sampler and the fused Triton
-    # text-encoder layers against today's kernels: their GPU tests, per-stage graph times at
-    # 1/16/64 rows (first-packet-bench: the engine at c=1 and 16 with each switch)
-    timeout 200 python3 -m pytest tests/gpu/test_gpu_fused_sampling.py \
-      tests/gpu/test_gpu_fused_text_encoder.py -q -p no:cacheprovider 2>&1 \
-      | tee "$out/gpu_tests_first_packet.log" | tail -4 || true
-    timeout 200 python3 bench/stage_timing.py --batches 1,16,64 \
-      --modes fused-decode,fused-sampling,fused-first \
-      --out "$out/h200-stage-timing-first-packet.json" 2>&1 | grep -v Warn | tail -12 || true ;;
-  first-packet-short)  # one call: the fused text encoder's GPU tests, stage times, then the
-    # engine today against both first-packet switches at c=1 and 16 (shorter runs)
-    timeout 100 python3 -m pytest tests/gpu/test_gpu_fused_text_encoder.py -q -s -p no:cacheprovider \
-      2>&1 | tee "$out/gpu_tests_text_encoder.log" | grep -E 'lengths|passed|failed|^E ' || true
-    timeout 200 python3 bench/stage_timing.py --batches 1,16,64 \
-      --modes fused-decode,fused-sampling,fused-first \
-      --out "$out/h200-stage-timing-first-packet.json" 2>&1 | grep -v Warn | tail -14 || true
-    timeout 260 "${bench[@]}" --concurrency 1,16 --num-requests 300 --warmup 16 --run-budget 30 \
-      --variant 'today=config' \
-      --variant 'fused-first=config;graph.fused_sampling=true;graph.fused_text_encoder=true' \
-      --out "$out/h200-first-packet.json" 2>&1 | grep '^\[bench' ;;
   first-packet-pdl)  # one call: GPU tests of the fused text encoder (split-K layout) and of
     # programmatic dependent launch, stage times with and without both (the text encoder's
     # columns show the one, depth and decode the other), then the engine today
@@ -240,14 +214,14 @@ case "$phase" in
       --out "$out/h200-first-packet-pdl.json" 2>&1 | grep '^\[bench' ;;
   depth-pdl)  # the split-K q/k/v GPU test, then the depth layers' frame with the per-bucket
     # shapes: plain launches, PDL, and the q/k/v GEMM split along K, at 1 to 128 rows (no
-    # tuning); the census of a frame with the fused sampler and PDL (where its ~1.1 ms of
+    # tuning); the census of a frame with PDL (where its ~1.1 ms of
     # sampling went) and of the first codec chunk (1 row x 1 frame); a tuning round at 16 rows
     timeout 100 python3 -m pytest "tests/gpu/test_gpu_fused_depth.py::test_split_k_qkv_is_close_and_batch_invariant" \
       -q -p no:cacheprovider 2>&1 | tee "$out/gpu_tests_qkv_split.log" | grep -E 'passed|failed|^E ' || true
     timeout 220 python3 bench/tune_fused_depth.py --rows '' --check-rows 1,16,64,128 \
       --out "$out/h200-depth-pdl.json" 2>&1 | grep -v Warn | tail -8 || true
     timeout 90 python3 bench/profile_stages.py --batch 16 --fused --fused-decode --compile \
-      --fused-sampling --pdl --top 16 2>&1 | grep -v Warn | tee "$out/h200-profile-pdl-sampler.log" \
+      --pdl --top 16 2>&1 | grep -v Warn | tee "$out/h200-profile-pdl-sampler.log" \
       | grep -A17 DEPTH || true
     timeout 60 python3 bench/profile_stages.py --batch 1 --fused --fused-decode --codec-frames 1 \
       --top 12 2>&1 | grep -v Warn | tee "$out/h200-profile-codec-1.log" | grep -A13 CODEC || true
@@ -259,7 +233,7 @@ case "$phase" in
     # up to 1024 (graph.fused_text_encoder_max_tokens) and the eager graph; its GPU test; then
     # the serving codec's census at 1 and 16 rows x 1 frame (the first chunks)
     timeout 330 python3 bench/stage_timing.py --batches 1 \
-      --modes profile,profile-te-wide,profile-te-eager \
+      --modes profile,profile-te-wide-tiles,profile-te-eager \
       --text-tokens 32,128,256,512,1024 --out "$out/h200-stage-timing-te-tokens.json" 2>&1 \
       | grep -v Warn | grep -iE 'text_encode|start-up|failed' || true
     timeout 100 python3 -m pytest tests/gpu/test_gpu_fused_text_encoder.py -q -s \
@@ -270,19 +244,6 @@ case "$phase" in
         --fused-codec --codec-frames 1 --top 12 2>&1 | grep -v Warn \
         | tee -a "$out/h200-profile-fused-codec.log" | grep -A13 CODEC || true
     done ;;
-  te-wide)  # issue 14: the fused text encoder's wide GEMM tiles past 128 tokens
-    # (graph.fused_text_encoder_wide_tiles, on in the profile since 518bddc) against the narrow
-    # tiles at the token counts a burst packs, their GPU test, then the engine at c=1 and 16
-    # with and without (the c=16 p95 is the opening burst, whose TEXT_ENCODE step this is)
-    timeout 100 python3 bench/stage_timing.py --batches 1 --modes profile-te-wide,profile-te-wide-tiles \
-      --text-tokens 128,256,512,1024 --out "$out/h200-stage-timing-te-wide.json" 2>&1 \
-      | grep -v Warn | grep -iE 'text_encode|start-up|failed' || true
-    timeout 60 python3 -m pytest tests/gpu/test_gpu_fused_text_encoder.py -k wide -q -s \
-      -p no:cacheprovider 2>&1 | tee "$out/gpu_tests_te_wide.log" | grep -E 'wide tiles|passed|failed|^E ' || true
-    timeout 170 "${bench[@]}" --concurrency "${CONCURRENCY:-1,16}" --num-requests 300 --warmup 16 \
-      --run-budget 20 --variant 'profile=config' \
-      --variant 'narrow-tiles=config;graph.fused_text_encoder_wide_tiles=false' \
-      --out "$out/h200-te-wide.json" 2>&1 | grep '^\[bench' || true ;;
   path)  # issues 13/14: the profile as committed (fused text encoder up to 512 tokens since
     # 3 Dec) at c=1-64 with each first packet's time by part (own steps by stage, others', host:
     # first_packet_path) and the opening burst's step timeline (opening_burst), 32 new requests
@@ -295,7 +256,7 @@ case "$phase" in
       --variant 'admit32=config;scheduler.max_text_encode_requests=32;scheduler.max_prefill_requests=32;scheduler.max_startup_codec_step_frames=64' \
       --out "$out/h200-path-admit32.json" 2>&1 | grep '^\[bench' || true
     timeout 80 python3 bench/profile_stages.py --batch 1 --fused --fused-decode --compile \
-      --fused-sampling --pdl --top 12 2>&1 | grep -v Warn | tee "$out/h200-profile-depth-1.log" \
+      --pdl --top 12 2>&1 | grep -v Warn | tee "$out/h200-profile-depth-1.log" \
       | grep -A13 DEPTH || true
     # each stage's graph at the row counts a burst brings (CODEC at 1 and 16 frames a row)
     timeout 90 python3 bench/stage_timing.py --batches 1,16,32,64 --modes profile \
@@ -327,14 +288,6 @@ case "$phase" in
       tests/gpu/test_gpu_fused_decode.py tests/gpu/test_gpu_fused_prefill.py \
       tests/gpu/test_gpu_persistent_depth.py -q -p no:cacheprovider 2>&1 \
       | tee "$out/gpu_tests.log" | tail -15 ;;
-  gil)  # issues 13/14: the engine thread's GIL hand-back (scheduler.thread_switch_interval_s):
-    # the interpreter's 5 ms against 0.2 ms, then 0.2 ms with uploads through pinned memory (the
-    # c=16 burst's PREFILL step waits 6.4 ms for the text encoder's GPU work behind a pageable
-    # upload), one run; opening_burst shows whether the burst's steps stop stretching
-    timeout 560 "${bench[@]}" --concurrency "${CONCURRENCY:-16,32,64}" --num-requests 300 \
-      --warmup 16 --run-budget 20 --variant 'profile=config' \
-      --variant 'gil200us=config;scheduler.thread_switch_interval_s=0.0002' \
-      --out "$out/h200-gil.json" 2>&1 | grep '^\[bench' || true ;;
   tune-decode)  # issue 13: the fused DECODE step's launch shapes (DECODE_TILES = Tiles() today:
     # 2.33 ms at one row, 1.2 TB/s of the backbone's 2.8 GB); only bit-preserving fields
     timeout 200 python3 bench/tune_fused_decode.py --rows 2,32,128 --context 256 --budget-s 110 \
@@ -381,11 +334,5 @@ case "$phase" in
       --variant 'new32=config;scheduler.max_text_encode_requests=32;scheduler.max_prefill_requests=32' \
       --variant 'new64=config;scheduler.max_text_encode_requests=64;scheduler.max_prefill_requests=64' \
       --out "$out/h200-burst.json" 2>&1 | grep '^\[bench' ;;
-  first-packet-bench)  # the engine with each first-packet switch, one run
-    timeout 560 "${bench[@]}" --concurrency "${CONCURRENCY:-1,16}" --num-requests 300 \
-      --warmup 16 --run-budget 40 --variant 'today=config' \
-      --variant 'fused-sampler=config;graph.fused_sampling=true' \
-      --variant 'fused-first=config;graph.fused_sampling=true;graph.fused_text_encoder=true' \
-      --out "$out/h200-first-packet.json" 2>&1 | grep '^\[bench' ;;
   *) echo "unknown phase $phase" >&2; exit 2 ;;
 esac

@@ -50,8 +50,6 @@ def main() -> None:
     parser.add_argument("--fused", action="store_true", help="the fused Triton depth layers")
     parser.add_argument("--fused-decode", action="store_true",
                         help="the fused Triton backbone DECODE step")
-    parser.add_argument("--fused-sampling", action="store_true",
-                        help="the depth draws in the fused Triton sampler")
     parser.add_argument("--pdl", action="store_true",
                         help="programmatic dependent launch between the fused depth and "
                              "text-encoder kernels (graph.pdl)")
@@ -78,7 +76,7 @@ def main() -> None:
                   "fused_depth": args.fused and cuda,
                   "fused_decode": args.fused_decode and cuda,
                   "fused_text_encoder": args.fused_text_encoder and cuda,
-                  "fused_sampling": args.fused_sampling and cuda, "pdl": args.pdl and cuda,
+                  "pdl": args.pdl and cuda,
                   "fused_codec": args.fused_codec and cuda},
     })
     runner = build_runner(cfg, load_engine_checkpoint(cfg.model))

@@ -5,15 +5,13 @@ Prints a table and writes JSON: for each depth-kernel mode and batch size, eager
 of one DECODE step (context 512), one DEPTH frame (15-step loop with sampling), one CODEC chunk
 and text encoding. Modes: ``plain`` (graphs only), ``inductor`` (torch.compile of the depth step,
 sampler and text encoder), ``fused`` (the Triton depth layers, compiled sampler), ``fused-decode``
-(``fused`` plus the Triton backbone DECODE step), ``fused-sampling`` (``fused-decode`` with the
-depth draws in the fused Triton sampler), ``fused-first`` (``fused-sampling`` with the fused
-Triton text-encoder layers), ``fused-pdl`` (``fused-decode`` with programmatic dependent launch
+(``fused`` plus the Triton backbone DECODE step), ``fused-first`` (``fused-decode`` with the
+fused Triton text-encoder layers), ``fused-pdl`` (``fused-decode`` with programmatic dependent launch
 between the fused depth kernels, ``graph.pdl``), ``fused-te-pdl`` (``fused-pdl`` with the fused
 text encoder, the serving profile's kernels). ``profile``: every kernel switch of
 ``configs/h200-latency.toml``'s ``[graph]`` as served (the modes above leave the codec eager and
-fp32); ``profile-te-wide`` and ``profile-te-eager``: the same with the fused text encoder up to
-1024 tokens in its narrow tiles, and without it; ``profile-te-wide-tiles``: up to 1024 tokens
-with the wide tiles past 128.
+fp32); ``profile-te-eager``: the same without the fused text encoder;
+``profile-te-wide-tiles``: with it up to 1024 tokens (the wide tiles past 128).
 """
 
 from __future__ import annotations
@@ -37,10 +35,8 @@ MODES = {
     "inductor": {"compile_depth": True, "fused_depth": False},
     "fused": {"compile_depth": True, "fused_depth": True},
     "fused-decode": {"compile_depth": True, "fused_depth": True, "fused_decode": True},
-    "fused-sampling": {"compile_depth": True, "fused_depth": True, "fused_decode": True,
-                       "fused_sampling": True},
     "fused-first": {"compile_depth": True, "fused_depth": True, "fused_decode": True,
-                    "fused_sampling": True, "fused_text_encoder": True},
+                    "fused_text_encoder": True},
     "fused-pdl": {"compile_depth": True, "fused_depth": True, "fused_decode": True, "pdl": True},
     "fused-te-pdl": {"compile_depth": True, "fused_depth": True, "fused_decode": True,
                      "fused_text_encoder": True, "pdl": True},
@@ -52,11 +48,8 @@ PROFILE = {key: value
            if not key.endswith("_buckets")}
 """The serving profile's kernel switches (the buckets are this script's own)."""
 MODES["profile"] = PROFILE
-MODES["profile-te-wide"] = {**PROFILE, "fused_text_encoder_max_tokens": 1024,
-                            "fused_text_encoder_wide_tiles": False}
 MODES["profile-te-eager"] = {**PROFILE, "fused_text_encoder": False}
-MODES["profile-te-wide-tiles"] = {**PROFILE, "fused_text_encoder_max_tokens": 1024,
-                                  "fused_text_encoder_wide_tiles": True}
+MODES["profile-te-wide-tiles"] = {**PROFILE, "fused_text_encoder_max_tokens": 1024}
 
 
 def measure(batches: list[int], mode: str, context: int,

@@ -14,7 +14,7 @@ import pytest
 import torch
 from torch import nn
 
-from breezert.layers.attention import GatherKV
+from breezert.layers.attention import GatherKV, KVRun, decode_meta_on_device
 from breezert.models.backbone import Qwen3Backbone
 from breezert.models.config import BackboneConfig
 from breezert.worker.kv_cache import PagedKVCache
@@ -98,6 +98,23 @@ def small_paged_cache(seed: int) -> PagedKVCache:
     torch.manual_seed(seed)
     cache.kv.copy_(torch.randn_like(cache.kv.float()).to(torch.bfloat16))
     return cache
+
+
+def decode_meta(cache: PagedKVCache, runs: list[KVRun], num_rows: int,
+                context: int) -> dict[str, torch.Tensor]:
+    """One DECODE step's metadata as its graph builds it (``decode_meta_on_device``): ``runs``
+    (one new token each) in rows ``0..``, padded to ``num_rows`` rows (their block table all
+    scratch block) and ``context`` keys."""
+    blocks = -(-context // cache.block_size)
+    tables = torch.full((num_rows, blocks), cache.num_blocks, dtype=torch.long)
+    positions = torch.zeros(num_rows, dtype=torch.long)
+    for i, run in enumerate(runs):
+        ids = list(run.block_ids)[:blocks]
+        tables[i, : len(ids)] = torch.tensor(ids)
+        positions[i] = run.start
+    return decode_meta_on_device(tables.to(cache.kv.device), positions.to(cache.kv.device),
+                                 torch.arange(context, device=cache.kv.device),
+                                 cache.block_size, cache.scratch_row)
 
 
 def fp32_backbone_step(backbone: Qwen3Backbone, kv: torch.Tensor, meta: dict[str, torch.Tensor],

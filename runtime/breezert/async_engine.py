@@ -14,7 +14,6 @@ import asyncio
 import contextlib
 import logging
 import os
-import sys
 import threading
 import time
 from collections.abc import AsyncGenerator, AsyncIterator
@@ -93,9 +92,6 @@ class AsyncEngine:
         self._prepare_pool = ThreadPoolExecutor(_NUM_PREPARE_THREADS,
                                                 thread_name_prefix="breezert-prepare")
         """Runs the text front end (``Engine.frontend``) for ``submit`` and ``append``."""
-        self._previous_switch_interval: float | None = None
-        """The interpreter's switch interval before ``start`` set
-        ``scheduler.thread_switch_interval_s`` (None: untouched); ``aclose`` restores it."""
 
     @staticmethod
     def from_config(config: EngineConfig, *, progress: Progress | None = None,
@@ -174,10 +170,6 @@ class AsyncEngine:
         if self._thread is not None and self._thread.is_alive():
             return
         self._stop.clear()
-        interval = self.engine.config.scheduler.thread_switch_interval_s
-        if interval is not None and self._previous_switch_interval is None:
-            self._previous_switch_interval = sys.getswitchinterval()
-            sys.setswitchinterval(interval)
         self._thread = threading.Thread(target=self._run, name="breezert-engine", daemon=True)
         self._thread.start()
 
@@ -194,9 +186,6 @@ class AsyncEngine:
         if self._thread is not None:
             await asyncio.get_running_loop().run_in_executor(None, self._thread.join)
             self._thread = None
-        if self._previous_switch_interval is not None:
-            sys.setswitchinterval(self._previous_switch_interval)
-            self._previous_switch_interval = None
         with self._routes_lock:
             self._closing = False
 

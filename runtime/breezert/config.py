@@ -106,12 +106,6 @@ class SchedulerConfig(_Frozen):
     max_model_len: int = Field(default=2048, gt=2)
     """Backbone context per branch in tokens (prompt + frames); a segment stops at
     ``prompt_len + frames == max_model_len - 1`` (SPEC §2.5)."""
-    thread_switch_interval_s: float | None = Field(default=None, gt=0, le=0.1)
-    """Python's thread switch interval (``sys.setswitchinterval``) while an ``AsyncEngine``'s
-    engine thread runs; ``None`` keeps the interpreter's (5 ms). The engine thread shares the
-    GIL with the event loop that submits requests and delivers chunks: each time a step gives
-    the GIL up (an upload, a read-back) it waits up to this long to take it back while the loop
-    is busy, e.g. submitting a burst of requests (process-wide; restored by ``aclose``)."""
     max_lookahead_segments: int = Field(default=1, ge=0)
     """Segments after the active one that may text-encode and prefill ahead (each holds KV)."""
     max_text_encode_requests: int = Field(default=8, gt=0)
@@ -198,8 +192,7 @@ class SchedulerConfig(_Frozen):
 
 
 CUDA_ONLY_SWITCHES = ("enable_cuda_graphs", "compile_depth", "fused_depth", "persistent_depth",
-                      "fused_decode", "fused_prefill", "fused_sampling", "fused_text_encoder",
-                      "pdl")
+                      "fused_decode", "fused_prefill", "fused_text_encoder", "pdl")
 """``GraphConfig`` switches that need CUDA: refused on ``model.device='cpu'`` and all turned off
 by ``BREEZERT_NO_CUDA_GRAPH=1``."""
 
@@ -214,22 +207,14 @@ class GraphConfig(_Frozen):
     compile_depth: bool = False
     """``torch.compile`` the whole depth frame (15-step loop with sampling) as one unit."""
     fused_depth: bool = False
-    """Hand-fused Triton kernels for the depth decoder's layers (5 launches per layer,
-    ``kernels/fused_depth.py``); with it ``compile_depth`` compiles only the sampler."""
+    """Hand-fused Triton kernels for the depth decoder's layers (5 launches per layer, launch
+    shapes per row bucket: ``kernels/fused_depth.py``); with it ``compile_depth`` compiles only
+    the sampler."""
     persistent_depth: int = Field(default=0, ge=0, le=512)
     """Depth batches of up to this many rows (two a request with CFG; 0: none) draw a frame's
     15 codes after the first in ONE persistent Triton launch (projector, 12 layers, head, CFG
     and draw for all 16 positions, ``kernels/persistent_depth.py``) instead of ~1,200
     launches, when their top-k are all bounded; other batches keep the step loop."""
-    depth_tiles_by_rows: bool = True
-    """With ``fused_depth``: launch shapes per row bucket (up to 64 and up to 128 rows;
-    ``kernels/fused_depth.py`` ``TILES_BY_ROWS``); off: one shape for every row count (the one
-    for 32 rows)."""
-    fused_sampling: bool = False
-    """The depth frame's 16 draws each in one Triton launch (temperature, top-k, top-p,
-    counter-based Gumbel-max; ``kernels/fused_sampling.py``) instead of the sampler's chain of
-    launches, for batches whose top-k are all bounded (the common graphs; unbounded ones keep
-    the full sort)."""
     pdl: bool = False
     """Programmatic dependent launch (Hopper) between the fused kernels of the depth layers and
     of the text encoder (those switched on): each kernel is placed while the one before it
@@ -250,12 +235,9 @@ class GraphConfig(_Frozen):
     ``fused_text_encoder_max_tokens``; longer ones run the eager encoder."""
     fused_text_encoder_max_tokens: int = Field(default=128, ge=1, le=4096)
     """With ``fused_text_encoder``: the longest packed batch the fused layers take (their GEMMs
-    read each weight once per row block, of 64 rows, or 128 past 128 tokens with
-    ``fused_text_encoder_wide_tiles``). A burst of 16 sentences packs ~370 tokens."""
-    fused_text_encoder_wide_tiles: bool = False
-    """With ``fused_text_encoder``: batches of more than 128 tokens run the GEMMs in 128 x 64
-    tiles (``kernels/fused_text_encoder.WIDE_ROWS``), halving what each layer moves through L2
-    at 512 tokens; the same K split and K tiles, and on the H200 the same bits."""
+    read each weight once per row block: of 64 rows, and past 128 tokens of 128 rows in 128 x 64
+    tiles, ``kernels/fused_text_encoder.WIDE_ROWS``, the same bits on the H200). A burst of 16
+    sentences packs ~370 tokens."""
     decode_batch_buckets: tuple[int, ...] = (1, 2, 4, 8, 16, 32)
     """DECODE batch sizes in rows (CFG branches count)."""
     decode_context_buckets: tuple[int, ...] = (256, 512, 1024, 2048)
@@ -272,12 +254,11 @@ class GraphConfig(_Frozen):
     """The codec's serving kernels: SnakeBeta fused with each conv's carried history (one Triton
     launch instead of six, CUDA only), one gather per codebook group, the widest upsampler as a
     GEMM. Same arithmetic up to rounding order."""
-    codec_mixed_sizes: bool = False
-    """Chunks of different sizes share a CODEC replay (each row decodes its own frames) instead
-    of one replay per chunk size; the step's items are grouped by ``codec_replay_cost_frames``."""
     codec_replay_cost_frames: float = Field(default=24.0, ge=0)
-    """Fixed cost of one CODEC replay in frame-equivalents, for grouping mixed sizes: a small
-    replay is launch-bound (H200: 1 stream x 1 frame 2.7 ms, against ~0.1 ms a frame at 256)."""
+    """Fixed cost of one CODEC replay in frame-equivalents: chunks of different sizes share a
+    replay (each row decodes its own frames), grouped to minimise padded frames plus this per
+    replay (a small replay is launch-bound: H200, 1 stream x 1 frame 2.7 ms, ~0.1 ms a frame at
+    256)."""
 
     @model_validator(mode="after")
     def _check(self) -> GraphConfig:

@@ -78,11 +78,6 @@ class BreezeTokenizer:
             ids = [TEXT_BOS_ID, *ids]
         return ids
 
-    def encode_plain(self, text: str) -> list[int]:
-        """``text`` → ids without ``<bos>``, for pieces spliced into a segment."""
-        ids = self.encode(text)
-        return ids[1:]
-
     @property
     def vocab_size(self) -> int:
         return self._tok.get_vocab_size()

@@ -16,7 +16,7 @@ from breezert.layers.attention import GatherKV
 from breezert.models.backbone import Qwen3Backbone
 from breezert.models.config import BreezeConfig
 from breezert.worker.kv_cache import KVRun, PagedKVCache
-from tests.kernel_helpers import fp32_backbone_step, random_bf16_fused_, rel_error
+from tests.kernel_helpers import decode_meta, fp32_backbone_step, random_bf16_fused_, rel_error
 
 pytestmark = pytest.mark.gpu
 
@@ -51,8 +51,7 @@ def _step(rows: int, context: int, seed: int):  # type: ignore[no-untyped-def]
 
 
 def _meta(cache: PagedKVCache, runs: list[KVRun], rows: int, context: int) -> dict:
-    meta = cache.decode_meta(runs, rows, context)
-    return {k: getattr(meta, k).cuda() for k in ("positions", "write_rows", "read_rows", "mask")}
+    return decode_meta(cache, runs, rows, context)
 
 
 @pytest.mark.parametrize("rows,context", [(1, 256), (16, 512), (32, 2048), (128, 256)])

@@ -1,18 +1,15 @@
-"""GPU: the fused sampler (kernels/fused_sampling.py) draws what ``layers.sampling.sample``
-draws, alone and inside the engine's depth graphs.
+"""GPU: the fused sampler (kernels/fused_sampling.py, whose draw the persistent depth frame
+makes) draws what ``layers.sampling.sample`` draws, alone and under graph replay.
 
 Run on a CUDA machine: ``python -m pytest tests/gpu -q`` (skipped without CUDA).
 """
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 import torch
 
-from breezert.engine import Engine
 from breezert.layers.sampling import sample, suppress_reserved
-from tests.gpu.test_gpu_graphs import _config, _requests, _run
 from tests.unit.test_fused_sampling import parameter_mix
 
 pytestmark = pytest.mark.gpu
@@ -48,14 +45,3 @@ def test_fused_sample_under_graph_replay() -> None:
         mix["counters"].add_(16)
         graph.replay()
         assert torch.equal(out, sample(logits, *args))
-
-
-def test_engine_codes_with_fused_sampling_equal_today() -> None:
-    """The engine's audio (sampled, CFG on some requests) with the fused sampler in the depth
-    graphs equals the audio without it."""
-    requests = 6
-    today = _run(Engine(_config()), _requests(requests, "s"))
-    fused = _run(Engine(_config({"graph": {"fused_sampling": True}})), _requests(requests, "s"))
-    for key, audio in today.items():
-        assert fused[key].shape == audio.shape, key
-        assert np.abs(fused[key] - audio).max() < 1e-3, key

@@ -27,7 +27,7 @@ pytestmark = pytest.mark.gpu
 
 VARIANTS = {
     "3-slots": {"scheduler": {"max_running_requests": 3}},  # later arrivals reuse slots
-    "16-slots-mixed-codec": {"graph": {"codec_mixed_sizes": True, "fused_codec": True}},
+    "16-slots-fused-codec": {"graph": {"fused_codec": True}},
 }
 
 

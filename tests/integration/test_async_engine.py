@@ -8,7 +8,6 @@ through ``append``/``close_input``, and ``aclose`` stops the thread. Must not ne
 from __future__ import annotations
 
 import asyncio
-import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -167,23 +166,6 @@ async def test_aclose_aborts_open_streams_and_stops_the_thread(aengine: AsyncEng
         with pytest.raises(RequestAborted):
             await asyncio.wait_for(consumer, TIMEOUT_S)
     assert not aengine.engine.has_work()
-
-
-async def test_the_configured_thread_switch_interval_holds_while_the_engine_thread_runs(
-        engine: Engine) -> None:
-    before, original = sys.getswitchinterval(), engine.config
-    config = engine.config.model_copy(update={"scheduler": engine.config.scheduler.model_copy(
-        update={"thread_switch_interval_s": 0.0005})})
-    async_engine = AsyncEngine(engine, idle_wait_s=0.005)
-    engine.config = config
-    try:
-        chunks = await asyncio.wait_for(collect(async_engine.synthesize(make("gil", frames=2))),
-                                        TIMEOUT_S)
-        assert chunks and sys.getswitchinterval() == pytest.approx(0.0005)
-    finally:
-        await async_engine.aclose()
-        engine.config = original
-    assert sys.getswitchinterval() == pytest.approx(before)  # aclose restored it
 
 
 async def test_abort_before_streaming_drops_the_route(aengine: AsyncEngine) -> None:

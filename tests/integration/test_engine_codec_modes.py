@@ -1,7 +1,7 @@
-"""The serving codec's switches end to end (CPU, tiny model): mixed-size CODEC replays and the
-fast codec path give the audio of the per-size path and of the sequential reference.
+"""The serving codec end to end (CPU, tiny model): mixed-size CODEC replays on the fast codec
+path (``graph.fused_codec``) give the audio of the sequential reference.
 
-Owns: engine-level equivalence of ``graph.codec_mixed_sizes`` / ``graph.fused_codec``, and the
+Owns: engine-level equivalence of the CODEC stage's replays and ``graph.fused_codec``, and the
 grouping of a step's chunks into replays (``CodecStage.plan_groups``, against a brute force
 over every grouping). Must not need a GPU
 (tests/gpu checks the same under CUDA graphs, TF32 and bf16).
@@ -35,7 +35,7 @@ pytestmark = pytest.mark.integration
 @pytest.fixture(scope="module")
 def mixed_engine() -> Engine:
     config = EngineConfig.from_file(CONFIG)
-    graph = config.graph.model_copy(update={"codec_mixed_sizes": True, "fused_codec": True})
+    graph = config.graph.model_copy(update={"fused_codec": True})
     return Engine(config.model_copy(update={"graph": graph}))
 
 

@@ -34,12 +34,10 @@ EOS_GAIN = 30.0
 """Scales the lm_head's EOS row: request ``eos`` then samples EOS after one frame."""
 
 
-def engine_with(codec_mixed_sizes: bool = False) -> Engine:
+def engine_with() -> Engine:
     config = EngineConfig.from_file(CONFIG)
-    graph = config.graph.model_copy(update={"codec_mixed_sizes": codec_mixed_sizes})
     scheduler = config.scheduler.model_copy(update={"max_running_requests": MAX_RUNNING})
-    return deterministic_engine(config.model_copy(update={"graph": graph,
-                                                          "scheduler": scheduler}))
+    return deterministic_engine(config.model_copy(update={"scheduler": scheduler}))
 
 
 def deterministic_engine(config: EngineConfig) -> Engine:
@@ -148,10 +146,10 @@ def drive(engine: Engine) -> Trace:
         engine.runner.fault_hook = None
 
 
-@pytest.fixture(scope="module", params=[False, True], ids=["per-size-codec", "mixed-codec"])
-def traces(request: pytest.FixtureRequest) -> tuple[Engine, Trace]:
-    """The mix, per codec grouping."""
-    engine = engine_with(codec_mixed_sizes=request.param)
+@pytest.fixture(scope="module")
+def traces() -> tuple[Engine, Trace]:
+    """The mix, run once."""
+    engine = engine_with()
     return engine, drive(engine)
 
 

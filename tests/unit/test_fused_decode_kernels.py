@@ -13,6 +13,7 @@ from breezert.models.backbone import Qwen3Backbone
 from breezert.worker.kv_cache import KVRun
 from tests.kernel_helpers import (
     SMALL_BACKBONE,
+    decode_meta,
     needs_triton,
     run_in_interpreter,
     small_backbone,
@@ -37,26 +38,26 @@ def check_decode() -> None:
                                 split_tokens=32)
     cache = small_paged_cache(seed=1)
     runs = [KVRun([7], 0, 1), KVRun([3, 11], 19, 1), KVRun([2, 9, 5, 14], 45, 1)]
-    meta = cache.decode_meta(runs, 4, 64)
+    meta = decode_meta(cache, runs, 4, 64)
     embeds = torch.randn(4, SMALL_BACKBONE.hidden_size).to(torch.bfloat16)
     eager_kv, fused_kv = cache.kv.clone(), cache.kv.clone()
     with torch.inference_mode():
-        view = GatherKV(eager_kv, meta.write_rows, meta.read_rows, meta.mask)
-        want = backbone(embeds, meta.positions, view).float()
-        got = fused(embeds, meta.positions,
-                    GatherKV(fused_kv, meta.write_rows, meta.read_rows, meta.mask)).float()
+        view = GatherKV(eager_kv, meta["write_rows"], meta["read_rows"], meta["mask"])
+        want = backbone(embeds, meta["positions"], view).float()
+        got = fused(embeds, meta["positions"],
+                    GatherKV(fused_kv, meta["write_rows"], meta["read_rows"], meta["mask"])).float()
     assert (got - want).abs().max() <= 0.03 * want.abs().max(), (got - want).abs().max()
-    written = meta.write_rows
+    written = meta["write_rows"]
     # Layer 0's new k/v: QK-norm, RoPE and the GEMM at the eager rounding points (a value on a
     # bf16 rounding boundary may still go the other way with the GEMM's sum order).
     assert (fused_kv[0][:, written] != eager_kv[0][:, written]).float().mean() < 0.01
     diff = (fused_kv[:, :, written].float() - eager_kv[:, :, written].float()).abs().max()
     assert diff <= 0.03 * eager_kv[:, :, written].float().abs().max(), diff
-    wide = cache.decode_meta(runs, 4, 128)
+    wide = decode_meta(cache, runs, 4, 128)
     wide_kv = cache.kv.clone()
     with torch.inference_mode():
-        again = fused(embeds, wide.positions,
-                      GatherKV(wide_kv, wide.write_rows, wide.read_rows, wide.mask)).float()
+        view = GatherKV(wide_kv, wide["write_rows"], wide["read_rows"], wide["mask"])
+        again = fused(embeds, wide["positions"], view).float()
     assert torch.equal(again, got) and torch.equal(wide_kv, fused_kv)
     untouched = torch.ones(cache.kv.shape[2], dtype=torch.bool)
     untouched[written] = False
@@ -79,14 +80,14 @@ def check_tuner_fields_keep_bits() -> None:
     backbone = small_backbone()
     model = SimpleNamespace(backbone_model=backbone)
     cache = small_paged_cache(seed=2)
-    meta = cache.decode_meta([KVRun([3, 11], 19, 1), KVRun([2, 9, 5], 40, 1)], 2, 64)
+    meta = decode_meta(cache, [KVRun([3, 11], 19, 1), KVRun([2, 9, 5], 40, 1)], 2, 64)
     embeds = torch.randn(2, SMALL_BACKBONE.hidden_size).to(torch.bfloat16)
 
     def step(tiles: object) -> torch.Tensor:
         fused = FusedBackboneDecode(model, max_rows=2, tiles=tiles, split_tokens=32)
         with torch.inference_mode():
-            return fused(embeds, meta.positions, GatherKV(cache.kv.clone(), meta.write_rows,
-                                                          meta.read_rows, meta.mask))
+            return fused(embeds, meta["positions"], GatherKV(cache.kv.clone(), meta["write_rows"],
+                                                          meta["read_rows"], meta["mask"]))
 
     want = step(DECODE_TILES)
     for fields in ({"linear_bn": 16}, {"linear_bn": 32, "gate_bn": 32}, {"split_bn": 64},

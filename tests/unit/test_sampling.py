@@ -10,9 +10,7 @@ import torch
 
 from breezert.layers.sampling import (
     apply_repetition_penalty,
-    apply_temperature,
-    apply_top_k,
-    apply_top_p,
+    RowSampling,
     cfg_mix,
     filter_top_k_top_p,
     gumbel_noise,
@@ -57,26 +55,26 @@ def test_suppress_reserved_keeps_eos() -> None:
 
 def test_top_k_keeps_ties_and_zero_is_off() -> None:
     logits = torch.tensor([[3.0, 2.0, 2.0, 1.0]])
-    assert torch.equal(apply_top_k(logits, 2), torch.tensor([[3.0, 2.0, 2.0, NEG_INF]]))
-    assert torch.equal(apply_top_k(logits, 1), torch.tensor([[3.0, NEG_INF, NEG_INF, NEG_INF]]))
-    assert torch.equal(apply_top_k(logits, 0), logits)
-    assert torch.equal(apply_top_k(logits, 10), logits)
+    assert torch.equal(filter_top_k_top_p(logits, 2, 1.0), torch.tensor([[3.0, 2.0, 2.0, NEG_INF]]))
+    assert torch.equal(filter_top_k_top_p(logits, 1, 1.0),
+                       torch.tensor([[3.0, NEG_INF, NEG_INF, NEG_INF]]))
+    assert torch.equal(filter_top_k_top_p(logits, 0, 1.0), logits)
+    assert torch.equal(filter_top_k_top_p(logits, 10, 1.0), logits)
 
 
 def test_top_p_keeps_first_token_crossing() -> None:
     logits = torch.tensor([[0.3, 0.5, 0.2]]).log()
-    assert torch.isinf(apply_top_p(logits, 0.6)[0, 2])  # 0.5 + 0.3 crosses 0.6: keep both
-    assert torch.isfinite(apply_top_p(logits, 0.6)[0, :2]).all()
-    kept = torch.isfinite(apply_top_p(logits, 0.4)).tolist()
+    assert torch.isinf(filter_top_k_top_p(logits, 0, 0.6)[0, 2])  # 0.5 + 0.3 crosses 0.6: keep both
+    assert torch.isfinite(filter_top_k_top_p(logits, 0, 0.6)[0, :2]).all()
+    kept = torch.isfinite(filter_top_k_top_p(logits, 0, 0.4)).tolist()
     assert kept == [[False, True, False]]
-    assert torch.equal(apply_top_p(logits, 1.0), logits)
+    assert torch.equal(filter_top_k_top_p(logits, 0, 1.0), logits)
 
 
 def test_temperature_cfg_and_greedy() -> None:
     logits = torch.tensor([[1.0, 4.0], [2.0, 6.0]])
-    assert torch.equal(
-        apply_temperature(logits, torch.tensor([2.0, 0.0])), torch.tensor([[0.5, 2.0], [2.0, 6.0]])
-    )
+    rows = RowSampling.of(torch.tensor([2.0, 0.0]), 0, 1.0, 2, 2, logits.device)
+    assert torch.equal(logits / rows.divisor, torch.tensor([[0.5, 2.0], [2.0, 6.0]]))
     mixed = cfg_mix(torch.tensor([2.0, 1.0]), torch.tensor([1.0, 1.0]), 3.0)
     assert torch.equal(mixed, torch.tensor([4.0, 1.0]))
     zeros = torch.zeros(2, dtype=torch.long)
@@ -151,10 +149,10 @@ def test_sample_filters_and_draws_in_the_documented_order() -> None:
     for trial in range(40):
         logits = torch.randn(6, 2052, generator=gen) * (0.5 + trial % 5)
         want = _reference_filter(logits, t, k, p)
-        kept = torch.isfinite(filter_top_k_top_p(apply_temperature(logits, t), k, p))
+        tempered = logits / torch.where(t > 0, t, 1.0)[:, None]
+        kept = torch.isfinite(filter_top_k_top_p(tempered, k, p))
         assert torch.equal(kept, torch.isfinite(want))
-        kept = filter_top_k_top_p(apply_temperature(logits[bounded], t[bounded]), k[bounded],
-                                  p[bounded], max_k=64)
+        kept = filter_top_k_top_p(tempered[bounded], k[bounded], p[bounded], max_k=64)
         assert torch.equal(torch.isfinite(kept), torch.isfinite(want[bounded]))
         seeds = torch.randint(0, 2**40, (6,), generator=gen)
         counters = torch.randint(0, 10_000, (6,), generator=gen)

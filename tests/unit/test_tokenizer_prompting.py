@@ -57,7 +57,6 @@ def test_byte_tokenizer_survives_serialization(tmp_path: Path) -> None:
 def test_encode_has_one_leading_bos(byte_tok: BreezeTokenizer) -> None:
     ids = byte_tok.encode("Hello world")
     assert ids[0] == 2 and 2 not in ids[1:]
-    assert byte_tok.encode_plain("Hello world") == ids[1:]
     assert all(i < 512 for i in ids[1:])  # ordinary characters map to small ids
 
 

@@ -16,7 +16,7 @@ NOTE(kernels): the eager decode runs ~43 launches per layer (1220 per step at 16
 H200, 4.4 ms in a graph against a 0.66 ms weight-read floor), among them a gather of every row's
 padded context into a contiguous copy before SDPA; here attention reads the paged rows in
 place and stops at each row's length. Must not: run prefill (several new tokens per sequence
-keep the eager ``GatherKV`` path) or choose cache rows (``PagedKVCache.decode_meta`` does).
+keep the eager ``GatherKV`` path) or choose cache rows (``decode_meta_on_device`` does).
 """
 
 from __future__ import annotations
@@ -249,7 +249,7 @@ class FusedBackboneDecode:
 
     def __call__(self, embeds: torch.Tensor, positions: torch.Tensor, view: GatherKV) -> torch.Tensor:
         """``Qwen3Backbone.forward`` for a decode step: ``embeds [R, D]`` of one new token per
-        row and a decode-form ``view`` (metadata as ``PagedKVCache.decode_meta`` builds it:
+        row and a decode-form ``view`` (metadata as ``decode_meta_on_device`` builds it:
         ``mask [R, 1, 1, T]`` a prefix of each row's ``read_rows``, the new token last) ->
         final-normed hidden ``[R, D]``; writes the new k/v at ``view.write_rows``."""
         kv, write_rows, read_rows, mask = view.kv, view.write_rows, view.read_rows, view.mask

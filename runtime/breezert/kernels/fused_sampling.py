@@ -1,7 +1,9 @@
 """One draw per row in one Triton launch: temperature, top-k, top-p, counter-based Gumbel-max.
 
-Owns: ``fused_sample``, a drop-in for ``layers.sampling.sample`` with a bounded top-k
-(``max_k``: every row's k in 1..max_k). ``sample`` under Inductor is a chain of launches per
+Owns: ``sample_row``, the draw of the persistent depth frame (``kernels/persistent_depth.py``),
+and ``fused_sample``, its launcher over a batch: a drop-in for ``layers.sampling.sample`` with a
+bounded top-k (``max_k``: every row's k in 1..max_k), through which the tests hold the draw to
+``sample``'s (no config switch serves it: the depth frame took the same time with it). ``sample`` under Inductor is a chain of launches per
 draw (top-k, softmax and its cumulative sum, the scatter back to the vocabulary, the counter hash
 and Gumbel noise, the masked argmax); the depth frame makes 16 draws, so at one row that chain,
 not arithmetic, is most of the sampler's time (H200 census, ``h200-profile-census-20261201.log``:

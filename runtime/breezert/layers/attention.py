@@ -213,9 +213,9 @@ def decode_meta_on_device(
     key_slots: torch.Tensor,  # [T] int64: 0..T-1, the padded context
     block_size: int, scratch_row: int,
 ) -> dict[str, torch.Tensor]:
-    """``PagedKVCache.decode_meta``'s tensors (``worker/kv_cache.py``; same values, padding rows
-    included when their table is all scratch block) from device block tables: sync-free, for a
-    graph."""
+    """A DECODE step's ``GatherKV`` tensors from device block tables, sync-free, for a graph:
+    each row reads keys ``0..position`` through its table and writes the new token's row; a
+    padding row (its table all scratch block, position 0) reads and writes the scratch row."""
     rows = tables[:, key_slots // block_size] * block_size + key_slots % block_size  # [R, T]
     valid = key_slots[None, :] <= positions[:, None]
     mask = valid | (key_slots == 0)[None, :]  # padding rows read the scratch row: finite

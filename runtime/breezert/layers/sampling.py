@@ -61,33 +61,12 @@ def apply_repetition_penalty(
     return torch.where(seen, penalized, logits)
 
 
-def apply_temperature(logits: torch.Tensor, temperature: PerRow) -> torch.Tensor:
-    """Divides each row by its temperature; rows at temperature 0 are left unchanged."""
-    t = _per_row(temperature, logits.shape[0], logits.dtype, logits.device)[:, None]
-    return logits / torch.where(t > 0, t, torch.ones_like(t))
-
-
-def apply_top_k(logits: torch.Tensor, top_k: PerRow) -> torch.Tensor:
-    """Keeps every logit >= the row's k-th largest (ties kept); k = 0 keeps the row."""
-    k = _per_row(top_k, logits.shape[0], torch.long, logits.device)  # [R]
-    sorted_desc = logits.sort(dim=-1, descending=True).values  # [R, V]
-    kth = sorted_desc.gather(-1, (k.clamp(1, logits.shape[-1]) - 1)[:, None])  # [R, 1]
-    kth = torch.where(k[:, None] > 0, kth, torch.full_like(kth, float("-inf")))
-    return logits.masked_fill(logits < kth, float("-inf"))
-
-
-def apply_top_p(logits: torch.Tensor, top_p: PerRow) -> torch.Tensor:
-    """Nucleus filter: keeps the most likely ids up to and including the first to reach top_p.
-
-    Branch-free (no host sync), so it can run inside a CUDA graph; p = 1 removes nothing.
-    """
-    return filter_top_k_top_p(logits, 0, top_p)
-
-
 def filter_top_k_top_p(
     logits: torch.Tensor, top_k: PerRow, top_p: PerRow, max_k: int | None = None
 ) -> torch.Tensor:
-    """``apply_top_p(apply_top_k(logits, k), p)`` with one sort and no host sync.
+    """Top-k (ids tied with the k-th value kept; k = 0 keeps the row), then top-p (the most
+    likely ids up to and including the first to reach p; p = 1 removes nothing), with one sort
+    and no host sync.
 
     With ``max_k`` (every row's k in 1..max_k) only the ``max_k`` largest logits are sorted, by
     ``topk``: far cheaper than sorting the vocabulary. Ids tied with the k-th value are kept

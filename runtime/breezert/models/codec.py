@@ -581,10 +581,6 @@ class CodecDecoder(nn.Module):
         )
         self._state_spec = _conv_state_spec(cfg)
 
-    def state_numel(self) -> int:
-        """Values of exact decoder state per stream (SPEC §3.3: about 1.30 M at real size)."""
-        return stream_state_numel(self.cfg)
-
     def new_state(
         self,
         num_streams: int,

@@ -3,17 +3,15 @@
 Owns: grouping a step's CODEC items into replays, padding each replay to a (streams, frames)
 bucket (padding rows decode into a scratch slot), the graphed gather → step → scatter function,
 resetting a slot's state at a request's first chunk, and turning waveforms into
-``DecodedChunk``s. Two groupings: ``mixed_sizes`` off, one group per chunk size (every row of a
-replay decodes the same number of frames); on, chunks of different sizes share a replay (each
-row decodes its own count, ``StreamingCodec.decode(num_frames=)``) and the items are split into
-the groups of sizes that minimise padded frames plus a fixed cost per replay. The graphs read
+``DecodedChunk``s. Chunks of different sizes share a replay (each row decodes its own count,
+``StreamingCodec.decode(num_frames=)``): a step's items are split into the groups of sizes that
+minimise padded frames plus a fixed cost per replay. The graphs read
 each chunk's frames from the slot table's ring (``codec_from_ring``): the host uploads only slot
 and frame indices. Must not: decide chunk sizes (the scheduler and the Predictor do).
 """
 
 from __future__ import annotations
 
-from collections import defaultdict
 from collections.abc import Callable, Sequence
 
 import torch
@@ -34,47 +32,37 @@ def codec_step(
 
 
 def codec_from_ring(
-    table: Slots, step_fn: Callable[..., dict[str, torch.Tensor]], mixed_sizes: bool,
+    table: Slots, step_fn: Callable[..., dict[str, torch.Tensor]],
     rows: torch.Tensor,  # [B, 1 + F] int64: the slot, then each frame's index (-1: padding)
 ) -> dict[str, torch.Tensor]:
     """``step_fn`` (``codec_step`` bound to a codec) over frames gathered from the table's ring;
-    ``mixed_sizes``: each row decodes only its real frames (else every real row has F)."""
+    each row decodes only its real frames."""
     codes, counts = table.codec_codes(rows)
-    return step_fn(slot_ids=rows[:, 0], codes=codes, num_frames=counts if mixed_sizes else None)
+    return step_fn(slot_ids=rows[:, 0], codes=codes, num_frames=counts)
 
 
 class CodecStage:
     def __init__(self, codec: StreamingCodec, worker: StageWorker, graphs: Graphs,
-                 buckets: Sequence[int], mixed_sizes: bool = False,
-                 replay_cost_frames: float = 24.0) -> None:
+                 buckets: Sequence[int], replay_cost_frames: float = 24.0) -> None:
         """``graphs`` runs ``codec_from_ring`` bound to the slot table."""
         self.codec, self.graphs, self.buckets = codec, graphs, tuple(buckets)
         self.slots = worker.slots
         self.device = codec.positions.device
         self.scratch_slot = codec.max_slots - 1  # the arena has one slot more than the batch
-        self.mixed_sizes = mixed_sizes
         self.replay_cost_frames = replay_cost_frames
         self.num_replays = 0  # graph replays or eager calls, all steps
 
     def run(self, items: Sequence[CodecItem]) -> StageOutput:
         out = StageOutput()
-        if self.mixed_sizes:
-            for group in self.plan_groups(items):
-                out.chunks.extend(self._decode_mixed(group))
-            return out
-        groups: dict[int, list[CodecItem]] = defaultdict(list)
-        for item in items:
-            groups[item.num_frames].append(item)
-        for group in groups.values():
-            out.chunks.extend(self._decode_group(group))
+        for group in self.plan_groups(items):
+            out.chunks.extend(self._decode(group))
         return out
 
-    # ---------------------------------------------------------------- mixed-size replays
     def replay_cost(self, num_items: int, max_frames: int) -> float:
         """Predicted cost of decoding ``num_items`` rows of up to ``max_frames`` frames, in
         frame-equivalents: the bucketed rows times the padded frames of each piece, plus
         ``replay_cost_frames`` per replay (the launch-bound floor of a small step)."""
-        return self._price(self._rows_for(num_items), self._pieces(max_frames, padded=True),
+        return self._price(self._rows_for(num_items), self._pieces(max_frames),
                            set(self.graphs.keys))
 
     def _price(self, rows: int, pieces: list[int], captured: set) -> float:
@@ -101,7 +89,7 @@ class CodecStage:
         best = [0.0] + [float("inf")] * n  # best[j]: cheapest split of ordered[:j]
         cut = [0] * (n + 1)
         for j in range(1, n + 1):
-            pieces = self._pieces(ordered[j - 1].num_frames, padded=True)
+            pieces = self._pieces(ordered[j - 1].num_frames)
             price = {rows: self._price(rows, pieces, captured)
                      for rows in set(rows_of[1 : j + 1])}  # == replay_cost(count, frames)
             for i in range(j):
@@ -114,9 +102,9 @@ class CodecStage:
             j = cut[j]
         return groups[::-1]
 
-    def _decode_mixed(self, items: list[CodecItem]) -> list[DecodedChunk]:
+    def _decode(self, items: list[CodecItem]) -> list[DecodedChunk]:
         num = len(items)
-        pieces = self._pieces(max(item.num_frames for item in items), padded=True)
+        pieces = self._pieces(max(item.num_frames for item in items))
         size, replays = self._replays(items, pieces)
         waves = []
         for piece, inputs in zip(pieces, replays):
@@ -153,37 +141,16 @@ class CodecStage:
             f *= 2
         return sorted(sizes, reverse=True)
 
-    def _pieces(self, num_frames: int, padded: bool = False) -> list[int]:
-        """``num_frames`` as a sum of captured frame counts, largest first (exact: the
-        streaming codec gives the same audio for any split); ``padded``: as 16-frame pieces and
-        one last piece of the next captured count up (mixed-size replays pad rows anyway)."""
+    def _pieces(self, num_frames: int) -> list[int]:
+        """``num_frames`` as 16-frame pieces and one last piece of the next captured count up
+        (exact: the streaming codec gives the same audio for any split; rows are padded)."""
         if not self.graphs.enabled:
             return [num_frames]
         pieces, left = [], num_frames
-        if padded:
-            while left > 16:
-                pieces.append(16)
-                left -= 16
-            return pieces + [bucket_for(left, self.frame_buckets(16)) or 16]
-        for size in self.frame_buckets(16):
-            while left >= size:
-                pieces.append(size)
-                left -= size
-        return pieces
-
-    def _decode_group(self, items: list[CodecItem]) -> list[DecodedChunk]:
-        num, frames_per = len(items), items[0].num_frames
-        pieces = self._pieces(frames_per)
-        size, replays = self._replays(items, pieces)
-        waves = []
-        for piece, inputs in zip(pieces, replays):
-            waves.append(self.graphs((size, piece), inputs)["wav"][:num].float().cpu())
-            self.num_replays += 1
-        pcm = torch.cat(waves, dim=1).numpy()  # [B, F * 1920]
-        return [
-            DecodedChunk(item.request_id, item.start_frame, item.num_frames, pcm[i], item.is_final)
-            for i, item in enumerate(items)
-        ]
+        while left > 16:
+            pieces.append(16)
+            left -= 16
+        return pieces + [bucket_for(left, self.frame_buckets(16)) or 16]
 
     def _replays(self, items: list[CodecItem], pieces: list[int]) \
             -> tuple[int, list[dict[str, torch.Tensor]]]:

@@ -52,15 +52,12 @@ def _raise_cache_limit(limit: int) -> None:
 
 def depth_fn(
     model: BreezeModel, max_k: int | None, compile_depth: bool, fused_depth: bool = False,
-    max_rows: int = 64, tiles_by_rows: bool = True, fused_sampling: bool = False,
-    pdl: bool = False, persistent_depth: int = 0,
+    max_rows: int = 64, pdl: bool = False, persistent_depth: int = 0,
 ) -> Callable[..., dict[str, torch.Tensor]]:
     """``depth_frames`` bound to ``model`` and ``max_k``; on CUDA its layer step runs the fused
     Triton kernels (``fused_depth``, workspace for ``max_rows`` rows, launch shapes per row
-    bucket with ``tiles_by_rows``, chained by programmatic dependent launch with ``pdl``) or is
-    compiled (``compile_depth``); its draws run the fused
-    Triton sampler (``fused_sampling``, bounded top-k only: ``max_k`` set), else
-    ``compile_depth`` compiles the sampler. On the CPU the frame's
+    bucket, chained by programmatic dependent launch with ``pdl``) or is compiled
+    (``compile_depth``), and ``compile_depth`` compiles the sampler. On the CPU the frame's
     Gumbel noise is made in one call (``noise_per_frame``); CUDA keeps one per draw, as measured
     on the H200 (one call would be a new, unmeasured kernel chain in the graph).
     ``persistent_depth`` (rows; 0: off): batches of up to that many rows with a bounded top-k
@@ -80,10 +77,8 @@ def depth_fn(
                         "programs)", persistent_depth, frame_kernel.programs)
     if fused_depth and not getattr(depth, "is_fused", False):
         from breezert.kernels.fused_depth import FusedDepthLayers  # needs Triton
-        from breezert.kernels.gemm import Tiles
 
-        depth.run_layers = FusedDepthLayers(depth, max_rows, None if tiles_by_rows else Tiles(),
-                                            pdl=pdl)
+        depth.run_layers = FusedDepthLayers(depth, max_rows, pdl=pdl)
         depth.is_fused = True
         logger.info("depth layers run the fused Triton kernels (%d-row workspace)", max_rows)
     if compile_depth:
@@ -92,11 +87,6 @@ def depth_fn(
             depth.run_layers = torch.compile(depth.run_layers, dynamic=True, fullgraph=True)
             depth.is_compiled = True
             logger.info("compiled the depth step (inductor, default mode, dynamic batch)")
-    if fused_sampling and max_k is not None:
-        from breezert.kernels.fused_sampling import fused_sample  # needs Triton
-
-        return partial(depth_frames, model, max_k=max_k, sampler=fused_sample,
-                       frame_kernel=frame_kernel)
     if not compile_depth:
         return partial(depth_frames, model, max_k=max_k, frame_kernel=frame_kernel)
     sampler = torch.compile(sample, dynamic=True, fullgraph=True)
@@ -137,11 +127,11 @@ def prefill_fn(
 
 def text_encode_fn(
     model: BreezeModel, fused_text_encoder: bool = False, pdl: bool = False,
-    fused_max_tokens: int = 128, wide_tiles: bool = False,
+    fused_max_tokens: int = 128,
 ) -> Callable[..., dict[str, torch.Tensor]]:
     """``encode_text`` bound to ``model``; on CUDA its layers run the fused Triton kernels
     (``fused_text_encoder``, batches of up to ``fused_max_tokens`` tokens, wider GEMM tiles past
-    128 with ``wide_tiles``; longer ones eager), chained by programmatic dependent launch with
+    128; longer ones eager), chained by programmatic dependent launch with
     ``pdl``. The encoder sits on the first-packet path and runs ~70 launches per layer unfused."""
     fn = partial(encode_text, model)
     encoder = model.text_encoder
@@ -150,7 +140,7 @@ def text_encode_fn(
         from breezert.kernels.fused_text_encoder import FusedTextEncoder  # needs Triton
 
         encoder.encode = FusedTextEncoder(encoder, max_tokens=fused_max_tokens, pdl=pdl,
-                                          wide_tiles=wide_tiles)
+                                          wide_tiles=True)
         encoder.is_fused = True
         logger.info("text encoder layers run the fused Triton kernels (up to %d tokens)",
                     fused_max_tokens)

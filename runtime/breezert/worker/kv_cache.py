@@ -1,10 +1,11 @@
 """The backbone's paged KV cache: one preallocated tensor of blocks, read through block tables.
 
 Owns: the ``[layers, 2, (num_blocks + 1) * block_size, KVH, D]`` tensor (the extra block is a
-scratch area that padding tokens write to and read from) and host-side metadata builders that
-turn block tables into the fixed-shape gather indices and masks that ``layers.attention.GatherKV``
-(the per-forward view implementing the ``KVCache`` contract) reads (DECODE builds the same in
-its graph from the slot table's block tables: ``layers.attention.decode_meta_on_device``);
+scratch area that padding tokens write to and read from) and PREFILL's host-side metadata
+builder, which turns block tables into the fixed-shape gather indices and masks that
+``layers.attention.GatherKV`` (the per-forward view implementing the ``KVCache`` contract) reads
+(DECODE builds its own in its graph from the slot table's block tables:
+``layers.attention.decode_meta_on_device``);
 ``kv_blocks_for_memory`` sizes the pool from the device's free memory. Must not: choose blocks
 (the scheduler's ``BlockPool`` does) or know about requests.
 """
@@ -13,7 +14,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-import numpy as np
 import torch
 
 from breezert.errors import InvalidConfig
@@ -94,41 +94,6 @@ class PagedKVCache:
         blocks = torch.tensor(list(block_ids[:needed]), dtype=torch.long)
         offsets = torch.arange(self.block_size, dtype=torch.long)
         return (blocks[:, None] * self.block_size + offsets[None, :]).flatten()[:end]
-
-    def decode_meta(self, runs: Sequence[KVRun], num_rows: int, context: int) -> StepMeta:
-        """One new token per run, padded to ``num_rows`` rows and ``context`` keys.
-
-        Vectorized over runs (numpy): at 128 rows a per-run loop cost ~5 ms of host time per
-        step, as much as the step itself.
-        """
-        assert all(run.num_new == 1 for run in runs), "decode_meta takes single-token runs"
-        num = len(runs)
-        lengths = np.array([run.start + 1 for run in runs], dtype=np.int64)  # [B]
-        if num and lengths.max() > context:
-            raise ValueError(f"context {int(lengths.max())} exceeds the padded length {context}")
-        blocks_needed = -(-context // self.block_size)
-        table = np.zeros((num, blocks_needed), dtype=np.int64)
-        for i, run in enumerate(runs):
-            needed = -(-int(lengths[i]) // self.block_size)
-            if needed > len(run.block_ids):
-                raise ValueError(f"sequence of {int(lengths[i])} tokens needs {needed} blocks, "
-                                 f"its table has {len(run.block_ids)}")
-            table[i, :needed] = run.block_ids[:needed]
-        pos = np.arange(context, dtype=np.int64)  # [T]
-        rows = table[:, pos // self.block_size] * self.block_size + pos % self.block_size
-        valid = pos[None, :] < lengths[:, None]  # [B, T]
-        read = np.full((num_rows, context), self.scratch_row, dtype=np.int64)
-        read[:num] = np.where(valid, rows, self.scratch_row)
-        mask = np.zeros((num_rows, context), dtype=bool)
-        mask[:num] = valid
-        mask[:, 0] = True  # padding rows read the scratch row: finite, ignored
-        write = np.full(num_rows, self.scratch_row, dtype=np.int64)
-        write[:num] = rows[np.arange(num), lengths - 1]
-        positions = np.zeros(num_rows, dtype=np.int64)
-        positions[:num] = lengths - 1
-        return StepMeta(torch.from_numpy(positions), torch.from_numpy(write),
-                        torch.from_numpy(read), torch.from_numpy(mask)[:, None, None, :], num,
-                        list(range(num)))
 
     def packed_meta(self, runs: Sequence[KVRun], num_tokens: int, num_keys: int) -> StepMeta:
         """Runs of new tokens packed into ``num_tokens`` queries over ``num_keys`` keys."""

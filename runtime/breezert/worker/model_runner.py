@@ -100,8 +100,7 @@ class ModelRunner:
 
         # CFG runs two rows per request: the fused depth workspace covers the largest bucket.
         depth_kernels = (graph.compile_depth, graph.fused_depth,
-                         2 * max(graph.depth_batch_buckets), graph.depth_tiles_by_rows,
-                         graph.fused_sampling, graph.pdl)
+                         2 * max(graph.depth_batch_buckets), graph.pdl)
 
         def runner(name: str, fn: GraphFn) -> GraphRunner:
             return GraphRunner(name, fn, enabled=use_graphs, device=self.device)
@@ -115,15 +114,13 @@ class ModelRunner:
                                 depth_fn(model, max_k, *depth_kernels,
                                          persistent_depth=graph.persistent_depth))
                  for max_k in (TOP_K_BOUND, None)}
-        codec = partial(codec_from_ring, self.slots, partial(codec_step, self.codec),
-                        graph.codec_mixed_sizes)
+        codec = partial(codec_from_ring, self.slots, partial(codec_step, self.codec))
         self.stages = {
             Stage.TEXT_ENCODE: TextEncodeStage(
                 model, worker,
                 runner("text_encode", text_encode_fn(
                     model, graph.fused_text_encoder, graph.pdl,
-                    fused_max_tokens=graph.fused_text_encoder_max_tokens,
-                    wide_tiles=graph.fused_text_encoder_wide_tiles)),
+                    fused_max_tokens=graph.fused_text_encoder_max_tokens)),
                 graph.text_encode_buckets,
             ),
             Stage.PREFILL: PrefillStage(
@@ -141,7 +138,6 @@ class ModelRunner:
             ),
             Stage.CODEC: CodecStage(
                 self.codec, worker, runner("codec", codec), graph.codec_buckets,
-                mixed_sizes=graph.codec_mixed_sizes,
                 replay_cost_frames=graph.codec_replay_cost_frames,
             ),
         }
