@@ -3,6 +3,7 @@
     PYTHONPATH=runtime:. .venv/bin/python bench/latency_bounds.py --runs 10 --tier integration
     PYTHONPATH=runtime:. .venv/bin/python bench/latency_bounds.py --runs 3 --tier livekit
     PYTHONPATH=runtime:. .venv/bin/python bench/latency_bounds.py --runs 10 --tier interrupt
+    PYTHONPATH=runtime:. .venv/bin/python bench/latency_bounds.py --runs 3 --tier over_ttfb
 
 Runs the very tests that check each figure (``tests.latency.check``), ``--runs`` times each in
 a fresh pytest process, with ``BREEZERT_LATENCY_RECORD`` (each check appends its measured figure)
@@ -53,6 +54,10 @@ TIERS: dict[str, dict[str, list[str]]] = {
             "tests/livekit/test_sip.py::test_a_call_hears_the_agents_greeting_whole"],
         "room_python_first_audio": ["tests/livekit/test_room_python.py"],
         "room_browser_first_audio": ["tests/livekit/test_room_latency.py"],
+    },
+    "over_ttfb": {  # a listener's first audio less the agent's TTFB in the same turn
+        "room_python_over_ttfb": ["tests/livekit/test_room_latency.py"],
+        "room_browser_over_ttfb": ["tests/livekit/test_room_latency.py"],
     },
     "interrupt": {  # one figure per livekit run: this tier gathers more of them
         "room_interrupt_stop": [

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -21,7 +22,13 @@ from breezert.jitter_buffer import JitterCounters
 
 from .client import Turn
 from .log import logger
-from .models import LISTENER_STATS_MAX_AGE_S, NUM_CHANNELS, PLAYOUT_TOPIC, SAMPLE_RATE
+from .models import (
+    LISTENER_SETTLE_S,
+    LISTENER_STATS_MAX_AGE_S,
+    NUM_CHANNELS,
+    PLAYOUT_TOPIC,
+    SAMPLE_RATE,
+)
 
 
 @dataclass(frozen=True)
@@ -80,10 +87,18 @@ class PlayoutFeedback:
     i.e. between its public ``playback_started`` and ``playback_finished`` events: RoomIO holds
     every frame until a participant subscribes, and its empty queue then is not a listener that
     ran dry (the engine would hurry); unreported, the engine keeps its own estimate.
+
+    The same output says when a turn's audio may start (``wait_for_listener``): once RoomIO
+    has a subscriber, and ``listener_settle_s`` after a subscription that came while the turn
+    was being made, so that its first frames do not reach a receive path still being set up.
     """
 
-    def __init__(self, *, max_age_s: float = LISTENER_STATS_MAX_AGE_S) -> None:
+    def __init__(self, *, max_age_s: float = LISTENER_STATS_MAX_AGE_S,
+                 listener_settle_s: float = LISTENER_SETTLE_S) -> None:
         self._max_age_s = max_age_s
+        self._listener_settle_s = listener_settle_s
+        self._subscribed: asyncio.Future[None] | None = None
+        self._subscribed_at: float | None = None  # -inf: subscribed before it was attached
         self._sender: Callable[[], float] | None = None
         self._last_raw: dict[str, JitterCounters] = {}
         self.listeners: dict[str, ListenerStats] = {}
@@ -116,6 +131,7 @@ class PlayoutFeedback:
             if found is not None and output is not None:
                 self.attach_audio_source(found[0], pending_s=found[1])
                 self._watch(output)
+                self._watch_subscription(getattr(node, "subscribed", None))
                 return True
             node = getattr(node, "next_in_chain", None)
         return False
@@ -131,6 +147,37 @@ class PlayoutFeedback:
             self._output.off("playback_started", self._on_playback_started)
             self._output.off("playback_finished", self._on_playback_finished)
         self._output, self.is_playing = None, True
+
+    def _watch_subscription(self, subscribed: object) -> None:
+        """RoomIO's public ``subscribed`` future (resolved when a participant subscribed to its
+        track); an output without one never holds a turn."""
+        self._subscribed = subscribed if isinstance(subscribed, asyncio.Future) else None
+        self._subscribed_at = None
+        if self._subscribed is None:
+            return
+        if self._subscribed.done():
+            self._subscribed_at = -math.inf
+        else:
+            self._subscribed.add_done_callback(self._on_subscribed)
+
+    def _on_subscribed(self, _future: asyncio.Future[None]) -> None:
+        self._subscribed_at = time.monotonic()
+
+    async def wait_for_listener(self) -> None:
+        """Returns when a turn's first audio may go to the attached output: at once without
+        RoomIO, or once it has a subscriber and ``listener_settle_s`` has passed since the
+        subscription (``models.LISTENER_SETTLE_S`` says why). Audio made meanwhile waits in
+        the turn, whole: the listener hears the turn from its start."""
+        subscribed = self._subscribed
+        if subscribed is None:
+            return
+        if not subscribed.done():
+            await asyncio.shield(subscribed)
+        if self._subscribed_at is None:  # its done callback has not run yet: just now
+            self._subscribed_at = time.monotonic()
+        remaining = self._subscribed_at + self._listener_settle_s - time.monotonic()
+        if remaining > 0:
+            await asyncio.sleep(remaining)
 
     def _on_playback_started(self, _event: object) -> None:
         self.is_playing = True
@@ -149,6 +196,7 @@ class PlayoutFeedback:
         self._rooms.clear()
         self._unwatch()
         self._sender = None
+        self._subscribed, self._subscribed_at = None, None
 
     # ------------------------------------------------------------------ turns
     @property

@@ -297,7 +297,9 @@ class TTS(tts.TTS[Literal["metrics_collected", "error"]]):  # no events of its o
         self._playout.attach_audio_source(source, pending_s=pending_s)
 
     def attach_audio_output(self, output: io.AudioOutput | None) -> bool:
-        """Same, finding the source behind ``session.output.audio`` (RoomIO); True if found."""
+        """Same, finding the source behind ``session.output.audio`` (RoomIO); True if found.
+        A turn's first audio then waits for RoomIO's subscriber (``PlayoutFeedback.
+        wait_for_listener``)."""
         return self._playout.attach_audio_output(output)
 
     def listen_room(self, room: rtc.Room) -> None:
@@ -381,7 +383,8 @@ class _TurnRunner:
 
     async def pump(self) -> None:
         """Pushes every chunk into the emitter as it arrives (no buffering here but the
-        resampler's, when the plugin's rate is not the runtime's)."""
+        resampler's, when the plugin's rate is not the runtime's), from the first one that
+        the attached output's listener is ready for (``PlayoutFeedback.wait_for_listener``)."""
         await self._is_ready.wait()
         if self.turn is None:
             return
@@ -391,6 +394,7 @@ class _TurnRunner:
                 self._push_transcript(pcm)
                 continue
             if not self.is_audio_pushed:
+                await self._tts.playout.wait_for_listener()  # RoomIO: a subscriber, settled
                 self.is_audio_pushed = True
                 self._tts.playout.begin(self.turn)
                 self._feedback_task = asyncio.create_task(self._feedback_loop(self.turn))

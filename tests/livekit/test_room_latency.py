@@ -10,7 +10,7 @@ the browser's own AudioWorklet on the decoded track), each minus the agent's TTF
 the engine thread's step time split into CPU, runqueue and GIL waits, and the foreign load on
 the box. Asserted per turn (``_miss``): both heard it, after the agent sent it, within its
 ``room_<listener>_first_audio`` bound (``tests/latency_bounds.json``) of the trigger and
-``MAX_OVER_TTFB_S`` of the TTFB, in real time (each listener's jitter buffer concealing at most one packet of speech, the length judged within its
+its ``room_<listener>_over_ttfb`` bound of the TTFB, in real time (each listener's jitter buffer concealing at most one packet of speech, the length judged within its
 time-stretch, ``assert_played_in_real_time``; the browser's length without the quiet runs
 headless Chromium's output FIFO adds, as ``test_room_browser`` judges it). One turn in the
 test, at most, that misses while other work took ``realtime.FOREIGN_LOAD_LIMIT`` cores or more
@@ -51,10 +51,6 @@ pytestmark = pytest.mark.livekit
 REPO = Path(__file__).resolve().parents[2]
 TURNS = int(os.environ.get("BREEZERT_ROOM_TURNS", "5"))
 LISTENERS = ("python", "browser")
-MAX_OVER_TTFB_S = 0.25
-"""Bound on a listener's first audio (from the trigger) minus the agent's TTFB in the same turn:
-what the agent session, RoomIO, Opus, the SFU and the listener's jitter buffer add. Measured
-about 60-80 ms at the median on two quiet cores; the bound leaves room for a busy box."""
 SUMMARY_KEYS = ("agent_ttfb_ms", "agent_playout_ms", "python_first_audio_ms",
                 "browser_first_audio_ms", "python_over_ttfb_ms", "browser_over_ttfb_ms",
                 "python_gap_ms", "browser_gap_ms", "browser_quiet_ms")
@@ -100,8 +96,12 @@ def _commit() -> str:
 def _miss(turn: dict[str, Any]) -> str | None:
     """Why the turn fails the test's bounds at a listener, or ``None``: heard at all, after the
     agent's first frame went out (one clock: an earlier stamp would mean the figures are
-    wrong), first audio within its ``room_<listener>_first_audio`` bound of the trigger and
-    ``MAX_OVER_TTFB_S`` of the agent's TTFB, and in real time."""
+    wrong), first audio within its ``room_<listener>_first_audio`` bound of the trigger and its
+    ``room_<listener>_over_ttfb`` bound of the agent's TTFB (what the agent session, RoomIO,
+    Opus, the SFU and the listener's jitter buffer add; both in ``tests/latency_bounds.json``),
+    and in real time. Every listener's figures are checked (and recorded, when
+    ``bench/latency_bounds.py`` measures them) before either listener's real-time check."""
+    misses: list[str] = []
     for name, heard in zip(LISTENERS, turn["heard"]):
         if heard is None:
             return f"the {name} participant never heard the turn"
@@ -111,9 +111,14 @@ def _miss(turn: dict[str, Any]) -> str | None:
         try:
             latency.check(f"room_{name}_first_audio", first_ms / 1000)
         except latency.LatencyMiss as miss:
-            return str(miss)
-        if over_ms > MAX_OVER_TTFB_S * 1000:
-            return f"{name}: first audio {over_ms} ms after the agent's TTFB"
+            misses.append(str(miss))
+        try:
+            latency.check(f"room_{name}_over_ttfb", over_ms / 1000)
+        except latency.LatencyMiss as miss:
+            misses.append(str(miss))
+    if misses:
+        return "; ".join(misses)
+    for name, heard in zip(LISTENERS, turn["heard"]):
         try:
             if name == "browser":
                 assert_browser_real_time(heard, turn["browser_playout"], turn["audio_s"])
@@ -174,7 +179,8 @@ def _record(path: str, turns: list[dict[str, Any]], busy: list[dict[str, Any]],
               "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
               "machine": _machine(), "turns_requested": TURNS, "sentence": SENTENCE,
               "foreign_load_limit_cores": FOREIGN_LOAD_LIMIT, "worker_scheduler": switches,
-              "max_over_ttfb_ms": MAX_OVER_TTFB_S * 1000, "summary": summary,
+              "max_over_ttfb_ms": {name: latency.bound_s(f"room_{name}_over_ttfb") * 1000
+                                   for name in LISTENERS}, "summary": summary,
               "turns": plain(turns), "said_again_under_foreign_load": plain(busy)}
     Path(path).write_text(json.dumps(record, indent=1) + "\n")
 

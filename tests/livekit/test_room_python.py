@@ -33,13 +33,6 @@ LONGER = LONG + " Fourth sentence here. Fifth sentence here. Sixth sentence here
 MAX_GAP_S = 0.060
 DURATION_TOLERANCE_S = 0.08  # one 20 ms RoomIO frame each end plus jitter-buffer drift
 CONCEALED_MAX = 960  # samples at 48 kHz: one 20 ms Opus packet of speech
-# A turn that began before the listener subscribed (RoomIO held its frames, then released the
-# backlog): measured on quiet two-core runs, 0, 1526, 1560, 2092 and 2370 samples of speech
-# concealed somewhere after the first half second (3-4 Dec; not at the subscription's start, so
-# not the jitter buffer's start-up). Bound as the other real-time figures are (largest seen x 2,
-# tests/latency_bounds.json's rule): 100 ms. The cause (the held backlog's packet timing) is an
-# open defect, noted on issue 33; a pipeline that drops a few packets still fails here.
-CONCEALED_MAX_JOINED = 4800
 JITTER_BUFFER_RATE = 48000  # the jitter buffer counts the Opus decoder's samples
 
 
@@ -96,12 +89,11 @@ def assert_real_time(heard: Any, expected_s: float) -> None:
         raise NotRealTime(f"heard {heard.span_s:.3f} s of {expected_s:.3f} s")
 
 
-def assert_played_in_real_time(heard: Any, playout: dict[str, int], expected_s: float,
-                               concealed_max: int = CONCEALED_MAX) -> None:
+def assert_played_in_real_time(heard: Any, playout: dict[str, int], expected_s: float) -> None:
     """``assert_real_time`` with what the listener's WebRTC jitter buffer did during the turn
     (``playout``: its sample counters, ``Room.playout_counters`` or the browser's).
 
-    It concealed at most ``concealed_max`` samples of speech: concealment is what packets reaching
+    It concealed at most ``CONCEALED_MAX`` samples of speech: concealment is what packets reaching
     the listener too late cause (the server, the loopback or the listener's own process; a late
     agent shows as quiet runs instead, below), checked after the length and gap. Its
     time-stretch (samples inserted to slow playout while it grows its target delay, removed to
@@ -127,7 +119,7 @@ def assert_played_in_real_time(heard: Any, playout: dict[str, int], expected_s: 
         raise NotRealTime(f"{miss} (span {heard.span_s:.3f} s, within the jitter buffer's "
                           f"stretch {shortest:.3f}-{longest:.3f} s; quiet runs: "
                           f"{runs or 'none listed'})") from None
-    if concealed > concealed_max:
+    if concealed > CONCEALED_MAX:
         raise NotRealTime(f"the jitter buffer concealed {concealed} samples of speech in a turn "
                           "otherwise whole and without a gap")
 
@@ -194,7 +186,7 @@ async def test_speaking_before_anyone_subscribed_is_not_a_starving_listener(
         start = await room.playout_counters()  # zeros: no inbound audio yet
         before = agent_worker.metrics()
         message_id, sent = await room.say(LONGER)
-        await asyncio.sleep(0.5)  # the turn is open; RoomIO holds its frames until a subscriber
+        await asyncio.sleep(0.5)  # the turn is open; its audio waits for a subscriber
         held = agent_worker.metrics()
         pre_reports = [e for e in agent_worker.events(room.name) if e["type"] == "report"]
         print(f"before subscribing: {len(pre_reports)} playout reports, deadline misses "
@@ -229,8 +221,10 @@ async def test_speaking_before_anyone_subscribed_is_not_a_starving_listener(
         await idle(agent_worker)
         playout = await room.playout_counters(since=start)
         print(f"concealed speech: {playout['concealed'] - playout['silent']} samples")
-        assert_played_in_real_time(heard, playout, tts_metrics["audio_duration"],
-                                   concealed_max=CONCEALED_MAX_JOINED)
+        # the held turn starts models.LISTENER_SETTLE_S after the subscription (the plugin's
+        # PlayoutFeedback.wait_for_listener): started at once, its first 100-200 ms reached a
+        # receive path still being set up and were concealed (issue 33)
+        assert_played_in_real_time(heard, playout, tts_metrics["audio_duration"])
 
     await retry_if_starved(attempt, (LatencyMiss,), "held turn in real time")
 

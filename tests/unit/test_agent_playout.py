@@ -8,6 +8,7 @@ server or a model (the rtc FFI runs locally; no room is joined).
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 from types import SimpleNamespace
@@ -18,8 +19,9 @@ from livekit import rtc
 
 from breezert_agent import TTS
 from breezert_agent.client import TurnOptions
+from breezert_agent.models import LISTENER_SETTLE_S
 from breezert_agent.playout import PlayoutFeedback
-from tests.unit.test_agent_tts import FakeRuntimeClient, FakeTurn
+from tests.unit.test_agent_tts import NO_RETRY, FakeRuntimeClient, FakeTurn
 
 pytestmark = pytest.mark.unit
 
@@ -194,4 +196,71 @@ async def test_attach_audio_output_finds_the_roomio_source_and_its_backlog() -> 
     assert buffered_s == pytest.approx(0.3, abs=0.01) and source == "livekit-source"
     assert not PlayoutFeedback().attach_audio_output(None)
     await sync.aclose()
+    await room_output.aclose()
+
+
+# ----------------------------------------------------------------------------- a new listener
+
+
+def _room_output() -> Any:
+    """RoomIO's participant output, built offline (no room joined, nobody subscribed)."""
+    from livekit.agents.voice.room_io._output import _ParticipantAudioOutput
+
+    return _ParticipantAudioOutput(rtc.Room(), sample_rate=SAMPLE_RATE, num_channels=1,
+                                   track_publish_options=rtc.TrackPublishOptions())
+
+
+@pytest.mark.usefixtures("virtual_clock")
+async def test_audio_waits_for_roomios_first_subscriber_then_the_settle_time() -> None:
+    room_output = _room_output()
+    feedback = PlayoutFeedback(listener_settle_s=0.1)
+    assert feedback.attach_audio_output(room_output)
+    waiting = asyncio.ensure_future(feedback.wait_for_listener())
+    await asyncio.sleep(1.0)
+    assert not waiting.done(), "went on with nobody subscribed"
+    room_output.subscribed.set_result(None)
+    subscribed = time.monotonic()
+    await waiting
+    assert time.monotonic() - subscribed == pytest.approx(0.1, abs=0.01)
+    start = time.monotonic()
+    await feedback.wait_for_listener()  # the next turn: the listener has settled
+    assert time.monotonic() - start < 0.01
+    await room_output.aclose()
+
+
+@pytest.mark.usefixtures("virtual_clock")
+async def test_no_wait_for_a_listener_subscribed_before_or_without_roomio() -> None:
+    room_output = _room_output()
+    room_output.subscribed.set_result(None)
+    feedback = PlayoutFeedback(listener_settle_s=0.1)
+    assert feedback.attach_audio_output(room_output)
+    start = time.monotonic()
+    await feedback.wait_for_listener()
+    await PlayoutFeedback().wait_for_listener()  # nothing attached
+    assert time.monotonic() - start < 0.01
+    await room_output.aclose()
+
+
+@pytest.mark.usefixtures("virtual_clock")
+async def test_a_turn_made_before_anyone_subscribed_is_heard_from_its_start() -> None:
+    client = FakeRuntimeClient()
+    tts = TTS(client=client)
+    room_output = _room_output()
+    assert tts.attach_audio_output(room_output)
+    frames: list[tuple[float, Any]] = []
+
+    async def collect() -> None:
+        async for event in tts.synthesize("One sentence.", conn_options=NO_RETRY):
+            frames.append((time.monotonic(), event.frame))
+
+    collecting = asyncio.ensure_future(collect())
+    await asyncio.sleep(2.0)  # the engine made the whole turn meanwhile
+    assert client.num_opens == 1 and frames == [], "audio went out before a subscriber"
+    room_output.subscribed.set_result(None)
+    subscribed = time.monotonic()
+    await collecting
+    assert frames[0][0] - subscribed >= LISTENER_SETTLE_S - 0.01
+    assert sum(frame.duration for _, frame in frames) == pytest.approx(client.segment_s(),
+                                                                        abs=1e-3)
+    await tts.aclose()
     await room_output.aclose()

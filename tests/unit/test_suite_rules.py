@@ -235,10 +235,10 @@ def test_every_latency_check_has_a_measured_bound_of_the_stated_rule() -> None:
         if path.resolve() == THIS:
             continue
         names |= set(re.findall(r"latency\.check\(\s*\"(\w+)\"", _code(path)))
-        for listener in re.findall(r"latency\.check\(\s*f\"room_\{(\w+)\}_first_audio\"",
-                                   _code(path)):
+        for listener, figure in re.findall(
+                r"latency\.check\(\s*f\"room_\{(\w+)\}_(first_audio|over_ttfb)\"", _code(path)):
             assert listener == "name"  # test_room_latency's listeners
-            names |= {"room_python_first_audio", "room_browser_first_audio"}
+            names |= {f"room_python_{figure}", f"room_browser_{figure}"}
     assert names and names <= set(doc["bounds"]), names - set(doc["bounds"])
     assert {"machine", "runs", "margin", "rule"} <= set(doc)
     for name, entry in doc["bounds"].items():
