@@ -478,11 +478,15 @@ def _save(trainer: CodecTrainer, data: CropSource, out: Path) -> None:
 def train(data: CropSource, out: str | Path, cfg: CodecTrainConfig, minutes: float,
           max_steps: int | None = None, save_every: int = 200,
           device: str | torch.device = "cpu", stop: StopFlag | None = None,
-          warm_start: Callable[[CodecTrainer], None] | None = None) -> CodecTrainer:
+          warm_start: Callable[[CodecTrainer], None] | None = None,
+          on_step: Callable[[CodecTrainer, dict[str, float]], None] | None = None
+          ) -> CodecTrainer:
     """Trains until ``minutes`` pass (or ``max_steps`` total steps, or ``stop`` is set),
     resuming from ``out/state.pt`` if present, else from ``warm_start`` (e.g. a carried
     snapshot: ``lambda t: t.load_snapshot(...)``) if given; saves every ``save_every`` steps and
-    at the end. An error (a non-finite loss included) leaves the last save as it was."""
+    at the end; ``on_step`` sees the trainer and each step's record (its time is not training
+    time: e.g. handing a snapshot to the in-run scorer). An error (a non-finite loss included)
+    leaves the last save as it was."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     trainer = CodecTrainer(cfg, device)
@@ -498,7 +502,8 @@ def train(data: CropSource, out: str | Path, cfg: CodecTrainConfig, minutes: flo
         resumed = trainer.step > 0
     log = StepLog(out / LOG_FILE, trainer.step if resumed else None)
     timed_loop(trainer, lambda: trainer.train_step(data.sample(cfg.batch_size).to(trainer.device)),
-               lambda: _save(trainer, data, out), log, minutes, max_steps, save_every, stop)
+               lambda: _save(trainer, data, out), log, minutes, max_steps, save_every, stop,
+               after_step=(lambda record: on_step(trainer, record)) if on_step else None)
     return trainer
 
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import math
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 from typing import Any
@@ -362,10 +363,12 @@ def save_snapshot(trainer: LMTrainer, data: BatchStream, path: Path) -> None:
 def train(train_items: list[Utterance], heldout: list[Utterance], out: str | Path,
           cfg: LMTrainConfig, minutes: float, max_steps: int | None = None,
           save_every: int = 200, eval_every: int = 500, device: str | torch.device = "cpu",
-          stop: StopFlag | None = None) -> LMTrainer:
+          stop: StopFlag | None = None,
+          on_step: Callable[[LMTrainer, dict[str, float]], None] | None = None) -> LMTrainer:
     """Trains until ``minutes`` pass (or ``max_steps`` total steps, or ``stop``), resuming from
     ``out``; saves every ``save_every`` steps and at the end, evaluates every ``eval_every``
-    steps and at the end. A non-finite loss raises and leaves the last save as it was."""
+    steps and at the end; ``on_step`` sees the trainer and each step's record (not training
+    time). A non-finite loss raises and leaves the last save as it was."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     trainer = LMTrainer(cfg, device)
@@ -376,6 +379,8 @@ def train(train_items: list[Utterance], heldout: list[Utterance], out: str | Pat
     def evaluate(record: dict[str, float]) -> None:
         if heldout and trainer.step % eval_every == 0:
             record.update(trainer.evaluate(heldout))
+        if on_step is not None:
+            on_step(trainer, record)
 
     def run_end() -> None:  # each run ends with a held-out score
         if heldout and trainer.step % eval_every:
