@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 
 from breezert.random_init import write_random_checkpoint
@@ -99,7 +100,7 @@ def test_the_in_run_scorer_hears_the_teacher_with_a_corpus_language_model(tmp_pa
     errors. (Its dev sentences are held out of the model's texts; this checks the plumbing.)"""
     from breezert_train import run_wer
     from breezert_train.teacher import Teacher
-    from breezert_train.wer import word_errors
+    from breezert_train.wer import normalise, word_errors
 
     texts = ["The cat sat on the mat.", "A dog ran far, and so it goes.",
              "The third cat ran home today."]
@@ -108,3 +109,7 @@ def test_the_in_run_scorer_hears_the_teacher_with_a_corpus_language_model(tmp_pa
     errors = [word_errors(t, asr.transcribe(teacher.synthesize(t, i).audio / 32768.0, 24000))
               for i, t in enumerate(texts)]
     assert sum(e.num_errors for e in errors) <= 1, errors
+    # what it hears in noise are the model's words only (not the bundled model's 130 k)
+    noise = np.random.default_rng(0).normal(0, 0.05, 24000).astype(np.float32)
+    vocabulary = {w for t in texts for w in normalise(t)}
+    assert set(asr.transcribe(noise, 24000).split()) <= vocabulary

@@ -354,10 +354,11 @@ def _sample(voice: Path, text: str, max_frames: int) -> dict:
     return {"text": text, "frames": frames, "ended_by_eos": frames < max_frames}
 
 
-def default_wer(work: Path, plan: Plan) -> run_wer.InRunWer | None:
+def default_wer(work: Path, plan: Plan, teacher: bool) -> run_wer.InRunWer | None:
     """The call's in-run scorer: the dev set and the language model's texts from the corpus
-    beside the teacher data (``teacher_data.CORPUS_NAME``); None when ``plan.wer_workers`` is 0
-    or there is no corpus (then nothing is scored, and the summary says so)."""
+    beside the teacher data (``teacher_data.CORPUS_NAME``), the teacher's dev audio where the
+    call has the teacher (``teacher``: a codec call); None when ``plan.wer_workers`` is 0 or
+    there is no corpus (then nothing is scored, and the summary says so)."""
     from breezert_train.teacher_data import CORPUS_NAME, load_corpus
 
     corpus = work / "teacher" / CORPUS_NAME
@@ -367,14 +368,14 @@ def default_wer(work: Path, plan: Plan) -> run_wer.InRunWer | None:
     dev = run_wer.dev_sentences([(u.utterance_id, u.text) for u in heldout])
     return run_wer.InRunWer(work / WER_DIR, work / "carry" / run_wer.CURVE_FILE, dev,
                             [u.text for u in train[: run_wer.LM_SENTENCES]], plan.wer_workers,
-                            plan.rule, plan.label)
+                            plan.rule, plan.label, teacher=teacher)
 
 
 def run_pipeline(work: str | Path, minutes_total: float, out: str | Path,
                  carry_in: str | Path | None = None, plan: Plan = Plan(),
                  make_teacher: Callable[[Path, Plan], None] = _generate_teacher,
                  codec_overrides: dict | None = None, lm_overrides: dict | None = None,
-                 make_wer: Callable[[Path, Plan], run_wer.InRunWer | None] = default_wer
+                 make_wer: Callable[[Path, Plan, bool], run_wer.InRunWer | None] = default_wer
                  ) -> dict:
     """One call: resume from ``carry_in`` parts, run what is left within ``minutes_total``,
     write the state parts, the logs, the WER curve and ``summary.json`` to ``out``; returns the
@@ -399,6 +400,7 @@ def run_pipeline(work: str | Path, minutes_total: float, out: str | Path,
         summary["wer"][f"{stage}_at_start"] = verdict
         return verdict["verdict"] == "change"
 
+    summary["wer"]["scored"] = False
     try:
         # an export without CODEC_DONE is an unfinished codec of an older pipeline: it goes on
         if not ((carry / "codec").is_dir() and (carry / CODEC_DONE).is_file()):
@@ -407,7 +409,7 @@ def run_pipeline(work: str | Path, minutes_total: float, out: str | Path,
             make_teacher(work / "teacher", plan)  # each codec call makes it again (not carried)
             summary["stages"].append(
                 {"teacher_done_min": round((time.monotonic() - start) / 60, 2)})
-            wer = make_wer(work, plan)
+            wer = make_wer(work, plan, True)
             finished, trained_s, verdict = _codec_stage(work, plan, left(),
                                                         codec_overrides or {}, wer)
             summary["wer"]["codec"] = verdict
@@ -419,7 +421,7 @@ def run_pipeline(work: str | Path, minutes_total: float, out: str | Path,
         elif stalled(run_wer.VOICE):
             return _pack(carry, out, summary, start)
         if wer is None:
-            wer = make_wer(work, plan)
+            wer = make_wer(work, plan, False)
         voice, verdict = _lm_stage(work, plan, max(0.0, left()), lm_overrides or {}, wer)
         summary["wer"]["voice"] = verdict
         summary["stages"].append({"lm_done_min": round((time.monotonic() - start) / 60, 2)})
@@ -431,7 +433,7 @@ def run_pipeline(work: str | Path, minutes_total: float, out: str | Path,
         return _pack(carry, out, summary, start)
     finally:
         if wer is not None:
-            summary["wer"]["scorer_error"] = repr(wer.error) if wer.error else None
+            summary["wer"].update(scored=True, error=repr(wer.error) if wer.error else None)
             wer.close()
 
 

@@ -235,15 +235,17 @@ def lm_task(texts: list[str], out: str) -> str:
 # ------------------------------------------------------------------------------- the scorer
 class InRunWer:
     """The scorer of one call: a pool of ``workers`` processes (0: one thread, for tests) and a
-    coordinator thread that first builds the language model and the teacher's dev audio, scores
-    the teacher, then each subject ``submit`` hands it, in order, appending to ``curve``.
-    ``verdict`` is the rule's latest word on the stage last scored."""
+    coordinator thread that first builds the language model and (``teacher``) the teacher's dev
+    audio and scores it, then each subject ``submit`` hands it, in order, appending to
+    ``curve``. ``verdict`` is the rule's latest word on a stage. Without ``teacher`` (a call
+    that trains only the LM, carrying no teacher wheel) codecs cannot be scored and the rule
+    reads the teacher's WER from the curve's earlier calls."""
 
     def __init__(self, work: Path, curve: Path, dev: Sequence[DevSentence],
                  lm_texts: Sequence[str] | None, workers: int, rule: WerRule = WerRule(),
                  recipe: str | None = None, teacher_factory: Callable[[], Any] | None = None,
                  transcriber_factory: Callable[[str | None], Any] | None = None,
-                 log: Callable[[str], None] = print) -> None:
+                 log: Callable[[str], None] = print, teacher: bool = True) -> None:
         self.work, self.curve, self.dev = Path(work), Path(curve), list(dev)
         self.rule, self.recipe, self.log = rule, recipe, log
         self.work.mkdir(parents=True, exist_ok=True)
@@ -261,10 +263,12 @@ class InRunWer:
         self._lm: Future | None = (self._pool.submit(lm_task, list(lm_texts),
                                                      str(self.work / "dev_lm.arpa"))
                                    if lm_texts is not None else None)
-        self._clips = self._pool.submit(teacher_task, texts, seeds, teacher_factory)
+        self._clips = (self._pool.submit(teacher_task, texts, seeds, teacher_factory)
+                       if teacher else None)
         self._thread = threading.Thread(target=self._run, name="in-run-wer", daemon=True)
         self._thread.start()
-        self.submit(TEACHER, None, minutes=0.0, step=0)
+        if teacher:
+            self.submit(TEACHER, None, minutes=0.0, step=0)
 
     def submit(self, kind: str, subject: Path | None, minutes: float, step: int) -> None:
         """Queues a score of ``subject`` (a codec snapshot file or a voice folder that stays
@@ -296,7 +300,7 @@ class InRunWer:
     def _run(self) -> None:
         try:
             lm = self._lm.result() if self._lm is not None else None
-            clips = self._clips.result()
+            clips = self._clips.result() if self._clips is not None else None
             while (job := self._jobs.get()) is not None:
                 self._score(*job, lm=lm, clips=clips)
                 with self._lock:
@@ -306,10 +310,12 @@ class InRunWer:
             self.log(f"[wer] scorer failed: {exc!r}")
 
     def _score(self, kind: str, subject: str | None, minutes: float, step: int,
-               lm: str | None, clips: list[np.ndarray]) -> None:
+               lm: str | None, clips: list[np.ndarray] | None) -> None:
         start = time.monotonic()
-        items = [(d.text, i, clip) for i, (d, clip) in enumerate(zip(self.dev, clips,
-                                                                      strict=True))]
+        if clips is None and kind != VOICE:
+            raise ValueError(f"a {kind} score needs the teacher's audio (teacher=False)")
+        items = [(d.text, i, clips[i] if clips is not None else None)
+                 for i, d in enumerate(self.dev)]
         shares = [items[i::self._shares] for i in range(self._shares)]
         futures = [self._pool.submit(score_task, kind, subject, share, lm, self._factory)
                    for share in shares if share]
