@@ -422,3 +422,33 @@ def test_the_pipeline_command_line_sets_the_plan(monkeypatch: pytest.MonkeyPatch
     assert (plans[0].codec_autocast_bf16, plans[0].codec_batch_size,
             plans[0].codec_latent_mel_weight) == (True, 32, 0.0)
     assert plans[1].codec_autocast_bf16 is False and plans[1].codec_batch_size == 16
+
+
+def test_restate_packs_a_recipe_1_snapshot_slim_for_recipe_2(tmp_path: Path) -> None:
+    """``--restate`` (what 4 Dec's committed snapshot went through): a recipe-1 codec snapshot
+    with its discriminator becomes recipe 2's (no discriminator yet, no decoder codebook copies,
+    4 codebooks), same weights otherwise, fewer bytes; a recipe-2 trainer goes on from its
+    step."""
+    from breezert_train.checkpoint import load_state
+    from breezert_train.pipeline import CODEC_SNAPSHOT, main, run_pipeline
+    from breezert_train.state_shards import join_dir
+
+    recipe1 = _tiny_plan(codec_recipe=1, codec_minutes=5)  # a call of 0.01 min: unfinished
+    overrides = {**TINY_OVERRIDES, "codec_overrides": {"disc_channels": 4, "disc_start_step": 1}}
+    run_pipeline(tmp_path / "w1", 0.01, tmp_path / "parts", plan=recipe1,
+                 make_teacher=lambda out, plan: _tone_teacher(out), **overrides)
+    before = load_state(join_dir(tmp_path / "parts", tmp_path / "j1") / CODEC_SNAPSHOT)
+    size = sum(p.stat().st_size for p in (tmp_path / "parts").glob("state.0*"))
+    assert "disc" in before and before["config"]["active_codebooks"] == 16
+    main(["--carry-in", str(tmp_path / "parts"), "--restate"])  # the snapshot's sizes kept
+    after = load_state(join_dir(tmp_path / "parts", tmp_path / "j2") / CODEC_SNAPSHOT)
+    assert "disc" not in after and after["config"]["active_codebooks"] == 4
+    assert after["step"] == before["step"] >= 1
+    assert torch.equal(after["data"]["generator"], before["data"]["generator"])
+    assert all(torch.equal(before["decoder"][k], v) for k, v in after["decoder"].items())
+    assert sum(p.stat().st_size for p in (tmp_path / "parts").glob("state.0*")) < size
+    from breezert_train.codec_train import CodecTrainer, recipe_config
+
+    trainer = CodecTrainer(recipe_config(2, preset="tiny", disc_channels=4))
+    trainer.load_snapshot(after)  # what the next call's warm start does
+    assert trainer.step == before["step"] and not trainer.disc_active

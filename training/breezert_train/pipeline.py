@@ -184,6 +184,43 @@ class _Scoring:
         return self.wer.verdict(self.kind)
 
 
+def codec_config(plan: Plan, overrides: dict | None = None) -> Any:
+    """The ``CodecTrainConfig`` a call trains the codec with."""
+    from breezert_train.codec_train import recipe_config
+
+    return recipe_config(plan.codec_recipe, preset=plan.codec_preset,
+                         batch_size=plan.codec_batch_size, crop_frames=plan.codec_crop_frames,
+                         latent_mel_weight=plan.codec_latent_mel_weight,
+                         autocast_bf16=plan.codec_autocast_bf16, **(overrides or {}))
+
+
+def restate(parts: str | Path, scratch: str | Path, plan: Plan = Plan(),
+            codec_overrides: dict | None = None) -> list[Path]:
+    """Packs the state that ``parts`` hold again, in place, as a call of ``plan`` would leave
+    it (one snapshot, stale parts stripped): an unfinished codec's snapshot is loaded into
+    ``plan``'s recipe and snapshotted again (no discriminator before it starts, no decoder
+    codebook copies, no inactive codebooks: ``CodecTrainer.snapshot``; its preset and
+    discriminator width kept), the parts compressed. Trains nothing; returns the files
+    written."""
+    from breezert_train.codec_train import CodecTrainer, config_from_json
+
+    carry = Path(scratch) / "carry"
+    state_shards.join_dir(parts, carry, PARTS_PREFIX)
+    if (carry / CODEC_SNAPSHOT).is_file():
+        old = load_state(carry / CODEC_SNAPSHOT)
+        shape = config_from_json(old["config"])  # the sizes stay the snapshot's
+        cfg = codec_config(replace(plan, codec_preset=shape.preset),
+                           {**(codec_overrides or {}), "disc_channels": shape.disc_channels})
+        trainer = CodecTrainer(cfg, "cpu")
+        trainer.load_snapshot(old)
+        snap = trainer.snapshot()
+        if "data" in old:
+            snap["data"] = old["data"]
+        save_atomic(snap, carry / CODEC_SNAPSHOT)
+    _drop_placeholder_lm(carry / "codec")
+    return state_shards.split_dir(carry, parts, PARTS_PREFIX)
+
+
 def _save_codec_snapshot(trainer: Any, path: Path) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     save_atomic(trainer.snapshot(), path)
@@ -197,15 +234,12 @@ def _codec_stage(work: Path, plan: Plan, budget_minutes: float, codec_cfg_overri
     minutes spent or the rule's ``stop``): the bf16 export in ``carry/codec``; not yet:
     ``carry/codec_snapshot.pt``. Either way the other is removed, and so are codes and an LM
     made with an older codec."""
-    from breezert_train.codec_train import CodecTrainer, export_checkpoint, recipe_config
+    from breezert_train.codec_train import CodecTrainer, export_checkpoint
     from breezert_train.codec_train import train as train_codec
     from breezert_train.data import AudioFolderCrops
 
     carry, run = work / "carry", work / "codec_run"
-    cfg = recipe_config(plan.codec_recipe, preset=plan.codec_preset,
-                        batch_size=plan.codec_batch_size, crop_frames=plan.codec_crop_frames,
-                        latent_mel_weight=plan.codec_latent_mel_weight,
-                        autocast_bf16=plan.codec_autocast_bf16, **codec_cfg_overrides)
+    cfg = codec_config(plan, codec_cfg_overrides)
     run.mkdir(parents=True, exist_ok=True)
     if (carry / CODEC_LOG).is_file() and not (run / LOG_FILE).is_file():
         shutil.copy(carry / CODEC_LOG, run / LOG_FILE)
@@ -462,6 +496,9 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--export-codec", metavar="DIR", default=None,
                    help="instead of a call: write the codec that --carry-in's parts hold to DIR "
                         "in the released layout (export_carried_codec), then stop")
+    p.add_argument("--restate", action="store_true",
+                   help="instead of a call: pack --carry-in's parts again, in place, in the "
+                        "form this plan's calls leave (restate), then stop")
     defaults = Plan()
     names = ("hours", "workers", "codec_minutes", "codec_preset", "codec_recipe",
              "codec_batch_size", "codec_latent_mel_weight", "codec_autocast_bf16", "lm_recipe",
@@ -470,6 +507,14 @@ def main(argv: list[str] | None = None) -> None:
     for name in names:
         add_default_flag(p, name, getattr(defaults, name))
     args = p.parse_args(argv)
+    plan = replace(defaults, **{k: getattr(args, k) for k in names})
+    if args.restate:
+        if not args.carry_in:
+            p.error("--restate needs --carry-in (the parts to pack again)")
+        with tempfile.TemporaryDirectory() as scratch:
+            for path in restate(args.carry_in, scratch, plan):
+                print(f"{path} ({path.stat().st_size} bytes)")
+        return
     if args.export_codec:
         if not args.carry_in:
             p.error("--export-codec needs --carry-in (the parts to read)")
@@ -480,7 +525,6 @@ def main(argv: list[str] | None = None) -> None:
                                         ("--minutes-total", args.minutes_total)) if value is None]
     if missing:
         p.error(f"a call needs {', '.join(missing)}")
-    plan = replace(defaults, **{k: getattr(args, k) for k in names})
     if plan.device.startswith("cuda"):
         torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
     print(json.dumps(run_pipeline(args.work, args.minutes_total, args.out, args.carry_in, plan),
