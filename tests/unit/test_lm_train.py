@@ -452,3 +452,18 @@ def test_restate_packs_a_recipe_1_snapshot_slim_for_recipe_2(tmp_path: Path) -> 
     trainer = CodecTrainer(recipe_config(2, preset="tiny", disc_channels=4))
     trainer.load_snapshot(after)  # what the next call's warm start does
     assert trainer.step == before["step"] and not trainer.disc_active
+
+
+def test_the_shipped_voice_of_recipe_2_fits_40_mb(tmp_path: Path) -> None:
+    """Issue 35's budget: the complete checkpoint the pipeline exports (the ``small`` LM with
+    its fp8 tables, the ``small`` codec of recipe 2 in bf16 with its reference encoder; random
+    weights, the same bytes as trained ones) is at most 40 MB."""
+    from breezert_train.codec_train import CodecTrainer, recipe_config
+    from breezert_train.codec_train import export_checkpoint as export_codec
+    from breezert_train.lm_train import SMALL_GPU, folder_bytes
+
+    codec = export_codec(CodecTrainer(recipe_config(2, preset="small")), tmp_path / "codec",
+                         dtype=torch.bfloat16)
+    voice = export_checkpoint(LMTrainer(SMALL_GPU), codec, tmp_path / "voice")
+    assert folder_bytes(voice) <= 40_000_000, folder_bytes(voice)
+    assert load_checkpoint(voice).config.codec.num_quantizers == NUM_CODEBOOKS

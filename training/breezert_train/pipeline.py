@@ -97,8 +97,8 @@ class Plan:
     wer_goal: float = run_wer.WerRule.goal
     wer_min_gain: float = run_wer.WerRule.min_gain
     wer_window_min: float = run_wer.WerRule.window_min
-    wer_drain_s: float = 60.0
-    """How long the call's end waits for the scores still running."""
+    wer_drain_s: float = 40.0
+    """How long a stage's end waits for its last score (kept out of its training minutes)."""
     codec_max_steps: int | None = None
     lm_max_steps: int | None = None
     """Step caps (tests)."""
@@ -425,7 +425,10 @@ def run_pipeline(work: str | Path, minutes_total: float, out: str | Path,
     wer: run_wer.InRunWer | None = None
 
     def left() -> float:
-        return minutes_total - plan.reserve_minutes - (time.monotonic() - start) / 60
+        """Minutes a stage may train: the call's, less the reserve and the final score's
+        wait."""
+        drain = plan.wer_drain_s / 60 if wer is not None else 0.0
+        return minutes_total - plan.reserve_minutes - drain - (time.monotonic() - start) / 60
 
     def stalled(stage: str) -> bool:
         """The carried curve already says ``change`` for this stage and label."""
