@@ -467,3 +467,44 @@ def test_the_shipped_voice_of_recipe_2_fits_40_mb(tmp_path: Path) -> None:
     voice = export_checkpoint(LMTrainer(SMALL_GPU), codec, tmp_path / "voice")
     assert folder_bytes(voice) <= 40_000_000, folder_bytes(voice)
     assert load_checkpoint(voice).config.codec.num_quantizers == NUM_CODEBOOKS
+
+
+def test_frame_phonemes_follow_the_teacher_durations() -> None:
+    from breezert_train.lm_data import frame_phonemes
+
+    # ends at 1200, 3000 and 6000 samples; frame centres at 960, 2880, 4800 and 6720
+    got = frame_phonemes(np.array([0, 7, 9]), np.array([2, 3, 5]), num_frames=4)
+    assert got.tolist() == [0, 7, 9, 0]
+
+
+def test_phoneme_heads_learn_travel_in_the_snapshot_and_stay_out_of_the_export(
+        tmp_path: Path, codec_dir: Path, teacher_dir: Path) -> None:
+    """The training-only heads: a few steps lower the frame phoneme loss and the CTC loss; the
+    carry snapshot holds them; the export is the same model without them. The codes cache keeps
+    each frame's phoneme from the shards (one per frame)."""
+    from breezert_train.lm_data import encode_shards, load_utterances
+
+    encode_shards(teacher_dir, codec_dir, tmp_path / "codes")
+    cached = load_utterances(tmp_path / "codes")
+    assert all(u.frame_phonemes is not None and len(u.frame_phonemes) == len(u.codes)
+               for u in cached)
+
+    def voiced(u):  # noqa: ANN001, ANN202 - phonemes a fixed function of the text
+        chars = torch.tensor([ord(c) % 40 + 1 for c in u.text])
+        return replace(u, frame_phonemes=chars, phonemes=chars[::2])
+
+    items = [voiced(u) for u in _utterances(24, seed=5)]
+    cfg = replace(CFG, phoneme_weight=1.0, phoneme_ctc_weight=1.0, learning_rate=5e-3)
+    trainer = LMTrainer(cfg)
+    stream = BatchStream(items, cfg.max_tokens, cfg.seed)
+    first = trainer.train_step(stream.next())
+    for _ in range(25):
+        last = trainer.train_step(stream.next())
+    assert last["phoneme_frame"] < first["phoneme_frame"] - 1.0, (first, last)
+    assert last["phoneme_ctc"] < first["phoneme_ctc"], (first, last)
+    snap = trainer.snapshot()
+    again = LMTrainer(cfg)
+    again.load_snapshot(snap)
+    assert torch.equal(again.heads.frame.weight, trainer.heads.frame.weight.bfloat16().float())
+    ckpt = load_checkpoint(export_checkpoint(trainer, codec_dir, tmp_path / "voice"))
+    assert not any("phoneme" in k or "heads" in k for k in ckpt.model.state_dict())
