@@ -50,6 +50,11 @@ def test_the_dev_set_is_fixed_held_out_and_bounded() -> None:
     assert [d.sentence_id for d in dev[:3]] == ["heldout-1", "heldout-3", "heldout-4"]
     with pytest.raises(ValueError, match="fewer than 40"):
         run_wer.dev_sentences(heldout, num=40)
+    mixed = [(0, "a b c d e yak"), (1, "a b c d e f"), (2, "a b c d zebra yak"),
+             (3, "f e d c b a")]
+    assert [d.sentence_id for d in run_wer.dev_sentences(mixed, 3, set("abcdef"))] == [
+        "heldout-1", "heldout-3", "heldout-0"]  # no word outside the vocabulary first
+    assert {"cat", "the"} <= run_wer.lm_vocabulary(["The cat, qzxv."]) <= {"cat", "the", "qzxv"}
 
 
 def test_the_language_model_is_built_from_normalised_texts(tmp_path: Path) -> None:

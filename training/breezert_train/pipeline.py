@@ -173,9 +173,11 @@ class _Scoring:
         self.wer.submit(self.kind, path, trainer.train_time_s / 60, trainer.step)
 
     def final(self, trainer: Any, drain_s: float) -> None:
-        """Scores the stage's last step and waits up to ``drain_s`` for every queued score."""
+        """Scores the stage's last step (when this call trained it) and waits up to
+        ``drain_s`` for every queued score."""
         if self.wer is not None:
-            self.hand_in(trainer)
+            if self.last_s is not None:  # at least one step ran here
+                self.hand_in(trainer)
             self.wer.drain(drain_s)
 
     def verdict(self) -> dict[str, Any]:
@@ -399,10 +401,15 @@ def default_wer(work: Path, plan: Plan, teacher: bool) -> run_wer.InRunWer | Non
     if plan.wer_workers <= 0 or not corpus.is_file():
         return None
     train, heldout, _ = load_corpus(corpus)
-    dev = run_wer.dev_sentences([(u.utterance_id, u.text) for u in heldout])
-    return run_wer.InRunWer(work / WER_DIR, work / "carry" / run_wer.CURVE_FILE, dev,
-                            [u.text for u in train[: run_wer.LM_SENTENCES]], plan.wer_workers,
-                            plan.rule, plan.label, teacher=teacher)
+    lm_texts = [u.text for u in train[: run_wer.LM_SENTENCES]]
+    try:
+        dev = run_wer.dev_sentences([(u.utterance_id, u.text) for u in heldout],
+                                    vocabulary=run_wer.lm_vocabulary(lm_texts))
+    except ValueError as exc:  # a corpus too small to score: train on, unscored
+        print(f"[wer] no in-run WER: {exc}", flush=True)
+        return None
+    return run_wer.InRunWer(work / WER_DIR, work / "carry" / run_wer.CURVE_FILE, dev, lm_texts,
+                            plan.wer_workers, plan.rule, plan.label, teacher=teacher)
 
 
 def run_pipeline(work: str | Path, minutes_total: float, out: str | Path,

@@ -48,16 +48,36 @@ class DevSentence:
     text: str
 
 
-def dev_sentences(heldout: Sequence[tuple[int, str]], num: int = DEV_SIZE) -> list[DevSentence]:
-    """The first ``num`` held-out ``(utterance id, text)`` with ``DEV_WORDS`` words (the
-    corpus's held-out order is seeded and fixed: the same corpus gives the same dev set)."""
+def dev_sentences(heldout: Sequence[tuple[int, str]], num: int = DEV_SIZE,
+                  vocabulary: set[str] | None = None) -> list[DevSentence]:
+    """``num`` held-out ``(utterance id, text)`` with ``DEV_WORDS`` words, those with the fewest
+    words outside ``vocabulary`` first (the scorer's language model and dictionary: a word it
+    cannot hear is an error for the teacher too, noise in the yardstick), then in held-out
+    order. The corpus's held-out order is seeded and fixed: the same corpus gives the same dev
+    set."""
     low, high = DEV_WORDS
-    picked = [DevSentence(f"heldout-{i}", text) for i, text in heldout
-              if low <= len(normalise(text)) <= high][:num]
-    if len(picked) < num:
-        raise ValueError(f"the held-out split has {len(picked)} sentences of {low}-{high} "
-                         f"words, fewer than {num}")
-    return picked
+    fits = [(i, text, normalise(text)) for i, text in heldout]
+    fits = [(len(set(w) - vocabulary) if vocabulary is not None else 0, n, i, text)
+            for n, (i, text, w) in enumerate(fits) if low <= len(w) <= high]
+    if len(fits) < num:
+        raise ValueError(f"the held-out split has {len(fits)} sentences of {low}-{high} words, "
+                         f"fewer than {num}")
+    return [DevSentence(f"heldout-{i}", text) for _, _, i, text in sorted(fits)[:num]]
+
+
+def lm_vocabulary(texts: Sequence[str]) -> set[str]:
+    """The words ``build_lm`` gives the model, less those pocketsphinx's bundled dictionary
+    cannot pronounce (it drops them) where pocketsphinx is installed."""
+    words = {w for t in texts for w in normalise(t)}
+    try:
+        import pocketsphinx
+    except ImportError:
+        return words
+    path = Path(pocketsphinx.get_model_path("en-us")) / "cmudict-en-us.dict"
+    if not path.is_file():
+        return words
+    known = {line.split(" ", 1)[0] for line in path.read_text().splitlines() if line}
+    return words & known
 
 
 def build_lm(texts: Sequence[str], out: Path) -> Path:
