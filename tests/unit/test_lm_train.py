@@ -351,6 +351,14 @@ def test_the_pipeline_carries_its_state_to_a_second_call(tmp_path: Path) -> None
     codec = "carry/codec/audio_tokenizer/model.safetensors"
     assert (tmp_path / "w1" / codec).read_bytes() == (tmp_path / "w2" / codec).read_bytes()
     assert load_checkpoint(tmp_path / "w2" / "voice").config.backbone.hidden_size == 64
+    # the voice the parts carry, exported here (where a session installs the default voice)
+    from breezert_train.pipeline import main as pipeline_main
+
+    pipeline_main(["--carry-in", str(tmp_path / "out2"), "--export-voice",
+                   str(tmp_path / "default")])
+    for name in ("model-00001-of-00001.safetensors", "audio_tokenizer/model.safetensors"):
+        assert ((tmp_path / "default" / name).read_bytes()
+                == (tmp_path / "w2" / "voice" / name).read_bytes())
 
 
 def test_the_codec_trains_over_several_calls_before_the_lm(tmp_path: Path) -> None:

@@ -341,6 +341,27 @@ def export_carried_codec(parts: str | Path, out: str | Path, scratch: str | Path
     return export_checkpoint(trainer, out, dtype=torch.bfloat16)
 
 
+def export_carried_voice(parts: str | Path, out: str | Path, scratch: str | Path) -> Path:
+    """The complete voice that a call's ``parts`` carry (the LM's carry snapshot with the
+    carried codec), exported in the released layout at ``out`` as the call exported it (fp8
+    tables rounded from the snapshot's bf16 weights, not from fp32 masters): e.g.
+    ``runtime/breezert/voices/default``, where ``model.path = "@default"`` finds it. Trains
+    nothing; ``out`` must not exist or be empty."""
+    from breezert_train.lm_train import SNAPSHOT_FILE, LMTrainConfig, LMTrainer, export_checkpoint
+
+    carry, out = Path(scratch) / "carry", Path(out)
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise FileExistsError(f"{out} exists and is not an empty folder")
+    state_shards.join_dir(parts, carry, PARTS_PREFIX)
+    if not (carry / "lm" / SNAPSHOT_FILE).is_file() or not (carry / "codec").is_dir():
+        raise FileNotFoundError(f"{parts} carries no trained LM (lm/{SNAPSHOT_FILE}) and codec")
+    _restore_placeholder_lm(carry / "codec")
+    snap = load_state(carry / "lm" / SNAPSHOT_FILE)
+    trainer = LMTrainer(LMTrainConfig.from_json(snap["config"]), "cpu")
+    trainer.load_snapshot(snap)
+    return export_checkpoint(trainer, carry / "codec", out)
+
+
 def _lm_stage(work: Path, plan: Plan, minutes: float, lm_overrides: dict,
               wer: run_wer.InRunWer | None = None) -> tuple[Path, dict]:
     from breezert_train.lm_data import BatchStream, encode_shards, load_utterances, split_heldout
@@ -506,6 +527,10 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--export-codec", metavar="DIR", default=None,
                    help="instead of a call: write the codec that --carry-in's parts hold to DIR "
                         "in the released layout (export_carried_codec), then stop")
+    p.add_argument("--export-voice", metavar="DIR", default=None,
+                   help="instead of a call: write the voice that --carry-in's parts hold to DIR "
+                        "(export_carried_voice; runtime/breezert/voices/default installs it as "
+                        "the default voice), then stop")
     p.add_argument("--restate", action="store_true",
                    help="instead of a call: pack --carry-in's parts again, in place, in the "
                         "form this plan's calls leave (restate), then stop")
@@ -524,6 +549,12 @@ def main(argv: list[str] | None = None) -> None:
         with tempfile.TemporaryDirectory() as scratch:
             for path in restate(args.carry_in, scratch, plan):
                 print(f"{path} ({path.stat().st_size} bytes)")
+        return
+    if args.export_voice:
+        if not args.carry_in:
+            p.error("--export-voice needs --carry-in (the parts to read)")
+        with tempfile.TemporaryDirectory() as scratch:
+            print(export_carried_voice(args.carry_in, args.export_voice, scratch))
         return
     if args.export_codec:
         if not args.carry_in:
