@@ -543,25 +543,20 @@ def main(argv: list[str] | None = None) -> None:
         add_default_flag(p, name, getattr(defaults, name))
     args = p.parse_args(argv)
     plan = replace(defaults, **{k: getattr(args, k) for k in names})
-    if args.restate:
-        if not args.carry_in:
-            p.error("--restate needs --carry-in (the parts to pack again)")
-        with tempfile.TemporaryDirectory() as scratch:
-            for path in restate(args.carry_in, scratch, plan):
-                print(f"{path} ({path.stat().st_size} bytes)")
-        return
-    if args.export_voice:
-        if not args.carry_in:
-            p.error("--export-voice needs --carry-in (the parts to read)")
-        with tempfile.TemporaryDirectory() as scratch:
-            print(export_carried_voice(args.carry_in, args.export_voice, scratch))
-        return
-    if args.export_codec:
-        if not args.carry_in:
-            p.error("--export-codec needs --carry-in (the parts to read)")
-        with tempfile.TemporaryDirectory() as scratch:
-            print(export_carried_codec(args.carry_in, args.export_codec, scratch))
-        return
+    # the verbs that read --carry-in's parts instead of making a call
+    verbs = {"restate": lambda parts, scratch: "\n".join(
+                 f"{path} ({path.stat().st_size} bytes)" for path in restate(parts, scratch, plan)),
+             "export_voice": lambda parts, scratch: export_carried_voice(
+                 parts, args.export_voice, scratch),
+             "export_codec": lambda parts, scratch: export_carried_codec(
+                 parts, args.export_codec, scratch)}
+    for verb, run in verbs.items():
+        if getattr(args, verb):
+            if not args.carry_in:
+                p.error(f"--{verb.replace('_', '-')} needs --carry-in (the parts to read)")
+            with tempfile.TemporaryDirectory() as scratch:
+                print(run(args.carry_in, scratch))
+            return
     missing = [flag for flag, value in (("--work", args.work), ("--out", args.out),
                                         ("--minutes-total", args.minutes_total)) if value is None]
     if missing:
