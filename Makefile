@@ -130,10 +130,18 @@ train-texts:
 # The teacher's wheel for a GPU machine that reaches no index (Python 3.12 there): carry
 # .whl-train/ (14 MB; the GPU image's own onnxruntime 1.30 runs it) apart from .whl/, so that the
 # voice calls' carry (tree, wheels, corpus, the codec's snapshot) stays under its 64 MiB.
-train-wheels: $(STAMP)
+# The GPU call's training wheels (cp312): the teacher in .whl-train (14 MB; codec calls), the
+# in-run scorer's pocketsphinx in .whl-asr without its 23.5 MB word model (5.7 MB; every voice
+# call; run_wer builds its own model). 5.0.4: pocketsphinx 5.1.1 has no cp312 wheel.
+train-wheels: $(STAMP) $(TRAIN_STAMP)
 	$(PIP) download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
 	  --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 -d .whl-train \
 	  "hibari-tts==0.2.1"
+	$(PIP) download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+	  --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 -d .cache/asr-wheel \
+	  "pocketsphinx==5.0.4"
+	$(PY) -m breezert_train.slim_wheel .cache/asr-wheel/pocketsphinx-5.0.4-*.whl .whl-asr \
+	  --drop pocketsphinx/model/en-us/en-us.lm.bin
 
 run: $(STAMP)
 	$(VENV)/bin/breezert serve --config cpu-tiny

@@ -22,9 +22,10 @@ phase=${1:?phase}
 out=${OUT:-/tmp/out}
 mkdir -p "$out"
 if [ -z "${BREEZERT_SITE_READY:-}" ] && ls .whl/*.whl >/dev/null 2>&1; then
-  # .whl-train/ (make train-wheels, ~42 MB) travels only with the voice phase
+  # .whl-train/ (the teacher, 14 MB) and .whl-asr/ (the in-run scorer's pocketsphinx, 5.7 MB;
+  # both from make train-wheels) travel only with the voice phase
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-    --target /tmp/site .whl/*.whl $(ls .whl-train/*.whl 2>/dev/null)
+    --target /tmp/site .whl/*.whl $(ls .whl-train/*.whl .whl-asr/*.whl 2>/dev/null)
 fi
 export PYTHONPATH=/tmp/site:runtime:training:. PYTHONUNBUFFERED=1 BREEZERT_SITE_READY=1
 # A wheel missing from .whl/ fails here in seconds, not minutes into a phase (soxr did, 2 Dec)
@@ -74,19 +75,26 @@ case "$phase" in
     done
     (cd "$out" && tar czf results.tgz g* && rm -rf g*) ;;
   chain) shift; for p in "$@"; do bash "$0" "$p" || echo "phase $p failed: $?"; done ;;
-  voice)  # issue 19, one call: teacher data -> codec -> codes -> LM -> export; the state comes
-    # back as $OUT/state.NNN (+ state.json); put them in $VOICE_STATE (default .voicestate/,
-    # ignored: carry it) for the next call. Only committed files reach the next session's
-    # checkout: at a session's end keep the parts in a tracked folder (VOICE_STATE=voice-state,
-    # committed; it then travels with the tree). Carry .whl, .whl-train (make train-wheels) and
-    # .traindata (corpus.json.gz, built here). VOICE_ARGS: more pipeline flags, e.g.
-    # "--codec-batch-size 32". VOICE_MINUTES: the call's minutes (9.3), less where the session's
-    # device budget is short.
+  voice)  # issues 19 and 35, one call: teacher data -> codec -> codes -> LM -> export, codec
+    # recipe 2 (multi-scale log-mel, discriminator from the mel plateau, 4 active codebooks) and
+    # the in-run WER (12 CPU processes score the codec / voice every 2 training minutes on 20
+    # held-out corpus sentences; wer_curve.jsonl; the rule stops a stage at its goal and ends
+    # the call when the recipe stalls: docs/voice-training.md). The state comes back as
+    # $OUT/state.NNN (+ state.json): replace $VOICE_STATE's parts with them (default
+    # .voicestate/, ignored: carry it; a session keeps them in the tracked voice-state/ and
+    # commits them, deletions too). Carry .whl, .whl-train and .whl-asr (make train-wheels) and
+    # .traindata (corpus.json.gz, built here); a call that trains only the LM needs no
+    # .whl-train. VOICE_ARGS: more pipeline flags, e.g. "--wer-label r2-lr2 --codec-batch-size
+    # 32". VOICE_MINUTES: the call's minutes (9.3), less where the session's device budget is
+    # short.
     mkdir -p /tmp/voice/teacher
     [ ! -f .traindata/corpus.json.gz ] || cp .traindata/corpus.json.gz /tmp/voice/teacher/
+    python3 -c "import pocketsphinx" 2>/dev/null \
+      || echo "no pocketsphinx here (.whl-asr not carried): nothing will be scored" >&2
     timeout 580 python3 -m breezert_train.pipeline --work /tmp/voice --minutes-total "${VOICE_MINUTES:-9.3}" \
       --out "$out" --carry-in "${VOICE_STATE:-.voicestate}" ${VOICE_ARGS:-} 2>&1 \
-      | tee /tmp/voice/pipeline.log | tail -40
+      | tee /tmp/voice/pipeline.log | grep -v '^\[wer\]' | tail -30
+    grep '^\[wer\]' /tmp/voice/pipeline.log | tail -12 || true
     cp /tmp/voice/pipeline.log "$out/" ;;
   decode)  # the fused backbone DECODE step: GPU tests, step times, census, then 300 requests
     # at 16 and 32 concurrent with it on (compare with h200-predictor-20261129.json)

@@ -55,7 +55,8 @@ def build_parser() -> argparse.ArgumentParser:
                       help="build on the meta device and print the parameter count only")
 
     synth = sub.add_parser("synth", help="stream one utterance to a WAV file")
-    synth.add_argument("--model", required=True, type=Path, help="checkpoint folder")
+    synth.add_argument("--model", default=None, type=Path,
+                       help="checkpoint folder (default: the embedded default voice)")
     synth.add_argument("--text", required=True)
     synth.add_argument("--out", required=True, type=Path)
     synth.add_argument("--speaker", default="[S0]")
@@ -203,7 +204,13 @@ def cmd_synth(args: argparse.Namespace) -> int:
     from breezert.options import SynthesisOptions
     from breezert.request import SynthesisRequest
 
-    ckpt = load_checkpoint(args.model, device=args.device)
+    from breezert.runtime_setup import DEFAULT_VOICE, DEFAULT_VOICE_DIR, resolve_model_path
+
+    model = args.model or resolve_model_path(DEFAULT_VOICE)
+    if model is None:
+        raise SystemExit(f"no default voice is installed (in {DEFAULT_VOICE_DIR}): "
+                         "pass --model DIR")
+    ckpt = load_checkpoint(model, device=args.device)
     options = SynthesisOptions(
         speaker=args.speaker, instructions=args.instructions, cfg_scale=args.cfg_scale,
         seed=args.seed, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,

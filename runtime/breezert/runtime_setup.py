@@ -1,13 +1,14 @@
 """Start-up: weights for ``ModelConfig`` and a ``ModelRunner`` sized for ``EngineConfig``.
 
-Owns: choosing the device, loading a checkpoint folder or building random weights of a preset,
-and resolving the KV block count (from the device's free memory when unset). Must not: schedule
+Owns: choosing the device, loading a checkpoint folder (``DEFAULT_VOICE`` names the embedded
+default voice) or building random weights of a preset, and resolving the KV block count (from the device's free memory when unset). Must not: schedule
 or run requests.
 """
 
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 import torch
 
@@ -20,6 +21,19 @@ from breezert.worker.model_runner import ModelRunner
 from breezert.worker.warmup import Progress
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+DEFAULT_VOICE = "@default"
+"""``model.path`` of the embedded default voice (issue 35; the ``cpu-tiny`` profile's, so
+``make run``, ``TTS()`` and ``breezert synth`` without ``--model`` speak with it)."""
+DEFAULT_VOICE_DIR = Path(__file__).resolve().parent / "voices" / "default"
+"""Where the voice's training installs the trained checkpoint (released layout)."""
+
+
+def resolve_model_path(path: str | None) -> str | None:
+    """``model.path`` as a folder: ``DEFAULT_VOICE`` is ``DEFAULT_VOICE_DIR`` when a checkpoint
+    is installed there, else ``None`` (random weights of the preset, as before a voice ships)."""
+    if path != DEFAULT_VOICE:
+        return path
+    return str(DEFAULT_VOICE_DIR) if (DEFAULT_VOICE_DIR / "config.json").is_file() else None
 
 
 def resolve_device(name: str) -> torch.device:
@@ -31,13 +45,15 @@ def resolve_device(name: str) -> torch.device:
 
 
 def load_engine_checkpoint(cfg: ModelConfig, progress: Progress | None = None) -> Checkpoint:
-    """The checkpoint at ``cfg.path``, or random weights of ``cfg.preset`` when it is unset."""
+    """The checkpoint at ``cfg.path`` (``resolve_model_path``), or random weights of
+    ``cfg.preset`` when it is unset."""
+    path = resolve_model_path(cfg.path)
     if progress is not None:
-        progress("loading weights", 0, 0, cfg.path or f"random {cfg.preset}")
+        progress("loading weights", 0, 0, path or f"random {cfg.preset}")
     device = resolve_device(cfg.device)
     dtype = _DTYPES[cfg.dtype]
-    if cfg.path is not None:
-        return load_checkpoint(cfg.path, device=device, dtype=dtype)
+    if path is not None:
+        return load_checkpoint(path, device=device, dtype=dtype)
     config, model, codec = build_random(cfg.preset, seed=cfg.seed, device=device, dtype=dtype)
     from dataclasses import replace
 

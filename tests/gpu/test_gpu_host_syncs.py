@@ -13,7 +13,7 @@ import warnings
 import pytest
 import torch
 
-from breezert_train.codec_train import CodecTrainConfig, CodecTrainer
+from breezert_train.codec_train import CodecTrainConfig, CodecTrainer, recipe_config
 from breezert_train.lm_data import byte_tokenizer, make_utterance
 from breezert_train.lm_train import SMALL_GPU, LMTrainer
 
@@ -67,33 +67,48 @@ def test_prompt_assembly_waits_for_nothing() -> None:
     assert len(rows) == 32
 
 
-def test_a_codec_training_step_syncs_once_for_its_figures() -> None:
-    """The pipeline's recipe (small codec, batch 16, discriminator on, latent probe): after the
-    first step (the codebooks' first vectors are read back once), a step's host syncs are the
-    one copy of its losses; each sync before stalled the step's launch queue (16 codebook flags,
-    16 restart counts, a pageable copy per draw, a float per loss)."""
-    cfg = CodecTrainConfig(preset="small", batch_size=16, crop_frames=24, disc_start_step=0,
-                           latent_mel_weight=1.0)
+RECIPES = {
+    1: (CodecTrainConfig(preset="small", batch_size=16, crop_frames=24, disc_start_step=0,
+                         latent_mel_weight=1.0),
+        {"stft_sc", "stft_mag", "disc_hinge", "latent_mel", "codes_restarted"}),
+    2: (recipe_config(2, preset="small", batch_size=16, crop_frames=24, latent_mel_weight=1.0),
+        {"stft_sc", "mel", "latent_mel", "codes_restarted", "disc_on"}),
+}
+"""Codec recipe -> (the pipeline's config of it, figures a step reports)."""
+
+
+@pytest.mark.parametrize("recipe", sorted(RECIPES))
+def test_a_codec_training_step_syncs_once_for_its_figures(recipe: int) -> None:
+    """The pipeline's recipes (small codec, batch 16, latent probe; 1: discriminator on; 2:
+    multi-scale mel, 4 active codebooks, discriminator waiting for the plateau): after the first
+    step (the codebooks' first vectors are read back once), a step's host syncs are the one copy
+    of its losses; each sync before stalled the step's launch queue (16 codebook flags, 16
+    restart counts, a pageable copy per draw, a float per loss)."""
+    cfg, expected = RECIPES[recipe]
     trainer = CodecTrainer(cfg, "cuda")
     gen = torch.Generator(device="cuda").manual_seed(0)
     batch = (torch.randn(cfg.batch_size, cfg.crop_samples, device="cuda", generator=gen) * 0.1)
     trainer.train_step(batch)
     syncs, figures = _syncs(lambda: trainer.train_step(batch))
     assert len(syncs) == 1 and "codec_train.py" in syncs[0], syncs  # the figures' one copy
-    assert set(figures) >= {"stft_sc", "stft_mag", "disc_hinge", "latent_mel", "codes_restarted"}
+    assert set(figures) >= expected
 
 
 def test_an_lm_training_step_syncs_once_for_its_figures() -> None:
-    """The ``small-gpu`` recipe on 24 utterances of 20-60 frames: the host indexes (frame rows,
-    end-of-speech rows, the prior's lengths) are uploaded before the forward, the audio rows of
-    each prompt placed by host positions, the figures copied back once."""
+    """The ``small-gpu`` recipe on 24 utterances of 20-60 frames with the teacher's phonemes:
+    the host indexes (frame rows, end-of-speech rows, the prior's lengths, the phoneme targets
+    and CTC lengths) are uploaded before the forward, the audio rows of each prompt placed by
+    host positions, the figures copied back once."""
     trainer = LMTrainer(SMALL_GPU, "cuda")
     gen = torch.Generator().manual_seed(0)
     tok = byte_tokenizer()
     batch = [make_utterance(tok, i, f"Sentence number {i} of the batch, spoken.",
-                            torch.randint(0, 2048, (20 + 2 * i, 16), generator=gen))
+                            torch.randint(0, 2048, (20 + 2 * i, 16), generator=gen),
+                            torch.randint(0, 178, (20 + 2 * i,), generator=gen).numpy(),
+                            torch.randint(1, 178, (30,), generator=gen).numpy())
              for i in range(24)]
     trainer.train_step(batch)
     syncs, figures = _syncs(lambda: trainer.train_step(batch))
     assert len(syncs) == 1 and "lm_train.py" in syncs[0], syncs  # the figures' one copy
-    assert set(figures) >= {"code0", "eos", "depth", "guided", "loss", "grad_norm"}
+    assert set(figures) >= {"code0", "eos", "depth", "guided", "loss", "grad_norm",
+                            "phoneme_frame", "phoneme_ctc"}

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 
 from breezert.random_init import write_random_checkpoint
@@ -91,3 +92,24 @@ def test_breeze_voice_through_the_gate(voice: Voice, transcriber: Transcriber,
     else:
         assert min(wer.values()) >= NEAR_NOISE_WER, wer
         assert gate_failures(report), "random weights passed the gate"
+
+
+def test_the_in_run_scorer_hears_the_teacher_with_a_corpus_language_model(tmp_path: Path) -> None:
+    """``run_wer``'s scorer as a GPU call runs it: a trigram model of training texts, the
+    bundled acoustic model, the teacher's audio of sentences from those texts: (near) no
+    errors. (Its dev sentences are held out of the model's texts; this checks the plumbing.)"""
+    from breezert_train import run_wer
+    from breezert_train.teacher import Teacher
+    from breezert_train.wer import normalise, word_errors
+
+    texts = ["The cat sat on the mat.", "A dog ran far, and so it goes.",
+             "The third cat ran home today."]
+    asr = Transcriber(run_wer.build_lm(texts, tmp_path / "lm.arpa"), pinned=False)
+    teacher = Teacher(threads=1)
+    errors = [word_errors(t, asr.transcribe(teacher.synthesize(t, i).audio / 32768.0, 24000))
+              for i, t in enumerate(texts)]
+    assert sum(e.num_errors for e in errors) <= 1, errors
+    # what it hears in noise are the model's words only (not the bundled model's 130 k)
+    noise = np.random.default_rng(0).normal(0, 0.05, 24000).astype(np.float32)
+    vocabulary = {w for t in texts for w in normalise(t)}
+    assert set(asr.transcribe(noise, 24000).split()) <= vocabulary

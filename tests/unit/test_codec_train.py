@@ -22,11 +22,14 @@ from breezert_train.codec_train import (
     CodecTrainer,
     export_checkpoint,
     main,
+    recipe_config,
     train,
 )
 from breezert_train.data import AudioFolderCrops, read_audio
 from breezert_train.losses import (
+    MultiScaleMelLoss,
     MultiScaleStftDiscriminator,
+    PlateauDetector,
     discriminator_hinge_loss,
     feature_matching_loss,
     generator_hinge_loss,
@@ -473,3 +476,86 @@ def test_the_codebook_flag_is_read_again_after_every_write() -> None:
     assert _is_initialized(book) is False
     book.initialized = torch.ones(1)
     assert _is_initialized(book) is True
+
+
+# ------------------------------------------------------------------------------- recipe 2
+RECIPE2 = recipe_config(2, batch_size=2, crop_frames=4, disc_channels=4, disc_start_step=0,
+                        plateau_window=2, plateau_min_improvement=0.5, rewarmup_steps=1)
+"""Recipe 2 at the test size; its plateau comes after a few steps (a fall of < 50 % a window)."""
+
+
+def test_multi_scale_mel_loss_and_the_plateau_detector(clip: torch.Tensor) -> None:
+    loss = MultiScaleMelLoss()
+    assert float(loss(clip, clip.clone())) == 0.0
+    # log 2 in every band above the floor (bands floored on both sides add 0)
+    assert 0.3 < float(loss(0.5 * clip, clip)) <= np.log(2.0) + 1e-4
+    detector = PlateauDetector(window=3, min_improvement=0.1)
+    assert not any(detector.add(v) for v in (10, 9, 8, 7, 6))  # fewer than 2 windows
+    assert not detector.add(5)  # window means 9 -> 6: a fall of 33 %
+    # means 8 -> 5.3 (33 %), 7 -> 5 (29 %), 6 -> 5 (17 %), then 5.3 -> 5 (6 %): the plateau
+    assert [detector.add(5) for _ in range(4)] == [False, False, False, True]
+    assert PlateauDetector(3, 0.1, history=detector.history).add(5)  # the state travels
+    with pytest.raises(ValueError, match="window"):
+        PlateauDetector(0, 0.1)
+
+
+def test_recipe_2_codes_in_4_codebooks_and_exports_zero_vectors_for_the_rest(
+        data_dir: Path, tmp_path: Path, clip: torch.Tensor) -> None:
+    """Codes past the 4th are 0 in training, in the export's encoder and in the LM's codes; every
+    vector of those codebooks is zero, so whatever code the LM draws there decodes to nothing."""
+    data = AudioFolderCrops(data_dir, RECIPE2.crop_samples, seed=0)
+    trainer = train(data, tmp_path / "run", RECIPE2, minutes=5, max_steps=2)
+    with torch.no_grad():
+        _, q = trainer.reconstruct(clip, training=False)
+    assert bool((q.codes[..., 4:] == 0).all()) and bool((q.codes[..., :4] > 0).any())
+    ckpt = load_checkpoint(export_checkpoint(trainer, tmp_path / "ckpt"))
+    codes = ckpt.codec_encoder.encode(clip)
+    assert torch.equal(codes, q.codes)
+    books = ckpt.codec.quantizer.rvq_rest.vq.layers
+    assert all(float(b._codebook.embedding_sum.abs().sum()) == 0 for b in books[3:])
+    assert all(float(b._codebook.embedding_sum.abs().sum()) > 0 for b in books[:3])
+    noisy = codes.clone()
+    noisy[..., 4:] = torch.randint(0, 2048, noisy[..., 4:].shape)
+    with torch.no_grad():
+        assert torch.equal(ckpt.codec.decode(noisy), ckpt.codec.decode(codes))
+    with pytest.raises(ValueError, match="active_codebooks"):
+        replace(RECIPE2, active_codebooks=17)
+
+
+def test_the_discriminator_waits_for_the_plateau_and_the_snapshot_is_slim(
+        data_dir: Path, tmp_path: Path) -> None:
+    """Recipe 2 trains without the discriminator until the mel loss plateaus; until then the
+    snapshot carries no discriminator, never the decoder's codebook copies nor the inactive
+    codebooks; a recipe-1 snapshot (16 codebooks) warm-starts recipe 2."""
+    data = AudioFolderCrops(data_dir, RECIPE2.crop_samples, seed=0)
+    one = train(data, tmp_path / "one", CFG, minutes=5, max_steps=1)
+    full = one.snapshot()
+    two = CodecTrainer(RECIPE2)
+    disc_before = [p.detach().clone() for p in two.disc.parameters()]
+    two.load_snapshot(full)  # 16 -> 4 codebooks; its discriminator is recipe 1's
+    assert two.disc_started_at is None and not two.disc_active
+    slim = two.snapshot()
+    assert "disc" not in slim and not any("._codebook." in k for k in slim["decoder"])
+    assert not any(".layers.5.codebook" in k for k in slim["encoder"])
+    size = sum(v.numel() * v.element_size() for part in ("encoder", "decoder")
+               for v in slim[part].values())
+    assert size < sum(v.numel() * v.element_size() for part in ("encoder", "decoder")
+                      for v in full[part].values())
+    fresh = CodecTrainer(RECIPE2)
+    fresh.load_snapshot(slim)  # loads what the slim snapshot holds, nothing missing beyond it
+    assert torch.equal(fresh.encoder.state_dict()["quantizer.acoustic_residual_vector_quantizer"
+                                                  ".layers.5.codebook.embed_sum"],
+                       torch.zeros_like(full["encoder"]["quantizer.acoustic_residual_vector_"
+                                                        "quantizer.layers.5.codebook.embed_sum"],
+                                        dtype=torch.float32))
+    records = [fresh.train_step(data.sample(2)) for _ in range(6)]
+    started = fresh.disc_started_at
+    assert started is not None and fresh.step > started > one.step + 1  # after the re-warmup
+    assert [r["disc_on"] for r in records] == [float(one.step + i + 1 > started)
+                                               for i in range(6)]
+    assert all("disc_hinge" in r for r in records if r["disc_on"])
+    assert all("disc_hinge" not in r for r in records if not r["disc_on"])
+    again = CodecTrainer(RECIPE2)
+    again.load_snapshot(fresh.snapshot())
+    assert again.disc_started_at == started and again.disc_active
+    assert not all(torch.equal(a, b) for a, b in zip(disc_before, fresh.disc.parameters()))

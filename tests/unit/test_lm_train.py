@@ -351,6 +351,14 @@ def test_the_pipeline_carries_its_state_to_a_second_call(tmp_path: Path) -> None
     codec = "carry/codec/audio_tokenizer/model.safetensors"
     assert (tmp_path / "w1" / codec).read_bytes() == (tmp_path / "w2" / codec).read_bytes()
     assert load_checkpoint(tmp_path / "w2" / "voice").config.backbone.hidden_size == 64
+    # the voice the parts carry, exported here (where a session installs the default voice)
+    from breezert_train.pipeline import main as pipeline_main
+
+    pipeline_main(["--carry-in", str(tmp_path / "out2"), "--export-voice",
+                   str(tmp_path / "default")])
+    for name in ("model-00001-of-00001.safetensors", "audio_tokenizer/model.safetensors"):
+        assert ((tmp_path / "default" / name).read_bytes()
+                == (tmp_path / "w2" / "voice" / name).read_bytes())
 
 
 def test_the_codec_trains_over_several_calls_before_the_lm(tmp_path: Path) -> None:
@@ -422,3 +430,89 @@ def test_the_pipeline_command_line_sets_the_plan(monkeypatch: pytest.MonkeyPatch
     assert (plans[0].codec_autocast_bf16, plans[0].codec_batch_size,
             plans[0].codec_latent_mel_weight) == (True, 32, 0.0)
     assert plans[1].codec_autocast_bf16 is False and plans[1].codec_batch_size == 16
+
+
+def test_restate_packs_a_recipe_1_snapshot_slim_for_recipe_2(tmp_path: Path) -> None:
+    """``--restate`` (what 4 Dec's committed snapshot went through): a recipe-1 codec snapshot
+    with its discriminator becomes recipe 2's (no discriminator yet, no decoder codebook copies,
+    4 codebooks), same weights otherwise, fewer bytes; a recipe-2 trainer goes on from its
+    step."""
+    from breezert_train.checkpoint import load_state
+    from breezert_train.pipeline import CODEC_SNAPSHOT, main, run_pipeline
+    from breezert_train.state_shards import join_dir
+
+    recipe1 = _tiny_plan(codec_recipe=1, codec_minutes=5)  # a call of 0.01 min: unfinished
+    overrides = {**TINY_OVERRIDES, "codec_overrides": {"disc_channels": 4, "disc_start_step": 1}}
+    run_pipeline(tmp_path / "w1", 0.01, tmp_path / "parts", plan=recipe1,
+                 make_teacher=lambda out, plan: _tone_teacher(out), **overrides)
+    before = load_state(join_dir(tmp_path / "parts", tmp_path / "j1") / CODEC_SNAPSHOT)
+    size = sum(p.stat().st_size for p in (tmp_path / "parts").glob("state.0*"))
+    assert "disc" in before and before["config"]["active_codebooks"] == 16
+    main(["--carry-in", str(tmp_path / "parts"), "--restate"])  # the snapshot's sizes kept
+    after = load_state(join_dir(tmp_path / "parts", tmp_path / "j2") / CODEC_SNAPSHOT)
+    assert "disc" not in after and after["config"]["active_codebooks"] == 4
+    assert after["step"] == before["step"] >= 1
+    assert torch.equal(after["data"]["generator"], before["data"]["generator"])
+    assert all(torch.equal(before["decoder"][k], v) for k, v in after["decoder"].items())
+    assert sum(p.stat().st_size for p in (tmp_path / "parts").glob("state.0*")) < size
+    from breezert_train.codec_train import CodecTrainer, recipe_config
+
+    trainer = CodecTrainer(recipe_config(2, preset="tiny", disc_channels=4))
+    trainer.load_snapshot(after)  # what the next call's warm start does
+    assert trainer.step == before["step"] and not trainer.disc_active
+
+
+def test_the_shipped_voice_of_recipe_2_fits_40_mb(tmp_path: Path) -> None:
+    """Issue 35's budget: the complete checkpoint the pipeline exports (the ``small`` LM with
+    its fp8 tables, the ``small`` codec of recipe 2 in bf16 with its reference encoder; random
+    weights, the same bytes as trained ones) is at most 40 MB."""
+    from breezert_train.codec_train import CodecTrainer, recipe_config
+    from breezert_train.codec_train import export_checkpoint as export_codec
+    from breezert_train.lm_train import SMALL_GPU, folder_bytes
+
+    codec = export_codec(CodecTrainer(recipe_config(2, preset="small")), tmp_path / "codec",
+                         dtype=torch.bfloat16)
+    voice = export_checkpoint(LMTrainer(SMALL_GPU), codec, tmp_path / "voice")
+    assert folder_bytes(voice) <= 40_000_000, folder_bytes(voice)
+    assert load_checkpoint(voice).config.codec.num_quantizers == NUM_CODEBOOKS
+
+
+def test_frame_phonemes_follow_the_teacher_durations() -> None:
+    from breezert_train.lm_data import frame_phonemes
+
+    # ends at 1200, 3000 and 6000 samples; frame centres at 960, 2880, 4800 and 6720
+    got = frame_phonemes(np.array([0, 7, 9]), np.array([2, 3, 5]), num_frames=4)
+    assert got.tolist() == [0, 7, 9, 0]
+
+
+def test_phoneme_heads_learn_travel_in_the_snapshot_and_stay_out_of_the_export(
+        tmp_path: Path, codec_dir: Path, teacher_dir: Path) -> None:
+    """The training-only heads: a few steps lower the frame phoneme loss and the CTC loss; the
+    carry snapshot holds them; the export is the same model without them. The codes cache keeps
+    each frame's phoneme from the shards (one per frame)."""
+    from breezert_train.lm_data import encode_shards, load_utterances
+
+    encode_shards(teacher_dir, codec_dir, tmp_path / "codes")
+    cached = load_utterances(tmp_path / "codes")
+    assert all(u.frame_phonemes is not None and len(u.frame_phonemes) == len(u.codes)
+               for u in cached)
+
+    def voiced(u):  # noqa: ANN001, ANN202 - phonemes a fixed function of the text
+        chars = torch.tensor([ord(c) % 40 + 1 for c in u.text])
+        return replace(u, frame_phonemes=chars, phonemes=chars[::2])
+
+    items = [voiced(u) for u in _utterances(24, seed=5)]
+    cfg = replace(CFG, phoneme_weight=1.0, phoneme_ctc_weight=1.0, learning_rate=5e-3)
+    trainer = LMTrainer(cfg)
+    stream = BatchStream(items, cfg.max_tokens, cfg.seed)
+    first = trainer.train_step(stream.next())
+    for _ in range(25):
+        last = trainer.train_step(stream.next())
+    assert last["phoneme_frame"] < first["phoneme_frame"] - 1.0, (first, last)
+    assert last["phoneme_ctc"] < first["phoneme_ctc"], (first, last)
+    snap = trainer.snapshot()
+    again = LMTrainer(cfg)
+    again.load_snapshot(snap)
+    assert torch.equal(again.heads.frame.weight, trainer.heads.frame.weight.bfloat16().float())
+    ckpt = load_checkpoint(export_checkpoint(trainer, codec_dir, tmp_path / "voice"))
+    assert not any("phoneme" in k or "heads" in k for k in ckpt.model.state_dict())

@@ -65,3 +65,20 @@ def test_a_new_split_replaces_the_old_parts_and_the_cli_round_trips(tmp_path: Pa
     assert names == [p["name"] for p in manifest["parts"]]
     main(["join", str(tmp_path / "parts"), str(tmp_path / "dst")])
     assert _read(tmp_path / "dst") == files
+
+
+def test_parts_are_gzip_compressed_and_uncompressed_ones_still_join(tmp_path: Path) -> None:
+    """A log-like file shrinks several times; parts split before compression (the snapshot
+    committed on 4 Dec) join as before."""
+    files = _folder(tmp_path / "src")
+    log = "".join(f'{{"step": {i}, "loss": {1 / (i + 1):.4f}}}\n' for i in range(3000)).encode()
+    (tmp_path / "src" / "codec_log.jsonl").write_bytes(log)
+    files["codec_log.jsonl"] = log
+    packed = split_dir(tmp_path / "src", tmp_path / "gz")
+    plain = split_dir(tmp_path / "src", tmp_path / "plain", compress=False)
+    size = {name: sum(p.stat().st_size for p in parts if p.suffix != ".json")
+            for name, parts in (("gz", packed), ("plain", plain))}
+    assert size["gz"] < size["plain"] - len(log) // 2
+    assert json.loads((tmp_path / "gz" / "state.json").read_text())["compression"] == "gzip"
+    assert _read(join_dir(tmp_path / "plain", tmp_path / "dst1")) == files
+    assert _read(join_dir(tmp_path / "gz", tmp_path / "dst2")) == files

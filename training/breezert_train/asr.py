@@ -1,7 +1,8 @@
 """Offline speech recognition for the quality gate: pocketsphinx 5 with its bundled en-US model.
 
 Owns: one pocketsphinx decoder (the acoustic model, dictionary and language model inside the
-wheel; nothing is downloaded) and turning a mono PCM array at any rate into its transcript, through
+wheel, or another language model file: the in-run scorer's, ``run_wer``; nothing is downloaded)
+and turning a mono PCM array at any rate into its transcript, through
 the project's ``soxr`` resampler to the model's 16 kHz. Must not: score transcripts (``wer``
 does) or know where the audio came from.
 """
@@ -36,17 +37,25 @@ class Transcriber:
     over that utterance alone: a transcript does not depend on what was decoded before it.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, lm: str | Path | None = None, pinned: bool = True) -> None:
+        """``lm``: an ARPA or binary language model instead of the bundled ``en-us.lm.bin``;
+        ``pinned``: refuse any pocketsphinx but ``ASR_VERSION`` (the gate's figures; the
+        in-run scorer records the version it found instead)."""
         import pocketsphinx
 
-        found = version(ASR_PACKAGE)
-        if found != ASR_VERSION:  # another version is another gate figure
-            raise RuntimeError(f"the gate's ASR is pocketsphinx {ASR_VERSION}, found {found}")
+        self.version = version(ASR_PACKAGE)
+        if pinned and self.version != ASR_VERSION:  # another version is another gate figure
+            raise RuntimeError(f"the gate's ASR is pocketsphinx {ASR_VERSION}, "
+                               f"found {self.version}")
         model = Path(pocketsphinx.get_model_path("en-us"))
         if not (model / "en-us").is_dir():
             raise RuntimeError(f"pocketsphinx's bundled en-US model is missing under {model}")
+        if lm is None and not (model / "en-us.lm.bin").is_file():
+            raise RuntimeError(f"pocketsphinx's bundled language model {model / 'en-us.lm.bin'} "
+                               "is missing (a slim wheel): give a language model file")
         self.model_path = str(model)
-        self._decoder = pocketsphinx.Decoder(samprate=ASR_SAMPLE_RATE, loglevel="FATAL")
+        extra = {"lm": str(lm)} if lm is not None else {}
+        self._decoder = pocketsphinx.Decoder(samprate=ASR_SAMPLE_RATE, loglevel="FATAL", **extra)
 
     def transcribe(self, pcm: np.ndarray, sample_rate: int) -> str:
         """Mono float32 samples in [-1, 1] at ``sample_rate`` -> lower-case words ("" for none)."""

@@ -1,8 +1,10 @@
 """Codec training: CodecEncoder -> split RVQ -> CodecDecoder, resumable, exported in the released
 layout.
 
-Owns: the train-size codec presets, one training step (MR-STFT + commitment, then the MS-STFT
-discriminator's hinge and feature-matching terms after ``disc_start_step``), the loop that stops
+Owns: the train-size codec presets, the recipes (``CODEC_RECIPES``), one training step (MR-STFT,
+multi-scale log-mel and commitment, then the MS-STFT discriminator's hinge and feature-matching
+terms from ``disc_start_step`` or, with ``disc_on_plateau``, from the step the main loss
+plateaus), the codebooks a run leaves inactive (``active_codebooks``), the loop that stops
 after a number of minutes with atomic saves, the carry snapshot (weights without optimiser
 moments, small enough to move to the next GPU machine) and the warm starts from it or from an
 export, the export, and the command line
@@ -42,7 +44,9 @@ from breezert_train.checkpoint import (
 from breezert_train.data import AudioFolderCrops, CropSource
 from breezert_train.losses import (
     LatentMelHead,
+    MultiScaleMelLoss,
     MultiScaleStftDiscriminator,
+    PlateauDetector,
     discriminator_hinge_loss,
     feature_matching_loss,
     generator_hinge_loss,
@@ -54,6 +58,7 @@ from breezert_train.quantizer import (
     mark_codebooks_fresh_,
     quantize,
     sync_decoder_quantizer_,
+    zero_inactive_codebooks_,
 )
 
 CODEC_PRESETS = ("tiny", "small")
@@ -115,7 +120,21 @@ class CodecTrainConfig:
     feature_weight: float = 2.0
     """Weight of the feature-matching loss."""
     disc_start_step: int = 2000
-    """Step from which the discriminator trains and the adversarial terms count."""
+    """Step from which the discriminator trains and the adversarial terms count (with
+    ``disc_on_plateau``: the earliest such step)."""
+    disc_on_plateau: bool = False
+    """Start the discriminator at the first step (>= ``disc_start_step``) where the main
+    reconstruction loss (``mel`` when ``mel_weight`` > 0, else ``stft_mag``) has plateaued:
+    ``PlateauDetector(plateau_window, plateau_min_improvement)``, fed only outside a re-warmup."""
+    plateau_window: int = 500
+    """Steps per window of the plateau detector (two windows are compared)."""
+    plateau_min_improvement: float = 0.01
+    """A plateau: the last window's mean fell by less than this fraction of the one before."""
+    mel_weight: float = 0.0
+    """Weight of the multi-scale log-mel L1 (``MultiScaleMelLoss``); 0: not computed."""
+    active_codebooks: int = 16
+    """Codebooks that code (the first ones: 1 semantic, then acoustic); the others hold only
+    zero vectors, so their code is always 0 (``zero_inactive_codebooks_``)."""
     disc_channels: int = 32
     """Channels of each discriminator scale."""
     rewarmup_steps: int = 200
@@ -138,6 +157,10 @@ class CodecTrainConfig:
         if self.batch_size < 1 or self.crop_frames < 1:
             raise ValueError(f"batch_size={self.batch_size} and crop_frames={self.crop_frames} "
                              "must be >= 1")
+        total = codec_preset(self.preset)[0].num_quantizers
+        if not 1 <= self.active_codebooks <= total:
+            raise ValueError(f"active_codebooks={self.active_codebooks}: choose 1..{total}")
+        PlateauDetector(self.plateau_window, self.plateau_min_improvement)  # validates both
 
     @property
     def crop_samples(self) -> int:
@@ -147,8 +170,27 @@ class CodecTrainConfig:
         return asdict(self)
 
 
+CODEC_RECIPES: dict[int, dict[str, Any]] = {
+    1: {},
+    2: {"mel_weight": 1.0, "stft_weight": 0.2, "disc_on_plateau": True, "plateau_window": 500,
+        "plateau_min_improvement": 0.01, "active_codebooks": 4},
+}
+"""``CodecTrainConfig`` fields each recipe sets. 1: the run of 2-4 Dec (MR-STFT, discriminator
+from step 2000, 16 codebooks). 2 (issue 35, aimed at intelligibility): the multi-scale log-mel
+L1 as the main term (MR-STFT at a fifth of it), the discriminator off until that loss gains
+less than 1 % per 500 steps, and the codes in the first 4 codebooks."""
+
+
+def recipe_config(recipe: int, **fields_: Any) -> CodecTrainConfig:
+    """``CodecTrainConfig`` of ``recipe`` with ``fields_`` over it."""
+    if recipe not in CODEC_RECIPES:
+        raise ValueError(f"codec recipe {recipe}: choose one of {sorted(CODEC_RECIPES)}")
+    return CodecTrainConfig(**{**CODEC_RECIPES[recipe], **fields_})
+
+
 def config_from_json(d: dict[str, Any]) -> CodecTrainConfig:
-    """The ``CodecTrainConfig`` that ``as_json`` wrote (a state file's or a snapshot's)."""
+    """The ``CodecTrainConfig`` that ``as_json`` wrote (a state file's or a snapshot's); fields
+    added since it was written take their defaults."""
     d = dict(d)
     d["betas"] = tuple(d["betas"])
     d["vq"] = VQTrainConfig(**d["vq"])
@@ -167,6 +209,11 @@ class CodecTrainer:
         self.encoder = init_codec_encoder_random_(CodecEncoder(self.encoder_json), gen)
         self.encoder.to(self.device).train()
         mark_codebooks_fresh_(self.encoder)
+        zero_inactive_codebooks_(self.encoder, self.decoder, cfg.active_codebooks)
+        self.mel_loss = MultiScaleMelLoss().to(self.device) if cfg.mel_weight > 0 else None
+        self.plateau = PlateauDetector(cfg.plateau_window, cfg.plateau_min_improvement)
+        self.disc_started_at: int | None = None
+        """Step at which ``disc_on_plateau`` started the discriminator (None: not yet)."""
         with torch.random.fork_rng(devices=[]):  # default nn init, seeded, global RNG untouched
             torch.manual_seed(cfg.seed)
             self.disc = MultiScaleStftDiscriminator(cfg.disc_channels).to(self.device)
@@ -200,7 +247,7 @@ class CodecTrainer:
         with self._autocast():
             x = self.encoder.embed(wav)  # [B, hidden, K]
         q = quantize(self.encoder, self.decoder, x.float(), self.cfg.vq,
-                     self.vq_gen if training else None)
+                     self.vq_gen if training else None, self.cfg.active_codebooks)
         with self._autocast():
             y, _ = self.decoder.decode_latent(q.latent, self.decoder.new_state(wav.shape[0]))
         return y.float(), q
@@ -214,6 +261,13 @@ class CodecTrainer:
             out = self.disc(wav)
         return [(logits.float(), [f.float() for f in features]) for logits, features in out]
 
+    @property
+    def disc_active(self) -> bool:
+        """Whether the discriminator trains at this step."""
+        if self.cfg.disc_on_plateau:
+            return self.disc_started_at is not None
+        return self.step >= self.cfg.disc_start_step
+
     def train_step(self, wav: Tensor) -> dict[str, float]:
         """One optimisation step on ``wav [B, T]``; returns every loss as a float."""
         cfg = self.cfg
@@ -222,10 +276,13 @@ class CodecTrainer:
         sc, mag = mr_stft_loss(y, wav)
         losses = {"stft_sc": sc, "stft_mag": mag, "commitment": q.commitment}
         g_loss = cfg.stft_weight * (sc + mag) + cfg.commitment_weight * q.commitment
+        if self.mel_loss is not None:
+            losses["mel"] = self.mel_loss(y, wav)
+            g_loss = g_loss + cfg.mel_weight * losses["mel"]
         if self.mel_head is not None:
             losses["latent_mel"] = self.mel_head.loss(q.latent, wav)
             g_loss = g_loss + cfg.latent_mel_weight * losses["latent_mel"]
-        if self.step >= cfg.disc_start_step:
+        if self.disc_active:
             real = self._disc(wav)
             d_loss = discriminator_hinge_loss([r[0] for r in real],
                                               [f[0] for f in self._disc(y.detach())])
@@ -240,7 +297,21 @@ class CodecTrainer:
         # one device -> host copy for the step's figures (a float() each was a sync each)
         values = torch.stack([v.detach().float() for v in losses.values()]
                              + [q.num_restarted.float()]).tolist()
-        return dict(zip([*losses, "codes_restarted"], values))
+        record = dict(zip([*losses, "codes_restarted"], values))
+        if self.cfg.disc_on_plateau:
+            record["disc_on"] = float(self.disc_active)  # during this step
+        self._watch_plateau(record["mel" if self.mel_loss is not None else "stft_mag"])
+        return record
+
+    def _watch_plateau(self, main_loss: float) -> None:
+        """Feeds the plateau detector (outside a re-warmup, from ``disc_start_step``) and starts
+        the discriminator at the plateau."""
+        cfg = self.cfg
+        if not cfg.disc_on_plateau or self.disc_started_at is not None:
+            return
+        rewarming = self.reset_step and self.step - self.reset_step < cfg.rewarmup_steps
+        if self.step >= cfg.disc_start_step and not rewarming and self.plateau.add(main_loss):
+            self.disc_started_at = self.step
 
     def _set_rates(self) -> None:
         scale = 1.0
@@ -271,7 +342,15 @@ class CodecTrainer:
             "disc": self.disc.state_dict(), "opt_g": self.opt_g.state_dict(),
             "opt_d": self.opt_d.state_dict(), "vq_gen": self.vq_gen.get_state(),
             **({"mel_head": self.mel_head.state_dict()} if self.mel_head is not None else {}),
+            **self._plateau_state(),
         }
+
+    def _plateau_state(self) -> dict[str, Any]:
+        return {"disc_started_at": self.disc_started_at, "plateau": list(self.plateau.history)}
+
+    def _load_plateau_state(self, state: dict[str, Any]) -> None:
+        self.disc_started_at = state.get("disc_started_at")
+        self.plateau.history = list(state.get("plateau", []))[-2 * self.cfg.plateau_window:]
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         saved = config_from_json(state["config"])
@@ -289,25 +368,46 @@ class CodecTrainer:
         self.vq_gen.set_state(state["vq_gen"])
         self.step, self.train_time_s = int(state["step"]), float(state["train_time_s"])
         self.reset_step = int(state.get("reset_step", 0))
+        self._load_plateau_state(state)
 
     # ---------------------------------------------------------------- carry between machines
     def snapshot(self) -> dict[str, Any]:
-        """The run without its optimiser moments, to go on on another machine: encoder,
-        decoder and discriminator in bf16 (codebook usage counts in fp32), step, time and the
-        codebook RNG; about 23 MB for ``small`` against ~110 MB for ``state_dict``."""
-        def half(module: torch.nn.Module) -> dict[str, Tensor]:
+        """The run without its optimiser moments, to go on on another machine: encoder and
+        decoder in bf16 (codebook usage counts in fp32), the discriminator only once it trains,
+        step, time, the codebook RNG and the plateau detector. Left out as stale: the decoder's
+        copies of the codebooks (written from the encoder's only at export) and the inactive
+        codebooks (zero by construction); ``small`` with 4 active codebooks: about 13 MB."""
+        inactive = self._inactive_codebook_keys()
+
+        def half(module: torch.nn.Module, drop: tuple[str, ...] = ()) -> dict[str, Tensor]:
             return {k: (v.detach().cpu().to(torch.bfloat16)
                         if v.is_floating_point() and "cluster_usage" not in k
                         and "initialized" not in k else v.detach().cpu().clone())
-                    for k, v in module.state_dict().items()}
+                    for k, v in module.state_dict().items()
+                    if not any(part in k for part in drop) and k not in inactive}
 
         snap = {"config": self.cfg.as_json(), "step": self.step,
                 "train_time_s": self.train_time_s, "encoder": half(self.encoder),
-                "decoder": half(self.decoder), "disc": half(self.disc),
-                "vq_gen": self.vq_gen.get_state()}
+                "decoder": half(self.decoder, drop=("._codebook.",)),
+                "vq_gen": self.vq_gen.get_state(), **self._plateau_state()}
+        if self.disc_active:
+            snap["disc"] = half(self.disc)
         if self.mel_head is not None:
             snap["mel_head"] = half(self.mel_head)
         return snap
+
+    def _inactive_codebook_keys(self) -> set[str]:
+        """Encoder state keys of the codebooks past ``active_codebooks``."""
+        from breezert_train.quantizer import group_active, group_pairs
+
+        keys, names = set(), {id(m): n for n, m in self.encoder.named_modules()}
+        for (enc_group, _, num), act in zip(group_pairs(self.encoder, self.decoder),
+                                            group_active(self.decoder, self.cfg.active_codebooks),
+                                            strict=True):
+            for vq in enc_group.layers[act:num]:
+                prefix = names[id(vq.codebook)]
+                keys |= {f"{prefix}.{b}" for b in ("embed_sum", "cluster_usage", "initialized")}
+        return keys
 
     def _check_shape_config(self, saved: CodecTrainConfig, source: str) -> None:
         if (saved.preset, saved.disc_channels) != (self.cfg.preset, self.cfg.disc_channels):
@@ -318,18 +418,31 @@ class CodecTrainer:
     def load_snapshot(self, snap: dict[str, Any]) -> None:
         """Goes on from ``snapshot()``: same weights (rounded to bf16), fresh optimiser moments,
         rates re-warmed over ``rewarmup_steps``. The other settings may change (batch size,
-        rates): only the preset and the discriminator's width must match."""
+        rates, the recipe: a 16-codebook snapshot goes on with fewer active codebooks, the
+        others zeroed): only the preset and the discriminator's width must match. A snapshot
+        without a discriminator (not started yet) leaves this run's fresh one."""
         self._check_shape_config(config_from_json(snap["config"]), "the snapshot")
-        names = ["encoder", "decoder", "disc"]
+        names = ["encoder", "decoder"] + (["disc"] if "disc" in snap else [])
         if self.mel_head is not None and "mel_head" in snap:  # else the probe starts fresh
             names.append("mel_head")
         for name in names:
             module = getattr(self, name)
             dtypes = {k: v.dtype for k, v in module.state_dict().items()}
-            module.load_state_dict({k: v.to(dtypes[k]) for k, v in snap[name].items()})
+            result = module.load_state_dict({k: v.to(dtypes[k]) for k, v in snap[name].items()
+                                             if k in dtypes}, strict=False)
+            # only what snapshot() leaves out may be missing: the decoder's codebook copies,
+            # the encoder's inactive codebooks (a snapshot with fewer active ones: they start
+            # fresh, from data, here)
+            left_out = {"decoder": "._codebook.", "encoder": ".codebook."}.get(name)
+            odd = [k for k in result.missing_keys if left_out is None or left_out not in k]
+            if odd or result.unexpected_keys:
+                raise ValueError(f"the snapshot's {name} does not match: missing {odd[:3]}, "
+                                 f"unexpected {result.unexpected_keys[:3]}")
+        zero_inactive_codebooks_(self.encoder, self.decoder, self.cfg.active_codebooks)
         self.vq_gen.set_state(snap["vq_gen"])
         self.step, self.train_time_s = int(snap["step"]), float(snap["train_time_s"])
         self.reset_step = self.step
+        self._load_plateau_state(snap)
 
     def load_export(self, folder: str | Path, step: int, train_time_s: float) -> None:
         """Goes on from a codec export (``export_checkpoint``): its encoder and decoder, a fresh
@@ -349,6 +462,7 @@ class CodecTrainer:
                              f"unexpected {result.unexpected_keys[:3]}")
         self.decoder.load_state_dict(ckpt.codec.float().state_dict())
         mark_codebooks_fresh_(self.encoder, fresh=False)  # the export's are trained
+        zero_inactive_codebooks_(self.encoder, self.decoder, self.cfg.active_codebooks)
         self.step, self.train_time_s = int(step), float(train_time_s)
         self.reset_step = self.step
 
@@ -364,11 +478,15 @@ def _save(trainer: CodecTrainer, data: CropSource, out: Path) -> None:
 def train(data: CropSource, out: str | Path, cfg: CodecTrainConfig, minutes: float,
           max_steps: int | None = None, save_every: int = 200,
           device: str | torch.device = "cpu", stop: StopFlag | None = None,
-          warm_start: Callable[[CodecTrainer], None] | None = None) -> CodecTrainer:
+          warm_start: Callable[[CodecTrainer], None] | None = None,
+          on_step: Callable[[CodecTrainer, dict[str, float]], None] | None = None
+          ) -> CodecTrainer:
     """Trains until ``minutes`` pass (or ``max_steps`` total steps, or ``stop`` is set),
     resuming from ``out/state.pt`` if present, else from ``warm_start`` (e.g. a carried
     snapshot: ``lambda t: t.load_snapshot(...)``) if given; saves every ``save_every`` steps and
-    at the end. An error (a non-finite loss included) leaves the last save as it was."""
+    at the end; ``on_step`` sees the trainer and each step's record (its time is not training
+    time: e.g. handing a snapshot to the in-run scorer). An error (a non-finite loss included)
+    leaves the last save as it was."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     trainer = CodecTrainer(cfg, device)
@@ -384,7 +502,8 @@ def train(data: CropSource, out: str | Path, cfg: CodecTrainConfig, minutes: flo
         resumed = trainer.step > 0
     log = StepLog(out / LOG_FILE, trainer.step if resumed else None)
     timed_loop(trainer, lambda: trainer.train_step(data.sample(cfg.batch_size).to(trainer.device)),
-               lambda: _save(trainer, data, out), log, minutes, max_steps, save_every, stop)
+               lambda: _save(trainer, data, out), log, minutes, max_steps, save_every, stop,
+               after_step=(lambda record: on_step(trainer, record)) if on_step else None)
     return trainer
 
 

@@ -2,7 +2,9 @@
 
 Owns: encoding the teacher shards' audio with a trained codec's encoder + quantizer into 16 codes
 per 80 ms frame, cached as ``codes-<shard>.npz`` (11-bit packed, written atomically, keyed by
-the codec file's hash so a new codec re-encodes); the in-memory utterance set (prompt ids exactly
+the codec file's hash so a new codec re-encodes) with the teacher's phonemes beside them (each
+frame's phoneme from the durations, ``frame_phonemes``, and each utterance's phoneme sequence:
+training-only targets); the in-memory utterance set (prompt ids exactly
 as serving builds them with the built-in byte tokenizer, frames, a fixed held-out split); and
 length-bucketed batches whose order is a pure function of (seed, epoch), so a resumed run draws
 the same batches. Must not: train, build models or be imported by serving code.
@@ -29,6 +31,10 @@ from breezert_train import shards
 
 CODES_GLOB = "codes-*.npz"
 CODE_BITS = 11  # codes are 0..2047
+PHONEME_CLASSES = 178
+"""hibari 0.2.1's phoneme ids are 0..177; 0 is its pad (silence at both ends; CTC's blank)."""
+SAMPLES_PER_DURATION = 600
+"""One teacher duration unit (40 Hz at 24 kHz, ``teacher.SAMPLES_PER_DURATION``)."""
 
 
 # ------------------------------------------------------------------------------- packing
@@ -46,6 +52,17 @@ def unpack_codes(packed: np.ndarray, count: int) -> np.ndarray:
     bits = np.unpackbits(packed, count=count * CODE_BITS, bitorder="little")
     weights = (1 << np.arange(CODE_BITS, dtype=np.int64))
     return (bits.reshape(count, CODE_BITS).astype(np.int64) * weights).sum(axis=1)
+
+
+def frame_phonemes(phoneme_ids: np.ndarray, durations: np.ndarray, num_frames: int
+                   ) -> np.ndarray:
+    """The teacher's phoneme id at the centre of each 80 ms frame (``num_frames`` of them),
+    from its per-phoneme durations (40 Hz units); past the last phoneme: 0 (pad)."""
+    ends = np.cumsum(np.asarray(durations, np.int64)) * SAMPLES_PER_DURATION  # [num_ids]
+    centres = np.arange(num_frames) * SAMPLES_PER_FRAME + SAMPLES_PER_FRAME // 2
+    index = np.searchsorted(ends, centres, side="right")
+    ids = np.append(np.asarray(phoneme_ids, np.int64), 0)
+    return ids[np.minimum(index, len(ids) - 1)].astype(np.int16)
 
 
 def file_sha256(path: Path) -> str:
@@ -124,11 +141,17 @@ def _encode_one(shard: Path, out: Path, encoder: CodecEncoder, device: torch.dev
     frames = np.cumsum([0] + [len(c) for c in codes], dtype=np.int64)  # type: ignore[arg-type]
     flat = np.concatenate(codes)  # [total frames, 16]
     texts = [{"utterance_id": m["utterance_id"], "text": m["text"]} for m in meta]
+    ph_off = arrays["phoneme_offsets"]
+    per_frame = [frame_phonemes(arrays["phoneme_ids"][ph_off[i]:ph_off[i + 1]],
+                                arrays["durations"][ph_off[i]:ph_off[i + 1]], len(c))
+                 for i, c in enumerate(codes)]  # type: ignore[arg-type]
     tmp = out.with_name(out.name + ".tmp")
     with open(tmp, "wb") as f:
         np.savez(f, packed=pack_codes(flat), num_frames=np.int64(len(flat)), frame_offsets=frames,
                  meta=np.frombuffer(json.dumps(texts).encode(), np.uint8),
-                 codec_sha256=np.frombuffer(codec_sha.encode(), np.uint8))
+                 codec_sha256=np.frombuffer(codec_sha.encode(), np.uint8),
+                 frame_phonemes=np.concatenate(per_frame),
+                 phoneme_ids=arrays["phoneme_ids"].astype(np.int16), phoneme_offsets=ph_off)
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, out)
@@ -141,6 +164,8 @@ class Utterance:
     text: str
     prompt: Prompt
     codes: torch.Tensor  # [T, 16] long
+    frame_phonemes: torch.Tensor | None = None  # [T] long: the teacher's phoneme per frame
+    phonemes: torch.Tensor | None = None  # [P] long: its phoneme sequence, pads dropped
 
     @property
     def num_tokens(self) -> int:
@@ -153,10 +178,17 @@ def byte_tokenizer() -> BreezeTokenizer:
 
 
 def make_utterance(tokenizer: BreezeTokenizer, utterance_id: int, text: str,
-                   codes: np.ndarray | torch.Tensor) -> Utterance:
+                   codes: np.ndarray | torch.Tensor, frame_phonemes: np.ndarray | None = None,
+                   phonemes: np.ndarray | None = None) -> Utterance:
     """The prompt as serving builds it (``prompting.make_prompt``, speaker [S0], plain)."""
     codes = torch.as_tensor(np.asarray(codes), dtype=torch.long).reshape(-1, NUM_CODEBOOKS)
-    return Utterance(utterance_id, text, make_prompt(tokenizer, text), codes)
+
+    def ids(a: np.ndarray | None) -> torch.Tensor | None:
+        return None if a is None else torch.as_tensor(np.asarray(a, np.int64))
+
+    seq = None if phonemes is None else np.asarray(phonemes)[np.asarray(phonemes) != 0]
+    return Utterance(utterance_id, text, make_prompt(tokenizer, text), codes,
+                     ids(frame_phonemes), ids(seq))
 
 
 def load_utterances(cache_dir: str | Path, max_frames: int = 250, max_text_tokens: int = 400
@@ -169,12 +201,18 @@ def load_utterances(cache_dir: str | Path, max_frames: int = 250, max_text_token
             flat = unpack_codes(data["packed"], int(data["num_frames"]) * NUM_CODEBOOKS)
             offsets = data["frame_offsets"]
             meta = json.loads(bytes(data["meta"]).decode())
+            # caches written before the phonemes were kept have none
+            ph = {k: data[k] for k in ("frame_phonemes", "phoneme_ids", "phoneme_offsets")
+                  if k in data.files}
         flat = flat.reshape(-1, NUM_CODEBOOKS)
         for row, m in enumerate(meta):
-            codes = flat[offsets[row] : offsets[row + 1]]
+            start, end = offsets[row], offsets[row + 1]
+            codes = flat[start:end]
             if not 1 <= len(codes) <= max_frames or not m["text"].strip():
                 continue
-            utt = make_utterance(tokenizer, int(m["utterance_id"]), m["text"], codes)
+            extra = (ph["frame_phonemes"][start:end], ph["phoneme_ids"][
+                ph["phoneme_offsets"][row]:ph["phoneme_offsets"][row + 1]]) if ph else ()
+            utt = make_utterance(tokenizer, int(m["utterance_id"]), m["text"], codes, *extra)
             if utt.prompt.num_tokens <= max_text_tokens:
                 items.append(utt)
     return items

@@ -2,7 +2,10 @@
 
 Owns: the training ``KVCache`` (causal SDPA over a padded batch, plus the guided-attention
 diagonal prior on chosen layers), the depth decoder run over all 16 positions of every frame at
-once, and the losses (code 0 with end of speech, the 15 depth codes, the prior). Serving runs the
+once, the training-only phoneme heads (``PhonemeHeads``: the teacher's phoneme of each frame
+from the backbone state that predicts its code 0, and CTC of the phoneme sequence from the
+text encoder's prompt rows; never exported), and the losses (code 0 with end of speech, the 15
+depth codes, the prior, the phonemes). Serving runs the
 same modules step by step (``models/generate.py``); ``tests/unit/test_lm_train.py`` checks both
 give the same logits. Must not: define modules or weights of its own, sample, or touch files.
 """
@@ -21,7 +24,7 @@ from breezert.host_copy import upload
 from breezert.layers.rope import apply_rope
 from breezert.models.breeze import BreezeModel
 from breezert.models.depth import DepthDecoder
-from breezert_train.lm_data import Utterance
+from breezert_train.lm_data import PHONEME_CLASSES, Utterance
 
 
 @dataclass(frozen=True)
@@ -110,6 +113,19 @@ def depth_hidden(depth: DepthDecoder, x: Tensor) -> Tensor:
     return depth.model.norm(h)
 
 
+class PhonemeHeads(torch.nn.Module):
+    """Training-only linear read-outs of the teacher's phonemes (``lm_data.PHONEME_CLASSES``):
+    ``frame`` from the backbone state that predicts a frame's code 0 (so code 0 carries what
+    is said, frame by frame, from the durations), ``ctc`` from each prompt row the text
+    encoder gives the backbone (so the text rows carry the phonemes in order; class 0 is the
+    blank)."""
+
+    def __init__(self, hidden: int, classes: int = PHONEME_CLASSES) -> None:
+        super().__init__()
+        self.frame = torch.nn.Linear(hidden, classes)
+        self.ctc = torch.nn.Linear(hidden, classes)
+
+
 @dataclass
 class ForwardOut:
     code0_logits: Tensor  # [sum(T + 1), 2052] fp32: frames 0..T-1, then the EOS row
@@ -119,11 +135,14 @@ class ForwardOut:
     depth_targets: Tensor  # [sum T, 15]
     guided: Tensor  # scalar (0 when no layer is guided)
     eos_rows: Tensor  # [B] long: where ``is_eos_row`` is set (an index: a mask reads back)
+    phoneme_frame: Tensor | None = None  # scalar: frame phoneme cross-entropy
+    phoneme_ctc: Tensor | None = None  # scalar: CTC of the prompt rows (per target phoneme)
 
 
 def teacher_forced(model: BreezeModel, batch: Sequence[Utterance], guided_layers: Sequence[int],
-                   sigma: float) -> ForwardOut:
-    """Runs prompt + frames of every utterance through text encoder, backbone and depth."""
+                   sigma: float, phoneme_heads: PhonemeHeads | None = None) -> ForwardOut:
+    """Runs prompt + frames of every utterance through text encoder, backbone and depth; with
+    ``phoneme_heads`` and every utterance carrying phonemes, scores them too."""
     device = model.lm_head.weight.device
     # Every index is made on the host and uploaded through pinned memory before the forward
     # is queued (a pageable copy or a boolean mask in the middle of it waited for the GPU); the
@@ -164,13 +183,37 @@ def teacher_forced(model: BreezeModel, batch: Sequence[Utterance], guided_layers
         heads = depth.codebooks_head.weight.float()  # [15, d, vocab]
         depth_logits = torch.einsum("rjd,jdv->rjv", hd.float(), heads)
     guided = torch.stack(attn.guided_losses).mean() if attn.guided_losses else hidden.new_zeros(())
-    return ForwardOut(logits0, targets0, is_eos, depth_logits, all_codes[:, 1:], guided.float(),
-                      eos_rows)
+    out = ForwardOut(logits0, targets0, is_eos, depth_logits, all_codes[:, 1:], guided.float(),
+                     eos_rows)
+    if phoneme_heads is not None and all(u.frame_phonemes is not None and u.phonemes is not None
+                                         for u in batch):
+        out.phoneme_frame, out.phoneme_ctc = _phoneme_losses(phoneme_heads, batch, h_frames,
+                                                             text_rows)
+    return out
+
+
+def _phoneme_losses(heads: PhonemeHeads, batch: Sequence[Utterance], h_frames: Tensor,
+                    text_rows: Sequence[Tensor]) -> tuple[Tensor, Tensor]:
+    device = h_frames.device
+    targets = upload(torch.cat([u.frame_phonemes for u in batch]), device)  # [R]
+    with torch.autocast(device.type, enabled=False):
+        frame = F.cross_entropy(heads.frame(h_frames.float()), targets)
+        rows = torch.nn.utils.rnn.pad_sequence([t.float() for t in text_rows])  # [L, B, D]
+        log_probs = heads.ctc(rows).log_softmax(-1)
+        # a prompt shorter than its phonemes (CTC needs at least one row each) adds 0
+        ctc = F.ctc_loss(log_probs, upload(torch.cat([u.phonemes for u in batch]), device),
+                         torch.tensor([len(t) for t in text_rows]),
+                         torch.tensor([len(u.phonemes) for u in batch]), blank=0,
+                         reduction="mean", zero_infinity=True)
+    return frame, ctc
 
 
 def losses(out: ForwardOut) -> dict[str, Tensor]:
     """Mean cross-entropies: code 0 over frames and EOS rows together, EOS rows alone, depth."""
     ce0 = F.cross_entropy(out.code0_logits, out.code0_targets, reduction="none")
     depth = F.cross_entropy(out.depth_logits.flatten(0, 1), out.depth_targets.flatten())
-    return {"code0": ce0.mean(), "eos": ce0[out.eos_rows].mean(), "depth": depth,
-            "guided": out.guided}
+    parts = {"code0": ce0.mean(), "eos": ce0[out.eos_rows].mean(), "depth": depth,
+             "guided": out.guided}
+    if out.phoneme_frame is not None:
+        parts.update(phoneme_frame=out.phoneme_frame, phoneme_ctc=out.phoneme_ctc)
+    return parts

@@ -13,8 +13,11 @@ Choices made for learning alignment fast on little data and GPU time:
 * small widths (the whole checkpoint must fit 40 MB) and short utterances (3-20 words);
 * length-bucketed batches with a padded-token budget (little padding, large batches);
 * a guided-attention diagonal prior on chosen backbone layers (audio rows over the prompt keys),
-  since the backbone reads the text only through self-attention; the teacher's phoneme durations
-  are not used as targets because the model reads bytes, not phonemes;
+  since the backbone reads the text only through self-attention;
+* training-only phoneme supervision from the teacher (``lm_forward.PhonemeHeads``, issue 35):
+  the phoneme of each frame (from the durations) read from the state that predicts its code 0,
+  and CTC of the phoneme sequence from the text encoder's prompt rows; the model still reads
+  bytes, and the heads are never exported;
 * AdamW, linear warmup then cosine decay, bf16 autocast on CUDA (fp32 master weights).
 """
 
@@ -22,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import math
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 from typing import Any
@@ -53,7 +57,7 @@ from breezert_train.lm_data import (
     load_utterances,
     split_heldout,
 )
-from breezert_train.lm_forward import losses, teacher_forced
+from breezert_train.lm_forward import PhonemeHeads, losses, teacher_forced
 
 LM_PRESETS = ("tiny", "small")
 SNAPSHOT_FILE = "snapshot.pt"
@@ -135,6 +139,11 @@ class LMTrainConfig:
     """Train and store ``FP8_TENSORS`` in fp8 e4m3."""
     max_frames: int = 250
     """Longest utterance kept, in frames (20 s)."""
+    phoneme_weight: float = 0.0
+    """Weight of the frames' phoneme cross-entropy (``PhonemeHeads.frame``); 0: no head."""
+    phoneme_ctc_weight: float = 0.0
+    """Weight of the prompt rows' phoneme CTC (``PhonemeHeads.ctc``); 0 with
+    ``phoneme_weight`` 0: no heads."""
     seed: int = 0
     """Seeds the weights and the batch order."""
 
@@ -155,7 +164,8 @@ class LMTrainConfig:
 
 SMALL_GPU = LMTrainConfig(preset="small", max_tokens=65536, learning_rate=2e-3,
                           warmup_steps=300, rewarmup_steps=200, schedule_steps=12000,
-                          guided_layers=(1, 2), fp8_tables=True)
+                          guided_layers=(1, 2), fp8_tables=True, phoneme_weight=0.5,
+                          phoneme_ctc_weight=0.5)
 """The run meant for the default voice on one H200 (``--recipe small-gpu``)."""
 
 
@@ -206,14 +216,23 @@ class LMTrainer:
     def __init__(self, cfg: LMTrainConfig, device: str | torch.device = "cpu") -> None:
         self.cfg, self.device = cfg, torch.device(device)
         self.model = init_lm(cfg).to(self.device).train()
+        self.heads: PhonemeHeads | None = None
+        if cfg.phoneme_weight > 0 or cfg.phoneme_ctc_weight > 0:
+            with torch.random.fork_rng(devices=[]):
+                torch.manual_seed(cfg.seed)
+                self.heads = PhonemeHeads(self.model.cfg.hidden_size).to(self.device)
         self.opt = self._new_optimizer()
         self.step = 0
         self.reset_step = 0  # the step of the last optimiser reset (a carry-snapshot resume)
         self.train_time_s = 0.0
 
+    def _parameters(self) -> list[nn.Parameter]:
+        heads = list(self.heads.parameters()) if self.heads is not None else []
+        return list(self.model.parameters()) + heads
+
     def _new_optimizer(self) -> torch.optim.Optimizer:
-        decay = [p for p in self.model.parameters() if p.dim() >= 2]
-        rest = [p for p in self.model.parameters() if p.dim() < 2]
+        decay = [p for p in self._parameters() if p.dim() >= 2]
+        rest = [p for p in self._parameters() if p.dim() < 2]
         return torch.optim.AdamW(
             [{"params": decay, "weight_decay": self.cfg.weight_decay},
              {"params": rest, "weight_decay": 0.0}],
@@ -233,7 +252,7 @@ class LMTrainer:
         with parametrize.cached(), torch.autocast(self.device.type, dtype=torch.bfloat16,
                                                   enabled=use_bf16):
             out = teacher_forced(self.model, batch, self.cfg.guided_layers,
-                                 self.cfg.guided_sigma)
+                                 self.cfg.guided_sigma, self.heads)
             return losses(out)
 
     def train_step(self, batch: list[Utterance]) -> dict[str, float]:
@@ -244,9 +263,12 @@ class LMTrainer:
         cfg = self.cfg
         loss = parts["code0"] + cfg.depth_weight * parts["depth"] \
             + cfg.guided_weight * parts["guided"]
+        if "phoneme_frame" in parts:
+            loss = loss + cfg.phoneme_weight * parts["phoneme_frame"] \
+                + cfg.phoneme_ctc_weight * parts["phoneme_ctc"]
         self.opt.zero_grad(set_to_none=True)
         loss.backward()
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.grad_clip)
+        grad_norm = torch.nn.utils.clip_grad_norm_(self._parameters(), cfg.grad_clip)
         self.opt.step()
         self.step += 1
         # the step's figures in one device -> host copy (a float() each was a sync each)
@@ -278,11 +300,22 @@ class LMTrainer:
     def state_dict(self) -> dict[str, Any]:
         return {"config": asdict(self.cfg), "step": self.step, "reset_step": self.reset_step,
                 "train_time_s": self.train_time_s, "model": self.model.state_dict(),
-                "opt": self.opt.state_dict()}
+                "opt": self.opt.state_dict(), **self._heads_state(torch.float32)}
+
+    def _heads_state(self, dtype: torch.dtype) -> dict[str, Any]:
+        if self.heads is None:
+            return {}
+        return {"phoneme_heads": {k: v.detach().to("cpu", dtype)
+                                  for k, v in self.heads.state_dict().items()}}
+
+    def _load_heads(self, state: dict[str, Any]) -> None:
+        if self.heads is not None and "phoneme_heads" in state:  # else they start fresh
+            self.heads.load_state_dict({k: v.float() for k, v in state["phoneme_heads"].items()})
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self._check_config(state["config"])
         self.model.load_state_dict(state["model"])
+        self._load_heads(state)
         self.opt.load_state_dict(state["opt"])
         self.step, self.reset_step = int(state["step"]), int(state["reset_step"])
         self.train_time_s = float(state["train_time_s"])
@@ -307,7 +340,7 @@ class LMTrainer:
         return {"config": asdict(self.cfg), "step": self.step, "train_time_s": self.train_time_s,
                 "weights": {k: v.detach().to("cpu", torch.bfloat16) for k, v in weights.items()},
                 "text_rows": rows, "text_table_rows": table[rows.to(table.device)].cpu().bfloat16(),
-                "text_table_shape": list(table.shape)}
+                "text_table_shape": list(table.shape), **self._heads_state(torch.bfloat16)}
 
     def load_snapshot(self, snap: dict[str, Any]) -> None:
         self._check_config(snap["config"])
@@ -316,6 +349,7 @@ class LMTrainer:
         table[snap["text_rows"]] = snap["text_table_rows"].float()
         weights[TEXT_TABLE] = table
         load_plain_(self.model, weights)
+        self._load_heads(snap)
         self.opt = self._new_optimizer()
         self.step = self.reset_step = int(snap["step"])
         self.train_time_s = float(snap["train_time_s"])
@@ -362,10 +396,12 @@ def save_snapshot(trainer: LMTrainer, data: BatchStream, path: Path) -> None:
 def train(train_items: list[Utterance], heldout: list[Utterance], out: str | Path,
           cfg: LMTrainConfig, minutes: float, max_steps: int | None = None,
           save_every: int = 200, eval_every: int = 500, device: str | torch.device = "cpu",
-          stop: StopFlag | None = None) -> LMTrainer:
+          stop: StopFlag | None = None,
+          on_step: Callable[[LMTrainer, dict[str, float]], None] | None = None) -> LMTrainer:
     """Trains until ``minutes`` pass (or ``max_steps`` total steps, or ``stop``), resuming from
     ``out``; saves every ``save_every`` steps and at the end, evaluates every ``eval_every``
-    steps and at the end. A non-finite loss raises and leaves the last save as it was."""
+    steps and at the end; ``on_step`` sees the trainer and each step's record (not training
+    time). A non-finite loss raises and leaves the last save as it was."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     trainer = LMTrainer(cfg, device)
@@ -376,6 +412,8 @@ def train(train_items: list[Utterance], heldout: list[Utterance], out: str | Pat
     def evaluate(record: dict[str, float]) -> None:
         if heldout and trainer.step % eval_every == 0:
             record.update(trainer.evaluate(heldout))
+        if on_step is not None:
+            on_step(trainer, record)
 
     def run_end() -> None:  # each run ends with a held-out score
         if heldout and trainer.step % eval_every:

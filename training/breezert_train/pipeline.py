@@ -19,9 +19,19 @@ no optimiser moments: AdamW restarts with a short re-warmup). Not carried: the t
 MB per hour), so LM calls train on the codes already made (they need neither the teacher wheel
 nor its corpus). The GPU image's own onnxruntime runs the teacher, so its wheel stays home.
 
+In-run WER (``run_wer``): from the call's teacher data on, ``wer_workers`` CPU processes score
+the codec (its resynthesis of the teacher's dev audio) every ``wer_every_min`` training minutes
+and at the stage's end, and the voice likewise in the LM stage; each score is a line of
+``wer_curve.jsonl`` (carried; also in ``$OUT``). The rule (``run_wer.WerRule``) acts at once:
+``stop`` finishes the stage (the codec is exported and the LM starts; the LM is done), ``change``
+ends the call with the state packed (``summary.json``'s ``wer`` says why), and a later call of
+the same ``wer_label`` whose curve already says ``change`` trains nothing: change the recipe or
+flags and give a new ``--wer-label`` (a new curve segment).
+
     python -m breezert_train.pipeline --work /tmp/voice --minutes-total 9.3 --out $OUT \\
-        [--carry-in DIR] [--hours 10] [--workers 16] [--codec-minutes 40]
+        [--carry-in DIR] [--hours 10] [--workers 16] [--codec-minutes 40] [--codec-recipe 2]
         [--codec-batch-size 16] [--codec-latent-mel-weight 1.0] [--codec-autocast-bf16]
+        [--wer-workers 12] [--wer-every-min 2] [--wer-label r2]
     python -m breezert_train.pipeline --carry-in PARTS --export-codec DIR   # score it here
 """
 
@@ -35,10 +45,11 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
+from typing import Any
 
 import torch
 
-from breezert_train import state_shards
+from breezert_train import run_wer, state_shards
 from breezert_train.checkpoint import (
     LOG_FILE,
     add_default_flag,
@@ -63,6 +74,8 @@ class Plan:
     trains the codec only and carries its snapshot; the call that finishes it exports the
     codec and goes on to the codes and the LM."""
     codec_preset: str = "small"
+    codec_recipe: int = 2
+    """``codec_train.CODEC_RECIPES``: 2 aims at intelligibility (issue 35)."""
     codec_batch_size: int = 16
     codec_crop_frames: int = 24
     codec_latent_mel_weight: float = 1.0
@@ -75,9 +88,29 @@ class Plan:
     """Kept at the end for the export, the sample and packing."""
     sample_max_frames: int = 150
     """Frame limit of the sample sentence (12 s)."""
+    wer_workers: int = 12
+    """Scoring processes of the in-run WER (0: none, no score)."""
+    wer_every_min: float = 2.0
+    """Training minutes between two scores of a stage (each stage's end is scored too)."""
+    wer_label: str = ""
+    """The curve segment the rule reads ("": ``r<codec_recipe>``); a new one starts afresh."""
+    wer_goal: float = run_wer.WerRule.goal
+    wer_min_gain: float = run_wer.WerRule.min_gain
+    wer_window_min: float = run_wer.WerRule.window_min
+    wer_drain_s: float = 40.0
+    """How long a stage's end waits for its last score (kept out of its training minutes)."""
     codec_max_steps: int | None = None
     lm_max_steps: int | None = None
     """Step caps (tests)."""
+
+    @property
+    def label(self) -> str:
+        return self.wer_label or f"r{self.codec_recipe}"
+
+    @property
+    def rule(self) -> run_wer.WerRule:
+        return run_wer.WerRule(goal=self.wer_goal, min_gain=self.wer_min_gain,
+                               window_min=self.wer_window_min)
     device: str = "cuda" if torch.cuda.is_available() else "cpu"
 
 
@@ -91,6 +124,8 @@ CODEC_SNAPSHOT = "codec_snapshot.pt"
 """The unfinished codec's carry (``CodecTrainer.snapshot`` plus its crop state)."""
 CODEC_LOG = "codec_log.jsonl"
 CODEC_DONE = "codec_done.json"
+WER_DIR = "wer"
+"""In the work folder: the scorer's language model and the snapshots handed to it."""
 """Written beside the export by the call that finishes the codec (step, seconds trained)."""
 
 
@@ -105,23 +140,108 @@ def _last_logged(log: Path) -> tuple[int, float]:
     return last
 
 
-def _codec_stage(work: Path, plan: Plan, budget_minutes: float,
-                 codec_cfg_overrides: dict) -> tuple[bool, float]:
+class _Scoring:
+    """A stage's hand-offs to the in-run scorer: every ``plan.wer_every_min`` training minutes
+    once the last score is done (and at the end, ``final``) ``save`` writes the subject and it
+    is queued; the rule's verdict sets ``stop`` (the loop then ends after its step)."""
+
+    def __init__(self, wer: run_wer.InRunWer | None, kind: str, plan: Plan, folder: Path,
+                 save: Callable[[Any, Path], None]) -> None:
+        self.wer, self.kind, self.plan, self.folder, self.save = wer, kind, plan, folder, save
+        self.last_s: float | None = None
+        self.last_step = -1
+        self.stop: Any = None
+
+    def __call__(self, trainer: Any, record: dict[str, float]) -> None:
+        if self.wer is None:
+            return
+        if self.last_s is None:
+            self.last_s = trainer.train_time_s
+        # at most one score in flight: a scorer slower than wer_every_min sets the pace
+        if trainer.train_time_s - self.last_s >= self.plan.wer_every_min * 60 \
+                and not self.wer.pending:
+            self.hand_in(trainer)
+        if self.stop is not None and self.verdict()["verdict"] != "continue":
+            self.stop.is_set = True
+
+    def hand_in(self, trainer: Any) -> None:
+        if self.wer is None or trainer.step == self.last_step:
+            return
+        self.last_s, self.last_step = trainer.train_time_s, trainer.step
+        path = self.folder / f"{self.kind}-{trainer.step}"
+        self.save(trainer, path)
+        self.wer.submit(self.kind, path, trainer.train_time_s / 60, trainer.step)
+
+    def final(self, trainer: Any, drain_s: float) -> None:
+        """Scores the stage's last step (when this call trained it) and waits up to
+        ``drain_s`` for every queued score."""
+        if self.wer is not None:
+            if self.last_s is not None:  # at least one step ran here
+                self.hand_in(trainer)
+            self.wer.drain(drain_s)
+
+    def verdict(self) -> dict[str, Any]:
+        if self.wer is None:
+            return {"verdict": "continue", "reason": "no in-run WER"}
+        return self.wer.verdict(self.kind)
+
+
+def codec_config(plan: Plan, overrides: dict | None = None) -> Any:
+    """The ``CodecTrainConfig`` a call trains the codec with."""
+    from breezert_train.codec_train import recipe_config
+
+    return recipe_config(plan.codec_recipe, preset=plan.codec_preset,
+                         batch_size=plan.codec_batch_size, crop_frames=plan.codec_crop_frames,
+                         latent_mel_weight=plan.codec_latent_mel_weight,
+                         autocast_bf16=plan.codec_autocast_bf16, **(overrides or {}))
+
+
+def restate(parts: str | Path, scratch: str | Path, plan: Plan = Plan(),
+            codec_overrides: dict | None = None) -> list[Path]:
+    """Packs the state that ``parts`` hold again, in place, as a call of ``plan`` would leave
+    it (one snapshot, stale parts stripped): an unfinished codec's snapshot is loaded into
+    ``plan``'s recipe and snapshotted again (no discriminator before it starts, no decoder
+    codebook copies, no inactive codebooks: ``CodecTrainer.snapshot``; its preset and
+    discriminator width kept), the parts compressed. Trains nothing; returns the files
+    written."""
+    from breezert_train.codec_train import CodecTrainer, config_from_json
+
+    carry = Path(scratch) / "carry"
+    state_shards.join_dir(parts, carry, PARTS_PREFIX)
+    if (carry / CODEC_SNAPSHOT).is_file():
+        old = load_state(carry / CODEC_SNAPSHOT)
+        shape = config_from_json(old["config"])  # the sizes stay the snapshot's
+        cfg = codec_config(replace(plan, codec_preset=shape.preset),
+                           {**(codec_overrides or {}), "disc_channels": shape.disc_channels})
+        trainer = CodecTrainer(cfg, "cpu")
+        trainer.load_snapshot(old)
+        snap = trainer.snapshot()
+        if "data" in old:
+            snap["data"] = old["data"]
+        save_atomic(snap, carry / CODEC_SNAPSHOT)
+    _drop_placeholder_lm(carry / "codec")
+    return state_shards.split_dir(carry, parts, PARTS_PREFIX)
+
+
+def _save_codec_snapshot(trainer: Any, path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    save_atomic(trainer.snapshot(), path)
+
+
+def _codec_stage(work: Path, plan: Plan, budget_minutes: float, codec_cfg_overrides: dict,
+                 wer: run_wer.InRunWer | None = None) -> tuple[bool, float, dict]:
     """Trains the codec from whatever is carried (nothing, a snapshot or an export) for what is
-    left of ``plan.codec_minutes``, at most ``budget_minutes``; returns (whether it finished,
-    seconds trained in all). Finished: the bf16 export in ``carry/codec``; not yet:
+    left of ``plan.codec_minutes``, at most ``budget_minutes``, handing snapshots to ``wer``;
+    returns (whether it finished, seconds trained in all, the WER verdict). Finished (the
+    minutes spent or the rule's ``stop``): the bf16 export in ``carry/codec``; not yet:
     ``carry/codec_snapshot.pt``. Either way the other is removed, and so are codes and an LM
     made with an older codec."""
-    from breezert_train.codec_train import CodecTrainConfig, CodecTrainer, export_checkpoint
+    from breezert_train.codec_train import CodecTrainer, export_checkpoint
     from breezert_train.codec_train import train as train_codec
     from breezert_train.data import AudioFolderCrops
 
     carry, run = work / "carry", work / "codec_run"
-    cfg = CodecTrainConfig(preset=plan.codec_preset, batch_size=plan.codec_batch_size,
-                           crop_frames=plan.codec_crop_frames,
-                           latent_mel_weight=plan.codec_latent_mel_weight,
-                           autocast_bf16=plan.codec_autocast_bf16,
-                           **codec_cfg_overrides)
+    cfg = codec_config(plan, codec_cfg_overrides)
     run.mkdir(parents=True, exist_ok=True)
     if (carry / CODEC_LOG).is_file() and not (run / LOG_FILE).is_file():
         shutil.copy(carry / CODEC_LOG, run / LOG_FILE)
@@ -143,12 +263,18 @@ def _codec_stage(work: Path, plan: Plan, budget_minutes: float,
         elif (carry / "codec").is_dir():
             trainer.load_export(carry / "codec", step, seconds)
 
+    scoring = _Scoring(wer, run_wer.CODEC, plan, work / WER_DIR, _save_codec_snapshot)
     with stop_on_signals() as stop:
+        scoring.stop = stop
         trainer = train_codec(data, run, cfg, minutes, plan.codec_max_steps, save_every=500,
-                              device=plan.device, stop=stop, warm_start=warm_start)
+                              device=plan.device, stop=stop, warm_start=warm_start,
+                              on_step=scoring)
+    scoring.final(trainer, plan.wer_drain_s)
     shutil.copy(run / LOG_FILE, carry / CODEC_LOG)
+    verdict = scoring.verdict()
     finished = trainer.train_time_s >= plan.codec_minutes * 60 - 1.0 or (
-        plan.codec_max_steps is not None and trainer.step >= plan.codec_max_steps)
+        plan.codec_max_steps is not None and trainer.step >= plan.codec_max_steps) or (
+        verdict["verdict"] == "stop")
     for stale in ("codes", "lm", "codec"):
         shutil.rmtree(carry / stale, ignore_errors=True)
     (carry / CODEC_SNAPSHOT).unlink(missing_ok=True)
@@ -160,7 +286,7 @@ def _codec_stage(work: Path, plan: Plan, budget_minutes: float,
         snap = trainer.snapshot()
         snap["data"] = data.state_dict()
         save_atomic(snap, carry / CODEC_SNAPSHOT)
-    return finished, trainer.train_time_s
+    return finished, trainer.train_time_s, verdict
 
 
 def _drop_placeholder_lm(codec: Path) -> None:
@@ -215,7 +341,29 @@ def export_carried_codec(parts: str | Path, out: str | Path, scratch: str | Path
     return export_checkpoint(trainer, out, dtype=torch.bfloat16)
 
 
-def _lm_stage(work: Path, plan: Plan, minutes: float, lm_overrides: dict) -> Path:
+def export_carried_voice(parts: str | Path, out: str | Path, scratch: str | Path) -> Path:
+    """The complete voice that a call's ``parts`` carry (the LM's carry snapshot with the
+    carried codec), exported in the released layout at ``out`` as the call exported it (fp8
+    tables rounded from the snapshot's bf16 weights, not from fp32 masters): e.g.
+    ``runtime/breezert/voices/default``, where ``model.path = "@default"`` finds it. Trains
+    nothing; ``out`` must not exist or be empty."""
+    from breezert_train.lm_train import SNAPSHOT_FILE, LMTrainConfig, LMTrainer, export_checkpoint
+
+    carry, out = Path(scratch) / "carry", Path(out)
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise FileExistsError(f"{out} exists and is not an empty folder")
+    state_shards.join_dir(parts, carry, PARTS_PREFIX)
+    if not (carry / "lm" / SNAPSHOT_FILE).is_file() or not (carry / "codec").is_dir():
+        raise FileNotFoundError(f"{parts} carries no trained LM (lm/{SNAPSHOT_FILE}) and codec")
+    _restore_placeholder_lm(carry / "codec")
+    snap = load_state(carry / "lm" / SNAPSHOT_FILE)
+    trainer = LMTrainer(LMTrainConfig.from_json(snap["config"]), "cpu")
+    trainer.load_snapshot(snap)
+    return export_checkpoint(trainer, carry / "codec", out)
+
+
+def _lm_stage(work: Path, plan: Plan, minutes: float, lm_overrides: dict,
+              wer: run_wer.InRunWer | None = None) -> tuple[Path, dict]:
     from breezert_train.lm_data import BatchStream, encode_shards, load_utterances, split_heldout
     from breezert_train.lm_train import (
         _RECIPES,
@@ -235,15 +383,20 @@ def _lm_stage(work: Path, plan: Plan, minutes: float, lm_overrides: dict) -> Pat
         encode_shards(work / "teacher", carry / "codec", carry / "codes", device=plan.device)
     cfg = replace(_RECIPES[plan.lm_recipe], **lm_overrides)
     items, heldout = split_heldout(load_utterances(carry / "codes", cfg.max_frames))
+    scoring = _Scoring(wer, run_wer.VOICE, plan, work / WER_DIR,
+                       lambda t, path: export_checkpoint(t, carry / "codec", path))
     with stop_on_signals() as stop:
+        scoring.stop = stop
         trainer = train(items, heldout, run, cfg, minutes, plan.lm_max_steps,
-                        save_every=500, eval_every=500, device=plan.device, stop=stop)
+                        save_every=500, eval_every=500, device=plan.device, stop=stop,
+                        on_step=scoring)
+    scoring.final(trainer, plan.wer_drain_s)
     data = BatchStream(items, cfg.max_tokens, cfg.seed)
     data.load_state_dict(torch.load(run / "state.pt", weights_only=True)["data"])
     (carry / "lm").mkdir(exist_ok=True)
     save_snapshot(trainer, data, carry / "lm" / SNAPSHOT_FILE)
     shutil.copy(run / LOG_FILE, carry / "lm" / LOG_FILE)
-    return export_checkpoint(trainer, carry / "codec", work / "voice")
+    return export_checkpoint(trainer, carry / "codec", work / "voice"), scoring.verdict()
 
 
 def _sample(voice: Path, text: str, max_frames: int) -> dict:
@@ -258,12 +411,37 @@ def _sample(voice: Path, text: str, max_frames: int) -> dict:
     return {"text": text, "frames": frames, "ended_by_eos": frames < max_frames}
 
 
+def default_wer(work: Path, plan: Plan, teacher: bool) -> run_wer.InRunWer | None:
+    """The call's in-run scorer: the dev set and the language model's texts from the corpus
+    beside the teacher data (``teacher_data.CORPUS_NAME``), the teacher's dev audio where the
+    call has the teacher (``teacher``: a codec call); None when ``plan.wer_workers`` is 0 or
+    there is no corpus (then nothing is scored, and the summary says so)."""
+    from breezert_train.teacher_data import CORPUS_NAME, load_corpus
+
+    corpus = work / "teacher" / CORPUS_NAME
+    if plan.wer_workers <= 0 or not corpus.is_file():
+        return None
+    train, heldout, _ = load_corpus(corpus)
+    lm_texts = [u.text for u in train[: run_wer.LM_SENTENCES]]
+    try:
+        dev = run_wer.dev_sentences([(u.utterance_id, u.text) for u in heldout],
+                                    vocabulary=run_wer.lm_vocabulary(lm_texts))
+    except ValueError as exc:  # a corpus too small to score: train on, unscored
+        print(f"[wer] no in-run WER: {exc}", flush=True)
+        return None
+    return run_wer.InRunWer(work / WER_DIR, work / "carry" / run_wer.CURVE_FILE, dev, lm_texts,
+                            plan.wer_workers, plan.rule, plan.label, teacher=teacher)
+
+
 def run_pipeline(work: str | Path, minutes_total: float, out: str | Path,
                  carry_in: str | Path | None = None, plan: Plan = Plan(),
                  make_teacher: Callable[[Path, Plan], None] = _generate_teacher,
-                 codec_overrides: dict | None = None, lm_overrides: dict | None = None) -> dict:
+                 codec_overrides: dict | None = None, lm_overrides: dict | None = None,
+                 make_wer: Callable[[Path, Plan, bool], run_wer.InRunWer | None] = default_wer
+                 ) -> dict:
     """One call: resume from ``carry_in`` parts, run what is left within ``minutes_total``,
-    write the state parts, the logs and ``summary.json`` to ``out``; returns the summary."""
+    write the state parts, the logs, the WER curve and ``summary.json`` to ``out``; returns the
+    summary."""
     start = time.monotonic()
     work, out = Path(work), Path(out)
     carry = work / "carry"
@@ -271,29 +449,57 @@ def run_pipeline(work: str | Path, minutes_total: float, out: str | Path,
         state_shards.join_dir(carry_in, carry, PARTS_PREFIX)
         _restore_placeholder_lm(carry / "codec")
     carry.mkdir(parents=True, exist_ok=True)
-    summary: dict = {"plan": asdict(plan), "stages": []}
+    summary: dict = {"plan": asdict(plan), "stages": [], "wer": {}}
+    wer: run_wer.InRunWer | None = None
 
     def left() -> float:
-        return minutes_total - plan.reserve_minutes - (time.monotonic() - start) / 60
+        """Minutes a stage may train: the call's, less the reserve and the final score's
+        wait."""
+        drain = plan.wer_drain_s / 60 if wer is not None else 0.0
+        return minutes_total - plan.reserve_minutes - drain - (time.monotonic() - start) / 60
 
-    # an export without CODEC_DONE is an unfinished codec of an older pipeline: it goes on
-    if not ((carry / "codec").is_dir() and (carry / CODEC_DONE).is_file()):
-        make_teacher(work / "teacher", plan)  # each codec call makes it again (not carried)
-        summary["stages"].append({"teacher_done_min": round((time.monotonic() - start) / 60, 2)})
-        finished, trained_s = _codec_stage(work, plan, left(), codec_overrides or {})
-        summary["stages"].append({"codec_done_min": round((time.monotonic() - start) / 60, 2),
-                                  "codec_trained_s": round(trained_s, 1),
-                                  "codec_finished": finished})
-        if not finished:
+    def stalled(stage: str) -> bool:
+        """The carried curve already says ``change`` for this stage and label."""
+        verdict = run_wer.decide(run_wer.read_curve(carry / run_wer.CURVE_FILE), stage,
+                                 plan.rule, plan.label)
+        summary["wer"][f"{stage}_at_start"] = verdict
+        return verdict["verdict"] == "change"
+
+    summary["wer"]["scored"] = False
+    try:
+        # an export without CODEC_DONE is an unfinished codec of an older pipeline: it goes on
+        if not ((carry / "codec").is_dir() and (carry / CODEC_DONE).is_file()):
+            if stalled(run_wer.CODEC):
+                return _pack(carry, out, summary, start)
+            make_teacher(work / "teacher", plan)  # each codec call makes it again (not carried)
+            summary["stages"].append(
+                {"teacher_done_min": round((time.monotonic() - start) / 60, 2)})
+            wer = make_wer(work, plan, True)
+            finished, trained_s, verdict = _codec_stage(work, plan, left(),
+                                                        codec_overrides or {}, wer)
+            summary["wer"]["codec"] = verdict
+            summary["stages"].append({"codec_done_min": round((time.monotonic() - start) / 60, 2),
+                                      "codec_trained_s": round(trained_s, 1),
+                                      "codec_finished": finished})
+            if not finished:
+                return _pack(carry, out, summary, start)
+        elif stalled(run_wer.VOICE):
             return _pack(carry, out, summary, start)
-    voice = _lm_stage(work, plan, max(0.0, left()), lm_overrides or {})
-    summary["stages"].append({"lm_done_min": round((time.monotonic() - start) / 60, 2)})
-    from breezert_train.lm_train import folder_bytes
+        if wer is None:
+            wer = make_wer(work, plan, False)
+        voice, verdict = _lm_stage(work, plan, max(0.0, left()), lm_overrides or {}, wer)
+        summary["wer"]["voice"] = verdict
+        summary["stages"].append({"lm_done_min": round((time.monotonic() - start) / 60, 2)})
+        from breezert_train.lm_train import folder_bytes
 
-    summary["voice_bytes"] = folder_bytes(voice)
-    summary["sample"] = _sample(voice, "The quick brown fox jumps over the lazy dog.",
-                                plan.sample_max_frames)
-    return _pack(carry, out, summary, start)
+        summary["voice_bytes"] = folder_bytes(voice)
+        summary["sample"] = _sample(voice, "The quick brown fox jumps over the lazy dog.",
+                                    plan.sample_max_frames)
+        return _pack(carry, out, summary, start)
+    finally:
+        if wer is not None:
+            summary["wer"].update(scored=True, error=repr(wer.error) if wer.error else None)
+            wer.close()
 
 
 def _pack(carry: Path, out: Path, summary: dict, start: float) -> dict:
@@ -301,7 +507,8 @@ def _pack(carry: Path, out: Path, summary: dict, start: float) -> dict:
     out.mkdir(parents=True, exist_ok=True)
     _drop_placeholder_lm(carry / "codec")
     summary["parts"] = [p.name for p in state_shards.split_dir(carry, out, PARTS_PREFIX)]
-    logs = (("lm/" + LOG_FILE, "lm_log.jsonl"), (CODEC_LOG, CODEC_LOG))
+    logs = (("lm/" + LOG_FILE, "lm_log.jsonl"), (CODEC_LOG, CODEC_LOG),
+            (run_wer.CURVE_FILE, run_wer.CURVE_FILE))
     for name, target in logs:
         if (carry / name).is_file():
             shutil.copy(carry / name, out / target)
@@ -320,24 +527,40 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--export-codec", metavar="DIR", default=None,
                    help="instead of a call: write the codec that --carry-in's parts hold to DIR "
                         "in the released layout (export_carried_codec), then stop")
+    p.add_argument("--export-voice", metavar="DIR", default=None,
+                   help="instead of a call: write the voice that --carry-in's parts hold to DIR "
+                        "(export_carried_voice; runtime/breezert/voices/default installs it as "
+                        "the default voice), then stop")
+    p.add_argument("--restate", action="store_true",
+                   help="instead of a call: pack --carry-in's parts again, in place, in the "
+                        "form this plan's calls leave (restate), then stop")
     defaults = Plan()
-    names = ("hours", "workers", "codec_minutes", "codec_preset", "codec_batch_size",
-             "codec_latent_mel_weight", "codec_autocast_bf16", "lm_recipe", "reserve_minutes",
-             "device")
+    names = ("hours", "workers", "codec_minutes", "codec_preset", "codec_recipe",
+             "codec_batch_size", "codec_latent_mel_weight", "codec_autocast_bf16", "lm_recipe",
+             "reserve_minutes", "wer_workers", "wer_every_min", "wer_label", "wer_goal",
+             "wer_min_gain", "wer_window_min", "wer_drain_s", "device")
     for name in names:
         add_default_flag(p, name, getattr(defaults, name))
     args = p.parse_args(argv)
-    if args.export_codec:
-        if not args.carry_in:
-            p.error("--export-codec needs --carry-in (the parts to read)")
-        with tempfile.TemporaryDirectory() as scratch:
-            print(export_carried_codec(args.carry_in, args.export_codec, scratch))
-        return
+    plan = replace(defaults, **{k: getattr(args, k) for k in names})
+    # the verbs that read --carry-in's parts instead of making a call
+    verbs = {"restate": lambda parts, scratch: "\n".join(
+                 f"{path} ({path.stat().st_size} bytes)" for path in restate(parts, scratch, plan)),
+             "export_voice": lambda parts, scratch: export_carried_voice(
+                 parts, args.export_voice, scratch),
+             "export_codec": lambda parts, scratch: export_carried_codec(
+                 parts, args.export_codec, scratch)}
+    for verb, run in verbs.items():
+        if getattr(args, verb):
+            if not args.carry_in:
+                p.error(f"--{verb.replace('_', '-')} needs --carry-in (the parts to read)")
+            with tempfile.TemporaryDirectory() as scratch:
+                print(run(args.carry_in, scratch))
+            return
     missing = [flag for flag, value in (("--work", args.work), ("--out", args.out),
                                         ("--minutes-total", args.minutes_total)) if value is None]
     if missing:
         p.error(f"a call needs {', '.join(missing)}")
-    plan = replace(defaults, **{k: getattr(args, k) for k in names})
     if plan.device.startswith("cuda"):
         torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
     print(json.dumps(run_pipeline(args.work, args.minutes_total, args.out, args.carry_in, plan),

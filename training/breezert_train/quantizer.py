@@ -2,7 +2,10 @@
 
 Owns: quantizing encoder embeddings with the encoder's own codebook buffers (Mimi's EMA layout,
 ``embed_sum / cluster_usage``, is the EMA state itself), data init of fresh codebooks, dead-code
-restarts, and copying the learned tensors into the decoder's quantizer. Must not: own optimisers.
+restarts, the codebooks left out of a run with fewer active ones (every code vector zero, so each
+frame's code there is 0 and adds nothing: the 16-codebook layout stays exact and the LM learns
+them trivially), and copying the learned tensors into the decoder's quantizer. Must not: own
+optimisers.
 """
 
 from __future__ import annotations
@@ -120,15 +123,19 @@ def _ema_update_(book: _Codebook, x: Tensor, indices: Tensor, cfg: VQTrainConfig
 
 
 def _quantize_group(group: _ResidualVectorQuantizer, x: Tensor, num: int, cfg: VQTrainConfig,
-                    gen: torch.Generator | None) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """Residual VQ of ``x [B, hidden, K]`` with ``num`` codebooks; ``gen`` set = training."""
+                    gen: torch.Generator | None, active: int | None = None
+                    ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """Residual VQ of ``x [B, hidden, K]`` with ``num`` codebooks, the first ``active`` of them
+    coding (default all; the others give code 0 and nothing, see ``zero_inactive_codebooks_``);
+    ``gen`` set = training."""
+    active = num if active is None else active
     z = group.input_proj(x) if group.input_proj is not None else x  # [B, dim, K]
     b, d, k = z.shape
     flat = z.permute(0, 2, 1).reshape(b * k, d)  # [N, dim]
     residual, summed = flat, torch.zeros_like(flat)
     commitment, codes = flat.new_zeros(()), []
     restarted = torch.zeros((), dtype=torch.long, device=flat.device)
-    for vq in group.layers[:num]:
+    for vq in group.layers[:active]:
         book = vq.codebook
         if gen is not None:
             _init_from_data_(book, residual.detach(), gen)
@@ -139,28 +146,60 @@ def _quantize_group(group: _ResidualVectorQuantizer, x: Tensor, num: int, cfg: V
         summed = summed + quantized
         residual = residual - quantized
         codes.append(indices.view(b, k))
+    codes += [torch.zeros(b, k, dtype=torch.long, device=flat.device)] * (num - active)
     # Straight-through: the forward value is the codes' sum, the gradient is the identity.
     out = flat + (summed - flat).detach()
-    return out.view(b, k, d).permute(0, 2, 1), torch.stack(codes, -1), commitment / num, restarted
+    commitment = commitment / max(active, 1)
+    return out.view(b, k, d).permute(0, 2, 1), torch.stack(codes, -1), commitment, restarted
+
+
+def group_active(decoder: CodecDecoder, active: int | None) -> tuple[int, int]:
+    """How many of the semantic and of the acoustic group's codebooks code when the first
+    ``active`` of all 16 do (None: all)."""
+    total, first = decoder.cfg.num_quantizers, decoder.quantizer.num_first
+    active = total if active is None else active
+    if not first <= active <= total:
+        raise ValueError(f"active codebooks {active}: choose {first}..{total}")
+    return first, active - first
 
 
 def quantize(encoder: CodecEncoder, decoder: CodecDecoder, x: Tensor, cfg: VQTrainConfig,
-             gen: torch.Generator | None = None) -> QuantizerOutput:
+             gen: torch.Generator | None = None, active: int | None = None) -> QuantizerOutput:
     """Split RVQ of encoder embeddings ``x [B, hidden, K]`` into the decoder's latent.
 
     Both groups quantize the same ``x`` (Mimi's split); each group's sum goes through the
-    decoder's ``output_proj``. With ``gen`` the codebooks learn (init, EMA, restarts)."""
+    decoder's ``output_proj``. With ``gen`` the codebooks learn (init, EMA, restarts). Only the
+    first ``active`` codebooks code (None: all); the codes of the others are 0."""
     latent, codes = None, []
     commitment = x.new_zeros(())
     restarted = torch.zeros((), dtype=torch.long, device=x.device)
     pairs = group_pairs(encoder, decoder)
-    for enc_group, dec_group, num in pairs:
-        q, c, commit, n = _quantize_group(enc_group, x, num, cfg, gen)
+    for (enc_group, dec_group, num), act in zip(pairs, group_active(decoder, active),
+                                                strict=True):
+        q, c, commit, n = _quantize_group(enc_group, x, num, cfg, gen, act)
         proj = dec_group.output_proj(q)  # [B, codebook_dim, K]
         latent = proj if latent is None else latent + proj
         codes.append(c)
         commitment, restarted = commitment + commit, restarted + n
     return QuantizerOutput(latent, torch.cat(codes, -1), commitment / len(pairs), restarted)
+
+
+@torch.no_grad()
+def zero_inactive_codebooks_(encoder: CodecEncoder, decoder: CodecDecoder, active: int) -> None:
+    """Every code vector of the codebooks past the first ``active`` becomes zero (usage 1, marked
+    initialised), in the encoder and the decoder: ``CodecEncoder.encode`` then gives code 0
+    there (all distances tie; the first wins) and any code the LM draws there decodes to
+    nothing."""
+    for (enc_group, dec_group, num), act in zip(group_pairs(encoder, decoder),
+                                                group_active(decoder, active), strict=True):
+        for enc_vq, dec_vq in list(zip(enc_group.layers[:num], dec_group.vq.layers,
+                                       strict=True))[act:]:
+            enc_vq.codebook.embed_sum.zero_()
+            enc_vq.codebook.cluster_usage.fill_(1.0)
+            enc_vq.codebook.initialized.fill_(1.0)
+            _note_initialized(enc_vq.codebook, True)
+            dec_vq._codebook.embedding_sum.zero_()
+            dec_vq._codebook.cluster_usage.fill_(1.0)
 
 
 @torch.no_grad()
