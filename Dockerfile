@@ -17,8 +17,9 @@ COPY pyproject.toml README.md ./
 COPY runtime ./runtime
 COPY breezert_agent ./breezert_agent
 COPY configs ./configs
-# The runtime (breezert, with its engine, server and bench) and the LiveKit plugin beside it.
-RUN pip install "./runtime[engine,serve,bench]" ".[local]"
+# The runtime (breezert, with its engine and server) and the LiveKit plugin beside it. The
+# benchmark harness (bench/, `breezert-bench`) is the lab's and stays out of the image.
+RUN pip install "./runtime[engine,serve]" ".[local]"
 
 EXPOSE 8080
 CMD ["breezert", "--help"]

@@ -1,7 +1,7 @@
 # BreezeRT Agent: two commands on a fresh machine.
 #   make run   create .venv, install the runtime and the plugin, serve the embedded tiny model
 #              (demo page, HTTP, WS, WebRTC)
-#   make test  create .venv, install (plus the training distribution, Chromium for the browser
+#   make test  create .venv, install (plus the training and benchmark distributions, Chromium for the browser
 #              test, the LiveKit server and livekit-client for the real-room tests, LiveKit SIP,
 #              Redis and baresip for the SIP test), run the test suite
 PYTHON ?= python3
@@ -15,18 +15,20 @@ STAMP  := $(VENV)/.installed
         livekit-sip synth \
         bench-cpu bench-livekit-room train-texts train-wheels clean
 
-# Three distributions: runtime/pyproject.toml is `breezert` (torch only in its `engine` extra),
+# Four distributions: runtime/pyproject.toml is `breezert` (torch only in its `engine` extra),
 # pyproject.toml is `breezert-agent` (the LiveKit plugin; `local` = in-process engine), and
-# training/pyproject.toml is `breezert-train` (the voice's training code; `make test` installs it,
-# `make run` does not).
+# training/pyproject.toml is `breezert-train` (the voice's training code) and bench/pyproject.toml
+# `breezert-bench` (the benchmark harness, `breezert-bench` and `breezert-bench soak`): `make test`
+# installs both, `make run` neither.
 TRAIN_STAMP := $(VENV)/.installed-train
+BENCH_STAMP := $(VENV)/.installed-bench
 
 $(STAMP): pyproject.toml runtime/pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	# torch first, pinned: the CPU wheel where pip's find-links has one, else PyPI's CUDA build
 	# (which brings its own triton).
 	$(PIP) install "torch==2.13.0"
-	$(PIP) install -e "./runtime[engine,serve,bench]" -e ".[local,test]"
+	$(PIP) install -e "./runtime[engine,serve]" -e ".[local,test]"
 	# The fused-kernel CPU tests run Triton's interpreter: add triton only where torch brought
 	# none (the CPU wheel), on Linux x86_64 only (no other wheels).
 	if [ "$$(uname -s)-$$(uname -m)" = "Linux-x86_64" ]; then \
@@ -35,11 +37,18 @@ $(STAMP): pyproject.toml runtime/pyproject.toml
 
 # Issue 19's teacher (hibari-tts + onnxruntime, ~42 MB of wheels) and the quality gate's
 # pocketsphinx (29 MB) come with it, so that the teacher and ASR gate tests run instead of skipping.
-$(TRAIN_STAMP): training/pyproject.toml $(STAMP)
+# The training code records where it ran with the harness's provenance, so the harness comes first.
+$(TRAIN_STAMP): training/pyproject.toml $(BENCH_STAMP)
 	$(PIP) install -e ./training
 	touch $(TRAIN_STAMP)
 
-install: $(STAMP) $(TRAIN_STAMP)
+# The benchmark harness (and matplotlib for its PNGs): the tests of the harness, the soak check,
+# and the real-room and server tests' free ports (breezert_bench.ports) need it.
+$(BENCH_STAMP): bench/pyproject.toml $(STAMP)
+	$(PIP) install -e ./bench
+	touch $(BENCH_STAMP)
+
+install: $(STAMP) $(BENCH_STAMP) $(TRAIN_STAMP)
 
 # The headless-browser tests need Debian's chromium: without it they fail under CI=true (with
 # the last lines of .cache/chromium-install.log), and skip elsewhere.
@@ -153,7 +162,7 @@ run: $(STAMP)
 # with every test's outcome, in .cache/junit-*.xml (property realtime_retry).
 PYTEST_PARALLEL ?= 2
 
-test: $(STAMP) $(TRAIN_STAMP) chromium livekit-server livekit-web livekit-sip
+test: $(STAMP) $(BENCH_STAMP) $(TRAIN_STAMP) chromium livekit-server livekit-web livekit-sip
 	@mkdir -p .cache
 	status=0; \
 	$(PY) -m pytest -q -rs -n $(PYTEST_PARALLEL) --durations=15 -m "unit or golden" \
@@ -165,14 +174,15 @@ test: $(STAMP) $(TRAIN_STAMP) chromium livekit-server livekit-web livekit-sip
 # The GPU tier in one command on a CUDA machine: every gpu-marked test (tests/gpu and any other),
 # with CUDA required (BREEZERT_REQUIRE_CUDA=1: no CUDA is a usage error, not 74 skips). Run it
 # before a change to kernels, stages or graphs lands and quote its count. Where the venv cannot
-# be built (the H200 image has no index), `make test-gpu STAMP= PY=python3` with PYTHONPATH=runtime:.
-test-gpu: $(STAMP)
+# be built (the H200 image has no index), `make test-gpu STAMP= BENCH_STAMP= TRAIN_STAMP=
+# PY=python3` with PYTHONPATH=runtime:bench:training:. (every test file is collected).
+test-gpu: $(STAMP) $(BENCH_STAMP) $(TRAIN_STAMP)
 	BREEZERT_REQUIRE_CUDA=1 $(PY) -m pytest -q -rs -p no:cacheprovider --durations=15 -m gpu tests
 
 # Proof that the real-time checks can fail: the room, SIP and WebRTC checks run once each with a
 # 150 ms stall injected after each engine request's first chunk (BREEZERT_INJECT_STALL_MS) and
 # must each go red on a real-time miss (tests/stall_proof.py; about 3 minutes, not in `make test`).
-test-stall: $(STAMP) chromium livekit-server livekit-web livekit-sip
+test-stall: $(STAMP) $(BENCH_STAMP) chromium livekit-server livekit-web livekit-sip
 	$(PY) -m tests.stall_proof
 
 $(TINY)/config.json: | $(STAMP)
@@ -184,13 +194,13 @@ synth: $(STAMP) $(TINY)/config.json
 
 # Issue 15, item 5: 20 turns in a real room (CPU tiny model), first audio at the livekit.rtc and
 # the browser participant against the agent's TTFB, as JSON (docs/livekit-plugin.md's table).
-bench-livekit-room: $(STAMP) chromium livekit-server livekit-web
+bench-livekit-room: $(STAMP) $(BENCH_STAMP) chromium livekit-server livekit-web
 	BREEZERT_ROOM_TURNS=20 \
 	BREEZERT_ROOM_RESULTS=bench/results/livekit-room-cpu-tiny-$$(date -u +%Y%m%d).json \
 	  $(PY) -m pytest -q -s tests/livekit/test_room_latency.py
 
-bench-cpu: $(STAMP)
-	$(VENV)/bin/breezert bench --config cpu-tiny --concurrency 1,4,8 --num-requests 24 --variants fixed16-eager,progressive-eager,naive --naive-requests 4
+bench-cpu: $(BENCH_STAMP)
+	$(VENV)/bin/breezert-bench --config cpu-tiny --concurrency 1,4,8 --num-requests 24 --variants fixed16-eager,progressive-eager,naive --naive-requests 4
 
 clean:
 	rm -rf $(VENV) .cache

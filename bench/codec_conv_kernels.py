@@ -29,7 +29,7 @@ import torch.nn.functional as F
 
 from cuda_bench import median_ms
 
-from breezert.bench.provenance import provenance
+from breezert_bench.provenance import provenance
 
 K = 7
 

@@ -24,9 +24,9 @@ import json
 
 import torch
 
-from breezert.bench.provenance import provenance
 from breezert.models.codec import StreamingCodec, tf32_math
 from breezert.random_init import build_random
+from breezert_bench.provenance import provenance
 
 PRECISIONS = ("fp32", "fp32-strict", "tf32", "bf16", "tf32-fast", "bf16-fast")
 """``-fast``: the serving kernels (``graph.fused_codec``: SnakeBeta fused with each conv's

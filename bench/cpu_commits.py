@@ -2,7 +2,7 @@
 
 Usage (repo root, CPU): ``python bench/cpu_commits.py --base 94ca6e0 [--head HEAD] [--rounds 5]
 [--out bench/results/cpu-commits-<date>.json]``. For code-path changes that keep the same bits
-and have no switch (a variant of ``breezert bench`` cannot show them): each commit is checked
+and have no switch (a variant of ``breezert-bench`` cannot show them): each commit is checked
 out into a git worktree under ``.cache/cpu-commits/`` and every round runs one child process
 per commit (``PYTHONPATH`` at its ``runtime/``), base and head alternating, so both see the
 box's load the same way. A child times, on one thread: one DEPTH frame (1 and 4 rows, the
@@ -25,7 +25,7 @@ import sys
 from datetime import datetime, timezone
 from pathlib import Path
 
-from breezert.bench.provenance import provenance
+from breezert_bench.provenance import provenance
 
 REPO = Path(__file__).resolve().parents[1]
 WORKTREES = REPO / ".cache" / "cpu-commits"

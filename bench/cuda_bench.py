@@ -1,5 +1,5 @@
 """What the GPU benchmark scripts under bench/ share: CUDA-event timing and random bf16 weights
-for the layer stacks they time (where a run ran comes from ``breezert.bench.provenance``).
+for the layer stacks they time (where a run ran comes from ``breezert_bench.provenance``).
 
 Imported by the scripts as a sibling module (they run as ``python bench/NAME.py``, so bench/ is
 on ``sys.path``). Must not: import the runtime (each script builds what it measures).

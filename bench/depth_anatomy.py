@@ -26,13 +26,12 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from cuda_bench import median_ms, random_bf16_packed  # noqa: E402
-from depth_frame import frame_bytes_flops  # noqa: E402
-
 import breezert.kernels.persistent_depth as pd  # noqa: E402
-from breezert.bench.provenance import provenance  # noqa: E402
 from breezert.models.config import BreezeConfig  # noqa: E402
 from breezert.models.depth import DepthDecoder  # noqa: E402
+from breezert_bench.provenance import provenance  # noqa: E402
+from cuda_bench import median_ms, random_bf16_packed  # noqa: E402
+from depth_frame import frame_bytes_flops  # noqa: E402
 
 
 class _NoBarrier:

@@ -25,15 +25,14 @@ from types import SimpleNamespace
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from cuda_bench import median_ms, random_bf16_packed  # noqa: E402
-
-from breezert.bench.provenance import provenance  # noqa: E402
 from breezert.kernels.fused_depth import FusedDepthLayers  # noqa: E402
 from breezert.kernels.fused_sampling import fused_sample  # noqa: E402
 from breezert.kernels.persistent_depth import FrameTiles, PersistentDepthFrame  # noqa: E402
 from breezert.models.config import BreezeConfig  # noqa: E402
 from breezert.models.depth import DepthDecoder  # noqa: E402
 from breezert.stages.depth import TOP_K_BOUND, depth_frames  # noqa: E402
+from breezert_bench.provenance import provenance  # noqa: E402
+from cuda_bench import median_ms, random_bf16_packed  # noqa: E402
 
 VARIANTS = {
     "pps2": {"programs_per_sm": 2},

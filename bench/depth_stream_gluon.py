@@ -534,7 +534,7 @@ def main() -> None:
     if args.compile_only:
         compile_only(streams, modes, run)
         return
-    from breezert.bench.provenance import provenance
+    from breezert_bench.provenance import provenance
 
     torch.backends.cuda.matmul.allow_tf32 = False  # the references are full fp32 GEMVs
     props = torch.cuda.get_device_properties(0)

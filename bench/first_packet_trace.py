@@ -13,7 +13,7 @@ The last request runs under ``torch.profiler`` for the kernel census of the whol
 with the GPU, torch version, commit and date.
 
 Owns nothing the runtime uses. Must not: be read as a loaded engine's first packet (one request
-at a time, no event loop beside the engine thread: the c=1 figure of ``breezert bench`` is that).
+at a time, no event loop beside the engine thread: the c=1 figure of ``breezert-bench`` is that).
 """
 
 from __future__ import annotations
@@ -28,14 +28,14 @@ from typing import Any
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from breezert.bench.provenance import provenance
-from breezert.bench.variants import parse_variant_spec, variant_config
-from breezert.bench.workload import load_texts, make_workload
 from breezert.config import EngineConfig
 from breezert.engine import Engine
 from breezert.options import SynthesisOptions
 from breezert.outputs import AudioChunk
 from breezert.request import SynthesisRequest
+from breezert_bench.provenance import provenance
+from breezert_bench.variants import parse_variant_spec, variant_config
+from breezert_bench.workload import load_texts, make_workload
 
 
 class StepClock:

@@ -27,7 +27,7 @@ if [ -z "${BREEZERT_SITE_READY:-}" ] && ls .whl/*.whl >/dev/null 2>&1; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
     --target /tmp/site .whl/*.whl $(ls .whl-train/*.whl .whl-asr/*.whl 2>/dev/null)
 fi
-export PYTHONPATH=/tmp/site:runtime:training:. PYTHONUNBUFFERED=1 BREEZERT_SITE_READY=1
+export PYTHONPATH=/tmp/site:runtime:bench:training:. PYTHONUNBUFFERED=1 BREEZERT_SITE_READY=1
 # A wheel missing from .whl/ fails here in seconds, not minutes into a phase (soxr did, 2 Dec)
 [ -n "${BREEZERT_IMPORTS_OK:-}" ] || python3 -c "import breezert.cli, breezert.runtime_setup" \
   || { echo "breezert does not import here: add the missing wheel to .whl/" >&2; exit 3; }
@@ -39,9 +39,9 @@ case "$phase" in
   *) [ -z "$shard" ] || { echo "phase $phase takes no @I/N shard" >&2; exit 2; } ;;
 esac
 commit=$(cat .benchdata/COMMIT 2>/dev/null || echo unknown)
-export BREEZERT_GIT_COMMIT=$commit  # every result records it (breezert.bench.provenance)
+export BREEZERT_GIT_COMMIT=$commit  # every result records it (breezert_bench.provenance)
 # The common bench command; each phase adds its own arguments.
-bench=(python3 -m breezert.cli bench --config configs/h200-latency.toml
+bench=(python3 -m breezert_bench --config configs/h200-latency.toml
        --texts .benchdata/texts_en.tsv --tokenizer .benchdata/tokenizer.json --git-commit "$commit")
 case "$phase" in
   tests)   # graph replay == eager for every bucket, batch invariance, full-size streaming
@@ -131,7 +131,7 @@ case "$phase" in
       --run-budget 60 --out "$out/h200-ablation.json" 2>&1 | grep '^\[bench' ;;
   ablation-a|ablation-b|ablation-c|ablation-d)  # one step of the ablation, 300 requests at c=16
     # (an eager step takes ~10 minutes for 300: run it as 2 shards on 2 GPUs); (c) adds the naive
-    # baseline (in shard 1). Join shards with python -m breezert.bench.report --merge-shards, then
+    # baseline (in shard 1). Join shards with python -m breezert_bench.report --merge-shards, then
     # the steps with --merge.
     case "$phase" in
       ablation-a) variants=fixed16-eager ;;
@@ -273,8 +273,10 @@ case "$phase" in
     # against (6c89905, carried as .oldtree/: git archive 6c89905 runtime configs | tar -x -C
     # .oldtree) and on this one, one call, each tree in its own process
     for tree in .oldtree .; do
-      if [ "$tree" = . ]; then name=after; rev=$commit; else name=before; rev=6c89905; fi
-      (cd "$tree" && PYTHONPATH=/tmp/site:runtime:. timeout 270 python3 -m breezert.cli bench \
+      # the harness was the runtime's `breezert bench` until it became bench/'s breezert_bench
+      if [ "$tree" = . ]; then name=after; rev=$commit; cmd=(python3 -m breezert_bench)
+      else name=before; rev=6c89905; cmd=(python3 -m breezert.cli bench); fi
+      (cd "$tree" && PYTHONPATH=/tmp/site:runtime:bench:. timeout 270 "${cmd[@]}" \
         --config configs/h200-latency.toml --texts "$OLDPWD/.benchdata/texts_en.tsv" \
         --tokenizer "$OLDPWD/.benchdata/tokenizer.json" --git-commit "$rev" \
         --concurrency 1,16,64 --num-requests 300 --warmup 16 --run-budget 25 \

@@ -84,9 +84,9 @@ def _machine() -> dict[str, Any]:
 
 
 def _commit() -> str:
-    """The commit the bounds were measured at (``breezert.bench.provenance``), with a note
+    """The commit the bounds were measured at (``breezert_bench.provenance``), with a note
     when the tree had uncommitted changes."""
-    from breezert.bench.provenance import git_commit
+    from breezert_bench.provenance import git_commit
 
     commit, dirty = git_commit()
     return commit + (" (dirty tree)" if dirty else "")

@@ -28,10 +28,10 @@ from pathlib import Path
 
 import numpy as np
 
-from breezert.bench.provenance import provenance
-from breezert.bench.listener import LATE_EPS_S, RequestResult, summarize
-from breezert.bench.variants import parse_variant_spec
-from breezert.bench.workload import load_texts, make_workload
+from breezert_bench.provenance import provenance
+from breezert_bench.listener import LATE_EPS_S, RequestResult, summarize
+from breezert_bench.variants import parse_variant_spec
+from breezert_bench.workload import load_texts, make_workload
 from breezert.config import EngineConfig, GraphConfig
 from breezert.constants import Stage
 from breezert.engine import Engine, RequestOutcome
@@ -393,7 +393,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--warmup", type=int, default=16)
     p.add_argument("--texts", default=str(REPO.parent / "shared" / "bench" / "texts_en.tsv"))
     p.add_argument("--variant", action="append", default=[],
-                   help="NAME=section.key=value;... as in breezert bench, TOML values, plus "
+                   help="NAME=section.key=value;... as in breezert-bench, TOML values, plus "
                         "sim.* switches (default: one variant, the profile)")
     p.add_argument("--host-model", default=None, metavar="A,B",
                    help="host ms per engine step = A + B x running requests instead of the "

@@ -31,7 +31,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO / "runtime"), str(REPO)]
 
-from breezert.bench.provenance import load_avg, provenance  # noqa: E402
+from breezert_bench.provenance import load_avg, provenance  # noqa: E402
 from tests.livekit.telephony import (  # noqa: E402
     SIP_BIN,
     Telephony,

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import torch
 
-from breezert.bench.provenance import provenance
+from breezert_bench.provenance import provenance
 from breezert.config import EngineConfig
 from breezert.constants import Stage
 from breezert.runtime_setup import build_runner, load_engine_checkpoint

@@ -21,14 +21,14 @@ import time
 from types import SimpleNamespace
 
 import torch
-from cuda_bench import median_ms, random_bf16_packed
 
-from breezert.bench.provenance import provenance
 from breezert.kernels.fused_decode import DECODE_TILES, FusedBackboneDecode
 from breezert.kernels.gemm import Tiles
 from breezert.layers.attention import GatherKV
 from breezert.models.backbone import Qwen3Backbone
 from breezert.models.config import BreezeConfig
+from breezert_bench.provenance import provenance
+from cuda_bench import median_ms, random_bf16_packed
 
 # Fields that do not change which products are summed in which order (see the docstring).
 SEARCH = {

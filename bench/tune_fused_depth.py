@@ -21,13 +21,13 @@ import json
 import time
 
 import torch
-from cuda_bench import median_ms, random_bf16_packed
 
-from breezert.bench.provenance import provenance
 from breezert.kernels.fused_depth import TILES_BY_ROWS, FusedDepthLayers
 from breezert.kernels.gemm import Tiles
 from breezert.models.config import BreezeConfig
 from breezert.models.depth import DepthDecoder
+from breezert_bench.provenance import provenance
+from cuda_bench import median_ms, random_bf16_packed
 
 # Row blocks, then TMA (it changes which pipeline depths pay). Per-kernel warps/stages after the shapes.
 # split_k stays the bucket's: it sets the sum order, and every bucket must give a row the same

@@ -389,7 +389,7 @@ def main() -> None:
     if args.json:
         import triton
 
-        from breezert.bench.provenance import provenance
+        from breezert_bench.provenance import provenance
 
         doc = {"target": "sm_90 (built, not run)", "triton_version": triton.__version__,
                **provenance(device="cpu"),

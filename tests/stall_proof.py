@@ -36,8 +36,8 @@ def run(name: str, node: str, stall_ms: int) -> tuple[bool, str]:
     with tempfile.TemporaryDirectory() as folder:
         junit = Path(folder) / "junit.xml"
         env = {**os.environ, "BREEZERT_INJECT_STALL_MS": str(stall_ms),
-               "PYTHONPATH": os.pathsep.join([str(REPO / "runtime"), str(REPO),
-                                              os.environ.get("PYTHONPATH", "")])}
+               "PYTHONPATH": os.pathsep.join([str(REPO / "runtime"), str(REPO / "bench"),
+                                              str(REPO), os.environ.get("PYTHONPATH", "")])}
         subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
                         f"--junitxml={junit}", node], cwd=REPO, env=env, check=False,
                        capture_output=True)

@@ -1,4 +1,4 @@
-"""The ``breezert`` command line: ``init-random``, ``synth``, ``serve``, ``bench``, ``soak``.
+"""The ``breezert`` command line: ``init-random``, ``synth``, ``serve``.
 
 Owns: argument parsing and printing. Must not: hold model or scheduling logic; every command
 calls into the library.
@@ -29,8 +29,9 @@ def _chunks(value: str) -> tuple[int, ...]:
         raise argparse.ArgumentTypeError(text) from None
 
 
-def _config(value: str) -> Path:
-    """``--config``: a TOML path, or the name of a packaged profile (``cpu-tiny``)."""
+def config_argument(value: str) -> Path:
+    """``--config``: a TOML path, or the name of a packaged profile (``cpu-tiny``). Also the
+    argument type of ``breezert-bench``'s ``--config`` (one message for a missing profile)."""
     from breezert.profiles import config_path
 
     try:
@@ -40,7 +41,10 @@ def _config(value: str) -> Path:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="breezert", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="breezert", description=__doc__.splitlines()[0],
+        epilog="The serving benchmark and the soak check are the lab's `breezert-bench` "
+               "(bench/; `make test` installs it).")
     sub = parser.add_subparsers(dest="command", required=True)
 
     init = sub.add_parser("init-random", help="write a random-weight checkpoint (released layout)")
@@ -77,59 +81,8 @@ def build_parser() -> argparse.ArgumentParser:
                        help="frames per chunk, last repeating (default 1,2,4,8,16)")
     synth.add_argument("--device", default="cpu")
 
-    bench = sub.add_parser("bench", help="serving benchmark: TTFB, underruns, RTF per variant/load")
-    bench.add_argument("--config", type=_config, default=None,
-                       help="engine profile, a TOML path or a packaged profile name (default: "
-                            "configs/h200-latency.toml with CUDA, else cpu-tiny)")
-    bench.add_argument("--texts", type=Path, default=None,
-                       help="id<TAB>text file (default: ../shared/bench/texts_en.tsv, else a "
-                            "built-in list)")
-    bench.add_argument("--concurrency", default=None,
-                       help="closed loop: requests in flight, comma list (default 1,4,8,16,32,64 "
-                            "unless --rate is given)")
-    bench.add_argument("--rate", default=None,
-                       help="open loop: Poisson arrivals in requests/s, comma list")
-    bench.add_argument("--num-requests", type=int, default=300, help="measured requests per run")
-    bench.add_argument("--warmup", type=int, default=2, help="unmeasured requests before each run")
-    bench.add_argument("--variants", default=None,
-                       help="comma list of fixed16-eager, progressive-eager, "
-                            "progressive-compiled, progressive-graphs, naive, config (the "
-                            "profile as is), or names defined with --variant")
-    bench.add_argument("--variant", action="append", default=[],
-                       metavar="NAME=[BASE;]SECTION.KEY=VALUE;...",
-                       help="define a variant (BASE: a builtin variant, or @PATH: another "
-                            "profile in place of --config)")
-    bench.add_argument("--out", type=Path, default=None,
-                       help="result JSON (default bench/results/<config>-<date>.json); PNG beside")
-    bench.add_argument("--server", default=None, metavar="URL",
-                       help="drive a running `breezert serve` at this base URL (http://host:port)"
-                            " over its WebSocket: client-side TTFB and gaps beside the server's "
-                            "first-audio times (token: BREEZERT_AUTH_TOKEN)")
-    bench.add_argument("--seed", type=int, default=0)
-    bench.add_argument("--feedback", action=argparse.BooleanOptionalAction, default=True,
-                       help="the simulated listener calls report_playback every 100 ms")
-    bench.add_argument("--request-timeout", type=float, default=300.0, help="seconds per request")
-    bench.add_argument("--run-budget", type=float, default=None,
-                       help="seconds per run after which no new request starts")
-    bench.add_argument("--naive-requests", type=int, default=20,
-                       help="requests of the naive baseline (sequential)")
-    bench.add_argument("--model", default=None, help="checkpoint folder (sets model.path)")
-    bench.add_argument("--tokenizer", default=None,
-                       help="tokenizer.json for random weights (default: "
-                            "../shared/breeze/tokenizer/tokenizer.json when present)")
-    bench.add_argument("--device", choices=["cpu", "cuda", "auto"], default=None,
-                       help="sets model.device")
-    bench.add_argument("--torch-threads", type=int, default=None,
-                       help="intra-op threads (default: 1 on CPU, torch's default on GPU)")
-    bench.add_argument("--shard", default=None, metavar="I/N",
-                       help="run only the I-th of N slices of each run's requests (one GPU per "
-                            "shard; join them with python -m breezert.bench.report "
-                            "--merge-shards)")
-    bench.add_argument("--git-commit", default=None,
-                       help="commit to record when the tree is not a git checkout")
-
     serve = sub.add_parser("serve", help="HTTP/WebSocket/WebRTC server with the demo page")
-    serve.add_argument("--config", type=_config, default=None,
+    serve.add_argument("--config", type=config_argument, default=None,
                        help="engine profile, a TOML path or a packaged profile name (cpu-tiny) "
                             "(default: built-in defaults, tiny random model)")
     serve.add_argument("--model", default=None, help="checkpoint folder (sets model.path)")
@@ -155,32 +108,6 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--no-access-log", action="store_true", help="no per-request log line")
     serve.add_argument("--max-frames", type=int, default=None,
                        help="server policy: codec frames per request at most (80 ms each)")
-
-    soak = sub.add_parser(
-        "soak", help="bounded mix of normal and faulty traffic, then a leak check (JSON report)",
-        description="Runs streams over HTTP and WebSocket, aborts mid-stream, cancels, idle open "
-                    "turns, bad inputs and bursts past capacity against a server on loopback, "
-                    "then checks that /metrics gauges return to idle (running 0, queued 0, KV "
-                    "blocks and codec slots all free, open turns 0, peers 0) and that the "
-                    "server's RSS grew less than --max-rss-growth-mb. Prints a JSON report; "
-                    "exit status 1 on a leak or an unexpected answer.")
-    soak.add_argument("--url", default=None,
-                      help="target server (default: start breezert serve on a free loopback "
-                           "port and read its RSS from /proc)")
-    soak.add_argument("--config", type=_config, default=None,
-                      help="TOML path or packaged profile of the started server (default: "
-                           "cpu-tiny)")
-    soak.add_argument("--duration", type=float, default=30.0, help="seconds of traffic")
-    soak.add_argument("--concurrency", type=int, default=4, help="scenarios at once")
-    soak.add_argument("--max-frames", type=int, default=25,
-                      help="frames per request of the started server (keeps turns short)")
-    soak.add_argument("--burst-size", type=int, default=48,
-                      help="HTTP streams at once in each burst (past running + queued limits)")
-    soak.add_argument("--burst-every", type=int, default=5, help="a burst every N rounds (0: none)")
-    soak.add_argument("--max-rss-growth-mb", type=float, default=150.0,
-                      help="RSS growth (after the first round -> end) that counts as a leak")
-    soak.add_argument("--token", default=None, help="bearer token of the target server")
-    soak.add_argument("--out", type=Path, default=None, help="also write the report here")
     return parser
 
 
@@ -236,20 +163,6 @@ def cmd_synth(args: argparse.Namespace) -> int:
     rtf = elapsed / seconds if seconds else float("inf")
     print(f"wrote {args.out}: {seconds:.2f} s of audio in {elapsed:.2f} s (RTF {rtf:.3f})")
     return 0
-
-
-def cmd_bench(args: argparse.Namespace) -> int:
-    from breezert.bench.options import options_from_args
-    from breezert.bench.report import plot, text_report, write_json
-    from breezert.bench.runner import run_benchmark
-
-    options, out = options_from_args(args)
-    doc = run_benchmark(options, on_update=lambda partial: write_json(partial, out))
-    write_json(doc, out)
-    png = plot(doc, out.with_suffix(".png"))
-    print(text_report(doc))
-    print(f"wrote {out}" + (f" and {png}" if png else " (no PNG: matplotlib is not installed)"))
-    return 0 if doc["runs"] else 1
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
@@ -339,24 +252,6 @@ async def _serve(cfg, args: argparse.Namespace) -> int:  # type: ignore[no-untyp
     return 0
 
 
-def cmd_soak(args: argparse.Namespace) -> int:
-    import json
-
-    from breezert.bench.soak import SoakOptions, run_soak
-
-    report = run_soak(SoakOptions(
-        url=args.url, config=args.config, duration_s=args.duration,
-        concurrency=args.concurrency, max_frames=args.max_frames, burst_size=args.burst_size,
-        burst_every=args.burst_every, max_rss_growth_mb=args.max_rss_growth_mb,
-        token=args.token))
-    text = json.dumps(report, indent=2)
-    print(text)
-    if args.out is not None:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(text + "\n")
-    return 0 if report["ok"] else 1
-
-
 def _reference(ckpt, audio: Path | None, text: str | None):  # type: ignore[no-untyped-def]
     """``Reference`` from a WAV file and its transcript (None when neither is given)."""
     from breezert.reference_audio import encode_reference
@@ -399,8 +294,7 @@ def write_wav(path: Path, audio: np.ndarray, sample_rate: int) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    commands = {"init-random": cmd_init_random, "synth": cmd_synth, "bench": cmd_bench,
-                "serve": cmd_serve, "soak": cmd_soak}
+    commands = {"init-random": cmd_init_random, "synth": cmd_synth, "serve": cmd_serve}
     try:
         return commands[args.command](args)
     except (BreezeRTError, ValueError, FileNotFoundError) as exc:

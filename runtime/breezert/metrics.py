@@ -73,7 +73,7 @@ class EngineMetrics:
         self.ttfb_buckets = [0] * (len(TTFB_BUCKETS_S) + 1)
         self.counters: dict[str, int] = {}
         self.steps: deque[StepRecord] = deque(maxlen=step_log)
-        """The latest steps in order (``bench/first_packet.py`` reads them; not exported)."""
+        """The latest steps in order (``breezert_bench.first_packet`` reads them; not exported)."""
         self.num_finished = 0
         """Requests that reached a terminal status (``active_requests`` = added - this)."""
 

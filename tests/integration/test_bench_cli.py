@@ -1,4 +1,4 @@
-"""``breezert bench`` end to end on the tiny CPU profile: one engine variant and the naive
+"""``breezert-bench`` end to end on the tiny CPU profile: one engine variant and the naive
 baseline, two closed-loop load points, JSON + PNG + printed table + markdown report.
 
 Owns: the benchmark's output contract (fields the README and the lead's tables rely on). Must
@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from breezert.bench.report import main as report_main
-from breezert.cli import main
+from breezert_bench.cli import main
+from breezert_bench.report import main as report_main
 
 pytestmark = pytest.mark.integration
 
@@ -41,7 +41,7 @@ def short_texts(folder: Path) -> str:
 def bench_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, float]:
     folder = tmp_path_factory.mktemp("bench")
     out = folder / "tmp" / "x.json"
-    argv = ["bench", "--config", "cpu-tiny", "--concurrency", "1,2", "--texts",
+    argv = ["--config", "cpu-tiny", "--concurrency", "1,2", "--texts",
             short_texts(folder), "--num-requests", "4", "--variants", "progressive-eager,naive",
             "--out", str(out)]
     start = time.monotonic()
@@ -126,7 +126,7 @@ def test_report_prints_markdown(bench_run: tuple[Path, float], capsys) -> None:
 
 
 def test_bench_rejects_bad_arguments(tmp_path: Path, capsys) -> None:
-    base = ["bench", "--config", "cpu-tiny",
+    base = ["--config", "cpu-tiny",
             "--out", str(tmp_path / "x.json"), "--num-requests", "1"]
     assert main([*base, "--concurrency", "0"]) == 2
     assert "--concurrency" in capsys.readouterr().err
@@ -140,7 +140,7 @@ def test_shards_of_one_run_merge_into_that_run(tmp_path: Path, capsys) -> None:
     """Two ``--shard`` halves (as two GPUs would run them) join into one run over every
     request, with the request-level numbers recomputed from the joined records; the naive
     baseline runs in shard 1 only."""
-    base = ["bench", "--config", "cpu-tiny", "--concurrency", "2", "--texts",
+    base = ["--config", "cpu-tiny", "--concurrency", "2", "--texts",
             short_texts(tmp_path), "--num-requests", "5", "--warmup", "0", "--variants",
             "progressive-eager,naive", "--naive-requests", "2"]
     parts = [tmp_path / "s1.json", tmp_path / "s2.json"]
@@ -182,3 +182,20 @@ def test_shards_of_one_run_merge_into_that_run(tmp_path: Path, capsys) -> None:
     assert main([*base, "--num-requests", "1", "--shard", "1/2",
                  "--out", str(tmp_path / "x.json")]) == 2
     assert "more shards than --num-requests" in capsys.readouterr().err
+
+
+def test_the_runtime_cli_has_no_benchmark_and_points_at_breezert_bench(capsys) -> None:
+    """The harness left the runtime (issue 32): ``breezert bench`` is a usage error, ``breezert
+    --help`` names ``breezert-bench``, and ``breezert-bench soak`` keeps the soak check's flags."""
+    from breezert.cli import build_parser
+    from breezert.cli import main as runtime_main
+    from breezert_bench.cli import soak_parser
+
+    for command in ("bench", "soak"):
+        with pytest.raises(SystemExit) as exit_:
+            runtime_main([command, "--config", "cpu-tiny"])
+        assert exit_.value.code == 2
+        assert f"invalid choice: '{command}'" in capsys.readouterr().err
+    assert "breezert-bench" in build_parser().format_help()
+    args = soak_parser().parse_args(["--duration", "5", "--burst-every", "0", "--token", "t"])
+    assert (args.duration, args.burst_every, args.token, args.url) == (5.0, 0, "t", None)

@@ -1,4 +1,4 @@
-"""``breezert bench --server``: the benchmark's load driven at a running server over its
+"""``breezert-bench --server``: the benchmark's load driven at a running server over its
 WebSocket (tiny CPU model, in-process server on loopback).
 
 Owns: that every request of a closed loop is one turn whose chunks are timed at the client, the
@@ -12,12 +12,12 @@ import aiohttp
 import pytest
 
 from breezert.async_engine import AsyncEngine
-from breezert.bench.listener import summarize_requests
-from breezert.bench.options import BenchOptions
-from breezert.bench.remote import RemoteSpeech
-from breezert.bench.runner import _closed_loop
-from breezert.bench.workload import BUILTIN_TEXTS, make_workload
 from breezert.profiles import EMBEDDED_PROFILE, profile_path
+from breezert_bench.listener import summarize_requests
+from breezert_bench.options import BenchOptions
+from breezert_bench.remote import RemoteSpeech
+from breezert_bench.runner import _closed_loop
+from breezert_bench.workload import BUILTIN_TEXTS, make_workload
 from tests.integration._server import serve, wait_idle
 
 pytestmark = pytest.mark.integration

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import torch
 
-from breezert.bench.listener import PlaybackTimeline
+from breezert_bench.listener import PlaybackTimeline
 from breezert.config import EngineConfig
 from breezert.constants import Stage
 from breezert.engine import Engine, EngineOutput

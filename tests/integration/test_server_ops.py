@@ -19,7 +19,7 @@ import aiohttp
 import pytest
 from aiohttp.test_utils import TestServer
 from breezert.async_engine import AsyncEngine
-from breezert.bench.ports import free_port
+from breezert_bench.ports import free_port
 from breezert.config import ServingConfig
 from breezert.server import health
 from breezert.server.app import create_app

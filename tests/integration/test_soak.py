@@ -1,5 +1,5 @@
-"""``breezert soak`` (short form): a bounded mix of normal and faulty traffic against a started
-``breezert serve``; no gauge left busy, RSS growth bounded, every answer as expected."""
+"""``breezert-bench soak`` (short form): a bounded mix of normal and faulty traffic against a
+started ``breezert serve``; no gauge left busy, RSS growth bounded, every answer as expected."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from breezert.bench.soak import _leaks, parse_metrics
+from breezert_bench.soak import _leaks, parse_metrics
 
 pytestmark = pytest.mark.integration
 REPO = Path(__file__).resolve().parents[2]
@@ -18,10 +18,10 @@ REPO = Path(__file__).resolve().parents[2]
 
 def test_short_soak_finds_no_leak(tmp_path: Path) -> None:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(
-        [str(REPO / "runtime"), str(REPO), os.environ.get("PYTHONPATH", "")])}
+        [str(REPO / "runtime"), str(REPO / "bench"), str(REPO), os.environ.get("PYTHONPATH", "")])}
     out = tmp_path / "soak.json"
     run = subprocess.run(
-        [sys.executable, "-m", "breezert.cli", "soak", "--duration", "20", "--burst-every", "3",
+        [sys.executable, "-m", "breezert_bench", "soak", "--duration", "20", "--burst-every", "3",
          "--out", str(out)], env=env, capture_output=True, text=True, timeout=240)
     assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-4000:]
     report = json.loads(out.read_text())

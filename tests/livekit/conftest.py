@@ -31,7 +31,7 @@ import numpy as np
 import pytest
 from livekit import api, rtc
 
-from breezert.bench.ports import free_port
+from breezert_bench.ports import free_port
 from tests.components import missing
 from tests.livekit.browser import serve_repository
 from tests.livekit.listening import Recording

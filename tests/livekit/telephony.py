@@ -35,7 +35,7 @@ import numpy as np
 import soundfile as sf
 from livekit import api
 
-from breezert.bench.ports import free_port
+from breezert_bench.ports import free_port
 from tests.components import missing
 
 from .conftest import (

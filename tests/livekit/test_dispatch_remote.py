@@ -28,7 +28,7 @@ from typing import Any
 import aiohttp
 import pytest
 
-from breezert.bench.ports import free_port
+from breezert_bench.ports import free_port
 from tests.livekit.conftest import REPO, Room, Server, WorkerGroup, _stop, spawn_workers
 from tests.livekit.dispatch_figures import FIGURES, write_figures
 from tests.livekit.test_dispatch import subscribe

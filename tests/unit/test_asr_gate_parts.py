@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from breezert.bench.workload import default_texts_path
+from breezert_bench.workload import default_texts_path
 from breezert_train.asr_gate import GATE_SENTENCES, gate_failures, read_sentences, select
 from breezert_train.gate_audio import BreezeSubject, frame_pieces, opus_round_trip
 

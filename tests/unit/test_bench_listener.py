@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from breezert.bench.listener import (
+from breezert_bench.listener import (
     PlaybackTimeline, RequestResult, percentile, replay, summarize, summarize_requests, ttfb_s,
 )
 

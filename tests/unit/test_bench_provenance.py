@@ -1,5 +1,5 @@
-"""``breezert.bench.provenance``: the one place a benchmark result's machine, versions, commit and
-date come from (``breezert bench`` and the scripts under ``bench/``)."""
+"""``breezert_bench.provenance``: the one place a benchmark result's machine, versions, commit and
+date come from (``breezert-bench`` and the scripts under ``bench/``)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from breezert.bench import provenance as prov
+from breezert_bench import provenance as prov
 
 pytestmark = pytest.mark.unit
 
@@ -42,6 +42,6 @@ def test_no_other_benchmark_code_reads_the_commit() -> None:
     readers = sorted(
         path.relative_to(REPO).as_posix()
         for path in [*(REPO / "bench").glob("*.py"),
-                     *(REPO / "runtime" / "breezert" / "bench").glob("*.py")]
+                     *(REPO / "bench" / "breezert_bench").glob("*.py")]
         if '"rev-parse"' in path.read_text(encoding="utf-8"))
-    assert readers == ["bench/cpu_commits.py", "runtime/breezert/bench/provenance.py"]
+    assert readers == ["bench/breezert_bench/provenance.py", "bench/cpu_commits.py"]

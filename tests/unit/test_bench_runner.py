@@ -14,12 +14,12 @@ from collections.abc import AsyncIterator
 import numpy as np
 import pytest
 
-from breezert.bench import runner
-from breezert.bench.options import BenchOptions, LoadPoint
-from breezert.bench.variants import (
+from breezert_bench import runner
+from breezert_bench.options import BenchOptions, LoadPoint
+from breezert_bench.variants import (
     BUILTIN_VARIANTS, parse_variant_spec, resolve_variants, variant_config,
 )
-from breezert.bench.workload import make_workload
+from breezert_bench.workload import make_workload
 from breezert.engine_client import Submitted
 from breezert.errors import EngineOverloaded, RequestFailed
 from breezert.outputs import AudioChunk

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from breezert.bench.workload import (
+from breezert_bench.workload import (
     BUILTIN_TEXTS, frames_for_text, load_texts, make_workload, poisson_offsets, request_seed,
     shard_items,
 )

@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from breezert.bench.variants import parse_variant_spec, variant_config
 from breezert.config import EngineConfig
 from breezert.models.config import BreezeConfig
 from breezert.worker.kv_cache import kv_block_bytes, kv_blocks_for_memory
+from breezert_bench.variants import parse_variant_spec, variant_config
 
 pytestmark = pytest.mark.unit
 

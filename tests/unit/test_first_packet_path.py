@@ -1,4 +1,4 @@
-"""The first-packet breakdown (``breezert.bench.first_packet``) on a hand-made step log, and on
+"""The first-packet breakdown (``breezert_bench.first_packet``) on a hand-made step log, and on
 random step logs against a point-sampling oracle (what the engine was doing at each instant)."""
 
 from __future__ import annotations
@@ -6,13 +6,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from breezert.bench.first_packet import (
+from breezert.metrics import EngineMetrics, StepRecord
+from breezert_bench.first_packet import (
     FirstPacket,
     first_packet_path,
     first_packet_paths,
     opening_steps,
 )
-from breezert.metrics import EngineMetrics, StepRecord
 
 pytestmark = pytest.mark.unit
 

@@ -1,10 +1,11 @@
-"""The import graph of ``breezert``, ``breezert_agent`` and ``breezert_train`` points one way
-(issue #12).
+"""The import graph of ``breezert``, ``breezert_agent``, ``breezert_train`` and ``breezert_bench``
+points one way (issue #12).
 
 plugin -> runtime -> (sched | worker -> stages -> models -> layers/kernels; stages never import
 the worker, which hands them ``stages.interface.StageWorker``), with the leaf modules
 ``errors``, ``constants`` and ``host_copy`` at the bottom; the training distribution
-(``training/breezert_train``) sits beside the plugin, above the runtime. Every module is parsed
+(``training/breezert_train``) and the benchmark harness (``bench/breezert_bench``, issue 32) sit
+beside the plugin, above the runtime. Every module is parsed
 (AST; nothing is imported) and every import statement counts: module level, function-local and
 ``if TYPE_CHECKING:`` alike, relative ones resolved. Asserts: no cycle, the runtime never imports
 the plugin, and the layer rules below.
@@ -23,7 +24,8 @@ pytestmark = pytest.mark.unit
 
 REPO = Path(__file__).resolve().parents[2]
 PACKAGES = {"breezert": REPO / "runtime" / "breezert", "breezert_agent": REPO / "breezert_agent",
-            "breezert_train": REPO / "training" / "breezert_train"}
+            "breezert_train": REPO / "training" / "breezert_train",
+            "breezert_bench": REPO / "bench" / "breezert_bench"}
 
 # (importer prefix, forbidden import prefixes). A prefix ``p`` matches ``p`` and ``p.*``.
 LAYER_RULES: tuple[tuple[str, tuple[str, ...]], ...] = (
@@ -56,9 +58,11 @@ LAYER_RULES: tuple[tuple[str, tuple[str, ...]], ...] = (
         "torch", "breezert.engine", "breezert.async_engine", "breezert.worker",
         "breezert.stages", "breezert.models", "breezert.sched.scheduler", "breezert.frontend",
     )),
-    # The training distribution (issue 19) is never imported by the runtime or the plugin.
-    ("breezert", ("breezert_train",)),
-    ("breezert_agent", ("breezert_train",)),
+    # The training distribution (issue 19) and the benchmark harness (issue 32: the lab's tools,
+    # outside the product) are never imported by the runtime or the plugin.
+    ("breezert", ("breezert_train", "breezert_bench")),
+    ("breezert_agent", ("breezert_train", "breezert_bench")),
+    ("breezert_bench", ("breezert_train", "breezert_agent")),
 )
 LEAF_MODULES = ("breezert.errors", "breezert.constants", "breezert.host_copy")
 """They may import no ``breezert`` module but ``breezert.errors``."""
@@ -290,4 +294,17 @@ def test_checker_flags_the_runtime_or_plugin_importing_training(tmp_path: Path) 
         "(breezert must not import breezert_train)",
         "breezert_agent/tts.py:1: breezert_agent.tts -> breezert_train "
         "(breezert_agent must not import breezert_train)",
+    ]
+
+
+def test_checker_flags_the_runtime_or_plugin_importing_the_benchmark(tmp_path: Path) -> None:
+    _, edges = _tree(tmp_path, {
+        "breezert/cli.py": "def f():\n    from breezert_bench.runner import run_benchmark\n",
+        "breezert_agent/tts.py": "from breezert_bench import ports\n",
+    })
+    assert _layer_violations(edges) == [
+        "breezert/cli.py:2: breezert.cli -> breezert_bench.runner "
+        "(breezert must not import breezert_bench)",
+        "breezert_agent/tts.py:1: breezert_agent.tts -> breezert_bench "
+        "(breezert_agent must not import breezert_bench)",
     ]

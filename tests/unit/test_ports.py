@@ -1,4 +1,4 @@
-"""``breezert.bench.ports``: ports for local servers, kept out of the kernel's ephemeral range."""
+"""``breezert_bench.ports``: ports for local servers, kept out of the kernel's ephemeral range."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from breezert.bench import ports
+from breezert_bench import ports
 
 pytestmark = pytest.mark.unit
 

@@ -19,7 +19,7 @@ import json
 import statistics
 from pathlib import Path
 
-from breezert.bench.provenance import provenance
+from breezert_bench.provenance import provenance
 
 LOSSES = ("stft_sc", "stft_mag", "commitment", "latent_mel", "feature_match", "gen_hinge",
           "disc_hinge", "codes_restarted")

@@ -19,7 +19,6 @@ from typing import Any, Protocol
 import numpy as np
 
 from breezert.audio import OPUS_SAMPLE_RATE
-from breezert.bench.workload import frames_for_text
 from breezert.config import EngineConfig
 from breezert.constants import SAMPLE_RATE
 from breezert.engine import Engine, RequestOutcome
@@ -27,6 +26,7 @@ from breezert.offline import synthesize_whole
 from breezert.options import SynthesisOptions
 from breezert.profiles import EMBEDDED_PROFILE, profile_path
 from breezert.request import RequestStatus, SynthesisRequest
+from breezert_bench.workload import frames_for_text
 from breezert_train.teacher import TEACHER_PACKAGE, TEACHER_VERSION, TEACHER_VOICE, Teacher
 
 OFFLINE = "offline"

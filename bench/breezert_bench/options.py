@@ -1,4 +1,4 @@
-"""What ``breezert bench`` was asked to do: options, load points, defaults and metadata.
+"""What ``breezert-bench`` was asked to do: options, load points, defaults and metadata.
 
 Owns: turning parsed CLI arguments into ``BenchOptions`` (naming the flag in every error), the
 default config/texts/output paths, and a result's metadata (its options beside the machine,
@@ -14,10 +14,10 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from breezert.bench.provenance import provenance, repo_root
-from breezert.bench.variants import BUILTIN_VARIANTS, Variant, resolve_variants
-from breezert.bench.workload import BUILTIN_TEXTS, default_texts_path, load_texts
 from breezert.profiles import EMBEDDED_PROFILE, profile_path
+from breezert_bench.provenance import provenance, repo_root
+from breezert_bench.variants import BUILTIN_VARIANTS, Variant, resolve_variants
+from breezert_bench.workload import BUILTIN_TEXTS, default_texts_path, load_texts
 
 DEFAULT_CONCURRENCY = (1, 4, 8, 16, 32, 64)
 
@@ -46,7 +46,7 @@ class LoadPoint:
 
 @dataclass
 class BenchOptions:
-    """Everything ``breezert bench`` was asked to do."""
+    """Everything ``breezert-bench`` was asked to do."""
 
     config_path: Path
     texts_path: Path | None = None
@@ -73,7 +73,7 @@ class BenchOptions:
     """Recorded instead of ``git rev-parse`` (for a copied tree without ``.git``)."""
     shard: tuple[int, int] | None = None
     """``(i, n)``: run only the i-th of n contiguous slices of each load point's requests (one GPU
-    each; ``python -m breezert.bench.report --merge-shards`` joins the n result files). The naive
+    each; ``python -m breezert_bench.report --merge-shards`` joins the n result files). The naive
     baseline runs in shard 1 only. An open-loop shard offers its rate to its own GPU."""
     command_line: str = ""
     server_url: str | None = None
@@ -169,7 +169,7 @@ def _comma_list(raw: str | None, kind: type, flag: str) -> tuple[Any, ...]:
 
 
 def options_from_args(args: Any) -> tuple[BenchOptions, Path]:
-    """``BenchOptions`` and the output path from ``breezert bench``'s parsed arguments.
+    """``BenchOptions`` and the output path from ``breezert-bench``'s parsed arguments.
 
     Raises:
         ValueError: a list, count or variant is invalid (the message names the flag).
@@ -243,8 +243,8 @@ def _default_tokenizer() -> str | None:
 
 
 def _command_line(args: Any) -> str:
-    """The invocation as ``breezert bench ...`` with every option spelled out."""
-    parts = ["breezert", "bench"]
+    """The invocation as ``breezert-bench ...`` with every option spelled out."""
+    parts = ["breezert-bench"]
     for key, value in sorted(vars(args).items()):
         if key == "command" or value is None or value == [] or callable(value):
             continue

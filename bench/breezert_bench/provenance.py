@@ -1,7 +1,7 @@
 """Where a benchmark ran: machine, software, commit and date, recorded with every result.
 
 Owns the one reading of the git commit (and of the GPU, torch and CUDA versions, CPU and load)
-for ``breezert bench`` and for the scripts under ``bench/``. Must not: import torch at import
+for ``breezert-bench`` and for the scripts under ``bench/``. Must not: import torch at import
 (a remote run needs none) or fail a benchmark over missing metadata (unknown values are
 recorded as ``None`` or ``"unknown"``).
 """
@@ -22,8 +22,8 @@ machine; ``bench/h200_session.sh`` sets it)."""
 
 
 def repo_root() -> Path:
-    """The checkout holding this package (``runtime/breezert/bench`` → three levels up)."""
-    return Path(__file__).resolve().parents[3]
+    """The checkout holding this package (``bench/breezert_bench`` → two levels up)."""
+    return Path(__file__).resolve().parents[2]
 
 
 def git_commit() -> tuple[str, bool | None]:
@@ -76,7 +76,7 @@ def provenance(*, device: str | None = None, git_commit_override: str | None = N
     Args:
         device: The run's device (``"cpu"``, ``"cuda:0"``); ``None``: CUDA where available.
             ``gpu`` is recorded for a CUDA device only.
-        git_commit_override: Record this commit instead (``breezert bench --git-commit``).
+        git_commit_override: Record this commit instead (``breezert-bench --git-commit``).
         **extra: More fields of the run (they may replace the ones above).
     """
     commit, dirty = (git_commit_override, None) if git_commit_override else git_commit()

@@ -16,13 +16,13 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from breezert.bench.listener import RequestResult, summarize_requests
-from breezert.bench.options import (
+from breezert_bench.listener import RequestResult, summarize_requests
+from breezert_bench.options import (
     BenchOptions, LoadPoint, collect_metadata, collect_remote_metadata, read_texts,
 )
-from breezert.bench.provenance import load_avg
-from breezert.bench.variants import Variant, variant_config
-from breezert.bench.workload import WorkItem, make_workload, poisson_offsets, shard_items
+from breezert_bench.provenance import load_avg
+from breezert_bench.variants import Variant, variant_config
+from breezert_bench.workload import WorkItem, make_workload, poisson_offsets, shard_items
 
 SCHEMA = "breezert-bench/1"
 SAMPLES_PER_FRAME = 1920  # 80 ms at 24 kHz
@@ -134,7 +134,7 @@ async def _remote_points(options: BenchOptions, texts: list[str], doc: dict[str,
                          on_update: Callable[[dict[str, Any]], None]) -> None:
     import aiohttp
 
-    from breezert.bench.remote import RemoteSpeech
+    from breezert_bench.remote import RemoteSpeech
 
     variant = Variant("server", description=str(options.server_url))
     connector = aiohttp.TCPConnector(limit=0)  # one socket per request in flight
@@ -258,7 +258,7 @@ def _first_packet_figures(engine: Any, results: list[RequestResult],
                        burst: int) -> tuple[dict[str, Any], dict[str, Any]]:
     """Where the run's first packets spent their time, and the step timeline of its opening
     burst of ``burst`` requests (a closed loop's concurrency; 0: none) (``bench/first_packet.py``)."""
-    from breezert.bench.first_packet import FirstPacket, first_packet_paths, opening_steps
+    from breezert_bench.first_packet import FirstPacket, first_packet_paths, opening_steps
 
     steps = engine.step_log()
     firsts = [FirstPacket(r.request_id, r.submit_time, r.chunk_times[0])

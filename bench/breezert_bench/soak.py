@@ -1,4 +1,4 @@
-"""``breezert soak``: a bounded mix of normal and faulty traffic against a server on loopback,
+"""``breezert-bench soak``: a bounded mix of normal and faulty traffic against a server on loopback,
 then a leak check.
 
 Owns: the traffic mix (HTTP streams and WAV bodies, streams dropped mid-way, WebSocket turns
@@ -25,8 +25,8 @@ from typing import Any
 
 import aiohttp
 
-from breezert.bench.ports import free_port
 from breezert.profiles import EMBEDDED_PROFILE, profile_path
+from breezert_bench.ports import free_port
 
 IDLE_GAUGES = {
     "breezert_running_requests": 0, "breezert_queued_requests": 0,

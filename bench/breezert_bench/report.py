@@ -2,7 +2,7 @@
 
 Owns: writing results (atomically, so a killed run leaves the last complete document), the
 tables quoted in ``bench/README.md`` and the plot. Must not: run anything; it reads the result
-document only. ``python -m breezert.bench.report RESULT.json`` prints the markdown tables.
+document only. ``python -m breezert_bench.report RESULT.json`` prints the markdown tables.
 """
 
 from __future__ import annotations
@@ -75,7 +75,7 @@ def merge_shards(docs: Sequence[dict[str, Any]], sources: Sequence[str]) -> dict
     Raises:
         ValueError: the documents are not the shards 1..n of one run.
     """
-    from breezert.bench.listener import summarize_records
+    from breezert_bench.listener import summarize_records
 
     def shard_of(doc: dict[str, Any]) -> tuple[int, ...]:
         return tuple(doc["metadata"]["options"].get("shard") or ())
@@ -362,7 +362,7 @@ def _hline(ax: Any, value: float | None, factor: float, color: str, label: str) 
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m breezert.bench.report",
+    parser = argparse.ArgumentParser(prog="python -m breezert_bench.report",
                                      description="Print a benchmark result as markdown tables.")
     parser.add_argument("result", type=Path, nargs="+", help="bench/results/*.json")
     parser.add_argument("--plot", action="store_true", help="also (re)draw the PNG beside it")

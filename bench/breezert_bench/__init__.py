@@ -1,4 +1,4 @@
-"""``breezert bench``: load generator, simulated listener and reports for the serving benchmark.
+"""``breezert-bench``: load generator, simulated listener and reports for the serving benchmark.
 
 Owns: the workload (``workload``), per-request playback math (``listener``), variants as config
 overrides (``variants``), options and metadata (``options``), where a run ran (``provenance``:
