@@ -197,7 +197,7 @@ def _render_codec(snapshot: str, clips: list[np.ndarray]) -> list[np.ndarray]:
 
 def _render_voice(folder: str, texts: list[str], seeds: list[int]) -> list[np.ndarray]:
     """A voice checkpoint's one-shot synthesis (its own sampling, 2x the length rule)."""
-    from breezert.bench.workload import frames_for_text
+    from breezert_bench.workload import frames_for_text
     from breezert.loader import load_checkpoint
     from breezert.offline import synthesize_whole
     from breezert.options import SynthesisOptions
