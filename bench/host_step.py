@@ -165,7 +165,7 @@ def plot(doc: dict, path: Path) -> None:
     ax.set_xscale("log", base=2)
     ax.set_xticks(xs, [str(x) for x in xs])
     ax.set_title(f"Engine host time per step, {doc['trees']['before']['rev']} vs "
-                 f"{doc['commit']}")
+                 f"{doc['git_commit']}")
     ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
@@ -190,7 +190,7 @@ def main(argv: list[str] | None = None) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         before = export_tree(args.before, Path(tmp) / "before")
         trees = {"before": {"rev": args.before, "runs": run_tree(before, streams, args.steps)},
-                 "after": {"rev": "this checkout", "runs": run_tree(REPO, streams, args.steps)}}
+                 "after": {"rev": "this checkout (git_commit)", "runs": run_tree(REPO, streams, args.steps)}}
     for b, a in zip(trees["before"]["runs"], trees["after"]["runs"], strict=True):
         a["same_plans_as_before"] = a["plan_digest"] == b["plan_digest"]
     doc = {"schema": "breezert-host-step/1", **provenance(device="cpu"),
