@@ -78,8 +78,11 @@ def measure(streams: int, steps: int, warm: int) -> dict:
 
     schedule = clocked(sched.schedule, "schedule")
 
+    stages: list[str] = []
+
     def recorded_schedule(now: float):  # type: ignore[no-untyped-def]
         plan = schedule(now)
+        stages.append("idle" if plan is None else plan.stage.value)
         if plan is not None:
             digest.update(repr((plan.stage.value, [(i.request_id, i.slot) for i in plan.items],
                                 plan.finished_request_ids)).encode())
@@ -112,12 +115,17 @@ def measure(streams: int, steps: int, warm: int) -> dict:
                 "mean_ms": round(float(ms.mean()), 4)}
     sel = slice(warm, warm + steps)
     host, loop = times["step_host"][sel], times["loop_calls"][sel]
+    by_stage: dict[str, list[float]] = {}
+    for stage, seconds in zip(stages[sel], host, strict=True):
+        by_stage.setdefault(stage, []).append(seconds)
     return {"streams": n, "steps": len(host), "warm_steps": warm,
             "running_p50": float(np.median(running[sel])), "running_min": min(running[sel]),
             "schedule": stats(times["schedule"][sel]), "commit": stats(times["commit"][sel]),
             "engine_step_host": stats(host),
             "engine_step_host_plus_loop_calls": stats(
                 [h + c for h, c in zip(host, loop, strict=True)]),
+            "engine_step_host_by_stage": {stage: {"steps": len(v), **stats(v)}
+                                          for stage, v in sorted(by_stage.items())},
             "plan_digest": digest.hexdigest()[:16]}
 
 

@@ -23,6 +23,7 @@ import sys
 from dataclasses import astuple, dataclass
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from breezert.config import SchedulerConfig
@@ -34,6 +35,7 @@ from breezert.sched.deadline import DeadlinePredictor
 from breezert.sched.plan import StepResult
 from breezert.sched.policy import make_policies
 from breezert.sched.scheduler import Scheduler
+from breezert.sched.streams import StreamTable
 
 pytestmark = pytest.mark.unit
 
@@ -233,6 +235,35 @@ def test_scheduler_makes_the_recorded_decisions(scenario: Scenario) -> None:
     first_diff = next((i for i, (a, b) in enumerate(zip(recorded, replayed)) if a != b), None)
     assert first_diff is None, (f"step {first_diff}: recorded {recorded[first_diff]}, "
                                 f"replayed {replayed[first_diff]}")
+
+
+_DERIVED = ("live", "priority", "enqueue_time", "num_branches", "num_chunks", "chunk_target",
+            "first_target", "largest_target", "first_chunk_time", "last_chunk_time", "decoded",
+            "pending", "phase", "active_index", "later_text_encode", "later_prefill",
+            "has_report", "report_at", "report_buffered", "frames_since")
+"""The ``StreamTable`` columns that are a function of the request alone (the others, the
+admission order, ready steps and early-emit targets, are the scheduler's own)."""
+
+
+@pytest.mark.parametrize("scenario", SCENARIOS[:2], ids=lambda s: s.name)
+def test_the_kept_table_equals_one_written_afresh_from_the_requests(scenario: Scenario) -> None:
+    """Every step, the rows the scheduler updated piecemeal (a frame, a phase, a chunk, a
+    report) equal rows written from scratch from its running requests."""
+    driver = _Driver(scenario)
+    table = driver.sched._table
+    for step in range(300):
+        driver.step(step)
+        fresh = StreamTable(len(table.live))
+        for slot in np.flatnonzero(table.live).tolist():
+            request = table.requests[slot]
+            assert request is not None and request.slot == slot
+            assert driver.sched.get_request(request.request_id) is request
+            fresh.add(slot, request, int(table.seq[slot]))
+        live = table.live
+        for name in _DERIVED:
+            kept, want = getattr(table, name)[live], getattr(fresh, name)[live]
+            assert np.array_equal(kept, want, equal_nan=kept.dtype.kind == "f"), (step, name)
+        assert table.num_chunks[live].sum() > 0 or step < 20
 
 
 def main() -> None:

@@ -136,10 +136,10 @@ class DefaultStagePolicy:
         startup = table.num_chunks[slots] == 0
         starving = ~startup & (now - last > self.starvation_limit_s)
         waited = table.ready_since[stages, slots].astype(np.float64)
-        cases = [startup, starving]
-        key = (np.select(cases, [1.0, 0.0], 2.0),
-               np.select(cases, [-table.priority[slots].astype(np.float64), last], waited),
-               np.select(cases, [table.enqueue_time[slots], closeness], closeness),
+        key = (np.where(startup, 1.0, np.where(starving, 0.0, 2.0)),
+               np.where(startup, -table.priority[slots].astype(np.float64),
+                        np.where(starving, last, waited)),
+               np.where(startup, table.enqueue_time[slots], closeness),
                np.where(startup, closeness, 0.0))
         return sort_pairs(table, slots, stages, key)
 
@@ -187,11 +187,13 @@ class DeadlineStagePolicy:
         ahead = p.buffered(table, slots, now) > p.max_lead_s
         waited = table.ready_since[stages, slots].astype(np.float64)
         deadline = table.enqueue_time[slots] + p.ttfb_target_s
-        cases = [urgent, startup, lookahead]
-        key = (np.select(cases, [0.0, 1.0, 2.0], np.where(ahead, 3.0, 2.0)),
-               np.select(cases, [slack, -table.priority[slots].astype(np.float64), waited],
-                         waited),
-               np.select(cases, [closeness, deadline, 0.0], slack),
+        # the four classes; a lookahead pair is class 2 with 0.0 for its slack
+        key = (np.where(urgent, 0.0, np.where(startup, 1.0,
+                                              np.where(ahead & ~lookahead, 3.0, 2.0))),
+               np.where(urgent, slack, np.where(startup, -table.priority[slots]
+                                                .astype(np.float64), waited)),
+               np.where(urgent, closeness, np.where(startup, deadline,
+                                                    np.where(lookahead, 0.0, slack))),
                np.where(urgent, 0.0, closeness))
         return sort_pairs(table, slots, stages, key)
 

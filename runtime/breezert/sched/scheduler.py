@@ -166,6 +166,9 @@ class Scheduler:
         self._table = StreamTable(config.max_running_requests)
         """The running requests' rows, by slot (what the policies decide on)."""
         self._num_admitted = 0
+        self._apply = {Stage.TEXT_ENCODE: self._apply_text_encode,
+                       Stage.PREFILL: self._apply_prefill, Stage.DECODE: self._apply_decode,
+                       Stage.DEPTH: self._apply_depth, Stage.CODEC: self._apply_codec}
 
     # ------------------------------------------------------------------ requests in
     def add_request(self, request: Request, now: float) -> None:
@@ -264,7 +267,7 @@ class Scheduler:
             return False
         request.report_playback(report)
         if request.slot is not None:
-            self._table.set_chunks(request.slot, request)
+            self._table.set_report(request.slot, request)
         return True
 
     # ------------------------------------------------------------------ one step
@@ -283,7 +286,7 @@ class Scheduler:
         table = self._table
         ranked = self.stage_policy.rank(table, slots, stages, now)
         stage, candidates = self.stage_policy.pick(table, ranked, now)
-        items = self._build_items(stage, table.request_list(candidates), codec_frames)
+        items = self._build_items(stage, candidates, codec_frames)
         self._mark_served(stage, items, now)
         self._step_id += 1
         plan = StepPlan(self._step_id, stage, tuple(items), tuple(self._new_requests),
@@ -319,12 +322,20 @@ class Scheduler:
                                            now, reason))
         if plan.stage is Stage.CODEC:
             self._on_chunks(plan, now)
-        for item in plan.items:
-            request = self._running.get(item.request_id)
-            if request is not None:
-                events.extend(self._apply(request, item, result, now))
-        # requests with nothing left to generate or decode may finish (their input closed)
         table = self._table
+        running, apply = self._running, self._apply[plan.stage]
+        advanced: list[int] = []  # slots whose active segment took its next phase
+        for item in plan.items:
+            request = running.get(item.request_id)
+            if request is not None and (out := apply(request, item, result, now, advanced)):
+                events.extend(out)
+        if advanced:
+            if plan.stage is Stage.DEPTH:  # one more frame each, DECODE next
+                table.pending[advanced] += 1
+                table.phase[advanced] = DECODE
+            else:
+                table.phase[advanced] = DEPTH
+        # requests with nothing left to generate or decode may finish (their input closed)
         slots = np.fromiter((item.slot for item in plan.items), np.int64, len(plan.items))
         done = slots[table.live[slots] & (table.phase[slots] == NO_PHASE)
                      & (table.pending[slots] == 0)]
@@ -505,15 +516,19 @@ class Scheduler:
         return live[columns], stages, codec_frames
 
     # ------------------------------------------------------------------ batching
-    def _build_items(self, stage: Stage, candidates: list[Request],
+    def _build_items(self, stage: Stage, slots: np.ndarray,
                      codec_frames: np.ndarray) -> list[StageItem]:
+        candidates = self._table.request_list(slots)
+        if stage in (Stage.DECODE, Stage.DEPTH):
+            return self._generate_items(stage, candidates,
+                                        self._table.active_index[slots].tolist())
         if stage is Stage.TEXT_ENCODE:
             return self._text_encode_items(candidates)
         if stage is Stage.PREFILL:
             return self._prefill_items(candidates)
         if stage is Stage.CODEC:
             return self._codec_items(candidates, codec_frames)
-        return self._generate_items(stage, candidates)
+        raise AssertionError(stage)
 
     def _text_encode_items(self, candidates: list[Request]) -> list[StageItem]:
         cfg = self.config
@@ -553,8 +568,10 @@ class Scheduler:
             num_requests += len(items) > before
         return items
 
-    def _generate_items(self, stage: Stage, candidates: list[Request]) -> list[StageItem]:
-        """DECODE or DEPTH over each candidate's active segment, within request/row limits."""
+    def _generate_items(self, stage: Stage, candidates: list[Request],
+                        active: list[int]) -> list[StageItem]:
+        """DECODE or DEPTH over each candidate's active segment (index ``active``), within
+        request/row limits."""
         cfg = self.config
         if stage is Stage.DECODE:
             max_requests, max_rows = cfg.max_decode_requests, cfg.max_decode_rows
@@ -562,11 +579,10 @@ class Scheduler:
             max_requests, max_rows = cfg.max_depth_requests, cfg.max_depth_rows
         items: list[StageItem] = []
         num_rows = 0
-        for request in candidates:
+        for request, index in zip(candidates, active, strict=True):
             if len(items) == max_requests:
                 break
-            seg = request.active_segment
-            assert seg is not None
+            seg = request.segments[index]
             if num_rows + seg.num_branches > max_rows:
                 continue  # a 1-branch request behind may still fit
             num_rows += seg.num_branches
@@ -603,37 +619,34 @@ class Scheduler:
                 request.first_scheduled_time = now
 
     # ------------------------------------------------------------------ results
-    def _apply(self, request: Request, item: StageItem, result: StepResult,
-               now: float) -> list[SchedulerEvent]:
-        table = self._table
-        if isinstance(item, TextEncodeItem):
-            request.segments[item.segment_index].phase = SegmentPhase.PREFILL
-            table.set_segments(item.slot, request)
-        elif isinstance(item, PrefillItem):
-            seg = request.segments[item.segment_index]
-            assert seg.prefill_cursors[item.branch] == item.start_pos
-            seg.prefill_cursors[item.branch] += item.num_tokens
-            if seg.prefill_cursors == list(seg.prompt_lens):
-                seg.phase = SegmentPhase.DEPTH
-                table.set_segments(item.slot, request)
-        elif isinstance(item, DecodeItem):  # the active segment's
-            request.segments[item.segment_index].phase = SegmentPhase.DEPTH
-            table.phase[item.slot] = DEPTH
-        elif isinstance(item, DepthItem):
-            return self._apply_depth(request, item, result.first_codes.get(item.request_id), now)
-        elif isinstance(item, CodecItem):
-            request.num_decoded_frames += item.num_frames
-            request.record_chunk(now)
-            table.set_chunks(item.slot, request)
-            frame_end = item.start_frame + item.num_frames
-            return [ChunkEmitted(request.request_id, request.num_chunks - 1, item.start_frame,
-                                 item.num_frames, _segment_of(request, frame_end),
-                                 item.is_final, now, request.enqueue_time)]
-        return []
+    # Appliers of one stage's items: each changes its request (and its table row, or names the
+    # slot in ``advanced`` for the caller's one array write) and returns its events, if any.
+    def _apply_text_encode(self, request: Request, item: TextEncodeItem, result: StepResult,
+                           now: float, advanced: list[int]) -> list[SchedulerEvent] | None:
+        request.segments[item.segment_index].phase = SegmentPhase.PREFILL
+        self._table.set_segments(item.slot, request)
+        return None
 
-    def _apply_depth(self, request: Request, item: DepthItem, code: int | None,
-                     now: float) -> list[SchedulerEvent]:
+    def _apply_prefill(self, request: Request, item: PrefillItem, result: StepResult,
+                       now: float, advanced: list[int]) -> list[SchedulerEvent] | None:
         seg = request.segments[item.segment_index]
+        assert seg.prefill_cursors[item.branch] == item.start_pos
+        seg.prefill_cursors[item.branch] += item.num_tokens
+        if seg.prefill_cursors == list(seg.prompt_lens):
+            seg.phase = SegmentPhase.DEPTH
+            self._table.set_segments(item.slot, request)
+        return None
+
+    def _apply_decode(self, request: Request, item: DecodeItem, result: StepResult,
+                      now: float, advanced: list[int]) -> list[SchedulerEvent] | None:
+        request.segments[item.segment_index].phase = SegmentPhase.DEPTH  # the active segment
+        advanced.append(item.slot)
+        return None
+
+    def _apply_depth(self, request: Request, item: DepthItem, result: StepResult,
+                     now: float, advanced: list[int]) -> list[SchedulerEvent] | None:
+        seg = request.segments[item.segment_index]
+        code = result.first_codes.get(item.request_id)
         if code == FRAME_EOS_ID:
             return [self._end_segment(request, seg, "eos")]
         if code is None or not 0 <= code < CODEBOOK_SIZE:
@@ -645,8 +658,18 @@ class Scheduler:
             self._table.pending[item.slot] = request.num_pending_frames
             return [self._end_segment(request, seg, "max_frames")]
         seg.phase = SegmentPhase.DECODE
-        self._table.set_frame(item.slot, request)
-        return []
+        advanced.append(item.slot)
+        return None
+
+    def _apply_codec(self, request: Request, item: CodecItem, result: StepResult,
+                     now: float, advanced: list[int]) -> list[SchedulerEvent] | None:
+        request.num_decoded_frames += item.num_frames
+        request.record_chunk(now)
+        self._table.set_chunk(item.slot, request, item.num_frames, now)
+        frame_end = item.start_frame + item.num_frames
+        return [ChunkEmitted(request.request_id, request.num_chunks - 1, item.start_frame,
+                             item.num_frames, _segment_of(request, frame_end),
+                             item.is_final, now, request.enqueue_time)]
 
     def _end_segment(self, request: Request, seg: Segment, reason: str) -> SegmentEnded:
         seg.phase = SegmentPhase.ENDED

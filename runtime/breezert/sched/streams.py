@@ -37,7 +37,7 @@ class StreamTable:
     ``num_chunks``, ``chunk_target`` (the schedule's next entry), ``first_target`` and
     ``largest_target`` (its first and largest entries), ``first_chunk_time``,
     ``last_chunk_time`` (NaN before one), ``decoded`` and ``pending`` frames, ``phase`` of the
-    active segment (``PHASE_CODE``, ``NO_PHASE``), ``later_text_encode`` / ``later_prefill``
+    active segment (``PHASE_CODE``, ``NO_PHASE``) and its ``active_index``, ``later_text_encode`` / ``later_prefill``
     (a later segment waits in that phase), the report (``has_report``, ``report_at``,
     ``report_buffered``, ``frames_since``: frames emitted after it was measured),
     ``ready_since[stage]`` (step since which the stage is ready unserved, -1: not ready) and
@@ -61,6 +61,7 @@ class StreamTable:
         self.decoded = np.zeros(n, np.int64)
         self.pending = np.zeros(n, np.int64)
         self.phase = np.full(n, NO_PHASE, np.int64)
+        self.active_index = np.full(n, -1, np.int64)
         self.later_text_encode = np.zeros(n, bool)
         self.later_prefill = np.zeros(n, bool)
         self.has_report = np.zeros(n, bool)
@@ -107,20 +108,17 @@ class StreamTable:
         active = request.active_segment
         if active is None:
             self.phase[slot] = NO_PHASE
+            self.active_index[slot] = -1
             self.later_text_encode[slot] = self.later_prefill[slot] = False
             return
         self.phase[slot] = PHASE_CODE[active.phase]
+        self.active_index[slot] = active.index
         later = {seg.phase for seg in request.segments[active.index + 1:]}
         self.later_text_encode[slot] = SegmentPhase.TEXT_ENCODE in later
         self.later_prefill[slot] = SegmentPhase.PREFILL in later
 
-    def set_frame(self, slot: int, request: Request) -> None:
-        """A DEPTH step added a frame to the active segment (now DECODE)."""
-        self.pending[slot] = request.num_pending_frames
-        self.phase[slot] = DECODE
-
     def set_chunks(self, slot: int, request: Request) -> None:
-        """The chunk log, frame counts and report (after a chunk or a report)."""
+        """The chunk log, frame counts and report (a whole row's, at admission and in tests)."""
         times = request.chunk_emit_times
         self.num_chunks[slot] = len(times)
         self.chunk_target[slot] = request.current_chunk_target
@@ -128,9 +126,29 @@ class StreamTable:
         self.last_chunk_time[slot] = times[-1] if times else np.nan
         self.decoded[slot] = request.num_decoded_frames
         self.pending[slot] = request.num_pending_frames
+        self.set_report(slot, request)
+
+    def set_chunk(self, slot: int, request: Request, num_frames: int, now: float) -> None:
+        """``set_chunks`` after one chunk of ``num_frames`` that ``request`` recorded at
+        ``now``, the report's count of frames since it kept up without a search."""
+        self.num_chunks[slot] = n = len(request.chunk_emit_times)
+        self.chunk_target[slot] = request.current_chunk_target
+        if n == 1:
+            self.first_chunk_time[slot] = now
+        self.last_chunk_time[slot] = now
+        self.decoded[slot] = request.num_decoded_frames
+        self.pending[slot] = request.num_frames - request.num_decoded_frames
+        if now > self.report_at[slot] and self.has_report[slot]:
+            self.frames_since[slot] += num_frames
+
+    def set_report(self, slot: int, request: Request) -> None:
+        """The listener's latest report (after it changed)."""
         report = request.playback
         self.has_report[slot] = report is not None
-        if report is not None:
+        if report is None:
+            self.report_at[slot] = self.report_buffered[slot] = self.frames_since[slot] = 0
+        else:
+            times = request.chunk_emit_times
             self.report_at[slot] = report.measured_at
             self.report_buffered[slot] = report.buffered_s
             ends = request.chunk_frame_ends
