@@ -9,10 +9,10 @@ ranking, the pick, the plan), ``Scheduler.commit``, and the whole ``Engine.step`
 simulated worker (plan, commit, outputs, metrics, step record), plus the listener reports and
 arrivals of the loop per step. Median and p95 over the steps after the opening burst.
 
-Each tree is measured in its own process (``PYTHONPATH=<tree>/runtime``): ``before`` is a git
-revision exported to a temporary directory (default: the commit before the vectorized
-scheduler), ``after`` this checkout. A digest of every plan is recorded per tree: equal digests
-say the two trees made the same decisions.
+Each tree is measured in its own process (``PYTHONPATH=<tree>/runtime``), the two alternating
+per stream count: ``before`` is a git revision exported to a temporary directory (default: the
+commit before the vectorized scheduler), ``after`` this checkout. A digest of every plan is
+recorded per tree: equal digests say the two trees made the same decisions.
 
 Usage (repo root, CPU): ``PYTHONPATH=runtime python bench/host_step.py [--before REV]
 [--streams 16,64,128,256] [--steps 400] [--out bench/results/host-step-DATE.json]``.
@@ -130,26 +130,22 @@ def measure(streams: int, steps: int, warm: int) -> dict:
 
 
 def export_tree(rev: str, dest: Path) -> Path:
-    """``runtime/``, ``bench/`` and ``configs/`` of ``rev`` under ``dest``."""
-    data = subprocess.run(["git", "-C", str(REPO), "archive", rev, "runtime", "bench",
-                           "configs"], capture_output=True, check=True).stdout
+    """``runtime/`` of ``rev`` under ``dest``."""
+    data = subprocess.run(["git", "-C", str(REPO), "archive", rev, "runtime"],
+                          capture_output=True, check=True).stdout
     with tarfile.open(fileobj=BytesIO(data)) as tar:
         tar.extractall(dest, filter="data")
     return dest
 
 
-def run_tree(tree: Path, streams: list[int], steps: int) -> list[dict]:
-    """This script's ``--child`` mode in ``tree`` (its ``breezert``, ``bench/`` and configs);
-    the texts are this checkout's shared ones either way."""
+def run_child(tree: Path, streams: int, steps: int) -> dict:
+    """This script's ``--child`` mode on ``tree``'s ``breezert`` (the simulated worker and
+    configs are this checkout's, the texts the shared ones)."""
     env = dict(os.environ, PYTHONPATH=str(tree / "runtime"))
-    out = []
-    for n in streams:
-        proc = subprocess.run([sys.executable, str(BENCH / "host_step.py"), "--child",
-                               "--tree", str(tree), "--streams", str(n), "--steps", str(steps)],
-                              env=env, capture_output=True, text=True, check=True)
-        out.append(json.loads(proc.stdout.strip().splitlines()[-1]))
-        print(tree.name, json.dumps(out[-1]), flush=True)
-    return out
+    proc = subprocess.run([sys.executable, str(BENCH / "host_step.py"), "--child",
+                           "--streams", str(streams), "--steps", str(steps)],
+                          env=env, capture_output=True, text=True, check=True)
+    return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
 def plot(doc: dict, path: Path) -> None:
@@ -186,7 +182,6 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--steps", type=int, default=400)
     p.add_argument("--out", default=None)
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
-    p.add_argument("--tree", default=None, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     streams = [int(s) for s in args.streams.split(",")]
     if args.child:
@@ -195,10 +190,14 @@ def main(argv: list[str] | None = None) -> None:
         return
     from breezert.bench.provenance import provenance
 
+    trees = {"before": {"rev": args.before, "runs": []},
+             "after": {"rev": "this checkout (git_commit)", "runs": []}}
     with tempfile.TemporaryDirectory() as tmp:
-        before = export_tree(args.before, Path(tmp) / "before")
-        trees = {"before": {"rev": args.before, "runs": run_tree(before, streams, args.steps)},
-                 "after": {"rev": "this checkout (git_commit)", "runs": run_tree(REPO, streams, args.steps)}}
+        paths = {"before": export_tree(args.before, Path(tmp) / "before"), "after": REPO}
+        for n in streams:  # the trees alternate, so that a change in the machine's load
+            for label, path in paths.items():  # falls on both
+                trees[label]["runs"].append(run_child(path, n, args.steps))
+                print(label, json.dumps(trees[label]["runs"][-1]), flush=True)
     for b, a in zip(trees["before"]["runs"], trees["after"]["runs"], strict=True):
         a["same_plans_as_before"] = a["plan_digest"] == b["plan_digest"]
     doc = {"schema": "breezert-host-step/1", **provenance(device="cpu"),

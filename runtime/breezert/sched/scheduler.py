@@ -750,8 +750,8 @@ def _slot(request: Request) -> int:
 
 def _decode_item(request: Request, seg: Segment) -> DecodeItem:
     frame_index = seg.num_frames - 1  # feed the frame DEPTH just produced
-    branches = tuple(DecodeBranch(seg.prompt_lens[b] + frame_index, seg.block_ids[b])
-                     for b in range(seg.num_branches))
+    branches = tuple([DecodeBranch(length + frame_index, block_ids)
+                      for length, block_ids in zip(seg.prompt_lens, seg.block_ids, strict=True)])
     return DecodeItem(request.request_id, _slot(request), seg.index, frame_index, branches)
 
 
