@@ -188,11 +188,6 @@ class DeadlinePredictor:
         target = table.early_target[rows]
         self._count_sum("predictor_early_emits", (target >= 0) & (num_frames < target))
 
-    def on_chunk(self, request: Request, num_frames: int, now: float) -> None:
-        """``on_chunks`` for one request's chunk."""
-        self.on_chunks(StreamTable.of([request]), np.zeros(1, np.int64),
-                       np.array([num_frames]), now)
-
     def count(self, name: str, value: int = 1) -> None:
         self.counters[name] = self.counters.get(name, 0) + value
         if self._on_count is not None:
@@ -273,10 +268,9 @@ class DeadlinePredictor:
 
     def feedback_source(self, request: Request, now: float) -> str:
         """``used`` (a fresh report), ``stale`` (too old) or ``missing`` (none yet)."""
-        report = request.playback
-        if report is None:
+        if request.playback is None:
             return "missing"
-        return "used" if now - report.measured_at <= self.feedback_stale_s else "stale"
+        return "used" if self._feedback_used(*_one(request), now)[0] else "stale"
 
 
 def _one(request: Request) -> tuple[StreamTable, np.ndarray]:

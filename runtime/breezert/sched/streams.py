@@ -157,11 +157,6 @@ class StreamTable:
                 ends[index - 1] if index > 0 else 0)
 
     # ------------------------------------------------------------------ views
-    def live_slots(self) -> np.ndarray:
-        """Slots of the running requests, in admission order."""
-        slots = np.flatnonzero(self.live)
-        return slots[np.argsort(self.seq[slots], kind="stable")]
-
     def request_list(self, slots: np.ndarray) -> list[Request]:
         requests = self.requests
         return [requests[s] for s in slots.tolist()]  # type: ignore[misc]
