@@ -306,15 +306,11 @@ WHAT_IF_SWITCHES = tuple(
     + [f"sim.{stage.value}_scale" for stage in (*STEP_MS, Stage.CODEC)])
 """The stage-time model changed for a variant (``StageTimes.with_switches``), e.g.
 ``--variant 'fast-te=sim.text_encode_ms=[[1, 1.9], [16, 3.0]]'``."""
-SIM_SWITCHES = ("sim.predict_memo", "sim.shared_keys", "sim.pass_cache", *WHAT_IF_SWITCHES)
-"""Host-side paths the simulator can put back beside today's, in one run: ``sim.predict_memo =
-false`` recomputes every stage-time prediction, ``sim.shared_keys = false`` ranks each of a
-request's ready stages on its own, computing its slack again for each (both as before 2 Dec),
-``sim.pass_cache = false`` answers each of the policies' questions afresh instead of once per
-request within the scheduler's pass (``DeadlinePredictor.begin_pass``).
-Measured and not kept: a per-step memo of when each listener runs dry (``_dry_time``, asked ~3
-times per stream and step) made the ranking slower, 0.86 -> 0.93 ms at 64 streams (the pass
-cache keeps it and the work per chunk size for one pass only, in dicts keyed by ``id``)."""
+SIM_SWITCHES = ("sim.predict_memo", *WHAT_IF_SWITCHES)
+"""``sim.predict_memo = false`` recomputes every stage-time prediction (as before 2 Dec). The
+per-request host paths once compared here (shared keys, a pass cache) gave way to the
+vectorized ranking over the ``StreamTable``; ``bench/host_step.py`` measures a step's host time
+against the per-request code."""
 
 
 def parse_variant(spec: str) -> tuple[str, dict[str, dict]]:
@@ -332,58 +328,6 @@ def apply_sim_switches(engine: Engine, switches: dict) -> None:
     if not switches.get("predict_memo", True) and engine.predictor is not None:
         model = engine.predictor.time_model
         model.predict = model._predict  # type: ignore[method-assign]
-    if not switches.get("pass_cache", True):  # predictions computed at every question
-        policy = engine.scheduler.stage_policy
-        policy.begin_pass = lambda now: None  # type: ignore[method-assign]
-        policy.end_pass = lambda: None  # type: ignore[method-assign]
-    if not switches.get("shared_keys", True):
-        policy = engine.scheduler.stage_policy
-        one = type(policy).priority_keys  # one stage at a time, as priority_key once did
-        policy.priority_keys = lambda request, stages, now: [  # type: ignore[method-assign]
-            one(policy, request, (stage,), now)[0] for stage in stages]
-
-
-HOST_PATHS = {"before": {"predict_memo": False, "shared_keys": False, "pass_cache": False},
-              "memo": {"shared_keys": False, "pass_cache": False},
-              "memo+keys": {"pass_cache": False}, "memo+keys+pass": {}}
-
-
-def host_bench(concurrency: int, texts: list[str], steps: int, reps: int) -> dict:
-    """Host time of one step's ranking (``Scheduler._ready_pairs``, most of a step's host work)
-    on one frozen engine state, ``steps`` steps into a closed loop, for each path in
-    ``HOST_PATHS``; the paths interleaved, ``reps`` calls each, the stage-time memo cleared
-    before every call as an observed step clears it. Median and p10 in ms."""
-    clock = SimClock()
-    engine, _ = build_engine({}, clock)
-    run_point(engine, clock, make_workload(texts, 10 * concurrency, 0), concurrency, "hb",
-              max_steps=steps)
-    sched, model = engine.scheduler, engine.predictor.time_model
-    cls_keys, cls_predict = type(sched.stage_policy).priority_keys, type(model).predict
-    now = clock()
-    times: dict[str, list[float]] = {name: [] for name in HOST_PATHS}
-    policy = sched.stage_policy
-
-    def restore() -> None:  # today's methods again (apply_sim_switches patched instances)
-        for attr in ("priority_keys", "begin_pass", "end_pass"):
-            policy.__dict__.pop(attr, None)
-        model.__dict__.pop("predict", None)
-
-    for _ in range(reps):
-        for name, switches in HOST_PATHS.items():
-            restore()
-            apply_sim_switches(engine, switches)
-            model._memo.clear()
-            start = time.perf_counter()
-            policy.begin_pass(now)  # as Scheduler.schedule brackets its ranking
-            sched._ready_pairs(now)
-            policy.end_pass()
-            times[name].append((time.perf_counter() - start) * 1000)
-    restore()
-    assert type(policy).priority_keys is cls_keys and type(model).predict is cls_predict
-    return {"concurrency": concurrency, "running": sched.stats().num_running, "steps": steps,
-            "reps": reps, **{name: {"p50_ms": round(float(np.median(t)), 4),
-                                    "p10_ms": round(float(np.percentile(t, 10)), 4)}
-                             for name, t in times.items()}}
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -398,20 +342,12 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--host-model", default=None, metavar="A,B",
                    help="host ms per engine step = A + B x running requests instead of the "
                         "host time measured here (deterministic runs)")
-    p.add_argument("--host-bench", type=int, default=0, metavar="REPS",
-                   help="instead of runs: time one step's ranking on a frozen engine state "
-                        "at each concurrency, each host path REPS times (HOST_PATHS)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default=None)
     args = p.parse_args(argv)
     texts = load_texts(args.texts)
     variants = [parse_variant(v) for v in args.variant] or [("profile", {})]
     runs = []
-    if args.host_bench:
-        for concurrency in (int(c) for c in args.concurrency.split(",")):
-            runs.append(host_bench(concurrency, texts, 40 * concurrency, args.host_bench))
-            print(json.dumps(runs[-1]), flush=True)
-        variants = []
     for name, overrides in variants:
         for concurrency in (int(c) for c in args.concurrency.split(",")):
             clock = SimClock(tuple(float(x) for x in args.host_model.split(","))

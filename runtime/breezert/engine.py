@@ -213,10 +213,10 @@ class Engine:
 
     # ------------------------------------------------------------------ helpers
     def _record_step(self, plan: StepPlan, start: float, end: float) -> None:
-        self.metrics.record_step(plan.stage.value, plan.num_rows, end - start,
-                                 plan.request_ids, start)
+        rows = plan.num_rows
+        self.metrics.record_step(plan.stage.value, rows, end - start, plan.request_ids, start)
         if self.predictor is not None:
-            self.predictor.observe_step(plan.stage, plan.num_rows, end - start)
+            self.predictor.observe_step(plan.stage, rows, end - start)
 
     def _outputs(
         self, plan: StepPlan, out: StageOutput, events: list[SchedulerEvent], now: float

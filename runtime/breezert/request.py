@@ -269,16 +269,12 @@ class Request:
     """Frames of audio emitted up to and including each chunk (parallel to the times)."""
     playback: PlaybackReport | None = field(default=None, init=False)
     """The listener's latest playback-buffer report, if any."""
-    early_emit_target: int | None = field(default=None, init=False)
-    """Schedule target of a chunk the chunk policy cut short, until that chunk is out."""
     finish_time: float | None = field(default=None, init=False)
     error: str | None = field(default=None, init=False)
     num_frames: int = field(default=0, init=False)
     """Frames generated over all segments (the audio stream's length so far)."""
     num_decoded_frames: int = field(default=0, init=False)
     """Frames decoded into emitted chunks (the audio stream's emitted length)."""
-    stage_ready_step: dict[Stage, int] = field(default_factory=dict, init=False)
-    """Step id since which each stage has been ready without being served (fair ordering)."""
 
     def __post_init__(self) -> None:
         check(is_text(self.request_id), "request_id", "must be a non-empty str",

@@ -1,20 +1,32 @@
 """DeadlinePredictor, StageTimeModel and the deadline policies on a fake clock (no torch).
 
-Each decision is checked on hand-built ``Request`` states: deadlines from fresh, stale and
-missing feedback, urgency and startup order, wait-to-batch, far-ahead streams yielding, early
-emit; then the scheduler driven end to end with the policies and a fake worker.
+Each decision is checked on hand-built ``Request`` states (put into a ``StreamTable``, as the
+scheduler keeps its running requests): deadlines from fresh, stale and missing feedback, urgency
+and startup order, wait-to-batch, far-ahead streams yielding, early emit; then the scheduler
+driven end to end with the policies and a fake worker.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+
+import numpy as np
 import pytest
 from breezert.config import SchedulerConfig
 from breezert.constants import FRAME_S, Stage
 from breezert.request import PlaybackReport, Request, RequestStatus, Segment, SegmentPhase
 from breezert.sched.block_pool import BlockPool
 from breezert.sched.deadline import DeadlinePredictor, StageTimeModel
-from breezert.sched.policy import DeadlineChunkPolicy, DeadlineStagePolicy, make_policies
-from breezert.sched.scheduler import ChunkEmitted, ReadyPair, Scheduler
+from breezert.sched.policy import (
+    DeadlineChunkPolicy,
+    DeadlineStagePolicy,
+    Ranked,
+    StagePolicy,
+    make_policies,
+)
+from breezert.sched.scheduler import ChunkEmitted, Scheduler
+from breezert.sched.streams import STAGE_CODE, STAGES, StreamTable
 
 from tests.unit.test_scheduler import FakeWorker, make_config, make_request
 
@@ -60,11 +72,30 @@ def stream(request_id: str, *, chunk_times: tuple[float, ...] = (), decoded: int
     return request
 
 
+_TABLES: dict[int, StreamTable] = {}
+_ROW = np.zeros(1, np.int64)
+
+
+def row_of(request: Request) -> StreamTable:
+    """The request's one-row table, kept across calls (the chunk policy's early-emit target
+    lives there) and brought up to date with the request, as the scheduler does."""
+    table = _TABLES.get(id(request))
+    if table is None:
+        table = _TABLES[id(request)] = StreamTable.of([request])
+    table.set_segments(0, request)
+    table.set_chunks(0, request)
+    return table
+
+
+def frames(policy: DeadlineChunkPolicy, request: Request, now: float) -> int:
+    return int(policy.chunk_frames(row_of(request), _ROW, now)[0])
+
+
 def emit(hook: DeadlinePredictor | DeadlineChunkPolicy, request: Request, num_frames: int,
          now: float) -> None:
     """What the scheduler does for a decoded chunk: tell the chunk policy (or the predictor
     directly), then record it on the request."""
-    hook.on_chunk(request, num_frames, now)
+    hook.on_chunks(row_of(request), _ROW, np.array([num_frames]), now)
     request.num_decoded_frames += num_frames
     request.num_frames = max(request.num_frames, request.num_decoded_frames)
     request.record_chunk(now)
@@ -75,10 +106,45 @@ def report(request: Request, buffered_s: float, measured_at: float, source: str)
     request.report_playback(PlaybackReport(buffered_s, measured_at, source))
 
 
-def ranked(policy: DeadlineStagePolicy, pairs: list[tuple[Request, Stage]],
-           now: float) -> list[ReadyPair]:
-    ready = [(policy.priority_key(r, s, now), r, s) for r, s in pairs]
-    return sorted(ready, key=lambda pair: pair[0])
+@dataclass
+class Ready:
+    """A policy's ranking of some (request, stage) pairs, read as ((class, first criterion),
+    request, stage) triples in serving order."""
+
+    table: StreamTable
+    ranked: Ranked
+    requests: list[Request]
+
+    def __iter__(self) -> Iterator[tuple[tuple[float, float], Request, Stage]]:
+        for slot, stage, cls, k1 in zip(self.ranked.slots.tolist(), self.ranked.stages.tolist(),
+                                        self.ranked.cls.tolist(), self.ranked.k1.tolist(),
+                                        strict=True):
+            yield (cls, k1), self.requests[slot], STAGES[stage]
+
+    def __getitem__(self, index: int) -> tuple[tuple[float, float], Request, Stage]:
+        return list(self)[index]
+
+    def without(self, request: Request) -> Ready:
+        keep = self.ranked.slots != self.requests.index(request)
+        return Ready(self.table, self.ranked.take(np.flatnonzero(keep)), self.requests)
+
+
+def ranked(policy: StagePolicy, pairs: Sequence[tuple[Request, Stage]], now: float,
+           waited: dict[tuple[str, Stage], int] | None = None) -> Ready:
+    """``policy``'s ranking of ``pairs``; ``waited``: the step since which a pair is ready
+    (0 when not given)."""
+    requests = list(dict.fromkeys(r for r, _ in pairs))
+    table = StreamTable.of(requests)
+    slots = np.array([requests.index(r) for r, _ in pairs], np.int64)
+    stages = np.array([STAGE_CODE[s] for _, s in pairs], np.int64)
+    table.ready_since[stages, slots] = [(waited or {}).get((r.request_id, s), 0)
+                                        for r, s in pairs]
+    return Ready(table, policy.rank(table, slots, stages, now), requests)
+
+
+def pick(policy: StagePolicy, ready: Ready, now: float) -> tuple[Stage, list[Request]]:
+    stage, slots = policy.pick(ready.table, ready.ranked, now)
+    return stage, [ready.requests[s] for s in slots.tolist()]
 
 
 # ----------------------------------------------------------------------------- stage-time model
@@ -126,13 +192,7 @@ def test_time_model_follows_a_slowdown() -> None:
     assert model.predict(Stage.DECODE, 8) == pytest.approx(0.008, rel=0.01)
 
 
-# ----------------------------------------------------------------------------- passes
-
-
-def _answers(p: DeadlinePredictor, request: Request, now: float) -> tuple[float, ...]:
-    return (p.deadline(request, now), p.buffered_s(request, now), p.slack(request, now),
-            p.slack(request, now, delay_s=0.03), p.work_s(request, 1), p.work_s(request, 3),
-            p.work_s(request, request.current_chunk_target))
+# ----------------------------------------------------------------------------- many rows
 
 
 def _random_stream(rng: object, i: int) -> Request:
@@ -141,57 +201,33 @@ def _random_stream(rng: object, i: int) -> Request:
     assert isinstance(rng, random.Random)
     chunks = tuple(sorted(rng.uniform(0.0, 1.0) for _ in range(rng.randrange(0, 4))))
     request = stream(f"r{i}", chunk_times=chunks, decoded=rng.randrange(8, 40) * len(chunks),
-                     pending=rng.randrange(0, 6), phase=rng.choice(list(SegmentPhase)),
+                     pending=rng.randrange(0, 6),
+                     phase=rng.choice([ph for ph in SegmentPhase if ph is not SegmentPhase.ENDED]),
                      enqueue_time=rng.uniform(0.0, 0.5))
     if chunks and rng.random() < 0.6:
         request.playback = PlaybackReport(rng.uniform(0.0, 0.4), rng.uniform(0.5, 1.2), "test")
     return request
 
 
-def test_a_scheduling_pass_answers_as_a_fresh_computation() -> None:
-    """Inside a pass each request's dry time and work are computed once; every answer equals
-    the one given outside a pass, at the pass's ``now`` and at any other."""
+def test_answers_over_a_table_are_each_rows_own() -> None:
+    """Each row of a many-row table gets the answer its request gets alone (fresh, stale and
+    missing reports, every phase, startup and streaming), in any order of rows."""
     import random
 
     rng = random.Random(7)
-    p, reference = make_predictor(), make_predictor()  # the reference never opens a pass
-    requests = [_random_stream(rng, i) for i in range(40)]
-    for now in (0.9, 1.05, 1.3):
-        fresh = [_answers(reference, r, now) for r in requests]
-        other = [_answers(reference, r, now + 0.6) for r in requests]  # reports go stale
-        assert [_answers(p, r, now) for r in requests] == fresh  # no pass open
-        p.begin_pass(now)
-        for _ in range(2):  # asked again: from the pass's cache
-            assert [_answers(p, r, now) for r in requests] == fresh
-            assert [_answers(p, r, now + 0.6) for r in requests] == other
-        p.end_pass()
-
-
-def test_a_pass_keeps_nothing_after_it_ends() -> None:
     p = make_predictor()
-    request = stream("s", chunk_times=(0.0, 0.1), decoded=3, pending=1)
-    p.begin_pass(0.2)
-    before = _answers(p, request, 0.2)
-    p.end_pass()
-    request.num_frames += 2  # a DEPTH step's frames, then a listener report
-    request.segments[0].num_frames += 2
-    request.playback = PlaybackReport(0.05, 0.2, "test")
-    p.begin_pass(0.2)
-    after = _answers(p, request, 0.2)
-    p.end_pass()
-    assert after != before
-    assert after == _answers(make_predictor(), request, 0.2)
-
-
-def test_schedule_closes_its_pass_whether_or_not_work_was_ready() -> None:
-    config = make_config(use_predictor=True)
-    predictor = DeadlinePredictor.from_config(config)
-    stage_policy, chunk_policy = make_policies(config, predictor)
-    sched = Scheduler(config, BlockPool(256, 16), stage_policy=stage_policy,
-                      chunk_policy=chunk_policy)
-    assert sched.schedule(0.0) is None and predictor._pass_now is None
-    sched.add_request(make_request("a"), 0.0)
-    assert sched.schedule(0.0) is not None and predictor._pass_now is None
+    requests = [_random_stream(rng, i) for i in range(40)]
+    table = StreamTable.of(requests)
+    rows = np.arange(len(requests))[::-1].copy()
+    for now in (0.9, 1.05, 1.3, 1.9):
+        alone = [(p.deadline(r, now), p.buffered_s(r, now), p.slack(r, now),
+                  p.slack(r, now, delay_s=0.03), p.work_s(r, 3)) for r in requests[::-1]]
+        together = zip(p.deadlines(table, rows, now).tolist(),
+                       p.buffered(table, rows, now).tolist(), p.slacks(table, rows, now).tolist(),
+                       p.slacks(table, rows, now, 0.03).tolist(),
+                       p.work(table, rows, np.full(len(rows), 3)).tolist(), strict=True)
+        assert list(together) == alone
+        assert len({a[2] for a in alone}) > 20  # the rows differ
 
 
 # ----------------------------------------------------------------------------- deadlines
@@ -270,7 +306,7 @@ def test_urgent_stream_goes_before_startup_and_relaxed_stream_after() -> None:
     ready = ranked(policy, [(relaxed, Stage.DECODE), (newcomer, Stage.PREFILL),
                             (urgent, Stage.DECODE)], now)
     assert [r.request_id for _, r, _ in ready] == ["urgent", "new", "relaxed"]
-    assert policy.pick(ready, now) == (Stage.DECODE, [urgent, relaxed])
+    assert pick(policy, ready, now) == (Stage.DECODE, [urgent, relaxed])
 
 
 def test_startup_step_goes_first_when_the_urgent_slack_absorbs_it() -> None:
@@ -282,10 +318,10 @@ def test_startup_step_goes_first_when_the_urgent_slack_absorbs_it() -> None:
     report(urgent, 0.04, now, "webrtc")  # slack 26 ms
     ready = ranked(policy, [(urgent, Stage.DECODE), (newcomer, Stage.PREFILL)], now)
     assert ready[0][1] is urgent and ready[0][0][0] == 0
-    assert policy.pick(ready, now) == (Stage.PREFILL, [newcomer])
+    assert pick(policy, ready, now) == (Stage.PREFILL, [newcomer])
     report(urgent, 0.0, now, "webrtc")  # no slack left
     ready = ranked(policy, [(urgent, Stage.DECODE), (newcomer, Stage.PREFILL)], now)
-    assert policy.pick(ready, now) == (Stage.DECODE, [urgent])
+    assert pick(policy, ready, now) == (Stage.DECODE, [urgent])
 
 
 def test_overdue_startup_competes_with_urgent_streams_on_slack_when_asked() -> None:
@@ -325,9 +361,11 @@ def test_lookahead_prefill_is_not_ranked_by_the_streams_slack() -> None:
     request = stream("a", chunk_times=(1.0,), decoded=1, phase=SegmentPhase.DECODE)
     request.add_segment(Segment((10,)))
     request.segments[1].phase = SegmentPhase.PREFILL
-    request.stage_ready_step = {Stage.PREFILL: 3, Stage.DECODE: 7}
-    assert policy.priority_key(request, Stage.DECODE, 1.2)[0] == 0  # dry: urgent
-    assert policy.priority_key(request, Stage.PREFILL, 1.2)[:2] == (2, 3)
+    ready = ranked(policy, [(request, Stage.PREFILL), (request, Stage.DECODE)], 1.2,
+                   waited={("a", Stage.PREFILL): 3, ("a", Stage.DECODE): 7})
+    assert [(key, stage) for key, _, stage in ready] == [
+        ((0, ready[0][0][1]), Stage.DECODE),  # dry: urgent
+        ((2, 3), Stage.PREFILL)]
 
 
 def test_far_ahead_stream_ranks_last_and_yields_startup_batches() -> None:
@@ -340,24 +378,25 @@ def test_far_ahead_stream_ranks_last_and_yields_startup_batches() -> None:
     ready = ranked(policy, [(ahead, Stage.DEPTH), (steady, Stage.DEPTH),
                             (newcomer, Stage.DEPTH)], now)
     assert [pair[0][0] for pair in ready] == [1, 2, 3]
-    assert policy.pick(ready, now) == (Stage.DEPTH, [newcomer, steady])
+    assert pick(policy, ready, now) == (Stage.DEPTH, [newcomer, steady])
     assert p.counters["predictor_lead_yields"] == 1
-    without_startup = [pair for pair in ready if pair[1] is not newcomer]
-    assert policy.pick(without_startup, now) == (Stage.DEPTH, [steady, ahead])  # no yield
+    without_startup = ready.without(newcomer)
+    assert pick(policy, without_startup, now) == (Stage.DEPTH, [steady, ahead])  # no yield
     assert p.counters["predictor_lead_yields"] == 1
 
 
 # ----------------------------------------------------------------------------- wait to batch
 
 
+WAITED = {("a", Stage.CODEC): 1, ("a", Stage.DECODE): 2, ("b", Stage.DEPTH): 2}
+
+
 def _codec_pair(p: DeadlinePredictor, buffered_s: float,
                 b_buffered_s: float = 0.5) -> tuple[Request, Request]:
     """A: a full chunk (2 frames) pending; B: one frame short of its 2-frame chunk. A's CODEC
-    has waited longest (ranked first)."""
+    has waited longest (ranked first: ``WAITED``)."""
     a = stream("a", chunk_times=(1.0,), decoded=1, pending=2, phase=SegmentPhase.DECODE)
     b = stream("b", chunk_times=(1.0,), decoded=1, pending=1, phase=SegmentPhase.DEPTH)
-    a.stage_ready_step = {Stage.CODEC: 1, Stage.DECODE: 2}
-    b.stage_ready_step = {Stage.DEPTH: 2}
     report(a, buffered_s, 1.2, "simulated")
     report(b, b_buffered_s, 1.2, "simulated")
     return a, b
@@ -367,9 +406,10 @@ def test_waits_for_one_more_frame_when_batching_codec_saves_time() -> None:
     p = make_predictor()
     policy = DeadlineStagePolicy(p)
     a, b = _codec_pair(p, buffered_s=0.5)
-    ready = ranked(policy, [(a, Stage.CODEC), (a, Stage.DECODE), (b, Stage.DEPTH)], now=1.2)
+    ready = ranked(policy, [(a, Stage.CODEC), (a, Stage.DECODE), (b, Stage.DEPTH)],
+                   now=1.2, waited=WAITED)
     assert ready[0][2] is Stage.CODEC  # the ranking alone would decode A now
-    assert policy.pick(ready, 1.2) == (Stage.DEPTH, [b])
+    assert pick(policy, ready, 1.2) == (Stage.DEPTH, [b])
     assert p.counters["predictor_waits"] == 1
 
 
@@ -377,8 +417,9 @@ def test_no_wait_when_the_ready_streams_deadline_would_not_hold() -> None:
     p = make_predictor()
     policy = DeadlineStagePolicy(p)
     a, b = _codec_pair(p, buffered_s=0.055)  # one DEPTH + CODEC would leave 45 ms < 50 ms
-    ready = ranked(policy, [(a, Stage.CODEC), (a, Stage.DECODE), (b, Stage.DEPTH)], now=1.2)
-    assert policy.pick(ready, 1.2) == (Stage.CODEC, [a])
+    ready = ranked(policy, [(a, Stage.CODEC), (a, Stage.DECODE), (b, Stage.DEPTH)],
+                   now=1.2, waited=WAITED)
+    assert pick(policy, ready, 1.2) == (Stage.CODEC, [a])
     assert p.counters["predictor_waits"] == 0
 
 
@@ -390,14 +431,16 @@ def test_no_wait_when_batching_saves_nothing_or_for_a_first_chunk() -> None:
     p = DeadlinePredictor(model)
     policy = DeadlineStagePolicy(p)
     a, b = _codec_pair(p, buffered_s=0.5)
-    ready = ranked(policy, [(a, Stage.CODEC), (b, Stage.DEPTH)], now=1.2)
-    assert policy.pick(ready, 1.2)[0] is Stage.CODEC
+    ready = ranked(policy, [(a, Stage.CODEC), (b, Stage.DEPTH)],
+                   now=1.2, waited=WAITED)
+    assert pick(policy, ready, 1.2)[0] is Stage.CODEC
     p2 = make_predictor()
     starter = stream("s", pending=1, phase=SegmentPhase.DECODE, enqueue_time=1.19)
     b2 = stream("b", pending=0, phase=SegmentPhase.DEPTH, enqueue_time=1.19)
     policy2 = DeadlineStagePolicy(p2)
-    ready = ranked(policy2, [(starter, Stage.CODEC), (b2, Stage.DEPTH)], now=1.2)
-    assert policy2.pick(ready, 1.2)[0] is Stage.CODEC  # TTFB never waits
+    ready = ranked(policy2, [(starter, Stage.CODEC), (b2, Stage.DEPTH)],
+                   now=1.2, waited=WAITED)
+    assert pick(policy2, ready, 1.2)[0] is Stage.CODEC  # TTFB never waits
     assert p.counters["predictor_waits"] == p2.counters["predictor_waits"] == 0
 
 
@@ -411,11 +454,11 @@ def test_chunk_policy_cuts_a_chunk_that_would_miss_its_deadline() -> None:
     request = stream("a", chunk_times=(1.0, 1.1, 1.2, 1.3, 1.4), decoded=15, pending=5,
                      schedule=(1, 2, 4, 8, 16))
     report(request, 0.2, 2.0, "webrtc")
-    assert chunks.chunk_frames(request, 2.0) == 16  # on time
+    assert frames(chunks, request, 2.0) == 16  # on time
     report(request, 0.1, 2.0, "webrtc")
-    assert chunks.chunk_frames(request, 2.0) == 16  # late, but one more frame still fits
+    assert frames(chunks, request, 2.0) == 16  # late, but one more frame still fits
     report(request, 0.012, 2.0, "webrtc")
-    assert chunks.chunk_frames(request, 2.0) == 5  # now or late
+    assert frames(chunks, request, 2.0) == 5  # now or late
     emit(p, request, 5, now=2.01)
     assert p.counters["predictor_early_emits"] == 1
     assert p.counters["predictor_deadline_misses"] == 0
@@ -425,10 +468,10 @@ def test_chunk_policy_keeps_the_schedule_for_startup_and_gaps() -> None:
     p = make_predictor()
     chunks = DeadlineChunkPolicy(p)
     starter = stream("s", pending=1, schedule=(4,), enqueue_time=0.0)
-    assert chunks.chunk_frames(starter, 5.0) == 4  # TTFB target missed: still the schedule
+    assert frames(chunks, starter, 5.0) == 4  # TTFB target missed: still the schedule
     at_gap = stream("g", chunk_times=(1.0,), decoded=4, pending=2, schedule=(4,),
                     phase=SegmentPhase.PREFILL)
-    assert chunks.chunk_frames(at_gap, 5.0) == 4  # the scheduler flushes at a gap anyway
+    assert frames(chunks, at_gap, 5.0) == 4  # the scheduler flushes at a gap anyway
     emit(p, at_gap, 2, now=5.0)
     assert p.counters["predictor_early_emits"] == 0
 
@@ -445,15 +488,15 @@ def slow_predictor(frame_s: float, codec_s: float) -> DeadlinePredictor:
 def test_first_chunk_cover_sizes_the_first_chunk_from_step_times() -> None:
     starter = stream("s", pending=1, phase=SegmentPhase.DEPTH)  # schedule (1, 2, 4, 8, 16)
     fast = DeadlineChunkPolicy(make_predictor(), first_chunk_cover=True)
-    assert fast.chunk_frames(starter, 0.0) == 1  # 10 ms frame + 4 ms codec + 50 ms < 80 ms
+    assert frames(fast, starter, 0.0) == 1  # 10 ms frame + 4 ms codec + 50 ms < 80 ms
     slow = slow_predictor(frame_s=0.060, codec_s=0.010)  # 120 ms to cover: two frames
-    assert DeadlineChunkPolicy(slow, first_chunk_cover=True).chunk_frames(starter, 0.0) == 2
-    assert DeadlineChunkPolicy(slow).chunk_frames(starter, 0.0) == 1  # the switch off
+    assert frames(DeadlineChunkPolicy(slow, first_chunk_cover=True), starter, 0.0) == 2
+    assert frames(DeadlineChunkPolicy(slow), starter, 0.0) == 1  # the switch off
     crawl = slow_predictor(frame_s=3.0, codec_s=0.5)  # far past real time: the largest entry
-    assert DeadlineChunkPolicy(crawl, first_chunk_cover=True).chunk_frames(starter, 0.0) == 16
+    assert frames(DeadlineChunkPolicy(crawl, first_chunk_cover=True), starter, 0.0) == 16
     streaming = stream("t", chunk_times=(1.0,), decoded=2, pending=1, phase=SegmentPhase.DEPTH)
     report(streaming, 1.0, 1.1, "webrtc")
-    assert DeadlineChunkPolicy(slow, first_chunk_cover=True).chunk_frames(streaming, 1.1) == 2
+    assert frames(DeadlineChunkPolicy(slow, first_chunk_cover=True), streaming, 1.1) == 2
     # only the first chunk is sized: a streaming request keeps its schedule entry (2)
 
 
@@ -462,12 +505,12 @@ def test_first_chunk_cover_is_counted_once_per_covered_first_chunk() -> None:
     chunks = DeadlineChunkPolicy(p, first_chunk_cover=True)
     request = stream("s", pending=2, phase=SegmentPhase.DEPTH)
     for now in (0.1, 0.2):  # asked on every step until the frames are there: no count
-        assert chunks.chunk_frames(request, now) == 2
+        assert frames(chunks, request, now) == 2
     emit(chunks, request, 2, now=0.3)  # the first chunk (covered)
     emit(chunks, request, 2, now=0.4)  # the second
     assert p.counters["predictor_first_chunk_covers"] == 1
     plain = stream("p", pending=1, phase=SegmentPhase.DEPTH)
-    chunks.on_chunk(plain, 1, 0.5)  # a first chunk of the schedule's own size
+    emit(chunks, plain, 1, 0.5)  # a first chunk of the schedule's own size
     assert p.counters["predictor_first_chunk_covers"] == 1
 
 

@@ -11,7 +11,7 @@ import pytest
 
 from breezert.request import SegmentPhase
 from breezert.sched.block_pool import BlockPool
-from breezert.sched.load import EngineLoad, owes_audio
+from breezert.sched.load import EngineLoad
 from breezert.sched.scheduler import Scheduler
 
 from tests.unit.test_deadline import make_predictor, stream
@@ -66,14 +66,19 @@ def test_least_slack_is_the_predictors_over_requests_that_owe_audio() -> None:
     ahead = stream("ahead", chunk_times=(0.0, 0.5), decoded=25, pending=0)
     # an open turn whose text has all been spoken: owes nothing until its next text
     idle = stream("idle", chunk_times=(0.0,), decoded=5, phase=SegmentPhase.ENDED)
-    assert owes_audio(late) and owes_audio(ahead) and not owes_audio(idle)
-    for request in (late, ahead, idle):
+    for slot, request in enumerate((late, ahead, idle)):
+        request.slot = slot
         sched._running[request.request_id] = request  # as _start leaves it
+        sched._table.add(slot, request, slot)
     now = 1.0
     load = sched.load(predictor, now)
     assert load.least_slack_s == pytest.approx(predictor.slack(late, now))
     assert load.is_behind and load.is_full
     del sched._running["late"]
+    sched._table.remove(late.slot)
     load = sched.load(predictor, now)
     assert load.least_slack_s == pytest.approx(predictor.slack(ahead, now)) and not load.is_behind
     assert load.fraction == pytest.approx(2 / 32)
+    del sched._running["ahead"]
+    sched._table.remove(ahead.slot)
+    assert sched.load(predictor, now).least_slack_s is None  # the idle turn owes nothing

@@ -7,6 +7,7 @@ import subprocess
 import sys
 from dataclasses import dataclass, field
 
+import numpy as np
 import pytest
 
 from breezert.config import SchedulerConfig
@@ -25,6 +26,7 @@ from breezert.sched.plan import (
     TextEncodeItem,
 )
 from breezert.sched.policy import ScheduleChunkPolicy
+from breezert.sched.streams import StreamTable
 from breezert.sched.scheduler import (
     ChunkEmitted,
     RequestFinished,
@@ -394,8 +396,8 @@ def test_eos_on_first_frame_finishes_without_audio() -> None:
 
 def test_chunk_policy_hook_overrides_the_schedule() -> None:
     class OneFrame(ScheduleChunkPolicy):
-        def chunk_frames(self, request: Request, now: float) -> int:
-            return 1
+        def chunk_frames(self, table: StreamTable, rows: np.ndarray, now: float) -> np.ndarray:
+            return np.ones(len(rows), np.int64)
 
     h = Harness()
     h.sched.chunk_policy = OneFrame()

@@ -1,22 +1,26 @@
 """DeadlinePredictor: per-stage step-time model, playback deadlines and slack per request.
 
-Owns the stage-time estimate (``StageTimeModel``) and the decision counters; everything it knows
-of a request (its chunk log, its listener's latest ``PlaybackReport``) it reads off the
-``Request``, which owns it. Never reads the clock (every method takes ``now``), never imports
-torch, never reads the engine: the engine feeds step durations in, the chunk policy hands it each
-emitted chunk, and the policies in ``sched/policy.py`` ask questions.
+Owns the stage-time estimate (``StageTimeModel``) and the decision counters. It answers for many
+requests at once, over rows of the scheduler's ``StreamTable`` (numpy columns per slot: the
+chunk log summary, the listener's latest ``PlaybackReport``); a question about one ``Request``
+is the same computation over a one-row table. Never reads the clock (every method takes
+``now``), never imports torch, never reads the engine: the engine feeds step durations in, the
+chunk policy hands it each step's emitted chunks, and the policies in ``sched/policy.py`` ask
+questions.
 """
 
 from __future__ import annotations
 
 import math
-from bisect import bisect_right
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import numpy as np
+
 from breezert.config import SchedulerConfig
 from breezert.constants import FRAME_S, Stage
-from breezert.request import Request, SegmentPhase
+from breezert.request import Request
+from breezert.sched.streams import PREFILL, QUEUED, TEXT_ENCODE, StreamTable
 
 COUNTERS = (
     "predictor_waits", "predictor_early_emits", "predictor_deadline_misses",
@@ -26,9 +30,6 @@ COUNTERS = (
 """Decision counters, each reported from 0 (``predictor_feedback_*``: per streaming chunk, where
 its deadline's buffer level came from)."""
 
-_BEFORE_TEXT_ENCODED = frozenset({SegmentPhase.QUEUED, SegmentPhase.TEXT_ENCODE})
-_BEFORE_PREFILLED = _BEFORE_TEXT_ENCODED | {SegmentPhase.PREFILL}
-"""Phases of an active segment that still owe a text encode / a prefill before its frames."""
 _DEV_K = 2.0  # predict mean + 2 * mean absolute deviation (roughly a p95 for steady steps)
 _LATE_EPS_S = 1e-6  # lateness up to this is float noise, not a miss
 
@@ -116,6 +117,9 @@ class DeadlinePredictor:
     time elapsed since), otherwise from the estimate ``first_chunk_time + audio emitted - now``
     (playback starts at the first chunk and runs in real time); both are floored at 0.
 
+    The plural methods answer for rows ``rows`` of a ``StreamTable`` (arrays in row order); the
+    singular ones for one ``Request``, through a one-row table (the same arithmetic).
+
     Args:
         time_model: Step durations per stage.
         ttfb_target_s: Startup deadline after enqueue.
@@ -148,12 +152,6 @@ class DeadlinePredictor:
         self._on_count = on_count
         for name in COUNTERS:
             self.count(name, 0)
-        self._pass_now: float | None = None
-        self._pass_dry: dict[int, float] = {}
-        self._pass_work: dict[tuple[int, int], float] = {}
-        """Inside a scheduling pass (``begin_pass``): each request's dry time and predicted work
-        per chunk size, computed once (the policies ask for them 3-5 times per request and
-        step); keyed by ``id(request)``, emptied when the pass ends."""
 
     @classmethod
     def from_config(cls, config: SchedulerConfig,
@@ -167,135 +165,113 @@ class DeadlinePredictor:
                    overdue_startup_urgent=config.predictor_overdue_startup_urgent,
                    on_count=on_count)
 
-    # ------------------------------------------------------------------ scheduling passes
-    def begin_pass(self, now: float) -> None:
-        """Starts one scheduling pass at ``now``: until ``end_pass``, answers for ``now`` are
-        computed once per request. The caller changes no request, report or step time inside
-        the pass (the scheduler's ranking and pick); answers for another ``now`` are not kept."""
-        self._pass_now = now
-        self._pass_dry.clear()
-        self._pass_work.clear()
-
-    def end_pass(self) -> None:
-        self._pass_now = None
-        self._pass_dry.clear()
-        self._pass_work.clear()
-
     # ------------------------------------------------------------------ inputs
     def observe_step(self, stage: Stage, rows: int, duration_s: float) -> None:
         """One executed step (feeds the stage-time model)."""
         self.time_model.observe(stage, rows, duration_s)
 
-    def on_chunk(self, request: Request, num_frames: int, now: float) -> None:
-        """A chunk of ``num_frames`` leaves the engine at ``now`` (called before the request
-        records it): counts a deadline miss (a streaming chunk after its listener's buffer ran
-        dry), an early emit, and which buffer source its deadline used."""
-        first = request.first_chunk_time
-        if first is not None:
-            dry_time, source = self._dry_time(request, first,
-                                              request.num_decoded_frames * FRAME_S, now)
-            self.count(f"predictor_feedback_{source}")
-            if now > dry_time + _LATE_EPS_S:
-                self.count("predictor_deadline_misses")
-        target = request.early_emit_target
-        if target is not None and num_frames < target:
-            self.count("predictor_early_emits")
+    def on_chunks(self, table: StreamTable, rows: np.ndarray, num_frames: np.ndarray,
+                  now: float) -> None:
+        """Chunks of ``num_frames`` leave the engine at ``now`` for ``rows`` (before the table
+        and the requests record them): counts deadline misses (a streaming chunk after its
+        listener's buffer ran dry), early emits, and which buffer source each streaming chunk's
+        deadline used."""
+        streaming = table.num_chunks[rows] > 0
+        if streaming.any():
+            used = self._feedback_used(table, rows, now)
+            self._count_sum("predictor_feedback_used", streaming & used)
+            self._count_sum("predictor_feedback_stale",
+                            streaming & ~used & table.has_report[rows])
+            self._count_sum("predictor_feedback_missing", streaming & ~table.has_report[rows])
+            late = now > self.dry_times(table, rows, now) + _LATE_EPS_S
+            self._count_sum("predictor_deadline_misses", streaming & late)
+        target = table.early_target[rows]
+        self._count_sum("predictor_early_emits", (target >= 0) & (num_frames < target))
 
     def count(self, name: str, value: int = 1) -> None:
         self.counters[name] = self.counters.get(name, 0) + value
         if self._on_count is not None:
             self._on_count(name, value)
 
-    # ------------------------------------------------------------------ queries
-    def buffered_s(self, request: Request, now: float) -> float:
-        """Audio ahead of the listener's playhead at ``now`` (0 before the first chunk)."""
-        if not request.chunk_emit_times:
-            return 0.0
-        return max(0.0, self._pass_dry_time(request, now) - now)
+    def _count_sum(self, name: str, mask: np.ndarray) -> None:
+        if value := int(np.count_nonzero(mask)):
+            self.count(name, value)
 
-    def feedback_source(self, request: Request, now: float) -> str:
-        """``used`` (a fresh report), ``stale`` (too old) or ``missing`` (none yet)."""
-        report = request.playback
-        if report is None:
-            return "missing"
-        return "used" if now - report.measured_at <= self.feedback_stale_s else "stale"
+    # ------------------------------------------------------------------ queries over rows
+    def dry_times(self, table: StreamTable, rows: np.ndarray, now: float) -> np.ndarray:
+        """When each streaming row's listener runs dry (see the class doc; NaN before a
+        chunk)."""
+        estimate = table.first_chunk_time[rows] + table.decoded[rows] * FRAME_S
+        reported = (table.report_at[rows] + table.report_buffered[rows]
+                    + table.frames_since[rows] * FRAME_S)
+        return np.where(self._feedback_used(table, rows, now), reported, estimate)
 
-    def deadline(self, request: Request, now: float) -> float:
-        """When the request's next chunk is due."""
-        if not request.is_streaming:
-            return request.enqueue_time + self.ttfb_target_s
-        return now + self.buffered_s(request, now)
+    def buffered(self, table: StreamTable, rows: np.ndarray, now: float) -> np.ndarray:
+        """Audio ahead of each row's listener at ``now`` (0 before the first chunk)."""
+        dry = self.dry_times(table, rows, now)
+        return np.where(table.num_chunks[rows] > 0, np.maximum(0.0, dry - now), 0.0)
+
+    def deadlines(self, table: StreamTable, rows: np.ndarray, now: float) -> np.ndarray:
+        """When each row's next chunk is due."""
+        return np.where(table.num_chunks[rows] > 0, now + self.buffered(table, rows, now),
+                        table.enqueue_time[rows] + self.ttfb_target_s)
 
     def frame_time_s(self) -> float:
         """One more frame for a request: a DECODE step plus a DEPTH step at the current batch."""
         return self.time_model.predict(Stage.DECODE) + self.time_model.predict(Stage.DEPTH)
 
-    def work_s(self, request: Request, num_frames: int) -> float:
-        """Predicted time until the request's next chunk of ``num_frames`` is out: its active
+    def work(self, table: StreamTable, rows: np.ndarray, num_frames: np.ndarray) -> np.ndarray:
+        """Predicted time until each row's next chunk of ``num_frames`` is out: its active
         segment's remaining text encode / prefill, the missing frames, one codec step."""
-        if self._pass_now is None:
-            return self._work_s(request, num_frames)
-        key = (id(request), num_frames)
-        seconds = self._pass_work.get(key)
-        if seconds is None:
-            seconds = self._pass_work[key] = self._work_s(request, num_frames)
-        return seconds
-
-    def _work_s(self, request: Request, num_frames: int) -> float:
         model = self.time_model
-        missing = num_frames - request.num_pending_frames
-        seconds = model.predict(Stage.CODEC)
-        if missing <= 0:
-            return seconds
-        active = request.active_segment
-        if active is None:
-            return seconds
-        phase = active.phase
-        if phase in _BEFORE_TEXT_ENCODED:
-            seconds += model.predict(Stage.TEXT_ENCODE)
-        if phase in _BEFORE_PREFILLED:
-            seconds += model.predict(Stage.PREFILL)
-        return seconds + missing * self.frame_time_s()
+        codec = model.predict(Stage.CODEC)
+        missing = num_frames - table.pending[rows]
+        phase = table.phase[rows]
+        active = phase >= QUEUED  # NO_PHASE: every segment ended
+        seconds = (codec + np.where(active & (phase <= TEXT_ENCODE),
+                                    model.predict(Stage.TEXT_ENCODE), 0.0)
+                   + np.where(active & (phase <= PREFILL), model.predict(Stage.PREFILL), 0.0)
+                   + missing * self.frame_time_s())
+        return np.where((missing > 0) & active, seconds, codec)
 
-    def slack(self, request: Request, now: float, delay_s: float = 0.0) -> float:
-        """Deadline - now - predicted work for the next chunk (after an extra ``delay_s``).
+    def slacks(self, table: StreamTable, rows: np.ndarray, now: float,
+               delay_s: float = 0.0) -> np.ndarray:
+        """Deadline - now - predicted work for each row's next chunk (after ``delay_s``).
 
         The chunk is the schedule's target while that still leaves ``min_slack_s``; otherwise
         (streaming) the pending frames plus one more, where ``DeadlineChunkPolicy`` cuts it. Below
         0 even that chunk will be late.
         """
-        available = self.deadline(request, now) - now - delay_s
-        full = available - self.work_s(request, request.current_chunk_target)
-        if full >= self.min_slack_s or not request.is_streaming:
+        available = self.deadlines(table, rows, now) - now - delay_s
+        full = available - self.work(table, rows, table.chunk_target[rows])
+        keep = (full >= self.min_slack_s) | (table.num_chunks[rows] == 0)
+        if keep.all():
             return full
-        return available - self.work_s(request, request.num_pending_frames + 1)
+        return np.where(keep, full, available - self.work(table, rows, table.pending[rows] + 1))
 
-    # ------------------------------------------------------------------ internals
-    def _pass_dry_time(self, request: Request, now: float) -> float:
-        """When a streaming request's listener runs dry, computed once per pass at its ``now``."""
-        kept = now == self._pass_now
-        dry = self._pass_dry.get(id(request)) if kept else None
-        if dry is None:
-            dry, _ = self._dry_time(request, request.chunk_emit_times[0],
-                                    request.num_decoded_frames * FRAME_S, now)
-            if kept:
-                self._pass_dry[id(request)] = dry
-        return dry
+    def _feedback_used(self, table: StreamTable, rows: np.ndarray, now: float) -> np.ndarray:
+        return table.has_report[rows] & (now - table.report_at[rows] <= self.feedback_stale_s)
 
-    def _dry_time(self, request: Request, first_time: float, audio_s: float,
-                  now: float) -> tuple[float, str]:
-        """When the listener's buffer runs dry, and where that came from (see the class doc)."""
-        report = request.playback
-        source = self.feedback_source(request, now)
-        if report is not None and source == "used":
-            since = _audio_since(request, report.measured_at)
-            return report.measured_at + report.buffered_s + since, source
-        return first_time + audio_s, source
+    # ------------------------------------------------------------------ one request
+    def buffered_s(self, request: Request, now: float) -> float:
+        return float(self.buffered(*_one(request), now)[0])
+
+    def deadline(self, request: Request, now: float) -> float:
+        return float(self.deadlines(*_one(request), now)[0])
+
+    def work_s(self, request: Request, num_frames: int) -> float:
+        table, rows = _one(request)
+        return float(self.work(table, rows, np.array([num_frames]))[0])
+
+    def slack(self, request: Request, now: float, delay_s: float = 0.0) -> float:
+        return float(self.slacks(*_one(request), now, delay_s)[0])
+
+    def feedback_source(self, request: Request, now: float) -> str:
+        """``used`` (a fresh report), ``stale`` (too old) or ``missing`` (none yet)."""
+        if request.playback is None:
+            return "missing"
+        return "used" if self._feedback_used(*_one(request), now)[0] else "stale"
 
 
-def _audio_since(request: Request, time: float) -> float:
-    """Audio the request emitted after ``time``, per its chunk log."""
-    index = bisect_right(request.chunk_emit_times, time)
-    ends = request.chunk_frame_ends
-    before = ends[index - 1] if index > 0 else 0
-    return ((ends[-1] if ends else 0) - before) * FRAME_S
+def _one(request: Request) -> tuple[StreamTable, np.ndarray]:
+    return StreamTable.of([request]), np.zeros(1, np.int64)

@@ -3,18 +3,20 @@
 Owns: the load snapshot (running and queued requests against the scheduler's limits, and the
 Predictor's least slack over the requests that still owe audio), the single ``fraction`` every
 consumer compares (LiveKit's ``load_fnc``, ``/readyz``, the remote client's replica choice) and
-its JSON form. Must not: read a clock, take a lock or touch torch; the engine measures under its
-own lock (``Engine.load``) and hands the figures in.
+its JSON form. Must not: read a clock, take a lock or touch torch; the scheduler measures under
+the engine's lock (``Engine.load``) over its ``StreamTable``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from breezert.request import Request
+import numpy as np
+
 from breezert.sched.deadline import DeadlinePredictor
+from breezert.sched.streams import NO_PHASE, StreamTable
 
 
 @dataclass(frozen=True)
@@ -73,17 +75,10 @@ class EngineLoad:
             return None
 
 
-def owes_audio(request: Request) -> bool:
-    """The request has a segment to generate or frames to decode (an open turn whose text has
-    all been spoken owes nothing until its next text: its slack means nothing)."""
-    return request.active_segment is not None or request.num_pending_frames > 0
-
-
-def measure(running: Iterable[Request], num_waiting: int, max_running: int, max_queued: int,
-            predictor: DeadlinePredictor | None, now: float) -> EngineLoad:
-    """The load of a scheduler's ``running`` requests and queue (call under the engine lock)."""
-    requests = list(running)
-    slack = None
-    if predictor is not None:
-        slack = min((predictor.slack(r, now) for r in requests if owes_audio(r)), default=None)
-    return EngineLoad(len(requests), num_waiting, max_running, max_queued, slack)
+def least_slack(table: StreamTable, predictor: DeadlinePredictor, now: float) -> float | None:
+    """The predictor's least slack over the running requests that owe audio: a segment to
+    generate or frames to decode (an open turn whose text has all been spoken owes nothing
+    until its next text: its slack means nothing); ``None`` when none does."""
+    live = np.flatnonzero(table.live)
+    owes = live[(table.phase[live] != NO_PHASE) | (table.pending[live] > 0)]
+    return float(predictor.slacks(table, owes, now).min()) if len(owes) else None

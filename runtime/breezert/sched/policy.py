@@ -4,84 +4,111 @@
 
 Owns the decisions (which stage runs, in which order requests join its batch, how many frames a
 chunk has; with the predictor: urgency by slack, far-ahead streams yielding, wait-to-batch for
-CODEC, early emit of a partial chunk) and their counters. Must not read the clock, touch the
-engine or import torch; the ``Scheduler`` calls these hooks with ``now``.
+CODEC, early emit of a partial chunk) and their counters. Each is made for every running
+request at once, as array operations over the scheduler's ``StreamTable`` (no Python per
+request). Must not read the clock, touch the engine, change a request or import torch; the
+``Scheduler`` calls these hooks with ``now``.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Protocol
+
+import numpy as np
 
 from breezert.config import SchedulerConfig
 from breezert.constants import FRAME_S, Stage
-from breezert.request import Request
 from breezert.sched.deadline import DeadlinePredictor
+from breezert.sched.streams import DECODE, DEPTH, STAGE_CODE, STAGES, StreamTable
 
 
 class ChunkPolicy(Protocol):
-    """Decides how many frames the request's next chunk has (the predictor's hook)."""
+    """Decides how many frames each request's next chunk has (the predictor's hook)."""
 
-    def chunk_frames(self, request: Request, now: float) -> int:
-        """Frames of the next chunk; clamped to 1..max_codec_frames by the scheduler."""
+    def chunk_frames(self, table: StreamTable, rows: np.ndarray, now: float) -> np.ndarray:
+        """Frames of the next chunk of each row (rows with pending frames); clamped to
+        1..max_codec_frames by the scheduler."""
         ...
 
-    def on_chunk(self, request: Request, num_frames: int, now: float) -> None:
-        """The request's next chunk, ``num_frames`` long, leaves at ``now`` (not yet recorded)."""
+    def on_chunks(self, table: StreamTable, rows: np.ndarray, num_frames: np.ndarray,
+                  now: float) -> None:
+        """The rows' next chunks, ``num_frames`` long, leave at ``now`` (not yet recorded)."""
         ...
 
 
 class ScheduleChunkPolicy:
     """Default: follow the request's chunk schedule (1, 2, 4, 8, 16, 16, ...)."""
 
-    def chunk_frames(self, request: Request, now: float) -> int:
-        return request.current_chunk_target
+    def chunk_frames(self, table: StreamTable, rows: np.ndarray, now: float) -> np.ndarray:
+        return table.chunk_target[rows]
 
-    def on_chunk(self, request: Request, num_frames: int, now: float) -> None:
+    def on_chunks(self, table: StreamTable, rows: np.ndarray, num_frames: np.ndarray,
+                  now: float) -> None:
         pass
 
 
-ReadyPair = tuple[tuple[float, ...], Request, Stage]
-"""(priority key, request, stage) of one ready pair."""
+@dataclass(frozen=True)
+class Ranked:
+    """Ready (slot, stage) pairs in serving order (the smallest key first), with the first two
+    fields of each pair's key: its class and the class's first criterion (see the policies)."""
+
+    slots: np.ndarray
+    stages: np.ndarray
+    """``STAGE_CODE`` of each pair."""
+    cls: np.ndarray
+    k1: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.slots)
+
+    def take(self, index: np.ndarray) -> Ranked:
+        return Ranked(self.slots[index], self.stages[index], self.cls[index], self.k1[index])
+
+    def ready_for(self, stage: int) -> np.ndarray:
+        """Slots ready for ``stage``, in serving order."""
+        return self.slots[self.stages == stage]
 
 
 class StagePolicy(Protocol):
-    """Ranks ready (request, stage) pairs (the smallest key is served first), then picks the
-    stage of the step and its candidates in batch order."""
+    """Ranks ready (slot, stage) pairs, then picks the stage of the step and its candidates in
+    batch order."""
 
-    def priority_key(self, request: Request, stage: Stage, now: float) -> tuple[float, ...]:
+    def rank(self, table: StreamTable, slots: np.ndarray, stages: np.ndarray,
+             now: float) -> Ranked:
+        """The pairs ``(slots[i], stages[i])`` in serving order: by key, ties in admission
+        order."""
         ...
 
-    def priority_keys(self, request: Request, stages: Sequence[Stage],
-                      now: float) -> list[tuple[float, ...]]:
-        """``priority_key`` of each of the request's ready stages (asked once per request and
-        step, so that what the stages share is computed once)."""
-        ...
-
-    def pick(self, ready: Sequence[ReadyPair], now: float) -> tuple[Stage, list[Request]]:
-        """``ready`` is sorted by key; returns the stage to run and its candidates (the batch is
-        filled from them in order, within the stage's limits)."""
-        ...
-
-    def begin_pass(self, now: float) -> None:
-        """The scheduler starts ranking and picking at ``now`` (it changes no request until
-        ``end_pass``): what the policy derives per request may be kept until then."""
-        ...
-
-    def end_pass(self) -> None:
+    def pick(self, table: StreamTable, ranked: Ranked, now: float) -> tuple[Stage, np.ndarray]:
+        """The stage to run and its candidate slots (the batch is filled from them in order,
+        within the stage's limits)."""
         ...
 
 
-def first_stage(ready: Sequence[ReadyPair]) -> tuple[Stage, list[Request]]:
-    """The stage of the first ready pair, and every request ready for it, in order."""
-    stage = ready[0][2]
-    return stage, [request for _, request, s in ready if s is stage]
+def sort_pairs(table: StreamTable, slots: np.ndarray, stages: np.ndarray,
+               key: tuple[np.ndarray, ...]) -> Ranked:
+    """The pairs sorted by ``key`` (columns, the first most significant), then by admission
+    order. A request's pairs never tie: each key ends in its stage's output order."""
+    order = np.lexsort((table.seq[slots], *reversed(key)))
+    return Ranked(slots[order], stages[order], key[0][order], key[1][order])
+
+
+def first_stage(ranked: Ranked) -> tuple[int, np.ndarray]:
+    """The stage of the first ready pair, and every slot ready for it, in order."""
+    stage = int(ranked.stages[0])
+    return stage, ranked.ready_for(stage)
 
 
 # Lower = closer to audio output.
 OUTPUT_ORDER = {Stage.CODEC: 0, Stage.DEPTH: 1, Stage.DECODE: 2, Stage.PREFILL: 3,
-                 Stage.TEXT_ENCODE: 4}
+                Stage.TEXT_ENCODE: 4}
+_CLOSENESS = np.array([OUTPUT_ORDER[stage] for stage in STAGES], np.float64)
+_CODEC = STAGE_CODE[Stage.CODEC]
+_DEPTH = STAGE_CODE[Stage.DEPTH]
+_GENERATE = (STAGE_CODE[Stage.DECODE], _DEPTH)
+_PREP_MAX = STAGE_CODE[Stage.PREFILL]  # TEXT_ENCODE and PREFILL codes are 0 and 1
 
 
 class DefaultStagePolicy:
@@ -102,31 +129,23 @@ class DefaultStagePolicy:
     def __init__(self, starvation_limit_s: float) -> None:
         self.starvation_limit_s = starvation_limit_s
 
-    def priority_key(self, request: Request, stage: Stage, now: float) -> tuple[float, ...]:
-        closeness = OUTPUT_ORDER[stage]
-        last = request.last_chunk_time
-        if last is None:
-            return (1, -request.priority, request.enqueue_time, closeness)
-        if now - last > self.starvation_limit_s:
-            return (0, last, closeness)
-        return (2, request.stage_ready_step[stage], closeness)
+    def rank(self, table: StreamTable, slots: np.ndarray, stages: np.ndarray,
+             now: float) -> Ranked:
+        closeness = _CLOSENESS[stages]
+        last = table.last_chunk_time[slots]
+        startup = table.num_chunks[slots] == 0
+        starving = ~startup & (now - last > self.starvation_limit_s)
+        waited = table.ready_since[stages, slots].astype(np.float64)
+        key = (np.where(startup, 1.0, np.where(starving, 0.0, 2.0)),
+               np.where(startup, -table.priority[slots].astype(np.float64),
+                        np.where(starving, last, waited)),
+               np.where(startup, table.enqueue_time[slots], closeness),
+               np.where(startup, closeness, 0.0))
+        return sort_pairs(table, slots, stages, key)
 
-    def priority_keys(self, request: Request, stages: Sequence[Stage],
-                      now: float) -> list[tuple[float, ...]]:
-        return [self.priority_key(request, stage, now) for stage in stages]
-
-    def pick(self, ready: Sequence[ReadyPair], now: float) -> tuple[Stage, list[Request]]:
-        return first_stage(ready)
-
-    def begin_pass(self, now: float) -> None:
-        pass
-
-    def end_pass(self) -> None:
-        pass
-
-
-_GENERATE = (Stage.DECODE, Stage.DEPTH)
-_PREP = (Stage.TEXT_ENCODE, Stage.PREFILL)
+    def pick(self, table: StreamTable, ranked: Ranked, now: float) -> tuple[Stage, np.ndarray]:
+        stage, candidates = first_stage(ranked)
+        return STAGES[stage], candidates
 
 
 class DeadlineStagePolicy:
@@ -152,105 +171,95 @@ class DeadlineStagePolicy:
     def __init__(self, predictor: DeadlinePredictor) -> None:
         self.predictor = predictor
 
-    def begin_pass(self, now: float) -> None:
-        self.predictor.begin_pass(now)
-
-    def end_pass(self) -> None:
-        self.predictor.end_pass()
-
-    def priority_key(self, request: Request, stage: Stage, now: float) -> tuple[float, ...]:
-        return self.priority_keys(request, (stage,), now)[0]
-
-    def priority_keys(self, request: Request, stages: Sequence[Stage],
-                      now: float) -> list[tuple[float, ...]]:
-        """The request's slack and buffer level are the same for each of its stages: each is
-        computed once, and only if a stage's key needs it (the host time of a step at 64
-        streams was mostly these predictions)."""
+    def rank(self, table: StreamTable, slots: np.ndarray, stages: np.ndarray,
+             now: float) -> Ranked:
         p = self.predictor
-        if not request.is_streaming:
-            if p.overdue_startup_urgent and (slack := p.slack(request, now)) < p.min_slack_s:
-                # its first chunk is due: compete on slack
-                return [(0, slack, OUTPUT_ORDER[stage]) for stage in stages]
-            deadline = p.deadline(request, now)
-            return [(1, -request.priority, deadline, OUTPUT_ORDER[stage]) for stage in stages]
-        at_gap = request.is_at_gap
-        slack: float | None = None
-        buffered: float | None = None
-        keys: list[tuple[float, ...]] = []
-        for stage in stages:
-            closeness = OUTPUT_ORDER[stage]
-            waited = request.stage_ready_step.get(stage, 0)
-            if stage in _PREP and not at_gap:
-                keys.append((2, waited, 0.0, closeness))
-                continue
-            if slack is None:
-                slack = p.slack(request, now)
-            if slack < p.min_slack_s:
-                keys.append((0, slack, closeness))
-                continue
-            if buffered is None:
-                buffered = p.buffered_s(request, now)
-            keys.append((3 if buffered > p.max_lead_s else 2, waited, slack, closeness))
-        return keys
+        closeness = _CLOSENESS[stages]
+        streaming = table.num_chunks[slots] > 0
+        slack = p.slacks(table, slots, now)
+        phase = table.phase[slots]
+        generating = (phase == DEPTH) | (phase == DECODE)
+        lookahead = streaming & (stages <= _PREP_MAX) & generating
+        urgent = ~lookahead & (slack < p.min_slack_s)
+        if not p.overdue_startup_urgent:
+            urgent &= streaming
+        startup = ~streaming & ~urgent
+        ahead = p.buffered(table, slots, now) > p.max_lead_s
+        waited = table.ready_since[stages, slots].astype(np.float64)
+        deadline = table.enqueue_time[slots] + p.ttfb_target_s
+        # the four classes; a lookahead pair is class 2 with 0.0 for its slack
+        key = (np.where(urgent, 0.0, np.where(startup, 1.0,
+                                              np.where(ahead & ~lookahead, 3.0, 2.0))),
+               np.where(urgent, slack, np.where(startup, -table.priority[slots]
+                                                .astype(np.float64), waited)),
+               np.where(urgent, closeness, np.where(startup, deadline,
+                                                    np.where(lookahead, 0.0, slack))),
+               np.where(urgent, 0.0, closeness))
+        return sort_pairs(table, slots, stages, key)
 
-    def pick(self, ready: Sequence[ReadyPair], now: float) -> tuple[Stage, list[Request]]:
-        stage, candidates = first_stage(self._startup_within_slack(ready))
-        if stage is Stage.CODEC and self._should_wait(ready, candidates, now):
-            stage, candidates = Stage.DEPTH, [r for _, r, s in ready if s is Stage.DEPTH]
+    def pick(self, table: StreamTable, ranked: Ranked, now: float) -> tuple[Stage, np.ndarray]:
+        stage, candidates = first_stage(self._startup_within_slack(table, ranked))
+        if stage == _CODEC and self._should_wait(table, ranked, candidates, now):
+            stage, candidates = _DEPTH, ranked.ready_for(_DEPTH)
             self.predictor.count("predictor_waits")
         if stage in _GENERATE:
-            candidates = self._yield_far_ahead(candidates, now)
-        return stage, candidates
+            candidates = self._yield_far_ahead(table, candidates, now)
+        return STAGES[stage], candidates
 
-    def _startup_within_slack(self, ready: Sequence[ReadyPair]) -> Sequence[ReadyPair]:
+    def _startup_within_slack(self, table: StreamTable, ranked: Ranked) -> Ranked:
         """Urgent streams first, unless the first startup step fits in the least urgent slack:
         then that step runs first (an urgent stream loses only what its slack can absorb)."""
-        if not ready or ready[0][0][0] != 0:
-            return ready
-        startup = next((pair for pair in ready if pair[0][0] == 1), None)
-        if startup is None:
-            return ready
-        stage = startup[2]
-        rows = sum(r.num_branches for _, r, s in ready if s is stage)
-        if ready[0][0][1] - self.predictor.time_model.predict(stage, rows) < 0:
-            return ready
-        return [startup, *(pair for pair in ready if pair is not startup)]
+        if not len(ranked) or ranked.cls[0] != 0:
+            return ranked
+        startups = np.flatnonzero(ranked.cls == 1)
+        if not startups.size:
+            return ranked
+        first = int(startups[0])
+        stage = int(ranked.stages[first])
+        rows = int(table.num_branches[ranked.ready_for(stage)].sum())
+        if ranked.k1[0] - self.predictor.time_model.predict(STAGES[stage], rows) < 0:
+            return ranked
+        order = np.arange(len(ranked))
+        return ranked.take(np.concatenate(([first], np.delete(order, first))))
 
-    def _should_wait(self, ready: Sequence[ReadyPair], codec: list[Request], now: float) -> bool:
+    def _should_wait(self, table: StreamTable, ranked: Ranked, codec: np.ndarray,
+                     now: float) -> bool:
         """Whether to run DEPTH first so that streams one frame short of their chunk join the
         CODEC batch: only for streaming requests (a first chunk never waits: TTFB), only if one
         batched CODEC step is predicted cheaper than two, and only if every waiting stream keeps
         ``min_slack_s`` after the DEPTH step."""
-        if any(not r.is_streaming for r in codec):
+        if (table.num_chunks[codec] == 0).any():
             return False
-        ready_ids = {r.request_id for r in codec}
-        depth = [r for _, r, s in ready if s is Stage.DEPTH]
-        joiners = [r for r in depth if r.request_id not in ready_ids
-                   and r.num_pending_frames + 1 >= r.current_chunk_target]
-        if not joiners:
+        depth = ranked.ready_for(_DEPTH)
+        joins = (~np.isin(depth, codec)
+                 & (table.pending[depth] + 1 >= table.chunk_target[depth]))
+        m = int(np.count_nonzero(joins))
+        if not m:
             return False
         model = self.predictor.time_model
-        n, m = len(codec), len(joiners)
+        n = len(codec)
         saving = (model.predict(Stage.CODEC, n) + model.predict(Stage.CODEC, m)
                   - model.predict(Stage.CODEC, n + m))
         if saving <= 0:
             return False
-        delay = model.predict(Stage.DEPTH, sum(r.num_branches for r in depth))
+        delay = model.predict(Stage.DEPTH, int(table.num_branches[depth].sum()))
         p = self.predictor
-        return all(p.deadline(r, now) - now - delay - model.predict(Stage.CODEC, n + m)
-                   >= p.min_slack_s for r in codec)
+        left = (p.deadlines(table, codec, now) - now - delay
+                - model.predict(Stage.CODEC, n + m))
+        return bool((left >= p.min_slack_s).all())
 
-    def _yield_far_ahead(self, candidates: list[Request], now: float) -> list[Request]:
+    def _yield_far_ahead(self, table: StreamTable, candidates: np.ndarray,
+                         now: float) -> np.ndarray:
         """Drops streams more than ``max_lead_s`` ahead from a batch that carries startup work
         (their frames are not needed yet; the startup step runs on fewer rows)."""
-        if all(r.is_streaming for r in candidates):
+        streaming = table.num_chunks[candidates] > 0
+        if streaming.all():
             return candidates
         p = self.predictor
-        kept = [r for r in candidates
-                if not r.is_streaming or p.buffered_s(r, now) <= p.max_lead_s]
-        if len(kept) < len(candidates):
+        kept = ~streaming | (p.buffered(table, candidates, now) <= p.max_lead_s)
+        if not kept.all():
             p.count("predictor_lead_yields")
-        return kept
+        return candidates[kept]
 
 
 class DeadlineChunkPolicy:
@@ -269,37 +278,46 @@ class DeadlineChunkPolicy:
         self.predictor = predictor
         self.first_chunk_cover = first_chunk_cover
 
-    def chunk_frames(self, request: Request, now: float) -> int:
-        target = request.current_chunk_target
-        pending = request.num_pending_frames
+    def chunk_frames(self, table: StreamTable, rows: np.ndarray, now: float) -> np.ndarray:
+        target = table.chunk_target[rows]
+        pending = table.pending[rows]
+        streaming = table.num_chunks[rows] > 0
+        table.early_target[rows] = -1
+        frames = target
+        if self.first_chunk_cover:
+            frames = np.where(streaming, target, self._first_chunk(table, rows, target))
+        phase = table.phase[rows]
+        may_cut = (streaming & (pending > 0) & (pending < target)
+                   & ((phase == DEPTH) | (phase == DECODE)))
+        if not may_cut.any():
+            return frames
         p = self.predictor
-        request.early_emit_target = None
-        if not request.is_streaming:
-            return self._first_chunk(request, target) if self.first_chunk_cover else target
-        if not 0 < pending < target or request.is_at_gap:
-            return target
-        deadline = p.deadline(request, now)
-        if (now + p.work_s(request, target) <= deadline
-                or now + p.work_s(request, pending + 1) <= deadline):
-            return target
-        request.early_emit_target = target
-        return pending
+        cut_rows = rows[may_cut]
+        deadline = p.deadlines(table, cut_rows, now)
+        fits = ((now + p.work(table, cut_rows, target[may_cut]) <= deadline)
+                | (now + p.work(table, cut_rows, pending[may_cut] + 1) <= deadline))
+        cut = np.zeros_like(may_cut)
+        cut[may_cut] = ~fits
+        table.early_target[rows[cut]] = target[cut]
+        return np.where(cut, pending, frames)
 
-    def on_chunk(self, request: Request, num_frames: int, now: float) -> None:
-        schedule = request.chunk_schedule
-        if not request.is_streaming and schedule and num_frames > schedule[0]:
-            self.predictor.count("predictor_first_chunk_covers")
-        self.predictor.on_chunk(request, num_frames, now)
-        request.early_emit_target = None
+    def on_chunks(self, table: StreamTable, rows: np.ndarray, num_frames: np.ndarray,
+                  now: float) -> None:
+        self.predictor._count_sum("predictor_first_chunk_covers",
+                                  (table.num_chunks[rows] == 0)
+                                  & (num_frames > table.first_target[rows]))
+        self.predictor.on_chunks(table, rows, num_frames, now)
+        table.early_target[rows] = -1
 
-    def _first_chunk(self, request: Request, target: int) -> int:
+    def _first_chunk(self, table: StreamTable, rows: np.ndarray,
+                     target: np.ndarray) -> np.ndarray:
         """The fewest frames, from ``target`` up to the schedule's largest entry, whose audio
         lasts while the engine makes one more frame and decodes it with ``min_slack_s`` to
         spare (the next chunk can be cut to that frame, so it is what must fit)."""
         p = self.predictor
         cover_s = p.frame_time_s() + p.time_model.predict(Stage.CODEC) + p.min_slack_s
-        largest = max(request.chunk_schedule or (target,))
-        return max(target, min(largest, math.ceil(cover_s / FRAME_S - 1e-9)))
+        cover = math.ceil(cover_s / FRAME_S - 1e-9)
+        return np.maximum(target, np.minimum(table.largest_target[rows], cover))
 
 
 def make_policies(

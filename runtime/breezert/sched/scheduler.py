@@ -4,6 +4,10 @@ Owns the ``Request`` lifecycle (admission, segments, KV blocks, chunks, finish) 
 ``StepPlan`` per step, then consumes its ``StepResult``. Never imports torch and never reads the
 clock: every method takes ``now`` (monotonic seconds). The stage choice and the chunk size are
 policy objects (``StagePolicy``, ``ChunkPolicy``) so the deadline predictor can replace them.
+They decide over the ``StreamTable`` (numpy columns per slot) that the scheduler keeps in step
+with every change it makes to a running request: a step's readiness, ranking and pick cost a
+few array operations, and Python runs per request only to build and apply the items of the
+batch.
 
 One step: ``plan = schedule(now)``; the worker runs it; ``events = commit(plan, result, now)``.
 """
@@ -15,13 +19,15 @@ from bisect import insort_right
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import numpy as np
+
 from breezert.config import SchedulerConfig
 from breezert.constants import CODEBOOK_SIZE, FRAME_EOS_ID, Stage
 from breezert.errors import EngineOverloaded, InvalidRequest
 from breezert.request import PlaybackReport, Request, RequestStatus, Segment, SegmentPhase
 from breezert.sched.block_pool import BlockPool
 from breezert.sched.deadline import DeadlinePredictor
-from breezert.sched.load import EngineLoad, measure
+from breezert.sched.load import EngineLoad, least_slack
 from breezert.sched.plan import (
     CodecItem,
     DecodeBranch,
@@ -37,11 +43,19 @@ from breezert.sched.plan import (
 from breezert.sched.policy import (
     ChunkPolicy,
     DefaultStagePolicy,
-    ReadyPair,
     ScheduleChunkPolicy,
     StagePolicy,
 )
 from breezert.sched.slot_wait import FramesPerToken, predicted_slot_wait
+from breezert.sched.streams import (
+    DECODE,
+    DEPTH,
+    NO_PHASE,
+    PREFILL,
+    STAGE_CODE,
+    TEXT_ENCODE,
+    StreamTable,
+)
 
 # ----------------------------------------------------------------------------- events
 
@@ -106,9 +120,6 @@ class SchedulerStats:
     num_finished: dict[str, int]  # per terminal RequestStatus value
 
 
-_PREP_STAGES = {SegmentPhase.TEXT_ENCODE: Stage.TEXT_ENCODE, SegmentPhase.PREFILL: Stage.PREFILL}
-
-
 # ----------------------------------------------------------------------------- scheduler
 
 
@@ -152,6 +163,12 @@ class Scheduler:
         self._num_steps = {stage.value: 0 for stage in Stage}
         self._num_finished = {s.value: 0 for s in RequestStatus if s.is_finished}
         self._frames_per_token = FramesPerToken()  # segments that ended by EOS
+        self._table = StreamTable(config.max_running_requests)
+        """The running requests' rows, by slot (what the policies decide on)."""
+        self._num_admitted = 0
+        self._apply = {Stage.TEXT_ENCODE: self._apply_text_encode,
+                       Stage.PREFILL: self._apply_prefill, Stage.DECODE: self._apply_decode,
+                       Stage.DEPTH: self._apply_depth, Stage.CODEC: self._apply_codec}
 
     # ------------------------------------------------------------------ requests in
     def add_request(self, request: Request, now: float) -> None:
@@ -223,6 +240,8 @@ class Scheduler:
         self._check_segment(request, segment)
         request.add_segment(segment)
         self._track_blocks(request)
+        if request.slot is not None:
+            self._table.set_segments(request.slot, request)
         self._admit()
 
     def close_input(self, request_id: str, now: float) -> list[SchedulerEvent]:
@@ -247,6 +266,8 @@ class Scheduler:
         if request is None:
             return False
         request.report_playback(report)
+        if request.slot is not None:
+            self._table.set_report(request.slot, request)
         return True
 
     # ------------------------------------------------------------------ one step
@@ -259,17 +280,12 @@ class Scheduler:
         if self._inflight is not None:
             raise RuntimeError(f"step {self._inflight.step_id} is not committed yet")
         self._admit()
-        # one pass: the policies' per-request predictions are computed once for ranking and
-        # picking (no request changes inside it)
-        self.stage_policy.begin_pass(now)
-        try:
-            ready, codec_frames = self._ready_pairs(now)
-            if not ready:
-                return None
-            ready.sort(key=lambda pair: pair[0])
-            stage, candidates = self.stage_policy.pick(ready, now)
-        finally:
-            self.stage_policy.end_pass()
+        slots, stages, codec_frames = self._ready(now)
+        if not len(slots):
+            return None
+        table = self._table
+        ranked = self.stage_policy.rank(table, slots, stages, now)
+        stage, candidates = self.stage_policy.pick(table, ranked, now)
         items = self._build_items(stage, candidates, codec_frames)
         self._mark_served(stage, items, now)
         self._step_id += 1
@@ -304,14 +320,38 @@ class Scheduler:
             if request_id in self._running:
                 events.append(self._finish(self._running[request_id], RequestStatus.FAILED,
                                            now, reason))
+        if plan.stage is Stage.CODEC:
+            self._on_chunks(plan, now)
+        table = self._table
+        running, apply = self._running, self._apply[plan.stage]
+        advanced: list[int] = []  # slots whose active segment took its next phase
         for item in plan.items:
-            request = self._running.get(item.request_id)
-            if request is not None:
-                events.extend(self._apply(request, item, result, now))
-        for request_id in dict.fromkeys(plan.request_ids):
-            if request_id in self._running:
-                events.extend(self._maybe_finish(self._running[request_id], now))
+            request = running.get(item.request_id)
+            if request is not None and (out := apply(request, item, result, now, advanced)):
+                events.extend(out)
+        if advanced:
+            if plan.stage is Stage.DEPTH:  # one more frame each, DECODE next
+                table.pending[advanced] += 1
+                table.phase[advanced] = DECODE
+            else:
+                table.phase[advanced] = DEPTH
+        # requests with nothing left to generate or decode may finish (their input closed)
+        slots = np.fromiter((item.slot for item in plan.items), np.int64, len(plan.items))
+        done = slots[table.live[slots] & (table.phase[slots] == NO_PHASE)
+                     & (table.pending[slots] == 0)]
+        for slot in dict.fromkeys(done.tolist()):
+            request = table.requests[slot]
+            assert request is not None
+            events.extend(self._maybe_finish(request, now))
         return events
+
+    def _on_chunks(self, plan: StepPlan, now: float) -> None:
+        """The chunk policy sees the plan's chunks of live requests before they are recorded."""
+        live = [item for item in plan.items if item.request_id in self._running]
+        if live:
+            self.chunk_policy.on_chunks(
+                self._table, np.array([item.slot for item in live], np.int64),
+                np.array([item.num_frames for item in live], np.int64), now)
 
     def take_released(self) -> tuple[str, ...]:
         """Releases not yet sent in a plan; the caller hands them to the worker itself.
@@ -344,8 +384,9 @@ class Scheduler:
     def load(self, predictor: DeadlinePredictor | None, now: float) -> EngineLoad:
         """Running and queued requests against the limits, and ``predictor``'s least slack."""
         cfg = self.config
-        return measure(self._running.values(), len(self._waiting), cfg.max_running_requests,
-                       cfg.max_queued_requests, predictor, now)
+        return EngineLoad(len(self._running), len(self._waiting), cfg.max_running_requests,
+                          cfg.max_queued_requests,
+                          None if predictor is None else least_slack(self._table, predictor, now))
 
     def stats(self) -> SchedulerStats:
         pool = self.block_pool
@@ -413,6 +454,8 @@ class Scheduler:
         request.status = RequestStatus.RUNNING
         request.slot = heapq.heappop(self._free_slots)
         self._running[request.request_id] = request
+        self._num_admitted += 1
+        self._table.add(request.slot, request, self._num_admitted)
         self._track_blocks(request)
         self._new_requests.append(NewRequestData(
             request_id=request.request_id, slot=request.slot, num_branches=request.num_branches,
@@ -426,8 +469,9 @@ class Scheduler:
             return
         for segment in request.segments[active.index: active.index + 1 + lookahead]:
             if segment.phase is SegmentPhase.QUEUED and not self._allocate(segment):
-                return
+                break
         self._track_blocks(request)
+        self._table.set_segments(_slot(request), request)
 
     def _allocate(self, segment: Segment) -> bool:
         need = segment.blocks_per_branch(self.block_pool.block_size)
@@ -438,63 +482,53 @@ class Scheduler:
         return True
 
     # ------------------------------------------------------------------ readiness
-    def _ready_pairs(self, now: float) -> tuple[list[ReadyPair], dict[str, int]]:
-        """Ready (key, request, stage) triples, and the CODEC item size per codec-ready request
-        (the chunk policy is asked once per request and step)."""
-        pairs: list[ReadyPair] = []
-        codec_frames: dict[str, int] = {}
-        for request in self._running.values():
-            num_frames = self._codec_frames(request, now)
-            if num_frames > 0:
-                codec_frames[request.request_id] = num_frames
-            stages = self._ready_stages(request, is_codec_ready=num_frames > 0)
-            since = request.stage_ready_step
-            if len(since) != len(stages) or not all(s in since for s in stages):
-                # when each ready stage became ready; stages no longer ready drop out
-                request.stage_ready_step = {s: since.get(s, self._step_id) for s in stages}
-            keys = self.stage_policy.priority_keys(request, stages, now)
-            pairs.extend((key, request, stage) for key, stage in zip(keys, stages))
-        return pairs, codec_frames
+    def _ready(self, now: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The ready (slot, stage code) pairs, and the CODEC item size per slot (0 = not
+        ready; the chunk policy is asked once per step for every request with pending frames).
 
-    def _ready_stages(self, request: Request, is_codec_ready: bool) -> list[Stage]:
-        """Generation stages of the active segment; TEXT_ENCODE/PREFILL of lookahead segments
-        only while the active one generates (see ``_segments_in``); CODEC as computed."""
-        stages: list[Stage] = []
-        active = request.active_segment
-        if active is not None and active.is_generating:
-            later = {seg.phase for seg in request.segments[active.index + 1:]}
-            stages += [stage for phase, stage in _PREP_STAGES.items() if phase in later]
-            is_depth = active.phase is SegmentPhase.DEPTH
-            stages.append(Stage.DEPTH if is_depth else Stage.DECODE)
-        elif active is not None and active.phase in _PREP_STAGES:
-            stages.append(_PREP_STAGES[active.phase])
-        if is_codec_ready:
-            stages.append(Stage.CODEC)
-        return stages
-
-    def _codec_frames(self, request: Request, now: float) -> int:
-        """Frames of the CODEC item the request could run now (0 = not ready)."""
-        pending = request.num_pending_frames
-        if pending <= 0:
-            return 0
-        target = self.chunk_policy.chunk_frames(request, now)
-        target = max(1, min(target, self.config.max_codec_frames))
-        if pending >= target:
-            return target
-        # Flush when no segment can generate now: generation is done (that implies a gap), or
-        # the next segment is not ready or not there yet (a gap in the audio anyway).
-        return pending if request.is_at_gap else 0
+        Generation stages of the active segment; TEXT_ENCODE/PREFILL of lookahead segments only
+        while the active one generates (see ``_segments_in``); CODEC when a chunk is full, or
+        with whatever is pending when no segment can generate now (generation is done, or the
+        next segment is not ready or not there yet: a gap in the audio anyway). Keeps each
+        pair's ``ready_since`` (the step since which it has been ready unserved)."""
+        table = self._table
+        live = np.flatnonzero(table.live)
+        phase = table.phase[live]
+        generating = (phase == DEPTH) | (phase == DECODE)
+        pending = table.pending[live]
+        codec_frames = np.zeros(len(table.live), np.int64)
+        has_frames = pending > 0
+        if has_frames.any():
+            rows = live[has_frames]
+            target = np.clip(self.chunk_policy.chunk_frames(table, rows, now), 1,
+                             self.config.max_codec_frames)
+            waiting = pending[has_frames]
+            codec_frames[rows] = np.where(waiting >= target, target,
+                                          np.where(generating[has_frames], 0, waiting))
+        ready = np.stack((  # in STAGES order
+            (generating & table.later_text_encode[live]) | (phase == TEXT_ENCODE),
+            (generating & table.later_prefill[live]) | (phase == PREFILL),
+            phase == DECODE, phase == DEPTH, codec_frames[live] > 0))
+        since = table.ready_since[:, live]
+        table.ready_since[:, live] = np.where(
+            ready, np.where(since < 0, self._step_id, since), -1)
+        stages, columns = np.nonzero(ready)
+        return live[columns], stages, codec_frames
 
     # ------------------------------------------------------------------ batching
-    def _build_items(self, stage: Stage, candidates: list[Request],
-                     codec_frames: dict[str, int]) -> list[StageItem]:
+    def _build_items(self, stage: Stage, slots: np.ndarray,
+                     codec_frames: np.ndarray) -> list[StageItem]:
+        candidates = self._table.request_list(slots)
+        if stage in (Stage.DECODE, Stage.DEPTH):
+            return self._generate_items(stage, candidates,
+                                        self._table.active_index[slots].tolist())
         if stage is Stage.TEXT_ENCODE:
             return self._text_encode_items(candidates)
         if stage is Stage.PREFILL:
             return self._prefill_items(candidates)
         if stage is Stage.CODEC:
             return self._codec_items(candidates, codec_frames)
-        return self._generate_items(stage, candidates)
+        raise AssertionError(stage)
 
     def _text_encode_items(self, candidates: list[Request]) -> list[StageItem]:
         cfg = self.config
@@ -534,8 +568,10 @@ class Scheduler:
             num_requests += len(items) > before
         return items
 
-    def _generate_items(self, stage: Stage, candidates: list[Request]) -> list[StageItem]:
-        """DECODE or DEPTH over each candidate's active segment, within request/row limits."""
+    def _generate_items(self, stage: Stage, candidates: list[Request],
+                        active: list[int]) -> list[StageItem]:
+        """DECODE or DEPTH over each candidate's active segment (index ``active``), within
+        request/row limits."""
         cfg = self.config
         if stage is Stage.DECODE:
             max_requests, max_rows = cfg.max_decode_requests, cfg.max_decode_rows
@@ -543,11 +579,10 @@ class Scheduler:
             max_requests, max_rows = cfg.max_depth_requests, cfg.max_depth_rows
         items: list[StageItem] = []
         num_rows = 0
-        for request in candidates:
+        for request, index in zip(candidates, active, strict=True):
             if len(items) == max_requests:
                 break
-            seg = request.active_segment
-            assert seg is not None
+            seg = request.segments[index]
             if num_rows + seg.num_branches > max_rows:
                 continue  # a 1-branch request behind may still fit
             num_rows += seg.num_branches
@@ -556,13 +591,13 @@ class Scheduler:
         return items
 
     def _codec_items(self, candidates: list[Request],
-                     codec_frames: dict[str, int]) -> list[StageItem]:
+                     codec_frames: np.ndarray) -> list[StageItem]:
         items: list[StageItem] = []
         budget = self.config.max_codec_step_frames
         if candidates and candidates[0].num_chunks == 0:  # a first packet leads: keep it quick
             budget = min(budget, self.config.max_startup_codec_step_frames)
         for request in candidates[: self.config.max_codec_requests]:
-            num_frames = codec_frames[request.request_id]
+            num_frames = int(codec_frames[_slot(request)])
             if items and num_frames > budget:
                 continue  # a smaller chunk behind may still fit
             budget -= num_frames
@@ -574,40 +609,44 @@ class Scheduler:
         return items
 
     def _mark_served(self, stage: Stage, items: Sequence[StageItem], now: float) -> None:
-        for request_id in {item.request_id for item in items}:
-            request = self._running[request_id]
-            request.stage_ready_step.pop(stage, None)
+        slots = np.fromiter((item.slot for item in items), np.int64, len(items))
+        self._table.ready_since[STAGE_CODE[stage], slots] = -1
+        requests = self._table.requests
+        for slot in slots[self._table.num_chunks[slots] == 0].tolist():
+            request = requests[slot]
+            assert request is not None
             if request.first_scheduled_time is None:
                 request.first_scheduled_time = now
 
     # ------------------------------------------------------------------ results
-    def _apply(self, request: Request, item: StageItem, result: StepResult,
-               now: float) -> list[SchedulerEvent]:
-        if isinstance(item, TextEncodeItem):
-            request.segments[item.segment_index].phase = SegmentPhase.PREFILL
-        elif isinstance(item, PrefillItem):
-            seg = request.segments[item.segment_index]
-            assert seg.prefill_cursors[item.branch] == item.start_pos
-            seg.prefill_cursors[item.branch] += item.num_tokens
-            if seg.prefill_cursors == list(seg.prompt_lens):
-                seg.phase = SegmentPhase.DEPTH
-        elif isinstance(item, DecodeItem):
-            request.segments[item.segment_index].phase = SegmentPhase.DEPTH
-        elif isinstance(item, DepthItem):
-            return self._apply_depth(request, item, result.first_codes.get(item.request_id), now)
-        elif isinstance(item, CodecItem):
-            self.chunk_policy.on_chunk(request, item.num_frames, now)
-            request.num_decoded_frames += item.num_frames
-            request.record_chunk(now)
-            frame_end = item.start_frame + item.num_frames
-            return [ChunkEmitted(request.request_id, request.num_chunks - 1, item.start_frame,
-                                 item.num_frames, _segment_of(request, frame_end),
-                                 item.is_final, now, request.enqueue_time)]
-        return []
+    # Appliers of one stage's items: each changes its request (and its table row, or names the
+    # slot in ``advanced`` for the caller's one array write) and returns its events, if any.
+    def _apply_text_encode(self, request: Request, item: TextEncodeItem, result: StepResult,
+                           now: float, advanced: list[int]) -> list[SchedulerEvent] | None:
+        request.segments[item.segment_index].phase = SegmentPhase.PREFILL
+        self._table.set_segments(item.slot, request)
+        return None
 
-    def _apply_depth(self, request: Request, item: DepthItem, code: int | None,
-                     now: float) -> list[SchedulerEvent]:
+    def _apply_prefill(self, request: Request, item: PrefillItem, result: StepResult,
+                       now: float, advanced: list[int]) -> list[SchedulerEvent] | None:
         seg = request.segments[item.segment_index]
+        assert seg.prefill_cursors[item.branch] == item.start_pos
+        seg.prefill_cursors[item.branch] += item.num_tokens
+        if seg.prefill_cursors == list(seg.prompt_lens):
+            seg.phase = SegmentPhase.DEPTH
+            self._table.set_segments(item.slot, request)
+        return None
+
+    def _apply_decode(self, request: Request, item: DecodeItem, result: StepResult,
+                      now: float, advanced: list[int]) -> list[SchedulerEvent] | None:
+        request.segments[item.segment_index].phase = SegmentPhase.DEPTH  # the active segment
+        advanced.append(item.slot)
+        return None
+
+    def _apply_depth(self, request: Request, item: DepthItem, result: StepResult,
+                     now: float, advanced: list[int]) -> list[SchedulerEvent] | None:
+        seg = request.segments[item.segment_index]
+        code = result.first_codes.get(item.request_id)
         if code == FRAME_EOS_ID:
             return [self._end_segment(request, seg, "eos")]
         if code is None or not 0 <= code < CODEBOOK_SIZE:
@@ -616,9 +655,21 @@ class Scheduler:
         seg.num_frames += 1
         request.num_frames += 1
         if seg.num_frames >= seg.max_frames:
+            self._table.pending[item.slot] = request.num_pending_frames
             return [self._end_segment(request, seg, "max_frames")]
         seg.phase = SegmentPhase.DECODE
-        return []
+        advanced.append(item.slot)
+        return None
+
+    def _apply_codec(self, request: Request, item: CodecItem, result: StepResult,
+                     now: float, advanced: list[int]) -> list[SchedulerEvent] | None:
+        request.num_decoded_frames += item.num_frames
+        request.record_chunk(now)
+        self._table.set_chunk(item.slot, request, item.num_frames, now)
+        frame_end = item.start_frame + item.num_frames
+        return [ChunkEmitted(request.request_id, request.num_chunks - 1, item.start_frame,
+                             item.num_frames, _segment_of(request, frame_end),
+                             item.is_final, now, request.enqueue_time)]
 
     def _end_segment(self, request: Request, seg: Segment, reason: str) -> SegmentEnded:
         seg.phase = SegmentPhase.ENDED
@@ -626,6 +677,7 @@ class Scheduler:
         if reason == "eos":
             self._frames_per_token.observe(seg.num_frames, seg.num_text_tokens)
         self._free_blocks(seg)
+        self._table.set_segments(_slot(request), request)
         return SegmentEnded(request.request_id, seg.index, seg.num_frames, reason)
 
     def _maybe_finish(self, request: Request, now: float) -> list[SchedulerEvent]:
@@ -647,6 +699,7 @@ class Scheduler:
                     self._free_blocks(seg)
                 heapq.heappush(self._free_slots, request.slot)
             del self._running[request.request_id]
+            self._table.remove(request.slot)
             self._short_of_blocks.discard(request.request_id)
             pending = [d for d in self._new_requests if d.request_id != request.request_id]
             if len(pending) == len(self._new_requests):
@@ -697,8 +750,8 @@ def _slot(request: Request) -> int:
 
 def _decode_item(request: Request, seg: Segment) -> DecodeItem:
     frame_index = seg.num_frames - 1  # feed the frame DEPTH just produced
-    branches = tuple(DecodeBranch(seg.prompt_lens[b] + frame_index, seg.block_ids[b])
-                     for b in range(seg.num_branches))
+    branches = tuple([DecodeBranch(length + frame_index, block_ids)
+                      for length, block_ids in zip(seg.prompt_lens, seg.block_ids, strict=True)])
     return DecodeItem(request.request_id, _slot(request), seg.index, frame_index, branches)
 
 

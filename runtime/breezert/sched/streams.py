@@ -1,0 +1,162 @@
+"""StreamTable: the running requests as numpy columns over slots, for per-step decisions.
+
+Owns the per-slot copy of what the scheduling policies and the deadline predictor read each step
+(phases, frame counts, chunk log summary, the listener's latest report, how long each stage has
+been ready), so that one step's ranking is a few array operations whatever the number of
+streams. The ``Request`` stays the truth: ``write`` copies one request's row from it, and the
+scheduler calls it (or the narrower ``set_*`` updates) wherever it changes a request. Must not:
+change a request, read a clock or import torch.
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_right
+from collections.abc import Sequence
+
+import numpy as np
+
+from breezert.constants import Stage
+from breezert.request import Request, SegmentPhase
+
+STAGES = (Stage.TEXT_ENCODE, Stage.PREFILL, Stage.DECODE, Stage.DEPTH, Stage.CODEC)
+"""Stage codes: a stage's index here (``STAGE_CODE``)."""
+STAGE_CODE = {stage: code for code, stage in enumerate(STAGES)}
+
+NO_PHASE = -1
+"""``phase`` of a request with no active segment (every segment ended, input open)."""
+PHASE_CODE = {phase: code for code, phase in enumerate(
+    (SegmentPhase.QUEUED, SegmentPhase.TEXT_ENCODE, SegmentPhase.PREFILL, SegmentPhase.DEPTH,
+     SegmentPhase.DECODE))}
+QUEUED, TEXT_ENCODE, PREFILL, DEPTH, DECODE = range(5)
+
+
+class StreamTable:
+    """One row per slot (``live`` rows hold a running request); see the module doc.
+
+    Columns: ``seq`` (admission order), ``priority``, ``enqueue_time``, ``num_branches``,
+    ``num_chunks``, ``chunk_target`` (the schedule's next entry), ``first_target`` and
+    ``largest_target`` (its first and largest entries), ``first_chunk_time``,
+    ``last_chunk_time`` (NaN before one), ``decoded`` and ``pending`` frames, ``phase`` of the
+    active segment (``PHASE_CODE``, ``NO_PHASE``) and its ``active_index``, ``later_text_encode`` / ``later_prefill``
+    (a later segment waits in that phase), the report (``has_report``, ``report_at``,
+    ``report_buffered``, ``frames_since``: frames emitted after it was measured),
+    ``ready_since[stage]`` (step since which the stage is ready unserved, -1: not ready) and
+    ``early_target`` (schedule target of a chunk cut short, -1: none).
+    """
+
+    def __init__(self, num_slots: int) -> None:
+        n = num_slots
+        self.requests: list[Request | None] = [None] * n
+        self.live = np.zeros(n, bool)
+        self.seq = np.zeros(n, np.int64)
+        self.priority = np.zeros(n, np.int64)
+        self.enqueue_time = np.zeros(n)
+        self.num_branches = np.zeros(n, np.int64)
+        self.num_chunks = np.zeros(n, np.int64)
+        self.chunk_target = np.zeros(n, np.int64)
+        self.first_target = np.zeros(n, np.int64)
+        self.largest_target = np.zeros(n, np.int64)
+        self.first_chunk_time = np.full(n, np.nan)
+        self.last_chunk_time = np.full(n, np.nan)
+        self.decoded = np.zeros(n, np.int64)
+        self.pending = np.zeros(n, np.int64)
+        self.phase = np.full(n, NO_PHASE, np.int64)
+        self.active_index = np.full(n, -1, np.int64)
+        self.later_text_encode = np.zeros(n, bool)
+        self.later_prefill = np.zeros(n, bool)
+        self.has_report = np.zeros(n, bool)
+        self.report_at = np.zeros(n)
+        self.report_buffered = np.zeros(n)
+        self.frames_since = np.zeros(n, np.int64)
+        self.ready_since = np.full((len(STAGES), n), -1, np.int64)
+        self.early_target = np.full(n, -1, np.int64)
+
+    @classmethod
+    def of(cls, requests: Sequence[Request]) -> StreamTable:
+        """A table of ``requests`` in rows 0.. (in that order): for questions about requests
+        outside a scheduler (the predictor's per-request answers, tests)."""
+        table = cls(len(requests))
+        for row, request in enumerate(requests):
+            table.add(row, request, row)
+        return table
+
+    # ------------------------------------------------------------------ rows
+    def add(self, slot: int, request: Request, seq: int) -> None:
+        """``request`` takes ``slot`` (admitted ``seq``-th): its whole row, nothing ready."""
+        self.requests[slot] = request
+        self.live[slot] = True
+        self.seq[slot] = seq
+        self.priority[slot] = request.priority
+        self.enqueue_time[slot] = request.enqueue_time
+        self.num_branches[slot] = request.num_branches
+        schedule = request.chunk_schedule
+        assert schedule is not None, "chunk_schedule is resolved by add_request"
+        self.first_target[slot] = schedule[0]
+        self.largest_target[slot] = max(schedule)
+        self.ready_since[:, slot] = -1
+        self.early_target[slot] = -1
+        self.set_segments(slot, request)
+        self.set_chunks(slot, request)
+
+    def remove(self, slot: int) -> None:
+        self.requests[slot] = None
+        self.live[slot] = False
+        self.ready_since[:, slot] = -1
+
+    def set_segments(self, slot: int, request: Request) -> None:
+        """The active segment's phase and the later segments' (after a phase change)."""
+        active = request.active_segment
+        if active is None:
+            self.phase[slot] = NO_PHASE
+            self.active_index[slot] = -1
+            self.later_text_encode[slot] = self.later_prefill[slot] = False
+            return
+        self.phase[slot] = PHASE_CODE[active.phase]
+        self.active_index[slot] = active.index
+        later = {seg.phase for seg in request.segments[active.index + 1:]}
+        self.later_text_encode[slot] = SegmentPhase.TEXT_ENCODE in later
+        self.later_prefill[slot] = SegmentPhase.PREFILL in later
+
+    def set_chunks(self, slot: int, request: Request) -> None:
+        """The chunk log, frame counts and report (a whole row's, at admission and in tests)."""
+        times = request.chunk_emit_times
+        self.num_chunks[slot] = len(times)
+        self.chunk_target[slot] = request.current_chunk_target
+        self.first_chunk_time[slot] = times[0] if times else np.nan
+        self.last_chunk_time[slot] = times[-1] if times else np.nan
+        self.decoded[slot] = request.num_decoded_frames
+        self.pending[slot] = request.num_pending_frames
+        self.set_report(slot, request)
+
+    def set_chunk(self, slot: int, request: Request, num_frames: int, now: float) -> None:
+        """``set_chunks`` after one chunk of ``num_frames`` that ``request`` recorded at
+        ``now``, the report's count of frames since it kept up without a search."""
+        self.num_chunks[slot] = n = len(request.chunk_emit_times)
+        self.chunk_target[slot] = request.current_chunk_target
+        if n == 1:
+            self.first_chunk_time[slot] = now
+        self.last_chunk_time[slot] = now
+        self.decoded[slot] = request.num_decoded_frames
+        self.pending[slot] = request.num_frames - request.num_decoded_frames
+        if now > self.report_at[slot] and self.has_report[slot]:
+            self.frames_since[slot] += num_frames
+
+    def set_report(self, slot: int, request: Request) -> None:
+        """The listener's latest report (after it changed)."""
+        report = request.playback
+        self.has_report[slot] = report is not None
+        if report is None:
+            self.report_at[slot] = self.report_buffered[slot] = self.frames_since[slot] = 0
+        else:
+            times = request.chunk_emit_times
+            self.report_at[slot] = report.measured_at
+            self.report_buffered[slot] = report.buffered_s
+            ends = request.chunk_frame_ends
+            index = bisect_right(times, report.measured_at)
+            self.frames_since[slot] = (ends[-1] if ends else 0) - (
+                ends[index - 1] if index > 0 else 0)
+
+    # ------------------------------------------------------------------ views
+    def request_list(self, slots: np.ndarray) -> list[Request]:
+        requests = self.requests
+        return [requests[s] for s in slots.tolist()]  # type: ignore[misc]
