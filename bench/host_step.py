@@ -47,7 +47,7 @@ def measure(streams: int, steps: int, warm: int) -> dict:
     """One closed loop of ``streams`` streams in this process's ``breezert``."""
     sys.path.insert(0, str(BENCH))
     import sched_sim as sim
-    from breezert.bench.workload import load_texts, make_workload
+    from breezert_bench.workload import load_texts, make_workload
 
     texts = load_texts(str(REPO.parent / "shared" / "bench" / "texts_en.tsv"))
     n = streams
@@ -188,7 +188,7 @@ def main(argv: list[str] | None = None) -> None:
         for n in streams:
             print(json.dumps(measure(n, args.steps, warm=4 * n)), flush=True)
         return
-    from breezert.bench.provenance import provenance
+    from breezert_bench.provenance import provenance
 
     trees = {"before": {"rev": args.before, "runs": []},
              "after": {"rev": "this checkout (git_commit)", "runs": []}}
