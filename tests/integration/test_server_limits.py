@@ -84,6 +84,17 @@ async def test_a_turn_that_keeps_appending_is_not_idle(engine: AsyncEngine) -> N
     await wait_idle(engine)
 
 
+async def _until_every_turn_is_quiet(scheduler, slots: int, timeout_s: float = 30.0) -> None:
+    """Waits until ``slots`` requests run and every segment they have has ended."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        running = list(scheduler._running.values())
+        if len(running) == slots and all(seg.is_ended for r in running for seg in r.segments):
+            return
+        assert time.monotonic() < deadline, "the open turns never went quiet"
+        await asyncio.sleep(0.02)
+
+
 async def test_a_caller_queued_past_max_queue_wait_gets_503_not_a_silent_wait(
     engine: AsyncEngine,
 ) -> None:
@@ -98,6 +109,10 @@ async def test_a_caller_queued_past_max_queue_wait_gets_503_not_a_silent_wait(
         async with serve(engine, serving={"turn_idle_timeout_s": 30.0}) as (url, _), \
                 aiohttp.ClientSession() as http:
             sockets = [await _open_idle_turn(http, url) for _ in range(slots)]
+            # Quiet turns hold every slot. While one still speaks, its frames left predict when
+            # its slot frees (sched/slot_wait.py) and a wait past max_queue_wait_s is refused
+            # at once: a race this test lost now and then before it waited for the quiet.
+            await _until_every_turn_is_quiet(scheduler, slots)
             start = time.monotonic()
             async with http.post(f"{url}/v1/audio/speech",
                                  json={"input": "Me next.", "response_format": "pcm"}) as r:
