@@ -13,7 +13,7 @@ STAMP  := $(VENV)/.installed
 
 .PHONY: run test test-gpu test-stall install chromium livekit-server livekit-web telephony-deps \
         livekit-sip synth \
-        bench-cpu bench-livekit-room train-texts train-wheels clean
+        bench-cpu bench-livekit-room room-bundle train-texts train-wheels clean
 
 # Three distributions: runtime/pyproject.toml is `breezert` (torch only in its `engine` extra),
 # pyproject.toml is `breezert-agent` (the LiveKit plugin; `local` = in-process engine), and
@@ -134,6 +134,15 @@ train-wheels: $(STAMP)
 	$(PIP) download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
 	  --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 -d .whl-train \
 	  "hibari-tts==0.2.1"
+
+# Issue 34's room benchmark on the H200 machine (no registry there): a static, stripped
+# livekit-server (xz), the Python packages that image lacks for CPython 3.12 (livekit,
+# livekit-agents, pydantic, ...; two import stand-ins for wheels too big to carry), the
+# tokenizer cut to the bench texts' merges and the texts, in .roombundle/ (git-ignored; ~25 MiB,
+# which with the tree's ~39 MiB fits one call's 64 MiB). Carry only .roombundle to phase `room`
+# of bench/h200_session.sh. A few minutes the first time (the server's Go build).
+room-bundle: $(STAMP)
+	PY=$(abspath $(PY)) LIVEKIT_SERVER_VERSION=$(LIVEKIT_SERVER_VERSION) bash bench/room_bundle/build.sh
 
 run: $(STAMP)
 	$(VENV)/bin/breezert serve --config cpu-tiny

@@ -119,6 +119,11 @@ def _stop(*procs: subprocess.Popen[Any], timeout_s: float = 20) -> None:
             proc.wait()
 
 
+def _python() -> list[str]:
+    """This interpreter, with ``-S`` where it runs without site-packages (a bundle's own)."""
+    return [sys.executable, *(["-S"] if sys.flags.no_site else [])]
+
+
 def _pythonpath() -> str:
     return os.pathsep.join(p for p in (str(REPO / "runtime"), str(REPO),
                                        os.environ.get("PYTHONPATH", "")) if p)
@@ -127,20 +132,22 @@ def _pythonpath() -> str:
 @contextmanager
 def agent_worker(url: str, log_dir: Path, name: str, env: dict[str, str],
                  timeout_s: float) -> Iterator[Path]:
-    """One ``bench/room_agent.py`` registered with the server; yields its state folder."""
+    """One ``bench/room_agent.py`` registered with the server, its engine built; yields its
+    state folder."""
     state = log_dir / f"agent-{name}"
     state.mkdir(parents=True, exist_ok=True)
     log_path = log_dir / f"agent-{name}.log"
     full_env = {**os.environ, "LIVEKIT_URL": url, "LIVEKIT_API_KEY": API_KEY,
                 "LIVEKIT_API_SECRET": API_SECRET, "BREEZERT_ROOM_STATE": str(state),
-                "BREEZERT_ROOM_AGENT_NAME": AGENT_NAME, "PYTHONPATH": _pythonpath(),
+                "BREEZERT_ROOM_AGENT_NAME": f"{AGENT_NAME}-{name}", "PYTHONPATH": _pythonpath(),
                 "BREEZERT_ROOM_WORKER_PORT": str(free_port(family=socket.AF_INET6)), **env}
     with open(log_path, "wb") as log:
-        proc = subprocess.Popen([sys.executable, str(REPO / "bench" / "room_agent.py"), "start"],
+        proc = subprocess.Popen([*_python(), str(REPO / "bench" / "room_agent.py"), "start"],
                                 cwd=REPO, env=full_env, stdout=log, stderr=subprocess.STDOUT)
         try:
             deadline = time.monotonic() + timeout_s
-            while "registered worker" not in log_path.read_text(errors="replace"):
+            while ("registered worker" not in log_path.read_text(errors="replace")
+                   or not (state / "engine_ready.json").exists()):
                 if proc.poll() is not None or time.monotonic() > deadline:
                     raise RuntimeError("the agent worker did not register:\n"
                                        + log_path.read_text(errors="replace")[-3000:])
@@ -183,7 +190,7 @@ async def _group(spec: dict[str, Any], out: Path) -> None:
     from room_listener import ListenerRoom
 
     rooms = [ListenerRoom(url=spec["url"], api_url=spec["api_url"], api_key=API_KEY,
-                          api_secret=API_SECRET, room=name, agent_name=AGENT_NAME,
+                          api_secret=API_SECRET, room=name, agent_name=spec["agent_name"],
                           variant=spec["variant"], report=spec["variant"] == "listener",
                           prebuffer_s=spec["prebuffer_s"], energy_rms=spec["energy_rms"])
              for name in spec["rooms"]]
@@ -218,7 +225,8 @@ async def _group(spec: dict[str, Any], out: Path) -> None:
     print("DONE", flush=True)
 
 
-def run_listeners(*, url: str, api_url: str, variant: str, mode: str, num_rooms: int,
+def run_listeners(*, url: str, api_url: str, agent: str, variant: str, mode: str,
+                  num_rooms: int,
                   turns: int, rate: float | None, args: argparse.Namespace,
                   texts: Sequence[str], log_dir: Path, tag: str) -> dict[str, Any]:
     """One run: ``num_rooms`` listener rooms in processes of ``--rooms-per-process``, started
@@ -230,6 +238,7 @@ def run_listeners(*, url: str, api_url: str, variant: str, mode: str, num_rooms:
     for group_start in range(0, num_rooms, per):
         members = list(range(group_start, min(group_start + per, num_rooms)))
         spec = {"url": url, "api_url": api_url, "variant": variant, "mode": mode,
+                "agent_name": f"{AGENT_NAME}-{agent}",
                 "rooms": [names[i] for i in members], "texts": list(texts), "seed": args.seed,
                 "think_s": args.think_s, "prebuffer_s": args.prebuffer_ms / 1000,
                 "energy_rms": args.energy_rms,
@@ -238,7 +247,7 @@ def run_listeners(*, url: str, api_url: str, variant: str, mode: str, num_rooms:
         spec_path = log_dir / f"{tag}-g{group_start}.spec.json"
         spec_path.write_text(json.dumps(spec))
         log = open(log_dir / f"{tag}-g{group_start}.log", "wb")
-        proc = subprocess.Popen([sys.executable, __file__, "--listen-group", str(spec_path),
+        proc = subprocess.Popen([*_python(), __file__, "--listen-group", str(spec_path),
                                  "--group-out", str(out)], cwd=REPO, stdin=subprocess.PIPE,
                                 stdout=subprocess.PIPE, stderr=log, text=True,
                                 env={**os.environ, "PYTHONPATH": _pythonpath()})
@@ -508,7 +517,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             if args.tokenizer:
                 env["BREEZERT_ROOM_TOKENIZER"] = args.tokenizer
             started = time.monotonic()
-            with agent_worker(url, log_dir, f"predictor-{setting}", env,
+            worker = f"predictor-{setting}"  # also its agent name's suffix: a fresh name per
+            # worker, so no room goes to the one before it while that one drains
+            with agent_worker(url, log_dir, worker, env,
                               args.agent_timeout_s) as state:
                 print(f"[room] agent predictor-{setting} registered in "
                       f"{time.monotonic() - started:.0f} s", flush=True)
@@ -517,7 +528,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                         for load in loads:
                             tag = f"{variant}-n{n}-{load}-{random.randrange(16**6):06x}"
                             before = engine_counters(state)
-                            run = run_listeners(url=url, api_url=api_url, variant=variant,
+                            run = run_listeners(url=url, api_url=api_url, agent=worker,
+                                                variant=variant,
                                                 mode=load, num_rooms=n, turns=args.turns,
                                                 rate=args.rate, args=args, texts=texts,
                                                 log_dir=log_dir, tag=tag)

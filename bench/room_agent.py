@@ -23,8 +23,9 @@ Data messages, from the listener (``bench/room_listener.py``): ``bench.say`` ``{
 ``bench.turn`` after each turn, with its ``time.monotonic()`` stamps (same machine as the
 listener): received, said, engine request opened, first engine audio, playback started (first
 frame into RoomIO's ``AudioSource``), the source's queue then, done, plus the plugin's TTFB and
-which feedback source the plugin reported. ``$BREEZERT_ROOM_STATE/metrics.json`` holds the
-engine's counters, rewritten every second. Must not: change the plugin's pacing (it only reads
+which feedback source the plugin reported. ``$BREEZERT_ROOM_STATE/engine_ready.json`` appears
+once the engine is built; ``metrics.json`` there holds the engine's counters, rewritten every
+second. Must not: change the plugin's pacing (it only reads
 and wraps public objects).
 """
 
@@ -59,6 +60,7 @@ VARIANTS = ("listener", "agent-queue", "none", "predictor-off")
 SAMPLE_RATE = 24000
 
 _prewarm_lock = threading.Lock()
+_connect_lock = threading.Lock()
 _engine: Any = None
 _config: Any = None
 
@@ -103,7 +105,13 @@ def prewarm(proc: JobProcess) -> None:
         if _engine is None:
             STATE.mkdir(parents=True, exist_ok=True)
             _config = engine_config()
+            started = time.monotonic()
             _engine = AsyncEngine.shared(_config)
+            # the parent waits for this before it dispatches rooms: a job whose thread starts
+            # while the engine builds (CUDA graphs: a minute or more) starves its event loop
+            (STATE / "engine_ready.json").write_text(json.dumps(
+                {"build_s": time.monotonic() - started,
+                 "use_predictor": _config.scheduler.use_predictor}))
             threading.Thread(target=_write_metrics, name="metrics", daemon=True).start()
     proc.userdata["breezert_engine"] = _engine
 
@@ -154,7 +162,14 @@ async def entrypoint(ctx: JobContext) -> None:
     variant = json.loads(ctx.job.metadata or "{}").get("variant", "none")
     if variant not in VARIANTS:
         raise ValueError(f"variant {variant!r}: expected one of {VARIANTS}")
-    await ctx.connect()
+    # one connect at a time in this process: with the THREAD executor, two jobs connecting at
+    # once left one waiting for its ReadyForRoomEventRequest until the FFI gave up (livekit
+    # 1.1.21, "timed out waiting for ReadyForRoomEventRequest after ConnectCallback")
+    await asyncio.to_thread(_connect_lock.acquire)
+    try:
+        await ctx.connect()
+    finally:
+        _connect_lock.release()
     tts = TTS(config=_config if _config is not None else engine_config(),
               sample_rate=SAMPLE_RATE)
     ctx.add_shutdown_callback(tts.aclose)
@@ -172,7 +187,10 @@ async def entrypoint(ctx: JobContext) -> None:
     playout.report = counted  # type: ignore[method-assign]
     ttfbs: list[float] = []
     tts.on("metrics_collected", lambda metrics: ttfbs.append(metrics.ttfb))
-    session: AgentSession = AgentSession(tts=tts)
+    # no VAD and manual turns: livekit-agents 1.8.9 otherwise runs its local silero VAD and
+    # end-of-turn model in every session (the listener sends no audio; they would only cost CPU)
+    session: AgentSession = AgentSession(tts=tts, vad=None,
+                                         turn_handling={"turn_detection": "manual"})
     session.on("close", lambda _event: ctx.shutdown("session closed"))
     await session.start(
         agent=Agent(instructions="Speaks what the benchmark's listener asks."), room=ctx.room,
