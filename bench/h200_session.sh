@@ -384,6 +384,8 @@ case "$phase" in
     unxz() { python3 -c "import lzma, shutil, sys; shutil.copyfileobj(lzma.open(sys.argv[1]), open(sys.argv[2], 'wb'))" "$1" "$2"; }
     [ -x "$d/livekit-server" ] || { unxz .roombundle/livekit-server.xz "$d/livekit-server" && chmod +x "$d/livekit-server"; }
     [ -f "$d/tokenizer-trimmed.json" ] || unxz .roombundle/tokenizer.json.xz "$d/tokenizer-trimmed.json"
+    # a package the image lacks or has too old fails here in seconds, naming it
+    python3 -c "import livekit.rtc, livekit.api, livekit.agents, breezert_agent; print('room imports ok')"
     n=${ROOM_N:-16,64}
     timeout "${ROOM_TIMEOUT_S:-570}" python3 bench/room.py --server-bin "$d/livekit-server" \
       --config configs/h200-latency.toml --tokenizer "$d/tokenizer-trimmed.json" \

@@ -375,6 +375,10 @@ def text_table(runs: Sequence[dict[str, Any]]) -> str:
               "beyond TTFB p50", "quiet gaps (turns)", "late gaps (turns)", "reports")
     rows = [header]
     for run in runs:
+        if "summary" not in run:
+            rows.append((run["variant"], str(run["listeners"]), run["load"], "FAILED",
+                         *[""] * (len(header) - 4)))
+            continue
         s = run["summary"]
         heard = s["first_heard_after_say"]
         rows.append((run["variant"], str(run["listeners"]), run["load"], str(s["heard"]),
@@ -396,7 +400,7 @@ def plot(doc: dict[str, Any], path: Path) -> Path | None:
         import matplotlib.pyplot as plt
     except ImportError:
         return None
-    runs = doc["runs"]
+    runs = [run for run in doc["runs"] if "summary" in run]
     if not runs:
         return None
     labels = [f"{r['variant']}\nN={r['listeners']} {r['load']}" for r in runs]
@@ -528,11 +532,20 @@ def main(argv: Sequence[str] | None = None) -> int:
                         for load in loads:
                             tag = f"{variant}-n{n}-{load}-{random.randrange(16**6):06x}"
                             before = engine_counters(state)
-                            run = run_listeners(url=url, api_url=api_url, agent=worker,
-                                                variant=variant,
-                                                mode=load, num_rooms=n, turns=args.turns,
-                                                rate=args.rate, args=args, texts=texts,
-                                                log_dir=log_dir, tag=tag)
+                            try:
+                                run = run_listeners(url=url, api_url=api_url, agent=worker,
+                                                    variant=variant, mode=load, num_rooms=n,
+                                                    turns=args.turns, rate=args.rate,
+                                                    args=args, texts=texts, log_dir=log_dir,
+                                                    tag=tag)
+                            except RuntimeError as exc:  # a listener process died: the
+                                # run is lost, not the ones after it (the log dir has why)
+                                doc["runs"].append({"variant": variant, "listeners": n,
+                                                    "load": load, "error": str(exc)})
+                                write_json(doc, out)
+                                print(f"[room] {variant} N={n} {load}: FAILED {exc}",
+                                      flush=True)
+                                continue
                             after = engine_counters(state)
                             _check_wiring(run["ready"], variant)
                             entry = {"variant": variant, "listeners": n, "load": load,
