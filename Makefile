@@ -13,7 +13,7 @@ STAMP  := $(VENV)/.installed
 
 .PHONY: run test test-gpu test-stall install chromium livekit-server livekit-web telephony-deps \
         livekit-sip synth \
-        bench-cpu bench-livekit-room train-texts train-wheels clean
+        bench-cpu bench-livekit-room room-bundle train-texts train-wheels clean
 
 # Four distributions: runtime/pyproject.toml is `breezert` (torch only in its `engine` extra),
 # pyproject.toml is `breezert-agent` (the LiveKit plugin; `local` = in-process engine), and
@@ -151,6 +151,15 @@ train-wheels: $(STAMP) $(TRAIN_STAMP)
 	  "pocketsphinx==5.0.4"
 	$(PY) -m breezert_train.slim_wheel .cache/asr-wheel/pocketsphinx-5.0.4-*.whl .whl-asr \
 	  --drop pocketsphinx/model/en-us/en-us.lm.bin
+
+# Issue 34's room benchmark on the H200 machine (no registry there): a static, stripped
+# livekit-server (xz), the Python packages that image lacks for CPython 3.12 (livekit,
+# livekit-agents, pydantic, ...; two import stand-ins for wheels too big to carry), the
+# tokenizer cut to the bench texts' merges and the texts, in .roombundle/ (git-ignored; ~25 MiB,
+# which with the tree's ~39 MiB fits one call's 64 MiB). Carry only .roombundle to phase `room`
+# of bench/h200_session.sh. A few minutes the first time (the server's Go build).
+room-bundle: $(STAMP)
+	PY=$(abspath $(PY)) LIVEKIT_SERVER_VERSION=$(LIVEKIT_SERVER_VERSION) bash bench/room_bundle/build.sh
 
 run: $(STAMP)
 	$(VENV)/bin/breezert serve --config cpu-tiny

@@ -12,7 +12,8 @@
 #        chain P1 P2...  | decode | decode-micro | decode-bench | tune | profile | stages |
 #        ablation-eager | ablation-a|b|c|d[@I/N] | sweep | sweep+ablation | latency |
 #        latency-nocap | predictor | predictor-edf | capacity-closed | capacity-open | capacity-tests | capacity-256 |
-#        burst | slack | voice | te-tokens | admit | path | tune-decode | trace | prefill | prefill-bench | before-after | anatomy | depth-engine | tests-changed
+#        burst | slack | voice | te-tokens | admit | path | tune-decode | trace | prefill | prefill-bench | before-after | anatomy | depth-engine | tests-changed |
+#        room (issue 34: carry=[".roombundle"] alone, built by `make room-bundle`; see the phase)
 # An ablation phase with @I/N runs shard I of N of its requests (bench --shard).
 # Several GPUs (kind nvidia-h200-x4): "parallel GPU=PHASE[+PHASE...] ..." runs each list on its own
 # GPU at once, e.g. parallel 0=ablation-a@1/2 1=ablation-a@2/2 2=tests+ablation-d; the results
@@ -27,6 +28,11 @@ if [ -z "${BREEZERT_SITE_READY:-}" ] && ls .whl/*.whl >/dev/null 2>&1; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
     --target /tmp/site .whl/*.whl $(ls .whl-train/*.whl .whl-asr/*.whl 2>/dev/null)
 fi
+if [ -z "${BREEZERT_SITE_READY:-}" ] && [ -f .roombundle/site.tar.xz ]; then
+  # make room-bundle: the room benchmark's packages (pydantic and soxr among them)
+  python3 -c "import sys, tarfile; tarfile.open(sys.argv[1]).extractall(sys.argv[2])" \
+    .roombundle/site.tar.xz /tmp/site
+fi
 export PYTHONPATH=/tmp/site:runtime:bench:training:. PYTHONUNBUFFERED=1 BREEZERT_SITE_READY=1
 # A wheel missing from .whl/ fails here in seconds, not minutes into a phase (soxr did, 2 Dec)
 [ -n "${BREEZERT_IMPORTS_OK:-}" ] || python3 -c "import breezert.cli, breezert.runtime_setup" \
@@ -38,7 +44,7 @@ case "$phase" in
   ablation-?) ;;
   *) [ -z "$shard" ] || { echo "phase $phase takes no @I/N shard" >&2; exit 2; } ;;
 esac
-commit=$(cat .benchdata/COMMIT 2>/dev/null || echo unknown)
+commit=$(cat .benchdata/COMMIT 2>/dev/null || cat .roombundle/COMMIT 2>/dev/null || echo unknown)
 export BREEZERT_GIT_COMMIT=$commit  # every result records it (breezert_bench.provenance)
 # The common bench command; each phase adds its own arguments.
 bench=(python3 -m breezert_bench --config configs/h200-latency.toml
@@ -344,5 +350,25 @@ case "$phase" in
       --variant 'new32=config;scheduler.max_text_encode_requests=32;scheduler.max_prefill_requests=32' \
       --variant 'new64=config;scheduler.max_text_encode_requests=64;scheduler.max_prefill_requests=64' \
       --out "$out/h200-burst.json" 2>&1 | grep '^\[bench' ;;
+  room)  # issue 34: real LiveKit calls (bench/room.py): livekit-server on loopback, one agent
+    # worker per engine setting (configs/h200-latency.toml, full-size random bf16, the plugin's
+    # in-process engine), ROOM_N listener rooms (default 16,64) with ROOM_TURNS closed-loop turns
+    # each (default 2) and, with ROOM_RATE, an open-loop run at that many turns/s, in the four
+    # feedback variants (ROOM_VARIANTS). Carry only .roombundle (make room-bundle: server,
+    # packages, trimmed tokenizer, texts, COMMIT); the tree and it just fit one call's 64 MiB.
+    d=/tmp/room
+    mkdir -p "$d"
+    unxz() { python3 -c "import lzma, shutil, sys; shutil.copyfileobj(lzma.open(sys.argv[1]), open(sys.argv[2], 'wb'))" "$1" "$2"; }
+    [ -x "$d/livekit-server" ] || { unxz .roombundle/livekit-server.xz "$d/livekit-server" && chmod +x "$d/livekit-server"; }
+    [ -f "$d/tokenizer-trimmed.json" ] || unxz .roombundle/tokenizer.json.xz "$d/tokenizer-trimmed.json"
+    # a package the image lacks or has too old fails here in seconds, naming it
+    python3 -c "import livekit.rtc, livekit.api, livekit.agents, breezert_agent; print('room imports ok')"
+    n=${ROOM_N:-16,64}
+    timeout "${ROOM_TIMEOUT_S:-570}" python3 bench/room.py --server-bin "$d/livekit-server" \
+      --config configs/h200-latency.toml --tokenizer "$d/tokenizer-trimmed.json" \
+      --texts .roombundle/texts_en.tsv --listeners "$n" --turns "${ROOM_TURNS:-2}" \
+      ${ROOM_RATE:+--rate "$ROOM_RATE"} --variants "${ROOM_VARIANTS:-listener,agent-queue,none,predictor-off}" \
+      --out "$out/h200-room-n${n//,/-}.json" 2>&1 | grep -vE 'Warn|^\{' | tail -40
+    (cd /tmp && tar czf "$out/room-logs.tgz" breezert-room-*) 2>/dev/null || true ;;
   *) echo "unknown phase $phase" >&2; exit 2 ;;
 esac

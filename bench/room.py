@@ -1,0 +1,585 @@
+"""The room benchmark (issue 34): real LiveKit calls against the in-process engine.
+
+    python bench/room.py --server-bin .cache/livekit/livekit-server --listeners 4 --turns 3 \
+        --variants listener,agent-queue,none,predictor-off --out bench/results/room-cpu.json
+
+Starts ``livekit-server --dev`` on loopback, one agent worker process (``bench/room_agent.py``:
+the plugin's ``[local]`` mode, one engine for every room) per engine setting, and N listener
+participants (``bench/room_listener.py``), one room each, in processes of
+``--rooms-per-process`` rooms. Every listener plays the agent's track on its own real-time
+clock, reads its receiver's stats every 100 ms and, in variant ``listener``, reports them to the
+agent as ``examples/playout_reporter.js`` does. Turns run closed-loop (each room speaks its
+``--turns`` turns back to back, ``--think-s`` apart) and, with ``--rate``, open-loop (Poisson
+arrivals over all rooms; an arrival for a room still speaking waits for it: ``room_wait_s``).
+Turn ``i`` of a run has the same text, frame limit and seed in every variant
+(``breezert_bench.workload``).
+
+Variants run one after another; ``listener``, ``agent-queue`` and ``none`` share one worker (the
+Predictor on), ``predictor-off`` gets its own (``scheduler.use_predictor = false``), so each
+engine setting is built once. The JSON holds every turn and, per run, first audio heard, gaps
+heard and the first audio's path itemised; the PNG draws them.
+
+Owns: the server's and workers' processes, the listener processes' schedule, the summary and
+the plot. Must not: reach into the agent's process (all it learns comes through the room).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+for _path in (REPO / "runtime", REPO):  # as a script: bench/ (breezert_bench) is sys.path[0]
+    if str(_path) not in sys.path:
+        sys.path.append(str(_path))
+
+from breezert_bench.listener import summarize  # noqa: E402
+from breezert_bench.ports import free_port  # noqa: E402
+from breezert_bench.provenance import provenance  # noqa: E402
+from breezert_bench.report import write_json  # noqa: E402
+from breezert_bench.workload import (  # noqa: E402
+    default_texts_path,
+    frames_for_text,
+    load_texts,
+    poisson_offsets,
+    request_seed,
+)
+
+API_KEY, API_SECRET = "devkey", "secret"
+AGENT_NAME = "breezert-bench"
+VARIANTS = ("listener", "agent-queue", "none", "predictor-off")
+DEFAULT_SERVER = REPO / ".cache" / "livekit" / "livekit-server"
+OPUS_FRAME_S = 0.020
+"""The Opus packet length LiveKit's encoder uses: the first sample of a turn waits up to this
+long for its packet to fill (an estimate in the itemisation, not a measurement)."""
+FALLBACK_TEXTS = ["Hello there, thanks for calling, how can I help you today?",
+                  "Your order has shipped and should arrive on Thursday afternoon.",
+                  "Let me check that for you, it will only take a moment."]
+
+
+# ----------------------------------------------------------------------------- processes
+
+
+@contextmanager
+def livekit_server(binary: Path, log_dir: Path) -> Iterator[tuple[str, str]]:
+    """``livekit-server --dev`` on free loopback ports; yields (ws url, http url)."""
+    if not binary.exists():
+        raise FileNotFoundError(f"livekit-server not found at {binary} (make livekit-server, "
+                                "or --server-bin / $BREEZERT_LIVEKIT_SERVER)")
+    http, tcp, udp = free_port(), free_port(), free_port(socket.SOCK_DGRAM)
+    config = (f"port: {http}\nrtc:\n  tcp_port: {tcp}\n  udp_port: {udp}\n"
+              "  use_external_ip: false\n  enable_loopback_candidate: true\n"
+              "logging:\n  level: warn\n")
+    log = open(log_dir / "livekit-server.log", "wb")
+    proc = subprocess.Popen([str(binary), "--dev", "--bind", "127.0.0.1", "--node-ip",
+                             "127.0.0.1", "--config-body", config],
+                            stdout=log, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{http}/", timeout=1):
+                    break
+            except OSError:
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError("livekit-server did not start: " + (
+                        log_dir / "livekit-server.log").read_text(errors="replace")[-2000:])
+                time.sleep(0.1)
+        yield f"ws://127.0.0.1:{http}", f"http://127.0.0.1:{http}"
+    finally:
+        _stop(proc)
+        log.close()
+
+
+def _stop(*procs: subprocess.Popen[Any], timeout_s: float = 20) -> None:
+    """SIGTERM to every process still running, then SIGKILL to those that outlive
+    ``timeout_s`` (all of them share the one deadline)."""
+    running = [p for p in procs if p.poll() is None]
+    for proc in running:
+        proc.terminate()
+    deadline = time.monotonic() + timeout_s
+    for proc in running:
+        try:
+            proc.wait(max(deadline - time.monotonic(), 0.1))
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def _python() -> list[str]:
+    """This interpreter, with ``-S`` where it runs without site-packages (a bundle's own)."""
+    return [sys.executable, *(["-S"] if sys.flags.no_site else [])]
+
+
+def _pythonpath() -> str:
+    return os.pathsep.join(p for p in (str(REPO / "runtime"), str(REPO / "bench"), str(REPO),
+                                       os.environ.get("PYTHONPATH", "")) if p)
+
+
+@contextmanager
+def agent_worker(url: str, log_dir: Path, name: str, env: dict[str, str],
+                 timeout_s: float) -> Iterator[Path]:
+    """One ``bench/room_agent.py`` registered with the server, its engine built; yields its
+    state folder."""
+    state = log_dir / f"agent-{name}"
+    state.mkdir(parents=True, exist_ok=True)
+    log_path = log_dir / f"agent-{name}.log"
+    full_env = {**os.environ, "LIVEKIT_URL": url, "LIVEKIT_API_KEY": API_KEY,
+                "LIVEKIT_API_SECRET": API_SECRET, "BREEZERT_ROOM_STATE": str(state),
+                "BREEZERT_ROOM_AGENT_NAME": f"{AGENT_NAME}-{name}", "PYTHONPATH": _pythonpath(),
+                "BREEZERT_ROOM_WORKER_PORT": str(free_port(family=socket.AF_INET6)), **env}
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen([*_python(), str(REPO / "bench" / "room_agent.py"), "start"],
+                                cwd=REPO, env=full_env, stdout=log, stderr=subprocess.STDOUT)
+        try:
+            deadline = time.monotonic() + timeout_s
+            while ("registered worker" not in log_path.read_text(errors="replace")
+                   or not (state / "engine_ready.json").exists()):
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError("the agent worker did not register:\n"
+                                       + log_path.read_text(errors="replace")[-3000:])
+                time.sleep(0.2)
+            yield state
+        finally:
+            _stop(proc)
+
+
+def engine_counters(state: Path) -> dict[str, int]:
+    try:
+        return dict(json.loads((state / "metrics.json").read_text())["counters"])
+    except (OSError, ValueError, KeyError):
+        return {}
+
+
+# ----------------------------------------------------------------------------- schedule
+
+
+def schedule(mode: str, num_rooms: int, turns: int, rate: float | None,
+             seed: int) -> list[tuple[float, int, int]]:
+    """The run's turns as (offset s, room, workload index). Closed loop: offsets are 0 (each
+    room's turns go back to back); open loop: Poisson arrivals at ``rate``, rooms in turn."""
+    count = num_rooms * turns
+    if mode == "closed":
+        return [(0.0, i % num_rooms, i) for i in range(count)]
+    assert rate is not None
+    return [(offset, i % num_rooms, i) for i, offset in enumerate(poisson_offsets(rate, count,
+                                                                                  seed))]
+
+
+def run_group(spec: dict[str, Any], out: Path) -> None:
+    """Child process: one group of listener rooms (spec from the parent, see ``run_listeners``);
+    prints READY once every room is joined, waits for ``GO <monotonic start>`` on stdin, runs
+    the schedule and writes the turns to ``out``."""
+    asyncio.run(_group(spec, out))
+
+
+async def _group(spec: dict[str, Any], out: Path) -> None:
+    from room_listener import ListenerRoom
+
+    rooms = [ListenerRoom(url=spec["url"], api_url=spec["api_url"], api_key=API_KEY,
+                          api_secret=API_SECRET, room=name, agent_name=spec["agent_name"],
+                          variant=spec["variant"], report=spec["variant"] == "listener",
+                          prebuffer_s=spec["prebuffer_s"], energy_rms=spec["energy_rms"])
+             for name in spec["rooms"]]
+    ready = await asyncio.gather(*(room.join() for room in rooms))
+    print("READY", json.dumps(ready), flush=True)
+    line = await asyncio.get_running_loop().run_in_executor(None, sys.stdin.readline)
+    start = float(line.split()[1])
+    texts, seed, think_s = spec["texts"], spec["seed"], spec["think_s"]
+    by_room: dict[int, list[tuple[float, int]]] = {}
+    for offset, room, index in spec["schedule"]:
+        by_room.setdefault(room, []).append((offset, index))
+
+    async def speak(room: ListenerRoom, items: list[tuple[float, int]]) -> list[dict[str, Any]]:
+        records = []
+        for offset, index in items:
+            due = start + offset
+            await asyncio.sleep(max(due - time.monotonic(), 0.0))
+            text = texts[index % len(texts)]
+            wait = max(time.monotonic() - due, 0.0) if spec["mode"] == "open" else None
+            record = await room.turn(text, frames_for_text(text), request_seed(seed, index))
+            records.append({**record, "index": index, "room_wait_s": wait})
+            if spec["mode"] == "closed":
+                await asyncio.sleep(think_s)
+        return records
+
+    results = await asyncio.gather(*(speak(rooms[r], items) for r, items in by_room.items()))
+    turns = [record for records in results for record in records]
+    meta = [{"room": room.name, "reports_sent": room.reports_sent, "frames": room.frames}
+            for room in rooms]
+    await asyncio.gather(*(room.close() for room in rooms))
+    out.write_text(json.dumps({"turns": turns, "rooms": meta, "ready": ready}))
+    print("DONE", flush=True)
+
+
+def run_listeners(*, url: str, api_url: str, agent: str, variant: str, mode: str,
+                  num_rooms: int,
+                  turns: int, rate: float | None, args: argparse.Namespace,
+                  texts: Sequence[str], log_dir: Path, tag: str) -> dict[str, Any]:
+    """One run: ``num_rooms`` listener rooms in processes of ``--rooms-per-process``, started
+    together once all joined; returns their turns and rooms."""
+    plan = schedule(mode, num_rooms, turns, rate, args.seed)
+    per = max(1, args.rooms_per_process)
+    names = [f"{tag}-r{i}" for i in range(num_rooms)]
+    procs = []
+    for group_start in range(0, num_rooms, per):
+        members = list(range(group_start, min(group_start + per, num_rooms)))
+        spec = {"url": url, "api_url": api_url, "variant": variant, "mode": mode,
+                "agent_name": f"{AGENT_NAME}-{agent}",
+                "rooms": [names[i] for i in members], "texts": list(texts), "seed": args.seed,
+                "think_s": args.think_s, "prebuffer_s": args.prebuffer_ms / 1000,
+                "energy_rms": args.energy_rms,
+                "schedule": [(o, members.index(r), i) for o, r, i in plan if r in members]}
+        out = log_dir / f"{tag}-g{group_start}.json"
+        spec_path = log_dir / f"{tag}-g{group_start}.spec.json"
+        spec_path.write_text(json.dumps(spec))
+        log = open(log_dir / f"{tag}-g{group_start}.log", "wb")
+        proc = subprocess.Popen([*_python(), __file__, "--listen-group", str(spec_path),
+                                 "--group-out", str(out)], cwd=REPO, stdin=subprocess.PIPE,
+                                stdout=subprocess.PIPE, stderr=log, text=True,
+                                env={**os.environ, "PYTHONPATH": _pythonpath()})
+        procs.append((proc, out, log))
+    ready: list[Any] = []
+    try:
+        for proc, _, _ in procs:
+            line = proc.stdout.readline() if proc.stdout else ""
+            if not line.startswith("READY"):
+                raise RuntimeError(f"a listener group did not get ready: {line!r} (log in "
+                                   f"{log_dir})")
+            ready.extend(json.loads(line.split(" ", 1)[1]))
+        start = time.monotonic() + 0.5
+        for proc, _, _ in procs:
+            assert proc.stdin is not None
+            proc.stdin.write(f"GO {start}\n")
+            proc.stdin.flush()
+        turns_out: list[dict[str, Any]] = []
+        rooms_out: list[dict[str, Any]] = []
+        for proc, out, _ in procs:
+            proc.wait(timeout=args.run_timeout_s)
+            if proc.returncode != 0 or not out.exists():
+                raise RuntimeError(f"a listener group failed (rc {proc.returncode}; log in "
+                                   f"{log_dir})")
+            data = json.loads(out.read_text())
+            turns_out.extend(data["turns"])
+            rooms_out.extend(data["rooms"])
+        return {"turns": turns_out, "rooms": rooms_out, "ready": ready,
+                "wall_s": time.monotonic() - start}
+    finally:
+        _stop(*(proc for proc, _, _ in procs), timeout_s=5)
+        for _, _, log in procs:
+            log.close()
+
+
+# ----------------------------------------------------------------------------- summary
+
+
+def itemise(turn: dict[str, Any], prebuffer_s: float) -> dict[str, Any] | None:
+    """One turn's first audio, split along its path (seconds; ``None`` where a stamp is
+    missing). Measured: the data message's trip, the agent's steps, the engine's TTFB, the
+    source's queue when the turn started, the speaker's prebuffer; estimated: the jitter
+    buffer (the receiver's mean delay over the stats interval after the first audio), Opus
+    framing (one packet) and the SFU and network (what is left)."""
+    agent, heard = turn.get("agent"), turn.get("heard")
+    if not agent or not heard:
+        return None
+
+    def diff(a: Any, b: Any) -> float | None:
+        return a - b if a is not None and b is not None else None
+
+    wire = diff(heard["first_arrival"], agent.get("playback_started"))
+    jitter = turn.get("jitter_buffer_s")
+    queued = agent.get("source_queued_s")
+    rest = None
+    if wire is not None and jitter is not None:
+        rest = wire - jitter - OPUS_FRAME_S - (queued or 0.0)
+    heard_after_say = diff(heard["first_heard"], agent.get("said"))
+    ttfb = diff(agent.get("first_audio"), agent.get("opened"))
+    return {
+        "heard_after_say": heard_after_say,
+        "heard_after_trigger": diff(heard["first_heard"], turn.get("sent")),
+        "data_trip": diff(agent.get("received"), turn.get("sent")),
+        "say_to_request": diff(agent.get("opened"), agent.get("said")),
+        "engine_ttfb": ttfb,
+        "agent_pipeline": diff(agent.get("playback_started"), agent.get("first_audio")),
+        "wire": wire,
+        "source_queue": queued,
+        "opus_framing_est": OPUS_FRAME_S,
+        "jitter_buffer_est": jitter,
+        "sfu_network_est": rest,
+        "speaker_prebuffer": prebuffer_s,
+        "beyond_engine_ttfb": diff(heard_after_say, ttfb),
+    }
+
+
+ITEMS = ("say_to_request", "engine_ttfb", "agent_pipeline", "source_queue", "opus_framing_est",
+         "sfu_network_est", "jitter_buffer_est", "speaker_prebuffer")
+"""The first audio's path after the agent's ``say``, in order (what the plot stacks)."""
+
+
+def summarize_run(run: dict[str, Any], prebuffer_s: float) -> dict[str, Any]:
+    turns = run["turns"]
+    heard = [t for t in turns if "heard" in t]
+    items = [i for i in (itemise(t, prebuffer_s) for t in turns) if i is not None]
+
+    def stat(key: str) -> dict[str, Any]:
+        return summarize(i[key] for i in items if i.get(key) is not None)
+
+    def gaps(kind: str) -> dict[str, Any]:
+        runs = [[g for g in t["heard"]["gaps"] if g["kind"] == kind] for t in heard]
+        lengths = [g["length_s"] for r in runs for g in r]
+        return {"turns_with": sum(1 for r in runs if r), "count": len(lengths),
+                "total_s": round(sum(lengths), 4), "longest_s": max(lengths, default=0.0)}
+
+    agent_reports: dict[str, int] = {}
+    for t in turns:
+        for source, n in (t.get("agent") or {}).get("reports", {}).items():
+            agent_reports[source] = agent_reports.get(source, 0) + n
+    return {
+        "turns": len(turns), "heard": len(heard),
+        "errors": [t["error"] for t in turns if "error" in t],
+        "first_heard_after_say": stat("heard_after_say"),
+        "first_heard_after_trigger": stat("heard_after_trigger"),
+        "beyond_engine_ttfb": stat("beyond_engine_ttfb"),
+        "itemised_p50": {k: summarize(i[k] for i in items if i.get(k) is not None)["p50"]
+                         for k in ("data_trip", *ITEMS, "wire")},
+        "gaps_quiet": gaps("quiet"), "gaps_late": gaps("late"),
+        "concealed_in_turns_s": round(sum(t.get("concealed_s") or 0.0 for t in heard), 4),
+        "min_energetic_rms": min((t["heard"]["min_rms"] for t in heard), default=None),
+        "room_wait": summarize(t["room_wait_s"] for t in turns
+                               if t.get("room_wait_s") is not None),
+        "reports_sent": sum(r["reports_sent"] for r in run["rooms"]),
+        "agent_reports_by_source": agent_reports,
+        "engine_ttfb": stat("engine_ttfb"),
+    }
+
+
+def _ms(value: float | None) -> str:
+    return "-" if value is None else f"{value * 1000:.0f}"
+
+
+def text_table(runs: Sequence[dict[str, Any]]) -> str:
+    header = ("variant", "N", "load", "turns", "heard p50/p95 ms", "TTFB p50",
+              "beyond TTFB p50", "quiet gaps (turns)", "late gaps (turns)", "reports")
+    rows = [header]
+    for run in runs:
+        if "summary" not in run:
+            rows.append((run["variant"], str(run["listeners"]), run["load"], "FAILED",
+                         *[""] * (len(header) - 4)))
+            continue
+        s = run["summary"]
+        heard = s["first_heard_after_say"]
+        rows.append((run["variant"], str(run["listeners"]), run["load"], str(s["heard"]),
+                     f"{_ms(heard['p50'])}/{_ms(heard['p95'])}", _ms(s["engine_ttfb"]["p50"]),
+                     _ms(s["beyond_engine_ttfb"]["p50"]),
+                     f"{s['gaps_quiet']['count']} ({s['gaps_quiet']['turns_with']})",
+                     f"{s['gaps_late']['count']} ({s['gaps_late']['turns_with']})",
+                     str(s["reports_sent"])))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
+    return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)) for r in rows)
+
+
+def plot(doc: dict[str, Any], path: Path) -> Path | None:
+    """First audio heard (p50/p95) and gaps per run, and the first audio's path at p50."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    runs = [run for run in doc["runs"] if "summary" in run]
+    if not runs:
+        return None
+    labels = [f"{r['variant']}\nN={r['listeners']} {r['load']}" for r in runs]
+    xs = list(range(len(runs)))
+    fig, (top, bottom) = plt.subplots(2, 1, figsize=(max(8, 1.3 * len(runs)), 9))
+    p50 = [(r["summary"]["first_heard_after_say"]["p50"] or 0) * 1000 for r in runs]
+    p95 = [(r["summary"]["first_heard_after_say"]["p95"] or 0) * 1000 for r in runs]
+    top.bar([x - 0.2 for x in xs], p50, 0.4, label="first audio heard p50")
+    top.bar([x + 0.2 for x in xs], p95, 0.4, label="p95")
+    for x, r in zip(xs, runs):
+        g = r["summary"]["gaps_quiet"]["count"] + r["summary"]["gaps_late"]["count"]
+        top.annotate(f"{g} gaps", (x, max(p95[x], p50[x])), ha="center", va="bottom",
+                     fontsize=8)
+    top.set_ylabel("ms after the agent's say()")
+    top.set_xticks(xs, labels, fontsize=7)
+    top.legend(fontsize=8)
+    top.set_title("Room benchmark: first audio heard and gaps heard (quiet + late)")
+    bottom_acc = [0.0] * len(runs)
+    for key in ITEMS:
+        values = [(r["summary"]["itemised_p50"].get(key) or 0) * 1000 for r in runs]
+        values = [max(v, 0.0) for v in values]
+        bottom.bar(xs, values, 0.6, bottom=bottom_acc, label=key)
+        bottom_acc = [a + v for a, v in zip(bottom_acc, values)]
+    bottom.set_ylabel("ms (p50 of each part; *_est: estimated)")
+    bottom.set_xticks(xs, labels, fontsize=7)
+    bottom.legend(fontsize=7, ncol=4)
+    bottom.set_title("First audio's path after say(), p50 per part")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+# ----------------------------------------------------------------------------- main
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--server-bin", type=Path,
+                   default=Path(os.environ.get("BREEZERT_LIVEKIT_SERVER", DEFAULT_SERVER)))
+    p.add_argument("--config", default=None,
+                   help="engine profile name or TOML (default: the embedded cpu-tiny)")
+    p.add_argument("--tokenizer", default=None, help="tokenizer.json for random weights")
+    p.add_argument("--set", default="", help="more engine overrides: section.key=value;...")
+    p.add_argument("--texts", type=Path, default=None,
+                   help="id<TAB>text file (default: ../shared/bench/texts_en.tsv when present)")
+    p.add_argument("--listeners", default="2", help="N, comma-separated (e.g. 16,64)")
+    p.add_argument("--variants", default=",".join(VARIANTS))
+    p.add_argument("--turns", type=int, default=3, help="turns per room per run")
+    p.add_argument("--rate", type=float, default=None,
+                   help="open-loop arrivals per second over all rooms (default: closed only)")
+    p.add_argument("--no-closed", action="store_true", help="open-loop runs only")
+    p.add_argument("--think-s", type=float, default=0.3, help="closed loop: pause between turns")
+    p.add_argument("--rooms-per-process", type=int, default=16)
+    p.add_argument("--prebuffer-ms", type=float, default=20.0)
+    p.add_argument("--energy-rms", type=float, default=200.0)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--agent-timeout-s", type=float, default=600.0,
+                   help="how long the agent worker may take to build its engine and register")
+    p.add_argument("--run-timeout-s", type=float, default=600.0)
+    p.add_argument("--out", type=Path, default=None)
+    p.add_argument("--listen-group", type=Path, default=None, help=argparse.SUPPRESS)
+    p.add_argument("--group-out", type=Path, default=None, help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    unknown = [v for v in args.variants.split(",") if v not in VARIANTS]
+    if unknown:
+        p.error(f"--variants: unknown {unknown} (choose from {', '.join(VARIANTS)})")
+    if args.no_closed and args.rate is None:
+        p.error("--no-closed needs --rate")
+    return args
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    if args.listen_group is not None:
+        run_group(json.loads(args.listen_group.read_text()), args.group_out)
+        return 0
+    texts_path = args.texts or default_texts_path(REPO)
+    texts = load_texts(texts_path) if texts_path else FALLBACK_TEXTS
+    listeners = [int(n) for n in str(args.listeners).split(",")]
+    variants = args.variants.split(",")
+    loads = ([] if args.no_closed else ["closed"]) + (["open"] if args.rate else [])
+    out = args.out or REPO / "bench" / "results" / f"room-{time.strftime('%Y%m%d-%H%M%S')}.json"
+    log_dir = Path(tempfile.mkdtemp(prefix="breezert-room-"))
+    doc: dict[str, Any] = {
+        "kind": "room-bench",
+        "provenance": provenance(device=None, config=args.config, tokenizer=args.tokenizer,
+                                 texts=str(texts_path) if texts_path else "built-in",
+                                 num_texts=len(texts), set=args.set, turns=args.turns,
+                                 rate=args.rate, prebuffer_ms=args.prebuffer_ms,
+                                 energy_rms=args.energy_rms, seed=args.seed,
+                                 server=str(args.server_bin), log_dir=str(log_dir)),
+        "notes": {
+            "first_heard_after_say": "the listener's speaker starts the turn's first energetic "
+                                     "frame, less the agent's session.say() (same clock)",
+            "gaps_quiet": "quiet frames between energetic ones (NetEq filled a hole)",
+            "gaps_late": "frames that reached the listener process after their due time on "
+                         "its speaker clock (includes the benchmark process's own delays)",
+            "estimated": "opus_framing_est (one 20 ms packet), jitter_buffer_est (receiver "
+                         "stats over the 100 ms after the first audio), sfu_network_est "
+                         "(the rest of wire)",
+        },
+        "runs": [],
+    }
+    groups = [("on", [v for v in variants if v != "predictor-off"]),
+              ("off", [v for v in variants if v == "predictor-off"])]
+    with livekit_server(args.server_bin, log_dir) as (url, api_url):
+        for setting, members in groups:
+            if not members:
+                continue
+            overrides = ";".join(p for p in (args.set.strip(";"),
+                                             f"scheduler.use_predictor={str(setting == 'on').lower()}")
+                                 if p)
+            env = {"BREEZERT_ROOM_SET": overrides}
+            if args.config:
+                env["BREEZERT_ROOM_CONFIG"] = args.config
+            if args.tokenizer:
+                env["BREEZERT_ROOM_TOKENIZER"] = args.tokenizer
+            started = time.monotonic()
+            worker = f"predictor-{setting}"  # also its agent name's suffix: a fresh name per
+            # worker, so no room goes to the one before it while that one drains
+            with agent_worker(url, log_dir, worker, env,
+                              args.agent_timeout_s) as state:
+                print(f"[room] agent predictor-{setting} registered in "
+                      f"{time.monotonic() - started:.0f} s", flush=True)
+                for n in listeners:
+                    for variant in members:
+                        for load in loads:
+                            tag = f"{variant}-n{n}-{load}-{random.randrange(16**6):06x}"
+                            before = engine_counters(state)
+                            try:
+                                run = run_listeners(url=url, api_url=api_url, agent=worker,
+                                                    variant=variant, mode=load, num_rooms=n,
+                                                    turns=args.turns, rate=args.rate,
+                                                    args=args, texts=texts, log_dir=log_dir,
+                                                    tag=tag)
+                            except RuntimeError as exc:  # a listener process died: the
+                                # run is lost, not the ones after it (the log dir has why)
+                                doc["runs"].append({"variant": variant, "listeners": n,
+                                                    "load": load, "error": str(exc)})
+                                write_json(doc, out)
+                                print(f"[room] {variant} N={n} {load}: FAILED {exc}",
+                                      flush=True)
+                                continue
+                            after = engine_counters(state)
+                            _check_wiring(run["ready"], variant)
+                            entry = {"variant": variant, "listeners": n, "load": load,
+                                     "rate": args.rate if load == "open" else None,
+                                     "wall_s": round(run["wall_s"], 2),
+                                     "engine_counters": {k: v - before.get(k, 0)
+                                                         for k, v in after.items()
+                                                         if v != before.get(k, 0)},
+                                     "summary": summarize_run(run, args.prebuffer_ms / 1000),
+                                     "rooms": run["rooms"], "requests": run["turns"]}
+                            doc["runs"].append(entry)
+                            write_json(doc, out)
+                            print(f"[room] {variant} N={n} {load}: "
+                                  f"{json.dumps(_brief(entry['summary']))}", flush=True)
+    print(text_table(doc["runs"]))
+    png = plot(doc, out.with_suffix(".png"))
+    print(f"[room] wrote {out}" + (f" and {png}" if png else ""))
+    return 0
+
+
+def _brief(summary: dict[str, Any]) -> dict[str, Any]:
+    heard = summary["first_heard_after_say"]
+    return {"heard": summary["heard"], "p50_ms": _ms(heard["p50"]), "p95_ms": _ms(heard["p95"]),
+            "quiet_gaps": summary["gaps_quiet"]["count"],
+            "late_gaps": summary["gaps_late"]["count"], "errors": len(summary["errors"])}
+
+
+def _check_wiring(ready: Sequence[dict[str, Any]], variant: str) -> None:
+    """Every room's agent ran the variant asked for, on the right engine setting."""
+    for message in ready:
+        wants_predictor = variant != "predictor-off"
+        if message["variant"] != variant or message["use_predictor"] != wants_predictor:
+            raise RuntimeError(f"variant {variant}: an agent answered {message}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

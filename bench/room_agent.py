@@ -1,0 +1,271 @@
+"""The room benchmark's agent worker: ``breezert_agent.TTS`` with the in-process engine.
+
+    LIVEKIT_URL=ws://127.0.0.1:7880 LIVEKIT_API_KEY=devkey LIVEKIT_API_SECRET=secret \
+    BREEZERT_ROOM_CONFIG=configs/h200-latency.toml python bench/room_agent.py start
+
+Registers as ``$BREEZERT_ROOM_AGENT_NAME`` (default ``breezert-bench``, explicit dispatch only).
+Each job runs an ``AgentSession`` whose only voice is the plugin's ``TTS`` on the process's one
+engine (``[local]`` mode, THREAD executor: every room shares it), wired for the feedback variant
+in the dispatch's metadata (``{"variant": ...}``):
+
+* ``listener``      the RoomIO source's queue plus the listener's ``breezert.playout`` reports
+                    (``TTS.attach_audio_output`` + ``TTS.listen_room``)
+* ``agent-queue``   the RoomIO source's queue only (``TTS.attach_audio_output``)
+* ``none``          no playback reports: the Predictor's own model of the listener
+* ``predictor-off`` no reports; meant for a worker whose engine has ``use_predictor = false``
+
+The engine: ``$BREEZERT_ROOM_CONFIG`` (profile name or TOML; default the embedded cpu-tiny),
+``$BREEZERT_ROOM_TOKENIZER`` (``model.tokenizer`` for random weights) and ``$BREEZERT_ROOM_SET``
+(``section.key=value;...`` overrides, e.g. ``scheduler.use_predictor=false``).
+
+Data messages, from the listener (``bench/room_listener.py``): ``bench.say`` ``{"id", "text",
+"max_frames", "seed"}`` says ``text``; the agent answers ``bench.ready`` once the session runs and
+``bench.turn`` after each turn, with its ``time.monotonic()`` stamps (same machine as the
+listener): received, said, engine request opened, first engine audio, playback started (first
+frame into RoomIO's ``AudioSource``), the source's queue then, done, plus the plugin's TTFB and
+which feedback source the plugin reported. ``$BREEZERT_ROOM_STATE/engine_ready.json`` appears
+once the engine is built; ``metrics.json`` there holds the engine's counters, rewritten every
+second. Must not: change the plugin's pacing (it only reads
+and wraps public objects).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import threading
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+from livekit import rtc
+from livekit.agents import (
+    Agent,
+    AgentSession,
+    JobContext,
+    JobExecutorType,
+    JobProcess,
+    WorkerOptions,
+    cli,
+    room_io,
+)
+
+from breezert_agent import TTS  # registers the plugin: main thread
+
+AGENT_NAME = os.environ.get("BREEZERT_ROOM_AGENT_NAME", "breezert-bench")
+STATE = Path(os.environ.get("BREEZERT_ROOM_STATE", ".cache/room-bench-agent"))
+VARIANTS = ("listener", "agent-queue", "none", "predictor-off")
+SAMPLE_RATE = 24000
+
+_prewarm_lock = threading.Lock()
+_connect_lock = threading.Lock()
+_engine: Any = None
+_config: Any = None
+
+
+def engine_config() -> Any:
+    """The engine's config from the environment (see the module doc)."""
+    from breezert_bench.variants import parse_variant_spec, variant_config
+    from breezert.profiles import resolve_config
+
+    config = resolve_config(os.environ.get("BREEZERT_ROOM_CONFIG") or None)
+    if tokenizer := os.environ.get("BREEZERT_ROOM_TOKENIZER"):
+        config = config.model_copy(update={
+            "model": config.model.model_copy(update={"tokenizer": tokenizer})})
+    overrides = os.environ.get("BREEZERT_ROOM_SET", "").strip()
+    if overrides:
+        config = variant_config(config, parse_variant_spec(f"room={overrides}"))
+    return config
+
+
+def _write_metrics() -> None:
+    while True:
+        if _engine is not None:
+            try:
+                snapshot = {"t": time.monotonic(),
+                            "counters": dict(_engine.engine.metrics.counters)}
+                tmp = STATE / "metrics.json.tmp"
+                tmp.write_text(json.dumps(snapshot))
+                tmp.replace(STATE / "metrics.json")
+            except Exception:  # a counter added mid-copy: next second
+                pass
+        time.sleep(1.0)
+
+
+def prewarm(proc: JobProcess) -> None:
+    global _engine, _config
+    import torch
+    from breezert.async_engine import AsyncEngine
+
+    if os.environ.get("BREEZERT_ROOM_THREADS"):
+        torch.set_num_threads(int(os.environ["BREEZERT_ROOM_THREADS"]))
+    with _prewarm_lock:  # THREAD executor: every idle job thread prewarms; one engine
+        if _engine is None:
+            STATE.mkdir(parents=True, exist_ok=True)
+            _config = engine_config()
+            started = time.monotonic()
+            _engine = AsyncEngine.shared(_config)
+            # the parent waits for this before it dispatches rooms: a job whose thread starts
+            # while the engine builds (CUDA graphs: a minute or more) starves its event loop
+            (STATE / "engine_ready.json").write_text(json.dumps(
+                {"build_s": time.monotonic() - started,
+                 "use_predictor": _config.scheduler.use_predictor}))
+            threading.Thread(target=_write_metrics, name="metrics", daemon=True).start()
+    proc.userdata["breezert_engine"] = _engine
+
+
+def _room_source(output: Any) -> rtc.AudioSource | None:
+    """The ``rtc.AudioSource`` behind RoomIO's audio output chain."""
+    node = output
+    while node is not None:
+        source = getattr(node, "_audio_source", None)
+        if isinstance(source, rtc.AudioSource):
+            return source
+        node = getattr(node, "next_in_chain", None)
+    return None
+
+
+class _TurnStamps:
+    """Wraps the TTS's runtime client so each turn records when its engine request opened
+    and when its first audio came back (the plugin itself is untouched)."""
+
+    def __init__(self, tts: TTS) -> None:
+        from breezert_agent.client.base import SegmentStart
+
+        self.opened: list[float] = []
+        self.first_audio: list[float] = []
+        client = tts.client
+        open_turn = client.open_turn
+
+        async def opened(*args: Any, **kwargs: Any) -> Any:
+            self.opened.append(time.monotonic())
+            turn = await open_turn(*args, **kwargs)
+            audio = turn.audio
+
+            async def stamped() -> Any:
+                first = True
+                async for item in audio():
+                    if first and not isinstance(item, SegmentStart):
+                        first = False
+                        self.first_audio.append(time.monotonic())
+                    yield item
+
+            turn.audio = stamped
+            return turn
+
+        client.open_turn = opened  # type: ignore[method-assign]
+
+
+async def entrypoint(ctx: JobContext) -> None:
+    variant = json.loads(ctx.job.metadata or "{}").get("variant", "none")
+    if variant not in VARIANTS:
+        raise ValueError(f"variant {variant!r}: expected one of {VARIANTS}")
+    # one connect at a time in this process: with the THREAD executor, two jobs connecting at
+    # once left one waiting for its ReadyForRoomEventRequest until the FFI gave up (livekit
+    # 1.1.21, "timed out waiting for ReadyForRoomEventRequest after ConnectCallback")
+    await asyncio.to_thread(_connect_lock.acquire)
+    try:
+        await ctx.connect()
+    finally:
+        _connect_lock.release()
+    tts = TTS(config=_config if _config is not None else engine_config(),
+              sample_rate=SAMPLE_RATE)
+    ctx.add_shutdown_callback(tts.aclose)
+    stamps = _TurnStamps(tts)
+    sources: Counter[str] = Counter()
+    playout = tts.playout
+    report = playout.report
+
+    def counted(turn: Any, now: float) -> None:
+        estimate = playout.estimate(now)
+        if estimate is not None:
+            sources[estimate[1]] += 1
+        report(turn, now)
+
+    playout.report = counted  # type: ignore[method-assign]
+    ttfbs: list[float] = []
+    tts.on("metrics_collected", lambda metrics: ttfbs.append(metrics.ttfb))
+    # no VAD and manual turns: livekit-agents 1.8.9 otherwise runs its local silero VAD and
+    # end-of-turn model in every session (the listener sends no audio; they would only cost CPU)
+    session: AgentSession = AgentSession(tts=tts, vad=None,
+                                         turn_handling={"turn_detection": "manual"})
+    session.on("close", lambda _event: ctx.shutdown("session closed"))
+    await session.start(
+        agent=Agent(instructions="Speaks what the benchmark's listener asks."), room=ctx.room,
+        room_options=room_io.RoomOptions(
+            audio_input=False, text_input=False, close_on_disconnect=True,
+            audio_output=room_io.AudioOutputOptions(sample_rate=SAMPLE_RATE)))
+    output = session.output.audio
+    if variant in ("listener", "agent-queue"):
+        tts.attach_audio_output(output)
+    if variant == "listener":
+        tts.listen_room(ctx.room)
+    source = _room_source(output)
+    started: list[tuple[float, float]] = []  # (monotonic, source queue s) per playback start
+    offset = time.time() - time.monotonic()
+
+    def on_playback_started(event: Any) -> None:
+        queued = source.queued_duration if source is not None else float("nan")
+        started.append((event.created_at - offset, queued))
+
+    output.on("playback_started", on_playback_started)
+
+    async def publish(topic: str, body: dict[str, Any], to: str) -> None:
+        await ctx.room.local_participant.publish_data(
+            json.dumps(body), reliable=True, topic=topic, destination_identities=[to])
+
+    async def say(body: dict[str, Any], sender: str, received: float) -> None:
+        tts.update_options(max_frames=int(body["max_frames"]), seed=int(body["seed"]))
+        marks = (len(stamps.opened), len(stamps.first_audio), len(started), len(ttfbs))
+        reports_before = dict(sources)
+        said = time.monotonic()
+        handle = session.say(body["text"], allow_interruptions=False, add_to_chat_ctx=False)
+        await handle
+        done = time.monotonic()
+        await asyncio.sleep(0.05)  # metrics_collected comes just after the handle's end
+
+        def first(values: list[Any], mark: int) -> Any:
+            return values[mark] if len(values) > mark else None
+
+        playback = first(started, marks[2])
+        await publish("bench.turn", {
+            "id": body["id"], "received": received, "said": said,
+            "opened": first(stamps.opened, marks[0]),
+            "first_audio": first(stamps.first_audio, marks[1]),
+            "playback_started": playback[0] if playback else None,
+            "source_queued_s": playback[1] if playback else None,
+            "ttfb": first(ttfbs, marks[3]), "done": done,
+            "interrupted": handle.interrupted,
+            "reports": {k: v - reports_before.get(k, 0) for k, v in sources.items()},
+        }, sender)
+
+    def on_data(packet: rtc.DataPacket) -> None:
+        if packet.topic == "bench.say" and packet.participant is not None:
+            received = time.monotonic()
+            asyncio.create_task(say(json.loads(packet.data), packet.participant.identity,
+                                    received))
+
+    ctx.room.on("data_received", on_data)
+    config = _config if _config is not None else engine_config()
+    ready = {"variant": variant, "use_predictor": bool(config.scheduler.use_predictor),
+             "attached": source is not None, "pid": os.getpid()}
+    for participant in ctx.room.remote_participants.values():
+        await publish("bench.ready", ready, participant.identity)
+    ctx.room.on("participant_connected", lambda p: asyncio.create_task(
+        publish("bench.ready", ready, p.identity)))
+
+
+def _no_load() -> float:
+    return 0.0
+
+
+if __name__ == "__main__":
+    cli.run_app(WorkerOptions(
+        entrypoint_fnc=entrypoint, prewarm_fnc=prewarm, agent_name=AGENT_NAME,
+        port=int(os.environ.get("BREEZERT_ROOM_WORKER_PORT", "0")),
+        initialize_process_timeout=float(os.environ.get("BREEZERT_ROOM_INIT_TIMEOUT_S", "600")),
+        # the worker must take every room: livekit's CPU-load gate would refuse jobs on a
+        # busy box, and one process shares one engine (THREAD executor)
+        load_fnc=_no_load, job_executor_type=JobExecutorType.THREAD))

@@ -1,0 +1,70 @@
+"""``bench/room.py`` end to end, small, so the room benchmark cannot rot: a real
+``livekit-server``, the agent worker with the tiny CPU engine, 2 listener rooms, 2 closed-loop
+turns each in three feedback variants (two engine settings, so both workers start).
+
+Owns: that every turn is heard and itemised, that the ``listener`` variant's reports reach the
+engine (as ``livekit-client`` playback reports) while ``agent-queue`` reports only the agent's
+source and ``predictor-off`` none, and that the JSON and PNG are written. Must not: judge
+latency or gaps (the tiny model on shared cores; the benchmark's figures are for the H200).
+A missing server fails under ``CI=true`` (``tests/components.missing``), skips elsewhere.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.livekit.conftest import BUILD_LOG, REPO, SERVER_BIN, built_binary
+
+pytestmark = pytest.mark.livekit
+
+TEXTS = ["Hello, thanks for calling.", "Your order ships today.", "One moment please.",
+         "Is there anything else?"]
+
+
+def test_a_small_room_run_hears_every_turn_in_every_variant(tmp_path: Path) -> None:
+    server = built_binary(SERVER_BIN, BUILD_LOG, "livekit-server", "BREEZERT_LIVEKIT_SERVER")
+    texts = tmp_path / "texts.tsv"
+    texts.write_text("id\ttext\n" + "".join(f"{i}\t{t}\n" for i, t in enumerate(TEXTS)))
+    out = tmp_path / "room.json"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO / "runtime"), str(REPO / "bench"),
+                                                        str(REPO)]),
+           "BREEZERT_ROOM_THREADS": "1"}
+    started = time.monotonic()
+    done = subprocess.run(
+        [sys.executable, str(REPO / "bench" / "room.py"), "--server-bin", str(server),
+         "--listeners", "2", "--turns", "2", "--think-s", "0.1", "--texts", str(texts),
+         "--variants", "listener,agent-queue,predictor-off",
+         "--set", "scheduler.predictor_first_chunk_cover=true", "--out", str(out)],
+        env=env, cwd=REPO, capture_output=True, text=True, timeout=110)
+    wall = time.monotonic() - started
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    doc = json.loads(out.read_text())
+    assert doc["provenance"]["git_commit"]
+    runs = {run["variant"]: run for run in doc["runs"]}
+    assert list(runs) == ["listener", "agent-queue", "predictor-off"]
+    for name, run in runs.items():
+        summary = run["summary"]
+        assert summary["errors"] == [], (name, summary["errors"])
+        assert summary["heard"] == summary["turns"] == 4, name
+        assert len(run["requests"]) == 4
+        for part in ("engine_ttfb", "wire", "jitter_buffer_est", "data_trip"):
+            assert summary["itemised_p50"][part] is not None, (name, part)
+        heard = summary["first_heard_after_say"]
+        assert 0 < heard["p50"] <= heard["p95"] < 5.0, (name, heard)
+    listener, queue, off = runs["listener"], runs["agent-queue"], runs["predictor-off"]
+    assert listener["summary"]["reports_sent"] > 0
+    assert listener["summary"]["agent_reports_by_source"].get("livekit-client", 0) > 0
+    assert listener["engine_counters"].get("playback_reports_livekit-client", 0) > 0
+    assert queue["summary"]["reports_sent"] == 0
+    assert set(queue["summary"]["agent_reports_by_source"]) == {"livekit-source"}
+    assert "playback_reports_livekit-client" not in queue["engine_counters"]
+    assert off["summary"]["agent_reports_by_source"] == {}
+    assert out.with_suffix(".png").stat().st_size > 10_000
+    assert wall < 60, f"the small room run took {wall:.0f} s (budget 60 s)"

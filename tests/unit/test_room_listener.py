@@ -1,0 +1,223 @@
+"""The room benchmark's listener (``bench/room_listener.py``) against synthetic tracks with
+known gaps: its playout clock (first audio, quiet and late gaps, the turn's end), its reports
+(parsed by the plugin's own ``PlayoutFeedback``, as the JS reporter's are) and the receiver
+log the itemisation reads; and ``bench/room.py``'s itemisation of one turn.
+
+Owns: the listener's arithmetic. Must not: need a LiveKit server or a model.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+from livekit import rtc
+
+from breezert_agent.playout import PlayoutFeedback
+from tests.unit.test_agent_tts import FakeRuntimeClient, FakeTurn
+from breezert_agent.client import TurnOptions
+
+pytestmark = pytest.mark.unit
+
+REPO = Path(__file__).resolve().parents[2]
+F = 0.01  # one 10 ms frame
+LOUD, QUIET = 3000.0, 5.0
+
+
+def _bench(name: str) -> Any:
+    sys.path.insert(0, str(REPO / "bench"))
+    try:
+        return importlib.import_module(name)
+    finally:
+        sys.path.remove(str(REPO / "bench"))
+
+
+room_listener = _bench("room_listener")
+
+
+def _feed(clock: Any, frames: list[tuple[float, float]], t0: float = 100.0) -> None:
+    """``frames``: (arrival offset from t0, rms), each 10 ms long."""
+    for offset, rms in frames:
+        clock.push(t0 + offset, F, rms)
+
+
+def _steady(start: float, count: int, rms: float = LOUD) -> list[tuple[float, float]]:
+    """``count`` frames arriving on time, 10 ms apart from ``start``."""
+    return [(start + i * F, rms) for i in range(count)]
+
+
+def test_first_audio_is_the_first_energetic_frame_plus_the_prebuffer() -> None:
+    clock = room_listener.PlayoutClock(prebuffer_s=0.02)
+    clock.arm()
+    _feed(clock, _steady(0.0, 5, QUIET) + _steady(0.05, 30) + _steady(0.35, 20, QUIET))
+    heard = clock.finish()
+    assert heard is not None
+    assert heard.first_arrival == pytest.approx(100.05)
+    assert heard.first_heard == pytest.approx(100.07)
+    assert heard.gaps == ()  # leading and trailing silence are not gaps
+    assert heard.audio_s == pytest.approx(0.30)
+    assert heard.span_s == pytest.approx(0.30)
+    assert heard.min_rms == LOUD
+
+
+def test_a_hole_in_the_stream_is_one_quiet_gap_at_its_place() -> None:
+    clock = room_listener.PlayoutClock(prebuffer_s=0.02)
+    clock.arm()
+    # 8 frames of speech (80 ms: one codec frame), a 40 ms hole, then 20 frames more
+    _feed(clock, _steady(0.0, 8) + _steady(0.08, 4, QUIET) + _steady(0.12, 20))
+    heard = clock.finish()
+    assert heard is not None
+    assert [(g.at_s, g.length_s, g.kind) for g in heard.gaps] == [(0.08, 0.04, "quiet")]
+    assert heard.gap_s == pytest.approx(0.04)
+    assert heard.span_s == pytest.approx(0.32)
+
+
+def test_a_frame_after_its_due_time_is_a_late_gap_and_the_clock_slips() -> None:
+    clock = room_listener.PlayoutClock(prebuffer_s=0.02)
+    clock.arm()
+    # 10 on-time frames, then a 55 ms stall of delivery (35 ms past the 20 ms prebuffer's
+    # cover), then the rest as a burst
+    frames = _steady(0.0, 10) + [(0.155 + i * 0.001, LOUD) for i in range(10)]
+    _feed(clock, frames)
+    heard = clock.finish()
+    assert heard is not None
+    (gap,) = heard.gaps
+    assert gap.kind == "late" and gap.at_s == pytest.approx(0.10)
+    # due at 100.0 + 0.02 + 0.10 = 100.12, arrived at 100.155
+    assert gap.length_s == pytest.approx(0.035)
+    assert heard.span_s == pytest.approx(0.20 + 0.035)
+
+
+def test_a_late_frame_the_prebuffer_covers_is_no_gap() -> None:
+    clock = room_listener.PlayoutClock(prebuffer_s=0.02)
+    clock.arm()
+    _feed(clock, _steady(0.0, 10) + [(0.115, LOUD)] + _steady(0.12, 5))
+    heard = clock.finish()
+    assert heard is not None and heard.gaps == ()
+
+
+def test_lateness_after_the_last_energetic_frame_is_the_end_not_a_gap() -> None:
+    clock = room_listener.PlayoutClock(prebuffer_s=0.0)
+    clock.arm()
+    _feed(clock, _steady(0.0, 10) + [(0.5, QUIET), (0.9, QUIET)])
+    heard = clock.finish()
+    assert heard is not None and heard.gaps == ()
+
+
+def test_every_gap_of_a_synthetic_track_is_counted() -> None:
+    """Three known holes (20, 60, 10 ms) and one 30 ms delivery stall in 2 s of speech."""
+    clock = room_listener.PlayoutClock(prebuffer_s=0.02)
+    clock.arm()
+    t, frames, played = 0.0, [], 0
+    holes = {50: 2, 100: 6, 150: 1}  # frame index -> quiet frames inserted there
+    for i in range(200):
+        if i in holes:
+            for _ in range(holes[i]):
+                frames.append((t, QUIET))
+                t += F
+        if i == 170:
+            t += 0.05  # 30 ms past the prebuffer's cover
+        frames.append((t, LOUD))
+        t += F
+        played += 1
+    _feed(clock, frames)
+    heard = clock.finish()
+    assert heard is not None
+    quiet = [(g.length_s) for g in heard.gaps if g.kind == "quiet"]
+    late = [(g.length_s) for g in heard.gaps if g.kind == "late"]
+    assert quiet == pytest.approx([0.02, 0.06, 0.01])
+    assert late == pytest.approx([0.03])
+    assert heard.audio_s == pytest.approx(2.0 + 0.09)
+
+
+def test_nothing_heard_and_an_unarmed_clock() -> None:
+    clock = room_listener.PlayoutClock()
+    _feed(clock, _steady(0.0, 10))  # not armed: ignored
+    clock.arm()
+    _feed(clock, _steady(0.0, 10, QUIET))
+    assert clock.finish() is None
+    with pytest.raises(ValueError, match="prebuffer_s"):
+        room_listener.PlayoutClock(prebuffer_s=-0.01)
+
+
+def test_frame_rms() -> None:
+    import numpy as np
+
+    assert room_listener.frame_rms(np.full(480, 1000, np.int16).tobytes()) == pytest.approx(1000)
+    assert room_listener.frame_rms(b"") == 0.0
+
+
+# ----------------------------------------------------------------------------- reports
+
+
+def _inbound(delay: float, emitted: int, concealed: int = 0) -> Any:
+    return SimpleNamespace(inbound=SimpleNamespace(
+        jitter_buffer_delay=delay, jitter_buffer_emitted_count=emitted,
+        jitter_buffer_target_delay=0.5 * delay, jitter_buffer_minimum_delay=0.2 * delay,
+        concealed_samples=concealed, concealment_events=1 if concealed else 0,
+        total_samples_received=emitted))
+
+
+def _as_packet(message: dict[str, Any]) -> rtc.DataPacket:
+    return rtc.DataPacket(data=json.dumps(message).encode(), kind=rtc.DataPacketKind.KIND_LOSSY,
+                          participant=SimpleNamespace(identity="listener"),  # type: ignore[arg-type]
+                          topic=room_listener.PLAYOUT_TOPIC)
+
+
+def test_reports_are_the_js_reporters_message_and_the_plugin_reads_them() -> None:
+    first = room_listener.playout_message(_inbound(48.0, 4800 * 100), "TR_a", 1000.0)
+    assert first["type"] == "playout" and first["v"] == 1 and first["trackSid"] == "TR_a"
+    js_counters = {"jitterBufferDelay", "jitterBufferEmittedCount", "jitterBufferTargetDelay",
+                   "jitterBufferMinimumDelay", "concealedSamples", "concealmentEvents",
+                   "totalSamplesReceived"}  # examples/playout_reporter.js's COUNTERS
+    assert js_counters <= set(first)
+    # 4800 samples emitted in the next 100 ms, each 60 ms in the buffer; 480 concealed
+    second = room_listener.playout_message(_inbound(48.0 + 4800 * 0.06, 4800 * 101, 480),
+                                           "TR_a", 1100.0)
+    feedback = PlayoutFeedback()
+    turn = FakeTurn(FakeRuntimeClient(), "req-1", TurnOptions(), ["Hi."], True)
+    feedback.begin(turn)
+    feedback.on_data_packet(_as_packet(first))
+    feedback.on_data_packet(_as_packet(second))
+    assert feedback.num_bad_packets == 0 and feedback.num_concealed_samples == 480
+    estimate = feedback.estimate(feedback.listeners["listener/TR_a"].received_time)
+    assert estimate is not None
+    assert estimate[0] == pytest.approx(0.06) and estimate[1] == "livekit-client"
+    assert turn.reports and turn.reports[-1][0] == pytest.approx(0.06)
+
+
+def test_the_receiver_log_gives_the_first_audios_buffer_and_the_concealment() -> None:
+    log = room_listener.ReceiverLog()
+    for i, (delay, emitted, concealed) in enumerate([(0.0, 0, 0), (1.0, 4800, 0),
+                                                     (1.0 + 4800 * 0.04, 9600, 960),
+                                                     (1.0 + 4800 * 0.09, 14400, 960)]):
+        log.add(10.0 + 0.1 * i, {"jitterBufferDelay": delay, "jitterBufferEmittedCount": emitted,
+                                 "concealedSamples": concealed})
+    assert log.delay_after(10.15) == pytest.approx(0.04)
+    assert log.delay_after(10.25) == pytest.approx(0.05)
+    assert log.delay_after(11.0) is None
+    assert log.concealed_between(10.0, 10.3, 48000) == pytest.approx(0.02)
+    assert log.concealed_between(10.2, 10.3, 48000) == 0.0
+
+
+def test_one_turns_first_audio_is_itemised_along_its_path() -> None:
+    room = _bench("room")
+    turn = {"sent": 1.000, "jitter_buffer_s": 0.030,
+            "agent": {"received": 1.004, "said": 1.005, "opened": 1.007, "first_audio": 1.037,
+                      "playback_started": 1.039, "source_queued_s": 0.0},
+            "heard": {"first_arrival": 1.100, "first_heard": 1.120}}
+    items = room.itemise(turn, 0.02)
+    assert items["heard_after_say"] == pytest.approx(0.115)
+    assert items["heard_after_trigger"] == pytest.approx(0.120)
+    assert items["engine_ttfb"] == pytest.approx(0.030)
+    assert items["beyond_engine_ttfb"] == pytest.approx(0.085)
+    assert items["wire"] == pytest.approx(0.061)
+    assert items["sfu_network_est"] == pytest.approx(0.061 - 0.030 - room.OPUS_FRAME_S)
+    path = sum(items[k] for k in room.ITEMS)
+    assert path == pytest.approx(items["heard_after_say"])  # the parts add up to the whole
+    assert room.itemise({"sent": 1.0, "agent": None}, 0.02) is None
