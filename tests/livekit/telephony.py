@@ -461,6 +461,7 @@ class Caller:
         self._token = 0
         self._replies: dict[str, asyncio.Future[dict[str, object]]] = {}
         self._read_task: asyncio.Task[None] | None = None
+        self._unreadable: list[bytes] = []
 
     def _write_config(self) -> None:
         # the prompt: a 1 s tone then silence, long enough that LiveKit SIP's media timeout
@@ -530,7 +531,12 @@ class Caller:
         assert self._reader is not None
         while True:
             length = int((await self._reader.readuntil(b":"))[:-1])
-            body = json.loads((await self._reader.readexactly(length + 1))[:-1])
+            raw = (await self._reader.readexactly(length + 1))[:-1]
+            try:
+                body = json.loads(raw)
+            except ValueError:  # one unreadable message (bad UTF-8, say) must not stop replies
+                self._unreadable.append(raw[:200])
+                continue
             body["t"] = time.monotonic()
             if body.get("response"):
                 future = self._replies.pop(str(body.get("token")), None)
@@ -548,7 +554,17 @@ class Caller:
         self._replies[token] = future
         self._writer.write(_netstring({"command": command, "params": params, "token": token}))
         await self._writer.drain()
-        return await asyncio.wait_for(future, 5)
+        try:
+            return await asyncio.wait_for(future, 5)
+        except asyncio.TimeoutError:  # say why: the 4 Dec fresh clone saw one dial go unanswered
+            self._replies.pop(token, None)
+            task = self._read_task
+            reader = ("stopped: " + repr(task.exception()) if task is not None and task.done()
+                      and not task.cancelled() else "alive")
+            raise AssertionError(
+                f"baresip: no reply to {command} {params!r} in 5 s (its control reader is "
+                f"{reader}; unreadable messages {self._unreadable}; events "
+                f"{[e.get('type') for e in self.call.events]})\n{self.log_tail()}") from None
 
     async def wait_event(self, kind: str, timeout_s: float = 30.0) -> dict[str, object]:
         for event in self.call.events:
