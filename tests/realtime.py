@@ -86,7 +86,9 @@ def own_ticks(root: int) -> int:
 
 class CpuMeter:
     """Foreign CPU (cores) since construction or the last ``reset``: all CPUs' busy time less
-    this process tree's (the product under test and its listeners are ours)."""
+    this process tree's (the product under test and its listeners are ours). Read in /proc's
+    1/HZ ticks per CPU, so a window must be long against 10 ms: the suite reads it over 0.5 s or
+    more (a 20 ms window read 2.1 cores on a two-core box)."""
 
     def __init__(self) -> None:
         self.reset()
