@@ -1,0 +1,617 @@
+"""The depth decoder's frame with its weights streamed: one warp-specialized Gluon launch per
+position, the loader never waiting on activations.
+
+Owns: ``_position_kernel`` (Gluon, sm_90) and ``StreamedDepthFrame``, a drop-in for the 15-step
+loop of ``stages/depth.depth_frames`` for small batches on Hopper (``rows <= max_rows``, at most
+``MAX_ROWS``): for position p of every request of the batch, the input projector (p = 0: the
+backbone's hidden state; p >= 1: the audio table's row of code c_{p-1}), the 12 layers
+(RMSNorm + q/k/v, RoPE and attention over <= 16 keys in a frame-local cache, o_proj +
+residual, RMSNorm + gate/up, SiLU * up + down + residual), the final norm and the codebook head
+(fp32 logits) run in ONE launch; the draw of code p (CFG, temperature, top-k, top-p,
+counter-based Gumbel noise: ``persistent_depth._draw_phase``, the persistent frame's own draw)
+is a small Triton launch after it. A frame is 16 + 15 launches instead of ~1,200.
+
+Why (issue 30, ``bench/depth_stream_gluon.py``, H200): the persistent Triton frame
+(``persistent_depth.py``) reads its 10.7 GB a frame at 1.4 TB/s because each program's load
+pipeline refills from empty at every one of its 1,008 phases. Here every program (one per SM,
+launched cooperatively) forks
+- a loader warp that walks the launch's phases and, for each of the program's work items,
+  copies the item's weight tiles (``BN x BK`` bf16, TMA) into a shared-memory ring, waiting only
+  for free slots: it runs ahead across phase boundaries, so the HBM stream never drains;
+- consumer warps that wait for the previous phase (a per-phase counter in global memory:
+  release on arrival, acquire spin), read the phase's activations (made inside the launch:
+  ``.cg`` loads) and FMA them against the ring's tiles (a GEMV over ``RB <= MAX_ROWS`` rows).
+
+Work items: a phase's weight ``[N, K]`` is cut into ``BN``-column tiles and ``S`` K splits
+(``StreamTiles``); item ``i`` = (column tile ``i % n_tiles``, split ``i // n_tiles``), taken by
+program ``i % P``. A split item leaves fp32 partials; the last of the ``S`` programs to finish a
+tile (an atomic tile counter) sums them in split order and runs the epilogue, so a row's bits
+depend neither on its batch (every row's sums run in the same order whatever ``RB``) nor on
+which program finishes last.
+
+Numerics: the bf16 rounding points of the eager modules, as ``persistent_depth.py``: projector
+and q/k/v, gate/up rounded to bf16; RoPE products and sums rounded; attention with bf16
+unnormalised probabilities for P @ V and fp32 row sums; residual adds ``bf16(h + bf16(sum))``;
+``act = bf16(bf16(silu(gate)) * up)``; fp32 head logits from bf16 weights. Summation orders
+differ from cuBLAS and from the persistent frame (within bf16 tolerance; tests/gpu compare with
+fp32 math).
+
+Must not: sample the first code (``depth_frames`` does), know about requests beyond per-row
+parameters, sync with the host, or be imported where Gluon is missing (CUDA only; the CPU and
+larger batches run ``depth_frames``' step loop).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, tma
+from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+from breezert.kernels.persistent_depth import CODEBOOK_CODES, MAX_K, _draw_phase
+
+MAX_ROWS = 8
+"""The GEMV runs on CUDA cores, every row against every weight tile: past a few rows tensor
+cores win (``FusedDepthLayers``' loop); 8 rows = 4 requests with CFG."""
+
+# phase kinds (constexpr globals: the device code reads them)
+PROJ, QKV, O, GATE_UP, DOWN, HEAD = (gl.constexpr(k) for k in range(6))
+
+# triton 3.6 names the partition-wide barrier thread_barrier; 3.7 renamed it barrier
+_partition_barrier = getattr(gl, "thread_barrier", None) or gl.barrier
+
+
+@dataclass(frozen=True)
+class StreamTiles:
+    """Weight tile ``bn x bk`` (one ring slot), ring ``slots``, consumer ``warps`` (the loader
+    adds one), and each weight phase's K splits (``*_split``: they set the sum order, so they
+    never change with the rows)."""
+
+    bn: int = 64
+    bk: int = 128
+    slots: int = 8
+    warps: int = 4
+    proj_split: int = 8
+    qkv_split: int = 4
+    o_split: int = 8
+    gate_up_split: int = 1
+    down_split: int = 8
+    head_split: int = 4
+    maxnreg: int = 168
+
+
+# ---------------------------------------------------------------------------------------------
+# Device helpers
+
+
+@gluon.jit
+def _acquire(ptr):
+    """``ld.acquire.gpu`` of an int64 counter: later reads cannot pass it."""
+    return gl.inline_asm_elementwise("ld.global.acquire.gpu.b64 $0, [$1];", "=l,l", [ptr],
+                                     dtype=gl.int64, is_pure=False, pack=1)
+
+
+@gluon.jit
+def _arrive(bar_ptr, P):
+    """This program finished a phase: every consumer warp's stores are issued, then one release
+    add. Returns the count that means "every program arrived" for this launch (the counters only
+    grow, by P a launch, so no reset between launches or graph replays)."""
+    _partition_barrier()
+    old = gl.atomic_add(bar_ptr, 1, sem="release", scope="gpu")
+    return (old // P + 1) * P
+
+
+@gluon.jit
+def _wait(bar_ptr, target):
+    seen = _acquire(bar_ptr)
+    while seen < target:
+        seen = _acquire(bar_ptr)
+
+
+@gluon.jit
+def _bf16(x):
+    """fp32 -> bf16 (nearest even) -> fp32: an eager module's bf16 output."""
+    return x.to(gl.bfloat16).to(gl.float32)
+
+
+@gluon.jit
+def _rstd(h_ptr, R, eps, D: gl.constexpr, RB: gl.constexpr, XL: gl.constexpr):
+    """``1 / sqrt(mean(h^2) + eps)`` of every row (fp32), in the x tiles' row layout."""
+    rows = gl.arange(0, RB, layout=gl.SliceLayout(1, XL))
+    cols = gl.arange(0, D, layout=gl.SliceLayout(0, XL))
+    x = gl.load(h_ptr + rows[:, None] * D + cols[None, :], mask=(rows < R)[:, None], other=0.0,
+                cache_modifier=".cg").to(gl.float32)
+    return 1.0 / gl.sqrt(gl.sum(x * x, axis=1) / D + eps)
+
+
+@gluon.jit
+def _x_tile(KIND: gl.constexpr, kb, pos, R, B, x_ptr, nw_ptr, rstd, codes_ptr, hidden_ptr,
+            K: gl.constexpr, V: gl.constexpr, NCB: gl.constexpr, RB: gl.constexpr,
+            BK: gl.constexpr, XL: gl.constexpr):
+    """Columns ``kb * BK ..`` of the phase's input, every row, as fp32 of bf16 values:
+    PROJ the backbone state (p = 0) or the audio table's row of code c_{p-1} (an EOS first code
+    clamped into the table, as ``depth_frames`` does); QKV, GATE_UP, HEAD the RMSNormed ``h``
+    (``bf16(w * bf16(x * rstd))``); O the attention output; DOWN ``bf16(bf16(silu(g)) * u)``."""
+    rows = gl.arange(0, RB, layout=gl.SliceLayout(1, XL))
+    cols = kb * BK + gl.arange(0, BK, layout=gl.SliceLayout(0, XL))
+    rmask = (rows < R)[:, None]
+    if KIND == PROJ:
+        if pos == 0:
+            src = hidden_ptr + rows.to(gl.int64) * K
+        else:
+            code = gl.load(codes_ptr + (rows % B) * NCB + pos - 1, mask=rows < R, other=0,
+                           cache_modifier=".cg")
+            code = gl.minimum(code, V - 1)
+            src = x_ptr + (code + V * (pos - 1)).to(gl.int64) * K
+        x = gl.load(src[:, None] + cols[None, :], mask=rmask, other=0.0,
+                    cache_modifier=".cg").to(gl.float32)
+    elif KIND == O:
+        x = gl.load(x_ptr + rows[:, None] * K + cols[None, :], mask=rmask, other=0.0,
+                    cache_modifier=".cg").to(gl.float32)
+    elif KIND == DOWN:
+        g = gl.load(x_ptr + rows[:, None] * (2 * K) + cols[None, :], mask=rmask, other=0.0,
+                    cache_modifier=".cg").to(gl.float32)
+        u = gl.load(x_ptr + rows[:, None] * (2 * K) + K + cols[None, :], mask=rmask, other=0.0,
+                    cache_modifier=".cg").to(gl.float32)
+        x = _bf16(_bf16(g / (1.0 + gl.exp(-g))) * u)  # F.silu on a bf16 tensor, then * up
+    else:  # QKV, GATE_UP, HEAD: RMSNorm at RMSNorm.forward's rounding
+        h = gl.load(x_ptr + rows[:, None] * K + cols[None, :], mask=rmask, other=0.0,
+                    cache_modifier=".cg").to(gl.float32)
+        w = gl.load(nw_ptr + cols).to(gl.float32)
+        x = _bf16(w[None, :] * _bf16(h * rstd[:, None]))
+    return x
+
+
+@gluon.jit
+def _epilogue(KIND: gl.constexpr, total, nb, pos, R, out_ptr, N: gl.constexpr, V: gl.constexpr,
+              RB: gl.constexpr, BN: gl.constexpr, AL: gl.constexpr):
+    """A finished tile ``total [RB, BN]`` (fp32 sums) into the phase's output: bf16 for PROJ,
+    QKV, GATE_UP; ``h = bf16(h + bf16(total))`` for O and DOWN (``out_ptr`` is ``h``: this item
+    owns these columns, no other program reads ``h`` in this phase); fp32 logits for HEAD."""
+    rows = gl.arange(0, RB, layout=gl.SliceLayout(1, AL))
+    n = nb * BN + gl.arange(0, BN, layout=gl.SliceLayout(0, AL))
+    if KIND == HEAD:
+        dst = out_ptr + pos.to(gl.int64) * R * V + rows[:, None] * V + n[None, :]
+        gl.store(dst, total, mask=(rows < R)[:, None] & (n < V)[None, :])
+    else:
+        dst = out_ptr + rows[:, None] * N + n[None, :]
+        mask = (rows < R)[:, None]
+        if (KIND == O) | (KIND == DOWN):
+            res = gl.load(dst, mask=mask, other=0.0, cache_modifier=".cg").to(gl.float32)
+            out = _bf16(res + _bf16(total))
+        else:
+            out = _bf16(total)
+        gl.store(dst, out.to(gl.bfloat16), mask=mask)
+
+
+# ---------------------------------------------------------------------------------------------
+# The two partitions
+
+
+@gluon.jit
+def _load_phase(desc, row0, ring, ready, empty, it, pid, P, N: gl.constexpr, K: gl.constexpr,
+                SPLIT: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr, SLOTS: gl.constexpr):
+    """The loader's share of one weight phase: rows ``row0 ..`` of ``desc`` (a ``[*, K]``
+    weight), item by item as the consumers take them, every K tile into the next free slot."""
+    n_tiles: gl.constexpr = N // BN
+    KTI: gl.constexpr = K // BK // SPLIT  # K tiles an item
+    for item in range(pid, n_tiles * SPLIT, P):
+        nb = item % n_tiles
+        k0 = (item // n_tiles) * KTI
+        for kb in range(k0, k0 + KTI):
+            slot = it % SLOTS
+            mbarrier.wait(empty.index(slot), ((it // SLOTS) & 1) ^ 1)
+            mbarrier.expect(ready.index(slot), BN * BK * 2)
+            tma.async_copy_global_to_shared(desc, [row0 + nb * BN, kb * BK], ready.index(slot),
+                                            ring.index(slot))
+            it += 1
+    return it
+
+
+@gluon.jit
+def _loader(proj_desc, qkv_desc, o_desc, gu_desc, down_desc, head_desc, ring, ready, empty,
+            pos, D: gl.constexpr, DB: gl.constexpr, I: gl.constexpr, NQKV: gl.constexpr,
+            HHD: gl.constexpr, L: gl.constexpr, VP: gl.constexpr, BN: gl.constexpr,
+            BK: gl.constexpr, SLOTS: gl.constexpr, PROJ_S: gl.constexpr, QKV_S: gl.constexpr,
+            O_S: gl.constexpr, GU_S: gl.constexpr, DOWN_S: gl.constexpr, HEAD_S: gl.constexpr):
+    pid = gl.program_id(0)
+    P = gl.num_programs(0)
+    it = _load_phase(proj_desc, 0, ring, ready, empty, pid * 0, pid, P, D, DB, PROJ_S, BN, BK, SLOTS)
+    for layer in range(L):
+        it = _load_phase(qkv_desc, layer * NQKV, ring, ready, empty, it, pid, P, NQKV, D,
+                         QKV_S, BN, BK, SLOTS)
+        it = _load_phase(o_desc, layer * D, ring, ready, empty, it, pid, P, D, HHD, O_S, BN, BK,
+                         SLOTS)
+        it = _load_phase(gu_desc, layer * 2 * I, ring, ready, empty, it, pid, P, 2 * I, D, GU_S,
+                         BN, BK, SLOTS)
+        it = _load_phase(down_desc, layer * D, ring, ready, empty, it, pid, P, D, I, DOWN_S, BN,
+                         BK, SLOTS)
+    if pos > 0:
+        _load_phase(head_desc, (pos - 1) * VP, ring, ready, empty, it, pid, P, VP, D, HEAD_S, BN,
+                    BK, SLOTS)
+
+
+@gluon.jit
+def _gemv_phase(KIND: gl.constexpr, ring, ready, empty, it, pid, P, pos, R, B, x_ptr, nw_ptr,
+                codes_ptr, hidden_ptr, out_ptr, ws_ptr, ws_split, cnt_ptr, eps,
+                N: gl.constexpr, K: gl.constexpr, SPLIT: gl.constexpr, D: gl.constexpr,
+                V: gl.constexpr, NCB: gl.constexpr, RB: gl.constexpr, BN: gl.constexpr,
+                BK: gl.constexpr, SLOTS: gl.constexpr, L3: gl.constexpr):
+    """The consumers' share of one weight phase: per item, its K tiles from the ring against
+    the rows' inputs, then the split-K sum and the epilogue."""
+    XL: gl.constexpr = gl.SliceLayout(1, L3)  # x tiles [RB, BK]
+    WL: gl.constexpr = gl.SliceLayout(0, L3)  # weight tiles [BN, BK]
+    AL: gl.constexpr = gl.SliceLayout(2, L3)  # sums [RB, BN]
+    n_tiles: gl.constexpr = N // BN
+    KTI: gl.constexpr = K // BK // SPLIT
+    rstd = gl.full([RB], 1.0, gl.float32, layout=gl.SliceLayout(1, XL))
+    if (KIND == QKV) | (KIND == GATE_UP) | (KIND == HEAD):
+        rstd = _rstd(x_ptr, R, eps, D, RB, XL)
+    rows = gl.arange(0, RB, layout=gl.SliceLayout(1, AL))
+    offs_n = gl.arange(0, BN, layout=gl.SliceLayout(0, AL))
+    for item in range(pid, n_tiles * SPLIT, P):
+        nb = item % n_tiles
+        split = item // n_tiles
+        acc = gl.zeros([RB, BN], gl.float32, AL)
+        for kb in range(split * KTI, split * KTI + KTI):
+            x = _x_tile(KIND, kb, pos, R, B, x_ptr, nw_ptr, rstd, codes_ptr, hidden_ptr, K, V,
+                        NCB, RB, BK, XL)
+            slot = it % SLOTS
+            mbarrier.wait(ready.index(slot), (it // SLOTS) & 1)
+            w = ring.index(slot).load(WL)
+            fence_async_shared()
+            mbarrier.arrive(empty.index(slot), count=1)  # the loader may refill the slot
+            it += 1
+            prod = gl.expand_dims(x, 1) * gl.expand_dims(w.to(gl.float32), 0)
+            acc += gl.sum(prod, axis=2)
+        if SPLIT == 1:
+            _epilogue(KIND, acc, nb, pos, R, out_ptr, N, V, RB, BN, AL)
+        else:
+            part = ws_ptr + rows[:, None] * N + (nb * BN + offs_n)[None, :]
+            mask = (rows < R)[:, None]
+            gl.store(part + split * ws_split, acc, mask=mask)
+            _partition_barrier()  # every warp's partial is written before the counter says so
+            arrived = gl.atomic_add(cnt_ptr + nb, 1, sem="acq_rel", scope="gpu")
+            if arrived == SPLIT - 1:  # the last of the tile's splits sums them, in order
+                total = gl.zeros([RB, BN], gl.float32, AL)
+                for s in range(SPLIT):
+                    total += gl.load(part + s * ws_split, mask=mask, other=0.0,
+                                     cache_modifier=".cg")
+                gl.store(cnt_ptr + nb, 0)
+                _epilogue(KIND, total, nb, pos, R, out_ptr, N, V, RB, BN, AL)
+    return it
+
+
+@gluon.jit
+def _rope(lo, hi, cos_lo, cos_hi, sin_lo, sin_hi):
+    """``apply_rope`` on the two halves of heads: each product and the sum rounded to bf16."""
+    out_lo = _bf16(_bf16(lo * cos_lo) + _bf16(-hi * sin_lo))
+    out_hi = _bf16(_bf16(hi * cos_hi) + _bf16(lo * sin_hi))
+    return out_lo, out_hi
+
+
+@gluon.jit
+def _attention_phase(pid, P, pos, R, qkv_ptr, cos_ptr, sin_ptr, cache_ptr, attn_ptr, scale,
+                     c_kv, c_row, c_head, c_pos, H: gl.constexpr, KVH: gl.constexpr,
+                     HD: gl.constexpr, NP: gl.constexpr, A3: gl.constexpr):
+    """Item (row, KV head): RoPE on its query heads and on the key at ``pos``, the key and the
+    value at ``pos`` into the frame cache, then attention over slots 0..pos (flash attention's
+    rounding: unnormalised probabilities to bf16 for P @ V, fp32 row sums)."""
+    G: gl.constexpr = H // KVH
+    HALF: gl.constexpr = HD // 2
+    NQKV: gl.constexpr = (H + 2 * KVH) * HD
+    QL: gl.constexpr = gl.SliceLayout(1, A3)  # [G, HALF]
+    KL: gl.constexpr = gl.SliceLayout(0, A3)  # [NP, HALF]
+    SL: gl.constexpr = gl.SliceLayout(2, A3)  # [G, NP]
+    heads = gl.arange(0, G, layout=gl.SliceLayout(1, QL))
+    dq = gl.arange(0, HALF, layout=gl.SliceLayout(0, QL))
+    slots = gl.arange(0, NP, layout=gl.SliceLayout(1, KL))
+    dk = gl.arange(0, HALF, layout=gl.SliceLayout(0, KL))
+    here = (slots == pos)[:, None]
+    live = (slots <= pos)[:, None]
+    cq_lo = gl.load(cos_ptr + pos * HD + dq).to(gl.float32)[None, :]
+    cq_hi = gl.load(cos_ptr + pos * HD + HALF + dq).to(gl.float32)[None, :]
+    sq_lo = gl.load(sin_ptr + pos * HD + dq).to(gl.float32)[None, :]
+    sq_hi = gl.load(sin_ptr + pos * HD + HALF + dq).to(gl.float32)[None, :]
+    ck_lo = gl.load(cos_ptr + pos * HD + dk).to(gl.float32)[None, :]
+    ck_hi = gl.load(cos_ptr + pos * HD + HALF + dk).to(gl.float32)[None, :]
+    sk_lo = gl.load(sin_ptr + pos * HD + dk).to(gl.float32)[None, :]
+    sk_hi = gl.load(sin_ptr + pos * HD + HALF + dk).to(gl.float32)[None, :]
+    s_slots = gl.arange(0, NP, layout=gl.SliceLayout(0, SL))
+    for item in range(pid, R * KVH, P):
+        r = item // KVH
+        g = item % KVH
+        q_src = qkv_ptr + r * NQKV + (g * G + heads)[:, None] * HD + dq[None, :]
+        q_lo = gl.load(q_src, cache_modifier=".cg").to(gl.float32)
+        q_hi = gl.load(q_src + HALF, cache_modifier=".cg").to(gl.float32)
+        q_lo, q_hi = _rope(q_lo, q_hi, cq_lo, cq_hi, sq_lo, sq_hi)
+        # the key and value at pos come from this phase's q/k/v, the others from the cache
+        cache = cache_ptr + r * c_row + g * c_head + slots[:, None] * c_pos + dk[None, :]
+        k_new = qkv_ptr + r * NQKV + (H + g) * HD + dk[None, :] + 0 * slots[:, None]
+        k_src = gl.where(here, k_new, cache)
+        v_src = gl.where(here, k_new + KVH * HD, cache + c_kv)
+        k_lo = gl.load(k_src, mask=live, other=0.0, cache_modifier=".cg").to(gl.float32)
+        k_hi = gl.load(k_src + HALF, mask=live, other=0.0, cache_modifier=".cg").to(gl.float32)
+        v_lo = gl.load(v_src, mask=live, other=0.0, cache_modifier=".cg").to(gl.float32)
+        v_hi = gl.load(v_src + HALF, mask=live, other=0.0, cache_modifier=".cg").to(gl.float32)
+        r_lo, r_hi = _rope(k_lo, k_hi, ck_lo, ck_hi, sk_lo, sk_hi)
+        k_lo = gl.where(here, r_lo, k_lo)
+        k_hi = gl.where(here, r_hi, k_hi)
+        gl.store(cache, k_lo.to(gl.bfloat16), mask=here)
+        gl.store(cache + HALF, k_hi.to(gl.bfloat16), mask=here)
+        gl.store(cache + c_kv, v_lo.to(gl.bfloat16), mask=here)
+        gl.store(cache + c_kv + HALF, v_hi.to(gl.bfloat16), mask=here)
+        scores = (gl.sum(gl.expand_dims(q_lo, 1) * gl.expand_dims(k_lo, 0), axis=2)
+                  + gl.sum(gl.expand_dims(q_hi, 1) * gl.expand_dims(k_hi, 0), axis=2)) * scale
+        scores = gl.where((s_slots <= pos)[None, :], scores, float("-inf"))
+        p = gl.exp(scores - gl.max(scores, axis=1)[:, None])
+        pb = gl.expand_dims(_bf16(p), 2)
+        total = gl.convert_layout(gl.sum(p, axis=1), gl.SliceLayout(1, QL))[:, None]
+        out_lo = _bf16(gl.sum(pb * gl.expand_dims(v_lo, 0), axis=1) / total)
+        out_hi = _bf16(gl.sum(pb * gl.expand_dims(v_hi, 0), axis=1) / total)
+        dst = attn_ptr + r * (H * HD) + (g * G + heads)[:, None] * HD + dq[None, :]
+        gl.store(dst, out_lo.to(gl.bfloat16))
+        gl.store(dst + HALF, out_hi.to(gl.bfloat16))
+
+
+@gluon.jit
+def _consumer(ring, ready, empty, hidden_ptr, codes_ptr, embed_ptr, ln1_ptr, ln2_ptr, norm_ptr,
+              cos_ptr, sin_ptr, h_ptr, qkv_ptr, attn_ptr, gu_ptr, cache_ptr, logits_ptr, ws_ptr,
+              cnt_ptr, bar_ptr, pos, R, B, eps, scale, ws_split, c_layer, c_kv, c_row, c_head,
+              c_pos, D: gl.constexpr, DB: gl.constexpr, I: gl.constexpr, H: gl.constexpr,
+              KVH: gl.constexpr, HD: gl.constexpr, L: gl.constexpr, NCB: gl.constexpr,
+              V: gl.constexpr, VP: gl.constexpr, RB: gl.constexpr, BN: gl.constexpr,
+              BK: gl.constexpr, SLOTS: gl.constexpr, PROJ_S: gl.constexpr, QKV_S: gl.constexpr,
+              O_S: gl.constexpr, GU_S: gl.constexpr, DOWN_S: gl.constexpr,
+              HEAD_S: gl.constexpr, L3: gl.constexpr, A3: gl.constexpr):
+    pid = gl.program_id(0)
+    P = gl.num_programs(0)
+    NQKV: gl.constexpr = (H + 2 * KVH) * HD
+    HHD: gl.constexpr = H * HD
+    it = _gemv_phase(PROJ, ring, ready, empty, pid * 0, pid, P, pos, R, B, embed_ptr, ln1_ptr,
+                     codes_ptr, hidden_ptr, h_ptr, ws_ptr, ws_split, cnt_ptr, eps, D, DB,
+                     PROJ_S, D, V, NCB, RB, BN, BK, SLOTS, L3)
+    target = _arrive(bar_ptr, P)
+    g = 1  # the phase this program runs next: it waits for phase g - 1
+    for layer in range(L):
+        _wait(bar_ptr + g - 1, target)
+        it = _gemv_phase(QKV, ring, ready, empty, it, pid, P, pos, R, B, h_ptr, ln1_ptr + layer * D,
+                         codes_ptr, hidden_ptr, qkv_ptr, ws_ptr, ws_split, cnt_ptr, eps, NQKV, D,
+                         QKV_S, D, V, NCB, RB, BN, BK, SLOTS, L3)
+        target = _arrive(bar_ptr + g, P)
+        g += 1
+        _wait(bar_ptr + g - 1, target)
+        _attention_phase(pid, P, pos, R, qkv_ptr, cos_ptr, sin_ptr,
+                         cache_ptr + layer.to(gl.int64) * c_layer, attn_ptr, scale, c_kv, c_row,
+                         c_head, c_pos, H, KVH, HD, NCB, A3)
+        target = _arrive(bar_ptr + g, P)
+        g += 1
+        _wait(bar_ptr + g - 1, target)
+        it = _gemv_phase(O, ring, ready, empty, it, pid, P, pos, R, B, attn_ptr, ln1_ptr,
+                         codes_ptr, hidden_ptr, h_ptr, ws_ptr, ws_split, cnt_ptr, eps, D, HHD,
+                         O_S, D, V, NCB, RB, BN, BK, SLOTS, L3)
+        target = _arrive(bar_ptr + g, P)
+        g += 1
+        _wait(bar_ptr + g - 1, target)
+        it = _gemv_phase(GATE_UP, ring, ready, empty, it, pid, P, pos, R, B, h_ptr,
+                         ln2_ptr + layer * D, codes_ptr, hidden_ptr, gu_ptr, ws_ptr, ws_split,
+                         cnt_ptr, eps, 2 * I, D, GU_S, D, V, NCB, RB, BN, BK, SLOTS, L3)
+        target = _arrive(bar_ptr + g, P)
+        g += 1
+        _wait(bar_ptr + g - 1, target)
+        it = _gemv_phase(DOWN, ring, ready, empty, it, pid, P, pos, R, B, gu_ptr, ln1_ptr,
+                         codes_ptr, hidden_ptr, h_ptr, ws_ptr, ws_split, cnt_ptr, eps, D, I,
+                         DOWN_S, D, V, NCB, RB, BN, BK, SLOTS, L3)
+        target = _arrive(bar_ptr + g, P)
+        g += 1
+    if pos > 0:
+        _wait(bar_ptr + g - 1, target)
+        _gemv_phase(HEAD, ring, ready, empty, it, pid, P, pos, R, B, h_ptr, norm_ptr, codes_ptr,
+                    hidden_ptr, logits_ptr, ws_ptr, ws_split, cnt_ptr, eps, VP, D, HEAD_S, D, V,
+                    NCB, RB, BN, BK, SLOTS, L3)
+
+
+@gluon.jit(do_not_specialize=["pos", "R", "B"])
+def _position_kernel(
+    proj_desc, qkv_desc, o_desc, gu_desc, down_desc, head_desc,
+    hidden_ptr, codes_ptr, embed_ptr, ln1_ptr, ln2_ptr, norm_ptr, cos_ptr, sin_ptr,
+    h_ptr, qkv_ptr, attn_ptr, gu_ptr, cache_ptr, logits_ptr, ws_ptr, cnt_ptr, bar_ptr,
+    pos, R, B, eps, scale, ws_split, c_layer, c_kv, c_row, c_head, c_pos,
+    D: gl.constexpr, DB: gl.constexpr, I: gl.constexpr, H: gl.constexpr, KVH: gl.constexpr,
+    HD: gl.constexpr, L: gl.constexpr, NCB: gl.constexpr, V: gl.constexpr, VP: gl.constexpr,
+    RB: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr, SLOTS: gl.constexpr,
+    PROJ_S: gl.constexpr, QKV_S: gl.constexpr, O_S: gl.constexpr, GU_S: gl.constexpr,
+    DOWN_S: gl.constexpr, HEAD_S: gl.constexpr, num_warps: gl.constexpr,
+):
+    """Position ``pos`` of a frame: projector, 12 layers, head (``pos >= 1``); the phases of one
+    launch wait on ``bar_ptr[0 .. 61]`` (see the module docstring)."""
+    TK: gl.constexpr = BK // 8  # lanes along K: 8 contiguous bf16 (16 B) a lane
+    # GEMV: [rows, output columns, K] with every row in each thread, lanes along K and N
+    L3: gl.constexpr = gl.BlockedLayout([RB, 1, 8], [1, 32 // TK, TK], [1, num_warps, 1],
+                                        [2, 1, 0])
+    # attention: [query heads, slots, half a head]
+    A3: gl.constexpr = gl.BlockedLayout([1, 1, 8], [1, 4, 8], [1, num_warps, 1], [2, 1, 0])
+    ring = gl.allocate_shared_memory(gl.bfloat16, [SLOTS, BN, BK], qkv_desc.layout)
+    ready = gl.allocate_shared_memory(gl.int64, [SLOTS, 1], mbarrier.MBarrierLayout())
+    empty = gl.allocate_shared_memory(gl.int64, [SLOTS, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(SLOTS):
+        mbarrier.init(ready.index(i), count=1)
+        mbarrier.init(empty.index(i), count=1)
+    NQKV: gl.constexpr = (H + 2 * KVH) * HD
+    gl.warp_specialize([
+        (_consumer, (ring, ready, empty, hidden_ptr, codes_ptr, embed_ptr, ln1_ptr, ln2_ptr,
+                     norm_ptr, cos_ptr, sin_ptr, h_ptr, qkv_ptr, attn_ptr, gu_ptr, cache_ptr,
+                     logits_ptr, ws_ptr, cnt_ptr, bar_ptr, pos, R, B, eps, scale, ws_split,
+                     c_layer, c_kv, c_row, c_head, c_pos, D, DB, I, H, KVH, HD, L, NCB, V, VP,
+                     RB, BN, BK, SLOTS, PROJ_S, QKV_S, O_S, GU_S, DOWN_S, HEAD_S, L3, A3)),
+        (_loader, (proj_desc, qkv_desc, o_desc, gu_desc, down_desc, head_desc, ring, ready,
+                   empty, pos, D, DB, I, NQKV, H * HD, L, VP, BN, BK, SLOTS, PROJ_S, QKV_S, O_S,
+                   GU_S, DOWN_S, HEAD_S)),
+    ], [1], [40])
+
+
+@triton.jit(do_not_specialize=["R", "B", "pos"])
+def _draw_kernel(logits_ptr, has_cfg_ptr, scale_ptr, params_ptr, seeds_ptr, frames_ptr,
+                 codes_ptr, pos, R, B, V: tl.constexpr, NCB: tl.constexpr, CODES: tl.constexpr,
+                 BLOCK: tl.constexpr, MAX_K: tl.constexpr, EXACT_LOG: tl.constexpr):
+    """Code ``pos`` of every request from the head's logits: the persistent frame's draw."""
+    _draw_phase(tl.program_id(0), tl.num_programs(0), pos, R, B, logits_ptr, has_cfg_ptr,
+                scale_ptr, params_ptr, seeds_ptr, frames_ptr, codes_ptr, V, NCB, CODES, BLOCK,
+                MAX_K, EXACT_LOG)
+
+
+# ---------------------------------------------------------------------------------------------
+# Host side
+
+
+class StreamedDepthFrame:
+    """``codes[:, 1:]`` of a frame for up to ``max_rows`` rows (see the module docstring).
+
+    Holds the depth weights stacked per layer as 2-D ``[L * N, K]`` matrices with a TMA
+    descriptor each, the head transposed and padded to ``[15 * VP, d]``, the RoPE tables of
+    positions 0..15 and the workspaces, all made once, so CUDA graphs capture the launches.
+    Needs ``BreezeModel.fuse_projections_()`` first (packed q/k/v and gate/up)."""
+
+    def __init__(self, depth: torch.nn.Module, max_rows: int = MAX_ROWS,
+                 tiles: StreamTiles | None = None, programs: int | None = None,
+                 max_k: int = MAX_K) -> None:
+        cfg = depth.cfg
+        model = depth.model
+        layers = model.layers
+        if any(layer.self_attn.qkv_weight is None or layer.mlp.gate_up_weight is None
+               for layer in layers):
+            raise ValueError("the streamed depth frame needs BreezeModel.fuse_projections_()")
+        if not 1 <= max_rows <= MAX_ROWS:
+            raise ValueError(f"max_rows {max_rows} outside 1..{MAX_ROWS}")
+        if model.norm.weight.dtype != torch.bfloat16:
+            raise ValueError("the streamed depth frame needs bf16 depth weights")
+        self.cfg, self.max_rows, self.max_k = cfg, max_rows, max_k
+        self.tiles = t = tiles or StreamTiles()
+        self._check(cfg, t)
+        device = model.norm.weight.device
+        self.device = device
+        with torch.no_grad():
+            self.embed = model.embed_tokens.weight
+            self.proj = model.inputs_embeds_projector.weight.contiguous()
+            self.ln1 = torch.stack([layer.input_layernorm.weight for layer in layers])
+            self.ln2 = torch.stack([layer.post_attention_layernorm.weight for layer in layers])
+            self.qkv = torch.cat([layer.self_attn.qkv_weight for layer in layers])
+            self.o = torch.cat([layer.self_attn.o_proj.weight for layer in layers])
+            self.gate_up = torch.cat([layer.mlp.gate_up_weight for layer in layers])
+            self.down = torch.cat([layer.mlp.down_proj.weight for layer in layers])
+            self.norm = model.norm.weight
+            heads = depth.codebooks_head.weight.to(torch.bfloat16)  # [15, d, V]
+            self.vocab = heads.shape[-1]
+            self.vocab_padded = triton.cdiv(self.vocab, t.bn) * t.bn
+            head = torch.zeros(heads.shape[0], self.vocab_padded, heads.shape[1],
+                               dtype=torch.bfloat16, device=device)
+            head[:, : self.vocab] = heads.transpose(1, 2)
+            self.head = head.view(-1, heads.shape[1])
+            steps = torch.arange(cfg.num_codebooks, device=device)
+            cos, sin = depth.rope.cos_sin(steps, torch.bfloat16)
+            self.cos, self.sin = cos.contiguous(), sin.contiguous()
+        self.scale = 1.0 / math.sqrt(cfg.head_dim)
+        layout = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=16, rank=2)
+        self.descs = [TensorDescriptor(w, list(w.shape), list(w.stride()), [t.bn, t.bk], layout)
+                      for w in (self.proj, self.qkv, self.o, self.gate_up, self.down, self.head)]
+        if programs is None:
+            programs = (torch.cuda.get_device_properties(device).multi_processor_count
+                        if device.type == "cuda" else 132)
+        self.programs = programs
+        self._alloc(max_rows)
+
+    @staticmethod
+    def _check(cfg, t: StreamTiles) -> None:
+        problems = []
+        qkv = (cfg.num_heads + 2 * cfg.num_kv_heads) * cfg.head_dim
+        for name, n, k, split in (
+            ("projector", cfg.hidden_size, cfg.backbone_hidden_size, t.proj_split),
+            ("q/k/v", qkv, cfg.hidden_size, t.qkv_split),
+            ("o_proj", cfg.hidden_size, cfg.num_heads * cfg.head_dim, t.o_split),
+            ("gate/up", 2 * cfg.intermediate_size, cfg.hidden_size, t.gate_up_split),
+            ("down_proj", cfg.hidden_size, cfg.intermediate_size, t.down_split),
+            ("head", t.bn, cfg.hidden_size, t.head_split),
+        ):
+            if n % t.bn or k % (t.bk * split):
+                problems.append(f"{name} ({n} x {k}, {split} splits)")
+        if cfg.hidden_size & (cfg.hidden_size - 1) or cfg.num_heads % cfg.num_kv_heads:
+            problems.append(f"hidden_size {cfg.hidden_size}")
+        if cfg.head_dim != 128 or (cfg.num_heads // cfg.num_kv_heads) & (
+                cfg.num_heads // cfg.num_kv_heads - 1) or cfg.num_codebooks != 16:
+            problems.append(f"attention ({cfg.num_heads} heads of {cfg.head_dim}, "
+                            f"{cfg.num_codebooks} positions)")
+        if problems:
+            raise ValueError("the streamed depth frame does not fit " + ", ".join(problems))
+
+    def _alloc(self, rows: int) -> None:
+        cfg, dev, bf = self.cfg, self.device, torch.bfloat16
+        t = self.tiles
+        d = cfg.hidden_size
+        qkv_width = (cfg.num_heads + 2 * cfg.num_kv_heads) * cfg.head_dim
+        self.h = torch.empty(rows, d, dtype=bf, device=dev)
+        self.qkv_out = torch.empty(rows, qkv_width, dtype=bf, device=dev)
+        self.attn = torch.empty(rows, cfg.num_heads * cfg.head_dim, dtype=bf, device=dev)
+        self.gu_out = torch.empty(rows, 2 * cfg.intermediate_size, dtype=bf, device=dev)
+        self.cache = torch.zeros(cfg.num_layers, 2, rows, cfg.num_kv_heads, cfg.num_codebooks,
+                                 cfg.head_dim, dtype=bf, device=dev)
+        self.logits = torch.empty(cfg.num_codebooks, rows, self.vocab, dtype=torch.float32,
+                                  device=dev)
+        splits = max(t.proj_split, t.qkv_split, t.o_split, t.down_split, t.head_split)
+        widest = max(d, qkv_width, self.vocab_padded)
+        self.workspace = torch.empty(splits, MAX_ROWS, widest, dtype=torch.float32, device=dev)
+        self.counters = torch.zeros(widest // t.bn, dtype=torch.int32, device=dev)
+        self.barriers = torch.zeros(2 + 5 * cfg.num_layers, dtype=torch.int64, device=dev)
+        self.rows = rows
+
+    def frame_logits(self, rows: int) -> torch.Tensor:
+        """The last call's fp32 logits ``[16, rows, V]`` (position 0's are never written)."""
+        size = self.cfg.num_codebooks * rows * self.vocab
+        return self.logits.view(-1)[:size].view(self.cfg.num_codebooks, rows, self.vocab)
+
+    def __call__(self, hidden: torch.Tensor, code0: torch.Tensor, has_cfg: torch.Tensor,
+                 cfg_scale: torch.Tensor, depth_sampling: torch.Tensor, seeds: torch.Tensor,
+                 frames_at: torch.Tensor) -> torch.Tensor:
+        """As ``PersistentDepthFrame.__call__``: ``hidden [R, backbone_hidden]`` (R = B or 2B),
+        ``code0 [B]`` and per-request CFG and depth sampling -> codes ``[B, 16]`` int64."""
+        rows, num = hidden.shape[0], code0.shape[0]
+        if rows not in (num, 2 * num):
+            raise ValueError(f"hidden has {rows} rows for {num} requests (want B or 2B)")
+        if rows > self.rows:
+            raise ValueError(f"{rows} rows past the streamed depth frame's {self.rows}")
+        cfg, t = self.cfg, self.tiles
+        codes = torch.empty(num, cfg.num_codebooks, dtype=torch.long, device=hidden.device)
+        codes[:, 0] = code0
+        hidden = hidden.contiguous()
+        has = has_cfg.to(torch.int8).contiguous()
+        scale = cfg_scale.to(torch.float32).contiguous()
+        params = depth_sampling.to(torch.float32).contiguous()
+        seeds = seeds.to(torch.long).contiguous()
+        frames_at = frames_at.to(torch.long).contiguous()
+        c = self.cache.stride()  # [L, 2, R, KVH, P, D]
+        rb = max(2, triton.next_power_of_2(rows))
+        for pos in range(cfg.num_codebooks):
+            _position_kernel[(self.programs,)](
+                *self.descs, hidden, codes, self.embed, self.ln1, self.ln2, self.norm, self.cos,
+                self.sin, self.h, self.qkv_out, self.attn, self.gu_out, self.cache, self.logits,
+                self.workspace, self.counters, self.barriers,
+                pos, rows, num, cfg.rms_norm_eps, self.scale, self.workspace.stride(0), c[0],
+                c[1], c[2], c[3], c[4],
+                D=cfg.hidden_size, DB=cfg.backbone_hidden_size, I=cfg.intermediate_size,
+                H=cfg.num_heads, KVH=cfg.num_kv_heads, HD=cfg.head_dim, L=cfg.num_layers,
+                NCB=cfg.num_codebooks, V=self.vocab, VP=self.vocab_padded, RB=rb, BN=t.bn,
+                BK=t.bk, SLOTS=t.slots, PROJ_S=t.proj_split, QKV_S=t.qkv_split, O_S=t.o_split,
+                GU_S=t.gate_up_split, DOWN_S=t.down_split, HEAD_S=t.head_split,
+                num_warps=t.warps, maxnreg=t.maxnreg, launch_cooperative_grid=True)
+            if pos > 0:
+                _draw_kernel[(num,)](
+                    self.logits, has, scale, params, seeds, frames_at, codes, pos, rows, num,
+                    V=self.vocab, NCB=cfg.num_codebooks, CODES=CODEBOOK_CODES,
+                    BLOCK=triton.next_power_of_2(self.vocab), MAX_K=self.max_k,
+                    EXACT_LOG=hidden.is_cuda)
+        return codes
