@@ -313,6 +313,27 @@ def _persistent_depth() -> tuple[Warm, Callable[[], None]]:
     return None, serve
 
 
+def _streamed_depth() -> tuple[Warm, Callable[[], None]]:
+    from breezert.kernels.streamed_depth import MAX_ROWS, StreamedDepthFrame
+    from breezert.models.config import BreezeConfig
+    from breezert.models.depth import DepthDecoder
+
+    with torch.device("meta"):
+        depth = random_bf16_fused_(DepthDecoder(BreezeConfig.full().depth))
+    frame = StreamedDepthFrame(depth, MAX_ROWS, programs=132)
+
+    def serve() -> None:  # every row block it serves (2, 4, 8 rows), with CFG and without
+        for batch in (1, 2, 4):
+            for num_rows in (batch, 2 * batch):
+                column = torch.zeros(batch, device="meta")
+                ids = torch.zeros(batch, dtype=torch.int64, device="meta")
+                frame(torch.zeros(num_rows, depth.cfg.backbone_hidden_size, dtype=torch.bfloat16,
+                                  device="meta"), ids, column.bool(), column,
+                      torch.zeros(batch, 3, device="meta"), ids, ids)
+
+    return None, serve
+
+
 def _snake() -> tuple[Warm, Callable[[], None]]:
     from breezert.kernels.snake import snake_cat_triton
 
@@ -339,6 +360,7 @@ VARIANTS: dict[str, Callable[[], tuple[Warm, Callable[[], None]]]] = {
     "text encoder pdl wide": lambda: _text_encoder(True, wide=True),
     "sampler": _sampler,
     "persistent depth": _persistent_depth,
+    "streamed depth": _streamed_depth,
     "snake": _snake,
 }
 """Each module variant a config or a tuning run can select -> ``(warm, serve)``: its start-up

@@ -52,7 +52,7 @@ def _raise_cache_limit(limit: int) -> None:
 
 def depth_fn(
     model: BreezeModel, max_k: int | None, compile_depth: bool, fused_depth: bool = False,
-    max_rows: int = 64, pdl: bool = False, persistent_depth: int = 0,
+    max_rows: int = 64, pdl: bool = False, persistent_depth: int = 0, streamed_depth: int = 0,
 ) -> Callable[..., dict[str, torch.Tensor]]:
     """``depth_frames`` bound to ``model`` and ``max_k``; on CUDA its layer step runs the fused
     Triton kernels (``fused_depth``, workspace for ``max_rows`` rows, launch shapes per row
@@ -62,7 +62,8 @@ def depth_fn(
     on the H200 (one call would be a new, unmeasured kernel chain in the graph).
     ``persistent_depth`` (rows; 0: off): batches of up to that many rows with a bounded top-k
     draw their 15 depth codes in one persistent launch (``kernels/persistent_depth.py``); the
-    first code is drawn as above."""
+    first code is drawn as above. ``streamed_depth`` (rows, at most 8; 0: off): the same through
+    the streamed frame (``kernels/streamed_depth.py``, Hopper)."""
     if model.lm_head.weight.device.type != "cuda":
         return partial(depth_frames, model, max_k=max_k, noise_per_frame=True)
     depth = model.depth_decoder
@@ -75,6 +76,14 @@ def depth_fn(
             frame_kernel = depth.persistent_frame = PersistentDepthFrame(depth, persistent_depth)
             logger.info("depth frames of up to %d rows run the persistent Triton kernel (%d "
                         "programs)", persistent_depth, frame_kernel.programs)
+    elif streamed_depth > 0 and max_k is not None:
+        from breezert.kernels.streamed_depth import StreamedDepthFrame  # needs Gluon, sm_90
+
+        frame_kernel = getattr(depth, "streamed_frame", None)
+        if frame_kernel is None:
+            frame_kernel = depth.streamed_frame = StreamedDepthFrame(depth, streamed_depth)
+            logger.info("depth frames of up to %d rows run the streamed Gluon frame (%d "
+                        "programs)", streamed_depth, frame_kernel.programs)
     if fused_depth and not getattr(depth, "is_fused", False):
         from breezert.kernels.fused_depth import FusedDepthLayers  # needs Triton
 
