@@ -302,7 +302,7 @@ case "$phase" in
     timeout 400 python3 -m pytest tests/gpu/test_gpu_slot_state.py tests/gpu/test_gpu_graphs.py \
       tests/gpu/test_gpu_fused_sampling.py tests/gpu/test_gpu_host_syncs.py \
       tests/gpu/test_gpu_fused_decode.py tests/gpu/test_gpu_fused_prefill.py \
-      tests/gpu/test_gpu_persistent_depth.py -q -p no:cacheprovider 2>&1 \
+      tests/gpu/test_gpu_frame_kernels.py -q -p no:cacheprovider 2>&1 \
       | tee "$out/gpu_tests.log" | tail -15 ;;
   tune-decode)  # issue 13: the fused DECODE step's launch shapes (DECODE_TILES = Tiles() today:
     # 2.33 ms at one row, 1.2 TB/s of the backbone's 2.8 GB); only bit-preserving fields
@@ -352,7 +352,7 @@ case "$phase" in
       --out "$out/h200-burst.json" 2>&1 | grep '^\[bench' ;;
   streamed)  # issue 30: the streamed depth frame (kernels/streamed_depth.py): its GPU tests, then
     # the frame side by side with the persistent kernel and the fused loop (bench/depth_frame.py)
-    timeout 240 python3 -m pytest tests/gpu/test_gpu_streamed_depth.py -x -q -s -p no:cacheprovider \
+    timeout 240 python3 -m pytest tests/gpu/test_gpu_frame_kernels.py -k streamed -x -q -s -p no:cacheprovider \
       2>&1 | tee "$out/streamed_tests.log" | tail -25 || true
     timeout 300 python3 bench/depth_frame.py --batches "${FRAME_BATCHES:-1,2,4}" --streamed \
       --streamed-variants "${STREAMED_VARIANTS-w8,slots12,gu2,bk64,qkv8}" \

@@ -290,6 +290,17 @@ def _sampler() -> tuple[Warm, Callable[[], None]]:
     return None, serve
 
 
+def _frame_calls(frame, depth, batches) -> None:
+    """A depth frame kernel's launches for every batch, with CFG (2B rows) and without (B)."""
+    for batch in batches:
+        for num_rows in (batch, 2 * batch):
+            column = torch.zeros(batch, device="meta")
+            ids = torch.zeros(batch, dtype=torch.int64, device="meta")
+            frame(torch.zeros(num_rows, depth.cfg.backbone_hidden_size, dtype=torch.bfloat16,
+                              device="meta"), ids, column.bool(), column,
+                  torch.zeros(batch, 3, device="meta"), ids, ids)
+
+
 def _persistent_depth() -> tuple[Warm, Callable[[], None]]:
     from breezert.kernels.persistent_depth import PersistentDepthFrame
     from breezert.models.config import BreezeConfig
@@ -298,19 +309,9 @@ def _persistent_depth() -> tuple[Warm, Callable[[], None]]:
     graph = _engine_graph()
     with torch.device("meta"):
         depth = random_bf16_fused_(DepthDecoder(BreezeConfig.full().depth))
-    rows = _depth_rows(graph)
-    frame = PersistentDepthFrame(depth, max(rows))
-
-    def serve() -> None:  # every bucket, with CFG (2B rows) and without (B rows)
-        for batch in graph.depth_batch_buckets:  # type: ignore[attr-defined]
-            for num_rows in (batch, 2 * batch):
-                column = torch.zeros(batch, device="meta")
-                ids = torch.zeros(batch, dtype=torch.int64, device="meta")
-                frame(torch.zeros(num_rows, depth.cfg.backbone_hidden_size, dtype=torch.bfloat16,
-                                  device="meta"), ids, column.bool(), column,
-                      torch.zeros(batch, 3, device="meta"), ids, ids)
-
-    return None, serve
+    frame = PersistentDepthFrame(depth, max(_depth_rows(graph)))
+    # every bucket of the engine's depth stage
+    return None, lambda: _frame_calls(frame, depth, graph.depth_batch_buckets)  # type: ignore[attr-defined]
 
 
 def _streamed_depth() -> tuple[Warm, Callable[[], None]]:
@@ -321,17 +322,8 @@ def _streamed_depth() -> tuple[Warm, Callable[[], None]]:
     with torch.device("meta"):
         depth = random_bf16_fused_(DepthDecoder(BreezeConfig.full().depth))
     frame = StreamedDepthFrame(depth, MAX_ROWS, programs=132)
-
-    def serve() -> None:  # every row block it serves (2, 4, 8 rows), with CFG and without
-        for batch in (1, 2, 4):
-            for num_rows in (batch, 2 * batch):
-                column = torch.zeros(batch, device="meta")
-                ids = torch.zeros(batch, dtype=torch.int64, device="meta")
-                frame(torch.zeros(num_rows, depth.cfg.backbone_hidden_size, dtype=torch.bfloat16,
-                                  device="meta"), ids, column.bool(), column,
-                      torch.zeros(batch, 3, device="meta"), ids, ids)
-
-    return None, serve
+    # every row block it serves: 2, 4 and 8 rows
+    return None, lambda: _frame_calls(frame, depth, (1, 2, 4))
 
 
 def _snake() -> tuple[Warm, Callable[[], None]]:

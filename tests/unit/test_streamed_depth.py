@@ -1,6 +1,6 @@
 """The streamed depth frame's refusals (kernels/streamed_depth.py), on CPU: what it cannot run
 is refused when it is made or called, naming why. Its kernels build for sm_90 in
-tests/unit/test_sm90_build.py and run in tests/gpu/test_gpu_streamed_depth.py (Gluon has no
+tests/unit/test_sm90_build.py and run in tests/gpu/test_gpu_frame_kernels.py (Gluon has no
 CPU interpreter)."""
 
 from __future__ import annotations

@@ -380,36 +380,32 @@ def _consumer(ring, ready, empty, hidden_ptr, codes_ptr, embed_ptr, ln1_ptr, ln2
     target = _arrive(bar_ptr, P)
     g = 1  # the phase this program runs next: it waits for phase g - 1
     for layer in range(L):
-        _wait(bar_ptr + g - 1, target)
-        it = _gemv_phase(QKV, ring, ready, empty, it, pid, P, pos, R, B, h_ptr, ln1_ptr + layer * D,
-                         codes_ptr, hidden_ptr, qkv_ptr, ws_ptr, ws_split, cnt_ptr, eps, NQKV, D,
-                         QKV_S, D, V, NCB, RB, BN, BK, SLOTS, L3)
-        target = _arrive(bar_ptr + g, P)
-        g += 1
-        _wait(bar_ptr + g - 1, target)
-        _attention_phase(pid, P, pos, R, qkv_ptr, cos_ptr, sin_ptr,
-                         cache_ptr + layer.to(gl.int64) * c_layer, attn_ptr, scale, c_kv, c_row,
-                         c_head, c_pos, H, KVH, HD, NCB, A3)
-        target = _arrive(bar_ptr + g, P)
-        g += 1
-        _wait(bar_ptr + g - 1, target)
-        it = _gemv_phase(O, ring, ready, empty, it, pid, P, pos, R, B, attn_ptr, ln1_ptr,
-                         codes_ptr, hidden_ptr, h_ptr, ws_ptr, ws_split, cnt_ptr, eps, D, HHD,
-                         O_S, D, V, NCB, RB, BN, BK, SLOTS, L3)
-        target = _arrive(bar_ptr + g, P)
-        g += 1
-        _wait(bar_ptr + g - 1, target)
-        it = _gemv_phase(GATE_UP, ring, ready, empty, it, pid, P, pos, R, B, h_ptr,
-                         ln2_ptr + layer * D, codes_ptr, hidden_ptr, gu_ptr, ws_ptr, ws_split,
-                         cnt_ptr, eps, 2 * I, D, GU_S, D, V, NCB, RB, BN, BK, SLOTS, L3)
-        target = _arrive(bar_ptr + g, P)
-        g += 1
-        _wait(bar_ptr + g - 1, target)
-        it = _gemv_phase(DOWN, ring, ready, empty, it, pid, P, pos, R, B, gu_ptr, ln1_ptr,
-                         codes_ptr, hidden_ptr, h_ptr, ws_ptr, ws_split, cnt_ptr, eps, D, I,
-                         DOWN_S, D, V, NCB, RB, BN, BK, SLOTS, L3)
-        target = _arrive(bar_ptr + g, P)
-        g += 1
+        for step in gl.static_range(5):  # q/k/v, attention, o_proj, gate/up, down
+            _wait(bar_ptr + g - 1, target)
+            if step == 0:
+                it = _gemv_phase(QKV, ring, ready, empty, it, pid, P, pos, R, B, h_ptr,
+                                 ln1_ptr + layer * D, codes_ptr, hidden_ptr, qkv_ptr, ws_ptr,
+                                 ws_split, cnt_ptr, eps, NQKV, D, QKV_S, D, V, NCB, RB, BN, BK,
+                                 SLOTS, L3)
+            elif step == 1:
+                _attention_phase(pid, P, pos, R, qkv_ptr, cos_ptr, sin_ptr,
+                                 cache_ptr + layer.to(gl.int64) * c_layer, attn_ptr, scale, c_kv,
+                                 c_row, c_head, c_pos, H, KVH, HD, NCB, A3)
+            elif step == 2:
+                it = _gemv_phase(O, ring, ready, empty, it, pid, P, pos, R, B, attn_ptr, ln1_ptr,
+                                 codes_ptr, hidden_ptr, h_ptr, ws_ptr, ws_split, cnt_ptr, eps, D,
+                                 HHD, O_S, D, V, NCB, RB, BN, BK, SLOTS, L3)
+            elif step == 3:
+                it = _gemv_phase(GATE_UP, ring, ready, empty, it, pid, P, pos, R, B, h_ptr,
+                                 ln2_ptr + layer * D, codes_ptr, hidden_ptr, gu_ptr, ws_ptr,
+                                 ws_split, cnt_ptr, eps, 2 * I, D, GU_S, D, V, NCB, RB, BN, BK,
+                                 SLOTS, L3)
+            else:
+                it = _gemv_phase(DOWN, ring, ready, empty, it, pid, P, pos, R, B, gu_ptr, ln1_ptr,
+                                 codes_ptr, hidden_ptr, h_ptr, ws_ptr, ws_split, cnt_ptr, eps, D,
+                                 I, DOWN_S, D, V, NCB, RB, BN, BK, SLOTS, L3)
+            target = _arrive(bar_ptr + g, P)
+            g += 1
     if pos > 0:
         _wait(bar_ptr + g - 1, target)
         _gemv_phase(HEAD, ring, ready, empty, it, pid, P, pos, R, B, h_ptr, norm_ptr, codes_ptr,

@@ -68,22 +68,8 @@ def depth_fn(
         return partial(depth_frames, model, max_k=max_k, noise_per_frame=True)
     depth = model.depth_decoder
     frame_kernel = None
-    if persistent_depth > 0 and max_k is not None:
-        from breezert.kernels.persistent_depth import PersistentDepthFrame  # needs Triton
-
-        frame_kernel = getattr(depth, "persistent_frame", None)
-        if frame_kernel is None:
-            frame_kernel = depth.persistent_frame = PersistentDepthFrame(depth, persistent_depth)
-            logger.info("depth frames of up to %d rows run the persistent Triton kernel (%d "
-                        "programs)", persistent_depth, frame_kernel.programs)
-    elif streamed_depth > 0 and max_k is not None:
-        from breezert.kernels.streamed_depth import StreamedDepthFrame  # needs Gluon, sm_90
-
-        frame_kernel = getattr(depth, "streamed_frame", None)
-        if frame_kernel is None:
-            frame_kernel = depth.streamed_frame = StreamedDepthFrame(depth, streamed_depth)
-            logger.info("depth frames of up to %d rows run the streamed Gluon frame (%d "
-                        "programs)", streamed_depth, frame_kernel.programs)
+    if max_k is not None and (persistent_depth > 0 or streamed_depth > 0):
+        frame_kernel = _frame_kernel(depth, persistent_depth, streamed_depth)
     if fused_depth and not getattr(depth, "is_fused", False):
         from breezert.kernels.fused_depth import FusedDepthLayers  # needs Triton
 
@@ -100,6 +86,23 @@ def depth_fn(
         return partial(depth_frames, model, max_k=max_k, frame_kernel=frame_kernel)
     sampler = torch.compile(sample, dynamic=True, fullgraph=True)
     return partial(depth_frames, model, max_k=max_k, sampler=sampler, frame_kernel=frame_kernel)
+
+
+def _frame_kernel(depth, persistent_depth: int, streamed_depth: int):
+    """The depth decoder's frame kernel (made once, kept on the module): the persistent Triton
+    frame or the streamed Gluon frame, for batches of up to that many rows."""
+    if persistent_depth > 0:
+        from breezert.kernels.persistent_depth import PersistentDepthFrame as kind  # Triton
+        rows = persistent_depth
+    else:
+        from breezert.kernels.streamed_depth import StreamedDepthFrame as kind  # Gluon, sm_90
+        rows = streamed_depth
+    frame = getattr(depth, "frame_kernel", None)
+    if not isinstance(frame, kind) or frame.max_rows != rows:
+        frame = depth.frame_kernel = kind(depth, rows)
+        logger.info("depth frames of up to %d rows run %s (%d programs)", rows, kind.__name__,
+                    frame.programs)
+    return frame
 
 
 def decode_fn(

@@ -1,8 +1,11 @@
-"""GPU: the persistent depth frame (kernels/persistent_depth.py) on the full-size depth decoder,
-one cooperative launch with grid barriers: its logits against fp32 math fed the same codes (as
-close as the eager bf16 decoder), its greedy codes the argmax of those logits, its draws equal
-to ``layers.sampling.sample`` on them, the same bits alone and in every row bucket, run to run
-and inside a CUDA graph, with CFG and without.
+"""GPU: the depth frame kernels on the full-size depth decoder, each up to the rows it serves:
+the persistent frame (kernels/persistent_depth.py, one cooperative Triton launch with grid
+barriers, up to 512 rows) and the streamed frame (kernels/streamed_depth.py, one
+warp-specialized Gluon launch a position, weights streamed by TMA through a shared-memory ring,
+up to 8 rows). Their logits against fp32 math fed the same codes (as close as the eager bf16
+decoder), their greedy codes the argmax of those logits, their draws equal to
+``layers.sampling.sample`` on them, the same bits alone and beside others, run to run and
+inside a CUDA graph, with CFG and without, and ``depth_frames`` serving through them.
 
 Run on a CUDA machine: ``python -m pytest tests/gpu -q`` (skipped without CUDA).
 """
@@ -41,11 +44,35 @@ def depth_fp32(depth: DepthDecoder) -> DepthDecoder:
         return fp32_copy(depth, DepthDecoder)
 
 
-@pytest.fixture(scope="module")
-def frame(depth: DepthDecoder):
-    from breezert.kernels.persistent_depth import PersistentDepthFrame
+# per kernel: the greedy cases (requests, CFG), the crowds a request is checked in, and the
+# requests of the other checks
+SIZES = {
+    "persistent": {"greedy": [(1, True), (1, False), (16, True), (64, True), (256, True)],
+                   "crowds": [2, 9, 16, 33, 64, 100, 256], "batch": 16},
+    "streamed": {"greedy": [(1, True), (1, False), (2, True), (3, False), (4, True), (8, False)],
+                 "crowds": [2, 3, 4], "batch": 4},
+}
+KINDS = list(SIZES)
 
-    return PersistentDepthFrame(depth, max_rows=512)
+
+@pytest.fixture(scope="module")
+def frames(depth: DepthDecoder) -> dict:
+    """Each kernel, made once on first use."""
+    made: dict = {}
+
+    def get(kind: str):
+        if kind not in made:
+            if kind == "persistent":
+                from breezert.kernels.persistent_depth import PersistentDepthFrame
+
+                made[kind] = PersistentDepthFrame(depth, max_rows=512)
+            else:
+                from breezert.kernels.streamed_depth import MAX_ROWS, StreamedDepthFrame
+
+                made[kind] = StreamedDepthFrame(depth, max_rows=MAX_ROWS)
+        return made[kind]
+
+    return get
 
 
 def _inputs(num: int, cfg: bool, temperature: float, seed: int) -> dict[str, torch.Tensor]:
@@ -62,9 +89,11 @@ def _inputs(num: int, cfg: bool, temperature: float, seed: int) -> dict[str, tor
     }
 
 
-@pytest.mark.parametrize(("num", "cfg"), [(1, True), (1, False), (16, True), (64, True),
-                                          (256, True)])
-def test_greedy_frame_as_accurate_as_eager(depth, depth_fp32, frame, num: int, cfg: bool) -> None:
+@pytest.mark.parametrize(("kind", "num", "cfg"),
+                         [(k, n, c) for k in KINDS for n, c in SIZES[k]["greedy"]])
+def test_greedy_frame_as_accurate_as_eager(depth, depth_fp32, frames, kind: str, num: int,
+                                           cfg: bool) -> None:
+    frame = frames(kind)
     inputs = _inputs(num, cfg, temperature=0.0, seed=num)
     rows = inputs["hidden"].shape[0]
     with torch.inference_mode():
@@ -88,11 +117,13 @@ def test_greedy_frame_as_accurate_as_eager(depth, depth_fp32, frame, num: int, c
     assert torch.count_nonzero(frame.counters) == 0
 
 
-def test_sampled_draws_equal_sample(frame) -> None:
-    inputs = _inputs(16, True, temperature=0.9, seed=3)
+@pytest.mark.parametrize("kind", KINDS)
+def test_sampled_draws_equal_sample(frames, kind: str) -> None:
+    frame, num = frames(kind), SIZES[kind]["batch"]
+    inputs = _inputs(num, True, temperature=0.9, seed=3)
     with torch.inference_mode():
         codes = frame(**inputs)
-        logits = frame.frame_logits(32).clone()
+        logits = frame.frame_logits(2 * num).clone()
     params = inputs["depth_sampling"]
     mismatched = 0
     for pos in range(1, 16):
@@ -104,10 +135,11 @@ def test_sampled_draws_equal_sample(frame) -> None:
     assert mismatched <= 1, mismatched
 
 
-@pytest.mark.parametrize("crowd", [2, 9, 16, 33, 64, 100, 256])
-def test_a_request_gets_the_same_bits_in_any_crowd(frame, crowd: int) -> None:
-    """Row blocks grow with the rows (16 .. 64 a work item): a request's codes and logits do
-    not depend on how many run beside it."""
+@pytest.mark.parametrize(("kind", "crowd"), [(k, c) for k in KINDS for c in SIZES[k]["crowds"]])
+def test_a_request_gets_the_same_bits_in_any_crowd(frames, kind: str, crowd: int) -> None:
+    """Row blocks grow with the rows (persistent: 16 .. 64 a work item; streamed: 2, 4, 8 rows
+    a GEMV): a request's codes and logits do not depend on how many run beside it."""
+    frame = frames(kind)
     inputs = _inputs(crowd, True, temperature=0.9, seed=crowd)
     alone = {k: (v[[0, crowd]] if k == "hidden" else v[:1]) for k, v in inputs.items()}
     with torch.inference_mode():
@@ -120,8 +152,10 @@ def test_a_request_gets_the_same_bits_in_any_crowd(frame, crowd: int) -> None:
     assert torch.equal(logits_alone[1:, 1], logits[1:, crowd])
 
 
-def test_graph_replay_equals_eager(frame) -> None:
-    inputs = _inputs(16, True, temperature=0.9, seed=9)
+@pytest.mark.parametrize("kind", KINDS)
+def test_graph_replay_equals_eager(frames, kind: str) -> None:
+    frame = frames(kind)
+    inputs = _inputs(SIZES[kind]["batch"], True, temperature=0.9, seed=9)
     with torch.inference_mode():
         eager = frame(**inputs)
         stream = torch.cuda.Stream()
@@ -138,10 +172,12 @@ def test_graph_replay_equals_eager(frame) -> None:
     assert torch.equal(captured, eager)
 
 
-def test_cfg_scale_one_is_the_cond_row(frame) -> None:
+@pytest.mark.parametrize("kind", KINDS)
+def test_cfg_scale_one_is_the_cond_row(frames, kind: str) -> None:
     """With CFG scale 1 the guided logits are the cond row's up to fp32 rounding: greedy codes
     equal those of the same requests without CFG until a position whose top two logits lie
     within that rounding."""
+    frame = frames(kind)
     inputs = _inputs(4, True, temperature=0.0, seed=4)
     inputs["cfg_scale"] = torch.ones(4, device="cuda")
     inputs["has_cfg"] = torch.ones(4, dtype=torch.bool, device="cuda")
@@ -158,9 +194,11 @@ def test_cfg_scale_one_is_the_cond_row(frame) -> None:
                 break
 
 
-def test_serving_depth_frames_run_the_kernel(depth, frame) -> None:
-    """``depth_frames`` with the kernel: first code drawn as before, the rest from one launch;
+@pytest.mark.parametrize("kind", KINDS)
+def test_serving_depth_frames_run_the_kernel(depth, frames, kind: str) -> None:
+    """``depth_frames`` with the kernel: first code drawn as before, the rest from the kernel;
     the same codes as the kernel called directly."""
+    frame = frames(kind)
     from types import SimpleNamespace
 
     from breezert.kernels.fused_sampling import fused_sample
@@ -169,12 +207,13 @@ def test_serving_depth_frames_run_the_kernel(depth, frame) -> None:
     lm = torch.randn(2052, 2048, device="cuda") * 2048 ** -0.5
     model = SimpleNamespace(first_code_logits=lambda h: h.float() @ lm.T,
                             cfg=SimpleNamespace(num_codebooks=16), depth_decoder=depth)
-    inputs = _inputs(8, True, temperature=0.9, seed=8)
+    num = SIZES[kind]["batch"]
+    inputs = _inputs(num, True, temperature=0.9, seed=8)
     args = {"hidden": inputs["hidden"], "has_cfg": inputs["has_cfg"],
             "cfg_scale": inputs["cfg_scale"],
-            "seen": torch.zeros(8, 2052, dtype=torch.bool, device="cuda"),
-            "penalty": torch.full((8,), 1.1, device="cuda"),
-            "no_eos": torch.ones(8, dtype=torch.bool, device="cuda"),
+            "seen": torch.zeros(num, 2052, dtype=torch.bool, device="cuda"),
+            "penalty": torch.full((num,), 1.1, device="cuda"),
+            "no_eos": torch.ones(num, dtype=torch.bool, device="cuda"),
             "sampling": torch.cat([inputs["depth_sampling"], inputs["depth_sampling"]], 1),
             "seeds": inputs["seeds"], "frames_at": inputs["frames_at"]}
     with torch.inference_mode():
