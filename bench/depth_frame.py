@@ -51,7 +51,6 @@ STREAMED_VARIANTS = {
     "w8": {"warps": 8},
     "slots12": {"slots": 12},
     "slots4": {"slots": 4},
-    "gu2": {"gate_up_split": 2},
     "bk64": {"bk": 64, "slots": 16},
     "qkv8": {"qkv_split": 8, "head_split": 8},
 }

@@ -355,7 +355,7 @@ case "$phase" in
     timeout 240 python3 -m pytest tests/gpu/test_gpu_frame_kernels.py -k streamed -x -q -s -p no:cacheprovider \
       2>&1 | tee "$out/streamed_tests.log" | tail -25 || true
     timeout 300 python3 bench/depth_frame.py --batches "${FRAME_BATCHES:-1,2,4}" --streamed \
-      --streamed-variants "${STREAMED_VARIANTS-w8,slots12,gu2,bk64,qkv8}" \
+      --streamed-variants "${STREAMED_VARIANTS-w8,slots12,qkv8}" \
       --out "$out/h200-depth-frame-streamed.json" 2>&1 | grep -v Warn | tail -30 ;;
   streamed-engine)  # issue 30: the latency profile with and without the streamed depth frame
     # (graph.streamed_depth = 8: depth batches of up to 4 requests), one bench process

@@ -71,7 +71,8 @@ _partition_barrier = getattr(gl, "thread_barrier", None) or gl.barrier
 class StreamTiles:
     """Weight tile ``bn x bk`` (one ring slot), ring ``slots``, consumer ``warps`` (the loader
     adds one), and each weight phase's K splits (``*_split``: they set the sum order, so they
-    never change with the rows)."""
+    never change with the rows). Gate/up is never split: an item holds a gate tile and its up
+    tile, so SiLU(gate) * up is its epilogue."""
 
     bn: int = 64
     bk: int = 128
@@ -80,7 +81,6 @@ class StreamTiles:
     proj_split: int = 8
     qkv_split: int = 4
     o_split: int = 8
-    gate_up_split: int = 1
     down_split: int = 8
     head_split: int = 4
     maxnreg: int = 168
@@ -137,7 +137,8 @@ def _x_tile(KIND: gl.constexpr, kb, pos, R, B, x_ptr, nw_ptr, rstd, codes_ptr, h
     """Columns ``kb * BK ..`` of the phase's input, every row, as fp32 of bf16 values:
     PROJ the backbone state (p = 0) or the audio table's row of code c_{p-1} (an EOS first code
     clamped into the table, as ``depth_frames`` does); QKV, GATE_UP, HEAD the RMSNormed ``h``
-    (``bf16(w * bf16(x * rstd))``); O the attention output; DOWN ``bf16(bf16(silu(g)) * u)``."""
+    (``bf16(w * bf16(x * rstd))``); O the attention output; DOWN ``bf16(bf16(silu(g)) * u)``
+    (made by GATE_UP's epilogue)."""
     rows = gl.arange(0, RB, layout=gl.SliceLayout(1, XL))
     cols = kb * BK + gl.arange(0, BK, layout=gl.SliceLayout(0, XL))
     rmask = (rows < R)[:, None]
@@ -151,15 +152,9 @@ def _x_tile(KIND: gl.constexpr, kb, pos, R, B, x_ptr, nw_ptr, rstd, codes_ptr, h
             src = x_ptr + (code + V * (pos - 1)).to(gl.int64) * K
         x = gl.load(src[:, None] + cols[None, :], mask=rmask, other=0.0,
                     cache_modifier=".cg").to(gl.float32)
-    elif KIND == O:
+    elif (KIND == O) | (KIND == DOWN):
         x = gl.load(x_ptr + rows[:, None] * K + cols[None, :], mask=rmask, other=0.0,
                     cache_modifier=".cg").to(gl.float32)
-    elif KIND == DOWN:
-        g = gl.load(x_ptr + rows[:, None] * (2 * K) + cols[None, :], mask=rmask, other=0.0,
-                    cache_modifier=".cg").to(gl.float32)
-        u = gl.load(x_ptr + rows[:, None] * (2 * K) + K + cols[None, :], mask=rmask, other=0.0,
-                    cache_modifier=".cg").to(gl.float32)
-        x = _bf16(_bf16(g / (1.0 + gl.exp(-g))) * u)  # F.silu on a bf16 tensor, then * up
     else:  # QKV, GATE_UP, HEAD: RMSNorm at RMSNorm.forward's rounding
         h = gl.load(x_ptr + rows[:, None] * K + cols[None, :], mask=rmask, other=0.0,
                     cache_modifier=".cg").to(gl.float32)
@@ -169,11 +164,13 @@ def _x_tile(KIND: gl.constexpr, kb, pos, R, B, x_ptr, nw_ptr, rstd, codes_ptr, h
 
 
 @gluon.jit
-def _epilogue(KIND: gl.constexpr, total, nb, pos, R, out_ptr, N: gl.constexpr, V: gl.constexpr,
-              RB: gl.constexpr, BN: gl.constexpr, AL: gl.constexpr):
-    """A finished tile ``total [RB, BN]`` (fp32 sums) into the phase's output: bf16 for PROJ,
-    QKV, GATE_UP; ``h = bf16(h + bf16(total))`` for O and DOWN (``out_ptr`` is ``h``: this item
-    owns these columns, no other program reads ``h`` in this phase); fp32 logits for HEAD."""
+def _epilogue(KIND: gl.constexpr, total, up, nb, pos, R, out_ptr, N: gl.constexpr,
+              V: gl.constexpr, RB: gl.constexpr, BN: gl.constexpr, AL: gl.constexpr):
+    """A finished tile ``total [RB, BN]`` (fp32 sums) into the phase's output: bf16 for PROJ and
+    QKV; for GATE_UP (``up``: the up tile's sums) ``bf16(bf16(silu(gate)) * up)`` of the bf16
+    gate and up, as the eager MLP rounds; ``h = bf16(h + bf16(total))`` for O and DOWN
+    (``out_ptr`` is ``h``: this item owns these columns, no other program reads ``h`` in this
+    phase); fp32 logits for HEAD."""
     rows = gl.arange(0, RB, layout=gl.SliceLayout(1, AL))
     n = nb * BN + gl.arange(0, BN, layout=gl.SliceLayout(0, AL))
     if KIND == HEAD:
@@ -185,6 +182,9 @@ def _epilogue(KIND: gl.constexpr, total, nb, pos, R, out_ptr, N: gl.constexpr, V
         if (KIND == O) | (KIND == DOWN):
             res = gl.load(dst, mask=mask, other=0.0, cache_modifier=".cg").to(gl.float32)
             out = _bf16(res + _bf16(total))
+        elif KIND == GATE_UP:
+            gate = _bf16(total)
+            out = _bf16(_bf16(gate / (1.0 + gl.exp(-gate))) * _bf16(up))  # F.silu, then * up
         else:
             out = _bf16(total)
         gl.store(dst, out.to(gl.bfloat16), mask=mask)
@@ -196,9 +196,11 @@ def _epilogue(KIND: gl.constexpr, total, nb, pos, R, out_ptr, N: gl.constexpr, V
 
 @gluon.jit
 def _load_phase(desc, row0, ring, ready, empty, it, pid, P, N: gl.constexpr, K: gl.constexpr,
-                SPLIT: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr, SLOTS: gl.constexpr):
+                SPLIT: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr, SLOTS: gl.constexpr,
+                PAIR: gl.constexpr = 0):
     """The loader's share of one weight phase: rows ``row0 ..`` of ``desc`` (a ``[*, K]``
-    weight), item by item as the consumers take them, every K tile into the next free slot."""
+    weight), item by item as the consumers take them, every K tile into the next free slot
+    (``PAIR``: then the tile ``PAIR`` rows below it too, the up tile of a gate tile)."""
     n_tiles: gl.constexpr = N // BN
     KTI: gl.constexpr = K // BK // SPLIT  # K tiles an item
     for item in range(pid, n_tiles * SPLIT, P):
@@ -211,6 +213,13 @@ def _load_phase(desc, row0, ring, ready, empty, it, pid, P, N: gl.constexpr, K: 
             tma.async_copy_global_to_shared(desc, [row0 + nb * BN, kb * BK], ready.index(slot),
                                             ring.index(slot))
             it += 1
+            if PAIR > 0:
+                slot = it % SLOTS
+                mbarrier.wait(empty.index(slot), ((it // SLOTS) & 1) ^ 1)
+                mbarrier.expect(ready.index(slot), BN * BK * 2)
+                tma.async_copy_global_to_shared(desc, [row0 + PAIR + nb * BN, kb * BK],
+                                                ready.index(slot), ring.index(slot))
+                it += 1
     return it
 
 
@@ -219,7 +228,7 @@ def _loader(proj_desc, qkv_desc, o_desc, gu_desc, down_desc, head_desc, ring, re
             pos, D: gl.constexpr, DB: gl.constexpr, I: gl.constexpr, NQKV: gl.constexpr,
             HHD: gl.constexpr, L: gl.constexpr, VP: gl.constexpr, BN: gl.constexpr,
             BK: gl.constexpr, SLOTS: gl.constexpr, PROJ_S: gl.constexpr, QKV_S: gl.constexpr,
-            O_S: gl.constexpr, GU_S: gl.constexpr, DOWN_S: gl.constexpr, HEAD_S: gl.constexpr):
+            O_S: gl.constexpr, DOWN_S: gl.constexpr, HEAD_S: gl.constexpr):
     pid = gl.program_id(0)
     P = gl.num_programs(0)
     it = _load_phase(proj_desc, 0, ring, ready, empty, pid * 0, pid, P, D, DB, PROJ_S, BN, BK, SLOTS)
@@ -228,13 +237,24 @@ def _loader(proj_desc, qkv_desc, o_desc, gu_desc, down_desc, head_desc, ring, re
                          QKV_S, BN, BK, SLOTS)
         it = _load_phase(o_desc, layer * D, ring, ready, empty, it, pid, P, D, HHD, O_S, BN, BK,
                          SLOTS)
-        it = _load_phase(gu_desc, layer * 2 * I, ring, ready, empty, it, pid, P, 2 * I, D, GU_S,
-                         BN, BK, SLOTS)
+        it = _load_phase(gu_desc, layer * 2 * I, ring, ready, empty, it, pid, P, I, D, 1, BN,
+                         BK, SLOTS, I)
         it = _load_phase(down_desc, layer * D, ring, ready, empty, it, pid, P, D, I, DOWN_S, BN,
                          BK, SLOTS)
     if pos > 0:
         _load_phase(head_desc, (pos - 1) * VP, ring, ready, empty, it, pid, P, VP, D, HEAD_S, BN,
                     BK, SLOTS)
+
+
+@gluon.jit
+def _take(ring, ready, empty, it, SLOTS: gl.constexpr, WL: gl.constexpr):
+    """The ring's tile number ``it`` as fp32 registers; its slot goes back to the loader."""
+    slot = it % SLOTS
+    mbarrier.wait(ready.index(slot), (it // SLOTS) & 1)
+    w = ring.index(slot).load(WL)
+    fence_async_shared()
+    mbarrier.arrive(empty.index(slot), count=1)  # the loader may refill the slot
+    return w.to(gl.float32)
 
 
 @gluon.jit
@@ -244,7 +264,8 @@ def _gemv_phase(KIND: gl.constexpr, ring, ready, empty, it, pid, P, pos, R, B, x
                 V: gl.constexpr, NCB: gl.constexpr, RB: gl.constexpr, BN: gl.constexpr,
                 BK: gl.constexpr, SLOTS: gl.constexpr, L3: gl.constexpr):
     """The consumers' share of one weight phase: per item, its K tiles from the ring against
-    the rows' inputs, then the split-K sum and the epilogue."""
+    the rows' inputs (GATE_UP: a gate tile and its up tile a K step; ``N`` is then the
+    intermediate size), then the split-K sum and the epilogue."""
     XL: gl.constexpr = gl.SliceLayout(1, L3)  # x tiles [RB, BK]
     WL: gl.constexpr = gl.SliceLayout(0, L3)  # weight tiles [BN, BK]
     AL: gl.constexpr = gl.SliceLayout(2, L3)  # sums [RB, BN]
@@ -259,19 +280,24 @@ def _gemv_phase(KIND: gl.constexpr, ring, ready, empty, it, pid, P, pos, R, B, x
         nb = item % n_tiles
         split = item // n_tiles
         acc = gl.zeros([RB, BN], gl.float32, AL)
-        for kb in range(split * KTI, split * KTI + KTI):
-            x = _x_tile(KIND, kb, pos, R, B, x_ptr, nw_ptr, rstd, codes_ptr, hidden_ptr, K, V,
-                        NCB, RB, BK, XL)
-            slot = it % SLOTS
-            mbarrier.wait(ready.index(slot), (it // SLOTS) & 1)
-            w = ring.index(slot).load(WL)
-            fence_async_shared()
-            mbarrier.arrive(empty.index(slot), count=1)  # the loader may refill the slot
+        acc_up = gl.zeros([RB, BN], gl.float32, AL)  # GATE_UP: the up tile's sums
+        k0 = split * KTI
+        x_next = _x_tile(KIND, k0, pos, R, B, x_ptr, nw_ptr, rstd, codes_ptr, hidden_ptr, K, V,
+                         NCB, RB, BK, XL)
+        for kb in range(k0, k0 + KTI):
+            x = x_next
+            # the next K tile's input is read while this one is multiplied
+            x_next = _x_tile(KIND, gl.minimum(kb + 1, k0 + KTI - 1), pos, R, B, x_ptr, nw_ptr,
+                             rstd, codes_ptr, hidden_ptr, K, V, NCB, RB, BK, XL)
+            w = _take(ring, ready, empty, it, SLOTS, WL)
             it += 1
-            prod = gl.expand_dims(x, 1) * gl.expand_dims(w.to(gl.float32), 0)
-            acc += gl.sum(prod, axis=2)
+            acc += gl.sum(gl.expand_dims(x, 1) * gl.expand_dims(w, 0), axis=2)
+            if KIND == GATE_UP:
+                w = _take(ring, ready, empty, it, SLOTS, WL)
+                it += 1
+                acc_up += gl.sum(gl.expand_dims(x, 1) * gl.expand_dims(w, 0), axis=2)
         if SPLIT == 1:
-            _epilogue(KIND, acc, nb, pos, R, out_ptr, N, V, RB, BN, AL)
+            _epilogue(KIND, acc, acc_up, nb, pos, R, out_ptr, N, V, RB, BN, AL)
         else:
             part = ws_ptr + rows[:, None] * N + (nb * BN + offs_n)[None, :]
             mask = (rows < R)[:, None]
@@ -284,7 +310,7 @@ def _gemv_phase(KIND: gl.constexpr, ring, ready, empty, it, pid, P, pos, R, B, x
                     total += gl.load(part + s * ws_split, mask=mask, other=0.0,
                                      cache_modifier=".cg")
                 gl.store(cnt_ptr + nb, 0)
-                _epilogue(KIND, total, nb, pos, R, out_ptr, N, V, RB, BN, AL)
+                _epilogue(KIND, total, acc_up, nb, pos, R, out_ptr, N, V, RB, BN, AL)
     return it
 
 
@@ -362,13 +388,13 @@ def _attention_phase(pid, P, pos, R, qkv_ptr, cos_ptr, sin_ptr, cache_ptr, attn_
 
 @gluon.jit
 def _consumer(ring, ready, empty, hidden_ptr, codes_ptr, embed_ptr, ln1_ptr, ln2_ptr, norm_ptr,
-              cos_ptr, sin_ptr, h_ptr, qkv_ptr, attn_ptr, gu_ptr, cache_ptr, logits_ptr, ws_ptr,
+              cos_ptr, sin_ptr, h_ptr, qkv_ptr, attn_ptr, act_ptr, cache_ptr, logits_ptr, ws_ptr,
               cnt_ptr, bar_ptr, pos, R, B, eps, scale, ws_split, c_layer, c_kv, c_row, c_head,
               c_pos, D: gl.constexpr, DB: gl.constexpr, I: gl.constexpr, H: gl.constexpr,
               KVH: gl.constexpr, HD: gl.constexpr, L: gl.constexpr, NCB: gl.constexpr,
               V: gl.constexpr, VP: gl.constexpr, RB: gl.constexpr, BN: gl.constexpr,
               BK: gl.constexpr, SLOTS: gl.constexpr, PROJ_S: gl.constexpr, QKV_S: gl.constexpr,
-              O_S: gl.constexpr, GU_S: gl.constexpr, DOWN_S: gl.constexpr,
+              O_S: gl.constexpr, DOWN_S: gl.constexpr,
               HEAD_S: gl.constexpr, L3: gl.constexpr, A3: gl.constexpr):
     pid = gl.program_id(0)
     P = gl.num_programs(0)
@@ -397,11 +423,11 @@ def _consumer(ring, ready, empty, hidden_ptr, codes_ptr, embed_ptr, ln1_ptr, ln2
                                  HHD, O_S, D, V, NCB, RB, BN, BK, SLOTS, L3)
             elif step == 3:
                 it = _gemv_phase(GATE_UP, ring, ready, empty, it, pid, P, pos, R, B, h_ptr,
-                                 ln2_ptr + layer * D, codes_ptr, hidden_ptr, gu_ptr, ws_ptr,
-                                 ws_split, cnt_ptr, eps, 2 * I, D, GU_S, D, V, NCB, RB, BN, BK,
-                                 SLOTS, L3)
+                                 ln2_ptr + layer * D, codes_ptr, hidden_ptr, act_ptr, ws_ptr,
+                                 ws_split, cnt_ptr, eps, I, D, 1, D, V, NCB, RB, BN, BK, SLOTS,
+                                 L3)
             else:
-                it = _gemv_phase(DOWN, ring, ready, empty, it, pid, P, pos, R, B, gu_ptr, ln1_ptr,
+                it = _gemv_phase(DOWN, ring, ready, empty, it, pid, P, pos, R, B, act_ptr, ln1_ptr,
                                  codes_ptr, hidden_ptr, h_ptr, ws_ptr, ws_split, cnt_ptr, eps, D,
                                  I, DOWN_S, D, V, NCB, RB, BN, BK, SLOTS, L3)
             target = _arrive(bar_ptr + g, P)
@@ -417,12 +443,12 @@ def _consumer(ring, ready, empty, hidden_ptr, codes_ptr, embed_ptr, ln1_ptr, ln2
 def _position_kernel(
     proj_desc, qkv_desc, o_desc, gu_desc, down_desc, head_desc,
     hidden_ptr, codes_ptr, embed_ptr, ln1_ptr, ln2_ptr, norm_ptr, cos_ptr, sin_ptr,
-    h_ptr, qkv_ptr, attn_ptr, gu_ptr, cache_ptr, logits_ptr, ws_ptr, cnt_ptr, bar_ptr,
+    h_ptr, qkv_ptr, attn_ptr, act_ptr, cache_ptr, logits_ptr, ws_ptr, cnt_ptr, bar_ptr,
     pos, R, B, eps, scale, ws_split, c_layer, c_kv, c_row, c_head, c_pos,
     D: gl.constexpr, DB: gl.constexpr, I: gl.constexpr, H: gl.constexpr, KVH: gl.constexpr,
     HD: gl.constexpr, L: gl.constexpr, NCB: gl.constexpr, V: gl.constexpr, VP: gl.constexpr,
     RB: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr, SLOTS: gl.constexpr,
-    PROJ_S: gl.constexpr, QKV_S: gl.constexpr, O_S: gl.constexpr, GU_S: gl.constexpr,
+    PROJ_S: gl.constexpr, QKV_S: gl.constexpr, O_S: gl.constexpr,
     DOWN_S: gl.constexpr, HEAD_S: gl.constexpr, num_warps: gl.constexpr,
 ):
     """Position ``pos`` of a frame: projector, 12 layers, head (``pos >= 1``); the phases of one
@@ -442,13 +468,13 @@ def _position_kernel(
     NQKV: gl.constexpr = (H + 2 * KVH) * HD
     gl.warp_specialize([
         (_consumer, (ring, ready, empty, hidden_ptr, codes_ptr, embed_ptr, ln1_ptr, ln2_ptr,
-                     norm_ptr, cos_ptr, sin_ptr, h_ptr, qkv_ptr, attn_ptr, gu_ptr, cache_ptr,
+                     norm_ptr, cos_ptr, sin_ptr, h_ptr, qkv_ptr, attn_ptr, act_ptr, cache_ptr,
                      logits_ptr, ws_ptr, cnt_ptr, bar_ptr, pos, R, B, eps, scale, ws_split,
                      c_layer, c_kv, c_row, c_head, c_pos, D, DB, I, H, KVH, HD, L, NCB, V, VP,
-                     RB, BN, BK, SLOTS, PROJ_S, QKV_S, O_S, GU_S, DOWN_S, HEAD_S, L3, A3)),
+                     RB, BN, BK, SLOTS, PROJ_S, QKV_S, O_S, DOWN_S, HEAD_S, L3, A3)),
         (_loader, (proj_desc, qkv_desc, o_desc, gu_desc, down_desc, head_desc, ring, ready,
                    empty, pos, D, DB, I, NQKV, H * HD, L, VP, BN, BK, SLOTS, PROJ_S, QKV_S, O_S,
-                   GU_S, DOWN_S, HEAD_S)),
+                   DOWN_S, HEAD_S)),
     ], [1], [40])
 
 
@@ -530,7 +556,7 @@ class StreamedDepthFrame:
             ("projector", cfg.hidden_size, cfg.backbone_hidden_size, t.proj_split),
             ("q/k/v", qkv, cfg.hidden_size, t.qkv_split),
             ("o_proj", cfg.hidden_size, cfg.num_heads * cfg.head_dim, t.o_split),
-            ("gate/up", 2 * cfg.intermediate_size, cfg.hidden_size, t.gate_up_split),
+            ("gate/up", cfg.intermediate_size, cfg.hidden_size, 1),
             ("down_proj", cfg.hidden_size, cfg.intermediate_size, t.down_split),
             ("head", t.bn, cfg.hidden_size, t.head_split),
         ):
@@ -553,7 +579,7 @@ class StreamedDepthFrame:
         self.h = torch.empty(rows, d, dtype=bf, device=dev)
         self.qkv_out = torch.empty(rows, qkv_width, dtype=bf, device=dev)
         self.attn = torch.empty(rows, cfg.num_heads * cfg.head_dim, dtype=bf, device=dev)
-        self.gu_out = torch.empty(rows, 2 * cfg.intermediate_size, dtype=bf, device=dev)
+        self.act = torch.empty(rows, cfg.intermediate_size, dtype=bf, device=dev)
         self.cache = torch.zeros(cfg.num_layers, 2, rows, cfg.num_kv_heads, cfg.num_codebooks,
                                  cfg.head_dim, dtype=bf, device=dev)
         self.logits = torch.empty(cfg.num_codebooks, rows, self.vocab, dtype=torch.float32,
@@ -594,7 +620,7 @@ class StreamedDepthFrame:
         for pos in range(cfg.num_codebooks):
             _position_kernel[(self.programs,)](
                 *self.descs, hidden, codes, self.embed, self.ln1, self.ln2, self.norm, self.cos,
-                self.sin, self.h, self.qkv_out, self.attn, self.gu_out, self.cache, self.logits,
+                self.sin, self.h, self.qkv_out, self.attn, self.act, self.cache, self.logits,
                 self.workspace, self.counters, self.barriers,
                 pos, rows, num, cfg.rms_norm_eps, self.scale, self.workspace.stride(0), c[0],
                 c[1], c[2], c[3], c[4],
@@ -602,7 +628,7 @@ class StreamedDepthFrame:
                 H=cfg.num_heads, KVH=cfg.num_kv_heads, HD=cfg.head_dim, L=cfg.num_layers,
                 NCB=cfg.num_codebooks, V=self.vocab, VP=self.vocab_padded, RB=rb, BN=t.bn,
                 BK=t.bk, SLOTS=t.slots, PROJ_S=t.proj_split, QKV_S=t.qkv_split, O_S=t.o_split,
-                GU_S=t.gate_up_split, DOWN_S=t.down_split, HEAD_S=t.head_split,
+                DOWN_S=t.down_split, HEAD_S=t.head_split,
                 num_warps=t.warps, maxnreg=t.maxnreg, launch_cooperative_grid=True)
             if pos > 0:
                 _draw_kernel[(num,)](
