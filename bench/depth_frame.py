@@ -10,7 +10,7 @@ one eager frame (kernel launches and GPU busy ms from torch.profiler), the bytes
 read (each weight once per position) and what that is in TB/s and TFLOP/s at the replay time.
 ``--variants`` adds persistent-kernel launch shapes (``FrameTiles`` fields) at the small
 batches; ``--streamed`` adds the streamed frame (kernels/streamed_depth.py, one Gluon launch
-per position, up to 4 requests) at the batches it serves, ``--streamed-variants`` its launch
+per position, up to 8 requests) at the batches it serves, ``--streamed-variants`` its launch
 shapes (``StreamTiles`` fields). Writes JSON (and a PNG beside it).
 """
 
@@ -48,10 +48,8 @@ VARIANTS = {
     "down256": {"down_bk": 256, "down_split": 2, "down_bn": 64},
 }
 STREAMED_VARIANTS = {
-    "w8": {"warps": 8},
-    "slots12": {"slots": 12},
-    "slots4": {"slots": 4},
-    "bk64": {"bk": 64, "slots": 16},
+    "slots10": {"slots": 10},
+    "w8bn128": {"warps": 8, "bn": 128, "slots": 4},
     "qkv8": {"qkv_split": 8, "head_split": 8},
 }
 
@@ -132,7 +130,7 @@ def main() -> None:
     ap.add_argument("--variant-batches", default="1,16")
     ap.add_argument("--no-loop", action="store_true", help="skip today's path")
     ap.add_argument("--streamed", action="store_true",
-                    help="add the streamed frame at the batches of up to 4 requests")
+                    help="add the streamed frame at the batches of up to 8 requests")
     ap.add_argument("--streamed-variants", default="",
                     help=f"comma list of {sorted(STREAMED_VARIANTS)}")
     ap.add_argument("--out", default="depth-frame.json")

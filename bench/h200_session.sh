@@ -354,14 +354,14 @@ case "$phase" in
     # the frame side by side with the persistent kernel and the fused loop (bench/depth_frame.py)
     timeout 240 python3 -m pytest tests/gpu/test_gpu_frame_kernels.py -k streamed -x -q -s -p no:cacheprovider \
       2>&1 | tee "$out/streamed_tests.log" | tail -25 || true
-    timeout 300 python3 bench/depth_frame.py --batches "${FRAME_BATCHES:-1,2,4}" --streamed \
-      --streamed-variants "${STREAMED_VARIANTS-w8,slots12,qkv8}" \
+    timeout 300 python3 bench/depth_frame.py --batches "${FRAME_BATCHES:-1,2,4,8}" --streamed \
+      --streamed-variants "${STREAMED_VARIANTS-slots10,w8bn128}" \
       --out "$out/h200-depth-frame-streamed.json" 2>&1 | grep -v Warn | tail -30 ;;
   streamed-engine)  # issue 30: the latency profile with and without the streamed depth frame
-    # (graph.streamed_depth = 8: depth batches of up to 4 requests), one bench process
+    # (graph.streamed_depth = 16: depth batches of up to 8 requests), one bench process
     timeout 550 "${bench[@]}" --concurrency "${CONCURRENCY:-1,4,16}" --num-requests 300 \
       --warmup 8 --run-budget "${RUN_BUDGET:-45}" \
-      --variant 'loop=config' --variant 'streamed=config;graph.streamed_depth=8' \
+      --variant 'loop=config' --variant 'streamed=config;graph.streamed_depth=16' \
       --out "$out/h200-latency-streamed.json" 2>&1 | grep '^\[bench' ;;
   room)  # issue 34: real LiveKit calls (bench/room.py): livekit-server on loopback, one agent
     # worker per engine setting (configs/h200-latency.toml, full-size random bf16, the plugin's

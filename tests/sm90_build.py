@@ -322,8 +322,8 @@ def _streamed_depth() -> tuple[Warm, Callable[[], None]]:
     with torch.device("meta"):
         depth = random_bf16_fused_(DepthDecoder(BreezeConfig.full().depth))
     frame = StreamedDepthFrame(depth, MAX_ROWS, programs=132)
-    # every row block it serves: 2, 4 and 8 rows
-    return None, lambda: _frame_calls(frame, depth, (1, 2, 4))
+    # both row operands it serves: 8 and 16 rows
+    return None, lambda: _frame_calls(frame, depth, (1, 2, 4, 8))
 
 
 def _snake() -> tuple[Warm, Callable[[], None]]:

@@ -215,8 +215,8 @@ class GraphConfig(_Frozen):
     15 codes after the first in ONE persistent Triton launch (projector, 12 layers, head, CFG
     and draw for all 16 positions, ``kernels/persistent_depth.py``) instead of ~1,200
     launches, when their top-k are all bounded; other batches keep the step loop."""
-    streamed_depth: int = Field(default=0, ge=0, le=8)
-    """Depth batches of up to this many rows (0: none; at most 8) draw a frame's 15 codes after
+    streamed_depth: int = Field(default=0, ge=0, le=16)
+    """Depth batches of up to this many rows (0: none; at most 16) draw a frame's 15 codes after
     the first through the streamed frame (``kernels/streamed_depth.py``: one warp-specialized
     Gluon launch a position, the weights streamed through a shared-memory ring, Hopper only)
     when their top-k are all bounded; other batches keep ``persistent_depth`` or the step

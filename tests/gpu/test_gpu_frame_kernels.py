@@ -2,7 +2,7 @@
 the persistent frame (kernels/persistent_depth.py, one cooperative Triton launch with grid
 barriers, up to 512 rows) and the streamed frame (kernels/streamed_depth.py, one
 warp-specialized Gluon launch a position, weights streamed by TMA through a shared-memory ring,
-up to 8 rows). Their logits against fp32 math fed the same codes (as close as the eager bf16
+up to 16 rows). Their logits against fp32 math fed the same codes (as close as the eager bf16
 decoder), their greedy codes the argmax of those logits, their draws equal to
 ``layers.sampling.sample`` on them, the same bits alone and beside others, run to run and
 inside a CUDA graph, with CFG and without, and ``depth_frames`` serving through them.
@@ -49,8 +49,9 @@ def depth_fp32(depth: DepthDecoder) -> DepthDecoder:
 SIZES = {
     "persistent": {"greedy": [(1, True), (1, False), (16, True), (64, True), (256, True)],
                    "crowds": [2, 9, 16, 33, 64, 100, 256], "batch": 16},
-    "streamed": {"greedy": [(1, True), (1, False), (2, True), (3, False), (4, True), (8, False)],
-                 "crowds": [2, 3, 4], "batch": 4},
+    "streamed": {"greedy": [(1, True), (1, False), (2, True), (3, False), (4, True), (8, False),
+                              (8, True)],
+                 "crowds": [2, 3, 4, 8], "batch": 4},
 }
 KINDS = list(SIZES)
 
@@ -137,8 +138,9 @@ def test_sampled_draws_equal_sample(frames, kind: str) -> None:
 
 @pytest.mark.parametrize(("kind", "crowd"), [(k, c) for k in KINDS for c in SIZES[k]["crowds"]])
 def test_a_request_gets_the_same_bits_in_any_crowd(frames, kind: str, crowd: int) -> None:
-    """Row blocks grow with the rows (persistent: 16 .. 64 a work item; streamed: 2, 4, 8 rows
-    a GEMV): a request's codes and logits do not depend on how many run beside it."""
+    """Row blocks grow with the rows (persistent: 16 .. 64 a work item; streamed: 8 or 16 rows
+    a tensor-core product): a request's codes and logits do not depend on how many run beside
+    it."""
     frame = frames(kind)
     inputs = _inputs(crowd, True, temperature=0.9, seed=crowd)
     alone = {k: (v[[0, crowd]] if k == "hidden" else v[:1]) for k, v in inputs.items()}

@@ -39,8 +39,8 @@ def test_refuses_what_it_cannot_run() -> None:
         StreamedDepthFrame(unpacked, programs=132)
     with pytest.raises(ValueError, match="bf16"):
         StreamedDepthFrame(fp32, programs=132)
-    with pytest.raises(ValueError, match="outside 1..8"):
-        StreamedDepthFrame(full, max_rows=9, programs=132)
+    with pytest.raises(ValueError, match="outside 1..16"):
+        StreamedDepthFrame(full, max_rows=17, programs=132)
     with pytest.raises(ValueError, match="down_proj"):
         StreamedDepthFrame(full, programs=132, tiles=StreamTiles(down_split=3))
     torch.manual_seed(0)

@@ -51,14 +51,15 @@ import triton
 import triton.language as tl
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.ampere import mma_v2
 from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, tma
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from breezert.kernels.persistent_depth import CODEBOOK_CODES, MAX_K, _draw_phase
 
-MAX_ROWS = 8
-"""The GEMV runs on CUDA cores, every row against every weight tile: past a few rows tensor
-cores win (``FusedDepthLayers``' loop); 8 rows = 4 requests with CFG."""
+MAX_ROWS = 16
+"""Rows of one tensor-core GEMV (``mma_v2`` m16n8k16 with the weight tile as the 16-row operand
+and the rows padded to 8 or 16 as the other): 8 requests with CFG."""
 
 # phase kinds (constexpr globals: the device code reads them)
 PROJ, QKV, O, GATE_UP, DOWN, HEAD = (gl.constexpr(k) for k in range(6))
@@ -166,19 +167,20 @@ def _x_tile(KIND: gl.constexpr, kb, pos, R, B, x_ptr, nw_ptr, rstd, codes_ptr, h
 @gluon.jit
 def _epilogue(KIND: gl.constexpr, total, up, nb, pos, R, out_ptr, N: gl.constexpr,
               V: gl.constexpr, RB: gl.constexpr, BN: gl.constexpr, AL: gl.constexpr):
-    """A finished tile ``total [RB, BN]`` (fp32 sums) into the phase's output: bf16 for PROJ and
+    """A finished tile ``total [BN, RB]`` (fp32 sums, output columns x rows: the tensor cores'
+    transposed product) into the phase's output: bf16 for PROJ and
     QKV; for GATE_UP (``up``: the up tile's sums) ``bf16(bf16(silu(gate)) * up)`` of the bf16
     gate and up, as the eager MLP rounds; ``h = bf16(h + bf16(total))`` for O and DOWN
     (``out_ptr`` is ``h``: this item owns these columns, no other program reads ``h`` in this
     phase); fp32 logits for HEAD."""
-    rows = gl.arange(0, RB, layout=gl.SliceLayout(1, AL))
-    n = nb * BN + gl.arange(0, BN, layout=gl.SliceLayout(0, AL))
+    rows = gl.arange(0, RB, layout=gl.SliceLayout(0, AL))
+    n = nb * BN + gl.arange(0, BN, layout=gl.SliceLayout(1, AL))
     if KIND == HEAD:
-        dst = out_ptr + pos.to(gl.int64) * R * V + rows[:, None] * V + n[None, :]
-        gl.store(dst, total, mask=(rows < R)[:, None] & (n < V)[None, :])
+        dst = out_ptr + pos.to(gl.int64) * R * V + rows[None, :] * V + n[:, None]
+        gl.store(dst, total, mask=(rows < R)[None, :] & (n < V)[:, None])
     else:
-        dst = out_ptr + rows[:, None] * N + n[None, :]
-        mask = (rows < R)[:, None]
+        dst = out_ptr + rows[None, :] * N + n[:, None]
+        mask = (rows < R)[None, :]
         if (KIND == O) | (KIND == DOWN):
             res = gl.load(dst, mask=mask, other=0.0, cache_modifier=".cg").to(gl.float32)
             out = _bf16(res + _bf16(total))
@@ -248,69 +250,71 @@ def _loader(proj_desc, qkv_desc, o_desc, gu_desc, down_desc, head_desc, ring, re
 
 @gluon.jit
 def _take(ring, ready, empty, it, SLOTS: gl.constexpr, WL: gl.constexpr):
-    """The ring's tile number ``it`` as fp32 registers; its slot goes back to the loader."""
+    """The ring's tile number ``it`` in registers (layout ``WL``); its slot goes back to the
+    loader."""
     slot = it % SLOTS
     mbarrier.wait(ready.index(slot), (it // SLOTS) & 1)
     w = ring.index(slot).load(WL)
     fence_async_shared()
     mbarrier.arrive(empty.index(slot), count=1)  # the loader may refill the slot
-    return w.to(gl.float32)
+    return w
 
 
 @gluon.jit
-def _gemv_phase(KIND: gl.constexpr, ring, ready, empty, it, pid, P, pos, R, B, x_ptr, nw_ptr,
-                codes_ptr, hidden_ptr, out_ptr, ws_ptr, ws_split, cnt_ptr, eps,
+def _gemv_phase(KIND: gl.constexpr, ring, xs, ready, empty, it, pid, P, pos, R, B, x_ptr,
+                nw_ptr, codes_ptr, hidden_ptr, out_ptr, ws_ptr, ws_split, cnt_ptr, eps,
                 N: gl.constexpr, K: gl.constexpr, SPLIT: gl.constexpr, D: gl.constexpr,
                 V: gl.constexpr, NCB: gl.constexpr, RB: gl.constexpr, BN: gl.constexpr,
-                BK: gl.constexpr, SLOTS: gl.constexpr, L3: gl.constexpr):
-    """The consumers' share of one weight phase: per item, its K tiles from the ring against
-    the rows' inputs (GATE_UP: a gate tile and its up tile a K step; ``N`` is then the
-    intermediate size), then the split-K sum and the epilogue."""
-    XL: gl.constexpr = gl.SliceLayout(1, L3)  # x tiles [RB, BK]
-    WL: gl.constexpr = gl.SliceLayout(0, L3)  # weight tiles [BN, BK]
-    AL: gl.constexpr = gl.SliceLayout(2, L3)  # sums [RB, BN]
+                BK: gl.constexpr, SLOTS: gl.constexpr, XB: gl.constexpr, MMA: gl.constexpr):
+    """The consumers' share of one weight phase. Per item: its input (every row, the item's K
+    range) made once into shared memory ``xs``, then each K tile from the ring times it on the
+    tensor cores (``[BN, BK] @ [BK, RB]``: the weight tile is the 16-row operand, the rows the
+    8- or 16-column one; GATE_UP: a gate tile and its up tile a K step, ``N`` the intermediate
+    size), then the split-K sum and the epilogue."""
+    A_L: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=MMA, k_width=2)
+    B_L: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=MMA, k_width=2)
     n_tiles: gl.constexpr = N // BN
     KTI: gl.constexpr = K // BK // SPLIT
-    rstd = gl.full([RB], 1.0, gl.float32, layout=gl.SliceLayout(1, XL))
+    KI: gl.constexpr = KTI * BK  # an item's K range
+    rstd = gl.full([RB], 1.0, gl.float32, layout=gl.SliceLayout(1, XB))
     if (KIND == QKV) | (KIND == GATE_UP) | (KIND == HEAD):
-        rstd = _rstd(x_ptr, R, eps, D, RB, XL)
-    rows = gl.arange(0, RB, layout=gl.SliceLayout(1, AL))
-    offs_n = gl.arange(0, BN, layout=gl.SliceLayout(0, AL))
+        rstd = _rstd(x_ptr, R, eps, D, RB, XB)
+    rows = gl.arange(0, RB, layout=gl.SliceLayout(0, MMA))
+    offs_n = gl.arange(0, BN, layout=gl.SliceLayout(1, MMA))
     for item in range(pid, n_tiles * SPLIT, P):
         nb = item % n_tiles
         split = item // n_tiles
-        acc = gl.zeros([RB, BN], gl.float32, AL)
-        acc_up = gl.zeros([RB, BN], gl.float32, AL)  # GATE_UP: the up tile's sums
-        k0 = split * KTI
-        x_next = _x_tile(KIND, k0, pos, R, B, x_ptr, nw_ptr, rstd, codes_ptr, hidden_ptr, K, V,
-                         NCB, RB, BK, XL)
-        for kb in range(k0, k0 + KTI):
-            x = x_next
-            # the next K tile's input is read while this one is multiplied
-            x_next = _x_tile(KIND, gl.minimum(kb + 1, k0 + KTI - 1), pos, R, B, x_ptr, nw_ptr,
-                             rstd, codes_ptr, hidden_ptr, K, V, NCB, RB, BK, XL)
-            w = _take(ring, ready, empty, it, SLOTS, WL)
+        x = _x_tile(KIND, split, pos, R, B, x_ptr, nw_ptr, rstd, codes_ptr, hidden_ptr, K, V,
+                    NCB, RB, KI, XB)
+        _partition_barrier()  # the last item's reads of xs are done
+        xs.slice(0, KI, dim=1).store(x.to(gl.bfloat16))
+        _partition_barrier()  # every consumer warp sees the whole input
+        acc = gl.zeros([BN, RB], gl.float32, MMA)
+        acc_up = gl.zeros([BN, RB], gl.float32, MMA)  # GATE_UP: the up tile's sums
+        for kk in gl.static_range(KTI):
+            xt = xs.slice(kk * BK, BK, dim=1).permute((1, 0)).load(B_L)  # [BK, RB]
+            w = _take(ring, ready, empty, it, SLOTS, A_L)
             it += 1
-            acc += gl.sum(gl.expand_dims(x, 1) * gl.expand_dims(w, 0), axis=2)
+            acc = mma_v2(w, xt, acc)
             if KIND == GATE_UP:
-                w = _take(ring, ready, empty, it, SLOTS, WL)
+                w = _take(ring, ready, empty, it, SLOTS, A_L)
                 it += 1
-                acc_up += gl.sum(gl.expand_dims(x, 1) * gl.expand_dims(w, 0), axis=2)
+                acc_up = mma_v2(w, xt, acc_up)
         if SPLIT == 1:
-            _epilogue(KIND, acc, acc_up, nb, pos, R, out_ptr, N, V, RB, BN, AL)
+            _epilogue(KIND, acc, acc_up, nb, pos, R, out_ptr, N, V, RB, BN, MMA)
         else:
-            part = ws_ptr + rows[:, None] * N + (nb * BN + offs_n)[None, :]
-            mask = (rows < R)[:, None]
+            part = ws_ptr + rows[None, :] * N + (nb * BN + offs_n)[:, None]
+            mask = (rows < R)[None, :]
             gl.store(part + split * ws_split, acc, mask=mask)
             _partition_barrier()  # every warp's partial is written before the counter says so
             arrived = gl.atomic_add(cnt_ptr + nb, 1, sem="acq_rel", scope="gpu")
             if arrived == SPLIT - 1:  # the last of the tile's splits sums them, in order
-                total = gl.zeros([RB, BN], gl.float32, AL)
+                total = gl.zeros([BN, RB], gl.float32, MMA)
                 for s in range(SPLIT):
                     total += gl.load(part + s * ws_split, mask=mask, other=0.0,
                                      cache_modifier=".cg")
                 gl.store(cnt_ptr + nb, 0)
-                _epilogue(KIND, total, acc_up, nb, pos, R, out_ptr, N, V, RB, BN, AL)
+                _epilogue(KIND, total, acc_up, nb, pos, R, out_ptr, N, V, RB, BN, MMA)
     return it
 
 
@@ -387,7 +391,7 @@ def _attention_phase(pid, P, pos, R, qkv_ptr, cos_ptr, sin_ptr, cache_ptr, attn_
 
 
 @gluon.jit
-def _consumer(ring, ready, empty, hidden_ptr, codes_ptr, embed_ptr, ln1_ptr, ln2_ptr, norm_ptr,
+def _consumer(ring, xs, ready, empty, hidden_ptr, codes_ptr, embed_ptr, ln1_ptr, ln2_ptr, norm_ptr,
               cos_ptr, sin_ptr, h_ptr, qkv_ptr, attn_ptr, act_ptr, cache_ptr, logits_ptr, ws_ptr,
               cnt_ptr, bar_ptr, pos, R, B, eps, scale, ws_split, c_layer, c_kv, c_row, c_head,
               c_pos, D: gl.constexpr, DB: gl.constexpr, I: gl.constexpr, H: gl.constexpr,
@@ -395,48 +399,48 @@ def _consumer(ring, ready, empty, hidden_ptr, codes_ptr, embed_ptr, ln1_ptr, ln2
               V: gl.constexpr, VP: gl.constexpr, RB: gl.constexpr, BN: gl.constexpr,
               BK: gl.constexpr, SLOTS: gl.constexpr, PROJ_S: gl.constexpr, QKV_S: gl.constexpr,
               O_S: gl.constexpr, DOWN_S: gl.constexpr,
-              HEAD_S: gl.constexpr, L3: gl.constexpr, A3: gl.constexpr):
+              HEAD_S: gl.constexpr, XB: gl.constexpr, MMA: gl.constexpr, A3: gl.constexpr):
     pid = gl.program_id(0)
     P = gl.num_programs(0)
     NQKV: gl.constexpr = (H + 2 * KVH) * HD
     HHD: gl.constexpr = H * HD
-    it = _gemv_phase(PROJ, ring, ready, empty, pid * 0, pid, P, pos, R, B, embed_ptr, ln1_ptr,
+    it = _gemv_phase(PROJ, ring, xs, ready, empty, pid * 0, pid, P, pos, R, B, embed_ptr, ln1_ptr,
                      codes_ptr, hidden_ptr, h_ptr, ws_ptr, ws_split, cnt_ptr, eps, D, DB,
-                     PROJ_S, D, V, NCB, RB, BN, BK, SLOTS, L3)
+                     PROJ_S, D, V, NCB, RB, BN, BK, SLOTS, XB, MMA)
     target = _arrive(bar_ptr, P)
     g = 1  # the phase this program runs next: it waits for phase g - 1
     for layer in range(L):
         for step in gl.static_range(5):  # q/k/v, attention, o_proj, gate/up, down
             _wait(bar_ptr + g - 1, target)
             if step == 0:
-                it = _gemv_phase(QKV, ring, ready, empty, it, pid, P, pos, R, B, h_ptr,
+                it = _gemv_phase(QKV, ring, xs, ready, empty, it, pid, P, pos, R, B, h_ptr,
                                  ln1_ptr + layer * D, codes_ptr, hidden_ptr, qkv_ptr, ws_ptr,
                                  ws_split, cnt_ptr, eps, NQKV, D, QKV_S, D, V, NCB, RB, BN, BK,
-                                 SLOTS, L3)
+                                 SLOTS, XB, MMA)
             elif step == 1:
                 _attention_phase(pid, P, pos, R, qkv_ptr, cos_ptr, sin_ptr,
                                  cache_ptr + layer.to(gl.int64) * c_layer, attn_ptr, scale, c_kv,
                                  c_row, c_head, c_pos, H, KVH, HD, NCB, A3)
             elif step == 2:
-                it = _gemv_phase(O, ring, ready, empty, it, pid, P, pos, R, B, attn_ptr, ln1_ptr,
+                it = _gemv_phase(O, ring, xs, ready, empty, it, pid, P, pos, R, B, attn_ptr, ln1_ptr,
                                  codes_ptr, hidden_ptr, h_ptr, ws_ptr, ws_split, cnt_ptr, eps, D,
-                                 HHD, O_S, D, V, NCB, RB, BN, BK, SLOTS, L3)
+                                 HHD, O_S, D, V, NCB, RB, BN, BK, SLOTS, XB, MMA)
             elif step == 3:
-                it = _gemv_phase(GATE_UP, ring, ready, empty, it, pid, P, pos, R, B, h_ptr,
+                it = _gemv_phase(GATE_UP, ring, xs, ready, empty, it, pid, P, pos, R, B, h_ptr,
                                  ln2_ptr + layer * D, codes_ptr, hidden_ptr, act_ptr, ws_ptr,
                                  ws_split, cnt_ptr, eps, I, D, 1, D, V, NCB, RB, BN, BK, SLOTS,
-                                 L3)
+                                 XB, MMA)
             else:
-                it = _gemv_phase(DOWN, ring, ready, empty, it, pid, P, pos, R, B, act_ptr, ln1_ptr,
+                it = _gemv_phase(DOWN, ring, xs, ready, empty, it, pid, P, pos, R, B, act_ptr, ln1_ptr,
                                  codes_ptr, hidden_ptr, h_ptr, ws_ptr, ws_split, cnt_ptr, eps, D,
-                                 I, DOWN_S, D, V, NCB, RB, BN, BK, SLOTS, L3)
+                                 I, DOWN_S, D, V, NCB, RB, BN, BK, SLOTS, XB, MMA)
             target = _arrive(bar_ptr + g, P)
             g += 1
     if pos > 0:
         _wait(bar_ptr + g - 1, target)
-        _gemv_phase(HEAD, ring, ready, empty, it, pid, P, pos, R, B, h_ptr, norm_ptr, codes_ptr,
+        _gemv_phase(HEAD, ring, xs, ready, empty, it, pid, P, pos, R, B, h_ptr, norm_ptr, codes_ptr,
                     hidden_ptr, logits_ptr, ws_ptr, ws_split, cnt_ptr, eps, VP, D, HEAD_S, D, V,
-                    NCB, RB, BN, BK, SLOTS, L3)
+                    NCB, RB, BN, BK, SLOTS, XB, MMA)
 
 
 @gluon.jit(do_not_specialize=["pos", "R", "B"])
@@ -449,17 +453,17 @@ def _position_kernel(
     HD: gl.constexpr, L: gl.constexpr, NCB: gl.constexpr, V: gl.constexpr, VP: gl.constexpr,
     RB: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr, SLOTS: gl.constexpr,
     PROJ_S: gl.constexpr, QKV_S: gl.constexpr, O_S: gl.constexpr,
-    DOWN_S: gl.constexpr, HEAD_S: gl.constexpr, num_warps: gl.constexpr,
+    DOWN_S: gl.constexpr, HEAD_S: gl.constexpr, KMAX: gl.constexpr, MMA: gl.constexpr,
+    num_warps: gl.constexpr,
 ):
     """Position ``pos`` of a frame: projector, 12 layers, head (``pos >= 1``); the phases of one
     launch wait on ``bar_ptr[0 .. 61]`` (see the module docstring)."""
-    TK: gl.constexpr = BK // 8  # lanes along K: 8 contiguous bf16 (16 B) a lane
-    # GEMV: [rows, output columns, K] with every row in each thread, lanes along K and N
-    L3: gl.constexpr = gl.BlockedLayout([RB, 1, 8], [1, 32 // TK, TK], [1, num_warps, 1],
-                                        [2, 1, 0])
+    # the rows' inputs as they are made: 8 contiguous values a lane along K
+    XB: gl.constexpr = gl.BlockedLayout([1, 8], [1, 32], [num_warps, 1], [1, 0])
     # attention: [query heads, slots, half a head]
     A3: gl.constexpr = gl.BlockedLayout([1, 1, 8], [1, 4, 8], [1, num_warps, 1], [2, 1, 0])
     ring = gl.allocate_shared_memory(gl.bfloat16, [SLOTS, BN, BK], qkv_desc.layout)
+    xs = gl.allocate_shared_memory(gl.bfloat16, [RB, KMAX], qkv_desc.layout)
     ready = gl.allocate_shared_memory(gl.int64, [SLOTS, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [SLOTS, 1], mbarrier.MBarrierLayout())
     for i in gl.static_range(SLOTS):
@@ -467,11 +471,11 @@ def _position_kernel(
         mbarrier.init(empty.index(i), count=1)
     NQKV: gl.constexpr = (H + 2 * KVH) * HD
     gl.warp_specialize([
-        (_consumer, (ring, ready, empty, hidden_ptr, codes_ptr, embed_ptr, ln1_ptr, ln2_ptr,
+        (_consumer, (ring, xs, ready, empty, hidden_ptr, codes_ptr, embed_ptr, ln1_ptr, ln2_ptr,
                      norm_ptr, cos_ptr, sin_ptr, h_ptr, qkv_ptr, attn_ptr, act_ptr, cache_ptr,
                      logits_ptr, ws_ptr, cnt_ptr, bar_ptr, pos, R, B, eps, scale, ws_split,
                      c_layer, c_kv, c_row, c_head, c_pos, D, DB, I, H, KVH, HD, L, NCB, V, VP,
-                     RB, BN, BK, SLOTS, PROJ_S, QKV_S, O_S, DOWN_S, HEAD_S, L3, A3)),
+                     RB, BN, BK, SLOTS, PROJ_S, QKV_S, O_S, DOWN_S, HEAD_S, XB, MMA, A3)),
         (_loader, (proj_desc, qkv_desc, o_desc, gu_desc, down_desc, head_desc, ring, ready,
                    empty, pos, D, DB, I, NQKV, H * HD, L, VP, BN, BK, SLOTS, PROJ_S, QKV_S, O_S,
                    DOWN_S, HEAD_S)),
@@ -542,6 +546,13 @@ class StreamedDepthFrame:
         layout = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=16, rank=2)
         self.descs = [TensorDescriptor(w, list(w.shape), list(w.stride()), [t.bn, t.bk], layout)
                       for w in (self.proj, self.qkv, self.o, self.gate_up, self.down, self.head)]
+        # the widest K range of one work item: the input a consumer stages in shared memory
+        self.item_k = max(cfg.backbone_hidden_size // t.proj_split,
+                          cfg.hidden_size // t.qkv_split,
+                          cfg.num_heads * cfg.head_dim // t.o_split, cfg.hidden_size,
+                          cfg.intermediate_size // t.down_split, cfg.hidden_size // t.head_split)
+        self.mma = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[t.warps, 1],
+                                             instr_shape=[16, 8])
         if programs is None:
             programs = (torch.cuda.get_device_properties(device).multi_processor_count
                         if device.type == "cuda" else 132)
@@ -616,7 +627,7 @@ class StreamedDepthFrame:
         seeds = seeds.to(torch.long).contiguous()
         frames_at = frames_at.to(torch.long).contiguous()
         c = self.cache.stride()  # [L, 2, R, KVH, P, D]
-        rb = max(2, triton.next_power_of_2(rows))
+        rb = 8 if rows <= 8 else 16  # the tensor cores' row operand: 8 or 16 columns
         for pos in range(cfg.num_codebooks):
             _position_kernel[(self.programs,)](
                 *self.descs, hidden, codes, self.embed, self.ln1, self.ln2, self.norm, self.cos,
@@ -627,6 +638,7 @@ class StreamedDepthFrame:
                 D=cfg.hidden_size, DB=cfg.backbone_hidden_size, I=cfg.intermediate_size,
                 H=cfg.num_heads, KVH=cfg.num_kv_heads, HD=cfg.head_dim, L=cfg.num_layers,
                 NCB=cfg.num_codebooks, V=self.vocab, VP=self.vocab_padded, RB=rb, BN=t.bn,
+                KMAX=self.item_k, MMA=self.mma,
                 BK=t.bk, SLOTS=t.slots, PROJ_S=t.proj_split, QKV_S=t.qkv_split, O_S=t.o_split,
                 DOWN_S=t.down_split, HEAD_S=t.head_split,
                 num_warps=t.warps, maxnreg=t.maxnreg, launch_cooperative_grid=True)

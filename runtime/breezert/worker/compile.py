@@ -62,7 +62,7 @@ def depth_fn(
     on the H200 (one call would be a new, unmeasured kernel chain in the graph).
     ``persistent_depth`` (rows; 0: off): batches of up to that many rows with a bounded top-k
     draw their 15 depth codes in one persistent launch (``kernels/persistent_depth.py``); the
-    first code is drawn as above. ``streamed_depth`` (rows, at most 8; 0: off): the same through
+    first code is drawn as above. ``streamed_depth`` (rows, at most 16; 0: off): the same through
     the streamed frame (``kernels/streamed_depth.py``, Hopper)."""
     if model.lm_head.weight.device.type != "cuda":
         return partial(depth_frames, model, max_k=max_k, noise_per_frame=True)
