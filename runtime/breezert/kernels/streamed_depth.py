@@ -463,7 +463,9 @@ def _position_kernel(
     # attention: [query heads, slots, half a head]
     A3: gl.constexpr = gl.BlockedLayout([1, 1, 8], [1, 4, 8], [1, num_warps, 1], [2, 1, 0])
     ring = gl.allocate_shared_memory(gl.bfloat16, [SLOTS, BN, BK], qkv_desc.layout)
-    xs = gl.allocate_shared_memory(gl.bfloat16, [RB, KMAX], qkv_desc.layout)
+    # the rows' staged input: a plain row-major layout, sliced along K per tile
+    XS: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[1, 0])
+    xs = gl.allocate_shared_memory(gl.bfloat16, [RB, KMAX], XS)
     ready = gl.allocate_shared_memory(gl.int64, [SLOTS, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [SLOTS, 1], mbarrier.MBarrierLayout())
     for i in gl.static_range(SLOTS):
