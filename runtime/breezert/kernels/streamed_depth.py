@@ -19,8 +19,14 @@ launched cooperatively) forks
   copies the item's weight tiles (``BN x BK`` bf16, TMA) into a shared-memory ring, waiting only
   for free slots: it runs ahead across phase boundaries, so the HBM stream never drains;
 - consumer warps that wait for the previous phase (a per-phase counter in global memory:
-  release on arrival, acquire spin), read the phase's activations (made inside the launch:
-  ``.cg`` loads) and FMA them against the ring's tiles (a GEMV over ``RB <= MAX_ROWS`` rows).
+  release on arrival, acquire spin), stage the phase's input for a work item's K range in shared
+  memory (made inside the launch: ``.cg`` loads; RMSNorm applied there) and multiply each ring
+  tile by it on the tensor cores (``mma_v2``: the ``BN x BK`` weight tile is the 16-row operand,
+  the rows, padded to 8 or 16, the other), so 16 rows cost about what 2 do.
+
+Status (H200, bench/README.md "third session"): correct (tests/gpu), 8.6 ms a frame at one
+request against the persistent frame's 7.8: each phase's dependency chain (~5 us of L2 round
+trips) is the cost, not the stream. Off in every profile until it wins.
 
 Work items: a phase's weight ``[N, K]`` is cut into ``BN``-column tiles and ``S`` K splits
 (``StreamTiles``); item ``i`` = (column tile ``i % n_tiles``, split ``i // n_tiles``), taken by
