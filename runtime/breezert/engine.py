@@ -87,7 +87,7 @@ class Engine:
                 config.scheduler, lambda name, value: self.metrics.incr(name, value))
         stage_policy, chunk_policy = make_policies(config.scheduler, self.predictor)
         self.scheduler = Scheduler(config.scheduler, self.block_pool, stage_policy=stage_policy,
-                                   chunk_policy=chunk_policy)
+                                   chunk_policy=chunk_policy, buffers=self.predictor)
         self._lock = threading.RLock()
         self._pending: list[EngineOutput] = []  # outcomes produced outside step()
         self.last_step_ran = False
@@ -215,6 +215,7 @@ class Engine:
     def _record_step(self, plan: StepPlan, start: float, end: float) -> None:
         rows = plan.num_rows
         self.metrics.record_step(plan.stage.value, rows, end - start, plan.request_ids, start)
+        self.scheduler.observe_step(plan, end - start)
         if self.predictor is not None:
             self.predictor.observe_step(plan.stage, rows, end - start)
 
