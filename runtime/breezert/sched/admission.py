@@ -52,7 +52,7 @@ class RealtimeCapacity:
         alpha: Fraction of the way a sample that contradicts the estimate moves it.
     """
 
-    def __init__(self, initial_s: float, window_s: float | None = 1.0, alpha: float = 0.5) -> None:
+    def __init__(self, initial_s: float, window_s: float | None = 1.0, alpha: float = 0.25) -> None:
         if not (math.isfinite(initial_s) and initial_s > 0):
             raise ValueError(f"initial_s={initial_s} must be a finite number > 0")
         if window_s is not None and not window_s > 0:
