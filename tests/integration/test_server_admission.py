@@ -1,0 +1,86 @@
+"""Admission by real-time capacity over HTTP (tiny CPU engine, ``scheduler.admission_capacity``
+fixed at one stream): past capacity a request gets 503 ``overloaded`` at once, naming the
+real-time capacity, with ``Retry-After`` its predicted wait (when the running stream finishes
+generating), while free slots stand by; the admitted stream completes; afterwards every slot, KV
+block and codec slot is free and the engine admits again."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from collections.abc import Iterator
+
+import aiohttp
+import pytest
+from breezert.async_engine import AsyncEngine
+from breezert.config import EngineConfig
+from breezert.errors import EngineOverloaded
+
+from tests.integration._server import CONFIG, SAMPLES_PER_FRAME, close_engine, serve, wait_idle
+
+pytestmark = pytest.mark.integration
+
+FRAMES = 24
+"""Each request: 1.92 s of audio, so that the holder still generates when the newcomer comes
+(it reads the holder's first frame only)."""
+
+
+@pytest.fixture(scope="module")
+def engine() -> Iterator[AsyncEngine]:
+    data = EngineConfig.from_file(CONFIG).model_dump()
+    # one stream's worth of capacity, fixed (the learned figure would follow this machine's
+    # load); any predicted wait is too long: every request past capacity is refused at once
+    data["scheduler"].update(admission_capacity=1.0, admission_headroom=1.0,
+                             admission_learn_window_s=None, max_queue_wait_s=0.001)
+    engine = AsyncEngine.from_config(EngineConfig.from_dict(data), idle_wait_s=0.005)
+    yield engine
+    close_engine(engine)
+
+
+async def test_past_real_time_capacity_a_request_gets_503_while_the_admitted_one_completes(
+    engine: AsyncEngine, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    scheduler = engine.engine.scheduler
+    refusals: list[EngineOverloaded] = []
+    add_request = scheduler.add_request
+
+    def recording_add_request(request, now):  # type: ignore[no-untyped-def]
+        try:
+            add_request(request, now)
+        except EngineOverloaded as exc:
+            refusals.append(exc)
+            raise
+
+    monkeypatch.setattr(scheduler, "add_request", recording_add_request)
+    speech = {"input": "Hold on.", "response_format": "pcm"}
+    async with serve(engine, request_options={"max_frames": FRAMES, "ignore_eos": True}) as (
+            url, _), aiohttp.ClientSession() as http:
+        async with http.post(f"{url}/v1/audio/speech", json=speech) as holder:
+            assert holder.status == 200
+            first = await holder.content.readexactly(2 * SAMPLES_PER_FRAME)  # it generates
+            assert scheduler.num_running == 1
+            async with http.post(f"{url}/v1/audio/speech", json=speech) as late:
+                body = await late.json()
+                assert late.status == 503 and body["error"]["code"] == "overloaded", body
+                assert "real-time capacity" in body["error"]["message"], body
+                retry_after = late.headers["Retry-After"]
+            (refusal,) = refusals  # refused inside add_request: it never queued
+            assert refusal.reason == "capacity" and refusal.retry_after_s is not None
+            assert retry_after == str(max(1, math.ceil(refusal.retry_after_s)))
+            assert scheduler.num_waiting == 0
+            assert scheduler.stats().num_free_slots == scheduler.config.max_running_requests - 1
+            rest = await holder.content.read()  # the admitted stream runs to its end
+        assert len(first) + len(rest) == FRAMES * SAMPLES_PER_FRAME * 2
+        await wait_idle(engine, timeout_s=10.0)
+        for _ in range(500):  # the worker hears of the release with the idle loop's next turn
+            if not engine.engine.runner.slots.num_active:
+                break
+            await asyncio.sleep(0.02)
+        capacity = engine.engine.capacity()
+        assert (capacity.running, capacity.queued, capacity.codec_slots_used) == (0, 0, 0)
+        assert capacity.free_slots == capacity.max_running
+        assert capacity.kv_blocks_free == capacity.kv_blocks_total
+        async with http.post(f"{url}/v1/audio/speech", json=speech) as again:
+            assert again.status == 200  # room again: admitted
+            assert len(await again.read()) == FRAMES * SAMPLES_PER_FRAME * 2
+    assert len(refusals) == 1
