@@ -14,9 +14,15 @@ import aiohttp
 import pytest
 from breezert.async_engine import AsyncEngine
 from breezert.config import EngineConfig
-from breezert.errors import EngineOverloaded
 
-from tests.integration._server import CONFIG, SAMPLES_PER_FRAME, close_engine, serve, wait_idle
+from tests.integration._server import (
+    CONFIG,
+    SAMPLES_PER_FRAME,
+    close_engine,
+    record_refusals,
+    serve,
+    wait_idle,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -41,17 +47,7 @@ async def test_past_real_time_capacity_a_request_gets_503_while_the_admitted_one
     engine: AsyncEngine, monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     scheduler = engine.engine.scheduler
-    refusals: list[EngineOverloaded] = []
-    add_request = scheduler.add_request
-
-    def recording_add_request(request, now):  # type: ignore[no-untyped-def]
-        try:
-            add_request(request, now)
-        except EngineOverloaded as exc:
-            refusals.append(exc)
-            raise
-
-    monkeypatch.setattr(scheduler, "add_request", recording_add_request)
+    refusals = record_refusals(engine, monkeypatch)
     speech = {"input": "Hold on.", "response_format": "pcm"}
     async with serve(engine, request_options={"max_frames": FRAMES, "ignore_eos": True}) as (
             url, _), aiohttp.ClientSession() as http:
