@@ -1,12 +1,14 @@
 """Admission by real-time capacity over HTTP (tiny CPU engine, ``scheduler.admission_capacity``
 fixed at one stream): past capacity a request gets 503 ``overloaded`` at once, naming the
 real-time capacity, with ``Retry-After`` its predicted wait (when the running stream finishes
-generating), while free slots stand by; the admitted stream completes; afterwards every slot, KV
-block and codec slot is free and the engine admits again."""
+generating), while free slots stand by, and a WebSocket ``say`` an ``overloaded`` error event with
+``retry_after_s``; the admitted stream completes; afterwards every slot, KV block and codec slot
+is free and the engine admits again."""
 
 from __future__ import annotations
 
 import asyncio
+import json
 import math
 from collections.abc import Iterator
 
@@ -63,6 +65,16 @@ async def test_past_real_time_capacity_a_request_gets_503_while_the_admitted_one
             (refusal,) = refusals  # refused inside add_request: it never queued
             assert refusal.reason == "capacity" and refusal.retry_after_s is not None
             assert retry_after == str(max(1, math.ceil(refusal.retry_after_s)))
+            # a WebSocket turn is refused alike: an error event with the wait in whole seconds
+            ws = await http.ws_connect(f"{url}/v1/audio/speech/stream")
+            assert json.loads((await ws.receive()).data)["type"] == "ready"
+            await ws.send_json({"type": "say", "text": "Me too."})
+            error = json.loads((await ws.receive()).data)
+            await ws.close()
+            assert (error["type"], error["code"]) == ("error", "overloaded"), error
+            assert "real-time capacity" in error["message"]
+            assert len(refusals) == 2 and refusals[1].retry_after_s is not None
+            assert error["retry_after_s"] == max(1, math.ceil(refusals[1].retry_after_s))
             assert scheduler.num_waiting == 0
             assert scheduler.stats().num_free_slots == scheduler.config.max_running_requests - 1
             rest = await holder.content.read()  # the admitted stream runs to its end
@@ -79,4 +91,4 @@ async def test_past_real_time_capacity_a_request_gets_503_while_the_admitted_one
         async with http.post(f"{url}/v1/audio/speech", json=speech) as again:
             assert again.status == 200  # room again: admitted
             assert len(await again.read()) == FRAMES * SAMPLES_PER_FRAME * 2
-    assert len(refusals) == 1
+    assert len(refusals) == 2
