@@ -2,7 +2,8 @@
 fixed at one stream): past capacity a request gets 503 ``overloaded`` at once, naming the
 real-time capacity, with ``Retry-After`` its predicted wait (when the running stream finishes
 generating), while free slots stand by, and a WebSocket ``say`` an ``overloaded`` error event with
-``retry_after_s``; the admitted stream completes; afterwards every slot, KV block and codec slot
+``retry_after_s``; meanwhile ``/readyz`` says ``full`` and ``/metrics`` the demand against its
+limit; the admitted stream completes; afterwards every slot, KV block and codec slot
 is free and the engine admits again."""
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from tests.integration._server import (
     serve,
     wait_idle,
 )
+from tests.integration.test_server_ops import gauges
 
 pytestmark = pytest.mark.integration
 
@@ -77,6 +79,14 @@ async def test_past_real_time_capacity_a_request_gets_503_while_the_admitted_one
             assert error["retry_after_s"] == max(1, math.ceil(refusals[1].retry_after_s))
             assert scheduler.num_waiting == 0
             assert scheduler.stats().num_free_slots == scheduler.config.max_running_requests - 1
+            # readiness steers new callers away meanwhile, and the gauges say why
+            async with http.get(f"{url}/readyz") as ready:
+                body = await ready.json()
+            assert ready.status == 503 and body["status"] == "full", body
+            assert body["load"]["realtime_limit"] == 1.0 and body["load"]["realtime_demand"] > 0
+            metrics = gauges(await (await http.get(f"{url}/metrics")).text())
+            assert metrics['breezert_realtime_audio{kind="limit"}'] == 1.0
+            assert metrics['breezert_realtime_audio{kind="demand"}'] > 0
             rest = await holder.content.read()  # the admitted stream runs to its end
         assert len(first) + len(rest) == FRAMES * SAMPLES_PER_FRAME * 2
         await wait_idle(engine, timeout_s=10.0)
@@ -88,6 +98,8 @@ async def test_past_real_time_capacity_a_request_gets_503_while_the_admitted_one
         assert (capacity.running, capacity.queued, capacity.codec_slots_used) == (0, 0, 0)
         assert capacity.free_slots == capacity.max_running
         assert capacity.kv_blocks_free == capacity.kv_blocks_total
+        metrics = gauges(await (await http.get(f"{url}/metrics")).text())
+        assert metrics['breezert_realtime_audio{kind="demand"}'] == 0.0
         async with http.post(f"{url}/v1/audio/speech", json=speech) as again:
             assert again.status == 200  # room again: admitted
             assert len(await again.read()) == FRAMES * SAMPLES_PER_FRAME * 2

@@ -444,11 +444,17 @@ class Scheduler:
         return len(self._waiting)
 
     def load(self, predictor: DeadlinePredictor | None, now: float) -> EngineLoad:
-        """Running and queued requests against the limits, and ``predictor``'s least slack."""
+        """Running and queued requests against the limits, ``predictor``'s least slack, and the
+        running streams' real-time demand against its limit (with ``admission_capacity``)."""
         cfg = self.config
+        demand = limit = None
+        if self.capacity is not None:
+            demand = float(self._demand(now)[0].sum())
+            limit = cfg.admission_headroom * self.capacity.value
         return EngineLoad(len(self._running), len(self._waiting), cfg.max_running_requests,
                           cfg.max_queued_requests,
-                          None if predictor is None else least_slack(self._table, predictor, now))
+                          None if predictor is None else least_slack(self._table, predictor, now),
+                          demand, limit)
 
     def stats(self) -> SchedulerStats:
         pool = self.block_pool
