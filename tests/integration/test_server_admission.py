@@ -104,3 +104,4 @@ async def test_past_real_time_capacity_a_request_gets_503_while_the_admitted_one
             assert again.status == 200  # room again: admitted
             assert len(await again.read()) == FRAMES * SAMPLES_PER_FRAME * 2
     assert len(refusals) == 2
+    assert engine.engine.metrics.counters["requests_refused_capacity"] == 2

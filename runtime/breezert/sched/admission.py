@@ -19,8 +19,9 @@ The model (fluid and simple on purpose, so that a caller can check it by hand):
 - otherwise the wait is the time until enough running streams have finished generating (in
   order of their predicted ends) that they fit; unknown when a stream whose end is unknown
   stands in the way;
-- the capacity: over a window of ``window_s`` busy seconds, ``produced`` (audio made per busy
-  second) against ``fed`` (the streams owed audio, on average over the window's steps). More
+- the capacity: over a window of ``window_s`` busy seconds (the engine's steps and the host work
+  between them while it has work: ``Engine`` hands each step's share in), ``produced`` (audio made
+  per busy second) against ``fed`` (the streams owed audio, on average over the window). More
   streams make more audio a second (bigger batches) but each gets a smaller share, so the
   capacity (the load at which every stream gets exactly 1 s/s) is at least ``produced`` when
   ``produced >= fed`` (every stream was kept ahead) and at most ``produced`` when ``produced <
@@ -66,8 +67,9 @@ class RealtimeCapacity:
         self._busy_s = self._audio_s = self._stream_s = 0.0
 
     def observe_step(self, duration_s: float, frames: int, streams: int) -> None:
-        """One step that took ``duration_s``, made ``frames`` frames of audio (a DEPTH step's
-        items; 0 for other stages) while ``streams`` running streams were owed audio. O(1)."""
+        """One step that took ``duration_s`` of busy time (with the host work since the step
+        before), made ``frames`` frames of audio (a DEPTH step's items; 0 for other stages)
+        while ``streams`` running streams were owed audio. O(1)."""
         if self.window_s is None or not (math.isfinite(duration_s) and duration_s >= 0):
             return
         self._busy_s += duration_s

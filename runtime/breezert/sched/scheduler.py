@@ -536,7 +536,8 @@ class Scheduler:
 
     def observe_step(self, plan: StepPlan, duration_s: float) -> None:
         """One executed step, for the learned real-time capacity (O(1)): the engine calls it
-        after each commit with the step's duration."""
+        after each commit with the busy time since the previous step ended (the step and the
+        host work before it), or the step's own time after an idle spell."""
         if self.capacity is not None:
             frames = len(plan.items) if plan.stage is Stage.DEPTH else 0
             self.capacity.observe_step(duration_s, frames, self._num_owing)
