@@ -11,6 +11,7 @@ Small ``max_frames`` keep it to seconds on two cores.
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 from pathlib import Path
 
@@ -18,6 +19,7 @@ import pytest
 
 from breezert.async_engine import AsyncEngine
 from breezert.config import EngineConfig
+from breezert.constants import Stage
 from breezert.engine import Engine
 from breezert.errors import EngineOverloaded, RequestAborted
 from breezert.options import SynthesisOptions
@@ -101,10 +103,10 @@ async def _assert_idle_and_serving(engine: Engine, async_engine: AsyncEngine) ->
 
 
 ADMITTED = 64
-"""Streams the real-time capacity admits (64 s/s at full headroom, every stream needing 1: the
-tiny model on CPU runs 64 streams far slower than real time, so no listener gets ahead)."""
+"""Streams the real-time capacity admits (64 s/s at full headroom): the engine thread waits at
+its first DEPTH step until all are in, so each needs exactly 1 s/s (no frame, no buffer)."""
 LONG = 200
-"""Frames of each request there: none ends its generation (making room) before all are in."""
+"""Frames of each request there: all are aborted mid-stream."""
 
 
 async def test_256_streams_running_or_queued_for_capacity_all_aborted_leave_nothing() -> None:
@@ -112,6 +114,9 @@ async def test_256_streams_running_or_queued_for_capacity_all_aborted_leave_noth
                      admission_learn_window_s=None, max_queued_requests=STREAMS - ADMITTED,
                      max_queue_wait_s=None)
     async_engine = AsyncEngine(engine, idle_wait_s=0.005)
+    depth = threading.Event()
+    engine.runner.fault_hook = lambda stage, _: (
+        depth.wait(TIMEOUT_S) if stage is Stage.DEPTH else None)
     start = time.monotonic()
     try:
         submitted = [await async_engine.submit(_request(i, LONG)) for i in range(STREAMS)]
@@ -120,6 +125,7 @@ async def test_256_streams_running_or_queued_for_capacity_all_aborted_leave_noth
         with pytest.raises(EngineOverloaded, match="max_queued_requests") as refused:
             await async_engine.submit(_request(STREAMS + 1, LONG))
         assert refused.value.reason == "queue_full"
+        depth.set()
         audio = asyncio.Event()
 
         async def outcome(request_id: str) -> str:
@@ -139,5 +145,6 @@ async def test_256_streams_running_or_queued_for_capacity_all_aborted_leave_noth
         assert outcomes == ["aborted"] * STREAMS  # running or queued, none had finished
         await _assert_idle_and_serving(engine, async_engine)
     finally:
+        depth.set()
         await async_engine.aclose()
     print(f"256 streams, 64 admitted by capacity, all aborted: {time.monotonic() - start:.1f} s")

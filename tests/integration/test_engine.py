@@ -509,7 +509,7 @@ def test_the_real_time_capacity_is_learned_from_the_steps_and_the_host_work_betw
     data = EngineConfig.from_file(CONFIG).model_dump()
     data["scheduler"].update(admission_capacity=1.0, admission_learn_window_s=0.003)
     engine = Engine(EngineConfig.from_dict(data), clock=TickClock())
-    engine.add_request(make("learn", seed=1, frames=120))
+    engine.add_request(make("learn", seed=1, frames=48))
     steps = frames = 0
     while engine.has_work():
         engine.step()

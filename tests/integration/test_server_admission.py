@@ -11,12 +11,16 @@ from __future__ import annotations
 import asyncio
 import json
 import math
+import threading
+from collections import Counter
 from collections.abc import Iterator
 
 import aiohttp
 import pytest
 from breezert.async_engine import AsyncEngine
 from breezert.config import EngineConfig
+from breezert.constants import Stage
+from breezert.errors import EngineOverloaded
 
 from tests.integration._server import (
     CONFIG,
@@ -31,8 +35,31 @@ from tests.integration.test_server_ops import gauges
 pytestmark = pytest.mark.integration
 
 FRAMES = 24
-"""Each request: 1.92 s of audio, so that the holder still generates when the newcomer comes
-(it reads the holder's first frame only)."""
+"""Each request: 1.92 s of audio."""
+HELD_AT = 4
+"""The holder's DEPTH item at which the engine thread waits until the checks are done: the
+holder stays mid-generation (its real-time demand and its wait frozen), however fast the box."""
+
+
+class Hold:
+    """A fault hook that holds the engine thread at a request's ``HELD_AT``-th DEPTH item until
+    ``release`` (at most ``TIMEOUT_S``); requests, loads and scrapes go on meanwhile (they take
+    the engine lock, which a running step does not hold)."""
+
+    TIMEOUT_S = 30.0
+
+    def __init__(self) -> None:
+        self._gate = threading.Event()
+        self._depth_items: Counter[str] = Counter()
+
+    def __call__(self, stage: Stage, request_id: str) -> None:
+        if stage is Stage.DEPTH:
+            self._depth_items[request_id] += 1
+            if self._depth_items[request_id] == HELD_AT:
+                self._gate.wait(self.TIMEOUT_S)
+
+    def release(self) -> None:
+        self._gate.set()
 
 
 @pytest.fixture(scope="module")
@@ -50,14 +77,28 @@ def engine() -> Iterator[AsyncEngine]:
 async def test_past_real_time_capacity_a_request_gets_503_while_the_admitted_one_completes(
     engine: AsyncEngine, monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    scheduler = engine.engine.scheduler
     refusals = record_refusals(engine, monkeypatch)
+    hold = Hold()
+    try:
+        await _overload_and_recover(engine, hold, refusals)
+    finally:
+        hold.release()
+        engine.engine.runner.fault_hook = None
+    assert len(refusals) == 2
+    assert engine.engine.metrics.counters["requests_refused_capacity"] == 2
+
+
+async def _overload_and_recover(engine: AsyncEngine, hold: Hold,
+                                refusals: list[EngineOverloaded]) -> None:
+    scheduler = engine.engine.scheduler
     speech = {"input": "Hold on.", "response_format": "pcm"}
     async with serve(engine, request_options={"max_frames": FRAMES, "ignore_eos": True}) as (
             url, _), aiohttp.ClientSession() as http:
+        engine.engine.runner.fault_hook = hold  # after the warm-up request
         async with http.post(f"{url}/v1/audio/speech", json=speech) as holder:
             assert holder.status == 200
-            first = await holder.content.readexactly(2 * SAMPLES_PER_FRAME)  # it generates
+            first = await holder.content.readexactly(2 * SAMPLES_PER_FRAME)  # it generates,
+            # then waits at its HELD_AT-th frame
             assert scheduler.num_running == 1
             async with http.post(f"{url}/v1/audio/speech", json=speech) as late:
                 body = await late.json()
@@ -87,6 +128,7 @@ async def test_past_real_time_capacity_a_request_gets_503_while_the_admitted_one
             metrics = gauges(await (await http.get(f"{url}/metrics")).text())
             assert metrics['breezert_realtime_audio{kind="limit"}'] == 1.0
             assert metrics['breezert_realtime_audio{kind="demand"}'] > 0
+            hold.release()
             rest = await holder.content.read()  # the admitted stream runs to its end
         assert len(first) + len(rest) == FRAMES * SAMPLES_PER_FRAME * 2
         await wait_idle(engine, timeout_s=10.0)
@@ -103,5 +145,3 @@ async def test_past_real_time_capacity_a_request_gets_503_while_the_admitted_one
         async with http.post(f"{url}/v1/audio/speech", json=speech) as again:
             assert again.status == 200  # room again: admitted
             assert len(await again.read()) == FRAMES * SAMPLES_PER_FRAME * 2
-    assert len(refusals) == 2
-    assert engine.engine.metrics.counters["requests_refused_capacity"] == 2
