@@ -59,7 +59,7 @@ def measure(streams: int, steps: int, warm: int, admission: bool = False) -> dic
         "max_decode_rows": 2 * n, "max_depth_requests": n, "max_depth_rows": 2 * n,
         "max_codec_requests": n}, "cache": {"num_blocks": 400 * n}}
     if admission:
-        overrides["scheduler"].update(admission_capacity=1e6, admission_learn_window_s=None)
+        overrides["scheduler"].update(admission_capacity=1e6, admission_learn_window_s=0)
     clock = sim.SimClock((0.0, 0.0))  # model time only: the same states in every tree
     engine, worker = sim.build_engine(overrides, clock)
     times: dict[str, list[float]] = {"schedule": [], "commit": [], "step_host": [],

@@ -115,9 +115,9 @@ class SchedulerConfig(_Frozen):
     admission_headroom: float = Field(default=0.9, gt=0, le=1)
     """Share of ``admission_capacity`` the admitted streams' demand may fill (the rest is
     margin for start-ups, text encode and prefill, and step-time noise)."""
-    admission_learn_window_s: float | None = Field(default=1.0, gt=0, allow_inf_nan=False)
+    admission_learn_window_s: float = Field(default=1.0, ge=0, allow_inf_nan=False)
     """Busy seconds (steps and the host work between them) per sample of the learned capacity;
-    ``None``: keep ``admission_capacity`` fixed."""
+    0: keep ``admission_capacity`` fixed."""
     max_model_len: int = Field(default=2048, gt=2)
     """Backbone context per branch in tokens (prompt + frames); a segment stops at
     ``prompt_len + frames == max_model_len - 1`` (SPEC §2.5)."""

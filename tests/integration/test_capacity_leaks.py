@@ -111,7 +111,7 @@ LONG = 200
 
 async def test_256_streams_running_or_queued_for_capacity_all_aborted_leave_nothing() -> None:
     engine = _engine(admission_capacity=float(ADMITTED), admission_headroom=1.0,
-                     admission_learn_window_s=None, max_queued_requests=STREAMS - ADMITTED,
+                     admission_learn_window_s=0, max_queued_requests=STREAMS - ADMITTED,
                      max_queue_wait_s=None)
     async_engine = AsyncEngine(engine, idle_wait_s=0.005)
     depth = threading.Event()

@@ -68,7 +68,7 @@ def engine() -> Iterator[AsyncEngine]:
     # one stream's worth of capacity, fixed (the learned figure would follow this machine's
     # load); any predicted wait is too long: every request past capacity is refused at once
     data["scheduler"].update(admission_capacity=1.0, admission_headroom=1.0,
-                             admission_learn_window_s=None, max_queue_wait_s=0.001)
+                             admission_learn_window_s=0, max_queue_wait_s=0.001)
     engine = AsyncEngine.from_config(EngineConfig.from_dict(data), idle_wait_s=0.005)
     yield engine
     close_engine(engine)

@@ -23,7 +23,7 @@ from tests.unit.test_scheduler import FOREVER, Harness, make_config, make_reques
 
 pytestmark = pytest.mark.unit
 
-FIXED = {"admission_learn_window_s": None, "admission_headroom": 1.0}
+FIXED = {"admission_learn_window_s": 0, "admission_headroom": 1.0}
 """A fixed capacity, all of it admitted: each test's numbers follow from the capacity alone."""
 
 

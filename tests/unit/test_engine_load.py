@@ -60,7 +60,7 @@ def test_real_time_demand_fills_the_load_and_full_is_when_one_more_would_not_fit
 
 def test_scheduler_load_has_the_demand_with_admission_by_capacity() -> None:
     sched = Scheduler(make_config(admission_capacity=3.0, admission_headroom=1.0,
-                                  admission_learn_window_s=None), BlockPool(512, 16))
+                                  admission_learn_window_s=0), BlockPool(512, 16))
     assert sched.load(None, 0.0).realtime_demand == 0.0
     for i in range(2):
         sched.add_request(make_request(f"r{i}", max_frames=50, ignore_eos=True), 0.0)

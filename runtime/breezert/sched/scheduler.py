@@ -185,7 +185,7 @@ class Scheduler:
         """The real-time capacity admission keeps within (``admission_capacity``), or ``None``."""
         if config.admission_capacity is not None:
             self.capacity = RealtimeCapacity(config.admission_capacity,
-                                             config.admission_learn_window_s)
+                                             config.admission_learn_window_s or None)
         self._buffers = buffers or DeadlinePredictor(
             feedback_stale_s=config.predictor_feedback_stale_s)
         self._capacity_recheck_at = -np.inf
