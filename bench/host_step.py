@@ -15,7 +15,10 @@ commit before the vectorized scheduler), ``after`` this checkout. A digest of ev
 recorded per tree: equal digests say the two trees made the same decisions.
 
 Usage (repo root, CPU): ``PYTHONPATH=runtime python bench/host_step.py [--before REV]
-[--streams 16,64,128,256] [--steps 400] [--out bench/results/host-step-DATE.json]``.
+[--streams 16,64,128,256] [--steps 400] [--admission] [--out bench/results/host-step-DATE.json]``.
+``--admission``: ``after`` runs with admission by real-time capacity on (``admission_capacity``
+so high that every stream is admitted, as ``before``: the same plans, so the difference is what
+the admission checks cost; its learning is O(1) a step and is left off to keep the plans).
 
 Owns: the timing loop and the side-by-side record. Must not: be read as a GPU measurement (the
 worker's own host work, building tensors from a plan, is not in it).
@@ -43,7 +46,7 @@ BEFORE_REV = "9c6c021"
 """The last commit with the per-request scheduler and predictor."""
 
 
-def measure(streams: int, steps: int, warm: int) -> dict:
+def measure(streams: int, steps: int, warm: int, admission: bool = False) -> dict:
     """One closed loop of ``streams`` streams in this process's ``breezert``."""
     sys.path.insert(0, str(BENCH))
     import sched_sim as sim
@@ -55,6 +58,8 @@ def measure(streams: int, steps: int, warm: int) -> dict:
         "max_running_requests": n, "max_queued_requests": 32, "max_decode_requests": n,
         "max_decode_rows": 2 * n, "max_depth_requests": n, "max_depth_rows": 2 * n,
         "max_codec_requests": n}, "cache": {"num_blocks": 400 * n}}
+    if admission:
+        overrides["scheduler"].update(admission_capacity=1e6, admission_learn_window_s=0)
     clock = sim.SimClock((0.0, 0.0))  # model time only: the same states in every tree
     engine, worker = sim.build_engine(overrides, clock)
     times: dict[str, list[float]] = {"schedule": [], "commit": [], "step_host": [],
@@ -138,12 +143,13 @@ def export_tree(rev: str, dest: Path) -> Path:
     return dest
 
 
-def run_child(tree: Path, streams: int, steps: int) -> dict:
+def run_child(tree: Path, streams: int, steps: int, admission: bool = False) -> dict:
     """This script's ``--child`` mode on ``tree``'s ``breezert`` (the simulated worker and
     configs are this checkout's, the texts the shared ones)."""
     env = dict(os.environ, PYTHONPATH=str(tree / "runtime"))
     proc = subprocess.run([sys.executable, str(BENCH / "host_step.py"), "--child",
-                           "--streams", str(streams), "--steps", str(steps)],
+                           "--streams", str(streams), "--steps", str(steps),
+                           *(["--admission"] if admission else [])],
                           env=env, capture_output=True, text=True, check=True)
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
@@ -181,12 +187,15 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--streams", default="16,64,128,256")
     p.add_argument("--steps", type=int, default=400)
     p.add_argument("--out", default=None)
+    p.add_argument("--admission", action="store_true",
+                   help="'after' with admission by real-time capacity on (every stream admitted)")
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     streams = [int(s) for s in args.streams.split(",")]
     if args.child:
         for n in streams:
-            print(json.dumps(measure(n, args.steps, warm=4 * n)), flush=True)
+            print(json.dumps(measure(n, args.steps, warm=4 * n, admission=args.admission)),
+                  flush=True)
         return
     from breezert_bench.provenance import provenance
 
@@ -196,7 +205,8 @@ def main(argv: list[str] | None = None) -> None:
         paths = {"before": export_tree(args.before, Path(tmp) / "before"), "after": REPO}
         for n in streams:  # the trees alternate, so that a change in the machine's load
             for label, path in paths.items():  # falls on both
-                trees[label]["runs"].append(run_child(path, n, args.steps))
+                trees[label]["runs"].append(
+                    run_child(path, n, args.steps, args.admission and label == "after"))
                 print(label, json.dumps(trees[label]["runs"][-1]), flush=True)
     for b, a in zip(trees["before"]["runs"], trees["after"]["runs"], strict=True):
         a["same_plans_as_before"] = a["plan_digest"] == b["plan_digest"]

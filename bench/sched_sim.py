@@ -9,7 +9,10 @@ reports). The load is the bench's: closed loop of N streams over ``texts_en.tsv`
 lengths and seeds, EOS ignored, a simulated listener reporting its buffer every 100 ms.
 
 Usage (repo root, CPU): ``PYTHONPATH=runtime python bench/sched_sim.py --concurrency 16,64
-[--variant 'NAME=scheduler.key=value;...'] [--out X.json]``.
+[--rate 20,40] [--variant 'NAME=scheduler.key=value;...'] [--out X.json]``. ``--rate``: open-loop
+points too (arrivals every ``1/rate`` s of model time, whatever is in flight); a request the
+engine refuses (``EngineOverloaded``) counts as ``refused``, one that waited past
+``max_queue_wait_s`` as ``expired``.
 
 Owns: the stage-time model, the simulated worker and clock, the closed-loop driver. Must not: be
 read as a GPU measurement. It shows how scheduling decisions and host time shape first packets
@@ -35,6 +38,7 @@ from breezert_bench.workload import load_texts, make_workload
 from breezert.config import EngineConfig, GraphConfig
 from breezert.constants import Stage
 from breezert.engine import Engine, RequestOutcome
+from breezert.errors import EngineOverloaded
 from breezert.options import SynthesisOptions
 from breezert.outputs import AudioChunk, DecodedChunk, StageOutput
 from breezert.request import SynthesisRequest
@@ -204,19 +208,27 @@ class Stream:
 
 
 def run_point(engine: Engine, clock: SimClock, items, concurrency: int, tag: str,
-              feedback_period_s: float = 0.1, max_steps: int | None = None
-              ) -> list[RequestResult]:
+              feedback_period_s: float = 0.1, max_steps: int | None = None,
+              rate: float | None = None) -> list[RequestResult]:
     """Closed loop: ``concurrency`` requests in flight until every item has finished (or,
-    with ``max_steps``, until that many engine steps have run, the rest left in flight)."""
+    with ``max_steps``, until that many engine steps have run, the rest left in flight); with
+    ``rate``, open loop: item ``i`` arrives ``i / rate`` s after the start, whatever is in
+    flight. A refused request ends at once (``error`` ``EngineOverloaded``)."""
     pending = list(items)
     live: dict[str, Stream] = {}
     done: list[RequestResult] = []
 
     arriving: list[SynthesisRequest] = []
+    start, num_arrived = clock(), 0
 
     def deliver() -> None:
         for request in arriving:
-            clock.host(engine.add_request, request)
+            try:
+                clock.host(engine.add_request, request)
+            except EngineOverloaded:
+                stream = live.pop(str(request.request_id))
+                stream.result.status, stream.result.error = "error", "EngineOverloaded"
+                done.append(stream.result)
         arriving.clear()
 
     def submit() -> None:
@@ -234,9 +246,14 @@ def run_point(engine: Engine, clock: SimClock, items, concurrency: int, tag: str
         # A request that replaces a finished one reaches the engine while its next step runs
         # (the serving loop does not wait for arrivals), so it is added after that step.
         deliver()
-        while pending and len(live) < concurrency:
-            submit()
-        if steps == 1:  # the opening burst is there before the first step
+        if rate is None:
+            while pending and len(live) < concurrency:
+                submit()
+        else:  # open loop: each arrival reaches the engine before the step after its time
+            while pending and start + num_arrived / rate <= clock():
+                submit()
+                num_arrived += 1
+        if steps == 1 or rate is not None:  # the opening burst is there before the first step
             deliver()
         now = clock()
         for stream in live.values():
@@ -259,7 +276,8 @@ def run_point(engine: Engine, clock: SimClock, items, concurrency: int, tag: str
             elif isinstance(out, RequestOutcome):
                 stream = live.pop(out.request_id)
                 if out.status.value != "finished":
-                    stream.result.status, stream.result.error = "error", out.status.value
+                    stream.result.status = "error"
+                    stream.result.error = "expired" if out.overloaded else out.status.value
                 done.append(stream.result)
     return done
 
@@ -285,7 +303,9 @@ def summary(results: list[RequestResult], concurrency: int, wall_s: float,
                      "share": round(sum(ms) / 1000 / wall_s, 3)}
              for stage, ms in worker.steps.items()}
     return {
-        "requests": len(results), "ok": len(ok), "ttfb_ms": ttfb_ms(ok),
+        "requests": len(results), "ok": len(ok),
+        "refused": sum(r.error == "EngineOverloaded" for r in results),
+        "expired": sum(r.error == "expired" for r in results), "ttfb_ms": ttfb_ms(ok),
         "burst_ttfb_ms": ttfb_ms(burst), "after_ttfb_ms": ttfb_ms(after),
         "underrun_requests": len(late),
         "burst_underruns": sum(r.timeline.has_underrun for r in burst),
@@ -343,31 +363,38 @@ def main(argv: list[str] | None = None) -> None:
                    help="host ms per engine step = A + B x running requests instead of the "
                         "host time measured here (deterministic runs)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--rate", default="", help="open-loop points, requests per second")
     p.add_argument("--out", default=None)
     args = p.parse_args(argv)
     texts = load_texts(args.texts)
     variants = [parse_variant(v) for v in args.variant] or [("profile", {})]
     runs = []
+    points = [(int(c), None) for c in args.concurrency.split(",") if c] + [
+        (0, float(r)) for r in args.rate.split(",") if r]
     for name, overrides in variants:
-        for concurrency in (int(c) for c in args.concurrency.split(",")):
+        for concurrency, rate in points:
             clock = SimClock(tuple(float(x) for x in args.host_model.split(","))
                              if args.host_model else None)
             engine, worker = build_engine(overrides, clock)
             run_point(engine, clock, make_workload(texts, args.warmup, args.seed + 1),
-                      concurrency, "warm")
+                      concurrency or args.warmup, "warm")
             worker.steps.clear()
             start, host0 = clock(), clock.host_s
             results = run_point(engine, clock, make_workload(texts, args.num_requests,
-                                                             args.seed), concurrency, "run")
+                                                             args.seed), concurrency, "run",
+                                rate=rate)
             wall = clock() - start
             run = {"variant": name, "overrides": overrides, "concurrency": concurrency,
+                   "rate_rps": rate,
                    "step_ms": {st.value: v for st, v in worker.times.points.items()},
                    "codec_ms": worker.times.codec,
                    **summary(results, concurrency, wall, worker, clock.host_s - host0),
                    "counters": engine.metrics.snapshot().get("counters", {})}
             runs.append(run)
             t = run["ttfb_ms"]
-            print(f"{name} c={concurrency}: TTFB p50 {t['p50']} p95 {t['p95']} ms, "
+            point = f"r={rate:g}/s" if rate is not None else f"c={concurrency}"
+            print(f"{name} {point}: {run['ok']} ok, {run['refused']} refused, {run['expired']} "
+                  f"expired; TTFB p50 {t['p50']} p95 {t['p95']} ms, "
                   f"underruns {run['underrun_requests']} (burst {run['burst_underruns']}, "
                   f"late chunks by index {run['late_chunks_by_index']}), "
                   f"{run['audio_s_per_s']} audio s/s, model busy {run['model_busy']}, "

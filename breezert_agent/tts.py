@@ -324,9 +324,12 @@ def _api_error(exc: Exception, *, audio_pushed: bool) -> APIError:
     if isinstance(exc, InvalidRequest):
         return APIStatusError(f"breezert rejected the request: {exc}", status_code=400,
                               retryable=False)
-    if isinstance(exc, EngineOverloaded):
-        return APIStatusError("breezert engine is overloaded", status_code=503,
-                              retryable=retryable)
+    if isinstance(exc, EngineOverloaded):  # the runtime's refusal: its predicted wait, if said
+        retry = exc.retry_after_s
+        return APIStatusError(
+            "breezert engine is overloaded" + (f" (retry after {retry:.1f} s)" if retry else ""),
+            status_code=503, body=None if retry is None else {"retry_after_s": retry},
+            retryable=retryable)
     if isinstance(exc, RuntimeUnavailable):
         return APIConnectionError(f"breezert runtime unavailable: {exc}", retryable=retryable)
     if isinstance(exc, asyncio.TimeoutError):

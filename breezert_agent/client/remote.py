@@ -353,7 +353,9 @@ def _error_from_event(event: dict[str, Any], request_id: str) -> BreezeRTError:
     if code in INVALID_REQUEST_CODES:
         return InvalidRequest(f"{code}: {message}")
     if code == OVERLOADED_CODE:
-        return EngineOverloaded(message)
+        retry = event.get("retry_after_s")
+        known = isinstance(retry, (int, float)) and not isinstance(retry, bool) and retry > 0
+        return EngineOverloaded(message, float(retry) if known else None)
     return RequestFailed(request_id, f"{code or 'failed'}: {message}")
 
 

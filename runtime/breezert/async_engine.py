@@ -217,9 +217,9 @@ class AsyncEngine:
         if is_queued:
             self.engine.metrics.incr("queued_requests")
             logger.info(
-                "request %s queued: all %d running slots are taken (max_running_requests; an "
-                "open turn holds its slot until its input closes)", request_id,
-                self.max_running_requests)
+                "request %s queued: no running slot (max_running_requests=%d; an open turn "
+                "holds its slot until its input closes), KV blocks or real-time capacity "
+                "(admission_capacity) for it yet", request_id, self.max_running_requests)
         self._wake.set()
         return Submitted(request_id, prepared.text.owners, prepared.text.num_prompt_tokens,
                          is_queued)

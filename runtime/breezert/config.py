@@ -103,6 +103,21 @@ class SchedulerConfig(_Frozen):
     ``sched/slot_wait.py``) is longer is refused at once with ``EngineOverloaded`` (HTTP 503 +
     ``Retry-After`` of that wait), and one still waiting after this long (its wait was unknown)
     is refused then. ``None``: wait as long as it takes."""
+    admission_capacity: float | None = Field(default=None, gt=0, allow_inf_nan=False)
+    """Admission by real-time capacity (``sched/admission.py``): the seconds of audio per
+    second the engine makes at full load, as measured for the profile; it then re-learns the
+    figure from its own steps (``admission_learn_window_s``). A request is admitted only while
+    the running streams' demand (1 s/s each while it generates, less the further its listener
+    is ahead) plus its own 1 s/s stay within ``admission_headroom`` of it; otherwise it queues
+    if its predicted wait for that room is within ``max_queue_wait_s``, else it is refused at
+    once with that wait (``EngineOverloaded``, HTTP 503 + ``Retry-After``). ``None``: admission
+    by slots and KV blocks only."""
+    admission_headroom: float = Field(default=0.9, gt=0, le=1)
+    """Share of ``admission_capacity`` the admitted streams' demand may fill (the rest is
+    margin for start-ups, text encode and prefill, and step-time noise)."""
+    admission_learn_window_s: float = Field(default=1.0, ge=0, allow_inf_nan=False)
+    """Busy seconds (steps and the host work between them) per sample of the learned capacity;
+    0: keep ``admission_capacity`` fixed."""
     max_model_len: int = Field(default=2048, gt=2)
     """Backbone context per branch in tokens (prompt + frames); a segment stops at
     ``prompt_len + frames == max_model_len - 1`` (SPEC §2.5)."""

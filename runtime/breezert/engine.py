@@ -19,7 +19,7 @@ from dataclasses import dataclass, replace
 
 from breezert.config import EngineConfig
 from breezert.engine_client import EngineCapacity
-from breezert.errors import InvalidRequest
+from breezert.errors import EngineOverloaded, InvalidRequest
 from breezert.frontend import PreparedRequest, PreparedText, TextFrontEnd
 from breezert.loader import Checkpoint
 from breezert.metrics import EngineMetrics, StepRecord
@@ -87,13 +87,17 @@ class Engine:
                 config.scheduler, lambda name, value: self.metrics.incr(name, value))
         stage_policy, chunk_policy = make_policies(config.scheduler, self.predictor)
         self.scheduler = Scheduler(config.scheduler, self.block_pool, stage_policy=stage_policy,
-                                   chunk_policy=chunk_policy)
+                                   chunk_policy=chunk_policy, buffers=self.predictor)
         self._lock = threading.RLock()
         self._pending: list[EngineOutput] = []  # outcomes produced outside step()
         self.last_step_ran = False
         """Whether the last ``step`` ran a plan (False: nothing was runnable)."""
         self.last_plan: StepPlan | None = None
         """The last plan run (dumped when the engine loop dies)."""
+        self._busy_since: float | None = None
+        """When the last step ended, while the engine has had work ever since (``None`` after a
+        step with nothing to run): the next step's cost to the real-time capacity counts from
+        there, host work between the steps included."""
         self.frontend = TextFrontEnd(
             self.checkpoint.tokenizer,
             min(config.scheduler.max_model_len, self.checkpoint.config.max_seq_len),
@@ -113,7 +117,11 @@ class Engine:
         logical = Request.from_synthesis(synth, prepared.text.segments, sampling=sampling,
                                          num_branches=prepared.num_branches)
         with self._lock:
-            self.scheduler.add_request(logical, self.clock())
+            try:
+                self.scheduler.add_request(logical, self.clock())
+            except EngineOverloaded as exc:  # counted by reason: capacity, slot_wait, ...
+                self.metrics.incr(f"requests_refused_{exc.reason or 'overloaded'}")
+                raise
             self.metrics.request_added()
         return logical.request_id
 
@@ -200,6 +208,7 @@ class Engine:
         self.last_step_ran = plan is not None
         self.last_plan = plan or self.last_plan
         if plan is None:
+            self._busy_since = None
             self._release_idle()
             return self._drain_pending()
         start = self.clock()
@@ -215,6 +224,9 @@ class Engine:
     def _record_step(self, plan: StepPlan, start: float, end: float) -> None:
         rows = plan.num_rows
         self.metrics.record_step(plan.stage.value, rows, end - start, plan.request_ids, start)
+        busy_since = start if self._busy_since is None else min(start, self._busy_since)
+        self.scheduler.observe_step(plan, end - busy_since)
+        self._busy_since = end
         if self.predictor is not None:
             self.predictor.observe_step(plan.stage, rows, end - start)
 

@@ -13,16 +13,21 @@ class BreezeRTError(Exception):
 
 class EngineOverloaded(BreezeRTError):
     """The engine cannot start the request soon enough: the waiting queue is full
-    (``max_queued_requests``), or its predicted or actual wait for a slot passed
-    ``max_queue_wait_s``; retry later or elsewhere.
+    (``max_queued_requests``), its predicted wait for a slot or for real-time capacity passed
+    ``max_queue_wait_s``, or it waited that long; retry later or elsewhere.
 
     Attributes:
         retry_after_s: When a retry may find room (the predicted wait), if known.
+        reason: Why: ``queue_full``, ``slot_wait`` (no slot soon enough), ``capacity`` (the
+            running streams leave no real-time capacity soon enough: ``sched/admission.py``)
+            or ``waited`` (it waited past ``max_queue_wait_s``); ``None`` when not said.
     """
 
-    def __init__(self, message: str, retry_after_s: float | None = None) -> None:
+    def __init__(self, message: str, retry_after_s: float | None = None,
+                 reason: str | None = None) -> None:
         super().__init__(message)
         self.retry_after_s = retry_after_s
+        self.reason = reason
 
 
 class RequestFailed(BreezeRTError):

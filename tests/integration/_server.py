@@ -1,7 +1,8 @@
 """Shared helpers of the server tests: one tiny CPU engine per module, an app on a real port.
 
 Owns: the engine fixture factory, ``serve`` (the aiohttp app on a random port through aiohttp's
-test server) and ``wait_idle`` (the engine's slots and KV blocks all free again); the stand-in
+test server), ``wait_idle`` (the engine's slots and KV blocks all free again) and
+``record_refusals`` (the scheduler's ``EngineOverloaded`` refusals, as raised); the stand-in
 engine for transport-only checks is ``tests.fake_engine.FakeEngine``. Not a test module; the
 server test modules import it.
 """
@@ -15,11 +16,13 @@ from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
 import aiohttp
+import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
 from breezert.async_engine import AsyncEngine
 from breezert.config import EngineConfig, ServingConfig
 from breezert.engine_client import EngineClient
+from breezert.errors import EngineOverloaded
 from breezert.profiles import EMBEDDED_PROFILE, profile_path
 from breezert.server.app import create_app
 from breezert.server.state import STATE, ServerState
@@ -84,6 +87,25 @@ async def wait_idle(engine: AsyncEngine, timeout_s: float = 5.0) -> None:
         if asyncio.get_running_loop().time() > deadline:
             raise AssertionError(f"engine still busy after {timeout_s} s: {stats}")
         await asyncio.sleep(0.02)
+
+
+def record_refusals(engine: AsyncEngine,
+                    monkeypatch: pytest.MonkeyPatch) -> list[EngineOverloaded]:
+    """The refusals ``engine``'s scheduler raises from ``add_request`` from now on (each
+    re-raised: the caller still gets it), to compare with what a client was told."""
+    scheduler = engine.engine.scheduler
+    refusals: list[EngineOverloaded] = []
+    add_request = scheduler.add_request
+
+    def recording_add_request(request, now):  # type: ignore[no-untyped-def]
+        try:
+            add_request(request, now)
+        except EngineOverloaded as exc:
+            refusals.append(exc)
+            raise
+
+    monkeypatch.setattr(scheduler, "add_request", recording_add_request)
+    return refusals
 
 
 async def recvonly_offer() -> str:

@@ -498,3 +498,26 @@ def test_decode_example_inputs_with_a_real_context(engine: Engine) -> None:
     assert set(idle["write_rows"].tolist()) == {kv.scratch_row}
     with pytest.raises(ValueError, match="blocks"):
         stage.example_inputs(3, 64, cached=kv.num_blocks * 16)
+
+
+def test_the_real_time_capacity_is_learned_from_the_steps_and_the_host_work_between() -> None:
+    """One stream on a clock of 0.1 ms a reading: a step reads it three times (plan, start,
+    end), so the engine is busy 0.3 ms a step, of which the step itself is 0.1 ms. The capacity
+    starts at 1 s/s, the stream is kept far ahead, so it rises toward what one stream got: audio
+    per busy second counting the host work between steps (~120 s/s here), not per step alone
+    (which would read three times that)."""
+    data = EngineConfig.from_file(CONFIG).model_dump()
+    data["scheduler"].update(admission_capacity=1.0, admission_learn_window_s=0.003)
+    engine = Engine(EngineConfig.from_dict(data), clock=TickClock())
+    engine.add_request(make("learn", seed=1, frames=48))
+    steps = frames = 0
+    while engine.has_work():
+        engine.step()
+        steps += engine.last_step_ran
+        if engine.last_step_ran and engine.last_plan is not None:
+            frames += len(engine.last_plan.items) * (engine.last_plan.stage is Stage.DEPTH)
+    capacity = engine.scheduler.capacity
+    assert capacity is not None and capacity.num_samples >= 5
+    got = frames * 0.08 / (steps * 3e-4)  # what one stream got per busy second
+    assert 1.0 < capacity.value <= got * 1.05  # it rose, toward that and not past it
+    assert capacity.value > 0.5 * got

@@ -11,9 +11,8 @@ import math
 import aiohttp
 import pytest
 from breezert.async_engine import AsyncEngine
-from breezert.errors import EngineOverloaded
 
-from tests.integration._server import SAMPLES_PER_FRAME, serve, wait_idle
+from tests.integration._server import SAMPLES_PER_FRAME, record_refusals, serve, wait_idle
 
 pytestmark = pytest.mark.integration
 
@@ -27,17 +26,7 @@ async def test_past_capacity_a_request_gets_503_at_once_with_the_predicted_wait(
     scheduler = engine.engine.scheduler
     saved = scheduler.config
     slots = saved.max_running_requests
-    refusals: list[EngineOverloaded] = []
-    add_request = scheduler.add_request
-
-    def recording_add_request(request, now):  # type: ignore[no-untyped-def]
-        try:
-            add_request(request, now)
-        except EngineOverloaded as exc:
-            refusals.append(exc)
-            raise
-
-    monkeypatch.setattr(scheduler, "add_request", recording_add_request)
+    refusals = record_refusals(engine, monkeypatch)
     scheduler.config = saved.model_copy(update={"max_queue_wait_s": 0.2})
     try:
         async with serve(engine, serving={"retry_after_s": 37}, request_options=LONG) as (

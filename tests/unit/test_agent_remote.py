@@ -47,6 +47,7 @@ class FakeServe:
     num_connections: int = 0
     headers: list[dict[str, str]] = field(default_factory=list)
     reject_says: list[str] = field(default_factory=list)  # error codes for the next says
+    retry_after_s: object = None  # the rejections' retry_after_s, when not None
     fail_after_segments: int | None = None
     close_after_segments: int | None = None
     complain_mid_turn: bool = False
@@ -83,8 +84,10 @@ class FakeServe:
             if kind == "say":
                 if self.reject_says:
                     code = self.reject_says.pop(0)
-                    await ws.send_str(json.dumps({"type": "error", "code": code,
-                                                  "message": f"{code} now"}))
+                    error = {"type": "error", "code": code, "message": f"{code} now"}
+                    if self.retry_after_s is not None:
+                        error["retry_after_s"] = self.retry_after_s
+                    await ws.send_str(json.dumps(error))
                     continue
                 turn = {"segments": list(message["text"]),
                         "closed": message.get("input_closed", True),
@@ -244,6 +247,20 @@ async def test_rejected_say_is_retried_when_overloaded(serve: FakeServe) -> None
     stream.end_input()
     events = await _collect(stream)
     assert len(events) > 0 and len(serve.of_type("say")) == 2
+    await tts.aclose()
+
+
+@pytest.mark.parametrize(("sent", "told"), [(3, 3.0), (0, None), ("soon", None), (True, None)])
+async def test_an_overloaded_say_tells_the_plugin_the_servers_predicted_wait(
+        serve: FakeServe, sent: object, told: float | None) -> None:
+    serve.reject_says, serve.retry_after_s = ["overloaded"], sent
+    tts = TTS(base_url=serve.url)
+    with pytest.raises(APIStatusError) as info:
+        await tts.synthesize("Hi.", conn_options=NO_RETRY).collect()
+    # LiveKit's retryable 503; the wait (a number > 0 only) in its body and message
+    assert info.value.status_code == 503 and info.value.retryable
+    assert info.value.body == (None if told is None else {"retry_after_s": told})
+    assert ("retry after 3.0 s" in str(info.value)) is (told is not None)
     await tts.aclose()
 
 

@@ -59,6 +59,10 @@ def test_past_capacity_it_refuses_rather_than_queues_for_seconds() -> None:
     s = EngineConfig.from_file(CAPACITY).scheduler
     assert s.max_queue_wait_s is not None and s.max_queue_wait_s <= 0.5
     assert s.max_queued_requests <= 32
+    # past real-time capacity too, not only past the slots: 256 slots at 1 s/s each would be
+    # more than the ~150 s of audio per second this profile made on the H200 (4 Dec)
+    assert s.admission_capacity is not None and s.admission_learn_window_s > 0
+    assert s.admission_headroom * s.admission_capacity < s.max_running_requests
 
 
 def test_it_differs_from_the_latency_profile_only_in_capacity_settings() -> None:
@@ -68,7 +72,8 @@ def test_it_differs_from_the_latency_profile_only_in_capacity_settings() -> None
                for key, value in values.items() if latency[section][key] != value}
     assert changed == {
         "scheduler.max_running_requests", "scheduler.max_queued_requests",
-        "scheduler.max_queue_wait_s", "scheduler.max_decode_requests",
+        "scheduler.max_queue_wait_s", "scheduler.admission_capacity",
+        "scheduler.admission_headroom", "scheduler.max_decode_requests",
         "scheduler.max_decode_rows", "scheduler.max_depth_requests", "scheduler.max_depth_rows",
         "scheduler.max_codec_requests", "graph.decode_batch_buckets",
         "graph.depth_batch_buckets", "graph.codec_buckets", "serving.max_peers",

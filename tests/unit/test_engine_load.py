@@ -1,8 +1,9 @@
 """``EngineLoad`` and ``Scheduler.load`` (no torch): the one load figure a dispatcher, ``/readyz``
 and the remote client compare.
 
-Owns: the fraction (requests against running slots, 1 when full or behind real time), its JSON
-form, and the Predictor's least slack over the running requests that owe audio.
+Owns: the fraction (requests against running slots or real-time demand against its limit, 1
+when full or behind real time), its JSON form, the Predictor's least slack over the running
+requests that owe audio, and the running streams' real-time demand.
 """
 
 from __future__ import annotations
@@ -44,6 +45,30 @@ def test_json_round_trip_and_foreign_bodies() -> None:
     for foreign in (None, "full", [], {"running": 1}, {"running": "x", "queued": 0,
                                                        "max_running": 4, "max_queued": 8}):
         assert EngineLoad.from_json(foreign) is None
+
+
+def test_real_time_demand_fills_the_load_and_full_is_when_one_more_would_not_fit() -> None:
+    slots = EngineLoad(1, 0, 8, 8)  # 1/8 of the slots
+    assert EngineLoad(1, 0, 8, 8, None, 1.5, 4.0).fraction == 1.5 / 4.0  # demand leads
+    assert EngineLoad(4, 0, 8, 8, None, 0.2, 4.0).fraction == 0.5  # slots lead
+    full = EngineLoad(1, 0, 8, 8, None, 3.2, 4.0)  # 3.2 + 1 > 4: a newcomer would not fit
+    assert full.is_full and full.fraction == 1.0 and slots.fraction == 0.125
+    body = full.as_json()
+    assert (body["realtime_demand"], body["realtime_limit"]) == (3.2, 4.0)
+    assert EngineLoad.from_json(body) == full
+
+
+def test_scheduler_load_has_the_demand_with_admission_by_capacity() -> None:
+    sched = Scheduler(make_config(admission_capacity=3.0, admission_headroom=1.0,
+                                  admission_learn_window_s=0), BlockPool(512, 16))
+    assert sched.load(None, 0.0).realtime_demand == 0.0
+    for i in range(2):
+        sched.add_request(make_request(f"r{i}", max_frames=50, ignore_eos=True), 0.0)
+    load = sched.load(None, 0.0)  # two newcomers, 1 s/s each: a third fits, a fourth not
+    assert (load.realtime_demand, load.realtime_limit) == (2.0, 3.0)
+    assert load.fraction == pytest.approx(2 / 3) and not load.is_full
+    sched.add_request(make_request("r2", max_frames=50, ignore_eos=True), 0.0)
+    assert sched.load(None, 0.0).is_full
 
 
 def test_scheduler_load_counts_running_and_queued() -> None:

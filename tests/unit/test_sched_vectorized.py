@@ -32,6 +32,7 @@ from breezert.errors import EngineOverloaded
 from breezert.request import PlaybackReport, Request, Segment
 from breezert.sched.block_pool import BlockPool
 from breezert.sched.deadline import DeadlinePredictor
+from breezert.sched.load import EngineLoad
 from breezert.sched.plan import StepResult
 from breezert.sched.policy import make_policies
 from breezert.sched.scheduler import Scheduler
@@ -80,6 +81,14 @@ def _config(s: Scenario) -> SchedulerConfig:
         default_chunk_schedule=(1, 2, 4, 8, 16), default_max_frames=750, starvation_limit_s=0.8,
         use_predictor=s.predictor, predictor_overdue_startup_urgent=s.overdue_startup_urgent,
         predictor_first_chunk_cover=s.first_chunk_cover)
+
+
+def _recorded_repr(load: EngineLoad) -> str:
+    """``load`` as the recorded traces wrote it: the repr of the ``EngineLoad`` of that commit,
+    before its real-time fields (``None`` in these scenarios) came."""
+    return (f"EngineLoad(running={load.running!r}, queued={load.queued!r}, "
+            f"max_running={load.max_running!r}, max_queued={load.max_queued!r}, "
+            f"least_slack_s={load.least_slack_s!r})")
 
 
 def _segment(rng: random.Random, branches: int) -> Segment:
@@ -159,7 +168,9 @@ class _Driver:
         self.log.extend(map(repr, sched.expire_waiting(self.now)))
         if step % 7 == 0:
             load = sched.load(self.predictor, self.now)
-            self.log.append(f"load {load!r} wait {sched.predicted_queue_wait(0, self.now)!r}")
+            assert load.realtime_demand is None  # no admission_capacity here: as recorded
+            self.log.append(f"load {_recorded_repr(load)} "
+                            f"wait {sched.predicted_queue_wait(0, self.now)!r}")
 
     def _result(self, plan) -> StepResult:  # type: ignore[no-untyped-def]
         rng = self.rng

@@ -40,6 +40,7 @@ from breezert.server.protocol import (
     ProtocolError,
     Say,
     parse_message,
+    retry_after_seconds,
 )
 from breezert.server.state import ServerState
 
@@ -196,6 +197,15 @@ def _emitted_codes() -> dict[str, str]:
             for code in codes:
                 found.setdefault(code, where)
     return found
+
+
+def test_an_error_event_says_the_field_and_the_wait_in_whole_seconds() -> None:
+    assert [retry_after_seconds(s) for s in (0.01, 1.0, 1.01, 29.2)] == [1, 1, 2, 30]
+    assert json.loads(ProtocolError("bad_field", "no", field="text").as_event()) == {
+        "type": "error", "code": "bad_field", "message": "no", "field": "text"}
+    assert json.loads(ProtocolError(OVERLOADED_CODE, "full", retry_after_s=2.3).as_event()) == {
+        "type": "error", "code": "overloaded", "message": "full", "retry_after_s": 3}
+    assert "retry_after_s" not in json.loads(ProtocolError(OVERLOADED_CODE, "full").as_event())
 
 
 def test_every_error_code_the_server_sends_is_documented() -> None:

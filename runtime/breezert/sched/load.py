@@ -1,7 +1,8 @@
 """How loaded an engine is: ``EngineLoad``, one figure for a dispatcher or a load balancer.
 
-Owns: the load snapshot (running and queued requests against the scheduler's limits, and the
-Predictor's least slack over the requests that still owe audio), the single ``fraction`` every
+Owns: the load snapshot (running and queued requests against the scheduler's limits, the
+Predictor's least slack over the requests that still owe audio, and the running streams'
+real-time demand against what admission lets in), the single ``fraction`` every
 consumer compares (LiveKit's ``load_fnc``, ``/readyz``, the remote client's replica choice) and
 its JSON form. Must not: read a clock, take a lock or touch torch; the scheduler measures under
 the engine's lock (``Engine.load``) over its ``StreamTable``.
@@ -15,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from breezert.sched.admission import fits
 from breezert.sched.deadline import DeadlinePredictor
 from breezert.sched.streams import NO_PHASE, StreamTable
 
@@ -23,10 +25,11 @@ from breezert.sched.streams import NO_PHASE, StreamTable
 class EngineLoad:
     """One engine's load at one moment.
 
-    ``fraction`` is 1.0 (full) when every running slot is taken (a new request would queue) or
+    ``fraction`` is 1.0 (full) when every running slot is taken (a new request would queue),
     the Predictor sees a request that owes audio with negative slack (even its smallest next
-    chunk will be late: the engine is behind real time); otherwise the share of running slots
-    in use.
+    chunk will be late: the engine is behind real time) or one more stream would not fit the
+    real-time capacity (``sched/admission.py``); otherwise the larger of the share of running
+    slots in use and the share of the admitted real-time capacity in use.
     """
 
     running: int
@@ -36,6 +39,12 @@ class EngineLoad:
     least_slack_s: float | None = None
     """The Predictor's least slack (seconds) over running requests that owe audio; ``None``
     without a Predictor or with no such request."""
+    realtime_demand: float | None = None
+    """Seconds of audio per second the running streams need (``None``: admission by real-time
+    capacity is off)."""
+    realtime_limit: float | None = None
+    """Seconds of audio per second admission lets them need: ``admission_headroom`` of the
+    learned capacity (``None``: off)."""
 
     @property
     def is_behind(self) -> bool:
@@ -43,10 +52,17 @@ class EngineLoad:
 
     @property
     def fraction(self) -> float:
-        """0 (idle) .. 1 (full): requests against running slots, 1 when behind."""
+        """0 (idle) .. 1 (full): requests against running slots or real-time demand against its
+        limit, 1 when behind or when one more stream would not fit."""
         if self.is_behind or self.max_running <= 0:
             return 1.0
-        return min(1.0, (self.running + self.queued) / self.max_running)
+        share = (self.running + self.queued) / self.max_running
+        demand, limit = self.realtime_demand, self.realtime_limit
+        if demand is not None and limit is not None:
+            if not fits(demand, 1, limit):
+                return 1.0
+            share = max(share, demand / limit)
+        return min(1.0, share)
 
     @property
     def is_full(self) -> bool:
@@ -59,6 +75,9 @@ class EngineLoad:
         }
         if self.least_slack_s is not None:
             body["least_slack_s"] = round(self.least_slack_s, 4)
+        if self.realtime_demand is not None and self.realtime_limit is not None:
+            body["realtime_demand"] = round(self.realtime_demand, 4)
+            body["realtime_limit"] = round(self.realtime_limit, 4)
         return body
 
     @classmethod
@@ -68,9 +87,12 @@ class EngineLoad:
         if not isinstance(body, Mapping):
             return None
         try:
-            slack = body.get("least_slack_s")
+            slack, demand, limit = (body.get(key) for key in (
+                "least_slack_s", "realtime_demand", "realtime_limit"))
             return cls(int(body["running"]), int(body["queued"]), int(body["max_running"]),
-                       int(body["max_queued"]), None if slack is None else float(slack))
+                       int(body["max_queued"]), None if slack is None else float(slack),
+                       None if demand is None else float(demand),
+                       None if limit is None else float(limit))
         except (KeyError, TypeError, ValueError):
             return None
 

@@ -1,6 +1,7 @@
 """Scheduler: picks which requests advance which stage under slot, token, row and block budgets.
 
-Owns the ``Request`` lifecycle (admission, segments, KV blocks, chunks, finish) and emits one
+Owns the ``Request`` lifecycle (admission by slots, KV blocks and real-time capacity, the last
+decided with ``sched/admission.py``; segments, KV blocks, chunks, finish) and emits one
 ``StepPlan`` per step, then consumes its ``StepResult``. Never imports torch and never reads the
 clock: every method takes ``now`` (monotonic seconds). The stage choice and the chunk size are
 policy objects (``StagePolicy``, ``ChunkPolicy``) so the deadline predictor can replace them.
@@ -22,9 +23,10 @@ from dataclasses import dataclass
 import numpy as np
 
 from breezert.config import SchedulerConfig
-from breezert.constants import CODEBOOK_SIZE, FRAME_EOS_ID, Stage
+from breezert.constants import CODEBOOK_SIZE, FRAME_EOS_ID, FRAME_S, Stage
 from breezert.errors import EngineOverloaded, InvalidRequest
 from breezert.request import PlaybackReport, Request, RequestStatus, Segment, SegmentPhase
+from breezert.sched.admission import RealtimeCapacity, capacity_wait, fits, stream_demand
 from breezert.sched.block_pool import BlockPool
 from breezert.sched.deadline import DeadlinePredictor
 from breezert.sched.load import EngineLoad, least_slack
@@ -46,7 +48,12 @@ from breezert.sched.policy import (
     ScheduleChunkPolicy,
     StagePolicy,
 )
-from breezert.sched.slot_wait import FramesPerToken, predicted_slot_wait
+from breezert.sched.slot_wait import (
+    FramesPerToken,
+    frame_time_s,
+    predicted_slot_wait,
+    remaining_frames,
+)
 from breezert.sched.streams import (
     DECODE,
     DEPTH,
@@ -56,6 +63,11 @@ from breezert.sched.streams import (
     TEXT_ENCODE,
     StreamTable,
 )
+
+_CAPACITY_RECHECK_S = 0.05
+"""While the head of the queue waits for real-time capacity, the running streams' demand is
+computed again (a pass over them) at most this often, or at once after a segment or request
+ends: a step with nobody admissible pays one count, not that pass."""
 
 # ----------------------------------------------------------------------------- events
 
@@ -131,6 +143,9 @@ class Scheduler:
         block_pool: The backbone KV block pool (the scheduler owns allocation).
         stage_policy: Ranks ready work; ``DefaultStagePolicy`` when ``None``.
         chunk_policy: Sizes chunks; ``ScheduleChunkPolicy`` when ``None``.
+        buffers: Tells how far each listener is ahead, for the streams' real-time demand
+            (``admission_capacity``): the engine's ``DeadlinePredictor`` (listener reports),
+            else one from ``config`` (audio emitted since the first chunk).
     """
 
     def __init__(
@@ -140,6 +155,7 @@ class Scheduler:
         *,
         stage_policy: StagePolicy | None = None,
         chunk_policy: ChunkPolicy | None = None,
+        buffers: DeadlinePredictor | None = None,
     ) -> None:
         self.config = config
         self.block_pool = block_pool
@@ -166,46 +182,93 @@ class Scheduler:
         self._table = StreamTable(config.max_running_requests)
         """The running requests' rows, by slot (what the policies decide on)."""
         self._num_admitted = 0
+        self.capacity: RealtimeCapacity | None = None
+        """The real-time capacity admission keeps within (``admission_capacity``), or ``None``."""
+        if config.admission_capacity is not None:
+            self.capacity = RealtimeCapacity(config.admission_capacity,
+                                             config.admission_learn_window_s or None)
+        self._buffers = buffers or DeadlinePredictor(
+            feedback_stale_s=config.predictor_feedback_stale_s)
+        self._capacity_recheck_at = -np.inf
+        self._num_owing = 0  # running streams owed audio at the last schedule()
         self._apply = {Stage.TEXT_ENCODE: self._apply_text_encode,
                        Stage.PREFILL: self._apply_prefill, Stage.DECODE: self._apply_decode,
                        Stage.DEPTH: self._apply_depth, Stage.CODEC: self._apply_codec}
 
     # ------------------------------------------------------------------ requests in
     def add_request(self, request: Request, now: float) -> None:
-        """Queues a new request (WAITING) and admits it right away if a slot and blocks allow.
+        """Queues a new request (WAITING) and admits it right away if a slot, blocks and the
+        real-time capacity (``admission_capacity``) allow.
 
         Raises:
             InvalidRequest: duplicate id, or a segment that can never fit (too long for
                 ``max_model_len`` or for the whole block pool).
-            EngineOverloaded: it would be the (max_queued_requests+1)-th waiting request.
+            EngineOverloaded: it would be the (max_queued_requests+1)-th waiting request, or
+                its predicted wait for a slot or for real-time capacity is past
+                ``max_queue_wait_s`` (``reason`` says which; ``retry_after_s`` is that wait).
         """
         if request.request_id in self._requests or request.status is not RequestStatus.WAITING:
             raise InvalidRequest(f"request_id={request.request_id!r} is already known")
         self._resolve_defaults(request)
         for segment in request.segments:
             self._check_segment(request, segment)
-        self._admit()  # requests already admissible go first
+        self._admit(now)  # requests already admissible go first
         request.enqueue_time = now
         self._requests[request.request_id] = request
         insort_right(self._waiting, request, key=lambda r: (-r.priority, r.enqueue_time))
-        self._admit()
+        self._capacity_recheck_at = -np.inf  # an arrival sees the demand as it is now
+        self._admit(now)
         if request.status is not RequestStatus.WAITING:
             return
+        position = self._waiting.index(request)
+        waits, demand = self._predicted_waits(request, position, now)
+        known = {reason: wait for reason, wait in waits.items() if wait is not None}
+        reason = max(known, key=known.__getitem__) if known else None
+        wait = known[reason] if reason is not None else None
         max_queued, max_wait = self.config.max_queued_requests, self.config.max_queue_wait_s
-        wait = self.predicted_queue_wait(self._waiting.index(request), now)
+        ahead = f"{len(self._waiting) - 1} waiting ahead or beside it"
         if len(self._waiting) > max_queued:
             refusal = EngineOverloaded(f"{max_queued} requests already waiting "
-                                       f"(max_queued_requests={max_queued})", wait)
-        elif max_wait is not None and wait is not None and wait > max_wait:
+                                       f"(max_queued_requests={max_queued})", wait, "queue_full")
+        elif max_wait is None or wait is None or wait <= max_wait:
+            return
+        elif reason == "capacity":
+            assert self.capacity is not None
+            cfg = self.config
+            refusal = EngineOverloaded(
+                f"its predicted wait for real-time capacity is {wait:.1f} s (max_queue_wait_s="
+                f"{max_wait:g}): the running streams need {demand:.1f} s of audio per second "
+                f"of the {cfg.admission_headroom * self.capacity.value:.1f} it admits "
+                f"(admission_headroom={cfg.admission_headroom:g} of a capacity of "
+                f"{self.capacity.value:.1f}); {ahead}", wait, reason)
+        else:
             refusal = EngineOverloaded(
                 f"its predicted wait for a slot is {wait:.1f} s (max_queue_wait_s={max_wait:g}; "
-                f"{len(self._running)} running, {len(self._waiting) - 1} waiting ahead or "
-                "beside it)", wait)
-        else:
-            return
+                f"{len(self._running)} running, {ahead})", wait, reason)
         self._waiting.remove(request)
         del self._requests[request.request_id]
         raise refusal
+
+    def _predicted_waits(self, request: Request, position: int,
+                         now: float) -> tuple[dict[str, float | None], float]:
+        """What the waiting ``request`` at ``position`` waits for, and for how long (``None``:
+        unknown): ``slot_wait`` (a slot, or KV blocks: the running requests' ends) and
+        ``capacity`` (real-time room: the running streams' generation ends); and the running
+        streams' real-time demand (0 without ``admission_capacity``)."""
+        waits: dict[str, float | None] = {}
+        capacity_bound, total = False, 0.0
+        if self.capacity is not None:
+            demand, ends = self._demand(now)
+            limit, total = self.config.admission_headroom * self.capacity.value, float(demand.sum())
+            capacity_bound = not fits(total, position + 1, limit)
+            if capacity_bound:
+                waits["capacity"] = capacity_wait(demand, ends, position + 1, limit)
+        first = request.segments[0] if request.segments else None
+        if (not capacity_bound or position >= len(self._free_slots) or first is None
+                or not self.block_pool.can_allocate(
+                    sum(first.blocks_per_branch(self.block_pool.block_size)))):
+            waits["slot_wait"] = self.predicted_queue_wait(position, now)
+        return waits, total
 
     def predicted_queue_wait(self, position: int, now: float) -> float | None:
         """Seconds until the request at ``position`` (0 = next) of the waiting queue gets a slot,
@@ -242,7 +305,7 @@ class Scheduler:
         self._track_blocks(request)
         if request.slot is not None:
             self._table.set_segments(request.slot, request)
-        self._admit()
+        self._admit(now)
 
     def close_input(self, request_id: str, now: float) -> list[SchedulerEvent]:
         """Marks that no more segments come; finishes the request if nothing is left to do."""
@@ -279,7 +342,7 @@ class Scheduler:
         """
         if self._inflight is not None:
             raise RuntimeError(f"step {self._inflight.step_id} is not committed yet")
-        self._admit()
+        self._admit(now)
         slots, stages, codec_frames = self._ready(now)
         if not len(slots):
             return None
@@ -382,11 +445,17 @@ class Scheduler:
         return len(self._waiting)
 
     def load(self, predictor: DeadlinePredictor | None, now: float) -> EngineLoad:
-        """Running and queued requests against the limits, and ``predictor``'s least slack."""
+        """Running and queued requests against the limits, ``predictor``'s least slack, and the
+        running streams' real-time demand against its limit (with ``admission_capacity``)."""
         cfg = self.config
+        demand = limit = None
+        if self.capacity is not None:
+            demand = float(self._demand(now)[0].sum())
+            limit = cfg.admission_headroom * self.capacity.value
         return EngineLoad(len(self._running), len(self._waiting), cfg.max_running_requests,
                           cfg.max_queued_requests,
-                          None if predictor is None else least_slack(self._table, predictor, now))
+                          None if predictor is None else least_slack(self._table, predictor, now),
+                          demand, limit)
 
     def stats(self) -> SchedulerStats:
         pool = self.block_pool
@@ -418,10 +487,10 @@ class Scheduler:
             raise InvalidRequest(f"prompt_lens={segment.prompt_lens}: needs {need} KV blocks, "
                                  f"the pool has {self.block_pool.num_blocks}")
 
-    def _admit(self) -> None:
+    def _admit(self, now: float) -> None:
         """Hands out blocks and slots: running requests' active segments, then waiting
-        requests (strict priority/FIFO order: a request that does not fit blocks those behind
-        it), then lookahead segments."""
+        requests (strict priority/FIFO order: a request that does not fit, in slots, blocks or
+        real-time capacity, blocks those behind it), then lookahead segments."""
         for request in self._awaiting_blocks():
             self._allocate_segments(request, lookahead=0)
         for request in list(self._waiting):
@@ -429,11 +498,50 @@ class Scheduler:
                 break
             if not request.segments:
                 continue  # open input without text yet: nothing to admit, blocks nobody
-            if not self._allocate(request.segments[0]):
+            if not self._has_capacity(now) or not self._allocate(request.segments[0]):
                 break
             self._start(request)
         for request in self._awaiting_blocks():
             self._allocate_segments(request, lookahead=self.config.max_lookahead_segments)
+
+    def _has_capacity(self, now: float) -> bool:
+        """Whether one more stream fits the real-time capacity (always without one): at once
+        when the streams owed audio fit even at 1 s/s each (a count); otherwise from their
+        demand, computed again at most every ``_CAPACITY_RECHECK_S`` unless something ended."""
+        capacity = self.capacity
+        if capacity is None:
+            return True
+        limit = self.config.admission_headroom * capacity.value
+        table = self._table
+        if fits(float(np.count_nonzero(table.live & (table.phase != NO_PHASE))), 1, limit):
+            return True
+        if now < self._capacity_recheck_at:
+            return False
+        if fits(float(self._demand(now)[0].sum()), 1, limit):
+            return True
+        self._capacity_recheck_at = now + _CAPACITY_RECHECK_S
+        return False
+
+    def _demand(self, now: float) -> tuple[np.ndarray, np.ndarray]:
+        """Per running stream owed audio: its real-time demand (s/s) and its predicted end of
+        generation (seconds from ``now``; NaN: unknown), ``sched/admission.py``."""
+        table = self._table
+        rows = np.flatnonzero(table.live & (table.phase != NO_PHASE))
+        requests = table.request_list(rows)
+        ratio = self._frames_per_token.value
+        frames = np.array([np.nan if (n := remaining_frames(r, ratio)) is None else n
+                           for r in requests], float)
+        demand = stream_demand(frames * FRAME_S, self._buffers.buffered(table, rows, now))
+        per_frame = frame_time_s(requests, now)
+        return demand, frames * (np.nan if per_frame is None else per_frame)
+
+    def observe_step(self, plan: StepPlan, duration_s: float) -> None:
+        """One executed step, for the learned real-time capacity (O(1)): the engine calls it
+        after each commit with the busy time since the previous step ended (the step and the
+        host work before it), or the step's own time after an idle spell."""
+        if self.capacity is not None:
+            frames = len(plan.items) if plan.stage is Stage.DEPTH else 0
+            self.capacity.observe_step(duration_s, frames, self._num_owing)
 
     def _awaiting_blocks(self) -> list[Request]:
         """Running requests that have a QUEUED segment, in admission order."""
@@ -495,6 +603,8 @@ class Scheduler:
         live = np.flatnonzero(table.live)
         phase = table.phase[live]
         generating = (phase == DEPTH) | (phase == DECODE)
+        if self.capacity is not None:
+            self._num_owing = int(np.count_nonzero(phase != NO_PHASE))
         pending = table.pending[live]
         codec_frames = np.zeros(len(table.live), np.int64)
         has_frames = pending > 0
@@ -673,6 +783,7 @@ class Scheduler:
 
     def _end_segment(self, request: Request, seg: Segment, reason: str) -> SegmentEnded:
         seg.phase = SegmentPhase.ENDED
+        self._capacity_recheck_at = -np.inf  # less demand: the queue's head may fit now
         seg.end_reason = reason
         if reason == "eos":
             self._frames_per_token.observe(seg.num_frames, seg.num_text_tokens)
@@ -688,6 +799,7 @@ class Scheduler:
     def _finish(self, request: Request, status: RequestStatus, now: float,
                 error: str | None = None, *, overloaded: bool = False) -> RequestFinished:
         """Moves a live request to a terminal status and frees everything it holds."""
+        self._capacity_recheck_at = -np.inf
         if request.status is RequestStatus.WAITING:
             self._waiting.remove(request)
         else:

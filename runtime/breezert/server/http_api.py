@@ -36,6 +36,7 @@ from breezert.server.protocol import (
     ProtocolError,
     ReferenceAudio,
     decode_reference,
+    retry_after_seconds,
 )
 from breezert.server.state import STATE, ServerState, json_error, read_json_object
 from breezert.server.turns import prompt_message, reference_message
@@ -189,7 +190,7 @@ async def _first_chunk(chunks: AsyncIterator[AudioChunk]) -> AudioChunk | None |
 
 def overloaded_error(exc: EngineOverloaded) -> web.Response:
     """503 ``overloaded`` with ``Retry-After`` the predicted wait (whole seconds) when known."""
-    headers = ({"Retry-After": str(max(1, math.ceil(exc.retry_after_s)))}
+    headers = ({"Retry-After": str(retry_after_seconds(exc.retry_after_s))}
                if exc.retry_after_s is not None else None)
     return json_error(503, f"the engine is at capacity, retry later: {exc}",
                       type="overloaded_error", code=OVERLOADED_CODE, headers=headers)

@@ -101,8 +101,15 @@ def engine_metrics(engine: EngineClient) -> Iterator[Metric]:
                  "by state.", labels=("state",), samples={
                      "free": capacity.max_running - capacity.codec_slots_used,
                      "used": capacity.codec_slots_used})
+    load = engine.load()
     yield _gauge("breezert_load", "Engine load, 0..1 (1 = full: /readyz 503).",
-                 round(engine.load().fraction, 4))
+                 round(load.fraction, 4))
+    if load.realtime_demand is not None and load.realtime_limit is not None:
+        yield _gauge("breezert_realtime_audio", "Seconds of audio per second the running streams "
+                     "need (demand) and admission lets them need (limit: admission_headroom of "
+                     "the learned real-time capacity).", labels=("kind",),
+                     samples={"demand": round(load.realtime_demand, 4),
+                              "limit": round(load.realtime_limit, 4)})
 
 
 def server_metrics(state: ServerState, lifecycle: Lifecycle) -> Iterator[Metric]:

@@ -65,14 +65,32 @@ MAX_JSON_INT_DIGITS = 40
 
 
 class ProtocolError(Exception):
-    """A client message is malformed; ``code`` is machine-readable, the text says why;
-    ``field`` names the client field at fault, when one is."""
+    """A client message is malformed or cannot be served; ``code`` is machine-readable, the text
+    says why; ``field`` names the client field at fault, when one is; ``retry_after_s`` (an
+    ``overloaded`` refusal) when the same request may find room, if known."""
 
-    def __init__(self, code: str, message: str, *, field: str | None = None) -> None:
+    def __init__(self, code: str, message: str, *, field: str | None = None,
+                 retry_after_s: float | None = None) -> None:
         super().__init__(message)
         self.code = code
         self.message = message
         self.field = field
+        self.retry_after_s = retry_after_s
+
+    def as_event(self) -> str:
+        """The ``error`` event: ``code``, ``message``, and ``field`` / ``retry_after_s`` (whole
+        seconds, at least 1, as HTTP's ``Retry-After``) when known."""
+        extra: dict[str, Any] = {}
+        if self.field is not None:
+            extra["field"] = self.field
+        if self.retry_after_s is not None:
+            extra["retry_after_s"] = retry_after_seconds(self.retry_after_s)
+        return error_event(self.code, self.message, **extra)
+
+
+def retry_after_seconds(wait_s: float) -> int:
+    """A predicted wait as ``Retry-After`` says it: whole seconds, rounded up, at least 1."""
+    return max(1, math.ceil(wait_s))
 
 
 INVALID_REQUEST_CODES: frozenset[str] = frozenset({

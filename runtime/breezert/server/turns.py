@@ -386,8 +386,8 @@ def _engine_errors() -> Iterator[None]:
     except InvalidRequest as exc:
         raise ProtocolError("invalid_request", prompt_message(str(exc))) from None
     except EngineOverloaded as exc:
-        raise ProtocolError(OVERLOADED_CODE,
-                            f"the engine is at capacity, retry later: {exc}") from None
+        raise ProtocolError(OVERLOADED_CODE, f"the engine is at capacity, retry later: {exc}",
+                            retry_after_s=exc.retry_after_s) from None
 
 
 _SPLIT_ADVICE = "; split the text into segments"

@@ -212,8 +212,7 @@ class PeerSession:
                 else:
                     await self.controller.handle(message)
             except ProtocolError as exc:
-                extra = {"field": exc.field} if exc.field is not None else {}
-                await self._send(error_event(exc.code, exc.message, **extra))
+                await self._send(exc.as_event())
             except Exception as exc:  # keep the peer usable whatever one message did
                 logger.exception("control message failed on peer %s", self.peer_id)
                 await self._send(error_event("internal", f"{type(exc).__name__}: {exc}"))

@@ -131,8 +131,7 @@ async def _handle(controller: TurnController, raw: str, send) -> None:  # type: 
         message = parse_message(raw, allow_playout=False)
         await controller.handle(message)
     except ProtocolError as exc:
-        extra = {"field": exc.field} if exc.field is not None else {}
-        await send(error_event(exc.code, exc.message, **extra))
+        await send(exc.as_event())
     except Exception as exc:  # noqa: BLE001 - one bad message must not drop the socket
         logger.exception("websocket message failed")
         await send(error_event("internal", f"{type(exc).__name__}: the message could not be "
