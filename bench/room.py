@@ -39,7 +39,7 @@ import urllib.request
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 REPO = Path(__file__).resolve().parents[1]
 for _path in (REPO / "runtime", REPO):  # as a script: bench/ (breezert_bench) is sys.path[0]
@@ -225,6 +225,19 @@ async def _group(spec: dict[str, Any], out: Path) -> None:
     print("DONE", flush=True)
 
 
+def await_ready(stdout: IO[str] | None, log_dir: Path) -> list[Any]:
+    """The rooms a listener group joined, from its ``READY`` line; lines before it that are not
+    ours are skipped (on a GPU machine livekit's native library prints "Nvidia Decoder is
+    supported." to stdout first, H200 4 Dec). A group that exits first raises, quoting them."""
+    skipped: list[str] = []
+    for line in iter(stdout.readline if stdout else str, ""):
+        if line.startswith("READY "):
+            return list(json.loads(line.split(" ", 1)[1]))
+        skipped.append(line)
+    raise RuntimeError(f"a listener group did not get ready: {''.join(skipped)[-500:]!r} "
+                       f"(log in {log_dir})")
+
+
 def run_listeners(*, url: str, api_url: str, agent: str, variant: str, mode: str,
                   num_rooms: int,
                   turns: int, rate: float | None, args: argparse.Namespace,
@@ -255,11 +268,7 @@ def run_listeners(*, url: str, api_url: str, agent: str, variant: str, mode: str
     ready: list[Any] = []
     try:
         for proc, _, _ in procs:
-            line = proc.stdout.readline() if proc.stdout else ""
-            if not line.startswith("READY"):
-                raise RuntimeError(f"a listener group did not get ready: {line!r} (log in "
-                                   f"{log_dir})")
-            ready.extend(json.loads(line.split(" ", 1)[1]))
+            ready.extend(await_ready(proc.stdout, log_dir))
         start = time.monotonic() + 0.5
         for proc, _, _ in procs:
             assert proc.stdin is not None

@@ -9,6 +9,7 @@ Owns: the listener's arithmetic. Must not: need a LiveKit server or a model.
 from __future__ import annotations
 
 import importlib
+import io
 import json
 import sys
 from pathlib import Path
@@ -221,3 +222,11 @@ def test_one_turns_first_audio_is_itemised_along_its_path() -> None:
     path = sum(items[k] for k in room.ITEMS)
     assert path == pytest.approx(items["heard_after_say"])  # the parts add up to the whole
     assert room.itemise({"sent": 1.0, "agent": None}, 0.02) is None
+
+
+def test_a_listener_groups_ready_line_is_found_past_native_library_noise(tmp_path: Path) -> None:
+    room = _bench("room")
+    noisy = io.StringIO('Nvidia Decoder is supported.\nREADY [{"room": "r0"}]\nDONE\n')
+    assert room.await_ready(noisy, tmp_path) == [{"room": "r0"}]
+    with pytest.raises(RuntimeError, match="Nvidia Decoder is supported"):
+        room.await_ready(io.StringIO("Nvidia Decoder is supported.\n"), tmp_path)
