@@ -368,7 +368,9 @@ case "$phase" in
       --config configs/h200-latency.toml --tokenizer "$d/tokenizer-trimmed.json" \
       --texts .roombundle/texts_en.tsv --listeners "$n" --turns "${ROOM_TURNS:-2}" \
       ${ROOM_RATE:+--rate "$ROOM_RATE"} --variants "${ROOM_VARIANTS:-listener,agent-queue,none,predictor-off}" \
-      --out "$out/h200-room-n${n//,/-}.json" 2>&1 | grep -vE 'Warn|^\{' | tail -40
+      --out "$out/h200-room-n${n//,/-}.json" 2>&1 | grep -vE 'Warn|^\{' | tail -40 \
+      || echo "room.py ended with $? (124: ROOM_TIMEOUT_S)"
+    # the logs come back also after a timeout (4 Dec: set -e ended the phase before this line)
     (cd /tmp && tar czf "$out/room-logs.tgz" breezert-room-*) 2>/dev/null || true ;;
   *) echo "unknown phase $phase" >&2; exit 2 ;;
 esac

@@ -225,17 +225,19 @@ async def _group(spec: dict[str, Any], out: Path) -> None:
     print("DONE", flush=True)
 
 
-def await_ready(stdout: IO[str] | None, log_dir: Path) -> list[Any]:
+def await_ready(stdout: IO[str] | None, log: Path) -> list[Any]:
     """The rooms a listener group joined, from its ``READY`` line; lines before it that are not
     ours are skipped (on a GPU machine livekit's native library prints "Nvidia Decoder is
-    supported." to stdout first, H200 4 Dec). A group that exits first raises, quoting them."""
+    supported." to stdout first, H200 4 Dec). A group that exits first raises with what it
+    printed and the end of its log (``log``: its stderr), so the result says why."""
     skipped: list[str] = []
     for line in iter(stdout.readline if stdout else str, ""):
         if line.startswith("READY "):
             return list(json.loads(line.split(" ", 1)[1]))
         skipped.append(line)
-    raise RuntimeError(f"a listener group did not get ready: {''.join(skipped)[-500:]!r} "
-                       f"(log in {log_dir})")
+    tail = log.read_text(errors="replace")[-1500:] if log.exists() else ""
+    raise RuntimeError(f"a listener group did not get ready: {''.join(skipped)[-300:]!r}; "
+                       f"its log ({log}) ends: {tail}")
 
 
 def run_listeners(*, url: str, api_url: str, agent: str, variant: str, mode: str,
@@ -267,8 +269,8 @@ def run_listeners(*, url: str, api_url: str, agent: str, variant: str, mode: str
         procs.append((proc, out, log))
     ready: list[Any] = []
     try:
-        for proc, _, _ in procs:
-            ready.extend(await_ready(proc.stdout, log_dir))
+        for proc, _, log in procs:
+            ready.extend(await_ready(proc.stdout, Path(log.name)))
         start = time.monotonic() + 0.5
         for proc, _, _ in procs:
             assert proc.stdin is not None

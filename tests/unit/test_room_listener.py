@@ -227,6 +227,8 @@ def test_one_turns_first_audio_is_itemised_along_its_path() -> None:
 def test_a_listener_groups_ready_line_is_found_past_native_library_noise(tmp_path: Path) -> None:
     room = _bench("room")
     noisy = io.StringIO('Nvidia Decoder is supported.\nREADY [{"room": "r0"}]\nDONE\n')
-    assert room.await_ready(noisy, tmp_path) == [{"room": "r0"}]
-    with pytest.raises(RuntimeError, match="Nvidia Decoder is supported"):
-        room.await_ready(io.StringIO("Nvidia Decoder is supported.\n"), tmp_path)
+    log = tmp_path / "g0.log"
+    assert room.await_ready(noisy, log) == [{"room": "r0"}]
+    log.write_text("Traceback ...\nTimeoutError: no bench.ready\n")
+    with pytest.raises(RuntimeError, match="(?s)Nvidia Decoder is supported.*TimeoutError"):
+        room.await_ready(io.StringIO("Nvidia Decoder is supported.\n"), log)
