@@ -367,8 +367,10 @@ case "$phase" in
     # worker per engine setting (configs/h200-latency.toml, full-size random bf16, the plugin's
     # in-process engine), ROOM_N listener rooms (default 16,64) with ROOM_TURNS closed-loop turns
     # each (default 2) and, with ROOM_RATE, an open-loop run at that many turns/s, in the four
-    # feedback variants (ROOM_VARIANTS). Carry only .roombundle (make room-bundle: server,
-    # packages, trimmed tokenizer, texts, COMMIT); the tree and it just fit one call's 64 MiB.
+    # feedback variants (ROOM_VARIANTS); ROOM_PER_PROCESS listener rooms share one process (4;
+    # each turn records how late that process's loop ran: loop_lag_max_s). Carry only
+    # .roombundle (make room-bundle: server, packages, trimmed tokenizer, texts, COMMIT); the
+    # tree and it just fit one call's 64 MiB. ROOM_TIMEOUT_S (540) leaves the logs time to pack.
     d=/tmp/room
     mkdir -p "$d"
     unxz() { python3 -c "import lzma, shutil, sys; shutil.copyfileobj(lzma.open(sys.argv[1]), open(sys.argv[2], 'wb'))" "$1" "$2"; }
@@ -377,11 +379,14 @@ case "$phase" in
     # a package the image lacks or has too old fails here in seconds, naming it
     python3 -c "import livekit.rtc, livekit.api, livekit.agents, breezert_agent; print('room imports ok')"
     n=${ROOM_N:-16,64}
-    timeout "${ROOM_TIMEOUT_S:-570}" python3 bench/room.py --server-bin "$d/livekit-server" \
+    timeout "${ROOM_TIMEOUT_S:-540}" python3 bench/room.py --server-bin "$d/livekit-server" \
       --config configs/h200-latency.toml --tokenizer "$d/tokenizer-trimmed.json" \
       --texts .roombundle/texts_en.tsv --listeners "$n" --turns "${ROOM_TURNS:-2}" \
+      --rooms-per-process "${ROOM_PER_PROCESS:-4}" --join-timeout-s "${ROOM_JOIN_TIMEOUT_S:-240}" \
       ${ROOM_RATE:+--rate "$ROOM_RATE"} --variants "${ROOM_VARIANTS:-listener,agent-queue,none,predictor-off}" \
-      --out "$out/h200-room-n${n//,/-}.json" 2>&1 | grep -vE 'Warn|^\{' | tail -40
+      --out "$out/h200-room-n${n//,/-}.json" 2>&1 | grep -vE 'Warn|^\{' | tail -40 \
+      || echo "room.py ended with $? (124: ROOM_TIMEOUT_S)"
+    # the logs come back also after a timeout (4 Dec: set -e ended the phase before this line)
     (cd /tmp && tar czf "$out/room-logs.tgz" breezert-room-*) 2>/dev/null || true ;;
   *) echo "unknown phase $phase" >&2; exit 2 ;;
 esac

@@ -39,7 +39,7 @@ import urllib.request
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 REPO = Path(__file__).resolve().parents[1]
 for _path in (REPO / "runtime", REPO):  # as a script: bench/ (breezert_bench) is sys.path[0]
@@ -187,14 +187,17 @@ def run_group(spec: dict[str, Any], out: Path) -> None:
 
 
 async def _group(spec: dict[str, Any], out: Path) -> None:
-    from room_listener import ListenerRoom
+    from room_listener import ListenerRoom, LoopLag
 
+    loop_lag = LoopLag()
+    lag_task = asyncio.create_task(loop_lag.run())
     rooms = [ListenerRoom(url=spec["url"], api_url=spec["api_url"], api_key=API_KEY,
                           api_secret=API_SECRET, room=name, agent_name=spec["agent_name"],
                           variant=spec["variant"], report=spec["variant"] == "listener",
-                          prebuffer_s=spec["prebuffer_s"], energy_rms=spec["energy_rms"])
+                          prebuffer_s=spec["prebuffer_s"], energy_rms=spec["energy_rms"],
+                          loop_lag=loop_lag)
              for name in spec["rooms"]]
-    ready = await asyncio.gather(*(room.join() for room in rooms))
+    ready = await asyncio.gather(*(room.join(spec["join_timeout_s"]) for room in rooms))
     print("READY", json.dumps(ready), flush=True)
     line = await asyncio.get_running_loop().run_in_executor(None, sys.stdin.readline)
     start = float(line.split()[1])
@@ -221,8 +224,24 @@ async def _group(spec: dict[str, Any], out: Path) -> None:
     meta = [{"room": room.name, "reports_sent": room.reports_sent, "frames": room.frames}
             for room in rooms]
     await asyncio.gather(*(room.close() for room in rooms))
+    lag_task.cancel()
     out.write_text(json.dumps({"turns": turns, "rooms": meta, "ready": ready}))
     print("DONE", flush=True)
+
+
+def await_ready(stdout: IO[str] | None, log: Path) -> list[Any]:
+    """The rooms a listener group joined, from its ``READY`` line; lines before it that are not
+    ours are skipped (on a GPU machine livekit's native library prints "Nvidia Decoder is
+    supported." to stdout first, H200 4 Dec). A group that exits first raises with what it
+    printed and the end of its log (``log``: its stderr), so the result says why."""
+    skipped: list[str] = []
+    for line in iter(stdout.readline if stdout else str, ""):
+        if line.startswith("READY "):
+            return list(json.loads(line.split(" ", 1)[1]))
+        skipped.append(line)
+    tail = log.read_text(errors="replace")[-1500:] if log.exists() else ""
+    raise RuntimeError(f"a listener group did not get ready: {''.join(skipped)[-300:]!r}; "
+                       f"its log ({log}) ends: {tail}")
 
 
 def run_listeners(*, url: str, api_url: str, agent: str, variant: str, mode: str,
@@ -241,7 +260,7 @@ def run_listeners(*, url: str, api_url: str, agent: str, variant: str, mode: str
                 "agent_name": f"{AGENT_NAME}-{agent}",
                 "rooms": [names[i] for i in members], "texts": list(texts), "seed": args.seed,
                 "think_s": args.think_s, "prebuffer_s": args.prebuffer_ms / 1000,
-                "energy_rms": args.energy_rms,
+                "energy_rms": args.energy_rms, "join_timeout_s": args.join_timeout_s,
                 "schedule": [(o, members.index(r), i) for o, r, i in plan if r in members]}
         out = log_dir / f"{tag}-g{group_start}.json"
         spec_path = log_dir / f"{tag}-g{group_start}.spec.json"
@@ -254,12 +273,8 @@ def run_listeners(*, url: str, api_url: str, agent: str, variant: str, mode: str
         procs.append((proc, out, log))
     ready: list[Any] = []
     try:
-        for proc, _, _ in procs:
-            line = proc.stdout.readline() if proc.stdout else ""
-            if not line.startswith("READY"):
-                raise RuntimeError(f"a listener group did not get ready: {line!r} (log in "
-                                   f"{log_dir})")
-            ready.extend(json.loads(line.split(" ", 1)[1]))
+        for proc, _, log in procs:
+            ready.extend(await_ready(proc.stdout, Path(log.name)))
         start = time.monotonic() + 0.5
         for proc, _, _ in procs:
             assert proc.stdin is not None
@@ -289,9 +304,12 @@ def run_listeners(*, url: str, api_url: str, agent: str, variant: str, mode: str
 def itemise(turn: dict[str, Any], prebuffer_s: float) -> dict[str, Any] | None:
     """One turn's first audio, split along its path (seconds; ``None`` where a stamp is
     missing). Measured: the data message's trip, the agent's steps, the engine's TTFB, the
-    source's queue when the turn started, the speaker's prebuffer; estimated: the jitter
-    buffer (the receiver's mean delay over the stats interval after the first audio), Opus
-    framing (one packet) and the SFU and network (what is left)."""
+    source's queue when the turn started, the transport (the first frame into the agent's
+    source to the turn's first sound at the listener), the audio's quiet lead-in (that first
+    sound to its first energetic frame: the model's audio, not the path) and the speaker's
+    prebuffer; estimated within the transport: the jitter buffer (the receiver's mean delay
+    over the stats interval after the first audio), Opus framing (one packet) and the SFU and
+    network (what is left)."""
     agent, heard = turn.get("agent"), turn.get("heard")
     if not agent or not heard:
         return None
@@ -300,11 +318,14 @@ def itemise(turn: dict[str, Any], prebuffer_s: float) -> dict[str, Any] | None:
         return a - b if a is not None and b is not None else None
 
     wire = diff(heard["first_arrival"], agent.get("playback_started"))
+    # results before the first-sound stamp (4 Dec) count the whole wire as transport
+    lead_in = diff(heard["first_arrival"], heard.get("first_sound_arrival", heard["first_arrival"]))
+    transport = diff(wire, lead_in)
     jitter = turn.get("jitter_buffer_s")
     queued = agent.get("source_queued_s")
     rest = None
-    if wire is not None and jitter is not None:
-        rest = wire - jitter - OPUS_FRAME_S - (queued or 0.0)
+    if transport is not None and jitter is not None:
+        rest = transport - jitter - OPUS_FRAME_S - (queued or 0.0)
     heard_after_say = diff(heard["first_heard"], agent.get("said"))
     ttfb = diff(agent.get("first_audio"), agent.get("opened"))
     return {
@@ -315,17 +336,20 @@ def itemise(turn: dict[str, Any], prebuffer_s: float) -> dict[str, Any] | None:
         "engine_ttfb": ttfb,
         "agent_pipeline": diff(agent.get("playback_started"), agent.get("first_audio")),
         "wire": wire,
+        "transport": transport,
         "source_queue": queued,
         "opus_framing_est": OPUS_FRAME_S,
         "jitter_buffer_est": jitter,
         "sfu_network_est": rest,
+        "content_lead_in": lead_in,
         "speaker_prebuffer": prebuffer_s,
         "beyond_engine_ttfb": diff(heard_after_say, ttfb),
+        "path_beyond_engine_ttfb": diff(diff(heard_after_say, ttfb), lead_in),
     }
 
 
 ITEMS = ("say_to_request", "engine_ttfb", "agent_pipeline", "source_queue", "opus_framing_est",
-         "sfu_network_est", "jitter_buffer_est", "speaker_prebuffer")
+         "sfu_network_est", "jitter_buffer_est", "content_lead_in", "speaker_prebuffer")
 """The first audio's path after the agent's ``say``, in order (what the plot stacks)."""
 
 
@@ -353,13 +377,18 @@ def summarize_run(run: dict[str, Any], prebuffer_s: float) -> dict[str, Any]:
         "first_heard_after_say": stat("heard_after_say"),
         "first_heard_after_trigger": stat("heard_after_trigger"),
         "beyond_engine_ttfb": stat("beyond_engine_ttfb"),
+        "path_beyond_engine_ttfb": stat("path_beyond_engine_ttfb"),
         "itemised_p50": {k: summarize(i[k] for i in items if i.get(k) is not None)["p50"]
-                         for k in ("data_trip", *ITEMS, "wire")},
+                         for k in ("data_trip", *ITEMS, "transport", "wire")},
         "gaps_quiet": gaps("quiet"), "gaps_late": gaps("late"),
         "concealed_in_turns_s": round(sum(t.get("concealed_s") or 0.0 for t in heard), 4),
         "min_energetic_rms": min((t["heard"]["min_rms"] for t in heard), default=None),
         "room_wait": summarize(t["room_wait_s"] for t in turns
                                if t.get("room_wait_s") is not None),
+        # the listener process's own lateness up to each first audio (its stamps lag by it)
+        "listener_loop_lag_max": summarize(t["loop_lag_max_s"] for t in heard
+                                           if t.get("loop_lag_max_s") is not None),
+        "join_s": summarize(r["join_s"] for r in run.get("ready", []) if "join_s" in r),
         "reports_sent": sum(r["reports_sent"] for r in run["rooms"]),
         "agent_reports_by_source": agent_reports,
         "engine_ttfb": stat("engine_ttfb"),
@@ -372,7 +401,8 @@ def _ms(value: float | None) -> str:
 
 def text_table(runs: Sequence[dict[str, Any]]) -> str:
     header = ("variant", "N", "load", "turns", "heard p50/p95 ms", "TTFB p50",
-              "beyond TTFB p50", "quiet gaps (turns)", "late gaps (turns)", "reports")
+              "beyond TTFB p50", "path beyond p50", "quiet gaps (turns)", "late gaps (turns)",
+              "reports")
     rows = [header]
     for run in runs:
         if "summary" not in run:
@@ -384,6 +414,7 @@ def text_table(runs: Sequence[dict[str, Any]]) -> str:
         rows.append((run["variant"], str(run["listeners"]), run["load"], str(s["heard"]),
                      f"{_ms(heard['p50'])}/{_ms(heard['p95'])}", _ms(s["engine_ttfb"]["p50"]),
                      _ms(s["beyond_engine_ttfb"]["p50"]),
+                     _ms(s.get("path_beyond_engine_ttfb", {}).get("p50")),
                      f"{s['gaps_quiet']['count']} ({s['gaps_quiet']['turns_with']})",
                      f"{s['gaps_late']['count']} ({s['gaps_late']['turns_with']})",
                      str(s["reports_sent"])))
@@ -446,6 +477,10 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                    help="engine profile name or TOML (default: the embedded cpu-tiny)")
     p.add_argument("--tokenizer", default=None, help="tokenizer.json for random weights")
     p.add_argument("--set", default="", help="more engine overrides: section.key=value;...")
+    p.add_argument("--source-queue-ms", type=int, default=None,
+                   help="the agent's RoomIO AudioSource queue (default RoomIO's 200 ms)")
+    p.add_argument("--publish", default="",
+                   help="the agent track's publish options, e.g. dtx=0,red=0 (default: the SDK's)")
     p.add_argument("--texts", type=Path, default=None,
                    help="id<TAB>text file (default: ../shared/bench/texts_en.tsv when present)")
     p.add_argument("--listeners", default="2", help="N, comma-separated (e.g. 16,64)")
@@ -462,6 +497,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--agent-timeout-s", type=float, default=600.0,
                    help="how long the agent worker may take to build its engine and register")
     p.add_argument("--run-timeout-s", type=float, default=600.0)
+    p.add_argument("--join-timeout-s", type=float, default=120.0,
+                   help="a room's wait for the agent's bench.ready and track")
     p.add_argument("--out", type=Path, default=None)
     p.add_argument("--listen-group", type=Path, default=None, help=argparse.SUPPRESS)
     p.add_argument("--group-out", type=Path, default=None, help=argparse.SUPPRESS)
@@ -490,7 +527,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         "kind": "room-bench",
         "provenance": provenance(device=None, config=args.config, tokenizer=args.tokenizer,
                                  texts=str(texts_path) if texts_path else "built-in",
-                                 num_texts=len(texts), set=args.set, turns=args.turns,
+                                 num_texts=len(texts), set=args.set, publish=args.publish,
+                                 source_queue_ms=args.source_queue_ms,
+                                 turns=args.turns,
                                  rate=args.rate, prebuffer_ms=args.prebuffer_ms,
                                  energy_rms=args.energy_rms, seed=args.seed,
                                  server=str(args.server_bin), log_dir=str(log_dir)),
@@ -500,9 +539,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             "gaps_quiet": "quiet frames between energetic ones (NetEq filled a hole)",
             "gaps_late": "frames that reached the listener process after their due time on "
                          "its speaker clock (includes the benchmark process's own delays)",
+            "transport": "the first frame into the agent's AudioSource (playback_started) "
+                         "to the turn's first frame of any sound at the listener process",
+            "content_lead_in": "that first sound to the first energetic frame: the model's "
+                               "quiet lead-in, not the path (wire = transport + lead-in)",
+            "path_beyond_engine_ttfb": "beyond_engine_ttfb less the content lead-in",
             "estimated": "opus_framing_est (one 20 ms packet), jitter_buffer_est (receiver "
                          "stats over the 100 ms after the first audio), sfu_network_est "
-                         "(the rest of wire)",
+                         "(the rest of the transport)",
         },
         "runs": [],
     }
@@ -515,7 +559,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             overrides = ";".join(p for p in (args.set.strip(";"),
                                              f"scheduler.use_predictor={str(setting == 'on').lower()}")
                                  if p)
-            env = {"BREEZERT_ROOM_SET": overrides}
+            env = {"BREEZERT_ROOM_SET": overrides, "BREEZERT_ROOM_PUBLISH": args.publish,
+                   "BREEZERT_ROOM_SOURCE_QUEUE_MS": str(args.source_queue_ms or ""),
+                   "BREEZERT_ROOM_IDLE": str(max(listeners)),
+                   "BREEZERT_ROOM_WARM_WIDTH": str(max(listeners))}
             if args.config:
                 env["BREEZERT_ROOM_CONFIG"] = args.config
             if args.tokenizer:

@@ -16,7 +16,11 @@ in the dispatch's metadata (``{"variant": ...}``):
 
 The engine: ``$BREEZERT_ROOM_CONFIG`` (profile name or TOML; default the embedded cpu-tiny),
 ``$BREEZERT_ROOM_TOKENIZER`` (``model.tokenizer`` for random weights) and ``$BREEZERT_ROOM_SET``
-(``section.key=value;...`` overrides, e.g. ``scheduler.use_predictor=false``).
+(``section.key=value;...`` overrides, e.g. ``scheduler.use_predictor=false``); the track's
+publish options: ``$BREEZERT_ROOM_PUBLISH`` (``dtx=0,red=0``; default the SDK's); RoomIO's
+source queue: ``$BREEZERT_ROOM_SOURCE_QUEUE_MS`` (default RoomIO's 200 ms). Before it reports
+ready, the engine runs ``$BREEZERT_ROOM_WARM_WIDTH`` concurrent warm-up requests and the worker
+keeps ``$BREEZERT_ROOM_IDLE`` job threads warm (``bench/room.py`` sets both to its largest N).
 
 Data messages, from the listener (``bench/room_listener.py``): ``bench.say`` ``{"id", "text",
 "max_frames", "seed"}`` says ``text``; the agent answers ``bench.ready`` once the session runs and
@@ -94,6 +98,42 @@ def _write_metrics() -> None:
         time.sleep(1.0)
 
 
+WARM_TEXT = "Thanks for calling, your order ships today and should arrive by Friday."
+
+
+def warm_wide(engine: Any, width: int) -> None:
+    """``width`` concurrent unmeasured requests (as ``breezert_bench``'s warm-up, as wide as the
+    load), so the first wave of rooms meets no lazy first-touch cost: on the H200 (4 Dec) the
+    first run's 16 opening turns all waited ~1 s (TTFB p50 997 ms, 65 ms a turn later). Runs on
+    a thread of its own (the caller's may run an event loop)."""
+    if width <= 0:
+        return
+    from breezert.request import SynthesisOptions, SynthesisRequest
+
+    async def one(i: int) -> None:
+        request = SynthesisRequest(text=WARM_TEXT, options=SynthesisOptions(seed=i),
+                                   max_frames=16, request_id=f"room-warm-{os.getpid()}-{i}")
+        async for _ in engine.synthesize(request):
+            pass
+
+    async def wave() -> None:
+        await asyncio.gather(*(one(i) for i in range(width)))
+
+    failed: list[BaseException] = []
+    thread = threading.Thread(target=lambda: _run_catching(wave, failed), name="room-warm")
+    thread.start()
+    thread.join()
+    if failed:
+        raise failed[0]
+
+
+def _run_catching(coro: Any, failed: list[BaseException]) -> None:
+    try:
+        asyncio.run(coro())
+    except BaseException as exc:  # re-raised on the caller's thread
+        failed.append(exc)
+
+
 def prewarm(proc: JobProcess) -> None:
     global _engine, _config
     import torch
@@ -107,6 +147,7 @@ def prewarm(proc: JobProcess) -> None:
             _config = engine_config()
             started = time.monotonic()
             _engine = AsyncEngine.shared(_config)
+            warm_wide(_engine, int(os.environ.get("BREEZERT_ROOM_WARM_WIDTH", "0")))
             # the parent waits for this before it dispatches rooms: a job whose thread starts
             # while the engine builds (CUDA graphs: a minute or more) starves its event loop
             (STATE / "engine_ready.json").write_text(json.dumps(
@@ -114,6 +155,32 @@ def prewarm(proc: JobProcess) -> None:
                  "use_predictor": _config.scheduler.use_predictor}))
             threading.Thread(target=_write_metrics, name="metrics", daemon=True).start()
     proc.userdata["breezert_engine"] = _engine
+
+
+def publish_options(spec: str) -> rtc.TrackPublishOptions:
+    """The agent track's publish options from ``$BREEZERT_ROOM_PUBLISH`` (``dtx=0,red=0``:
+    booleans of ``rtc.TrackPublishOptions``; unset fields keep the SDK's defaults)."""
+    options = rtc.TrackPublishOptions(source=rtc.TrackSource.SOURCE_MICROPHONE)
+    for item in filter(None, (part.strip() for part in spec.split(","))):
+        key, _, value = item.partition("=")
+        if key not in ("dtx", "red") or value not in ("0", "1"):
+            raise ValueError(f"BREEZERT_ROOM_PUBLISH item {item!r}: expected dtx|red=0|1")
+        setattr(options, key, value == "1")
+    return options
+
+
+def size_room_sources(queue_ms: int) -> None:
+    """Every ``rtc.AudioSource`` made in this process after this call buffers ``queue_ms`` (RoomIO
+    makes its own with 200 ms, livekit-agents 1.8.9): the source-queue experiment of issue 34,
+    from ``$BREEZERT_ROOM_SOURCE_QUEUE_MS``."""
+    base = rtc.AudioSource
+
+    class SizedAudioSource(base):  # type: ignore[misc, valid-type]
+        def __init__(self, sample_rate: int, num_channels: int, queue_size_ms: int = 1000,
+                     loop: Any = None) -> None:
+            super().__init__(sample_rate, num_channels, queue_size_ms=queue_ms, loop=loop)
+
+    rtc.AudioSource = SizedAudioSource  # type: ignore[misc]
 
 
 def _room_source(output: Any) -> rtc.AudioSource | None:
@@ -196,7 +263,9 @@ async def entrypoint(ctx: JobContext) -> None:
         agent=Agent(instructions="Speaks what the benchmark's listener asks."), room=ctx.room,
         room_options=room_io.RoomOptions(
             audio_input=False, text_input=False, close_on_disconnect=True,
-            audio_output=room_io.AudioOutputOptions(sample_rate=SAMPLE_RATE)))
+            audio_output=room_io.AudioOutputOptions(
+                sample_rate=SAMPLE_RATE,
+                track_publish_options=publish_options(os.environ.get("BREEZERT_ROOM_PUBLISH", "")))))
     output = session.output.audio
     if variant in ("listener", "agent-queue"):
         tts.attach_audio_output(output)
@@ -250,7 +319,9 @@ async def entrypoint(ctx: JobContext) -> None:
     ctx.room.on("data_received", on_data)
     config = _config if _config is not None else engine_config()
     ready = {"variant": variant, "use_predictor": bool(config.scheduler.use_predictor),
-             "attached": source is not None, "pid": os.getpid()}
+             "attached": source is not None, "pid": os.getpid(),
+             "publish": os.environ.get("BREEZERT_ROOM_PUBLISH", ""),
+             "source_queue_ms": int(os.environ.get("BREEZERT_ROOM_SOURCE_QUEUE_MS") or 200)}
     for participant in ctx.room.remote_participants.values():
         await publish("bench.ready", ready, participant.identity)
     ctx.room.on("participant_connected", lambda p: asyncio.create_task(
@@ -262,10 +333,16 @@ def _no_load() -> float:
 
 
 if __name__ == "__main__":
+    if os.environ.get("BREEZERT_ROOM_SOURCE_QUEUE_MS"):
+        size_room_sources(int(os.environ["BREEZERT_ROOM_SOURCE_QUEUE_MS"]))
     cli.run_app(WorkerOptions(
         entrypoint_fnc=entrypoint, prewarm_fnc=prewarm, agent_name=AGENT_NAME,
         port=int(os.environ.get("BREEZERT_ROOM_WORKER_PORT", "0")),
         initialize_process_timeout=float(os.environ.get("BREEZERT_ROOM_INIT_TIMEOUT_S", "600")),
         # the worker must take every room: livekit's CPU-load gate would refuse jobs on a
         # busy box, and one process shares one engine (THREAD executor)
-        load_fnc=_no_load, job_executor_type=JobExecutorType.THREAD))
+        load_fnc=_no_load, job_executor_type=JobExecutorType.THREAD,
+        # a job thread ready for every room of a run (livekit's default keeps min(cores, 4)
+        # warm and starts the rest as rooms arrive: on the H200, 4 Dec, the first run of 16
+        # rooms never got ready)
+        num_idle_processes=int(os.environ.get("BREEZERT_ROOM_IDLE", "4"))))

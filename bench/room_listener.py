@@ -27,11 +27,16 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from collections import deque
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 ENERGY_RMS = 200.0
 """int16 RMS above which a frame counts as speech (as ``tests/livekit/listening.py``)."""
+SOUND_RMS = 1.0
+"""int16 RMS above which a frame is not the digital silence the agent's source sends between
+turns (decoded Opus silence reads 0): the turn's first frame of any sound, which dates the
+transport apart from how far into the audio its first energetic frame lies."""
 DEFAULT_PREBUFFER_S = 0.02
 """The speaker's own buffer before it starts a turn: two 10 ms device periods."""
 REPORT_INTERVAL_S = 0.1
@@ -66,6 +71,9 @@ class TurnHeard:
     """``time.monotonic()`` at which the turn's first energetic frame reached this process."""
     first_heard: float
     """When the speaker started playing it (``first_arrival + prebuffer_s``)."""
+    first_sound_arrival: float
+    """When the turn's first frame above ``SOUND_RMS`` reached this process (at or before
+    ``first_arrival``; the audio's quiet lead-in lies between them)."""
     span_s: float
     """Speaker time from the first energetic frame's start to the last one's end, gaps included."""
     audio_s: float
@@ -91,14 +99,15 @@ class PlayoutClock:
     no energetic frame arrived)."""
 
     def __init__(self, *, prebuffer_s: float = DEFAULT_PREBUFFER_S,
-                 energy_rms: float = ENERGY_RMS) -> None:
+                 energy_rms: float = ENERGY_RMS, sound_rms: float = SOUND_RMS) -> None:
         if prebuffer_s < 0:
             raise ValueError(f"prebuffer_s={prebuffer_s!r} must be >= 0")
-        self.prebuffer_s, self.energy_rms = prebuffer_s, energy_rms
+        self.prebuffer_s, self.energy_rms, self.sound_rms = prebuffer_s, energy_rms, sound_rms
         self._armed = False
         self._reset()
 
     def _reset(self) -> None:
+        self._first_sound: float | None = None
         self._first_arrival: float | None = None
         self._start = 0.0  # speaker time of the first energetic frame's start
         self._due = 0.0  # when the next frame is due on the speaker
@@ -128,6 +137,8 @@ class PlayoutClock:
         if not self._armed:
             return
         energetic = rms > self.energy_rms
+        if self._first_sound is None and (energetic or rms > self.sound_rms):
+            self._first_sound = arrival
         if self._first_arrival is None:
             if not energetic:
                 return  # silence before the turn's audio
@@ -161,6 +172,7 @@ class PlayoutClock:
             return None
         return TurnHeard(
             first_arrival=self._first_arrival, first_heard=self._start,
+            first_sound_arrival=self._first_sound,
             span_s=round(self._last_energetic_end - self._start, 4),
             audio_s=round(self._audio_at_last, 4), gaps=tuple(self._gaps),
             min_rms=round(self._min_rms, 1))
@@ -226,6 +238,27 @@ class ReceiverLog:
         return total / rate
 
 
+class LoopLag:
+    """How late this process's event loop wakes a ``period_s`` timer, sampled while ``run()``
+    runs: every frame and message is stamped when the loop gets to it, so a late loop (many
+    rooms in one process) delays the stamps, not what a caller would hear."""
+
+    def __init__(self, period_s: float = 0.005, keep: int = 40_000) -> None:
+        self.period_s = period_s
+        self.samples: deque[tuple[float, float]] = deque(maxlen=keep)
+
+    async def run(self) -> None:
+        while True:
+            due = time.monotonic() + self.period_s
+            await asyncio.sleep(self.period_s)
+            now = time.monotonic()
+            self.samples.append((now, now - due))
+
+    def max_between(self, t0: float, t1: float) -> float | None:
+        """The latest wake-up sampled in [t0, t1] (``None``: none sampled there)."""
+        return max((lag for t, lag in self.samples if t0 <= t <= t1), default=None)
+
+
 # ----------------------------------------------------------------------------- one room
 
 
@@ -238,12 +271,12 @@ class ListenerRoom:
     def __init__(self, *, url: str, api_url: str, api_key: str, api_secret: str, room: str,
                  agent_name: str, variant: str, report: bool,
                  prebuffer_s: float = DEFAULT_PREBUFFER_S, energy_rms: float = ENERGY_RMS,
-                 tail_s: float = 0.3) -> None:
+                 tail_s: float = 0.3, loop_lag: LoopLag | None = None) -> None:
         from livekit import rtc
 
         self.url, self.api_url, self.api_key, self.api_secret = url, api_url, api_key, api_secret
         self.name, self.agent_name, self.variant, self.report = room, agent_name, variant, report
-        self.tail_s = tail_s
+        self.tail_s, self.loop_lag = tail_s, loop_lag
         self.clock = PlayoutClock(prebuffer_s=prebuffer_s, energy_rms=energy_rms)
         self.receiver = ReceiverLog()
         self.room = rtc.Room()
@@ -268,9 +301,11 @@ class ListenerRoom:
 
     async def join(self, timeout_s: float = 120.0) -> dict[str, Any]:
         """Connects, dispatches the agent and waits until it is ready and its track is
-        subscribed; returns the agent's ``bench.ready`` message."""
+        subscribed; returns the agent's ``bench.ready`` message with ``join_s`` (how long that
+        took) added."""
         from livekit import api, rtc
 
+        started = time.monotonic()
         self.room.on("track_subscribed", self._on_track)
         self.room.on("data_received", self._on_data)
         await self.room.connect(self.url, self._token(), rtc.RoomOptions(auto_subscribe=True))
@@ -281,7 +316,7 @@ class ListenerRoom:
         ready = await asyncio.wait_for(self._ready, timeout_s)
         await asyncio.wait_for(self._subscribed.wait(), timeout_s)
         self._tasks.append(asyncio.create_task(self._stats_loop()))
-        return ready
+        return {**ready, "join_s": round(time.monotonic() - started, 3)}
 
     async def close(self) -> None:
         for task in self._tasks:
@@ -360,6 +395,8 @@ class ListenerRoom:
             record["error"] = "no audio heard"
             return record
         record["heard"] = {**asdict(heard), "gaps": [asdict(g) for g in heard.gaps]}
+        if self.loop_lag is not None:  # the trigger to the first energetic frame's stamp
+            record["loop_lag_max_s"] = self.loop_lag.max_between(sent, heard.first_arrival)
         record["jitter_buffer_s"] = self.receiver.delay_after(heard.first_arrival)
         record["concealed_s"] = self.receiver.concealed_between(
             heard.first_arrival, heard.first_arrival + heard.span_s, self.sample_rate)

@@ -2,7 +2,8 @@
 ``livekit-server``, the agent worker with the tiny CPU engine, 2 listener rooms, 2 closed-loop
 turns each in three feedback variants (two engine settings, so both workers start).
 
-Owns: that every turn is heard and itemised, that the ``listener`` variant's reports reach the
+Owns: that every turn is heard and itemised (the transport up to the first sound apart from
+the audio's quiet lead-in; the listener process's loop lateness; each room's join), that the ``listener`` variant's reports reach the
 engine (as ``livekit-client`` playback reports) while ``agent-queue`` reports only the agent's
 source and ``predictor-off`` none, and that the JSON and PNG are written. Must not: judge
 latency or gaps (the tiny model on shared cores; the benchmark's figures are for the H200).
@@ -54,8 +55,13 @@ def test_a_small_room_run_hears_every_turn_in_every_variant(tmp_path: Path) -> N
         assert summary["errors"] == [], (name, summary["errors"])
         assert summary["heard"] == summary["turns"] == 4, name
         assert len(run["requests"]) == 4
-        for part in ("engine_ttfb", "wire", "jitter_buffer_est", "data_trip"):
+        for part in ("engine_ttfb", "wire", "transport", "content_lead_in", "jitter_buffer_est",
+                     "data_trip"):
             assert summary["itemised_p50"][part] is not None, (name, part)
+        transport, wire = summary["itemised_p50"]["transport"], summary["itemised_p50"]["wire"]
+        assert 0 < transport <= wire, (name, transport, wire)  # the first sound comes first
+        assert summary["listener_loop_lag_max"]["count"] == 4, name
+        assert summary["join_s"]["count"] == 2, name
         heard = summary["first_heard_after_say"]
         assert 0 < heard["p50"] <= heard["p95"] < 5.0, (name, heard)
     listener, queue, off = runs["listener"], runs["agent-queue"], runs["predictor-off"]

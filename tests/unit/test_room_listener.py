@@ -9,6 +9,7 @@ Owns: the listener's arithmetic. Must not: need a LiveKit server or a model.
 from __future__ import annotations
 
 import importlib
+import io
 import json
 import sys
 from pathlib import Path
@@ -59,10 +60,23 @@ def test_first_audio_is_the_first_energetic_frame_plus_the_prebuffer() -> None:
     assert heard is not None
     assert heard.first_arrival == pytest.approx(100.05)
     assert heard.first_heard == pytest.approx(100.07)
+    assert heard.first_sound_arrival == pytest.approx(100.0)  # the quiet lead-in is sound
     assert heard.gaps == ()  # leading and trailing silence are not gaps
     assert heard.audio_s == pytest.approx(0.30)
     assert heard.span_s == pytest.approx(0.30)
     assert heard.min_rms == LOUD
+
+
+def test_the_first_sound_is_the_first_frame_past_digital_silence() -> None:
+    """The source's silence between turns decodes to 0: the turn's audio starts at its first
+    frame above it, however quiet (the transport's end), before its first energetic one."""
+    clock = room_listener.PlayoutClock(prebuffer_s=0.02)
+    clock.arm()
+    _feed(clock, _steady(0.0, 4, 0.0) + _steady(0.04, 3, QUIET) + _steady(0.07, 10))
+    heard = clock.finish()
+    assert heard is not None
+    assert heard.first_sound_arrival == pytest.approx(100.04)
+    assert heard.first_arrival == pytest.approx(100.07)
 
 
 def test_a_hole_in_the_stream_is_one_quiet_gap_at_its_place() -> None:
@@ -210,14 +224,48 @@ def test_one_turns_first_audio_is_itemised_along_its_path() -> None:
     turn = {"sent": 1.000, "jitter_buffer_s": 0.030,
             "agent": {"received": 1.004, "said": 1.005, "opened": 1.007, "first_audio": 1.037,
                       "playback_started": 1.039, "source_queued_s": 0.0},
-            "heard": {"first_arrival": 1.100, "first_heard": 1.120}}
+            "heard": {"first_sound_arrival": 1.090, "first_arrival": 1.100, "first_heard": 1.120}}
     items = room.itemise(turn, 0.02)
     assert items["heard_after_say"] == pytest.approx(0.115)
     assert items["heard_after_trigger"] == pytest.approx(0.120)
     assert items["engine_ttfb"] == pytest.approx(0.030)
     assert items["beyond_engine_ttfb"] == pytest.approx(0.085)
     assert items["wire"] == pytest.approx(0.061)
-    assert items["sfu_network_est"] == pytest.approx(0.061 - 0.030 - room.OPUS_FRAME_S)
+    assert items["content_lead_in"] == pytest.approx(0.010)  # the audio's quiet start
+    assert items["transport"] == pytest.approx(0.051)
+    assert items["path_beyond_engine_ttfb"] == pytest.approx(0.075)
+    assert items["sfu_network_est"] == pytest.approx(0.051 - 0.030 - room.OPUS_FRAME_S)
     path = sum(items[k] for k in room.ITEMS)
     assert path == pytest.approx(items["heard_after_say"])  # the parts add up to the whole
     assert room.itemise({"sent": 1.0, "agent": None}, 0.02) is None
+    # a result from before the first-sound stamp: the whole wire is transport
+    del turn["heard"]["first_sound_arrival"]
+    assert room.itemise(turn, 0.02)["transport"] == pytest.approx(0.061)
+
+
+def test_a_listener_groups_ready_line_is_found_past_native_library_noise(tmp_path: Path) -> None:
+    room = _bench("room")
+    noisy = io.StringIO('Nvidia Decoder is supported.\nREADY [{"room": "r0"}]\nDONE\n')
+    log = tmp_path / "g0.log"
+    assert room.await_ready(noisy, log) == [{"room": "r0"}]
+    log.write_text("Traceback ...\nTimeoutError: no bench.ready\n")
+    with pytest.raises(RuntimeError, match="(?s)Nvidia Decoder is supported.*TimeoutError"):
+        room.await_ready(io.StringIO("Nvidia Decoder is supported.\n"), log)
+
+
+def test_the_loop_lag_is_the_latest_wake_up_in_a_window() -> None:
+    lag = room_listener.LoopLag()
+    lag.samples.extend([(1.0, 0.001), (1.1, 0.030), (1.2, 0.002), (2.0, 0.500)])
+    assert lag.max_between(1.0, 1.5) == pytest.approx(0.030)
+    assert lag.max_between(3.0, 4.0) is None
+
+
+def test_the_agents_publish_options_come_from_the_environment_spec() -> None:
+    room_agent = _bench("room_agent")
+    options = room_agent.publish_options("dtx=0,red=0")
+    assert (options.dtx, options.red) == (False, False)
+    assert options.HasField("dtx") and options.HasField("red")
+    default = room_agent.publish_options("")
+    assert not default.HasField("dtx") and not default.HasField("red")  # the SDK's own
+    with pytest.raises(ValueError, match="ptime=10"):
+        room_agent.publish_options("ptime=10")
