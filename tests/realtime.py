@@ -177,9 +177,9 @@ class MachineStops:
         self._proc.wait()
 
 
-def longest_machine_stop_s(since: float, until: float) -> float:
-    """``MachineStops.shared().longest_s``: the longest stop of the machine in the window."""
-    return MachineStops.shared().longest_s(since, until)
+def machine_stops() -> MachineStops:
+    """The session's ``MachineStops``, started by the first real-time attempt."""
+    return MachineStops.shared()
 
 
 async def wait_for_quiet(timeout_s: float = 30.0, window_s: float = 0.5) -> float:
@@ -221,6 +221,7 @@ async def retry_if_starved(attempt: Callable[[], Awaitable[T]],
     load during it, or ``MachineStops`` a stop of ``MACHINE_STOP_LIMIT_S`` or longer, records
     the retry with its reason and runs it once more. A miss on a box that was not starved, or a
     second miss, fails with the figures."""
+    stops = machine_stops()
     await wait_for_quiet(timeout_s=5.0)
     meter = CpuMeter()
     since = time.monotonic()
@@ -228,7 +229,7 @@ async def retry_if_starved(attempt: Callable[[], Awaitable[T]],
         return await attempt()
     except misses as miss:
         load = meter.foreign_cores()
-        stopped = longest_machine_stop_s(since, time.monotonic())
+        stopped = stops.longest_s(since, time.monotonic())
         if not starved(load, stopped):
             raise type(miss)(f"{miss} ({_machine(load, stopped)} during the attempt: the "
                              "machine was not starved, no retry)") from None
@@ -240,7 +241,7 @@ async def retry_if_starved(attempt: Callable[[], Awaitable[T]],
     try:
         return await attempt()
     except misses as miss:
-        stopped = longest_machine_stop_s(since, time.monotonic())
+        stopped = stops.longest_s(since, time.monotonic())
         raise type(miss)(f"{miss} ({_machine(meter.foreign_cores(), stopped)}) on the one "
                          f"retry; the first attempt: {first}") from None
 

@@ -95,7 +95,12 @@ class Miss(AssertionError):
 
 
 STOPS: list[float] = []
-"""``longest_machine_stop_s``'s next figures (seconds), one per reading; 0.0 when empty."""
+"""``MachineStops.longest_s``'s next figures (seconds), one per reading; 0.0 when empty."""
+
+
+class FakeStops:
+    def longest_s(self, since: float, until: float) -> float:
+        return STOPS.pop(0) if STOPS else 0.0
 
 
 @pytest.fixture
@@ -105,8 +110,7 @@ def item(monkeypatch: pytest.MonkeyPatch) -> Any:
 
     monkeypatch.setattr(realtime, "CpuMeter", FakeMeter)
     monkeypatch.setattr(realtime, "wait_for_quiet", quiet)
-    monkeypatch.setattr(realtime, "longest_machine_stop_s",
-                        lambda since, until: STOPS.pop(0) if STOPS else 0.0)
+    monkeypatch.setattr(realtime, "machine_stops", FakeStops)
     return SimpleNamespace(user_properties=[])  # a test item: set as current in the test
 
 
