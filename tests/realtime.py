@@ -40,10 +40,11 @@ MACHINE_STOP_LIMIT_S = 0.040
 """A stop of the whole machine (no process runs, not even one at the top real-time priority) from
 which an attempt says more about the box than about the product: one that long turns a 20 ms
 packet interval into a gap over the real-time checks' 60 ms bound by itself. Measured on this
-shared two-core VM (4 Dec, 120 SIP calls, ``MachineStops`` running): every gap of 40 ms or more
-that a caller heard lay in such a stop, which froze the agent's sender, LiveKit's server and LiveKit
-SIP's mixer clock at once (67 ms heard in a 50 ms stop, 44 ms in a 31 ms one). The guest counts
-none of such a stop as busy (its steal time stays near 0 here), so ``CpuMeter`` cannot see it."""
+shared two-core VM (4 Dec, SIP calls with ``MachineStops`` running): such a stop froze the agent's
+sender, LiveKit's server and LiveKit SIP's 20 ms clock together, and the caller heard it whole
+(67 ms in a 50 ms stop, 62 ms in a 53 ms one, 44 ms in a 31 ms one). The guest counts none of
+it as busy (its steal time stays near 0 here), so ``CpuMeter`` cannot see it: a fresh clone's
+SIP test heard a 65 ms gap at 0.00 cores of foreign load with the agent's queue never dry."""
 AGENT_NICE = int(os.environ.get("BREEZERT_TEST_AGENT_NICE", "-10"))
 """Niceness of the product under a real-time check (the LiveKit server and agent worker, the
 in-process server of the integration tests): a real-time agent host gives its agent the CPU
