@@ -41,6 +41,7 @@ from livekit import api
 from breezert_bench.ports import free_port
 from tests.components import missing
 from tests.livekit.machine import agent_priority
+from tests.realtime import processes, tree
 
 from .conftest import (
     AGENT_NAME,
@@ -504,8 +505,10 @@ class MediaWatch:
         self._capture = Capture.either_way(server_port)
 
     def own(self) -> None:
-        for ports, pid in zip(self._owned, self._pids):
-            ports |= udp_ports_of(pid)
+        table = processes()
+        for ports, root in zip(self._owned, self._pids):
+            for pid in tree(table, root):  # a job in a process of its own owns its sockets
+                ports |= udp_ports_of(pid)
 
     def close(self) -> tuple[list[MediaPacket], list[MediaPacket]]:
         """(what the agent sent, what LiveKit SIP received), each in time order."""

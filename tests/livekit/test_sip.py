@@ -135,8 +135,11 @@ def check_real_time(call: Call, heard: Heard) -> None:
     window = (start - BRIDGE_BUFFER_S, end)
     sent, sent_at = longest_step(call.agent_sent, *window)
     received, received_at = longest_step(call.bridge_received, *window)
+    # silence the agent sent counts where the caller heard quiet packets in the gap, not only
+    # late ones (a lone 19-byte packet once came mid-speech with none heard quiet)
+    quiet = [p for p in call.rtp if start < p.t < end and p.samples.size]
     silent = [p for p in call.bridge_received
-              if window[0] <= p.t <= window[1] and p.size <= SILENT_OPUS_BYTES]
+              if window[0] <= p.t <= window[1] and p.size <= SILENT_OPUS_BYTES] if quiet else []
     if stopped >= realtime.MACHINE_STOP_LIMIT_S:
         side = f"the whole machine stopped for {stopped * 1000:.0f} ms in the gap"
     elif not heard.agent_real_time(DURATION_TOLERANCE_S) or sent > MAX_GAP_S or silent:
@@ -158,14 +161,18 @@ def check_real_time(call: Call, heard: Heard) -> None:
 
 
 async def checked_call(telephony: Telephony, codec: str, plugin_rate: int) -> tuple[Call, Heard]:
-    """The short greeting with the plugin at ``plugin_rate``; all checks but real time (first
-    audio over its bound raises ``latency.LatencyMiss``)."""
+    """The short greeting with the plugin at ``plugin_rate``, and every check of it; a miss of
+    real time (``NotRealTime``) or of first audio's bound raises ``latency.LatencyMiss``. Real
+    time is judged before baresip's recording is compared with its socket: a gap at the caller
+    also parts those two (by 79 ms in a 170 ms gap, at 1.97 cores of foreign load), and the gap
+    is what must be placed, and retried only on a starved machine."""
     call, heard = await greeted_call(telephony, codec, NUMBERS[plugin_rate], plugin_rate)
     print(heard.line())
     check_signalling(call)
     check_media_path(call)
-    check_recording(call, heard)
+    check_real_time(call, heard)
     latency.check("sip_first_audio", heard.first_audio_s)  # answer -> first sound at the caller
+    check_recording(call, heard)
     return call, heard
 
 
@@ -175,11 +182,8 @@ async def test_a_call_hears_the_agents_greeting_whole(telephony: Telephony, code
                                                       plugin_rate: int) -> None:
     """The plugin at the runtime's 24 kHz (the bridge resamples), and at 8 kHz
     (``TTS(sample_rate=8000)``, the RoomIO track at 8 kHz too)."""
-    async def attempt() -> None:
-        call, heard = await checked_call(telephony, codec, plugin_rate)
-        check_real_time(call, heard)
-
-    await retry_if_starved(attempt, (LatencyMiss,), f"{codec} call in real time")
+    await retry_if_starved(lambda: checked_call(telephony, codec, plugin_rate), (LatencyMiss,),
+                           f"{codec} call in real time")
 
 
 async def test_hanging_up_mid_turn_aborts_the_request_and_frees_the_call(

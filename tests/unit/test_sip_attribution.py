@@ -38,9 +38,14 @@ def _times(pause_at: float | None, pause_s: float) -> list[float]:
     return [t + pause_s if pause_at is not None and t > pause_at else t for t in times]
 
 
-def _call(sent_pause_s: float = 0.0, silent: int = 0) -> Call:
+def _call(sent_pause_s: float = 0.0, silent: int = 0, heard_quiet: bool = False) -> Call:
+    """A 120 ms gap at the caller after ``GAP_AT``: late packets, or with ``heard_quiet`` quiet
+    ones in it; the agent's packets ``sent_pause_s`` late just before, ``silent`` of them
+    silence."""
     call = Call("PCMU", answered_at=0.0)
     call.rtp = [RtpPacket(t, 0, i, 160 * i, LOUD) for i, t in enumerate(_times(GAP_AT, 0.1))]
+    if heard_quiet:
+        call.rtp += [RtpPacket(GAP_AT + 0.02 * k, 0, 0, 0, QUIET) for k in (1, 2, 3)]
     call.agent_sent = [MediaPacket(t - 0.06, i, 960 * i, 140)
                        for i, t in enumerate(_times(GAP_AT - 0.05, sent_pause_s))]
     call.bridge_received = [MediaPacket(p.t + 0.0003, p.seq, p.timestamp,
@@ -80,7 +85,11 @@ def test_an_agent_whose_packets_left_late_is_late() -> None:
 
 
 def test_an_agent_that_sent_silence_on_time_is_late() -> None:
-    assert _side(_call(silent=3), _heard()) == "the agent itself was late"
+    assert _side(_call(silent=3, heard_quiet=True), _heard()) == "the agent itself was late"
+
+
+def test_silence_sent_is_not_the_cause_of_a_gap_heard_only_late() -> None:
+    assert "lost in LiveKit SIP" in _side(_call(silent=1), _heard())
 
 
 def test_an_agent_whose_queue_ran_dry_is_late() -> None:
