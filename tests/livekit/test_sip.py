@@ -131,8 +131,10 @@ def check_real_time(call: Call, heard: Heard) -> None:
     start, end = call.gap_window(since, float("inf"))
     stopped = realtime.machine_stops().longest_s(start, end)
     # the audio heard at the gap's end left the agent up to the bridge's mixer buffer earlier
-    # (LiveKit SIP buffers 3-5 packets of 20 ms before its 20 ms ticks)
-    window = (start - BRIDGE_BUFFER_S, end)
+    # (LiveKit SIP buffers 3-5 packets of 20 ms before its 20 ms ticks); and a machine that
+    # stopped resumes everyone at once: the agent's next packet may leave just after the
+    # caller's (0.1 ms after it, in a 50 ms stop)
+    window = (start - BRIDGE_BUFFER_S, end + 0.020)
     sent, sent_at = longest_step(call.agent_sent, *window)
     received, received_at = longest_step(call.bridge_received, *window)
     # silence the agent sent counts where the caller heard quiet packets in the gap, not only
