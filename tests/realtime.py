@@ -7,9 +7,9 @@ a probe at the top real-time priority that should wake every 2 ms), ``wait_for_q
 ``retry_if_starved``: a real-time attempt that misses is run again at most once, and only when,
 over that attempt, ``CpuMeter`` says other work took at least ``FOREIGN_LOAD_LIMIT`` cores or
 ``MachineStops`` saw the machine stop for ``MACHINE_STOP_LIMIT_S`` or longer. The miss itself is
-never the evidence: a late sender on a quiet box fails at once, and so does a second miss. Each retry is recorded on the test
-(``record_property``-style ``user_properties``, so it lands in JUnit XML) and listed in pytest's
-terminal summary by ``tests/conftest.py``.
+never the evidence: a late sender on a quiet box fails at once, and so does a second miss. Each
+retry is recorded on the test (``record_property``-style ``user_properties``, so it lands in
+JUnit XML) and listed in pytest's terminal summary by ``tests/conftest.py``.
 
 Must not: retry anything but the ``misses`` it is given, or more than once.
 """

@@ -100,7 +100,8 @@ class _PortLost(RuntimeError):
 def _start_server(binary: Path,
                   extra_config: str) -> tuple[subprocess.Popen[bytes], int, int, Path]:
     """One ``livekit-server --dev`` on fresh free ports, answering HTTP: its process, HTTP and
-    media UDP ports, and log. Raises ``_PortLost`` when a port was taken before the server bound it."""
+    media UDP ports, and log. Raises ``_PortLost`` when a port was taken before the server bound
+    it."""
     http, tcp, udp = free_port(), free_port(), free_port(socket.SOCK_DGRAM)
     config = (f"port: {http}\nrtc:\n  tcp_port: {tcp}\n  udp_port: {udp}\n"
               "  use_external_ip: false\n  enable_loopback_candidate: true\n"
