@@ -68,6 +68,7 @@ def _server_binary() -> Path:
 class Server:
     http_port: int
     log_path: Path
+    udp_port: int = 0  # its WebRTC media (rtc.udp_port): every participant's RTP goes through it
 
     @property
     def ws_url(self) -> str:
@@ -96,9 +97,11 @@ class _PortLost(RuntimeError):
     """livekit-server exited because a port chosen for it was taken before it bound it."""
 
 
-def _start_server(binary: Path, extra_config: str) -> tuple[subprocess.Popen[bytes], int, Path]:
-    """One ``livekit-server --dev`` on fresh free ports, answering HTTP: its process, HTTP port
-    and log. Raises ``_PortLost`` when a port was taken before the server bound it."""
+def _start_server(binary: Path,
+                  extra_config: str) -> tuple[subprocess.Popen[bytes], int, int, Path]:
+    """One ``livekit-server --dev`` on fresh free ports, answering HTTP: its process, HTTP and
+    media UDP ports, and log. Raises ``_PortLost`` when a port was taken before the server bound
+    it."""
     http, tcp, udp = free_port(), free_port(), free_port(socket.SOCK_DGRAM)
     config = (f"port: {http}\nrtc:\n  tcp_port: {tcp}\n  udp_port: {udp}\n"
               "  use_external_ip: false\n  enable_loopback_candidate: true\n"
@@ -115,7 +118,7 @@ def _start_server(binary: Path, extra_config: str) -> tuple[subprocess.Popen[byt
         try:
             with urllib.request.urlopen(f"http://127.0.0.1:{http}/", timeout=1) as reply:
                 if reply.status == 200:
-                    return proc, http, log_path
+                    return proc, http, udp, log_path
         except OSError:
             pass
         if proc.poll() is not None or time.monotonic() > deadline:
@@ -136,13 +139,13 @@ def run_server(extra_config: str = "") -> Iterator[Server]:
     binary = _server_binary()
     for attempt in range(4):
         try:
-            proc, http, log_path = _start_server(binary, extra_config)
+            proc, http, udp, log_path = _start_server(binary, extra_config)
             break
         except _PortLost:
             if attempt == 3:
                 raise
     try:
-        yield Server(http, log_path)
+        yield Server(http, log_path, udp)
     finally:
         _stop(proc, 10)
         _keep_last_log(log_path, "breezert-livekit-server.log")

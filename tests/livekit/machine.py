@@ -1,7 +1,8 @@
 """The machine under the real-room tests: who else uses its CPU, and the agent side's priority.
 
 Owns: ``CpuSplit`` (where the box's cores went during a turn, by process tree) and
-``agent_priority``, which the fixtures run in the server's and the worker's child processes.
+``agent_priority``, which the fixtures run in the server's, LiveKit SIP's and the worker's child
+processes.
 The foreign-load meter and the one retry it grants are ``tests/realtime.py``'s.
 
 Why: on two shared cores a real-time turn needs the agent's engine thread to get a core when it

@@ -94,6 +94,15 @@ class Miss(AssertionError):
     pass
 
 
+STOPS: list[float] = []
+"""``MachineStops.longest_s``'s next figures (seconds), one per reading; 0.0 when empty."""
+
+
+class FakeStops:
+    def longest_s(self, since: float, until: float) -> float:
+        return STOPS.pop(0) if STOPS else 0.0
+
+
 @pytest.fixture
 def item(monkeypatch: pytest.MonkeyPatch) -> Any:
     async def quiet(timeout_s: float = 0.0, window_s: float = 0.0) -> float:
@@ -101,6 +110,7 @@ def item(monkeypatch: pytest.MonkeyPatch) -> Any:
 
     monkeypatch.setattr(realtime, "CpuMeter", FakeMeter)
     monkeypatch.setattr(realtime, "wait_for_quiet", quiet)
+    monkeypatch.setattr(realtime, "machine_stops", FakeStops)
     return SimpleNamespace(user_properties=[])  # a test item: set as current in the test
 
 
@@ -133,8 +143,30 @@ async def test_a_starved_miss_is_retried_once_and_recorded(item: Any) -> None:
     calls, attempt = _attempts("a 90 ms gap", None)
     assert await realtime.retry_if_starved(attempt, (Miss,), "turn") == 2
     assert len(calls) == 2
-    reason = "turn: a 90 ms gap with 0.80 cores of foreign load (starved)"
+    reason = ("turn: a 90 ms gap with 0.80 cores of foreign load and the machine stopped for "
+              "at most 0 ms (starved)")
     assert item.user_properties == [(realtime.RETRY_PROPERTY, reason)]
+
+
+async def test_a_miss_in_a_stop_of_the_machine_is_retried_once(item: Any) -> None:
+    """A stop that ``CpuMeter`` cannot see (0.00 cores) but ``MachineStops`` can."""
+    realtime.current_item = item  # the hook made the real item current; use the fake
+    FakeMeter.loads, STOPS[:] = [0.00], [0.050]
+    calls, attempt = _attempts("a 67 ms gap", None)
+    assert await realtime.retry_if_starved(attempt, (Miss,), "call") == 2
+    assert item.user_properties == [(realtime.RETRY_PROPERTY, (
+        "call: a 67 ms gap with 0.00 cores of foreign load and the machine stopped for at most "
+        "50 ms (starved)"))]
+
+
+async def test_a_stop_shorter_than_the_limit_is_no_reason_to_retry(item: Any) -> None:
+    realtime.current_item = item  # the hook made the real item current; use the fake
+    FakeMeter.loads, STOPS[:] = [0.00], [0.031]
+    calls, attempt = _attempts("a 90 ms gap")
+    with pytest.raises(Miss, match=r"stopped for at most 31 ms during the attempt: the machine "
+                                   r"was not starved, no retry"):
+        await realtime.retry_if_starved(attempt, (Miss,))
+    assert len(calls) == 1 and item.user_properties == []
 
 
 async def test_a_second_miss_fails_even_when_starved(item: Any) -> None:
