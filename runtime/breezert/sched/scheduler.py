@@ -53,9 +53,19 @@ from breezert.sched.streams import (
     NO_PHASE,
     PREFILL,
     STAGE_CODE,
+    STAGES,
     TEXT_ENCODE,
     StreamTable,
 )
+
+_TEXT_ENCODE, _PREFILL, _CODEC = (STAGE_CODE[s] for s in (Stage.TEXT_ENCODE, Stage.PREFILL,
+                                                          Stage.CODEC))
+_READY_BY_PHASE = np.zeros((len(STAGE_CODE), 6), bool)
+"""Whether a segment phase (column: ``PHASE_CODE``, ``NO_PHASE`` the last) makes a stage
+(row: ``STAGE_CODE``) ready by itself."""
+for _stage, _phase in ((Stage.TEXT_ENCODE, TEXT_ENCODE), (Stage.PREFILL, PREFILL),
+                       (Stage.DECODE, DECODE), (Stage.DEPTH, DEPTH)):
+    _READY_BY_PHASE[STAGE_CODE[_stage], _phase] = True
 
 # ----------------------------------------------------------------------------- events
 
@@ -283,9 +293,11 @@ class Scheduler:
         slots, stages, codec_frames = self._ready(now)
         if not len(slots):
             return None
-        table = self._table
-        ranked = self.stage_policy.rank(table, slots, stages, now)
-        stage, candidates = self.stage_policy.pick(table, ranked, now)
+        if len(slots) == 1:  # a lone ready pair: nothing to rank, any policy runs it
+            stage, candidates = STAGES[int(stages[0])], slots
+        else:
+            ranked = self.stage_policy.rank(self._table, slots, stages, now)
+            stage, candidates = self.stage_policy.pick(self._table, ranked, now)
         items = self._build_items(stage, candidates, codec_frames)
         self._mark_served(stage, items, now)
         self._step_id += 1
@@ -492,23 +504,24 @@ class Scheduler:
         next segment is not ready or not there yet: a gap in the audio anyway). Keeps each
         pair's ``ready_since`` (the step since which it has been ready unserved)."""
         table = self._table
-        live = np.flatnonzero(table.live)
+        live = table.live_slots
         phase = table.phase[live]
-        generating = (phase == DEPTH) | (phase == DECODE)
+        generating = phase >= DEPTH  # DEPTH or DECODE
+        ready = _READY_BY_PHASE[:, phase]  # in STAGES order; CODEC and lookahead below
+        ready[_TEXT_ENCODE] |= generating & table.later_text_encode[live]
+        ready[_PREFILL] |= generating & table.later_prefill[live]
         pending = table.pending[live]
         codec_frames = np.zeros(len(table.live), np.int64)
         has_frames = pending > 0
         if has_frames.any():
             rows = live[has_frames]
-            target = np.clip(self.chunk_policy.chunk_frames(table, rows, now), 1,
-                             self.config.max_codec_frames)
+            target = np.minimum(np.maximum(self.chunk_policy.chunk_frames(table, rows, now), 1),
+                                self.config.max_codec_frames)
             waiting = pending[has_frames]
-            codec_frames[rows] = np.where(waiting >= target, target,
-                                          np.where(generating[has_frames], 0, waiting))
-        ready = np.stack((  # in STAGES order
-            (generating & table.later_text_encode[live]) | (phase == TEXT_ENCODE),
-            (generating & table.later_prefill[live]) | (phase == PREFILL),
-            phase == DECODE, phase == DEPTH, codec_frames[live] > 0))
+            frames = np.where(waiting >= target, target,
+                              np.where(generating[has_frames], 0, waiting))
+            codec_frames[rows] = frames
+            ready[_CODEC, has_frames] = frames > 0
         since = table.ready_since[:, live]
         table.ready_since[:, live] = np.where(
             ready, np.where(since < 0, self._step_id, since), -1)
