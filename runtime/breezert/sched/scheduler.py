@@ -347,14 +347,15 @@ class Scheduler:
                 table.phase[advanced] = DECODE
             else:
                 table.phase[advanced] = DEPTH
-        # requests with nothing left to generate or decode may finish (their input closed)
-        slots = np.fromiter((item.slot for item in plan.items), np.int64, len(plan.items))
-        done = slots[table.live[slots] & (table.phase[slots] == NO_PHASE)
-                     & (table.pending[slots] == 0)]
-        for slot in dict.fromkeys(done.tolist()):
-            request = table.requests[slot]
-            assert request is not None
-            events.extend(self._maybe_finish(request, now))
+        if plan.stage in (Stage.DEPTH, Stage.CODEC):  # after the others the active segment
+            # is still there: requests with nothing left to generate or decode may finish now
+            slots = np.fromiter((item.slot for item in plan.items), np.int64, len(plan.items))
+            done = slots[table.live[slots] & (table.phase[slots] == NO_PHASE)
+                         & (table.pending[slots] == 0)]
+            for slot in dict.fromkeys(done.tolist()):
+                request = table.requests[slot]
+                assert request is not None
+                events.extend(self._maybe_finish(request, now))
         return events
 
     def _on_chunks(self, plan: StepPlan, now: float) -> None:
