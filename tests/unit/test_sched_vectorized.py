@@ -273,6 +273,31 @@ def test_the_kept_table_equals_one_written_afresh_from_the_requests(scenario: Sc
         assert table.num_chunks[live].sum() > 0 or step < 20
 
 
+@pytest.mark.parametrize("scenario", (SCENARIOS[0], SCENARIOS[3], SCENARIOS[6]),
+                         ids=lambda s: s.name)
+def test_readiness_row_by_row_equals_the_array_version(scenario: Scenario) -> None:
+    """Before every step, the few-streams readiness (``_ready_rows``, here asked at any number
+    of running requests) gives the array version's pairs, CODEC sizes, ready steps and
+    early-emit targets."""
+    driver = _Driver(scenario)
+    sched, table = driver.sched, driver.sched._table
+    steps_with_pairs = 0
+    for step in range(300):
+        driver.step(step)
+        kept = table.ready_since.copy(), table.early_target.copy()
+        by_rows = sched._ready_rows(driver.now), table.ready_since.copy(), \
+            table.early_target.copy()
+        table.ready_since[:], table.early_target[:] = kept
+        by_arrays = sched._ready_arrays(driver.now), table.ready_since, table.early_target
+        (slots, stages, frames), since, early = by_rows
+        (want_slots, want_stages, want_frames), want_since, want_early = by_arrays
+        for got, want in ((slots, want_slots), (stages, want_stages), (frames, want_frames),
+                          (since, want_since), (early, want_early)):
+            assert got.dtype == want.dtype and np.array_equal(got, want), step
+        steps_with_pairs += len(slots) > 0
+    assert steps_with_pairs > 250
+
+
 def main() -> None:
     import subprocess
 

@@ -67,6 +67,9 @@ for _stage, _phase in ((Stage.TEXT_ENCODE, TEXT_ENCODE), (Stage.PREFILL, PREFILL
                        (Stage.DECODE, DECODE), (Stage.DEPTH, DEPTH)):
     _READY_BY_PHASE[STAGE_CODE[_stage], _phase] = True
 
+_FEW_ROWS = 4
+"""Up to this many running requests, readiness is found row by row (``_ready_rows``)."""
+
 # ----------------------------------------------------------------------------- events
 
 
@@ -504,6 +507,12 @@ class Scheduler:
         with whatever is pending when no segment can generate now (generation is done, or the
         next segment is not ready or not there yet: a gap in the audio anyway). Keeps each
         pair's ``ready_since`` (the step since which it has been ready unserved)."""
+        if len(self._table.live_slots) <= _FEW_ROWS:
+            return self._ready_rows(now)
+        return self._ready_arrays(now)
+
+    def _ready_arrays(self, now: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """``_ready`` as array operations over the running requests."""
         table = self._table
         live = table.live_slots
         phase = table.phase[live]
@@ -528,6 +537,42 @@ class Scheduler:
             ready, np.where(since < 0, self._step_id, since), -1)
         stages, columns = np.nonzero(ready)
         return live[columns], stages, codec_frames
+
+    def _ready_rows(self, now: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """``_ready`` row by row, for a few running requests: the same pairs in the same order
+        (stage code, then slot) and the same ``ready_since`` as ``_ready_arrays``, whose ~20
+        numpy calls cost three times this at one or two streams, at each step of a first
+        packet (tests/unit/test_sched_vectorized.py holds the two equal)."""
+        table = self._table
+        live = table.live_slots.tolist()
+        pending, since, step = table.pending, table.ready_since, self._step_id
+        codec_frames = np.zeros(len(table.live), np.int64)
+        waiting = {slot: int(pending[slot]) for slot in live if pending[slot] > 0}
+        if waiting:
+            rows = np.fromiter(waiting, np.int64, len(waiting))
+            targets = self.chunk_policy.chunk_frames(table, rows, now).tolist()
+            max_frames = self.config.max_codec_frames
+            for (slot, frames), target in zip(waiting.items(), targets, strict=True):
+                target = min(max(target, 1), max_frames)
+                codec_frames[slot] = waiting[slot] = (
+                    target if frames >= target else 0 if table.phase[slot] >= DEPTH else frames)
+        pairs: list[tuple[int, int]] = []
+        for slot in live:
+            phase = int(table.phase[slot])
+            generating = phase >= DEPTH
+            ready = (phase == TEXT_ENCODE or generating and bool(table.later_text_encode[slot]),
+                     phase == PREFILL or generating and bool(table.later_prefill[slot]),
+                     phase == DECODE, phase == DEPTH, waiting.get(slot, 0) > 0)  # STAGES order
+            for code, is_ready in enumerate(ready):
+                if not is_ready:
+                    since[code, slot] = -1
+                    continue
+                if since[code, slot] < 0:
+                    since[code, slot] = step
+                pairs.append((code, slot))
+        pairs.sort()
+        return (np.array([slot for _, slot in pairs], np.int64),
+                np.array([code for code, _ in pairs], np.int64), codec_frames)
 
     # ------------------------------------------------------------------ batching
     def _build_items(self, stage: Stage, slots: np.ndarray,
