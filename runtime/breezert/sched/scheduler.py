@@ -345,20 +345,29 @@ class Scheduler:
             if request is not None and (out := apply(request, item, result, now, advanced)):
                 events.extend(out)
         if advanced:
+            rows = np.array(advanced, np.int64)
             if plan.stage is Stage.DEPTH:  # one more frame each, DECODE next
-                table.pending[advanced] += 1
-                table.phase[advanced] = DECODE
+                table.pending[rows] += 1
+                table.phase[rows] = DECODE
             else:
-                table.phase[advanced] = DEPTH
-        if plan.stage in (Stage.DEPTH, Stage.CODEC):  # after the others the active segment
-            # is still there: requests with nothing left to generate or decode may finish now
+                table.phase[rows] = DEPTH
+        # requests with nothing left to generate or decode may finish now (their input closed):
+        # after CODEC any of the plan's, after DEPTH those whose segment just ended; after the
+        # other stages every item's request still has its active segment
+        if plan.stage is Stage.CODEC:
             slots = np.fromiter((item.slot for item in plan.items), np.int64, len(plan.items))
             done = slots[table.live[slots] & (table.phase[slots] == NO_PHASE)
-                         & (table.pending[slots] == 0)]
-            for slot in dict.fromkeys(done.tolist()):
-                request = table.requests[slot]
-                assert request is not None
-                events.extend(self._maybe_finish(request, now))
+                         & (table.pending[slots] == 0)].tolist()
+        elif plan.stage is Stage.DEPTH:
+            done = [slot for event in events if isinstance(event, SegmentEnded)
+                    and (slot := running[event.request_id].slot) is not None
+                    and table.phase[slot] == NO_PHASE and table.pending[slot] == 0]
+        else:
+            done = []
+        for slot in dict.fromkeys(done):
+            request = table.requests[slot]
+            assert request is not None
+            events.extend(self._maybe_finish(request, now))
         return events
 
     def _on_chunks(self, plan: StepPlan, now: float) -> None:
