@@ -60,10 +60,6 @@ arrive, and the tokenizer never runs on two threads at once (a ``tokenizers`` ob
 across threads can fail with "Already borrowed")."""
 
 
-_HANDOFF_S = 0.002
-"""How long the prepare thread waits for a sleeping engine thread to wake (``_wake_engine``)."""
-
-
 @dataclass
 class _Route:
     loop: asyncio.AbstractEventLoop
@@ -89,10 +85,6 @@ class AsyncEngine:
         self._routes: dict[str, _Route] = {}
         self._routes_lock = threading.Lock()
         self._wake = threading.Event()
-        self._asleep = False
-        """The engine thread sleeps in ``_wake.wait`` (nothing was runnable)."""
-        self._resumed = threading.Event()
-        """Set by the engine thread as it wakes from that sleep (``_wake_engine``)."""
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._fatal: BaseException | None = None
@@ -266,6 +258,7 @@ class AsyncEngine:
             route = self._routes.get(request_id)
         if route is not None:
             route.request = self.engine.scheduler.get_request(request_id)
+        self._wake.set()
         is_queued = self.is_waiting(request_id)
         if is_queued:
             self.engine.metrics.incr("queued_requests")
@@ -273,23 +266,8 @@ class AsyncEngine:
                 "request %s queued: all %d running slots are taken (max_running_requests; an "
                 "open turn holds its slot until its input closes)", request_id,
                 self.max_running_requests)
-        self._wake_engine()
         return Submitted(request_id, prepared.text.owners, prepared.text.num_prompt_tokens,
                          is_queued)
-
-    def _wake_engine(self) -> None:
-        """Wakes the engine thread from the prepare thread; an idle engine thread runs first.
-
-        NOTE(latency): returning from here completes the caller's future, which wakes its
-        event loop; an engine thread that slept would then wait for the GIL behind the loop's
-        own work (~0.2 ms on two CPU cores at one stream). So the prepare thread waits until
-        the sleeping engine thread is up (at most ``_HANDOFF_S``), and a busy one is not waited
-        for."""
-        was_asleep = self._asleep
-        self._resumed.clear()
-        self._wake.set()
-        if was_asleep:
-            self._resumed.wait(_HANDOFF_S)
 
     async def stream(
         self, request_id: str, *, segments: bool = False
@@ -357,7 +335,7 @@ class AsyncEngine:
         if withdrawn.is_set():
             return 0
         self.engine.append_segments(request_id, prepared)
-        self._wake_engine()
+        self._wake.set()
         return len(prepared.segments)
 
     def close_input(self, request_id: str) -> None:
@@ -421,10 +399,7 @@ class AsyncEngine:
                 for output in self.engine.step():
                     self._route(output)
                 if not self.engine.last_step_ran:  # nothing runnable: sleep until woken
-                    self._asleep = True
                     self._wake.wait(self._idle_wait_s)
-                    self._asleep = False
-                    self._resumed.set()
             # NOTE: aclose() aborts every request just before it stops the loop; no step returns
             # those outcomes, so route them here or their consumers wait forever.
             for output in self.engine.drain():
