@@ -258,7 +258,6 @@ class AsyncEngine:
             route = self._routes.get(request_id)
         if route is not None:
             route.request = self.engine.scheduler.get_request(request_id)
-        self._wake.set()
         is_queued = self.is_waiting(request_id)
         if is_queued:
             self.engine.metrics.incr("queued_requests")
@@ -266,6 +265,7 @@ class AsyncEngine:
                 "request %s queued: all %d running slots are taken (max_running_requests; an "
                 "open turn holds its slot until its input closes)", request_id,
                 self.max_running_requests)
+        self._wake.set()  # last: a woken engine thread would wait for this one's GIL
         return Submitted(request_id, prepared.text.owners, prepared.text.num_prompt_tokens,
                          is_queued)
 
