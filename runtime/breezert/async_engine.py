@@ -1,7 +1,8 @@
 """asyncio facade over ``Engine``: the engine loop on its own thread, one output queue per request.
 
-Owns: the engine thread, the prepare thread (the text front end runs there, reference encoding
-on a worker thread: never on an event loop), routing each step's outputs to the awaiting
+Owns: the engine thread, the prepare thread (the text front end runs there and hands each
+prepared request or segment to the engine itself; reference encoding runs on a worker thread:
+never on an event loop), routing each step's outputs to the awaiting
 request's queue on its event loop, turning a cancelled or abandoned consumer into
 ``Engine.abort``, and the process-wide shared engines (``AsyncEngine.shared``: one per config,
 built and warmed up once). Implements ``breezert.engine_client.EngineClient``. Must not: call
@@ -27,7 +28,6 @@ from breezert.config import EngineConfig
 from breezert.engine import Engine, EngineOutput, RequestOutcome
 from breezert.engine_client import EngineCapacity, Submitted
 from breezert.errors import BreezeRTError, EngineOverloaded, RequestAborted, RequestFailed
-from breezert.frontend import PreparedRequest
 from breezert.options import SynthesisOptions
 from breezert.outputs import AudioChunk, SegmentStarted
 from breezert.profiles import resolve_config
@@ -203,36 +203,37 @@ class AsyncEngine:
                 yield chunk
 
     async def submit(self, request: SynthesisRequest, *, split: Split = Split.NONE) -> Submitted:
-        """Prepares the request's text on the prepare thread (tokenizer, templates, ``split``;
-        each prompt built once), then queues it and opens its output route; use ``stream`` to
-        read it.
+        """Opens the request's output route, then prepares its text on the prepare thread
+        (tokenizer, templates, ``split``; each prompt built once), which queues it and wakes the
+        engine itself: the engine starts on it without waiting for this event loop. Use
+        ``stream`` to read it.
 
-        Raises ``InvalidRequest`` / ``EngineOverloaded`` at once.
+        Raises ``InvalidRequest`` / ``EngineOverloaded`` at once. Cancelled while the prepare
+        thread has it: the request is not queued, or aborted as soon as that thread queued it.
         """
-        self._check_open()
-        prepared = await asyncio.get_running_loop().run_in_executor(
-            self._prepare_pool, self.engine.frontend.prepare, request, split)
-        request_id = self._add(prepared)
-        is_queued = self.is_waiting(request_id)
-        if is_queued:
-            self.engine.metrics.incr("queued_requests")
-            logger.info(
-                "request %s queued: no running slot (max_running_requests=%d; an open turn "
-                "holds its slot until its input closes), KV blocks or real-time capacity "
-                "(admission_capacity) for it yet", request_id, self.max_running_requests)
-        self._wake.set()
-        return Submitted(request_id, prepared.text.owners, prepared.text.num_prompt_tokens,
-                         is_queued)
+        request_id = request.request_id
+        assert request_id is not None  # set by SynthesisRequest.__post_init__
+        self._open_route(request_id)
+        handed = self._prepare_pool.submit(self._prepare_and_add, request, split)
+        try:
+            return await asyncio.wrap_future(handed)
+        except asyncio.CancelledError:  # not queued yet: it will not be; queued: abort it
+            with self._routes_lock:
+                self._routes.pop(request_id, None)
+            handed.add_done_callback(lambda _: self.abort(request_id))
+            raise
+        except BaseException:
+            with self._routes_lock:
+                self._routes.pop(request_id, None)
+            raise
 
     def _check_open(self) -> None:
         if self._fatal is not None:
             raise BreezeRTError(f"engine stopped after a fatal error: {self._fatal}")
 
-    def _add(self, prepared: PreparedRequest) -> str:
-        """Opens the route and hands the prepared request to the engine (on the loop: cheap)."""
+    def _open_route(self, request_id: str) -> None:
+        """Opens the request's route on the calling event loop and starts the engine thread."""
         self._check_open()
-        request_id = prepared.request.request_id
-        assert request_id is not None
         route = _Route(asyncio.get_running_loop(), asyncio.Queue())
         with self._routes_lock:
             if self._closing:
@@ -241,14 +242,32 @@ class AsyncEngine:
             if request_id in self._routes:
                 raise BreezeRTError(f"request_id={request_id!r} is already streaming")
             self._routes[request_id] = route
-        try:
-            self.engine.add_request(prepared)
-        except BaseException:
-            with self._routes_lock:
-                self._routes.pop(request_id, None)
-            raise
-        route.request = self.engine.scheduler.get_request(request_id)
-        return request_id
+
+    def _prepare_and_add(self, request: SynthesisRequest, split: Split) -> Submitted:
+        """Prepare thread: the text front end, then ``Engine.add_request`` and the engine's
+        wake-up (the caller's route is open)."""
+        prepared = self.engine.frontend.prepare(request, split)
+        request_id = prepared.request.request_id
+        self._check_open()
+        with self._routes_lock:  # the caller cancelled, or aclose began: queue nothing
+            if self._closing or request_id not in self._routes:
+                raise BreezeRTError(f"request_id={request_id!r} was withdrawn before it was "
+                                    "queued")
+        self.engine.add_request(prepared)
+        with self._routes_lock:
+            route = self._routes.get(request_id)
+        if route is not None:
+            route.request = self.engine.scheduler.get_request(request_id)
+        is_queued = self.is_waiting(request_id)
+        if is_queued:
+            self.engine.metrics.incr("queued_requests")
+            logger.info(
+                "request %s queued: no running slot (max_running_requests=%d; an open turn "
+                "holds its slot until its input closes), KV blocks or real-time capacity "
+                "(admission_capacity) for it yet", request_id, self.max_running_requests)
+        self._wake.set()  # last: a woken engine thread would wait for this one's GIL
+        return Submitted(request_id, prepared.text.owners, prepared.text.num_prompt_tokens,
+                         is_queued)
 
     async def stream(
         self, request_id: str, *, segments: bool = False
@@ -295,11 +314,26 @@ class AsyncEngine:
             None, self.engine.frontend.encode_reference, samples, sample_rate, ref_text)
 
     async def append(self, request_id: str, text: str, *, split: Split = Split.NONE) -> int:
-        """Adds ``text`` to a running turn, prepared on the prepare thread (cut as ``split``
-        says); returns how many segments it became. Raises ``InvalidRequest`` when the turn is
-        not running."""
-        prepared = await asyncio.get_running_loop().run_in_executor(
-            self._prepare_pool, self.engine.prepare_append, request_id, text, split)
+        """Adds ``text`` to a running turn: the prepare thread cuts it as ``split`` says, hands
+        the segments to the engine and wakes it; returns how many segments it became. Raises
+        ``InvalidRequest`` when the turn is not running. Cancelled while the prepare thread has
+        it: the text is dropped unless that thread already handed it over."""
+        withdrawn = threading.Event()
+        handed = self._prepare_pool.submit(self._prepare_and_append, request_id, text, split,
+                                           withdrawn)
+        try:
+            return await asyncio.wrap_future(handed)
+        except asyncio.CancelledError:
+            withdrawn.set()
+            raise
+
+    def _prepare_and_append(self, request_id: str, text: str, split: Split,
+                            withdrawn: threading.Event) -> int:
+        """Prepare thread: the text front end, then ``Engine.append_segments`` and the engine's
+        wake-up, unless the caller withdrew it meanwhile."""
+        prepared = self.engine.prepare_append(request_id, text, split)
+        if withdrawn.is_set():
+            return 0
         self.engine.append_segments(request_id, prepared)
         self._wake.set()
         return len(prepared.segments)

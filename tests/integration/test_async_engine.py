@@ -176,6 +176,39 @@ async def test_abort_before_streaming_drops_the_route(aengine: AsyncEngine) -> N
     assert request_id not in aengine._routes
 
 
+async def test_cancelling_submit_during_its_prepare_queues_nothing_and_drops_the_route(
+    aengine: AsyncEngine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The prepare thread queues the request itself: a caller cancelled while that thread
+    # tokenizes must not leave the request running with no one to read it.
+    import threading
+
+    frontend = aengine.engine.frontend
+    entered, release = threading.Event(), threading.Event()
+    prepare = frontend.prepare
+
+    def held_prepare(*args: object) -> object:
+        entered.set()
+        release.wait(TIMEOUT_S)
+        return prepare(*args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(frontend, "prepare", held_prepare)
+    added = aengine.engine.metrics.counters.get("requests_added", 0)
+    task = asyncio.create_task(aengine.submit(make("withdrawn", frames=40)))
+    assert await asyncio.get_running_loop().run_in_executor(None, entered.wait, TIMEOUT_S)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    release.set()
+    # the one prepare thread takes requests in order: this one's chunks say it is done with
+    # the withdrawn one
+    assert await asyncio.wait_for(collect(aengine.synthesize(make("after", frames=2))),
+                                  TIMEOUT_S)
+    await wait_released(aengine.engine)
+    assert aengine.engine.metrics.counters["requests_added"] == added + 1  # "after" alone
+    assert "withdrawn" not in aengine._routes
+
+
 def _submit_from_a_loop_that_closes(aengine: AsyncEngine, request: SynthesisRequest) -> None:
     async def submit() -> None:
         await aengine.submit(request)

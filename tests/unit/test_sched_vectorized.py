@@ -66,6 +66,13 @@ SCENARIOS = (
              overdue_startup_urgent=True, seed=2),
     Scenario("c256-predictor", 256, 700, arrival_per_step=2.0, seed=3),
     Scenario("c64-default-policy", 64, 500, predictor=False, seed=4),
+    # one to four streams: the steps of a first packet at one stream (a lone ready pair)
+    Scenario("c1-predictor", 1, 400, arrival_per_step=0.05, seed=5),
+    Scenario("c2-predictor", 2, 400, arrival_per_step=0.1, seed=6),
+    Scenario("c4-predictor-cover", 4, 400, arrival_per_step=0.2, first_chunk_cover=True,
+             overdue_startup_urgent=True, seed=7),
+    Scenario("c1-default-policy", 1, 400, predictor=False, arrival_per_step=0.05, seed=8),
+    Scenario("c2-default-policy", 2, 400, predictor=False, arrival_per_step=0.1, seed=9),
 )
 
 
@@ -75,8 +82,8 @@ def _config(s: Scenario) -> SchedulerConfig:
         max_running_requests=n, max_queued_requests=max(4, n // 8), max_queue_wait_s=0.5,
         max_model_len=2048, max_lookahead_segments=1, max_text_encode_requests=16,
         max_text_encode_tokens=4096, max_prefill_requests=16, max_prefill_tokens=2048,
-        max_decode_requests=n, max_decode_rows=2 * n - 2, max_depth_requests=n,
-        max_depth_rows=2 * n - 2, max_codec_requests=n, max_codec_frames=64,
+        max_decode_requests=n, max_decode_rows=max(2, 2 * n - 2), max_depth_requests=n,
+        max_depth_rows=max(2, 2 * n - 2), max_codec_requests=n, max_codec_frames=64,
         max_codec_step_frames=256, max_startup_codec_step_frames=16,
         default_chunk_schedule=(1, 2, 4, 8, 16), default_max_frames=750, starvation_limit_s=0.8,
         use_predictor=s.predictor, predictor_overdue_startup_urgent=s.overdue_startup_urgent,
@@ -275,6 +282,31 @@ def test_the_kept_table_equals_one_written_afresh_from_the_requests(scenario: Sc
             kept, want = getattr(table, name)[live], getattr(fresh, name)[live]
             assert np.array_equal(kept, want, equal_nan=kept.dtype.kind == "f"), (step, name)
         assert table.num_chunks[live].sum() > 0 or step < 20
+
+
+@pytest.mark.parametrize("scenario", (SCENARIOS[0], SCENARIOS[3], SCENARIOS[6]),
+                         ids=lambda s: s.name)
+def test_readiness_row_by_row_equals_the_array_version(scenario: Scenario) -> None:
+    """Before every step, the few-streams readiness (``_ready_rows``, here asked at any number
+    of running requests) gives the array version's pairs, CODEC sizes, ready steps and
+    early-emit targets."""
+    driver = _Driver(scenario)
+    sched, table = driver.sched, driver.sched._table
+    steps_with_pairs = 0
+    for step in range(300):
+        driver.step(step)
+        kept = table.ready_since.copy(), table.early_target.copy()
+        by_rows = sched._ready_rows(driver.now), table.ready_since.copy(), \
+            table.early_target.copy()
+        table.ready_since[:], table.early_target[:] = kept
+        by_arrays = sched._ready_arrays(driver.now), table.ready_since, table.early_target
+        (slots, stages, frames), since, early = by_rows
+        (want_slots, want_stages, want_frames), want_since, want_early = by_arrays
+        for got, want in ((slots, want_slots), (stages, want_stages), (frames, want_frames),
+                          (since, want_since), (early, want_early)):
+            assert got.dtype == want.dtype and np.array_equal(got, want), step
+        steps_with_pairs += len(slots) > 0
+    assert steps_with_pairs > 250
 
 
 def main() -> None:

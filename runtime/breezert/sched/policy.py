@@ -73,7 +73,9 @@ class Ranked:
 
 class StagePolicy(Protocol):
     """Ranks ready (slot, stage) pairs, then picks the stage of the step and its candidates in
-    batch order."""
+    batch order. Asked only when two or more pairs are ready: the scheduler runs a lone ready
+    pair as it is (what every policy here would pick, with no counter to bump), so the steps of
+    one stream cost no ranking."""
 
     def rank(self, table: StreamTable, slots: np.ndarray, stages: np.ndarray,
              now: float) -> Ranked:
@@ -293,9 +295,10 @@ class DeadlineChunkPolicy:
             return frames
         p = self.predictor
         cut_rows = rows[may_cut]
-        deadline = p.deadlines(table, cut_rows, now)
-        fits = ((now + p.work(table, cut_rows, target[may_cut]) <= deadline)
-                | (now + p.work(table, cut_rows, pending[may_cut] + 1) <= deadline))
+        # streaming rows: due when their listener runs dry (``DeadlinePredictor.deadlines``)
+        deadline = now + np.maximum(0.0, p.dry_times(table, cut_rows, now) - now)
+        # one more frame fits (the whole chunk, pending < target, is never less work)
+        fits = now + p.work(table, cut_rows, pending[may_cut] + 1) <= deadline
         cut = np.zeros_like(may_cut)
         cut[may_cut] = ~fits
         table.early_target[rows[cut]] = target[cut]

@@ -60,6 +60,7 @@ from breezert.sched.streams import (
     NO_PHASE,
     PREFILL,
     STAGE_CODE,
+    STAGES,
     TEXT_ENCODE,
     StreamTable,
 )
@@ -68,6 +69,18 @@ _CAPACITY_RECHECK_S = 0.05
 """While the head of the queue waits for real-time capacity, the running streams' demand is
 computed again (a pass over them) at most this often, or at once after a segment or request
 ends: a step with nobody admissible pays one count, not that pass."""
+
+_TEXT_ENCODE, _PREFILL, _CODEC = (STAGE_CODE[s] for s in (Stage.TEXT_ENCODE, Stage.PREFILL,
+                                                          Stage.CODEC))
+_READY_BY_PHASE = np.zeros((len(STAGE_CODE), 6), bool)
+"""Whether a segment phase (column: ``PHASE_CODE``, ``NO_PHASE`` the last) makes a stage
+(row: ``STAGE_CODE``) ready by itself."""
+for _stage, _phase in ((Stage.TEXT_ENCODE, TEXT_ENCODE), (Stage.PREFILL, PREFILL),
+                       (Stage.DECODE, DECODE), (Stage.DEPTH, DEPTH)):
+    _READY_BY_PHASE[STAGE_CODE[_stage], _phase] = True
+
+_FEW_ROWS = 4
+"""Up to this many running requests, readiness is found row by row (``_ready_rows``)."""
 
 # ----------------------------------------------------------------------------- events
 
@@ -346,9 +359,11 @@ class Scheduler:
         slots, stages, codec_frames = self._ready(now)
         if not len(slots):
             return None
-        table = self._table
-        ranked = self.stage_policy.rank(table, slots, stages, now)
-        stage, candidates = self.stage_policy.pick(table, ranked, now)
+        if len(slots) == 1:  # a lone ready pair: nothing to rank, any policy runs it
+            stage, candidates = STAGES[int(stages[0])], slots
+        else:
+            ranked = self.stage_policy.rank(self._table, slots, stages, now)
+            stage, candidates = self.stage_policy.pick(self._table, ranked, now)
         items = self._build_items(stage, candidates, codec_frames)
         self._mark_served(stage, items, now)
         self._step_id += 1
@@ -393,16 +408,26 @@ class Scheduler:
             if request is not None and (out := apply(request, item, result, now, advanced)):
                 events.extend(out)
         if advanced:
+            rows = np.array(advanced, np.int64)
             if plan.stage is Stage.DEPTH:  # one more frame each, DECODE next
-                table.pending[advanced] += 1
-                table.phase[advanced] = DECODE
+                table.pending[rows] += 1
+                table.phase[rows] = DECODE
             else:
-                table.phase[advanced] = DEPTH
-        # requests with nothing left to generate or decode may finish (their input closed)
-        slots = np.fromiter((item.slot for item in plan.items), np.int64, len(plan.items))
-        done = slots[table.live[slots] & (table.phase[slots] == NO_PHASE)
-                     & (table.pending[slots] == 0)]
-        for slot in dict.fromkeys(done.tolist()):
+                table.phase[rows] = DEPTH
+        # requests with nothing left to generate or decode may finish now (their input closed):
+        # after CODEC any of the plan's, after DEPTH those whose segment just ended; after the
+        # other stages every item's request still has its active segment
+        if plan.stage is Stage.CODEC:
+            slots = np.fromiter((item.slot for item in plan.items), np.int64, len(plan.items))
+            done = slots[table.live[slots] & (table.phase[slots] == NO_PHASE)
+                         & (table.pending[slots] == 0)].tolist()
+        elif plan.stage is Stage.DEPTH:
+            done = [slot for event in events if isinstance(event, SegmentEnded)
+                    and (slot := running[event.request_id].slot) is not None
+                    and table.phase[slot] == NO_PHASE and table.pending[slot] == 0]
+        else:
+            done = []
+        for slot in dict.fromkeys(done):
             request = table.requests[slot]
             assert request is not None
             events.extend(self._maybe_finish(request, now))
@@ -600,30 +625,74 @@ class Scheduler:
         next segment is not ready or not there yet: a gap in the audio anyway). Keeps each
         pair's ``ready_since`` (the step since which it has been ready unserved)."""
         table = self._table
-        live = np.flatnonzero(table.live)
+        if self.capacity is not None:  # admission's count of the streams owed audio
+            self._num_owing = int(np.count_nonzero(table.phase[table.live_slots] != NO_PHASE))
+        if len(table.live_slots) <= _FEW_ROWS:
+            return self._ready_rows(now)
+        return self._ready_arrays(now)
+
+    def _ready_arrays(self, now: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """``_ready`` as array operations over the running requests."""
+        table = self._table
+        live = table.live_slots
         phase = table.phase[live]
-        generating = (phase == DEPTH) | (phase == DECODE)
-        if self.capacity is not None:
-            self._num_owing = int(np.count_nonzero(phase != NO_PHASE))
+        generating = phase >= DEPTH  # DEPTH or DECODE
+        ready = _READY_BY_PHASE[:, phase]  # in STAGES order; CODEC and lookahead below
+        ready[_TEXT_ENCODE] |= generating & table.later_text_encode[live]
+        ready[_PREFILL] |= generating & table.later_prefill[live]
         pending = table.pending[live]
         codec_frames = np.zeros(len(table.live), np.int64)
         has_frames = pending > 0
         if has_frames.any():
             rows = live[has_frames]
-            target = np.clip(self.chunk_policy.chunk_frames(table, rows, now), 1,
-                             self.config.max_codec_frames)
+            target = np.minimum(np.maximum(self.chunk_policy.chunk_frames(table, rows, now), 1),
+                                self.config.max_codec_frames)
             waiting = pending[has_frames]
-            codec_frames[rows] = np.where(waiting >= target, target,
-                                          np.where(generating[has_frames], 0, waiting))
-        ready = np.stack((  # in STAGES order
-            (generating & table.later_text_encode[live]) | (phase == TEXT_ENCODE),
-            (generating & table.later_prefill[live]) | (phase == PREFILL),
-            phase == DECODE, phase == DEPTH, codec_frames[live] > 0))
+            frames = np.where(waiting >= target, target,
+                              np.where(generating[has_frames], 0, waiting))
+            codec_frames[rows] = frames
+            ready[_CODEC, has_frames] = frames > 0
         since = table.ready_since[:, live]
         table.ready_since[:, live] = np.where(
             ready, np.where(since < 0, self._step_id, since), -1)
         stages, columns = np.nonzero(ready)
         return live[columns], stages, codec_frames
+
+    def _ready_rows(self, now: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """``_ready`` row by row, for a few running requests: the same pairs in the same order
+        (stage code, then slot) and the same ``ready_since`` as ``_ready_arrays``, whose ~20
+        numpy calls cost three times this at one or two streams, at each step of a first
+        packet (tests/unit/test_sched_vectorized.py holds the two equal)."""
+        table = self._table
+        live = table.live_slots.tolist()
+        pending, since, step = table.pending, table.ready_since, self._step_id
+        codec_frames = np.zeros(len(table.live), np.int64)
+        waiting = {slot: int(pending[slot]) for slot in live if pending[slot] > 0}
+        if waiting:
+            rows = np.fromiter(waiting, np.int64, len(waiting))
+            targets = self.chunk_policy.chunk_frames(table, rows, now).tolist()
+            max_frames = self.config.max_codec_frames
+            for (slot, frames), target in zip(waiting.items(), targets, strict=True):
+                target = min(max(target, 1), max_frames)
+                codec_frames[slot] = waiting[slot] = (
+                    target if frames >= target else 0 if table.phase[slot] >= DEPTH else frames)
+        pairs: list[tuple[int, int]] = []
+        for slot in live:
+            phase = int(table.phase[slot])
+            generating = phase >= DEPTH
+            ready = (phase == TEXT_ENCODE or generating and bool(table.later_text_encode[slot]),
+                     phase == PREFILL or generating and bool(table.later_prefill[slot]),
+                     phase == DECODE, phase == DEPTH, waiting.get(slot, 0) > 0)  # STAGES order
+            for code, is_ready in enumerate(ready):
+                if not is_ready:
+                    since[code, slot] = -1
+                    continue
+                if since[code, slot] < 0:
+                    since[code, slot] = step
+                pairs.append((code, slot))
+        pairs.sort()
+        return (np.array([slot for _, slot in pairs], np.int64),
+                np.array([code for code, _ in pairs], np.int64), codec_frames)
 
     # ------------------------------------------------------------------ batching
     def _build_items(self, stage: Stage, slots: np.ndarray,

@@ -48,6 +48,8 @@ class StreamTable:
         n = num_slots
         self.requests: list[Request | None] = [None] * n
         self.live = np.zeros(n, bool)
+        self.live_slots = np.zeros(0, np.int64)
+        """The live rows, ascending (kept by ``add`` and ``remove``: read every step)."""
         self.seq = np.zeros(n, np.int64)
         self.priority = np.zeros(n, np.int64)
         self.enqueue_time = np.zeros(n)
@@ -85,6 +87,7 @@ class StreamTable:
         """``request`` takes ``slot`` (admitted ``seq``-th): its whole row, nothing ready."""
         self.requests[slot] = request
         self.live[slot] = True
+        self.live_slots = np.flatnonzero(self.live)
         self.seq[slot] = seq
         self.priority[slot] = request.priority
         self.enqueue_time[slot] = request.enqueue_time
@@ -101,6 +104,7 @@ class StreamTable:
     def remove(self, slot: int) -> None:
         self.requests[slot] = None
         self.live[slot] = False
+        self.live_slots = np.flatnonzero(self.live)
         self.ready_since[:, slot] = -1
 
     def set_segments(self, slot: int, request: Request) -> None:
