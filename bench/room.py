@@ -182,8 +182,14 @@ def schedule(mode: str, num_rooms: int, turns: int, rate: float | None,
 def run_group(spec: dict[str, Any], out: Path) -> None:
     """Child process: one group of listener rooms (spec from the parent, see ``run_listeners``);
     prints READY once every room is joined, waits for ``GO <monotonic start>`` on stdin, runs
-    the schedule and writes the turns to ``out``."""
+    the schedule and writes the turns to ``out``, then leaves at once: in the interpreter's
+    teardown livekit's native threads may call back into a finalizing Python and abort the
+    process (rc -6, "panic in a function that cannot unwind", after DONE: a fresh clone's
+    listener-feedback group, 4 Dec), which would fail a run whose results are all written."""
     asyncio.run(_group(spec, out))
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 async def _group(spec: dict[str, Any], out: Path) -> None:
