@@ -23,6 +23,7 @@ import pytest
 
 from tests.integration.test_server_chromium import DevTools, _chromium, chromium
 from tests.livekit.listening import Heard
+from tests.livekit.machine import CpuSplit
 
 if TYPE_CHECKING:
     from tests.livekit.conftest import Server
@@ -137,6 +138,32 @@ def edges_heard(edges: list[dict[str, Any]], rate: float | None, since_epoch: fl
                                   for (_, quiet), g in zip(runs, gaps)))
 
 
+BROWSER_SETTLED_CORES = 0.25
+"""Chromium's whole process tree under this many cores over ``SETTLE_WINDOW_S``: its start-up
+(page load, the WebRTC and audio set-up) is over. Measured on the two-core box (4 Dec): 0.40
+cores in the first window after the fixed 0.5 s wait, 0.13-0.15 once settled and through the
+turns that followed."""
+SETTLE_WINDOW_S = 0.5
+
+
+async def settle(browser: Browser, timeout_s: float = 10.0) -> None:
+    """Waits (up to ``timeout_s``) until Chromium's start-up is over: a window of
+    ``SETTLE_WINDOW_S`` in which its processes used under ``BROWSER_SETTLED_CORES``. Its
+    start-up is this test's own load, not the product's: on two cores a first turn played while
+    Chromium still set up starved the ``livekit.rtc`` listener beside it."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        split = CpuSplit({})
+        await asyncio.sleep(SETTLE_WINDOW_S)
+        cores = split.cores()
+        if cores["browser"] < BROWSER_SETTLED_CORES:
+            print(f"the browser settled: {cores}")
+            return
+        if time.monotonic() > deadline:
+            print(f"the browser never settled: {cores['browser']} cores after {timeout_s} s")
+            return
+
+
 @contextlib.asynccontextmanager
 async def join_browser(web_root: str, server: Server, room: str,
                        identity: str = "browser") -> AsyncIterator[Browser]:
@@ -169,4 +196,5 @@ async def join_browser(web_root: str, server: Server, room: str,
         else:
             raise AssertionError(f"the browser never subscribed: {await browser.state()}")
         await asyncio.sleep(0.5)
+        await settle(browser)
         yield browser

@@ -31,6 +31,7 @@ import numpy as np
 import pytest
 from livekit import api, rtc
 
+from breezert_agent.models import LISTENER_SETTLE_S
 from breezert_bench.ports import free_port
 from tests.components import missing
 from tests.livekit.browser import serve_repository
@@ -310,7 +311,8 @@ def agent_worker(livekit_server: Server) -> Iterator[Worker]:
 
 
 class Room:
-    """A fresh room with the agent dispatched into it and this test as a participant.
+    """A fresh room with the agent dispatched into it and this test as a participant, handed out
+    subscribed and settled (``auto_subscribe``) or before any subscription.
 
     ``worker`` is the worker that will take the job, or a ``WorkerGroup`` (whichever of them
     the dispatcher picks); ``dispatched_at`` is when the dispatch was asked for."""
@@ -340,6 +342,10 @@ class Room:
         await self.worker.wait_event(self.name, "ready", timeout_s=30)
         if self.auto_subscribe:
             await asyncio.wait_for(self._subscribed.wait(), 10)
+            # the agent holds a turn said within LISTENER_SETTLE_S of a subscription (the
+            # held-turn test's subject): a room is handed out settled, so that a test's first
+            # turn measures what a settled room's turn takes, not that hold
+            await asyncio.sleep(LISTENER_SETTLE_S)
         return self
 
     async def __aexit__(self, *exc: object) -> None:
