@@ -798,10 +798,10 @@ class Scheduler:
         return items
 
     def _mark_served(self, stage: Stage, items: Sequence[StageItem], now: float) -> None:
-        slots = np.fromiter((item.slot for item in items), np.int64, len(items))
+        slots = [item.slot for item in items]
         self._table.ready_since[STAGE_CODE[stage], slots] = -1
         requests = self._table.requests
-        for slot in slots[self._table.num_chunks[slots] == 0].tolist():
+        for slot in slots:
             request = requests[slot]
             assert request is not None
             if request.first_scheduled_time is None:
