@@ -153,15 +153,11 @@ class StepPlan:
     @property
     def num_rows(self) -> int:
         """Batch rows of this step: DECODE and DEPTH count each CFG branch, others each item."""
-        return sum(_item_rows(item) for item in self.items)
-
-
-def _item_rows(item: StageItem) -> int:
-    if isinstance(item, DecodeItem):
-        return len(item.branches)
-    if isinstance(item, DepthItem):
-        return item.num_branches
-    return 1
+        if self.stage is Stage.DECODE:
+            return sum([len(item.branches) for item in self.items])  # type: ignore[union-attr]
+        if self.stage is Stage.DEPTH:
+            return sum([item.num_branches for item in self.items])  # type: ignore[union-attr]
+        return len(self.items)
 
 
 @dataclass(frozen=True, slots=True)
