@@ -947,4 +947,4 @@ def _decode_item(request: Request, seg: Segment) -> DecodeItem:
 
 def _depth_item(request: Request, seg: Segment) -> DepthItem:
     return DepthItem(request.request_id, _slot(request), seg.index, seg.num_frames,
-                     len(seg.prompt_lens), request.num_frames)
+                     seg.num_branches, request.num_frames)
