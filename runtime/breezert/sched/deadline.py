@@ -211,9 +211,13 @@ class DeadlinePredictor:
         dry = self.dry_times(table, rows, now)
         return np.where(table.num_chunks[rows] > 0, np.maximum(0.0, dry - now), 0.0)
 
-    def deadlines(self, table: StreamTable, rows: np.ndarray, now: float) -> np.ndarray:
-        """When each row's next chunk is due."""
-        return np.where(table.num_chunks[rows] > 0, now + self.buffered(table, rows, now),
+    def deadlines(self, table: StreamTable, rows: np.ndarray, now: float,
+                  buffered: np.ndarray | None = None) -> np.ndarray:
+        """When each row's next chunk is due (``buffered``: the rows' ``buffered``, if the
+        caller has it)."""
+        if buffered is None:
+            buffered = self.buffered(table, rows, now)
+        return np.where(table.num_chunks[rows] > 0, now + buffered,
                         table.enqueue_time[rows] + self.ttfb_target_s)
 
     def frame_time_s(self) -> float:
@@ -234,15 +238,16 @@ class DeadlinePredictor:
                    + missing * self.frame_time_s())
         return np.where((missing > 0) & active, seconds, codec)
 
-    def slacks(self, table: StreamTable, rows: np.ndarray, now: float,
-               delay_s: float = 0.0) -> np.ndarray:
-        """Deadline - now - predicted work for each row's next chunk (after ``delay_s``).
+    def slacks(self, table: StreamTable, rows: np.ndarray, now: float, delay_s: float = 0.0,
+               buffered: np.ndarray | None = None) -> np.ndarray:
+        """Deadline - now - predicted work for each row's next chunk (after ``delay_s``;
+        ``buffered`` as in ``deadlines``).
 
         The chunk is the schedule's target while that still leaves ``min_slack_s``; otherwise
         (streaming) the pending frames plus one more, where ``DeadlineChunkPolicy`` cuts it. Below
         0 even that chunk will be late.
         """
-        available = self.deadlines(table, rows, now) - now - delay_s
+        available = self.deadlines(table, rows, now, buffered) - now - delay_s
         full = available - self.work(table, rows, table.chunk_target[rows])
         keep = (full >= self.min_slack_s) | (table.num_chunks[rows] == 0)
         if keep.all():

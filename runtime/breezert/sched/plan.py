@@ -1,8 +1,11 @@
 """StepPlan and StepResult: the only contract between the scheduler and the worker.
 
-Owns the frozen, torch-free plan types (ints, strings, tuples; prompts are opaque engine objects
-passed through); their ``Stage`` comes from ``breezert.constants``. Must not carry behaviour
-beyond tiny helpers, and never a ``Request``: the worker sees only what is written here.
+Owns the torch-free plan types (ints, strings, tuples; prompts are opaque engine objects
+passed through); their ``Stage`` comes from ``breezert.constants``. A plan and its items are
+values: nobody changes them once the scheduler built them. The items are slotted dataclasses,
+not frozen ones: a frozen one costs 5x as much to build (0.8 against 0.16 us), and a DECODE step
+at 256 streams builds ~400 of them with their branches. Must not carry behaviour beyond tiny
+helpers, and never a ``Request``: the worker sees only what is written here.
 
 How the worker applies a plan, in this order:
   1. ``finished_request_ids``: release those requests' slots (codec state, RNG, buffers).
@@ -40,7 +43,7 @@ class NewRequestData:
     """The sampler must never produce ``FRAME_EOS_ID``; the segment stops at its frame limit."""
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class TextEncodeItem:
     """Encode one segment's text pieces. The first item that names this segment."""
 
@@ -54,7 +57,7 @@ class TextEncodeItem:
     lengths, reference codes). Sent once; the worker keeps what it needs until PREFILL ends."""
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class PrefillItem:
     """Run the backbone over prompt positions ``start_pos..start_pos+num_tokens-1`` of a branch."""
 
@@ -72,7 +75,7 @@ class PrefillItem:
     """The prompt ends with this chunk: keep the last hidden state for DEPTH."""
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class DecodeBranch:
     """One row of a DECODE item: feed the last frame of a branch at ``position``."""
 
@@ -82,7 +85,7 @@ class DecodeBranch:
     """The branch's full block table (see ``PrefillItem.block_ids``)."""
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class DecodeItem:
     """Run one backbone step over the segment's frame ``frame_index``; keep the new hidden."""
 
@@ -95,7 +98,7 @@ class DecodeItem:
     """One entry per CFG branch, in branch order; each counts as one row."""
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class DepthItem:
     """Sample one frame from the segment's last hidden state: c0 (lm_head, CFG, repetition
     penalty, EOS) and, unless c0 is EOS, the 15 depth codes. All sampling happens here."""
@@ -113,7 +116,7 @@ class DepthItem:
     not EOS. CODEC items refer to these indices."""
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class CodecItem:
     """Decode frames ``start_frame .. start_frame+num_frames-1`` of a request into one chunk."""
 
@@ -150,15 +153,11 @@ class StepPlan:
     @property
     def num_rows(self) -> int:
         """Batch rows of this step: DECODE and DEPTH count each CFG branch, others each item."""
-        return sum(_item_rows(item) for item in self.items)
-
-
-def _item_rows(item: StageItem) -> int:
-    if isinstance(item, DecodeItem):
-        return len(item.branches)
-    if isinstance(item, DepthItem):
-        return item.num_branches
-    return 1
+        if self.stage is Stage.DECODE:
+            return sum([len(item.branches) for item in self.items])  # type: ignore[union-attr]
+        if self.stage is Stage.DEPTH:
+            return sum([item.num_branches for item in self.items])  # type: ignore[union-attr]
+        return len(self.items)
 
 
 @dataclass(frozen=True, slots=True)

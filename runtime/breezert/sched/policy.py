@@ -178,7 +178,8 @@ class DeadlineStagePolicy:
         p = self.predictor
         closeness = _CLOSENESS[stages]
         streaming = table.num_chunks[slots] > 0
-        slack = p.slacks(table, slots, now)
+        buffered = p.buffered(table, slots, now)
+        slack = p.slacks(table, slots, now, buffered=buffered)
         phase = table.phase[slots]
         generating = (phase == DEPTH) | (phase == DECODE)
         lookahead = streaming & (stages <= _PREP_MAX) & generating
@@ -186,7 +187,7 @@ class DeadlineStagePolicy:
         if not p.overdue_startup_urgent:
             urgent &= streaming
         startup = ~streaming & ~urgent
-        ahead = p.buffered(table, slots, now) > p.max_lead_s
+        ahead = buffered > p.max_lead_s
         waited = table.ready_since[stages, slots].astype(np.float64)
         deadline = table.enqueue_time[slots] + p.ttfb_target_s
         # the four classes; a lookahead pair is class 2 with 0.0 for its slack
@@ -233,8 +234,9 @@ class DeadlineStagePolicy:
         if (table.num_chunks[codec] == 0).any():
             return False
         depth = ranked.ready_for(_DEPTH)
-        joins = (~np.isin(depth, codec)
-                 & (table.pending[depth] + 1 >= table.chunk_target[depth]))
+        in_codec = np.zeros(len(table.live), bool)
+        in_codec[codec] = True
+        joins = ~in_codec[depth] & (table.pending[depth] + 1 >= table.chunk_target[depth])
         m = int(np.count_nonzero(joins))
         if not m:
             return False

@@ -83,9 +83,11 @@ _FEW_ROWS = 4
 """Up to this many running requests, readiness is found row by row (``_ready_rows``)."""
 
 # ----------------------------------------------------------------------------- events
+# Values that nobody changes once built; slotted, not frozen (a frozen dataclass costs 5x as
+# much to build, and a CODEC step at 256 streams makes ~100 events), as the plan's items.
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class ChunkEmitted:
     """A CODEC item was decoded: frames ``start_frame..start_frame+num_frames-1`` are audio."""
 
@@ -101,7 +103,7 @@ class ChunkEmitted:
     """When the request was added (its first chunk's ``time`` minus this is its TTFB)."""
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class SegmentEnded:
     """A segment stopped generating (its KV blocks are free again)."""
 
@@ -112,7 +114,7 @@ class SegmentEnded:
     """``eos`` or ``max_frames``."""
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class RequestFinished:
     """A request reached a terminal status; its slot is released in the next plan."""
 
@@ -398,8 +400,7 @@ class Scheduler:
             if request_id in self._running:
                 events.append(self._finish(self._running[request_id], RequestStatus.FAILED,
                                            now, reason))
-        if plan.stage is Stage.CODEC:
-            self._on_chunks(plan, now)
+        chunks = self._on_chunks(plan, now) if plan.stage is Stage.CODEC else None
         table = self._table
         running, apply = self._running, self._apply[plan.stage]
         advanced: list[int] = []  # slots whose active segment took its next phase
@@ -407,6 +408,10 @@ class Scheduler:
             request = running.get(item.request_id)
             if request is not None and (out := apply(request, item, result, now, advanced)):
                 events.extend(out)
+        if chunks is not None:  # the table's one write for the chunks
+            rows, frames = chunks
+            table.record_chunks(rows, frames, [request.current_chunk_target for request
+                                               in table.request_list(rows)], now)
         if advanced:
             rows = np.array(advanced, np.int64)
             if plan.stage is Stage.DEPTH:  # one more frame each, DECODE next
@@ -433,13 +438,16 @@ class Scheduler:
             events.extend(self._maybe_finish(request, now))
         return events
 
-    def _on_chunks(self, plan: StepPlan, now: float) -> None:
-        """The chunk policy sees the plan's chunks of live requests before they are recorded."""
+    def _on_chunks(self, plan: StepPlan, now: float) -> tuple[np.ndarray, np.ndarray] | None:
+        """The chunk policy sees the plan's chunks of live requests before they are recorded;
+        returns their slots and frames (``None``: none is live)."""
         live = [item for item in plan.items if item.request_id in self._running]
-        if live:
-            self.chunk_policy.on_chunks(
-                self._table, np.array([item.slot for item in live], np.int64),
-                np.array([item.num_frames for item in live], np.int64), now)
+        if not live:
+            return None
+        rows = np.array([item.slot for item in live], np.int64)
+        frames = np.array([item.num_frames for item in live], np.int64)
+        self.chunk_policy.on_chunks(self._table, rows, frames, now)
+        return rows, frames
 
     def take_released(self) -> tuple[str, ...]:
         """Releases not yet sent in a plan; the caller hands them to the worker itself.
@@ -700,7 +708,8 @@ class Scheduler:
         candidates = self._table.request_list(slots)
         if stage in (Stage.DECODE, Stage.DEPTH):
             return self._generate_items(stage, candidates,
-                                        self._table.active_index[slots].tolist())
+                                        self._table.active_index[slots].tolist(),
+                                        self._table.num_branches[slots].tolist())
         if stage is Stage.TEXT_ENCODE:
             return self._text_encode_items(candidates)
         if stage is Stage.PREFILL:
@@ -747,26 +756,25 @@ class Scheduler:
             num_requests += len(items) > before
         return items
 
-    def _generate_items(self, stage: Stage, candidates: list[Request],
-                        active: list[int]) -> list[StageItem]:
-        """DECODE or DEPTH over each candidate's active segment (index ``active``), within
-        request/row limits."""
+    def _generate_items(self, stage: Stage, candidates: list[Request], active: list[int],
+                        branches: list[int]) -> list[StageItem]:
+        """DECODE or DEPTH over each candidate's active segment (index ``active``; ``branches``
+        rows each), within request/row limits."""
         cfg = self.config
         if stage is Stage.DECODE:
-            max_requests, max_rows = cfg.max_decode_requests, cfg.max_decode_rows
+            max_requests, max_rows, make = (cfg.max_decode_requests, cfg.max_decode_rows,
+                                            _decode_item)
         else:
-            max_requests, max_rows = cfg.max_depth_requests, cfg.max_depth_rows
+            max_requests, max_rows, make = cfg.max_depth_requests, cfg.max_depth_rows, _depth_item
         items: list[StageItem] = []
         num_rows = 0
-        for request, index in zip(candidates, active, strict=True):
+        for request, index, rows in zip(candidates, active, branches, strict=True):
             if len(items) == max_requests:
                 break
-            seg = request.segments[index]
-            if num_rows + seg.num_branches > max_rows:
+            if num_rows + rows > max_rows:
                 continue  # a 1-branch request behind may still fit
-            num_rows += seg.num_branches
-            items.append(_decode_item(request, seg) if stage is Stage.DECODE
-                         else _depth_item(request, seg))
+            num_rows += rows
+            items.append(make(request, request.segments[index]))
         return items
 
     def _codec_items(self, candidates: list[Request],
@@ -775,23 +783,25 @@ class Scheduler:
         budget = self.config.max_codec_step_frames
         if candidates and candidates[0].num_chunks == 0:  # a first packet leads: keep it quick
             budget = min(budget, self.config.max_startup_codec_step_frames)
+        frames = codec_frames.tolist()
         for request in candidates[: self.config.max_codec_requests]:
-            num_frames = int(codec_frames[_slot(request)])
+            slot = _slot(request)
+            num_frames = frames[slot]
             if items and num_frames > budget:
                 continue  # a smaller chunk behind may still fit
             budget -= num_frames
             items.append(CodecItem(
-                request.request_id, _slot(request), request.num_decoded_frames, num_frames,
-                is_first_chunk=request.num_chunks == 0,
-                is_final=request.is_generation_done and num_frames == request.num_pending_frames,
+                request.request_id, slot, request.num_decoded_frames, num_frames,
+                is_first_chunk=not request.chunk_emit_times,
+                is_final=num_frames == request.num_pending_frames and request.is_generation_done,
             ))
         return items
 
     def _mark_served(self, stage: Stage, items: Sequence[StageItem], now: float) -> None:
-        slots = np.fromiter((item.slot for item in items), np.int64, len(items))
+        slots = [item.slot for item in items]
         self._table.ready_since[STAGE_CODE[stage], slots] = -1
         requests = self._table.requests
-        for slot in slots[self._table.num_chunks[slots] == 0].tolist():
+        for slot in slots:
             request = requests[slot]
             assert request is not None
             if request.first_scheduled_time is None:
@@ -843,8 +853,7 @@ class Scheduler:
     def _apply_codec(self, request: Request, item: CodecItem, result: StepResult,
                      now: float, advanced: list[int]) -> list[SchedulerEvent] | None:
         request.num_decoded_frames += item.num_frames
-        request.record_chunk(now)
-        self._table.set_chunk(item.slot, request, item.num_frames, now)
+        request.record_chunk(now)  # the table's row: ``commit``, for all the chunks at once
         frame_end = item.start_frame + item.num_frames
         return [ChunkEmitted(request.request_id, request.num_chunks - 1, item.start_frame,
                              item.num_frames, _segment_of(request, frame_end),

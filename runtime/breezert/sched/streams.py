@@ -132,18 +132,19 @@ class StreamTable:
         self.pending[slot] = request.num_pending_frames
         self.set_report(slot, request)
 
-    def set_chunk(self, slot: int, request: Request, num_frames: int, now: float) -> None:
-        """``set_chunks`` after one chunk of ``num_frames`` that ``request`` recorded at
-        ``now``, the report's count of frames since it kept up without a search."""
-        self.num_chunks[slot] = n = len(request.chunk_emit_times)
-        self.chunk_target[slot] = request.current_chunk_target
-        if n == 1:
-            self.first_chunk_time[slot] = now
-        self.last_chunk_time[slot] = now
-        self.decoded[slot] = request.num_decoded_frames
-        self.pending[slot] = request.num_frames - request.num_decoded_frames
-        if now > self.report_at[slot] and self.has_report[slot]:
-            self.frames_since[slot] += num_frames
+    def record_chunks(self, rows: np.ndarray, num_frames: np.ndarray, targets: list[int],
+                      now: float) -> None:
+        """``set_chunks`` for ``rows`` after one chunk each of ``num_frames`` that their
+        requests recorded at ``now`` (``targets``: their schedules' next entries), the report's
+        count of frames since it kept up without a search: one write per column."""
+        self.num_chunks[rows] += 1
+        self.chunk_target[rows] = targets
+        self.first_chunk_time[rows[self.num_chunks[rows] == 1]] = now
+        self.last_chunk_time[rows] = now
+        self.decoded[rows] += num_frames
+        self.pending[rows] -= num_frames
+        after = self.has_report[rows] & (self.report_at[rows] < now)
+        self.frames_since[rows[after]] += num_frames[after]
 
     def set_report(self, slot: int, request: Request) -> None:
         """The listener's latest report (after it changed)."""
