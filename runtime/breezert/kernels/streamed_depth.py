@@ -19,14 +19,20 @@ launched cooperatively) forks
   copies the item's weight tiles (``BN x BK`` bf16, TMA) into a shared-memory ring, waiting only
   for free slots: it runs ahead across phase boundaries, so the HBM stream never drains;
 - consumer warps that wait for the previous phase (a per-phase counter in global memory:
-  release on arrival, acquire spin), stage the phase's input for a work item's K range in shared
-  memory (made inside the launch: ``.cg`` loads; RMSNorm applied there) and multiply each ring
-  tile by it on the tensor cores (``mma_v2``: the ``BN x BK`` weight tile is the 16-row operand,
-  the rows, padded to 8 or 16, the other), so 16 rows cost about what 2 do.
+  release on arrival, acquire spin), stage the phase's input in shared memory (made inside the
+  launch: ``.cg`` loads; RMSNorm applied there, its statistics from the staged registers): the
+  whole input once a phase where it fits (q/k/v, o_proj, gate/up, head), else a work item's K
+  range (projector, down_proj); then multiply each ring tile by it on the tensor cores
+  (``mma_v2``: the ``BN x BK`` weight tile is the 16-row operand, the rows, padded to 8 or 16,
+  the other), so 16 rows cost about what 2 do. The staged input is XOR-swizzled in 16-byte
+  units, so those operand loads are free of bank conflicts; o_proj's and down's residual is
+  read before the tiles are multiplied.
 
-Status (H200, bench/README.md "third session"): correct (tests/gpu), 8.6 ms a frame at one
-request against the persistent frame's 7.8: each phase's dependency chain (~5 us of L2 round
-trips) is the cost, not the stream. Off in every profile until it wins.
+Status (H200, bench/README.md "third session"): v3 (one staging per item, the rstd read apart,
+a plain staging layout, the residual read in the epilogue) correct (tests/gpu), 8.6 ms a frame
+at one request against the persistent frame's 7.8: each phase's dependency chain (~5 us of L2
+round trips) is the cost, not the stream. This version (v4) shortens those chains; built for
+sm_90, not yet run. Off in every profile until it wins.
 
 Work items: a phase's weight ``[N, K]`` is cut into ``BN``-column tiles and ``S`` K splits
 (``StreamTiles``); item ``i`` = (column tile ``i % n_tiles``, split ``i // n_tiles``), taken by
@@ -128,27 +134,22 @@ def _bf16(x):
 
 
 @gluon.jit
-def _rstd(h_ptr, R, eps, D: gl.constexpr, RB: gl.constexpr, XL: gl.constexpr):
-    """``1 / sqrt(mean(h^2) + eps)`` of every row (fp32), in the x tiles' row layout."""
-    rows = gl.arange(0, RB, layout=gl.SliceLayout(1, XL))
-    cols = gl.arange(0, D, layout=gl.SliceLayout(0, XL))
-    x = gl.load(h_ptr + rows[:, None] * D + cols[None, :], mask=(rows < R)[:, None], other=0.0,
-                cache_modifier=".cg").to(gl.float32)
-    return 1.0 / gl.sqrt(gl.sum(x * x, axis=1) / D + eps)
-
-
-@gluon.jit
-def _x_tile(KIND: gl.constexpr, kb, pos, R, B, x_ptr, nw_ptr, rstd, codes_ptr, hidden_ptr,
-            K: gl.constexpr, V: gl.constexpr, NCB: gl.constexpr, RB: gl.constexpr,
-            BK: gl.constexpr, XL: gl.constexpr):
-    """Columns ``kb * BK ..`` of the phase's input, every row, as fp32 of bf16 values:
-    PROJ the backbone state (p = 0) or the audio table's row of code c_{p-1} (an EOS first code
-    clamped into the table, as ``depth_frames`` does); QKV, GATE_UP, HEAD the RMSNormed ``h``
-    (``bf16(w * bf16(x * rstd))``); O the attention output; DOWN ``bf16(bf16(silu(g)) * u)``
-    (made by GATE_UP's epilogue)."""
-    rows = gl.arange(0, RB, layout=gl.SliceLayout(1, XL))
-    cols = kb * BK + gl.arange(0, BK, layout=gl.SliceLayout(0, XL))
-    rmask = (rows < R)[:, None]
+def _stage(KIND: gl.constexpr, t0, pos, R, B, x_ptr, nw_ptr, codes_ptr, hidden_ptr, xs, eps,
+           NT: gl.constexpr, K: gl.constexpr, V: gl.constexpr, NCB: gl.constexpr,
+           RB: gl.constexpr, BK: gl.constexpr, X3: gl.constexpr):
+    """K tiles ``t0 .. t0 + NT`` of the phase's input, every row, into ``xs[0 .. NT]`` (bf16,
+    tile by tile: ``xs[t]`` is ``[RB, BK]``): one load of all of them (one L2 round trip),
+    then the store, between two partition barriers (the last reads of ``xs`` are done before;
+    every consumer warp sees the whole input after). PROJ the backbone state (p = 0) or the audio
+    table's row of code c_{p-1} (an EOS first code clamped into the table, as ``depth_frames``
+    does); QKV, GATE_UP, HEAD the RMSNormed ``h`` (``bf16(w * bf16(x * rstd))``, the statistics
+    from the registers it stages: the whole row, ``NT * BK == K``); O the attention output;
+    DOWN ``bf16(bf16(silu(g)) * u)`` (made by GATE_UP's epilogue)."""
+    tiles = t0 + gl.arange(0, NT, layout=gl.SliceLayout(1, gl.SliceLayout(2, X3)))
+    rows = gl.arange(0, RB, layout=gl.SliceLayout(0, gl.SliceLayout(2, X3)))
+    offs = gl.arange(0, BK, layout=gl.SliceLayout(0, gl.SliceLayout(1, X3)))
+    cols = tiles[:, None, None] * BK + offs[None, None, :]  # [NT, 1, BK]
+    rmask = (rows < R)[None, :, None]
     if KIND == PROJ:
         if pos == 0:
             src = hidden_ptr + rows.to(gl.int64) * K
@@ -157,28 +158,33 @@ def _x_tile(KIND: gl.constexpr, kb, pos, R, B, x_ptr, nw_ptr, rstd, codes_ptr, h
                            cache_modifier=".cg")
             code = gl.minimum(code, V - 1)
             src = x_ptr + (code + V * (pos - 1)).to(gl.int64) * K
-        x = gl.load(src[:, None] + cols[None, :], mask=rmask, other=0.0,
+        x = gl.load(src[None, :, None] + cols, mask=rmask, other=0.0,
                     cache_modifier=".cg").to(gl.float32)
     elif (KIND == O) | (KIND == DOWN):
-        x = gl.load(x_ptr + rows[:, None] * K + cols[None, :], mask=rmask, other=0.0,
+        x = gl.load(x_ptr + rows[None, :, None] * K + cols, mask=rmask, other=0.0,
                     cache_modifier=".cg").to(gl.float32)
     else:  # QKV, GATE_UP, HEAD: RMSNorm at RMSNorm.forward's rounding
-        h = gl.load(x_ptr + rows[:, None] * K + cols[None, :], mask=rmask, other=0.0,
+        gl.static_assert(NT * BK == K, "an RMSNormed input is staged whole")
+        h = gl.load(x_ptr + rows[None, :, None] * K + cols, mask=rmask, other=0.0,
                     cache_modifier=".cg").to(gl.float32)
+        rstd = 1.0 / gl.sqrt(gl.sum(gl.sum(h * h, axis=2), axis=0) / K + eps)
         w = gl.load(nw_ptr + cols).to(gl.float32)
-        x = _bf16(w[None, :] * _bf16(h * rstd[:, None]))
-    return x
+        x = _bf16(w * _bf16(h * rstd[None, :, None]))
+    _partition_barrier()  # the last reads of xs are done
+    xs.slice(0, NT, dim=0).store(x.to(gl.bfloat16))
+    _partition_barrier()  # every consumer warp sees the whole input
 
 
 @gluon.jit
-def _epilogue(KIND: gl.constexpr, total, up, nb, pos, R, out_ptr, N: gl.constexpr,
+def _epilogue(KIND: gl.constexpr, total, up, res, nb, pos, R, out_ptr, N: gl.constexpr,
               V: gl.constexpr, RB: gl.constexpr, BN: gl.constexpr, AL: gl.constexpr):
     """A finished tile ``total [BN, RB]`` (fp32 sums, output columns x rows: the tensor cores'
     transposed product) into the phase's output: bf16 for PROJ and
     QKV; for GATE_UP (``up``: the up tile's sums) ``bf16(bf16(silu(gate)) * up)`` of the bf16
     gate and up, as the eager MLP rounds; ``h = bf16(h + bf16(total))`` for O and DOWN
-    (``out_ptr`` is ``h``: this item owns these columns, no other program reads ``h`` in this
-    phase); fp32 logits for HEAD."""
+    (``out_ptr`` is ``h``, ``res`` its bf16 values of these columns, read before the tile was
+    multiplied: this item owns these columns, no other program reads ``h`` in this phase); fp32
+    logits for HEAD."""
     rows = gl.arange(0, RB, layout=gl.SliceLayout(0, AL))
     n = nb * BN + gl.arange(0, BN, layout=gl.SliceLayout(1, AL))
     if KIND == HEAD:
@@ -188,8 +194,7 @@ def _epilogue(KIND: gl.constexpr, total, up, nb, pos, R, out_ptr, N: gl.constexp
         dst = out_ptr + rows[None, :] * N + n[:, None]
         mask = (rows < R)[None, :]
         if (KIND == O) | (KIND == DOWN):
-            res = gl.load(dst, mask=mask, other=0.0, cache_modifier=".cg").to(gl.float32)
-            out = _bf16(res + _bf16(total))
+            out = _bf16(res.to(gl.float32) + _bf16(total))
         elif KIND == GATE_UP:
             gate = _bf16(total)
             out = _bf16(_bf16(gate / (1.0 + gl.exp(-gate))) * _bf16(up))  # F.silu, then * up
@@ -269,36 +274,49 @@ def _take(ring, ready, empty, it, SLOTS: gl.constexpr, WL: gl.constexpr):
 @gluon.jit
 def _gemv_phase(KIND: gl.constexpr, ring, xs, ready, empty, it, pid, P, pos, R, B, x_ptr,
                 nw_ptr, codes_ptr, hidden_ptr, out_ptr, ws_ptr, ws_split, cnt_ptr, eps,
-                N: gl.constexpr, K: gl.constexpr, SPLIT: gl.constexpr, D: gl.constexpr,
-                V: gl.constexpr, NCB: gl.constexpr, RB: gl.constexpr, BN: gl.constexpr,
-                BK: gl.constexpr, SLOTS: gl.constexpr, XB: gl.constexpr, MMA: gl.constexpr):
-    """The consumers' share of one weight phase. Per item: its input (every row, the item's K
-    range) made once into shared memory ``xs``, then each K tile from the ring times it on the
-    tensor cores (``[BN, BK] @ [BK, RB]``: the weight tile is the 16-row operand, the rows the
+                N: gl.constexpr, K: gl.constexpr, SPLIT: gl.constexpr, V: gl.constexpr,
+                NCB: gl.constexpr, RB: gl.constexpr, BN: gl.constexpr,
+                BK: gl.constexpr, SLOTS: gl.constexpr, X3: gl.constexpr, MMA: gl.constexpr):
+    """The consumers' share of one weight phase. Its input goes into shared memory ``xs`` (K
+    tile by K tile): the whole of it once a phase where it fits (every phase but PROJ and DOWN:
+    one load, the RMSNorm statistics from the same registers; an item reads its split's tiles),
+    else the item's K range per item. Per item: O and DOWN read the residual first (its load is
+    in flight while the tiles are multiplied), then each K tile from the ring times the input on
+    the tensor cores (``[BN, BK] @ [BK, RB]``: the weight tile is the 16-row operand, the rows the
     8- or 16-column one; GATE_UP: a gate tile and its up tile a K step, ``N`` the intermediate
     size), then the split-K sum and the epilogue."""
     A_L: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=MMA, k_width=2)
     B_L: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=MMA, k_width=2)
     n_tiles: gl.constexpr = N // BN
-    KTI: gl.constexpr = K // BK // SPLIT
-    KI: gl.constexpr = KTI * BK  # an item's K range
-    rstd = gl.full([RB], 1.0, gl.float32, layout=gl.SliceLayout(1, XB))
-    if (KIND == QKV) | (KIND == GATE_UP) | (KIND == HEAD):
-        rstd = _rstd(x_ptr, R, eps, D, RB, XB)
+    KTI: gl.constexpr = K // BK // SPLIT  # K tiles an item
+    WHOLE: gl.constexpr = (KIND != PROJ) & (KIND != DOWN)  # the input staged once a phase
+    if WHOLE:
+        if pid < n_tiles * SPLIT:  # this program has an item in the phase
+            _stage(KIND, 0, pos, R, B, x_ptr, nw_ptr, codes_ptr, hidden_ptr, xs, eps, K // BK,
+                   K, V, NCB, RB, BK, X3)
+    # the same bytes as tiles for the operand loads: a runtime tile index (``xs`` is staged
+    # through its rank-3 layout, which swizzles each [RB, BK] tile as this rank-2 one does)
+    tiles = xs._reinterpret(gl.bfloat16, xs.shape, gl.SwizzledSharedLayout(
+        vec=8, per_phase=1, max_phase=8, order=[1, 0]))
     rows = gl.arange(0, RB, layout=gl.SliceLayout(0, MMA))
     offs_n = gl.arange(0, BN, layout=gl.SliceLayout(1, MMA))
+    mask = (rows < R)[None, :]
     for item in range(pid, n_tiles * SPLIT, P):
         nb = item % n_tiles
         split = item // n_tiles
-        x = _x_tile(KIND, split, pos, R, B, x_ptr, nw_ptr, rstd, codes_ptr, hidden_ptr, K, V,
-                    NCB, RB, KI, XB)
-        _partition_barrier()  # the last item's reads of xs are done
-        xs.slice(0, KI, dim=1).store(x.to(gl.bfloat16))
-        _partition_barrier()  # every consumer warp sees the whole input
+        res = gl.zeros([BN, RB], gl.bfloat16, MMA)
+        if (KIND == O) | (KIND == DOWN):  # the residual h of the tile's columns, in flight now
+            res = gl.load(out_ptr + rows[None, :] * N + (nb * BN + offs_n)[:, None], mask=mask,
+                          other=0.0, cache_modifier=".cg")
+        t0 = split * KTI  # the item's first K tile in xs
+        if not WHOLE:
+            _stage(KIND, t0, pos, R, B, x_ptr, nw_ptr, codes_ptr, hidden_ptr, xs, eps, KTI, K,
+                   V, NCB, RB, BK, X3)
+            t0 = 0
         acc = gl.zeros([BN, RB], gl.float32, MMA)
         acc_up = gl.zeros([BN, RB], gl.float32, MMA)  # GATE_UP: the up tile's sums
         for kk in gl.static_range(KTI):
-            xt = xs.slice(kk * BK, BK, dim=1).permute((1, 0)).load(B_L)  # [BK, RB]
+            xt = tiles.index(t0 + kk).permute((1, 0)).load(B_L)  # [BK, RB]
             w = _take(ring, ready, empty, it, SLOTS, A_L)
             it += 1
             acc = mma_v2(w, xt, acc)
@@ -307,20 +325,19 @@ def _gemv_phase(KIND: gl.constexpr, ring, xs, ready, empty, it, pid, P, pos, R, 
                 it += 1
                 acc_up = mma_v2(w, xt, acc_up)
         if SPLIT == 1:
-            _epilogue(KIND, acc, acc_up, nb, pos, R, out_ptr, N, V, RB, BN, MMA)
+            _epilogue(KIND, acc, acc_up, res, nb, pos, R, out_ptr, N, V, RB, BN, MMA)
         else:
             part = ws_ptr + rows[None, :] * N + (nb * BN + offs_n)[:, None]
-            mask = (rows < R)[None, :]
             gl.store(part + split * ws_split, acc, mask=mask)
             _partition_barrier()  # every warp's partial is written before the counter says so
             arrived = gl.atomic_add(cnt_ptr + nb, 1, sem="acq_rel", scope="gpu")
             if arrived == SPLIT - 1:  # the last of the tile's splits sums them, in order
                 total = gl.zeros([BN, RB], gl.float32, MMA)
-                for s in range(SPLIT):
+                for s in gl.static_range(SPLIT):  # every partial's load issued at once
                     total += gl.load(part + s * ws_split, mask=mask, other=0.0,
                                      cache_modifier=".cg")
                 gl.store(cnt_ptr + nb, 0)
-                _epilogue(KIND, total, acc_up, nb, pos, R, out_ptr, N, V, RB, BN, MMA)
+                _epilogue(KIND, total, acc_up, res, nb, pos, R, out_ptr, N, V, RB, BN, MMA)
     return it
 
 
@@ -405,14 +422,14 @@ def _consumer(ring, xs, ready, empty, hidden_ptr, codes_ptr, embed_ptr, ln1_ptr,
               V: gl.constexpr, VP: gl.constexpr, RB: gl.constexpr, BN: gl.constexpr,
               BK: gl.constexpr, SLOTS: gl.constexpr, PROJ_S: gl.constexpr, QKV_S: gl.constexpr,
               O_S: gl.constexpr, DOWN_S: gl.constexpr,
-              HEAD_S: gl.constexpr, XB: gl.constexpr, MMA: gl.constexpr, A3: gl.constexpr):
+              HEAD_S: gl.constexpr, X3: gl.constexpr, MMA: gl.constexpr, A3: gl.constexpr):
     pid = gl.program_id(0)
     P = gl.num_programs(0)
     NQKV: gl.constexpr = (H + 2 * KVH) * HD
     HHD: gl.constexpr = H * HD
     it = _gemv_phase(PROJ, ring, xs, ready, empty, pid * 0, pid, P, pos, R, B, embed_ptr, ln1_ptr,
                      codes_ptr, hidden_ptr, h_ptr, ws_ptr, ws_split, cnt_ptr, eps, D, DB,
-                     PROJ_S, D, V, NCB, RB, BN, BK, SLOTS, XB, MMA)
+                     PROJ_S, V, NCB, RB, BN, BK, SLOTS, X3, MMA)
     target = _arrive(bar_ptr, P)
     g = 1  # the phase this program runs next: it waits for phase g - 1
     for layer in range(L):
@@ -421,8 +438,8 @@ def _consumer(ring, xs, ready, empty, hidden_ptr, codes_ptr, embed_ptr, ln1_ptr,
             if step == 0:
                 it = _gemv_phase(QKV, ring, xs, ready, empty, it, pid, P, pos, R, B, h_ptr,
                                  ln1_ptr + layer * D, codes_ptr, hidden_ptr, qkv_ptr, ws_ptr,
-                                 ws_split, cnt_ptr, eps, NQKV, D, QKV_S, D, V, NCB, RB, BN, BK,
-                                 SLOTS, XB, MMA)
+                                 ws_split, cnt_ptr, eps, NQKV, D, QKV_S, V, NCB, RB, BN, BK,
+                                 SLOTS, X3, MMA)
             elif step == 1:
                 _attention_phase(pid, P, pos, R, qkv_ptr, cos_ptr, sin_ptr,
                                  cache_ptr + layer.to(gl.int64) * c_layer, attn_ptr, scale, c_kv,
@@ -430,23 +447,23 @@ def _consumer(ring, xs, ready, empty, hidden_ptr, codes_ptr, embed_ptr, ln1_ptr,
             elif step == 2:
                 it = _gemv_phase(O, ring, xs, ready, empty, it, pid, P, pos, R, B, attn_ptr, ln1_ptr,
                                  codes_ptr, hidden_ptr, h_ptr, ws_ptr, ws_split, cnt_ptr, eps, D,
-                                 HHD, O_S, D, V, NCB, RB, BN, BK, SLOTS, XB, MMA)
+                                 HHD, O_S, V, NCB, RB, BN, BK, SLOTS, X3, MMA)
             elif step == 3:
                 it = _gemv_phase(GATE_UP, ring, xs, ready, empty, it, pid, P, pos, R, B, h_ptr,
                                  ln2_ptr + layer * D, codes_ptr, hidden_ptr, act_ptr, ws_ptr,
-                                 ws_split, cnt_ptr, eps, I, D, 1, D, V, NCB, RB, BN, BK, SLOTS,
-                                 XB, MMA)
+                                 ws_split, cnt_ptr, eps, I, D, 1, V, NCB, RB, BN, BK, SLOTS,
+                                 X3, MMA)
             else:
                 it = _gemv_phase(DOWN, ring, xs, ready, empty, it, pid, P, pos, R, B, act_ptr, ln1_ptr,
                                  codes_ptr, hidden_ptr, h_ptr, ws_ptr, ws_split, cnt_ptr, eps, D,
-                                 I, DOWN_S, D, V, NCB, RB, BN, BK, SLOTS, XB, MMA)
+                                 I, DOWN_S, V, NCB, RB, BN, BK, SLOTS, X3, MMA)
             target = _arrive(bar_ptr + g, P)
             g += 1
     if pos > 0:
         _wait(bar_ptr + g - 1, target)
         _gemv_phase(HEAD, ring, xs, ready, empty, it, pid, P, pos, R, B, h_ptr, norm_ptr, codes_ptr,
-                    hidden_ptr, logits_ptr, ws_ptr, ws_split, cnt_ptr, eps, VP, D, HEAD_S, D, V,
-                    NCB, RB, BN, BK, SLOTS, XB, MMA)
+                    hidden_ptr, logits_ptr, ws_ptr, ws_split, cnt_ptr, eps, VP, D, HEAD_S, V,
+                    NCB, RB, BN, BK, SLOTS, X3, MMA)
 
 
 @gluon.jit(do_not_specialize=["pos", "R", "B"])
@@ -459,19 +476,24 @@ def _position_kernel(
     HD: gl.constexpr, L: gl.constexpr, NCB: gl.constexpr, V: gl.constexpr, VP: gl.constexpr,
     RB: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr, SLOTS: gl.constexpr,
     PROJ_S: gl.constexpr, QKV_S: gl.constexpr, O_S: gl.constexpr,
-    DOWN_S: gl.constexpr, HEAD_S: gl.constexpr, KMAX: gl.constexpr, MMA: gl.constexpr,
+    DOWN_S: gl.constexpr, HEAD_S: gl.constexpr, XT: gl.constexpr, MMA: gl.constexpr,
     num_warps: gl.constexpr,
 ):
     """Position ``pos`` of a frame: projector, 12 layers, head (``pos >= 1``); the phases of one
     launch wait on ``bar_ptr[0 .. 61]`` (see the module docstring)."""
     # the rows' inputs as they are made: 8 contiguous values a lane along K
-    XB: gl.constexpr = gl.BlockedLayout([1, 8], [1, 32], [num_warps, 1], [1, 0])
+    # the rows' inputs as they are staged, [K tile, row, column in the tile]: 8 contiguous
+    # values a lane (16-byte loads and shared stores)
+    X3: gl.constexpr = gl.BlockedLayout([1, 1, 8], [1, 2, 16], [1, num_warps, 1], [2, 1, 0])
     # attention: [query heads, slots, half a head]
     A3: gl.constexpr = gl.BlockedLayout([1, 1, 8], [1, 4, 8], [1, num_warps, 1], [2, 1, 0])
     ring = gl.allocate_shared_memory(gl.bfloat16, [SLOTS, BN, BK], qkv_desc.layout)
-    # the rows' staged input: a plain row-major layout, sliced along K per tile
-    XS: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[1, 0])
-    xs = gl.allocate_shared_memory(gl.bfloat16, [RB, KMAX], XS)
+    # the rows' staged input, K tile by K tile (``xs.index(t)``: a runtime tile), each tile's
+    # rows XOR-swizzled in 16-byte units (row r's unit u at u ^ (r % 8)): the tensor cores'
+    # operand loads read 8 rows' same units (256-byte rows: one bank group unswizzled) from 8
+    # distinct bank groups
+    XS: gl.constexpr = gl.SwizzledSharedLayout(vec=8, per_phase=1, max_phase=8, order=[2, 1, 0])
+    xs = gl.allocate_shared_memory(gl.bfloat16, [XT, RB, BK], XS)
     ready = gl.allocate_shared_memory(gl.int64, [SLOTS, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [SLOTS, 1], mbarrier.MBarrierLayout())
     for i in gl.static_range(SLOTS):
@@ -483,7 +505,7 @@ def _position_kernel(
                      norm_ptr, cos_ptr, sin_ptr, h_ptr, qkv_ptr, attn_ptr, act_ptr, cache_ptr,
                      logits_ptr, ws_ptr, cnt_ptr, bar_ptr, pos, R, B, eps, scale, ws_split,
                      c_layer, c_kv, c_row, c_head, c_pos, D, DB, I, H, KVH, HD, L, NCB, V, VP,
-                     RB, BN, BK, SLOTS, PROJ_S, QKV_S, O_S, DOWN_S, HEAD_S, XB, MMA, A3)),
+                     RB, BN, BK, SLOTS, PROJ_S, QKV_S, O_S, DOWN_S, HEAD_S, X3, MMA, A3)),
         (_loader, (proj_desc, qkv_desc, o_desc, gu_desc, down_desc, head_desc, ring, ready,
                    empty, pos, D, DB, I, NQKV, H * HD, L, VP, BN, BK, SLOTS, PROJ_S, QKV_S, O_S,
                    DOWN_S, HEAD_S)),
@@ -554,11 +576,11 @@ class StreamedDepthFrame:
         layout = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=16, rank=2)
         self.descs = [TensorDescriptor(w, list(w.shape), list(w.stride()), [t.bn, t.bk], layout)
                       for w in (self.proj, self.qkv, self.o, self.gate_up, self.down, self.head)]
-        # the widest K range of one work item: the input a consumer stages in shared memory
-        self.item_k = max(cfg.backbone_hidden_size // t.proj_split,
-                          cfg.hidden_size // t.qkv_split,
-                          cfg.num_heads * cfg.head_dim // t.o_split, cfg.hidden_size,
-                          cfg.intermediate_size // t.down_split, cfg.hidden_size // t.head_split)
+        # the K tiles a consumer stages in shared memory at once: a phase's whole input (q/k/v,
+        # o_proj, gate/up, head) or one item's K range (projector, down_proj)
+        self.staged_tiles = max(cfg.backbone_hidden_size // t.proj_split, cfg.hidden_size,
+                                cfg.num_heads * cfg.head_dim,
+                                cfg.intermediate_size // t.down_split) // t.bk
         self.mma = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[t.warps, 1],
                                              instr_shape=[16, 8])
         if programs is None:
@@ -646,7 +668,7 @@ class StreamedDepthFrame:
                 D=cfg.hidden_size, DB=cfg.backbone_hidden_size, I=cfg.intermediate_size,
                 H=cfg.num_heads, KVH=cfg.num_kv_heads, HD=cfg.head_dim, L=cfg.num_layers,
                 NCB=cfg.num_codebooks, V=self.vocab, VP=self.vocab_padded, RB=rb, BN=t.bn,
-                KMAX=self.item_k, MMA=self.mma,
+                XT=self.staged_tiles, MMA=self.mma,
                 BK=t.bk, SLOTS=t.slots, PROJ_S=t.proj_split, QKV_S=t.qkv_split, O_S=t.o_split,
                 DOWN_S=t.down_split, HEAD_S=t.head_split,
                 num_warps=t.warps, maxnreg=t.maxnreg, launch_cooperative_grid=True)
