@@ -1,7 +1,9 @@
-"""The streamed depth frame's refusals (kernels/streamed_depth.py), on CPU: what it cannot run
-is refused when it is made or called, naming why. Its kernels build for sm_90 in
-tests/unit/test_sm90_build.py and run in tests/gpu/test_gpu_frame_kernels.py (Gluon has no
-CPU interpreter)."""
+"""The streamed depth frame (kernels/streamed_depth.py) on CPU: what it cannot run is refused
+when it is made or called, naming why; its staged input's two shared layouts (stored through one,
+read by tile through the other) agree, and the tensor cores' operand loads from it have no bank
+conflicts (both read from the layouts as Triton lowers them: a kernel traced for sm_90, not run).
+Its kernels build for sm_90 in tests/unit/test_sm90_build.py and run in
+tests/gpu/test_gpu_frame_kernels.py (Gluon has no CPU interpreter)."""
 
 from __future__ import annotations
 
@@ -51,3 +53,68 @@ def test_refuses_what_it_cannot_run() -> None:
         frame(**_meta_inputs(2, 3))
     with pytest.raises(ValueError, match="6 rows past"):
         frame(**_meta_inputs(3, 6))
+
+
+class _Seen(dict):
+    """What a traced probe recorded. Triton checks that a kernel's referenced values did not
+    change while it was built (a deep copy, then ``!=``): this one is its own copy and equal only
+    to itself."""
+
+    def __deepcopy__(self, memo: dict) -> _Seen:
+        return self
+
+    __eq__ = object.__eq__
+    __ne__ = object.__ne__
+    __hash__ = object.__hash__  # type: ignore[assignment]
+
+
+def _staged_layouts_probe(seen: _Seen):
+    """A Gluon kernel that, when traced, puts into ``seen`` the staged input's layouts as Triton
+    lowers them and the operand loads' bank conflicts, from it and from v3's plain layout."""
+    from triton.experimental import gluon
+    from triton.experimental.gluon import language as gl
+
+    from breezert.kernels.streamed_depth import STAGED, STAGED_TILE
+
+    @gluon.constexpr_function
+    def record(name, value):
+        seen[name] = value
+
+    @gluon.jit
+    def probe(out, XT: gl.constexpr, RB: gl.constexpr, BK: gl.constexpr, MMA: gl.constexpr):
+        xs = gl.allocate_shared_memory(gl.bfloat16, [XT, RB, BK], STAGED)
+        tiles = xs._reinterpret(gl.bfloat16, xs.shape, STAGED_TILE)
+        plain = gl.allocate_shared_memory(gl.bfloat16, [RB, BK], gl.SwizzledSharedLayout(
+            vec=1, per_phase=1, max_phase=1, order=[1, 0]))
+        operand = gl.zeros([BK, RB], gl.bfloat16,
+                           gl.DotOperandLayout(operand_index=1, parent=MMA, k_width=2)).type
+        record("staged", gl.to_linear_layout(STAGED, [XT, RB, BK]))
+        record("tile", gl.to_linear_layout(STAGED_TILE, [RB, BK]))
+        record("conflicts", gl.bank_conflicts(operand, tiles.index(1).permute((1, 0)).type))
+        record("plain conflicts", gl.bank_conflicts(operand, plain.permute((1, 0)).type))
+
+    return probe
+
+
+def test_staged_tiles_are_the_staged_bytes_without_bank_conflicts(tmp_path, monkeypatch) -> None:
+    from breezert.kernels.streamed_depth import StreamedDepthFrame, StreamTiles
+    from tests.sm90_build import build_only
+
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path))  # traced here, not from the cache
+    with torch.device("meta"):
+        full = random_bf16_fused_(DepthDecoder(BreezeConfig.full().depth))
+    tiles = StreamTiles()
+    frame = StreamedDepthFrame(full, programs=132, tiles=tiles)
+    for rows in (8, 16):  # the two row operands
+        seen = _Seen()
+        with build_only():
+            _staged_layouts_probe(seen).warmup(
+                torch.empty(1, device="meta"), XT=frame.staged_tiles, RB=rows, BK=tiles.bk,
+                MMA=frame.mma, num_warps=tiles.warps, grid=(1,))
+        staged = seen["staged"].offset_bases  # type: ignore[attr-defined]
+        tile = seen["tile"].offset_bases  # type: ignore[attr-defined]
+        # tile t of the stored layout is tile t of the read one, at t whole tiles
+        assert staged == ([[0, *b] for b in tile]
+                          + [[1 << i, 0, 0] for i in range(frame.staged_tiles.bit_length() - 1)])
+        assert seen["conflicts"] == 0
+        assert seen["plain conflicts"] > 0, "the swizzle is what removes the conflicts"

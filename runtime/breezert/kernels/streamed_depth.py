@@ -76,6 +76,16 @@ and the rows padded to 8 or 16 as the other): 8 requests with CFG."""
 # phase kinds (constexpr globals: the device code reads them)
 PROJ, QKV, O, GATE_UP, DOWN, HEAD = (gl.constexpr(k) for k in range(6))
 
+# The rows' staged input in shared memory, ``[K tile, row, column in the tile]``: each tile's
+# rows XOR-swizzled in 16-byte units (row r's unit u at u ^ (r % 8)), so the tensor cores' operand
+# loads, 8 rows' same unit at a time (256-byte rows: one bank group unswizzled), read 8 distinct
+# bank groups. STAGED is the layout the input is stored through (rank 3); STAGED_TILE the same
+# bytes as tiles (rank 2 over the leading index, as the TMA ring is), so a runtime tile index
+# (``.index(t)``) can pick an item's split. tests/unit/test_streamed_depth.py checks that the two
+# give every tile the same addresses and that the operand loads have no bank conflicts.
+STAGED = gl.constexpr(gl.SwizzledSharedLayout(vec=8, per_phase=1, max_phase=8, order=[2, 1, 0]))
+STAGED_TILE = gl.constexpr(gl.SwizzledSharedLayout(vec=8, per_phase=1, max_phase=8, order=[1, 0]))
+
 # triton 3.6 names the partition-wide barrier thread_barrier; 3.7 renamed it barrier
 _partition_barrier = getattr(gl, "thread_barrier", None) or gl.barrier
 
@@ -294,10 +304,7 @@ def _gemv_phase(KIND: gl.constexpr, ring, xs, ready, empty, it, pid, P, pos, R, 
         if pid < n_tiles * SPLIT:  # this program has an item in the phase
             _stage(KIND, 0, pos, R, B, x_ptr, nw_ptr, codes_ptr, hidden_ptr, xs, eps, K // BK,
                    K, V, NCB, RB, BK, X3)
-    # the same bytes as tiles for the operand loads: a runtime tile index (``xs`` is staged
-    # through its rank-3 layout, which swizzles each [RB, BK] tile as this rank-2 one does)
-    tiles = xs._reinterpret(gl.bfloat16, xs.shape, gl.SwizzledSharedLayout(
-        vec=8, per_phase=1, max_phase=8, order=[1, 0]))
+    tiles = xs._reinterpret(gl.bfloat16, xs.shape, STAGED_TILE)  # the same bytes, by tile
     rows = gl.arange(0, RB, layout=gl.SliceLayout(0, MMA))
     offs_n = gl.arange(0, BN, layout=gl.SliceLayout(1, MMA))
     mask = (rows < R)[None, :]
@@ -482,18 +489,13 @@ def _position_kernel(
     """Position ``pos`` of a frame: projector, 12 layers, head (``pos >= 1``); the phases of one
     launch wait on ``bar_ptr[0 .. 61]`` (see the module docstring)."""
     # the rows' inputs as they are made: 8 contiguous values a lane along K
-    # the rows' inputs as they are staged, [K tile, row, column in the tile]: 8 contiguous
-    # values a lane (16-byte loads and shared stores)
+    # the rows' input in registers as it is staged, [K tile, row, column in the tile]: 8
+    # contiguous values a lane (16-byte loads and shared stores)
     X3: gl.constexpr = gl.BlockedLayout([1, 1, 8], [1, 2, 16], [1, num_warps, 1], [2, 1, 0])
     # attention: [query heads, slots, half a head]
     A3: gl.constexpr = gl.BlockedLayout([1, 1, 8], [1, 4, 8], [1, num_warps, 1], [2, 1, 0])
     ring = gl.allocate_shared_memory(gl.bfloat16, [SLOTS, BN, BK], qkv_desc.layout)
-    # the rows' staged input, K tile by K tile (``xs.index(t)``: a runtime tile), each tile's
-    # rows XOR-swizzled in 16-byte units (row r's unit u at u ^ (r % 8)): the tensor cores'
-    # operand loads read 8 rows' same units (256-byte rows: one bank group unswizzled) from 8
-    # distinct bank groups
-    XS: gl.constexpr = gl.SwizzledSharedLayout(vec=8, per_phase=1, max_phase=8, order=[2, 1, 0])
-    xs = gl.allocate_shared_memory(gl.bfloat16, [XT, RB, BK], XS)
+    xs = gl.allocate_shared_memory(gl.bfloat16, [XT, RB, BK], STAGED)  # the rows' input
     ready = gl.allocate_shared_memory(gl.int64, [SLOTS, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [SLOTS, 1], mbarrier.MBarrierLayout())
     for i in gl.static_range(SLOTS):
