@@ -120,3 +120,32 @@ def test_streamed_equals_one_shot() -> None:
 @needs_triton
 def test_bf16_storage() -> None:
     run_in_interpreter(__name__, "check_bf16_storage()")
+
+
+def check_bench_runs() -> None:
+    """``bench/codec_conv_kernels.py``'s sections on CPU (tiny layer list, no timing): every
+    unit variant runs and the summary covers them; the kernels match the strict unit."""
+    import json
+    import sys
+    import tempfile
+
+    import codec_conv_kernels as bench
+
+    bench.DEVICE = "cpu"
+    bench.BLOCKS = [("tiny", 32, 4)]
+    bench.TCONVS = [("tiny.up", 64, 32, 3, 2)]
+    bench.median_ms = lambda fn: (fn(), 1.0)[1]
+    with tempfile.NamedTemporaryFile(suffix=".json") as out:
+        sys.argv = ["bench", "--out", out.name, "--shapes", "2x3"]
+        bench.main()
+        doc = json.load(open(out.name))
+    summary = doc["unit_summary"]["2x3"]
+    assert {"served", "fused-bf16", "gemm-only", "fused-best"} <= set(summary), summary
+    assert not [r for r in doc["residual_unit"] if "error" in r]
+    assert all(s["min_snr_db"] > 100 for v, s in summary.items() if v.startswith("fused/"))
+    assert {r["variant"] for r in doc["causal_conv"]} >= {"ncl", "gemm7", "triton"}
+
+
+@needs_triton
+def test_the_codec_conv_bench_runs() -> None:
+    run_in_interpreter(__name__, "check_bench_runs()")

@@ -42,6 +42,14 @@ class ConvTiles:
         return f"bm{self.bm}bn{self.bn}bk{self.bk}w{self.num_warps}s{self.num_stages}"
 
 
+CANDIDATE_TILES = (ConvTiles(), ConvTiles(128, 64, 32, 4, 4), ConvTiles(64, 128, 32, 4, 4),
+                   ConvTiles(128, 32, 32, 4, 4))
+"""The launch shapes ``bench/codec_conv_kernels.py`` times for each unit (none measured yet):
+the default; narrower column blocks (more programs, each re-applying SnakeBeta to its input
+tiles); and 32 columns, which cover 96 channels without the 25 % of masked columns that
+128 (a power of two, as Triton's blocks must be) computes for nothing."""
+
+
 @dataclass(frozen=True)
 class PackedUnit:
     """One residual unit's weights as the kernels read them."""
@@ -154,10 +162,15 @@ def _conv_kernel(x_ptr, hist_ptr, w_ptr, bias_ptr, in_alpha_ptr, in_beta_ptr,
              acc.to(out_ptr.dtype.element_ty), mask=mask)
 
 
-def _launch(x: Tensor, hist: Tensor | None, history: int, dilation: int, w: Tensor,
-            bias: Tensor, snake_in: tuple[Tensor, Tensor] | None,
-            snake_out: tuple[Tensor, Tensor] | None, residual: Tensor | None,
-            tiles: ConvTiles, precision: str) -> Tensor:
+def conv_launch(x: Tensor, hist: Tensor | None, history: int, dilation: int, w: Tensor,
+                bias: Tensor, snake_in: tuple[Tensor, Tensor] | None,
+                snake_out: tuple[Tensor, Tensor] | None, residual: Tensor | None,
+                tiles: ConvTiles, precision: str = "tf32") -> Tensor:
+    """One launch of the kernel: ``x [B, T, Cin]`` with ``hist [B, history, Cin]`` (or None:
+    zeros) in front, ``w [taps * Cin, Cout]`` (tap-major), ``history = (taps - 1) *
+    dilation``; SnakeBeta scales ``(e^alpha, 1 / (e^beta + 1e-9))`` for the input and the
+    output (None: none), ``residual [B, T, Cout]`` added last (None: none) -> ``[B, T, Cout]``.
+    The two wrappers below are the residual unit's launches."""
     bsz, t, cin = x.shape
     num_taps = w.shape[0] // cin
     cout = w.shape[1]
@@ -190,14 +203,14 @@ def causal_conv_snake(x: Tensor, hist: Tensor | None, unit: PackedUnit,
     """Launch 1: ``snake2(conv1(snake1(x)) + b1)`` for ``x [B, T, C]`` (channels contiguous)
     with ``hist [B, 6d, C]`` (any strides; activated; ``None``: zeros) in front of each
     stream -> ``[B, T, C]``."""
-    return _launch(x, hist, unit.history, unit.dilation, unit.w1, unit.b1, unit.act1,
+    return conv_launch(x, hist, unit.history, unit.dilation, unit.w1, unit.b1, unit.act1,
                    unit.act2, None, tiles, precision)
 
 
 def pointwise_residual(g: Tensor, x: Tensor, unit: PackedUnit,
                        tiles: ConvTiles = ConvTiles(), precision: str = "tf32") -> Tensor:
     """Launch 2: ``x + conv2(g) + b2`` for ``g, x [B, T, C]`` -> ``[B, T, C]``."""
-    return _launch(g, None, 0, 1, unit.w2, unit.b2, None, None, x, tiles, precision)
+    return conv_launch(g, None, 0, 1, unit.w2, unit.b2, None, None, x, tiles, precision)
 
 
 def residual_unit(x: Tensor, hist: Tensor | None, unit: PackedUnit,
