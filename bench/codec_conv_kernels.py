@@ -46,9 +46,11 @@ from cuda_bench import median_ms
 from breezert.kernels.codec_conv import (
     CANDIDATE_TILES,
     ConvTiles,
+    PackedUnit,
     conv_launch,
     next_history,
     pack_residual_unit,
+    pad_rows,
     residual_unit,
 )
 from breezert.models.codec import _Carry, _ResidualUnit
@@ -72,6 +74,7 @@ def causal_conv_variants(x_ncl: torch.Tensor, w: torch.Tensor, b: torch.Tensor,
     x_nhwc = x_ncl.unsqueeze(2).contiguous(memory_format=torch.channels_last)
     w4 = w.unsqueeze(2).contiguous(memory_format=torch.channels_last)
     w_cat = torch.cat(taps, dim=0)  # [K * Cin, Cout]
+    w_pad = pad_rows(w_cat.t(), w_cat.dtype)  # the Triton kernel's layout [Cout', K * Cin]
     rows = bsz * total - hist
 
     def ncl() -> torch.Tensor:
@@ -93,7 +96,7 @@ def causal_conv_variants(x_ncl: torch.Tensor, w: torch.Tensor, b: torch.Tensor,
         return out.as_strided((bsz, t, cout), (total * cout, cout, 1))
 
     def triton() -> torch.Tensor:  # history and new samples as two views of x_nlc
-        return conv_launch(x_nlc[:, hist:], x_nlc[:, :hist], hist, dilation, w_cat, b, None,
+        return conv_launch(x_nlc[:, hist:], x_nlc[:, :hist], hist, dilation, w_pad, b, None,
                            None, None, ConvTiles())
 
     return {"ncl": ncl, "nhwc": nhwc, "gemm7": gemm7, "im2col": im2col, "triton": triton}
@@ -236,7 +239,8 @@ def unit_variants(unit: _ResidualUnit, x: torch.Tensor, flat: torch.Tensor,
         carry.flat()
         return out
 
-    def fused(t: ConvTiles, xs: torch.Tensor, hs: torch.Tensor, p) -> Callable[[], torch.Tensor]:  # noqa: ANN001
+    def fused(t: ConvTiles, xs: torch.Tensor, hs: torch.Tensor,
+              p: PackedUnit) -> Callable[[], torch.Tensor]:
         def run() -> torch.Tensor:
             out = residual_unit(xs, hs, p, t, t)
             next_history(xs, hs, p)

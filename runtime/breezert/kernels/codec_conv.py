@@ -24,6 +24,9 @@ from breezert.kernels.gemm import DOT_F32
 from breezert.kernels.snake import snake_apply
 
 TAPS = 7  # the residual units' conv1 kernel
+OUT_PAD = 128
+"""Packed weights have their output channels padded with zeros to a multiple of this (the
+widest column block), so weight tiles load unmasked."""
 
 
 @dataclass(frozen=True)
@@ -54,9 +57,11 @@ tiles); and 32 columns, which cover 96 channels without the 25 % of masked colum
 class PackedUnit:
     """One residual unit's weights as the kernels read them."""
 
-    w1: Tensor  # [TAPS * C, C]  row j * C + ci, column co = conv1.weight[co, ci, j]
+    w1: Tensor  # [C', TAPS * C]  row co, column j * C + ci = conv1.weight[co, ci, j]; C' is C
+    # padded to OUT_PAD (zero rows). K-contiguous: TF32 wgmma reads both operands K-major from
+    # shared memory, and a tile stored [K, N] was copied in transposed, 4 bytes at a time
     b1: Tensor  # [C]
-    w2: Tensor  # [C, C]  row ci, column co = conv2.weight[co, ci, 0]
+    w2: Tensor  # [C', C]  row co, column ci = conv2.weight[co, ci, 0]
     b2: Tensor  # [C]
     act1: tuple[Tensor, Tensor]  # fp32 [C] each: e^alpha, 1 / (e^beta + 1e-9) of SnakeBeta 1
     act2: tuple[Tensor, Tensor]  # ... of SnakeBeta 2
@@ -85,11 +90,19 @@ def pack_residual_unit(conv1_weight: Tensor, conv1_bias: Tensor, conv2_weight: T
     assert w1.shape[2] == TAPS and conv2_weight.shape[2] == 1, "a residual unit: k=7 then k=1"
     c = w1.shape[1]
     return PackedUnit(
-        w1=w1.permute(2, 1, 0).reshape(TAPS * c, w1.shape[0]).to(dtype).contiguous(),
+        w1=pad_rows(w1.permute(0, 2, 1).reshape(w1.shape[0], TAPS * c), dtype),
         b1=conv1_bias.detach().to(dtype).contiguous(),
-        w2=conv2_weight.detach()[:, :, 0].t().to(dtype).contiguous(),
+        w2=pad_rows(conv2_weight.detach()[:, :, 0], dtype),
         b2=conv2_bias.detach().to(dtype).contiguous(),
         act1=snake_scales(*act1), act2=snake_scales(*act2), dilation=dilation)
+
+
+def pad_rows(w: Tensor, dtype: torch.dtype) -> Tensor:
+    """``w [N, K]`` in ``dtype`` with zero rows up to a multiple of ``OUT_PAD``."""
+    rows = -(-w.shape[0] // OUT_PAD) * OUT_PAD
+    out = torch.zeros(rows, w.shape[1], device=w.device, dtype=dtype)
+    out[:w.shape[0]] = w
+    return out
 
 
 @triton.jit
@@ -107,7 +120,7 @@ def _mma(a, w, acc, PRECISION: tl.constexpr, F32: tl.constexpr):
 def _conv_kernel(x_ptr, hist_ptr, w_ptr, bias_ptr, in_alpha_ptr, in_beta_ptr,
                  out_alpha_ptr, out_beta_ptr, res_ptr, out_ptr,
                  M, T, H, dilation,
-                 sx_b, sx_t, sh_b, sh_t, sh_c, sr_b, sr_t, so_b, so_t,
+                 sx_b, sx_t, sh_b, sh_t, sr_b, sr_t, so_b, so_t,
                  CIN: tl.constexpr, COUT: tl.constexpr, NUM_TAPS: tl.constexpr,
                  HAS_HIST: tl.constexpr, SNAKE_IN: tl.constexpr, SNAKE_OUT: tl.constexpr,
                  RESIDUAL: tl.constexpr, PRECISION: tl.constexpr, F32: tl.constexpr,
@@ -115,7 +128,8 @@ def _conv_kernel(x_ptr, hist_ptr, w_ptr, bias_ptr, in_alpha_ptr, in_beta_ptr,
     """Program (row block, column block) of ``out [B, T, COUT]``: output sample ``t`` of stream
     ``b`` sums, over taps ``j``, input sample ``t + j * dilation - H`` (below 0: history sample
     ``H + that`` of the stream, taken as it is; else ``x``, SnakeBeta'd first with
-    ``SNAKE_IN``) times tap ``j`` of ``w [NUM_TAPS * CIN, COUT]``; then the bias, SnakeBeta
+    ``SNAKE_IN``) times tap ``j`` of ``w [COUT', NUM_TAPS * CIN]`` (rows past ``COUT`` zero, so
+    its tiles load unmasked); then the bias, SnakeBeta
     (``SNAKE_OUT``) and the residual ``res`` (``RESIDUAL``). Rows are the flattened ``B * T``
     samples, so a row block may span two streams: every row finds its own stream and history.
     """
@@ -144,12 +158,11 @@ def _conv_kernel(x_ptr, hist_ptr, w_ptr, bias_ptr, in_alpha_ptr, in_beta_ptr,
                             tl.load(in_beta_ptr + ch)[None, :])
         if HAS_HIST:  # without one, the history is zeros: the masked loads' 0
             is_old = row_ok & (p < 0)
-            old = tl.load(hist_ptr + (b * sh_b + (p + H) * sh_t)[:, None] + ch[None, :] * sh_c,
+            old = tl.load(hist_ptr + (b * sh_b + (p + H) * sh_t)[:, None] + ch[None, :],
                           mask=is_old[:, None], other=0.0).to(tl.float32)
             a = tl.where(is_old[:, None], old, a)
-        w = tl.load(w_ptr + (j * CIN + ch)[:, None] * COUT + cols[None, :],
-                    mask=col_ok[None, :], other=0.0)  # [BK, BN]
-        acc = _mma(a, w, acc, PRECISION, F32)
+        w = tl.load(w_ptr + cols[:, None] * (NUM_TAPS * CIN) + (j * CIN + ch)[None, :])
+        acc = _mma(a, tl.trans(w), acc, PRECISION, F32)  # w [BN, BK]: K-major
     acc += tl.load(bias_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :]
     if SNAKE_OUT:
         acc = snake_apply(acc, tl.load(out_alpha_ptr + cols, mask=col_ok, other=0.0)[None, :],
@@ -167,19 +180,26 @@ def conv_launch(x: Tensor, hist: Tensor | None, history: int, dilation: int, w: 
                 snake_out: tuple[Tensor, Tensor] | None, residual: Tensor | None,
                 tiles: ConvTiles, precision: str = "tf32") -> Tensor:
     """One launch of the kernel: ``x [B, T, Cin]`` with ``hist [B, history, Cin]`` (or None:
-    zeros) in front, ``w [taps * Cin, Cout]`` (tap-major), ``history = (taps - 1) *
-    dilation``; SnakeBeta scales ``(e^alpha, 1 / (e^beta + 1e-9))`` for the input and the
-    output (None: none), ``residual [B, T, Cout]`` added last (None: none) -> ``[B, T, Cout]``.
-    The two wrappers below are the residual unit's launches."""
+    zeros; copied channels-contiguous first if it is not, e.g. the state arena's ``[B, Cin,
+    history]`` transposed: strided, every thread's copies of it would be 4-byte ones, issued
+    for every tile whether or not it reaches back into the history) in front, ``w [Cout',
+    taps * Cin]`` (tap-major columns, ``Cout = bias.numel()``, rows past it zero), ``history =
+    (taps - 1) * dilation``; SnakeBeta scales ``(e^alpha, 1 / (e^beta + 1e-9))`` for the input
+    and the output (None: none), ``residual [B, T, Cout]`` added last (None: none) -> ``[B, T,
+    Cout]``. The two wrappers below are the residual unit's launches."""
     bsz, t, cin = x.shape
-    num_taps = w.shape[0] // cin
-    cout = w.shape[1]
+    num_taps = w.shape[1] // cin
+    cout = bias.shape[0]
     assert x.stride(2) == 1 and cin % tiles.bk == 0, (x.stride(), cin, tiles.bk)
-    assert w.shape[0] == num_taps * cin and history == (num_taps - 1) * dilation
+    assert w.shape[1] == num_taps * cin and history == (num_taps - 1) * dilation
+    assert w.is_contiguous() and w.shape[0] % tiles.bn == 0 and w.shape[0] >= cout, (
+        w.shape, tiles.bn, cout)
     out = torch.empty(bsz, t, cout, device=x.device, dtype=x.dtype)
     h = hist if hist is not None else x  # never read without HAS_HIST
     if hist is not None:
         assert hist.shape == (bsz, history, cin), (hist.shape, bsz, history, cin)
+        if hist.stride(2) != 1:
+            h = hist.contiguous()
     r = residual if residual is not None else out  # never read without RESIDUAL
     assert r.stride(2) == 1
     a_in = snake_in if snake_in is not None else (bias, bias)
@@ -188,7 +208,7 @@ def conv_launch(x: Tensor, hist: Tensor | None, history: int, dilation: int, w: 
     _conv_kernel[grid](
         x, h, w, bias, a_in[0], a_in[1], a_out[0], a_out[1], r, out,
         bsz * t, t, history, dilation,
-        x.stride(0), x.stride(1), h.stride(0), h.stride(1), h.stride(2),
+        x.stride(0), x.stride(1), h.stride(0), h.stride(1),
         r.stride(0), r.stride(1), out.stride(0), out.stride(1),
         CIN=cin, COUT=cout, NUM_TAPS=num_taps, HAS_HIST=hist is not None and history > 0,
         SNAKE_IN=snake_in is not None, SNAKE_OUT=snake_out is not None,
