@@ -21,7 +21,8 @@ computing that layer, and reports ms and achieved TFLOP/s:
   residual add, with each stream's history and the next history): ``served``: today's serving
   path (``_ResidualUnit`` with the fused ``snake_cat``, cuDNN convolutions in TF32);
   ``fused/<tiles>``: ``kernels/codec_conv.py``'s two launches plus ``next_history``, TF32, for
-  each of its candidate launch shapes; ``fused-bf16``: the same on bf16 storage; ``gemm-only``:
+  each of its candidate launch shapes; ``fused-approx/<tiles>``: the same with SnakeBeta's sine
+  on the SFU (its prologue recomputes SnakeBeta for every tap and column block); ``fused-bf16``: the same on bf16 storage; ``gemm-only``:
   its two launches without SnakeBeta (the kernels' GEMM ceiling; no error: other math). Error
   as SNR in dB against the strict-fp32 unit, FLOPs 16 * rows * C^2; a summary line per shape
   sums the twelve units (ms a frame, TFLOP/s; the issue's target is <= 0.025 ms a frame for the
@@ -239,10 +240,10 @@ def unit_variants(unit: _ResidualUnit, x: torch.Tensor, flat: torch.Tensor,
         carry.flat()
         return out
 
-    def fused(t: ConvTiles, xs: torch.Tensor, hs: torch.Tensor,
-              p: PackedUnit) -> Callable[[], torch.Tensor]:
+    def fused(t: ConvTiles, xs: torch.Tensor, hs: torch.Tensor, p: PackedUnit,
+              approx_sin: bool = False) -> Callable[[], torch.Tensor]:
         def run() -> torch.Tensor:
-            out = residual_unit(xs, hs, p, t, t)
+            out = residual_unit(xs, hs, p, t, t, approx_sin=approx_sin)
             next_history(xs, hs, p)
             return out
         return run
@@ -254,6 +255,8 @@ def unit_variants(unit: _ResidualUnit, x: torch.Tensor, flat: torch.Tensor,
 
     out = {"served": served}
     out.update({f"fused/{t.name()}": fused(t, x_cl, hist, packed) for t in tiles})
+    out.update({f"fused-approx/{t.name()}": fused(t, x_cl, hist, packed, approx_sin=True)
+                for t in tiles})
     out["fused-bf16"] = fused(ConvTiles(), x16, hist16, packed16)
     out["gemm-only"] = gemm_only
     return out
@@ -298,7 +301,7 @@ def unit_section(bsz: int, frames: int, tiles: tuple[ConvTiles, ...]) -> list[di
 
 def unit_summary(rows: list[dict], frames_total: int) -> dict[str, dict]:
     """Per variant, the twelve units' ms summed (a variant missing a unit is left out), and
-    ``fused-best``: each unit's fastest ``fused/*`` launch shape."""
+    ``fused-best`` / ``fused-approx-best``: each unit's fastest launch shape of the kind."""
     ok = [r for r in rows if "ms" in r]
     units = {(r["layer"], r["dilation"]) for r in ok}
     by_variant: dict[str, dict] = {}
@@ -306,14 +309,15 @@ def unit_summary(rows: list[dict], frames_total: int) -> dict[str, dict]:
         picked = [r for r in ok if r["variant"] == v]
         if len(picked) == len(units):
             by_variant[v] = picked
-    best = []
-    for u in sorted(units):
-        fused = [r for r in ok if (r["layer"], r["dilation"]) == u
-                 and r["variant"].startswith("fused/")]
-        if fused:
-            best.append(min(fused, key=lambda r: r["ms"]))
-    if len(best) == len(units):
-        by_variant["fused-best"] = best
+    for kind in ("fused", "fused-approx"):
+        best = []
+        for u in sorted(units):
+            fused = [r for r in ok if (r["layer"], r["dilation"]) == u
+                     and r["variant"].startswith(kind + "/")]
+            if fused:
+                best.append(min(fused, key=lambda r: r["ms"]))
+        if len(best) == len(units):
+            by_variant[kind + "-best"] = best
     out = {}
     for v, picked in by_variant.items():
         ms = sum(r["ms"] for r in picked)

@@ -358,6 +358,8 @@ def _codec_conv() -> tuple[Warm, Callable[[], None]]:
                 hist = torch.zeros(1, channels, 54, device="meta", dtype=dtype)
                 for tiles in CANDIDATE_TILES:
                     g = causal_conv_snake(x, hist.transpose(1, 2), unit, tiles)
+                    if dtype == torch.float32:  # SnakeBeta's sine on the SFU
+                        causal_conv_snake(x, hist.transpose(1, 2), unit, tiles, approx_sin=True)
                     pointwise_residual(g, x, unit, tiles)
 
     return None, serve

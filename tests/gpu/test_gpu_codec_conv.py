@@ -49,7 +49,7 @@ def _unit(c: int, d: int) -> tuple[_ResidualUnit, tuple]:
 def test_unit_matches_strict_fp32(c: int, per_frame: int, d: int) -> None:
     """3 streams x 2 frames with real frames 2, 1, 2 and a random history: outputs and the
     next history against the eager unit and carry in strict fp32: IEEE fp32 dots (the indexing,
-    to fp32 sum order), TF32 at each candidate launch shape, bf16 storage."""
+    to fp32 sum order), TF32 at each candidate launch shape with either sine, bf16 storage."""
     unit, weights = _unit(c, d)
     frames, num_frames = 2, torch.tensor([2, 1, 2], device="cuda")
     x = torch.randn(3, c, frames * per_frame, device="cuda")
@@ -67,8 +67,10 @@ def test_unit_matches_strict_fp32(c: int, per_frame: int, d: int) -> None:
     exact = residual_unit(x_cl, hist, packed, precision="ieee")
     assert (exact - ref).abs().max() <= 1e-4 * ref.abs().max()
     for tiles in CANDIDATE_TILES:  # the shapes the bench times (built once, for both)
-        snr = _snr_db(ref, residual_unit(x_cl, hist, packed, tiles, tiles))
-        assert snr >= MIN_SNR_DB["tf32"], (tiles, snr)
+        for approx_sin in (False, True):
+            got = residual_unit(x_cl, hist, packed, tiles, tiles, approx_sin=approx_sin)
+            snr = _snr_db(ref, got)
+            assert snr >= MIN_SNR_DB["tf32"], (tiles, approx_sin, snr)
     torch.testing.assert_close(next_history(x_cl, hist, packed, num_frames * per_frame),
                                ref_hist, atol=1e-5, rtol=1e-5)
     packed16 = pack_residual_unit(*weights, dtype=torch.bfloat16)

@@ -124,7 +124,7 @@ def _conv_kernel(x_ptr, hist_ptr, w_ptr, bias_ptr, in_alpha_ptr, in_beta_ptr,
                  CIN: tl.constexpr, COUT: tl.constexpr, NUM_TAPS: tl.constexpr,
                  HAS_HIST: tl.constexpr, SNAKE_IN: tl.constexpr, SNAKE_OUT: tl.constexpr,
                  RESIDUAL: tl.constexpr, PRECISION: tl.constexpr, F32: tl.constexpr,
-                 BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr):
+                 APPROX_SIN: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr):
     """Program (row block, column block) of ``out [B, T, COUT]``: output sample ``t`` of stream
     ``b`` sums, over taps ``j``, input sample ``t + j * dilation - H`` (below 0: history sample
     ``H + that`` of the stream, taken as it is; else ``x``, SnakeBeta'd first with
@@ -155,7 +155,7 @@ def _conv_kernel(x_ptr, hist_ptr, w_ptr, bias_ptr, in_alpha_ptr, in_beta_ptr,
                     mask=is_new[:, None], other=0.0).to(tl.float32)  # [BM, BK]
         if SNAKE_IN:  # snake(0) = 0: masked rows stay 0
             a = snake_apply(a, tl.load(in_alpha_ptr + ch)[None, :],
-                            tl.load(in_beta_ptr + ch)[None, :])
+                            tl.load(in_beta_ptr + ch)[None, :], APPROX_SIN)
         if HAS_HIST:  # without one, the history is zeros: the masked loads' 0
             is_old = row_ok & (p < 0)
             old = tl.load(hist_ptr + (b * sh_b + (p + H) * sh_t)[:, None] + ch[None, :],
@@ -166,7 +166,8 @@ def _conv_kernel(x_ptr, hist_ptr, w_ptr, bias_ptr, in_alpha_ptr, in_beta_ptr,
     acc += tl.load(bias_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :]
     if SNAKE_OUT:
         acc = snake_apply(acc, tl.load(out_alpha_ptr + cols, mask=col_ok, other=0.0)[None, :],
-                          tl.load(out_beta_ptr + cols, mask=col_ok, other=0.0)[None, :])
+                          tl.load(out_beta_ptr + cols, mask=col_ok, other=0.0)[None, :],
+                          APPROX_SIN)
     mask = row_ok[:, None] & col_ok[None, :]
     if RESIDUAL:
         acc += tl.load(res_ptr + (b * sr_b + t * sr_t)[:, None] + cols[None, :], mask=mask,
@@ -178,7 +179,7 @@ def _conv_kernel(x_ptr, hist_ptr, w_ptr, bias_ptr, in_alpha_ptr, in_beta_ptr,
 def conv_launch(x: Tensor, hist: Tensor | None, history: int, dilation: int, w: Tensor,
                 bias: Tensor, snake_in: tuple[Tensor, Tensor] | None,
                 snake_out: tuple[Tensor, Tensor] | None, residual: Tensor | None,
-                tiles: ConvTiles, precision: str = "tf32") -> Tensor:
+                tiles: ConvTiles, precision: str = "tf32", approx_sin: bool = False) -> Tensor:
     """One launch of the kernel: ``x [B, T, Cin]`` with ``hist [B, history, Cin]`` (or None:
     zeros; copied channels-contiguous first if it is not, e.g. the state arena's ``[B, Cin,
     history]`` transposed: strided, every thread's copies of it would be 4-byte ones, issued
@@ -186,7 +187,9 @@ def conv_launch(x: Tensor, hist: Tensor | None, history: int, dilation: int, w: 
     taps * Cin]`` (tap-major columns, ``Cout = bias.numel()``, rows past it zero), ``history =
     (taps - 1) * dilation``; SnakeBeta scales ``(e^alpha, 1 / (e^beta + 1e-9))`` for the input
     and the output (None: none), ``residual [B, T, Cout]`` added last (None: none) -> ``[B, T,
-    Cout]``. The two wrappers below are the residual unit's launches."""
+    Cout]``. ``approx_sin``: SnakeBeta's sine on the SFU (``snake._sin_approx``), a candidate
+    the bench times against libdevice's. The two wrappers below are the residual unit's
+    launches."""
     bsz, t, cin = x.shape
     num_taps = w.shape[1] // cin
     cout = bias.shape[0]
@@ -212,19 +215,20 @@ def conv_launch(x: Tensor, hist: Tensor | None, history: int, dilation: int, w: 
         r.stride(0), r.stride(1), out.stride(0), out.stride(1),
         CIN=cin, COUT=cout, NUM_TAPS=num_taps, HAS_HIST=hist is not None and history > 0,
         SNAKE_IN=snake_in is not None, SNAKE_OUT=snake_out is not None,
-        RESIDUAL=residual is not None, PRECISION=precision, F32=DOT_F32,
+        RESIDUAL=residual is not None, PRECISION=precision, F32=DOT_F32, APPROX_SIN=approx_sin,
         BM=tiles.bm, BN=tiles.bn, BK=tiles.bk, num_warps=tiles.num_warps,
         num_stages=tiles.num_stages)
     return out
 
 
 def causal_conv_snake(x: Tensor, hist: Tensor | None, unit: PackedUnit,
-                      tiles: ConvTiles = ConvTiles(), precision: str = "tf32") -> Tensor:
+                      tiles: ConvTiles = ConvTiles(), precision: str = "tf32",
+                      approx_sin: bool = False) -> Tensor:
     """Launch 1: ``snake2(conv1(snake1(x)) + b1)`` for ``x [B, T, C]`` (channels contiguous)
     with ``hist [B, 6d, C]`` (any strides; activated; ``None``: zeros) in front of each
     stream -> ``[B, T, C]``."""
     return conv_launch(x, hist, unit.history, unit.dilation, unit.w1, unit.b1, unit.act1,
-                   unit.act2, None, tiles, precision)
+                       unit.act2, None, tiles, precision, approx_sin)
 
 
 def pointwise_residual(g: Tensor, x: Tensor, unit: PackedUnit,
@@ -235,7 +239,7 @@ def pointwise_residual(g: Tensor, x: Tensor, unit: PackedUnit,
 
 def residual_unit(x: Tensor, hist: Tensor | None, unit: PackedUnit,
                   conv_tiles: ConvTiles = ConvTiles(), pointwise_tiles: ConvTiles = ConvTiles(),
-                  precision: str = "tf32") -> Tensor:
+                  precision: str = "tf32", approx_sin: bool = False) -> Tensor:
     """``x + conv2(snake2(conv1(snake1(x))))`` with the causal history: two launches.
 
     Args:
@@ -244,8 +248,9 @@ def residual_unit(x: Tensor, hist: Tensor | None, unit: PackedUnit,
             transposed) of SnakeBeta'd input samples before ``x``; ``None``: zeros.
         unit: ``pack_residual_unit``'s weights.
         precision: ``tl.dot``'s on fp32 storage: ``"tf32"`` (served) or ``"ieee"``.
+        approx_sin: SnakeBeta's sine on the SFU (``conv_launch``).
     """
-    g = causal_conv_snake(x, hist, unit, conv_tiles, precision)
+    g = causal_conv_snake(x, hist, unit, conv_tiles, precision, approx_sin)
     return pointwise_residual(g, x, unit, pointwise_tiles, precision)
 
 
