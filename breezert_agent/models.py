@@ -42,7 +42,8 @@ or 300 ms after the subscription, none of 13 turns concealed anything at its sta
 concealed 1671 samples again, its first audio 165 ms after the subscription (4 Dec, later): the
 receive path can take longer than 100 ms, so the hold covers the whole 100-200 ms window seen,
 with margin. A turn that begins a TTFB or more after the subscription, the usual case, does
-not wait."""
+not wait; nor does one for SIP callers only (``PlayoutFeedback._settle_s``: LiveKit SIP took
+the greeting whole without it, and held it cost a phone greeting ~250 ms)."""
 SPEECH_STREAM_PATH = "/v1/audio/speech/stream"
 """WebSocket route of ``breezert serve`` for streamed turns."""
 DEFAULT_MAX_SESSION_S = 300.0

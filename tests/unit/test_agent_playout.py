@@ -228,6 +228,45 @@ async def test_audio_waits_for_roomios_first_subscriber_then_the_settle_time() -
     await room_output.aclose()
 
 
+class _RoomOf:
+    """What ``PlayoutFeedback.listen_room`` reads of an ``rtc.Room``: its remote participants
+    (each with its ``kind``) and its events."""
+
+    def __init__(self, *kinds: int) -> None:
+        self.remote_participants = {f"p{i}": SimpleNamespace(kind=kind)
+                                    for i, kind in enumerate(kinds)}
+
+    def on(self, *_: object) -> None:
+        pass
+
+    def off(self, *_: object) -> None:
+        pass
+
+
+@pytest.mark.usefixtures("virtual_clock")
+@pytest.mark.parametrize(("kinds", "settle_s"), [
+    ((rtc.ParticipantKind.PARTICIPANT_KIND_SIP,), 0.0),
+    ((rtc.ParticipantKind.PARTICIPANT_KIND_SIP, rtc.ParticipantKind.PARTICIPANT_KIND_SIP), 0.0),
+    ((rtc.ParticipantKind.PARTICIPANT_KIND_SIP, rtc.ParticipantKind.PARTICIPANT_KIND_STANDARD),
+     0.1),
+    ((rtc.ParticipantKind.PARTICIPANT_KIND_STANDARD,), 0.1),
+    ((), 0.1),
+])
+async def test_a_room_of_sip_callers_only_is_not_held(kinds: tuple[int, ...],
+                                                      settle_s: float) -> None:
+    room_output = _room_output()
+    feedback = PlayoutFeedback(listener_settle_s=0.1)
+    assert feedback.attach_audio_output(room_output)
+    feedback.listen_room(_RoomOf(*kinds))  # type: ignore[arg-type]
+    waiting = asyncio.ensure_future(feedback.wait_for_listener())
+    await asyncio.sleep(0.5)
+    room_output.subscribed.set_result(None)
+    subscribed = time.monotonic()
+    await waiting
+    assert time.monotonic() - subscribed == pytest.approx(settle_s, abs=0.01)
+    await room_output.aclose()
+
+
 @pytest.mark.usefixtures("virtual_clock")
 async def test_no_wait_for_a_listener_subscribed_before_or_without_roomio() -> None:
     room_output = _room_output()
