@@ -132,6 +132,9 @@ def check_bench_runs() -> None:
     import sys
     import tempfile
 
+    from tests.kernel_helpers import REPO
+
+    sys.path.insert(0, str(REPO / "bench"))  # the script, and its own import of cuda_bench
     import codec_conv_kernels as bench
 
     bench.DEVICE = "cpu"
