@@ -146,7 +146,7 @@ turns that followed."""
 SETTLE_WINDOW_S = 0.5
 
 
-async def settle(browser: Browser, timeout_s: float = 10.0) -> None:
+async def settle(timeout_s: float = 10.0) -> None:
     """Waits (up to ``timeout_s``) until Chromium's start-up is over: a window of
     ``SETTLE_WINDOW_S`` in which its processes used under ``BROWSER_SETTLED_CORES``. Its
     start-up is this test's own load, not the product's: on two cores a first turn played while
@@ -196,5 +196,5 @@ async def join_browser(web_root: str, server: Server, room: str,
         else:
             raise AssertionError(f"the browser never subscribed: {await browser.state()}")
         await asyncio.sleep(0.5)
-        await settle(browser)
+        await settle()
         yield browser
