@@ -119,9 +119,11 @@ class RequestResult:
     """When the caller's event loop got each chunk."""
     num_frames: int = 0
     status: str = "ok"
-    """``ok``, ``error`` or ``timeout``."""
+    """``ok``, ``error``, ``timeout`` or ``refused`` (``EngineOverloaded``: past capacity)."""
     error: str | None = None
     """Error class name (never the text)."""
+    retry_after_s: float | None = None
+    """A refused request's Retry-After (what a closed-loop client waits before its next one)."""
     num_feedback_reports: int = 0
     timeline: PlaybackTimeline = field(default_factory=PlaybackTimeline)
     server_ttfb_s: float | None = None
@@ -186,6 +188,7 @@ def summarize_records(records: Sequence[dict[str, Any]]) -> dict[str, Any]:
         "num_ok": len(ok),
         "num_errors": len(records) - len(ok),
         "num_timeouts": sum(r["status"] == "timeout" for r in records),
+        "num_refused": sum(r["status"] == "refused" for r in records),
         "errors": errors,
         "num_short": sum(r["num_frames"] < r["num_frames_target"] for r in ok),
         "ttfb_s": summarize(r["ttfb_s"] for r in ok if r["ttfb_s"] is not None),

@@ -93,7 +93,9 @@ class RemoteSpeech:
                 elif kind == "error" or (kind == "turn_done"
                                           and data.get("status") != "finished"):
                     if data.get("code") == "overloaded":
-                        raise EngineOverloaded(str(data.get("message") or data.get("error")))
+                        wait = data.get("retry_after_s")
+                        raise EngineOverloaded(str(data.get("message") or data.get("error")),
+                                               retry_after_s=None if wait is None else float(wait))
                     raise RequestFailed(request_id, str(data.get("error")
                                                         or data.get("message") or data))
                 elif kind == "turn_done":

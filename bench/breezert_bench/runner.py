@@ -16,6 +16,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from breezert.errors import EngineOverloaded
 from breezert_bench.listener import RequestResult, summarize_requests
 from breezert_bench.options import (
     BenchOptions, LoadPoint, collect_metadata, collect_remote_metadata, read_texts,
@@ -26,6 +27,7 @@ from breezert_bench.workload import WorkItem, make_workload, poisson_offsets, sh
 
 SCHEMA = "breezert-bench/1"
 SAMPLES_PER_FRAME = 1920  # 80 ms at 24 kHz
+REFUSED_MIN_WAIT_S = 0.1  # a refused closed-loop client never retries sooner than this
 
 
 def log(message: str) -> None:
@@ -338,7 +340,7 @@ def _log_run(run: dict[str, Any]) -> None:
     p50 = "-" if ttfb["p50"] is None else f"{ttfb['p50'] * 1000:.0f}"
     p95 = "-" if ttfb["p95"] is None else f"{ttfb['p95'] * 1000:.0f}"
     log(f"{run['variant']} {run['load']['label']}: {run['num_ok']}/{run['num_requests']} ok, "
-         f"TTFB p50 {p50} ms p95 {p95} ms, underruns {run['underrun_requests']}, "
+         f"{run.get('num_refused', 0)} refused, TTFB p50 {p50} ms p95 {p95} ms, underruns {run['underrun_requests']}, "
          f"wall {run['wall_s']:.1f} s")
     path = run.get("first_packet_path") or {}
     parts = {k[: -len("_ms")]: v for k, v in path.items() if k.endswith("_ms")}
@@ -354,14 +356,24 @@ def _log_run(run: dict[str, Any]) -> None:
 async def _closed_loop(async_engine: Any, items: list[WorkItem], concurrency: int,
                        options: BenchOptions, tag: str,
                        budget_end: float | None) -> list[RequestResult]:
-    """Keeps ``concurrency`` requests in flight until every item has run (or the budget ends)."""
+    """Keeps ``concurrency`` requests in flight until every item has run (or the budget ends).
+
+    A client whose request was refused (``EngineOverloaded``) waits the refusal's Retry-After
+    before its next one, as a caller honouring HTTP 503 does; without that wait a closed loop
+    past capacity spends its items on refusals in a second or two and measures nothing."""
     queue = list(reversed(items))
     results: list[RequestResult] = []
 
     async def worker() -> None:
         while queue and (budget_end is None or time.monotonic() < budget_end):
             item = queue.pop()
-            results.append(await _one_request(async_engine, item, options, tag))
+            result = await _one_request(async_engine, item, options, tag)
+            results.append(result)
+            if result.retry_after_s is not None:
+                wait = max(result.retry_after_s, REFUSED_MIN_WAIT_S)
+                if budget_end is not None:
+                    wait = min(wait, max(0.0, budget_end - time.monotonic()))
+                await asyncio.sleep(wait)
 
     await asyncio.gather(*(worker() for _ in range(max(1, concurrency))))
     return sorted(results, key=lambda r: r.index)
@@ -412,6 +424,9 @@ async def _one_request(async_engine: Any, item: WorkItem, options: BenchOptions,
         result.server_ttfb_s = server_ttfb.pop(request_id, None)
     except asyncio.TimeoutError:
         result.status, result.error = "timeout", "timeout"
+    except EngineOverloaded as exc:  # refused past capacity: counted apart from failures
+        result.status, result.error = "refused", type(exc).__name__
+        result.retry_after_s = exc.retry_after_s if exc.retry_after_s is not None else 1.0
     except Exception as exc:  # counted, never fatal
         result.status, result.error = "error", type(exc).__name__
     finally:

@@ -33,8 +33,10 @@ class FakeAsyncEngine:
     """Emits ``frames`` chunks ``gap_s`` apart; records feedback, concurrency and aborts."""
 
     def __init__(self, frames: tuple[int, ...] = (1, 2, 4), gap_s: float = 0.02,
-                 fail: str | None = None, max_in_flight: int = 1000) -> None:
+                 fail: str | None = None, max_in_flight: int = 1000,
+                 retry_after_s: float | None = None) -> None:
         self.frames, self.gap_s, self.fail, self.limit = frames, gap_s, fail, max_in_flight
+        self.retry_after_s = retry_after_s
         self.in_flight = self.max_seen = 0
         self.reports: list[tuple[str, float, float, str]] = []
         self.submitted: list[tuple[float, SynthesisRequest]] = []
@@ -42,7 +44,7 @@ class FakeAsyncEngine:
 
     async def submit(self, request: SynthesisRequest) -> Submitted:
         if self.in_flight >= self.limit:
-            raise EngineOverloaded("queue full")
+            raise EngineOverloaded("queue full", retry_after_s=self.retry_after_s)
         self.in_flight += 1
         self.max_seen = max(self.max_seen, self.in_flight)
         self.submitted.append((time.monotonic(), request))
@@ -118,7 +120,24 @@ def test_timeout_and_errors_are_counted_not_raised() -> None:
     assert (result.status, result.error) == ("error", "RequestFailed")
     full = FakeAsyncEngine(max_in_flight=0)
     result = asyncio.run(runner._one_request(full, _item(), _options(), "t"))
-    assert (result.status, result.error) == ("error", "EngineOverloaded")
+    assert (result.status, result.error) == ("refused", "EngineOverloaded")
+    assert result.retry_after_s == 1.0  # a refusal that names no wait is retried after 1 s
+
+
+def test_a_refused_closed_loop_client_waits_its_retry_after() -> None:
+    # one request at a time fits; each takes 50 ms; a refusal says "retry in 0.3 s". Worker B is
+    # refused at once and must not take the next items while it waits, so A serves them all:
+    # one refusal in all (without the wait B would be refused at every item it grabs).
+    engine = FakeAsyncEngine(frames=(1,), gap_s=0.05, max_in_flight=1, retry_after_s=0.3)
+    items = make_workload(["a b c d e f"], 4, seed=0)
+    start = time.monotonic()
+    results = asyncio.run(runner._closed_loop(engine, items, 2, _options(), "t", None))
+    statuses = [r.status for r in results]
+    assert statuses.count("refused") == 1 and statuses.count("ok") == 3
+    assert len(engine.submitted) == 3
+    assert time.monotonic() - start >= 0.3  # the loop ended only after B's wait
+    summary = runner.summarize_requests(results)
+    assert summary["num_refused"] == 1 and summary["num_ok"] == 3
 
 
 def test_closed_loop_keeps_n_in_flight_until_all_complete() -> None:
