@@ -57,6 +57,7 @@ class _Gpu:
     def free(self) -> None:
         # compiled code can hold the last variant's modules; drop it with them
         self.torch._dynamo.reset()
+        gc.unfreeze()  # the variant's start-up heap was frozen as a server's is; free it now
         gc.collect()
         if self.enabled:
             self.torch.cuda.synchronize()
@@ -192,12 +193,14 @@ async def _run_engine(options: BenchOptions, variant: Variant, config: Any, text
                       on_update: Callable[[dict[str, Any]], None]) -> None:
     from breezert.async_engine import AsyncEngine
     from breezert.engine import Engine
+    from breezert.runtime_setup import freeze_startup_heap
 
     gpu = _Gpu(config.model.device)
     gpu.reset_peak()
     log(f"{variant.name}: building the engine")
     start = time.monotonic()
     engine = Engine(config)
+    freeze_startup_heap()  # as the server and the shared engine do
     record["startup_s"] = time.monotonic() - start
     record["memory_after_startup_bytes"] = gpu.allocated_bytes()
     record["startup_peak_memory_bytes"] = gpu.peak_bytes()
@@ -246,14 +249,49 @@ async def _engine_load_point(options: BenchOptions, variant: Variant, async_engi
     # NOTE(bench): a fresh metrics object per run; the engine is idle here, so nothing races.
     async_engine.engine.metrics = EngineMetrics(step_log=STEP_LOG)  # for first_packet_path
     gpu.reset_peak()
-    results = await _run_load(async_engine, items, load, options, tag)
+    with GcPauses() as gc_pauses:
+        results = await _run_load(async_engine, items, load, options, tag)
     snapshot = async_engine.metrics()
     run = _run_record(variant, load, results, options, snapshot, gpu.peak_bytes(),
                       truncated=len(results) < len(items))
     run["warmup_s"] = warmup_s
+    run["gc_pauses"] = gc_pauses.summary()
     run["first_packet_path"], run["opening_burst"] = _first_packet_figures(
         async_engine.engine, results, int(load.value) if load.mode == "closed" else 0)
     return run
+
+
+def _gc_note(pauses: dict[str, Any] | None) -> str:
+    full = (pauses or {}).get("gen2") or {}
+    return (f", {full['count']} full GC passes (max {full['max_ms']:.0f} ms)"
+            if full.get("count") else "")
+
+
+class GcPauses:
+    """The garbage collector's passes during a run (``gc.callbacks``), by generation: a full
+    pass holds the GIL over the whole heap, so every stream of the process stalls at once."""
+
+    def __init__(self) -> None:
+        self._started: float | None = None
+        self.ms: dict[int, list[float]] = {0: [], 1: [], 2: []}
+
+    def _callback(self, phase: str, info: dict[str, Any]) -> None:
+        if phase == "start":
+            self._started = time.perf_counter()
+        elif self._started is not None:
+            self.ms[info["generation"]].append((time.perf_counter() - self._started) * 1000)
+            self._started = None
+
+    def __enter__(self) -> GcPauses:
+        gc.callbacks.append(self._callback)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        gc.callbacks.remove(self._callback)
+
+    def summary(self) -> dict[str, Any]:
+        return {f"gen{g}": {"count": len(ms), "max_ms": round(max(ms, default=0.0), 3),
+                            "total_ms": round(sum(ms), 3)} for g, ms in self.ms.items()}
 
 
 def _first_packet_figures(engine: Any, results: list[RequestResult],
@@ -341,7 +379,7 @@ def _log_run(run: dict[str, Any]) -> None:
     p95 = "-" if ttfb["p95"] is None else f"{ttfb['p95'] * 1000:.0f}"
     log(f"{run['variant']} {run['load']['label']}: {run['num_ok']}/{run['num_requests']} ok, "
          f"{run.get('num_refused', 0)} refused, TTFB p50 {p50} ms p95 {p95} ms, underruns {run['underrun_requests']}, "
-         f"wall {run['wall_s']:.1f} s")
+         f"wall {run['wall_s']:.1f} s" + _gc_note(run.get("gc_pauses")))
     path = run.get("first_packet_path") or {}
     parts = {k[: -len("_ms")]: v for k, v in path.items() if k.endswith("_ms")}
     if parts:

@@ -31,6 +31,7 @@ from breezert.errors import BreezeRTError, EngineOverloaded, RequestAborted, Req
 from breezert.options import SynthesisOptions
 from breezert.outputs import AudioChunk, SegmentStarted
 from breezert.profiles import resolve_config
+from breezert.runtime_setup import freeze_startup_heap
 from breezert.request import Reference, RequestStatus, SynthesisRequest
 from breezert.sched.load import EngineLoad
 from breezert.text import Split
@@ -121,6 +122,7 @@ class AsyncEngine:
                 engine = cls.from_config(cfg)
                 if warmup:
                     engine.warm_up()
+                freeze_startup_heap()  # it lives as long as the process
                 _shared[key] = engine
                 logger.info(
                     "shared engine loaded",

@@ -10,7 +10,7 @@ import argparse
 import sys
 import time
 import wave
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -209,6 +209,7 @@ async def _serve(cfg, args: argparse.Namespace) -> int:  # type: ignore[no-untyp
     from aiohttp.log import access_logger
 
     from breezert.async_engine import AsyncEngine
+    from breezert.runtime_setup import freeze_startup_heap
     from breezert.server import health
     from breezert.server.app import create_app
     from breezert.server.state import STATE
@@ -217,8 +218,13 @@ async def _serve(cfg, args: argparse.Namespace) -> int:  # type: ignore[no-untyp
     app = create_app(None, cfg.serving, request_options=policy,
                      ice_addresses=args.ice_address, frame_ms=args.frame_ms)
     app[health.LIFECYCLE].console = health.ConsoleProgress()
-    health.build_engine_in_background(
-        app, lambda progress: AsyncEngine.from_config(cfg, progress=progress))
+
+    def build(progress: Callable[..., None]) -> AsyncEngine:
+        engine = AsyncEngine.from_config(cfg, progress=progress)
+        freeze_startup_heap()  # the server's engine lives as long as the process
+        return engine
+
+    health.build_engine_in_background(app, build)
     grace = cfg.serving.shutdown_grace_s
     # after the drain nothing should be left: give handlers one second, then cancel them
     runner = web.AppRunner(app, handle_signals=False, shutdown_timeout=1.0,

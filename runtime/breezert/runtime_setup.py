@@ -1,12 +1,14 @@
 """Start-up: weights for ``ModelConfig`` and a ``ModelRunner`` sized for ``EngineConfig``.
 
 Owns: choosing the device, loading a checkpoint folder (``DEFAULT_VOICE`` names the embedded
-default voice) or building random weights of a preset, and resolving the KV block count (from the device's free memory when unset). Must not: schedule
-or run requests.
+default voice) or building random weights of a preset, resolving the KV block count (from the
+device's free memory when unset), and freezing the start-up heap out of the garbage collector.
+Must not: schedule or run requests.
 """
 
 from __future__ import annotations
 
+import gc
 import time
 from pathlib import Path
 
@@ -116,3 +118,13 @@ def build_runner(cfg: EngineConfig, ckpt: Checkpoint,
                                               cfg.scheduler.max_codec_step_frames)
         runner.warmup_s = time.monotonic() - start
     return runner
+
+
+def freeze_startup_heap() -> None:
+    """Takes what start-up made (torch, the model, compiled kernels, captured graphs: ~330k
+    objects on the CPU profile, more on the GPU) out of the cyclic collector's full passes,
+    which otherwise walk all of it, holding the GIL, and stall every stream at once (~100 ms a
+    pass on the CPU box, ``bench/gc_pause.py``). For an engine that lives as long as its process
+    (the server's, ``AsyncEngine.shared``): what is frozen is never collected."""
+    gc.collect()
+    gc.freeze()

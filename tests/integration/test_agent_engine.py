@@ -9,6 +9,7 @@ LiveKit server, weights or a GPU.
 from __future__ import annotations
 
 import asyncio
+import gc
 import threading
 import time
 from collections.abc import Sequence
@@ -225,6 +226,7 @@ async def test_shared_engine_builds_once_for_concurrent_threads(
         return build(config)  # type: ignore[arg-type]
 
     monkeypatch.setattr(AsyncEngine, "from_config", staticmethod(counting_build))
+    gc.unfreeze()  # what an earlier test froze; this build must freeze its own heap
     engines: list[AsyncEngine] = []
     threads = [threading.Thread(
         target=lambda: engines.append(AsyncEngine.shared(cfg, warmup=False))) for _ in range(3)]
@@ -233,6 +235,9 @@ async def test_shared_engine_builds_once_for_concurrent_threads(
     for thread in threads:
         thread.join(60)
     assert num_builds == 1 and len(engines) == 3 and len({id(e) for e in engines}) == 1
+    # its start-up heap is out of the collector's full passes (runtime_setup.freeze_startup_heap)
+    assert gc.get_freeze_count() > 0
+    assert not any(o is engines[0].engine for o in gc.get_objects())
     await AsyncEngine.aclose_shared(cfg)  # closed and forgotten: the next call builds anew
     again = AsyncEngine.shared(cfg, warmup=False)
     assert num_builds == 2 and again is not engines[0]

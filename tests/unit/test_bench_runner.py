@@ -209,3 +209,17 @@ def test_load_points_default_to_the_concurrency_sweep() -> None:
     assert [p.label for p in _options(rates=(2.5,)).load_points()] == ["r=2.5/s"]
     both = _options(concurrency=(16,), rates=(4.0,)).load_points()
     assert both == [LoadPoint("closed", 16), LoadPoint("open", 4.0)]
+
+
+def test_gc_pauses_records_each_collection_by_generation_and_unhooks() -> None:
+    import gc
+
+    with runner.GcPauses() as pauses:
+        gc.collect(2)
+        gc.collect(0)
+    summary = pauses.summary()
+    assert summary["gen2"]["count"] >= 1 and summary["gen0"]["count"] >= 1
+    assert summary["gen2"]["max_ms"] >= 0 and summary["gen2"]["total_ms"] >= summary["gen2"]["max_ms"]
+    assert pauses._callback not in gc.callbacks
+    assert runner._gc_note(summary).startswith(f", {summary['gen2']['count']} full GC passes")
+    assert runner._gc_note({"gen2": {"count": 0, "max_ms": 0.0}}) == ""
