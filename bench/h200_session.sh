@@ -12,7 +12,7 @@
 #        chain P1 P2...  | decode | decode-micro | decode-bench | tune | profile | stages |
 #        ablation-eager | ablation-a|b|c|d[@I/N] | sweep | sweep+ablation | latency |
 #        latency-nocap | predictor | predictor-edf | capacity-closed | capacity-open | capacity-tests | capacity-256 |
-#        burst | slack | voice | te-tokens | admit | path | tune-decode | trace | prefill | prefill-bench | before-after | anatomy | depth-engine | tests-changed | streamed | streamed-engine | codec-conv |
+#        burst | slack | voice | te-tokens | admit | path | tune-decode | trace | prefill | prefill-bench | before-after | gc | anatomy | depth-engine | tests-changed | streamed | streamed-engine | codec-conv |
 #        room (issue 34: carry=[".roombundle"] alone, built by `make room-bundle`; see the phase)
 # An ablation phase with @I/N runs shard I of N of its requests (bench --shard).
 # Several GPUs (kind nvidia-h200-x4): "parallel GPU=PHASE[+PHASE...] ..." runs each list on its own
@@ -288,6 +288,10 @@ case "$phase" in
         --concurrency 1,16,64 --num-requests 300 --warmup 16 --run-budget 25 \
         --out "$out/h200-latency-$name.json" 2>&1 | grep '^\[bench' || true)
     done ;;
+  gc)  # a full garbage-collector pass on the warmed H200 engine, with and without the start-up
+    # heap frozen (bench/gc_pause.py; ~1 min with the engine's start-up)
+    timeout 200 python3 bench/gc_pause.py --config configs/h200-latency.toml --repeats 7 \
+      --git-commit "$commit" --out "$out/h200-gc-pause.json" 2>&1 | grep -v Warn | tail -3 ;;
   anatomy)  # issue 30: the persistent frame's grid barriers alone, its work alone, and both
     timeout 300 python3 bench/depth_anatomy.py --rows "${ROWS:-2,32,128}" \
       --out "$out/h200-depth-anatomy.json" 2>&1 | grep -v Warn | tail -30 ;;
