@@ -792,7 +792,7 @@ class Scheduler:
             budget -= num_frames
             items.append(CodecItem(
                 request.request_id, slot, request.num_decoded_frames, num_frames,
-                is_first_chunk=not request.chunk_emit_times,
+                is_first_chunk=request.num_chunks == 0,
                 is_final=num_frames == request.num_pending_frames and request.is_generation_done,
             ))
         return items
