@@ -20,26 +20,57 @@ launched cooperatively) forks
   for free slots: it runs ahead across phase boundaries, so the HBM stream never drains;
 - consumer warps that wait for the previous phase (a per-phase counter in global memory:
   release on arrival, acquire spin), stage the phase's input in shared memory (made inside the
-  launch: ``.cg`` loads; RMSNorm applied there, its statistics from the staged registers): the
-  whole input once a phase where it fits (q/k/v, o_proj, gate/up, head), else a work item's K
-  range (projector, down_proj); then multiply each ring tile by it on the tensor cores
-  (``mma_v2``: the ``BN x BK`` weight tile is the 16-row operand, the rows, padded to 8 or 16,
-  the other), so 16 rows cost about what 2 do. The staged input is XOR-swizzled in 16-byte
-  units, so those operand loads are free of bank conflicts; o_proj's and down's residual is
-  read before the tiles are multiplied.
+  launch, ``.cg`` loads, every load of it issued at once): q/k/v, gate/up and the head stage
+  their whole input once a phase, summing the previous phase's K-split partials in split order,
+  adding the residual and applying RMSNorm with its statistics from the same registers; an
+  o_proj item stages its KV group's attention output (the attention folded into o_proj), a
+  projector or down_proj item its K range; then multiply each ring tile by it on the tensor
+  cores (``mma_v2``: the ``BN x BK`` weight tile is the 16-row operand, the rows, padded to 8
+  or 16, the other), so 16 rows cost about what 2 do. The staged input is XOR-swizzled in
+  16-byte units, so those operand loads are free of bank conflicts; its registers are sized for
+  the live rows (RB = 2, 4, 8 or 16), not the tensor cores' 8 or 16.
 
-Status (H200, bench/README.md "third session"): v3 (one staging per item, the rstd read apart,
-a plain staging layout, the residual read in the epilogue) correct (tests/gpu), 8.6 ms a frame
-at one request against the persistent frame's 7.8: each phase's dependency chain (~5 us of L2
-round trips) is the cost, not the stream. This version (v4) shortens those chains; built for
-sm_90, not yet run. Off in every profile until it wins.
+Status (H200, bench/README.md "third session"): v3 8.6 ms a frame at one request, v4 7.9,
+against the persistent frame's 7.8: each phase's dependency chain of L2 round trips (~5 us) is
+the cost, not the stream. This version (v5) shortens the chains; built for sm_90, not yet run.
+Off in every profile until it wins.
+
+Dependency points a frame (16 launches; v4 -> v5): phase waits 61 a position (60 at p = 0) ->
+49 (48): o_proj carries the attention; last-arriver hand-offs of split tiles (tile counter
+atomic, then the partials read back) 38 a position (37) -> 0. In all 1,582 -> 783. On a split
+phase's critical path, L2 round trips ~5 -> ~3 (acquire, the staging loads, the partial stores
++ release).
 
 Work items: a phase's weight ``[N, K]`` is cut into ``BN``-column tiles and ``S`` K splits
 (``StreamTiles``); item ``i`` = (column tile ``i % n_tiles``, split ``i // n_tiles``), taken by
-program ``i % P``. A split item leaves fp32 partials; the last of the ``S`` programs to finish a
-tile (an atomic tile counter) sums them in split order and runs the epilogue, so a row's bits
-depend neither on its batch (every row's sums run in the same order whatever ``RB``) nor on
-which program finishes last.
+program ``i % P``. Each item of a split phase (projector, q/k/v, o_proj, down_proj) stores its
+fp32 partial; the next phase's staging sums a value's ``S`` partials in split order, so a row's
+bits depend neither on its batch (every row's sums run in the same order whatever ``RB``) nor on
+which program finished first. Gate/up (a gate tile and its up tile an item) and the head are
+not split: their epilogues store SiLU(gate) * up and the logits.
+
+Buffers and their reuse (global memory; phase g of a launch: the projector 0, then q/k/v,
+o_proj, gate/up, down_proj 4l+1 .. 4l+4, the head 49). Every phase's writer stores only after
+its wait on phase g-1's counter, and every reader finishes its reads before its release on the
+counter of the phase that reads: so a buffer written in phase g and read only in phase g+1 may
+be written again from phase g+2 on (its writer has then acquired the counter that all of g+1's
+readers released).
+- partials[0] ``[S, R, d]``: the projector's, o_proj's and down_proj's (phases 0, 4l+2, 4l+4),
+  read by the next phase's staging only; partials[1] ``[S, R, qkv]``: q/k/v's (4l+1), read by
+  o_proj's attention (4l+2) only; ``act``: gate/up's (4l+3), read by down_proj (4l+4) only.
+- ``h`` is never written by a serial step: the residual stream lives in two bf16 buffers, each
+  written while staging by the programs that own its K tiles (tile t: program t % P; each of
+  them sums the same partials and gets the same bits) and read two phases later: ``h[0]`` = h_l
+  (written by layer l's q/k/v staging, read by its gate/up staging), ``h[1]`` = h_l + attention
+  (written by gate/up's staging, read by layer l+1's q/k/v staging or the head's). Each is
+  written again four phases after it was written, two after its readers released.
+- the frame cache: the key and value at ``pos`` are written by o_proj's item 0 of each KV group
+  while every o_proj item reads slots < pos only (slot ``pos`` comes from the q/k/v partials);
+  the next launch reads them.
+- Ordering: the consumers' stores are issued, a partition barrier, then one thread's
+  ``atom.release.gpu`` on the phase counter (the barrier makes the other warps' stores part of
+  what it releases); each consumer thread spins with ``ld.acquire.gpu`` before its own ``.cg``
+  loads. The counters only grow (by P a launch), so they need no reset between launches.
 
 Numerics: the bf16 rounding points of the eager modules, as ``persistent_depth.py``: projector
 and q/k/v, gate/up rounded to bf16; RoPE products and sums rounded; attention with bf16
