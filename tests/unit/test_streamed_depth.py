@@ -1,7 +1,8 @@
 """The streamed depth frame (kernels/streamed_depth.py) on CPU: what it cannot run is refused
 when it is made or called, naming why; its staged input's two shared layouts (stored through one,
 read by tile through the other, and the view that stages fewer rows than the tensor cores read)
-agree, and the tensor cores' operand loads from it have no bank conflicts (both read from the layouts as Triton lowers them: a kernel traced for sm_90, not run).
+agree, and the tensor cores' operand loads from it have no bank conflicts (both read from the
+layouts as Triton lowers them: a kernel traced for sm_90, not run).
 Its kernels build for sm_90 in tests/unit/test_sm90_build.py and run in
 tests/gpu/test_gpu_frame_kernels.py (Gluon has no CPU interpreter)."""
 

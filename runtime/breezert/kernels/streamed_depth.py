@@ -189,7 +189,8 @@ def _store_staged(xs, x, RB: gl.constexpr):
     """``x [NT, 1, RB, BK]`` (bf16) into rows ``0 .. RB`` of ``xs`` tiles ``0 .. NT``. Rows RB..RX
     of a tile keep what they held: the tensor cores' columns for them are never stored. The
     swizzle cannot be split along rows, so the store goes through ``STAGED_ROWS``, a view of the
-    same bytes whose rows ``0 .. RB`` have STAGED's addresses (tests/unit/test_streamed_depth.py)."""
+    same bytes whose rows ``0 .. RB`` have STAGED's addresses
+    (tests/unit/test_streamed_depth.py)."""
     XT: gl.constexpr = xs.shape[0]
     RX: gl.constexpr = xs.shape[1]
     BK: gl.constexpr = xs.shape[2]
@@ -413,7 +414,8 @@ def _loader(proj_desc, qkv_desc, o_desc, gu_desc, down_desc, head_desc, ring, re
     """The weight stream: the same items in the same order as the consumers take them."""
     pid = gl.program_id(0)
     P = gl.num_programs(0)
-    it = _load_phase(proj_desc, 0, ring, ready, empty, pid * 0, pid, P, D, DB, PROJ_S, BN, BK, SLOTS)
+    it = _load_phase(proj_desc, 0, ring, ready, empty, pid * 0, pid, P, D, DB, PROJ_S, BN, BK,
+                     SLOTS)
     for layer in range(L):
         it = _load_phase(qkv_desc, layer * NQKV, ring, ready, empty, it, pid, P, NQKV, D,
                          QKV_S, BN, BK, SLOTS)
