@@ -1,7 +1,8 @@
 """The streamed depth frame (kernels/streamed_depth.py) on CPU: what it cannot run is refused
 when it is made or called, naming why; its staged input's two shared layouts (stored through one,
-read by tile through the other) agree, and the tensor cores' operand loads from it have no bank
-conflicts (both read from the layouts as Triton lowers them: a kernel traced for sm_90, not run).
+read by tile through the other, and the view that stages fewer rows than the tensor cores read)
+agree, and the tensor cores' operand loads from it have no bank conflicts (both read from the
+layouts as Triton lowers them: a kernel traced for sm_90, not run).
 Its kernels build for sm_90 in tests/unit/test_sm90_build.py and run in
 tests/gpu/test_gpu_frame_kernels.py (Gluon has no CPU interpreter)."""
 
@@ -74,14 +75,15 @@ def _staged_layouts_probe(seen: _Seen):
     from triton.experimental import gluon
     from triton.experimental.gluon import language as gl
 
-    from breezert.kernels.streamed_depth import STAGED, STAGED_TILE
+    from breezert.kernels.streamed_depth import STAGED, STAGED_ROWS, STAGED_TILE
 
     @gluon.constexpr_function
     def record(name, value):
         seen[name] = value
 
     @gluon.jit
-    def probe(out, XT: gl.constexpr, RB: gl.constexpr, BK: gl.constexpr, MMA: gl.constexpr):
+    def probe(out, XT: gl.constexpr, RB: gl.constexpr, BK: gl.constexpr, MMA: gl.constexpr,
+              RS: gl.constexpr):
         xs = gl.allocate_shared_memory(gl.bfloat16, [XT, RB, BK], STAGED)
         tiles = xs._reinterpret(gl.bfloat16, xs.shape, STAGED_TILE)
         plain = gl.allocate_shared_memory(gl.bfloat16, [RB, BK], gl.SwizzledSharedLayout(
@@ -90,6 +92,7 @@ def _staged_layouts_probe(seen: _Seen):
                            gl.DotOperandLayout(operand_index=1, parent=MMA, k_width=2)).type
         record("staged", gl.to_linear_layout(STAGED, [XT, RB, BK]))
         record("tile", gl.to_linear_layout(STAGED_TILE, [RB, BK]))
+        record("rows", gl.to_linear_layout(STAGED_ROWS, [XT, RB // RS, RS, BK]))
         record("conflicts", gl.bank_conflicts(operand, tiles.index(1).permute((1, 0)).type))
         record("plain conflicts", gl.bank_conflicts(operand, plain.permute((1, 0)).type))
 
@@ -105,16 +108,23 @@ def test_staged_tiles_are_the_staged_bytes_without_bank_conflicts(tmp_path, monk
         full = random_bf16_fused_(DepthDecoder(BreezeConfig.full().depth))
     tiles = StreamTiles()
     frame = StreamedDepthFrame(full, programs=132, tiles=tiles)
-    for rows in (8, 16):  # the two row operands
+    for rows, rs in ((8, 2), (8, 4), (8, 8), (16, 16)):  # the row operands, the rows staged
         seen = _Seen()
         with build_only():
             _staged_layouts_probe(seen).warmup(
                 torch.empty(1, device="meta"), XT=frame.staged_tiles, RB=rows, BK=tiles.bk,
-                MMA=frame.mma, num_warps=tiles.warps, grid=(1,))
+                MMA=frame.mma, RS=rs, num_warps=tiles.warps, grid=(1,))
         staged = seen["staged"].offset_bases  # type: ignore[attr-defined]
         tile = seen["tile"].offset_bases  # type: ignore[attr-defined]
         # tile t of the stored layout is tile t of the read one, at t whole tiles
         assert staged == ([[0, *b] for b in tile]
                           + [[1 << i, 0, 0] for i in range(frame.staged_tiles.bit_length() - 1)])
+        # the staging view's [t, 0, r, c] (r < RS) is STAGED's [t, r, c]: each address bit that
+        # keeps the view's second index 0 names the same element in both, and only the bits of
+        # rows RS.. name another
+        view = seen["rows"].offset_bases  # type: ignore[attr-defined]
+        kept = [(v[0], v[2], v[3]) for v in view if v[1] == 0]
+        assert kept == [tuple(s) for s, v in zip(staged, view) if v[1] == 0]
+        assert len(view) - len(kept) == (rows // rs).bit_length() - 1
         assert seen["conflicts"] == 0
         assert seen["plain conflicts"] > 0, "the swizzle is what removes the conflicts"

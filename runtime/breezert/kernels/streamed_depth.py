@@ -20,26 +20,57 @@ launched cooperatively) forks
   for free slots: it runs ahead across phase boundaries, so the HBM stream never drains;
 - consumer warps that wait for the previous phase (a per-phase counter in global memory:
   release on arrival, acquire spin), stage the phase's input in shared memory (made inside the
-  launch: ``.cg`` loads; RMSNorm applied there, its statistics from the staged registers): the
-  whole input once a phase where it fits (q/k/v, o_proj, gate/up, head), else a work item's K
-  range (projector, down_proj); then multiply each ring tile by it on the tensor cores
-  (``mma_v2``: the ``BN x BK`` weight tile is the 16-row operand, the rows, padded to 8 or 16,
-  the other), so 16 rows cost about what 2 do. The staged input is XOR-swizzled in 16-byte
-  units, so those operand loads are free of bank conflicts; o_proj's and down's residual is
-  read before the tiles are multiplied.
+  launch, ``.cg`` loads, every load of it issued at once): q/k/v, gate/up and the head stage
+  their whole input once a phase, summing the previous phase's K-split partials in split order,
+  adding the residual and applying RMSNorm with its statistics from the same registers; an
+  o_proj item stages its KV group's attention output (the attention folded into o_proj), a
+  projector or down_proj item its K range; then multiply each ring tile by it on the tensor
+  cores (``mma_v2``: the ``BN x BK`` weight tile is the 16-row operand, the rows, padded to 8
+  or 16, the other), so 16 rows cost about what 2 do. The staged input is XOR-swizzled in
+  16-byte units, so those operand loads are free of bank conflicts; its registers are sized for
+  the live rows (RB = 2, 4, 8 or 16), not the tensor cores' 8 or 16.
 
-Status (H200, bench/README.md "third session"): v3 (one staging per item, the rstd read apart,
-a plain staging layout, the residual read in the epilogue) correct (tests/gpu), 8.6 ms a frame
-at one request against the persistent frame's 7.8: each phase's dependency chain (~5 us of L2
-round trips) is the cost, not the stream. This version (v4) shortens those chains; built for
-sm_90, not yet run. Off in every profile until it wins.
+Status (H200, bench/README.md "third session"): v3 8.6 ms a frame at one request, v4 7.9,
+against the persistent frame's 7.8: each phase's dependency chain of L2 round trips (~5 us) is
+the cost, not the stream. This version (v5) shortens the chains; built for sm_90, not yet run.
+Off in every profile until it wins.
+
+Dependency points a frame (16 launches; v4 -> v5): phase waits 61 a position (60 at p = 0) ->
+49 (48): o_proj carries the attention; last-arriver hand-offs of split tiles (tile counter
+atomic, then the partials read back) 38 a position (37) -> 0. In all 1,582 -> 783. On a split
+phase's critical path, L2 round trips ~5 -> ~3 (acquire, the staging loads, the partial stores
++ release).
 
 Work items: a phase's weight ``[N, K]`` is cut into ``BN``-column tiles and ``S`` K splits
 (``StreamTiles``); item ``i`` = (column tile ``i % n_tiles``, split ``i // n_tiles``), taken by
-program ``i % P``. A split item leaves fp32 partials; the last of the ``S`` programs to finish a
-tile (an atomic tile counter) sums them in split order and runs the epilogue, so a row's bits
-depend neither on its batch (every row's sums run in the same order whatever ``RB``) nor on
-which program finishes last.
+program ``i % P``. Each item of a split phase (projector, q/k/v, o_proj, down_proj) stores its
+fp32 partial; the next phase's staging sums a value's ``S`` partials in split order, so a row's
+bits depend neither on its batch (every row's sums run in the same order whatever ``RB``) nor on
+which program finished first. Gate/up (a gate tile and its up tile an item) and the head are
+not split: their epilogues store SiLU(gate) * up and the logits.
+
+Buffers and their reuse (global memory; phase g of a launch: the projector 0, then q/k/v,
+o_proj, gate/up, down_proj 4l+1 .. 4l+4, the head 49). Every phase's writer stores only after
+its wait on phase g-1's counter, and every reader finishes its reads before its release on the
+counter of the phase that reads: so a buffer written in phase g and read only in phase g+1 may
+be written again from phase g+2 on (its writer has then acquired the counter that all of g+1's
+readers released).
+- partials[0] ``[S, R, d]``: the projector's, o_proj's and down_proj's (phases 0, 4l+2, 4l+4),
+  read by the next phase's staging only; partials[1] ``[S, R, qkv]``: q/k/v's (4l+1), read by
+  o_proj's attention (4l+2) only; ``act``: gate/up's (4l+3), read by down_proj (4l+4) only.
+- ``h`` is never written by a serial step: the residual stream lives in two bf16 buffers, each
+  written while staging by the programs that own its K tiles (tile t: program t % P; each of
+  them sums the same partials and gets the same bits) and read two phases later: ``h[0]`` = h_l
+  (written by layer l's q/k/v staging, read by its gate/up staging), ``h[1]`` = h_l + attention
+  (written by gate/up's staging, read by layer l+1's q/k/v staging or the head's). Each is
+  written again four phases after it was written, two after its readers released.
+- the frame cache: the key and value at ``pos`` are written by o_proj's item 0 of each KV group
+  while every o_proj item reads slots < pos only (slot ``pos`` comes from the q/k/v partials);
+  the next launch reads them.
+- Ordering: the consumers' stores are issued, a partition barrier, then one thread's
+  ``atom.release.gpu`` on the phase counter (the barrier makes the other warps' stores part of
+  what it releases); each consumer thread spins with ``ld.acquire.gpu`` before its own ``.cg``
+  loads. The counters only grow (by P a launch), so they need no reset between launches.
 
 Numerics: the bf16 rounding points of the eager modules, as ``persistent_depth.py``: projector
 and q/k/v, gate/up rounded to bf16; RoPE products and sums rounded; attention with bf16
@@ -86,16 +117,27 @@ PROJ, QKV, O, GATE_UP, DOWN, HEAD = (gl.constexpr(k) for k in range(6))
 STAGED = gl.constexpr(gl.SwizzledSharedLayout(vec=8, per_phase=1, max_phase=8, order=[2, 1, 0]))
 STAGED_TILE = gl.constexpr(gl.SwizzledSharedLayout(vec=8, per_phase=1, max_phase=8, order=[1, 0]))
 
+# The staging store's view of the same bytes, ``[K tile, RX // RB, RB, column]``: its rows
+# ``[t, 0, r]`` for r < RB have STAGED's addresses (the swizzle row is r in both), so an input of
+# RB < RX rows (2 or 4: one or two requests) is staged from registers sized for RB rows, not RX.
+STAGED_ROWS = gl.constexpr(gl.SwizzledSharedLayout(vec=8, per_phase=1, max_phase=8,
+                                                   order=[3, 2, 1, 0]))
+# The attention output before it is copied into xs: unswizzled, so a pair of rows can be stored.
+PLAIN = gl.constexpr(gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[1, 0]))
+
 # triton 3.6 names the partition-wide barrier thread_barrier; 3.7 renamed it barrier
 _partition_barrier = getattr(gl, "thread_barrier", None) or gl.barrier
 
 
 @dataclass(frozen=True)
 class StreamTiles:
-    """Weight tile ``bn x bk`` (one ring slot), ring ``slots``, consumer ``warps`` (the loader
-    adds one), and each weight phase's K splits (``*_split``: they set the sum order, so they
-    never change with the rows). Gate/up is never split: an item holds a gate tile and its up
-    tile, so SiLU(gate) * up is its epilogue."""
+    """Weight tile ``bn x bk`` (one ring slot; ``bk`` is the head size: an o_proj K tile is
+    one head), ring ``slots``, consumer ``warps`` (the loader adds one), and each weight
+    phase's K splits (``*_split``: they set the sum order, so they never change with the rows).
+    o_proj's split is the KV heads (an item is one KV group's heads: its attention is the
+    item's input). Gate/up and the head are never split: a gate/up item holds a gate tile and
+    its up tile, so SiLU(gate) * up is its epilogue; the head's logits have no next phase in the
+    launch to sum partials."""
 
     bn: int = 64
     bk: int = 128
@@ -103,9 +145,8 @@ class StreamTiles:
     warps: int = 4
     proj_split: int = 8
     qkv_split: int = 4
-    o_split: int = 8
+    o_split: int = 2
     down_split: int = 8
-    head_split: int = 4
     maxnreg: int = 168
 
 
@@ -144,22 +185,72 @@ def _bf16(x):
 
 
 @gluon.jit
-def _stage(KIND: gl.constexpr, t0, pos, R, B, x_ptr, nw_ptr, codes_ptr, hidden_ptr, xs, eps,
-           NT: gl.constexpr, K: gl.constexpr, V: gl.constexpr, NCB: gl.constexpr,
-           RB: gl.constexpr, BK: gl.constexpr, X3: gl.constexpr):
-    """K tiles ``t0 .. t0 + NT`` of the phase's input, every row, into ``xs[0 .. NT]`` (bf16,
-    tile by tile: ``xs[t]`` is ``[RB, BK]``): one load of all of them (one L2 round trip),
-    then the store, between two partition barriers (the last reads of ``xs`` are done before;
-    every consumer warp sees the whole input after). PROJ the backbone state (p = 0) or the audio
-    table's row of code c_{p-1} (an EOS first code clamped into the table, as ``depth_frames``
-    does); QKV, GATE_UP, HEAD the RMSNormed ``h`` (``bf16(w * bf16(x * rstd))``, the statistics
-    from the registers it stages: the whole row, ``NT * BK == K``); O the attention output;
-    DOWN ``bf16(bf16(silu(g)) * u)`` (made by GATE_UP's epilogue)."""
-    tiles = t0 + gl.arange(0, NT, layout=gl.SliceLayout(1, gl.SliceLayout(2, X3)))
-    rows = gl.arange(0, RB, layout=gl.SliceLayout(0, gl.SliceLayout(2, X3)))
-    offs = gl.arange(0, BK, layout=gl.SliceLayout(0, gl.SliceLayout(1, X3)))
-    cols = tiles[:, None, None] * BK + offs[None, None, :]  # [NT, 1, BK]
-    rmask = (rows < R)[None, :, None]
+def _store_staged(xs, x, RB: gl.constexpr):
+    """``x [NT, 1, RB, BK]`` (bf16) into rows ``0 .. RB`` of ``xs`` tiles ``0 .. NT``. Rows RB..RX
+    of a tile keep what they held: the tensor cores' columns for them are never stored. The
+    swizzle cannot be split along rows, so the store goes through ``STAGED_ROWS``, a view of the
+    same bytes whose rows ``0 .. RB`` have STAGED's addresses
+    (tests/unit/test_streamed_depth.py)."""
+    XT: gl.constexpr = xs.shape[0]
+    RX: gl.constexpr = xs.shape[1]
+    BK: gl.constexpr = xs.shape[2]
+    NT: gl.constexpr = x.shape[0]
+    view = xs._reinterpret(gl.bfloat16, [XT, RX // RB, RB, BK], STAGED_ROWS)
+    view.slice(0, 1, dim=1).slice(0, NT, dim=0).store(x)
+
+
+@gluon.jit
+def _indices4(NT: gl.constexpr, RB: gl.constexpr, BK: gl.constexpr, X4: gl.constexpr):
+    """``[NT, 1, 1, 1]`` K tiles, ``[1, 1, RB, 1]`` rows, ``[1, 1, 1, BK]`` columns in a tile."""
+    tiles = gl.arange(0, NT, layout=gl.SliceLayout(1, gl.SliceLayout(2, gl.SliceLayout(3, X4))))
+    rows = gl.arange(0, RB, layout=gl.SliceLayout(0, gl.SliceLayout(1, gl.SliceLayout(3, X4))))
+    offs = gl.arange(0, BK, layout=gl.SliceLayout(0, gl.SliceLayout(1, gl.SliceLayout(2, X4))))
+    return tiles[:, None, None, None], rows[None, None, :, None], offs[None, None, None, :]
+
+
+@gluon.jit
+def _stage_norm(xs, part_ptr, n_split, ws_split, res_ptr, res_rows, h_ptr, WRITE_H: gl.constexpr,
+                nw_ptr, pid, P, R, eps, K: gl.constexpr, SMAX: gl.constexpr, RB: gl.constexpr,
+                BK: gl.constexpr, X4: gl.constexpr):
+    """The whole input of q/k/v, gate/up or the head, every row, into ``xs`` (one load of all of
+    it, one L2 round trip): ``h = bf16(res + bf16(sum of the n_split K-split partials))``, the
+    sum in split order (a row's bits depend neither on its batch nor on the programs); the
+    residual ``res`` for rows below ``res_rows`` (0: none, the projector's output is h itself);
+    then RMSNorm at RMSNorm.forward's rounding, ``bf16(w * bf16(h * rstd))``, its statistics from
+    these registers in the same reduction order for every ``RB``. ``WRITE_H``: this program
+    also writes the K tiles it owns (tile t: program t % P) of ``h`` to ``h_ptr``, for the phase
+    two steps on that adds its residual to it."""
+    NT: gl.constexpr = K // BK
+    tiles, rows, offs = _indices4(NT, RB, BK, X4)
+    cols = tiles * BK + offs
+    at = rows * K + cols  # [NT, 1, RB, BK]
+    mask = (rows < R) & (cols < K)
+    total = gl.load(part_ptr + at, mask=mask, other=0.0, cache_modifier=".cg")
+    for s in gl.static_range(1, SMAX):
+        total += gl.load(part_ptr + s * ws_split + at, mask=mask & (n_split > s), other=0.0,
+                         cache_modifier=".cg")
+    res = gl.load(res_ptr + at, mask=mask & (rows < res_rows), other=0.0,
+                  cache_modifier=".cg").to(gl.float32)
+    h = _bf16(res + _bf16(total))
+    if WRITE_H:
+        gl.store(h_ptr + at, h.to(gl.bfloat16), mask=mask & (tiles % P == pid))
+    rstd = 1.0 / gl.sqrt(gl.sum(gl.sum(h * h, axis=3), axis=0) / K + eps)  # [1, RB]
+    w = gl.load(nw_ptr + cols).to(gl.float32)
+    x = _bf16(w * _bf16(h * rstd[None, :, :, None]))
+    _store_staged(xs, x.to(gl.bfloat16), RB)
+
+
+@gluon.jit
+def _stage_range(KIND: gl.constexpr, xs, t0, pos, R, B, x_ptr, codes_ptr, hidden_ptr,
+                 K: gl.constexpr, V: gl.constexpr, NCB: gl.constexpr, NT: gl.constexpr,
+                 RB: gl.constexpr, BK: gl.constexpr, X4: gl.constexpr):
+    """K tiles ``t0 .. t0 + NT`` of a projector or down_proj item's input, every row, into
+    ``xs[0 .. NT]``: PROJ the backbone state (p = 0) or the audio table's row of code c_{p-1}
+    (an EOS first code clamped into the table, as ``depth_frames`` does); DOWN
+    ``bf16(bf16(silu(g)) * u)`` (made by GATE_UP's epilogue)."""
+    tiles, rows, offs = _indices4(NT, RB, BK, X4)
+    cols = (t0 + tiles) * BK + offs
+    mask = (rows < R) & (cols < K)
     if KIND == PROJ:
         if pos == 0:
             src = hidden_ptr + rows.to(gl.int64) * K
@@ -168,49 +259,117 @@ def _stage(KIND: gl.constexpr, t0, pos, R, B, x_ptr, nw_ptr, codes_ptr, hidden_p
                            cache_modifier=".cg")
             code = gl.minimum(code, V - 1)
             src = x_ptr + (code + V * (pos - 1)).to(gl.int64) * K
-        x = gl.load(src[None, :, None] + cols, mask=rmask, other=0.0,
-                    cache_modifier=".cg").to(gl.float32)
-    elif (KIND == O) | (KIND == DOWN):
-        x = gl.load(x_ptr + rows[None, :, None] * K + cols, mask=rmask, other=0.0,
-                    cache_modifier=".cg").to(gl.float32)
-    else:  # QKV, GATE_UP, HEAD: RMSNorm at RMSNorm.forward's rounding
-        gl.static_assert(NT * BK == K, "an RMSNormed input is staged whole")
-        h = gl.load(x_ptr + rows[None, :, None] * K + cols, mask=rmask, other=0.0,
-                    cache_modifier=".cg").to(gl.float32)
-        rstd = 1.0 / gl.sqrt(gl.sum(gl.sum(h * h, axis=2), axis=0) / K + eps)
-        w = gl.load(nw_ptr + cols).to(gl.float32)
-        x = _bf16(w * _bf16(h * rstd[None, :, None]))
-    _partition_barrier()  # the last reads of xs are done
-    xs.slice(0, NT, dim=0).store(x.to(gl.bfloat16))
-    _partition_barrier()  # every consumer warp sees the whole input
+        x = gl.load(src + cols, mask=mask, other=0.0, cache_modifier=".cg")
+    else:
+        x = gl.load(x_ptr + rows * K + cols, mask=mask, other=0.0, cache_modifier=".cg")
+    _store_staged(xs, x, RB)
 
 
 @gluon.jit
-def _epilogue(KIND: gl.constexpr, total, up, res, nb, pos, R, out_ptr, N: gl.constexpr,
-              V: gl.constexpr, RB: gl.constexpr, BN: gl.constexpr, AL: gl.constexpr):
-    """A finished tile ``total [BN, RB]`` (fp32 sums, output columns x rows: the tensor cores'
-    transposed product) into the phase's output: bf16 for PROJ and
-    QKV; for GATE_UP (``up``: the up tile's sums) ``bf16(bf16(silu(gate)) * up)`` of the bf16
-    gate and up, as the eager MLP rounds; ``h = bf16(h + bf16(total))`` for O and DOWN
-    (``out_ptr`` is ``h``, ``res`` its bf16 values of these columns, read before the tile was
-    multiplied: this item owns these columns, no other program reads ``h`` in this phase); fp32
-    logits for HEAD."""
-    rows = gl.arange(0, RB, layout=gl.SliceLayout(0, AL))
+def _sum_splits(ptr, ws_split, mask, S: gl.constexpr):
+    """A q/k/v output value from its K-split partials: the sum in split order, to bf16 (q/k/v's
+    rounding)."""
+    total = gl.load(ptr, mask=mask, other=0.0, cache_modifier=".cg")
+    for s in gl.static_range(1, S):
+        total += gl.load(ptr + s * ws_split, mask=mask, other=0.0, cache_modifier=".cg")
+    return _bf16(total)
+
+
+@gluon.jit
+def _rope(x, partner, sign, cos, sin):
+    """``apply_rope`` over a whole head: ``partner`` is ``rotate_half``'s other column (``sign``
+    -1 below the half), each product and the sum rounded to bf16."""
+    return _bf16(_bf16(x * cos) + _bf16(sign * partner * sin))
+
+
+@gluon.jit
+def _stage_attention(xs, ab, grp, nb, pos, R, qkv_ptr, ws_split, QS: gl.constexpr, cos_ptr,
+                     sin_ptr, cache_ptr, scale, c_kv, c_row, c_head, c_pos, H: gl.constexpr,
+                     KVH: gl.constexpr, HD: gl.constexpr, NP: gl.constexpr, RX: gl.constexpr,
+                     A3: gl.constexpr, CL: gl.constexpr):
+    """An o_proj item's input (the attention folded into o_proj: no phase of its own): the
+    attention output of KV group ``grp``'s query heads, every row, into ``xs[0 .. G]`` (tile hh:
+    head ``grp * G + hh``). q, k and v are the q/k/v phase's partials summed in split order (its
+    bf16 output); RoPE on q and on the key at ``pos``; keys and values at slots < pos from the
+    frame cache, at ``pos`` from q/k/v (item ``nb == 0`` of the group writes them into the cache:
+    no program reads slot ``pos`` of the cache in this launch); flash attention's rounding
+    (unnormalised probabilities to bf16 for P @ V, fp32 row sums). Rows go two at a time (RG):
+    one L2 round trip a pair, the registers of [2, NP, HD] keys and values. Each pair's heads go
+    to ``ab`` (plain layout: rows can be sliced), copied into the swizzled ``xs`` at the end."""
+    G: gl.constexpr = H // KVH
+    HALF: gl.constexpr = HD // 2
+    NQKV: gl.constexpr = (H + 2 * KVH) * HD
+    RG: gl.constexpr = 2
+    QL: gl.constexpr = gl.SliceLayout(1, A3)  # [RG, HD]
+    SL: gl.constexpr = gl.SliceLayout(2, A3)  # [RG, NP]
+    rq = gl.arange(0, RG, layout=gl.SliceLayout(1, QL))[:, None]
+    dq = gl.arange(0, HD, layout=gl.SliceLayout(0, QL))
+    partner = ((dq + HALF) % HD)[None, :]  # rotate_half's column
+    sign = gl.where(dq < HALF, -1.0, 1.0)[None, :]
+    cos = gl.load(cos_ptr + pos * HD + dq).to(gl.float32)[None, :]
+    sin = gl.load(sin_ptr + pos * HD + dq).to(gl.float32)[None, :]
+    dq = dq[None, :]
+    r3 = gl.arange(0, RG, layout=gl.SliceLayout(1, SL))[:, None, None]
+    s3 = gl.arange(0, NP, layout=gl.SliceLayout(0, SL))[None, :, None]
+    d3 = gl.arange(0, HD, layout=gl.SliceLayout(0, QL))[None, None, :]
+    slots = gl.arange(0, NP, layout=gl.SliceLayout(0, SL))[None, :]
+    kcol = (H + grp) * HD
+    vcol = (H + KVH + grp) * HD
+    for g in range(0, gl.cdiv(R, RG)):
+        r0 = g * RG
+        qmask = (r0 + rq < R) & (dq < HD)
+        src = qkv_ptr + (r0 + rq) * NQKV
+        k_new = _rope(_sum_splits(src + kcol + dq, ws_split, qmask, QS),
+                      _sum_splits(src + kcol + partner, ws_split, qmask, QS), sign, cos, sin)
+        v_new = _sum_splits(src + vcol + dq, ws_split, qmask, QS)
+        cache = cache_ptr + (r0 + r3) * c_row + grp * c_head + s3 * c_pos + d3
+        live = (r0 + r3 < R) & (s3 < pos) & (d3 < HD)
+        k = gl.load(cache, mask=live, other=0.0, cache_modifier=".cg").to(gl.float32)
+        v = gl.load(cache + c_kv, mask=live, other=0.0, cache_modifier=".cg").to(gl.float32)
+        here = s3 == pos
+        k = gl.where(here, gl.expand_dims(k_new, 1), k)
+        v = gl.where(here, gl.expand_dims(v_new, 1), v)
+        if nb == 0:  # one item of the group: the key and value at pos into the frame cache
+            at = cache_ptr + (r0 + rq) * c_row + grp * c_head + pos * c_pos + dq
+            gl.store(at, k_new.to(gl.bfloat16), mask=qmask)
+            gl.store(at + c_kv, v_new.to(gl.bfloat16), mask=qmask)
+        for hh in gl.static_range(G):
+            qcol = (grp * G + hh) * HD
+            q = _rope(_sum_splits(src + qcol + dq, ws_split, qmask, QS),
+                      _sum_splits(src + qcol + partner, ws_split, qmask, QS), sign, cos, sin)
+            scores = gl.sum(gl.expand_dims(q, 1) * k, axis=2) * scale  # [RG, NP]
+            scores = gl.where(slots <= pos, scores, float("-inf"))
+            p = gl.exp(scores - gl.max(scores, axis=1)[:, None])
+            total = gl.convert_layout(gl.sum(p, axis=1), gl.SliceLayout(1, QL))[:, None]
+            out = _bf16(gl.sum(gl.expand_dims(_bf16(p), 2) * v, axis=1) / total)
+            ab.index(hh * (RX // RG) + g).store(out.to(gl.bfloat16))
+    _partition_barrier()  # every warp's heads are in ab
+    heads = ab._reinterpret(gl.bfloat16, [G, RX, HD], PLAIN)
+    tiles = xs._reinterpret(gl.bfloat16, xs.shape, STAGED_TILE)
+    for hh in gl.static_range(G):
+        tiles.index(hh).store(heads.index(hh).load(CL))
+
+
+@gluon.jit
+def _epilogue(KIND: gl.constexpr, acc, acc_up, nb, split, pos, R, out_ptr, ws_split,
+              N: gl.constexpr, V: gl.constexpr, RX: gl.constexpr, BN: gl.constexpr,
+              AL: gl.constexpr):
+    """An item's sums ``acc [BN, RX]`` (output columns x rows: the tensor cores' transposed
+    product) into the phase's output: a K split's fp32 partial for PROJ, QKV, O and DOWN (the
+    next phase's staging sums them); ``bf16(bf16(silu(gate)) * up)`` of the bf16 gate and up
+    (``acc_up``) for GATE_UP, as the eager MLP rounds; fp32 logits for HEAD."""
+    rows = gl.arange(0, RX, layout=gl.SliceLayout(0, AL))
     n = nb * BN + gl.arange(0, BN, layout=gl.SliceLayout(1, AL))
+    mask = (rows < R)[None, :]
     if KIND == HEAD:
         dst = out_ptr + pos.to(gl.int64) * R * V + rows[None, :] * V + n[:, None]
-        gl.store(dst, total, mask=(rows < R)[None, :] & (n < V)[:, None])
+        gl.store(dst, acc, mask=mask & (n < V)[:, None])
+    elif KIND == GATE_UP:
+        gate = _bf16(acc)
+        out = _bf16(_bf16(gate / (1.0 + gl.exp(-gate))) * _bf16(acc_up))  # F.silu, then * up
+        gl.store(out_ptr + rows[None, :] * N + n[:, None], out.to(gl.bfloat16), mask=mask)
     else:
-        dst = out_ptr + rows[None, :] * N + n[:, None]
-        mask = (rows < R)[None, :]
-        if (KIND == O) | (KIND == DOWN):
-            out = _bf16(res.to(gl.float32) + _bf16(total))
-        elif KIND == GATE_UP:
-            gate = _bf16(total)
-            out = _bf16(_bf16(gate / (1.0 + gl.exp(-gate))) * _bf16(up))  # F.silu, then * up
-        else:
-            out = _bf16(total)
-        gl.store(dst, out.to(gl.bfloat16), mask=mask)
+        gl.store(out_ptr + split * ws_split + rows[None, :] * N + n[:, None], acc, mask=mask)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -251,10 +410,12 @@ def _loader(proj_desc, qkv_desc, o_desc, gu_desc, down_desc, head_desc, ring, re
             pos, D: gl.constexpr, DB: gl.constexpr, I: gl.constexpr, NQKV: gl.constexpr,
             HHD: gl.constexpr, L: gl.constexpr, VP: gl.constexpr, BN: gl.constexpr,
             BK: gl.constexpr, SLOTS: gl.constexpr, PROJ_S: gl.constexpr, QKV_S: gl.constexpr,
-            O_S: gl.constexpr, DOWN_S: gl.constexpr, HEAD_S: gl.constexpr):
+            O_S: gl.constexpr, DOWN_S: gl.constexpr):
+    """The weight stream: the same items in the same order as the consumers take them."""
     pid = gl.program_id(0)
     P = gl.num_programs(0)
-    it = _load_phase(proj_desc, 0, ring, ready, empty, pid * 0, pid, P, D, DB, PROJ_S, BN, BK, SLOTS)
+    it = _load_phase(proj_desc, 0, ring, ready, empty, pid * 0, pid, P, D, DB, PROJ_S, BN, BK,
+                     SLOTS)
     for layer in range(L):
         it = _load_phase(qkv_desc, layer * NQKV, ring, ready, empty, it, pid, P, NQKV, D,
                          QKV_S, BN, BK, SLOTS)
@@ -265,8 +426,8 @@ def _loader(proj_desc, qkv_desc, o_desc, gu_desc, down_desc, head_desc, ring, re
         it = _load_phase(down_desc, layer * D, ring, ready, empty, it, pid, P, D, I, DOWN_S, BN,
                          BK, SLOTS)
     if pos > 0:
-        _load_phase(head_desc, (pos - 1) * VP, ring, ready, empty, it, pid, P, VP, D, HEAD_S, BN,
-                    BK, SLOTS)
+        _load_phase(head_desc, (pos - 1) * VP, ring, ready, empty, it, pid, P, VP, D, 1, BN, BK,
+                    SLOTS)
 
 
 @gluon.jit
@@ -282,48 +443,58 @@ def _take(ring, ready, empty, it, SLOTS: gl.constexpr, WL: gl.constexpr):
 
 
 @gluon.jit
-def _gemv_phase(KIND: gl.constexpr, ring, xs, ready, empty, it, pid, P, pos, R, B, x_ptr,
-                nw_ptr, codes_ptr, hidden_ptr, out_ptr, ws_ptr, ws_split, cnt_ptr, eps,
-                N: gl.constexpr, K: gl.constexpr, SPLIT: gl.constexpr, V: gl.constexpr,
-                NCB: gl.constexpr, RB: gl.constexpr, BN: gl.constexpr,
-                BK: gl.constexpr, SLOTS: gl.constexpr, X3: gl.constexpr, MMA: gl.constexpr):
+def _gemv_phase(KIND: gl.constexpr, ring, xs, ab, ready, empty, it, pid, P, pos, R, B, src_ptr,
+                n_split, res_ptr, res_rows, h_ptr, nw_ptr, codes_ptr, hidden_ptr, out_ptr,
+                ws_split, eps, cos_ptr, sin_ptr, cache_ptr, scale, c_kv, c_row, c_head, c_pos,
+                N: gl.constexpr, K: gl.constexpr, SPLIT: gl.constexpr, SMAX: gl.constexpr,
+                QS: gl.constexpr, V: gl.constexpr, NCB: gl.constexpr, H: gl.constexpr,
+                KVH: gl.constexpr, HD: gl.constexpr, RB: gl.constexpr, BN: gl.constexpr,
+                BK: gl.constexpr, SLOTS: gl.constexpr, X4: gl.constexpr, MMA: gl.constexpr,
+                A3: gl.constexpr, CL: gl.constexpr):
     """The consumers' share of one weight phase. Its input goes into shared memory ``xs`` (K
-    tile by K tile): the whole of it once a phase where it fits (every phase but PROJ and DOWN:
-    one load, the RMSNorm statistics from the same registers; an item reads its split's tiles),
-    else the item's K range per item. Per item: O and DOWN read the residual first (its load is
-    in flight while the tiles are multiplied), then each K tile from the ring times the input on
-    the tensor cores (``[BN, BK] @ [BK, RB]``: the weight tile is the 16-row operand, the rows the
-    8- or 16-column one; GATE_UP: a gate tile and its up tile a K step, ``N`` the intermediate
-    size), then the split-K sum and the epilogue."""
+    tile by K tile): q/k/v, gate/up and the head stage all of it once a phase
+    (``_stage_norm``: the previous phase's partials summed, the residual added, RMSNorm) and an
+    item reads its split's tiles; an o_proj item stages its KV group's attention output
+    (``_stage_attention``), a projector or down_proj item its K range. Per item, each K tile from
+    the ring times the input on the tensor cores (``[BN, BK] @ [BK, RX]``: the weight tile is
+    the 16-row operand, the rows the 8- or 16-column one; GATE_UP: a gate tile and its up tile a
+    K step, ``N`` the intermediate size), then ``_epilogue``. No item waits on another: a split
+    item's partial is summed by the next phase."""
     A_L: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=MMA, k_width=2)
     B_L: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=MMA, k_width=2)
+    RX: gl.constexpr = xs.shape[1]
     n_tiles: gl.constexpr = N // BN
     KTI: gl.constexpr = K // BK // SPLIT  # K tiles an item
-    WHOLE: gl.constexpr = (KIND != PROJ) & (KIND != DOWN)  # the input staged once a phase
+    WHOLE: gl.constexpr = (KIND == QKV) | (KIND == GATE_UP) | (KIND == HEAD)
     if WHOLE:
+        gl.static_assert((KIND == HEAD) | (n_tiles * SPLIT >= K // BK),
+                         "every owner of a K tile of h stages")
         if pid < n_tiles * SPLIT:  # this program has an item in the phase
-            _stage(KIND, 0, pos, R, B, x_ptr, nw_ptr, codes_ptr, hidden_ptr, xs, eps, K // BK,
-                   K, V, NCB, RB, BK, X3)
+            _partition_barrier()  # the last reads of xs are done
+            _stage_norm(xs, src_ptr, n_split, ws_split, res_ptr, res_rows, h_ptr, KIND != HEAD,
+                        nw_ptr, pid, P, R, eps, K, SMAX, RB, BK, X4)
+            _partition_barrier()  # every consumer warp sees the whole input
     tiles = xs._reinterpret(gl.bfloat16, xs.shape, STAGED_TILE)  # the same bytes, by tile
-    rows = gl.arange(0, RB, layout=gl.SliceLayout(0, MMA))
-    offs_n = gl.arange(0, BN, layout=gl.SliceLayout(1, MMA))
-    mask = (rows < R)[None, :]
     for item in range(pid, n_tiles * SPLIT, P):
         nb = item % n_tiles
         split = item // n_tiles
-        res = gl.zeros([BN, RB], gl.bfloat16, MMA)
-        if (KIND == O) | (KIND == DOWN):  # the residual h of the tile's columns, in flight now
-            res = gl.load(out_ptr + rows[None, :] * N + (nb * BN + offs_n)[:, None], mask=mask,
-                          other=0.0, cache_modifier=".cg")
         t0 = split * KTI  # the item's first K tile in xs
         if not WHOLE:
-            _stage(KIND, t0, pos, R, B, x_ptr, nw_ptr, codes_ptr, hidden_ptr, xs, eps, KTI, K,
-                   V, NCB, RB, BK, X3)
+            _partition_barrier()  # the last reads of xs (and ab) are done
+            if KIND == O:
+                gl.static_assert(KTI * KVH == H, "an o_proj item is one KV group's heads")
+                _stage_attention(xs, ab, split, nb, pos, R, src_ptr, ws_split, QS, cos_ptr,
+                                 sin_ptr, cache_ptr, scale, c_kv, c_row, c_head, c_pos, H, KVH,
+                                 HD, NCB, RX, A3, CL)
+            else:
+                _stage_range(KIND, xs, t0, pos, R, B, src_ptr, codes_ptr, hidden_ptr, K, V, NCB,
+                             KTI, RB, BK, X4)
+            _partition_barrier()  # every consumer warp sees the item's input
             t0 = 0
-        acc = gl.zeros([BN, RB], gl.float32, MMA)
-        acc_up = gl.zeros([BN, RB], gl.float32, MMA)  # GATE_UP: the up tile's sums
+        acc = gl.zeros([BN, RX], gl.float32, MMA)
+        acc_up = gl.zeros([BN, RX], gl.float32, MMA)  # GATE_UP: the up tile's sums
         for kk in gl.static_range(KTI):
-            xt = tiles.index(t0 + kk).permute((1, 0)).load(B_L)  # [BK, RB]
+            xt = tiles.index(t0 + kk).permute((1, 0)).load(B_L)  # [BK, RX]
             w = _take(ring, ready, empty, it, SLOTS, A_L)
             it += 1
             acc = mma_v2(w, xt, acc)
@@ -331,171 +502,94 @@ def _gemv_phase(KIND: gl.constexpr, ring, xs, ready, empty, it, pid, P, pos, R, 
                 w = _take(ring, ready, empty, it, SLOTS, A_L)
                 it += 1
                 acc_up = mma_v2(w, xt, acc_up)
-        if SPLIT == 1:
-            _epilogue(KIND, acc, acc_up, res, nb, pos, R, out_ptr, N, V, RB, BN, MMA)
-        else:
-            part = ws_ptr + rows[None, :] * N + (nb * BN + offs_n)[:, None]
-            gl.store(part + split * ws_split, acc, mask=mask)
-            _partition_barrier()  # every warp's partial is written before the counter says so
-            arrived = gl.atomic_add(cnt_ptr + nb, 1, sem="acq_rel", scope="gpu")
-            if arrived == SPLIT - 1:  # the last of the tile's splits sums them, in order
-                total = gl.zeros([BN, RB], gl.float32, MMA)
-                for s in gl.static_range(SPLIT):  # every partial's load issued at once
-                    total += gl.load(part + s * ws_split, mask=mask, other=0.0,
-                                     cache_modifier=".cg")
-                gl.store(cnt_ptr + nb, 0)
-                _epilogue(KIND, total, acc_up, res, nb, pos, R, out_ptr, N, V, RB, BN, MMA)
+        _epilogue(KIND, acc, acc_up, nb, split, pos, R, out_ptr, ws_split, N, V, RX, BN, MMA)
     return it
 
 
 @gluon.jit
-def _rope(lo, hi, cos_lo, cos_hi, sin_lo, sin_hi):
-    """``apply_rope`` on the two halves of heads: each product and the sum rounded to bf16."""
-    out_lo = _bf16(_bf16(lo * cos_lo) + _bf16(-hi * sin_lo))
-    out_hi = _bf16(_bf16(hi * cos_hi) + _bf16(lo * sin_hi))
-    return out_lo, out_hi
-
-
-@gluon.jit
-def _attention_phase(pid, P, pos, R, qkv_ptr, cos_ptr, sin_ptr, cache_ptr, attn_ptr, scale,
-                     c_kv, c_row, c_head, c_pos, H: gl.constexpr, KVH: gl.constexpr,
-                     HD: gl.constexpr, NP: gl.constexpr, A3: gl.constexpr):
-    """Item (row, KV head): RoPE on its query heads and on the key at ``pos``, the key and the
-    value at ``pos`` into the frame cache, then attention over slots 0..pos (flash attention's
-    rounding: unnormalised probabilities to bf16 for P @ V, fp32 row sums)."""
-    G: gl.constexpr = H // KVH
-    HALF: gl.constexpr = HD // 2
-    NQKV: gl.constexpr = (H + 2 * KVH) * HD
-    QL: gl.constexpr = gl.SliceLayout(1, A3)  # [G, HALF]
-    KL: gl.constexpr = gl.SliceLayout(0, A3)  # [NP, HALF]
-    SL: gl.constexpr = gl.SliceLayout(2, A3)  # [G, NP]
-    heads = gl.arange(0, G, layout=gl.SliceLayout(1, QL))
-    dq = gl.arange(0, HALF, layout=gl.SliceLayout(0, QL))
-    slots = gl.arange(0, NP, layout=gl.SliceLayout(1, KL))
-    dk = gl.arange(0, HALF, layout=gl.SliceLayout(0, KL))
-    here = (slots == pos)[:, None]
-    live = (slots <= pos)[:, None]
-    cq_lo = gl.load(cos_ptr + pos * HD + dq).to(gl.float32)[None, :]
-    cq_hi = gl.load(cos_ptr + pos * HD + HALF + dq).to(gl.float32)[None, :]
-    sq_lo = gl.load(sin_ptr + pos * HD + dq).to(gl.float32)[None, :]
-    sq_hi = gl.load(sin_ptr + pos * HD + HALF + dq).to(gl.float32)[None, :]
-    ck_lo = gl.load(cos_ptr + pos * HD + dk).to(gl.float32)[None, :]
-    ck_hi = gl.load(cos_ptr + pos * HD + HALF + dk).to(gl.float32)[None, :]
-    sk_lo = gl.load(sin_ptr + pos * HD + dk).to(gl.float32)[None, :]
-    sk_hi = gl.load(sin_ptr + pos * HD + HALF + dk).to(gl.float32)[None, :]
-    s_slots = gl.arange(0, NP, layout=gl.SliceLayout(0, SL))
-    for item in range(pid, R * KVH, P):
-        r = item // KVH
-        g = item % KVH
-        q_src = qkv_ptr + r * NQKV + (g * G + heads)[:, None] * HD + dq[None, :]
-        q_lo = gl.load(q_src, cache_modifier=".cg").to(gl.float32)
-        q_hi = gl.load(q_src + HALF, cache_modifier=".cg").to(gl.float32)
-        q_lo, q_hi = _rope(q_lo, q_hi, cq_lo, cq_hi, sq_lo, sq_hi)
-        # the key and value at pos come from this phase's q/k/v, the others from the cache
-        cache = cache_ptr + r * c_row + g * c_head + slots[:, None] * c_pos + dk[None, :]
-        k_new = qkv_ptr + r * NQKV + (H + g) * HD + dk[None, :] + 0 * slots[:, None]
-        k_src = gl.where(here, k_new, cache)
-        v_src = gl.where(here, k_new + KVH * HD, cache + c_kv)
-        k_lo = gl.load(k_src, mask=live, other=0.0, cache_modifier=".cg").to(gl.float32)
-        k_hi = gl.load(k_src + HALF, mask=live, other=0.0, cache_modifier=".cg").to(gl.float32)
-        v_lo = gl.load(v_src, mask=live, other=0.0, cache_modifier=".cg").to(gl.float32)
-        v_hi = gl.load(v_src + HALF, mask=live, other=0.0, cache_modifier=".cg").to(gl.float32)
-        r_lo, r_hi = _rope(k_lo, k_hi, ck_lo, ck_hi, sk_lo, sk_hi)
-        k_lo = gl.where(here, r_lo, k_lo)
-        k_hi = gl.where(here, r_hi, k_hi)
-        gl.store(cache, k_lo.to(gl.bfloat16), mask=here)
-        gl.store(cache + HALF, k_hi.to(gl.bfloat16), mask=here)
-        gl.store(cache + c_kv, v_lo.to(gl.bfloat16), mask=here)
-        gl.store(cache + c_kv + HALF, v_hi.to(gl.bfloat16), mask=here)
-        scores = (gl.sum(gl.expand_dims(q_lo, 1) * gl.expand_dims(k_lo, 0), axis=2)
-                  + gl.sum(gl.expand_dims(q_hi, 1) * gl.expand_dims(k_hi, 0), axis=2)) * scale
-        scores = gl.where((s_slots <= pos)[None, :], scores, float("-inf"))
-        p = gl.exp(scores - gl.max(scores, axis=1)[:, None])
-        pb = gl.expand_dims(_bf16(p), 2)
-        total = gl.convert_layout(gl.sum(p, axis=1), gl.SliceLayout(1, QL))[:, None]
-        out_lo = _bf16(gl.sum(pb * gl.expand_dims(v_lo, 0), axis=1) / total)
-        out_hi = _bf16(gl.sum(pb * gl.expand_dims(v_hi, 0), axis=1) / total)
-        dst = attn_ptr + r * (H * HD) + (g * G + heads)[:, None] * HD + dq[None, :]
-        gl.store(dst, out_lo.to(gl.bfloat16))
-        gl.store(dst + HALF, out_hi.to(gl.bfloat16))
-
-
-@gluon.jit
-def _consumer(ring, xs, ready, empty, hidden_ptr, codes_ptr, embed_ptr, ln1_ptr, ln2_ptr, norm_ptr,
-              cos_ptr, sin_ptr, h_ptr, qkv_ptr, attn_ptr, act_ptr, cache_ptr, logits_ptr, ws_ptr,
-              cnt_ptr, bar_ptr, pos, R, B, eps, scale, ws_split, c_layer, c_kv, c_row, c_head,
+def _consumer(ring, xs, ab, ready, empty, hidden_ptr, codes_ptr, embed_ptr, ln1_ptr, ln2_ptr,
+              norm_ptr, cos_ptr, sin_ptr, h_ptr, act_ptr, cache_ptr, logits_ptr, ws_ptr, bar_ptr,
+              pos, R, B, eps, scale, ws_split, ws_buf, h_buf, c_layer, c_kv, c_row, c_head,
               c_pos, D: gl.constexpr, DB: gl.constexpr, I: gl.constexpr, H: gl.constexpr,
               KVH: gl.constexpr, HD: gl.constexpr, L: gl.constexpr, NCB: gl.constexpr,
               V: gl.constexpr, VP: gl.constexpr, RB: gl.constexpr, BN: gl.constexpr,
               BK: gl.constexpr, SLOTS: gl.constexpr, PROJ_S: gl.constexpr, QKV_S: gl.constexpr,
-              O_S: gl.constexpr, DOWN_S: gl.constexpr,
-              HEAD_S: gl.constexpr, X3: gl.constexpr, MMA: gl.constexpr, A3: gl.constexpr):
+              O_S: gl.constexpr, DOWN_S: gl.constexpr, X4: gl.constexpr, MMA: gl.constexpr,
+              A3: gl.constexpr, CL: gl.constexpr):
+    """The phases of a position in order, each after the previous one's counter (module
+    docstring: which buffer each phase writes, and why none is overwritten while it is read)."""
     pid = gl.program_id(0)
     P = gl.num_programs(0)
     NQKV: gl.constexpr = (H + 2 * KVH) * HD
-    HHD: gl.constexpr = H * HD
-    it = _gemv_phase(PROJ, ring, xs, ready, empty, pid * 0, pid, P, pos, R, B, embed_ptr, ln1_ptr,
-                     codes_ptr, hidden_ptr, h_ptr, ws_ptr, ws_split, cnt_ptr, eps, D, DB,
-                     PROJ_S, V, NCB, RB, BN, BK, SLOTS, X3, MMA)
+    SMAX: gl.constexpr = PROJ_S if PROJ_S > DOWN_S else DOWN_S
+    res_ws = ws_ptr  # buffer 0: the projector's, o_proj's and down_proj's partials [S, R, D]
+    qkv_ws = ws_ptr + ws_buf  # buffer 1: q/k/v's partials [S, R, NQKV]
+    h_in = h_ptr  # h_l, the layer's input (written by q/k/v's staging)
+    h_mid = h_ptr + h_buf  # h_l + attention (written by gate/up's staging)
+    it = _gemv_phase(PROJ, ring, xs, ab, ready, empty, pid * 0, pid, P, pos, R, B, embed_ptr, 0,
+                     h_mid, 0, h_in, ln1_ptr, codes_ptr, hidden_ptr, res_ws, ws_split, eps,
+                     cos_ptr, sin_ptr, cache_ptr, scale, c_kv, c_row, c_head, c_pos, D, DB,
+                     PROJ_S, 1, 1, V, NCB, H, KVH, HD, RB, BN, BK, SLOTS, X4, MMA, A3, CL)
     target = _arrive(bar_ptr, P)
     g = 1  # the phase this program runs next: it waits for phase g - 1
     for layer in range(L):
-        for step in gl.static_range(5):  # q/k/v, attention, o_proj, gate/up, down
+        later = (layer > 0).to(gl.int32)  # layer 0's input is the projector's output alone
+        cache = cache_ptr + layer.to(gl.int64) * c_layer
+        for step in gl.static_range(4):  # q/k/v, o_proj (with the attention), gate/up, down
             _wait(bar_ptr + g - 1, target)
             if step == 0:
-                it = _gemv_phase(QKV, ring, xs, ready, empty, it, pid, P, pos, R, B, h_ptr,
-                                 ln1_ptr + layer * D, codes_ptr, hidden_ptr, qkv_ptr, ws_ptr,
-                                 ws_split, cnt_ptr, eps, NQKV, D, QKV_S, V, NCB, RB, BN, BK,
-                                 SLOTS, X3, MMA)
+                it = _gemv_phase(QKV, ring, xs, ab, ready, empty, it, pid, P, pos, R, B, res_ws,
+                                 PROJ_S + (DOWN_S - PROJ_S) * later, h_mid, R * later, h_in,
+                                 ln1_ptr + layer * D, codes_ptr, hidden_ptr, qkv_ws, ws_split,
+                                 eps, cos_ptr, sin_ptr, cache, scale, c_kv, c_row, c_head, c_pos,
+                                 NQKV, D, QKV_S, SMAX, 1, V, NCB, H, KVH, HD, RB, BN, BK, SLOTS,
+                                 X4, MMA, A3, CL)
             elif step == 1:
-                _attention_phase(pid, P, pos, R, qkv_ptr, cos_ptr, sin_ptr,
-                                 cache_ptr + layer.to(gl.int64) * c_layer, attn_ptr, scale, c_kv,
-                                 c_row, c_head, c_pos, H, KVH, HD, NCB, A3)
+                it = _gemv_phase(O, ring, xs, ab, ready, empty, it, pid, P, pos, R, B, qkv_ws, 0,
+                                 h_mid, 0, h_in, ln1_ptr, codes_ptr, hidden_ptr, res_ws, ws_split,
+                                 eps, cos_ptr, sin_ptr, cache, scale, c_kv, c_row, c_head, c_pos,
+                                 D, H * HD, O_S, 1, QKV_S, V, NCB, H, KVH, HD, RB, BN, BK, SLOTS,
+                                 X4, MMA, A3, CL)
             elif step == 2:
-                it = _gemv_phase(O, ring, xs, ready, empty, it, pid, P, pos, R, B, attn_ptr, ln1_ptr,
-                                 codes_ptr, hidden_ptr, h_ptr, ws_ptr, ws_split, cnt_ptr, eps, D,
-                                 HHD, O_S, V, NCB, RB, BN, BK, SLOTS, X3, MMA)
-            elif step == 3:
-                it = _gemv_phase(GATE_UP, ring, xs, ready, empty, it, pid, P, pos, R, B, h_ptr,
-                                 ln2_ptr + layer * D, codes_ptr, hidden_ptr, act_ptr, ws_ptr,
-                                 ws_split, cnt_ptr, eps, I, D, 1, V, NCB, RB, BN, BK, SLOTS,
-                                 X3, MMA)
+                it = _gemv_phase(GATE_UP, ring, xs, ab, ready, empty, it, pid, P, pos, R, B,
+                                 res_ws, O_S, h_in, R, h_mid, ln2_ptr + layer * D, codes_ptr,
+                                 hidden_ptr, act_ptr, ws_split, eps, cos_ptr, sin_ptr, cache,
+                                 scale, c_kv, c_row, c_head, c_pos, I, D, 1, O_S, 1, V, NCB, H,
+                                 KVH, HD, RB, BN, BK, SLOTS, X4, MMA, A3, CL)
             else:
-                it = _gemv_phase(DOWN, ring, xs, ready, empty, it, pid, P, pos, R, B, act_ptr, ln1_ptr,
-                                 codes_ptr, hidden_ptr, h_ptr, ws_ptr, ws_split, cnt_ptr, eps, D,
-                                 I, DOWN_S, V, NCB, RB, BN, BK, SLOTS, X3, MMA)
+                it = _gemv_phase(DOWN, ring, xs, ab, ready, empty, it, pid, P, pos, R, B,
+                                 act_ptr, 0, h_mid, 0, h_in, ln1_ptr, codes_ptr, hidden_ptr,
+                                 res_ws, ws_split, eps, cos_ptr, sin_ptr, cache, scale, c_kv,
+                                 c_row, c_head, c_pos, D, I, DOWN_S, 1, 1, V, NCB, H, KVH, HD,
+                                 RB, BN, BK, SLOTS, X4, MMA, A3, CL)
             target = _arrive(bar_ptr + g, P)
             g += 1
     if pos > 0:
         _wait(bar_ptr + g - 1, target)
-        _gemv_phase(HEAD, ring, xs, ready, empty, it, pid, P, pos, R, B, h_ptr, norm_ptr, codes_ptr,
-                    hidden_ptr, logits_ptr, ws_ptr, ws_split, cnt_ptr, eps, VP, D, HEAD_S, V,
-                    NCB, RB, BN, BK, SLOTS, X3, MMA)
+        _gemv_phase(HEAD, ring, xs, ab, ready, empty, it, pid, P, pos, R, B, res_ws, DOWN_S,
+                    h_mid, R, h_in, norm_ptr, codes_ptr, hidden_ptr, logits_ptr, ws_split, eps,
+                    cos_ptr, sin_ptr, cache_ptr, scale, c_kv, c_row, c_head, c_pos, VP, D, 1,
+                    DOWN_S, 1, V, NCB, H, KVH, HD, RB, BN, BK, SLOTS, X4, MMA, A3, CL)
 
 
 @gluon.jit(do_not_specialize=["pos", "R", "B"])
 def _position_kernel(
     proj_desc, qkv_desc, o_desc, gu_desc, down_desc, head_desc,
     hidden_ptr, codes_ptr, embed_ptr, ln1_ptr, ln2_ptr, norm_ptr, cos_ptr, sin_ptr,
-    h_ptr, qkv_ptr, attn_ptr, act_ptr, cache_ptr, logits_ptr, ws_ptr, cnt_ptr, bar_ptr,
-    pos, R, B, eps, scale, ws_split, c_layer, c_kv, c_row, c_head, c_pos,
+    h_ptr, act_ptr, cache_ptr, logits_ptr, ws_ptr, bar_ptr,
+    pos, R, B, eps, scale, ws_split, ws_buf, h_buf, c_layer, c_kv, c_row, c_head, c_pos,
     D: gl.constexpr, DB: gl.constexpr, I: gl.constexpr, H: gl.constexpr, KVH: gl.constexpr,
     HD: gl.constexpr, L: gl.constexpr, NCB: gl.constexpr, V: gl.constexpr, VP: gl.constexpr,
-    RB: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr, SLOTS: gl.constexpr,
-    PROJ_S: gl.constexpr, QKV_S: gl.constexpr, O_S: gl.constexpr,
-    DOWN_S: gl.constexpr, HEAD_S: gl.constexpr, XT: gl.constexpr, MMA: gl.constexpr,
-    num_warps: gl.constexpr,
+    RB: gl.constexpr, RX: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr,
+    SLOTS: gl.constexpr, PROJ_S: gl.constexpr, QKV_S: gl.constexpr, O_S: gl.constexpr,
+    DOWN_S: gl.constexpr, XT: gl.constexpr, X4: gl.constexpr, MMA: gl.constexpr,
+    A3: gl.constexpr, CL: gl.constexpr, num_warps: gl.constexpr,
 ):
     """Position ``pos`` of a frame: projector, 12 layers, head (``pos >= 1``); the phases of one
-    launch wait on ``bar_ptr[0 .. 61]`` (see the module docstring)."""
-    # the rows' inputs as they are made: 8 contiguous values a lane along K
-    # the rows' input in registers as it is staged, [K tile, row, column in the tile]: 8
-    # contiguous values a lane (16-byte loads and shared stores)
-    X3: gl.constexpr = gl.BlockedLayout([1, 1, 8], [1, 2, 16], [1, num_warps, 1], [2, 1, 0])
-    # attention: [query heads, slots, half a head]
-    A3: gl.constexpr = gl.BlockedLayout([1, 1, 8], [1, 4, 8], [1, num_warps, 1], [2, 1, 0])
+    launch wait on ``bar_ptr[0 .. 4 L]`` (see the module docstring)."""
     ring = gl.allocate_shared_memory(gl.bfloat16, [SLOTS, BN, BK], qkv_desc.layout)
-    xs = gl.allocate_shared_memory(gl.bfloat16, [XT, RB, BK], STAGED)  # the rows' input
+    xs = gl.allocate_shared_memory(gl.bfloat16, [XT, RX, BK], STAGED)  # the rows' input
+    ab = gl.allocate_shared_memory(gl.bfloat16, [(H // KVH) * (RX // 2), 2, HD], PLAIN)
     ready = gl.allocate_shared_memory(gl.int64, [SLOTS, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [SLOTS, 1], mbarrier.MBarrierLayout())
     for i in gl.static_range(SLOTS):
@@ -503,14 +597,14 @@ def _position_kernel(
         mbarrier.init(empty.index(i), count=1)
     NQKV: gl.constexpr = (H + 2 * KVH) * HD
     gl.warp_specialize([
-        (_consumer, (ring, xs, ready, empty, hidden_ptr, codes_ptr, embed_ptr, ln1_ptr, ln2_ptr,
-                     norm_ptr, cos_ptr, sin_ptr, h_ptr, qkv_ptr, attn_ptr, act_ptr, cache_ptr,
-                     logits_ptr, ws_ptr, cnt_ptr, bar_ptr, pos, R, B, eps, scale, ws_split,
-                     c_layer, c_kv, c_row, c_head, c_pos, D, DB, I, H, KVH, HD, L, NCB, V, VP,
-                     RB, BN, BK, SLOTS, PROJ_S, QKV_S, O_S, DOWN_S, HEAD_S, X3, MMA, A3)),
+        (_consumer, (ring, xs, ab, ready, empty, hidden_ptr, codes_ptr, embed_ptr, ln1_ptr,
+                     ln2_ptr, norm_ptr, cos_ptr, sin_ptr, h_ptr, act_ptr, cache_ptr, logits_ptr,
+                     ws_ptr, bar_ptr, pos, R, B, eps, scale, ws_split, ws_buf, h_buf, c_layer,
+                     c_kv, c_row, c_head, c_pos, D, DB, I, H, KVH, HD, L, NCB, V, VP, RB, BN,
+                     BK, SLOTS, PROJ_S, QKV_S, O_S, DOWN_S, X4, MMA, A3, CL)),
         (_loader, (proj_desc, qkv_desc, o_desc, gu_desc, down_desc, head_desc, ring, ready,
                    empty, pos, D, DB, I, NQKV, H * HD, L, VP, BN, BK, SLOTS, PROJ_S, QKV_S, O_S,
-                   DOWN_S, HEAD_S)),
+                   DOWN_S)),
     ], [1], [40])
 
 
@@ -585,6 +679,13 @@ class StreamedDepthFrame:
                                 cfg.intermediate_size // t.down_split) // t.bk
         self.mma = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[t.warps, 1],
                                              instr_shape=[16, 8])
+        # staging registers [K tile, 1, row, column]: 8 contiguous values a lane, 16 lanes a
+        # tile row, 2 rows a warp, the warps over K tiles (so every RB reduces a row over K in
+        # the same order, and RB rows cost RB / 2 registers a value)
+        self.x4 = gl.BlockedLayout([1, 1, 1, 8], [1, 1, 2, 16], [t.warps, 1, 1, 1], [3, 2, 1, 0])
+        # attention: [row pair, slots, head dim]; the copy of its output into xs: [rows, dim]
+        self.a3 = gl.BlockedLayout([1, 1, 8], [1, 2, 16], [2, t.warps // 2, 1], [2, 1, 0])
+        self.cl = gl.BlockedLayout([1, 8], [2, 16], [t.warps, 1], [1, 0])
         if programs is None:
             programs = (torch.cuda.get_device_properties(device).multi_processor_count
                         if device.type == "cuda" else 132)
@@ -601,10 +702,15 @@ class StreamedDepthFrame:
             ("o_proj", cfg.hidden_size, cfg.num_heads * cfg.head_dim, t.o_split),
             ("gate/up", cfg.intermediate_size, cfg.hidden_size, 1),
             ("down_proj", cfg.hidden_size, cfg.intermediate_size, t.down_split),
-            ("head", t.bn, cfg.hidden_size, t.head_split),
+            ("head", t.bn, cfg.hidden_size, 1),
         ):
             if n % t.bn or k % (t.bk * split):
                 problems.append(f"{name} ({n} x {k}, {split} splits)")
+        if t.o_split != cfg.num_kv_heads or t.bk != cfg.head_dim:
+            problems.append(f"o_proj ({t.o_split} splits of {t.bk} columns: want one a KV "
+                            f"head, {cfg.num_kv_heads}, of {cfg.head_dim}-column heads)")
+        if t.warps % 2:  # the attention's row pair: two warps
+            problems.append(f"{t.warps} consumer warps")
         if cfg.hidden_size & (cfg.hidden_size - 1) or cfg.num_heads % cfg.num_kv_heads:
             problems.append(f"hidden_size {cfg.hidden_size}")
         if cfg.head_dim != 128 or (cfg.num_heads // cfg.num_kv_heads) & (
@@ -619,19 +725,21 @@ class StreamedDepthFrame:
         t = self.tiles
         d = cfg.hidden_size
         qkv_width = (cfg.num_heads + 2 * cfg.num_kv_heads) * cfg.head_dim
-        self.h = torch.empty(rows, d, dtype=bf, device=dev)
-        self.qkv_out = torch.empty(rows, qkv_width, dtype=bf, device=dev)
-        self.attn = torch.empty(rows, cfg.num_heads * cfg.head_dim, dtype=bf, device=dev)
+        self.h = torch.empty(2, rows, d, dtype=bf, device=dev)  # h_l, h_l + attention
         self.act = torch.empty(rows, cfg.intermediate_size, dtype=bf, device=dev)
         self.cache = torch.zeros(cfg.num_layers, 2, rows, cfg.num_kv_heads, cfg.num_codebooks,
                                  cfg.head_dim, dtype=bf, device=dev)
         self.logits = torch.empty(cfg.num_codebooks, rows, self.vocab, dtype=torch.float32,
                                   device=dev)
-        splits = max(t.proj_split, t.qkv_split, t.o_split, t.down_split, t.head_split)
-        widest = max(d, qkv_width, self.vocab_padded)
-        self.workspace = torch.empty(splits, MAX_ROWS, widest, dtype=torch.float32, device=dev)
-        self.counters = torch.zeros(widest // t.bn, dtype=torch.int32, device=dev)
-        self.barriers = torch.zeros(2 + 5 * cfg.num_layers, dtype=torch.int64, device=dev)
+        # the K-split partials: [0] the projector's, o_proj's, down_proj's (d wide), [1] q/k/v's
+        splits = max(t.proj_split, t.qkv_split, t.o_split, t.down_split)
+        self.workspace = torch.empty(2, splits, MAX_ROWS, max(d, qkv_width),
+                                     dtype=torch.float32, device=dev)
+        # no tile counters since v5 (split partials are summed by the next phase); kept empty
+        # for callers that check that a frame leaves none set
+        self.counters = torch.zeros(0, dtype=torch.int32, device=dev)
+        # a counter a phase but the head (it waits on the last down_proj's)
+        self.barriers = torch.zeros(1 + 4 * cfg.num_layers, dtype=torch.int64, device=dev)
         self.rows = rows
 
     def frame_logits(self, rows: int) -> torch.Tensor:
@@ -659,20 +767,21 @@ class StreamedDepthFrame:
         seeds = seeds.to(torch.long).contiguous()
         frames_at = frames_at.to(torch.long).contiguous()
         c = self.cache.stride()  # [L, 2, R, KVH, P, D]
-        rb = 8 if rows <= 8 else 16  # the tensor cores' row operand: 8 or 16 columns
+        rb = max(2, triton.next_power_of_2(rows))  # the rows staged (registers)
+        rx = max(8, rb)  # the tensor cores' row operand: 8 or 16 columns
         for pos in range(cfg.num_codebooks):
             _position_kernel[(self.programs,)](
                 *self.descs, hidden, codes, self.embed, self.ln1, self.ln2, self.norm, self.cos,
-                self.sin, self.h, self.qkv_out, self.attn, self.act, self.cache, self.logits,
-                self.workspace, self.counters, self.barriers,
-                pos, rows, num, cfg.rms_norm_eps, self.scale, self.workspace.stride(0), c[0],
+                self.sin, self.h, self.act, self.cache, self.logits, self.workspace,
+                self.barriers, pos, rows, num, cfg.rms_norm_eps, self.scale,
+                self.workspace.stride(1), self.workspace.stride(0), self.h.stride(0), c[0],
                 c[1], c[2], c[3], c[4],
                 D=cfg.hidden_size, DB=cfg.backbone_hidden_size, I=cfg.intermediate_size,
                 H=cfg.num_heads, KVH=cfg.num_kv_heads, HD=cfg.head_dim, L=cfg.num_layers,
-                NCB=cfg.num_codebooks, V=self.vocab, VP=self.vocab_padded, RB=rb, BN=t.bn,
-                XT=self.staged_tiles, MMA=self.mma,
-                BK=t.bk, SLOTS=t.slots, PROJ_S=t.proj_split, QKV_S=t.qkv_split, O_S=t.o_split,
-                DOWN_S=t.down_split, HEAD_S=t.head_split,
+                NCB=cfg.num_codebooks, V=self.vocab, VP=self.vocab_padded, RB=rb, RX=rx,
+                BN=t.bn, BK=t.bk, SLOTS=t.slots, PROJ_S=t.proj_split, QKV_S=t.qkv_split,
+                O_S=t.o_split, DOWN_S=t.down_split, XT=self.staged_tiles, X4=self.x4,
+                MMA=self.mma, A3=self.a3, CL=self.cl,
                 num_warps=t.warps, maxnreg=t.maxnreg, launch_cooperative_grid=True)
             if pos > 0:
                 _draw_kernel[(num,)](
