@@ -396,7 +396,10 @@ class AsyncEngine:
         try:
             while not self._stop.is_set():
                 self._wake.clear()  # before the step: a wake-up during it is not lost
-                for output in self.engine.step():
+                outputs = self.engine.step()
+                if outputs and isinstance(outputs[-1], RequestOutcome):  # outcomes come last
+                    self.engine.release_finished()  # before a caller hears and sends more
+                for output in outputs:
                     self._route(output)
                 if not self.engine.last_step_ran:  # nothing runnable: sleep until woken
                     self._wake.wait(self._idle_wait_s)

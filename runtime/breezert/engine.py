@@ -209,7 +209,7 @@ class Engine:
         self.last_plan = plan or self.last_plan
         if plan is None:
             self._busy_since = None
-            self._release_idle()
+            self.release_finished()
             return self._drain_pending()
         start = self.clock()
         out = self.runner.execute(plan)
@@ -255,8 +255,9 @@ class Engine:
         return [RequestOutcome(e.request_id, e.status, e.error, e.overloaded)
                 for e in events if isinstance(e, RequestFinished)]
 
-    def _release_idle(self) -> None:
-        """Hands pending slot releases to the worker when no plan carries them (idle engine)."""
+    def release_finished(self) -> None:
+        """Hands pending slot releases to the worker now, not with the next plan (an idle step
+        does it itself); ``step``'s thread only."""
         with self._lock:
             released = self.scheduler.take_released()
         for request_id in released:
