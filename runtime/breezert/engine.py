@@ -223,7 +223,8 @@ class Engine:
     # ------------------------------------------------------------------ helpers
     def _record_step(self, plan: StepPlan, start: float, end: float) -> None:
         rows = plan.num_rows
-        self.metrics.record_step(plan.stage.value, rows, end - start, plan.request_ids, start)
+        ids = plan.request_ids if self.metrics.steps.maxlen else ()  # the step log's only
+        self.metrics.record_step(plan.stage.value, rows, end - start, ids, start)
         busy_since = start if self._busy_since is None else min(start, self._busy_since)
         self.scheduler.observe_step(plan, end - busy_since)
         self._busy_since = end
