@@ -12,8 +12,9 @@ forward in the DECODE stage (``stages/backbone.backbone_decode(..., backbone=...
 NOTE(kernels): the context splits give each SM several independent chains of tiles (one
 program per row x KV head was one serial chain each: bench/README.md). The eager decode runs
 ~43 launches per layer, among them a gather of every row's padded context before SDPA; here
-attention reads the paged rows in place and stops at each row's length. Must not: run prefill (several new tokens per sequence
-keep the eager ``GatherKV`` path) or choose cache rows (``decode_meta_on_device`` does).
+attention reads the paged rows in place and stops at each row's length. Must not: run prefill
+(several new tokens per sequence keep the eager ``GatherKV`` path) or choose cache rows
+(``decode_meta_on_device`` does).
 """
 
 from __future__ import annotations

@@ -12,9 +12,10 @@ Launch shapes come per row bucket (``TILES_BY_ROWS``, tuned on the H200), all wi
 split, so a row's bits never depend on how many rows run beside it.
 NOTE(kernels): Triton rather than torch.compile: the frame is launch- and tail-bound under
 Inductor (bench/README.md), and 1024-wide outputs (o_proj, down) fill few SMs. Split-K gives
-those GEMMs ~128 programs; the last-arriving program of each output tile (an atomic counter) sums the partials in a fixed order,
-so results are deterministic and do not depend on which program finishes last. Norms, RoPE and
-SiLU run in the GEMM prologues/epilogues at the same bf16 rounding points as the eager modules.
+those GEMMs ~128 programs; the last-arriving program of each output tile (an atomic counter)
+sums the partials in a fixed order, so results are deterministic and do not depend on which
+program finishes last. Norms, RoPE and SiLU run in the GEMM prologues/epilogues at the same
+bf16 rounding points as the eager modules.
 Must not: sample, mix CFG branches or allocate per step beyond its outputs (the split-K
 workspace and counters are preallocated, so CUDA graphs capture it).
 """

@@ -16,8 +16,8 @@ The rounding points are the eager modules' (``RMSNorm``, ``apply_rope``, bf16 pr
 for P @ V as flash attention rounds them), so values match the eager step within bf16
 rounding, not bit for bit (SDPA sums in another order).
 NOTE(kernels): the eager prefill in a CUDA graph runs ~50 launches a layer, the largest part
-of a first packet after the depth frame (bench/README.md). Past ``max_tokens`` (a burst's prefill) the GEMMs are
-compute-bound and the eager backbone's cuBLAS GEMMs run instead.
+of a first packet after the depth frame (bench/README.md). Past ``max_tokens`` (a burst's
+prefill) the GEMMs are compute-bound and the eager backbone's cuBLAS GEMMs run instead.
 Must not: decode (``kernels/fused_decode.py``) or choose cache rows (``PagedKVCache.packed_meta``).
 """
 

@@ -83,8 +83,7 @@ _FEW_ROWS = 4
 """Up to this many running requests, readiness is found row by row (``_ready_rows``)."""
 
 # ----------------------------------------------------------------------------- events
-# Values that nobody changes once built; slotted, not frozen (a frozen dataclass costs 5x as
-# much to build, and a CODEC step at 256 streams makes ~100 events), as the plan's items.
+# Values that nobody changes once built; slotted, not frozen, as the plan's items (sched/plan.py).
 
 
 @dataclass(slots=True)
