@@ -20,6 +20,7 @@ import time
 from collections.abc import AsyncGenerator, AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from itertools import islice
 from typing import Any
 
 import numpy as np
@@ -396,11 +397,7 @@ class AsyncEngine:
         try:
             while not self._stop.is_set():
                 self._wake.clear()  # before the step: a wake-up during it is not lost
-                outputs = self.engine.step()
-                if outputs and isinstance(outputs[-1], RequestOutcome):  # outcomes come last
-                    self.engine.release_finished()  # before a caller hears and sends more
-                for output in outputs:
-                    self._route(output)
+                self._route_step(self.engine.step())
                 if not self.engine.last_step_ran:  # nothing runnable: sleep until woken
                     self._wake.wait(self._idle_wait_s)
             # NOTE: aclose() aborts every request just before it stops the loop; no step returns
@@ -419,6 +416,20 @@ class AsyncEngine:
                 failure = RequestFailed(request_id, f"engine stopped: {exc}")
                 with contextlib.suppress(RuntimeError):  # that consumer's loop is closed
                     route.loop.call_soon_threadsafe(route.queue.put_nowait, failure)
+
+    def _route_step(self, outputs: list[EngineOutput]) -> None:
+        """Routes a step's outputs; the outcomes that end them go out once their requests'
+        slots are freed, so that a caller who hears one and sends more does not meet the
+        release here, and the chunks before them are not held back by it."""
+        first_outcome = len(outputs)
+        while first_outcome and isinstance(outputs[first_outcome - 1], RequestOutcome):
+            first_outcome -= 1
+        for output in islice(outputs, first_outcome):
+            self._route(output)
+        if first_outcome < len(outputs):
+            self.engine.release_finished()
+            for output in islice(outputs, first_outcome, None):
+                self._route(output)
 
     def _route(self, output: EngineOutput) -> None:
         with self._routes_lock:
