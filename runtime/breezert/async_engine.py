@@ -255,12 +255,13 @@ class AsyncEngine:
                 raise BreezeRTError(f"request_id={request_id!r} was withdrawn before it was "
                                     "queued")
         self.engine.add_request(prepared)
+        request = self.engine.scheduler.get_request(request_id)
         with self._routes_lock:
             route = self._routes.get(request_id)
         if route is not None:
-            route.request = self.engine.scheduler.get_request(request_id)
-        is_queued = self.is_waiting(request_id)
-        if is_queued:
+            route.request = request
+        is_queued = request is not None and request.status is RequestStatus.WAITING
+        if is_queued:  # counted in metrics()["counters"]["queued_requests"]
             self.engine.metrics.incr("queued_requests")
             logger.info(
                 "request %s queued: no running slot (max_running_requests=%d; an open turn "
@@ -355,12 +356,6 @@ class AsyncEngine:
         self, request_id: str, buffered_s: float, measured_at: float, source: str
     ) -> None:
         self.engine.report_playback(request_id, buffered_s, measured_at, source)
-
-    def is_waiting(self, request_id: str) -> bool:
-        """Whether the request is queued for a running slot: ``max_running_requests`` requests
-        hold one (``submit`` counts such requests in ``metrics()["counters"]["queued_requests"]``)."""
-        request = self.engine.scheduler.get_request(request_id)
-        return request is not None and request.status is RequestStatus.WAITING
 
     @property
     def max_running_requests(self) -> int:
