@@ -20,6 +20,7 @@ import time
 from collections.abc import AsyncGenerator, AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from itertools import islice
 from typing import Any
 
 import numpy as np
@@ -256,12 +257,13 @@ class AsyncEngine:
                 raise BreezeRTError(f"request_id={request_id!r} was withdrawn before it was "
                                     "queued")
         self.engine.add_request(prepared)
+        request = self.engine.scheduler.get_request(request_id)
         with self._routes_lock:
             route = self._routes.get(request_id)
         if route is not None:
-            route.request = self.engine.scheduler.get_request(request_id)
-        is_queued = self.is_waiting(request_id)
-        if is_queued:
+            route.request = request
+        is_queued = request is not None and request.status is RequestStatus.WAITING
+        if is_queued:  # counted in metrics()["counters"]["queued_requests"]
             self.engine.metrics.incr("queued_requests")
             logger.info(
                 "request %s queued: no running slot (max_running_requests=%d; an open turn "
@@ -357,12 +359,6 @@ class AsyncEngine:
     ) -> None:
         self.engine.report_playback(request_id, buffered_s, measured_at, source)
 
-    def is_waiting(self, request_id: str) -> bool:
-        """Whether the request is queued for a running slot: ``max_running_requests`` requests
-        hold one (``submit`` counts such requests in ``metrics()["counters"]["queued_requests"]``)."""
-        request = self.engine.scheduler.get_request(request_id)
-        return request is not None and request.status is RequestStatus.WAITING
-
     @property
     def max_running_requests(self) -> int:
         return self.engine.config.scheduler.max_running_requests
@@ -398,8 +394,7 @@ class AsyncEngine:
         try:
             while not self._stop.is_set():
                 self._wake.clear()  # before the step: a wake-up during it is not lost
-                for output in self.engine.step():
-                    self._route(output)
+                self._route_step(self.engine.step())
                 if not self.engine.last_step_ran:  # nothing runnable: sleep until woken
                     self._wake.wait(self._idle_wait_s)
             # NOTE: aclose() aborts every request just before it stops the loop; no step returns
@@ -418,6 +413,20 @@ class AsyncEngine:
                 failure = RequestFailed(request_id, f"engine stopped: {exc}")
                 with contextlib.suppress(RuntimeError):  # that consumer's loop is closed
                     route.loop.call_soon_threadsafe(route.queue.put_nowait, failure)
+
+    def _route_step(self, outputs: list[EngineOutput]) -> None:
+        """Routes a step's outputs; the outcomes that end them go out once their requests'
+        slots are freed, so that a caller who hears one and sends more does not meet the
+        release here, and the chunks before them are not held back by it."""
+        first_outcome = len(outputs)
+        while first_outcome and isinstance(outputs[first_outcome - 1], RequestOutcome):
+            first_outcome -= 1
+        for output in islice(outputs, first_outcome):
+            self._route(output)
+        if first_outcome < len(outputs):
+            self.engine.release_finished()
+            for output in islice(outputs, first_outcome, None):
+                self._route(output)
 
     def _route(self, output: EngineOutput) -> None:
         with self._routes_lock:

@@ -21,9 +21,8 @@ G711_SAMPLE_RATE = 8000
 FRAME_MS_CHOICES = (10, 20)
 """Frame durations a WebRTC track may emit (ms)."""
 
-# NOTE(webrtc): soxr's streaming resampler holds audio back until it has a processing block
-# (measured with python-soxr 1.1, 80 ms chunks): 24k->48k holds up to 20 ms at "LQ" vs 37 ms at
-# "HQ"; 24k->8k holds 40 ms at "LQ" vs 71 ms at "HQ". That hold-back is latency whenever the
+# NOTE(webrtc): soxr's streaming resampler holds audio back until it has a processing block,
+# about half as long at "LQ" as at "HQ" (bench/README.md). That hold-back is latency whenever the
 # engine is only just ahead of playout (the first chunks of a turn). "LQ" is flat to 8 kHz
 # (-5 dB at 10 kHz) with images below -79 dB: transparent for speech, so it is the default.
 DEFAULT_RESAMPLE_QUALITY = "LQ"

@@ -257,8 +257,7 @@ class GraphConfig(_Frozen):
     fused_text_encoder_max_tokens: int = Field(default=128, ge=1, le=4096)
     """With ``fused_text_encoder``: the longest packed batch the fused layers take (their GEMMs
     read each weight once per row block: of 64 rows, and past 128 tokens of 128 rows in 128 x 64
-    tiles, ``kernels/fused_text_encoder.WIDE_ROWS``, the same bits on the H200). A burst of 16
-    sentences packs ~370 tokens."""
+    tiles, ``kernels/fused_text_encoder.WIDE_ROWS``, the same bits on the H200)."""
     decode_batch_buckets: tuple[int, ...] = (1, 2, 4, 8, 16, 32)
     """DECODE batch sizes in rows (CFG branches count)."""
     decode_context_buckets: tuple[int, ...] = (256, 512, 1024, 2048)
@@ -278,8 +277,7 @@ class GraphConfig(_Frozen):
     codec_replay_cost_frames: float = Field(default=24.0, ge=0)
     """Fixed cost of one CODEC replay in frame-equivalents: chunks of different sizes share a
     replay (each row decodes its own frames), grouped to minimise padded frames plus this per
-    replay (a small replay is launch-bound: H200, 1 stream x 1 frame 2.7 ms, ~0.1 ms a frame at
-    256)."""
+    replay (a small replay is launch-bound)."""
 
     @model_validator(mode="after")
     def _check(self) -> GraphConfig:

@@ -209,7 +209,7 @@ class Engine:
         self.last_plan = plan or self.last_plan
         if plan is None:
             self._busy_since = None
-            self._release_idle()
+            self.release_finished()
             return self._drain_pending()
         start = self.clock()
         out = self.runner.execute(plan)
@@ -223,7 +223,8 @@ class Engine:
     # ------------------------------------------------------------------ helpers
     def _record_step(self, plan: StepPlan, start: float, end: float) -> None:
         rows = plan.num_rows
-        self.metrics.record_step(plan.stage.value, rows, end - start, plan.request_ids, start)
+        ids = plan.request_ids if self.metrics.steps.maxlen else ()  # the step log's only
+        self.metrics.record_step(plan.stage.value, rows, end - start, ids, start)
         busy_since = start if self._busy_since is None else min(start, self._busy_since)
         self.scheduler.observe_step(plan, end - busy_since)
         self._busy_since = end
@@ -255,8 +256,9 @@ class Engine:
         return [RequestOutcome(e.request_id, e.status, e.error, e.overloaded)
                 for e in events if isinstance(e, RequestFinished)]
 
-    def _release_idle(self) -> None:
-        """Hands pending slot releases to the worker when no plan carries them (idle engine)."""
+    def release_finished(self) -> None:
+        """Hands pending slot releases to the worker now, not with the next plan (an idle step
+        does it itself); ``step``'s thread only."""
         with self._lock:
             released = self.scheduler.take_released()
         for request_id in released:

@@ -8,7 +8,7 @@ or be read by models.
 
 from __future__ import annotations
 
-from collections import deque
+from collections import defaultdict, deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -66,8 +66,8 @@ class EngineMetrics:
     def __init__(self, step_log: int = 0) -> None:
         """``step_log``: keep the latest that many steps in ``steps`` (0: none; a serving
         engine keeps none, since each entry holds the ids of the requests it carried)."""
-        self.step_s: dict[str, _Series] = {}
-        self.batch_rows: dict[str, _Series] = {}
+        self.step_s: defaultdict[str, _Series] = defaultdict(_Series)
+        self.batch_rows: defaultdict[str, _Series] = defaultdict(_Series)
         self.ttfb = _Series()
         self.rtf = _Series()
         self.ttfb_buckets = [0] * (len(TTFB_BUCKETS_S) + 1)
@@ -83,8 +83,8 @@ class EngineMetrics:
     def record_step(self, stage: str, num_rows: int, duration_s: float,
                     request_ids: Iterable[str] = (), start: float | None = None) -> None:
         """A step's time and rows; with ``start`` (engine clock) it also enters the step log."""
-        self.step_s.setdefault(stage, _Series()).add(duration_s)
-        self.batch_rows.setdefault(stage, _Series()).add(float(num_rows))
+        self.step_s[stage].add(duration_s)
+        self.batch_rows[stage].add(float(num_rows))
         if start is not None and self.steps.maxlen:
             self.steps.append(StepRecord(stage, frozenset(request_ids), start,
                                          start + duration_s))

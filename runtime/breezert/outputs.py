@@ -38,8 +38,7 @@ class StageOutput:
 @dataclass(slots=True)
 class AudioChunk:
     """One chunk of a request's audio: ``frame_end - frame_start`` codec frames of PCM. A value
-    nobody changes once the engine built it; slotted, not frozen: a frozen one costs 5x as much
-    to build, and a CODEC step at 256 streams builds ~100."""
+    nobody changes once the engine built it; slotted, not frozen, as ``sched/plan.py``'s items."""
 
     request_id: str
     pcm: np.ndarray

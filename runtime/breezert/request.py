@@ -200,8 +200,6 @@ class Segment:
     """KV block table per branch; empty unless the segment holds blocks."""
     num_frames: int = field(default=0, init=False)
     """Frames generated so far (EOS is not a frame)."""
-    end_reason: str | None = field(default=None, init=False)
-    """``eos``, ``max_frames`` or ``None`` while not ended."""
 
     def __post_init__(self) -> None:
         lens = tuple(self.prompt_lens)

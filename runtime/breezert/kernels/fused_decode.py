@@ -9,14 +9,12 @@ forward in the DECODE stage (``stages/backbone.backbone_decode(..., backbone=...
      does nothing), and split 0 writes the new k/v into the paged cache and counts the new token
      from registers; a second small launch joins the splits in a fixed order;
   3. o_proj, split-K, + residual; 4. RMSNorm + gate/up + SiLU * up; 5. down, split-K, + residual.
-NOTE(kernels): one program per row x KV head over the whole context took 1.67 ms of a 3.3 ms
-step at 16 rows x 512 tokens on the H200 (128 programs for 132 SMs, a serial chain of tiles
-each); the splits give each SM several independent chains.
-NOTE(kernels): the eager decode runs ~43 launches per layer (1220 per step at 16 rows on the
-H200, 4.4 ms in a graph against a 0.66 ms weight-read floor), among them a gather of every row's
-padded context into a contiguous copy before SDPA; here attention reads the paged rows in
-place and stops at each row's length. Must not: run prefill (several new tokens per sequence
-keep the eager ``GatherKV`` path) or choose cache rows (``decode_meta_on_device`` does).
+NOTE(kernels): the context splits give each SM several independent chains of tiles (one
+program per row x KV head was one serial chain each: bench/README.md). The eager decode runs
+~43 launches per layer, among them a gather of every row's padded context before SDPA; here
+attention reads the paged rows in place and stops at each row's length. Must not: run prefill
+(several new tokens per sequence keep the eager ``GatherKV`` path) or choose cache rows
+(``decode_meta_on_device`` does).
 """
 
 from __future__ import annotations

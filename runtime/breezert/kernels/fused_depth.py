@@ -10,13 +10,12 @@ Per layer and step (R rows, R <= 128 in our buckets):
   5. down_proj, split-K, + residual.
 Launch shapes come per row bucket (``TILES_BY_ROWS``, tuned on the H200), all with the same K
 split, so a row's bits never depend on how many rows run beside it.
-NOTE(kernels): why Triton rather than torch.compile here. The H200 census of one frame at batch
-16 (bench/profile_stages.py) was 3579 launches with Inductor (default mode) and 10.7 ms of GPU
-busy time for 2.2 ms of weight reads: the frame is launch- and tail-bound, and 1024-wide
-outputs (o_proj, down) fill only 16-32 of 132 SMs. Split-K gives those GEMMs ~128 programs; the
-last-arriving program of each output tile (an atomic counter) sums the partials in a fixed order,
-so results are deterministic and do not depend on which program finishes last. Norms, RoPE and
-SiLU run in the GEMM prologues/epilogues at the same bf16 rounding points as the eager modules.
+NOTE(kernels): Triton rather than torch.compile: the frame is launch- and tail-bound under
+Inductor (bench/README.md), and 1024-wide outputs (o_proj, down) fill few SMs. Split-K gives
+those GEMMs ~128 programs; the last-arriving program of each output tile (an atomic counter)
+sums the partials in a fixed order, so results are deterministic and do not depend on which
+program finishes last. Norms, RoPE and SiLU run in the GEMM prologues/epilogues at the same
+bf16 rounding points as the eager modules.
 Must not: sample, mix CFG branches or allocate per step beyond its outputs (the split-K
 workspace and counters are preallocated, so CUDA graphs capture it).
 """
@@ -46,11 +45,8 @@ from breezert.kernels.gemm import (
     warm_row_counts,
 )
 
-# Launch shapes per row bucket, tuned on the H200 by bench/tune_fused_depth.py (bench/results/
-# h200-tune-fused-depth-rowblocks-20261201.json; earlier rounds: -rows-, -rows32-20261201.json).
-# The 64-row shapes won at every count up to 64 in that run (layer frames 6.95 / 7.19 / 8.05 /
-# 8.67 ms at 1 / 16 / 32 / 64 rows against 7.25 / 7.52 / 9.04 / 11.99 with one shape for all
-# rows): 16-row blocks for q/k/v (more programs), TMA weight tiles, deeper gate/up tiles. Every
+# Launch shapes per row bucket, tuned on the H200 by bench/tune_fused_depth.py (bench/README.md):
+# 16-row blocks for q/k/v (more programs), TMA weight tiles, deeper gate/up tiles. Every
 # bucket splits o_proj/down in 4 along K, so a row's bits do not depend on its bucket (tests/gpu:
 # a row alone == in crowds of 16..128).
 TILES_BY_ROWS: tuple[tuple[int, Tiles], ...] = (

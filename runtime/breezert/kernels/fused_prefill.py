@@ -15,11 +15,9 @@ backbone=...)``) for steps of up to ``max_tokens`` packed tokens. Per layer:
 The rounding points are the eager modules' (``RMSNorm``, ``apply_rope``, bf16 probabilities
 for P @ V as flash attention rounds them), so values match the eager step within bf16
 rounding, not bit for bit (SDPA sums in another order).
-NOTE(kernels): the eager prefill in a CUDA graph runs ~50 launches a layer: one request's
-two CFG branches (~90 tokens) took 5.3 ms of GPU time on the H200 against ~0.85 ms of weight
-reads, the largest part of that request's first packet after the depth frame
-(``bench/first_packet_trace.py``, 3 Dec). Past ``max_tokens`` (a burst's prefill) the GEMMs are
-compute-bound and the eager backbone's cuBLAS GEMMs run instead.
+NOTE(kernels): the eager prefill in a CUDA graph runs ~50 launches a layer, the largest part
+of a first packet after the depth frame (bench/README.md). Past ``max_tokens`` (a burst's
+prefill) the GEMMs are compute-bound and the eager backbone's cuBLAS GEMMs run instead.
 Must not: decode (``kernels/fused_decode.py``) or choose cache rows (``PagedKVCache.packed_meta``).
 """
 

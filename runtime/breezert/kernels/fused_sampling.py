@@ -3,12 +3,11 @@
 Owns: ``sample_row``, the draw of the persistent depth frame (``kernels/persistent_depth.py``),
 and ``fused_sample``, its launcher over a batch: a drop-in for ``layers.sampling.sample`` with a
 bounded top-k (``max_k``: every row's k in 1..max_k), through which the tests hold the draw to
-``sample``'s (no config switch serves it: the depth frame took the same time with it). ``sample`` under Inductor is a chain of launches per
-draw (top-k, softmax and its cumulative sum, the scatter back to the vocabulary, the counter hash
-and Gumbel noise, the masked argmax); the depth frame makes 16 draws, so at one row that chain,
-not arithmetic, is most of the sampler's time (H200 census, ``h200-profile-census-20261201.log``:
-heads, embedding and sampling ~1.3 ms of a depth frame). Here one program holds a row in
-registers and does all of it.
+``sample``'s (no config switch serves it: the depth frame took the same time with it).
+``sample`` under Inductor is a chain of launches per draw (top-k, softmax and its cumulative
+sum, the scatter back to the vocabulary, the counter hash and Gumbel noise, the masked argmax);
+the depth frame makes 16 draws, so at one row that chain, not arithmetic, is most of the
+sampler's time. Here one program holds a row in registers and does all of it.
 
 Numerics: the same order and the same formulas as ``sample`` (fp32), the same counter hash
 bit for bit (so the same noise columns), ``log`` from libdevice as CUDA's ``logf``; the top-p

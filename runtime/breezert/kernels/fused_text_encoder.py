@@ -15,12 +15,9 @@ Per layer (N packed tokens, N <= max_tokens):
 and one launch after the last layer (the last join and the final norm). Gemma's sandwich norms
 put a norm on each branch before it joins the residual (``x + norm(branch)``), so a join needs
 the whole branch row: it runs on its own, writing the joined residual and its norm once.
-NOTE(kernels): the first-packet path ran this encoder as ~70 launches per layer in a graph
-(5.7-7 ms for a sentence on the H200 against ~0.35 ms of weight reads); torch.compile made it
-4.0 ms and added 225 s of start-up (bench/README.md), so the fusion is by hand as for the depth
-layers. A first version joined in the next GEMM's prologue and ran q/k/v as one program per
-head (6 programs for 132 SMs): 61 us of a layer's 113 us at 32 tokens on the H200
-(bench/results/h200-profile-text-encode-20261201.log); the GEMMs now spread over the SMs.
+NOTE(kernels): the eager encoder is launch-bound on the first-packet path and torch.compile
+adds minutes of start-up (bench/README.md), so the fusion is by hand as for the depth layers;
+the GEMMs spread over the SMs (one program per head was too few).
 Every kernel keeps the eager modules' bf16 rounding points (GemmaRMSNorm, ``F.linear``,
 ``apply_rope``, GELU, residual adds); attention rounds as flash attention does.
 Must not: project to the backbone width or place segments in a prompt (``BreezeModel`` does),

@@ -35,10 +35,8 @@ BM_MAX = 64  # rows per program by default; more rows run as more row blocks
 @dataclass(frozen=True)
 class Tiles:
     """Launch shapes. The defaults won bench/tune_fused_depth.py on the H200 at 32 rows
-    (bench/results/h200-tune-fused-depth-20261129.json): one frame of layer steps 8.8 ms, from
-    10.1 ms with the first guess; num_stages 2 -> 4 alone was worth 2.4 ms. They serve the
-    fused DECODE step and one-shape depth layers; the depth layers' own per-row-bucket shapes
-    are ``fused_depth.TILES_BY_ROWS``.
+    (bench/README.md). They serve the fused DECODE step and one-shape depth layers; the depth
+    layers' own per-row-bucket shapes are ``fused_depth.TILES_BY_ROWS``.
 
     ``qkv_split``: programs per head (each takes matching slices of both RoPE halves), so
     12 heads give 48 programs; ``split_k``: K splits of o_proj/down (32 column tiles x 8 splits

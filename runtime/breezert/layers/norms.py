@@ -37,9 +37,6 @@ class RMSNorm(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return rms_norm(x, self.weight, self.eps)
 
-    def reset_parameters(self) -> None:
-        nn.init.ones_(self.weight)
-
 
 class GemmaRMSNorm(nn.Module):
     """Gemma RMSNorm: ``(1 + w) * (x / rms(x))`` in fp32; the weight is initialised to 0."""
@@ -52,6 +49,3 @@ class GemmaRMSNorm(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         scale = 1.0 + self.weight.float()
         return F.rms_norm(x.float(), (x.shape[-1],), scale, self.eps).to(x.dtype)
-
-    def reset_parameters(self) -> None:
-        nn.init.zeros_(self.weight)

@@ -49,11 +49,6 @@ class BreezeModel(nn.Module):
         self.lm_head_fp32: torch.Tensor | None = None  # set by fuse_projections_()
 
     @property
-    def backbone(self) -> Qwen3Backbone:
-        """Alias of ``backbone_model`` (the released name)."""
-        return self.backbone_model
-
-    @property
     def audio_embedding(self) -> nn.Embedding:
         """The single tied audio table ``[16 * 2051, D]``, shared by backbone and depth decoder."""
         return self.depth_decoder.model.embed_tokens

@@ -83,8 +83,7 @@ _FEW_ROWS = 4
 """Up to this many running requests, readiness is found row by row (``_ready_rows``)."""
 
 # ----------------------------------------------------------------------------- events
-# Values that nobody changes once built; slotted, not frozen (a frozen dataclass costs 5x as
-# much to build, and a CODEC step at 256 streams makes ~100 events), as the plan's items.
+# Values that nobody changes once built; slotted, not frozen, as the plan's items (sched/plan.py).
 
 
 @dataclass(slots=True)
@@ -143,7 +142,6 @@ class SchedulerStats:
     num_free_slots: int
     num_free_blocks: int
     num_blocks: int
-    num_steps: dict[str, int]  # per Stage value
     num_finished: dict[str, int]  # per terminal RequestStatus value
 
 
@@ -191,7 +189,6 @@ class Scheduler:
         self._held: list[tuple[int, list[Segment]]] = []
         """Slots and segments (KV blocks) of requests that ended while a plan naming them was
         in flight: the worker may still write them, so they are freed at that plan's commit."""
-        self._num_steps = {stage.value: 0 for stage in Stage}
         self._num_finished = {s.value: 0 for s in RequestStatus if s.is_finished}
         self._frames_per_token = FramesPerToken()  # segments that ended by EOS
         self._table = StreamTable(config.max_running_requests)
@@ -373,7 +370,6 @@ class Scheduler:
                         tuple(self._released))
         self._new_requests.clear()
         self._released.clear()
-        self._num_steps[stage.value] += 1
         self._inflight = plan
         return plan
 
@@ -493,8 +489,7 @@ class Scheduler:
     def stats(self) -> SchedulerStats:
         pool = self.block_pool
         return SchedulerStats(len(self._running), len(self._waiting), len(self._free_slots),
-                              pool.num_free, pool.num_blocks, dict(self._num_steps),
-                              dict(self._num_finished))
+                              pool.num_free, pool.num_blocks, dict(self._num_finished))
 
     # ------------------------------------------------------------------ admission
     def _resolve_defaults(self, request: Request) -> None:
@@ -862,7 +857,6 @@ class Scheduler:
     def _end_segment(self, request: Request, seg: Segment, reason: str) -> SegmentEnded:
         seg.phase = SegmentPhase.ENDED
         self._capacity_recheck_at = -np.inf  # less demand: the queue's head may fit now
-        seg.end_reason = reason
         if reason == "eos":
             self._frames_per_token.observe(seg.num_frames, seg.num_text_tokens)
         self._free_blocks(seg)

@@ -78,10 +78,8 @@ class CodecStage:
         dynamic programming over ``replay_cost`` (exact for that cost; O(n^2) additions).
 
         NOTE(host): the cost of a run depends only on its bucketed row count (a handful of
-        values) and its largest chunk, so each end point prices those rows once; calling
-        ``replay_cost`` for every pair took 8-12 ms at 64 items on a 2-core sandbox CPU (a
-        CODEC step's whole GPU time at that size), now 0.7 ms (ad hoc timings against the
-        pairwise definition that tests/integration/test_engine_codec_modes.py keeps)."""
+        values) and its largest chunk, so each end point prices those rows once, not each pair
+        (tests/integration/test_engine_codec_modes.py keeps the pairwise definition)."""
         ordered = sorted(items, key=lambda item: item.num_frames)
         n = len(ordered)
         rows_of = [0] + [self._rows_for(count) for count in range(1, n + 1)]
@@ -124,7 +122,7 @@ class CodecStage:
         fewest rows (one more than the bucket below it) times the frames fit in
         ``max_step_frames``, and every frame count for the smallest bucket. Larger keys never
         pay (``plan_groups`` splits instead) and their padded activations do not fit beside
-        a large KV pool (256 rows x 16 frames: 2.8 GiB in one tensor, H200 4 Dec)."""
+        a large KV pool."""
         buckets = sorted(self.buckets)
         keys = []
         for i, b in enumerate(buckets):

@@ -66,9 +66,8 @@ def depth_frames(
     called once per draw; ``None``: ``sample``'s draws with each kind's settings turned into
     tensors once per frame (``RowSampling``), not 16 times.
     ``noise_per_frame``: make the 16 draws' Gumbel noise in one call up front instead of one per
-    draw (the same bits: it depends on seed and counter only, never on the codes drawn). On the
-    CPU that is ~18 % of a frame's time (tiny model: 34.5 -> 28.3 ms); a compiled sampler fuses
-    the noise into its own kernel instead.
+    draw (the same bits: it depends on seed and counter only, never on the codes drawn): faster
+    on the CPU; a compiled sampler fuses the noise into its own kernel instead.
     ``frame_kernel``: the 15 depth codes of every request after the first code, in one call
     (``kernels/persistent_depth.PersistentDepthFrame``: bounded top-k only), for batches of up
     to its ``max_rows`` rows, instead of the 15-step loop below.

@@ -2,19 +2,13 @@
 the switch to the fused Triton kernels.
 
 Owns: the one place that calls ``torch.compile`` and that swaps in the fused Triton kernels:
-the depth layers (``graph.fused_depth``, kernels/fused_depth.py, which replaced the compiled
-layer step in the H200 profile: 5 launches per layer against Inductor's ~19) and the backbone
-DECODE step (``graph.fused_decode``, kernels/fused_decode.py). NOTE(compile): where Inductor
-runs, it runs in default mode with a dynamic batch dimension, not max-autotune: the depth frame
-is launch-bound at our batch sizes (180 layer-steps and 16 sampling passes per frame), so what
-pays is fusing RMSNorm, RoPE, SiLU-mul, residual adds and the sampler's elementwise chain
-(temperature, masks, counter hash, Gumbel noise) into fewer kernels; GEMMs stay on cuBLAS.
-max-autotune measured 529 s of compile per batch size, and compiling the whole unrolled frame
-(16 steps x 12 layers in one graph) took minutes too; start-up is part of the product. So we
-compile the two units the frame repeats — ``DepthDecoder.run_layers`` (position is a tensor, so
-one graph serves all 16 steps) and ``sample`` — once each, with a dynamic batch, and capture
-the result in the depth CUDA graph. Must not: change numerics beyond Inductor's fusion (the GPU
-tests compare graphs with eager).
+the depth layers (``graph.fused_depth``, kernels/fused_depth.py) and the backbone DECODE step
+(``graph.fused_decode``, kernels/fused_decode.py). NOTE(compile): Inductor runs in default mode
+with a dynamic batch dimension, not max-autotune (the frame is launch-bound, so what pays is
+fusing the elementwise chains; compile time is start-up time: bench/README.md). It compiles the
+two units the frame repeats, ``DepthDecoder.run_layers`` (position is a tensor, so one graph
+serves all 16 steps) and ``sample``, once each; the depth CUDA graph captures the result.
+Must not: change numerics beyond Inductor's fusion (the GPU tests compare graphs with eager).
 """
 
 from __future__ import annotations
@@ -58,8 +52,7 @@ def depth_fn(
     Triton kernels (``fused_depth``, workspace for ``max_rows`` rows, launch shapes per row
     bucket, chained by programmatic dependent launch with ``pdl``) or is compiled
     (``compile_depth``), and ``compile_depth`` compiles the sampler. On the CPU the frame's
-    Gumbel noise is made in one call (``noise_per_frame``); CUDA keeps one per draw, as measured
-    on the H200 (one call would be a new, unmeasured kernel chain in the graph).
+    Gumbel noise is made in one call (``noise_per_frame``); CUDA keeps one per draw.
     ``persistent_depth`` (rows; 0: off): batches of up to that many rows with a bounded top-k
     draw their 15 depth codes in one persistent launch (``kernels/persistent_depth.py``); the
     first code is drawn as above. ``streamed_depth`` (rows, at most 16; 0: off): the same through
@@ -110,8 +103,7 @@ def decode_fn(
 ) -> Callable[..., dict[str, torch.Tensor]]:
     """The DECODE stage's function: the backbone over the paged cache, with the fused Triton
     decode step on CUDA when asked (split-K workspace for ``max_rows`` rows). NOTE(pdl): its
-    kernels launch without programmatic dependent launch: on the H200 the DECODE graph was
-    slower with it at every row count (2.25 -> 2.94 ms at 1 row, bench/README.md)."""
+    kernels launch without programmatic dependent launch (slower there: bench/README.md)."""
     if not fused_decode or model.lm_head.weight.device.type != "cuda":
         return partial(backbone_decode, model, kv)
     from breezert.kernels.fused_decode import DECODE_TILES, FusedBackboneDecode  # needs Triton
