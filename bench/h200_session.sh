@@ -12,7 +12,7 @@
 #        chain P1 P2...  | decode | decode-micro | decode-bench | tune | profile | stages |
 #        ablation-eager | ablation-a|b|c|d[@I/N] | sweep | sweep+ablation | latency |
 #        latency-nocap | predictor | predictor-edf | capacity-closed | capacity-open | capacity-tests | capacity-256 |
-#        burst | slack | voice | te-tokens | admit | path | tune-decode | trace | prefill | prefill-bench | before-after | gc | anatomy | depth-engine | tests-changed | streamed | streamed-engine | codec-conv |
+#        burst | slack | voice | te-tokens | admit | path | tune-decode | trace | prefill | prefill-bench | before-after | gc | anatomy | depth-engine | tests-changed | streamed | streamed-engine |
 #        room (issue 34: carry=[".roombundle"] alone, built by `make room-bundle`; see the phase)
 # An ablation phase with @I/N runs shard I of N of its requests (bench --shard).
 # Several GPUs (kind nvidia-h200-x4): "parallel GPU=PHASE[+PHASE...] ..." runs each list on its own
@@ -367,18 +367,6 @@ case "$phase" in
       --warmup 8 --run-budget "${RUN_BUDGET:-45}" \
       --variant 'loop=config' --variant 'streamed=config;graph.streamed_depth=16' \
       --out "$out/h200-latency-streamed.json" 2>&1 | grep '^\[bench' ;;
-  codec-conv)  # issue 31 item 3: the codec's residual units as two Triton launches
-    # (kernels/codec_conv.py): their GPU tests (which build every launch shape the bench
-    # times), then each of the 12 unit shapes at 16x16, 64x4 and 256x1 frames beside today's
-    # served unit (ms, TFLOP/s, SNR vs strict fp32; a summary line per shape), then the conv
-    # layers with the plain implicit-GEMM `triton` conv beside ncl/gemm7 at 16x16
-    timeout 180 python3 -m pytest tests/gpu/test_gpu_codec_conv.py -x -q -s -p no:cacheprovider \
-      2>&1 | tee "$out/codec_conv_tests.log" | tail -15 || true
-    timeout 270 python3 bench/codec_conv_kernels.py --sections unit \
-      --shapes "${CODEC_SHAPES:-16x16,64x4,256x1}" --out "$out/h200-codec-units.json" 2>&1 \
-      | grep -v Warn | tee "$out/codec_units.log" | grep -E '^\[units|FAILED' || true
-    timeout 60 python3 bench/codec_conv_kernels.py --sections conv --shapes 16x16 \
-      --out "$out/h200-codec-conv-triton.json" 2>&1 | grep -v Warn | grep -E 'triton|gemm7' || true ;;
   room)  # issue 34: real LiveKit calls (bench/room.py): livekit-server on loopback, one agent
     # worker per engine setting (configs/h200-latency.toml, full-size random bf16, the plugin's
     # in-process engine), ROOM_N listener rooms (default 16,64) with ROOM_TURNS closed-loop turns

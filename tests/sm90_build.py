@@ -338,33 +338,6 @@ def _snake() -> tuple[Warm, Callable[[], None]]:
     return None, serve
 
 
-def _codec_conv() -> tuple[Warm, Callable[[], None]]:
-    from breezert.kernels.codec_conv import (
-        CANDIDATE_TILES,
-        pack_residual_unit,
-        causal_conv_snake,
-        pointwise_residual,
-    )
-
-    def serve() -> None:  # the four decoder blocks' units, fp32 (TF32) and bf16 storage, at
-        # every launch shape bench/codec_conv_kernels.py times (the kernels' shapes are
-        # constexprs of the channels, not of the rows: 2 rows stand for any number)
-        for channels in (768, 384, 192, 96):
-            for dtype in (torch.float32, torch.bfloat16):
-                w = torch.zeros(channels, channels, 7, device="meta")
-                v = torch.zeros(channels, device="meta")
-                unit = pack_residual_unit(w, v, w[:, :, :1], v, (v, v), (v, v), 9, dtype)
-                x = torch.zeros(1, 2, channels, device="meta", dtype=dtype)
-                hist = torch.zeros(1, channels, 54, device="meta", dtype=dtype)
-                for tiles in CANDIDATE_TILES:
-                    g = causal_conv_snake(x, hist.transpose(1, 2), unit, tiles)
-                    if dtype == torch.float32:  # SnakeBeta's sine on the SFU
-                        causal_conv_snake(x, hist.transpose(1, 2), unit, tiles, approx_sin=True)
-                    pointwise_residual(g, x, unit, tiles)
-
-    return None, serve
-
-
 VARIANTS: dict[str, Callable[[], tuple[Warm, Callable[[], None]]]] = {
     "depth by-rows": lambda: _depth("by-rows", False, 1),
     "depth by-rows pdl": lambda: _depth("by-rows", True, 1),
@@ -381,7 +354,6 @@ VARIANTS: dict[str, Callable[[], tuple[Warm, Callable[[], None]]]] = {
     "persistent depth": _persistent_depth,
     "streamed depth": _streamed_depth,
     "snake": _snake,
-    "codec conv": _codec_conv,
 }
 """Each module variant a config or a tuning run can select -> ``(warm, serve)``: its start-up
 build (None: a plain function, built when the stage's graphs are captured), and every shape the

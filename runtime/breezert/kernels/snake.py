@@ -11,8 +11,6 @@ step (``bench/results/h200-codec-conv-kernels-20261201.json``). Must not: change
 
 from __future__ import annotations
 
-import os
-
 import torch
 import triton
 import triton.language as tl
@@ -21,35 +19,12 @@ from torch import Tensor
 _BLOCK = 1024
 
 
-# Triton's interpreter runs no inline PTX: there ``APPROX_SIN`` takes ``tl.sin``.
-_INTERPRETED = tl.constexpr(os.environ.get("TRITON_INTERPRET") == "1")
-
-
 @triton.jit
-def _sin_approx(x):
-    """``sin`` by the SFU's ``sin.approx.f32`` after reducing to [-pi, pi] (its accurate range:
-    absolute error ~1e-6 there, against TF32's ~5e-4 relative rounding downstream): one
-    special-function op and three FMAs instead of libdevice's ~30 instructions."""
-    if _INTERPRETED:
-        out = tl.sin(x)
-    else:
-        r = x - 6.283185307179586 * tl.floor(x * 0.15915494309189535 + 0.5)
-        out = tl.inline_asm_elementwise("sin.approx.f32 $0, $1;", "=f,f", [r],
-                                        dtype=tl.float32, is_pure=True, pack=1)
-    return out
-
-
-@triton.jit
-def snake_apply(x, alpha, inv_beta, APPROX_SIN: tl.constexpr = False):
+def snake_apply(x, alpha, inv_beta):
     """``x + inv_beta * sin(x * alpha)^2`` in fp32, ``alpha = e^log_alpha`` and ``inv_beta =
     1 / (e^log_beta + 1e-9)`` broadcast against ``x``: the arithmetic of every kernel that
-    applies SnakeBeta (this module's, and kernels/codec_conv.py's prologue and epilogue).
-    ``APPROX_SIN``: ``_sin_approx`` (codec_conv's prologue recomputes SnakeBeta for every tap
-    and column block; bench/codec_conv_kernels.py times both)."""
-    if APPROX_SIN:
-        s = _sin_approx(x * alpha)
-    else:
-        s = tl.sin(x * alpha)
+    applies SnakeBeta."""
+    s = tl.sin(x * alpha)
     return x + inv_beta * (s * s)
 
 
