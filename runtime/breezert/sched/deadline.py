@@ -63,10 +63,11 @@ class StageTimeModel:
     NOTE(predictor): a question without a row count (a streaming request's next frame or chunk)
     is answered at the largest batch among the stage's last ``recent_steps`` steps, not at the
     last one. Under load, newcomers' one-row startup steps (a lone first frame ~9.6 ms, a lone
-    first chunk ~3.3 ms on the H200) alternate with the streams' batches (~14 ms DEPTH, 10-25
-    ms CODEC at 70 streams): priced at the last step, a stream's next chunk was predicted up to
-    ~20 ms cheaper than the batch it rides, so startup work took the slack it did not have and
-    the 2nd-5th chunks of newcomers came 0.2-9 ms late (bench/sched_sim.py, 5 Dec).
+    first chunk ~3.3 ms in the H200's step times) alternate with the streams' batches (~14 ms
+    DEPTH, 10-25 ms CODEC at 70 streams): priced at the last step, a stream's next chunk was
+    predicted up to ~20 ms cheaper than the batch it rides, so startup work took the slack it
+    did not have and the 2nd-5th chunks of newcomers came 0.2-9 ms late (bench/sched_sim.py,
+    5 Dec).
 
     Args:
         alpha: EWMA weight of a new observation (0 < alpha <= 1).
@@ -106,7 +107,8 @@ class StageTimeModel:
     def predict(self, stage: Stage, rows: int | None = None) -> float:
         """Seconds one ``stage`` step over ``rows`` rows should take (``None``: the largest size
         among the stage's last ``recent_steps`` observed steps, class NOTE). An unseen bucket
-        borrows the nearest known bucket of the stage (the larger one on a tie); an unseen stage gets the prior."""
+        borrows the nearest known bucket of the stage (the larger one on a tie); an unseen stage
+        gets the prior."""
         memo_key = (stage, rows)
         seconds = self._memo.get(memo_key)
         if seconds is None:
@@ -241,7 +243,8 @@ class DeadlinePredictor:
                         table.enqueue_time[rows] + self.ttfb_target_s)
 
     def frame_time_s(self) -> float:
-        """One more frame for a request: a DECODE step plus a DEPTH step at the current batch."""
+        """One more frame for a request: a DECODE step plus a DEPTH step at the streams' recent
+        batch (``StageTimeModel`` NOTE)."""
         return self.time_model.predict(Stage.DECODE) + self.time_model.predict(Stage.DEPTH)
 
     def work(self, table: StreamTable, rows: np.ndarray, num_frames: np.ndarray) -> np.ndarray:
