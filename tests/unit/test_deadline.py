@@ -166,6 +166,26 @@ def test_time_model_prior_ewma_margin_and_nearest_bucket() -> None:
     assert model.predict(Stage.DEPTH, 4) == pytest.approx((0.012 + 0.004) * 1.5)
 
 
+def test_time_model_without_rows_prices_the_largest_recent_batch() -> None:
+    """A question without a row count (a streaming request's next frame or chunk) is priced at
+    the largest of the stage's last ``recent_steps`` steps: newcomers' one-row startup steps
+    between the streams' batches do not make the batch look cheap; older steps drop out."""
+    model = StageTimeModel(alpha=1.0, margin=1.0, recent_steps=3)
+    model.observe(Stage.DEPTH, 64, 0.014)
+    model.observe(Stage.DEPTH, 1, 0.0096)  # a lone first frame after the batch
+    assert model.predict(Stage.DEPTH) == pytest.approx(0.014)  # the batch, not the last step
+    assert model.predict(Stage.DEPTH, 1) == pytest.approx(0.0096)  # with rows: that bucket
+    model.observe(Stage.DEPTH, 1, 0.0096)
+    model.observe(Stage.DEPTH, 2, 0.0097)  # the 64-row step is now 4 steps back
+    assert model.predict(Stage.DEPTH) == pytest.approx(0.0097)
+    last = StageTimeModel(alpha=1.0, margin=1.0, recent_steps=1)
+    last.observe(Stage.DEPTH, 64, 0.014)
+    last.observe(Stage.DEPTH, 1, 0.0096)
+    assert last.predict(Stage.DEPTH) == pytest.approx(0.0096)  # 1: the last step, as before
+    with pytest.raises(ValueError):
+        StageTimeModel(recent_steps=0)
+
+
 def test_time_model_memo_answers_as_a_fresh_computation_after_every_observation() -> None:
     """Predictions are kept between observations (the scheduler asks hundreds per step);
     each observation drops them, so every answer equals one computed from the statistics."""

@@ -12,6 +12,7 @@ questions.
 from __future__ import annotations
 
 import math
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -50,22 +51,42 @@ class _Ewma:
         self.dev = (1.0 - alpha) * self.dev + alpha * abs(diff)
 
 
+RECENT_STEPS = 8
+"""A prediction without a row count is for the largest of the stage's last this many steps
+(``StageTimeModel``'s default ``recent_steps``)."""
+
+
 class StageTimeModel:
     """Recent step durations per (stage, batch-size bucket), as an EWMA of the mean and of the
     absolute deviation; a prediction is ``(mean + 2 * deviation) * margin``.
+
+    NOTE(predictor): a question without a row count (a streaming request's next frame or chunk)
+    is answered at the largest batch among the stage's last ``recent_steps`` steps, not at the
+    last one. Under load, newcomers' one-row startup steps (a lone first frame ~9.6 ms, a lone
+    first chunk ~3.3 ms in the H200's step times) alternate with the streams' batches (~14 ms
+    DEPTH, 10-25 ms CODEC at 70 streams): priced at the last step, a stream's next chunk was
+    predicted up to ~20 ms cheaper than the batch it rides, so startup work took the slack it
+    did not have and the 2nd-5th chunks of newcomers came 0.2-9 ms late (bench/sched_sim.py,
+    5 Dec).
 
     Args:
         alpha: EWMA weight of a new observation (0 < alpha <= 1).
         margin: Factor applied to every prediction (>= 1 is conservative).
         prior_s: Prediction for a stage never observed, before the margin.
+        recent_steps: A prediction without a row count is for the largest of the stage's last
+            this many steps (1: the last step's size, as before 5 Dec).
     """
 
-    def __init__(self, alpha: float = 0.2, margin: float = 1.2, prior_s: float = 0.02) -> None:
+    def __init__(self, alpha: float = 0.2, margin: float = 1.2, prior_s: float = 0.02,
+                 recent_steps: int = RECENT_STEPS) -> None:
         if not 0.0 < alpha <= 1.0:
             raise ValueError(f"alpha={alpha} must be in (0, 1]")
+        if recent_steps < 1:
+            raise ValueError(f"recent_steps={recent_steps} must be >= 1")
         self.alpha, self.margin, self.prior_s = alpha, margin, prior_s
+        self.recent_steps = recent_steps
         self._stats: dict[tuple[Stage, int], _Ewma] = {}
-        self._last_rows: dict[Stage, int] = {}
+        self._recent_rows: dict[Stage, deque[int]] = {}
         self._memo: dict[tuple[Stage, int | None], float] = {}
         """Predictions since the last observation: the scheduler asks a few hundred times per
         step at 64 streams, and nothing changes them between two steps."""
@@ -80,13 +101,14 @@ class StageTimeModel:
             self._stats[key] = _Ewma(duration_s)
         else:
             stats.add(duration_s, self.alpha)
-        self._last_rows[stage] = rows
+        self._recent_rows.setdefault(stage, deque(maxlen=self.recent_steps)).append(rows)
         self._memo.clear()
 
     def predict(self, stage: Stage, rows: int | None = None) -> float:
-        """Seconds one ``stage`` step over ``rows`` rows should take (``None``: the size of the
-        stage's last observed step). An unseen bucket borrows the nearest known bucket of the
-        stage (the larger one on a tie); an unseen stage gets the prior."""
+        """Seconds one ``stage`` step over ``rows`` rows should take (``None``: the largest size
+        among the stage's last ``recent_steps`` observed steps, class NOTE). An unseen bucket
+        borrows the nearest known bucket of the stage (the larger one on a tie); an unseen stage
+        gets the prior."""
         memo_key = (stage, rows)
         seconds = self._memo.get(memo_key)
         if seconds is None:
@@ -95,7 +117,7 @@ class StageTimeModel:
 
     def _predict(self, stage: Stage, rows: int | None = None) -> float:
         if rows is None:
-            rows = self._last_rows.get(stage, 1)
+            rows = max(self._recent_rows.get(stage, (1,)))
         bucket = _bucket(max(1, rows))
         stats = self._stats.get((stage, bucket))
         if stats is None:
@@ -221,7 +243,8 @@ class DeadlinePredictor:
                         table.enqueue_time[rows] + self.ttfb_target_s)
 
     def frame_time_s(self) -> float:
-        """One more frame for a request: a DECODE step plus a DEPTH step at the current batch."""
+        """One more frame for a request: a DECODE step plus a DEPTH step at the streams' recent
+        batch (``StageTimeModel`` NOTE)."""
         return self.time_model.predict(Stage.DECODE) + self.time_model.predict(Stage.DEPTH)
 
     def work(self, table: StreamTable, rows: np.ndarray, num_frames: np.ndarray) -> np.ndarray:
