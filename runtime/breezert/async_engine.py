@@ -32,7 +32,7 @@ from breezert.errors import BreezeRTError, EngineOverloaded, RequestAborted, Req
 from breezert.options import SynthesisOptions
 from breezert.outputs import AudioChunk, SegmentStarted
 from breezert.profiles import resolve_config
-from breezert.runtime_setup import freeze_startup_heap
+from breezert.runtime_setup import freeze_startup_heap, thaw_startup_heap
 from breezert.request import Reference, RequestStatus, SynthesisRequest
 from breezert.sched.load import EngineLoad
 from breezert.text import Split
@@ -142,12 +142,22 @@ class AsyncEngine:
         cls, config: str | os.PathLike[str] | EngineConfig | None = None
     ) -> None:
         """Closes the shared engine of ``config`` (as ``shared`` takes it) and forgets it, so
-        that the next ``shared(config)`` builds a new one; a no-op when none was built."""
+        that the next ``shared(config)`` builds a new one; a no-op when none was built.
+
+        ``shared`` froze the heap with the engine in it: it is thawed, so that the collector
+        frees what of the engine sits in reference cycles, and frozen again (one full pass)
+        while other engines are still shared."""
         key = resolve_config(config).model_dump_json()
         with _shared_lock:
             engine = _shared.pop(key, None)
-        if engine is not None:
-            await engine.aclose()
+        if engine is None:
+            return
+        await engine.aclose()
+        del engine
+        with _shared_lock:
+            thaw_startup_heap()
+            if _shared:
+                freeze_startup_heap()
 
     def warm_up(self, *, max_steps: int = 10_000) -> None:
         """Runs one two-segment request through every stage on the calling thread, so that

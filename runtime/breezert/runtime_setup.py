@@ -2,8 +2,8 @@
 
 Owns: choosing the device, loading a checkpoint folder (``DEFAULT_VOICE`` names the embedded
 default voice) or building random weights of a preset, resolving the KV block count (from the
-device's free memory when unset), and freezing the start-up heap out of the garbage collector.
-Must not: schedule or run requests.
+device's free memory when unset), and freezing the start-up heap out of the garbage collector
+(thawing it for an engine dropped before its process ends). Must not: schedule or run requests.
 """
 
 from __future__ import annotations
@@ -125,6 +125,14 @@ def freeze_startup_heap() -> None:
     objects on the CPU profile, more on the GPU) out of the cyclic collector's full passes,
     which otherwise walk all of it, holding the GIL, and stall every stream at once (~100 ms a
     pass on the CPU box, ``bench/gc_pause.py``). For an engine that lives as long as its process
-    (the server's, ``AsyncEngine.shared``): what is frozen is never collected."""
+    (the server's, ``AsyncEngine.shared``): what is frozen is never collected, unless
+    ``thaw_startup_heap`` gives it back."""
     gc.collect()
     gc.freeze()
+
+
+def thaw_startup_heap() -> None:
+    """Gives what ``freeze_startup_heap`` froze back to the collector, for an engine dropped
+    before its process ends (``AsyncEngine.aclose_shared``): the parts of it in reference
+    cycles (its scheduler) are freed only then. Everything frozen thaws, not that engine alone."""
+    gc.unfreeze()

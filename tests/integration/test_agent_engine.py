@@ -12,6 +12,7 @@ import asyncio
 import gc
 import threading
 import time
+import weakref
 from collections.abc import Sequence
 from typing import Any
 
@@ -242,6 +243,25 @@ async def test_shared_engine_builds_once_for_concurrent_threads(
     again = AsyncEngine.shared(cfg, warmup=False)
     assert num_builds == 2 and again is not engines[0]
     await AsyncEngine.aclose_shared(cfg)
+
+
+async def test_a_closed_shared_engine_is_collected_though_shared_froze_its_heap(
+    engine: AsyncEngine,
+) -> None:
+    """``shared`` freezes the heap with the engine in it (``runtime_setup.freeze_startup_heap``):
+    ``aclose_shared`` gives it back to the collector, so that what of the dropped engine sits in
+    reference cycles (its scheduler does) is freed, and the engines still shared (``engine``, the
+    default one) are frozen again."""
+    cfg = resolve_config(None).model_copy(deep=True)
+    cfg = cfg.model_copy(update={"cache": cfg.cache.model_copy(update={"num_blocks": 384})})
+    dropped = AsyncEngine.shared(cfg, warmup=False)
+    scheduler = weakref.ref(dropped.engine.scheduler)
+    del dropped
+    await AsyncEngine.aclose_shared(cfg)
+    gc.collect()
+    assert scheduler() is None, "the closed engine stays frozen out of the collector"
+    assert gc.get_freeze_count() > 0  # the default engine is still shared: frozen again
+    assert not any(o is engine.engine for o in gc.get_objects())
 
 
 # ----------------------------------------------------------------------------- issue 15
