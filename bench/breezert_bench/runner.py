@@ -396,9 +396,10 @@ async def _closed_loop(async_engine: Any, items: list[WorkItem], concurrency: in
                        budget_end: float | None) -> list[RequestResult]:
     """Keeps ``concurrency`` requests in flight until every item has run (or the budget ends).
 
-    A client whose request was refused (``EngineOverloaded``) waits the refusal's Retry-After
-    before its next one, as a caller honouring HTTP 503 does; without that wait a closed loop
-    past capacity spends its items on refusals in a second or two and measures nothing."""
+    A client whose request was refused (``EngineOverloaded``) waits the refusal's predicted
+    wait before its next one (in process the engine's figure, at least ``REFUSED_MIN_WAIT_S``;
+    against a server its Retry-After, whole seconds); without that wait a closed loop past
+    capacity spends its items on refusals in a second or two and measures nothing."""
     queue = list(reversed(items))
     results: list[RequestResult] = []
 

@@ -67,7 +67,8 @@ class StageTimeModel:
     DEPTH, 10-25 ms CODEC at 70 streams): priced at the last step, a stream's next chunk was
     predicted up to ~20 ms cheaper than the batch it rides, so startup work took the slack it
     did not have and the 2nd-5th chunks of newcomers came 0.2-9 ms late (bench/sched_sim.py,
-    5 Dec).
+    5 Dec). The same rule prices TEXT_ENCODE and PREFILL (asked without rows) at their recent
+    largest batch: more cautious for a newcomer arriving after a burst, never cheaper.
 
     Args:
         alpha: EWMA weight of a new observation (0 < alpha <= 1).
