@@ -50,7 +50,7 @@ VARIANTS = {
 STREAMED_VARIANTS = {
     "slots10": {"slots": 10},
     "w8bn128": {"warps": 8, "bn": 128, "slots": 4},
-    "qkv8": {"qkv_split": 8, "head_split": 8},
+    "qkv8": {"qkv_split": 8},
 }
 
 
