@@ -184,18 +184,28 @@ def machine_stops() -> MachineStops:
     return MachineStops.shared()
 
 
+async def wait_below(start: Callable[[], Callable[[], float]], limit: float, window_s: float,
+                     timeout_s: float) -> tuple[float, bool]:
+    """Measures windows of ``window_s`` (``start()`` opens one and returns its reading) until one
+    reads under ``limit`` or ``timeout_s`` has passed; returns the last reading and whether it
+    was under."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        read = start()
+        await asyncio.sleep(window_s)
+        value = read()
+        if value < limit or time.monotonic() > deadline:
+            return value, value < limit
+
+
 async def wait_for_quiet(timeout_s: float = 30.0, window_s: float = 0.5) -> float:
     """Waits (up to ``timeout_s``) for a ``window_s`` with less than ``FOREIGN_LOAD_LIMIT``
     cores of foreign load; returns the last window's figure (printed when the box stayed busy)."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        meter = CpuMeter()
-        await asyncio.sleep(window_s)
-        load = meter.foreign_cores()
-        if load < FOREIGN_LOAD_LIMIT or time.monotonic() > deadline:
-            if load >= FOREIGN_LOAD_LIMIT:
-                print(f"the box stayed busy: {load:.2f} cores of foreign load after {timeout_s} s")
-            return load
+    load, quiet = await wait_below(lambda: CpuMeter().foreign_cores, FOREIGN_LOAD_LIMIT,
+                                   window_s, timeout_s)
+    if not quiet:
+        print(f"the box stayed busy: {load:.2f} cores of foreign load after {timeout_s} s")
+    return load
 
 
 def record_retry(reason: str) -> None:

@@ -15,7 +15,7 @@ import http.server
 import json
 import threading
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -24,6 +24,7 @@ import pytest
 from tests.integration.test_server_chromium import DevTools, _chromium, chromium
 from tests.livekit.listening import Heard
 from tests.livekit.machine import CpuSplit
+from tests.realtime import wait_below
 
 if TYPE_CHECKING:
     from tests.livekit.conftest import Server
@@ -151,17 +152,14 @@ async def settle(timeout_s: float = 10.0) -> None:
     ``SETTLE_WINDOW_S`` in which its processes used under ``BROWSER_SETTLED_CORES``. Its
     start-up is this test's own load, not the product's: on two cores a first turn played while
     Chromium still set up starved the ``livekit.rtc`` listener beside it."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        split = CpuSplit({})
-        await asyncio.sleep(SETTLE_WINDOW_S)
-        cores = split.cores()
-        if cores["browser"] < BROWSER_SETTLED_CORES:
-            print(f"the browser settled: {cores}")
-            return
-        if time.monotonic() > deadline:
-            print(f"the browser never settled: {cores['browser']} cores after {timeout_s} s")
-            return
+    cores, settled = await wait_below(lambda: _browser_cores(CpuSplit({})),
+                                      BROWSER_SETTLED_CORES, SETTLE_WINDOW_S, timeout_s)
+    print(f"the browser settled: {cores:.2f} cores" if settled
+          else f"the browser never settled: {cores:.2f} cores after {timeout_s} s")
+
+
+def _browser_cores(split: CpuSplit) -> Callable[[], float]:
+    return lambda: split.cores()["browser"]
 
 
 @contextlib.asynccontextmanager
