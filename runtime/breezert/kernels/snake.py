@@ -19,15 +19,6 @@ from torch import Tensor
 _BLOCK = 1024
 
 
-@triton.jit
-def snake_apply(x, alpha, inv_beta):
-    """``x + inv_beta * sin(x * alpha)^2`` in fp32, ``alpha = e^log_alpha`` and ``inv_beta =
-    1 / (e^log_beta + 1e-9)`` broadcast against ``x``: the arithmetic of every kernel that
-    applies SnakeBeta."""
-    s = tl.sin(x * alpha)
-    return x + inv_beta * (s * s)
-
-
 @triton.jit(do_not_specialize=["T", "H"])
 def _snake_cat_kernel(x_ptr, hist_ptr, la_ptr, lb_ptr, out_ptr, C, T, H,
                       sx_b, sx_c, sh_b, sh_c, BLOCK: tl.constexpr):
@@ -42,7 +33,8 @@ def _snake_cat_kernel(x_ptr, hist_ptr, la_ptr, lb_ptr, out_ptr, C, T, H,
     x = tl.load(x_ptr + b * sx_b + c * sx_c + (cols - H), mask=in_new, other=0.0).to(tl.float32)
     alpha = tl.exp(tl.load(la_ptr + c).to(tl.float32))
     inv_beta = 1.0 / (tl.exp(tl.load(lb_ptr + c).to(tl.float32)) + 1e-9)
-    y = snake_apply(x, alpha, inv_beta)
+    s = tl.sin(x * alpha)
+    y = x + inv_beta * (s * s)
     val = tl.where(in_hist, h.to(tl.float32), y)
     tl.store(out_ptr + row * width + cols, val.to(out_ptr.dtype.element_ty), mask=cols < width)
 
