@@ -378,7 +378,8 @@ def _log_run(run: dict[str, Any]) -> None:
     p50 = "-" if ttfb["p50"] is None else f"{ttfb['p50'] * 1000:.0f}"
     p95 = "-" if ttfb["p95"] is None else f"{ttfb['p95'] * 1000:.0f}"
     log(f"{run['variant']} {run['load']['label']}: {run['num_ok']}/{run['num_requests']} ok, "
-         f"{run.get('num_refused', 0)} refused, TTFB p50 {p50} ms p95 {p95} ms, underruns {run['underrun_requests']}, "
+         f"{run['num_refused']} refused, TTFB p50 {p50} ms p95 {p95} ms, "
+         f"underruns {run['underrun_requests']}, "
          f"wall {run['wall_s']:.1f} s" + _gc_note(run.get("gc_pauses")))
     path = run.get("first_packet_path") or {}
     parts = {k[: -len("_ms")]: v for k, v in path.items() if k.endswith("_ms")}
