@@ -123,7 +123,7 @@ def build_runner(cfg: EngineConfig, ckpt: Checkpoint,
 def freeze_startup_heap() -> None:
     """Takes what start-up made (torch, the model, compiled kernels, captured graphs: ~330k
     objects on the CPU profile, more on the GPU) out of the cyclic collector's full passes,
-    which otherwise walk all of it, holding the GIL, and stall every stream at once (~100 ms a
+    which otherwise walk all of it, holding the GIL, and stall every stream at once (~80 ms a
     pass on the CPU box, ``bench/gc_pause.py``). For an engine that lives as long as its process
     (the server's, ``AsyncEngine.shared``): what is frozen is never collected, unless
     ``thaw_startup_heap`` gives it back."""
