@@ -9,9 +9,8 @@ Per batch (requests; 2 rows each with CFG) and path: graph replay ms (median), a
 one eager frame (kernel launches and GPU busy ms from torch.profiler), the bytes a frame must
 read (each weight once per position) and what that is in TB/s and TFLOP/s at the replay time.
 ``--variants`` adds persistent-kernel launch shapes (``FrameTiles`` fields) at the small
-batches; ``--streamed`` adds the streamed frame (kernels/streamed_depth.py, one Gluon launch
-per position, up to 8 requests) at the batches it serves, ``--streamed-variants`` its launch
-shapes (``StreamTiles`` fields). Writes JSON (and a PNG beside it).
+batches. Writes JSON (and a PNG beside it). (The streamed Gluon frame's ``--streamed``, 4-5 Dec,
+is at commit d507041.)
 """
 
 from __future__ import annotations
@@ -46,11 +45,6 @@ VARIANTS = {
     "warps4": {"num_warps": 4},
     "split1": {"qkv_split": 1, "o_split": 2},
     "down256": {"down_bk": 256, "down_split": 2, "down_bn": 64},
-}
-STREAMED_VARIANTS = {
-    "slots10": {"slots": 10},
-    "w8bn128": {"warps": 8, "bn": 128, "slots": 4},
-    "qkv8": {"qkv_split": 8},
 }
 
 
@@ -129,10 +123,6 @@ def main() -> None:
     ap.add_argument("--variants", default="", help=f"comma list of {sorted(VARIANTS)}")
     ap.add_argument("--variant-batches", default="1,16")
     ap.add_argument("--no-loop", action="store_true", help="skip today's path")
-    ap.add_argument("--streamed", action="store_true",
-                    help="add the streamed frame at the batches of up to 8 requests")
-    ap.add_argument("--streamed-variants", default="",
-                    help=f"comma list of {sorted(STREAMED_VARIANTS)}")
     ap.add_argument("--out", default="depth-frame.json")
     args = ap.parse_args()
     batches = [int(b) for b in args.batches.split(",")]
@@ -177,24 +167,6 @@ def main() -> None:
             print(f"  {name} b={b}: same codes as the default tiles: {same}", flush=True)
             rows_out[-1]["same_codes_as_default"] = same
         del frame
-    if args.streamed:
-        from breezert.kernels.streamed_depth import MAX_ROWS, StreamedDepthFrame, StreamTiles
-
-        small = [b for b in batches if 2 * b <= MAX_ROWS]
-        for name in ["default"] + [v for v in args.streamed_variants.split(",") if v]:
-            tiles = replace(StreamTiles(), **STREAMED_VARIANTS.get(name, {}))
-            try:
-                frame = StreamedDepthFrame(depth, MAX_ROWS, tiles=tiles)
-                fn = partial(depth_frames, model, max_k=TOP_K_BOUND, sampler=fused_sample,
-                             frame_kernel=frame)
-                for b in small:
-                    codes = record("streamed" if name == "default" else f"streamed-{name}", b,
-                                   fn, asdict(tiles))
-                    agree = (codes == codes_new[b]).float().mean().item()
-                    rows_out[-1]["codes_agree_with_persistent"] = round(agree, 4)
-            except Exception as exc:  # a variant that does not build or fit
-                print(f"  streamed {name}: failed: {exc!r}"[:600], flush=True)
-            torch.cuda.empty_cache()
     if not args.no_loop:
         depth.run_layers = FusedDepthLayers(depth, max_rows, pdl=True)
         old = partial(depth_frames, model, max_k=TOP_K_BOUND, sampler=fused_sample)

@@ -12,7 +12,7 @@
 #        chain P1 P2...  | decode | decode-micro | decode-bench | tune | profile | stages |
 #        ablation-eager | ablation-a|b|c|d[@I/N] | sweep | sweep+ablation | latency |
 #        latency-nocap | predictor | predictor-edf | capacity-closed | capacity-open | capacity-tests | capacity-256 |
-#        burst | slack | voice | te-tokens | admit | path | tune-decode | trace | prefill | prefill-bench | before-after | gc | anatomy | depth-engine | tests-changed | streamed | streamed-engine |
+#        burst | slack | voice | te-tokens | admit | path | tune-decode | trace | prefill | prefill-bench | before-after | gc | anatomy | depth-engine | tests-changed |
 #        room (issue 34: carry=[".roombundle"] alone, built by `make room-bundle`; see the phase)
 # An ablation phase with @I/N runs shard I of N of its requests (bench --shard).
 # Several GPUs (kind nvidia-h200-x4): "parallel GPU=PHASE[+PHASE...] ..." runs each list on its own
@@ -354,19 +354,6 @@ case "$phase" in
       --variant 'new32=config;scheduler.max_text_encode_requests=32;scheduler.max_prefill_requests=32' \
       --variant 'new64=config;scheduler.max_text_encode_requests=64;scheduler.max_prefill_requests=64' \
       --out "$out/h200-burst.json" 2>&1 | grep '^\[bench' ;;
-  streamed)  # issue 30: the streamed depth frame (kernels/streamed_depth.py): its GPU tests, then
-    # the frame side by side with the persistent kernel and the fused loop (bench/depth_frame.py)
-    timeout 240 python3 -m pytest tests/gpu/test_gpu_frame_kernels.py -k streamed -x -q -s -p no:cacheprovider \
-      2>&1 | tee "$out/streamed_tests.log" | tail -25 || true
-    timeout 300 python3 bench/depth_frame.py --batches "${FRAME_BATCHES:-1,2,4,8}" --streamed \
-      --streamed-variants "${STREAMED_VARIANTS-slots10,w8bn128}" \
-      --out "$out/h200-depth-frame-streamed.json" 2>&1 | grep -v Warn | tail -30 ;;
-  streamed-engine)  # issue 30: the latency profile with and without the streamed depth frame
-    # (graph.streamed_depth = 16: depth batches of up to 8 requests), one bench process
-    timeout 550 "${bench[@]}" --concurrency "${CONCURRENCY:-1,4,16}" --num-requests 300 \
-      --warmup 8 --run-budget "${RUN_BUDGET:-45}" \
-      --variant 'loop=config' --variant 'streamed=config;graph.streamed_depth=16' \
-      --out "$out/h200-latency-streamed.json" 2>&1 | grep '^\[bench' ;;
   room)  # issue 34: real LiveKit calls (bench/room.py): livekit-server on loopback, one agent
     # worker per engine setting (configs/h200-latency.toml, full-size random bf16, the plugin's
     # in-process engine), ROOM_N listener rooms (default 16,64) with ROOM_TURNS closed-loop turns

@@ -314,18 +314,6 @@ def _persistent_depth() -> tuple[Warm, Callable[[], None]]:
     return None, lambda: _frame_calls(frame, depth, graph.depth_batch_buckets)  # type: ignore[attr-defined]
 
 
-def _streamed_depth() -> tuple[Warm, Callable[[], None]]:
-    from breezert.kernels.streamed_depth import MAX_ROWS, StreamedDepthFrame
-    from breezert.models.config import BreezeConfig
-    from breezert.models.depth import DepthDecoder
-
-    with torch.device("meta"):
-        depth = random_bf16_fused_(DepthDecoder(BreezeConfig.full().depth))
-    frame = StreamedDepthFrame(depth, MAX_ROWS, programs=132)
-    # both row operands it serves: 8 and 16 rows
-    return None, lambda: _frame_calls(frame, depth, (1, 2, 4, 8))
-
-
 def _snake() -> tuple[Warm, Callable[[], None]]:
     from breezert.kernels.snake import snake_cat_triton
 
@@ -352,7 +340,6 @@ VARIANTS: dict[str, Callable[[], tuple[Warm, Callable[[], None]]]] = {
     "text encoder pdl wide": lambda: _text_encoder(True, wide=True),
     "sampler": _sampler,
     "persistent depth": _persistent_depth,
-    "streamed depth": _streamed_depth,
     "snake": _snake,
 }
 """Each module variant a config or a tuning run can select -> ``(warm, serve)``: its start-up

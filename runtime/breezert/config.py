@@ -207,7 +207,7 @@ class SchedulerConfig(_Frozen):
 
 
 CUDA_ONLY_SWITCHES = ("enable_cuda_graphs", "compile_depth", "fused_depth", "persistent_depth",
-                      "streamed_depth", "fused_decode", "fused_prefill", "fused_text_encoder", "pdl")
+                      "fused_decode", "fused_prefill", "fused_text_encoder", "pdl")
 """``GraphConfig`` switches that need CUDA: refused on ``model.device='cpu'`` and all turned off
 by ``BREEZERT_NO_CUDA_GRAPH=1``."""
 
@@ -230,12 +230,6 @@ class GraphConfig(_Frozen):
     15 codes after the first in ONE persistent Triton launch (projector, 12 layers, head, CFG
     and draw for all 16 positions, ``kernels/persistent_depth.py``) instead of ~1,200
     launches, when their top-k are all bounded; other batches keep the step loop."""
-    streamed_depth: int = Field(default=0, ge=0, le=16)
-    """Depth batches of up to this many rows (0: none; at most 16) draw a frame's 15 codes after
-    the first through the streamed frame (``kernels/streamed_depth.py``: one warp-specialized
-    Gluon launch a position, the weights streamed through a shared-memory ring, Hopper only)
-    when their top-k are all bounded; other batches keep ``persistent_depth`` or the step
-    loop (one frame kernel: not both)."""
     pdl: bool = False
     """Programmatic dependent launch (Hopper) between the fused kernels of the depth layers and
     of the text encoder (those switched on): each kernel is placed while the one before it
@@ -290,8 +284,6 @@ class GraphConfig(_Frozen):
             "codec_buckets",
         ):
             _check_buckets(name, getattr(self, name))
-        if self.streamed_depth and self.persistent_depth:
-            raise ValueError("streamed_depth and persistent_depth: set one frame kernel, not both")
         return self
 
 

@@ -1,9 +1,7 @@
-"""GPU: the depth frame kernels on the full-size depth decoder, each up to the rows it serves:
-the persistent frame (kernels/persistent_depth.py, one cooperative Triton launch with grid
-barriers, up to 512 rows) and the streamed frame (kernels/streamed_depth.py, one
-warp-specialized Gluon launch a position, weights streamed by TMA through a shared-memory ring,
-up to 16 rows). Their logits against fp32 math fed the same codes (as close as the eager bf16
-decoder), their greedy codes the argmax of those logits, their draws equal to
+"""GPU: the depth frame kernel on the full-size depth decoder, up to the rows it serves: the
+persistent frame (kernels/persistent_depth.py, one cooperative Triton launch with grid
+barriers, up to 512 rows). Its logits against fp32 math fed the same codes (as close as the eager bf16
+decoder), its greedy codes the argmax of those logits, its draws equal to
 ``layers.sampling.sample`` on them, the same bits alone and beside others, run to run and
 inside a CUDA graph, with CFG and without, and ``depth_frames`` serving through them.
 
@@ -44,14 +42,11 @@ def depth_fp32(depth: DepthDecoder) -> DepthDecoder:
         return fp32_copy(depth, DepthDecoder)
 
 
-# per kernel: the greedy cases (requests, CFG), the crowds a request is checked in, and the
-# requests of the other checks
+# per kernel (one today; the streamed Gluon frame's are at commit d507041): the greedy cases
+# (requests, CFG), the crowds a request is checked in, and the requests of the other checks
 SIZES = {
     "persistent": {"greedy": [(1, True), (1, False), (16, True), (64, True), (256, True)],
                    "crowds": [2, 9, 16, 33, 64, 100, 256], "batch": 16},
-    "streamed": {"greedy": [(1, True), (1, False), (2, True), (3, False), (4, True), (8, False),
-                              (8, True)],
-                 "crowds": [2, 3, 4, 8], "batch": 4},
 }
 KINDS = list(SIZES)
 
@@ -63,14 +58,9 @@ def frames(depth: DepthDecoder) -> dict:
 
     def get(kind: str):
         if kind not in made:
-            if kind == "persistent":
-                from breezert.kernels.persistent_depth import PersistentDepthFrame
+            from breezert.kernels.persistent_depth import PersistentDepthFrame
 
-                made[kind] = PersistentDepthFrame(depth, max_rows=512)
-            else:
-                from breezert.kernels.streamed_depth import MAX_ROWS, StreamedDepthFrame
-
-                made[kind] = StreamedDepthFrame(depth, max_rows=MAX_ROWS)
+            made[kind] = PersistentDepthFrame(depth, max_rows=512)
         return made[kind]
 
     return get
@@ -138,8 +128,7 @@ def test_sampled_draws_equal_sample(frames, kind: str) -> None:
 
 @pytest.mark.parametrize(("kind", "crowd"), [(k, c) for k in KINDS for c in SIZES[k]["crowds"]])
 def test_a_request_gets_the_same_bits_in_any_crowd(frames, kind: str, crowd: int) -> None:
-    """Row blocks grow with the rows (persistent: 16 .. 64 a work item; streamed: 8 or 16 rows
-    a tensor-core product): a request's codes and logits do not depend on how many run beside
+    """Row blocks grow with the rows (16 .. 64 a work item): a request's codes and logits do not depend on how many run beside
     it."""
     frame = frames(kind)
     inputs = _inputs(crowd, True, temperature=0.9, seed=crowd)

@@ -46,7 +46,7 @@ def _raise_cache_limit(limit: int) -> None:
 
 def depth_fn(
     model: BreezeModel, max_k: int | None, compile_depth: bool, fused_depth: bool = False,
-    max_rows: int = 64, pdl: bool = False, persistent_depth: int = 0, streamed_depth: int = 0,
+    max_rows: int = 64, pdl: bool = False, persistent_depth: int = 0,
 ) -> Callable[..., dict[str, torch.Tensor]]:
     """``depth_frames`` bound to ``model`` and ``max_k``; on CUDA its layer step runs the fused
     Triton kernels (``fused_depth``, workspace for ``max_rows`` rows, launch shapes per row
@@ -55,14 +55,13 @@ def depth_fn(
     Gumbel noise is made in one call (``noise_per_frame``); CUDA keeps one per draw.
     ``persistent_depth`` (rows; 0: off): batches of up to that many rows with a bounded top-k
     draw their 15 depth codes in one persistent launch (``kernels/persistent_depth.py``); the
-    first code is drawn as above. ``streamed_depth`` (rows, at most 16; 0: off): the same through
-    the streamed frame (``kernels/streamed_depth.py``, Hopper)."""
+    first code is drawn as above."""
     if model.lm_head.weight.device.type != "cuda":
         return partial(depth_frames, model, max_k=max_k, noise_per_frame=True)
     depth = model.depth_decoder
     frame_kernel = None
-    if max_k is not None and (persistent_depth > 0 or streamed_depth > 0):
-        frame_kernel = _frame_kernel(depth, persistent_depth, streamed_depth)
+    if max_k is not None and persistent_depth > 0:
+        frame_kernel = _frame_kernel(depth, persistent_depth)
     if fused_depth and not getattr(depth, "is_fused", False):
         from breezert.kernels.fused_depth import FusedDepthLayers  # needs Triton
 
@@ -81,19 +80,15 @@ def depth_fn(
     return partial(depth_frames, model, max_k=max_k, sampler=sampler, frame_kernel=frame_kernel)
 
 
-def _frame_kernel(depth, persistent_depth: int, streamed_depth: int):
-    """The depth decoder's frame kernel (made once, kept on the module): the persistent Triton
-    frame or the streamed Gluon frame, for batches of up to that many rows."""
-    if persistent_depth > 0:
-        from breezert.kernels.persistent_depth import PersistentDepthFrame as kind  # Triton
-        rows = persistent_depth
-    else:
-        from breezert.kernels.streamed_depth import StreamedDepthFrame as kind  # Gluon, sm_90
-        rows = streamed_depth
+def _frame_kernel(depth, rows: int):
+    """The depth decoder's persistent Triton frame (made once, kept on the module) for batches of
+    up to ``rows`` rows."""
+    from breezert.kernels.persistent_depth import PersistentDepthFrame  # needs Triton
+
     frame = getattr(depth, "frame_kernel", None)
-    if not isinstance(frame, kind) or frame.max_rows != rows:
-        frame = depth.frame_kernel = kind(depth, rows)
-        logger.info("depth frames of up to %d rows run %s (%d programs)", rows, kind.__name__,
+    if not isinstance(frame, PersistentDepthFrame) or frame.max_rows != rows:
+        frame = depth.frame_kernel = PersistentDepthFrame(depth, rows)
+        logger.info("depth frames of up to %d rows run the persistent frame (%d programs)", rows,
                     frame.programs)
     return frame
 
