@@ -12,7 +12,7 @@
 #        chain P1 P2...  | decode | decode-micro | decode-bench | tune | profile | stages |
 #        ablation-eager | ablation-a|b|c|d[@I/N] | sweep | sweep+ablation | latency |
 #        latency-nocap | predictor | predictor-edf | capacity-closed | capacity-open | capacity-tests | capacity-256 |
-#        burst | slack | voice | te-tokens | admit | path | tune-decode | trace | prefill | prefill-bench | before-after | gc | anatomy | depth-engine | tests-changed |
+#        burst | slack | voice | te-tokens | admit | path | tune-decode | trace | prefill | prefill-bench | before-after | gc | anatomy | depth-engine | tests-changed | big-batch | margin |
 #        room (issue 34: carry=[".roombundle"] alone, built by `make room-bundle`; see the phase)
 # An ablation phase with @I/N runs shard I of N of its requests (bench --shard).
 # Several GPUs (kind nvidia-h200-x4): "parallel GPU=PHASE[+PHASE...] ..." runs each list on its own
@@ -354,6 +354,21 @@ case "$phase" in
       --variant 'new32=config;scheduler.max_text_encode_requests=32;scheduler.max_prefill_requests=32' \
       --variant 'new64=config;scheduler.max_text_encode_requests=64;scheduler.max_prefill_requests=64' \
       --out "$out/h200-burst.json" 2>&1 | grep '^\[bench' ;;
+  big-batch)  # issue 31: each stage's graphed step at 64 / 128 / 256 requests (BATCHES), the
+    # profile's kernels (fused Triton depth layers) against `plain` (the same stages in plain
+    # torch: cuBLAS GEMMs for the depth layers), one process (bench/stage_timing.py)
+    timeout 560 python3 bench/stage_timing.py --modes "${MODES:-profile,plain}" \
+      --batches "${BATCHES:-64,128,256}" --text-tokens 64 \
+      --out "$out/h200-stage-timing-big.json" 2>&1 | grep -v Warn | tail -12 ;;
+  margin)  # issue 31: admission at the capacity profile's headroom with a larger safety factor on
+    # every predicted step (scheduler.predictor_time_margin, MARGINS, default 1.3 and 1.4) at
+    # c=128 and 40 / 60 req/s, one bench process
+    variants=()
+    for m in ${MARGINS:-1.3 1.4}; do
+      variants+=(--variant "margin-$m=config;scheduler.predictor_time_margin=$m"); done
+    timeout 560 "${bench[@]}" --config configs/h200-capacity.toml --concurrency 128 \
+      --rate "${RATES:-40,60}" --num-requests 300 --warmup 16 --run-budget 60 "${variants[@]}" \
+      --out "$out/h200-capacity-256-margin.json" 2>&1 | grep '^\[bench' ;;
   room)  # issue 34: real LiveKit calls (bench/room.py): livekit-server on loopback, one agent
     # worker per engine setting (configs/h200-latency.toml, full-size random bf16, the plugin's
     # in-process engine), ROOM_N listener rooms (default 16,64) with ROOM_TURNS closed-loop turns
