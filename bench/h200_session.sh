@@ -12,7 +12,7 @@
 #        chain P1 P2...  | decode | decode-micro | decode-bench | tune | profile | stages |
 #        ablation-eager | ablation-a|b|c|d[@I/N] | sweep | sweep+ablation | latency |
 #        latency-nocap | predictor | predictor-edf | capacity-closed | capacity-open | capacity-tests | capacity-256 |
-#        burst | slack | voice | te-tokens | admit | path | tune-decode | trace | prefill | prefill-bench | before-after | gc | anatomy | depth-engine | tests-changed | big-batch | margin |
+#        burst | slack | voice | te-tokens | admit | path | tune-decode | trace | prefill | prefill-bench | before-after | gc | anatomy | depth-engine | tests-changed | big-batch | census-256 | margin |
 #        room (issue 34: carry=[".roombundle"] alone, built by `make room-bundle`; see the phase)
 # An ablation phase with @I/N runs shard I of N of its requests (bench --shard).
 # Several GPUs (kind nvidia-h200-x4): "parallel GPU=PHASE[+PHASE...] ..." runs each list on its own
@@ -360,6 +360,12 @@ case "$phase" in
     timeout 560 python3 bench/stage_timing.py --modes "${MODES:-profile,plain}" \
       --batches "${BATCHES:-64,128,256}" --text-tokens 64 \
       --out "$out/h200-stage-timing-big.json" 2>&1 | grep -v Warn | tail -12 ;;
+  census-256)  # issue 31: the kernel census (torch.profiler, eager) of one CODEC step of 256
+    # streams x 1 frame and one DEPTH frame of 256 requests with the profile's fused kernels:
+    # which kernels hold the codec's 0.11-0.2 ms a frame at capacity
+    timeout 300 python3 bench/profile_stages.py --preset full --batch 256 --codec-frames 1 \
+      --fused --fused-decode --fused-codec --top 30 2>&1 | grep -v Warn \
+      | tee "$out/h200-census-256.txt" | tail -40 ;;
   margin)  # issue 31: admission at the capacity profile's headroom with a larger safety factor on
     # every predicted step (scheduler.predictor_time_margin, MARGINS, default 1.3 and 1.4) at
     # c=128 and 40 / 60 req/s, one bench process

@@ -69,7 +69,8 @@ def main() -> None:
     cfg = EngineConfig.from_dict({
         "model": {"preset": preset, "dtype": "bfloat16" if cuda else "float32",
                   "device": "cuda" if cuda else "cpu"},
-        "cache": {"block_size": 16, "num_blocks": 4096},
+        # the DECODE census's rows hold 3/4 of the context each
+        "cache": {"block_size": 16, "num_blocks": max(4096, args.batch * (args.context // 16 + 1))},
         "scheduler": {"max_running_requests": args.batch, "max_decode_rows": 2 * args.batch,
                       "max_depth_rows": 2 * args.batch},
         "graph": {"enable_cuda_graphs": False, "compile_depth": args.compile and cuda,
