@@ -516,3 +516,24 @@ def test_phoneme_heads_learn_travel_in_the_snapshot_and_stay_out_of_the_export(
     assert torch.equal(again.heads.frame.weight, trainer.heads.frame.weight.bfloat16().float())
     ckpt = load_checkpoint(export_checkpoint(trainer, codec_dir, tmp_path / "voice"))
     assert not any("phoneme" in k or "heads" in k for k in ckpt.model.state_dict())
+
+
+def test_a_step_with_phonemes_gives_finite_figures() -> None:
+    """The prompt rows' CTC (``breezert_train.ctc``) in a training step, one prompt shorter than
+    its phonemes among the batch (it adds 0, and no NaN through the step's gradients)."""
+    cfg = replace(CFG, phoneme_weight=1.0, phoneme_ctc_weight=1.0)
+    trainer = LMTrainer(cfg)
+    gen = torch.Generator().manual_seed(0)
+    batch = [make_utterance(TOK, i, text, torch.randint(0, 2048, (6 + 2 * i, NUM_CODEBOOKS),
+                                                        generator=gen),
+                            torch.randint(0, 40, (6 + 2 * i,), generator=gen).numpy(),
+                            torch.randint(1, 40, (num,), generator=gen).numpy())
+             for i, (text, num) in enumerate((("the cat sat", 4), ("a dog ran far", 9),
+                                              ("so", 200)))]
+    with torch.no_grad():
+        prompt_rows = [len(t) for t in trainer.model.prompt_embeds_many([u.prompt for u in batch])]
+    assert prompt_rows[2] < 200 and all(n >= 9 for n in prompt_rows[:2]), prompt_rows
+    for _ in range(2):
+        figures = trainer.train_step(batch)
+        assert all(np.isfinite(v) for v in figures.values()), figures
+    assert figures["phoneme_ctc"] > 0

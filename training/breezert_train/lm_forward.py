@@ -5,9 +5,10 @@ diagonal prior on chosen layers), the depth decoder run over all 16 positions of
 once, the training-only phoneme heads (``PhonemeHeads``: the teacher's phoneme of each frame
 from the backbone state that predicts its code 0, and CTC of the phoneme sequence from the
 text encoder's prompt rows; never exported), and the losses (code 0 with end of speech, the 15
-depth codes, the prior, the phonemes). Serving runs the
-same modules step by step (``models/generate.py``); ``tests/unit/test_lm_train.py`` checks both
-give the same logits. Must not: define modules or weights of its own, sample, or touch files.
+depth codes, the prior, the phonemes; the CTC from ``ctc``, which needs no host sync). Serving
+runs the same modules step by step (``models/generate.py``); ``tests/unit/test_lm_train.py``
+checks both give the same logits. Must not: define modules or weights of its own, sample, or
+touch files.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from breezert.host_copy import upload
 from breezert.layers.rope import apply_rope
 from breezert.models.breeze import BreezeModel
 from breezert.models.depth import DepthDecoder
+from breezert_train.ctc import ctc_loss
 from breezert_train.lm_data import PHONEME_CLASSES, Utterance
 
 
@@ -200,11 +202,12 @@ def _phoneme_losses(heads: PhonemeHeads, batch: Sequence[Utterance], h_frames: T
         frame = F.cross_entropy(heads.frame(h_frames.float()), targets)
         rows = torch.nn.utils.rnn.pad_sequence([t.float() for t in text_rows])  # [L, B, D]
         log_probs = heads.ctc(rows).log_softmax(-1)
-        # a prompt shorter than its phonemes (CTC needs at least one row each) adds 0
-        ctc = F.ctc_loss(log_probs, upload(torch.cat([u.phonemes for u in batch]), device),
-                         torch.tensor([len(t) for t in text_rows]),
-                         torch.tensor([len(u.phonemes) for u in batch]), blank=0,
-                         reduction="mean", zero_infinity=True)
+        # a prompt shorter than its phonemes (CTC needs at least one row each) adds 0; the
+        # lengths go up with the targets (torch's CUDA CTC copied them back and forth, a sync)
+        phonemes = torch.nn.utils.rnn.pad_sequence([u.phonemes for u in batch], batch_first=True)
+        lengths = torch.tensor([[len(t) for t in text_rows], [len(u.phonemes) for u in batch]])
+        input_lengths, target_lengths = upload(lengths, device).unbind()
+        ctc = ctc_loss(log_probs, upload(phonemes, device), input_lengths, target_lengths)
     return frame, ctc
 
 
