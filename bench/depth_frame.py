@@ -45,6 +45,11 @@ VARIANTS = {
     "warps4": {"num_warps": 4},
     "split1": {"qkv_split": 1, "o_split": 2},
     "down256": {"down_bk": 256, "down_split": 2, "down_bn": 64},
+    "prefetch64": {"prefetch_kb": 64},
+    "prefetch256": {"prefetch_kb": 256},
+    "prefetch1024": {"prefetch_kb": 1024},
+    "prefetch256x1": {"prefetch_kb": 256, "prefetch_lanes": 1},
+    "prefetch256x32": {"prefetch_kb": 256, "prefetch_lanes": 32},
 }
 
 
@@ -126,12 +131,16 @@ def main() -> None:
     ap.add_argument("--out", default="depth-frame.json")
     args = ap.parse_args()
     batches = [int(b) for b in args.batches.split(",")]
+    variants = [v for v in args.variants.split(",") if v]
+    variant_batches = [int(x) for x in args.variant_batches.split(",")] if variants else []
+    # the default tiles run at every variant batch too: their codes are what a variant's match
+    default_batches = sorted(set(batches) | set(variant_batches))
     torch.manual_seed(0)
     cfg = BreezeConfig.full().depth
     with torch.device("cuda"):
         depth = random_bf16_packed(DepthDecoder(cfg))
     model = stand_in_model(depth, cfg.backbone_hidden_size)
-    max_rows = 2 * max(batches)
+    max_rows = 2 * max(default_batches)
     rows_out: list[dict] = []
 
     def record(path: str, batch: int, fn, tiles: dict | None = None) -> torch.Tensor:
@@ -150,10 +159,9 @@ def main() -> None:
     persistent = PersistentDepthFrame(depth, max_rows)
     new = partial(depth_frames, model, max_k=TOP_K_BOUND, sampler=fused_sample,
                   frame_kernel=persistent)
-    codes_new = {b: record("persistent", b, new) for b in batches}
-    for name in [v for v in args.variants.split(",") if v]:
+    codes_new = {b: record("persistent", b, new) for b in default_batches}
+    for name in variants:
         tiles = replace(FrameTiles(), **VARIANTS[name])
-        variant_batches = [int(x) for x in args.variant_batches.split(",")]
         frame = PersistentDepthFrame(depth, 2 * max(variant_batches), tiles=tiles)
         fn = partial(depth_frames, model, max_k=TOP_K_BOUND, sampler=fused_sample,
                      frame_kernel=frame)

@@ -301,15 +301,16 @@ def _frame_calls(frame, depth, batches) -> None:
                   torch.zeros(batch, 3, device="meta"), ids, ids)
 
 
-def _persistent_depth() -> tuple[Warm, Callable[[], None]]:
-    from breezert.kernels.persistent_depth import PersistentDepthFrame
+def _persistent_depth(prefetch_kb: int = 0) -> tuple[Warm, Callable[[], None]]:
+    from breezert.kernels.persistent_depth import FrameTiles, PersistentDepthFrame
     from breezert.models.config import BreezeConfig
     from breezert.models.depth import DepthDecoder
 
     graph = _engine_graph()
     with torch.device("meta"):
         depth = random_bf16_fused_(DepthDecoder(BreezeConfig.full().depth))
-    frame = PersistentDepthFrame(depth, max(_depth_rows(graph)))
+    frame = PersistentDepthFrame(depth, max(_depth_rows(graph)),
+                                 FrameTiles(prefetch_kb=prefetch_kb))
     # every bucket of the engine's depth stage
     return None, lambda: _frame_calls(frame, depth, graph.depth_batch_buckets)  # type: ignore[attr-defined]
 
@@ -340,6 +341,7 @@ VARIANTS: dict[str, Callable[[], tuple[Warm, Callable[[], None]]]] = {
     "text encoder pdl wide": lambda: _text_encoder(True, wide=True),
     "sampler": _sampler,
     "persistent depth": _persistent_depth,
+    "persistent depth prefetch": lambda: _persistent_depth(prefetch_kb=256),
     "snake": _snake,
 }
 """Each module variant a config or a tuning run can select -> ``(warm, serve)``: its start-up

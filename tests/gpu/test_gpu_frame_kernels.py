@@ -3,7 +3,8 @@ persistent frame (kernels/persistent_depth.py, one cooperative Triton launch wit
 barriers, up to 512 rows). Its logits against fp32 math fed the same codes (as close as the eager bf16
 decoder), its greedy codes the argmax of those logits, its draws equal to
 ``layers.sampling.sample`` on them, the same bits alone and beside others, run to run and
-inside a CUDA graph, with CFG and without, and ``depth_frames`` serving through them.
+inside a CUDA graph, with CFG and without, with the L2 prefetch switch on (no bit changes), and
+``depth_frames`` serving through them.
 
 Run on a CUDA machine: ``python -m pytest tests/gpu -q`` (skipped without CUDA).
 """
@@ -213,3 +214,23 @@ def test_serving_depth_frames_run_the_kernel(depth, frames, kind: str) -> None:
         direct = frame(**dict(inputs, code0=codes[:, 0]))
     assert torch.equal(codes, direct)
     assert int(codes[:, 1:].max()) < RESERVED
+
+
+@pytest.mark.parametrize("num", [1, 8, 64])
+def test_l2_prefetch_changes_no_bit(depth, frames, num: int) -> None:
+    """``FrameTiles.prefetch_kb`` only asks L2 for the next phase's weights
+    (``cp.async.bulk.prefetch.L2``): the codes and logits are the default frame's, bit for bit,
+    and a cap smaller than a program's share (64 KB) and larger (1024 KB) run alike."""
+    from breezert.kernels.persistent_depth import FrameTiles, PersistentDepthFrame
+
+    frame = frames("persistent")
+    inputs = _inputs(num, True, temperature=0.9, seed=21 + num)
+    with torch.inference_mode():
+        codes = frame(**inputs)
+        logits = frame.frame_logits(2 * num).clone()
+        for kb in (64, 1024):
+            prefetching = PersistentDepthFrame(depth, max_rows=128,
+                                               tiles=FrameTiles(prefetch_kb=kb))
+            assert torch.equal(prefetching(**inputs), codes), kb
+            assert torch.equal(prefetching.frame_logits(2 * num)[1:], logits[1:]), kb
+            del prefetching

@@ -96,6 +96,72 @@ def check_sampled_frame() -> None:
     assert torch.equal(logits_alone[1:, 1], logits[1:, 3])
 
 
+def _prefetch_targets(frame, pos: int, r: int) -> list[torch.Tensor]:
+    """The weights the phase after (``pos``, ``r``) that reads weights streams (q/k/v with
+    its o_proj: attention, in between, reads none), as ``_prefetch_next`` must ask for them."""
+    layers = frame.cfg.num_layers
+    per = 1 + 5 * layers + 2
+    layer, kind = divmod(r - 1, 5)
+    if r == 0 or (r < per - 2 and kind == 4 and layer < layers - 1):
+        nxt = 0 if r == 0 else layer + 1
+        return [frame.qkv[nxt], frame.o[nxt]]
+    if r == per - 2:
+        return [frame.proj] if 0 < pos < frame.cfg.num_codebooks - 1 else []
+    if r == per - 1 or kind < 2:
+        return []
+    if kind < 4:
+        return [(frame.gate_up, frame.down)[kind - 2][layer]]
+    if pos > 0:
+        return [frame.head[pos - 1]]
+    return [frame.proj]
+
+
+def check_prefetch_frame() -> None:
+    """The L2 prefetch switch changes no code and no logit bit, and asks for exactly the next
+    weight-reading phase's bytes: each program its 1/P share (rounded up to 16 bytes), cut
+    at ``prefetch_kb``; the shares of an uncut range tile it without gaps (the interpreter logs
+    the (address, size) pairs that the GPU hands ``cp.async.bulk.prefetch.L2``)."""
+    from breezert.kernels.persistent_depth import FrameTiles, PersistentDepthFrame
+
+    depth = _decoder(3)
+    inputs = _inputs(2, cfg=True, temperature=0.9, seed=5)
+    programs, cap = 3, 16 * 1024
+    with torch.inference_mode():
+        off = PersistentDepthFrame(depth, max_rows=8, programs=programs, max_k=MAX_K)
+        codes_off = off(**inputs)
+        logits_off = off.frame_logits(4).clone()
+        on = PersistentDepthFrame(depth, max_rows=8, programs=programs, max_k=MAX_K,
+                                  tiles=FrameTiles(prefetch_kb=cap // 1024))
+        codes_on = on(**inputs)
+        logits_on = on.frame_logits(4)
+    assert torch.equal(codes_on, codes_off)
+    assert torch.equal(logits_on[1:], logits_off[1:])
+    per = 1 + 5 * SMALL.num_layers + 2
+    log = on.prefetch_log  # [phase, program, pair, (address, bytes)]
+    cut = uncut = 0
+    for s in range(on.phases):
+        targets = _prefetch_targets(on, s // per, s % per)
+        for j in range(2):
+            asked = log[s, :, j]
+            if j >= len(targets):
+                assert not asked.any(), (s, j)
+                continue
+            w = targets[j]
+            assert w.is_contiguous()
+            nbytes = w.numel() * w.element_size()
+            share = -(-(-(-nbytes // programs)) // 16) * 16
+            starts = w.data_ptr() + share * torch.arange(programs)
+            sizes = (nbytes - share * torch.arange(programs)).clamp(0, min(share, cap))
+            assert torch.equal(asked[:, 1], sizes), (s, j)
+            assert torch.equal(asked[sizes > 0, 0], starts[sizes > 0]), (s, j)
+            if share <= cap:
+                assert int(sizes.sum()) == nbytes, (s, j)
+                uncut += 1
+            else:
+                cut += 1
+    assert cut and uncut  # both kinds of range were checked
+
+
 @needs_triton
 def test_greedy_frame_matches_eager() -> None:
     run_in_interpreter(__name__, "check_greedy_frame(2, True)")
@@ -104,6 +170,11 @@ def test_greedy_frame_matches_eager() -> None:
 @needs_triton
 def test_sampled_frame_matches_sample_and_is_batch_invariant() -> None:
     run_in_interpreter(__name__, "check_sampled_frame()")
+
+
+@needs_triton
+def test_prefetch_changes_no_bit_and_asks_for_the_next_weights() -> None:
+    run_in_interpreter(__name__, "check_prefetch_frame()")
 
 
 def test_refuses_what_it_cannot_run() -> None:
@@ -117,6 +188,8 @@ def test_refuses_what_it_cannot_run() -> None:
         PersistentDepthFrame(DepthDecoder(SMALL), max_rows=4)
     with pytest.raises(ValueError, match="down_proj"):
         PersistentDepthFrame(depth, max_rows=4, tiles=FrameTiles(down_split=3))
+    with pytest.raises(ValueError, match="prefetch_kb"):
+        PersistentDepthFrame(depth, max_rows=4, tiles=FrameTiles(prefetch_kb=-1))
     frame = PersistentDepthFrame(depth, max_rows=4)
     inputs = _inputs(2, cfg=True, temperature=0.0, seed=0)
     with pytest.raises(ValueError, match="3 rows for 2 requests"):

@@ -20,6 +20,9 @@ does, so a row's bits depend neither on its batch nor on which program finishes 
 inside the launch is read with ``.cg`` loads (L2, never a stale L1 line). Under Triton's
 interpreter (CPU tests), which runs programs one after another, the same kernel runs one phase
 per launch without barriers: the tile math is tested there, the barriers on the GPU.
+``FrameTiles.prefetch_kb`` (off by default) asks L2, at each phase's start, for the weights of
+the next phase that reads weights (``cp.async.bulk.prefetch.L2``), so that DRAM streams through
+the latency-bound phases and barriers; the interpreter logs the ranges instead.
 
 Numerics: the bf16 rounding points of the eager modules (``DepthDecoder.run_layers``), with
 other summation orders than cuBLAS (within bf16 tolerance; tests/gpu compare with fp32 math).
@@ -72,6 +75,14 @@ class FrameTiles:
     max_bm: int = 64
     """Rows per work item grow with the rows (16 .. ``max_bm``), so that many rows read each
     weight tile fewer times."""
+    prefetch_kb: int = 0
+    """L2 prefetch (0: off): at the start of a phase each program asks L2 for its share (1/P,
+    at most this many KB) of the weights that the next weight-reading phase will stream
+    (``_prefetch_next``), so DRAM keeps streaming through latency-bound phases and barriers.
+    Loads nothing into registers: the codes and bits are the same either way."""
+    prefetch_lanes: int = 4
+    """Threads that issue a program's prefetch, one instruction each (bulk prefetch operands
+    are uniform registers: ptxas loops over the lanes one by one, so few lanes, large sizes)."""
 
 
 # ---------------------------------------------------------------------------------------------
@@ -99,6 +110,87 @@ def _grid_sync(bar_ptr, num_programs):
     while seen < target:
         seen = _acquire_load(bar_ptr)
     tl.debug_barrier()  # no thread reads before the acquire
+
+
+@triton.jit
+def _prefetch_share(ptr, nbytes, pid, P, log_ptr, CAP: tl.constexpr, LANES: tl.constexpr,
+                    LOG: tl.constexpr):
+    """Program ``pid``'s share of the ``nbytes`` bytes at ``ptr`` (16-byte aligned, a multiple
+    of 16): bytes ``[pid * share, + min(share, CAP))``, ``share`` = ``nbytes / P`` rounded up
+    to 16, asked of L2 with ``cp.async.bulk.prefetch.L2`` (fire and forget, no registers, no
+    wait), split over the first ``LANES`` threads (one instruction each). ``LOG`` (Triton's
+    interpreter, which cannot run PTX): writes ``(address, size)`` to ``log_ptr`` instead, for
+    the tests."""
+    share = tl.cdiv(tl.cdiv(nbytes, P), 16) * 16
+    start = pid.to(tl.int64) * share
+    size = tl.maximum(tl.minimum(tl.minimum(share, nbytes - start), CAP), 0)
+    base = ptr.to(tl.pointer_type(tl.int8)) + start
+    if LOG:
+        tl.store(log_ptr, base.to(tl.int64, bitcast=True))
+        tl.store(log_ptr + 1, size)
+    else:
+        # bytes per lane, a multiple of 16; thread t asks for [t * chunk, + chunk) of the
+        # share, so threads LANES.. (and all of them when size is 0) find nothing left
+        chunk = tl.cdiv(tl.cdiv(size, LANES), 16) * 16
+        tl.inline_asm_elementwise(
+            """{
+            .reg .pred p;
+            .reg .u32 t, n;
+            .reg .u64 off, rest, addr;
+            mov.u32 t, %tid.x;
+            cvt.u64.u32 off, t;
+            mul.lo.u64 off, off, $3;
+            setp.lt.u64 p, off, $2;
+            sub.u64 rest, $2, off;
+            min.u64 rest, rest, $3;
+            cvt.u32.u64 n, rest;
+            add.u64 addr, $1, off;
+            @p cp.async.bulk.prefetch.L2.global [addr], n;
+            mov.u32 $0, 0;
+            }""",
+            "=r,l,l,l", [base, size, chunk], dtype=tl.int32, is_pure=False, pack=1)
+
+
+@triton.jit
+def _prefetch_next(pid, P, pos, r, layer, kind, proj_ptr, qkv_ptr, o_ptr, gu_ptr, down_ptr,
+                   head_ptr, log_ptr, D: tl.constexpr, DB: tl.constexpr, I: tl.constexpr,
+                   H: tl.constexpr, KVH: tl.constexpr, HD: tl.constexpr, L: tl.constexpr,
+                   NCB: tl.constexpr, VP: tl.constexpr, CAP: tl.constexpr,
+                   LANES: tl.constexpr, LOG: tl.constexpr):
+    """This program's share of the weights of the next phase that reads weights, asked of L2
+    at the start of phase (``pos``, ``r``): projector -> layer 0's q/k/v and o; o_proj -> the
+    layer's gate/up; gate/up -> its down; down -> the next layer's q/k/v and o (attention
+    reads none), after the last layer the codebook head of this position (position 0 has no
+    head: the projector); head -> the projector (next position). q/k/v, attention and draw
+    phases ask nothing (their next weights were asked for one or two phases earlier). The
+    ranges are the stacked tensors' exact bytes; ``log_ptr`` (LOG) takes two (address, size)
+    pairs a phase, in order."""
+    PER: tl.constexpr = 1 + 5 * L + 2
+    QKV: tl.constexpr = (H + 2 * KVH) * HD * D  # elements of one layer's packed q/k/v
+    O: tl.constexpr = D * H * HD
+    GU: tl.constexpr = 2 * I * D
+    DOWN: tl.constexpr = D * I
+    if r == 0 or (r < PER - 2 and kind == 4 and layer < L - 1):
+        nxt = tl.where(r == 0, 0, layer + 1).to(tl.int64)
+        _prefetch_share(qkv_ptr + nxt * QKV, 2 * QKV, pid, P, log_ptr, CAP, LANES, LOG)
+        _prefetch_share(o_ptr + nxt * O, 2 * O, pid, P, log_ptr + 2, CAP, LANES, LOG)
+    elif r == PER - 2:
+        if pos > 0 and pos < NCB - 1:
+            _prefetch_share(proj_ptr, 2 * D * DB, pid, P, log_ptr, CAP, LANES, LOG)
+    elif r == PER - 1:
+        pass
+    elif kind == 2:
+        _prefetch_share(gu_ptr + layer.to(tl.int64) * GU, 2 * GU, pid, P, log_ptr, CAP, LANES,
+                        LOG)
+    elif kind == 3:
+        _prefetch_share(down_ptr + layer.to(tl.int64) * DOWN, 2 * DOWN, pid, P, log_ptr, CAP,
+                        LANES, LOG)
+    elif kind == 4:  # the last layer's down
+        if pos > 0:
+            _prefetch_share(head_ptr + (pos - 1).to(tl.int64) * (VP * D), 2 * VP * D, pid, P,
+                            log_ptr, CAP, LANES, LOG)
+        elif pos < NCB - 1:
+            _prefetch_share(proj_ptr, 2 * D * DB, pid, P, log_ptr, CAP, LANES, LOG)
 
 
 @triton.jit
@@ -408,7 +500,7 @@ def _frame_kernel(
     hidden_ptr, codes_ptr, has_cfg_ptr, scale_ptr, params_ptr, seeds_ptr, frames_ptr,
     embed_ptr, proj_ptr, ln1_ptr, qkv_ptr, o_ptr, ln2_ptr, gu_ptr, down_ptr, norm_ptr, head_ptr,
     cos_ptr, sin_ptr,
-    h_ptr, q_ptr, attn_ptr, act_ptr, cache_ptr, logits_ptr, ws_ptr, cnt_ptr, bar_ptr,
+    h_ptr, q_ptr, attn_ptr, act_ptr, cache_ptr, logits_ptr, ws_ptr, cnt_ptr, bar_ptr, pf_log_ptr,
     R, B, s_begin, s_end, eps, scale, ws_split, c_layer, c_kv, c_row, c_head, c_pos,
     D: tl.constexpr, DB: tl.constexpr, I: tl.constexpr, H: tl.constexpr, KVH: tl.constexpr,
     HD: tl.constexpr, L: tl.constexpr, NCB: tl.constexpr, V: tl.constexpr, VP: tl.constexpr,
@@ -420,6 +512,7 @@ def _frame_kernel(
     HEAD_BN: tl.constexpr, HEAD_BK: tl.constexpr,
     BM: tl.constexpr, BLOCK: tl.constexpr, MAX_K: tl.constexpr, CODES: tl.constexpr,
     F32: tl.constexpr, EXACT_LOG: tl.constexpr, BARRIER: tl.constexpr, RK: tl.constexpr,
+    PREFETCH: tl.constexpr = 0, PF_LANES: tl.constexpr = 4, PF_LOG: tl.constexpr = False,
 ):
     """Phases ``s_begin .. s_end - 1`` of a frame (all of them in one launch on the GPU, with a
     grid barrier after each; one per launch under the interpreter). Phase s is position
@@ -433,6 +526,10 @@ def _frame_kernel(
         r = s % PER
         layer = (r - 1) // 5
         kind = (r - 1) % 5
+        if PREFETCH > 0:  # compiled out when off
+            _prefetch_next(pid, P, pos, r, layer, kind, proj_ptr, qkv_ptr, o_ptr, gu_ptr,
+                           down_ptr, head_ptr, pf_log_ptr + (s * P + pid) * 4, D, DB, I, H, KVH,
+                           HD, L, NCB, VP, PREFETCH, PF_LANES, PF_LOG)
         if r == 0:
             _proj_phase(pid, P, pos, R, B, hidden_ptr, codes_ptr, embed_ptr, proj_ptr, h_ptr,
                         ws_ptr, ws_split, cnt_ptr, D, DB, V, NCB, PROJ_S, BM, PROJ_BN, PROJ_BK,
@@ -558,6 +655,8 @@ class PersistentDepthFrame:
                 problems.append(f"{name} ({n} x {k})")
         if cfg.hidden_size & (cfg.hidden_size - 1) or cfg.num_heads % cfg.num_kv_heads:
             problems.append(f"hidden_size {cfg.hidden_size}")
+        if t.prefetch_kb < 0 or not 1 <= t.prefetch_lanes <= 32 * t.num_warps:
+            problems.append(f"prefetch_kb {t.prefetch_kb} / prefetch_lanes {t.prefetch_lanes}")
         if problems:
             raise ValueError("the persistent depth frame does not fit " + ", ".join(problems))
 
@@ -581,6 +680,11 @@ class PersistentDepthFrame:
                                                  (qkv_width // cfg.head_dim) * t.qkv_sub)
         self.counters = torch.zeros(most_tiles, dtype=torch.int32, device=dev)
         self.barrier = torch.zeros(1, dtype=torch.int64, device=dev)
+        # what the L2 prefetch asked for, per phase and program: two (address, bytes) pairs;
+        # written under the interpreter only (the GPU runs the PTX instead)
+        log = INTERPRETED and t.prefetch_kb > 0
+        self.prefetch_log = torch.zeros((self.phases, self.programs, 2, 2) if log else (1,),
+                                        dtype=torch.int64, device=dev)
         self.rows = rows
 
     def frame_logits(self, rows: int) -> torch.Tensor:
@@ -618,7 +722,7 @@ class PersistentDepthFrame:
             self.embed, self.proj, self.ln1, self.qkv, self.o, self.ln2, self.gate_up, self.down,
             self.norm, self.head, self.cos, self.sin,
             self.h, self.q, self.attn, self.act, self.cache, self.logits, self.workspace,
-            self.counters, self.barrier,
+            self.counters, self.barrier, self.prefetch_log,
         )
         consts = dict(
             D=cfg.hidden_size, DB=cfg.backbone_hidden_size, I=cfg.intermediate_size,
@@ -637,6 +741,8 @@ class PersistentDepthFrame:
             BM=frame_row_block(rows, t.max_bm), BLOCK=triton.next_power_of_2(self.vocab),
             MAX_K=self.max_k, CODES=CODEBOOK_CODES, F32=DOT_F32, EXACT_LOG=hidden.is_cuda,
             RK=min(cfg.hidden_size, 128),
+            PREFETCH=t.prefetch_kb * 1024, PF_LANES=t.prefetch_lanes,
+            PF_LOG=INTERPRETED and t.prefetch_kb > 0,
             num_warps=t.num_warps, num_stages=t.num_stages,
         )
         scalars = (cfg.rms_norm_eps, self.scale, self.workspace.stride(0), c[0], c[1], c[2],
