@@ -12,7 +12,7 @@
 #        chain P1 P2...  | decode | decode-micro | decode-bench | tune | profile | stages |
 #        ablation-eager | ablation-a|b|c|d[@I/N] | sweep | sweep+ablation | latency |
 #        latency-nocap | predictor | predictor-edf | capacity-closed | capacity-open | capacity-tests | capacity-256 |
-#        burst | slack | voice | te-tokens | admit | path | tune-decode | trace | prefill | prefill-bench | before-after | gc | anatomy | depth-engine | tests-changed | big-batch | census-256 | margin |
+#        burst | slack | voice | te-tokens | admit | path | tune-decode | trace | prefill | prefill-bench | before-after | gc | anatomy | depth-engine | tests-changed | prefetch | big-batch | census-256 | margin |
 #        room (issue 34: carry=[".roombundle"] alone, built by `make room-bundle`; see the phase)
 # An ablation phase with @I/N runs shard I of N of its requests (bench --shard).
 # Several GPUs (kind nvidia-h200-x4): "parallel GPU=PHASE[+PHASE...] ..." runs each list on its own
@@ -354,6 +354,15 @@ case "$phase" in
       --variant 'new32=config;scheduler.max_text_encode_requests=32;scheduler.max_prefill_requests=32' \
       --variant 'new64=config;scheduler.max_text_encode_requests=64;scheduler.max_prefill_requests=64' \
       --out "$out/h200-burst.json" 2>&1 | grep '^\[bench' ;;
+  prefetch)  # issue 30: the persistent depth frame with its L2 weight prefetch (FrameTiles
+    # prefetch_kb / prefetch_lanes) against the default tiles, 1-16 requests and 64, then the
+    # prefetch's GPU bit-identity test
+    timeout 400 python3 bench/depth_frame.py --batches 1,16,64 \
+      --variants "${PREFETCH_VARIANTS:-prefetch64,prefetch256,prefetch1024,prefetch256x1,prefetch256x32}" \
+      --variant-batches 1,2,8,16 --no-loop --out "$out/h200-depth-prefetch.json" 2>&1 \
+      | grep -v Warn | tail -30
+    timeout 150 python3 -m pytest tests/gpu/test_gpu_frame_kernels.py -k prefetch -x -q \
+      -p no:cacheprovider 2>&1 | tee "$out/prefetch_tests.log" | tail -5 ;;
   big-batch)  # issue 31: each stage's graphed step at 64 / 128 / 256 requests (BATCHES), the
     # profile's kernels (fused Triton depth layers) against `plain` (the same stages in plain
     # torch: cuBLAS GEMMs for the depth layers), one process (bench/stage_timing.py)
