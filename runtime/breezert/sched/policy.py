@@ -111,6 +111,8 @@ _CODEC = STAGE_CODE[Stage.CODEC]
 _DEPTH = STAGE_CODE[Stage.DEPTH]
 _GENERATE = (STAGE_CODE[Stage.DECODE], _DEPTH)
 _PREP_MAX = STAGE_CODE[Stage.PREFILL]  # TEXT_ENCODE and PREFILL codes are 0 and 1
+_FEW_PAIRS = 8
+"""Up to this many ready pairs, ``DefaultStagePolicy`` ranks them pair by pair."""
 
 
 class DefaultStagePolicy:
@@ -133,6 +135,36 @@ class DefaultStagePolicy:
 
     def rank(self, table: StreamTable, slots: np.ndarray, stages: np.ndarray,
              now: float) -> Ranked:
+        if len(slots) <= _FEW_PAIRS:
+            return self._rank_pairs(table, slots, stages, now)
+        return self._rank_arrays(table, slots, stages, now)
+
+    def _rank_pairs(self, table: StreamTable, slots: np.ndarray, stages: np.ndarray,
+                    now: float) -> Ranked:
+        """``rank`` pair by pair, for a few pairs: the same keys and order as
+        ``_rank_arrays``, whose ~30 numpy calls cost several times this at the one or two
+        streams of a first packet (tests/unit/test_sched_vectorized.py holds the two equal)."""
+        keyed = []
+        limit = self.starvation_limit_s
+        for slot, stage in zip(slots.tolist(), stages.tolist(), strict=True):
+            closeness = float(_CLOSENESS[stage])
+            if table.num_chunks[slot] == 0:  # startup
+                key = (1.0, -float(table.priority[slot]), float(table.enqueue_time[slot]),
+                       closeness)
+            elif now - (last := float(table.last_chunk_time[slot])) > limit:  # starving
+                key = (0.0, last, closeness, 0.0)
+            else:
+                key = (2.0, float(table.ready_since[stage, slot]), closeness, 0.0)
+            keyed.append((*key, int(table.seq[slot]), slot, stage))
+        keyed.sort()
+        return Ranked(np.array([k[5] for k in keyed], np.int64),
+                      np.array([k[6] for k in keyed], np.int64),
+                      np.array([k[0] for k in keyed], np.float64),
+                      np.array([k[1] for k in keyed], np.float64))
+
+    def _rank_arrays(self, table: StreamTable, slots: np.ndarray, stages: np.ndarray,
+                     now: float) -> Ranked:
+        """``rank`` as array operations over the pairs."""
         closeness = _CLOSENESS[stages]
         last = table.last_chunk_time[slots]
         startup = table.num_chunks[slots] == 0
