@@ -112,7 +112,7 @@ _DEPTH = STAGE_CODE[Stage.DEPTH]
 _GENERATE = (STAGE_CODE[Stage.DECODE], _DEPTH)
 _PREP_MAX = STAGE_CODE[Stage.PREFILL]  # TEXT_ENCODE and PREFILL codes are 0 and 1
 _FEW_PAIRS = 8
-"""Up to this many ready pairs, ``DefaultStagePolicy`` ranks them pair by pair."""
+"""Up to this many ready pairs, the stage policies rank them pair by pair."""
 
 
 class DefaultStagePolicy:
@@ -207,6 +207,49 @@ class DeadlineStagePolicy:
 
     def rank(self, table: StreamTable, slots: np.ndarray, stages: np.ndarray,
              now: float) -> Ranked:
+        if len(slots) <= _FEW_PAIRS:
+            ranked = self._rank_pairs(table, slots, stages, now)
+            if ranked is not None:
+                return ranked
+        return self._rank_arrays(table, slots, stages, now)
+
+    def _rank_pairs(self, table: StreamTable, slots: np.ndarray, stages: np.ndarray,
+                    now: float) -> Ranked | None:
+        """``rank`` pair by pair (``DeadlinePredictor.buffered_and_slack``), for a few pairs:
+        the same keys and order as ``_rank_arrays`` (tests/unit/test_sched_vectorized.py holds
+        them equal); ``None`` when a key is NaN (the arrays' sort places it, not this one)."""
+        p = self.predictor
+        keyed = []
+        for slot, stage in zip(slots.tolist(), stages.tolist(), strict=True):
+            closeness = float(_CLOSENESS[stage])
+            streaming = bool(table.num_chunks[slot] > 0)
+            buffered, slack = p.buffered_and_slack(table, slot, now)
+            lookahead = (streaming and stage <= _PREP_MAX
+                         and int(table.phase[slot]) in (DEPTH, DECODE))
+            urgent = not lookahead and slack < p.min_slack_s
+            if not p.overdue_startup_urgent:
+                urgent = urgent and streaming
+            if urgent:
+                key = (0.0, slack, closeness, 0.0)
+            elif not streaming:  # startup
+                key = (1.0, -float(table.priority[slot]),
+                       float(table.enqueue_time[slot] + p.ttfb_target_s), closeness)
+            else:
+                key = (3.0 if buffered > p.max_lead_s and not lookahead else 2.0,
+                       float(table.ready_since[stage, slot]), 0.0 if lookahead else slack,
+                       closeness)
+            if any(math.isnan(k) for k in key):
+                return None
+            keyed.append((*key, int(table.seq[slot]), slot, stage))
+        keyed.sort()
+        return Ranked(np.array([k[5] for k in keyed], np.int64),
+                      np.array([k[6] for k in keyed], np.int64),
+                      np.array([k[0] for k in keyed], np.float64),
+                      np.array([k[1] for k in keyed], np.float64))
+
+    def _rank_arrays(self, table: StreamTable, slots: np.ndarray, stages: np.ndarray,
+                     now: float) -> Ranked:
+        """``rank`` as array operations over the pairs."""
         p = self.predictor
         closeness = _CLOSENESS[stages]
         streaming = table.num_chunks[slots] > 0
