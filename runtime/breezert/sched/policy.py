@@ -113,6 +113,8 @@ _GENERATE = (STAGE_CODE[Stage.DECODE], _DEPTH)
 _PREP_MAX = STAGE_CODE[Stage.PREFILL]  # TEXT_ENCODE and PREFILL codes are 0 and 1
 _FEW_PAIRS = 8
 """Up to this many ready pairs, the stage policies rank them pair by pair."""
+_FEW_ROWS = 4
+"""Up to this many rows, ``DeadlineChunkPolicy`` checks for a cut row by row."""
 
 
 class DefaultStagePolicy:
@@ -358,6 +360,10 @@ class DeadlineChunkPolicy:
         self.first_chunk_cover = first_chunk_cover
 
     def chunk_frames(self, table: StreamTable, rows: np.ndarray, now: float) -> np.ndarray:
+        if len(rows) <= _FEW_ROWS and not self.first_chunk_cover and not any(
+                self._may_cut_row(table, row) for row in rows.tolist()):
+            table.early_target[rows] = -1  # nothing to cut: the schedule's targets, as below
+            return table.chunk_target[rows]
         target = table.chunk_target[rows]
         pending = table.pending[rows]
         streaming = table.num_chunks[rows] > 0
@@ -380,6 +386,14 @@ class DeadlineChunkPolicy:
         cut[may_cut] = ~fits
         table.early_target[rows[cut]] = target[cut]
         return np.where(cut, pending, frames)
+
+    @staticmethod
+    def _may_cut_row(table: StreamTable, row: int) -> bool:
+        """``may_cut`` of ``chunk_frames`` for one row, in plain Python (a few rows' check
+        costs a dozen array calls otherwise, at every step of a first packet after DEPTH)."""
+        pending = table.pending[row]
+        return bool(table.num_chunks[row] > 0 and 0 < pending < table.chunk_target[row]
+                    and table.phase[row] in (DEPTH, DECODE))
 
     def on_chunks(self, table: StreamTable, rows: np.ndarray, num_frames: np.ndarray,
                   now: float) -> None:
