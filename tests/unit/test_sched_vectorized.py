@@ -34,7 +34,7 @@ from breezert.sched.block_pool import BlockPool
 from breezert.sched.deadline import DeadlinePredictor, StageTimeModel
 from breezert.sched.load import EngineLoad
 from breezert.sched.plan import StepResult
-from breezert.sched.policy import make_policies
+from breezert.sched.policy import DeadlineStagePolicy, DefaultStagePolicy, make_policies
 from breezert.sched.scheduler import Scheduler
 from breezert.sched.streams import StreamTable
 
@@ -314,6 +314,33 @@ def test_readiness_row_by_row_equals_the_array_version(scenario: Scenario) -> No
             assert got.dtype == want.dtype and np.array_equal(got, want), step
         steps_with_pairs += len(slots) > 0
     assert steps_with_pairs > 250
+
+
+@pytest.mark.parametrize("scenario", [s for s in SCENARIOS if s.streams <= 64],
+                         ids=lambda s: s.name)
+def test_ranking_pair_by_pair_equals_the_array_version(scenario: Scenario) -> None:
+    """Before every step, the stage policy's few-pairs ranking (``_rank_pairs``, here asked at
+    any number of ready pairs) gives the array version's order, classes and first keys."""
+    driver = _Driver(scenario)
+    sched, table = driver.sched, driver.sched._table
+    policy = sched.stage_policy
+    assert isinstance(policy, DefaultStagePolicy if not scenario.predictor
+                      else DeadlineStagePolicy)
+    steps_ranked = 0
+    for step in range(300):
+        driver.step(step)
+        kept = table.ready_since.copy(), table.early_target.copy()
+        slots, stages, _ = sched._ready_arrays(driver.now)
+        if len(slots) > 1:
+            by_pairs = policy._rank_pairs(table, slots, stages, driver.now)
+            by_arrays = policy._rank_arrays(table, slots, stages, driver.now)
+            assert by_pairs is not None, step
+            for name in ("slots", "stages", "cls", "k1"):
+                got, want = getattr(by_pairs, name), getattr(by_arrays, name)
+                assert got.dtype == want.dtype and np.array_equal(got, want), (step, name)
+            steps_ranked += 1
+        table.ready_since[:], table.early_target[:] = kept
+    assert steps_ranked >= 10  # c=1: the CODEC step beside DECODE, a few times a request
 
 
 def main() -> None:

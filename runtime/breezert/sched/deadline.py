@@ -281,6 +281,41 @@ class DeadlinePredictor:
     def _feedback_used(self, table: StreamTable, rows: np.ndarray, now: float) -> np.ndarray:
         return table.has_report[rows] & (now - table.report_at[rows] <= self.feedback_stale_s)
 
+    # ------------------------------------------------------------------ one row, no numpy
+    def buffered_and_slack(self, table: StreamTable, row: int, now: float) -> tuple[float, float]:
+        """``buffered`` and ``slacks`` of one row in plain floats, the same operations in the
+        same order (a policy ranking a few pairs: tests/unit/test_sched_vectorized.py holds
+        them equal to the array versions)."""
+        streaming = table.num_chunks[row] > 0
+        buffered = 0.0
+        if streaming:
+            if table.has_report[row] and now - table.report_at[row] <= self.feedback_stale_s:
+                dry = float(table.report_at[row] + table.report_buffered[row]
+                            + table.frames_since[row] * FRAME_S)
+            else:
+                dry = float(table.first_chunk_time[row] + table.decoded[row] * FRAME_S)
+            buffered = max(0.0, dry - now)
+            available = now + buffered - now
+        else:
+            available = float(table.enqueue_time[row] + self.ttfb_target_s) - now
+        full = available - self._work_row(table, row, int(table.chunk_target[row]))
+        if full >= self.min_slack_s or not streaming:
+            return buffered, full
+        return buffered, available - self._work_row(table, row, int(table.pending[row]) + 1)
+
+    def _work_row(self, table: StreamTable, row: int, num_frames: int) -> float:
+        """``work`` of one row."""
+        model = self.time_model
+        codec = model.predict(Stage.CODEC)
+        missing = num_frames - int(table.pending[row])
+        phase = int(table.phase[row])
+        active = phase >= QUEUED
+        if not (missing > 0 and active):
+            return codec
+        return (codec + (model.predict(Stage.TEXT_ENCODE) if phase <= TEXT_ENCODE else 0.0)
+                + (model.predict(Stage.PREFILL) if phase <= PREFILL else 0.0)
+                + missing * self.frame_time_s())
+
     # ------------------------------------------------------------------ one request
     def buffered_s(self, request: Request, now: float) -> float:
         return float(self.buffered(*_one(request), now)[0])

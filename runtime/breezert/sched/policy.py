@@ -111,6 +111,10 @@ _CODEC = STAGE_CODE[Stage.CODEC]
 _DEPTH = STAGE_CODE[Stage.DEPTH]
 _GENERATE = (STAGE_CODE[Stage.DECODE], _DEPTH)
 _PREP_MAX = STAGE_CODE[Stage.PREFILL]  # TEXT_ENCODE and PREFILL codes are 0 and 1
+_FEW_PAIRS = 8
+"""Up to this many ready pairs, the stage policies rank them pair by pair."""
+_FEW_ROWS = 4
+"""Up to this many rows, ``DeadlineChunkPolicy`` checks for a cut row by row."""
 
 
 class DefaultStagePolicy:
@@ -133,6 +137,36 @@ class DefaultStagePolicy:
 
     def rank(self, table: StreamTable, slots: np.ndarray, stages: np.ndarray,
              now: float) -> Ranked:
+        if len(slots) <= _FEW_PAIRS:
+            return self._rank_pairs(table, slots, stages, now)
+        return self._rank_arrays(table, slots, stages, now)
+
+    def _rank_pairs(self, table: StreamTable, slots: np.ndarray, stages: np.ndarray,
+                    now: float) -> Ranked:
+        """``rank`` pair by pair, for a few pairs: the same keys and order as
+        ``_rank_arrays``, whose ~30 numpy calls cost several times this at the one or two
+        streams of a first packet (tests/unit/test_sched_vectorized.py holds the two equal)."""
+        keyed = []
+        limit = self.starvation_limit_s
+        for slot, stage in zip(slots.tolist(), stages.tolist(), strict=True):
+            closeness = float(_CLOSENESS[stage])
+            if table.num_chunks[slot] == 0:  # startup
+                key = (1.0, -float(table.priority[slot]), float(table.enqueue_time[slot]),
+                       closeness)
+            elif now - (last := float(table.last_chunk_time[slot])) > limit:  # starving
+                key = (0.0, last, closeness, 0.0)
+            else:
+                key = (2.0, float(table.ready_since[stage, slot]), closeness, 0.0)
+            keyed.append((*key, int(table.seq[slot]), slot, stage))
+        keyed.sort()
+        return Ranked(np.array([k[5] for k in keyed], np.int64),
+                      np.array([k[6] for k in keyed], np.int64),
+                      np.array([k[0] for k in keyed], np.float64),
+                      np.array([k[1] for k in keyed], np.float64))
+
+    def _rank_arrays(self, table: StreamTable, slots: np.ndarray, stages: np.ndarray,
+                     now: float) -> Ranked:
+        """``rank`` as array operations over the pairs."""
         closeness = _CLOSENESS[stages]
         last = table.last_chunk_time[slots]
         startup = table.num_chunks[slots] == 0
@@ -175,6 +209,49 @@ class DeadlineStagePolicy:
 
     def rank(self, table: StreamTable, slots: np.ndarray, stages: np.ndarray,
              now: float) -> Ranked:
+        if len(slots) <= _FEW_PAIRS:
+            ranked = self._rank_pairs(table, slots, stages, now)
+            if ranked is not None:
+                return ranked
+        return self._rank_arrays(table, slots, stages, now)
+
+    def _rank_pairs(self, table: StreamTable, slots: np.ndarray, stages: np.ndarray,
+                    now: float) -> Ranked | None:
+        """``rank`` pair by pair (``DeadlinePredictor.buffered_and_slack``), for a few pairs:
+        the same keys and order as ``_rank_arrays`` (tests/unit/test_sched_vectorized.py holds
+        them equal); ``None`` when a key is NaN (the arrays' sort places it, not this one)."""
+        p = self.predictor
+        keyed = []
+        for slot, stage in zip(slots.tolist(), stages.tolist(), strict=True):
+            closeness = float(_CLOSENESS[stage])
+            streaming = bool(table.num_chunks[slot] > 0)
+            buffered, slack = p.buffered_and_slack(table, slot, now)
+            lookahead = (streaming and stage <= _PREP_MAX
+                         and int(table.phase[slot]) in (DEPTH, DECODE))
+            urgent = not lookahead and slack < p.min_slack_s
+            if not p.overdue_startup_urgent:
+                urgent = urgent and streaming
+            if urgent:
+                key = (0.0, slack, closeness, 0.0)
+            elif not streaming:  # startup
+                key = (1.0, -float(table.priority[slot]),
+                       float(table.enqueue_time[slot] + p.ttfb_target_s), closeness)
+            else:
+                key = (3.0 if buffered > p.max_lead_s and not lookahead else 2.0,
+                       float(table.ready_since[stage, slot]), 0.0 if lookahead else slack,
+                       closeness)
+            if any(math.isnan(k) for k in key):
+                return None
+            keyed.append((*key, int(table.seq[slot]), slot, stage))
+        keyed.sort()
+        return Ranked(np.array([k[5] for k in keyed], np.int64),
+                      np.array([k[6] for k in keyed], np.int64),
+                      np.array([k[0] for k in keyed], np.float64),
+                      np.array([k[1] for k in keyed], np.float64))
+
+    def _rank_arrays(self, table: StreamTable, slots: np.ndarray, stages: np.ndarray,
+                     now: float) -> Ranked:
+        """``rank`` as array operations over the pairs."""
         p = self.predictor
         closeness = _CLOSENESS[stages]
         streaming = table.num_chunks[slots] > 0
@@ -283,6 +360,10 @@ class DeadlineChunkPolicy:
         self.first_chunk_cover = first_chunk_cover
 
     def chunk_frames(self, table: StreamTable, rows: np.ndarray, now: float) -> np.ndarray:
+        if len(rows) <= _FEW_ROWS and not self.first_chunk_cover and not any(
+                self._may_cut_row(table, row) for row in rows.tolist()):
+            table.early_target[rows] = -1  # nothing to cut: the schedule's targets, as below
+            return table.chunk_target[rows]
         target = table.chunk_target[rows]
         pending = table.pending[rows]
         streaming = table.num_chunks[rows] > 0
@@ -305,6 +386,14 @@ class DeadlineChunkPolicy:
         cut[may_cut] = ~fits
         table.early_target[rows[cut]] = target[cut]
         return np.where(cut, pending, frames)
+
+    @staticmethod
+    def _may_cut_row(table: StreamTable, row: int) -> bool:
+        """``may_cut`` of ``chunk_frames`` for one row, in plain Python (a few rows' check
+        costs a dozen array calls otherwise, at every step of a first packet after DEPTH)."""
+        pending = table.pending[row]
+        return bool(table.num_chunks[row] > 0 and 0 < pending < table.chunk_target[row]
+                    and table.phase[row] in (DEPTH, DECODE))
 
     def on_chunks(self, table: StreamTable, rows: np.ndarray, num_frames: np.ndarray,
                   now: float) -> None:

@@ -408,13 +408,22 @@ class Scheduler:
             rows, frames = chunks
             table.record_chunks(rows, frames, [request.current_chunk_target for request
                                                in table.request_list(rows)], now)
-        if advanced:
+        if len(advanced) > _FEW_ROWS:
             rows = np.array(advanced, np.int64)
             if plan.stage is Stage.DEPTH:  # one more frame each, DECODE next
                 table.pending[rows] += 1
                 table.phase[rows] = DECODE
             else:
                 table.phase[rows] = DEPTH
+        elif advanced:  # a few rows (one item each): scalar writes, not three array calls
+            phase, pending = table.phase, table.pending
+            if plan.stage is Stage.DEPTH:
+                for slot in advanced:
+                    pending[slot] += 1
+                    phase[slot] = DECODE
+            else:
+                for slot in advanced:
+                    phase[slot] = DEPTH
         # requests with nothing left to generate or decode may finish now (their input closed):
         # after CODEC any of the plan's, after DEPTH those whose segment just ended; after the
         # other stages every item's request still has its active segment
@@ -794,7 +803,12 @@ class Scheduler:
 
     def _mark_served(self, stage: Stage, items: Sequence[StageItem], now: float) -> None:
         slots = [item.slot for item in items]
-        self._table.ready_since[STAGE_CODE[stage], slots] = -1
+        since = self._table.ready_since[STAGE_CODE[stage]]
+        if len(slots) > _FEW_ROWS:
+            since[slots] = -1
+        else:
+            for slot in slots:
+                since[slot] = -1
         requests = self._table.requests
         for slot in slots:
             request = requests[slot]

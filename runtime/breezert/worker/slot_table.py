@@ -82,7 +82,7 @@ class SlotTable:
         self._params: list[SlotParams | None] = [None] * max_slots
         """Host: the request holding each slot (None: free)."""
         self._segments: dict[tuple[int, int], PendingSegment] = {}  # (slot, segment index)
-        self._write(list(range(rows)), [_DEFAULT] * rows)
+        self._write(list(range(rows)), [_DEFAULT] * rows, reset=True)
 
     # ------------------------------------------------------------ host side (rare writes)
     def admit(self, slots: Sequence[int], params: Sequence[SlotParams]) -> dict[str, str]:
@@ -96,8 +96,8 @@ class SlotTable:
                 continue
             self._params[slot] = p
             admitted.append((slot, p))
-        if admitted:
-            self._write([slot for slot, _ in admitted], [p for _, p in admitted])
+        if admitted:  # a free row is at the defaults (init, release): only the settings
+            self._write([slot for slot, _ in admitted], [p for _, p in admitted], reset=False)
         return refused
 
     def release_request(self, request_id: str) -> list[int]:
@@ -110,7 +110,7 @@ class SlotTable:
         for key in [key for key in self._segments if key[0] in slots]:
             del self._segments[key]
         if slots:
-            self._write(slots, [_DEFAULT] * len(slots))
+            self._write(slots, [_DEFAULT] * len(slots), reset=True)
         return slots
 
     def params(self, slot: int, request_id: str) -> SlotParams:
@@ -130,19 +130,23 @@ class SlotTable:
         """Slots held by a request."""
         return sum(p is not None for p in self._params)
 
-    def _write(self, slots: list[int], params: list[SlotParams]) -> None:
-        index = _upload(slots, self.device, torch.long)
-        dev = self.device
-
-        def put(table: torch.Tensor, values: list, dtype: torch.dtype) -> None:
-            table.index_copy_(0, index, _upload(values, dev, dtype))
-
-        put(self.sampling, [sampling_row(p.sampling) for p in params], torch.float32)
-        put(self.seeds, [p.seed for p in params], torch.long)
-        put(self.cfg_scale, [p.cfg_scale for p in params], torch.float32)
-        put(self.has_cfg, [p.has_cfg for p in params], torch.bool)
-        put(self.penalty, [p.sampling.repetition_penalty for p in params], torch.float32)
-        put(self.no_eos, [p.ignore_eos for p in params], torch.bool)
+    def _write(self, slots: list[int], params: list[SlotParams], *, reset: bool) -> None:
+        """The rows' settings, in three uploads (the slots with the seeds, the float settings,
+        the switches); with ``reset``, their per-segment state back to the defaults too."""
+        n, dev = len(slots), self.device
+        ids = _upload([*slots, *(p.seed for p in params)], dev, torch.long)
+        index, seeds = ids[:n], ids[n:]
+        floats = _upload([[*sampling_row(p.sampling), p.cfg_scale, p.sampling.repetition_penalty]
+                          for p in params], dev, torch.float32)
+        switches = _upload([[p.has_cfg, p.ignore_eos] for p in params], dev, torch.bool)
+        self.sampling.index_copy_(0, index, floats[:, :6])
+        self.cfg_scale.index_copy_(0, index, floats[:, 6])
+        self.penalty.index_copy_(0, index, floats[:, 7])
+        self.seeds.index_copy_(0, index, seeds)
+        self.has_cfg.index_copy_(0, index, switches[:, 0])
+        self.no_eos.index_copy_(0, index, switches[:, 1])
+        if not reset:
+            return
         for table in (self.frame_count, self.seen, self.hidden, self.last_frame, self.ring):
             table.index_fill_(0, index, 0)
         self.next_codec_frame[slots] = 0
