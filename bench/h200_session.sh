@@ -371,10 +371,14 @@ case "$phase" in
       --out "$out/h200-stage-timing-big.json" 2>&1 | grep -v Warn | tail -12 ;;
   census-256)  # issue 31: the kernel census (torch.profiler, eager) of one CODEC step of 256
     # streams x 1 frame and one DEPTH frame of 256 requests with the profile's fused kernels:
-    # which kernels hold the codec's 0.11-0.2 ms a frame at capacity
+    # which kernels hold the codec's 0.11-0.2 ms a frame at capacity; then the same at 1 stream
     timeout 300 python3 bench/profile_stages.py --preset full --batch 256 --codec-frames 1 \
       --fused --fused-decode --fused-codec --top 30 2>&1 | grep -v Warn \
-      | tee "$out/h200-census-256.txt" | tail -40 ;;
+      | tee "$out/h200-census-256.txt" | tail -40
+    # and one stream's one-frame CODEC step (the first packet's 2.7-2.9 ms)
+    timeout 200 python3 bench/profile_stages.py --preset full --batch 1 --codec-frames 1 \
+      --fused --fused-decode --fused-codec --top 40 2>&1 | grep -v Warn \
+      > "$out/h200-census-1.txt" || true ;;
   margin)  # issue 31: admission at the capacity profile's headroom with a larger safety factor on
     # every predicted step (scheduler.predictor_time_margin, MARGINS, default 1.3 and 1.4) at
     # c=128 and 40 / 60 req/s, one bench process
