@@ -358,7 +358,7 @@ case "$phase" in
     # prefetch_kb / prefetch_lanes) against the default tiles, 1-16 requests and 64, then the
     # prefetch's GPU bit-identity test
     timeout 400 python3 bench/depth_frame.py --batches 1,16,64 \
-      --variants "${PREFETCH_VARIANTS:-prefetch64,prefetch256,prefetch1024,prefetch256x1,prefetch256x32}" \
+      --variants "${PREFETCH_VARIANTS:-prefetch64,prefetch256,prefetch1024}" \
       --variant-batches 1,2,8,16 --no-loop --out "$out/h200-depth-prefetch.json" 2>&1 \
       | grep -v Warn | tail -30
     timeout 150 python3 -m pytest tests/gpu/test_gpu_frame_kernels.py -k prefetch -x -q \
