@@ -122,7 +122,7 @@ case "$phase" in
     timeout 150 python3 -m pytest tests/gpu/test_gpu_fused_depth.py tests/gpu/test_gpu_fused_decode.py \
       -q -p no:cacheprovider 2>&1 | tee "$out/gpu_tests_fused.log" | tail -4 || true
     timeout 420 python3 bench/tune_fused_depth.py --rows "${TUNE_ROWS:-16,32,64,128}" --budget-s 90 \
-      --check-rows 1,16,32,64,128 --out "$out/h200-tune-fused-depth.json" 2>&1 \
+      --check-rows "${CHECK_ROWS:-1,16,32,64,128}" --out "$out/h200-tune-fused-depth.json" 2>&1 \
       | grep -v Warn | tail -30 ;;
   profile) # kernel census of one depth frame and one decode step, uncompiled and compiled
     timeout 540 python3 bench/profile_stages.py --batch 16 2>&1 | tee "$out/profile.log" | tail -40
