@@ -258,6 +258,19 @@ def test_serving_codec_precisions(decoder: CodecDecoder, precision: str,
         StreamingCodec.for_serving(decoder, 2, "fp8")
 
 
+def test_fp16_refuses_a_codec_that_overflows_it(decoder: CodecDecoder) -> None:
+    """Codebook sums past fp16's 65504 (bf16 has fp32's range) are refused at load, naming the
+    tensor, rather than decoding inf."""
+    big = copy.deepcopy(decoder)
+    book = big.quantizer.rvq_rest.vq.layers[0]._codebook
+    with torch.no_grad():
+        book.embedding_sum.mul_(1e5)
+        book.cluster_usage.mul_(1e5)  # the same embedding
+    StreamingCodec.for_serving(big, 1, "bf16")
+    with pytest.raises(ValueError, match="embedding_sum.*overflow torch.float16"):
+        StreamingCodec.for_serving(big, 1, "fp16")
+
+
 def _snr_db(ref: torch.Tensor, x: torch.Tensor) -> float:
     noise = (x.double() - ref.double()).pow(2).sum().clamp_min(1e-300)
     return float(10 * torch.log10(ref.double().pow(2).sum() / noise))

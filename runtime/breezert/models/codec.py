@@ -724,13 +724,19 @@ class StreamingCodec:
                     fast: bool = True) -> StreamingCodec:
         """The serving codec at ``precision`` (one of ``CODEC_PRECISIONS``); ``bf16`` and
         ``fp16`` work on a copy of ``decoder`` in that dtype (the original stays fp32 for the
-        reference paths)."""
+        reference paths). Raises ValueError when a weight or buffer (a codebook's
+        ``embedding_sum``, say) does not fit the 16-bit dtype: fp16 stops at 65504."""
         if precision not in CODEC_PRECISIONS:
             raise ValueError(f"codec precision must be one of {CODEC_PRECISIONS}, got "
                              f"{precision!r}")
         device = decoder.pre_conv.conv.weight.device
         if precision in HALF_PRECISION_DTYPES:
             decoder = copy.deepcopy(decoder).to(HALF_PRECISION_DTYPES[precision])
+            bad = [name for name, t in decoder.state_dict().items() if not t.isfinite().all()]
+            if bad:  # once, at load: the copy of a finite fp32 codec overflowed
+                raise ValueError(f"codec precision {precision!r}: {bad[0]} (and {len(bad) - 1} "
+                                 f"more) overflow {HALF_PRECISION_DTYPES[precision]}; serve "
+                                 f"this codec at tf32 or bf16")
         tf32 = None if device.type != "cuda" else precision == "tf32"
         return cls(decoder, max_slots, device=device, fast=fast, tf32=tf32)
 
