@@ -4,7 +4,7 @@ Usage (GPU machine, repo root): ``PYTHONPATH=runtime python bench/codec_precisio
 
 For each precision (``fp32``: the process's default math flags, which the engine runs today;
 ``fp32-strict``: TF32 off for cuDNN convolutions and matmuls; ``tf32``: TF32 on for both;
-``bf16``: the decoder and its streaming state in bfloat16) it
+``bf16`` / ``fp16``: the decoder and its streaming state in bfloat16 / float16) it
   1. streams the same random codes through the full-size random codec for 4 streams with
      chunks 1, 2, 4, 8, 16, 16, ... and reports the SNR against a strict-fp32 one-shot decode,
      plus the difference between that streamed waveform and the same precision's one-shot
@@ -24,11 +24,12 @@ import json
 
 import torch
 
-from breezert.models.codec import StreamingCodec, tf32_math
+from breezert.models.codec import HALF_PRECISION_DTYPES, StreamingCodec, tf32_math
 from breezert.random_init import build_random
 from breezert_bench.provenance import provenance
 
-PRECISIONS = ("fp32", "fp32-strict", "tf32", "bf16", "tf32-fast", "bf16-fast")
+PRECISIONS = ("fp32", "fp32-strict", "tf32", "bf16", "fp16", "tf32-fast", "bf16-fast",
+              "fp16-fast")
 """``-fast``: the serving kernels (``graph.fused_codec``: SnakeBeta fused with each conv's
 history, codebook tables, the widest upsampler as a GEMM)."""
 SHAPES = ((1, 1), (16, 1), (64, 1), (16, 4), (64, 4), (16, 16), (32, 16))
@@ -43,7 +44,7 @@ def math_flags(precision: str) -> contextlib.AbstractContextManager[None]:
 def make_codec(base: torch.nn.Module, precision: str, slots: int) -> StreamingCodec:
     if precision.endswith("-fast"):
         return StreamingCodec.for_serving(base, slots, precision.removesuffix("-fast"), fast=True)
-    dtype = torch.bfloat16 if precision == "bf16" else torch.float32
+    dtype = HALF_PRECISION_DTYPES.get(precision, torch.float32)
     decoder = copy.deepcopy(base).to(dtype) if dtype != torch.float32 else base
     return StreamingCodec(decoder, slots, device="cuda", dtype=dtype)
 

@@ -61,11 +61,12 @@ class ModelConfig(_Frozen):
     """``auto``: cuda when available, else cpu."""
     seed: int = Field(default=0, ge=0)
     """Seed of the random weight init (only used when ``path`` is ``None``)."""
-    codec_precision: Literal["fp32", "tf32", "bf16"] = "tf32"
+    codec_precision: Literal["fp32", "tf32", "bf16", "fp16"] = "tf32"
     """Serving codec math on CUDA: ``tf32`` (fp32 storage, TF32 tensor cores for its convolutions
-    and matmuls), ``fp32`` (TF32 off), ``bf16`` (a bf16 copy of the codec: faster, less exact;
-    each one's SNR is in bench/README.md). The golden and reference paths stay fp32; on CPU
-    every choice but ``bf16`` is plain fp32."""
+    and matmuls), ``fp32`` (TF32 off), ``bf16`` (a bf16 copy of the codec: faster, less exact),
+    ``fp16`` (a float16 copy: bf16's tensor-core rate, 10 mantissa bits, range to 65504; each
+    one's SNR is in bench/README.md). The golden and reference paths stay fp32; on CPU every
+    choice but ``bf16`` and ``fp16`` is plain fp32."""
     tokenizer: str | None = None
     """``tokenizer.json`` for random weights (``path`` unset); ``None``: the built-in byte-level
     tokenizer, which spends one token per character (prompts about 4x longer than Gemma's)."""

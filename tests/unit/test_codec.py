@@ -244,14 +244,84 @@ def test_fast_path_matches_the_reference_with_the_gemm_upsampler(
     torch.testing.assert_close(wav, full_wav, atol=ATOL, rtol=0)
 
 
-def test_serving_codec_precisions(decoder: CodecDecoder) -> None:
-    bf16 = StreamingCodec.for_serving(decoder, 2, "bf16")
-    assert bf16.state.conv.dtype == torch.bfloat16 and bf16.decoder is not decoder
+@pytest.mark.parametrize(("precision", "dtype"), [("bf16", torch.bfloat16),
+                                                  ("fp16", torch.float16)])
+def test_serving_codec_precisions(decoder: CodecDecoder, precision: str,
+                                  dtype: torch.dtype) -> None:
+    half = StreamingCodec.for_serving(decoder, 2, precision)
+    assert half.state.conv.dtype == half.state.kv.dtype == dtype and half.decoder is not decoder
+    assert half.decoder.pre_conv.conv.weight.dtype == dtype
     assert decoder.pre_conv.conv.weight.dtype == torch.float32  # the reference stays fp32
     fp32 = StreamingCodec.for_serving(decoder, 2, "tf32", fast=False)
     assert fp32.decoder is decoder and fp32.tf32 is None  # CPU: no TF32 to switch
     with pytest.raises(ValueError, match="codec precision"):
         StreamingCodec.for_serving(decoder, 2, "fp8")
+
+
+def test_fp16_refuses_a_codec_that_overflows_it(decoder: CodecDecoder) -> None:
+    """Codebook sums past fp16's 65504 (bf16 has fp32's range) are refused at load, naming the
+    tensor, rather than decoding inf."""
+    big = copy.deepcopy(decoder)
+    book = big.quantizer.rvq_rest.vq.layers[0]._codebook
+    with torch.no_grad():
+        book.embedding_sum.mul_(1e5)
+        book.cluster_usage.mul_(1e5)  # the same embedding
+    StreamingCodec.for_serving(big, 1, "bf16")
+    with pytest.raises(ValueError, match="embedding_sum.*overflow torch.float16"):
+        StreamingCodec.for_serving(big, 1, "fp16")
+
+
+def _snr_db(ref: torch.Tensor, x: torch.Tensor) -> float:
+    noise = (x.double() - ref.double()).pow(2).sum().clamp_min(1e-300)
+    return float(10 * torch.log10(ref.double().pow(2).sum() / noise))
+
+
+@pytest.fixture(scope="module")
+def half_precision_wavs(decoder: CodecDecoder, codes: torch.Tensor,
+                        full_wav: torch.Tensor) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+    """Per 16-bit precision, the serving codec's (one-shot, streamed in chunks 1, 2, 4, 8, 16,
+    16, ...) waveforms of the first 40 frames of every row, as fp32."""
+    frames, slots = 40, torch.arange(codes.shape[0])
+    out = {}
+    for precision in ("bf16", "fp16"):
+        sc = StreamingCodec.for_serving(decoder, codes.shape[0], precision)
+        one_shot = sc.decode(slots, codes[:, :frames]).float()
+        sc.reset(slots)
+        pieces, start = [], 0
+        for size in _schedule("ramp", frames):
+            pieces.append(sc.decode(slots, codes[:, start:start + size]).float())
+            start += size
+        out[precision] = one_shot, torch.cat(pieces, dim=1)
+    return out
+
+
+@pytest.mark.parametrize("precision", ["bf16", "fp16"])
+def test_half_precision_streams_its_one_shot_waveform(
+    half_precision_wavs: dict[str, tuple[torch.Tensor, torch.Tensor]],
+    full_wav: torch.Tensor, precision: str,
+) -> None:
+    """Chunking changes a 16-bit codec's waveform only by summation order, far below that
+    precision's own error: its streamed audio is its one-shot audio up to rounding. (Not bit
+    for bit in fp16 on CPU: the attention kernel's fp32 sums follow where the valid keys sit
+    in the key blocks, and fp16 keeps enough bits for that to show.)"""
+    one_shot, streamed = half_precision_wavs[precision]
+    own_error = _snr_db(full_wav[:, : one_shot.shape[1]], one_shot)
+    chunking = _snr_db(one_shot, streamed)
+    print(f"\n{precision}: one-shot {own_error:.1f} dB against fp32, streamed "
+          f"{chunking:.1f} dB against its one-shot")
+    assert torch.isfinite(streamed).all()
+    assert chunking >= own_error + 6.0
+
+
+def test_fp16_codec_is_at_least_as_close_to_fp32_as_bf16(
+    half_precision_wavs: dict[str, tuple[torch.Tensor, torch.Tensor]], full_wav: torch.Tensor,
+) -> None:
+    """fp16 is offered for TF32-like precision at bf16's rate: on the same codes its streamed
+    waveform must be at least as close to the fp32 decode as bf16's."""
+    ref = full_wav[:, : half_precision_wavs["fp16"][1].shape[1]]
+    snr = {p: _snr_db(ref, wavs[1]) for p, wavs in half_precision_wavs.items()}
+    print(f"\nstreamed SNR against fp32: fp16 {snr['fp16']:.1f} dB, bf16 {snr['bf16']:.1f} dB")
+    assert snr["fp16"] >= snr["bf16"]
 
 
 def test_serving_shortcuts_give_the_same_bits(decoder: CodecDecoder, codes: torch.Tensor) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import get_args
 
 import pytest
 from breezert.config import (
@@ -15,6 +16,7 @@ from breezert.config import (
     apply_env_overrides,
 )
 from breezert.errors import InvalidConfig
+from breezert.models.codec import CODEC_PRECISIONS
 from breezert.profiles import EMBEDDED_PROFILE, profile_path
 from pydantic import ValidationError
 
@@ -82,6 +84,7 @@ def test_unknown_keys_are_rejected_with_their_path(tmp_path: Path) -> None:
         ("[scheduler]\nmax_decode_rows = 1", "scheduler.max_decode_rows"),
         ("[model]\ndevice = \"tpu\"", "model.device"),
         ("[model]\npreset = \"huge\"", "model.preset"),
+        ("[model]\ncodec_precision = \"fp8\"", "model.codec_precision"),
         ("[cache]\nblock_size = 0", "cache.block_size"),
         ("[graph]\ndecode_batch_buckets = [4, 2]", "decode_batch_buckets"),
         ("[serving]\nport = 70000", "serving.port"),
@@ -103,6 +106,14 @@ def test_invalid_values_name_the_field(tmp_path: Path, toml: str, field: str) ->
         EngineConfig.from_file(write(tmp_path, toml + "\n"))
     assert isinstance(excinfo.value, ValueError)
     assert "cfg.toml" in str(excinfo.value)
+
+
+def test_codec_precision_accepts_every_serving_precision(tmp_path: Path) -> None:
+    """The config's choices are the codec's (``CODEC_PRECISIONS``), each one loads from TOML."""
+    assert get_args(ModelConfig.model_fields["codec_precision"].annotation) == CODEC_PRECISIONS
+    for precision in CODEC_PRECISIONS:
+        path = write(tmp_path, f'[model]\ncodec_precision = "{precision}"\n')
+        assert EngineConfig.from_file(path).model.codec_precision == precision
 
 
 def test_invalid_toml_is_reported(tmp_path: Path) -> None:

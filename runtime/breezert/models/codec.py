@@ -664,9 +664,14 @@ class CodecDecoder(nn.Module):
         return wav
 
 
-CODEC_PRECISIONS = ("fp32", "tf32", "bf16")
+CODEC_PRECISIONS = ("fp32", "tf32", "bf16", "fp16")
 """Serving precisions: ``fp32`` (TF32 off for the codec's convolutions and matmuls), ``tf32``
-(fp32 storage, TF32 tensor-core math), ``bf16`` (weights, activations and stream state)."""
+(fp32 storage, TF32 tensor-core math), ``bf16`` and ``fp16`` (weights, activations and stream
+state in bfloat16 / float16: bf16's rate on tensor cores; fp16 keeps 10 mantissa bits, as TF32
+does, but overflows past 65504)."""
+
+HALF_PRECISION_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+"""The precisions that serve a copy of the decoder in a 16-bit dtype, and that dtype."""
 
 
 @contextlib.contextmanager
@@ -717,14 +722,21 @@ class StreamingCodec:
     @classmethod
     def for_serving(cls, decoder: CodecDecoder, max_slots: int, precision: str = "tf32",
                     fast: bool = True) -> StreamingCodec:
-        """The serving codec at ``precision`` (one of ``CODEC_PRECISIONS``); ``bf16`` works
-        on a bf16 copy of ``decoder`` (the original stays fp32 for the reference paths)."""
+        """The serving codec at ``precision`` (one of ``CODEC_PRECISIONS``); ``bf16`` and
+        ``fp16`` work on a copy of ``decoder`` in that dtype (the original stays fp32 for the
+        reference paths). Raises ValueError when a weight or buffer (a codebook's
+        ``embedding_sum``, say) does not fit the 16-bit dtype: fp16 stops at 65504."""
         if precision not in CODEC_PRECISIONS:
             raise ValueError(f"codec precision must be one of {CODEC_PRECISIONS}, got "
                              f"{precision!r}")
         device = decoder.pre_conv.conv.weight.device
-        if precision == "bf16":
-            decoder = copy.deepcopy(decoder).to(torch.bfloat16)
+        if precision in HALF_PRECISION_DTYPES:
+            decoder = copy.deepcopy(decoder).to(HALF_PRECISION_DTYPES[precision])
+            bad = [name for name, t in decoder.state_dict().items() if not t.isfinite().all()]
+            if bad:  # once, at load: the copy of a finite fp32 codec overflowed
+                raise ValueError(f"codec precision {precision!r}: {bad[0]} (and {len(bad) - 1} "
+                                 f"more) overflow {HALF_PRECISION_DTYPES[precision]}; serve "
+                                 f"this codec at tf32 or bf16")
         tf32 = None if device.type != "cuda" else precision == "tf32"
         return cls(decoder, max_slots, device=device, fast=fast, tf32=tf32)
 
