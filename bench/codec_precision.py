@@ -32,7 +32,7 @@ PRECISIONS = ("fp32", "fp32-strict", "tf32", "bf16", "fp16", "tf32-fast", "bf16-
               "fp16-fast")
 """``-fast``: the serving kernels (``graph.fused_codec``: SnakeBeta fused with each conv's
 history, codebook tables, the widest upsampler as a GEMM)."""
-SHAPES = ((1, 1), (16, 1), (64, 1), (16, 4), (64, 4), (16, 16), (32, 16))
+SHAPES = ((1, 1), (16, 1), (64, 1), (256, 1), (16, 4), (64, 4), (16, 16), (32, 16))
 GFLOP_PER_FRAME = 5.0
 
 
@@ -128,7 +128,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", required=True)
     parser.add_argument("--frames", type=int, default=64, help="frames per stream for the SNR")
+    parser.add_argument("--precisions", default=",".join(PRECISIONS),
+                        help=f"comma list of {', '.join(PRECISIONS)}")
     args = parser.parse_args()
+    precisions = args.precisions.split(",")
+    if unknown := set(precisions) - set(PRECISIONS):
+        parser.error(f"unknown precisions {sorted(unknown)}; choose from {', '.join(PRECISIONS)}")
     _, _, base = build_random("full", seed=0, device="cuda")
     generator = torch.Generator(device="cpu").manual_seed(1)
     codes = torch.randint(0, 2048, (4, args.frames, 16), generator=generator).cuda()
@@ -137,13 +142,15 @@ def main() -> None:
     strict.reset(slots_all)
     ref = decode(strict, "fp32-strict", slots_all, codes)  # one-shot strict fp32
     results: dict = {"precisions": {}}
-    for precision in PRECISIONS:
+    for precision in precisions:
         try:
             results["precisions"][precision] = measure(base, precision, codes, ref)
         except Exception as exc:  # noqa: BLE001 - report it and go on with the next precision
             print(f"{precision:12s} FAILED: {type(exc).__name__}: {exc}", flush=True)
             results["precisions"][precision] = {"error": f"{type(exc).__name__}: {exc}"}
         torch.cuda.empty_cache()
+        with open(args.out, "w") as f:  # after each precision: a run cut short keeps the rest
+            json.dump(results, f, indent=2)
     results["metadata"] = provenance(**{
         "default_flags": {"cudnn_allow_tf32": torch.backends.cudnn.allow_tf32,
                           "matmul_allow_tf32": torch.backends.cuda.matmul.allow_tf32},

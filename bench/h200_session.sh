@@ -12,7 +12,7 @@
 #        chain P1 P2...  | decode | decode-micro | decode-bench | tune | profile | stages |
 #        ablation-eager | ablation-a|b|c|d[@I/N] | sweep | sweep+ablation | latency |
 #        latency-nocap | predictor | predictor-edf | capacity-closed | capacity-open | capacity-tests | capacity-256 |
-#        burst | slack | voice | te-tokens | admit | path | tune-decode | trace | prefill | prefill-bench | before-after | gc | anatomy | depth-engine | tests-changed | prefetch | big-batch | census-256 | margin |
+#        burst | slack | voice | te-tokens | admit | path | tune-decode | trace | prefill | prefill-bench | before-after | gc | anatomy | depth-engine | tests-changed | prefetch | codec-precision | big-batch | census-256 | margin |
 #        room (issue 34: carry=[".roombundle"] alone, built by `make room-bundle`; see the phase)
 # An ablation phase with @I/N runs shard I of N of its requests (bench --shard).
 # Several GPUs (kind nvidia-h200-x4): "parallel GPU=PHASE[+PHASE...] ..." runs each list on its own
@@ -363,6 +363,14 @@ case "$phase" in
       | grep -v Warn | tail -30
     timeout 150 python3 -m pytest tests/gpu/test_gpu_frame_kernels.py -k prefetch -x -q \
       -p no:cacheprovider 2>&1 | tee "$out/prefetch_tests.log" | tail -5 ;;
+  codec-precision)  # issue 31: the codec's precisions side by side (bench/codec_precision.py:
+    # SNR against strict fp32, streamed against one-shot, step ms at 1-256 streams; fp16 new on
+    # 5 Dec), then the codec's GPU tests (fp16 held to TF32's SNR bound)
+    timeout 420 python3 bench/codec_precision.py --out "$out/h200-codec-precision.json" \
+      --precisions "${PRECISIONS:-tf32,fp16,bf16,tf32-fast,fp16-fast,bf16-fast}" 2>&1 \
+      | grep -v Warn | tail -40
+    timeout 150 python3 -m pytest tests/gpu/test_gpu_codec.py -q -p no:cacheprovider 2>&1 \
+      | tee "$out/codec_tests.log" | tail -5 ;;
   big-batch)  # issue 31: each stage's graphed step at 64 / 128 / 256 requests (BATCHES), the
     # profile's kernels (fused Triton depth layers) against `plain` (the same stages in plain
     # torch: cuBLAS GEMMs for the depth layers), one process (bench/stage_timing.py)
