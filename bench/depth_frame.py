@@ -50,6 +50,8 @@ VARIANTS = {
     "prefetch1024": {"prefetch_kb": 1024},
     "prefetch256x1": {"prefetch_kb": 256, "prefetch_lanes": 1},
     "prefetch256x32": {"prefetch_kb": 256, "prefetch_lanes": 32},
+    "fold": {"fold_attention": True},
+    "fold-prefetch256": {"fold_attention": True, "prefetch_kb": 256},
 }
 
 

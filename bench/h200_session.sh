@@ -355,8 +355,8 @@ case "$phase" in
       --variant 'new64=config;scheduler.max_text_encode_requests=64;scheduler.max_prefill_requests=64' \
       --out "$out/h200-burst.json" 2>&1 | grep '^\[bench' ;;
   prefetch)  # issue 30: the persistent depth frame with its L2 weight prefetch (FrameTiles
-    # prefetch_kb / prefetch_lanes) against the default tiles, 1-16 requests and 64, then the
-    # prefetch's GPU bit-identity test
+    # prefetch_kb / prefetch_lanes) and its attention folded into o_proj (fold_attention)
+    # against the default tiles, 1-16 requests and 64, then their GPU bit-identity test
     timeout 400 python3 bench/depth_frame.py --batches 1,16,64 \
       --variants "${PREFETCH_VARIANTS:-prefetch64,prefetch256,prefetch1024}" \
       --variant-batches 1,2,8,16 --no-loop --out "$out/h200-depth-prefetch.json" 2>&1 \

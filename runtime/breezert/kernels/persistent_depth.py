@@ -23,6 +23,10 @@ per launch without barriers: the tile math is tested there, the barriers on the 
 ``FrameTiles.prefetch_kb`` (off by default) asks L2, at each phase's start, for the weights of
 the next phase that reads weights (``cp.async.bulk.prefetch.L2``), so that DRAM streams through
 the latency-bound phases and barriers; the interpreter logs the ranges instead.
+``FrameTiles.fold_attention`` (off by default) drops the attention phase and its barrier (4
+phases a layer instead of 5): each o_proj work item first attends, for the rows of its row
+block, with the KV heads whose query heads its K range covers (``_attend``, the attention
+phase's own arithmetic), into a scratch private to its program, and reads its A tile there.
 
 Numerics: the bf16 rounding points of the eager modules (``DepthDecoder.run_layers``), with
 other summation orders than cuBLAS (within bf16 tolerance; tests/gpu compare with fp32 math).
@@ -83,6 +87,12 @@ class FrameTiles:
     prefetch_lanes: int = 4
     """Threads that issue a program's prefetch, one instruction each (bulk prefetch operands
     are uniform registers: ptxas loops over the lanes one by one, so few lanes, large sizes)."""
+    fold_attention: bool = False
+    """No attention phase (one grid barrier fewer a layer): an o_proj item computes, before its
+    K loop, the attention output of the heads its K range touches (whole KV-head groups, each
+    as the attention phase computes it: the same bits) for the rows of its row block. Item
+    (split s) covers columns ``[s K/S, (s+1) K/S)`` of ``H * HD``, so heads ``s K/S / HD ..
+    ((s+1) K/S - 1) / HD`` and their KV groups (full size: 2 heads of one group a split)."""
 
 
 # ---------------------------------------------------------------------------------------------
@@ -156,7 +166,7 @@ def _prefetch_next(pid, P, pos, r, layer, kind, proj_ptr, qkv_ptr, o_ptr, gu_ptr
                    head_ptr, log_ptr, D: tl.constexpr, DB: tl.constexpr, I: tl.constexpr,
                    H: tl.constexpr, KVH: tl.constexpr, HD: tl.constexpr, L: tl.constexpr,
                    NCB: tl.constexpr, VP: tl.constexpr, CAP: tl.constexpr,
-                   LANES: tl.constexpr, LOG: tl.constexpr):
+                   LANES: tl.constexpr, LOG: tl.constexpr, PL: tl.constexpr = 5):
     """This program's share of the weights of the next phase that reads weights, asked of L2
     at the start of phase (``pos``, ``r``): projector -> layer 0's q/k/v and o; o_proj -> the
     layer's gate/up; gate/up -> its down; down -> the next layer's q/k/v and o (attention
@@ -164,8 +174,9 @@ def _prefetch_next(pid, P, pos, r, layer, kind, proj_ptr, qkv_ptr, o_ptr, gu_ptr
     head: the projector); head -> the projector (next position). q/k/v, attention and draw
     phases ask nothing (their next weights were asked for one or two phases earlier). The
     ranges are the stacked tensors' exact bytes; ``log_ptr`` (LOG) takes two (address, size)
-    pairs a phase, in order."""
-    PER: tl.constexpr = 1 + 5 * L + 2
+    pairs a phase, in order. ``PL`` phases a layer (4: attention folded into o_proj; ``kind``
+    still numbers o_proj 2), which moves no request: attention asked for nothing."""
+    PER: tl.constexpr = 1 + PL * L + 2
     QKV: tl.constexpr = (H + 2 * KVH) * HD * D  # elements of one layer's packed q/k/v
     O: tl.constexpr = D * H * HD
     GU: tl.constexpr = 2 * I * D
@@ -366,11 +377,29 @@ def _qkv_phase(pid, P, pos, R, h_ptr, nw_ptr, w_ptr, cos_ptr, sin_ptr, q_ptr, ca
 
 
 @triton.jit
+def _attend(q_row, kv, out_row, heads, d, slots, live, scale, c_kv, c_pos, HD: tl.constexpr):
+    """One row's query ``heads`` (a KV head's group, ``[G]``) against cache slots 0..pos
+    (``live``; ``kv``: the row's K cache of that KV head), rounded as flash attention rounds
+    (unnormalised probabilities to bf16 for P @ V, fp32 row sums), to ``out_row``'s columns of
+    those heads in bf16. The attention phase and a folded o_proj item both run it (same
+    shapes, same order): one arithmetic, the same bits."""
+    q = tl.load(q_row + heads[:, None] * HD + d[None, :], cache_modifier=".cg").to(tl.float32)
+    base = kv + slots[:, None] * c_pos + d[None, :]
+    k = tl.load(base, mask=live[:, None], other=0.0, cache_modifier=".cg").to(tl.float32)
+    v = tl.load(base + c_kv, mask=live[:, None], other=0.0, cache_modifier=".cg").to(tl.float32)
+    scores = tl.sum(q[:, None, :] * k[None, :, :], axis=2) * scale  # [G, NP]
+    scores = tl.where(live[None, :], scores, float("-inf"))
+    p = tl.exp(scores - tl.max(scores, axis=1)[:, None])
+    out = tl.sum(bf16(p)[:, :, None] * v[None, :, :], axis=1)  # [G, HD]
+    out = out / tl.sum(p, axis=1)[:, None]
+    tl.store(out_row + heads[:, None] * HD + d[None, :], bf16(out).to(tl.bfloat16))
+
+
+@triton.jit
 def _attention_phase(pid, P, pos, R, q_ptr, cache_ptr, out_ptr, scale, c_kv, c_row, c_head,
                      c_pos, H: tl.constexpr, KVH: tl.constexpr, HD: tl.constexpr,
                      NP: tl.constexpr):
-    """Item (row, KV head): its query heads against cache slots 0..pos, rounded as flash
-    attention rounds (unnormalised probabilities to bf16 for P @ V, fp32 row sums)."""
+    """Item (row, KV head): ``_attend`` of its query heads."""
     G: tl.constexpr = H // KVH
     d = tl.arange(0, HD)
     slots = tl.arange(0, NP)
@@ -378,36 +407,65 @@ def _attention_phase(pid, P, pos, R, q_ptr, cache_ptr, out_ptr, scale, c_kv, c_r
     for item in range(pid, R * KVH, P):
         r = item // KVH
         g = item % KVH
-        heads = g * G + tl.arange(0, G)
-        q = tl.load(q_ptr + r * (H * HD) + heads[:, None] * HD + d[None, :],
-                    cache_modifier=".cg").to(tl.float32)
-        base = cache_ptr + r * c_row + g * c_head + slots[:, None] * c_pos + d[None, :]
-        k = tl.load(base, mask=live[:, None], other=0.0, cache_modifier=".cg").to(tl.float32)
-        v = tl.load(base + c_kv, mask=live[:, None], other=0.0,
-                    cache_modifier=".cg").to(tl.float32)
-        scores = tl.sum(q[:, None, :] * k[None, :, :], axis=2) * scale  # [G, NP]
-        scores = tl.where(live[None, :], scores, float("-inf"))
-        p = tl.exp(scores - tl.max(scores, axis=1)[:, None])
-        out = tl.sum(bf16(p)[:, :, None] * v[None, :, :], axis=1)  # [G, HD]
-        out = out / tl.sum(p, axis=1)[:, None]
-        tl.store(out_ptr + r * (H * HD) + heads[:, None] * HD + d[None, :],
-                 bf16(out).to(tl.bfloat16))
+        _attend(q_ptr + r * (H * HD), cache_ptr + r * c_row + g * c_head,
+                out_ptr + r * (H * HD), g * G + tl.arange(0, G), d, slots, live, scale, c_kv,
+                c_pos, HD)
+
+
+@triton.jit
+def _attend_block(pid, split, rb, pos, R, q_ptr, cache_ptr, out_ptr, scale, c_kv, c_row,
+                  c_head, c_pos, K: tl.constexpr, S: tl.constexpr, H: tl.constexpr,
+                  KVH: tl.constexpr, HD: tl.constexpr, NP: tl.constexpr, BM: tl.constexpr):
+    """A folded o_proj item's prologue: the attention output of K split ``split`` (columns
+    ``[split K/S, (split+1) K/S)`` = heads ``split K/S / HD .. ((split+1) K/S - 1) / HD``,
+    whole or a slice of one) for the rows of row block ``rb``, computed by whole KV-head
+    groups (``_attend``; a partly covered group is computed whole: the bits do not depend on
+    the slice) into this program's scratch ``out_ptr [P, BM, K]`` (row i of the block at row
+    i). Barriers on both sides: the scratch's last reader is done before it is rewritten, and
+    every thread's columns are written before any thread reads them."""
+    G: tl.constexpr = H // KVH
+    KS: tl.constexpr = K // S
+    d = tl.arange(0, HD)
+    slots = tl.arange(0, NP)
+    live = slots <= pos
+    g_first = split * KS // HD // G
+    g_last = ((split + 1) * KS - 1) // HD // G
+    scratch = out_ptr + pid * (BM * K)
+    tl.debug_barrier()
+    for r in range(rb * BM, tl.minimum(rb * BM + BM, R)):
+        for g in range(g_first, g_last + 1):
+            _attend(q_ptr + r * (H * HD), cache_ptr + r * c_row + g * c_head,
+                    scratch + (r - rb * BM) * K, g * G + tl.arange(0, G), d, slots, live,
+                    scale, c_kv, c_pos, HD)
+    tl.debug_barrier()
 
 
 @triton.jit
 def _linear_residual_phase(pid, P, R, a_ptr, w_ptr, h_ptr, ws_ptr, ws_split, cnt_ptr,
                            N: tl.constexpr, K: tl.constexpr, S: tl.constexpr, BM: tl.constexpr,
-                           BN: tl.constexpr, BK: tl.constexpr, F32: tl.constexpr):
-    """``h = bf16(h + bf16(a @ W.T))`` (o_proj, down_proj), split along K."""
+                           BN: tl.constexpr, BK: tl.constexpr, F32: tl.constexpr,
+                           FOLD: tl.constexpr = False, pos=0, q_ptr=None, cache_ptr=None,
+                           scale=1.0, c_kv=0, c_row=0, c_head=0, c_pos=0, H: tl.constexpr = 1,
+                           KVH: tl.constexpr = 1, HD: tl.constexpr = 1, NP: tl.constexpr = 1):
+    """``h = bf16(h + bf16(a @ W.T))`` (o_proj, down_proj), split along K. ``FOLD`` (o_proj
+    only): each item makes its own ``a`` first (``_attend_block`` into its program's scratch
+    ``a_ptr [P, BM, K]``)."""
     n_tiles: tl.constexpr = N // BN
     KS: tl.constexpr = K // S
     n_items = n_tiles * S * tl.cdiv(R, BM)
     for item in range(pid, n_items, P):
         tile, split, rb, rows, rmask, n = _split_item(item, R, n_tiles, S, BM, BN)
+        a_tile = a_ptr
+        a_rows = rows
+        if FOLD:
+            _attend_block(pid, split, rb, pos, R, q_ptr, cache_ptr, a_ptr, scale, c_kv, c_row,
+                          c_head, c_pos, K, S, H, KVH, HD, NP, BM)
+            a_tile = a_ptr + pid * (BM * K)
+            a_rows = tl.arange(0, BM)
         acc = tl.zeros([BM, BN], dtype=tl.float32)
         for k0 in range(0, KS, BK):
             cols = split * KS + k0 + tl.arange(0, BK)
-            a = tl.load(a_ptr + rows[:, None] * K + cols[None, :], mask=rmask[:, None],
+            a = tl.load(a_tile + a_rows[:, None] * K + cols[None, :], mask=rmask[:, None],
                         other=0.0, cache_modifier=".cg")
             w = tl.load(w_ptr + n[:, None] * K + cols[None, :])
             acc += mm(a, tl.trans(w), F32)
@@ -513,23 +571,28 @@ def _frame_kernel(
     BM: tl.constexpr, BLOCK: tl.constexpr, MAX_K: tl.constexpr, CODES: tl.constexpr,
     F32: tl.constexpr, EXACT_LOG: tl.constexpr, BARRIER: tl.constexpr, RK: tl.constexpr,
     PREFETCH: tl.constexpr = 0, PF_LANES: tl.constexpr = 4, PF_LOG: tl.constexpr = False,
+    FOLD: tl.constexpr = False,
 ):
     """Phases ``s_begin .. s_end - 1`` of a frame (all of them in one launch on the GPU, with a
     grid barrier after each; one per launch under the interpreter). Phase s is position
     ``s // PER``; within it 0 = projector, 1 + 5 l + (0..4) = layer l's q/k/v, attention,
-    o_proj, gate/up, down, then head and draw (positions >= 1)."""
+    o_proj, gate/up, down, then head and draw (positions >= 1). ``FOLD``: 4 a layer (q/k/v,
+    o_proj with the attention in its items, gate/up, down); ``kind`` keeps the numbers above."""
     pid = tl.program_id(0)
     P = tl.num_programs(0)
-    PER: tl.constexpr = 1 + 5 * L + 2
+    PL: tl.constexpr = 4 if FOLD else 5
+    PER: tl.constexpr = 1 + PL * L + 2
     for s in range(s_begin, s_end):
         pos = s // PER
         r = s % PER
-        layer = (r - 1) // 5
-        kind = (r - 1) % 5
+        layer = (r - 1) // PL
+        kind = (r - 1) % PL
+        if FOLD:
+            kind += (kind > 0).to(tl.int32)  # no attention phase: 0, 2, 3, 4
         if PREFETCH > 0:  # compiled out when off
             _prefetch_next(pid, P, pos, r, layer, kind, proj_ptr, qkv_ptr, o_ptr, gu_ptr,
                            down_ptr, head_ptr, pf_log_ptr + (s * P + pid) * 4, D, DB, I, H, KVH,
-                           HD, L, NCB, VP, PREFETCH, PF_LANES, PF_LOG)
+                           HD, L, NCB, VP, PREFETCH, PF_LANES, PF_LOG, PL)
         if r == 0:
             _proj_phase(pid, P, pos, R, B, hidden_ptr, codes_ptr, embed_ptr, proj_ptr, h_ptr,
                         ws_ptr, ws_split, cnt_ptr, D, DB, V, NCB, PROJ_S, BM, PROJ_BN, PROJ_BK,
@@ -550,12 +613,16 @@ def _frame_kernel(
                        cnt_ptr, eps, c_kv, c_row, c_head, c_pos, D, H, KVH, HD, QKV_SUB, QKV_S,
                        BM, QKV_BK, F32, RK)
         elif kind == 1:
-            _attention_phase(pid, P, pos, R, q_ptr, cache_ptr + layer.to(tl.int64) * c_layer,
-                             attn_ptr, scale, c_kv, c_row, c_head, c_pos, H, KVH, HD, NCB)
+            if not FOLD:
+                _attention_phase(pid, P, pos, R, q_ptr,
+                                 cache_ptr + layer.to(tl.int64) * c_layer, attn_ptr, scale, c_kv,
+                                 c_row, c_head, c_pos, H, KVH, HD, NCB)
         elif kind == 2:
             _linear_residual_phase(pid, P, R, attn_ptr, o_ptr + layer.to(tl.int64) * (D * H * HD),
                                    h_ptr, ws_ptr, ws_split, cnt_ptr, D, H * HD, O_S, BM, O_BN,
-                                   O_BK, F32)
+                                   O_BK, F32, FOLD, pos, q_ptr,
+                                   cache_ptr + layer.to(tl.int64) * c_layer, scale, c_kv, c_row,
+                                   c_head, c_pos, H, KVH, HD, NCB)
         elif kind == 3:
             _gate_up_phase(pid, P, R, h_ptr, ln2_ptr + layer * D,
                            gu_ptr + layer.to(tl.int64) * (2 * I * D), act_ptr, eps, D, I, BM,
@@ -667,7 +734,10 @@ class PersistentDepthFrame:
         qkv_width = (cfg.num_heads + 2 * cfg.num_kv_heads) * cfg.head_dim
         self.h = torch.empty(rows, d, dtype=bf, device=dev)
         self.q = torch.empty(rows, heads_width, dtype=bf, device=dev)
-        self.attn = torch.empty(rows, heads_width, dtype=bf, device=dev)
+        # the attention output: per row, or (folded) a row block per program, its own scratch
+        attn_rows = ((self.programs, frame_row_block(rows, t.max_bm)) if t.fold_attention
+                     else (rows,))
+        self.attn = torch.empty(*attn_rows, heads_width, dtype=bf, device=dev)
         self.act = torch.empty(rows, cfg.intermediate_size, dtype=bf, device=dev)
         self.cache = torch.zeros(cfg.num_layers, 2, rows, cfg.num_kv_heads, cfg.num_codebooks,
                                  cfg.head_dim, dtype=bf, device=dev)
@@ -694,9 +764,15 @@ class PersistentDepthFrame:
         return self.logits.view(-1)[:size].view(self.cfg.num_codebooks, rows, self.vocab)
 
     @property
+    def phases_per_layer(self) -> int:
+        """q/k/v, attention, o_proj, gate/up, down; attention folded into o_proj: 4."""
+        return PHASES_PER_LAYER - 1 if self.tiles.fold_attention else PHASES_PER_LAYER
+
+    @property
     def phases(self) -> int:
-        """Phases of one frame: per position the projector, 5 per layer, the head, the draw."""
-        return self.cfg.num_codebooks * (1 + PHASES_PER_LAYER * self.cfg.num_layers + 2)
+        """Phases of one frame (a grid barrier after each): per position the projector, the
+        layers' phases, the head, the draw."""
+        return self.cfg.num_codebooks * (1 + self.phases_per_layer * self.cfg.num_layers + 2)
 
     def __call__(self, hidden: torch.Tensor, code0: torch.Tensor, has_cfg: torch.Tensor,
                  cfg_scale: torch.Tensor, depth_sampling: torch.Tensor, seeds: torch.Tensor,
@@ -742,7 +818,7 @@ class PersistentDepthFrame:
             MAX_K=self.max_k, CODES=CODEBOOK_CODES, F32=DOT_F32, EXACT_LOG=hidden.is_cuda,
             RK=min(cfg.hidden_size, 128),
             PREFETCH=t.prefetch_kb * 1024, PF_LANES=t.prefetch_lanes,
-            PF_LOG=INTERPRETED and t.prefetch_kb > 0,
+            PF_LOG=INTERPRETED and t.prefetch_kb > 0, FOLD=t.fold_attention,
             num_warps=t.num_warps, num_stages=t.num_stages,
         )
         scalars = (cfg.rms_norm_eps, self.scale, self.workspace.stride(0), c[0], c[1], c[2],
