@@ -12,7 +12,7 @@
 #        chain P1 P2...  | decode | decode-micro | decode-bench | tune | profile | stages |
 #        ablation-eager | ablation-a|b|c|d[@I/N] | sweep | sweep+ablation | latency |
 #        latency-nocap | predictor | predictor-edf | capacity-closed | capacity-open | capacity-tests | capacity-256 |
-#        burst | slack | voice | te-tokens | admit | path | tune-decode | trace | prefill | prefill-bench | before-after | gc | anatomy | depth-engine | tests-changed | prefetch | codec-precision | big-batch | census-256 | margin |
+#        burst | slack | voice | te-tokens | admit | path | tune-decode | trace | prefill | prefill-bench | before-after | gc | anatomy | depth-engine | tests-changed | prefetch | frame-tests | codec-precision | big-batch | census-256 | margin |
 #        room (issue 34: carry=[".roombundle"] alone, built by `make room-bundle`; see the phase)
 # An ablation phase with @I/N runs shard I of N of its requests (bench --shard).
 # Several GPUs (kind nvidia-h200-x4): "parallel GPU=PHASE[+PHASE...] ..." runs each list on its own
@@ -356,13 +356,15 @@ case "$phase" in
       --out "$out/h200-burst.json" 2>&1 | grep '^\[bench' ;;
   prefetch)  # issue 30: the persistent depth frame with its L2 weight prefetch (FrameTiles
     # prefetch_kb / prefetch_lanes) and its attention folded into o_proj (fold_attention)
-    # against the default tiles, 1-16 requests and 64, then their GPU bit-identity test
-    timeout 400 python3 bench/depth_frame.py --batches 1,16,64 \
-      --variants "${PREFETCH_VARIANTS:-prefetch64,prefetch256,prefetch1024}" \
+    # against the default tiles, 1-16 requests and 64 (their GPU bit-identity test: frame-tests)
+    timeout 560 python3 bench/depth_frame.py --batches 1,16,64 \
+      --variants "${PREFETCH_VARIANTS:-prefetch64,prefetch256,fold,fold-prefetch256}" \
       --variant-batches 1,2,8,16 --no-loop --out "$out/h200-depth-prefetch.json" 2>&1 \
-      | grep -v Warn | tail -30
-    timeout 150 python3 -m pytest tests/gpu/test_gpu_frame_kernels.py -k prefetch -x -q \
-      -p no:cacheprovider 2>&1 | tee "$out/prefetch_tests.log" | tail -5 ;;
+      | grep -v Warn | tail -30 ;;
+  frame-tests)  # issue 30: the depth frame kernel's GPU tests (prefetch and fold bit-identity
+    # against the default tiles at 1 / 8 / 64 requests first, then the rest)
+    timeout 560 python3 -m pytest tests/gpu/test_gpu_frame_kernels.py -x -q -p no:cacheprovider \
+      2>&1 | tee "$out/frame_tests.log" | tail -8 ;;
   codec-precision)  # issue 31: the codec's precisions side by side (bench/codec_precision.py:
     # SNR against strict fp32, streamed against one-shot, step ms at 1-256 streams; fp16 new on
     # 5 Dec), then the codec's GPU tests (fp16 held to TF32's SNR bound)
