@@ -361,8 +361,8 @@ case "$phase" in
       --variants "${PREFETCH_VARIANTS:-prefetch64,prefetch256,fold,fold-prefetch256}" \
       --variant-batches 1,2,8,16 --no-loop --out "$out/h200-depth-prefetch.json" 2>&1 \
       | grep -v Warn | tail -30 ;;
-  frame-tests)  # issue 30: the depth frame kernel's GPU tests (prefetch and fold bit-identity
-    # against the default tiles at 1 / 8 / 64 requests first, then the rest)
+  frame-tests)  # issue 30: the depth frame kernel's GPU tests (the prefetch and fold bit-identity
+    # against the default tiles at 1 / 8 / 64 requests among them)
     timeout 560 python3 -m pytest tests/gpu/test_gpu_frame_kernels.py -x -q -p no:cacheprovider \
       2>&1 | tee "$out/frame_tests.log" | tail -8 ;;
   codec-precision)  # issue 31: the codec's precisions side by side (bench/codec_precision.py:
