@@ -97,6 +97,16 @@ def sort_pairs(table: StreamTable, slots: np.ndarray, stages: np.ndarray,
     return Ranked(slots[order], stages[order], key[0][order], key[1][order])
 
 
+def sort_keyed(keyed: list[tuple]) -> Ranked:
+    """``sort_pairs`` for pairs keyed one by one: ``(*key (4 floats), seq, slot, stage)``
+    tuples, sorted by key, then admission order."""
+    keyed.sort()
+    return Ranked(np.array([k[5] for k in keyed], np.int64),
+                  np.array([k[6] for k in keyed], np.int64),
+                  np.array([k[0] for k in keyed], np.float64),
+                  np.array([k[1] for k in keyed], np.float64))
+
+
 def first_stage(ranked: Ranked) -> tuple[int, np.ndarray]:
     """The stage of the first ready pair, and every slot ready for it, in order."""
     stage = int(ranked.stages[0])
@@ -158,11 +168,7 @@ class DefaultStagePolicy:
             else:
                 key = (2.0, float(table.ready_since[stage, slot]), closeness, 0.0)
             keyed.append((*key, int(table.seq[slot]), slot, stage))
-        keyed.sort()
-        return Ranked(np.array([k[5] for k in keyed], np.int64),
-                      np.array([k[6] for k in keyed], np.int64),
-                      np.array([k[0] for k in keyed], np.float64),
-                      np.array([k[1] for k in keyed], np.float64))
+        return sort_keyed(keyed)
 
     def _rank_arrays(self, table: StreamTable, slots: np.ndarray, stages: np.ndarray,
                      now: float) -> Ranked:
@@ -243,11 +249,7 @@ class DeadlineStagePolicy:
             if any(math.isnan(k) for k in key):
                 return None
             keyed.append((*key, int(table.seq[slot]), slot, stage))
-        keyed.sort()
-        return Ranked(np.array([k[5] for k in keyed], np.int64),
-                      np.array([k[6] for k in keyed], np.int64),
-                      np.array([k[0] for k in keyed], np.float64),
-                      np.array([k[1] for k in keyed], np.float64))
+        return sort_keyed(keyed)
 
     def _rank_arrays(self, table: StreamTable, slots: np.ndarray, stages: np.ndarray,
                      now: float) -> Ranked:

@@ -139,9 +139,10 @@ class SlotTable:
         floats = _upload([[*sampling_row(p.sampling), p.cfg_scale, p.sampling.repetition_penalty]
                           for p in params], dev, torch.float32)
         switches = _upload([[p.has_cfg, p.ignore_eos] for p in params], dev, torch.bool)
-        self.sampling.index_copy_(0, index, floats[:, :6])
-        self.cfg_scale.index_copy_(0, index, floats[:, 6])
-        self.penalty.index_copy_(0, index, floats[:, 7])
+        k = self.sampling.shape[1]  # sampling_row's width
+        self.sampling.index_copy_(0, index, floats[:, :k])
+        self.cfg_scale.index_copy_(0, index, floats[:, k])
+        self.penalty.index_copy_(0, index, floats[:, k + 1])
         self.seeds.index_copy_(0, index, seeds)
         self.has_cfg.index_copy_(0, index, switches[:, 0])
         self.no_eos.index_copy_(0, index, switches[:, 1])
