@@ -20,16 +20,29 @@ The engine: ``$BREEZERT_ROOM_CONFIG`` (profile name or TOML; default the embedde
 publish options: ``$BREEZERT_ROOM_PUBLISH`` (``dtx=0,red=0``; default the SDK's); RoomIO's
 source queue: ``$BREEZERT_ROOM_SOURCE_QUEUE_MS`` (default RoomIO's 200 ms). Before it reports
 ready, the engine runs ``$BREEZERT_ROOM_WARM_WIDTH`` concurrent warm-up requests and the worker
-keeps ``$BREEZERT_ROOM_IDLE`` job threads warm (``bench/room.py`` sets both to its largest N).
+keeps ``$BREEZERT_ROOM_IDLE`` job threads warm (``bench/room.py`` sets both to its largest N
+over its number of workers).
+
+How the worker reports its load to LiveKit's dispatcher, ``$BREEZERT_ROOM_DISPATCH``:
+
+* ``none``   (default) load 0: the worker takes every room (one worker, the room benchmark)
+* ``engine`` ``breezert_agent.engine_worker_options`` as shipped: ``engine_load`` as load_fnc,
+             full at the engine's ``max_running_requests`` jobs (its warm job threads too)
+* ``cpu``    LiveKit's default: no ``load_fnc`` (livekit-agents 1.8.9 then measures the
+             machine's CPU, ``_DefaultLoadCalc``) and its default ``load_threshold`` (0.7)
+
+Several workers may register under one agent name (``bench/room.py --workers``); each says who
+it is in its stamps (its pid) and what it held when a job started (``jobs_held``, the jobs it
+was running then, and ``max_jobs``, its engine's ``max_running_requests``).
 
 Data messages, from the listener (``bench/room_listener.py``): ``bench.say`` ``{"id", "text",
 "max_frames", "seed"}`` says ``text``; the agent answers ``bench.ready`` once the session runs and
 ``bench.turn`` after each turn, with its ``time.monotonic()`` stamps (same machine as the
 listener): received, said, engine request opened, first engine audio, playback started (first
 frame into RoomIO's ``AudioSource``), the source's queue then, done, plus the plugin's TTFB and
-which feedback source the plugin reported. ``$BREEZERT_ROOM_STATE/engine_ready.json`` appears
-once the engine is built; ``metrics.json`` there holds the engine's counters, rewritten every
-second. Must not: change the plugin's pacing (it only reads
+which feedback source the plugin reported, and the worker's pid.
+``$BREEZERT_ROOM_STATE/engine_ready.json`` appears once the engine is built; ``metrics.json``
+there holds the engine's counters and the jobs the worker runs, rewritten every second. Must not: change the plugin's pacing (it only reads
 and wraps public objects).
 """
 
@@ -56,9 +69,10 @@ from livekit.agents import (
     room_io,
 )
 
-from breezert_agent import TTS  # registers the plugin: main thread
+from breezert_agent import TTS, engine_worker_options  # registers the plugin: main thread
 
 AGENT_NAME = os.environ.get("BREEZERT_ROOM_AGENT_NAME", "breezert-bench")
+DISPATCH = os.environ.get("BREEZERT_ROOM_DISPATCH", "none")
 STATE = Path(os.environ.get("BREEZERT_ROOM_STATE", ".cache/room-bench-agent"))
 VARIANTS = ("listener", "agent-queue", "none", "predictor-off")
 SAMPLE_RATE = 24000
@@ -67,6 +81,9 @@ _prewarm_lock = threading.Lock()
 _connect_lock = threading.Lock()
 _engine: Any = None
 _config: Any = None
+_jobs_lock = threading.Lock()
+_jobs = 0
+"""The jobs this worker process runs now (entrypoint entered, shutdown not yet done)."""
 
 
 def engine_config() -> Any:
@@ -88,7 +105,7 @@ def _write_metrics() -> None:
     while True:
         if _engine is not None:
             try:
-                snapshot = {"t": time.monotonic(),
+                snapshot = {"t": time.monotonic(), "jobs": _jobs,
                             "counters": dict(_engine.engine.metrics.counters)}
                 tmp = STATE / "metrics.json.tmp"
                 tmp.write_text(json.dumps(snapshot))
@@ -152,7 +169,8 @@ def prewarm(proc: JobProcess) -> None:
             # while the engine builds (CUDA graphs: a minute or more) starves its event loop
             (STATE / "engine_ready.json").write_text(json.dumps(
                 {"build_s": time.monotonic() - started,
-                 "use_predictor": _config.scheduler.use_predictor}))
+                 "use_predictor": _config.scheduler.use_predictor,
+                 "max_jobs": _config.scheduler.max_running_requests}))
             threading.Thread(target=_write_metrics, name="metrics", daemon=True).start()
     proc.userdata["breezert_engine"] = _engine
 
@@ -225,10 +243,29 @@ class _TurnStamps:
         client.open_turn = opened  # type: ignore[method-assign]
 
 
+def _count_job(ctx: JobContext) -> int:
+    """Counts this job among the worker's until it shuts down; returns how many it held before
+    (the placement check of ``bench/room_scaleout.py``)."""
+    global _jobs
+    with _jobs_lock:
+        held = _jobs
+        _jobs += 1
+
+    async def ended() -> None:
+        global _jobs
+        with _jobs_lock:
+            _jobs -= 1
+
+    ctx.add_shutdown_callback(ended)
+    return held
+
+
 async def entrypoint(ctx: JobContext) -> None:
+    job_started = time.monotonic()
     variant = json.loads(ctx.job.metadata or "{}").get("variant", "none")
     if variant not in VARIANTS:
         raise ValueError(f"variant {variant!r}: expected one of {VARIANTS}")
+    jobs_held = _count_job(ctx)
     # one connect at a time in this process: with the THREAD executor, two jobs connecting at
     # once left one waiting for its ReadyForRoomEventRequest until the FFI gave up (livekit
     # 1.1.21, "timed out waiting for ReadyForRoomEventRequest after ConnectCallback")
@@ -308,6 +345,7 @@ async def entrypoint(ctx: JobContext) -> None:
             "ttfb": first(ttfbs, marks[3]), "done": done,
             "interrupted": handle.interrupted,
             "reports": {k: v - reports_before.get(k, 0) for k, v in sources.items()},
+            "pid": os.getpid(),
         }, sender)
 
     def on_data(packet: rtc.DataPacket) -> None:
@@ -319,7 +357,9 @@ async def entrypoint(ctx: JobContext) -> None:
     ctx.room.on("data_received", on_data)
     config = _config if _config is not None else engine_config()
     ready = {"variant": variant, "use_predictor": bool(config.scheduler.use_predictor),
-             "attached": source is not None, "pid": os.getpid(),
+             "attached": source is not None, "pid": os.getpid(), "dispatch": DISPATCH,
+             "job_started": job_started, "jobs_held": jobs_held,
+             "max_jobs": config.scheduler.max_running_requests,
              "publish": os.environ.get("BREEZERT_ROOM_PUBLISH", ""),
              "source_queue_ms": int(os.environ.get("BREEZERT_ROOM_SOURCE_QUEUE_MS") or 200)}
     for participant in ctx.room.remote_participants.values():
@@ -332,6 +372,27 @@ def _no_load() -> float:
     return 0.0
 
 
+def load_options() -> dict[str, Any]:
+    """The ``WorkerOptions`` fields of ``$BREEZERT_ROOM_DISPATCH`` (see the module doc); every
+    mode runs jobs on threads of this process, where its one engine is."""
+    from breezert_agent import engine_worker_options
+
+    threads = {"job_executor_type": JobExecutorType.THREAD,
+               # a job thread ready for every room of a run (livekit's default keeps
+               # min(cores, 4) warm and starts the rest as rooms arrive: on the H200, 4 Dec,
+               # the first run of 16 rooms never got ready)
+               "num_idle_processes": int(os.environ.get("BREEZERT_ROOM_IDLE", "4"))}
+    if DISPATCH == "none":
+        # the worker must take every room: livekit's CPU-load gate would refuse jobs on a
+        # busy box, and one process shares one engine (THREAD executor)
+        return {**threads, "load_fnc": _no_load}
+    if DISPATCH == "cpu":
+        return threads  # load_fnc and load_threshold: LiveKit's defaults
+    if DISPATCH == "engine":
+        return engine_worker_options(engine_config())
+    raise ValueError(f"BREEZERT_ROOM_DISPATCH={DISPATCH!r}: expected none, engine or cpu")
+
+
 if __name__ == "__main__":
     if os.environ.get("BREEZERT_ROOM_SOURCE_QUEUE_MS"):
         size_room_sources(int(os.environ["BREEZERT_ROOM_SOURCE_QUEUE_MS"]))
@@ -339,10 +400,4 @@ if __name__ == "__main__":
         entrypoint_fnc=entrypoint, prewarm_fnc=prewarm, agent_name=AGENT_NAME,
         port=int(os.environ.get("BREEZERT_ROOM_WORKER_PORT", "0")),
         initialize_process_timeout=float(os.environ.get("BREEZERT_ROOM_INIT_TIMEOUT_S", "600")),
-        # the worker must take every room: livekit's CPU-load gate would refuse jobs on a
-        # busy box, and one process shares one engine (THREAD executor)
-        load_fnc=_no_load, job_executor_type=JobExecutorType.THREAD,
-        # a job thread ready for every room of a run (livekit's default keeps min(cores, 4)
-        # warm and starts the rest as rooms arrive: on the H200, 4 Dec, the first run of 16
-        # rooms never got ready)
-        num_idle_processes=int(os.environ.get("BREEZERT_ROOM_IDLE", "4"))))
+        **load_options()))
