@@ -19,8 +19,22 @@ Predictor on), ``predictor-off`` gets its own (``scheduler.use_predictor = false
 engine setting is built once. The JSON holds every turn and, per run, first audio heard, gaps
 heard and the first audio's path itemised; the PNG draws them.
 
-Owns: the server's and workers' processes, the listener processes' schedule, the summary and
-the plot. Must not: reach into the agent's process (all it learns comes through the room).
+Scale-out (issue 36): ``--workers K`` starts K such workers per engine setting under one agent
+name, each with its own engine (worker i sees only GPU i through ``CUDA_VISIBLE_DEVICES`` when
+the engine runs on CUDA; on CPU nothing is pinned), and LiveKit's dispatcher spreads the rooms
+over them by the load each reports: ``--dispatch engine`` (the plugin's ``engine_load``, as
+shipped), ``cpu`` (LiveKit's default CPU load) or ``none`` (load 0, the default: one worker
+takes every room); several modes, comma-separated, each get their own workers. Every run
+records K and the mode, which worker served each room and turn (the agent's pid in its stamps),
+per worker its rooms and peak concurrent turns, the audio heard per second over all rooms and
+the placement check (``bench/room_scaleout.py`` says what counts as a call on a full worker);
+with K > 1 or a dispatch mode, a second table and ``<out>-scaleout.png`` draw them. Before each
+run the parent waits (up to 30 s) until every worker reports no job left from the run before.
+
+Owns: which workers serve which runs, the listener processes and their schedule, the summary and
+the plot (the server's and workers' processes: ``bench/room_procs.py``; the scale-out figures:
+``bench/room_scaleout.py``). Must not: reach into the agent's process (all it learns comes
+through the room and the files the agent writes in its state folder).
 """
 
 from __future__ import annotations
@@ -30,14 +44,11 @@ import asyncio
 import json
 import os
 import random
-import socket
 import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from pathlib import Path
 from typing import IO, Any
 
@@ -47,7 +58,6 @@ for _path in (REPO / "runtime", REPO):  # as a script: bench/ (breezert_bench) i
         sys.path.append(str(_path))
 
 from breezert_bench.listener import summarize  # noqa: E402
-from breezert_bench.ports import free_port  # noqa: E402
 from breezert_bench.provenance import provenance  # noqa: E402
 from breezert_bench.report import write_json  # noqa: E402
 from breezert_bench.workload import (  # noqa: E402
@@ -57,10 +67,26 @@ from breezert_bench.workload import (  # noqa: E402
     poisson_offsets,
     request_seed,
 )
+from room_procs import (  # noqa: E402
+    AGENT_NAME,
+    API_KEY,
+    API_SECRET,
+    Worker,
+    agent_workers,
+    jobs_when_idle,
+    livekit_server,
+    pinned_gpus,
+    python_argv,
+    pythonpath,
+    stop,
+    summed_counters,
+)
+from room_scaleout import audio_rate, placement, scaleout_plot, scaleout_table  # noqa: E402
 
-API_KEY, API_SECRET = "devkey", "secret"
-AGENT_NAME = "breezert-bench"
 VARIANTS = ("listener", "agent-queue", "none", "predictor-off")
+DISPATCH = ("none", "engine", "cpu")
+"""How the workers report load to LiveKit's dispatcher (``bench/room_agent.py``): ``none`` (0:
+each takes every room), ``engine`` (the plugin's ``engine_load``), ``cpu`` (LiveKit's default)."""
 DEFAULT_SERVER = REPO / ".cache" / "livekit" / "livekit-server"
 OPUS_FRAME_S = 0.020
 """The Opus packet length LiveKit's encoder uses: the first sample of a turn waits up to this
@@ -68,100 +94,6 @@ long for its packet to fill (an estimate in the itemisation, not a measurement).
 FALLBACK_TEXTS = ["Hello there, thanks for calling, how can I help you today?",
                   "Your order has shipped and should arrive on Thursday afternoon.",
                   "Let me check that for you, it will only take a moment."]
-
-
-# ----------------------------------------------------------------------------- processes
-
-
-@contextmanager
-def livekit_server(binary: Path, log_dir: Path) -> Iterator[tuple[str, str]]:
-    """``livekit-server --dev`` on free loopback ports; yields (ws url, http url)."""
-    if not binary.exists():
-        raise FileNotFoundError(f"livekit-server not found at {binary} (make livekit-server, "
-                                "or --server-bin / $BREEZERT_LIVEKIT_SERVER)")
-    http, tcp, udp = free_port(), free_port(), free_port(socket.SOCK_DGRAM)
-    config = (f"port: {http}\nrtc:\n  tcp_port: {tcp}\n  udp_port: {udp}\n"
-              "  use_external_ip: false\n  enable_loopback_candidate: true\n"
-              "logging:\n  level: warn\n")
-    log = open(log_dir / "livekit-server.log", "wb")
-    proc = subprocess.Popen([str(binary), "--dev", "--bind", "127.0.0.1", "--node-ip",
-                             "127.0.0.1", "--config-body", config],
-                            stdout=log, stderr=subprocess.STDOUT)
-    try:
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{http}/", timeout=1):
-                    break
-            except OSError:
-                if proc.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError("livekit-server did not start: " + (
-                        log_dir / "livekit-server.log").read_text(errors="replace")[-2000:])
-                time.sleep(0.1)
-        yield f"ws://127.0.0.1:{http}", f"http://127.0.0.1:{http}"
-    finally:
-        _stop(proc)
-        log.close()
-
-
-def _stop(*procs: subprocess.Popen[Any], timeout_s: float = 20) -> None:
-    """SIGTERM to every process still running, then SIGKILL to those that outlive
-    ``timeout_s`` (all of them share the one deadline)."""
-    running = [p for p in procs if p.poll() is None]
-    for proc in running:
-        proc.terminate()
-    deadline = time.monotonic() + timeout_s
-    for proc in running:
-        try:
-            proc.wait(max(deadline - time.monotonic(), 0.1))
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-
-
-def _python() -> list[str]:
-    """This interpreter, with ``-S`` where it runs without site-packages (a bundle's own)."""
-    return [sys.executable, *(["-S"] if sys.flags.no_site else [])]
-
-
-def _pythonpath() -> str:
-    return os.pathsep.join(p for p in (str(REPO / "runtime"), str(REPO / "bench"), str(REPO),
-                                       os.environ.get("PYTHONPATH", "")) if p)
-
-
-@contextmanager
-def agent_worker(url: str, log_dir: Path, name: str, env: dict[str, str],
-                 timeout_s: float) -> Iterator[Path]:
-    """One ``bench/room_agent.py`` registered with the server, its engine built; yields its
-    state folder."""
-    state = log_dir / f"agent-{name}"
-    state.mkdir(parents=True, exist_ok=True)
-    log_path = log_dir / f"agent-{name}.log"
-    full_env = {**os.environ, "LIVEKIT_URL": url, "LIVEKIT_API_KEY": API_KEY,
-                "LIVEKIT_API_SECRET": API_SECRET, "BREEZERT_ROOM_STATE": str(state),
-                "BREEZERT_ROOM_AGENT_NAME": f"{AGENT_NAME}-{name}", "PYTHONPATH": _pythonpath(),
-                "BREEZERT_ROOM_WORKER_PORT": str(free_port(family=socket.AF_INET6)), **env}
-    with open(log_path, "wb") as log:
-        proc = subprocess.Popen([*_python(), str(REPO / "bench" / "room_agent.py"), "start"],
-                                cwd=REPO, env=full_env, stdout=log, stderr=subprocess.STDOUT)
-        try:
-            deadline = time.monotonic() + timeout_s
-            while ("registered worker" not in log_path.read_text(errors="replace")
-                   or not (state / "engine_ready.json").exists()):
-                if proc.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError("the agent worker did not register:\n"
-                                       + log_path.read_text(errors="replace")[-3000:])
-                time.sleep(0.2)
-            yield state
-        finally:
-            _stop(proc)
-
-
-def engine_counters(state: Path) -> dict[str, int]:
-    try:
-        return dict(json.loads((state / "metrics.json").read_text())["counters"])
-    except (OSError, ValueError, KeyError):
-        return {}
 
 
 # ----------------------------------------------------------------------------- schedule
@@ -272,10 +204,10 @@ def run_listeners(*, url: str, api_url: str, agent: str, variant: str, mode: str
         spec_path = log_dir / f"{tag}-g{group_start}.spec.json"
         spec_path.write_text(json.dumps(spec))
         log = open(log_dir / f"{tag}-g{group_start}.log", "wb")
-        proc = subprocess.Popen([*_python(), __file__, "--listen-group", str(spec_path),
+        proc = subprocess.Popen([*python_argv(), __file__, "--listen-group", str(spec_path),
                                  "--group-out", str(out)], cwd=REPO, stdin=subprocess.PIPE,
                                 stdout=subprocess.PIPE, stderr=log, text=True,
-                                env={**os.environ, "PYTHONPATH": _pythonpath()})
+                                env={**os.environ, "PYTHONPATH": pythonpath()})
         procs.append((proc, out, log))
     ready: list[Any] = []
     try:
@@ -299,7 +231,7 @@ def run_listeners(*, url: str, api_url: str, agent: str, variant: str, mode: str
         return {"turns": turns_out, "rooms": rooms_out, "ready": ready,
                 "wall_s": time.monotonic() - start}
     finally:
-        _stop(*(proc for proc, _, _ in procs), timeout_s=5)
+        stop(*(proc for proc, _, _ in procs), timeout_s=5)
         for _, _, log in procs:
             log.close()
 
@@ -398,6 +330,7 @@ def summarize_run(run: dict[str, Any], prebuffer_s: float) -> dict[str, Any]:
         "reports_sent": sum(r["reports_sent"] for r in run["rooms"]),
         "agent_reports_by_source": agent_reports,
         "engine_ttfb": stat("engine_ttfb"),
+        **audio_rate(run),
     }
 
 
@@ -491,6 +424,13 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                    help="id<TAB>text file (default: ../shared/bench/texts_en.tsv when present)")
     p.add_argument("--listeners", default="2", help="N, comma-separated (e.g. 16,64)")
     p.add_argument("--variants", default=",".join(VARIANTS))
+    p.add_argument("--workers", type=int, default=1,
+                   help="agent worker processes under one agent name, each with its own engine "
+                        "(pinned to GPU i on CUDA); LiveKit's dispatcher spreads the rooms")
+    p.add_argument("--dispatch", default="none",
+                   help="comma-separated, each its own workers: none (load 0: every worker "
+                        "takes every room), engine (the plugin's engine_load), cpu (LiveKit's "
+                        "default CPU load)")
     p.add_argument("--turns", type=int, default=3, help="turns per room per run")
     p.add_argument("--rate", type=float, default=None,
                    help="open-loop arrivals per second over all rooms (default: closed only)")
@@ -512,6 +452,11 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     unknown = [v for v in args.variants.split(",") if v not in VARIANTS]
     if unknown:
         p.error(f"--variants: unknown {unknown} (choose from {', '.join(VARIANTS)})")
+    unknown = [d for d in args.dispatch.split(",") if d not in DISPATCH]
+    if unknown:
+        p.error(f"--dispatch: unknown {unknown} (choose from {', '.join(DISPATCH)})")
+    if args.workers < 1:
+        p.error("--workers must be >= 1")
     if args.no_closed and args.rate is None:
         p.error("--no-closed needs --rate")
     return args
@@ -535,7 +480,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                                  texts=str(texts_path) if texts_path else "built-in",
                                  num_texts=len(texts), set=args.set, publish=args.publish,
                                  source_queue_ms=args.source_queue_ms,
-                                 turns=args.turns,
+                                 turns=args.turns, workers=args.workers,
+                                 dispatch=args.dispatch,
                                  rate=args.rate, prebuffer_ms=args.prebuffer_ms,
                                  energy_rms=args.energy_rms, seed=args.seed,
                                  server=str(args.server_bin), log_dir=str(log_dir)),
@@ -558,65 +504,87 @@ def main(argv: Sequence[str] | None = None) -> int:
     }
     groups = [("on", [v for v in variants if v != "predictor-off"]),
               ("off", [v for v in variants if v == "predictor-off"])]
+    per_worker = -(-max(listeners) // args.workers)  # the rooms a worker gets when spread evenly
     with livekit_server(args.server_bin, log_dir) as (url, api_url):
-        for setting, members in groups:
-            if not members:
-                continue
-            overrides = ";".join(p for p in (args.set.strip(";"),
-                                             f"scheduler.use_predictor={str(setting == 'on').lower()}")
-                                 if p)
-            env = {"BREEZERT_ROOM_SET": overrides, "BREEZERT_ROOM_PUBLISH": args.publish,
-                   "BREEZERT_ROOM_SOURCE_QUEUE_MS": str(args.source_queue_ms or ""),
-                   "BREEZERT_ROOM_IDLE": str(max(listeners)),
-                   "BREEZERT_ROOM_WARM_WIDTH": str(max(listeners))}
-            if args.config:
-                env["BREEZERT_ROOM_CONFIG"] = args.config
-            if args.tokenizer:
-                env["BREEZERT_ROOM_TOKENIZER"] = args.tokenizer
-            started = time.monotonic()
-            worker = f"predictor-{setting}"  # also its agent name's suffix: a fresh name per
-            # worker, so no room goes to the one before it while that one drains
-            with agent_worker(url, log_dir, worker, env,
-                              args.agent_timeout_s) as state:
-                print(f"[room] agent predictor-{setting} registered in "
-                      f"{time.monotonic() - started:.0f} s", flush=True)
-                for n in listeners:
-                    for variant in members:
-                        for load in loads:
-                            tag = f"{variant}-n{n}-{load}-{random.randrange(16**6):06x}"
-                            before = engine_counters(state)
-                            try:
-                                run = run_listeners(url=url, api_url=api_url, agent=worker,
-                                                    variant=variant, mode=load, num_rooms=n,
-                                                    turns=args.turns, rate=args.rate,
-                                                    args=args, texts=texts, log_dir=log_dir,
-                                                    tag=tag)
-                            except RuntimeError as exc:  # a listener process died: the
-                                # run is lost, not the ones after it (the log dir has why)
-                                doc["runs"].append({"variant": variant, "listeners": n,
-                                                    "load": load, "error": str(exc)})
+        for dispatch in args.dispatch.split(","):
+            for setting, members in groups:
+                if not members:
+                    continue
+                overrides = ";".join(p for p in (args.set.strip(";"),
+                                                 f"scheduler.use_predictor={str(setting == 'on').lower()}")
+                                     if p)
+                env = {"BREEZERT_ROOM_SET": overrides, "BREEZERT_ROOM_PUBLISH": args.publish,
+                       "BREEZERT_ROOM_SOURCE_QUEUE_MS": str(args.source_queue_ms or ""),
+                       "BREEZERT_ROOM_IDLE": str(per_worker),
+                       "BREEZERT_ROOM_WARM_WIDTH": str(per_worker),
+                       "BREEZERT_ROOM_DISPATCH": dispatch}
+                if args.config:
+                    env["BREEZERT_ROOM_CONFIG"] = args.config
+                if args.tokenizer:
+                    env["BREEZERT_ROOM_TOKENIZER"] = args.tokenizer
+                started = time.monotonic()
+                # also the agent name's suffix: a fresh name per worker set, so no room goes to
+                # the one before it while that one drains
+                name = f"predictor-{setting}" + ("" if dispatch == "none" else f"-{dispatch}")
+                gpus = pinned_gpus(args.config, overrides, args.workers)
+                with agent_workers(url, log_dir, name, env, args.agent_timeout_s, gpus,
+                                   args.workers) as workers:
+                    print(f"[room] agent {name} registered in {time.monotonic() - started:.0f} s"
+                          + (f" ({args.workers} workers)" if args.workers > 1 else ""),
+                          flush=True)
+                    for n in listeners:
+                        for variant in members:
+                            for load in loads:
+                                entry = measure(url=url, api_url=api_url, agent=name,
+                                                workers=workers, dispatch=dispatch,
+                                                variant=variant, load=load, num_rooms=n,
+                                                args=args, texts=texts, log_dir=log_dir)
+                                doc["runs"].append(entry)
                                 write_json(doc, out)
-                                print(f"[room] {variant} N={n} {load}: FAILED {exc}",
-                                      flush=True)
-                                continue
-                            after = engine_counters(state)
-                            _check_wiring(run["ready"], variant)
-                            entry = {"variant": variant, "listeners": n, "load": load,
-                                     "rate": args.rate if load == "open" else None,
-                                     "wall_s": round(run["wall_s"], 2),
-                                     "engine_counters": {k: v - before.get(k, 0)
-                                                         for k, v in after.items()
-                                                         if v != before.get(k, 0)},
-                                     "summary": summarize_run(run, args.prebuffer_ms / 1000),
-                                     "rooms": run["rooms"], "requests": run["turns"]}
-                            doc["runs"].append(entry)
-                            write_json(doc, out)
-                            print(f"[room] {variant} N={n} {load}: "
-                                  f"{json.dumps(_brief(entry['summary']))}", flush=True)
     print(text_table(doc["runs"]))
     png = plot(doc, out.with_suffix(".png"))
+    if args.workers > 1 or args.dispatch != "none":
+        print(scaleout_table(doc["runs"]))
+        scaled = scaleout_plot(doc["runs"], out.with_name(out.stem + "-scaleout.png"))
+        png = f"{png} and {scaled}" if scaled else png
     print(f"[room] wrote {out}" + (f" and {png}" if png else ""))
     return 0
+
+
+def measure(*, url: str, api_url: str, agent: str, workers: Sequence[Worker], dispatch: str,
+            variant: str, load: str, num_rooms: int, args: argparse.Namespace,
+            texts: Sequence[str], log_dir: Path) -> dict[str, Any]:
+    """One run on the workers started for it: its entry in the JSON (with ``error`` when a
+    listener process died: the run is lost, not the ones after it; the log dir has why)."""
+    tag = f"{variant}-n{num_rooms}-{load}-{random.randrange(16**6):06x}"
+    head = {"variant": variant, "listeners": num_rooms, "load": load,
+            "num_workers": len(workers), "dispatch": dispatch}
+    held = jobs_when_idle(workers)
+    before = summed_counters(workers)
+    try:
+        run = run_listeners(url=url, api_url=api_url, agent=agent, variant=variant, mode=load,
+                            num_rooms=num_rooms, turns=args.turns, rate=args.rate, args=args,
+                            texts=texts, log_dir=log_dir, tag=tag)
+    except RuntimeError as exc:
+        print(f"[room] {variant} N={num_rooms} {load}: FAILED {exc}", flush=True)
+        return {**head, "error": str(exc)}
+    after = summed_counters(workers)
+    _check_wiring(run["ready"], variant)
+    entry = {**head, "rate": args.rate if load == "open" else None,
+             "wall_s": round(run["wall_s"], 2),
+             "engine_counters": {k: v - before.get(k, 0) for k, v in after.items()
+                                 if v != before.get(k, 0)},
+             "summary": summarize_run(run, args.prebuffer_ms / 1000),
+             "placement": placement(run, {w.pid: w.name for w in workers},
+                                    {w.name: w.max_jobs for w in workers}, held),
+             "rooms": run["rooms"], "requests": run["turns"]}
+    brief = _brief(entry["summary"])
+    if len(workers) > 1 or dispatch != "none":
+        brief.update(audio_per_s=entry["summary"]["audio_per_s"],
+                     misplaced=entry["placement"]["misplaced"],
+                     rooms={n: w["rooms"] for n, w in entry["placement"]["workers"].items()})
+    print(f"[room] {variant} N={num_rooms} {load}: {json.dumps(brief)}", flush=True)
+    return entry
 
 
 def _brief(summary: dict[str, Any]) -> dict[str, Any]:

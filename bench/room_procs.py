@@ -1,0 +1,185 @@
+"""The room benchmark's processes: ``livekit-server --dev`` on loopback and the agent workers.
+
+Owns: starting and stopping the server and the ``bench/room_agent.py`` workers (K of them under
+one agent name, each pinned to its GPU on CUDA), and reading what a worker writes in its state
+folder (``engine_ready.json``, ``metrics.json``: engine counters, the jobs it runs). Must not:
+run listeners or summarize (``bench/room.py``), or reach into a worker beyond those files.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from breezert_bench.ports import free_port
+
+REPO = Path(__file__).resolve().parents[1]
+API_KEY, API_SECRET = "devkey", "secret"
+AGENT_NAME = "breezert-bench"
+
+
+@contextmanager
+def livekit_server(binary: Path, log_dir: Path) -> Iterator[tuple[str, str]]:
+    """``livekit-server --dev`` on free loopback ports; yields (ws url, http url)."""
+    if not binary.exists():
+        raise FileNotFoundError(f"livekit-server not found at {binary} (make livekit-server, "
+                                "or --server-bin / $BREEZERT_LIVEKIT_SERVER)")
+    http, tcp, udp = free_port(), free_port(), free_port(socket.SOCK_DGRAM)
+    config = (f"port: {http}\nrtc:\n  tcp_port: {tcp}\n  udp_port: {udp}\n"
+              "  use_external_ip: false\n  enable_loopback_candidate: true\n"
+              "logging:\n  level: warn\n")
+    log = open(log_dir / "livekit-server.log", "wb")
+    proc = subprocess.Popen([str(binary), "--dev", "--bind", "127.0.0.1", "--node-ip",
+                             "127.0.0.1", "--config-body", config],
+                            stdout=log, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{http}/", timeout=1):
+                    break
+            except OSError:
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError("livekit-server did not start: " + (
+                        log_dir / "livekit-server.log").read_text(errors="replace")[-2000:])
+                time.sleep(0.1)
+        yield f"ws://127.0.0.1:{http}", f"http://127.0.0.1:{http}"
+    finally:
+        stop(proc)
+        log.close()
+
+
+def stop(*procs: subprocess.Popen[Any], timeout_s: float = 20) -> None:
+    """SIGTERM to every process still running, then SIGKILL to those that outlive
+    ``timeout_s`` (all of them share the one deadline)."""
+    running = [p for p in procs if p.poll() is None]
+    for proc in running:
+        proc.terminate()
+    deadline = time.monotonic() + timeout_s
+    for proc in running:
+        try:
+            proc.wait(max(deadline - time.monotonic(), 0.1))
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def python_argv() -> list[str]:
+    """This interpreter, with ``-S`` where it runs without site-packages (a bundle's own)."""
+    return [sys.executable, *(["-S"] if sys.flags.no_site else [])]
+
+
+def pythonpath() -> str:
+    return os.pathsep.join(p for p in (str(REPO / "runtime"), str(REPO / "bench"), str(REPO),
+                                       os.environ.get("PYTHONPATH", "")) if p)
+
+
+@dataclass(frozen=True)
+class Worker:
+    """One agent worker process: its name (``w<i>``), pid (what its stamps carry), state folder
+    and ``max_jobs`` (its engine's ``max_running_requests``, from ``engine_ready.json``)."""
+
+    name: str
+    pid: int
+    state: Path
+    max_jobs: int
+
+
+@contextmanager
+def agent_workers(url: str, log_dir: Path, name: str, env: dict[str, str], timeout_s: float,
+                  gpus: Sequence[str] | None = None, count: int = 1) -> Iterator[list[Worker]]:
+    """``count`` ``bench/room_agent.py`` processes under one agent name, registered with the
+    server, their engines built (all started at once); worker ``i`` sees only GPU ``gpus[i]``
+    (``CUDA_VISIBLE_DEVICES``) when ``gpus`` is given."""
+    procs: list[tuple[subprocess.Popen[bytes], Path, Path]] = []
+    try:
+        for i in range(count):
+            label = f"{name}-w{i}" if count > 1 else name
+            state, log_path = log_dir / f"agent-{label}", log_dir / f"agent-{label}.log"
+            state.mkdir(parents=True, exist_ok=True)
+            full_env = {**os.environ, "LIVEKIT_URL": url, "LIVEKIT_API_KEY": API_KEY,
+                        "LIVEKIT_API_SECRET": API_SECRET, "BREEZERT_ROOM_STATE": str(state),
+                        "BREEZERT_ROOM_AGENT_NAME": f"{AGENT_NAME}-{name}",
+                        "PYTHONPATH": pythonpath(),
+                        "BREEZERT_ROOM_WORKER_PORT": str(free_port(family=socket.AF_INET6)),
+                        **env, **({"CUDA_VISIBLE_DEVICES": gpus[i]} if gpus else {})}
+            with open(log_path, "wb") as log:
+                procs.append((subprocess.Popen(
+                    [*python_argv(), str(REPO / "bench" / "room_agent.py"), "start"], cwd=REPO,
+                    env=full_env, stdout=log, stderr=subprocess.STDOUT), state, log_path))
+        deadline = time.monotonic() + timeout_s
+        for proc, state, log_path in procs:
+            while ("registered worker" not in log_path.read_text(errors="replace")
+                   or not (state / "engine_ready.json").exists()):
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError("the agent worker did not register:\n"
+                                       + log_path.read_text(errors="replace")[-3000:])
+                time.sleep(0.2)
+        yield [Worker(f"w{i}", proc.pid, state,
+                      int(json.loads((state / "engine_ready.json").read_text())["max_jobs"]))
+               for i, (proc, state, _) in enumerate(procs)]
+    finally:
+        stop(*(proc for proc, _, _ in procs))
+
+
+def engine_counters(state: Path) -> dict[str, int]:
+    try:
+        return dict(json.loads((state / "metrics.json").read_text())["counters"])
+    except (OSError, ValueError, KeyError):
+        return {}
+
+
+def jobs_when_idle(workers: Sequence[Worker], timeout_s: float = 30.0) -> dict[str, int]:
+    """The jobs each worker runs, from a ``metrics.json`` written after this call began, once
+    every one runs none (a run's rooms end their jobs as they leave) or at ``timeout_s``."""
+    since, jobs = time.monotonic(), {}
+    while True:
+        for worker in workers:
+            try:
+                snapshot = json.loads((worker.state / "metrics.json").read_text())
+            except (OSError, ValueError):
+                continue
+            if snapshot["t"] >= since:
+                jobs[worker.name] = int(snapshot.get("jobs", 0))
+        if (len(jobs) == len(workers) and not any(jobs.values())
+                or time.monotonic() - since > timeout_s):
+            return jobs
+        time.sleep(0.2)
+
+
+def pinned_gpus(config: str | None, overrides: str, count: int) -> list[str] | None:
+    """The GPU of each of ``count`` workers when the engine runs on CUDA (``model.device =
+    "cuda"`` after ``--set``): the i-th of ``$CUDA_VISIBLE_DEVICES`` (else of 0, 1, ...);
+    ``None`` on CPU (every worker builds its own engine there, nothing to pin)."""
+    from breezert.profiles import resolve_config
+    from breezert_bench.variants import parse_variant_spec, variant_config
+
+    resolved = resolve_config(config)
+    if overrides.strip(";"):
+        resolved = variant_config(resolved, parse_variant_spec(f"room={overrides.strip(';')}"))
+    if resolved.model.device != "cuda":
+        return None
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    gpus = visible.split(",") if visible else [str(i) for i in range(count)]
+    if len(gpus) < count:
+        raise ValueError(f"--workers {count}: only {len(gpus)} GPUs visible ({visible})")
+    return gpus[:count]
+
+
+def summed_counters(workers: Sequence[Worker]) -> dict[str, int]:
+    """The engine counters summed over the workers."""
+    total: dict[str, int] = {}
+    for worker in workers:
+        for key, value in engine_counters(worker.state).items():
+            total[key] = total.get(key, 0) + value
+    return total
