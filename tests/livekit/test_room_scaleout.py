@@ -1,0 +1,71 @@
+"""``bench/room.py --workers 2 --dispatch engine`` end to end, small, so the scale-out harness of
+issue 36 cannot rot: a real ``livekit-server``, two agent workers under one agent name (each its
+own tiny CPU engine of 2 running slots, so each is full at 2 rooms under the plugin's
+``engine_load``), 4 listener rooms of one turn each.
+
+Owns: that LiveKit's dispatcher, fed by the engines' load, spreads the 4 rooms 2 and 2 (a full
+worker declines, the other takes the call), that every turn is heard and names the worker that
+served it, that the placement check counts no call on a full worker, and that the run carries
+K and the dispatch mode and the scale-out PNG is written. Must not: judge latency or capacity
+(the tiny model on shared cores; the figures are for the 4-GPU machine, phase ``scaleout``).
+A missing server fails under ``CI=true`` (``tests/components.missing``), skips elsewhere.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.livekit.conftest import BUILD_LOG, REPO, SERVER_BIN, built_binary
+
+pytestmark = pytest.mark.livekit
+
+TEXTS = ["Hello, thanks for calling.", "Your order ships today.", "One moment please.",
+         "Is there anything else?"]
+MAX_JOBS = 2  # each engine's max_running_requests: what engine_load counts a worker's rooms against
+
+
+def test_two_workers_share_four_rooms_by_engine_load(tmp_path: Path) -> None:
+    server = built_binary(SERVER_BIN, BUILD_LOG, "livekit-server", "BREEZERT_LIVEKIT_SERVER")
+    texts = tmp_path / "texts.tsv"
+    texts.write_text("id\ttext\n" + "".join(f"{i}\t{t}\n" for i, t in enumerate(TEXTS)))
+    out = tmp_path / "scaleout.json"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO / "runtime"), str(REPO / "bench"),
+                                                        str(REPO)]),
+           "BREEZERT_ROOM_THREADS": "1"}
+    started = time.monotonic()
+    done = subprocess.run(
+        [sys.executable, str(REPO / "bench" / "room.py"), "--server-bin", str(server),
+         "--workers", "2", "--dispatch", "engine", "--listeners", "4", "--turns", "1",
+         "--texts", str(texts), "--variants", "none",
+         "--set", f"scheduler.max_running_requests={MAX_JOBS}", "--out", str(out)],
+        env=env, cwd=REPO, capture_output=True, text=True, timeout=110)
+    wall = time.monotonic() - started
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    doc = json.loads(out.read_text())
+    assert doc["provenance"]["workers"] == 2 and doc["provenance"]["dispatch"] == "engine"
+    [run] = doc["runs"]
+    assert (run["num_workers"], run["dispatch"], run["listeners"]) == (2, "engine", 4)
+    summary, place = run["summary"], run["placement"]
+    assert summary["errors"] == [], summary["errors"]
+    assert summary["heard"] == summary["turns"] == 4
+    assert summary["audio_s"] > 0 and summary["audio_per_s"] > 0
+    workers = place["workers"]
+    assert sorted(workers) == ["w0", "w1"] and place["unknown"] == 0
+    pids = {w["pid"] for w in workers.values()}
+    assert len(pids) == 2
+    assert {turn["agent"]["pid"] for turn in run["requests"]} == pids  # both served turns
+    for name, worker in workers.items():
+        assert worker["max_jobs"] == MAX_JOBS, (name, worker)
+        assert worker["rooms"] == worker["turns"] == MAX_JOBS, (name, worker)
+        assert 1 <= worker["peak_concurrent_turns"] <= MAX_JOBS, (name, worker)
+    assert place["misplaced"] == 0
+    assert out.with_name(out.stem + "-scaleout.png").stat().st_size > 10_000
+    assert "misplaced" in done.stdout  # the scale-out table
+    assert wall < 45, f"the small scale-out run took {wall:.0f} s (budget 45 s; 19-20 s on two shared cores)"
