@@ -13,7 +13,8 @@
 #        ablation-eager | ablation-a|b|c|d[@I/N] | sweep | sweep+ablation | latency |
 #        latency-nocap | predictor | predictor-edf | capacity-closed | capacity-open | capacity-tests | capacity-256 |
 #        burst | slack | voice | te-tokens | admit | path | tune-decode | trace | prefill | prefill-bench | before-after | gc | anatomy | depth-engine | tests-changed | prefetch | frame-tests | codec-precision | big-batch | census-256 | margin |
-#        room (issue 34: carry=[".roombundle"] alone, built by `make room-bundle`; see the phase)
+#        room (issue 34: carry=[".roombundle"] alone, built by `make room-bundle`; see the phase) |
+#        scaleout (issue 36: kind nvidia-h200-x4, carry=[".roombundle"]; SCALE_K, SCALE_DISPATCH)
 # An ablation phase with @I/N runs shard I of N of its requests (bench --shard).
 # Several GPUs (kind nvidia-h200-x4): "parallel GPU=PHASE[+PHASE...] ..." runs each list on its own
 # GPU at once, e.g. parallel 0=ablation-a@1/2 1=ablation-a@2/2 2=tests+ablation-d; the results
@@ -46,6 +47,15 @@ case "$phase" in
 esac
 commit=$(cat .benchdata/COMMIT 2>/dev/null || cat .roombundle/COMMIT 2>/dev/null || echo unknown)
 export BREEZERT_GIT_COMMIT=$commit  # every result records it (breezert_bench.provenance)
+# The room phases' server and tokenizer out of .roombundle (make room-bundle), into folder $1, and
+# their imports checked: a package the image lacks or has too old fails here in seconds, naming it.
+room_prepare() {
+  mkdir -p "$1"
+  unxz() { python3 -c "import lzma, shutil, sys; shutil.copyfileobj(lzma.open(sys.argv[1]), open(sys.argv[2], 'wb'))" "$1" "$2"; }
+  [ -x "$1/livekit-server" ] || { unxz .roombundle/livekit-server.xz "$1/livekit-server" && chmod +x "$1/livekit-server"; }
+  [ -f "$1/tokenizer-trimmed.json" ] || unxz .roombundle/tokenizer.json.xz "$1/tokenizer-trimmed.json"
+  python3 -c "import livekit.rtc, livekit.api, livekit.agents, breezert_agent; print('room imports ok')"
+}
 # The common bench command; each phase adds its own arguments.
 bench=(python3 -m breezert_bench --config configs/h200-latency.toml
        --texts .benchdata/texts_en.tsv --tokenizer .benchdata/tokenizer.json --git-commit "$commit")
@@ -407,12 +417,7 @@ case "$phase" in
     # .roombundle (make room-bundle: server, packages, trimmed tokenizer, texts, COMMIT); the
     # tree and it just fit one call's 64 MiB. ROOM_TIMEOUT_S (540) leaves the logs time to pack.
     d=/tmp/room
-    mkdir -p "$d"
-    unxz() { python3 -c "import lzma, shutil, sys; shutil.copyfileobj(lzma.open(sys.argv[1]), open(sys.argv[2], 'wb'))" "$1" "$2"; }
-    [ -x "$d/livekit-server" ] || { unxz .roombundle/livekit-server.xz "$d/livekit-server" && chmod +x "$d/livekit-server"; }
-    [ -f "$d/tokenizer-trimmed.json" ] || unxz .roombundle/tokenizer.json.xz "$d/tokenizer-trimmed.json"
-    # a package the image lacks or has too old fails here in seconds, naming it
-    python3 -c "import livekit.rtc, livekit.api, livekit.agents, breezert_agent; print('room imports ok')"
+    room_prepare "$d"
     n=${ROOM_N:-16,64}
     timeout "${ROOM_TIMEOUT_S:-540}" python3 bench/room.py --server-bin "$d/livekit-server" \
       --config configs/h200-latency.toml --tokenizer "$d/tokenizer-trimmed.json" \
@@ -423,5 +428,32 @@ case "$phase" in
       || echo "room.py ended with $? (124: ROOM_TIMEOUT_S)"
     # the logs come back also after a timeout (4 Dec: set -e ended the phase before this line)
     (cd /tmp && tar czf "$out/room-logs.tgz" breezert-room-*) 2>/dev/null || true ;;
+  scaleout)  # issue 36: K engines behind LiveKit's dispatcher on the 4-GPU machine (kind
+    # nvidia-h200-x4; bench/room.py --workers): livekit-server on loopback, SCALE_K agent workers
+    # (1, 2 or 4; default 4) under one agent name, worker i pinned to GPU i (CUDA_VISIBLE_DEVICES)
+    # with its own in-process engine (configs/h200-latency.toml, full-size random bf16, 64
+    # running requests: full at 64 calls), ROOM_N x SCALE_K listener rooms (ROOM_N, default 64:
+    # one GPU's load, so K=1, 2, 4 are 1x, 2x, 4x it) of ROOM_TURNS closed-loop turns (2) in
+    # variant SCALE_VARIANT (none), dispatched by SCALE_DISPATCH (engine: the plugin's
+    # engine_load, as shipped; cpu: LiveKit's default CPU load; comma-separated runs both, each
+    # with fresh workers: longer than one call at K=4). ROOM_PER_PROCESS (4) rooms share a
+    # listener process at every K, so the listeners' own lateness does not grow with K; each
+    # worker's torch runs SCALE_THREADS (4) CPU threads. One call per (SCALE_K, SCALE_DISPATCH),
+    # each building K engines; carry .roombundle alone, as phase room. Results:
+    # $OUT/h200x4-scaleout-k<K>-<dispatch>.json (+ its PNGs); merge them afterwards, anywhere:
+    # python bench/room_scaleout.py --out bench/results/h200x4-scaleout.json <the JSONs>.
+    d=/tmp/room
+    room_prepare "$d"
+    k=${SCALE_K:-4}
+    dispatch=${SCALE_DISPATCH:-engine}
+    n=$(python3 -c "import sys; print(','.join(str(int(x) * int(sys.argv[2])) for x in sys.argv[1].split(',')))" "${ROOM_N:-64}" "$k")
+    BREEZERT_ROOM_THREADS=${SCALE_THREADS:-4} timeout "${ROOM_TIMEOUT_S:-540}" python3 bench/room.py \
+      --server-bin "$d/livekit-server" --config configs/h200-latency.toml \
+      --tokenizer "$d/tokenizer-trimmed.json" --texts .roombundle/texts_en.tsv \
+      --workers "$k" --dispatch "$dispatch" --listeners "$n" --turns "${ROOM_TURNS:-2}" \
+      --rooms-per-process "${ROOM_PER_PROCESS:-4}" --join-timeout-s "${ROOM_JOIN_TIMEOUT_S:-240}" \
+      --variants "${SCALE_VARIANT:-none}" --out "$out/h200x4-scaleout-k$k-${dispatch//,/-}.json" \
+      2>&1 | grep -vE 'Warn|^\{' | tail -40 || echo "room.py ended with $? (124: ROOM_TIMEOUT_S)"
+    (cd /tmp && tar czf "$out/scaleout-logs.tgz" breezert-room-*) 2>/dev/null || true ;;
   *) echo "unknown phase $phase" >&2; exit 2 ;;
 esac
