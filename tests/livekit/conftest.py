@@ -3,7 +3,8 @@
 Owns: finding (or building, through the Makefile) the pinned ``livekit-server``, starting it on
 free loopback ports and stopping it; starting ``room_worker.py`` against it; a ``Room`` helper
 that dispatches the agent into a fresh room, joins it with ``livekit.rtc`` and records the agent's
-audio (``listening.Recording``); serves the repository to the browser participant (``browser.py``).
+audio (``listening.Recording``); serves the repository to the browser participant (``browser.py``);
+runs ``bench/room.py`` small against the built server (``run_room_bench``).
 A server that ``make`` could not build fails the tests under ``CI=true`` with the build log's
 last lines, and skips them elsewhere (``tests/components.missing``).
 """
@@ -58,6 +59,29 @@ def built_binary(path: Path, build_log: Path, target: str, override_env: str) ->
     if not path.exists():
         missing(f"{target} could not be built", target, build_log)
     return path
+
+
+ROOM_TEXTS = ["Hello, thanks for calling.", "Your order ships today.", "One moment please.",
+              "Is there anything else?"]
+
+
+def run_room_bench(tmp_path: Path, *args: str,
+                   timeout_s: float = 110) -> tuple[subprocess.CompletedProcess[str], float]:
+    """``bench/room.py`` with ``args`` (the caller's ``--out`` among them) against the built
+    server, on four short texts (``ROOM_TEXTS``), the agent's torch on one thread: the finished
+    process and its wall time in seconds."""
+    server = built_binary(SERVER_BIN, BUILD_LOG, "livekit-server", "BREEZERT_LIVEKIT_SERVER")
+    texts = tmp_path / "texts.tsv"
+    texts.write_text("id\ttext\n" + "".join(f"{i}\t{t}\n" for i, t in enumerate(ROOM_TEXTS)))
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO / "runtime"), str(REPO / "bench"),
+                                                        str(REPO)]),
+           "BREEZERT_ROOM_THREADS": "1"}
+    started = time.monotonic()
+    done = subprocess.run(
+        [sys.executable, str(REPO / "bench" / "room.py"), "--server-bin", str(server),
+         "--texts", str(texts), *args],
+        env=env, cwd=REPO, capture_output=True, text=True, timeout=timeout_s)
+    return done, time.monotonic() - started
 
 
 def _server_binary() -> Path:

@@ -14,39 +14,23 @@ A missing server fails under ``CI=true`` (``tests/components.missing``), skips e
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import pytest
 
-from tests.livekit.conftest import BUILD_LOG, REPO, SERVER_BIN, built_binary
+from tests.livekit.conftest import run_room_bench
 
 pytestmark = pytest.mark.livekit
 
-TEXTS = ["Hello, thanks for calling.", "Your order ships today.", "One moment please.",
-         "Is there anything else?"]
 MAX_JOBS = 2  # each engine's max_running_requests: what engine_load counts a worker's rooms against
 
 
 def test_two_workers_share_four_rooms_by_engine_load(tmp_path: Path) -> None:
-    server = built_binary(SERVER_BIN, BUILD_LOG, "livekit-server", "BREEZERT_LIVEKIT_SERVER")
-    texts = tmp_path / "texts.tsv"
-    texts.write_text("id\ttext\n" + "".join(f"{i}\t{t}\n" for i, t in enumerate(TEXTS)))
     out = tmp_path / "scaleout.json"
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO / "runtime"), str(REPO / "bench"),
-                                                        str(REPO)]),
-           "BREEZERT_ROOM_THREADS": "1"}
-    started = time.monotonic()
-    done = subprocess.run(
-        [sys.executable, str(REPO / "bench" / "room.py"), "--server-bin", str(server),
-         "--workers", "2", "--dispatch", "engine", "--listeners", "4", "--turns", "1",
-         "--texts", str(texts), "--variants", "none",
-         "--set", f"scheduler.max_running_requests={MAX_JOBS}", "--out", str(out)],
-        env=env, cwd=REPO, capture_output=True, text=True, timeout=110)
-    wall = time.monotonic() - started
+    done, wall = run_room_bench(
+        tmp_path, "--workers", "2", "--dispatch", "engine", "--listeners", "4", "--turns", "1",
+        "--variants", "none", "--set", f"scheduler.max_running_requests={MAX_JOBS}",
+        "--out", str(out))
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     doc = json.loads(out.read_text())
     assert doc["provenance"]["workers"] == 2 and doc["provenance"]["dispatch"] == "engine"

@@ -8,10 +8,8 @@ Owns: the listener's arithmetic. Must not: need a LiveKit server or a model.
 
 from __future__ import annotations
 
-import importlib
 import io
 import json
-import sys
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -20,25 +18,17 @@ import pytest
 from livekit import rtc
 
 from breezert_agent.playout import PlayoutFeedback
+from tests.bench_scripts import bench_script
 from tests.unit.test_agent_tts import FakeRuntimeClient, FakeTurn
 from breezert_agent.client import TurnOptions
 
 pytestmark = pytest.mark.unit
 
-REPO = Path(__file__).resolve().parents[2]
 F = 0.01  # one 10 ms frame
 LOUD, QUIET = 3000.0, 5.0
 
 
-def _bench(name: str) -> Any:
-    sys.path.insert(0, str(REPO / "bench"))
-    try:
-        return importlib.import_module(name)
-    finally:
-        sys.path.remove(str(REPO / "bench"))
-
-
-room_listener = _bench("room_listener")
+room_listener = bench_script("room_listener")
 
 
 def _feed(clock: Any, frames: list[tuple[float, float]], t0: float = 100.0) -> None:
@@ -220,7 +210,7 @@ def test_the_receiver_log_gives_the_first_audios_buffer_and_the_concealment() ->
 
 
 def test_one_turns_first_audio_is_itemised_along_its_path() -> None:
-    room = _bench("room")
+    room = bench_script("room")
     turn = {"sent": 1.000, "jitter_buffer_s": 0.030,
             "agent": {"received": 1.004, "said": 1.005, "opened": 1.007, "first_audio": 1.037,
                       "playback_started": 1.039, "source_queued_s": 0.0},
@@ -244,7 +234,7 @@ def test_one_turns_first_audio_is_itemised_along_its_path() -> None:
 
 
 def test_a_listener_groups_ready_line_is_found_past_native_library_noise(tmp_path: Path) -> None:
-    room = _bench("room")
+    room = bench_script("room")
     noisy = io.StringIO('Nvidia Decoder is supported.\nREADY [{"room": "r0"}]\nDONE\n')
     log = tmp_path / "g0.log"
     assert room.await_ready(noisy, log) == [{"room": "r0"}]
@@ -261,7 +251,7 @@ def test_the_loop_lag_is_the_latest_wake_up_in_a_window() -> None:
 
 
 def test_the_agents_publish_options_come_from_the_environment_spec() -> None:
-    room_agent = _bench("room_agent")
+    room_agent = bench_script("room_agent")
     options = room_agent.publish_options("dtx=0,red=0")
     assert (options.dtx, options.red) == (False, False)
     assert options.HasField("dtx") and options.HasField("red")

@@ -7,28 +7,20 @@ Owns: that arithmetic. Must not: need a LiveKit server, a worker or a model.
 
 from __future__ import annotations
 
-import importlib
 import json
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
+
+from tests.bench_scripts import bench_script
 
 pytestmark = pytest.mark.unit
 
 REPO = Path(__file__).resolve().parents[2]
 
 
-def _bench(name: str) -> Any:
-    sys.path.insert(0, str(REPO / "bench"))
-    try:
-        return importlib.import_module(name)
-    finally:
-        sys.path.remove(str(REPO / "bench"))
-
-
-scaleout = _bench("room_scaleout")
+scaleout = bench_script("room_scaleout")
 
 
 def test_a_call_on_a_full_worker_counts_only_while_another_had_room() -> None:
@@ -116,7 +108,7 @@ def test_merge_puts_every_k_in_one_document_with_capacity_over_k1(tmp_path: Path
 
 
 def test_workers_are_pinned_to_gpus_only_on_cuda(monkeypatch: pytest.MonkeyPatch) -> None:
-    procs = _bench("room_procs")
+    procs = bench_script("room_procs")
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     assert procs.pinned_gpus(None, "", 2) is None  # the embedded cpu-tiny
     latency = str(REPO / "configs" / "h200-latency.toml")
