@@ -71,7 +71,7 @@ def placement(run: Mapping[str, Any], workers: Mapping[int, str], capacity: Mapp
               held_at_start: Mapping[str, int]) -> dict[str, Any]:
     """Per worker (``workers``: pid -> name) its rooms, turns, peak concurrent turns (the
     agent's ``say`` to its end), ``max_jobs`` and jobs before the run; the misplaced count; and
-    rooms or turns whose pid is none of these workers (``unknown``: a wiring fault)."""
+    rooms or answered turns whose pid is none of these workers (``unknown``: a wiring fault)."""
     rooms: Counter[str] = Counter()
     placements: list[Placement] = []
     unknown = 0
@@ -84,7 +84,9 @@ def placement(run: Mapping[str, Any], workers: Mapping[int, str], capacity: Mapp
         placements.append((ready["job_started"], name, int(ready["jobs_held"])))
     spans: dict[str, list[tuple[float, float]]] = {name: [] for name in capacity}
     for turn in run["turns"]:
-        agent = turn.get("agent") or {}
+        agent = turn.get("agent")
+        if not agent:  # the agent never answered: the turn's error says so
+            continue
         name = workers.get(agent.get("pid", -1))
         if name is None:
             unknown += 1

@@ -59,7 +59,8 @@ def _run() -> dict[str, Any]:
     turns = [{"agent": {"pid": 11, "said": 2.0, "done": 4.0}, "heard": {"audio_s": 1.5}},
              {"agent": {"pid": 11, "said": 3.0, "done": 5.0}, "heard": {"audio_s": 2.0}},
              {"agent": {"pid": 22, "said": 2.0, "done": 3.0}, "heard": {"audio_s": 0.5}},
-             {"agent": {"pid": 99, "said": 2.0, "done": 3.0}, "error": "no audio heard"}]
+             {"agent": {"pid": 99, "said": 2.0, "done": 3.0}, "error": "no audio heard"},
+             {"error": "no bench.turn from the agent in 120 s"}]
     return {"ready": ready, "turns": turns, "wall_s": 8.0}
 
 
@@ -71,7 +72,7 @@ def test_placement_names_the_worker_of_every_room_and_turn() -> None:
         "w1": {"pid": 22, "rooms": 1, "turns": 1, "peak_concurrent_turns": 1, "max_jobs": 2,
                "jobs_at_start": 0}}
     assert place["misplaced"] == 0
-    assert place["unknown"] == 1  # pid 99 is none of ours
+    assert place["unknown"] == 1  # pid 99 is none of ours; a turn never answered names none
     tight = scaleout.placement(_run(), {11: "w0", 22: "w1"}, {"w0": 1, "w1": 2}, {})
     assert tight["misplaced"] == 1  # w0's second room while w1 held one of two
 
