@@ -510,9 +510,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             for setting, members in groups:
                 if not members:
                     continue
-                overrides = ";".join(p for p in (args.set.strip(";"),
-                                                 f"scheduler.use_predictor={str(setting == 'on').lower()}")
-                                     if p)
+                predictor = f"scheduler.use_predictor={str(setting == 'on').lower()}"
+                overrides = ";".join(p for p in (args.set.strip(";"), predictor) if p)
                 env = {"BREEZERT_ROOM_SET": overrides, "BREEZERT_ROOM_PUBLISH": args.publish,
                        "BREEZERT_ROOM_SOURCE_QUEUE_MS": str(args.source_queue_ms or ""),
                        "BREEZERT_ROOM_IDLE": str(per_worker),

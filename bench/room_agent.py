@@ -41,9 +41,9 @@ Data messages, from the listener (``bench/room_listener.py``): ``bench.say`` ``{
 listener): received, said, engine request opened, first engine audio, playback started (first
 frame into RoomIO's ``AudioSource``), the source's queue then, done, plus the plugin's TTFB and
 which feedback source the plugin reported, and the worker's pid.
-``$BREEZERT_ROOM_STATE/engine_ready.json`` appears once the engine is built; ``metrics.json``
-there holds the engine's counters and the jobs the worker runs, rewritten every second. Must not: change the plugin's pacing (it only reads
-and wraps public objects).
+``$BREEZERT_ROOM_STATE/engine_ready.json`` appears once the engine is built (with ``max_jobs``);
+``metrics.json`` there holds the engine's counters and the jobs the worker runs, rewritten every
+second. Must not: change the plugin's pacing (it only reads and wraps public objects).
 """
 
 from __future__ import annotations
@@ -375,8 +375,6 @@ def _no_load() -> float:
 def load_options() -> dict[str, Any]:
     """The ``WorkerOptions`` fields of ``$BREEZERT_ROOM_DISPATCH`` (see the module doc); every
     mode runs jobs on threads of this process, where its one engine is."""
-    from breezert_agent import engine_worker_options
-
     threads = {"job_executor_type": JobExecutorType.THREAD,
                # a job thread ready for every room of a run (livekit's default keeps
                # min(cores, 4) warm and starts the rest as rooms arrive: on the H200, 4 Dec,

@@ -52,4 +52,5 @@ def test_two_workers_share_four_rooms_by_engine_load(tmp_path: Path) -> None:
     assert place["misplaced"] == 0
     assert out.with_name(out.stem + "-scaleout.png").stat().st_size > 10_000
     assert "misplaced" in done.stdout  # the scale-out table
-    assert wall < 45, f"the small scale-out run took {wall:.0f} s (budget 45 s; 19-20 s on two shared cores)"
+    # 19-20 s on two shared cores (5 Dec)
+    assert wall < 45, f"the small scale-out run took {wall:.0f} s (budget 45 s)"
