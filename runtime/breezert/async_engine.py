@@ -442,16 +442,21 @@ class AsyncEngine:
         with self._routes_lock:
             route = self._routes.get(output.request_id)
         if route is not None:
-            items: list[EngineOutput | SegmentStarted] = [output]
-            if isinstance(output, AudioChunk) and output.segment_index >= route.next_segment:
-                items = [*_segment_starts(route, output), output]
             try:
-                for item in items:
-                    route.loop.call_soon_threadsafe(route.queue.put_nowait, item)
+                if isinstance(output, AudioChunk) and output.segment_index >= route.next_segment:
+                    route.loop.call_soon_threadsafe(_put_all, route.queue,
+                                                    [*_segment_starts(route, output), output])
+                else:
+                    route.loop.call_soon_threadsafe(route.queue.put_nowait, output)
             except RuntimeError:  # the consumer's loop is closed
                 with self._routes_lock:
                     self._routes.pop(output.request_id, None)
                 self.engine.abort(output.request_id)
+
+
+def _put_all(queue: asyncio.Queue[Any], items: list[Any]) -> None:
+    for item in items:
+        queue.put_nowait(item)
 
 
 def _segment_starts(route: _Route, chunk: AudioChunk) -> list[SegmentStarted]:

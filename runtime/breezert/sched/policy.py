@@ -21,7 +21,7 @@ import numpy as np
 from breezert.config import SchedulerConfig
 from breezert.constants import FRAME_S, Stage
 from breezert.sched.deadline import DeadlinePredictor
-from breezert.sched.streams import DECODE, DEPTH, STAGE_CODE, STAGES, StreamTable
+from breezert.sched.streams import DECODE, DEPTH, FEW_ROWS, STAGE_CODE, STAGES, StreamTable
 
 
 class ChunkPolicy(Protocol):
@@ -123,8 +123,6 @@ _GENERATE = (STAGE_CODE[Stage.DECODE], _DEPTH)
 _PREP_MAX = STAGE_CODE[Stage.PREFILL]  # TEXT_ENCODE and PREFILL codes are 0 and 1
 _FEW_PAIRS = 8
 """Up to this many ready pairs, the stage policies rank them pair by pair."""
-_FEW_ROWS = 4
-"""Up to this many rows, ``DeadlineChunkPolicy`` checks for a cut row by row."""
 
 
 class DefaultStagePolicy:
@@ -362,7 +360,7 @@ class DeadlineChunkPolicy:
         self.first_chunk_cover = first_chunk_cover
 
     def chunk_frames(self, table: StreamTable, rows: np.ndarray, now: float) -> np.ndarray:
-        if len(rows) <= _FEW_ROWS and not self.first_chunk_cover and not any(
+        if len(rows) <= FEW_ROWS and not self.first_chunk_cover and not any(
                 self._may_cut_row(table, row) for row in rows.tolist()):
             table.early_target[rows] = -1  # nothing to cut: the schedule's targets, as below
             return table.chunk_target[rows]

@@ -57,6 +57,7 @@ from breezert.sched.slot_wait import (
 from breezert.sched.streams import (
     DECODE,
     DEPTH,
+    FEW_ROWS,
     NO_PHASE,
     PREFILL,
     STAGE_CODE,
@@ -78,9 +79,6 @@ _READY_BY_PHASE = np.zeros((len(STAGE_CODE), 6), bool)
 for _stage, _phase in ((Stage.TEXT_ENCODE, TEXT_ENCODE), (Stage.PREFILL, PREFILL),
                        (Stage.DECODE, DECODE), (Stage.DEPTH, DEPTH)):
     _READY_BY_PHASE[STAGE_CODE[_stage], _phase] = True
-
-_FEW_ROWS = 4
-"""Up to this many running requests, readiness is found row by row (``_ready_rows``)."""
 
 # ----------------------------------------------------------------------------- events
 # Values that nobody changes once built; slotted, not frozen, as the plan's items (sched/plan.py).
@@ -408,7 +406,7 @@ class Scheduler:
             rows, frames = chunks
             table.record_chunks(rows, frames, [request.current_chunk_target for request
                                                in table.request_list(rows)], now)
-        if len(advanced) > _FEW_ROWS:
+        if len(advanced) > FEW_ROWS:
             rows = np.array(advanced, np.int64)
             if plan.stage is Stage.DEPTH:  # one more frame each, DECODE next
                 table.pending[rows] += 1
@@ -427,7 +425,11 @@ class Scheduler:
         # requests with nothing left to generate or decode may finish now (their input closed):
         # after CODEC any of the plan's, after DEPTH those whose segment just ended; after the
         # other stages every item's request still has its active segment
-        if plan.stage is Stage.CODEC:
+        if plan.stage is Stage.CODEC and len(plan.items) <= FEW_ROWS:
+            live, phase, pending = table.live, table.phase, table.pending
+            done = [item.slot for item in plan.items if live[item.slot]
+                    and phase[item.slot] == NO_PHASE and pending[item.slot] == 0]
+        elif plan.stage is Stage.CODEC:
             slots = np.fromiter((item.slot for item in plan.items), np.int64, len(plan.items))
             done = slots[table.live[slots] & (table.phase[slots] == NO_PHASE)
                          & (table.pending[slots] == 0)].tolist()
@@ -639,7 +641,7 @@ class Scheduler:
         table = self._table
         if self.capacity is not None:  # admission's count of the streams owed audio
             self._num_owing = int(np.count_nonzero(table.phase[table.live_slots] != NO_PHASE))
-        if len(table.live_slots) <= _FEW_ROWS:
+        if len(table.live_slots) <= FEW_ROWS:
             return self._ready_rows(now)
         return self._ready_arrays(now)
 
@@ -804,7 +806,7 @@ class Scheduler:
     def _mark_served(self, stage: Stage, items: Sequence[StageItem], now: float) -> None:
         slots = [item.slot for item in items]
         since = self._table.ready_since[STAGE_CODE[stage]]
-        if len(slots) > _FEW_ROWS:
+        if len(slots) > FEW_ROWS:
             since[slots] = -1
         else:
             for slot in slots:

@@ -29,6 +29,11 @@ PHASE_CODE = {phase: code for code, phase in enumerate(
      SegmentPhase.DECODE))}
 QUEUED, TEXT_ENCODE, PREFILL, DEPTH, DECODE = range(5)
 
+FEW_ROWS = 4
+"""Up to this many rows, the per-step updates and checks go row by row in plain Python: a
+numpy call costs several times a scalar write at the one or two streams of a first packet,
+where every step's host time is on the listener's clock."""
+
 
 class StreamTable:
     """One row per slot (``live`` rows hold a running request); see the module doc.
@@ -136,7 +141,13 @@ class StreamTable:
                       now: float) -> None:
         """``set_chunks`` for ``rows`` after one chunk each of ``num_frames`` that their
         requests recorded at ``now`` (``targets``: their schedules' next entries), the report's
-        count of frames since it kept up without a search: one write per column."""
+        count of frames since it kept up without a search: one write per column (row by row for
+        ``FEW_ROWS`` rows or fewer)."""
+        if len(rows) <= FEW_ROWS:
+            for row, frames, target in zip(rows.tolist(), num_frames.tolist(), targets,
+                                           strict=True):
+                self._record_chunk(row, frames, target, now)
+            return
         self.num_chunks[rows] += 1
         self.chunk_target[rows] = targets
         self.first_chunk_time[rows[self.num_chunks[rows] == 1]] = now
@@ -145,6 +156,18 @@ class StreamTable:
         self.pending[rows] -= num_frames
         after = self.has_report[rows] & (self.report_at[rows] < now)
         self.frames_since[rows[after]] += num_frames[after]
+
+    def _record_chunk(self, row: int, num_frames: int, target: int, now: float) -> None:
+        """``record_chunks`` for one row."""
+        self.num_chunks[row] += 1
+        self.chunk_target[row] = target
+        if self.num_chunks[row] == 1:
+            self.first_chunk_time[row] = now
+        self.last_chunk_time[row] = now
+        self.decoded[row] += num_frames
+        self.pending[row] -= num_frames
+        if self.has_report[row] and self.report_at[row] < now:
+            self.frames_since[row] += num_frames
 
     def set_report(self, slot: int, request: Request) -> None:
         """The listener's latest report (after it changed)."""
