@@ -41,7 +41,8 @@ import time
 from typing import Any
 
 from breezert_bench import chromium as page
-from room_listener import ENERGY_RMS, SOUND_RMS, Gap, ReceiverLog
+from room_listener import (ENERGY_RMS, SOUND_RMS, Gap, ReceiverLog, dispatch_agent,
+                           listener_token)
 
 TURN_SETTLE_S = 0.3
 """The page's track quiet for this long after its last loud edge ends a turn there (the Python
@@ -103,31 +104,20 @@ class BrowserListenerRoom:
         return await self._eval("({" + ", ".join(f"{k}: {page.LISTENER}.{k}" for k in keys)
                                 + "})")
 
-    def _token(self) -> str:
-        from livekit import api
-
-        grants = api.VideoGrants(room_join=True, room=self.name, can_publish=True,
-                                 can_subscribe=True, can_publish_data=True)
-        return (api.AccessToken(self.api_key, self.api_secret).with_identity("listener")
-                .with_grants(grants).to_jwt())
-
     async def join(self, timeout_s: float = 120.0) -> dict[str, Any]:
         """Starts Chromium on the listener page, joins, dispatches the agent and waits until it
         is ready and its track plays; the agent's ``bench.ready`` with ``join_s`` added."""
-        from livekit import api
-
         started = time.monotonic()
         binary = page.find_chromium()
         if binary is None:
             raise RuntimeError(page.listener_page_missing())
         self._devtools = await self._stack.enter_async_context(page.chromium(binary, []))
         self._session = await page.join_listener(
-            self._devtools, self.web_root, self.url, self._token(),
+            self._devtools, self.web_root, self.url,
+            listener_token(self.api_key, self.api_secret, self.name),
             {"report": self.report, "energy": self.energy})
-        async with api.LiveKitAPI(self.api_url, self.api_key, self.api_secret) as lkapi:
-            await lkapi.agent_dispatch.create_dispatch(api.CreateAgentDispatchRequest(
-                agent_name=self.agent_name, room=self.name,
-                metadata=json.dumps({"variant": self.variant})))
+        await dispatch_agent(self.api_url, self.api_key, self.api_secret, self.agent_name,
+                             self.name, self.variant)
         ready = await self._message("bench.ready", None, started + timeout_s)
         await page.wait_subscribed(self._devtools, self._session,
                                    max(started + timeout_s - time.monotonic(), 1.0))
