@@ -65,7 +65,7 @@ chromium:
 # (skip elsewhere) with the last lines of .cache/livekit/build.log.
 LIVEKIT_SERVER_VERSION ?= v1.13.5
 LIVEKIT_DIR            := .cache/livekit
-LIVEKIT_WEB            := tests/livekit/web
+LIVEKIT_WEB            := bench/web
 
 livekit-server:
 	@mkdir -p $(LIVEKIT_DIR)
@@ -119,8 +119,8 @@ livekit-sip: telephony-deps
 	  rm -rf "$$src"; \
 	fi
 
-# livekit-client for the browser participant, pinned in tests/livekit/web/package-lock.json and
-# served on loopback by the test (no CDN).
+# livekit-client for the browser listener page (the real-room tests, bench/room.py
+# --browser-listeners), pinned in bench/web/package-lock.json and served on loopback (no CDN).
 livekit-web:
 	@test -f $(LIVEKIT_WEB)/node_modules/livekit-client/dist/livekit-client.esm.mjs || \
 	  npm ci --prefix $(LIVEKIT_WEB) --no-audit --no-fund --loglevel=error || \

@@ -14,6 +14,15 @@ arrivals over all rooms; an arrival for a room still speaking waits for it: ``ro
 Turn ``i`` of a run has the same text, frame limit and seed in every variant
 (``breezert_bench.workload``).
 
+With ``--browser-listeners M``, the last M rooms of every run get a headless-Chromium listener
+(``bench/room_browser.py``: livekit-client on ``bench/web/index.html``, reporting through
+``examples/playout_reporter.js`` itself in variant ``listener``) instead of a Python one: same
+dispatch, trigger and turn record, first audio and gaps measured by an AudioWorklet on the
+played track with the Python listener's energy rule. Each turn says its ``listener_kind``, and
+each run's summary gives first audio and gaps per kind (``by_listener_kind``) beside the
+overall ones. Without Chromium or livekit-client the option is an error that names the missing
+piece (``make chromium``, ``make livekit-web``).
+
 Variants run one after another; ``listener``, ``agent-queue`` and ``none`` share one worker (the
 Predictor on), ``predictor-off`` gets its own (``scheduler.use_predictor = false``), so each
 engine setting is built once. The JSON holds every turn and, per run, first audio heard, gaps
@@ -31,9 +40,9 @@ the placement check (``bench/room_scaleout.py`` says what counts as a call on a 
 with K > 1 or a dispatch mode, a second table and ``<out>-scaleout.png`` draw them. Before each
 run the parent waits (up to 30 s) until every worker reports no job left from the run before.
 
-Owns: which workers serve which runs, the listener processes and their schedule, the summary and
-the plot (the server's and workers' processes: ``bench/room_procs.py``; the scale-out figures:
-``bench/room_scaleout.py``). Must not: reach into the agent's process (all it learns comes
+Owns: which workers serve which runs, the listener processes (of either kind) and their
+schedule, the summary and the plot (the server's and workers' processes: ``bench/room_procs.py``;
+the scale-out figures: ``bench/room_scaleout.py``). Must not: reach into the agent's process (all it learns comes
 through the room and the files the agent writes in its state folder).
 """
 
@@ -41,6 +50,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import random
@@ -57,6 +67,7 @@ for _path in (REPO / "runtime", REPO):  # as a script: bench/ (breezert_bench) i
     if str(_path) not in sys.path:
         sys.path.append(str(_path))
 
+from breezert_bench.chromium import listener_page_missing, serve_repository  # noqa: E402
 from breezert_bench.listener import summarize  # noqa: E402
 from breezert_bench.provenance import provenance  # noqa: E402
 from breezert_bench.report import write_json  # noqa: E402
@@ -125,16 +136,20 @@ def run_group(spec: dict[str, Any], out: Path) -> None:
 
 
 async def _group(spec: dict[str, Any], out: Path) -> None:
+    from room_browser import BrowserListenerRoom
     from room_listener import ListenerRoom, LoopLag
 
     loop_lag = LoopLag()
     lag_task = asyncio.create_task(loop_lag.run())
-    rooms = [ListenerRoom(url=spec["url"], api_url=spec["api_url"], api_key=API_KEY,
-                          api_secret=API_SECRET, room=name, agent_name=spec["agent_name"],
-                          variant=spec["variant"], report=spec["variant"] == "listener",
-                          prebuffer_s=spec["prebuffer_s"], energy_rms=spec["energy_rms"],
-                          loop_lag=loop_lag)
-             for name in spec["rooms"]]
+    common = {"url": spec["url"], "api_url": spec["api_url"], "api_key": API_KEY,
+              "api_secret": API_SECRET, "agent_name": spec["agent_name"],
+              "variant": spec["variant"], "report": spec["variant"] == "listener",
+              "prebuffer_s": spec["prebuffer_s"], "energy_rms": spec["energy_rms"]}
+    kind = spec.get("kind", "python")
+    rooms: list[Any] = [
+        BrowserListenerRoom(room=name, web_root=spec["web_root"], **common)
+        if kind == "browser" else ListenerRoom(room=name, loop_lag=loop_lag, **common)
+        for name in spec["rooms"]]
     ready = await asyncio.gather(*(room.join(spec["join_timeout_s"]) for room in rooms))
     print("READY", json.dumps(ready), flush=True)
     line = await asyncio.get_running_loop().run_in_executor(None, sys.stdin.readline)
@@ -152,16 +167,17 @@ async def _group(spec: dict[str, Any], out: Path) -> None:
             text = texts[index % len(texts)]
             wait = max(time.monotonic() - due, 0.0) if spec["mode"] == "open" else None
             record = await room.turn(text, frames_for_text(text), request_seed(seed, index))
-            records.append({**record, "index": index, "room_wait_s": wait})
+            records.append({**record, "index": index, "room_wait_s": wait,
+                            "listener_kind": kind})
             if spec["mode"] == "closed":
                 await asyncio.sleep(think_s)
         return records
 
     results = await asyncio.gather(*(speak(rooms[r], items) for r, items in by_room.items()))
     turns = [record for records in results for record in records]
-    meta = [{"room": room.name, "reports_sent": room.reports_sent, "frames": room.frames}
-            for room in rooms]
-    await asyncio.gather(*(room.close() for room in rooms))
+    await asyncio.gather(*(room.close() for room in rooms))  # a page's counts are read there
+    meta = [{"room": room.name, "reports_sent": room.reports_sent, "frames": room.frames,
+             "listener_kind": kind} for room in rooms]
     lag_task.cancel()
     out.write_text(json.dumps({"turns": turns, "rooms": meta, "ready": ready}))
     print("DONE", flush=True)
@@ -182,19 +198,32 @@ def await_ready(stdout: IO[str] | None, log: Path) -> list[Any]:
                        f"its log ({log}) ends: {tail}")
 
 
+def listener_groups(num_rooms: int, browsers: int, per: int) -> list[tuple[str, list[int]]]:
+    """The run's listener processes as (kind, rooms): the last ``browsers`` rooms are browser
+    listeners, all in one process (each its own Chromium), the others Python listeners in
+    processes of ``per`` rooms."""
+    python, per = num_rooms - browsers, max(1, per)
+    groups = [("python", list(range(start, min(start + per, python))))
+              for start in range(0, python, per)]
+    return groups + ([("browser", list(range(python, num_rooms)))] if browsers else [])
+
+
 def run_listeners(*, url: str, api_url: str, agent: str, variant: str, mode: str,
                   num_rooms: int,
                   turns: int, rate: float | None, args: argparse.Namespace,
-                  texts: Sequence[str], log_dir: Path, tag: str) -> dict[str, Any]:
-    """One run: ``num_rooms`` listener rooms in processes of ``--rooms-per-process``, started
+                  texts: Sequence[str], log_dir: Path, tag: str,
+                  web_root: str | None = None) -> dict[str, Any]:
+    """One run: ``num_rooms`` listener rooms in processes of ``--rooms-per-process`` (the last
+    ``--browser-listeners`` of them in Chromium, the page served from ``web_root``), started
     together once all joined; returns their turns and rooms."""
     plan = schedule(mode, num_rooms, turns, rate, args.seed)
-    per = max(1, args.rooms_per_process)
     names = [f"{tag}-r{i}" for i in range(num_rooms)]
     procs = []
-    for group_start in range(0, num_rooms, per):
-        members = list(range(group_start, min(group_start + per, num_rooms)))
+    for kind, members in listener_groups(num_rooms, args.browser_listeners,
+                                         args.rooms_per_process):
+        group_start = members[0]
         spec = {"url": url, "api_url": api_url, "variant": variant, "mode": mode,
+                "kind": kind, "web_root": web_root,
                 "agent_name": f"{AGENT_NAME}-{agent}",
                 "rooms": [names[i] for i in members], "texts": list(texts), "seed": args.seed,
                 "think_s": args.think_s, "prebuffer_s": args.prebuffer_ms / 1000,
@@ -291,13 +320,11 @@ ITEMS = ("say_to_request", "engine_ttfb", "agent_pipeline", "source_queue", "opu
 """The first audio's path after the agent's ``say``, in order (what the plot stacks)."""
 
 
-def summarize_run(run: dict[str, Any], prebuffer_s: float) -> dict[str, Any]:
-    turns = run["turns"]
+def heard_summary(turns: Sequence[dict[str, Any]], prebuffer_s: float) -> dict[str, Any]:
+    """What the callers of ``turns`` heard: first audio after the agent's say and after the
+    trigger, gaps by kind (quiet, late) and the speech concealed in the turns."""
     heard = [t for t in turns if "heard" in t]
     items = [i for i in (itemise(t, prebuffer_s) for t in turns) if i is not None]
-
-    def stat(key: str) -> dict[str, Any]:
-        return summarize(i[key] for i in items if i.get(key) is not None)
 
     def gaps(kind: str) -> dict[str, Any]:
         runs = [[g for g in t["heard"]["gaps"] if g["kind"] == kind] for t in heard]
@@ -305,21 +332,42 @@ def summarize_run(run: dict[str, Any], prebuffer_s: float) -> dict[str, Any]:
         return {"turns_with": sum(1 for r in runs if r), "count": len(lengths),
                 "total_s": round(sum(lengths), 4), "longest_s": max(lengths, default=0.0)}
 
+    return {"turns": len(turns), "heard": len(heard),
+            "first_heard_after_say": summarize(i["heard_after_say"] for i in items
+                                               if i.get("heard_after_say") is not None),
+            "first_heard_after_trigger": summarize(i["heard_after_trigger"] for i in items
+                                                   if i.get("heard_after_trigger") is not None),
+            "gaps_quiet": gaps("quiet"), "gaps_late": gaps("late"),
+            "concealed_in_turns_s": round(sum(t.get("concealed_s") or 0.0 for t in heard), 4)}
+
+
+def summarize_run(run: dict[str, Any], prebuffer_s: float) -> dict[str, Any]:
+    turns = run["turns"]
+    heard = [t for t in turns if "heard" in t]
+    items = [i for i in (itemise(t, prebuffer_s) for t in turns) if i is not None]
+    kinds = sorted({t.get("listener_kind", "python") for t in turns})
+
+    def stat(key: str) -> dict[str, Any]:
+        return summarize(i[key] for i in items if i.get(key) is not None)
+
     agent_reports: dict[str, int] = {}
     for t in turns:
         for source, n in (t.get("agent") or {}).get("reports", {}).items():
             agent_reports[source] = agent_reports.get(source, 0) + n
     return {
-        "turns": len(turns), "heard": len(heard),
+        **heard_summary(turns, prebuffer_s),
         "errors": [t["error"] for t in turns if "error" in t],
-        "first_heard_after_say": stat("heard_after_say"),
-        "first_heard_after_trigger": stat("heard_after_trigger"),
+        "by_listener_kind": {kind: {
+            **heard_summary([t for t in turns if t.get("listener_kind", "python") == kind],
+                            prebuffer_s),
+            "rooms": sum(1 for r in run["rooms"] if r.get("listener_kind", "python") == kind),
+            "reports_sent": sum(r["reports_sent"] for r in run["rooms"]
+                                if r.get("listener_kind", "python") == kind)}
+            for kind in kinds},
         "beyond_engine_ttfb": stat("beyond_engine_ttfb"),
         "path_beyond_engine_ttfb": stat("path_beyond_engine_ttfb"),
         "itemised_p50": {k: summarize(i[k] for i in items if i.get(k) is not None)["p50"]
                          for k in ("data_trip", *ITEMS, "transport", "wire")},
-        "gaps_quiet": gaps("quiet"), "gaps_late": gaps("late"),
-        "concealed_in_turns_s": round(sum(t.get("concealed_s") or 0.0 for t in heard), 4),
         "min_energetic_rms": min((t["heard"]["min_rms"] for t in heard), default=None),
         "room_wait": summarize(t["room_wait_s"] for t in turns
                                if t.get("room_wait_s") is not None),
@@ -357,6 +405,14 @@ def text_table(runs: Sequence[dict[str, Any]]) -> str:
                      f"{s['gaps_quiet']['count']} ({s['gaps_quiet']['turns_with']})",
                      f"{s['gaps_late']['count']} ({s['gaps_late']['turns_with']})",
                      str(s["reports_sent"])))
+        by_kind = s.get("by_listener_kind", {})
+        for kind, k in by_kind.items() if len(by_kind) > 1 else ():
+            heard = k["first_heard_after_say"]
+            rows.append((f"  {kind} listeners", str(k["rooms"]), "", str(k["heard"]),
+                         f"{_ms(heard['p50'])}/{_ms(heard['p95'])}", "", "", "",
+                         f"{k['gaps_quiet']['count']} ({k['gaps_quiet']['turns_with']})",
+                         f"{k['gaps_late']['count']} ({k['gaps_late']['turns_with']})",
+                         str(k["reports_sent"])))
     widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
     return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)) for r in rows)
 
@@ -437,6 +493,10 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--no-closed", action="store_true", help="open-loop runs only")
     p.add_argument("--think-s", type=float, default=0.3, help="closed loop: pause between turns")
     p.add_argument("--rooms-per-process", type=int, default=16)
+    p.add_argument("--browser-listeners", type=int, default=0,
+                   help="M of each run's rooms get a headless-Chromium listener (livekit-client, "
+                        "bench/web/index.html) instead of a Python one; needs Chromium on PATH "
+                        "(make chromium) and livekit-client (make livekit-web)")
     p.add_argument("--prebuffer-ms", type=float, default=20.0)
     p.add_argument("--energy-rms", type=float, default=200.0)
     p.add_argument("--seed", type=int, default=0)
@@ -459,6 +519,16 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         p.error("--workers must be >= 1")
     if args.no_closed and args.rate is None:
         p.error("--no-closed needs --rate")
+    if args.browser_listeners < 0:
+        p.error("--browser-listeners must be >= 0")
+    if args.listen_group is None and args.browser_listeners:
+        too_few = [n for n in str(args.listeners).split(",") if int(n) < args.browser_listeners]
+        if too_few:
+            p.error(f"--browser-listeners {args.browser_listeners}: more than the rooms of "
+                    f"--listeners {','.join(too_few)}")
+        lacking = listener_page_missing()
+        if lacking is not None:
+            p.error(f"--browser-listeners {args.browser_listeners}: {lacking}")
     return args
 
 
@@ -481,6 +551,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                                  num_texts=len(texts), set=args.set, publish=args.publish,
                                  source_queue_ms=args.source_queue_ms,
                                  turns=args.turns, workers=args.workers,
+                                 browser_listeners=args.browser_listeners,
                                  dispatch=args.dispatch,
                                  rate=args.rate, prebuffer_ms=args.prebuffer_ms,
                                  energy_rms=args.energy_rms, seed=args.seed,
@@ -496,6 +567,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             "content_lead_in": "that first sound to the first energetic frame: the model's "
                                "quiet lead-in, not the path (wire = transport + lead-in)",
             "path_beyond_engine_ttfb": "beyond_engine_ttfb less the content lead-in",
+            "listener_kind": "python: livekit.rtc, frames stamped as the SDK hands them over; "
+                             "browser: headless Chromium with livekit-client, edges of an "
+                             "AudioWorklet on the played track (10 ms RMS windows), stamped "
+                             "by the page; both add the same speaker prebuffer. A browser "
+                             "has no late gaps (its jitter buffer conceals: concealed_s), and "
+                             "its quiet gaps include the headless fake output's under-runs",
             "estimated": "opus_framing_est (one 20 ms packet), jitter_buffer_est (receiver "
                          "stats over the 100 ms after the first audio), sfu_network_est "
                          "(the rest of the transport)",
@@ -505,7 +582,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     groups = [("on", [v for v in variants if v != "predictor-off"]),
               ("off", [v for v in variants if v == "predictor-off"])]
     per_worker = -(-max(listeners) // args.workers)  # the rooms a worker gets when spread evenly
-    with livekit_server(args.server_bin, log_dir) as (url, api_url):
+    with contextlib.ExitStack() as stack:
+        url, api_url = stack.enter_context(livekit_server(args.server_bin, log_dir))
+        web_root = (stack.enter_context(serve_repository()) if args.browser_listeners
+                    else None)
         for dispatch in args.dispatch.split(","):
             for setting, members in groups:
                 if not members:
@@ -537,7 +617,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                                 entry = measure(url=url, api_url=api_url, agent=name,
                                                 workers=workers, dispatch=dispatch,
                                                 variant=variant, load=load, num_rooms=n,
-                                                args=args, texts=texts, log_dir=log_dir)
+                                                args=args, texts=texts, log_dir=log_dir,
+                                                web_root=web_root)
                                 doc["runs"].append(entry)
                                 write_json(doc, out)
     print(text_table(doc["runs"]))
@@ -552,7 +633,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def measure(*, url: str, api_url: str, agent: str, workers: Sequence[Worker], dispatch: str,
             variant: str, load: str, num_rooms: int, args: argparse.Namespace,
-            texts: Sequence[str], log_dir: Path) -> dict[str, Any]:
+            texts: Sequence[str], log_dir: Path, web_root: str | None) -> dict[str, Any]:
     """One run on the workers started for it: its entry in the JSON (with ``error`` when a
     listener process died: the run is lost, not the ones after it; the log dir has why)."""
     tag = f"{variant}-n{num_rooms}-{load}-{random.randrange(16**6):06x}"
@@ -563,7 +644,7 @@ def measure(*, url: str, api_url: str, agent: str, workers: Sequence[Worker], di
     try:
         run = run_listeners(url=url, api_url=api_url, agent=agent, variant=variant, mode=load,
                             num_rooms=num_rooms, turns=args.turns, rate=args.rate, args=args,
-                            texts=texts, log_dir=log_dir, tag=tag)
+                            texts=texts, log_dir=log_dir, tag=tag, web_root=web_root)
     except RuntimeError as exc:
         print(f"[room] {variant} N={num_rooms} {load}: FAILED {exc}", flush=True)
         return {**head, "error": str(exc)}

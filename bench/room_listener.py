@@ -2,7 +2,8 @@
 
 Owns: ``PlayoutClock`` (what a caller hears of the agent's track: first audio, every gap),
 ``playout_message`` (the ``breezert.playout`` report of ``examples/playout_reporter.js``, built
-from ``livekit.rtc``'s inbound-rtp stats) and ``ListenerRoom`` (a ``livekit.rtc`` participant
+from ``livekit.rtc``'s inbound-rtp stats), the listener's token and agent dispatch (the browser
+listener's too, ``bench/room_browser.py``) and ``ListenerRoom`` (a ``livekit.rtc`` participant
 that joins one room, dispatches the bench agent into it, triggers turns and records them).
 Must not: touch the engine or the agent's process (it sees the agent only through the room:
 its audio track and the ``bench.*`` data messages of ``bench/room_agent.py``).
@@ -262,6 +263,27 @@ class LoopLag:
 # ----------------------------------------------------------------------------- one room
 
 
+def listener_token(api_key: str, api_secret: str, room: str) -> str:
+    """The listener's join token for ``room`` (identity ``listener``; it publishes data)."""
+    from livekit import api
+
+    grants = api.VideoGrants(room_join=True, room=room, can_publish=True, can_subscribe=True,
+                             can_publish_data=True)
+    return (api.AccessToken(api_key, api_secret).with_identity("listener")
+            .with_grants(grants).to_jwt())
+
+
+async def dispatch_agent(api_url: str, api_key: str, api_secret: str, agent_name: str,
+                         room: str, variant: str) -> None:
+    """Dispatches the bench agent ``agent_name`` into ``room`` with ``variant`` in its
+    metadata (the agent reads it there, ``bench/room_agent.py``)."""
+    from livekit import api
+
+    async with api.LiveKitAPI(api_url, api_key, api_secret) as lkapi:
+        await lkapi.agent_dispatch.create_dispatch(api.CreateAgentDispatchRequest(
+            agent_name=agent_name, room=room, metadata=json.dumps({"variant": variant})))
+
+
 class ListenerRoom:
     """One caller: joins ``room`` as ``listener``, dispatches the bench agent with ``variant``
     in its metadata, plays the agent's track on a ``PlayoutClock``, reads its receiver's stats
@@ -291,28 +313,19 @@ class ListenerRoom:
         self._tasks: list[asyncio.Task[None]] = []
         self._n = 0
 
-    def _token(self) -> str:
-        from livekit import api
-
-        grants = api.VideoGrants(room_join=True, room=self.name, can_publish=True,
-                                 can_subscribe=True, can_publish_data=True)
-        return (api.AccessToken(self.api_key, self.api_secret).with_identity("listener")
-                .with_grants(grants).to_jwt())
-
     async def join(self, timeout_s: float = 120.0) -> dict[str, Any]:
         """Connects, dispatches the agent and waits until it is ready and its track is
         subscribed; returns the agent's ``bench.ready`` message with ``join_s`` (how long that
         took) added."""
-        from livekit import api, rtc
+        from livekit import rtc
 
         started = time.monotonic()
         self.room.on("track_subscribed", self._on_track)
         self.room.on("data_received", self._on_data)
-        await self.room.connect(self.url, self._token(), rtc.RoomOptions(auto_subscribe=True))
-        async with api.LiveKitAPI(self.api_url, self.api_key, self.api_secret) as lkapi:
-            await lkapi.agent_dispatch.create_dispatch(api.CreateAgentDispatchRequest(
-                agent_name=self.agent_name, room=self.name,
-                metadata=json.dumps({"variant": self.variant})))
+        await self.room.connect(self.url, listener_token(self.api_key, self.api_secret, self.name),
+                                rtc.RoomOptions(auto_subscribe=True))
+        await dispatch_agent(self.api_url, self.api_key, self.api_secret, self.agent_name,
+                             self.name, self.variant)
         ready = await asyncio.wait_for(self._ready, timeout_s)
         await asyncio.wait_for(self._subscribed.wait(), timeout_s)
         self._tasks.append(asyncio.create_task(self._stats_loop()))

@@ -5,7 +5,7 @@ sentence, and the test reads the first audible time (AnalyserNode onset on the p
 ``concealmentEvents`` (must not grow during speech), and checks that the page's 100 ms playout
 stats reached ``report_playback``. Chromium runs in its own netns joined to the host by a veth
 pair; without the privileges for that it falls back to loopback and says so. It is driven over
-the DevTools protocol on a pipe (``--remote-debugging-pipe``), so no port crosses namespaces.
+the DevTools protocol on a pipe (``breezert_bench.chromium``), so no port crosses namespaces.
 Without a Chromium binary (``make chromium`` installs Debian's ``chromium``) it fails under
 ``CI=true`` with the install log's last lines, and skips elsewhere (``tests/components``).
 """
@@ -17,15 +17,14 @@ import base64
 import contextlib
 import json
 import os
-import shutil
 import subprocess
-import tempfile
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 from breezert.async_engine import AsyncEngine
+from breezert_bench.chromium import CHROMIUM_NAMES, chromium, find_chromium, open_page
 
 from tests import latency
 from tests.components import REPO, missing
@@ -35,7 +34,6 @@ from tests.realtime import retried_when_starved
 
 pytestmark = pytest.mark.integration
 
-CHROMIUM_NAMES = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable")
 INSTALL_HINT = "apt-get install -y --no-install-recommends chromium"
 CHROMIUM_LOG = REPO / ".cache" / "chromium-install.log"  # make chromium's apt output
 SENTENCE = "Hello from BreezeRT in a headless browser."
@@ -57,14 +55,6 @@ PLOT_INK_JS = """(() => {
           firstPlot: ink("firstPlot", [0x22, 0xaa, 0x77])};
 })()"""
 """Pixels of the buffer line's and the heard-first-audio bars' colours on the two canvases."""
-
-
-def _chromium() -> str | None:
-    for name in CHROMIUM_NAMES:
-        path = shutil.which(name)
-        if path:
-            return path
-    return None
 
 
 @pytest.fixture(scope="module")
@@ -115,126 +105,12 @@ def network_namespace() -> Iterator[tuple[list[str], str]]:
             _ip("netns", "del", ns)
 
 
-# ----------------------------------------------------------------------------- DevTools over a pipe
-
-
-class DevTools:
-    """A minimal Chrome DevTools Protocol client over ``--remote-debugging-pipe`` (fds 3/4)."""
-
-    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.WriteTransport) -> None:
-        self._reader, self._writer = reader, writer
-        self._next_id = 0
-        self._pending: dict[int, asyncio.Future[dict[str, Any]]] = {}
-        self.console: list[str] = []
-        self._task = asyncio.create_task(self._read())
-
-    async def _read(self) -> None:
-        while True:
-            try:
-                raw = await self._reader.readuntil(b"\0")
-            except (asyncio.IncompleteReadError, ConnectionError):
-                for future in self._pending.values():
-                    future.done() or future.set_exception(ConnectionError("browser exited"))
-                return
-            message = json.loads(raw[:-1])
-            future = self._pending.pop(message.get("id", -1), None)
-            if future is not None and not future.done():
-                future.set_result(message)
-            elif message.get("method") == "Runtime.consoleAPICalled":
-                args = message["params"]["args"]
-                self.console.append(" ".join(str(a.get("value", "")) for a in args))
-
-    async def call(self, method: str, params: dict[str, Any] | None = None,
-                   session_id: str | None = None, timeout_s: float = 20.0) -> dict[str, Any]:
-        self._next_id += 1
-        message: dict[str, Any] = {"id": self._next_id, "method": method, "params": params or {}}
-        if session_id:
-            message["sessionId"] = session_id
-        future = asyncio.get_running_loop().create_future()
-        self._pending[self._next_id] = future
-        self._writer.write(json.dumps(message).encode() + b"\0")
-        reply = await asyncio.wait_for(future, timeout_s)
-        if "error" in reply:
-            raise RuntimeError(f"{method}: {reply['error']}")
-        return reply["result"]
-
-    async def evaluate(self, session_id: str, expression: str, *, await_promise: bool = False,
-                       timeout_s: float = 20.0) -> Any:
-        result = await self.call("Runtime.evaluate", {
-            "expression": expression, "returnByValue": True, "awaitPromise": await_promise,
-        }, session_id, timeout_s)
-        if "exceptionDetails" in result:
-            raise RuntimeError(f"page error: {result['exceptionDetails']}")
-        return result["result"].get("value")
-
-    def close(self) -> None:
-        self._task.cancel()
-        self._writer.close()
-
-
-@contextlib.asynccontextmanager
-async def chromium(binary: str, prefix: list[str]) -> AsyncIterator[DevTools]:
-    """Headless Chromium (inside ``prefix``'s namespace) with DevTools on fds 3 and 4."""
-    profile = tempfile.mkdtemp(prefix="breezert-chromium-")
-    cmd_r, cmd_w = os.pipe()
-    resp_r, resp_w = os.pipe()
-    flags = [
-        "--headless", "--no-sandbox", "--disable-gpu", "--use-fake-ui-for-media-stream",
-        "--autoplay-policy=no-user-gesture-required", "--disable-background-networking",
-        "--disable-component-update", "--disable-sync", "--no-first-run",
-        "--disable-dev-shm-usage", "--disable-features=WebRtcHideLocalIpsWithMdns",
-        f"--user-data-dir={profile}", "--remote-debugging-pipe", "about:blank",
-    ]
-    # Chromium reads DevTools commands on fd 3 and writes replies on fd 4.
-    shell = f'exec 3<&{cmd_r} 4>&{resp_w} {cmd_r}<&- {resp_w}>&-; exec "$@"'
-    log = os.open(os.path.join(profile, "stderr.log"), os.O_WRONLY | os.O_CREAT, 0o600)
-    proc = await asyncio.create_subprocess_exec(
-        "bash", "-c", shell, "bash", *prefix, binary, *flags,
-        pass_fds=(cmd_r, resp_w), stdout=log, stderr=log,
-    )
-    os.close(cmd_r)
-    os.close(resp_w)
-    loop = asyncio.get_running_loop()
-    reader = asyncio.StreamReader(limit=1 << 24)
-    await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader),
-                                 os.fdopen(resp_r, "rb", 0))
-    writer, _ = await loop.connect_write_pipe(asyncio.Protocol, os.fdopen(cmd_w, "wb", 0))
-    devtools = DevTools(reader, writer)
-    try:
-        yield devtools
-    finally:
-        with contextlib.suppress(Exception):
-            await devtools.call("Browser.close", timeout_s=5)
-        devtools.close()
-        try:
-            await asyncio.wait_for(proc.wait(), 10)
-        except asyncio.TimeoutError:
-            proc.kill()
-            await proc.wait()
-        os.close(log)
-        shutil.rmtree(profile, ignore_errors=True)
-
-
-async def _open_page(devtools: DevTools, url: str) -> str:
-    targets = await devtools.call("Target.getTargets")
-    page = next(t for t in targets["targetInfos"] if t["type"] == "page")
-    session = (await devtools.call("Target.attachToTarget",
-                                   {"targetId": page["targetId"], "flatten": True}))["sessionId"]
-    await devtools.call("Runtime.enable", session_id=session)
-    await devtools.call("Page.navigate", {"url": url}, session)
-    for _ in range(200):
-        if await devtools.evaluate(session, "typeof window.breezert") == "object":
-            return session
-        await asyncio.sleep(0.05)
-    raise AssertionError("the demo page did not load")
-
-
 # ----------------------------------------------------------------------------- the test
 
 
 @retried_when_starved(LatencyMiss)
 async def test_demo_page_speaks_without_concealment(engine: AsyncEngine, monkeypatch) -> None:
-    binary = _chromium()
+    binary = find_chromium()
     if binary is None:
         missing(f"no Chromium binary ({', '.join(CHROMIUM_NAMES)}) on PATH; install it with: "
                 f"{INSTALL_HINT}", "chromium", CHROMIUM_LOG)
@@ -250,7 +126,7 @@ async def test_demo_page_speaks_without_concealment(engine: AsyncEngine, monkeyp
     with network_namespace() as (prefix, host):
         async with serve(engine, host=host, request_options=options) as (url, _), \
                 chromium(binary, prefix) as devtools:
-            session = await _open_page(devtools, f"{url}/")
+            session = await open_page(devtools, f"{url}/", "typeof window.breezert === 'object'")
             await devtools.evaluate(session, "breezert.connect()", await_promise=True)
             await asyncio.sleep(0.5)  # let the jitter buffer settle on the silence stream
             await devtools.evaluate(session, f"breezert.speak({json.dumps(SENTENCE)})",

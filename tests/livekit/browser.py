@@ -1,27 +1,23 @@
 """The browser participant of the real-room tests: headless Chromium running livekit-client.
 
-Owns: serving the repository on loopback (the page ``web/index.html``, ``examples/``, the
-npm-installed livekit-client), driving Chromium over DevTools into a room, and reading back what
-the page kept: its ``getStats()`` series and the loud/quiet edges of the decoded track
-(``web/energy_worklet.js``), turned into a ``Heard`` like the Python participant's.
+Owns: driving the listener page (``bench/web/index.html``, served and opened by
+``breezert_bench.chromium``, which the room benchmark's browser listeners share) into a room,
+and reading back what the page kept: its ``getStats()`` series and the loud/quiet edges of the
+decoded track (``bench/web/energy_worklet.js``), turned into a ``Heard`` like the Python
+participant's.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
-import http.server
-import json
-import threading
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
+from breezert_bench import chromium as page
 
-from tests.integration.test_server_chromium import DevTools, _chromium, chromium
 from tests.livekit.listening import Heard
 from tests.livekit.machine import CpuSplit
 from tests.realtime import wait_below
@@ -29,35 +25,15 @@ from tests.realtime import wait_below
 if TYPE_CHECKING:
     from tests.livekit.conftest import Server
 
-REPO = Path(__file__).resolve().parents[2]
-CLIENT = REPO / "tests/livekit/web/node_modules/livekit-client/dist/livekit-client.esm.mjs"
-
-
-class _Handler(http.server.SimpleHTTPRequestHandler):
-    extensions_map = {**http.server.SimpleHTTPRequestHandler.extensions_map,
-                      ".mjs": "text/javascript", ".js": "text/javascript"}
-
-    def log_message(self, *args: Any) -> None:
-        pass
-
-
 @contextlib.contextmanager
 def serve_repository() -> Iterator[str]:
     """The repository over HTTP on loopback; fails without livekit-client or Chromium (``make
     test`` installs both: a missing one is a broken set-up, not a reason to skip)."""
-    if not CLIENT.exists():
-        pytest.fail("livekit-client is not installed "
-                    "(make livekit-web: npm ci in tests/livekit/web)")
-    if _chromium() is None:
-        pytest.fail("no Chromium binary on PATH (make chromium installs Debian's chromium)")
-    server = http.server.ThreadingHTTPServer(
-        ("127.0.0.1", 0), functools.partial(_Handler, directory=str(REPO)))
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}"
-    finally:
-        server.shutdown()
+    lacking = page.listener_page_missing()
+    if lacking is not None:
+        pytest.fail(lacking)
+    with page.serve_repository() as url:
+        yield url
 
 
 PLAYOUT_COUNTERS = ("received", "concealed", "silent", "inserted", "removed")
@@ -69,7 +45,7 @@ run inside speech (``MAX_GAP_S``, 60 ms, bounds those)."""
 class Browser:
     """One joined page; ``evaluate`` runs JavaScript in it."""
 
-    def __init__(self, devtools: DevTools, session: str) -> None:
+    def __init__(self, devtools: page.DevTools, session: str) -> None:
         self.devtools, self.session = devtools, session
         # the page stamps edges with epoch milliseconds; this maps them onto time.monotonic()
         self._epoch_offset = time.time() - time.monotonic()
@@ -78,8 +54,10 @@ class Browser:
         return await self.devtools.evaluate(self.session, expression, **kwargs)
 
     async def state(self) -> dict[str, Any]:
-        return await self.evaluate("({stats: breezertTest.stats, errors: breezertTest.errors, "
-                                   "edges: breezertTest.edges, rate: breezertTest.sampleRate})")
+        return await self.evaluate("({stats: breezertListener.stats, "
+                                   "errors: breezertListener.errors, "
+                                   "edges: breezertListener.edges, "
+                                   "rate: breezertListener.sampleRate})")
 
     async def playout_counters(self, since: dict[str, int] | None = None) -> dict[str, int]:
         """The jitter buffer's sample counters (``getStats``, the newest sample): received
@@ -114,16 +92,7 @@ def edges_heard(edges: list[dict[str, Any]], rate: float | None, since_epoch: fl
     epoch): spans and gaps in the context's samples, ``first`` in ``time.monotonic()``."""
     if not rate:
         return None
-    runs: list[tuple[dict[str, Any], dict[str, Any]]] = []  # (loud edge, the quiet edge after it)
-    opened: dict[str, Any] | None = None
-    for edge in edges:
-        if edge["t"] / 1000 < since_epoch:
-            continue
-        if edge["loud"]:
-            opened = edge
-        elif opened is not None:
-            runs.append((opened, edge))
-            opened = None
+    runs = page.loud_runs(edges, since_epoch)
     if not runs:
         return None
     first, last = runs[0][0], runs[-1][1]
@@ -165,34 +134,18 @@ def _browser_cores(split: CpuSplit) -> Callable[[], float]:
 @contextlib.asynccontextmanager
 async def join_browser(web_root: str, server: Server, room: str,
                        identity: str = "browser") -> AsyncIterator[Browser]:
-    """Chromium on ``web/index.html``, joined to ``room`` and subscribed to the agent's track
+    """Chromium on the listener page, joined to ``room`` and subscribed to the agent's track
     (the jitter buffer given 0.5 s to settle and the reporter to start)."""
-    binary = _chromium()
+    binary = page.find_chromium()
     assert binary is not None
-    async with chromium(binary, []) as devtools:
-        targets = await devtools.call("Target.getTargets")
-        page = next(t for t in targets["targetInfos"] if t["type"] == "page")
-        attached = await devtools.call("Target.attachToTarget",
-                                       {"targetId": page["targetId"], "flatten": True})
-        session = attached["sessionId"]
-        await devtools.call("Runtime.enable", session_id=session)
-        await devtools.call("Page.navigate", {"url": f"{web_root}/tests/livekit/web/index.html"},
-                            session)
+    async with page.chromium(binary, []) as devtools:
+        session = await page.join_listener(devtools, web_root, server.ws_url,
+                                           server.token(identity, room))
         browser = Browser(devtools, session)
-        for _ in range(200):
-            if await browser.evaluate("typeof window.breezertTest") == "object":
-                break
-            await asyncio.sleep(0.05)
-        token = server.token(identity, room)
-        await browser.evaluate(
-            f"breezertTest.join({json.dumps(server.ws_url)}, {json.dumps(token)})",
-            await_promise=True)
-        for _ in range(100):
-            if await browser.evaluate("breezertTest.subscribed"):
-                break
-            await asyncio.sleep(0.1)
-        else:
-            raise AssertionError(f"the browser never subscribed: {await browser.state()}")
+        try:
+            await page.wait_subscribed(devtools, session)
+        except RuntimeError as exc:
+            raise AssertionError(f"{exc}: {await browser.state()}") from None
         await asyncio.sleep(0.5)
         await settle()
         yield browser
