@@ -115,3 +115,42 @@ def test_mixed_size_graph_replay_equals_per_size_decoding(
             done[i] += n
     assert graphs.num_replays == 3
     assert mixed.positions[:4].tolist() == plain.positions[:4].tolist() == done
+
+
+def test_a_full_replay_decodes_as_the_windowed_replay(
+    decoder: torch.nn.Module, codes: torch.Tensor
+) -> None:
+    """The CODEC stage's ``full_graphs`` (every row fills its frames: no per-row windows) and
+    its windowed graphs, captured for the same key in one pool, give the same audio and leave
+    the same stream state, over replays of 1, 2, 4 and 8 frames (fast path, strict fp32 as the
+    test above: cuDNN may pick another algorithm per capture, so within 80 dB, not bit for
+    bit; on the CPU the two are equal bit for bit, tests/unit/test_codec.py)."""
+    full = StreamingCodec.for_serving(decoder, 5, "fp32", fast=True)
+    windows = StreamingCodec.for_serving(decoder, 5, "fp32", fast=True)
+    per_row = GraphRunner("codec", lambda **kw: codec_step(windows, **kw), enabled=True,
+                          device=torch.device("cuda"))
+    whole = GraphRunner("codec_full", lambda **kw: codec_step(full, **kw), enabled=True,
+                        device=torch.device("cuda"), share_pool_with=per_row)
+    slots = torch.arange(4, device="cuda")
+    for size in (8, 4, 2, 1):  # largest first, as warm-up captures them
+        padding = {"slot_ids": torch.full((4,), 4, device="cuda"),
+                   "codes": torch.zeros(4, size, 16, dtype=torch.long, device="cuda")}
+        per_row.capture((4, size), {**padding, "num_frames": torch.full(
+            (4,), size, dtype=torch.long, device="cuda")})
+        whole.capture((4, size), padding)
+    full.reset(torch.arange(5, device="cuda"))
+    windows.reset(torch.arange(5, device="cuda"))
+    done = 0
+    for size in (1, 2, 4, 8):
+        chunk = codes[:, done : done + size].contiguous()
+        counts = torch.full((4,), size, dtype=torch.long, device="cuda")
+        got = whole((4, size), {"slot_ids": slots, "codes": chunk})["wav"].float().clone()
+        want = per_row((4, size), {"slot_ids": slots, "codes": chunk,
+                                   "num_frames": counts})["wav"].float()
+        assert _snr_db(want, got) >= 80.0, size
+        done += size
+    assert whole.num_replays == per_row.num_replays == 4
+    assert torch.equal(full.state.pos[:4], windows.state.pos[:4])
+    for name in ("conv", "kv"):
+        torch.testing.assert_close(getattr(full.state, name)[:4],
+                                   getattr(windows.state, name)[:4], rtol=1e-4, atol=1e-5)
