@@ -12,7 +12,7 @@
 #        chain P1 P2...  | decode | decode-micro | decode-bench | tune | profile | stages |
 #        ablation-eager | ablation-a|b|c|d[@I/N] | sweep | sweep+ablation | latency |
 #        latency-nocap | predictor | predictor-edf | capacity-closed | capacity-open | capacity-tests | capacity-256 |
-#        burst | slack | voice | te-tokens | admit | path | tune-decode | trace | prefill | prefill-bench | before-after | gc | anatomy | depth-engine | tests-changed | prefetch | frame-tests | codec-precision | big-batch | census-256 | margin |
+#        burst | slack | voice | te-tokens | admit | path | tune-decode | trace | prefill | prefill-bench | before-after | gc | anatomy | depth-engine | tests-changed | prefetch | frame-tests | codec-precision | big-batch | steady | census-256 | margin |
 #        room (issue 34: carry=[".roombundle"] alone, built by `make room-bundle`; see the phase) |
 #        scaleout (issue 36: kind nvidia-h200-x4, carry=[".roombundle"]; SCALE_K, SCALE_DISPATCH)
 # An ablation phase with @I/N runs shard I of N of its requests (bench --shard).
@@ -383,6 +383,13 @@ case "$phase" in
       | grep -v Warn | tail -40
     timeout 150 python3 -m pytest tests/gpu/test_gpu_codec.py -q -p no:cacheprovider 2>&1 \
       | tee "$out/codec_tests.log" | tail -5 ;;
+  steady)  # issue 31: where a loaded step's time goes (bench/steady_trace.py): schedule, input
+    # prep, GPU work, post, commit per stage at STREAMS (64,128,256) on the capacity profile,
+    # Engine.step on one thread (4 Dec: the GPU busy 76 % of the wall at c=256 in the bench)
+    timeout 420 python3 bench/steady_trace.py --config configs/h200-capacity.toml \
+      --texts .benchdata/texts_en.tsv --tokenizer .benchdata/tokenizer.json \
+      --streams "${STREAMS:-64,128,256}" --steps 300 --git-commit "$commit" \
+      --out "$out/h200-steady-trace.json" 2>&1 | grep -v Warn | tail -30 ;;
   big-batch)  # issue 31: each stage's graphed step at 64 / 128 / 256 requests (BATCHES), the
     # profile's kernels (fused Triton depth layers) against `plain` (the same stages in plain
     # torch: cuBLAS GEMMs for the depth layers), one process (bench/stage_timing.py)
