@@ -148,3 +148,44 @@ def test_plan_groups_is_the_cheapest_of_all_groupings(mixed_engine: Engine, grap
         (stage.graphs.enabled, stage.buckets, stage.replay_cost_frames,
          stage.graphs._graphs) = saved
     assert one_replay_loses >= 10, one_replay_loses
+
+
+def _pairwise_plan(stage, items: list[CodecItem]) -> list[list[str]]:
+    """The definition ``plan_groups`` computes faster: every run ``ordered[i:j]`` of the chunks
+    sorted by size priced by ``replay_cost``, the first cheapest ``i`` on ties."""
+    ordered = sorted(items, key=lambda item: item.num_frames)
+    n = len(ordered)
+    best, cut = [0.0] + [float("inf")] * n, [0] * (n + 1)
+    for j in range(1, n + 1):
+        for i in range(j):
+            cost = best[i] + stage.replay_cost(j - i, ordered[j - 1].num_frames)
+            if cost < best[j]:
+                best[j], cut[j] = cost, i
+    groups, j = [], n
+    while j > 0:
+        groups.append([item.request_id for item in ordered[cut[j]:j]])
+        j = cut[j]
+    return groups[::-1]
+
+
+@pytest.mark.parametrize("graphs", sorted(CAPTURE_PLANS))
+def test_plan_groups_is_the_pairwise_split_at_capacity(mixed_engine: Engine, graphs: str) -> None:
+    """Up to 300 chunks (the capacity profile's 256 streams and past its largest bucket), with
+    its buckets: the windowed ``plan_groups`` makes exactly the pairwise definition's split."""
+    stage = mixed_engine.runner.stages[Stage.CODEC]
+    saved = stage.graphs.enabled, stage.buckets, stage.replay_cost_frames, stage.graphs._graphs
+    graphs_on, max_step = CAPTURE_PLANS[graphs]
+    rng = np.random.default_rng(11)
+    try:
+        stage.graphs.enabled = graphs_on
+        stage.buckets = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256)
+        if max_step:
+            stage.graphs._graphs = dict.fromkeys(stage.graph_keys(16, 8 * max_step))
+        for n in (0, 1, 7, 40, 100, 256, 300):
+            stage.replay_cost_frames = float(rng.choice([0.0, 24.0, 40.0]))
+            items = _items(*rng.choice([1, 2, 3, 4, 8, 12, 16, 16, 16, 24, 40], size=n))
+            plan = [[item.request_id for item in g] for g in stage.plan_groups(items)]
+            assert plan == _pairwise_plan(stage, items), n
+    finally:
+        (stage.graphs.enabled, stage.buckets, stage.replay_cost_frames,
+         stage.graphs._graphs) = saved

@@ -46,6 +46,9 @@ def codec_from_ring(
     return step_fn(slot_ids=rows[:, 0], codes=codes, num_frames=None if full else counts)
 
 
+INF = float("inf")
+
+
 class CodecStage:
     def __init__(self, codec: StreamingCodec, worker: StageWorker, graphs: Graphs,
                  full_graphs: Graphs, buckets: Sequence[int],
@@ -83,25 +86,42 @@ class CodecStage:
 
     def plan_groups(self, items: Sequence[CodecItem]) -> list[list[CodecItem]]:
         """Items split into replays: contiguous runs of the items sorted by size, chosen by
-        dynamic programming over ``replay_cost`` (exact for that cost; O(n^2) additions).
+        dynamic programming over ``replay_cost`` (exact for that cost: the same split as trying
+        every run ``ordered[i:j]``, the first cheapest ``i`` on ties).
 
-        NOTE(host): the cost of a run depends only on its bucketed row count (a handful of
-        values) and its largest chunk, so each end point prices those rows once, not each pair
-        (tests/integration/test_engine_codec_modes.py keeps the pairwise definition)."""
+        NOTE(host): a run's cost depends only on its bucketed row count and its largest chunk,
+        so for each end ``j`` the starts ``i`` fall into one window per bucket (the counts that
+        pad to it), priced once, whose cheapest ``best[i]`` is one ``min`` over a slice: O(n x
+        buckets) interpreter steps, not O(n^2) (256 items: ~33k). The pairwise definition is
+        kept in tests/integration/test_engine_codec_modes.py."""
         ordered = sorted(items, key=lambda item: item.num_frames)
         n = len(ordered)
-        rows_of = [0] + [self._rows_for(count) for count in range(1, n + 1)]
+        windows = []  # [bucket rows, fewest count, most count] padding to it, counts 1..n
+        for count in range(1, n + 1):
+            rows = self._rows_for(count)
+            if windows and windows[-1][0] == rows:
+                windows[-1][2] = count
+            else:
+                windows.append([rows, count, count])
+        windows.reverse()  # largest runs first: their starts i are the smallest
         captured = set(self.graphs.keys)  # after warm-up a replay takes a captured key only
+        priced: dict[int, list[tuple[int, int, float]]] = {}  # largest chunk -> its windows
         best = [0.0] + [float("inf")] * n  # best[j]: cheapest split of ordered[:j]
         cut = [0] * (n + 1)
         for j in range(1, n + 1):
-            pieces = self._pieces(ordered[j - 1].num_frames)
-            price = {rows: self._price(rows, pieces, captured)
-                     for rows in set(rows_of[1 : j + 1])}  # == replay_cost(count, frames)
-            for i in range(j):
-                cost = best[i] + price[rows_of[j - i]]
-                if cost < best[j]:
-                    best[j], cut[j] = cost, i
+            frames = ordered[j - 1].num_frames
+            if frames not in priced:  # == replay_cost(count, frames); uncaptured runs dropped
+                pieces = self._pieces(frames)
+                priced[frames] = [(fewest, most, price) for rows, fewest, most in windows
+                                  if (price := self._price(rows, pieces, captured)) < INF]
+            for fewest, most, price in priced[frames]:
+                if fewest > j:
+                    continue
+                lo = j - min(most, j)  # runs ordered[i:j] of these counts start at lo..j-fewest
+                window = best[lo : j - fewest + 1]
+                low = min(window)
+                if low + price < best[j]:
+                    best[j], cut[j] = low + price, lo + window.index(low)
         groups, j = [], n
         while j > 0:
             groups.append(ordered[cut[j]:j])
