@@ -3,8 +3,9 @@
 Usage (GPU machine, repo root): ``PYTHONPATH=runtime:bench python bench/steady_trace.py
 --config configs/h200-capacity.toml --texts .benchdata/texts_en.tsv --tokenizer
 .benchdata/tokenizer.json --streams 64,256 [--steps 300] [--set SECTION.KEY=VALUE] [--out X.json]``.
-On a machine without CUDA it runs too (``--config`` a CPU profile): the GPU spans are then the
-execute calls' own host spans.
+On a machine without CUDA it runs too (``--config`` a CPU profile): ``gpu`` is then the time
+inside the stage functions' calls (``GraphRunner.__call__``, eager there), ``prep`` and ``post``
+the host work before and after them.
 
 Issue 31 measured the 256-stream profile busy only 76 % of the wall on the H200 (4 Dec): a
 quarter of the time the GPU waited for the host. This run says which host work that is. For each
@@ -46,6 +47,7 @@ from breezert.engine import Engine
 from breezert.options import SynthesisOptions
 from breezert.outputs import AudioChunk
 from breezert.request import SynthesisRequest
+from breezert.worker.cuda_graphs import GraphRunner
 from breezert_bench.provenance import provenance
 from breezert_bench.variants import parse_variant_spec, variant_config
 from breezert_bench.workload import BUILTIN_TEXTS, load_texts, make_workload
@@ -68,6 +70,8 @@ class StepSpans:
         self._wrap(engine.runner, "execute", "execute")
         self._wrap(engine.scheduler, "commit", "commit")
         self._wrap(engine, "_outputs", "outputs")
+        if not self.cuda:  # the stage functions' calls stand for the GPU's work
+            self._wrap_runner_calls()
 
     def start(self) -> None:
         """Aligns the GPU's clock with the host's on an idle device, then records."""
@@ -78,6 +82,20 @@ class StepSpans:
         self._base_host = time.perf_counter()
         self.records.clear()
         self.recording = True
+
+    def _wrap_runner_calls(self) -> None:
+        call = GraphRunner.__call__
+        spans = self
+
+        def timed(runner: GraphRunner, key: Any, inputs: Any) -> Any:
+            t0 = time.perf_counter()
+            out = call(runner, key, inputs)
+            if spans.recording:
+                first = spans._current.get("fn", (t0, t0))[0]
+                spans._current["fn"] = (first, time.perf_counter())
+            return out
+
+        GraphRunner.__call__ = timed  # type: ignore[method-assign]
 
     def _wrap(self, owner: Any, name: str, part: str) -> None:
         fn = getattr(owner, name)
@@ -127,7 +145,7 @@ class StepSpans:
                 g0 = max(g0, e0)  # the event is queued behind no work: it starts at the call
                 g1 = min(max(g1, g0), e1)
             else:
-                g0, g1 = e0, e1
+                g0, g1 = r.get("fn", (e0, e1))
             row = {"stage": r["stage"], "rows": r["rows"],
                    "schedule": s1 - s0, "prep": g0 - e0, "gpu": g1 - g0, "post": e1 - g1,
                    "commit": o1 - c0,

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
+import numpy as np
 import torch
 
 from breezert.models.codec import StreamingCodec
@@ -189,17 +190,22 @@ class CodecStage:
         frames read."""
         self._reset_first_chunks(items)
         size = self._rows_for(len(items))
-        rows = torch.full((size, 1 + sum(pieces)), -1, dtype=torch.long)
+        num = len(items)
+        slots = np.fromiter((item.slot for item in items), np.int64, num)
+        starts = np.fromiter((item.start_frame for item in items), np.int64, num)
+        counts = np.fromiter((item.num_frames for item in items), np.int64, num)
+        offsets = np.arange(sum(pieces), dtype=np.int64)
+        rows = np.full((size, 1 + len(offsets)), -1, dtype=np.int64)
         rows[:, 0] = self.scratch_slot
-        for i, item in enumerate(items):
-            rows[i, 0] = item.slot
-            rows[i, 1 : 1 + item.num_frames] = torch.arange(item.start_frame,
-                                                            item.start_frame + item.num_frames)
-            self.slots.mark_decoded(item.slot, item.start_frame + item.num_frames)
+        rows[:num, 0] = slots
+        rows[:num, 1:] = np.where(offsets < counts[:, None], starts[:, None] + offsets, -1)
+        for slot, end in zip(slots.tolist(), (starts + counts).tolist()):
+            self.slots.mark_decoded(slot, end)
         replays, start = [], 1
         for piece in pieces:
-            piece_rows = torch.cat([rows[:, :1], rows[:, start : start + piece]], dim=1)
-            replays.append({"rows": piece_rows.to(self.device, non_blocking=True)})
+            piece_rows = np.concatenate([rows[:, :1], rows[:, start : start + piece]], axis=1)
+            replays.append({"rows": torch.from_numpy(piece_rows).to(self.device,
+                                                                     non_blocking=True)})
             start += piece
         return size, replays
 
