@@ -164,6 +164,22 @@ def test_sample_filters_and_draws_in_the_documented_order() -> None:
         assert torch.equal(got, expected[bounded])
 
 
+def test_cpu_noise_has_the_bits_of_the_int64_path() -> None:
+    """The CPU's 32-bit numpy noise equals the int64 torch operators (the graph-safe path every
+    other device takes) bit for bit, over full 64-bit seeds, large counters and odd widths."""
+    from breezert.layers.sampling import _cpu_counter_uniform, _torch_counter_uniform
+
+    gen = torch.Generator().manual_seed(3)
+    for rows, width in ((1, 2052), (33, 2052), (5, 7), (4, 0)):
+        seeds = torch.randint(-2**63, 2**63 - 1, (rows,), generator=gen)
+        counters = torch.randint(0, 2**40, (rows,), generator=gen)
+        want = _torch_counter_uniform(seeds, counters, width)
+        got = _cpu_counter_uniform(seeds, counters, width)
+        assert got.dtype == want.dtype and torch.equal(got, want), (rows, width)
+        assert torch.equal(gumbel_noise(seeds, counters, width), -torch.log(-torch.log(want)))
+        assert bool(((got > 0) & (got < 1)).all())
+
+
 def test_sample_top_k_one_is_argmax() -> None:
     logits = torch.randn(4, 100, generator=torch.Generator().manual_seed(0))
     seeds = torch.arange(4)
