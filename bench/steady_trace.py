@@ -179,7 +179,7 @@ def summarize(steps: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def run_streams(engine: Engine, spans: StepSpans, texts: list[str], streams: int, steps: int,
-                settle: int, tag: str) -> dict[str, Any]:
+                settle: int, tag: str, start_timeout_s: float = 600.0) -> dict[str, Any]:
     """Adds ``streams`` requests, steps until all started plus ``settle`` steps, records
     ``steps`` steps, then aborts them all and drains."""
     items = make_workload(texts, streams, seed=streams)
@@ -188,7 +188,7 @@ def run_streams(engine: Engine, spans: StepSpans, texts: list[str], streams: int
         engine.add_request(SynthesisRequest(text=item.text, options=SynthesisOptions(seed=item.seed),
                                             ignore_eos=True, max_frames=3000, request_id=rid))
     started: set[str] = set()
-    limit = time.monotonic() + 600
+    limit = time.monotonic() + start_timeout_s
     while len(started) < streams and time.monotonic() < limit:
         for out in engine.step():
             if isinstance(out, AudioChunk):
@@ -216,6 +216,8 @@ def main() -> None:
     parser.add_argument("--streams", default="64,256")
     parser.add_argument("--steps", type=int, default=300)
     parser.add_argument("--settle", type=int, default=50)
+    parser.add_argument("--start-timeout", type=float, default=600.0,
+                        help="seconds to wait for every stream's first chunk")
     parser.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE")
     parser.add_argument("--git-commit", default=None, help="record this commit (no .git)")
     parser.add_argument("--out", default=None)
@@ -230,7 +232,8 @@ def main() -> None:
     texts = load_texts(args.texts) if args.texts else list(BUILTIN_TEXTS)
     runs = []
     for n in (int(v) for v in args.streams.split(",")):
-        run = run_streams(engine, spans, texts, n, args.steps, args.settle, f"s{n}")
+        run = run_streams(engine, spans, texts, n, args.steps, args.settle, f"s{n}",
+                          args.start_timeout)
         runs.append(run)
         s = run["summary"]
         print(f"{n} streams ({run['started']} started): {s['steps']} steps, "
