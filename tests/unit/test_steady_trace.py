@@ -1,0 +1,43 @@
+"""``bench/steady_trace.py`` on the tiny CPU engine: a loaded step split into schedule, input
+prep, the stage functions' work, post and commit; every stream started, the parts within each
+step's wall, the JSON complete."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.unit
+
+REPO = Path(__file__).resolve().parents[2]
+PARTS = ("schedule", "prep", "gpu", "post", "commit")
+
+
+def test_a_steady_run_splits_each_step_into_its_parts(tmp_path: Path) -> None:
+    out = tmp_path / "steady.json"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+        [str(REPO / "runtime"), str(REPO / "bench"), str(REPO)])}
+    subprocess.run(
+        [sys.executable, str(REPO / "bench" / "steady_trace.py"), "--config",
+         str(REPO / "runtime" / "breezert" / "profiles" / "cpu-tiny.toml"), "--streams", "1,4",
+         "--steps", "30", "--settle", "2", "--start-timeout", "120", "--out", str(out)],
+        check=True, env=env, timeout=240, capture_output=True)
+    doc = json.loads(out.read_text())
+    assert doc["git_commit"] and doc["date"] and doc["torch_version"]
+    assert [run["streams"] for run in doc["runs"]] == [1, 4]
+    for run in doc["runs"]:
+        assert run["started"] == run["streams"]
+        steps = run["steps"]
+        assert len(steps) == 30 and run["summary"]["steps"] == 30
+        assert {s["stage"] for s in steps} >= {"decode", "depth"}
+        for s in steps:
+            assert all(s[part] >= 0 for part in PARTS), s
+            assert s["gpu"] > 0  # the stage functions ran (eagerly, on the CPU)
+            assert sum(s[part] for part in PARTS) <= s["wall"] + 1e-3, s
+        assert 0 < run["summary"]["gpu_busy_share"] < 1
+        assert max(s["rows"] for s in steps if s["stage"] == "depth") == run["streams"]
