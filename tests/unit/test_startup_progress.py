@@ -26,8 +26,7 @@ class _Graphs:
 class _Stage:
     def __init__(self, log: list[Any]) -> None:
         self.graphs = _Graphs(log)
-        self.full_sort_graphs = _Graphs(log)  # DEPTH's second runner
-        self.full_graphs = _Graphs(log)  # CODEC's second runner
+        self.full_sort_graphs = _Graphs(log)
 
     def example_inputs(self, *key: Any) -> tuple[Any, ...]:
         return key
@@ -45,8 +44,7 @@ def test_capture_all_reports_every_bucket() -> None:
                         text_encode_buckets=(32,), codec_buckets=(1,))
     capture_all(graph, stages, 16, lambda *a: calls.append(a))
     total = len(captured)
-    # text encode, prefill, decode, depth (x2 cfg, x2 runners), codec (x2 runners)
-    assert total == 1 + 2 + 4 + 2 * 4 + 2 * 2
+    assert total == 1 + 2 + 4 + 2 * 4 + 2
     assert calls[0] == (PHASE_CAPTURE, 0, total, "")
     assert [c[1] for c in calls] == list(range(total + 1))
     assert {c[2] for c in calls} == {total} and {c[0] for c in calls} == {PHASE_CAPTURE}
