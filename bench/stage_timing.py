@@ -72,22 +72,17 @@ def measure(batches: list[int], mode: str, context: int,
     with torch.inference_mode():
         for b in batches:
             row = {"batch": b}
-            # codec*_full: the replay of chunks that all fill their frames (no per-row windows)
-            for name, stage, key, which in (("decode", Stage.DECODE, (b, context), "graphs"),
-                                            ("depth", Stage.DEPTH, (b, False), "graphs"),
-                                            ("depth_cfg", Stage.DEPTH, (b, True), "graphs"),
-                                            ("codec", Stage.CODEC, (b, 1), "graphs"),
-                                            ("codec16", Stage.CODEC, (b, 16), "graphs"),
-                                            ("codec_full", Stage.CODEC, (b, 1), "full_graphs"),
-                                            ("codec16_full", Stage.CODEC, (b, 16),
-                                             "full_graphs")):
+            for name, stage, key in (("decode", Stage.DECODE, (b, context)),
+                                     ("depth", Stage.DEPTH, (b, False)),
+                                     ("depth_cfg", Stage.DEPTH, (b, True)),
+                                     ("codec", Stage.CODEC, (b, 1)),
+                                     ("codec16", Stage.CODEC, (b, 16))):
                 st = runner.stages[stage]
-                graphs = getattr(st, which)
                 # DECODE rows hold 3/4 of the context bucket: attention reads a real context.
                 extra = {"cached": 3 * context // 4} if stage is Stage.DECODE else {}
                 inputs = st.example_inputs(*key, **extra)
-                row[f"{name}_eager_ms"] = median_ms(lambda: graphs.fn(**inputs), 5)
-                row[f"{name}_graph_ms"] = median_ms(lambda: graphs(key, inputs))
+                row[f"{name}_eager_ms"] = median_ms(lambda: st.graphs.fn(**inputs), 5)
+                row[f"{name}_graph_ms"] = median_ms(lambda: st.graphs(key, inputs))
             row["frame_step_graph_ms"] = row["decode_graph_ms"] + row["depth_graph_ms"]
             if b == batches[0]:  # text encode is per token bucket, not per batch
                 te = runner.stages[Stage.TEXT_ENCODE]
@@ -134,14 +129,12 @@ def main() -> None:
     for run in doc["runs"]:
         print(f"mode={run['mode']} start-up {run['startup_s']:.1f} s "
               f"{run['warmup_stage_s']}")
-        print("batch | decode eager/graph | depth eager/graph | depth+cfg | codec 1f/16f "
-              "(rows fill their frames) | frame")
+        print("batch | decode eager/graph | depth eager/graph | depth+cfg | codec 1f/16f | frame")
         for r in run["rows"]:
             print(f"{r['batch']:5d} | {r['decode_eager_ms']:6.2f} / {r['decode_graph_ms']:6.2f} | "
                   f"{r['depth_eager_ms']:6.2f} / {r['depth_graph_ms']:6.2f} | "
                   f"{r['depth_cfg_graph_ms']:6.2f} | {r['codec_graph_ms']:5.2f} / "
-                  f"{r['codec16_graph_ms']:6.2f} ({r['codec_full_graph_ms']:5.2f} / "
-                  f"{r['codec16_full_graph_ms']:6.2f}) | {r['frame_step_graph_ms']:6.2f}")
+                  f"{r['codec16_graph_ms']:6.2f} | {r['frame_step_graph_ms']:6.2f}")
 
 
 if __name__ == "__main__":

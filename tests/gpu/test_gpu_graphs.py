@@ -181,7 +181,6 @@ def test_engine_audio_graphs_equal_eager(graph_engine: Engine) -> None:
         assert with_graphs[key].shape == audio.shape
         assert np.abs(with_graphs[key] - audio).max() < 1e-3
     replays = {s.value: r.graphs.num_replays for s, r in graph_engine.runner.stages.items()}
-    replays[Stage.CODEC.value] += graph_engine.runner.stages[Stage.CODEC].full_graphs.num_replays
     assert all(n > 0 for n in replays.values()), replays
 
 

@@ -44,12 +44,9 @@ def test_engine_mix_runs_on_replays_and_repeats_itself(engine: Engine) -> None:
     first = drive(engine)
     requests = sum(len(wave) for wave in ARRIVALS.values())
     assert_mix_ran(first, slots_reused=engine.config.scheduler.max_running_requests < requests)
-    for stage in (Stage.DEPTH, Stage.DECODE):
+    for stage in (Stage.DEPTH, Stage.DECODE, Stage.CODEC):
         graphs = engine.runner.stages[stage].graphs
         assert graphs.num_replays > 0 and graphs.num_eager == 0, (stage, graphs.num_eager)
-    codec = engine.runner.stages[Stage.CODEC]  # chunks that fill their frames: full_graphs
-    assert codec.graphs.num_replays + codec.full_graphs.num_replays > 0
-    assert codec.graphs.num_eager == codec.full_graphs.num_eager == 0
     assert_slots_reset(engine)
     assert_same_trace(first, drive(engine))  # the same kernels: bit for bit
     assert_slots_reset(engine)

@@ -47,8 +47,6 @@ def test_mixed_size_replays_equal_the_sequential_reference(mixed_engine: Engine)
     assert mixed, "no CODEC step carried chunks of different sizes"
     stage = mixed_engine.runner.stages[Stage.CODEC]
     assert stage.num_replays < sum(len({i.num_frames for i in p.items}) for p in codec_steps)
-    # replays whose chunks all fill their frames ran without per-row windows, the others with
-    assert stage.full_graphs.num_eager > 0 and stage.graphs.num_eager > 0
     for r in requests:
         assert run.outcomes[r.request_id].status is RequestStatus.FINISHED
         got, reference = run.chunks[r.request_id], sequential(mixed_engine, r)

@@ -227,25 +227,6 @@ def test_rows_of_different_chunk_sizes_share_a_step(
     assert sc.positions.tolist() == [NUM_FRAMES] * 3
 
 
-@pytest.mark.parametrize("fast", [False, True])
-def test_rows_that_fill_the_step_decode_the_same_bits_without_per_row_windows(
-    decoder: CodecDecoder, codes: torch.Tensor, fast: bool
-) -> None:
-    """``num_frames`` equal to the step's frames for every row (the CODEC stage's full
-    replays pass ``None`` then: slices instead of a gather per stateful conv) changes no bit of
-    the audio or of the state, over steps of 1, 2, 4 and 8 frames from frame 0."""
-    windows = StreamingCodec(copy.deepcopy(decoder), max_slots=2, fast=fast)
-    slices = StreamingCodec(copy.deepcopy(decoder), max_slots=2, fast=fast)
-    slots, done = torch.arange(2), 0
-    for size in (1, 2, 4, 8):
-        part = codes[:2, done:done + size]
-        got = slices.decode(slots, part)
-        assert torch.equal(got, windows.decode(slots, part, torch.tensor([size, size])))
-        done += size
-    for name in ("conv", "kv", "pos"):
-        assert torch.equal(getattr(slices.state, name), getattr(windows.state, name)), name
-
-
 def test_fast_path_matches_the_reference_with_the_gemm_upsampler(
     codes: torch.Tensor, full_wav: torch.Tensor, monkeypatch: pytest.MonkeyPatch
 ) -> None:

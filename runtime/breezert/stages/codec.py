@@ -7,10 +7,7 @@ resetting a slot's state at a request's first chunk, and turning waveforms into
 ``StreamingCodec.decode(num_frames=)``): a step's items are split into the groups of sizes that
 minimise padded frames plus a fixed cost per replay. The graphs read
 each chunk's frames from the slot table's ring (``codec_from_ring``): the host uploads only slot
-and frame indices. A replay in which every chunk fills its frames (a first packet's, and most
-under the 1, 2, 4, 8, 16 schedule) runs ``full_graphs``: the same decode without the per-row
-windows that mixed sizes need (a gather per stateful conv; here slices), the same bits. Must
-not: decide chunk sizes (the scheduler and the Predictor do).
+and frame indices. Must not: decide chunk sizes (the scheduler and the Predictor do).
 """
 
 from __future__ import annotations
@@ -38,13 +35,11 @@ def codec_step(
 def codec_from_ring(
     table: Slots, step_fn: Callable[..., dict[str, torch.Tensor]],
     rows: torch.Tensor,  # [B, 1 + F] int64: the slot, then each frame's index (-1: padding)
-    full: bool = False,
 ) -> dict[str, torch.Tensor]:
     """``step_fn`` (``codec_step`` bound to a codec) over frames gathered from the table's ring;
-    each row decodes only its real frames, or, with ``full``, all ``F`` (every real row has
-    them; a padding row's scratch state advances too, and nothing reads it)."""
+    each row decodes only its real frames."""
     codes, counts = table.codec_codes(rows)
-    return step_fn(slot_ids=rows[:, 0], codes=codes, num_frames=None if full else counts)
+    return step_fn(slot_ids=rows[:, 0], codes=codes, num_frames=counts)
 
 
 INF = float("inf")
@@ -52,12 +47,9 @@ INF = float("inf")
 
 class CodecStage:
     def __init__(self, codec: StreamingCodec, worker: StageWorker, graphs: Graphs,
-                 full_graphs: Graphs, buckets: Sequence[int],
-                 replay_cost_frames: float = 24.0) -> None:
-        """``graphs`` runs ``codec_from_ring`` bound to the slot table, ``full_graphs`` the same
-        with ``full`` (captured for the same keys)."""
+                 buckets: Sequence[int], replay_cost_frames: float = 24.0) -> None:
+        """``graphs`` runs ``codec_from_ring`` bound to the slot table."""
         self.codec, self.graphs, self.buckets = codec, graphs, tuple(buckets)
-        self.full_graphs = full_graphs
         self.slots = worker.slots
         self.device = codec.positions.device
         self.scratch_slot = codec.max_slots - 1  # the arena has one slot more than the batch
@@ -133,12 +125,9 @@ class CodecStage:
         num = len(items)
         pieces = self._pieces(max(item.num_frames for item in items))
         size, replays = self._replays(items, pieces)
-        waves, start = [], 0
+        waves = []
         for piece, inputs in zip(pieces, replays):
-            full = all(item.num_frames >= start + piece for item in items)
-            graphs = self.full_graphs if full else self.graphs
-            wav = graphs((size, piece), inputs)["wav"][:num]
-            start += piece
+            wav = self.graphs((size, piece), inputs)["wav"][:num]
             waves.append(wav.to(torch.float32, copy=True))  # the replay's buffer is reused
             self.num_replays += 1
         pcm = torch.cat(waves, dim=1).cpu().numpy()  # [num, sum(pieces) * 1920]

@@ -34,17 +34,13 @@ class GraphRunner:
     same key. ``fn`` must be free of host syncs and of data-dependent control flow.
     """
 
-    def __init__(self, name: str, fn: GraphFn, *, enabled: bool, device: torch.device,
-                 share_pool_with: GraphRunner | None = None) -> None:
-        """``share_pool_with``: capture into that runner's memory pool (its replays and
-        these never overlap: one stream, outputs read before the next replay)."""
+    def __init__(self, name: str, fn: GraphFn, *, enabled: bool, device: torch.device) -> None:
         self.name = name
         self.fn = fn
         self.enabled = enabled and device.type == "cuda"
         self.device = device
         self._graphs: dict[Hashable, _Captured] = {}
-        self._pool = (share_pool_with._pool if share_pool_with is not None
-                      else torch.cuda.graph_pool_handle() if self.enabled else None)
+        self._pool = torch.cuda.graph_pool_handle() if self.enabled else None
         self.num_replays = 0
         self.num_eager = 0
 

@@ -102,10 +102,8 @@ class ModelRunner:
         depth_kernels = (graph.compile_depth, graph.fused_depth,
                          2 * max(graph.depth_batch_buckets), graph.pdl)
 
-        def runner(name: str, fn: GraphFn, share_pool_with: GraphRunner | None = None,
-                   ) -> GraphRunner:
-            return GraphRunner(name, fn, enabled=use_graphs, device=self.device,
-                               share_pool_with=share_pool_with)
+        def runner(name: str, fn: GraphFn) -> GraphRunner:
+            return GraphRunner(name, fn, enabled=use_graphs, device=self.device)
 
         # Each graphed function reads and writes the slot table by slot id.
         decode = partial(backbone_decode_from_slots, self.slots,
@@ -117,7 +115,6 @@ class ModelRunner:
                                          persistent_depth=graph.persistent_depth))
                  for max_k in (TOP_K_BOUND, None)}
         codec = partial(codec_from_ring, self.slots, partial(codec_step, self.codec))
-        codec_graphs = runner("codec", codec)
         self.stages = {
             Stage.TEXT_ENCODE: TextEncodeStage(
                 model, worker,
@@ -140,9 +137,7 @@ class ModelRunner:
                 runner("depth_full_sort", depth[None]), graph.depth_batch_buckets,
             ),
             Stage.CODEC: CodecStage(
-                self.codec, worker, codec_graphs,
-                runner("codec_full", partial(codec, full=True), share_pool_with=codec_graphs),
-                graph.codec_buckets,
+                self.codec, worker, runner("codec", codec), graph.codec_buckets,
                 replay_cost_frames=graph.codec_replay_cost_frames,
             ),
         }

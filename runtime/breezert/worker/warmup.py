@@ -33,8 +33,8 @@ def capture_all(
     (all of them when ``None``).
 
     ``stages`` maps each stage to its runner: each has ``graphs`` (its ``GraphRunner``) and
-    ``example_inputs(*key)``; DEPTH also ``full_sort_graphs``, CODEC ``full_graphs`` and
-    ``graph_keys(max, max_step)``.
+    ``example_inputs(*key)``; DEPTH also ``full_sort_graphs``, CODEC ``graph_keys(max,
+    max_step)``.
     """
     g, s = graph, stages
     contexts = sorted(g.decode_context_buckets, reverse=True)
@@ -53,8 +53,7 @@ def capture_all(
                           max_codec_frames, max_codec_step_frames or 1 << 30)],
     }
     report = progress or (lambda phase, done, total, detail: None)
-    total = sum(len(keys) * (2 if stage in (Stage.DEPTH, Stage.CODEC) else 1)
-                for stage, keys in plan.items())
+    total = sum(len(keys) * (2 if stage is Stage.DEPTH else 1) for stage, keys in plan.items())
     done = 0
     report(PHASE_CAPTURE, done, total, "")
     seconds: dict[str, float] = {}
@@ -63,8 +62,6 @@ def capture_all(
         runners = [s[stage].graphs]
         if stage is Stage.DEPTH:
             runners.append(s[Stage.DEPTH].full_sort_graphs)
-        if stage is Stage.CODEC:
-            runners.append(s[Stage.CODEC].full_graphs)
         for graphs in runners:
             for key, make_inputs in keys:
                 graphs.capture(key, make_inputs())
