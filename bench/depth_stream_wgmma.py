@@ -95,10 +95,8 @@ def _fence_proxy_async_global(token):
 
 
 @gluon.jit
-def _w_loader(desc, x1024_desc, x8192_desc, ring, ready, empty, xs, xready, xempty, counters,
-              err_ptr, positions, layers, target, budget, MODE: gl.constexpr, BN: gl.constexpr,
-              BK: gl.constexpr, S: gl.constexpr, XS: gl.constexpr, RB: gl.constexpr,
-              NRB: gl.constexpr, LAYER_TILES: gl.constexpr, OFF0: gl.constexpr,
+def _w_loader(desc, ring, ready, empty, positions, layers, BN: gl.constexpr, BK: gl.constexpr,
+              S: gl.constexpr, LAYER_TILES: gl.constexpr, OFF0: gl.constexpr,
               OFF2: gl.constexpr, OFF3: gl.constexpr, OFF4: gl.constexpr):
     """The weights of every phase, in stream order; never waits for a phase."""
     pid = gl.program_id(0)
@@ -136,11 +134,9 @@ def _x_loader_phase(xdesc, xs, xready, xempty, jt, pid, P, N: gl.constexpr, K: g
 
 
 @gluon.jit
-def _x_loader(desc, x1024_desc, x8192_desc, ring, ready, empty, xs, xready, xempty, counters,
-              err_ptr, positions, layers, target, budget, MODE: gl.constexpr, BN: gl.constexpr,
-              BK: gl.constexpr, S: gl.constexpr, XS: gl.constexpr, RB: gl.constexpr,
-              NRB: gl.constexpr, LAYER_TILES: gl.constexpr, OFF0: gl.constexpr,
-              OFF2: gl.constexpr, OFF3: gl.constexpr, OFF4: gl.constexpr):
+def _x_loader(x1024_desc, x8192_desc, xs, xready, xempty, counters, err_ptr, positions, layers,
+              target, budget, MODE: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr,
+              XS: gl.constexpr, RB: gl.constexpr, NRB: gl.constexpr):
     """The activation chunk of every tile, in the consumers' order; in ``phased`` mode it waits
     for the previous phase before a phase's first chunk."""
     pid = gl.program_id(0)
@@ -276,16 +272,14 @@ def _wgmma_kernel(desc, x1024_desc, x8192_desc, counters, err_ptr, out_ptr, rows
         mbarrier.init(xready.index(i), count=1)
         mbarrier.init(xempty.index(i), count=1)
     NRB: gl.constexpr = RP // RB
-    gl.warp_specialize([  # (the two loaders take the same arguments)
+    gl.warp_specialize([
         (_consumer, (ring, ready, empty, xs, xready, xempty, counters, out_ptr, rows,
                      positions, layers, MODE, BN, BK, S, XS, RP, OUT_W, COL0, COL2, COL3, COL4,
                      acc_layout)),
-        (_w_loader, (desc, x1024_desc, x8192_desc, ring, ready, empty, xs, xready, xempty,
-                     counters, err_ptr, positions, layers, target, budget, MODE, BN, BK, S, XS,
-                     RB, NRB, LAYER_TILES, OFF0, OFF2, OFF3, OFF4)),
-        (_x_loader, (desc, x1024_desc, x8192_desc, ring, ready, empty, xs, xready, xempty,
-                     counters, err_ptr, positions, layers, target, budget, MODE, BN, BK, S, XS,
-                     RB, NRB, LAYER_TILES, OFF0, OFF2, OFF3, OFF4)),
+        (_w_loader, (desc, ring, ready, empty, positions, layers, BN, BK, S, LAYER_TILES, OFF0,
+                     OFF2, OFF3, OFF4)),
+        (_x_loader, (x1024_desc, x8192_desc, xs, xready, xempty, counters, err_ptr, positions,
+                     layers, target, budget, MODE, BN, BK, XS, RB, NRB)),
     ], [1, 1], [LOADER_REGS_C, LOADER_REGS_C])
 
 
