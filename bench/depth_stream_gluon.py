@@ -45,10 +45,12 @@ from __future__ import annotations
 import argparse
 import json
 import re
+import subprocess
 import sys
+import tempfile
 import time
 import traceback
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -105,7 +107,7 @@ class Stream:
 
     @property
     def out_cols(self) -> list[int]:
-        """Column offset of each phase's output in the [ROWS, total N] fp32 output."""
+        """Column offset of each phase's output in the [rows, total N] fp32 output."""
         out, acc = [], 0
         for _, n, _k in PHASES:
             out.append(acc)
@@ -308,38 +310,49 @@ class Frame:
     """The packed weights, activations, outputs and counters of one experiment."""
 
     def __init__(self, stream: Stream, layers: int, positions: int, device: str,
-                 seed: int = 0, init: bool = True) -> None:
-        self.s, self.layers, self.positions = stream, layers, positions
+                 seed: int = 0, init: bool = True, rows: int = ROWS) -> None:
+        self.s, self.layers, self.positions, self.rows = stream, layers, positions, rows
         for name, n, k in PHASES:
             if n and (n % stream.bn or k % stream.bk):
                 raise ValueError(f"{name} ({n}x{k}) is not a whole number of {stream.bn}x"
                                  f"{stream.bk} tiles")
-        rows_per_pass = 32 // min(stream.bk // 8, 8) * stream.warps  # the consumers' layout
-        if stream.bn % rows_per_pass or stream.bn & (stream.bn - 1) or stream.bk not in (
-                64, 128, 256):
-            raise ValueError(f"{stream}: BN must be a power of 2 and a multiple of "
-                             f"{rows_per_pass}, BK one of 64, 128, 256")
+        self.check_tiles()
         gen = torch.Generator(device=device).manual_seed(seed)
-        rows = layers * stream.layer_tiles * stream.bn
-        self.w = torch.empty(rows, stream.bk, dtype=torch.bfloat16, device=device)
+        w_rows = layers * stream.layer_tiles * stream.bn
+        self.w = torch.empty(w_rows, stream.bk, dtype=torch.bfloat16, device=device)
         if init:
             for layer in range(layers):
                 for (name, n, k), off in zip(PHASES, stream.offsets):
                     if n:
                         view = self.tile_rows(layer, off, n, k)
                         view.normal_(0, k ** -0.5, generator=gen)
-        self.x1024 = torch.randn(ROWS, HIDDEN, generator=gen, device=device).to(torch.bfloat16)
-        self.x8192 = torch.randn(ROWS, FFN, generator=gen, device=device).to(torch.bfloat16)
-        self.out = torch.zeros(ROWS, sum(n for _, n, _ in PHASES), dtype=torch.float32,
+        self.x1024 = torch.randn(rows, HIDDEN, generator=gen, device=device).to(torch.bfloat16)
+        self.x8192 = torch.randn(rows, FFN, generator=gen, device=device).to(torch.bfloat16)
+        self.out = torch.zeros(rows, sum(n for _, n, _ in PHASES), dtype=torch.float32,
                                device=device)
         self.counters = torch.zeros(positions * layers * len(PHASES), dtype=torch.int32,
                                     device=device)
         self.err = torch.zeros(1, dtype=torch.int32, device=device)
         self.epoch = 0
         self._expected: dict[tuple[int, int], torch.Tensor] = {}
-        layout = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=16, rank=2)
         self.desc = TensorDescriptor(self.w, list(self.w.shape), list(self.w.stride()),
-                                     [stream.bn, stream.bk], layout)
+                                     [stream.bn, stream.bk], self.weight_layout())
+
+    def check_tiles(self) -> None:
+        """Raises where the consumers cannot take the tile shape (here: the FMA consumer)."""
+        stream = self.s
+        if self.rows != ROWS:
+            raise ValueError(f"the FMA consumer takes exactly {ROWS} rows, not {self.rows}")
+        rows_per_pass = 32 // min(stream.bk // 8, 8) * stream.warps  # the consumers' layout
+        if stream.bn % rows_per_pass or stream.bn & (stream.bn - 1) or stream.bk not in (
+                64, 128, 256):
+            raise ValueError(f"{stream}: BN must be a power of 2 and a multiple of "
+                             f"{rows_per_pass}, BK one of 64, 128, 256")
+
+    def weight_layout(self) -> gl.NVMMASharedLayout:
+        """The ring's shared layout, which the weight descriptor's TMA box writes (unswizzled:
+        the FMA consumer reads rows of 16 B vectors)."""
+        return gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=16, rank=2)
 
     def tile_rows(self, layer: int, off: int, n: int, k: int) -> torch.Tensor:
         s = self.s
@@ -353,6 +366,10 @@ class Frame:
         tiles = self.tile_rows(layer, s.offsets[phase], n, k)
         return (tiles.view(n // s.bn, k // s.bk, s.bn, s.bk).permute(0, 2, 1, 3)
                 .reshape(n, k))
+
+    def extra(self, programs: int) -> dict:
+        """What a consumer adds to each timed row (here: nothing)."""
+        return {}
 
     @property
     def nbytes(self) -> int:
@@ -436,13 +453,14 @@ def run_mode(frame: Frame, mode: str, run: Launch, cooperative: bool) -> dict:
 
     kernel = launch()
     torch.cuda.synchronize()
-    row: dict = {"config": str(frame.s), "mode": mode, "cooperative": cooperative,
-                 "hang": bool(frame.err.item())}
+    row: dict = {"config": str(frame.s), "rows": frame.rows, "mode": mode,
+                 "cooperative": cooperative, "hang": bool(frame.err.item())}
     if mode != "barriers":  # every tile of the frame read once per position, summed right
         ref = frame.expected(frame.positions, frame.layers)
         err = (frame.out - ref).abs().max().item()
         row["max_abs_err"] = round(err, 6)
         row["correct"] = err <= 2e-4 * ref.abs().max().item() + 1e-2
+    row.update(frame.extra(run.programs))
     row["n_regs"], row["n_spills"] = kernel.n_regs, kernel.n_spills
     row["shared_bytes"] = kernel.metadata.shared
     threads = 32 * kernel.metadata.num_warps  # the loader's warpgroup included
@@ -471,16 +489,46 @@ def run_mode(frame: Frame, mode: str, run: Launch, cooperative: bool) -> dict:
         row["tb_per_s"] = round(tbs, 3)
         row["of_peak"] = round(tbs / HBM_TBS, 3)
         row["x_floor"] = round(ms / FLOOR_MS, 2)
+        row["tflop_per_s"] = round(frame.rows * tbs, 2)  # 2 FLOP a weight and row, 2 B a weight
     return row
 
 
 SETMAXNREG = r"setmaxnreg\.\w+\.sync\.aligned\.u32\s+(\d+)"
 
 
+def cuobjdump(kernel, flag: str) -> str:
+    """``cuobjdump FLAG`` of a build's cubin (Triton's own cuobjdump: no GPU needed)."""
+    tool = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as cubin:
+        cubin.write(kernel.asm["cubin"])
+        cubin.flush()
+        return subprocess.run([str(tool), flag, cubin.name], capture_output=True, text=True,
+                              check=True).stdout
+
+
+def describe_build(kernel, label: str, mode: str) -> str:
+    """One build's line: registers (and the setmaxnreg values of its partitions), spills (the
+    stack frame: a warp-specialized build spills there, not to LOCAL), shared memory, warps,
+    blocks an SM holds, TMA copy sites, launch problems."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from tests.sm90_build import resources
+
+    r = resources(kernel, mode)
+    stack = re.search(r"STACK:(\d+)", cuobjdump(kernel, "--dump-resource-usage"))
+    ptx = kernel.asm["ptx"]
+    regs = sorted({int(v) for v in re.findall(SETMAXNREG, ptx)})
+    return (f"{label} {mode:8s} sm_{kernel.metadata.target.arch}a: regs {r.registers} "
+            f"(setmaxnreg {regs}), spills {r.local_bytes} B, stack "
+            f"{stack.group(1) if stack else '?'} B, shared {r.shared_bytes} B, "
+            f"{r.num_warps} warps, {r.blocks_per_sm} block(s)/SM, "
+            f"{ptx.count('cp.async.bulk.tensor')} TMA copy sites, "
+            f"problems: {r.problems() or 'none'}")
+
+
 def compile_only(streams: list[Stream], modes: list[str], run: Launch) -> None:
     """Build every mode's kernel for sm_90a on this machine (no GPU) and print resources."""
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-    from tests.sm90_build import build_only, resources
+    from tests.sm90_build import build_only
 
     print(f"triton {triton.__version__}; configs BNxBKxStages w consumer warps (+1 loader "
           f"warp); maxnreg {run.maxnreg}")
@@ -491,26 +539,18 @@ def compile_only(streams: list[Stream], modes: list[str], run: Launch) -> None:
             with build_only(90) as built:
                 frame.launch(mode, run.programs, run.maxnreg, run.spin_budget)
             kernel = built[-1]
-            r = resources(kernel, mode)
-            ptx = kernel.asm["ptx"]
-            regs = sorted({int(v) for v in re.findall(SETMAXNREG, ptx)})
-            tma_ops = ptx.count("cp.async.bulk.tensor")
-            print(f"{stream} {mode:8s} sm_{kernel.metadata.target.arch}a: regs {r.registers} "
-                  f"(setmaxnreg {regs}), spills {r.local_bytes} B, shared {r.shared_bytes} B, "
-                  f"{r.num_warps} warps, {r.blocks_per_sm} block(s)/SM, "
-                  f"{tma_ops} TMA copy sites, problems: {r.problems() or 'none'}", flush=True)
+            print(describe_build(kernel, str(stream), mode), flush=True)
             if mode == modes[0]:  # the box the host encodes must be the tile the ring expects
                 print(f"  TMA descriptor: {kernel.metadata.tensordesc_meta}", flush=True)
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--modes", default="stream,phased,blocked,barriers")
-    ap.add_argument("--configs", default="64x128x8",
+def add_args(ap: argparse.ArgumentParser, modes: str, configs: str, out: str) -> None:
+    """The options this experiment and its siblings share."""
+    ap.add_argument("--modes", default=modes)
+    ap.add_argument("--configs", default=configs,
                     help="BNxBKxS[wW] list: tile rows (output features) x tile columns (K, "
-                         "<= 256) x ring slots [w consumer warps, default 8; the loader adds "
-                         "1]; each config runs every mode")
+                         "<= 256) x ring slots [w consumer warps, default 8; the loaders add "
+                         "a warpgroup]; each config runs every mode")
     ap.add_argument("--maxnreg", type=int, default=128,
                     help="registers a thread (a warp-specialized kernel needs it set)")
     ap.add_argument("--programs", type=int, default=0, help="0: one per SM")
@@ -525,30 +565,81 @@ def main() -> None:
                          "seconds: the whole run stays inside `timeout 150`)")
     ap.add_argument("--no-cooperative", action="store_true")
     ap.add_argument("--compile-only", action="store_true")
-    ap.add_argument("--out", default="depth-stream-gluon.json")
-    args = ap.parse_args()
-    t_start = time.monotonic()
-    streams = [Stream.parse(c) for c in args.configs.split(",")]
-    modes = args.modes.split(",")
-    run = Launch(args.programs or 132, args.maxnreg, args.spin_budget, args.iters)
-    if args.compile_only:
-        compile_only(streams, modes, run)
-        return
+    ap.add_argument("--out", default=out)
+
+
+def device_run(args: argparse.Namespace, script: str) -> tuple[Launch, dict]:
+    """On the GPU: the launch settings and the result document (provenance first)."""
     from breezert_bench.provenance import provenance
 
     torch.backends.cuda.matmul.allow_tf32 = False  # the references are full fp32 GEMVs
     props = torch.cuda.get_device_properties(0)
     SMS[0] = props.multi_processor_count
-    run = replace(run, programs=args.programs or props.multi_processor_count)
+    run = Launch(args.programs or props.multi_processor_count, args.maxnreg, args.spin_budget,
+                 args.iters)
     print(f"triton {triton.__version__}, {props.name}, {run.programs} programs", flush=True)
-    meta = provenance(script="bench/depth_stream_gluon.py", triton=triton.__version__,
+    meta = provenance(script=script, triton=triton.__version__,
                       programs=run.programs, maxnreg=run.maxnreg,
                       positions=args.positions, layers=args.layers, floor_ms=FLOOR_MS)
-    result: dict = {"meta": meta, "gemv_check": {}, "rows": [], "failures": []}
+    return run, {"meta": meta, "gemv_check": {}, "rows": [], "failures": []}
 
+
+def measure(frame: Frame, label: str, modes: list[str], run: Launch, args: argparse.Namespace,
+            result: dict, t_start: float) -> None:
+    """One frame: the one-layer GEMV check, then every mode (cooperative first, plain if the
+    cooperative launch fails); ``result`` is written to ``args.out`` after every row."""
     def save() -> None:  # after every row: a later failure or kill keeps what ran
         Path(args.out).write_text(json.dumps(result, indent=1))
 
+    try:
+        result["gemv_check"][label] = check_one_phase(frame, run)
+    except Exception as exc:  # the timing still says something about the stream
+        print(f"  GEMV check FAILED: {exc!r}"[:1500], flush=True)
+        result["gemv_check"][label] = {"failed": repr(exc)[:500]}
+    for mode in modes:
+        if time.monotonic() - t_start > args.deadline_s:
+            print(f"deadline: {label} {mode} not run", flush=True)
+            break
+        for cooperative in ((False,) if args.no_cooperative else (True, False)):
+            try:
+                row = run_mode(frame, mode, run, cooperative)
+            except Exception as exc:
+                print(f"  {mode} (cooperative={cooperative}) FAILED: {exc!r}"[:1500],
+                      flush=True)
+                traceback.print_exc(limit=2)
+                result["failures"].append(f"{label} {mode} coop={cooperative}: {exc!r}"[:500])
+                save()
+                continue
+            result["rows"].append(row)
+            print("  " + json.dumps(row), flush=True)
+            save()
+            break
+    save()
+
+
+def print_table(result: dict) -> None:
+    print("\nconfig BNxBKxSwW | rows | mode | cooperative | ms/frame | TB/s | TFLOP/s | x 2.1 ms "
+          "floor | correct | hang | regs | spills | smem B")
+    for r in result["rows"]:
+        print(f"{r['config']:12s} | {r['rows']} | {r['mode']:8s} | {r['cooperative']} | "
+              f"{r['ms']} | {r.get('tb_per_s', '-')} | {r.get('tflop_per_s', '-')} "
+              f"| {r.get('x_floor', '-')} | {r.get('correct', '-')} | {r['hang']} | "
+              f"{r['n_regs']} | {r['n_spills']} | {r['shared_bytes']}")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_args(ap, "stream,phased,blocked,barriers", "64x128x8", "depth-stream-gluon.json")
+    args = ap.parse_args()
+    t_start = time.monotonic()
+    streams = [Stream.parse(c) for c in args.configs.split(",")]
+    modes = args.modes.split(",")
+    if args.compile_only:
+        compile_only(streams, modes, Launch(args.programs or 132, args.maxnreg,
+                                            args.spin_budget, args.iters))
+        return
+    run, result = device_run(args, "bench/depth_stream_gluon.py")
     for stream in streams:
         if time.monotonic() - t_start > args.deadline_s:
             print(f"deadline: {stream} not run", flush=True)
@@ -565,39 +656,11 @@ def main() -> None:
               f"{frame.nbytes / 1e9:.2f} GB a frame ({args.layers} layers read "
               f"{args.positions}x), floor {frame.nbytes / HBM_TBS / 1e9:.2f} ms at {HBM_TBS} "
               f"TB/s; largest share a phase (bytes): {shares}", flush=True)
-        try:
-            result["gemv_check"][str(stream)] = check_one_phase(frame, run)
-        except Exception as exc:  # the timing still says something about the stream
-            print(f"  GEMV check FAILED: {exc!r}"[:1500], flush=True)
-            result["gemv_check"][str(stream)] = {"failed": repr(exc)[:500]}
-        for mode in modes:
-            if time.monotonic() - t_start > args.deadline_s:
-                print(f"deadline: {stream} {mode} not run", flush=True)
-                break
-            for cooperative in ((False,) if args.no_cooperative else (True, False)):
-                try:
-                    row = run_mode(frame, mode, run, cooperative)
-                except Exception as exc:
-                    print(f"  {mode} (cooperative={cooperative}) FAILED: {exc!r}"[:1500],
-                          flush=True)
-                    traceback.print_exc(limit=2)
-                    result["failures"].append(f"{stream} {mode} coop={cooperative}: {exc!r}"[:500])
-                    save()
-                    continue
-                result["rows"].append(row)
-                print("  " + json.dumps(row), flush=True)
-                save()
-                break
+        measure(frame, str(stream), modes, run, args, result, t_start)
         del frame
         torch.cuda.empty_cache()
-    save()
-    print("\nconfig BNxBKxSwW | mode | cooperative | ms/frame | TB/s | x 2.1 ms floor | correct "
-          "| hang | regs | spills | smem B")
-    for r in result["rows"]:
-        print(f"{r['config']:12s} | {r['mode']:8s} | {r['cooperative']} | {r['ms']} | "
-              f"{r.get('tb_per_s', '-')} "
-              f"| {r.get('x_floor', '-')} | {r.get('correct', '-')} | {r['hang']} | "
-              f"{r['n_regs']} | {r['n_spills']} | {r['shared_bytes']}")
+    Path(args.out).write_text(json.dumps(result, indent=1))
+    print_table(result)
 
 
 if __name__ == "__main__":
