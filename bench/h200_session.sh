@@ -390,12 +390,18 @@ case "$phase" in
     timeout 150 python3 -m pytest tests/gpu/test_gpu_codec.py -q -p no:cacheprovider 2>&1 \
       | tee "$out/codec_tests.log" | tail -5 ;;
   steady)  # issue 31: where a loaded step's time goes (bench/steady_trace.py): schedule, input
-    # prep, GPU work, post, commit per stage at STREAMS (64,128,256) on the capacity profile,
-    # Engine.step on one thread (4 Dec: the GPU busy 76 % of the wall at c=256 in the bench)
-    timeout 420 python3 bench/steady_trace.py --config configs/h200-capacity.toml \
+    # prep, GPU work, post and commit per stage at STREAMS (256,64) on the capacity profile,
+    # Engine.step on one thread; every stream is added at once, so the queue limit, admission
+    # and the queue's wait are lifted. 5 Dec: busy 74 % at 256 with DEPTH's prep 8.7 ms; the
+    # host_before_calls / host_in_calls columns split that prep (Python vs copies + launch).
+    # Start-up with a cold Inductor cache took > 400 s once: give it a call of its own budget.
+    timeout 560 python3 bench/steady_trace.py --config configs/h200-capacity.toml \
       --texts .benchdata/texts_en.tsv --tokenizer .benchdata/tokenizer.json \
-      --streams "${STREAMS:-64,128,256}" --steps 300 --git-commit "$commit" \
-      --out "$out/h200-steady-trace.json" 2>&1 | grep -v Warn | tail -30 ;;
+      --streams "${STREAMS:-256,64}" --steps 300 --git-commit "$commit" \
+      --set scheduler.max_queued_requests=512 --set scheduler.admission_capacity=1000000.0 \
+      --set scheduler.max_queue_wait_s=60.0 \
+      --out "$out/h200-steady-trace.json" 2>&1 | grep -v -i "warn\|softmax\|important use" \
+      | grep -v '^$' | tail -30 ;;
   big-batch)  # issue 31: each stage's graphed step at 64 / 128 / 256 requests (BATCHES), the
     # profile's kernels (fused Triton depth layers) against `plain` (the same stages in plain
     # torch: cuBLAS GEMMs for the depth layers), one process (bench/stage_timing.py)
