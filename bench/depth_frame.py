@@ -45,13 +45,6 @@ VARIANTS = {
     "warps4": {"num_warps": 4},
     "split1": {"qkv_split": 1, "o_split": 2},
     "down256": {"down_bk": 256, "down_split": 2, "down_bn": 64},
-    "prefetch64": {"prefetch_kb": 64},
-    "prefetch256": {"prefetch_kb": 256},
-    "prefetch1024": {"prefetch_kb": 1024},
-    "prefetch256x1": {"prefetch_kb": 256, "prefetch_lanes": 1},
-    "prefetch256x32": {"prefetch_kb": 256, "prefetch_lanes": 32},
-    "fold": {"fold_attention": True},
-    "fold-prefetch256": {"fold_attention": True, "prefetch_kb": 256},
 }
 
 

@@ -12,7 +12,7 @@
 #        chain P1 P2...  | decode | decode-micro | decode-bench | tune | profile | stages |
 #        ablation-eager | ablation-a|b|c|d[@I/N] | sweep | sweep+ablation | latency |
 #        latency-nocap | predictor | predictor-edf | capacity-closed | capacity-open | capacity-tests | capacity-256 |
-#        burst | slack | voice | te-tokens | admit | path | tune-decode | trace | prefill | prefill-bench | before-after | gc | anatomy | depth-engine | tests-changed | prefetch | wgmma-stream | frame-tests | codec-precision | big-batch | steady | census-256 | margin |
+#        burst | slack | voice | te-tokens | admit | path | tune-decode | trace | prefill | prefill-bench | before-after | gc | anatomy | depth-engine | tests-changed | wgmma-stream | frame-tests | codec-precision | big-batch | steady | census-256 | margin |
 #        room (issue 34: carry=[".roombundle"] alone, built by `make room-bundle`; see the phase) |
 #        scaleout (issue 36: kind nvidia-h200-x4, carry=[".roombundle"]; SCALE_K, SCALE_DISPATCH)
 # An ablation phase with @I/N runs shard I of N of its requests (bench --shard).
@@ -364,21 +364,13 @@ case "$phase" in
       --variant 'new32=config;scheduler.max_text_encode_requests=32;scheduler.max_prefill_requests=32' \
       --variant 'new64=config;scheduler.max_text_encode_requests=64;scheduler.max_prefill_requests=64' \
       --out "$out/h200-burst.json" 2>&1 | grep '^\[bench' ;;
-  prefetch)  # issue 30: the persistent depth frame with its L2 weight prefetch (FrameTiles
-    # prefetch_kb / prefetch_lanes) and its attention folded into o_proj (fold_attention)
-    # against the default tiles, 1-16 requests and 64 (their GPU bit-identity test: frame-tests)
-    timeout 560 python3 bench/depth_frame.py --batches 1,16,64 \
-      --variants "${PREFETCH_VARIANTS:-prefetch64,prefetch256,fold,fold-prefetch256}" \
-      --variant-batches 1,2,8,16 --no-loop --out "$out/h200-depth-prefetch.json" 2>&1 \
-      | grep -v Warn | tail -30 ;;
   wgmma-stream)  # issue 30: the weight stream with a swap-AB wgmma consumer at 2-512 rows
     # (bench/depth_stream_wgmma.py: stream and phased, each checked against torch fp32; TB/s,
     # TFLOP/s, the activation bytes re-read from L2 and the atomic adds per config and rows)
     timeout 300 python3 bench/depth_stream_wgmma.py --rows "${WGMMA_ROWS:-2,16,64,128,256,512}" \
       --configs "${WGMMA_CONFIGS:-64x64x8w8,64x128x6w4}" --deadline-s 230 \
       --out "$out/h200-depth-stream-wgmma.json" 2>&1 | grep -v Warn | tail -45 ;;
-  frame-tests)  # issue 30: the depth frame kernel's GPU tests (the prefetch and fold bit-identity
-    # against the default tiles at 1 / 8 / 64 requests among them)
+  frame-tests)  # issue 30: the depth frame kernel's GPU tests
     timeout 560 python3 -m pytest tests/gpu/test_gpu_frame_kernels.py -x -q -p no:cacheprovider \
       2>&1 | tee "$out/frame_tests.log" | tail -8 ;;
   codec-precision)  # issue 31: the codec's precisions side by side (bench/codec_precision.py:

@@ -301,16 +301,15 @@ def _frame_calls(frame, depth, batches) -> None:
                   torch.zeros(batch, 3, device="meta"), ids, ids)
 
 
-def _persistent_depth(**switches: int | bool) -> tuple[Warm, Callable[[], None]]:
-    from breezert.kernels.persistent_depth import FrameTiles, PersistentDepthFrame
+def _persistent_depth() -> tuple[Warm, Callable[[], None]]:
+    from breezert.kernels.persistent_depth import PersistentDepthFrame
     from breezert.models.config import BreezeConfig
     from breezert.models.depth import DepthDecoder
 
     graph = _engine_graph()
     with torch.device("meta"):
         depth = random_bf16_fused_(DepthDecoder(BreezeConfig.full().depth))
-    frame = PersistentDepthFrame(depth, max(_depth_rows(graph)),
-                                 FrameTiles(**switches))
+    frame = PersistentDepthFrame(depth, max(_depth_rows(graph)))
     # every bucket of the engine's depth stage
     return None, lambda: _frame_calls(frame, depth, graph.depth_batch_buckets)  # type: ignore[attr-defined]
 
@@ -341,8 +340,6 @@ VARIANTS: dict[str, Callable[[], tuple[Warm, Callable[[], None]]]] = {
     "text encoder pdl wide": lambda: _text_encoder(True, wide=True),
     "sampler": _sampler,
     "persistent depth": _persistent_depth,
-    "persistent depth prefetch": lambda: _persistent_depth(prefetch_kb=256),
-    "persistent depth fold": lambda: _persistent_depth(fold_attention=True),
     "snake": _snake,
 }
 """Each module variant a config or a tuning run can select -> ``(warm, serve)``: its start-up

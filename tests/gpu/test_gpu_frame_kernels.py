@@ -3,9 +3,7 @@ persistent frame (kernels/persistent_depth.py, one cooperative Triton launch wit
 barriers, up to 512 rows). Its logits against fp32 math fed the same codes (as close as the eager bf16
 decoder), its greedy codes the argmax of those logits, its draws equal to
 ``layers.sampling.sample`` on them, the same bits alone and beside others, run to run and
-inside a CUDA graph, with CFG and without, with the L2 prefetch and the folded attention
-switches on (no bit changes), and
-``depth_frames`` serving through them.
+inside a CUDA graph, with CFG and without, and ``depth_frames`` serving through them.
 
 Run on a CUDA machine: ``python -m pytest tests/gpu -q`` (skipped without CUDA).
 """
@@ -215,31 +213,3 @@ def test_serving_depth_frames_run_the_kernel(depth, frames, kind: str) -> None:
         direct = frame(**dict(inputs, code0=codes[:, 0]))
     assert torch.equal(codes, direct)
     assert int(codes[:, 1:].max()) < RESERVED
-
-
-# FrameTiles switches that must change no bit: the L2 prefetch (a cap under a program's share,
-# 64 KB, and over it, 1024 KB), the attention folded into o_proj's items, and both
-NO_BIT_SWITCHES = [{"prefetch_kb": 64}, {"prefetch_kb": 1024}, {"fold_attention": True},
-                   {"fold_attention": True, "prefetch_kb": 256}]
-
-
-@pytest.mark.parametrize("num", [1, 8, 64])
-def test_l2_prefetch_and_folded_attention_change_no_bit(depth, frames, num: int) -> None:
-    """``FrameTiles.prefetch_kb`` only asks L2 for the next phase's weights
-    (``cp.async.bulk.prefetch.L2``); ``fold_attention`` drops the attention phase and its
-    barrier (12 x 16 a frame), each o_proj item attending for its own heads and rows with the
-    attention phase's arithmetic: the codes and logits are the default frame's, bit for bit."""
-    from breezert.kernels.persistent_depth import FrameTiles, PersistentDepthFrame
-
-    frame = frames("persistent")
-    inputs = _inputs(num, True, temperature=0.9, seed=21 + num)
-    with torch.inference_mode():
-        codes = frame(**inputs)
-        logits = frame.frame_logits(2 * num).clone()
-        for switch in NO_BIT_SWITCHES:
-            other = PersistentDepthFrame(depth, max_rows=128, tiles=FrameTiles(**switch))
-            folded = switch.get("fold_attention", False)
-            assert other.phases == frame.phases - folded * 12 * 16, switch
-            assert torch.equal(other(**inputs), codes), switch
-            assert torch.equal(other.frame_logits(2 * num)[1:], logits[1:]), switch
-            del other

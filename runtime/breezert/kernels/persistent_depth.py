@@ -20,13 +20,6 @@ does, so a row's bits depend neither on its batch nor on which program finishes 
 inside the launch is read with ``.cg`` loads (L2, never a stale L1 line). Under Triton's
 interpreter (CPU tests), which runs programs one after another, the same kernel runs one phase
 per launch without barriers: the tile math is tested there, the barriers on the GPU.
-``FrameTiles.prefetch_kb`` (off by default) asks L2, at each phase's start, for the weights of
-the next phase that reads weights (``cp.async.bulk.prefetch.L2``), so that DRAM streams through
-the latency-bound phases and barriers; the interpreter logs the ranges instead.
-``FrameTiles.fold_attention`` (off by default) drops the attention phase and its barrier (4
-phases a layer instead of 5): each o_proj work item first attends, for the rows of its row
-block, with the KV heads whose query heads its K range covers (``_attend``, the attention
-phase's own arithmetic), into a scratch private to its program, and reads its A tile there.
 
 Numerics: the bf16 rounding points of the eager modules (``DepthDecoder.run_layers``), with
 other summation orders than cuBLAS (within bf16 tolerance; tests/gpu compare with fp32 math).
@@ -79,20 +72,6 @@ class FrameTiles:
     max_bm: int = 64
     """Rows per work item grow with the rows (16 .. ``max_bm``), so that many rows read each
     weight tile fewer times."""
-    prefetch_kb: int = 0
-    """L2 prefetch (0: off): at the start of a phase each program asks L2 for its share (1/P,
-    at most this many KB) of the weights that the next weight-reading phase will stream
-    (``_prefetch_next``), so DRAM keeps streaming through latency-bound phases and barriers.
-    Loads nothing into registers: the codes and bits are the same either way."""
-    prefetch_lanes: int = 4
-    """Threads that issue a program's prefetch, one instruction each (bulk prefetch operands
-    are uniform registers: ptxas loops over the lanes one by one, so few lanes, large sizes)."""
-    fold_attention: bool = False
-    """No attention phase (one grid barrier fewer a layer): an o_proj item computes, before its
-    K loop, the attention output of the heads its K range touches (whole KV-head groups, each
-    as the attention phase computes it: the same bits) for the rows of its row block. Item
-    (split s) covers columns ``[s K/S, (s+1) K/S)`` of ``H * HD``, so heads ``s K/S / HD ..
-    ((s+1) K/S - 1) / HD`` and their KV groups (full size: 2 heads of one group a split)."""
 
 
 # ---------------------------------------------------------------------------------------------
@@ -120,88 +99,6 @@ def _grid_sync(bar_ptr, num_programs):
     while seen < target:
         seen = _acquire_load(bar_ptr)
     tl.debug_barrier()  # no thread reads before the acquire
-
-
-@triton.jit
-def _prefetch_share(ptr, nbytes, pid, P, log_ptr, CAP: tl.constexpr, LANES: tl.constexpr,
-                    LOG: tl.constexpr):
-    """Program ``pid``'s share of the ``nbytes`` bytes at ``ptr`` (16-byte aligned, a multiple
-    of 16): bytes ``[pid * share, + min(share, CAP))``, ``share`` = ``nbytes / P`` rounded up
-    to 16, asked of L2 with ``cp.async.bulk.prefetch.L2`` (fire and forget, no registers, no
-    wait), split over the first ``LANES`` threads (one instruction each). ``LOG`` (Triton's
-    interpreter, which cannot run PTX): writes ``(address, size)`` to ``log_ptr`` instead, for
-    the tests."""
-    share = tl.cdiv(tl.cdiv(nbytes, P), 16) * 16
-    start = pid.to(tl.int64) * share
-    size = tl.maximum(tl.minimum(tl.minimum(share, nbytes - start), CAP), 0)
-    base = ptr.to(tl.pointer_type(tl.int8)) + start
-    if LOG:
-        tl.store(log_ptr, base.to(tl.int64, bitcast=True))
-        tl.store(log_ptr + 1, size)
-    else:
-        # bytes per lane, a multiple of 16; thread t asks for [t * chunk, + chunk) of the
-        # share, so threads LANES.. (and all of them when size is 0) find nothing left
-        chunk = tl.cdiv(tl.cdiv(size, LANES), 16) * 16
-        tl.inline_asm_elementwise(
-            """{
-            .reg .pred p;
-            .reg .u32 t, n;
-            .reg .u64 off, rest, addr;
-            mov.u32 t, %tid.x;
-            cvt.u64.u32 off, t;
-            mul.lo.u64 off, off, $3;
-            setp.lt.u64 p, off, $2;
-            sub.u64 rest, $2, off;
-            min.u64 rest, rest, $3;
-            cvt.u32.u64 n, rest;
-            add.u64 addr, $1, off;
-            @p cp.async.bulk.prefetch.L2.global [addr], n;
-            mov.u32 $0, 0;
-            }""",
-            "=r,l,l,l", [base, size, chunk], dtype=tl.int32, is_pure=False, pack=1)
-
-
-@triton.jit
-def _prefetch_next(pid, P, pos, r, layer, kind, proj_ptr, qkv_ptr, o_ptr, gu_ptr, down_ptr,
-                   head_ptr, log_ptr, D: tl.constexpr, DB: tl.constexpr, I: tl.constexpr,
-                   H: tl.constexpr, KVH: tl.constexpr, HD: tl.constexpr, L: tl.constexpr,
-                   NCB: tl.constexpr, VP: tl.constexpr, CAP: tl.constexpr,
-                   LANES: tl.constexpr, LOG: tl.constexpr, PL: tl.constexpr = 5):
-    """This program's share of the weights of the next phase that reads weights, asked of L2
-    at the start of phase (``pos``, ``r``): projector -> layer 0's q/k/v and o; o_proj -> the
-    layer's gate/up; gate/up -> its down; down -> the next layer's q/k/v and o (attention
-    reads none), after the last layer the codebook head of this position (position 0 has no
-    head: the projector); head -> the projector (next position). q/k/v, attention and draw
-    phases ask nothing (their next weights were asked for one or two phases earlier). The
-    ranges are the stacked tensors' exact bytes; ``log_ptr`` (LOG) takes two (address, size)
-    pairs a phase, in order. ``PL`` phases a layer (4: attention folded into o_proj; ``kind``
-    still numbers o_proj 2), which moves no request: attention asked for nothing."""
-    PER: tl.constexpr = 1 + PL * L + 2
-    QKV: tl.constexpr = (H + 2 * KVH) * HD * D  # elements of one layer's packed q/k/v
-    O: tl.constexpr = D * H * HD
-    GU: tl.constexpr = 2 * I * D
-    DOWN: tl.constexpr = D * I
-    if r == 0 or (r < PER - 2 and kind == 4 and layer < L - 1):
-        nxt = tl.where(r == 0, 0, layer + 1).to(tl.int64)
-        _prefetch_share(qkv_ptr + nxt * QKV, 2 * QKV, pid, P, log_ptr, CAP, LANES, LOG)
-        _prefetch_share(o_ptr + nxt * O, 2 * O, pid, P, log_ptr + 2, CAP, LANES, LOG)
-    elif r == PER - 2:
-        if pos > 0 and pos < NCB - 1:
-            _prefetch_share(proj_ptr, 2 * D * DB, pid, P, log_ptr, CAP, LANES, LOG)
-    elif r == PER - 1:
-        pass
-    elif kind == 2:
-        _prefetch_share(gu_ptr + layer.to(tl.int64) * GU, 2 * GU, pid, P, log_ptr, CAP, LANES,
-                        LOG)
-    elif kind == 3:
-        _prefetch_share(down_ptr + layer.to(tl.int64) * DOWN, 2 * DOWN, pid, P, log_ptr, CAP,
-                        LANES, LOG)
-    elif kind == 4:  # the last layer's down
-        if pos > 0:
-            _prefetch_share(head_ptr + (pos - 1).to(tl.int64) * (VP * D), 2 * VP * D, pid, P,
-                            log_ptr, CAP, LANES, LOG)
-        elif pos < NCB - 1:
-            _prefetch_share(proj_ptr, 2 * D * DB, pid, P, log_ptr, CAP, LANES, LOG)
 
 
 @triton.jit
@@ -381,8 +278,7 @@ def _attend(q_row, kv, out_row, heads, d, slots, live, scale, c_kv, c_pos, HD: t
     """One row's query ``heads`` (a KV head's group, ``[G]``) against cache slots 0..pos
     (``live``; ``kv``: the row's K cache of that KV head), rounded as flash attention rounds
     (unnormalised probabilities to bf16 for P @ V, fp32 row sums), to ``out_row``'s columns of
-    those heads in bf16. The attention phase and a folded o_proj item both run it (same
-    shapes, same order): one arithmetic, the same bits."""
+    those heads in bf16."""
     q = tl.load(q_row + heads[:, None] * HD + d[None, :], cache_modifier=".cg").to(tl.float32)
     base = kv + slots[:, None] * c_pos + d[None, :]
     k = tl.load(base, mask=live[:, None], other=0.0, cache_modifier=".cg").to(tl.float32)
@@ -413,59 +309,19 @@ def _attention_phase(pid, P, pos, R, q_ptr, cache_ptr, out_ptr, scale, c_kv, c_r
 
 
 @triton.jit
-def _attend_block(pid, split, rb, pos, R, q_ptr, cache_ptr, out_ptr, scale, c_kv, c_row,
-                  c_head, c_pos, K: tl.constexpr, S: tl.constexpr, H: tl.constexpr,
-                  KVH: tl.constexpr, HD: tl.constexpr, NP: tl.constexpr, BM: tl.constexpr):
-    """A folded o_proj item's prologue: the attention output of K split ``split`` (columns
-    ``[split K/S, (split+1) K/S)`` = heads ``split K/S / HD .. ((split+1) K/S - 1) / HD``,
-    whole or a slice of one) for the rows of row block ``rb``, computed by whole KV-head
-    groups (``_attend``; a partly covered group is computed whole: the bits do not depend on
-    the slice) into this program's scratch ``out_ptr [P, BM, K]`` (row i of the block at row
-    i). Barriers on both sides: the scratch's last reader is done before it is rewritten, and
-    every thread's columns are written before any thread reads them."""
-    G: tl.constexpr = H // KVH
-    KS: tl.constexpr = K // S
-    d = tl.arange(0, HD)
-    slots = tl.arange(0, NP)
-    live = slots <= pos
-    g_first = split * KS // HD // G
-    g_last = ((split + 1) * KS - 1) // HD // G
-    scratch = out_ptr + pid * (BM * K)
-    tl.debug_barrier()
-    for r in range(rb * BM, tl.minimum(rb * BM + BM, R)):
-        for g in range(g_first, g_last + 1):
-            _attend(q_ptr + r * (H * HD), cache_ptr + r * c_row + g * c_head,
-                    scratch + (r - rb * BM) * K, g * G + tl.arange(0, G), d, slots, live,
-                    scale, c_kv, c_pos, HD)
-    tl.debug_barrier()
-
-
-@triton.jit
 def _linear_residual_phase(pid, P, R, a_ptr, w_ptr, h_ptr, ws_ptr, ws_split, cnt_ptr,
                            N: tl.constexpr, K: tl.constexpr, S: tl.constexpr, BM: tl.constexpr,
-                           BN: tl.constexpr, BK: tl.constexpr, F32: tl.constexpr,
-                           FOLD: tl.constexpr = False, pos=0, q_ptr=None, cache_ptr=None,
-                           scale=1.0, c_kv=0, c_row=0, c_head=0, c_pos=0, H: tl.constexpr = 1,
-                           KVH: tl.constexpr = 1, HD: tl.constexpr = 1, NP: tl.constexpr = 1):
-    """``h = bf16(h + bf16(a @ W.T))`` (o_proj, down_proj), split along K. ``FOLD`` (o_proj
-    only): each item makes its own ``a`` first (``_attend_block`` into its program's scratch
-    ``a_ptr [P, BM, K]``)."""
+                           BN: tl.constexpr, BK: tl.constexpr, F32: tl.constexpr):
+    """``h = bf16(h + bf16(a @ W.T))`` (o_proj, down_proj), split along K."""
     n_tiles: tl.constexpr = N // BN
     KS: tl.constexpr = K // S
     n_items = n_tiles * S * tl.cdiv(R, BM)
     for item in range(pid, n_items, P):
         tile, split, rb, rows, rmask, n = _split_item(item, R, n_tiles, S, BM, BN)
-        a_tile = a_ptr
-        a_rows = rows
-        if FOLD:
-            _attend_block(pid, split, rb, pos, R, q_ptr, cache_ptr, a_ptr, scale, c_kv, c_row,
-                          c_head, c_pos, K, S, H, KVH, HD, NP, BM)
-            a_tile = a_ptr + pid * (BM * K)
-            a_rows = tl.arange(0, BM)
         acc = tl.zeros([BM, BN], dtype=tl.float32)
         for k0 in range(0, KS, BK):
             cols = split * KS + k0 + tl.arange(0, BK)
-            a = tl.load(a_tile + a_rows[:, None] * K + cols[None, :], mask=rmask[:, None],
+            a = tl.load(a_ptr + rows[:, None] * K + cols[None, :], mask=rmask[:, None],
                         other=0.0, cache_modifier=".cg")
             w = tl.load(w_ptr + n[:, None] * K + cols[None, :])
             acc += mm(a, tl.trans(w), F32)
@@ -558,7 +414,7 @@ def _frame_kernel(
     hidden_ptr, codes_ptr, has_cfg_ptr, scale_ptr, params_ptr, seeds_ptr, frames_ptr,
     embed_ptr, proj_ptr, ln1_ptr, qkv_ptr, o_ptr, ln2_ptr, gu_ptr, down_ptr, norm_ptr, head_ptr,
     cos_ptr, sin_ptr,
-    h_ptr, q_ptr, attn_ptr, act_ptr, cache_ptr, logits_ptr, ws_ptr, cnt_ptr, bar_ptr, pf_log_ptr,
+    h_ptr, q_ptr, attn_ptr, act_ptr, cache_ptr, logits_ptr, ws_ptr, cnt_ptr, bar_ptr,
     R, B, s_begin, s_end, eps, scale, ws_split, c_layer, c_kv, c_row, c_head, c_pos,
     D: tl.constexpr, DB: tl.constexpr, I: tl.constexpr, H: tl.constexpr, KVH: tl.constexpr,
     HD: tl.constexpr, L: tl.constexpr, NCB: tl.constexpr, V: tl.constexpr, VP: tl.constexpr,
@@ -570,29 +426,19 @@ def _frame_kernel(
     HEAD_BN: tl.constexpr, HEAD_BK: tl.constexpr,
     BM: tl.constexpr, BLOCK: tl.constexpr, MAX_K: tl.constexpr, CODES: tl.constexpr,
     F32: tl.constexpr, EXACT_LOG: tl.constexpr, BARRIER: tl.constexpr, RK: tl.constexpr,
-    PREFETCH: tl.constexpr = 0, PF_LANES: tl.constexpr = 4, PF_LOG: tl.constexpr = False,
-    FOLD: tl.constexpr = False,
 ):
     """Phases ``s_begin .. s_end - 1`` of a frame (all of them in one launch on the GPU, with a
     grid barrier after each; one per launch under the interpreter). Phase s is position
     ``s // PER``; within it 0 = projector, 1 + 5 l + (0..4) = layer l's q/k/v, attention,
-    o_proj, gate/up, down, then head and draw (positions >= 1). ``FOLD``: 4 a layer (q/k/v,
-    o_proj with the attention in its items, gate/up, down); ``kind`` keeps the numbers above."""
+    o_proj, gate/up, down, then head and draw (positions >= 1)."""
     pid = tl.program_id(0)
     P = tl.num_programs(0)
-    PL: tl.constexpr = 4 if FOLD else 5
-    PER: tl.constexpr = 1 + PL * L + 2
+    PER: tl.constexpr = 1 + 5 * L + 2
     for s in range(s_begin, s_end):
         pos = s // PER
         r = s % PER
-        layer = (r - 1) // PL
-        kind = (r - 1) % PL
-        if FOLD:
-            kind += (kind > 0).to(tl.int32)  # no attention phase: 0, 2, 3, 4
-        if PREFETCH > 0:  # compiled out when off
-            _prefetch_next(pid, P, pos, r, layer, kind, proj_ptr, qkv_ptr, o_ptr, gu_ptr,
-                           down_ptr, head_ptr, pf_log_ptr + (s * P + pid) * 4, D, DB, I, H, KVH,
-                           HD, L, NCB, VP, PREFETCH, PF_LANES, PF_LOG, PL)
+        layer = (r - 1) // 5
+        kind = (r - 1) % 5
         if r == 0:
             _proj_phase(pid, P, pos, R, B, hidden_ptr, codes_ptr, embed_ptr, proj_ptr, h_ptr,
                         ws_ptr, ws_split, cnt_ptr, D, DB, V, NCB, PROJ_S, BM, PROJ_BN, PROJ_BK,
@@ -613,16 +459,12 @@ def _frame_kernel(
                        cnt_ptr, eps, c_kv, c_row, c_head, c_pos, D, H, KVH, HD, QKV_SUB, QKV_S,
                        BM, QKV_BK, F32, RK)
         elif kind == 1:
-            if not FOLD:
-                _attention_phase(pid, P, pos, R, q_ptr,
-                                 cache_ptr + layer.to(tl.int64) * c_layer, attn_ptr, scale, c_kv,
-                                 c_row, c_head, c_pos, H, KVH, HD, NCB)
+            _attention_phase(pid, P, pos, R, q_ptr, cache_ptr + layer.to(tl.int64) * c_layer,
+                             attn_ptr, scale, c_kv, c_row, c_head, c_pos, H, KVH, HD, NCB)
         elif kind == 2:
             _linear_residual_phase(pid, P, R, attn_ptr, o_ptr + layer.to(tl.int64) * (D * H * HD),
                                    h_ptr, ws_ptr, ws_split, cnt_ptr, D, H * HD, O_S, BM, O_BN,
-                                   O_BK, F32, FOLD, pos, q_ptr,
-                                   cache_ptr + layer.to(tl.int64) * c_layer, scale, c_kv, c_row,
-                                   c_head, c_pos, H, KVH, HD, NCB)
+                                   O_BK, F32)
         elif kind == 3:
             _gate_up_phase(pid, P, R, h_ptr, ln2_ptr + layer * D,
                            gu_ptr + layer.to(tl.int64) * (2 * I * D), act_ptr, eps, D, I, BM,
@@ -722,8 +564,6 @@ class PersistentDepthFrame:
                 problems.append(f"{name} ({n} x {k})")
         if cfg.hidden_size & (cfg.hidden_size - 1) or cfg.num_heads % cfg.num_kv_heads:
             problems.append(f"hidden_size {cfg.hidden_size}")
-        if t.prefetch_kb < 0 or not 1 <= t.prefetch_lanes <= 32 * t.num_warps:
-            problems.append(f"prefetch_kb {t.prefetch_kb} / prefetch_lanes {t.prefetch_lanes}")
         if problems:
             raise ValueError("the persistent depth frame does not fit " + ", ".join(problems))
 
@@ -734,10 +574,7 @@ class PersistentDepthFrame:
         qkv_width = (cfg.num_heads + 2 * cfg.num_kv_heads) * cfg.head_dim
         self.h = torch.empty(rows, d, dtype=bf, device=dev)
         self.q = torch.empty(rows, heads_width, dtype=bf, device=dev)
-        # the attention output: per row, or (folded) a row block per program, its own scratch
-        attn_rows = ((self.programs, frame_row_block(rows, t.max_bm)) if t.fold_attention
-                     else (rows,))
-        self.attn = torch.empty(*attn_rows, heads_width, dtype=bf, device=dev)
+        self.attn = torch.empty(rows, heads_width, dtype=bf, device=dev)
         self.act = torch.empty(rows, cfg.intermediate_size, dtype=bf, device=dev)
         self.cache = torch.zeros(cfg.num_layers, 2, rows, cfg.num_kv_heads, cfg.num_codebooks,
                                  cfg.head_dim, dtype=bf, device=dev)
@@ -750,11 +587,6 @@ class PersistentDepthFrame:
                                                  (qkv_width // cfg.head_dim) * t.qkv_sub)
         self.counters = torch.zeros(most_tiles, dtype=torch.int32, device=dev)
         self.barrier = torch.zeros(1, dtype=torch.int64, device=dev)
-        # what the L2 prefetch asked for, per phase and program: two (address, bytes) pairs;
-        # written under the interpreter only (the GPU runs the PTX instead)
-        log = INTERPRETED and t.prefetch_kb > 0
-        self.prefetch_log = torch.zeros((self.phases, self.programs, 2, 2) if log else (1,),
-                                        dtype=torch.int64, device=dev)
         self.rows = rows
 
     def frame_logits(self, rows: int) -> torch.Tensor:
@@ -764,15 +596,9 @@ class PersistentDepthFrame:
         return self.logits.view(-1)[:size].view(self.cfg.num_codebooks, rows, self.vocab)
 
     @property
-    def phases_per_layer(self) -> int:
-        """q/k/v, attention, o_proj, gate/up, down; attention folded into o_proj: 4."""
-        return PHASES_PER_LAYER - 1 if self.tiles.fold_attention else PHASES_PER_LAYER
-
-    @property
     def phases(self) -> int:
-        """Phases of one frame (a grid barrier after each): per position the projector, the
-        layers' phases, the head, the draw."""
-        return self.cfg.num_codebooks * (1 + self.phases_per_layer * self.cfg.num_layers + 2)
+        """Phases of one frame: per position the projector, 5 per layer, the head, the draw."""
+        return self.cfg.num_codebooks * (1 + PHASES_PER_LAYER * self.cfg.num_layers + 2)
 
     def __call__(self, hidden: torch.Tensor, code0: torch.Tensor, has_cfg: torch.Tensor,
                  cfg_scale: torch.Tensor, depth_sampling: torch.Tensor, seeds: torch.Tensor,
@@ -798,7 +624,7 @@ class PersistentDepthFrame:
             self.embed, self.proj, self.ln1, self.qkv, self.o, self.ln2, self.gate_up, self.down,
             self.norm, self.head, self.cos, self.sin,
             self.h, self.q, self.attn, self.act, self.cache, self.logits, self.workspace,
-            self.counters, self.barrier, self.prefetch_log,
+            self.counters, self.barrier,
         )
         consts = dict(
             D=cfg.hidden_size, DB=cfg.backbone_hidden_size, I=cfg.intermediate_size,
@@ -817,8 +643,6 @@ class PersistentDepthFrame:
             BM=frame_row_block(rows, t.max_bm), BLOCK=triton.next_power_of_2(self.vocab),
             MAX_K=self.max_k, CODES=CODEBOOK_CODES, F32=DOT_F32, EXACT_LOG=hidden.is_cuda,
             RK=min(cfg.hidden_size, 128),
-            PREFETCH=t.prefetch_kb * 1024, PF_LANES=t.prefetch_lanes,
-            PF_LOG=INTERPRETED and t.prefetch_kb > 0, FOLD=t.fold_attention,
             num_warps=t.num_warps, num_stages=t.num_stages,
         )
         scalars = (cfg.rms_norm_eps, self.scale, self.workspace.stride(0), c[0], c[1], c[2],
