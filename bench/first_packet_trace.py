@@ -28,13 +28,12 @@ from typing import Any
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from breezert.config import EngineConfig
 from breezert.engine import Engine
 from breezert.options import SynthesisOptions
 from breezert.outputs import AudioChunk
 from breezert.request import SynthesisRequest
 from breezert_bench.provenance import provenance
-from breezert_bench.variants import parse_variant_spec, variant_config
+from breezert_bench.variants import config_with_overrides
 from breezert_bench.workload import load_texts, make_workload
 
 
@@ -170,9 +169,7 @@ def main() -> None:
         return
     if args.texts is None:
         parser.error("--texts is required (unless --plot)")
-    base = EngineConfig.from_file(args.config)
-    spec = ";".join(args.set + ([f"model.tokenizer='{args.tokenizer}'"] if args.tokenizer else []))
-    config = variant_config(base, parse_variant_spec(f"trace={spec}")) if spec else base
+    config = config_with_overrides(args.config, args.set, args.tokenizer, "trace")
     start = time.monotonic()
     engine = Engine(config)
     startup_s = time.monotonic() - start

@@ -47,14 +47,13 @@ from typing import Any
 
 import torch
 
-from breezert.config import EngineConfig
 from breezert.engine import Engine
 from breezert.options import SynthesisOptions
 from breezert.outputs import AudioChunk
 from breezert.request import SynthesisRequest
 from breezert.worker.cuda_graphs import GraphRunner
 from breezert_bench.provenance import provenance
-from breezert_bench.variants import parse_variant_spec, variant_config
+from breezert_bench.variants import config_with_overrides
 from breezert_bench.workload import BUILTIN_TEXTS, load_texts, make_workload
 
 PARTS = ("schedule", "prep", "gpu", "post", "commit")
@@ -229,9 +228,7 @@ def main() -> None:
     parser.add_argument("--git-commit", default=None, help="record this commit (no .git)")
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
-    base = EngineConfig.from_file(args.config)
-    spec = ";".join(args.set + ([f"model.tokenizer='{args.tokenizer}'"] if args.tokenizer else []))
-    config = variant_config(base, parse_variant_spec(f"steady={spec}")) if spec else base
+    config = config_with_overrides(args.config, args.set, args.tokenizer, "steady")
     t0 = time.monotonic()
     engine = Engine(config)
     startup_s = time.monotonic() - t0

@@ -136,3 +136,19 @@ def variant_config(base: Any, variant: Variant) -> Any:
     for section, values in variant.overrides.items():
         data.setdefault(section, {}).update(values)
     return apply_env_overrides(EngineConfig.from_dict(data, source=f"variant {variant.name}"))
+
+
+def config_with_overrides(path: str, sets: Sequence[str], tokenizer: str | None = None,
+                          name: str = "run") -> Any:
+    """The profile at ``path`` (an ``EngineConfig``) with ``--set section.key=value`` overrides
+    and, given one, the tokenizer file, applied as the variant ``name``; the profile as loaded
+    when there are none.
+
+    Raises:
+        ValueError: an override is malformed or invalid.
+    """
+    from breezert.config import EngineConfig
+
+    base = EngineConfig.from_file(path)
+    parts = [*sets, *([f"model.tokenizer='{tokenizer}'"] if tokenizer else [])]
+    return variant_config(base, parse_variant_spec(f"{name}={';'.join(parts)}")) if parts else base
