@@ -131,6 +131,8 @@ class RowSampling(NamedTuple):
 # do not depend on batching, scheduling, device or graph replay, and there is no generator state
 # to carry: the request's stream continues across segments by its frame counter alone.
 _MASK32 = 0xFFFFFFFF
+_MIX1, _MIX2 = 0x7FEB352D, 0x846CA68B  # lowbias32's multipliers
+_COLUMN_STEP = 0x9E3779B1  # column c enters the hash as c * this (mod 2**32)
 
 
 def _mul32(x: torch.Tensor, c: int) -> torch.Tensor:
@@ -143,9 +145,9 @@ def _hash32(x: torch.Tensor) -> torch.Tensor:
     """lowbias32 (C. Wellons): a strong 32-bit integer mix, on int64 tensors holding 32 bits."""
     x = x & _MASK32
     x = x ^ (x >> 16)
-    x = _mul32(x, 0x7FEB352D)
+    x = _mul32(x, _MIX1)
     x = x ^ (x >> 15)
-    x = _mul32(x, 0x846CA68B)
+    x = _mul32(x, _MIX2)
     return x ^ (x >> 16)
 
 
@@ -163,16 +165,16 @@ def _torch_counter_uniform(seeds: torch.Tensor, counters: torch.Tensor,
     row = _hash32(_hash32(seeds & _MASK32) ^ (seeds >> 32) & _MASK32)
     row = _hash32(row ^ (counters.to(torch.long) & _MASK32))  # [R]
     cols = torch.arange(width, device=seeds.device, dtype=torch.long)
-    bits = _hash32(_hash32(row[:, None] + _mul32(cols, 0x9E3779B1)[None, :]) ^ row[:, None])
+    bits = _hash32(_hash32(row[:, None] + _mul32(cols, _COLUMN_STEP)[None, :]) ^ row[:, None])
     return ((bits >> 8).to(torch.float32) + 0.5) * (1.0 / (1 << 24))
 
 
 def _np_hash32(x: np.ndarray) -> np.ndarray:
     """``_hash32`` on uint32 arrays, whose products wrap mod 2**32 by themselves."""
     x = x ^ (x >> 16)
-    x *= np.uint32(0x7FEB352D)
+    x *= np.uint32(_MIX1)
     x ^= x >> 15
-    x *= np.uint32(0x846CA68B)
+    x *= np.uint32(_MIX2)
     return x ^ (x >> 16)
 
 
@@ -185,8 +187,8 @@ def _cpu_counter_uniform(seeds: torch.Tensor, counters: torch.Tensor, width: int
     half the bytes (4x faster at 32 x 2052). A depth frame's noise is most of a tiny model's
     step on the CPU."""
     keys = _COLUMN_KEYS.get(width)
-    if keys is None:  # _mul32(cols, 0x9E3779B1): the same for every call of this width
-        keys = _COLUMN_KEYS[width] = np.arange(width, dtype=np.uint32) * np.uint32(0x9E3779B1)
+    if keys is None:  # _mul32(cols, _COLUMN_STEP): the same for every call of this width
+        keys = _COLUMN_KEYS[width] = np.arange(width, dtype=np.uint32) * np.uint32(_COLUMN_STEP)
     s = seeds.to(torch.long).numpy().view(np.uint64)
     lo, hi = s.astype(np.uint32), (s >> np.uint64(32)).astype(np.uint32)
     row = _np_hash32(_np_hash32(lo) ^ hi)
