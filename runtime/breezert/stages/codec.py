@@ -99,7 +99,7 @@ class CodecStage:
         windows.reverse()  # largest runs first: their starts i are the smallest
         captured = set(self.graphs.keys)  # after warm-up a replay takes a captured key only
         priced: dict[int, list[tuple[int, int, float]]] = {}  # largest chunk -> its windows
-        best = [0.0] + [float("inf")] * n  # best[j]: cheapest split of ordered[:j]
+        best = [0.0] + [INF] * n  # best[j]: cheapest split of ordered[:j]
         cut = [0] * (n + 1)
         for j in range(1, n + 1):
             frames = ordered[j - 1].num_frames
