@@ -385,15 +385,16 @@ case "$phase" in
     # prep, GPU work, post and commit per stage at STREAMS (256,64) on the capacity profile,
     # Engine.step on one thread; every stream is added at once, so the queue limit, admission
     # and the queue's wait are lifted. 5 Dec: busy 74 % at 256 with DEPTH's prep 8.7 ms; the
-    # host_before_calls / host_in_calls columns split that prep (Python vs copies + launch).
+    # host_before_calls / host_in_calls columns split that prep (Python vs copies + launch);
+    # --launch-probe then times each captured graph's launch on the host beside its GPU time.
     # Start-up with a cold Inductor cache took > 400 s once: give it a call of its own budget.
     timeout 560 python3 bench/steady_trace.py --config configs/h200-capacity.toml \
       --texts .benchdata/texts_en.tsv --tokenizer .benchdata/tokenizer.json \
       --streams "${STREAMS:-256,64}" --steps 300 --git-commit "$commit" \
       --set scheduler.max_queued_requests=512 --set scheduler.admission_capacity=1000000.0 \
-      --set scheduler.max_queue_wait_s=60.0 \
+      --set scheduler.max_queue_wait_s=60.0 --launch-probe \
       --out "$out/h200-steady-trace.json" 2>&1 | grep -v -i "warn\|softmax\|important use" \
-      | grep -v '^$' | tail -30 ;;
+      | grep -v '^$' | tail -60 ;;
   big-batch)  # issue 31: each stage's graphed step at 64 / 128 / 256 requests (BATCHES), the
     # profile's kernels (fused Triton depth layers) against `plain` (the same stages in plain
     # torch: cuBLAS GEMMs for the depth layers), one process (bench/stage_timing.py)

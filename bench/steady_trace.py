@@ -29,7 +29,9 @@ ms at 256 streams, 3.6 ms at 64).
 Host times come from ``perf_counter``; GPU times from events against a base event recorded on an
 idle device, so both share one time line (to the launch latency, a few us). Prints per stage and
 overall: mean of each part, the GPU's busy share and the idle between steps; writes JSON with the
-GPU, torch version, commit and date.
+GPU, torch version, commit and date. ``--launch-probe``: after the runs, each captured graph's
+launch on the host (the time inside ``replay()``) beside its GPU time, with its nodes by type:
+whether a step's ``prep`` is the graph's launch.
 
 Owns nothing the runtime uses. Must not: be read as the served throughput (no listeners, no
 event loop; ``breezert-bench`` measures that).
@@ -214,6 +216,79 @@ def run_streams(engine: Engine, spans: StepSpans, texts: list[str], streams: int
             "steps": table}
 
 
+def graph_nodes(graph: torch.cuda.CUDAGraph) -> dict[str, int] | None:
+    """Nodes of a captured graph by type (kernel, memcpy, memset, ...), read with the driver's
+    ``cuGraphGetNodes`` / ``cuGraphNodeGetType``; None where the driver or torch cannot say."""
+    try:
+        import ctypes
+
+        cuda = ctypes.CDLL("libcuda.so.1")
+        handle = ctypes.c_void_p(graph.raw_cuda_graph())
+        count = ctypes.c_size_t(0)
+        if cuda.cuGraphGetNodes(handle, None, ctypes.byref(count)) != 0:
+            return None
+        nodes = (ctypes.c_void_p * count.value)()
+        if cuda.cuGraphGetNodes(handle, nodes, ctypes.byref(count)) != 0:
+            return None
+        names = {0: "kernel", 1: "memcpy", 2: "memset", 3: "host", 4: "graph", 5: "empty",
+                 6: "wait_event", 7: "event_record", 10: "mem_alloc", 11: "mem_free"}
+        kinds: dict[str, int] = defaultdict(int)
+        for node in nodes:
+            kind = ctypes.c_int(-1)
+            cuda.cuGraphNodeGetType(ctypes.c_void_p(node), ctypes.byref(kind))
+            kinds[names.get(kind.value, str(kind.value))] += 1
+        return {"total": int(count.value), **kinds}
+    except Exception:  # noqa: BLE001 - a probe: no driver symbol, no raw handle
+        return None
+
+
+def traced_kernels(graph: torch.cuda.CUDAGraph) -> int:
+    """Kernels one replay of ``graph`` runs, counted by the profiler (torch keeps no
+    ``cudaGraph_t`` after instantiation unless asked to, so the driver cannot list nodes)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        graph.replay()
+        torch.cuda.synchronize()
+    return sum(1 for e in prof.events()
+               if e.device_type == torch.autograd.DeviceType.CUDA and "emcpy" not in e.name
+               and "emset" not in e.name)
+
+
+def launch_probe(engine: Engine, repeats: int = 3) -> list[dict[str, Any]]:
+    """Each captured graph of every stage: the host's time inside ``replay()`` (the launch) and
+    the GPU's time from its start to its end, on an idle device, median of ``repeats``; with its
+    nodes by type. Run last: a replay rewrites the slot rows its static inputs name."""
+    rows: list[dict[str, Any]] = []
+    for stage, worker in engine.runner.stages.items():
+        runners = [(name, value) for name, value in vars(worker).items()
+                   if isinstance(value, GraphRunner)]
+        for name, runner in runners:
+            for key in runner.keys:
+                graph = runner.captured_graph(key)
+                host, gpu = [], []
+                for _ in range(repeats):
+                    torch.cuda.synchronize()
+                    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(
+                        enable_timing=True)
+                    start.record()
+                    t0 = time.perf_counter()
+                    graph.replay()
+                    host.append(time.perf_counter() - t0)
+                    end.record()
+                    torch.cuda.synchronize()
+                    gpu.append(start.elapsed_time(end) / 1000)
+                stage_name = getattr(stage, "value", str(stage))
+                nodes = graph_nodes(graph)
+                if nodes is None and stage_name == "depth":
+                    nodes = {"kernels_traced": traced_kernels(graph)}
+                rows.append({"stage": stage_name, "runner": name,
+                             "key": repr(key), "launch_ms": round(statistics.median(host) * 1e3, 4),
+                             "gpu_ms": round(statistics.median(gpu) * 1e3, 4), "nodes": nodes})
+    return rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--config", default="configs/h200-capacity.toml")
@@ -227,6 +302,8 @@ def main() -> None:
     parser.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE")
     parser.add_argument("--git-commit", default=None, help="record this commit (no .git)")
     parser.add_argument("--out", default=None)
+    parser.add_argument("--launch-probe", action="store_true",
+                        help="after the runs: each captured graph's launch (host) and GPU time")
     args = parser.parse_args()
     config = config_with_overrides(args.config, args.set, args.tokenizer, "steady")
     t0 = time.monotonic()
@@ -235,12 +312,14 @@ def main() -> None:
     spans = StepSpans(engine)
     texts = load_texts(args.texts) if args.texts else list(BUILTIN_TEXTS)
     runs: list[dict[str, Any]] = []
+    launches: list[dict[str, Any]] = []
 
     def save() -> None:  # after each stream count: a timeout keeps what ran
         if args.out:
             Path(args.out).write_text(json.dumps(
                 {**provenance(device=config.model.device, git_commit_override=args.git_commit),
-                 "config": args.config, "set": args.set, "startup_s": startup_s, "runs": runs},
+                 "config": args.config, "set": args.set, "startup_s": startup_s, "runs": runs,
+                 "launches": launches},
                 indent=1))
 
     print(f"engine built in {startup_s:.1f} s", flush=True)
@@ -256,6 +335,13 @@ def main() -> None:
             print(f"  {stage:12s} x{st['steps']:<4d} rows {st['rows']:6.1f}  " +
                   "  ".join(f"{k} {st[k]:.3f}" for k in PARTS + EXTRA), flush=True)
         save()
+    if args.launch_probe and torch.cuda.is_available():
+        launches.extend(launch_probe(engine))
+        save()
+        for row in sorted(launches, key=lambda r: -r["launch_ms"])[:25]:
+            print(f"  launch {row['stage']:8s} {row['runner']:18s} {row['key']:24s} "
+                  f"host {row['launch_ms']:7.3f} ms  gpu {row['gpu_ms']:7.3f} ms  "
+                  f"nodes {row['nodes']}", flush=True)
 
 
 if __name__ == "__main__":

@@ -48,6 +48,10 @@ class GraphRunner:
     def keys(self) -> list[Hashable]:
         return list(self._graphs)
 
+    def captured_graph(self, key: Hashable) -> torch.cuda.CUDAGraph:
+        """The graph captured for ``key`` (for probes that time or inspect it)."""
+        return self._graphs[key].graph
+
     @torch.inference_mode()
     def capture(self, key: Hashable, example: Mapping[str, torch.Tensor], warmup: int = 2) -> None:
         """Captures ``fn`` on copies of ``example`` (run ``warmup`` times eagerly first)."""
