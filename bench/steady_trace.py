@@ -15,17 +15,22 @@ costs, without the server's loop competing for the interpreter) until every stre
 first chunk and ``--settle`` more steps ran, then records ``--steps`` steps. Each step is split
 into
 - ``schedule``: ``Scheduler.schedule`` (the plan),
-- ``prep``: from ``ModelRunner.execute``'s call to the GPU starting the step's first kernel
-  (slot admission, input packing, uploads, the launch; the GPU idles through it when it had
-  nothing queued),
-- ``gpu``: the step's work on the GPU (CUDA events on its stream),
-- ``post``: from the GPU's end to ``execute`` returning (device-to-host copies, unpacking),
+- ``prep``: from ``ModelRunner.execute``'s call to the stage's first ``GraphRunner`` call (the
+  runner's and the stage's Python: slot admission, input packing, uploads),
+- ``launch``: inside the ``GraphRunner`` calls on the host (input copies and graph launches, or
+  the eager work),
+- ``gpu``: the step's work on the GPU, from its first ``GraphRunner`` call reaching the GPU to its
+  last kernel (CUDA events on its stream); a step that reads nothing back (DECODE) goes on
+  running on the GPU after ``execute`` returns, so its span may reach into the next step's host
+  work,
+- ``post``: from the later of the GPU's end and the last call's return to ``execute`` returning
+  (device-to-host copies, unpacking),
 - ``commit``: ``Scheduler.commit`` and the engine's outputs;
-and, on the host's clock alone, ``host_before_calls`` (from ``execute``'s call to the stage's
-first ``GraphRunner`` call: the runner's and the stage's Python) and ``host_in_calls`` (from
-then to the last such call's return: input copies and graph launches, or the eager work), which
-tell a slow ``prep`` from Python apart from one in the launch (5 Dec, H200: DEPTH's prep was 8.7
-ms at 256 streams, 3.6 ms at 64).
+and ``idle_before``, the GPU's idle time between the previous step's last kernel and this step's
+first (the host work the GPU waited for). 5 Dec's first H200 run (commit cea60fc) recorded the
+GPU's start when ``execute`` was called and cut the GPU span at ``execute``'s return: the 8.7 ms
+it showed as DEPTH's ``prep`` at 256 streams was the DECODE step before it still running on the
+GPU (~11 ms at 512 rows, 5.0 at 128; ``bench/README.md``).
 Host times come from ``perf_counter``; GPU times from events against a base event recorded on an
 idle device, so both share one time line (to the launch latency, a few us). Prints per stage and
 overall: mean of each part, the GPU's busy share and the idle between steps; writes JSON with the
@@ -59,7 +64,7 @@ from breezert_bench.variants import config_with_overrides
 from breezert_bench.workload import BUILTIN_TEXTS, load_texts, make_workload
 
 PARTS = ("schedule", "prep", "gpu", "post", "commit")
-EXTRA = ("idle_before", "host_before_calls", "host_in_calls")
+EXTRA = ("launch", "idle_before")
 
 
 class StepSpans:
@@ -94,6 +99,9 @@ class StepSpans:
         spans = self
 
         def timed(runner: GraphRunner, key: Any, inputs: Any) -> Any:
+            if spans.recording and spans.cuda and "first_call" not in spans._current:
+                spans._current["first_call"] = torch.cuda.Event(enable_timing=True)
+                spans._current["first_call"].record()
             t0 = time.perf_counter()
             out = call(runner, key, inputs)
             if spans.recording:
@@ -111,23 +119,20 @@ class StepSpans:
                 return fn(*args, **kwargs)
             if part == "schedule":
                 self._current = {}
-            events = None
+            end = None
             if part == "execute" and self.cuda:
-                events = (torch.cuda.Event(enable_timing=True),
-                          torch.cuda.Event(enable_timing=True))
+                end = torch.cuda.Event(enable_timing=True)
             t0 = time.perf_counter()
-            if events:
-                events[0].record()
             out = fn(*args, **kwargs)
-            if events:
-                events[1].record()
+            if end is not None:
+                end.record()
             t1 = time.perf_counter()
             cur = self._current
             cur[part] = (t0, t1)
             if part == "schedule" and out is not None:
                 cur["stage"], cur["rows"] = out.stage.value, out.num_rows
             if part == "execute":
-                cur["events"] = events
+                cur["end_event"] = end
             if part == "outputs":
                 self.records.append(cur)
             return out
@@ -135,8 +140,8 @@ class StepSpans:
         setattr(owner, name, timed)
 
     def table(self) -> list[dict[str, float]]:
-        """Each recorded step: its stage, rows and the five parts in ms, plus the GPU's idle
-        time since the previous step's work ended."""
+        """Each recorded step: its stage, rows, the parts in ms (module docstring) and the GPU's
+        idle time since the previous step's last kernel."""
         if self.cuda:
             torch.cuda.synchronize()
         rows, last_gpu_end = [], None
@@ -146,23 +151,27 @@ class StepSpans:
             (s0, s1), (e0, e1), (c0, _) = r["schedule"], r["execute"], r["commit"]
             _, o1 = r["outputs"]
             f0, f1 = r.get("fn", (e0, e0))
-            if r["events"] is not None:
-                g0 = self._base_host + self._base_event.elapsed_time(r["events"][0]) / 1000
-                g1 = self._base_host + self._base_event.elapsed_time(r["events"][1]) / 1000
-                g0 = max(g0, e0)  # the event is queued behind no work: it starts at the call
-                g1 = min(max(g1, g0), e1)
-            else:
-                g0, g1 = r.get("fn", (e0, e1))
-            calls = {"host_before_calls": f0 - e0, "host_in_calls": f1 - f0}
+            if r.get("end_event") is not None and "first_call" in r:
+                g0 = max(self._gpu_time(r["first_call"]), f0)  # queued behind nothing: the call
+                g1 = max(self._gpu_time(r["end_event"]), g0)
+                gpu = g1 - g0
+            else:  # on the CPU the calls are the work
+                g0, g1 = f0, f1
+                gpu = f1 - f0
             row = {"stage": r["stage"], "rows": r["rows"],
-                   "schedule": s1 - s0, "prep": g0 - e0, "gpu": g1 - g0, "post": e1 - g1,
-                   "commit": o1 - c0,
+                   "schedule": s1 - s0, "prep": f0 - e0, "gpu": gpu,
+                   "post": max(0.0, e1 - max(f1, min(g1, e1))), "commit": o1 - c0,
+                   "launch": f1 - f0,
                    "idle_before": 0.0 if last_gpu_end is None else max(0.0, g0 - last_gpu_end),
-                   "wall": o1 - s0, **calls}
+                   "wall": o1 - s0}
             last_gpu_end = g1
             rows.append({k: (round(v * 1000, 4) if isinstance(v, float) else v)
                          for k, v in row.items()})
         return rows
+
+    def _gpu_time(self, event: Any) -> float:
+        """An event's time on the host's ``perf_counter`` line."""
+        return self._base_host + self._base_event.elapsed_time(event) / 1000
 
 
 def summarize(steps: list[dict[str, Any]]) -> dict[str, Any]:
@@ -182,7 +191,7 @@ def summarize(steps: list[dict[str, Any]]) -> dict[str, Any]:
     out["wall_ms"] = round(wall, 2)
     out["gpu_busy_share"] = round(busy / wall, 4) if wall else None
     out["host_ms_per_step"] = {k: round(sum(s[k] for s in steps) / len(steps), 4)
-                               for k in PARTS if k != "gpu"}
+                               for k in PARTS + ("launch",) if k != "gpu"}
     return out
 
 
