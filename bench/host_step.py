@@ -84,13 +84,13 @@ def measure(streams: int, steps: int, warm: int, admission: bool = False) -> dic
     schedule = clocked(sched.schedule, "schedule")
 
     stages: list[str] = []
+    plans: list = []  # digested after the run: the digest's own time is no tree's
 
     def recorded_schedule(now: float):  # type: ignore[no-untyped-def]
         plan = schedule(now)
         stages.append("idle" if plan is None else plan.stage.value)
         if plan is not None:
-            digest.update(repr((plan.stage.value, [(i.request_id, i.slot) for i in plan.items],
-                                plan.finished_request_ids)).encode())
+            plans.append(plan)
         return plan
 
     sched.schedule = recorded_schedule  # type: ignore[method-assign]
@@ -113,6 +113,10 @@ def measure(streams: int, steps: int, warm: int, admission: bool = False) -> dic
     sim.run_point(engine, clock, make_workload(texts, 6 * n, 0), n, "hs",
                   max_steps=warm + steps)
 
+    for plan in plans:
+        digest.update(repr((plan.stage.value, list(zip(plan.request_ids, plan_slots(plan))),
+                            plan.finished_request_ids)).encode())
+
     def stats(values: list[float]) -> dict:
         ms = np.asarray(values) * 1000
         return {"p50_ms": round(float(np.median(ms)), 4),
@@ -132,6 +136,13 @@ def measure(streams: int, steps: int, warm: int, admission: bool = False) -> dic
             "engine_step_host_by_stage": {stage: {"steps": len(v), **stats(v)}
                                           for stage, v in sorted(by_stage.items())},
             "plan_digest": digest.hexdigest()[:16]}
+
+
+def plan_slots(plan) -> list[int]:  # type: ignore[no-untyped-def]
+    """The slot of each of ``plan``'s items: a DECODE or DEPTH batch's array since the plans
+    carry arrays (c. 5 Dec), one object per item before."""
+    slots = getattr(plan.items, "slots", None)
+    return [item.slot for item in plan.items] if slots is None else slots.tolist()
 
 
 def export_tree(rev: str, dest: Path) -> Path:

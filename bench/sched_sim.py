@@ -173,7 +173,7 @@ class SimWorker:
         self.steps.setdefault(plan.stage.value, []).append(ms)
         out = StageOutput()
         if plan.stage is Stage.DEPTH:
-            out.first_codes = {item.request_id: 7 for item in plan.items}
+            out.first_codes = dict.fromkeys(plan.request_ids, 7)
         elif plan.stage is Stage.CODEC:
             out.chunks = [DecodedChunk(item.request_id, item.start_frame, item.num_frames,
                                        np.zeros(item.num_frames * SAMPLES_PER_FRAME, np.float32),

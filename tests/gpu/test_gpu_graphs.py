@@ -77,7 +77,6 @@ def _stage_inputs(stage: Stage, key, engine: Engine) -> dict[str, torch.Tensor]:
     rows/tokens that all write one scratch row would make the comparison racy). DECODE, DEPTH and
     CODEC read the slot table: their rows' state is written there first."""
     from breezert.layers.attention import KVRun
-    from breezert.sched.plan import DepthItem
     from breezert.stages.backbone import _meta_inputs
 
     runner = engine.runner
@@ -102,9 +101,8 @@ def _stage_inputs(stage: Stage, key, engine: Engine) -> dict[str, torch.Tensor]:
         table.hidden.normal_(generator=gen)
         table.seen.copy_(torch.rand(table.seen.shape, device="cuda", generator=gen) < 0.02)
         table.frame_count.random_(0, 100, generator=gen)
-        items = [DepthItem(f"r{i}", i, 0, 1, 2 if use_cfg and i % 2 == 0 else 1, 0)
-                 for i in range(size)]
-        return {"row_ids": st.row_ids(items, size, use_cfg)}
+        branches = [2 if use_cfg and i % 2 == 0 else 1 for i in range(size)]
+        return {"row_ids": st.row_ids(np.arange(size), np.array(branches), size, use_cfg)}
     inputs = st.example_inputs(*key) if isinstance(key, tuple) else st.example_inputs(key)
     if stage is Stage.TEXT_ENCODE:
         inputs["input_ids"].random_(3, 5000, generator=gen)

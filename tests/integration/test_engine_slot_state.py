@@ -98,7 +98,10 @@ def _frame(engine: Engine, slot: int, frame_index: int) -> list[int]:
 
 
 def _summary(item: object) -> tuple:
-    """An item's fields but the prompt (tensors do not compare as one bool)."""
+    """An item's fields but the prompt (tensors do not compare as one bool); a DECODE or
+    DEPTH batch's row as it is."""
+    if isinstance(item, tuple):
+        return (type(item).__name__, *item)
     return (type(item).__name__,
             *(getattr(item, f.name) for f in dataclasses.fields(item) if f.name != "prompt"))
 

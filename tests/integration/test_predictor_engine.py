@@ -144,7 +144,7 @@ def _served_after_report(engine: Engine, draining: str, full: str,
         engine.report_playback(full, 3.0, now, "simulated")
         start = len(driver.plans)
         driver.until(lambda: sum(p.stage is Stage.DEPTH for p in driver.plans[start:]) >= 12)
-        served = [p.items[0].request_id for p in driver.plans[start:] if p.stage is Stage.DEPTH]
+        served = [p.request_ids[0] for p in driver.plans[start:] if p.stage is Stage.DEPTH]
         after = lambda: [o.request_id for o in driver.outputs  # noqa: E731
                          if isinstance(o, AudioChunk) and o.created_time > now]
         driver.until(lambda: bool(after()))

@@ -14,6 +14,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from breezert.constants import Stage
@@ -38,9 +39,11 @@ def _sim():  # type: ignore[no-untyped-def]
 
 
 def _plan(stage: Stage, rows: int) -> StepPlan:
-    from breezert.sched.plan import DepthItem
+    from breezert.sched.plan import DepthBatch
 
-    items = tuple(DepthItem(f"r{i}", i, 0, 0, 1, 0) for i in range(rows))
+    zeros = np.zeros(rows, np.int64)
+    items = DepthBatch(tuple(f"r{i}" for i in range(rows)), np.arange(rows), zeros, zeros,
+                       np.ones(rows, np.int64), zeros)
     return StepPlan(1, stage, items)
 
 

@@ -233,7 +233,7 @@ class _Driver:
                 self.open.pop(event.request_id, None)
         items = [tuple("<prompt>" if f is None or not isinstance(f, (int, float, str, bool,
                                                                       tuple)) else f
-                       for f in astuple(item)) for item in plan.items]
+                       for f in _fields(item)) for item in plan.items]
         self.log.append(repr((plan.step_id, plan.stage.value, items,
                               [(d.request_id, d.slot, d.num_branches) for d in
                                plan.new_requests], plan.finished_request_ids)))
@@ -243,6 +243,13 @@ class _Driver:
     def _digest(self, stage: str, num_items: int) -> str:
         digest = hashlib.sha256("\n".join(self.log).encode()).hexdigest()[:12]
         return f"{stage}:{num_items}:{digest}"
+
+
+def _fields(item: object) -> tuple:
+    """An item's fields as the recorded traces wrote them (``astuple`` of the item dataclass of
+    that commit): a DECODE or DEPTH batch's rows (``DecodeRow``, ``DepthRow``) hold the same
+    fields in the same order, a DECODE row's branches as ``(position, block_ids)`` pairs."""
+    return tuple(item) if isinstance(item, tuple) else astuple(item)
 
 
 def run_scenario(s: Scenario) -> list[str]:
@@ -265,7 +272,8 @@ def test_scheduler_makes_the_recorded_decisions(scenario: Scenario) -> None:
 _DERIVED = ("live", "priority", "enqueue_time", "num_branches", "num_chunks", "chunk_target",
             "first_target", "largest_target", "first_chunk_time", "last_chunk_time", "decoded",
             "pending", "phase", "active_index", "later_text_encode", "later_prefill",
-            "has_report", "report_at", "report_buffered", "frames_since")
+            "has_report", "report_at", "report_buffered", "frames_since", "is_served",
+            "request_ids", "segment_frames", "segment_max_frames", "prompt_lens")
 """The ``StreamTable`` columns that are a function of the request alone (the others, the
 admission order, ready steps and early-emit targets, are the scheduler's own)."""
 
@@ -288,6 +296,8 @@ def test_the_kept_table_equals_one_written_afresh_from_the_requests(scenario: Sc
         for name in _DERIVED:
             kept, want = getattr(table, name)[live], getattr(fresh, name)[live]
             assert np.array_equal(kept, want, equal_nan=kept.dtype.kind == "f"), (step, name)
+        for slot in np.flatnonzero(live).tolist():
+            assert table.block_ids[slot] is fresh.block_ids[slot], (step, slot)
         assert table.num_chunks[live].sum() > 0 or step < 20
 
 

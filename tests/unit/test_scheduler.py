@@ -18,8 +18,7 @@ from breezert.request import Request, RequestStatus, Segment
 from breezert.sched.block_pool import BlockPool
 from breezert.sched.plan import (
     CodecItem,
-    DecodeItem,
-    DepthItem,
+    DepthRow,
     PrefillItem,
     StepPlan,
     StepResult,
@@ -78,7 +77,7 @@ class FakeWorker:
             self.seen[key] = self.seen.get(key, 0) + 1
             if self.fail_at.get(item.request_id) == (plan.stage, self.seen[key]):
                 failed[item.request_id] = "injected failure"
-            if isinstance(item, DepthItem):
+            if plan.stage is Stage.DEPTH:
                 limit = self.eos_after.get((item.request_id, item.segment_index),
                                            self.eos_after_default)
                 codes[item.request_id] = FRAME_EOS_ID if item.frame_index >= limit else 7
@@ -171,8 +170,9 @@ def test_items_carry_positions_and_block_tables() -> None:
     # ceil((10 + 500) / 4) and ceil((6 + 500) / 4) blocks, allocated once for the segment.
     assert [len(p.block_ids) for p in prefill] == [128, 127]
     decodes = h.items_of("a", Stage.DECODE)
-    assert [[b.position for b in d.branches] for d in decodes] == [[10, 6], [11, 7], [12, 8]]
-    assert decodes[0].branches[0].block_ids is prefill[0].block_ids
+    assert [[position for position, _ in d.branches] for d in decodes] == [
+        [10, 6], [11, 7], [12, 8]]
+    assert decodes[0].branches[0][1] is prefill[0].block_ids
     depth = h.items_of("a", Stage.DEPTH)
     assert [(d.frame_index, d.output_frame_index, d.num_branches) for d in depth] == [
         (0, 0, 2), (1, 1, 2), (2, 2, 2), (3, 3, 2)]
@@ -209,8 +209,8 @@ def test_lookahead_prefill_is_not_starved_by_decode() -> None:
                        if any(isinstance(x, PrefillItem) and x.segment_index == 1
                               for x in p.items))
     seg0_end = min(i for i, p in enumerate(h.plans)
-                   if any(isinstance(x, DepthItem) and x.segment_index == 0 and x.frame_index == 40
-                          for x in p.items))
+                   if p.stage is Stage.DEPTH and any(
+                       x.segment_index == 0 and x.frame_index == 40 for x in p.items))
     assert seg1_prefill < 15 < seg0_end
 
 
@@ -419,16 +419,15 @@ def test_next_segment_prepares_ahead_and_follows_without_gap() -> None:
     assert request.segments[1].block_ids and not seg2.block_ids
     h.run()
     for seg_index in (0, 1):
-        end_step = next(i for i, p in enumerate(h.plans) for x in p.items
-                        if isinstance(x, DepthItem) and x.segment_index == seg_index
-                        and x.frame_index == 20)
+        end_step = next(i for i, p in enumerate(h.plans) if p.stage is Stage.DEPTH
+                        for x in p.items if x.segment_index == seg_index and x.frame_index == 20)
         prepared = [i for i, p in enumerate(h.plans) for x in p.items
                     if isinstance(x, (TextEncodeItem, PrefillItem))
                     and x.segment_index == seg_index + 1]
         assert max(prepared) < end_step  # text encode + prefill ran while generating
         after = h.plans[end_step + 1]
         assert after.stage is Stage.DEPTH
-        assert after.items[0] == DepthItem("a", 0, seg_index + 1, 0, 1, 20 * (seg_index + 1))
+        assert list(after.items) == [DepthRow("a", 0, seg_index + 1, 0, 1, 20 * (seg_index + 1))]
     chunks = h.chunks("a")
     assert [c.num_frames for c in chunks] == [1, 2, 4, 8, 16, 16, 13]  # no flush at boundaries
     assert sum(c.num_frames for c in chunks) == 60
@@ -705,7 +704,7 @@ def test_codec_and_decode_items_do_not_skip_requests_forever() -> None:
     for i in range(4):
         assert h.finished(f"r{i}").status is RequestStatus.FINISHED
         assert sum(c.num_frames for c in h.chunks(f"r{i}")) == 12
-    assert all(len(p.items) <= 2 for p in h.plans if isinstance(p.items[0], DecodeItem))
+    assert all(len(p.items) <= 2 for p in h.plans if p.stage is Stage.DECODE)
 
 
 def test_scheduler_modules_do_not_import_torch() -> None:

@@ -9,6 +9,7 @@ the engine-level mix is tests/integration/test_engine_slot_state.py.
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
@@ -100,7 +101,7 @@ def test_ring_wraps_and_the_host_refuses_to_overrun_the_codec() -> None:
     assert codes[0, :, 0].tolist() == [102, 103, 104, 105]
     assert counts.tolist() == [4, 1] and not codes[1, 1:].any()
     table.mark_decoded(0, 2)
-    assert not table.ring_would_overflow(0, 5) and table.ring_would_overflow(0, 6)
+    assert table.ring_would_overflow(np.array([0, 0]), np.array([5, 6])).tolist() == [False, True]
 
 
 def test_decode_reads_last_frames_and_stores_hidden_per_branch() -> None:

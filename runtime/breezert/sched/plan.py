@@ -1,23 +1,28 @@
 """StepPlan and StepResult: the only contract between the scheduler and the worker.
 
-Owns the torch-free plan types (ints, strings, tuples; prompts are opaque engine objects
-passed through); their ``Stage`` comes from ``breezert.constants``. A plan and its items are
-values: nobody changes them once the scheduler built them. The items are slotted dataclasses,
-not frozen ones (several times cheaper to build; a DECODE step at 256 streams builds ~400 of
-them with their branches). Must not carry behaviour beyond tiny
-helpers, and never a ``Request``: the worker sees only what is written here.
+Owns the torch-free plan types (ints, strings, tuples, numpy arrays; prompts are opaque engine
+objects passed through); their ``Stage`` comes from ``breezert.constants``. A plan and its items
+are values: nobody changes them once the scheduler built them. The few items of TEXT_ENCODE,
+PREFILL and CODEC are one object each; DECODE and DEPTH, which take every generating request
+each step (~250 at 256 streams), are one batch of arrays each, so that building one costs the
+same few array operations whatever the number of streams. All are slotted dataclasses, not
+frozen ones (several times cheaper to build). Must not carry behaviour beyond tiny helpers, and
+never a ``Request``: the worker sees only what is written here.
 
 How the worker applies a plan, in this order:
   1. ``finished_request_ids``: release those requests' slots (codec state, RNG, buffers).
   2. ``new_requests``: set up each new request's slot (the slot may have been released in 1).
-  3. ``items``: run the one ``stage`` over all items as one batch.
+  3. ``items``: run the one ``stage`` over all items (or the DECODE/DEPTH batch) at once.
 Then it returns a ``StepResult`` with the same ``step_id``.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
+
+import numpy as np
 
 from breezert.constants import Stage
 
@@ -75,45 +80,115 @@ class PrefillItem:
     """The prompt ends with this chunk: keep the last hidden state for DEPTH."""
 
 
-@dataclass(slots=True)
-class DecodeBranch:
-    """One row of a DECODE item: feed the last frame of a branch at ``position``."""
-
-    position: int
-    """Backbone position of the fed frame: prompt length of the branch + frame_index."""
-    block_ids: tuple[int, ...]
-    """The branch's full block table (see ``PrefillItem.block_ids``)."""
-
-
-@dataclass(slots=True)
-class DecodeItem:
-    """Run one backbone step over the segment's frame ``frame_index``; keep the new hidden."""
+class DecodeRow(NamedTuple):
+    """One request of a ``DecodeBatch``, as a value (tests and logs; the worker reads arrays)."""
 
     request_id: str
     slot: int
     segment_index: int
     frame_index: int
-    """Index within the segment of the frame being fed (the last one DEPTH produced)."""
-    branches: tuple[DecodeBranch, ...]
-    """One entry per CFG branch, in branch order; each counts as one row."""
+    branches: tuple[tuple[int, tuple[int, ...]], ...]
+    """``(position, block_ids)`` per CFG branch (see ``DecodeBatch``)."""
 
 
-@dataclass(slots=True)
-class DepthItem:
-    """Sample one frame from the segment's last hidden state: c0 (lm_head, CFG, repetition
-    penalty, EOS) and, unless c0 is EOS, the 15 depth codes. All sampling happens here."""
+class DepthRow(NamedTuple):
+    """One request of a ``DepthBatch``, as a value (tests and logs; the worker reads arrays)."""
 
     request_id: str
     slot: int
     segment_index: int
     frame_index: int
+    num_branches: int
+    output_frame_index: int
+
+
+@dataclass(slots=True)
+class DecodeBatch:
+    """Run one backbone step over each request's active segment, feeding its last frame (the
+    one DEPTH just produced) and keeping the new hidden state: one entry per request, in batch
+    order, as arrays (``[n]`` int64 unless said), built with a few array operations whatever
+    the number of requests. Iterating gives ``DecodeRow`` values (for tests, not the hot path).
+    """
+
+    request_ids: tuple[str, ...]
+    slots: np.ndarray
+    segment_index: np.ndarray
+    frame_index: np.ndarray
+    """Index within the segment of the frame being fed."""
+    num_branches: np.ndarray
+    """1, or 2 with CFG; each branch is one row."""
+    positions: np.ndarray
+    """``[n, 2]`` backbone position of the fed frame per branch: the branch's prompt length +
+    ``frame_index`` (without CFG column 1 repeats column 0)."""
+    block_ids: tuple[tuple[tuple[int, ...], ...], ...]
+    """Per request, each branch's FULL block table (see ``PrefillItem.block_ids``: the same
+    tuple objects every step of a segment)."""
+
+    def __len__(self) -> int:
+        return len(self.request_ids)
+
+    def __iter__(self) -> Iterator[DecodeRow]:
+        positions = self.positions.tolist()
+        for i, (request_id, slot, index, frame, branches, tables) in enumerate(zip(
+                self.request_ids, self.slots.tolist(), self.segment_index.tolist(),
+                self.frame_index.tolist(), self.num_branches.tolist(), self.block_ids,
+                strict=True)):
+            yield DecodeRow(request_id, slot, index, frame,
+                            tuple(zip(positions[i][:branches], tables, strict=True)))
+
+    @property
+    def num_rows(self) -> int:
+        return int(self.num_branches.sum())
+
+    def select(self, keep: np.ndarray) -> DecodeBatch:
+        """The requests where ``keep`` (``[n]`` bool) holds, in order."""
+        return DecodeBatch(_pick(self.request_ids, keep), self.slots[keep],
+                           self.segment_index[keep], self.frame_index[keep],
+                           self.num_branches[keep], self.positions[keep],
+                           _pick(self.block_ids, keep))
+
+
+@dataclass(slots=True)
+class DepthBatch:
+    """Sample one frame per request from its active segment's last hidden state: c0 (lm_head,
+    CFG, repetition penalty, EOS) and, unless c0 is EOS, the 15 depth codes; all sampling
+    happens here. One entry per request, in batch order, as arrays (``[n]`` int64). Iterating
+    gives ``DepthRow`` values (for tests, not the hot path)."""
+
+    request_ids: tuple[str, ...]
+    slots: np.ndarray
+    segment_index: np.ndarray
+    frame_index: np.ndarray
     """Index of the frame within its segment; 0 = sample from the PREFILL hidden state (and
     start the segment's repetition-penalty history)."""
-    num_branches: int
-    """Rows this item takes: 1, or 2 with CFG (each branch's hidden state)."""
-    output_frame_index: int
+    num_branches: np.ndarray
+    """Rows each request takes: 1, or 2 with CFG (each branch's hidden state)."""
+    output_frame_index: np.ndarray
     """Where the frame goes in the request's audio stream (counted over all segments), if it is
     not EOS. CODEC items refer to these indices."""
+
+    def __len__(self) -> int:
+        return len(self.request_ids)
+
+    def __iter__(self) -> Iterator[DepthRow]:
+        for row in zip(self.request_ids, self.slots.tolist(), self.segment_index.tolist(),
+                       self.frame_index.tolist(), self.num_branches.tolist(),
+                       self.output_frame_index.tolist(), strict=True):
+            yield DepthRow(*row)
+
+    @property
+    def num_rows(self) -> int:
+        return int(self.num_branches.sum())
+
+    def select(self, keep: np.ndarray) -> DepthBatch:
+        """The requests where ``keep`` (``[n]`` bool) holds, in order."""
+        return DepthBatch(_pick(self.request_ids, keep), self.slots[keep],
+                          self.segment_index[keep], self.frame_index[keep],
+                          self.num_branches[keep], self.output_frame_index[keep])
+
+
+def _pick(values: tuple, keep: np.ndarray) -> tuple:
+    return tuple([value for value, kept in zip(values, keep.tolist(), strict=True) if kept])
 
 
 @dataclass(slots=True)
@@ -131,7 +206,12 @@ class CodecItem:
     """The request's last chunk: the codec state of the slot can be dropped afterwards."""
 
 
-StageItem = TextEncodeItem | PrefillItem | DecodeItem | DepthItem | CodecItem
+BATCHES = (DecodeBatch, DepthBatch)
+"""The stages' items that are one batch of arrays (``isinstance(plan.items, BATCHES)``)."""
+StageItem = TextEncodeItem | PrefillItem | CodecItem
+StageItems = tuple[StageItem, ...] | DecodeBatch | DepthBatch
+"""A step's work: one item per unit of TEXT_ENCODE, PREFILL and CODEC (few a step), a batch of
+arrays for DECODE and DEPTH (every generating request, each step)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -140,7 +220,7 @@ class StepPlan:
 
     step_id: int
     stage: Stage
-    items: tuple[StageItem, ...]
+    items: StageItems
     new_requests: tuple[NewRequestData, ...] = ()
     finished_request_ids: tuple[str, ...] = ()
     """Requests that finished, aborted or failed since the last plan: release their slots."""
@@ -148,16 +228,20 @@ class StepPlan:
     @property
     def request_ids(self) -> tuple[str, ...]:
         """Ids of the requests with an item in this step, in item order (may repeat)."""
-        return tuple(item.request_id for item in self.items)
+        return self.request_ids_of(self.items)
+
+    @staticmethod
+    def request_ids_of(items: StageItems) -> tuple[str, ...]:
+        """``request_ids`` of a plan's ``items`` (or of a part of them)."""
+        if isinstance(items, BATCHES):
+            return items.request_ids
+        return tuple([item.request_id for item in items])
 
     @property
     def num_rows(self) -> int:
         """Batch rows of this step: DECODE and DEPTH count each CFG branch, others each item."""
-        if self.stage is Stage.DECODE:
-            return sum([len(item.branches) for item in self.items])  # type: ignore[union-attr]
-        if self.stage is Stage.DEPTH:
-            return sum([item.num_branches for item in self.items])  # type: ignore[union-attr]
-        return len(self.items)
+        items = self.items
+        return items.num_rows if isinstance(items, BATCHES) else len(items)
 
 
 @dataclass(frozen=True, slots=True)

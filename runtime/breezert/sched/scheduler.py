@@ -7,8 +7,9 @@ clock: every method takes ``now`` (monotonic seconds). The stage choice and the 
 policy objects (``StagePolicy``, ``ChunkPolicy``) so the deadline predictor can replace them.
 They decide over the ``StreamTable`` (numpy columns per slot) that the scheduler keeps in step
 with every change it makes to a running request: a step's readiness, ranking and pick cost a
-few array operations, and Python runs per request only to build and apply the items of the
-batch.
+few array operations, and so does a DECODE or DEPTH batch (arrays over its requests, read off
+the table); Python runs per request only where a ``Request`` changes (a generated frame, a
+phase, a chunk) and for the few items of the other stages.
 
 One step: ``plan = schedule(now)``; the worker runs it; ``events = commit(plan, result, now)``.
 """
@@ -32,12 +33,13 @@ from breezert.sched.deadline import DeadlinePredictor
 from breezert.sched.load import EngineLoad, least_slack
 from breezert.sched.plan import (
     CodecItem,
-    DecodeBranch,
-    DecodeItem,
-    DepthItem,
+    BATCHES,
+    DecodeBatch,
+    DepthBatch,
     NewRequestData,
     PrefillItem,
     StageItem,
+    StageItems,
     StepPlan,
     StepResult,
     TextEncodeItem,
@@ -202,8 +204,7 @@ class Scheduler:
         self._capacity_recheck_at = -np.inf
         self._num_owing = 0  # running streams owed audio at the last schedule()
         self._apply = {Stage.TEXT_ENCODE: self._apply_text_encode,
-                       Stage.PREFILL: self._apply_prefill, Stage.DECODE: self._apply_decode,
-                       Stage.DEPTH: self._apply_depth, Stage.CODEC: self._apply_codec}
+                       Stage.PREFILL: self._apply_prefill, Stage.CODEC: self._apply_codec}
 
     # ------------------------------------------------------------------ requests in
     def add_request(self, request: Request, now: float) -> None:
@@ -364,7 +365,7 @@ class Scheduler:
         items = self._build_items(stage, candidates, codec_frames)
         self._mark_served(stage, items, now)
         self._step_id += 1
-        plan = StepPlan(self._step_id, stage, tuple(items), tuple(self._new_requests),
+        plan = StepPlan(self._step_id, stage, items, tuple(self._new_requests),
                         tuple(self._released))
         self._new_requests.clear()
         self._released.clear()
@@ -394,43 +395,32 @@ class Scheduler:
             if request_id in self._running:
                 events.append(self._finish(self._running[request_id], RequestStatus.FAILED,
                                            now, reason))
-        chunks = self._on_chunks(plan, now) if plan.stage is Stage.CODEC else None
-        table = self._table
-        running, apply = self._running, self._apply[plan.stage]
-        advanced: list[int] = []  # slots whose active segment took its next phase
-        for item in plan.items:
-            request = running.get(item.request_id)
-            if request is not None and (out := apply(request, item, result, now, advanced)):
-                events.extend(out)
-        if chunks is not None:  # the table's one write for the chunks
-            rows, frames = chunks
-            table.record_chunks(rows, frames, [request.current_chunk_target for request
-                                               in table.request_list(rows)], now)
-        if len(advanced) > FEW_ROWS:
-            rows = np.array(advanced, np.int64)
-            if plan.stage is Stage.DEPTH:  # one more frame each, DECODE next
-                table.pending[rows] += 1
-                table.phase[rows] = DECODE
-            else:
-                table.phase[rows] = DEPTH
-        elif advanced:  # a few rows (one item each): scalar writes, not three array calls
-            phase, pending = table.phase, table.pending
-            if plan.stage is Stage.DEPTH:
-                for slot in advanced:
-                    pending[slot] += 1
-                    phase[slot] = DECODE
-            else:
-                for slot in advanced:
-                    phase[slot] = DEPTH
+        table, running = self._table, self._running
+        items = plan.items
+        if isinstance(items, DecodeBatch):
+            self._commit_decode(items)
+        elif isinstance(items, DepthBatch):
+            events.extend(self._commit_depth(items, result, now))
+        else:
+            chunks = self._on_chunks(plan, now) if plan.stage is Stage.CODEC else None
+            apply = self._apply[plan.stage]
+            for item in items:
+                request = running.get(item.request_id)
+                if request is not None and (out := apply(request, item, now)):
+                    events.extend(out)
+            if chunks is not None:  # the table's one write for the chunks
+                rows, frames = chunks
+                table.record_chunks(rows, frames, [request.current_chunk_target for request
+                                                   in table.request_list(rows)], now)
         # requests with nothing left to generate or decode may finish now (their input closed):
         # after CODEC any of the plan's, after DEPTH those whose segment just ended; after the
         # other stages every item's request still has its active segment
-        if plan.stage is Stage.CODEC and len(plan.items) <= FEW_ROWS:
+        if plan.stage is Stage.CODEC and len(items) <= FEW_ROWS:
             live, phase, pending = table.live, table.phase, table.pending
-            done = [item.slot for item in plan.items if live[item.slot]
+            done = [item.slot for item in items if live[item.slot]
                     and phase[item.slot] == NO_PHASE and pending[item.slot] == 0]
         elif plan.stage is Stage.CODEC:
-            slots = np.fromiter((item.slot for item in plan.items), np.int64, len(plan.items))
+            slots = np.fromiter((item.slot for item in items), np.int64, len(items))
             done = slots[table.live[slots] & (table.phase[slots] == NO_PHASE)
                          & (table.pending[slots] == 0)].tolist()
         elif plan.stage is Stage.DEPTH:
@@ -443,6 +433,51 @@ class Scheduler:
             request = table.requests[slot]
             assert request is not None
             events.extend(self._maybe_finish(request, now))
+        return events
+
+    def _commit_decode(self, batch: DecodeBatch) -> None:
+        """Each live request's active segment moves on to DEPTH. (A request that ended since
+        the plan, aborted or failed by this commit, keeps its slot until the commit, its row
+        empty: no other request's.)"""
+        requests, advanced = self._table.requests, []
+        for request_id, slot, index in zip(batch.request_ids, batch.slots.tolist(),
+                                           batch.segment_index.tolist(), strict=True):
+            request = requests[slot]
+            if request is not None and request.request_id == request_id:
+                request.segments[index].phase = SegmentPhase.DEPTH
+                advanced.append(slot)
+        self._table.advance(advanced, DEPTH)
+
+    def _commit_depth(self, batch: DepthBatch, result: StepResult,
+                      now: float) -> list[SchedulerEvent]:
+        """Each live request's first code: a frame (one more frame of the segment and of the
+        request, then DECODE, or the segment's end at its frame limit), EOS (the segment ends)
+        or a bad code (the request fails); the table's rows of the advanced ones in one write."""
+        requests, first_codes = self._table.requests, result.first_codes
+        advanced: list[int] = []
+        events: list[SchedulerEvent] = []
+        for request_id, slot, index in zip(batch.request_ids, batch.slots.tolist(),
+                                           batch.segment_index.tolist(), strict=True):
+            request = requests[slot]
+            if request is None or request.request_id != request_id:
+                continue
+            seg = request.segments[index]
+            code = first_codes.get(request_id)
+            if code == FRAME_EOS_ID:
+                events.append(self._end_segment(request, seg, "eos"))
+            elif code is None or not 0 <= code < CODEBOOK_SIZE:
+                reason = f"DEPTH returned first code {code!r} (expected 0..2047 or EOS 2051)"
+                events.append(self._finish(request, RequestStatus.FAILED, now, reason))
+            else:
+                seg.num_frames += 1
+                request.num_frames += 1
+                if seg.num_frames >= seg.max_frames:
+                    self._table.pending[slot] = request.num_pending_frames
+                    events.append(self._end_segment(request, seg, "max_frames"))
+                else:
+                    seg.phase = SegmentPhase.DECODE
+                    advanced.append(slot)
+        self._table.advance(advanced, DECODE)
         return events
 
     def _on_chunks(self, plan: StepPlan, now: float) -> tuple[np.ndarray, np.ndarray] | None:
@@ -709,19 +744,19 @@ class Scheduler:
                 np.array([code for code, _ in pairs], np.int64), codec_frames)
 
     # ------------------------------------------------------------------ batching
-    def _build_items(self, stage: Stage, slots: np.ndarray,
-                     codec_frames: np.ndarray) -> list[StageItem]:
+    def _build_items(self, stage: Stage, slots: np.ndarray, codec_frames: np.ndarray) \
+            -> StageItems:
+        if stage is Stage.DECODE:
+            return self._decode_batch(self._generate_slots(stage, slots))
+        if stage is Stage.DEPTH:
+            return self._depth_batch(self._generate_slots(stage, slots))
         candidates = self._table.request_list(slots)
-        if stage in (Stage.DECODE, Stage.DEPTH):
-            return self._generate_items(stage, candidates,
-                                        self._table.active_index[slots].tolist(),
-                                        self._table.num_branches[slots].tolist())
         if stage is Stage.TEXT_ENCODE:
-            return self._text_encode_items(candidates)
+            return tuple(self._text_encode_items(candidates))
         if stage is Stage.PREFILL:
-            return self._prefill_items(candidates)
+            return tuple(self._prefill_items(candidates))
         if stage is Stage.CODEC:
-            return self._codec_items(candidates, codec_frames)
+            return tuple(self._codec_items(candidates, codec_frames))
         raise AssertionError(stage)
 
     def _text_encode_items(self, candidates: list[Request]) -> list[StageItem]:
@@ -762,26 +797,47 @@ class Scheduler:
             num_requests += len(items) > before
         return items
 
-    def _generate_items(self, stage: Stage, candidates: list[Request], active: list[int],
-                        branches: list[int]) -> list[StageItem]:
-        """DECODE or DEPTH over each candidate's active segment (index ``active``; ``branches``
-        rows each), within request/row limits."""
+    def _generate_slots(self, stage: Stage, candidates: np.ndarray) -> np.ndarray:
+        """The candidates (ranked slots) that join a DECODE or DEPTH batch: in order, each that
+        still fits the row limit (a 1-branch request behind a 2-branch one that did not fit may),
+        up to the request limit."""
         cfg = self.config
         if stage is Stage.DECODE:
-            max_requests, max_rows, make = (cfg.max_decode_requests, cfg.max_decode_rows,
-                                            _decode_item)
+            max_requests, max_rows = cfg.max_decode_requests, cfg.max_decode_rows
         else:
-            max_requests, max_rows, make = cfg.max_depth_requests, cfg.max_depth_rows, _depth_item
-        items: list[StageItem] = []
-        num_rows = 0
-        for request, index, rows in zip(candidates, active, branches, strict=True):
-            if len(items) == max_requests:
-                break
-            if num_rows + rows > max_rows:
-                continue  # a 1-branch request behind may still fit
-            num_rows += rows
-            items.append(make(request, request.segments[index]))
-        return items
+            max_requests, max_rows = cfg.max_depth_requests, cfg.max_depth_rows
+        if len(candidates) <= max_requests and 2 * len(candidates) <= max_rows:
+            return candidates  # all fit, whatever their branches
+        branches = self._table.num_branches[candidates]
+        rows = np.cumsum(branches)
+        if rows[-1] > max_rows:  # the prefix that fits, then the rest one by one
+            fit = int(np.searchsorted(rows, max_rows, "right"))
+            room, taken = max_rows - (int(rows[fit - 1]) if fit else 0), list(range(fit))
+            for i, need in enumerate(branches[fit:].tolist(), fit):
+                if room <= 0 or len(taken) >= max_requests:
+                    break
+                if need <= room:
+                    taken.append(i)
+                    room -= need
+            candidates = candidates[taken]
+        return candidates[:max_requests]
+
+    def _decode_batch(self, slots: np.ndarray) -> DecodeBatch:
+        """Each request's active segment fed the frame DEPTH just produced."""
+        table = self._table
+        frame_index = table.segment_frames[slots] - 1
+        block_ids = table.block_ids
+        return DecodeBatch(tuple(table.request_ids[slots].tolist()), slots,
+                           table.active_index[slots], frame_index, table.num_branches[slots],
+                           table.prompt_lens[slots] + frame_index[:, None],
+                           tuple([block_ids[slot] for slot in slots.tolist()]))
+
+    def _depth_batch(self, slots: np.ndarray) -> DepthBatch:
+        """Each request's next frame of its active segment."""
+        table = self._table
+        return DepthBatch(tuple(table.request_ids[slots].tolist()), slots,
+                          table.active_index[slots], table.segment_frames[slots],
+                          table.num_branches[slots], table.decoded[slots] + table.pending[slots])
 
     def _codec_items(self, candidates: list[Request],
                      codec_frames: np.ndarray) -> list[StageItem]:
@@ -803,32 +859,38 @@ class Scheduler:
             ))
         return items
 
-    def _mark_served(self, stage: Stage, items: Sequence[StageItem], now: float) -> None:
-        slots = [item.slot for item in items]
-        since = self._table.ready_since[STAGE_CODE[stage]]
+    def _mark_served(self, stage: Stage, items: StageItems, now: float) -> None:
+        """The served requests are ready unserved no more; a first serve is timed."""
+        if isinstance(items, BATCHES):
+            slots = items.slots.tolist()
+        else:
+            slots = [item.slot for item in items]
+        table = self._table
+        since, served = table.ready_since[STAGE_CODE[stage]], table.is_served
         if len(slots) > FEW_ROWS:
             since[slots] = -1
+            first = [slot for slot, done in zip(slots, served[slots].tolist()) if not done]
         else:
             for slot in slots:
                 since[slot] = -1
-        requests = self._table.requests
-        for slot in slots:
-            request = requests[slot]
+            first = [slot for slot in slots if not served[slot]]
+        for slot in first:
+            served[slot] = True
+            request = table.requests[slot]
             assert request is not None
-            if request.first_scheduled_time is None:
-                request.first_scheduled_time = now
+            request.first_scheduled_time = now
 
     # ------------------------------------------------------------------ results
-    # Appliers of one stage's items: each changes its request (and its table row, or names the
-    # slot in ``advanced`` for the caller's one array write) and returns its events, if any.
-    def _apply_text_encode(self, request: Request, item: TextEncodeItem, result: StepResult,
-                           now: float, advanced: list[int]) -> list[SchedulerEvent] | None:
+    # Appliers of one TEXT_ENCODE, PREFILL or CODEC item: each changes its request (and its
+    # table row) and returns its events, if any. DECODE and DEPTH: ``_commit_*``.
+    def _apply_text_encode(self, request: Request, item: TextEncodeItem,
+                           now: float) -> list[SchedulerEvent] | None:
         request.segments[item.segment_index].phase = SegmentPhase.PREFILL
         self._table.set_segments(item.slot, request)
         return None
 
-    def _apply_prefill(self, request: Request, item: PrefillItem, result: StepResult,
-                       now: float, advanced: list[int]) -> list[SchedulerEvent] | None:
+    def _apply_prefill(self, request: Request, item: PrefillItem,
+                       now: float) -> list[SchedulerEvent] | None:
         seg = request.segments[item.segment_index]
         assert seg.prefill_cursors[item.branch] == item.start_pos
         seg.prefill_cursors[item.branch] += item.num_tokens
@@ -837,32 +899,8 @@ class Scheduler:
             self._table.set_segments(item.slot, request)
         return None
 
-    def _apply_decode(self, request: Request, item: DecodeItem, result: StepResult,
-                      now: float, advanced: list[int]) -> list[SchedulerEvent] | None:
-        request.segments[item.segment_index].phase = SegmentPhase.DEPTH  # the active segment
-        advanced.append(item.slot)
-        return None
-
-    def _apply_depth(self, request: Request, item: DepthItem, result: StepResult,
-                     now: float, advanced: list[int]) -> list[SchedulerEvent] | None:
-        seg = request.segments[item.segment_index]
-        code = result.first_codes.get(item.request_id)
-        if code == FRAME_EOS_ID:
-            return [self._end_segment(request, seg, "eos")]
-        if code is None or not 0 <= code < CODEBOOK_SIZE:
-            reason = f"DEPTH returned first code {code!r} (expected 0..2047 or EOS 2051)"
-            return [self._finish(request, RequestStatus.FAILED, now, reason)]
-        seg.num_frames += 1
-        request.num_frames += 1
-        if seg.num_frames >= seg.max_frames:
-            self._table.pending[item.slot] = request.num_pending_frames
-            return [self._end_segment(request, seg, "max_frames")]
-        seg.phase = SegmentPhase.DECODE
-        advanced.append(item.slot)
-        return None
-
-    def _apply_codec(self, request: Request, item: CodecItem, result: StepResult,
-                     now: float, advanced: list[int]) -> list[SchedulerEvent] | None:
+    def _apply_codec(self, request: Request, item: CodecItem,
+                     now: float) -> list[SchedulerEvent] | None:
         request.num_decoded_frames += item.num_frames
         request.record_chunk(now)  # the table's row: ``commit``, for all the chunks at once
         frame_end = item.start_frame + item.num_frames
@@ -947,14 +985,3 @@ def _slot(request: Request) -> int:
     assert request.slot is not None, f"request {request.request_id} has no slot"
     return request.slot
 
-
-def _decode_item(request: Request, seg: Segment) -> DecodeItem:
-    frame_index = seg.num_frames - 1  # feed the frame DEPTH just produced
-    branches = tuple([DecodeBranch(length + frame_index, block_ids)
-                      for length, block_ids in zip(seg.prompt_lens, seg.block_ids, strict=True)])
-    return DecodeItem(request.request_id, _slot(request), seg.index, frame_index, branches)
-
-
-def _depth_item(request: Request, seg: Segment) -> DepthItem:
-    return DepthItem(request.request_id, _slot(request), seg.index, seg.num_frames,
-                     seg.num_branches, request.num_frames)

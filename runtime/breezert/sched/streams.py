@@ -2,8 +2,9 @@
 
 Owns the per-slot copy of what the scheduling policies and the deadline predictor read each step
 (phases, frame counts, chunk log summary, the listener's latest report, how long each stage has
-been ready), so that one step's ranking is a few array operations whatever the number of
-streams. The ``Request`` stays the truth: ``write`` copies one request's row from it, and the
+been ready) and what a DECODE or DEPTH batch carries (the active segment's frames, prompt lengths
+and block tables), so that one step's ranking and its batch are a few array operations whatever
+the number of streams. The ``Request`` stays the truth: ``write`` copies one request's row from it, and the
 scheduler calls it (or the narrower ``set_*`` updates) wherever it changes a request. Must not:
 change a request, read a clock or import torch.
 """
@@ -45,8 +46,13 @@ class StreamTable:
     active segment (``PHASE_CODE``, ``NO_PHASE``) and its ``active_index``, ``later_text_encode`` / ``later_prefill``
     (a later segment waits in that phase), the report (``has_report``, ``report_at``,
     ``report_buffered``, ``frames_since``: frames emitted after it was measured),
-    ``ready_since[stage]`` (step since which the stage is ready unserved, -1: not ready) and
-    ``early_target`` (schedule target of a chunk cut short, -1: none).
+    ``ready_since[stage]`` (step since which the stage is ready unserved, -1: not ready),
+    ``early_target`` (schedule target of a chunk cut short, -1: none), ``is_served`` (it ran a
+    step), and of the active segment ``segment_frames`` (its frames so far),
+    ``segment_max_frames``, ``prompt_lens`` (``[slot, branch]``; without CFG both columns
+    hold the one branch's) and
+    ``block_ids`` (its block tables, the segment's own tuple); ``request_ids`` the requests'
+    ids (object array, ``None`` on free rows).
     """
 
     def __init__(self, num_slots: int) -> None:
@@ -77,6 +83,12 @@ class StreamTable:
         self.frames_since = np.zeros(n, np.int64)
         self.ready_since = np.full((len(STAGES), n), -1, np.int64)
         self.early_target = np.full(n, -1, np.int64)
+        self.is_served = np.zeros(n, bool)
+        self.request_ids = np.full(n, None, object)
+        self.segment_frames = np.zeros(n, np.int64)
+        self.segment_max_frames = np.zeros(n, np.int64)
+        self.prompt_lens = np.zeros((n, 2), np.int64)
+        self.block_ids: list[tuple[tuple[int, ...], ...]] = [()] * n
 
     @classmethod
     def of(cls, requests: Sequence[Request]) -> StreamTable:
@@ -91,8 +103,10 @@ class StreamTable:
     def add(self, slot: int, request: Request, seq: int) -> None:
         """``request`` takes ``slot`` (admitted ``seq``-th): its whole row, nothing ready."""
         self.requests[slot] = request
+        self.request_ids[slot] = request.request_id
         self.live[slot] = True
         self.live_slots = np.flatnonzero(self.live)
+        self.is_served[slot] = request.first_scheduled_time is not None
         self.seq[slot] = seq
         self.priority[slot] = request.priority
         self.enqueue_time[slot] = request.enqueue_time
@@ -108,20 +122,30 @@ class StreamTable:
 
     def remove(self, slot: int) -> None:
         self.requests[slot] = None
+        self.request_ids[slot] = None
+        self.block_ids[slot] = ()
         self.live[slot] = False
         self.live_slots = np.flatnonzero(self.live)
         self.ready_since[:, slot] = -1
 
     def set_segments(self, slot: int, request: Request) -> None:
-        """The active segment's phase and the later segments' (after a phase change)."""
+        """The active segment's phase, frames, prompt and blocks, and the later segments'
+        phases (after a phase change, or blocks handed out)."""
         active = request.active_segment
         if active is None:
             self.phase[slot] = NO_PHASE
             self.active_index[slot] = -1
             self.later_text_encode[slot] = self.later_prefill[slot] = False
+            self.segment_frames[slot] = self.segment_max_frames[slot] = 0
+            self.prompt_lens[slot] = 0
+            self.block_ids[slot] = ()
             return
         self.phase[slot] = PHASE_CODE[active.phase]
         self.active_index[slot] = active.index
+        self.segment_frames[slot] = active.num_frames
+        self.segment_max_frames[slot] = active.max_frames
+        self.prompt_lens[slot] = active.prompt_lens[0], active.prompt_lens[-1]
+        self.block_ids[slot] = active.block_ids
         later = {seg.phase for seg in request.segments[active.index + 1:]}
         self.later_text_encode[slot] = SegmentPhase.TEXT_ENCODE in later
         self.later_prefill[slot] = SegmentPhase.PREFILL in later
@@ -168,6 +192,23 @@ class StreamTable:
         self.pending[row] -= num_frames
         if self.has_report[row] and self.report_at[row] < now:
             self.frames_since[row] += num_frames
+
+    def advance(self, slots: list[int], phase: int) -> None:
+        """The active segments of ``slots`` moved on to ``phase`` (``DECODE``: after a frame,
+        one more each; ``DEPTH``: after DECODE): one write per column (row by row for
+        ``FEW_ROWS`` rows or fewer)."""
+        if len(slots) > FEW_ROWS:
+            rows = np.array(slots, np.int64)
+            if phase == DECODE:
+                self.pending[rows] += 1
+                self.segment_frames[rows] += 1
+            self.phase[rows] = phase
+            return
+        for slot in slots:
+            if phase == DECODE:
+                self.pending[slot] += 1
+                self.segment_frames[slot] += 1
+            self.phase[slot] = phase
 
     def set_report(self, slot: int, request: Request) -> None:
         """The listener's latest report (after it changed)."""

@@ -11,12 +11,13 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
+import numpy as np
 import torch
 
 from breezert.layers.attention import GatherKV, KVRun, StepMeta, decode_meta_on_device
 from breezert.models.breeze import BreezeModel
 from breezert.outputs import StageOutput
-from breezert.sched.plan import DecodeItem, PrefillItem
+from breezert.sched.plan import DecodeBatch, PrefillItem
 from breezert.stages.interface import Graphs, Slots, StageWorker, bucket_for
 
 
@@ -137,27 +138,27 @@ class DecodeStage:
                 return r, t
         return num_rows, context
 
-    def run(self, items: Sequence[DecodeItem]) -> StageOutput:
+    def run(self, batch: DecodeBatch) -> StageOutput:
         """One upload of row ids and positions (block tables only when a segment starts); the
         frames, KV metadata and new states stay on the device."""
-        rows, positions = [], []
-        for item in items:
-            for b, branch in enumerate(item.branches):
-                self.slots.set_block_table(2 * item.slot + b, branch.block_ids)
-                rows.append(2 * item.slot + b)
-                positions.append(branch.position)
-        shape = self.shape_for(len(rows), max(positions) + 1)
+        for slot, tables in zip(batch.slots.tolist(), batch.block_ids, strict=True):
+            for b, block_ids in enumerate(tables):
+                self.slots.set_block_table(2 * slot + b, block_ids)
+        has_row = np.arange(2) < batch.num_branches[:, None]  # [n, 2]: request, branch
+        rows = (2 * batch.slots[:, None] + np.arange(2))[has_row]  # request by request
+        positions = batch.positions[has_row]
+        shape = self.shape_for(len(rows), int(positions.max()) + 1)
         self.graphs(shape, self.slot_inputs(rows, positions, *shape))
         return StageOutput()
 
-    def slot_inputs(self, rows: list[int], positions: list[int], size: int,
-                    context: int) -> dict[str, torch.Tensor]:
+    def slot_inputs(self, rows: Sequence[int] | np.ndarray, positions: Sequence[int] | np.ndarray,
+                    size: int, context: int) -> dict[str, torch.Tensor]:
         """Inputs of ``backbone_decode_from_slots``, padded to ``size`` rows (padding rows read
         and write the scratch slot at position 0) and ``context`` keys."""
         index = torch.zeros(2, size, dtype=torch.long)
         index[0] = 2 * self.slots.scratch_slot
-        index[0, : len(rows)] = torch.tensor(rows, dtype=torch.long)
-        index[1, : len(positions)] = torch.tensor(positions, dtype=torch.long)
+        index[0, : len(rows)] = torch.as_tensor(rows, dtype=torch.long)
+        index[1, : len(positions)] = torch.as_tensor(positions, dtype=torch.long)
         index = index.to(self.device, non_blocking=True)  # one upload
         key_slots = self._key_slots.get(context)
         if key_slots is None:

@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import numpy as np
 import torch
 
 from breezert.constants import FRAME_EOS_ID
@@ -25,7 +26,7 @@ from breezert.layers.sampling import (
 )
 from breezert.models.breeze import BreezeModel
 from breezert.outputs import StageOutput
-from breezert.sched.plan import DepthItem
+from breezert.sched.plan import DepthBatch
 from breezert.stages.interface import Graphs, SlotParams, Slots, StageWorker, bucket_for
 
 
@@ -122,6 +123,10 @@ def depth_frames(
     return {"codes": torch.stack(codes, dim=1)}
 
 
+def _pick(values: Sequence[str], keep: np.ndarray) -> list[str]:
+    return [value for value, kept in zip(values, keep.tolist(), strict=True) if kept]
+
+
 def depth_frames_from_slots(
     table: Slots, frame_fn: Callable[..., dict[str, torch.Tensor]],
     row_ids: torch.Tensor,  # [C, B] int64: slot * 2 + branch (C = 2: cond rows, uncond rows)
@@ -162,45 +167,45 @@ class DepthStage:
                       for p in params for k in (p.sampling.top_k, p.sampling.depth_top_k))
         return size or num, use_cfg, self.graphs if bounded else self.full_sort_graphs
 
-    def run(self, items: Sequence[DepthItem]) -> StageOutput:
+    def run(self, batch: DepthBatch) -> StageOutput:
         """One upload of row ids, one read-back of the first codes."""
         out = StageOutput()
         table = self.slots
-        runnable: list[tuple[DepthItem, SlotParams]] = []
-        for item in items:
-            if table.ring_would_overflow(item.slot, item.output_frame_index):
-                out.failed[item.request_id] = (
-                    f"DEPTH: {table.ring_frames} frames already wait for the codec (the slot "
-                    "table's ring is full)")
-            else:
-                runnable.append((item, table.params(item.slot, item.request_id)))
-        if not runnable:
+        full = table.ring_would_overflow(batch.slots, batch.output_frame_index)
+        for request_id in _pick(batch.request_ids, full):
+            out.failed[request_id] = (
+                f"DEPTH: {table.ring_frames} frames already wait for the codec (the slot "
+                "table's ring is full)")
+        batch = batch.select(~full) if full.any() else batch
+        if not len(batch):
             return out
-        fresh = [item for item, _ in runnable if item.frame_index == 0]
+        params = [table.params(slot, request_id)
+                  for slot, request_id in zip(batch.slots.tolist(), batch.request_ids)]
+        fresh = np.flatnonzero(batch.frame_index == 0).tolist()
         if fresh:
-            table.start_segments([item.slot for item in fresh], [
-                table.take_prefill_states(item.slot, item.request_id, item.segment_index)
-                for item in fresh])
-        size, use_cfg, graphs = self._launch([p for _, p in runnable])
-        row_ids = self.row_ids([item for item, _ in runnable], size, use_cfg)
+            table.start_segments([int(batch.slots[i]) for i in fresh], [
+                table.take_prefill_states(int(batch.slots[i]), batch.request_ids[i],
+                                          int(batch.segment_index[i])) for i in fresh])
+        size, use_cfg, graphs = self._launch(params)
+        row_ids = self.row_ids(batch.slots, batch.num_branches, size, use_cfg)
         first = graphs((size, use_cfg), {"row_ids": row_ids})["first_codes"]
-        for (item, _), code0 in zip(runnable, first[: len(runnable)].tolist()):
-            out.first_codes[item.request_id] = code0
+        out.first_codes.update(zip(batch.request_ids, first[: len(batch)].tolist()))
         return out
 
-    def row_ids(self, items: Sequence[DepthItem], size: int, use_cfg: bool) -> torch.Tensor:
-        """``[C, size]`` table rows (``slot * 2 + branch``) on the device; a 1-branch request
-        in a CFG batch repeats its cond row, padding rows read the scratch slot."""
-        rows = torch.full((2 if use_cfg else 1, size), 2 * self.slots.scratch_slot,
-                          dtype=torch.long)
-        num = len(items)
-        rows[0, :num] = torch.tensor([2 * item.slot for item in items], dtype=torch.long)
+    def row_ids(self, slots: np.ndarray, num_branches: np.ndarray, size: int,
+                use_cfg: bool) -> torch.Tensor:
+        """``[C, size]`` table rows (``slot * 2 + branch``) of requests in ``slots`` (``[n]``,
+        ``num_branches`` each) on the device; a 1-branch request in a CFG batch repeats its cond
+        row, padding rows read the scratch slot."""
+        rows = np.full((2 if use_cfg else 1, size), 2 * self.slots.scratch_slot, np.int64)
+        num = len(slots)
+        rows[0, :num] = 2 * slots
         if use_cfg:
-            rows[1, :num] = rows[0, :num] + torch.tensor(
-                [item.num_branches == 2 for item in items], dtype=torch.long)
-        return rows.to(self.device, non_blocking=True)
+            rows[1, :num] = rows[0, :num] + (num_branches == 2)
+        return torch.from_numpy(rows).to(self.device, non_blocking=True)
 
     def example_inputs(self, size: int, use_cfg: bool) -> dict[str, torch.Tensor]:
         """Inputs of a bucket, for capture at start-up: every row the scratch slot's, so
         capture writes nothing a request owns."""
-        return {"row_ids": self.row_ids([], size, use_cfg)}
+        none = np.zeros(0, np.int64)
+        return {"row_ids": self.row_ids(none, none, size, use_cfg)}

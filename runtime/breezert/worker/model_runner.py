@@ -11,10 +11,11 @@ from __future__ import annotations
 
 import logging
 import secrets
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
 
+import numpy as np
 import torch
 
 from breezert.config import GraphConfig
@@ -22,7 +23,7 @@ from breezert.constants import Stage
 from breezert.loader import Checkpoint
 from breezert.models.codec import StreamingCodec
 from breezert.outputs import StageOutput
-from breezert.sched.plan import NewRequestData, StageItem, StepPlan
+from breezert.sched.plan import BATCHES, NewRequestData, StageItems, StepPlan
 from breezert.stages.backbone import (
     DecodeStage,
     PrefillStage,
@@ -172,13 +173,13 @@ class ModelRunner:
         failed.update({rid: f"set-up failed: {why}" for rid, why in refused.items()})
         items = self._runnable(plan.stage, plan.items, failed)
         out = StageOutput()
-        if items:
+        if len(items):
             try:
                 out = self.stages[plan.stage].run(items)
             except Exception as exc:
                 logger.exception("stage %s failed for %d request(s)", plan.stage.value, len(items))
                 reason = f"{plan.stage.value} step failed: {type(exc).__name__}: {exc}"
-                failed.update({item.request_id: reason for item in items})
+                failed.update(dict.fromkeys(StepPlan.request_ids_of(items), reason))
                 out = StageOutput()
         out.failed.update(failed)
         return out
@@ -187,22 +188,27 @@ class ModelRunner:
         """Frees the request's slot: its rows reset for reuse, its pending segments dropped."""
         self.slots.release_request(request_id)
 
-    def _runnable(
-        self, stage: Stage, items: Sequence[StageItem], failed: dict[str, str]
-    ) -> list[StageItem]:
-        """Items whose request is healthy; the fault hook may fail individual requests."""
-        runnable = []
-        for item in items:
-            if item.request_id in failed:
+    def _runnable(self, stage: Stage, items: StageItems, failed: dict[str, str]) -> StageItems:
+        """Items (or batch requests) whose request is healthy; the fault hook may fail
+        individual requests."""
+        if self.fault_hook is None and not failed:
+            return items
+        keep = []
+        for request_id in StepPlan.request_ids_of(items):
+            if request_id in failed:
+                keep.append(False)
                 continue
             if self.fault_hook is not None:
                 try:
-                    self.fault_hook(stage, item.request_id)
+                    self.fault_hook(stage, request_id)
                 except Exception as exc:
-                    failed[item.request_id] = f"{stage.value}: {type(exc).__name__}: {exc}"
+                    failed[request_id] = f"{stage.value}: {type(exc).__name__}: {exc}"
+                    keep.append(False)
                     continue
-            runnable.append(item)
-        return runnable
+            keep.append(True)
+        if isinstance(items, BATCHES):
+            return items.select(np.array(keep, bool))
+        return tuple([item for item, kept in zip(items, keep, strict=True) if kept])
 
     def _slot_params(self, new: NewRequestData) -> SlotParams:
         seed = new.seed if new.seed is not None else secrets.randbits(63)

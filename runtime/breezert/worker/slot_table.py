@@ -211,10 +211,10 @@ class SlotTable:
         self.block_tables[row] = table.to(self.device, non_blocking=True)
         self._tables[row] = block_ids
 
-    def ring_would_overflow(self, slot: int, frame_index: int) -> bool:
-        """Whether writing frame ``frame_index`` of ``slot`` would overwrite a frame the codec
-        has not read yet."""
-        return frame_index - int(self.next_codec_frame[slot]) >= self.ring_frames
+    def ring_would_overflow(self, slots: np.ndarray, frame_index: np.ndarray) -> np.ndarray:
+        """Whether writing frame ``frame_index[i]`` of ``slots[i]`` would overwrite a frame the
+        codec has not read yet (``[n]`` bool)."""
+        return frame_index - self.next_codec_frame[slots] >= self.ring_frames
 
     def mark_decoded(self, slot: int, end_frame: int) -> None:
         """The codec has read the slot's frames up to ``end_frame`` (exclusive)."""
