@@ -439,45 +439,46 @@ class Scheduler:
         """Each live request's active segment moves on to DEPTH. (A request that ended since
         the plan, aborted or failed by this commit, keeps its slot until the commit, its row
         empty: no other request's.)"""
-        requests, advanced = self._table.requests, []
-        for request_id, slot, index in zip(batch.request_ids, batch.slots.tolist(),
-                                           batch.segment_index.tolist(), strict=True):
+        table, advanced = self._table, []
+        requests, segments = table.requests, table.segments
+        for request_id, slot in zip(batch.request_ids, batch.slots.tolist(), strict=True):
             request = requests[slot]
             if request is not None and request.request_id == request_id:
-                request.segments[index].phase = SegmentPhase.DEPTH
+                segments[slot].phase = SegmentPhase.DEPTH  # type: ignore[union-attr]
                 advanced.append(slot)
-        self._table.advance(advanced, DEPTH)
+        table.advance(advanced, DEPTH)
 
     def _commit_depth(self, batch: DepthBatch, result: StepResult,
                       now: float) -> list[SchedulerEvent]:
         """Each live request's first code: a frame (one more frame of the segment and of the
         request, then DECODE, or the segment's end at its frame limit), EOS (the segment ends)
         or a bad code (the request fails); the table's rows of the advanced ones in one write."""
-        requests, first_codes = self._table.requests, result.first_codes
+        table, first_codes = self._table, result.first_codes
+        requests, segments = table.requests, table.segments
         advanced: list[int] = []
         events: list[SchedulerEvent] = []
-        for request_id, slot, index in zip(batch.request_ids, batch.slots.tolist(),
-                                           batch.segment_index.tolist(), strict=True):
+        for request_id, slot in zip(batch.request_ids, batch.slots.tolist(), strict=True):
             request = requests[slot]
             if request is None or request.request_id != request_id:
                 continue
-            seg = request.segments[index]
+            seg = segments[slot]
+            assert seg is not None
             code = first_codes.get(request_id)
-            if code == FRAME_EOS_ID:
-                events.append(self._end_segment(request, seg, "eos"))
-            elif code is None or not 0 <= code < CODEBOOK_SIZE:
-                reason = f"DEPTH returned first code {code!r} (expected 0..2047 or EOS 2051)"
-                events.append(self._finish(request, RequestStatus.FAILED, now, reason))
-            else:
+            if code is not None and 0 <= code < CODEBOOK_SIZE:
                 seg.num_frames += 1
                 request.num_frames += 1
-                if seg.num_frames >= seg.max_frames:
-                    self._table.pending[slot] = request.num_pending_frames
-                    events.append(self._end_segment(request, seg, "max_frames"))
-                else:
+                if seg.num_frames < seg.max_frames:
                     seg.phase = SegmentPhase.DECODE
                     advanced.append(slot)
-        self._table.advance(advanced, DECODE)
+                    continue
+                table.pending[slot] = request.num_pending_frames
+                events.append(self._end_segment(request, seg, "max_frames"))
+            elif code == FRAME_EOS_ID:
+                events.append(self._end_segment(request, seg, "eos"))
+            else:
+                reason = f"DEPTH returned first code {code!r} (expected 0..2047 or EOS 2051)"
+                events.append(self._finish(request, RequestStatus.FAILED, now, reason))
+        table.advance(advanced, DECODE)
         return events
 
     def _on_chunks(self, plan: StepPlan, now: float) -> tuple[np.ndarray, np.ndarray] | None:
@@ -825,7 +826,7 @@ class Scheduler:
     def _decode_batch(self, slots: np.ndarray) -> DecodeBatch:
         """Each request's active segment fed the frame DEPTH just produced."""
         table = self._table
-        frame_index = table.segment_frames[slots] - 1
+        frame_index = table.decoded[slots] + table.pending[slots] - table.segment_start[slots] - 1
         block_ids = table.block_ids
         return DecodeBatch(tuple(table.request_ids[slots].tolist()), slots,
                            table.active_index[slots], frame_index, table.num_branches[slots],
@@ -835,9 +836,11 @@ class Scheduler:
     def _depth_batch(self, slots: np.ndarray) -> DepthBatch:
         """Each request's next frame of its active segment."""
         table = self._table
+        output_frame_index = table.decoded[slots] + table.pending[slots]
         return DepthBatch(tuple(table.request_ids[slots].tolist()), slots,
-                          table.active_index[slots], table.segment_frames[slots],
-                          table.num_branches[slots], table.decoded[slots] + table.pending[slots])
+                          table.active_index[slots],
+                          output_frame_index - table.segment_start[slots],
+                          table.num_branches[slots], output_frame_index)
 
     def _codec_items(self, candidates: list[Request],
                      codec_frames: np.ndarray) -> list[StageItem]:

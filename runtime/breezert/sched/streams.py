@@ -17,7 +17,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from breezert.constants import Stage
-from breezert.request import Request, SegmentPhase
+from breezert.request import Request, Segment, SegmentPhase
 
 STAGES = (Stage.TEXT_ENCODE, Stage.PREFILL, Stage.DECODE, Stage.DEPTH, Stage.CODEC)
 """Stage codes: a stage's index here (``STAGE_CODE``)."""
@@ -48,11 +48,11 @@ class StreamTable:
     ``report_buffered``, ``frames_since``: frames emitted after it was measured),
     ``ready_since[stage]`` (step since which the stage is ready unserved, -1: not ready),
     ``early_target`` (schedule target of a chunk cut short, -1: none), ``is_served`` (it ran a
-    step), and of the active segment ``segment_frames`` (its frames so far),
-    ``segment_max_frames``, ``prompt_lens`` (``[slot, branch]``; without CFG both columns
+    step), and of the active segment ``segment_start`` (the request's frames before it: its
+    own are ``decoded + pending - segment_start``), ``prompt_lens`` (``[slot, branch]``; without CFG both columns
     hold the one branch's) and
-    ``block_ids`` (its block tables, the segment's own tuple); ``request_ids`` the requests'
-    ids (object array, ``None`` on free rows).
+    ``block_ids`` (its block tables, the segment's own tuple); ``segments`` the active
+    ``Segment`` objects and ``request_ids`` the requests' ids (``None`` on free rows).
     """
 
     def __init__(self, num_slots: int) -> None:
@@ -85,10 +85,10 @@ class StreamTable:
         self.early_target = np.full(n, -1, np.int64)
         self.is_served = np.zeros(n, bool)
         self.request_ids = np.full(n, None, object)
-        self.segment_frames = np.zeros(n, np.int64)
-        self.segment_max_frames = np.zeros(n, np.int64)
+        self.segment_start = np.zeros(n, np.int64)
         self.prompt_lens = np.zeros((n, 2), np.int64)
         self.block_ids: list[tuple[tuple[int, ...], ...]] = [()] * n
+        self.segments: list[Segment | None] = [None] * n
 
     @classmethod
     def of(cls, requests: Sequence[Request]) -> StreamTable:
@@ -124,6 +124,7 @@ class StreamTable:
         self.requests[slot] = None
         self.request_ids[slot] = None
         self.block_ids[slot] = ()
+        self.segments[slot] = None
         self.live[slot] = False
         self.live_slots = np.flatnonzero(self.live)
         self.ready_since[:, slot] = -1
@@ -131,19 +132,18 @@ class StreamTable:
     def set_segments(self, slot: int, request: Request) -> None:
         """The active segment's phase, frames, prompt and blocks, and the later segments'
         phases (after a phase change, or blocks handed out)."""
-        active = request.active_segment
+        active = self.segments[slot] = request.active_segment
         if active is None:
             self.phase[slot] = NO_PHASE
             self.active_index[slot] = -1
             self.later_text_encode[slot] = self.later_prefill[slot] = False
-            self.segment_frames[slot] = self.segment_max_frames[slot] = 0
+            self.segment_start[slot] = 0
             self.prompt_lens[slot] = 0
             self.block_ids[slot] = ()
             return
         self.phase[slot] = PHASE_CODE[active.phase]
         self.active_index[slot] = active.index
-        self.segment_frames[slot] = active.num_frames
-        self.segment_max_frames[slot] = active.max_frames
+        self.segment_start[slot] = request.num_frames - active.num_frames
         self.prompt_lens[slot] = active.prompt_lens[0], active.prompt_lens[-1]
         self.block_ids[slot] = active.block_ids
         later = {seg.phase for seg in request.segments[active.index + 1:]}
@@ -195,20 +195,19 @@ class StreamTable:
 
     def advance(self, slots: list[int], phase: int) -> None:
         """The active segments of ``slots`` moved on to ``phase`` (``DECODE``: after a frame,
-        one more each; ``DEPTH``: after DECODE): one write per column (row by row for
+        one more pending each; ``DEPTH``: after DECODE): one write per column (row by row for
         ``FEW_ROWS`` rows or fewer)."""
         if len(slots) > FEW_ROWS:
             rows = np.array(slots, np.int64)
             if phase == DECODE:
                 self.pending[rows] += 1
-                self.segment_frames[rows] += 1
             self.phase[rows] = phase
             return
+        pending, phases = self.pending, self.phase
         for slot in slots:
             if phase == DECODE:
-                self.pending[slot] += 1
-                self.segment_frames[slot] += 1
-            self.phase[slot] = phase
+                pending[slot] += 1
+            phases[slot] = phase
 
     def set_report(self, slot: int, request: Request) -> None:
         """The listener's latest report (after it changed)."""
