@@ -373,3 +373,24 @@ def main() -> None:
 if __name__ == "__main__":
     main()
 
+
+@pytest.mark.parametrize("scenario", [s for s in SCENARIOS if s.predictor
+                                      and not s.first_chunk_cover and s.streams <= 64],
+                         ids=lambda s: s.name)
+def test_chunk_sizes_row_by_row_equal_the_array_version(scenario: Scenario) -> None:
+    """Before every step, the chunk policy's few-rows sizes (``_chunk_frames_rows``, here asked
+    for every row with pending frames) give the array version's sizes and early-emit targets."""
+    driver = _Driver(scenario)
+    table, policy = driver.sched._table, driver.sched.chunk_policy
+    steps_priced = 0
+    for step in range(300):
+        driver.step(step)
+        rows = table.live_slots[table.pending[table.live_slots] > 0]
+        kept = table.early_target.copy()
+        by_rows = policy._chunk_frames_rows(table, rows, driver.now), table.early_target.copy()
+        table.early_target[:] = kept
+        by_arrays = policy._chunk_frames_arrays(table, rows, driver.now), table.early_target
+        for got, want in zip(by_rows, by_arrays, strict=True):
+            assert got.dtype == want.dtype and np.array_equal(got, want), step
+        steps_priced += any(policy._may_cut_row(table, row) for row in rows.tolist())
+    assert steps_priced > 20  # a chunk that may be cut is priced against its deadline

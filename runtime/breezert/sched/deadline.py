@@ -289,21 +289,23 @@ class DeadlinePredictor:
         streaming = table.num_chunks[row] > 0
         buffered = 0.0
         if streaming:
-            if table.has_report[row] and now - table.report_at[row] <= self.feedback_stale_s:
-                dry = float(table.report_at[row] + table.report_buffered[row]
-                            + table.frames_since[row] * FRAME_S)
-            else:
-                dry = float(table.first_chunk_time[row] + table.decoded[row] * FRAME_S)
-            buffered = max(0.0, dry - now)
+            buffered = max(0.0, self.dry_time_row(table, row, now) - now)
             available = now + buffered - now
         else:
             available = float(table.enqueue_time[row] + self.ttfb_target_s) - now
-        full = available - self._work_row(table, row, int(table.chunk_target[row]))
+        full = available - self.work_row(table, row, int(table.chunk_target[row]))
         if full >= self.min_slack_s or not streaming:
             return buffered, full
-        return buffered, available - self._work_row(table, row, int(table.pending[row]) + 1)
+        return buffered, available - self.work_row(table, row, int(table.pending[row]) + 1)
 
-    def _work_row(self, table: StreamTable, row: int, num_frames: int) -> float:
+    def dry_time_row(self, table: StreamTable, row: int, now: float) -> float:
+        """``dry_times`` of one streaming row."""
+        if table.has_report[row] and now - table.report_at[row] <= self.feedback_stale_s:
+            return float(table.report_at[row] + table.report_buffered[row]
+                         + table.frames_since[row] * FRAME_S)
+        return float(table.first_chunk_time[row] + table.decoded[row] * FRAME_S)
+
+    def work_row(self, table: StreamTable, row: int, num_frames: int) -> float:
         """``work`` of one row."""
         model = self.time_model
         codec = model.predict(Stage.CODEC)

@@ -360,10 +360,13 @@ class DeadlineChunkPolicy:
         self.first_chunk_cover = first_chunk_cover
 
     def chunk_frames(self, table: StreamTable, rows: np.ndarray, now: float) -> np.ndarray:
-        if len(rows) <= FEW_ROWS and not self.first_chunk_cover and not any(
-                self._may_cut_row(table, row) for row in rows.tolist()):
-            table.early_target[rows] = -1  # nothing to cut: the schedule's targets, as below
-            return table.chunk_target[rows]
+        if len(rows) <= FEW_ROWS and not self.first_chunk_cover:
+            return self._chunk_frames_rows(table, rows, now)
+        return self._chunk_frames_arrays(table, rows, now)
+
+    def _chunk_frames_arrays(self, table: StreamTable, rows: np.ndarray,
+                             now: float) -> np.ndarray:
+        """``chunk_frames`` as array operations over the rows."""
         target = table.chunk_target[rows]
         pending = table.pending[rows]
         streaming = table.num_chunks[rows] > 0
@@ -386,6 +389,24 @@ class DeadlineChunkPolicy:
         cut[may_cut] = ~fits
         table.early_target[rows[cut]] = target[cut]
         return np.where(cut, pending, frames)
+
+    def _chunk_frames_rows(self, table: StreamTable, rows: np.ndarray, now: float) -> np.ndarray:
+        """``chunk_frames`` row by row in plain floats (without ``first_chunk_cover``), the
+        same operations in the same order: a dozen array calls cost several times this at the
+        one or two streams of a first packet, at every step."""
+        p = self.predictor
+        frames = []
+        for row in rows.tolist():
+            target = int(table.chunk_target[row])
+            table.early_target[row] = -1
+            if self._may_cut_row(table, row):
+                pending = int(table.pending[row])
+                deadline = now + max(0.0, p.dry_time_row(table, row, now) - now)
+                if not now + p.work_row(table, row, pending + 1) <= deadline:
+                    table.early_target[row] = target
+                    target = pending
+            frames.append(target)
+        return np.array(frames, np.int64)
 
     @staticmethod
     def _may_cut_row(table: StreamTable, row: int) -> bool:
