@@ -273,7 +273,7 @@ _DERIVED = ("live", "priority", "enqueue_time", "num_branches", "num_chunks", "c
             "first_target", "largest_target", "first_chunk_time", "last_chunk_time", "decoded",
             "pending", "phase", "active_index", "later_text_encode", "later_prefill",
             "has_report", "report_at", "report_buffered", "frames_since", "is_served",
-            "request_ids", "segment_start", "prompt_lens")
+            "request_ids", "segment_start", "prompt_lens", "input_closed")
 """The ``StreamTable`` columns that are a function of the request alone (the others, the
 admission order, ready steps and early-emit targets, are the scheduler's own)."""
 

@@ -322,6 +322,8 @@ class Scheduler:
         """Marks that no more segments come; finishes the request if nothing is left to do."""
         request = self._live(request_id)
         request.input_closed = True
+        if request.slot is not None:
+            self._table.input_closed[request.slot] = True
         return self._maybe_finish(request, now)
 
     def abort(self, request_id: str, now: float) -> list[SchedulerEvent]:
@@ -751,13 +753,13 @@ class Scheduler:
             return self._decode_batch(self._generate_slots(stage, slots))
         if stage is Stage.DEPTH:
             return self._depth_batch(self._generate_slots(stage, slots))
+        if stage is Stage.CODEC:
+            return tuple(self._codec_items(slots, codec_frames))
         candidates = self._table.request_list(slots)
         if stage is Stage.TEXT_ENCODE:
             return tuple(self._text_encode_items(candidates))
         if stage is Stage.PREFILL:
             return tuple(self._prefill_items(candidates))
-        if stage is Stage.CODEC:
-            return tuple(self._codec_items(candidates, codec_frames))
         raise AssertionError(stage)
 
     def _text_encode_items(self, candidates: list[Request]) -> list[StageItem]:
@@ -809,19 +811,8 @@ class Scheduler:
             max_requests, max_rows = cfg.max_depth_requests, cfg.max_depth_rows
         if len(candidates) <= max_requests and 2 * len(candidates) <= max_rows:
             return candidates  # all fit, whatever their branches
-        branches = self._table.num_branches[candidates]
-        rows = np.cumsum(branches)
-        if rows[-1] > max_rows:  # the prefix that fits, then the rest one by one
-            fit = int(np.searchsorted(rows, max_rows, "right"))
-            room, taken = max_rows - (int(rows[fit - 1]) if fit else 0), list(range(fit))
-            for i, need in enumerate(branches[fit:].tolist(), fit):
-                if room <= 0 or len(taken) >= max_requests:
-                    break
-                if need <= room:
-                    taken.append(i)
-                    room -= need
-            candidates = candidates[taken]
-        return candidates[:max_requests]
+        taken = _fill(self._table.num_branches[candidates], max_rows)
+        return candidates[taken[:max_requests]]
 
     def _decode_batch(self, slots: np.ndarray) -> DecodeBatch:
         """Each request's active segment fed the frame DEPTH just produced."""
@@ -842,25 +833,25 @@ class Scheduler:
                           output_frame_index - table.segment_start[slots],
                           table.num_branches[slots], output_frame_index)
 
-    def _codec_items(self, candidates: list[Request],
-                     codec_frames: np.ndarray) -> list[StageItem]:
-        items: list[StageItem] = []
-        budget = self.config.max_codec_step_frames
-        if candidates and candidates[0].num_chunks == 0:  # a first packet leads: keep it quick
-            budget = min(budget, self.config.max_startup_codec_step_frames)
-        frames = codec_frames.tolist()
-        for request in candidates[: self.config.max_codec_requests]:
-            slot = _slot(request)
-            num_frames = frames[slot]
-            if items and num_frames > budget:
-                continue  # a smaller chunk behind may still fit
-            budget -= num_frames
-            items.append(CodecItem(
-                request.request_id, slot, request.num_decoded_frames, num_frames,
-                is_first_chunk=request.num_chunks == 0,
-                is_final=num_frames == request.num_pending_frames and request.is_generation_done,
-            ))
-        return items
+    def _codec_items(self, candidates: np.ndarray, codec_frames: np.ndarray) -> list[StageItem]:
+        """A chunk of each candidate (ranked slots, ``codec_frames`` frames) that still fits
+        the step's frame budget (the first always; a smaller chunk behind one that did not fit
+        may), up to the request limit."""
+        cfg, table = self.config, self._table
+        candidates = candidates[: cfg.max_codec_requests]
+        budget = cfg.max_codec_step_frames
+        if table.num_chunks[candidates[0]] == 0:  # a first packet leads: keep it quick
+            budget = min(budget, cfg.max_startup_codec_step_frames)
+        frames = codec_frames[candidates]
+        if len(candidates) > 1:
+            taken = _fill(frames, budget, first_always=True)
+            candidates, frames = candidates[taken], frames[taken]
+        is_final = ((frames == table.pending[candidates]) & table.input_closed[candidates]
+                    & (table.phase[candidates] == NO_PHASE))
+        return [CodecItem(*item) for item in zip(
+            table.request_ids[candidates].tolist(), candidates.tolist(),
+            table.decoded[candidates].tolist(), frames.tolist(),
+            (table.num_chunks[candidates] == 0).tolist(), is_final.tolist(), strict=True)]
 
     def _mark_served(self, stage: Stage, items: StageItems, now: float) -> None:
         """The served requests are ready unserved no more; a first serve is timed."""
@@ -962,6 +953,26 @@ class Scheduler:
         if request is None:
             raise InvalidRequest(f"request_id={request_id!r} is unknown or already finished")
         return request
+
+
+def _fill(sizes: np.ndarray, budget: int, *, first_always: bool = False) -> np.ndarray:
+    """The indices of ``sizes`` (each >= 1) that join a batch within ``budget``, in order: each
+    that fits what those before it left (the first one always, with ``first_always``); one
+    that does not fit is skipped, a smaller one behind it may still join. The prefix that fits
+    costs a cumulative sum; the entries past it go one by one."""
+    total = np.cumsum(sizes)
+    fit = int(np.searchsorted(total, budget, "right"))
+    if fit == len(sizes):
+        return np.arange(fit)
+    fit = max(fit, 1) if first_always else fit
+    taken, left = list(range(fit)), budget - (int(total[fit - 1]) if fit else 0)
+    for i, size in enumerate(sizes[fit:].tolist(), fit):
+        if left <= 0:
+            break
+        if size <= left:
+            taken.append(i)
+            left -= size
+    return np.array(taken, np.int64)
 
 
 def _segments_in(request: Request, phase: SegmentPhase) -> list[Segment]:

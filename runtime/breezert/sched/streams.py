@@ -48,11 +48,12 @@ class StreamTable:
     ``report_buffered``, ``frames_since``: frames emitted after it was measured),
     ``ready_since[stage]`` (step since which the stage is ready unserved, -1: not ready),
     ``early_target`` (schedule target of a chunk cut short, -1: none), ``is_served`` (it ran a
-    step), and of the active segment ``segment_start`` (the request's frames before it: its
-    own are ``decoded + pending - segment_start``), ``prompt_lens`` (``[slot, branch]``; without CFG both columns
-    hold the one branch's) and
-    ``block_ids`` (its block tables, the segment's own tuple); ``segments`` the active
-    ``Segment`` objects and ``request_ids`` the requests' ids (``None`` on free rows).
+    step), ``input_closed`` (no segment comes any more); of the active segment, what a DECODE
+    or DEPTH batch carries: ``segment_start`` (the request's frames before it; its own are
+    ``decoded + pending - segment_start``), ``prompt_lens`` (``[slot, branch]``; without CFG
+    both columns hold the one branch's) and ``block_ids`` (its block tables, the segment's own
+    tuple); ``segments`` (the active ``Segment`` objects) and ``request_ids`` (``None`` on free
+    rows).
     """
 
     def __init__(self, num_slots: int) -> None:
@@ -84,6 +85,7 @@ class StreamTable:
         self.ready_since = np.full((len(STAGES), n), -1, np.int64)
         self.early_target = np.full(n, -1, np.int64)
         self.is_served = np.zeros(n, bool)
+        self.input_closed = np.zeros(n, bool)
         self.request_ids = np.full(n, None, object)
         self.segment_start = np.zeros(n, np.int64)
         self.prompt_lens = np.zeros((n, 2), np.int64)
@@ -107,6 +109,7 @@ class StreamTable:
         self.live[slot] = True
         self.live_slots = np.flatnonzero(self.live)
         self.is_served[slot] = request.first_scheduled_time is not None
+        self.input_closed[slot] = request.input_closed
         self.seq[slot] = seq
         self.priority[slot] = request.priority
         self.enqueue_time[slot] = request.enqueue_time
@@ -144,7 +147,8 @@ class StreamTable:
         self.phase[slot] = PHASE_CODE[active.phase]
         self.active_index[slot] = active.index
         self.segment_start[slot] = request.num_frames - active.num_frames
-        self.prompt_lens[slot] = active.prompt_lens[0], active.prompt_lens[-1]
+        lens = active.prompt_lens
+        self.prompt_lens[slot, 0], self.prompt_lens[slot, 1] = lens[0], lens[-1]
         self.block_ids[slot] = active.block_ids
         later = {seg.phase for seg in request.segments[active.index + 1:]}
         self.later_text_encode[slot] = SegmentPhase.TEXT_ENCODE in later
