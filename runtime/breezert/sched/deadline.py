@@ -21,7 +21,7 @@ import numpy as np
 from breezert.config import SchedulerConfig
 from breezert.constants import FRAME_S, Stage
 from breezert.request import Request
-from breezert.sched.streams import PREFILL, QUEUED, TEXT_ENCODE, StreamTable
+from breezert.sched.streams import DECODE, NO_PHASE, PREFILL, QUEUED, TEXT_ENCODE, StreamTable
 
 COUNTERS = (
     "predictor_waits", "predictor_early_emits", "predictor_deadline_misses",
@@ -253,14 +253,16 @@ class DeadlinePredictor:
         segment's remaining text encode / prefill, the missing frames, one codec step."""
         model = self.time_model
         codec = model.predict(Stage.CODEC)
+        encode, prefill = model.predict(Stage.TEXT_ENCODE), model.predict(Stage.PREFILL)
+        # the codec step and the stages still ahead of each phase (NO_PHASE first), summed in
+        # the order _work_row sums them
+        ahead = np.array([codec + (encode if QUEUED <= phase <= TEXT_ENCODE else 0.0)
+                          + (prefill if QUEUED <= phase <= PREFILL else 0.0)
+                          for phase in range(NO_PHASE, DECODE + 1)])
         missing = num_frames - table.pending[rows]
         phase = table.phase[rows]
-        active = phase >= QUEUED  # NO_PHASE: every segment ended
-        seconds = (codec + np.where(active & (phase <= TEXT_ENCODE),
-                                    model.predict(Stage.TEXT_ENCODE), 0.0)
-                   + np.where(active & (phase <= PREFILL), model.predict(Stage.PREFILL), 0.0)
-                   + missing * self.frame_time_s())
-        return np.where((missing > 0) & active, seconds, codec)
+        seconds = ahead[phase + 1] + missing * self.frame_time_s()
+        return np.where((missing > 0) & (phase >= QUEUED), seconds, codec)  # NO_PHASE: ended
 
     def slacks(self, table: StreamTable, rows: np.ndarray, now: float, delay_s: float = 0.0,
                buffered: np.ndarray | None = None) -> np.ndarray:
