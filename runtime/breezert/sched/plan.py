@@ -19,8 +19,8 @@ Then it returns a ``StepResult`` with the same ``step_id``.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from dataclasses import dataclass, field, fields
+from typing import Any, NamedTuple, Self
 
 import numpy as np
 
@@ -103,29 +103,44 @@ class DepthRow(NamedTuple):
 
 
 @dataclass(slots=True)
-class DecodeBatch:
-    """Run one backbone step over each request's active segment, feeding its last frame (the
-    one DEPTH just produced) and keeping the new hidden state: one entry per request, in batch
-    order, as arrays (``[n]`` int64 unless said), built with a few array operations whatever
-    the number of requests. Iterating gives ``DecodeRow`` values (for tests, not the hot path).
-    """
+class _Batch:
+    """What a DECODE and a DEPTH batch share: one entry per request (its active segment), in
+    batch order, as arrays (``[n]`` int64), built with a few array operations whatever the
+    number of requests. Iterating gives row values (for tests, not the hot path)."""
 
     request_ids: tuple[str, ...]
     slots: np.ndarray
     segment_index: np.ndarray
     frame_index: np.ndarray
-    """Index within the segment of the frame being fed."""
     num_branches: np.ndarray
-    """1, or 2 with CFG; each branch is one row."""
+    """1, or 2 with CFG: the rows each request takes (one per branch)."""
+
+    def __len__(self) -> int:
+        return len(self.request_ids)
+
+    @property
+    def num_rows(self) -> int:
+        return sum(self.num_branches.tolist())  # numpy's sum costs more up to ~100 requests
+
+    def select(self, keep: np.ndarray) -> Self:
+        """The requests where ``keep`` (``[n]`` bool) holds, in order."""
+        values = [getattr(self, f.name) for f in fields(self)]
+        return type(self)(*[_pick(value, keep) if isinstance(value, tuple) else value[keep]
+                            for value in values])
+
+
+@dataclass(slots=True)
+class DecodeBatch(_Batch):
+    """Run one backbone step over each request's active segment, feeding its frame
+    ``frame_index`` (the one DEPTH just produced), and keep the new hidden state. Iterating
+    gives ``DecodeRow`` values."""
+
     positions: np.ndarray
     """``[n, 2]`` backbone position of the fed frame per branch: the branch's prompt length +
     ``frame_index`` (without CFG column 1 repeats column 0)."""
     block_ids: tuple[tuple[tuple[int, ...], ...], ...]
     """Per request, each branch's FULL block table (see ``PrefillItem.block_ids``: the same
     tuple objects every step of a segment)."""
-
-    def __len__(self) -> int:
-        return len(self.request_ids)
 
     def __iter__(self) -> Iterator[DecodeRow]:
         positions = self.positions.tolist()
@@ -136,55 +151,24 @@ class DecodeBatch:
             yield DecodeRow(request_id, slot, index, frame,
                             tuple(zip(positions[i][:branches], tables, strict=True)))
 
-    @property
-    def num_rows(self) -> int:
-        return sum(self.num_branches.tolist())  # numpy's sum costs more up to ~100 requests
-
-    def select(self, keep: np.ndarray) -> DecodeBatch:
-        """The requests where ``keep`` (``[n]`` bool) holds, in order."""
-        return DecodeBatch(_pick(self.request_ids, keep), self.slots[keep],
-                           self.segment_index[keep], self.frame_index[keep],
-                           self.num_branches[keep], self.positions[keep],
-                           _pick(self.block_ids, keep))
-
 
 @dataclass(slots=True)
-class DepthBatch:
-    """Sample one frame per request from its active segment's last hidden state: c0 (lm_head,
-    CFG, repetition penalty, EOS) and, unless c0 is EOS, the 15 depth codes; all sampling
-    happens here. One entry per request, in batch order, as arrays (``[n]`` int64). Iterating
-    gives ``DepthRow`` values (for tests, not the hot path)."""
+class DepthBatch(_Batch):
+    """Sample each request's frame ``frame_index`` of its active segment from the segment's
+    last hidden state: c0 (lm_head, CFG, repetition penalty, EOS) and, unless c0 is EOS, the 15
+    depth codes; all sampling happens here. ``frame_index`` 0 samples from the PREFILL hidden
+    state (and starts the segment's repetition-penalty history). Iterating gives ``DepthRow``
+    values."""
 
-    request_ids: tuple[str, ...]
-    slots: np.ndarray
-    segment_index: np.ndarray
-    frame_index: np.ndarray
-    """Index of the frame within its segment; 0 = sample from the PREFILL hidden state (and
-    start the segment's repetition-penalty history)."""
-    num_branches: np.ndarray
-    """Rows each request takes: 1, or 2 with CFG (each branch's hidden state)."""
     output_frame_index: np.ndarray
     """Where the frame goes in the request's audio stream (counted over all segments), if it is
     not EOS. CODEC items refer to these indices."""
-
-    def __len__(self) -> int:
-        return len(self.request_ids)
 
     def __iter__(self) -> Iterator[DepthRow]:
         for row in zip(self.request_ids, self.slots.tolist(), self.segment_index.tolist(),
                        self.frame_index.tolist(), self.num_branches.tolist(),
                        self.output_frame_index.tolist(), strict=True):
             yield DepthRow(*row)
-
-    @property
-    def num_rows(self) -> int:
-        return sum(self.num_branches.tolist())  # numpy's sum costs more up to ~100 requests
-
-    def select(self, keep: np.ndarray) -> DepthBatch:
-        """The requests where ``keep`` (``[n]`` bool) holds, in order."""
-        return DepthBatch(_pick(self.request_ids, keep), self.slots[keep],
-                          self.segment_index[keep], self.frame_index[keep],
-                          self.num_branches[keep], self.output_frame_index[keep])
 
 
 def _pick(values: tuple, keep: np.ndarray) -> tuple:

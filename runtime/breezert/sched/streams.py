@@ -2,11 +2,12 @@
 
 Owns the per-slot copy of what the scheduling policies and the deadline predictor read each step
 (phases, frame counts, chunk log summary, the listener's latest report, how long each stage has
-been ready) and what a DECODE or DEPTH batch carries (the active segment's frames, prompt lengths
-and block tables), so that one step's ranking and its batch are a few array operations whatever
-the number of streams. The ``Request`` stays the truth: ``write`` copies one request's row from it, and the
-scheduler calls it (or the narrower ``set_*`` updates) wherever it changes a request. Must not:
-change a request, read a clock or import torch.
+been ready) and of what a DECODE, DEPTH or CODEC batch carries (the active segment, its prompt
+lengths and block tables, the request ids), so that one step's ranking and its batch are a few
+array operations whatever the number of streams. The ``Request`` stays the truth: ``add``
+copies one request's row from it, and the scheduler calls the narrower ``set_*`` / ``advance``
+/ ``record_chunks`` updates wherever it changes a request. Must not: change a request, read a
+clock or import torch.
 """
 
 from __future__ import annotations
