@@ -143,9 +143,17 @@ def test_admission_refuses_a_held_slot_and_params_check_the_request() -> None:
     assert table.params(2, "r4").has_cfg
     with pytest.raises(RuntimeError, match="slot 1 holds 'r2', the plan says 'r3'"):
         table.params(1, "r3")
+    assert table.host_has_cfg[:3].tolist() == [False, False, True]
+    assert table.host_top_k[2].tolist() == [_params(4).sampling.top_k,
+                                            _params(4).sampling.depth_top_k]
+    table.check_holders(np.array([2, 0]), ["r4", "r1"])  # a batch's check: all held
+    with pytest.raises(RuntimeError, match="slot 1 holds 'r2', the plan says 'r3'"):
+        table.check_holders(np.array([0, 1]), ["r1", "r3"])
     table.release_request("r2")
     with pytest.raises(RuntimeError, match="slot 1 holds None"):
         table.params(1, "r2")
+    with pytest.raises(RuntimeError, match="slot 1 holds None"):
+        table.check_holders(np.array([1]), ["r2"])
     assert table.release_request("r2") == []  # released twice: nothing held
 
 

@@ -139,10 +139,12 @@ class DecodeStage:
         return num_rows, context
 
     def run(self, batch: DecodeBatch) -> StageOutput:
-        """One upload of row ids and positions (block tables only when a segment starts); the
-        frames, KV metadata and new states stay on the device."""
-        for slot, tables in zip(batch.slots.tolist(), batch.block_ids, strict=True):
-            for b, block_ids in enumerate(tables):
+        """One upload of row ids and positions, and the block tables of the segments that
+        start (frame 0: a segment's tables never change, and its first DECODE feeds frame 0);
+        the frames, KV metadata and new states stay on the device."""
+        for i in np.flatnonzero(batch.frame_index == 0).tolist():
+            slot = int(batch.slots[i])
+            for b, block_ids in enumerate(batch.block_ids[i]):
                 self.slots.set_block_table(2 * slot + b, block_ids)
         has_row = np.arange(2) < batch.num_branches[:, None]  # [n, 2]: request, branch
         rows = (2 * batch.slots[:, None] + np.arange(2))[has_row]  # request by request

@@ -27,7 +27,7 @@ from breezert.layers.sampling import (
 from breezert.models.breeze import BreezeModel
 from breezert.outputs import StageOutput
 from breezert.sched.plan import DepthBatch
-from breezert.stages.interface import Graphs, SlotParams, Slots, StageWorker, bucket_for
+from breezert.stages.interface import Graphs, Slots, StageWorker, bucket_for
 
 
 def _guide(logits: torch.Tensor, num: int, has_cfg: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
@@ -158,13 +158,13 @@ class DepthStage:
         self.device = worker.device
         self.slots = worker.slots
 
-    def _launch(self, params: Sequence[SlotParams]) -> tuple[int, bool, Graphs]:
-        """(bucket rows, CFG layout, graphs) of a batch of requests."""
-        num = len(params)
+    def _launch(self, slots: np.ndarray) -> tuple[int, bool, Graphs]:
+        """(bucket rows, CFG layout, graphs) of a batch of the requests in ``slots``."""
+        num = len(slots)
         size = bucket_for(num, self.buckets) if self.graphs.enabled else None
-        use_cfg = any(p.has_cfg for p in params)
-        bounded = all(1 <= k <= TOP_K_BOUND
-                      for p in params for k in (p.sampling.top_k, p.sampling.depth_top_k))
+        use_cfg = bool(self.slots.host_has_cfg[slots].any())
+        top_k = self.slots.host_top_k[slots]
+        bounded = bool(((top_k >= 1) & (top_k <= TOP_K_BOUND)).all())
         return size or num, use_cfg, self.graphs if bounded else self.full_sort_graphs
 
     def run(self, batch: DepthBatch) -> StageOutput:
@@ -179,14 +179,13 @@ class DepthStage:
         batch = batch.select(~full) if full.any() else batch
         if not len(batch):
             return out
-        params = [table.params(slot, request_id)
-                  for slot, request_id in zip(batch.slots.tolist(), batch.request_ids)]
+        table.check_holders(batch.slots, batch.request_ids)
         fresh = np.flatnonzero(batch.frame_index == 0).tolist()
         if fresh:
             table.start_segments([int(batch.slots[i]) for i in fresh], [
                 table.take_prefill_states(int(batch.slots[i]), batch.request_ids[i],
                                           int(batch.segment_index[i])) for i in fresh])
-        size, use_cfg, graphs = self._launch(params)
+        size, use_cfg, graphs = self._launch(batch.slots)
         row_ids = self.row_ids(batch.slots, batch.num_branches, size, use_cfg)
         first = graphs((size, use_cfg), {"row_ids": row_ids})["first_codes"]
         out.first_codes.update(zip(batch.request_ids, first[: len(batch)].tolist()))

@@ -77,11 +77,16 @@ class Slots(Protocol):
 
     scratch_slot: int
     """The row bucket padding reads and writes."""
+    host_has_cfg: np.ndarray
+    """``[slot]`` bool: the slot's request runs two CFG branches."""
+    host_top_k: np.ndarray
+    """``[slot, 2]``: the slot's request's top-k of the first code and of the depth codes."""
     ring_frames: int
     block_tables: torch.Tensor
     """``[2 * rows, max_blocks]`` each branch's KV blocks (row ``slot * 2 + branch``)."""
 
     def params(self, slot: int, request_id: str) -> SlotParams: ...
+    def check_holders(self, slots: np.ndarray, request_ids: Sequence[str]) -> None: ...
     def add_segment(self, slot: int, request_id: str, segment_index: int,
                     embeds: list[torch.Tensor]) -> None: ...
     def segment(self, slot: int, request_id: str, segment_index: int) -> PendingSegment: ...

@@ -8,7 +8,7 @@ last frame and a ring of frames waiting for the codec (written by DEPTH inside i
 branch's KV block table (written when DECODE first sees it: a segment's table never changes),
 and the sync-free index ops the graphed stage functions use to gather and scatter them. On the
 host it keeps only what admission and the stages' launch choices need: each slot's
-``SlotParams``, and each segment's prompt rows and PREFILL states from TEXT_ENCODE to its first
+``SlotParams`` (and its holder, CFG and top-k as arrays, for a batch), and each segment's prompt rows and PREFILL states from TEXT_ENCODE to its first
 DEPTH step (a look-ahead segment gets them while the active one still runs). A freed slot's rows
 are reset to the scratch defaults. Must not: decide anything (the scheduler does), run models
 (the stages do) or copy device -> host.
@@ -81,6 +81,13 @@ class SlotTable:
         self._tables: dict[int, tuple[int, ...]] = {}  # row -> the block ids written there
         self._params: list[SlotParams | None] = [None] * max_slots
         """Host: the request holding each slot (None: free)."""
+        self.holders = np.full(max_slots, None, object)
+        """Host: the id of the request holding each slot (None: free), for a batch's check."""
+        self.host_has_cfg = np.zeros(max_slots, bool)
+        """Host: each slot's request runs two CFG branches (a DEPTH batch's layout)."""
+        self.host_top_k = np.zeros((max_slots, 2), np.int64)
+        """Host: each slot's request's top-k of the first code and of the depth codes (which
+        DEPTH graphs a batch can take)."""
         self._segments: dict[tuple[int, int], PendingSegment] = {}  # (slot, segment index)
         self._write(list(range(rows)), [_DEFAULT] * rows, reset=True)
 
@@ -95,6 +102,8 @@ class SlotTable:
                 refused[p.request_id] = f"slot {slot} is still held by {held.request_id}"
                 continue
             self._params[slot] = p
+            self.holders[slot], self.host_has_cfg[slot] = p.request_id, p.has_cfg
+            self.host_top_k[slot] = p.sampling.top_k, p.sampling.depth_top_k
             admitted.append((slot, p))
         if admitted:  # a free row is at the defaults (init, release): only the settings
             self._write([slot for slot, _ in admitted], [p for _, p in admitted], reset=False)
@@ -107,6 +116,7 @@ class SlotTable:
                  if p is not None and p.request_id == request_id]
         for slot in slots:
             self._params[slot] = None
+            self.holders[slot] = None
         for key in [key for key in self._segments if key[0] in slots]:
             del self._segments[key]
         if slots:
@@ -124,6 +134,17 @@ class SlotTable:
             raise RuntimeError(f"slot {slot} holds {held and held.request_id!r}, the plan says "
                                f"{request_id!r}")
         return held
+
+    def check_holders(self, slots: np.ndarray, request_ids: Sequence[str]) -> None:
+        """``params``' check for a batch: each of ``slots`` is held by its ``request_ids``.
+
+        Raises:
+            RuntimeError: naming the first slot that is free or another request's.
+        """
+        wrong = np.flatnonzero(self.holders[slots] != np.array(request_ids, object))
+        if len(wrong):
+            i = int(wrong[0])
+            self.params(int(slots[i]), request_ids[i])
 
     @property
     def num_active(self) -> int:
