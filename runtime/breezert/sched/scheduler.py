@@ -204,7 +204,7 @@ class Scheduler:
         self._capacity_recheck_at = -np.inf
         self._num_owing = 0  # running streams owed audio at the last schedule()
         self._apply = {Stage.TEXT_ENCODE: self._apply_text_encode,
-                       Stage.PREFILL: self._apply_prefill, Stage.CODEC: self._apply_codec}
+                       Stage.PREFILL: self._apply_prefill}
 
     # ------------------------------------------------------------------ requests in
     def add_request(self, request: Request, now: float) -> None:
@@ -403,17 +403,14 @@ class Scheduler:
             self._commit_decode(items)
         elif isinstance(items, DepthBatch):
             events.extend(self._commit_depth(items, result, now))
+        elif plan.stage is Stage.CODEC:
+            events.extend(self._commit_codec(items, now))  # type: ignore[arg-type]
         else:
-            chunks = self._on_chunks(plan, now) if plan.stage is Stage.CODEC else None
             apply = self._apply[plan.stage]
             for item in items:
                 request = running.get(item.request_id)
-                if request is not None and (out := apply(request, item, now)):
-                    events.extend(out)
-            if chunks is not None:  # the table's one write for the chunks
-                rows, frames = chunks
-                table.record_chunks(rows, frames, [request.current_chunk_target for request
-                                                   in table.request_list(rows)], now)
+                if request is not None:
+                    apply(request, item)
         # requests with nothing left to generate or decode may finish now (their input closed):
         # after CODEC any of the plan's, after DEPTH those whose segment just ended; after the
         # other stages every item's request still has its active segment
@@ -483,16 +480,29 @@ class Scheduler:
         table.advance(advanced, DECODE)
         return events
 
-    def _on_chunks(self, plan: StepPlan, now: float) -> tuple[np.ndarray, np.ndarray] | None:
-        """The chunk policy sees the plan's chunks of live requests before they are recorded;
-        returns their slots and frames (``None``: none is live)."""
-        live = [item for item in plan.items if item.request_id in self._running]
+    def _commit_codec(self, items: tuple[CodecItem, ...], now: float) -> list[SchedulerEvent]:
+        """The live requests' chunks: the chunk policy sees them before they are recorded, then
+        each request's log and event, and the table's rows in one write."""
+        running = self._running
+        live = [item for item in items if item.request_id in running]
         if not live:
-            return None
+            return []
         rows = np.array([item.slot for item in live], np.int64)
         frames = np.array([item.num_frames for item in live], np.int64)
         self.chunk_policy.on_chunks(self._table, rows, frames, now)
-        return rows, frames
+        events: list[SchedulerEvent] = []
+        targets = []
+        for item in live:
+            request = running[item.request_id]
+            request.num_decoded_frames += item.num_frames
+            request.record_chunk(now)
+            targets.append(request.current_chunk_target)
+            frame_end = item.start_frame + item.num_frames
+            events.append(ChunkEmitted(
+                request.request_id, request.num_chunks - 1, item.start_frame, item.num_frames,
+                _segment_of(request, frame_end), item.is_final, now, request.enqueue_time))
+        self._table.record_chunks(rows, frames, targets, now)
+        return events
 
     def take_released(self) -> tuple[str, ...]:
         """Releases not yet sent in a plan; the caller hands them to the worker itself.
@@ -875,32 +885,19 @@ class Scheduler:
             request.first_scheduled_time = now
 
     # ------------------------------------------------------------------ results
-    # Appliers of one TEXT_ENCODE, PREFILL or CODEC item: each changes its request (and its
-    # table row) and returns its events, if any. DECODE and DEPTH: ``_commit_*``.
-    def _apply_text_encode(self, request: Request, item: TextEncodeItem,
-                           now: float) -> list[SchedulerEvent] | None:
+    # Appliers of one TEXT_ENCODE or PREFILL item: each changes its request and its table row
+    # (neither has events). DECODE, DEPTH and CODEC: ``_commit_*``.
+    def _apply_text_encode(self, request: Request, item: TextEncodeItem) -> None:
         request.segments[item.segment_index].phase = SegmentPhase.PREFILL
         self._table.set_segments(item.slot, request)
-        return None
 
-    def _apply_prefill(self, request: Request, item: PrefillItem,
-                       now: float) -> list[SchedulerEvent] | None:
+    def _apply_prefill(self, request: Request, item: PrefillItem) -> None:
         seg = request.segments[item.segment_index]
         assert seg.prefill_cursors[item.branch] == item.start_pos
         seg.prefill_cursors[item.branch] += item.num_tokens
         if seg.prefill_cursors == list(seg.prompt_lens):
             seg.phase = SegmentPhase.DEPTH
             self._table.set_segments(item.slot, request)
-        return None
-
-    def _apply_codec(self, request: Request, item: CodecItem,
-                     now: float) -> list[SchedulerEvent] | None:
-        request.num_decoded_frames += item.num_frames
-        request.record_chunk(now)  # the table's row: ``commit``, for all the chunks at once
-        frame_end = item.start_frame + item.num_frames
-        return [ChunkEmitted(request.request_id, request.num_chunks - 1, item.start_frame,
-                             item.num_frames, _segment_of(request, frame_end),
-                             item.is_final, now, request.enqueue_time)]
 
     def _end_segment(self, request: Request, seg: Segment, reason: str) -> SegmentEnded:
         seg.phase = SegmentPhase.ENDED
