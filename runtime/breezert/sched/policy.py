@@ -258,7 +258,7 @@ class DeadlineStagePolicy:
         buffered = p.buffered(table, slots, now)
         slack = p.slacks(table, slots, now, buffered=buffered)
         phase = table.phase[slots]
-        generating = (phase == DEPTH) | (phase == DECODE)
+        generating = phase >= DEPTH  # DEPTH or DECODE, the last phase codes
         lookahead = streaming & (stages <= _PREP_MAX) & generating
         urgent = ~lookahead & (slack < p.min_slack_s)
         if not p.overdue_startup_urgent:
@@ -376,7 +376,7 @@ class DeadlineChunkPolicy:
             frames = np.where(streaming, target, self._first_chunk(table, rows, target))
         phase = table.phase[rows]
         may_cut = (streaming & (pending > 0) & (pending < target)
-                   & ((phase == DEPTH) | (phase == DECODE)))
+                   & (phase >= DEPTH))  # DEPTH or DECODE
         if not may_cut.any():
             return frames
         p = self.predictor
