@@ -15,7 +15,10 @@ commit before the vectorized scheduler), ``after`` this checkout. A digest of ev
 recorded per tree: equal digests say the two trees made the same decisions.
 
 Usage (repo root, CPU): ``PYTHONPATH=runtime python bench/host_step.py [--before REV]
-[--streams 16,64,128,256] [--steps 400] [--admission] [--out bench/results/host-step-DATE.json]``.
+[--streams 16,64,128,256] [--steps 400] [--repeats 1] [--admission]
+[--out bench/results/host-step-DATE.json]``. ``--repeats N``: N runs of each tree per stream
+count, the trees alternating; the run with the median p50 is kept, every run's p50 and p95
+beside it.
 ``--admission``: ``after`` runs with admission by real-time capacity on (``admission_capacity``
 so high that every stream is admitted, as ``before``: the same plans, so the difference is what
 the admission checks cost; its learning is O(1) a step and is left off to keep the plans).
@@ -139,10 +142,20 @@ def measure(streams: int, steps: int, warm: int, admission: bool = False) -> dic
 
 
 def plan_slots(plan) -> list[int]:  # type: ignore[no-untyped-def]
-    """The slot of each of ``plan``'s items: a DECODE or DEPTH batch's array since the plans
-    carry arrays (c. 5 Dec), one object per item before."""
+    """The slot of each of ``plan``'s items: a DECODE or DEPTH batch's array in a tree whose
+    plans carry arrays (``DecodeBatch``, ``DepthBatch``), one object per item before."""
     slots = getattr(plan.items, "slots", None)
     return [item.slot for item in plan.items] if slots is None else slots.tolist()
+
+
+def median_run(runs: list[dict]) -> dict:
+    """Of one tree's repeated runs at one stream count (the same plans each time), the one
+    whose ``engine_step_host`` p50 is the median, with every run's p50 and p95 beside it (a
+    shared machine's load can slow one run of a few seconds)."""
+    assert len({run["plan_digest"] for run in runs}) == 1, "a tree's repeats made other plans"
+    ordered = sorted(runs, key=lambda run: run["engine_step_host"]["p50_ms"])
+    return {**ordered[(len(ordered) - 1) // 2],
+            "repeats_engine_step_host": [run["engine_step_host"] for run in runs]}
 
 
 def export_tree(rev: str, dest: Path) -> Path:
@@ -200,6 +213,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--out", default=None)
     p.add_argument("--admission", action="store_true",
                    help="'after' with admission by real-time capacity on (every stream admitted)")
+    p.add_argument("--repeats", type=int, default=1,
+                   help="runs of each tree per stream count, alternating; the median one is kept")
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     streams = [int(s) for s in args.streams.split(",")]
@@ -215,10 +230,14 @@ def main(argv: list[str] | None = None) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         paths = {"before": export_tree(args.before, Path(tmp) / "before"), "after": REPO}
         for n in streams:  # the trees alternate, so that a change in the machine's load
-            for label, path in paths.items():  # falls on both
-                trees[label]["runs"].append(
-                    run_child(path, n, args.steps, args.admission and label == "after"))
-                print(label, json.dumps(trees[label]["runs"][-1]), flush=True)
+            repeats: dict[str, list[dict]] = {label: [] for label in paths}  # falls on both
+            for _ in range(args.repeats):
+                for label, path in paths.items():
+                    repeats[label].append(
+                        run_child(path, n, args.steps, args.admission and label == "after"))
+                    print(label, json.dumps(repeats[label][-1]), flush=True)
+            for label, runs in repeats.items():
+                trees[label]["runs"].append(median_run(runs))
     for b, a in zip(trees["before"]["runs"], trees["after"]["runs"], strict=True):
         a["same_plans_as_before"] = a["plan_digest"] == b["plan_digest"]
     doc = {"schema": "breezert-host-step/1", **provenance(device="cpu"),
