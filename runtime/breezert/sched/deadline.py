@@ -255,7 +255,7 @@ class DeadlinePredictor:
         codec = model.predict(Stage.CODEC)
         encode, prefill = model.predict(Stage.TEXT_ENCODE), model.predict(Stage.PREFILL)
         # the codec step and the stages still ahead of each phase (NO_PHASE first), summed in
-        # the order _work_row sums them
+        # the order work_row sums them
         ahead = np.array([codec + (encode if QUEUED <= phase <= TEXT_ENCODE else 0.0)
                           + (prefill if QUEUED <= phase <= PREFILL else 0.0)
                           for phase in range(NO_PHASE, DECODE + 1)])
