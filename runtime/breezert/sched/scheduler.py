@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import heapq
 from bisect import insort_right
-from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
