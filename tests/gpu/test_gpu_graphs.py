@@ -116,14 +116,19 @@ def _stage_inputs(stage: Stage, key, engine: Engine) -> dict[str, torch.Tensor]:
 
 def test_every_graph_equals_eager(graph_engine: Engine) -> None:
     runner = graph_engine.runner
-    runner.kv.kv.normal_()  # every row holds finite, non-zero values
-    for stage, stage_runner in runner.stages.items():
-        for graphs in (stage_runner.graphs, getattr(stage_runner, "full_sort_graphs", None)):
-            if graphs is None:
-                continue
-            assert graphs.keys, f"no {graphs.name} graph captured"
-            for key in graphs.keys:
-                _compare(graphs, key, _stage_inputs(stage, key, graph_engine), runner)
+    clean = {name: t.clone() for name, t in _state(runner).items()}
+    try:
+        runner.kv.kv.normal_()  # every row holds finite, non-zero values
+        for stage, stage_runner in runner.stages.items():
+            for graphs in (stage_runner.graphs, getattr(stage_runner, "full_sort_graphs", None)):
+                if graphs is None:
+                    continue
+                assert graphs.keys, f"no {graphs.name} graph captured"
+                for key in graphs.keys:
+                    _compare(graphs, key, _stage_inputs(stage, key, graph_engine), runner)
+    finally:  # the module's engine serves the next tests: its free rows back at the defaults
+        for name, t in _state(runner).items():
+            t.copy_(clean[name])
 
 
 def _state(runner) -> dict[str, torch.Tensor]:  # type: ignore[no-untyped-def]
