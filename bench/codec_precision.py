@@ -33,6 +33,9 @@ PRECISIONS = ("fp32", "fp32-strict", "tf32", "bf16", "fp16", "tf32-fast", "bf16-
 """``-fast``: the serving kernels (``graph.fused_codec``: SnakeBeta fused with each conv's
 history, codebook tables, the widest upsampler as a GEMM)."""
 SHAPES = ((1, 1), (16, 1), (64, 1), (256, 1), (16, 4), (64, 4), (16, 16), (32, 16))
+SLOTS = max(streams for streams, _ in SHAPES)
+"""The codec arena's slots: every timed shape's streams get their own (a slot past the arena
+reads out of bounds: 5 Dec's run died on a device-side assert at 256 streams with 65 slots)."""
 GFLOP_PER_FRAME = 5.0
 
 
@@ -100,7 +103,7 @@ def time_step(codec: StreamingCodec, precision: str, streams: int, frames: int) 
 def measure(base: torch.nn.Module, precision: str, codes: torch.Tensor,
             ref: torch.Tensor) -> dict:
     slots_all = torch.arange(codes.shape[0], device="cuda")
-    codec = make_codec(base, precision, 65)
+    codec = make_codec(base, precision, SLOTS)
     stream_wav = streamed(codec, precision, codes)
     codec.reset(slots_all)
     whole = decode(codec, precision, slots_all, codes)
@@ -138,7 +141,7 @@ def main() -> None:
     generator = torch.Generator(device="cpu").manual_seed(1)
     codes = torch.randint(0, 2048, (4, args.frames, 16), generator=generator).cuda()
     slots_all = torch.arange(4, device="cuda")
-    strict = make_codec(base, "fp32-strict", 65)
+    strict = make_codec(base, "fp32-strict", SLOTS)
     strict.reset(slots_all)
     ref = decode(strict, "fp32-strict", slots_all, codes)  # one-shot strict fp32
     results: dict = {"precisions": {}}
