@@ -12,7 +12,7 @@
 #        chain P1 P2...  | decode | decode-micro | decode-bench | tune | profile | stages |
 #        ablation-eager | ablation-a|b|c|d[@I/N] | sweep | sweep+ablation | latency |
 #        latency-nocap | predictor | predictor-edf | capacity-closed | capacity-open | capacity-tests | capacity-256 |
-#        burst | slack | voice | te-tokens | admit | path | tune-decode | trace | prefill | prefill-bench | before-after | gc | anatomy | depth-engine | tests-changed | wgmma-stream | frame-tests | codec-precision | big-batch | steady | census-256 | margin |
+#        burst | slack | voice | te-tokens | admit | path | tune-decode | trace | prefill | prefill-bench | before-after | gc | anatomy | depth-engine | tests-changed | wgmma-stream | frame-tests | codec-precision | codec-upsampler | big-batch | steady | census-256 | margin |
 #        room (issue 34: carry=[".roombundle"] alone, built by `make room-bundle`; see the phase) |
 #        scaleout (issue 36: kind nvidia-h200-x4, carry=[".roombundle"]; SCALE_K, SCALE_DISPATCH)
 # An ablation phase with @I/N runs shard I of N of its requests (bench --shard).
@@ -373,6 +373,13 @@ case "$phase" in
   frame-tests)  # issue 30: the depth frame kernel's GPU tests
     timeout 560 python3 -m pytest tests/gpu/test_gpu_frame_kernels.py -x -q -p no:cacheprovider \
       2>&1 | tee "$out/frame_tests.log" | tail -8 ;;
+  codec-upsampler)  # issue 31: the serving codec's step with the wide upsampler's GEMM on a
+    # row-major copy (the runtime) against the transposed view it replaced (cuBLAS's unaligned
+    # kernel: 6.4 of 36 ms at 256 x 1 on the H100), one process; then the codec's GPU tests
+    timeout 300 python3 bench/codec_upsampler_ab.py --out "$out/h200-codec-upsampler-ab.json" \
+      2>&1 | grep -v Warn | tail -12
+    timeout 200 python3 -m pytest tests/gpu/test_gpu_codec.py -q -p no:cacheprovider 2>&1 \
+      | tee "$out/codec_tests.log" | tail -3 ;;
   codec-precision)  # issue 31: the codec's precisions side by side (bench/codec_precision.py:
     # SNR against strict fp32, streamed against one-shot, step ms at 1-256 streams; fp16 new on
     # 5 Dec), then the codec's GPU tests (fp16 held to TF32's SNR bound)

@@ -1,0 +1,103 @@
+"""The serving codec's step with the wide upsampler's GEMM on a row-major copy against the
+transposed view it replaced, in one process on one GPU.
+
+Usage (GPU machine, repo root): ``PYTHONPATH=runtime:bench python bench/codec_upsampler_ab.py
+[--precision tf32] [--out X.json]``.
+
+The decoder's first block upsamples 1536 -> 768 channels as one GEMM (``_CausalTransConv._gemm``)
+on ``[B, 1 + T, Cin]``. Read as the transposed view of the ``[B, Cin, 1 + T]`` activation, its
+leading dimension is ``1 + T`` (always odd), and cuBLAS ran an unaligned kernel: 6.4 ms of a 36 ms
+eager CODEC step at 256 streams x 1 frame on the H100 (``bench/results/h100-census-256-20261205.txt``).
+For each (streams, frames) shape this times one graph replay of the full-size random serving
+codec (``StreamingCodec.for_serving``, ``fast``) with the runtime's ``_gemm`` (``after``) and with
+the transposed view (``before``, defined here), median of 20 CUDA-event timings, and checks the
+waveforms agree. Prints a line per shape; writes JSON with the GPU, torch version, commit and date.
+
+Owns the ``before`` variant for this comparison only. Must not: be imported by the runtime.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import torch
+
+from breezert.models.codec import StreamingCodec, _CausalTransConv
+from breezert.random_init import build_random
+from breezert_bench.provenance import provenance
+
+SHAPES = ((1, 1), (16, 1), (64, 1), (256, 1), (64, 4), (16, 16), (32, 16))
+GFLOP_PER_FRAME = 5.0
+
+
+def transposed_view_gemm(self: _CausalTransConv, x: torch.Tensor, num_new: int) -> torch.Tensor:
+    """``_gemm`` as it was before 5 Dec (fifth session): the transposed view straight into
+    ``@``."""
+    b, s = x.shape[0], self.stride
+    cout = self.conv.weight.shape[1]
+    y = (x.transpose(1, 2) @ self.gemm_weight).view(b, num_new + 1, 2, s, cout)
+    out = (y[:, 1:, 0] + y[:, :-1, 1]).reshape(b, num_new * s, cout)
+    return (out + self.conv.bias).transpose(1, 2).contiguous()
+
+
+def time_step(codec: StreamingCodec, streams: int, frames: int) -> tuple[float, torch.Tensor]:
+    """Median ms of one graph replay of a ``streams x frames`` step, and its waveform."""
+    slots = torch.arange(streams, device="cuda")
+    codes = torch.randint(0, 2048, (streams, frames, 16), device="cuda",
+                          generator=torch.Generator(device="cuda").manual_seed(streams * frames))
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side), torch.inference_mode():
+        for _ in range(3):  # kernels built, cuBLAS and cuDNN choices made before capture
+            codec.reset(slots)
+            codec.decode(slots, codes)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph), torch.inference_mode():
+        wav = codec.decode(slots, codes)
+    times = []
+    for _ in range(20):
+        codec.reset(slots)  # every replay decodes from frame 0
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(end))
+    return sorted(times)[len(times) // 2], wav.float().clone()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--precision", default="tf32")
+    parser.add_argument("--out", default=None)
+    args = parser.parse_args()
+    _, _, base = build_random("full", seed=0, device="cuda")
+    codec = StreamingCodec.for_serving(base, max(s for s, _ in SHAPES), args.precision, fast=True)
+    after_gemm = _CausalTransConv._gemm
+    rows = []
+    for streams, frames in SHAPES:
+        result = {"streams": streams, "frames": frames}
+        waves = {}
+        for name, gemm in (("before", transposed_view_gemm), ("after", after_gemm)):
+            _CausalTransConv._gemm = gemm  # type: ignore[method-assign]
+            try:
+                result[f"{name}_ms"], waves[name] = time_step(codec, streams, frames)
+            finally:
+                _CausalTransConv._gemm = after_gemm  # type: ignore[method-assign]
+        n = streams * frames
+        result["max_abs_diff"] = float((waves["before"] - waves["after"]).abs().max())
+        result["after_tflops"] = GFLOP_PER_FRAME * n / result["after_ms"]
+        rows.append(result)
+        print(f"{streams:3d} x {frames:<3d} before {result['before_ms']:7.2f} ms  after "
+              f"{result['after_ms']:7.2f} ms  ({result['after_ms'] / n:.4f} ms a frame, "
+              f"{result['after_tflops']:.0f} TFLOP/s)  max |diff| {result['max_abs_diff']:.1e}",
+              flush=True)
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump({**provenance(precision=args.precision), "rows": rows}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
