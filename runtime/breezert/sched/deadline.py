@@ -88,6 +88,8 @@ class StageTimeModel:
         self.recent_steps = recent_steps
         self._stats: dict[tuple[Stage, int], _Ewma] = {}
         self._recent_rows: dict[Stage, deque[int]] = {}
+        self.num_observed = 0
+        """Steps observed (a prediction changes only when this does)."""
         self._memo: dict[tuple[Stage, int | None], float] = {}
         """Predictions since the last observation: the scheduler asks a few hundred times per
         step at 64 streams, and nothing changes them between two steps."""
@@ -104,6 +106,7 @@ class StageTimeModel:
             stats.add(duration_s, self.alpha)
         self._recent_rows.setdefault(stage, deque(maxlen=self.recent_steps)).append(rows)
         self._memo.clear()
+        self.num_observed += 1
 
     def predict(self, stage: Stage, rows: int | None = None) -> float:
         """Seconds one ``stage`` step over ``rows`` rows should take (``None``: the largest size
@@ -173,6 +176,7 @@ class DeadlinePredictor:
         self.feedback_stale_s = feedback_stale_s
         self.counters: dict[str, int] = {}
         self._on_count = on_count
+        self._work_memo: tuple[object, tuple[float, np.ndarray, float]] = (None, (0.0, np.zeros(0), 0.0))
         for name in COUNTERS:
             self.count(name, 0)
 
@@ -251,18 +255,26 @@ class DeadlinePredictor:
     def work(self, table: StreamTable, rows: np.ndarray, num_frames: np.ndarray) -> np.ndarray:
         """Predicted time until each row's next chunk of ``num_frames`` is out: its active
         segment's remaining text encode / prefill, the missing frames, one codec step."""
-        model = self.time_model
-        codec = model.predict(Stage.CODEC)
-        encode, prefill = model.predict(Stage.TEXT_ENCODE), model.predict(Stage.PREFILL)
-        # the codec step and the stages still ahead of each phase (NO_PHASE first), summed in
-        # the order work_row sums them
-        ahead = np.array([codec + (encode if QUEUED <= phase <= TEXT_ENCODE else 0.0)
-                          + (prefill if QUEUED <= phase <= PREFILL else 0.0)
-                          for phase in range(NO_PHASE, DECODE + 1)])
+        codec, ahead, frame_s = self._work_terms()
         missing = num_frames - table.pending[rows]
         phase = table.phase[rows]
-        seconds = ahead[phase + 1] + missing * self.frame_time_s()
+        seconds = ahead[phase + 1] + missing * frame_s
         return np.where((missing > 0) & (phase >= QUEUED), seconds, codec)  # NO_PHASE: ended
+
+    def _work_terms(self) -> tuple[float, np.ndarray, float]:
+        """``work``'s predictions, kept until the time model observes a step: the codec step,
+        the codec step and the stages still ahead of each phase (NO_PHASE first, summed in the
+        order ``work_row`` sums them), and ``frame_time_s``."""
+        model = self.time_model
+        key = (model, model.num_observed)
+        if self._work_memo[0] != key:
+            codec = model.predict(Stage.CODEC)
+            encode, prefill = model.predict(Stage.TEXT_ENCODE), model.predict(Stage.PREFILL)
+            ahead = np.array([codec + (encode if QUEUED <= phase <= TEXT_ENCODE else 0.0)
+                              + (prefill if QUEUED <= phase <= PREFILL else 0.0)
+                              for phase in range(NO_PHASE, DECODE + 1)])
+            self._work_memo = (key, (codec, ahead, self.frame_time_s()))
+        return self._work_memo[1]
 
     def slacks(self, table: StreamTable, rows: np.ndarray, now: float, delay_s: float = 0.0,
                buffered: np.ndarray | None = None) -> np.ndarray:
@@ -279,6 +291,21 @@ class DeadlinePredictor:
         if keep.all():
             return full
         return np.where(keep, full, available - self.work(table, rows, table.pending[rows] + 1))
+
+    def step_columns(self, table: StreamTable, now: float) -> tuple[np.ndarray, np.ndarray]:
+        """``buffered`` and ``slacks`` of every row of ``table`` at ``now``, over whole columns
+        (no gather; a free row's entries are stale and never read): once per ``now`` while the
+        table's ``step_memo`` is on (the scheduler's ``schedule``, whose readiness, ranking and
+        pick all ask), afresh otherwise."""
+        memo = table.step_memo
+        if memo is not None and (columns := memo.get(now)) is not None:
+            return columns
+        every = slice(None)
+        buffered = self.buffered(table, every, now)  # type: ignore[arg-type]
+        columns = buffered, self.slacks(table, every, now, buffered=buffered)  # type: ignore
+        if memo is not None:
+            memo[now] = columns
+        return columns
 
     def _feedback_used(self, table: StreamTable, rows: np.ndarray, now: float) -> np.ndarray:
         return table.has_report[rows] & (now - table.report_at[rows] <= self.feedback_stale_s)

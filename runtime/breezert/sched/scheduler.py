@@ -355,14 +355,18 @@ class Scheduler:
         if self._inflight is not None:
             raise RuntimeError(f"step {self._inflight.step_id} is not committed yet")
         self._admit(now)
-        slots, stages, codec_frames = self._ready(now)
-        if not len(slots):
-            return None
-        if len(slots) == 1:  # a lone ready pair: nothing to rank, any policy runs it
-            stage, candidates = STAGES[int(stages[0])], slots
-        else:
-            ranked = self.stage_policy.rank(self._table, slots, stages, now)
-            stage, candidates = self.stage_policy.pick(self._table, ranked, now)
+        self._table.step_memo = {}  # the table stays as it is until the plan is built
+        try:
+            slots, stages, codec_frames = self._ready(now)
+            if not len(slots):
+                return None
+            if len(slots) == 1:  # a lone ready pair: nothing to rank, any policy runs it
+                stage, candidates = STAGES[int(stages[0])], slots
+            else:
+                ranked = self.stage_policy.rank(self._table, slots, stages, now)
+                stage, candidates = self.stage_policy.pick(self._table, ranked, now)
+        finally:
+            self._table.step_memo = None
         items = self._build_items(stage, candidates, codec_frames)
         self._mark_served(stage, items, now)
         self._step_id += 1
@@ -693,31 +697,29 @@ class Scheduler:
         return self._ready_arrays(now)
 
     def _ready_arrays(self, now: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """``_ready`` as array operations over the running requests."""
+        """``_ready`` as array operations over the table's whole columns (a free row has no
+        phase and no pending frames, so it is never ready: no gather of the live rows)."""
         table = self._table
-        live = table.live_slots
-        phase = table.phase[live]
+        phase, pending = table.phase, table.pending
         generating = phase >= DEPTH  # DEPTH or DECODE
         ready = _READY_BY_PHASE[:, phase]  # in STAGES order; CODEC and lookahead below
-        ready[_TEXT_ENCODE] |= generating & table.later_text_encode[live]
-        ready[_PREFILL] |= generating & table.later_prefill[live]
-        pending = table.pending[live]
-        codec_frames = np.zeros(len(table.live), np.int64)
-        has_frames = pending > 0
-        if has_frames.any():
-            rows = live[has_frames]
+        ready[_TEXT_ENCODE] |= generating & table.later_text_encode
+        ready[_PREFILL] |= generating & table.later_prefill
+        codec_frames = np.zeros(len(phase), np.int64)
+        rows = np.flatnonzero(pending)
+        if len(rows):
             target = np.minimum(np.maximum(self.chunk_policy.chunk_frames(table, rows, now), 1),
                                 self.config.max_codec_frames)
-            waiting = pending[has_frames]
+            waiting = pending[rows]
             frames = np.where(waiting >= target, target,
-                              np.where(generating[has_frames], 0, waiting))
+                              np.where(generating[rows], 0, waiting))
             codec_frames[rows] = frames
-            ready[_CODEC, has_frames] = frames > 0
-        since = table.ready_since[:, live]
-        table.ready_since[:, live] = np.where(
-            ready, np.where(since < 0, self._step_id, since), -1)
-        stages, columns = np.nonzero(ready)
-        return live[columns], stages, codec_frames
+            ready[_CODEC, rows] = frames > 0
+        since = table.ready_since
+        np.copyto(since, self._step_id, where=ready & (since < 0))
+        np.copyto(since, -1, where=~ready)
+        stages, slots = np.nonzero(ready)
+        return slots, stages, codec_frames
 
     def _ready_rows(self, now: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """``_ready`` row by row, for a few running requests: the same pairs in the same order

@@ -92,6 +92,9 @@ class StreamTable:
         self.prompt_lens = np.zeros((n, 2), np.int64)
         self.block_ids: list[tuple[tuple[int, ...], ...]] = [()] * n
         self.segments: list[Segment | None] = [None] * n
+        self.step_memo: dict | None = None
+        """Answers derived from the columns, kept while the scheduler's ``schedule`` asks
+        (``DeadlinePredictor.step_columns``): ``None`` (no keeping) outside it."""
 
     @classmethod
     def of(cls, requests: Sequence[Request]) -> StreamTable:
@@ -132,6 +135,9 @@ class StreamTable:
         self.live[slot] = False
         self.live_slots = np.flatnonzero(self.live)
         self.ready_since[:, slot] = -1
+        self.phase[slot] = NO_PHASE  # a free row is never ready (whole-column readiness)
+        self.pending[slot] = 0
+        self.later_text_encode[slot] = self.later_prefill[slot] = False
 
     def set_segments(self, slot: int, request: Request) -> None:
         """The active segment's phase, frames, prompt and blocks, and the later segments'
