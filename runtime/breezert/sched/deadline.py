@@ -210,7 +210,7 @@ class DeadlinePredictor:
             self._count_sum("predictor_feedback_stale",
                             streaming & ~used & table.has_report[rows])
             self._count_sum("predictor_feedback_missing", streaming & ~table.has_report[rows])
-            late = now > self.dry_times(table, rows, now) + _LATE_EPS_S
+            late = now > self.dry_times(table, rows, now, used) + _LATE_EPS_S
             self._count_sum("predictor_deadline_misses", streaming & late)
         target = table.early_target[rows]
         self._count_sum("predictor_early_emits", (target >= 0) & (num_frames < target))
@@ -225,13 +225,16 @@ class DeadlinePredictor:
             self.count(name, value)
 
     # ------------------------------------------------------------------ queries over rows
-    def dry_times(self, table: StreamTable, rows: np.ndarray, now: float) -> np.ndarray:
+    def dry_times(self, table: StreamTable, rows: np.ndarray, now: float,
+                  used: np.ndarray | None = None) -> np.ndarray:
         """When each streaming row's listener runs dry (see the class doc; NaN before a
-        chunk)."""
+        chunk; ``used``: the rows' ``_feedback_used``, if the caller has it)."""
         estimate = table.first_chunk_time[rows] + table.decoded[rows] * FRAME_S
         reported = (table.report_at[rows] + table.report_buffered[rows]
                     + table.frames_since[rows] * FRAME_S)
-        return np.where(self._feedback_used(table, rows, now), reported, estimate)
+        if used is None:
+            used = self._feedback_used(table, rows, now)
+        return np.where(used, reported, estimate)
 
     def buffered(self, table: StreamTable, rows: np.ndarray, now: float) -> np.ndarray:
         """Audio ahead of each row's listener at ``now`` (0 before the first chunk)."""

@@ -485,26 +485,36 @@ class Scheduler:
 
     def _commit_codec(self, items: tuple[CodecItem, ...], now: float) -> list[SchedulerEvent]:
         """The live requests' chunks: the chunk policy sees them before they are recorded, then
-        each request's log and event, and the table's rows in one write."""
-        running = self._running
+        each request's log and event, and the table's rows in one write. A chunk's segment is
+        the active one when its last frame is past the active segment's start (the table's
+        columns, past ``FEW_ROWS`` chunks); otherwise the request's segments are walked."""
+        running, table = self._running, self._table
         live = [item for item in items if item.request_id in running]
         if not live:
             return []
         rows = np.array([item.slot for item in live], np.int64)
         frames = np.array([item.num_frames for item in live], np.int64)
-        self.chunk_policy.on_chunks(self._table, rows, frames, now)
+        self.chunk_policy.on_chunks(table, rows, frames, now)
+        segment_index = [-1] * len(live)  # -1: walk the segments (a few rows: each does)
+        if len(live) > FEW_ROWS:
+            in_active = (table.phase[rows] != NO_PHASE) & (
+                table.decoded[rows] + frames > table.segment_start[rows])
+            segment_index = np.where(in_active, table.active_index[rows], -1).tolist()
         events: list[SchedulerEvent] = []
         targets = []
-        for item in live:
+        for item, index in zip(live, segment_index, strict=True):
             request = running[item.request_id]
             request.num_decoded_frames += item.num_frames
             request.record_chunk(now)
-            targets.append(request.current_chunk_target)
+            schedule = request.chunk_schedule
+            num_chunks = len(request.chunk_emit_times)
+            targets.append(schedule[min(num_chunks, len(schedule) - 1)])  # type: ignore[index]
             frame_end = item.start_frame + item.num_frames
             events.append(ChunkEmitted(
-                request.request_id, request.num_chunks - 1, item.start_frame, item.num_frames,
-                _segment_of(request, frame_end), item.is_final, now, request.enqueue_time))
-        self._table.record_chunks(rows, frames, targets, now)
+                request.request_id, num_chunks - 1, item.start_frame, item.num_frames,
+                index if index >= 0 else _segment_of(request, frame_end), item.is_final, now,
+                request.enqueue_time))
+        table.record_chunks(rows, frames, targets, now)
         return events
 
     def take_released(self) -> tuple[str, ...]:
