@@ -176,7 +176,9 @@ class DeadlinePredictor:
         self.feedback_stale_s = feedback_stale_s
         self.counters: dict[str, int] = {}
         self._on_count = on_count
-        self._work_memo: tuple[object, tuple[float, np.ndarray, float]] = (None, (0.0, np.zeros(0), 0.0))
+        self._work_memo: tuple[object, tuple[float, np.ndarray, float]] = (
+            None, (0.0, np.zeros(0), 0.0))
+        """``_work_terms``' answer and the (time model, steps observed) it holds for."""
         for name in COUNTERS:
             self.count(name, 0)
 
@@ -295,20 +297,29 @@ class DeadlinePredictor:
             return full
         return np.where(keep, full, available - self.work(table, rows, table.pending[rows] + 1))
 
-    def step_columns(self, table: StreamTable, now: float) -> tuple[np.ndarray, np.ndarray]:
-        """``buffered`` and ``slacks`` of every row of ``table`` at ``now``, over whole columns
-        (no gather; a free row's entries are stale and never read): once per ``now`` while the
-        table's ``step_memo`` is on (the scheduler's ``schedule``, whose readiness, ranking and
-        pick all ask), afresh otherwise."""
+    def step_buffered(self, table: StreamTable, now: float) -> np.ndarray:
+        """``buffered`` of every row of ``table`` at ``now``, over whole columns (no gather; a
+        free row's entry is stale and never read): once per ``now`` while the table's
+        ``step_memo`` is on (the scheduler's ``schedule``, whose readiness, ranking and pick
+        all ask), afresh otherwise."""
+        return self._step_column(table, "buffered", now, lambda: self.buffered(
+            table, slice(None), now))  # type: ignore[arg-type]
+
+    def step_slacks(self, table: StreamTable, now: float) -> np.ndarray:
+        """``slacks`` of every row of ``table`` at ``now``, as ``step_buffered``."""
+        return self._step_column(table, "slack", now, lambda: self.slacks(
+            table, slice(None), now, buffered=self.step_buffered(table, now)))  # type: ignore
+
+    @staticmethod
+    def _step_column(table: StreamTable, name: str, now: float,
+                     compute: Callable[[], np.ndarray]) -> np.ndarray:
         memo = table.step_memo
-        if memo is not None and (columns := memo.get(now)) is not None:
-            return columns
-        every = slice(None)
-        buffered = self.buffered(table, every, now)  # type: ignore[arg-type]
-        columns = buffered, self.slacks(table, every, now, buffered=buffered)  # type: ignore
-        if memo is not None:
-            memo[now] = columns
-        return columns
+        if memo is None:
+            return compute()
+        column = memo.get((name, now))
+        if column is None:
+            column = memo[(name, now)] = compute()
+        return column
 
     def _feedback_used(self, table: StreamTable, rows: np.ndarray, now: float) -> np.ndarray:
         return table.has_report[rows] & (now - table.report_at[rows] <= self.feedback_stale_s)

@@ -93,8 +93,8 @@ class StreamTable:
         self.block_ids: list[tuple[tuple[int, ...], ...]] = [()] * n
         self.segments: list[Segment | None] = [None] * n
         self.step_memo: dict | None = None
-        """Answers derived from the columns, kept while the scheduler's ``schedule`` asks
-        (``DeadlinePredictor.step_columns``): ``None`` (no keeping) outside it."""
+        """Columns derived from these, kept while the scheduler's ``schedule`` asks
+        (``DeadlinePredictor.step_buffered``, ``step_slacks``); ``None`` (none kept) outside."""
 
     @classmethod
     def of(cls, requests: Sequence[Request]) -> StreamTable:
