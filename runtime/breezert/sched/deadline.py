@@ -261,24 +261,27 @@ class DeadlinePredictor:
         """Predicted time until each row's next chunk of ``num_frames`` is out: its active
         segment's remaining text encode / prefill, the missing frames, one codec step."""
         codec, ahead, frame_s = self._work_terms()
+        phase = table.phase[rows] + 1
         missing = num_frames - table.pending[rows]
-        phase = table.phase[rows]
-        seconds = ahead[phase + 1] + missing * frame_s
-        return np.where((missing > 0) & (phase >= QUEUED), seconds, codec)  # NO_PHASE: ended
+        return np.where(missing > 0, ahead[phase] + missing * frame_s[phase], codec)
 
-    def _work_terms(self) -> tuple[float, np.ndarray, float]:
-        """``work``'s predictions, kept until the time model observes a step: the codec step,
-        the codec step and the stages still ahead of each phase (NO_PHASE first, summed in the
-        order ``work_row`` sums them), and ``frame_time_s``."""
+    def _work_terms(self) -> tuple[float, np.ndarray, np.ndarray]:
+        """``work``'s predictions, kept until the time model observes a step: the codec step;
+        by phase (NO_PHASE first), the codec step and the stages still ahead of it (summed in
+        the order ``work_row`` sums them), and a frame's time (``frame_time_s``; 0.0 for
+        NO_PHASE, whose work is the codec step alone whatever is missing)."""
         model = self.time_model
         key = (model, model.num_observed)
         if self._work_memo[0] != key:
             codec = model.predict(Stage.CODEC)
             encode, prefill = model.predict(Stage.TEXT_ENCODE), model.predict(Stage.PREFILL)
+            phases = range(NO_PHASE, DECODE + 1)
             ahead = np.array([codec + (encode if QUEUED <= phase <= TEXT_ENCODE else 0.0)
                               + (prefill if QUEUED <= phase <= PREFILL else 0.0)
-                              for phase in range(NO_PHASE, DECODE + 1)])
-            self._work_memo = (key, (codec, ahead, self.frame_time_s()))
+                              for phase in phases])
+            frame_s = np.array([0.0 if phase == NO_PHASE else self.frame_time_s()
+                                for phase in phases])
+            self._work_memo = (key, (codec, ahead, frame_s))
         return self._work_memo[1]
 
     def slacks(self, table: StreamTable, rows: np.ndarray, now: float, delay_s: float = 0.0,
@@ -288,14 +291,21 @@ class DeadlinePredictor:
 
         The chunk is the schedule's target while that still leaves ``min_slack_s``; otherwise
         (streaming) the pending frames plus one more, where ``DeadlineChunkPolicy`` cuts it. Below
-        0 even that chunk will be late.
+        0 even that chunk will be late. (``work`` twice, sharing its per-phase terms: one frame
+        missing is always more than none.)
         """
-        available = self.deadlines(table, rows, now, buffered) - now - delay_s
-        full = available - self.work(table, rows, table.chunk_target[rows])
+        available = self.deadlines(table, rows, now, buffered) - now
+        if delay_s:
+            available -= delay_s
+        codec, ahead, frame_s = self._work_terms()
+        phase = table.phase[rows] + 1
+        base, per_frame = ahead[phase], frame_s[phase]
+        missing = table.chunk_target[rows] - table.pending[rows]
+        full = available - np.where(missing > 0, base + missing * per_frame, codec)
         keep = (full >= self.min_slack_s) | (table.num_chunks[rows] == 0)
         if keep.all():
             return full
-        return np.where(keep, full, available - self.work(table, rows, table.pending[rows] + 1))
+        return np.where(keep, full, available - (base + per_frame))
 
     def step_buffered(self, table: StreamTable, now: float) -> np.ndarray:
         """``buffered`` of every row of ``table`` at ``now``, over whole columns (no gather; a
