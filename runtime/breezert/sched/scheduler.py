@@ -438,16 +438,13 @@ class Scheduler:
         return events
 
     def _commit_decode(self, batch: DecodeBatch) -> None:
-        """Each live request's active segment moves on to DEPTH. (A request that ended since
-        the plan, aborted or failed by this commit, keeps its slot until the commit, its row
-        empty: no other request's.)"""
-        table, advanced = self._table, []
-        requests, segments = table.requests, table.segments
-        for request_id, slot in zip(batch.request_ids, batch.slots.tolist(), strict=True):
-            request = requests[slot]
-            if request is not None and request.request_id == request_id:
-                segments[slot].phase = SegmentPhase.DEPTH  # type: ignore[union-attr]
-                advanced.append(slot)
+        """Each live request's active segment moves on to DEPTH: a phase write per segment,
+        the table's rows in one write."""
+        table = self._table
+        advanced = table.held(batch.slots)
+        segments, depth = table.segments, SegmentPhase.DEPTH
+        for slot in advanced:
+            segments[slot].phase = depth  # type: ignore[union-attr]
         table.advance(advanced, DEPTH)
 
     def _commit_depth(self, batch: DepthBatch, result: StepResult,
@@ -459,10 +456,10 @@ class Scheduler:
         requests, segments = table.requests, table.segments
         advanced: list[int] = []
         events: list[SchedulerEvent] = []
-        for request_id, slot in zip(batch.request_ids, batch.slots.tolist(), strict=True):
+        for slot in table.held(batch.slots):
             request = requests[slot]
-            if request is None or request.request_id != request_id:
-                continue
+            assert request is not None
+            request_id = request.request_id
             seg = segments[slot]
             assert seg is not None
             code = first_codes.get(request_id)

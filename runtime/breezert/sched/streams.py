@@ -204,6 +204,15 @@ class StreamTable:
         if self.has_report[row] and self.report_at[row] < now:
             self.frames_since[row] += num_frames
 
+    def held(self, slots: np.ndarray) -> list[int]:
+        """Of a plan's ``slots``, those whose request still runs (one that ended since the plan,
+        aborted or failed, keeps its slot until the plan's commit with its row empty, so a
+        row is either the plan's request or empty): a gather (a few rows: row by row)."""
+        if len(slots) <= FEW_ROWS:
+            live = self.live
+            return [slot for slot in slots.tolist() if live[slot]]
+        return slots[self.live[slots]].tolist()
+
     def advance(self, slots: list[int], phase: int) -> None:
         """The active segments of ``slots`` moved on to ``phase`` (``DECODE``: after a frame,
         one more pending each; ``DEPTH``: after DECODE): one write per column (row by row for
