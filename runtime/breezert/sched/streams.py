@@ -6,8 +6,10 @@ been ready) and of what a DECODE, DEPTH or CODEC batch carries (the active segme
 lengths and block tables, the request ids), so that one step's ranking and its batch are a few
 array operations whatever the number of streams. The ``Request`` stays the truth: ``add``
 copies one request's row from it, and the scheduler calls the narrower ``set_*`` / ``advance``
-/ ``record_chunks`` updates wherever it changes a request. Must not: change a request, read a
-clock or import torch.
+/ ``record_chunks`` updates wherever it changes a request. A free row has no phase and no
+pending frames, so whole-column readiness never picks it; ``step_memo`` keeps columns derived
+from these for the length of one ``schedule`` (the scheduler turns it on and off). Must not:
+change a request, read a clock or import torch.
 """
 
 from __future__ import annotations
