@@ -236,12 +236,12 @@ class Engine:
     ) -> list[EngineOutput]:
         chunks = {(c.request_id, c.start_frame): c for c in out.chunks}
         outputs: list[EngineOutput] = []
+        sample_rate = self.checkpoint.config.codec.sample_rate
         for event in events:
             if isinstance(event, ChunkEmitted):
                 decoded = chunks.pop((event.request_id, event.start_frame))
                 outputs.append(AudioChunk(
-                    request_id=event.request_id, pcm=decoded.pcm,
-                    sample_rate=self.checkpoint.config.codec.sample_rate,
+                    request_id=event.request_id, pcm=decoded.pcm, sample_rate=sample_rate,
                     frame_start=event.start_frame,
                     frame_end=event.start_frame + event.num_frames,
                     segment_index=event.segment_index, created_time=now,

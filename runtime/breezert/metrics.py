@@ -94,19 +94,22 @@ class EngineMetrics:
 
     def on_events(self, events: Iterable[SchedulerEvent]) -> None:
         """Records what one commit of the scheduler reported (chunks out, requests done)."""
+        num_chunks = 0
         for event in events:
             if isinstance(event, ChunkEmitted):
-                self._chunk_emitted(event)
+                num_chunks += 1
+                if event.chunk_index == 0:
+                    self._first_chunk(event)
             elif isinstance(event, RequestFinished):
                 self._request_finished(event)
+        if num_chunks:
+            self.incr("chunks_emitted", num_chunks)
 
-    def _chunk_emitted(self, event: ChunkEmitted) -> None:
-        if event.chunk_index == 0:
-            ttfb = event.time - event.enqueue_time
-            self.ttfb.add(ttfb)
-            index = next((i for i, b in enumerate(TTFB_BUCKETS_S) if ttfb <= b), -1)
-            self.ttfb_buckets[index] += 1
-        self.incr("chunks_emitted")
+    def _first_chunk(self, event: ChunkEmitted) -> None:
+        ttfb = event.time - event.enqueue_time
+        self.ttfb.add(ttfb)
+        index = next((i for i, b in enumerate(TTFB_BUCKETS_S) if ttfb <= b), -1)
+        self.ttfb_buckets[index] += 1
 
     def _request_finished(self, event: RequestFinished) -> None:
         self.incr(f"requests_{event.status.value}")

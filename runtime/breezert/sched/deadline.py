@@ -88,6 +88,8 @@ class StageTimeModel:
         self.recent_steps = recent_steps
         self._stats: dict[tuple[Stage, int], _Ewma] = {}
         self._recent_rows: dict[Stage, deque[int]] = {}
+        self.num_observed = 0
+        """Steps observed (a prediction changes only when this does)."""
         self._memo: dict[tuple[Stage, int | None], float] = {}
         """Predictions since the last observation: the scheduler asks a few hundred times per
         step at 64 streams, and nothing changes them between two steps."""
@@ -104,6 +106,7 @@ class StageTimeModel:
             stats.add(duration_s, self.alpha)
         self._recent_rows.setdefault(stage, deque(maxlen=self.recent_steps)).append(rows)
         self._memo.clear()
+        self.num_observed += 1
 
     def predict(self, stage: Stage, rows: int | None = None) -> float:
         """Seconds one ``stage`` step over ``rows`` rows should take (``None``: the largest size
@@ -173,6 +176,9 @@ class DeadlinePredictor:
         self.feedback_stale_s = feedback_stale_s
         self.counters: dict[str, int] = {}
         self._on_count = on_count
+        self._work_memo: tuple[object, tuple[float, np.ndarray, float]] = (
+            None, (0.0, np.zeros(0), 0.0))
+        """``_work_terms``' answer and the (time model, steps observed) it holds for."""
         for name in COUNTERS:
             self.count(name, 0)
 
@@ -206,7 +212,7 @@ class DeadlinePredictor:
             self._count_sum("predictor_feedback_stale",
                             streaming & ~used & table.has_report[rows])
             self._count_sum("predictor_feedback_missing", streaming & ~table.has_report[rows])
-            late = now > self.dry_times(table, rows, now) + _LATE_EPS_S
+            late = now > self.dry_times(table, rows, now, used) + _LATE_EPS_S
             self._count_sum("predictor_deadline_misses", streaming & late)
         target = table.early_target[rows]
         self._count_sum("predictor_early_emits", (target >= 0) & (num_frames < target))
@@ -221,13 +227,16 @@ class DeadlinePredictor:
             self.count(name, value)
 
     # ------------------------------------------------------------------ queries over rows
-    def dry_times(self, table: StreamTable, rows: np.ndarray, now: float) -> np.ndarray:
+    def dry_times(self, table: StreamTable, rows: np.ndarray, now: float,
+                  used: np.ndarray | None = None) -> np.ndarray:
         """When each streaming row's listener runs dry (see the class doc; NaN before a
-        chunk)."""
+        chunk; ``used``: the rows' ``_feedback_used``, if the caller has it)."""
         estimate = table.first_chunk_time[rows] + table.decoded[rows] * FRAME_S
         reported = (table.report_at[rows] + table.report_buffered[rows]
                     + table.frames_since[rows] * FRAME_S)
-        return np.where(self._feedback_used(table, rows, now), reported, estimate)
+        if used is None:
+            used = self._feedback_used(table, rows, now)
+        return np.where(used, reported, estimate)
 
     def buffered(self, table: StreamTable, rows: np.ndarray, now: float) -> np.ndarray:
         """Audio ahead of each row's listener at ``now`` (0 before the first chunk)."""
@@ -251,18 +260,29 @@ class DeadlinePredictor:
     def work(self, table: StreamTable, rows: np.ndarray, num_frames: np.ndarray) -> np.ndarray:
         """Predicted time until each row's next chunk of ``num_frames`` is out: its active
         segment's remaining text encode / prefill, the missing frames, one codec step."""
-        model = self.time_model
-        codec = model.predict(Stage.CODEC)
-        encode, prefill = model.predict(Stage.TEXT_ENCODE), model.predict(Stage.PREFILL)
-        # the codec step and the stages still ahead of each phase (NO_PHASE first), summed in
-        # the order work_row sums them
-        ahead = np.array([codec + (encode if QUEUED <= phase <= TEXT_ENCODE else 0.0)
-                          + (prefill if QUEUED <= phase <= PREFILL else 0.0)
-                          for phase in range(NO_PHASE, DECODE + 1)])
+        codec, ahead, frame_s = self._work_terms()
+        phase = table.phase[rows] + 1
         missing = num_frames - table.pending[rows]
-        phase = table.phase[rows]
-        seconds = ahead[phase + 1] + missing * self.frame_time_s()
-        return np.where((missing > 0) & (phase >= QUEUED), seconds, codec)  # NO_PHASE: ended
+        return np.where(missing > 0, ahead[phase] + missing * frame_s[phase], codec)
+
+    def _work_terms(self) -> tuple[float, np.ndarray, np.ndarray]:
+        """``work``'s predictions, kept until the time model observes a step: the codec step;
+        by phase (NO_PHASE first), the codec step and the stages still ahead of it (summed in
+        the order ``work_row`` sums them), and a frame's time (``frame_time_s``; 0.0 for
+        NO_PHASE, whose work is the codec step alone whatever is missing)."""
+        model = self.time_model
+        key = (model, model.num_observed)
+        if self._work_memo[0] != key:
+            codec = model.predict(Stage.CODEC)
+            encode, prefill = model.predict(Stage.TEXT_ENCODE), model.predict(Stage.PREFILL)
+            phases = range(NO_PHASE, DECODE + 1)
+            ahead = np.array([codec + (encode if QUEUED <= phase <= TEXT_ENCODE else 0.0)
+                              + (prefill if QUEUED <= phase <= PREFILL else 0.0)
+                              for phase in phases])
+            frame_s = np.array([0.0 if phase == NO_PHASE else self.frame_time_s()
+                                for phase in phases])
+            self._work_memo = (key, (codec, ahead, frame_s))
+        return self._work_memo[1]
 
     def slacks(self, table: StreamTable, rows: np.ndarray, now: float, delay_s: float = 0.0,
                buffered: np.ndarray | None = None) -> np.ndarray:
@@ -271,14 +291,45 @@ class DeadlinePredictor:
 
         The chunk is the schedule's target while that still leaves ``min_slack_s``; otherwise
         (streaming) the pending frames plus one more, where ``DeadlineChunkPolicy`` cuts it. Below
-        0 even that chunk will be late.
+        0 even that chunk will be late. (``work`` twice, sharing its per-phase terms: one frame
+        missing is always more than none.)
         """
-        available = self.deadlines(table, rows, now, buffered) - now - delay_s
-        full = available - self.work(table, rows, table.chunk_target[rows])
+        available = self.deadlines(table, rows, now, buffered) - now
+        if delay_s:
+            available -= delay_s
+        codec, ahead, frame_s = self._work_terms()
+        phase = table.phase[rows] + 1
+        base, per_frame = ahead[phase], frame_s[phase]
+        missing = table.chunk_target[rows] - table.pending[rows]
+        full = available - np.where(missing > 0, base + missing * per_frame, codec)
         keep = (full >= self.min_slack_s) | (table.num_chunks[rows] == 0)
         if keep.all():
             return full
-        return np.where(keep, full, available - self.work(table, rows, table.pending[rows] + 1))
+        return np.where(keep, full, available - (base + per_frame))
+
+    def step_buffered(self, table: StreamTable, now: float) -> np.ndarray:
+        """``buffered`` of every row of ``table`` at ``now``, over whole columns (no gather; a
+        free row's entry is stale and never read): once per ``now`` while the table's
+        ``step_memo`` is on (the scheduler's ``schedule``, whose readiness, ranking and pick
+        all ask), afresh otherwise."""
+        return self._step_column(table, "buffered", now, lambda: self.buffered(
+            table, slice(None), now))  # type: ignore[arg-type]
+
+    def step_slacks(self, table: StreamTable, now: float) -> np.ndarray:
+        """``slacks`` of every row of ``table`` at ``now``, as ``step_buffered``."""
+        return self._step_column(table, "slack", now, lambda: self.slacks(
+            table, slice(None), now, buffered=self.step_buffered(table, now)))  # type: ignore
+
+    @staticmethod
+    def _step_column(table: StreamTable, name: str, now: float,
+                     compute: Callable[[], np.ndarray]) -> np.ndarray:
+        memo = table.step_memo
+        if memo is None:
+            return compute()
+        column = memo.get((name, now))
+        if column is None:
+            column = memo[(name, now)] = compute()
+        return column
 
     def _feedback_used(self, table: StreamTable, rows: np.ndarray, now: float) -> np.ndarray:
         return table.has_report[rows] & (now - table.report_at[rows] <= self.feedback_stale_s)

@@ -255,8 +255,8 @@ class DeadlineStagePolicy:
         p = self.predictor
         closeness = _CLOSENESS[stages]
         streaming = table.num_chunks[slots] > 0
-        buffered = p.buffered(table, slots, now)
-        slack = p.slacks(table, slots, now, buffered=buffered)
+        buffered = p.step_buffered(table, now)[slots]
+        slack = p.step_slacks(table, now)[slots]
         phase = table.phase[slots]
         generating = phase >= DEPTH  # DEPTH or DECODE, the last phase codes
         lookahead = streaming & (stages <= _PREP_MAX) & generating
@@ -325,7 +325,7 @@ class DeadlineStagePolicy:
             return False
         delay = model.predict(Stage.DEPTH, int(table.num_branches[depth].sum()))
         p = self.predictor
-        left = (p.deadlines(table, codec, now) - now - delay
+        left = (p.deadlines(table, codec, now, p.step_buffered(table, now)[codec]) - now - delay
                 - model.predict(Stage.CODEC, n + m))
         return bool((left >= p.min_slack_s).all())
 
@@ -337,7 +337,7 @@ class DeadlineStagePolicy:
         if streaming.all():
             return candidates
         p = self.predictor
-        kept = ~streaming | (p.buffered(table, candidates, now) <= p.max_lead_s)
+        kept = ~streaming | (p.step_buffered(table, now)[candidates] <= p.max_lead_s)
         if not kept.all():
             p.count("predictor_lead_yields")
         return candidates[kept]
@@ -382,7 +382,7 @@ class DeadlineChunkPolicy:
         p = self.predictor
         cut_rows = rows[may_cut]
         # streaming rows: due when their listener runs dry (``DeadlinePredictor.deadlines``)
-        deadline = now + np.maximum(0.0, p.dry_times(table, cut_rows, now) - now)
+        deadline = now + p.step_buffered(table, now)[cut_rows]
         # one more frame fits (the whole chunk, pending < target, is never less work)
         fits = now + p.work(table, cut_rows, pending[may_cut] + 1) <= deadline
         cut = np.zeros_like(may_cut)

@@ -355,14 +355,18 @@ class Scheduler:
         if self._inflight is not None:
             raise RuntimeError(f"step {self._inflight.step_id} is not committed yet")
         self._admit(now)
-        slots, stages, codec_frames = self._ready(now)
-        if not len(slots):
-            return None
-        if len(slots) == 1:  # a lone ready pair: nothing to rank, any policy runs it
-            stage, candidates = STAGES[int(stages[0])], slots
-        else:
-            ranked = self.stage_policy.rank(self._table, slots, stages, now)
-            stage, candidates = self.stage_policy.pick(self._table, ranked, now)
+        self._table.step_memo = {}  # the table stays as it is until the plan is built
+        try:
+            slots, stages, codec_frames = self._ready(now)
+            if not len(slots):
+                return None
+            if len(slots) == 1:  # a lone ready pair: nothing to rank, any policy runs it
+                stage, candidates = STAGES[int(stages[0])], slots
+            else:
+                ranked = self.stage_policy.rank(self._table, slots, stages, now)
+                stage, candidates = self.stage_policy.pick(self._table, ranked, now)
+        finally:
+            self._table.step_memo = None
         items = self._build_items(stage, candidates, codec_frames)
         self._mark_served(stage, items, now)
         self._step_id += 1
@@ -434,16 +438,13 @@ class Scheduler:
         return events
 
     def _commit_decode(self, batch: DecodeBatch) -> None:
-        """Each live request's active segment moves on to DEPTH. (A request that ended since
-        the plan, aborted or failed by this commit, keeps its slot until the commit, its row
-        empty: no other request's.)"""
-        table, advanced = self._table, []
-        requests, segments = table.requests, table.segments
-        for request_id, slot in zip(batch.request_ids, batch.slots.tolist(), strict=True):
-            request = requests[slot]
-            if request is not None and request.request_id == request_id:
-                segments[slot].phase = SegmentPhase.DEPTH  # type: ignore[union-attr]
-                advanced.append(slot)
+        """Each live request's active segment moves on to DEPTH: a phase write per segment,
+        the table's rows in one write."""
+        table = self._table
+        advanced = table.held(batch.slots)
+        segments, depth = table.segments, SegmentPhase.DEPTH
+        for slot in advanced:
+            segments[slot].phase = depth  # type: ignore[union-attr]
         table.advance(advanced, DEPTH)
 
     def _commit_depth(self, batch: DepthBatch, result: StepResult,
@@ -455,10 +456,10 @@ class Scheduler:
         requests, segments = table.requests, table.segments
         advanced: list[int] = []
         events: list[SchedulerEvent] = []
-        for request_id, slot in zip(batch.request_ids, batch.slots.tolist(), strict=True):
+        for slot in table.held(batch.slots):
             request = requests[slot]
-            if request is None or request.request_id != request_id:
-                continue
+            assert request is not None
+            request_id = request.request_id
             seg = segments[slot]
             assert seg is not None
             code = first_codes.get(request_id)
@@ -481,26 +482,36 @@ class Scheduler:
 
     def _commit_codec(self, items: tuple[CodecItem, ...], now: float) -> list[SchedulerEvent]:
         """The live requests' chunks: the chunk policy sees them before they are recorded, then
-        each request's log and event, and the table's rows in one write."""
-        running = self._running
+        each request's log and event, and the table's rows in one write. A chunk's segment is
+        the active one when its last frame is past the active segment's start (the table's
+        columns, past ``FEW_ROWS`` chunks); otherwise the request's segments are walked."""
+        running, table = self._running, self._table
         live = [item for item in items if item.request_id in running]
         if not live:
             return []
         rows = np.array([item.slot for item in live], np.int64)
         frames = np.array([item.num_frames for item in live], np.int64)
-        self.chunk_policy.on_chunks(self._table, rows, frames, now)
+        self.chunk_policy.on_chunks(table, rows, frames, now)
+        segment_index = [-1] * len(live)  # -1: walk the segments (a few rows: each does)
+        if len(live) > FEW_ROWS:
+            in_active = (table.phase[rows] != NO_PHASE) & (
+                table.decoded[rows] + frames > table.segment_start[rows])
+            segment_index = np.where(in_active, table.active_index[rows], -1).tolist()
         events: list[SchedulerEvent] = []
         targets = []
-        for item in live:
+        for item, index in zip(live, segment_index, strict=True):
             request = running[item.request_id]
             request.num_decoded_frames += item.num_frames
             request.record_chunk(now)
-            targets.append(request.current_chunk_target)
+            schedule = request.chunk_schedule
+            num_chunks = len(request.chunk_emit_times)
+            targets.append(schedule[min(num_chunks, len(schedule) - 1)])  # type: ignore[index]
             frame_end = item.start_frame + item.num_frames
             events.append(ChunkEmitted(
-                request.request_id, request.num_chunks - 1, item.start_frame, item.num_frames,
-                _segment_of(request, frame_end), item.is_final, now, request.enqueue_time))
-        self._table.record_chunks(rows, frames, targets, now)
+                request.request_id, num_chunks - 1, item.start_frame, item.num_frames,
+                index if index >= 0 else _segment_of(request, frame_end), item.is_final, now,
+                request.enqueue_time))
+        table.record_chunks(rows, frames, targets, now)
         return events
 
     def take_released(self) -> tuple[str, ...]:
@@ -693,31 +704,29 @@ class Scheduler:
         return self._ready_arrays(now)
 
     def _ready_arrays(self, now: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """``_ready`` as array operations over the running requests."""
+        """``_ready`` as array operations over the table's whole columns (a free row has no
+        phase and no pending frames, so it is never ready: no gather of the live rows)."""
         table = self._table
-        live = table.live_slots
-        phase = table.phase[live]
+        phase, pending = table.phase, table.pending
         generating = phase >= DEPTH  # DEPTH or DECODE
         ready = _READY_BY_PHASE[:, phase]  # in STAGES order; CODEC and lookahead below
-        ready[_TEXT_ENCODE] |= generating & table.later_text_encode[live]
-        ready[_PREFILL] |= generating & table.later_prefill[live]
-        pending = table.pending[live]
-        codec_frames = np.zeros(len(table.live), np.int64)
-        has_frames = pending > 0
-        if has_frames.any():
-            rows = live[has_frames]
+        ready[_TEXT_ENCODE] |= generating & table.later_text_encode
+        ready[_PREFILL] |= generating & table.later_prefill
+        codec_frames = np.zeros(len(phase), np.int64)
+        rows = np.flatnonzero(pending)
+        if len(rows):
             target = np.minimum(np.maximum(self.chunk_policy.chunk_frames(table, rows, now), 1),
                                 self.config.max_codec_frames)
-            waiting = pending[has_frames]
+            waiting = pending[rows]
             frames = np.where(waiting >= target, target,
-                              np.where(generating[has_frames], 0, waiting))
+                              np.where(generating[rows], 0, waiting))
             codec_frames[rows] = frames
-            ready[_CODEC, has_frames] = frames > 0
-        since = table.ready_since[:, live]
-        table.ready_since[:, live] = np.where(
-            ready, np.where(since < 0, self._step_id, since), -1)
-        stages, columns = np.nonzero(ready)
-        return live[columns], stages, codec_frames
+            ready[_CODEC, rows] = frames > 0
+        since = table.ready_since
+        np.copyto(since, self._step_id, where=ready & (since < 0))
+        np.copyto(since, -1, where=~ready)
+        stages, slots = np.nonzero(ready)
+        return slots, stages, codec_frames
 
     def _ready_rows(self, now: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """``_ready`` row by row, for a few running requests: the same pairs in the same order

@@ -6,8 +6,10 @@ been ready) and of what a DECODE, DEPTH or CODEC batch carries (the active segme
 lengths and block tables, the request ids), so that one step's ranking and its batch are a few
 array operations whatever the number of streams. The ``Request`` stays the truth: ``add``
 copies one request's row from it, and the scheduler calls the narrower ``set_*`` / ``advance``
-/ ``record_chunks`` updates wherever it changes a request. Must not: change a request, read a
-clock or import torch.
+/ ``record_chunks`` updates wherever it changes a request. A free row has no phase and no
+pending frames, so whole-column readiness never picks it; ``step_memo`` keeps columns derived
+from these for the length of one ``schedule`` (the scheduler turns it on and off). Must not:
+change a request, read a clock or import torch.
 """
 
 from __future__ import annotations
@@ -92,6 +94,9 @@ class StreamTable:
         self.prompt_lens = np.zeros((n, 2), np.int64)
         self.block_ids: list[tuple[tuple[int, ...], ...]] = [()] * n
         self.segments: list[Segment | None] = [None] * n
+        self.step_memo: dict | None = None
+        """Columns derived from these, kept while the scheduler's ``schedule`` asks
+        (``DeadlinePredictor.step_buffered``, ``step_slacks``); ``None`` (none kept) outside."""
 
     @classmethod
     def of(cls, requests: Sequence[Request]) -> StreamTable:
@@ -132,6 +137,9 @@ class StreamTable:
         self.live[slot] = False
         self.live_slots = np.flatnonzero(self.live)
         self.ready_since[:, slot] = -1
+        self.phase[slot] = NO_PHASE  # a free row is never ready (whole-column readiness)
+        self.pending[slot] = 0
+        self.later_text_encode[slot] = self.later_prefill[slot] = False
 
     def set_segments(self, slot: int, request: Request) -> None:
         """The active segment's phase, frames, prompt and blocks, and the later segments'
@@ -197,6 +205,15 @@ class StreamTable:
         self.pending[row] -= num_frames
         if self.has_report[row] and self.report_at[row] < now:
             self.frames_since[row] += num_frames
+
+    def held(self, slots: np.ndarray) -> list[int]:
+        """Of a plan's ``slots``, those whose request still runs (one that ended since the plan,
+        aborted or failed, keeps its slot until the plan's commit with its row empty, so a
+        row is either the plan's request or empty): a gather (a few rows: row by row)."""
+        if len(slots) <= FEW_ROWS:
+            live = self.live
+            return [slot for slot in slots.tolist() if live[slot]]
+        return slots[self.live[slots]].tolist()
 
     def advance(self, slots: list[int], phase: int) -> None:
         """The active segments of ``slots`` moved on to ``phase`` (``DECODE``: after a frame,
