@@ -2,7 +2,8 @@
 transposed view it replaced, in one process on one GPU.
 
 Usage (GPU machine, repo root): ``PYTHONPATH=runtime:bench python bench/codec_upsampler_ab.py
-[--precision tf32] [--out X.json]``.
+[--precision tf32] [--out X.json]``; ``--plot X.json`` (any machine) draws a recorded run as
+``X.png``.
 
 The decoder's first block upsamples 1536 -> 768 channels as one GEMM (``_CausalTransConv._gemm``)
 on ``[B, 1 + T, Cin]``. Read as the transposed view of the ``[B, Cin, 1 + T]`` activation, its
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from pathlib import Path
 
 import torch
 
@@ -68,11 +70,41 @@ def time_step(codec: StreamingCodec, streams: int, frames: int) -> tuple[float, 
     return sorted(times)[len(times) // 2], wav.float().clone()
 
 
+def plot(path: str) -> str:
+    """``path``'s before/after ms per shape as bars, next to it as ``.png``; returns its name."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    doc = json.loads(Path(path).read_text())
+    rows = doc["rows"]
+    labels = [f"{r['streams']}x{r['frames']}" for r in rows]
+    x = range(len(rows))
+    fig, ax = plt.subplots(figsize=(8, 4))
+    ax.bar([i - 0.2 for i in x], [r["before_ms"] for r in rows], 0.4, label="transposed view")
+    ax.bar([i + 0.2 for i in x], [r["after_ms"] for r in rows], 0.4, label="row-major copy")
+    ax.set_xticks(list(x), labels)
+    ax.set_xlabel("streams x frames a step")
+    ax.set_ylabel("ms a CODEC step (graph replay)")
+    ax.set_title(f"{doc.get('gpu')} {doc.get('precision')}, commit {doc.get('git_commit')}, "
+                 f"{str(doc.get('date'))[:10]}", fontsize=9)
+    ax.legend()
+    out = str(Path(path).with_suffix(".png"))
+    fig.tight_layout()
+    fig.savefig(out, dpi=120)
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--precision", default="tf32")
     parser.add_argument("--out", default=None)
+    parser.add_argument("--plot", default=None, help="draw this recorded JSON and exit")
     args = parser.parse_args()
+    if args.plot:
+        print(plot(args.plot))
+        return
     _, _, base = build_random("full", seed=0, device="cuda")
     codec = StreamingCodec.for_serving(base, max(s for s, _ in SHAPES), args.precision, fast=True)
     after_gemm = _CausalTransConv._gemm
@@ -97,6 +129,7 @@ def main() -> None:
     if args.out:
         with open(args.out, "w") as f:
             json.dump({**provenance(precision=args.precision), "rows": rows}, f, indent=1)
+        plot(args.out)
 
 
 if __name__ == "__main__":
