@@ -11,8 +11,8 @@ leading dimension is ``1 + T`` (always odd), and cuBLAS ran an unaligned kernel:
 eager CODEC step at 256 streams x 1 frame on the H100 (``bench/results/h100-census-256-20261205.txt``).
 For each (streams, frames) shape this times one graph replay of the full-size random serving
 codec (``StreamingCodec.for_serving``, ``fast``) with the runtime's ``_gemm`` (``after``) and with
-the transposed view (``before``, defined here), median of 20 CUDA-event timings, and checks the
-waveforms agree. Prints a line per shape; writes JSON with the GPU, torch version, commit and date.
+the transposed view (``before``, defined here), median of 20 CUDA-event timings as
+``codec_precision.py`` takes them, and checks the two waveforms of one step agree. Prints a line per shape; writes JSON with the GPU, torch version, commit and date.
 
 Owns the ``before`` variant for this comparison only. Must not: be imported by the runtime.
 """
@@ -28,6 +28,7 @@ import torch
 from breezert.models.codec import StreamingCodec, _CausalTransConv
 from breezert.random_init import build_random
 from breezert_bench.provenance import provenance
+from codec_precision import time_step
 
 SHAPES = ((1, 1), (16, 1), (64, 1), (256, 1), (64, 4), (16, 16), (32, 16))
 GFLOP_PER_FRAME = 5.0
@@ -43,31 +44,17 @@ def transposed_view_gemm(self: _CausalTransConv, x: torch.Tensor, num_new: int) 
     return (out + self.conv.bias).transpose(1, 2).contiguous()
 
 
-def time_step(codec: StreamingCodec, streams: int, frames: int) -> tuple[float, torch.Tensor]:
-    """Median ms of one graph replay of a ``streams x frames`` step, and its waveform."""
+def one_step(codec: StreamingCodec, streams: int, frames: int) -> tuple[float, torch.Tensor]:
+    """Median ms of one graph replay of a ``streams x frames`` step (``codec_precision``'s
+    timing), and the waveform of a step on fixed codes from frame 0."""
+    ms = time_step(codec, "fp32", streams, frames)  # fp32: the math flags as the codec sets them
     slots = torch.arange(streams, device="cuda")
     codes = torch.randint(0, 2048, (streams, frames, 16), device="cuda",
                           generator=torch.Generator(device="cuda").manual_seed(streams * frames))
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side), torch.inference_mode():
-        for _ in range(3):  # kernels built, cuBLAS and cuDNN choices made before capture
-            codec.reset(slots)
-            codec.decode(slots, codes)
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph), torch.inference_mode():
-        wav = codec.decode(slots, codes)
-    times = []
-    for _ in range(20):
-        codec.reset(slots)  # every replay decodes from frame 0
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(end))
-    return sorted(times)[len(times) // 2], wav.float().clone()
+    codec.reset(slots)
+    with torch.inference_mode():
+        wav = codec.decode(slots, codes).float()
+    return ms, wav
 
 
 def plot(path: str) -> str:
@@ -115,7 +102,7 @@ def main() -> None:
         for name, gemm in (("before", transposed_view_gemm), ("after", after_gemm)):
             _CausalTransConv._gemm = gemm  # type: ignore[method-assign]
             try:
-                result[f"{name}_ms"], waves[name] = time_step(codec, streams, frames)
+                result[f"{name}_ms"], waves[name] = one_step(codec, streams, frames)
             finally:
                 _CausalTransConv._gemm = after_gemm  # type: ignore[method-assign]
         n = streams * frames
