@@ -18,7 +18,6 @@ from breezert.config import EngineConfig
 from breezert.constants import Stage
 from breezert.engine import Engine
 from breezert.request import RequestStatus
-from breezert.sched.plan import CodecItem
 from tests.integration.test_engine import (
     ATOL,
     CONFIG,
@@ -54,25 +53,25 @@ def test_mixed_size_replays_equal_the_sequential_reference(mixed_engine: Engine)
         np.testing.assert_allclose(audio(got), audio(reference), atol=ATOL, rtol=0)
 
 
-def _items(*sizes: int) -> list[CodecItem]:
-    return [CodecItem(f"r{i}", i, 0, n, is_first_chunk=False, is_final=False)
-            for i, n in enumerate(sizes)]
+def _frames(*sizes: int) -> np.ndarray:
+    """A step's chunk sizes (``CodecBatch.num_frames``); chunks are named by their index."""
+    return np.array(sizes, np.int64)
 
 
 def test_plan_groups_trades_padding_against_replays(mixed_engine: Engine) -> None:
     stage = mixed_engine.runner.stages[Stage.CODEC]
     stage.replay_cost_frames = 24.0
     # eager (CPU): rows = items, frames = the group's largest chunk
-    sizes = lambda groups: [[i.num_frames for i in g] for g in groups]  # noqa: E731
-    assert sizes(stage.plan_groups(_items(16, 2, 16, 8))) == [[2, 8, 16, 16]]
+    sizes = lambda frames: [frames[g].tolist() for g in stage.plan_groups(frames)]  # noqa: E731
+    assert sizes(_frames(16, 2, 16, 8)) == [[2, 8, 16, 16]]
     # 30 one-frame chunks beside two 16s: padding them all to 16 frames costs more than a replay
-    assert sizes(stage.plan_groups(_items(*([1] * 30), 16, 16))) == [[1] * 30, [16, 16]]
+    assert sizes(_frames(*([1] * 30), 16, 16)) == [[1] * 30, [16, 16]]
     stage.replay_cost_frames = 0.0  # free replays: one per size
-    assert sizes(stage.plan_groups(_items(4, 1, 4, 2))) == [[1], [2], [4, 4]]
-    assert stage.plan_groups([]) == []
+    assert sizes(_frames(4, 1, 4, 2)) == [[1], [2], [4, 4]]
+    assert stage.plan_groups(_frames()) == []
 
 
-def _partitions(items: list[CodecItem]) -> Iterator[list[list[CodecItem]]]:
+def _partitions(items: list[int]) -> Iterator[list[list[int]]]:
     """Every set partition of ``items`` (Bell(n) of them: 21147 for 9 items)."""
     if not items:
         yield []
@@ -121,21 +120,21 @@ def test_plan_groups_is_the_cheapest_of_all_groupings(mixed_engine: Engine, grap
         for _ in range(80):
             stage.replay_cost_frames = float(rng.choice([0.0, 7.5, 24.0, 40.0]))
             sizes = rng.choice([1, 2, 3, 4, 5, 8, 12, 16, 17, 33], size=int(rng.integers(0, 10)))
-            items = _items(*sizes)
+            frames = _frames(*sizes)
+            items = list(range(len(frames)))
             prices: dict[tuple[int, int], float] = {}
 
-            def cost(groups: list[list[CodecItem]]) -> float:
+            def cost(groups: list[list[int]]) -> float:
                 total = 0.0
                 for group in groups:
-                    key = (len(group), max(i.num_frames for i in group))
+                    key = (len(group), max(int(frames[i]) for i in group))
                     if key not in prices:
                         prices[key] = stage.replay_cost(*key)
                     total += prices[key]
                 return total
 
-            plan = stage.plan_groups(items)
-            assert sorted(i.request_id for g in plan for i in g) == sorted(
-                i.request_id for i in items)
+            plan = [g.tolist() for g in stage.plan_groups(frames)]
+            assert sorted(i for g in plan for i in g) == items
             assert all(plan), "an empty replay"
             cheapest = min(cost(groups) for groups in _partitions(items))
             assert cost(plan) == pytest.approx(cheapest, rel=1e-12), (list(sizes), plan)
@@ -148,20 +147,21 @@ def test_plan_groups_is_the_cheapest_of_all_groupings(mixed_engine: Engine, grap
     assert one_replay_loses >= 10, one_replay_loses
 
 
-def _pairwise_plan(stage, items: list[CodecItem]) -> list[list[str]]:
+def _pairwise_plan(stage, frames: np.ndarray) -> list[list[int]]:
     """The definition ``plan_groups`` computes faster: every run ``ordered[i:j]`` of the chunks
-    sorted by size priced by ``replay_cost``, the first cheapest ``i`` on ties."""
-    ordered = sorted(items, key=lambda item: item.num_frames)
+    sorted by size priced by ``replay_cost``, the first cheapest ``i`` on ties (chunks named by
+    their index in ``frames``)."""
+    ordered = sorted(range(len(frames)), key=lambda i: frames[i])
     n = len(ordered)
     best, cut = [0.0] + [float("inf")] * n, [0] * (n + 1)
     for j in range(1, n + 1):
         for i in range(j):
-            cost = best[i] + stage.replay_cost(j - i, ordered[j - 1].num_frames)
+            cost = best[i] + stage.replay_cost(j - i, int(frames[ordered[j - 1]]))
             if cost < best[j]:
                 best[j], cut[j] = cost, i
     groups, j = [], n
     while j > 0:
-        groups.append([item.request_id for item in ordered[cut[j]:j]])
+        groups.append(ordered[cut[j]:j])
         j = cut[j]
     return groups[::-1]
 
@@ -181,9 +181,9 @@ def test_plan_groups_is_the_pairwise_split_at_capacity(mixed_engine: Engine, gra
             stage.graphs._graphs = dict.fromkeys(stage.graph_keys(16, 8 * max_step))
         for n in (0, 1, 7, 40, 100, 256, 300):
             stage.replay_cost_frames = float(rng.choice([0.0, 24.0, 40.0]))
-            items = _items(*rng.choice([1, 2, 3, 4, 8, 12, 16, 16, 16, 24, 40], size=n))
-            plan = [[item.request_id for item in g] for g in stage.plan_groups(items)]
-            assert plan == _pairwise_plan(stage, items), n
+            frames = _frames(*rng.choice([1, 2, 3, 4, 8, 12, 16, 16, 16, 24, 40], size=n))
+            plan = [g.tolist() for g in stage.plan_groups(frames)]
+            assert plan == _pairwise_plan(stage, frames), n
     finally:
         (stage.graphs.enabled, stage.buckets, stage.replay_cost_frames,
          stage.graphs._graphs) = saved

@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 from breezert.constants import Stage
-from breezert.sched.plan import CodecItem, StepPlan
+from breezert.sched.plan import CodecBatch, CodecRow, StepPlan
 
 pytestmark = pytest.mark.unit
 
@@ -52,8 +52,8 @@ def test_step_model_interpolates_between_its_points_and_extends_past_them() -> N
     assert sim.step_ms(_plan(Stage.DEPTH, 1)) == pytest.approx(9.6)
     assert sim.step_ms(_plan(Stage.DEPTH, 29)) == pytest.approx(10.0 + 2.4 * 15 / 30)
     assert sim.step_ms(_plan(Stage.DEPTH, 84)) == pytest.approx(13.5 + 1.1 * 20 / 20)
-    codec = StepPlan(2, Stage.CODEC, (CodecItem("a", 0, 0, 4, False, False),
-                                      CodecItem("b", 1, 8, 16, False, False)))
+    codec = StepPlan(2, Stage.CODEC, CodecBatch.of([CodecRow("a", 0, 0, 4, False, False),
+                                                    CodecRow("b", 1, 8, 16, False, False)]))
     base, per_frame, per_chunk = sim.CODEC_MS
     assert sim.step_ms(codec) == pytest.approx(base + per_frame * 19 + per_chunk)
 
@@ -96,8 +96,8 @@ def test_what_if_switches_change_the_stage_time_model() -> None:
     assert times.step_ms(_plan(Stage.TEXT_ENCODE, 6)) == pytest.approx(2.0 + 1.5 * 5 / 15)
     assert times.step_ms(_plan(Stage.DEPTH, 1)) == pytest.approx(9.6 / 2)
     assert times.step_ms(_plan(Stage.PREFILL, 16)) == pytest.approx(4.0)  # untouched
-    codec = StepPlan(2, Stage.CODEC, (CodecItem("a", 0, 0, 4, False, False),
-                                      CodecItem("b", 1, 8, 16, False, False)))
+    codec = StepPlan(2, Stage.CODEC, CodecBatch.of([CodecRow("a", 0, 0, 4, False, False),
+                                                    CodecRow("b", 1, 8, 16, False, False)]))
     assert times.step_ms(codec) == pytest.approx(2 * (3.0 + 0.1 * 19 + 0.2))
     assert sim.StageTimes().step_ms(codec) == sim.step_ms(codec)  # the fitted model unchanged
     with pytest.raises(SystemExit, match="rows increasing"):

@@ -17,7 +17,7 @@ from breezert.options import SynthesisOptions
 from breezert.request import Request, RequestStatus, Segment
 from breezert.sched.block_pool import BlockPool
 from breezert.sched.plan import (
-    CodecItem,
+    CodecRow,
     DepthRow,
     PrefillItem,
     StepPlan,
@@ -312,8 +312,8 @@ def _first_chunk_codec_steps(startup_cap: int) -> list[StepPlan]:
         if 100 <= step < 300 and step % 3 == 0:
             h.add(make_request(f"n{step}"), eos_after=20)
         h.step()
-    return [p for p in h.plans if p.stage is Stage.CODEC and p.items[0].is_first_chunk
-            and p.items[0].request_id.startswith("n")]
+    return [p for p in h.plans if p.stage is Stage.CODEC and next(iter(p.items)).is_first_chunk
+            and next(iter(p.items)).request_id.startswith("n")]
 
 
 def test_a_first_chunk_leads_a_short_codec_step() -> None:
@@ -692,7 +692,7 @@ def test_newcomer_gets_first_chunk_before_any_stream_gets_two_more() -> None:
         h.step()
     gained = {rid: len(h.chunks(rid)) - n for rid, n in before.items()}
     assert max(gained.values()) < 2
-    codec_items = [x for x in h.items_of("new") if isinstance(x, CodecItem)]
+    codec_items = [x for x in h.items_of("new") if isinstance(x, CodecRow)]
     assert codec_items[0].num_frames == 1
 
 

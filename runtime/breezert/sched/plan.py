@@ -2,8 +2,8 @@
 
 Owns the torch-free plan types (ints, strings, tuples, numpy arrays; prompts are opaque engine
 objects passed through); their ``Stage`` comes from ``breezert.constants``. A plan and its items
-are values: nobody changes them once the scheduler built them. The few items of TEXT_ENCODE,
-PREFILL and CODEC are one object each; DECODE and DEPTH, which take every generating request
+are values: nobody changes them once the scheduler built them. The few items of TEXT_ENCODE and
+PREFILL are one object each; DECODE, DEPTH and CODEC, which take up to every running request
 each step (~250 at 256 streams), are one batch of arrays each, so that building one costs the
 same few array operations whatever the number of streams. All are slotted dataclasses, not
 frozen ones (several times cheaper to build). Must not carry behaviour beyond tiny helpers, and
@@ -12,13 +12,13 @@ never a ``Request``: the worker sees only what is written here.
 How the worker applies a plan, in this order:
   1. ``finished_request_ids``: release those requests' slots (codec state, RNG, buffers).
   2. ``new_requests``: set up each new request's slot (the slot may have been released in 1).
-  3. ``items``: run the one ``stage`` over all items (or the DECODE/DEPTH batch) at once.
+  3. ``items``: run the one ``stage`` over all items (or the DECODE/DEPTH/CODEC batch) at once.
 Then it returns a ``StepResult`` with the same ``step_id``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field, fields
 from typing import Any, NamedTuple, Self
 
@@ -102,25 +102,32 @@ class DepthRow(NamedTuple):
     output_frame_index: int
 
 
+class CodecRow(NamedTuple):
+    """One chunk of a ``CodecBatch``, as a value (tests and logs; the worker reads arrays)."""
+
+    request_id: str
+    slot: int
+    start_frame: int
+    num_frames: int
+    is_first_chunk: bool
+    is_final: bool
+
+
 @dataclass(slots=True)
 class _Batch:
-    """What a DECODE and a DEPTH batch share: one entry per request (its active segment), in
-    batch order, as arrays (``[n]`` int64), built with a few array operations whatever the
-    number of requests. Iterating gives row values (for tests, not the hot path)."""
+    """What a DECODE, DEPTH and CODEC batch share: one entry per request, in batch order, as
+    arrays (``[n]``), built with a few array operations whatever the number of requests.
+    Iterating gives row values (for tests, not the hot path)."""
 
     request_ids: tuple[str, ...]
     slots: np.ndarray
-    segment_index: np.ndarray
-    frame_index: np.ndarray
-    num_branches: np.ndarray
-    """1, or 2 with CFG: the rows each request takes (one per branch)."""
 
     def __len__(self) -> int:
         return len(self.request_ids)
 
     @property
     def num_rows(self) -> int:
-        return sum(self.num_branches.tolist())  # numpy's sum costs more up to ~100 requests
+        return len(self.request_ids)
 
     def select(self, keep: np.ndarray) -> Self:
         """The requests where ``keep`` (``[n]`` bool) holds, in order."""
@@ -130,7 +137,22 @@ class _Batch:
 
 
 @dataclass(slots=True)
-class DecodeBatch(_Batch):
+class _FrameBatch(_Batch):
+    """What a DECODE and a DEPTH batch share beyond ``_Batch``: each request's active segment
+    (``[n]`` int64 columns)."""
+
+    segment_index: np.ndarray
+    frame_index: np.ndarray
+    num_branches: np.ndarray
+    """1, or 2 with CFG: the rows each request takes (one per branch)."""
+
+    @property
+    def num_rows(self) -> int:
+        return sum(self.num_branches.tolist())  # numpy's sum costs more up to ~100 requests
+
+
+@dataclass(slots=True)
+class DecodeBatch(_FrameBatch):
     """Run one backbone step over each request's active segment, feeding its frame
     ``frame_index`` (the one DEPTH just produced), and keep the new hidden state. Iterating
     gives ``DecodeRow`` values."""
@@ -153,7 +175,7 @@ class DecodeBatch(_Batch):
 
 
 @dataclass(slots=True)
-class DepthBatch(_Batch):
+class DepthBatch(_FrameBatch):
     """Sample each request's frame ``frame_index`` of its active segment from the segment's
     last hidden state: c0 (lm_head, CFG, repetition penalty, EOS) and, unless c0 is EOS, the 15
     depth codes; all sampling happens here. ``frame_index`` 0 samples from the PREFILL hidden
@@ -176,26 +198,39 @@ def _pick(values: tuple, keep: np.ndarray) -> tuple:
 
 
 @dataclass(slots=True)
-class CodecItem:
-    """Decode frames ``start_frame .. start_frame+num_frames-1`` of a request into one chunk."""
+class CodecBatch(_Batch):
+    """Decode frames ``start_frame .. start_frame+num_frames-1`` of each request into one chunk
+    (``[n]`` columns). Iterating gives ``CodecRow`` values."""
 
-    request_id: str
-    slot: int
-    start_frame: int
-    num_frames: int
-    """Exactly the frames of this chunk (1..max_codec_frames)."""
-    is_first_chunk: bool
-    """Reset the slot's streaming codec state before decoding."""
-    is_final: bool
-    """The request's last chunk: the codec state of the slot can be dropped afterwards."""
+    start_frame: np.ndarray
+    num_frames: np.ndarray
+    """Exactly the frames of each chunk (1..max_codec_frames)."""
+    is_first_chunk: np.ndarray
+    """``[n]`` bool: reset the slot's streaming codec state before decoding."""
+    is_final: np.ndarray
+    """``[n]`` bool: the request's last chunk: the codec state of the slot can be dropped
+    afterwards."""
+
+    @classmethod
+    def of(cls, rows: Sequence[CodecRow]) -> CodecBatch:
+        """The batch of ``rows`` (tests and simulations)."""
+        columns = list(zip(*rows)) or [()] * 6
+        return cls(tuple(columns[0]), *[np.array(c, np.int64) for c in columns[1:4]],
+                   *[np.array(c, bool) for c in columns[4:]])
+
+    def __iter__(self) -> Iterator[CodecRow]:
+        for row in zip(self.request_ids, self.slots.tolist(), self.start_frame.tolist(),
+                       self.num_frames.tolist(), self.is_first_chunk.tolist(),
+                       self.is_final.tolist(), strict=True):
+            yield CodecRow(*row)
 
 
-BATCHES = (DecodeBatch, DepthBatch)
+BATCHES = (DecodeBatch, DepthBatch, CodecBatch)
 """The stages' items that are one batch of arrays (``isinstance(plan.items, BATCHES)``)."""
-StageItem = TextEncodeItem | PrefillItem | CodecItem
-StageItems = tuple[StageItem, ...] | DecodeBatch | DepthBatch
-"""A step's work: one item per unit of TEXT_ENCODE, PREFILL and CODEC (few a step), a batch of
-arrays for DECODE and DEPTH (every generating request, each step)."""
+StageItem = TextEncodeItem | PrefillItem
+StageItems = tuple[StageItem, ...] | DecodeBatch | DepthBatch | CodecBatch
+"""A step's work: one item per unit of TEXT_ENCODE and PREFILL (few a step), a batch of arrays
+for DECODE, DEPTH and CODEC (up to every running request, each step)."""
 
 
 @dataclass(frozen=True, slots=True)

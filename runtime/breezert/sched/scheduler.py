@@ -31,7 +31,7 @@ from breezert.sched.block_pool import BlockPool
 from breezert.sched.deadline import DeadlinePredictor
 from breezert.sched.load import EngineLoad, least_slack
 from breezert.sched.plan import (
-    CodecItem,
+    CodecBatch,
     BATCHES,
     DecodeBatch,
     DepthBatch,
@@ -406,8 +406,8 @@ class Scheduler:
             self._commit_decode(items)
         elif isinstance(items, DepthBatch):
             events.extend(self._commit_depth(items, result, now))
-        elif plan.stage is Stage.CODEC:
-            events.extend(self._commit_codec(items, now))  # type: ignore[arg-type]
+        elif isinstance(items, CodecBatch):
+            events.extend(self._commit_codec(items, now))
         else:
             apply = self._apply[plan.stage]
             for item in items:
@@ -417,12 +417,12 @@ class Scheduler:
         # requests with nothing left to generate or decode may finish now (their input closed):
         # after CODEC any of the plan's, after DEPTH those whose segment just ended; after the
         # other stages every item's request still has its active segment
-        if plan.stage is Stage.CODEC and len(items) <= FEW_ROWS:
+        if isinstance(items, CodecBatch) and len(items) <= FEW_ROWS:
             live, phase, pending = table.live, table.phase, table.pending
-            done = [item.slot for item in items if live[item.slot]
-                    and phase[item.slot] == NO_PHASE and pending[item.slot] == 0]
-        elif plan.stage is Stage.CODEC:
-            slots = np.fromiter((item.slot for item in items), np.int64, len(items))
+            done = [slot for slot in items.slots.tolist() if live[slot]
+                    and phase[slot] == NO_PHASE and pending[slot] == 0]
+        elif isinstance(items, CodecBatch):
+            slots = items.slots
             done = slots[table.live[slots] & (table.phase[slots] == NO_PHASE)
                          & (table.pending[slots] == 0)].tolist()
         elif plan.stage is Stage.DEPTH:
@@ -480,36 +480,41 @@ class Scheduler:
         table.advance(advanced, DECODE)
         return events
 
-    def _commit_codec(self, items: tuple[CodecItem, ...], now: float) -> list[SchedulerEvent]:
+    def _commit_codec(self, batch: CodecBatch, now: float) -> list[SchedulerEvent]:
         """The live requests' chunks: the chunk policy sees them before they are recorded, then
-        each request's log and event, and the table's rows in one write. A chunk's segment is
-        the active one when its last frame is past the active segment's start (the table's
-        columns, past ``FEW_ROWS`` chunks); otherwise the request's segments are walked."""
-        running, table = self._running, self._table
-        live = [item for item in items if item.request_id in running]
-        if not live:
-            return []
-        rows = np.array([item.slot for item in live], np.int64)
-        frames = np.array([item.num_frames for item in live], np.int64)
+        each request's log and event (what leaves the engine), and the table's rows in one
+        write. A chunk's segment is the active one when its last frame is past the active
+        segment's start (the table's columns, past ``FEW_ROWS`` chunks); otherwise the
+        request's segments are walked."""
+        table = self._table
+        held = table.held(batch.slots)
+        if len(held) < len(batch):  # some ended since the plan: their rows are empty
+            if not held:
+                return []
+            batch = batch.select(table.live[batch.slots])
+        rows, frames = batch.slots, batch.num_frames
         self.chunk_policy.on_chunks(table, rows, frames, now)
-        segment_index = [-1] * len(live)  # -1: walk the segments (a few rows: each does)
-        if len(live) > FEW_ROWS:
+        segment_index = [-1] * len(held)  # -1: walk the segments (a few rows: each does)
+        if len(held) > FEW_ROWS:
             in_active = (table.phase[rows] != NO_PHASE) & (
                 table.decoded[rows] + frames > table.segment_start[rows])
             segment_index = np.where(in_active, table.active_index[rows], -1).tolist()
         events: list[SchedulerEvent] = []
         targets = []
-        for item, index in zip(live, segment_index, strict=True):
-            request = running[item.request_id]
-            request.num_decoded_frames += item.num_frames
+        requests = table.requests
+        for slot, start, num, final, index in zip(
+                held, batch.start_frame.tolist(), frames.tolist(), batch.is_final.tolist(),
+                segment_index, strict=True):
+            request = requests[slot]
+            assert request is not None
+            request.num_decoded_frames += num
             request.record_chunk(now)
             schedule = request.chunk_schedule
             num_chunks = len(request.chunk_emit_times)
             targets.append(schedule[min(num_chunks, len(schedule) - 1)])  # type: ignore[index]
-            frame_end = item.start_frame + item.num_frames
             events.append(ChunkEmitted(
-                request.request_id, num_chunks - 1, item.start_frame, item.num_frames,
-                index if index >= 0 else _segment_of(request, frame_end), item.is_final, now,
+                request.request_id, num_chunks - 1, start, num,
+                index if index >= 0 else _segment_of(request, start + num), final, now,
                 request.enqueue_time))
         table.record_chunks(rows, frames, targets, now)
         return events
@@ -772,7 +777,7 @@ class Scheduler:
         if stage is Stage.DEPTH:
             return self._depth_batch(self._generate_slots(stage, slots))
         if stage is Stage.CODEC:
-            return tuple(self._codec_items(slots, codec_frames))
+            return self._codec_batch(slots, codec_frames)
         candidates = self._table.request_list(slots)
         if stage is Stage.TEXT_ENCODE:
             return tuple(self._text_encode_items(candidates))
@@ -851,7 +856,7 @@ class Scheduler:
                           output_frame_index - table.segment_start[slots],
                           table.num_branches[slots], output_frame_index)
 
-    def _codec_items(self, candidates: np.ndarray, codec_frames: np.ndarray) -> list[StageItem]:
+    def _codec_batch(self, candidates: np.ndarray, codec_frames: np.ndarray) -> CodecBatch:
         """A chunk of each candidate (ranked slots, ``codec_frames`` frames) that still fits
         the step's frame budget (the first always; a smaller chunk behind one that did not fit
         may), up to the request limit."""
@@ -866,10 +871,9 @@ class Scheduler:
             candidates, frames = candidates[taken], frames[taken]
         is_final = ((frames == table.pending[candidates]) & table.input_closed[candidates]
                     & (table.phase[candidates] == NO_PHASE))
-        return [CodecItem(*item) for item in zip(
-            table.request_ids[candidates].tolist(), candidates.tolist(),
-            table.decoded[candidates].tolist(), frames.tolist(),
-            (table.num_chunks[candidates] == 0).tolist(), is_final.tolist(), strict=True)]
+        return CodecBatch(tuple(table.request_ids[candidates].tolist()), candidates,
+                          table.decoded[candidates], frames, table.num_chunks[candidates] == 0,
+                          is_final)
 
     def _mark_served(self, stage: Stage, items: StageItems, now: float) -> None:
         """The served requests are ready unserved no more; a first serve is timed."""

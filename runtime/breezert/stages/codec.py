@@ -1,10 +1,10 @@
 """CODEC: decode the frames of each chunk with the exact streaming codec, many streams at once.
 
-Owns: grouping a step's CODEC items into replays, padding each replay to a (streams, frames)
+Owns: grouping a step's CODEC chunks (one ``CodecBatch`` of arrays) into replays, padding each replay to a (streams, frames)
 bucket (padding rows decode into a scratch slot), the graphed gather → step → scatter function,
 resetting a slot's state at a request's first chunk, and turning waveforms into
 ``DecodedChunk``s. Chunks of different sizes share a replay (each row decodes its own count,
-``StreamingCodec.decode(num_frames=)``): a step's items are split into the groups of sizes that
+``StreamingCodec.decode(num_frames=)``): a step's chunks are split into the groups of sizes that
 minimise padded frames plus a fixed cost per replay. The graphs read
 each chunk's frames from the slot table's ring (``codec_from_ring``): the host uploads only slot
 and frame indices. Must not: decide chunk sizes (the scheduler and the Predictor do).
@@ -19,7 +19,7 @@ import torch
 
 from breezert.models.codec import StreamingCodec
 from breezert.outputs import DecodedChunk, StageOutput
-from breezert.sched.plan import CodecItem
+from breezert.sched.plan import CodecBatch
 from breezert.stages.interface import Graphs, Slots, StageWorker, bucket_for
 
 
@@ -56,10 +56,10 @@ class CodecStage:
         self.replay_cost_frames = replay_cost_frames
         self.num_replays = 0  # graph replays or eager calls, all steps
 
-    def run(self, items: Sequence[CodecItem]) -> StageOutput:
+    def run(self, batch: CodecBatch) -> StageOutput:
         out = StageOutput()
-        for group in self.plan_groups(items):
-            out.chunks.extend(self._decode(group))
+        for group in self.plan_groups(batch.num_frames):
+            out.chunks.extend(self._decode(batch, group))
         return out
 
     def replay_cost(self, num_items: int, max_frames: int) -> float:
@@ -77,18 +77,20 @@ class CodecStage:
             return float("inf")
         return sum(self.replay_cost_frames + rows * piece for piece in pieces)
 
-    def plan_groups(self, items: Sequence[CodecItem]) -> list[list[CodecItem]]:
-        """Items split into replays: contiguous runs of the items sorted by size, chosen by
-        dynamic programming over ``replay_cost`` (exact for that cost: the same split as trying
-        every run ``ordered[i:j]``, the first cheapest ``i`` on ties).
+    def plan_groups(self, num_frames: np.ndarray) -> list[np.ndarray]:
+        """Chunks (``num_frames [n]``: each one's frames) split into replays, as index arrays
+        into them: contiguous runs of the chunks stably sorted by size, chosen by dynamic
+        programming over ``replay_cost`` (exact for that cost: the same split as trying every
+        run ``ordered[i:j]``, the first cheapest ``i`` on ties).
 
         NOTE(host): a run's cost depends only on its bucketed row count and its largest chunk,
         so for each end ``j`` the starts ``i`` fall into one window per bucket (the counts that
         pad to it), priced once, whose cheapest ``best[i]`` is one ``min`` over a slice: O(n x
-        buckets) interpreter steps, not O(n^2) (256 items: ~33k). The pairwise definition is
+        buckets) interpreter steps, not O(n^2) (256 chunks: ~33k). The pairwise definition is
         kept in tests/integration/test_engine_codec_modes.py."""
-        ordered = sorted(items, key=lambda item: item.num_frames)
-        n = len(ordered)
+        order = np.argsort(num_frames, kind="stable")
+        sizes = num_frames[order].tolist()
+        n = len(sizes)
         windows = []  # [bucket rows, fewest count, most count] padding to it, counts 1..n
         for count in range(1, n + 1):
             rows = self._rows_for(count)
@@ -102,7 +104,7 @@ class CodecStage:
         best = [0.0] + [INF] * n  # best[j]: cheapest split of ordered[:j]
         cut = [0] * (n + 1)
         for j in range(1, n + 1):
-            frames = ordered[j - 1].num_frames
+            frames = sizes[j - 1]
             if frames not in priced:  # == replay_cost(count, frames); uncaptured runs dropped
                 pieces = self._pieces(frames)
                 priced[frames] = [(fewest, most, price) for rows, fewest, most in windows
@@ -117,14 +119,20 @@ class CodecStage:
                     best[j], cut[j] = low + price, lo + window.index(low)
         groups, j = [], n
         while j > 0:
-            groups.append(ordered[cut[j]:j])
+            groups.append(order[cut[j]:j])
             j = cut[j]
         return groups[::-1]
 
-    def _decode(self, items: list[CodecItem]) -> list[DecodedChunk]:
-        num = len(items)
-        pieces = self._pieces(max(item.num_frames for item in items))
-        size, replays = self._replays(items, pieces)
+    def _decode(self, batch: CodecBatch, group: np.ndarray) -> list[DecodedChunk]:
+        """The chunks ``group`` (indices into ``batch``) decoded in one replay per piece."""
+        slots, starts = batch.slots[group], batch.start_frame[group]
+        counts = batch.num_frames[group]
+        num = len(group)
+        pieces = self._pieces(int(counts.max()))
+        fresh = slots[batch.is_first_chunk[group]]
+        if len(fresh):
+            self.codec.reset(torch.from_numpy(fresh).to(self.device))
+        size, replays = self._replays(slots, starts, counts, pieces)
         waves = []
         for piece, inputs in zip(pieces, replays):
             wav = self.graphs((size, piece), inputs)["wav"][:num]
@@ -132,10 +140,12 @@ class CodecStage:
             self.num_replays += 1
         pcm = torch.cat(waves, dim=1).cpu().numpy()  # [num, sum(pieces) * 1920]
         spf = pcm.shape[1] // sum(pieces)
+        ids = batch.request_ids
         return [
-            DecodedChunk(item.request_id, item.start_frame, item.num_frames,
-                         pcm[i, : item.num_frames * spf], item.is_final)
-            for i, item in enumerate(items)
+            DecodedChunk(ids[i], start, count, pcm[k, : count * spf], final)
+            for k, (i, start, count, final) in enumerate(zip(
+                group.tolist(), starts.tolist(), counts.tolist(),
+                batch.is_final[group].tolist(), strict=True))
         ]
 
     def graph_keys(self, max_frames: int, max_step_frames: int) -> list[tuple[int, int]]:
@@ -171,18 +181,14 @@ class CodecStage:
             left -= 16
         return pieces + [bucket_for(left, self.frame_buckets(16)) or 16]
 
-    def _replays(self, items: list[CodecItem], pieces: list[int]) \
-            -> tuple[int, list[dict[str, torch.Tensor]]]:
-        """``(bucket rows, inputs of each piece's replay)`` for ``items`` decoded in ``pieces``
-        frames at a time: ``rows [bucket, 1 + piece]`` per replay (slot, frame indices; padding
-        rows decode the scratch slot's zeros). Resets the slots of first chunks and marks the
-        frames read."""
-        self._reset_first_chunks(items)
-        size = self._rows_for(len(items))
-        num = len(items)
-        slots = np.fromiter((item.slot for item in items), np.int64, num)
-        starts = np.fromiter((item.start_frame for item in items), np.int64, num)
-        counts = np.fromiter((item.num_frames for item in items), np.int64, num)
+    def _replays(self, slots: np.ndarray, starts: np.ndarray, counts: np.ndarray,
+                 pieces: list[int]) -> tuple[int, list[dict[str, torch.Tensor]]]:
+        """``(bucket rows, inputs of each piece's replay)`` for the chunks of ``counts`` frames
+        from ``starts`` of ``slots`` (``[num]`` each) decoded in ``pieces`` frames at a time:
+        ``rows [bucket, 1 + piece]`` per replay (slot, frame indices; padding rows decode the
+        scratch slot's zeros). Marks the frames read."""
+        num = len(slots)
+        size = self._rows_for(num)
         offsets = np.arange(sum(pieces), dtype=np.int64)
         rows = np.full((size, 1 + len(offsets)), -1, dtype=np.int64)
         rows[:, 0] = self.scratch_slot
@@ -197,11 +203,6 @@ class CodecStage:
                                                                      non_blocking=True)})
             start += piece
         return size, replays
-
-    def _reset_first_chunks(self, items: list[CodecItem]) -> None:
-        fresh = [item.slot for item in items if item.is_first_chunk]
-        if fresh:
-            self.codec.reset(torch.tensor(fresh).to(self.device))
 
     def _rows_for(self, num: int) -> int:
         return (bucket_for(num, self.buckets) if self.graphs.enabled else None) or num
