@@ -42,7 +42,7 @@ from breezert.errors import EngineOverloaded
 from breezert.options import SynthesisOptions
 from breezert.outputs import AudioChunk, DecodedChunk, StageOutput
 from breezert.request import SynthesisRequest
-from breezert.sched.plan import CodecBatch, StepPlan
+from breezert.sched.plan import StepPlan
 
 SAMPLES_PER_FRAME = 1920
 REPO = Path(__file__).resolve().parent.parent
@@ -76,11 +76,10 @@ class StageTimes:
     def step_ms(self, plan: StepPlan) -> float:
         """The model's time of one step."""
         if plan.stage is Stage.CODEC:
-            batch = plan.items
-            assert isinstance(batch, CodecBatch)
-            frames = sum(batch.num_frames.tolist())
+            items = list(plan.items)  # CODEC rows: this tree's or an older one's (host_step)
+            frames = sum(item.num_frames for item in items)
             base, per_frame, per_chunk = self.codec
-            return base + per_frame * max(0, frames - 1) + per_chunk * max(0, len(batch) - 1)
+            return base + per_frame * max(0, frames - 1) + per_chunk * max(0, len(items) - 1)
         points = self.points[plan.stage]
         rows = plan.num_rows
         xs = [x for x, _ in points]
@@ -175,12 +174,11 @@ class SimWorker:
         out = StageOutput()
         if plan.stage is Stage.DEPTH:
             out.first_codes = dict.fromkeys(plan.request_ids, 7)
-        elif isinstance(batch := plan.items, CodecBatch):
-            out.chunks = [DecodedChunk(request_id, start, frames,
-                                       np.zeros(frames * SAMPLES_PER_FRAME, np.float32), final)
-                          for request_id, start, frames, final in zip(
-                              batch.request_ids, batch.start_frame.tolist(),
-                              batch.num_frames.tolist(), batch.is_final.tolist(), strict=True)]
+        elif plan.stage is Stage.CODEC:
+            out.chunks = [DecodedChunk(item.request_id, item.start_frame, item.num_frames,
+                                       np.zeros(item.num_frames * SAMPLES_PER_FRAME, np.float32),
+                                       item.is_final)
+                          for item in plan.items]  # rows of any tree's CODEC plan
         return out
 
     def release(self, request_id: str) -> None:
