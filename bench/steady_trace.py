@@ -54,6 +54,7 @@ from typing import Any
 
 import torch
 
+from breezert.constants import FRAME_S
 from breezert.engine import Engine
 from breezert.options import SynthesisOptions
 from breezert.outputs import AudioChunk
@@ -192,6 +193,13 @@ def summarize(steps: list[dict[str, Any]]) -> dict[str, Any]:
     out["gpu_busy_share"] = round(busy / wall, 4) if wall else None
     out["host_ms_per_step"] = {k: round(sum(s[k] for s in steps) / len(steps), 4)
                                for k in PARTS + ("launch",) if k != "gpu"}
+    # every DEPTH step makes one frame (80 ms of audio) per request it runs
+    depth = by_stage.get("depth", [])
+    out["frame_period_ms"] = round(wall / len(depth), 3) if depth else None
+    out["audio_s_per_s"] = (round(FRAME_S * sum(s["rows"] for s in depth) / (wall / 1000), 1)
+                            if depth and wall else None)
+    out["gpu_share_by_stage"] = {stage: round(sum(g["gpu"] for g in group) / wall, 4)
+                                 for stage, group in sorted(by_stage.items())} if wall else {}
     return out
 
 
@@ -339,7 +347,9 @@ def main() -> None:
         s = run["summary"]
         print(f"{n} streams ({run['started']} started): {s['steps']} steps, "
               f"GPU busy {100 * (s['gpu_busy_share'] or 0):.1f} % of {s['wall_ms']:.1f} ms; "
-              f"host per step {s['host_ms_per_step']}", flush=True)
+              f"host per step {s['host_ms_per_step']}; a frame every "
+              f"{s['frame_period_ms']} ms, {s['audio_s_per_s']} s of audio a second, GPU share "
+              f"by stage {s['gpu_share_by_stage']}", flush=True)
         for stage, st in s["stages"].items():
             print(f"  {stage:12s} x{st['steps']:<4d} rows {st['rows']:6.1f}  " +
                   "  ".join(f"{k} {st[k]:.3f}" for k in PARTS + EXTRA), flush=True)

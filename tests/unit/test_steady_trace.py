@@ -41,3 +41,11 @@ def test_a_steady_run_splits_each_step_into_its_parts(tmp_path: Path) -> None:
             assert sum(s[part] for part in PARTS) <= s["wall"] + 1e-3, s
         assert 0 < run["summary"]["gpu_busy_share"] < 1
         assert max(s["rows"] for s in steps if s["stage"] == "depth") == run["streams"]
+        summary = run["summary"]
+        depth = [s for s in steps if s["stage"] == "depth"]
+        wall = sum(s["wall"] for s in steps)
+        assert summary["frame_period_ms"] == pytest.approx(wall / len(depth), rel=1e-3)
+        assert summary["audio_s_per_s"] == pytest.approx(
+            0.08 * sum(s["rows"] for s in depth) / (wall / 1000), rel=1e-2)
+        assert sum(summary["gpu_share_by_stage"].values()) == pytest.approx(
+            summary["gpu_busy_share"], abs=1e-3)
