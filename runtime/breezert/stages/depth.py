@@ -123,10 +123,6 @@ def depth_frames(
     return {"codes": torch.stack(codes, dim=1)}
 
 
-def _pick(values: Sequence[str], keep: np.ndarray) -> list[str]:
-    return [value for value, kept in zip(values, keep.tolist(), strict=True) if kept]
-
-
 def depth_frames_from_slots(
     table: Slots, frame_fn: Callable[..., dict[str, torch.Tensor]],
     row_ids: torch.Tensor,  # [C, B] int64: slot * 2 + branch (C = 2: cond rows, uncond rows)
@@ -172,11 +168,12 @@ class DepthStage:
         out = StageOutput()
         table = self.slots
         full = table.ring_would_overflow(batch.slots, batch.output_frame_index)
-        for request_id in _pick(batch.request_ids, full):
-            out.failed[request_id] = (
-                f"DEPTH: {table.ring_frames} frames already wait for the codec (the slot "
-                "table's ring is full)")
-        batch = batch.select(~full) if full.any() else batch
+        if full.any():
+            for request_id in batch.select(full).request_ids:
+                out.failed[request_id] = (
+                    f"DEPTH: {table.ring_frames} frames already wait for the codec (the slot "
+                    "table's ring is full)")
+            batch = batch.select(~full)
         if not len(batch):
             return out
         table.check_holders(batch.slots, batch.request_ids)
