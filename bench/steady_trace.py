@@ -35,8 +35,8 @@ Host times come from ``perf_counter``; GPU times from events against a base even
 idle device, so both share one time line (to the launch latency, a few us). Prints per stage and
 overall: mean of each part, the GPU's busy share and the idle between steps; writes JSON with the
 GPU, torch version, commit and date. ``--launch-probe``: after the runs, each captured graph's
-launch on the host (the time inside ``replay()``) beside its GPU time, with its nodes by type:
-whether a step's ``prep`` is the graph's launch.
+launch on the host (the time inside ``replay()``) beside its GPU time (and the DEPTH graphs'
+kernel counts): what a launch costs the host.
 
 Owns nothing the runtime uses. Must not: be read as the served throughput (no listeners, no
 event loop; ``breezert-bench`` measures that).
@@ -161,7 +161,7 @@ class StepSpans:
                 gpu = f1 - f0
             row = {"stage": r["stage"], "rows": r["rows"],
                    "schedule": s1 - s0, "prep": f0 - e0, "gpu": gpu,
-                   "post": max(0.0, e1 - max(f1, min(g1, e1))), "commit": o1 - c0,
+                   "post": e1 - max(f1, min(g1, e1)), "commit": o1 - c0,
                    "launch": f1 - f0,
                    "idle_before": 0.0 if last_gpu_end is None else max(0.0, g0 - last_gpu_end),
                    "wall": o1 - s0}
@@ -233,32 +233,6 @@ def run_streams(engine: Engine, spans: StepSpans, texts: list[str], streams: int
             "steps": table}
 
 
-def graph_nodes(graph: torch.cuda.CUDAGraph) -> dict[str, int] | None:
-    """Nodes of a captured graph by type (kernel, memcpy, memset, ...), read with the driver's
-    ``cuGraphGetNodes`` / ``cuGraphNodeGetType``; None where the driver or torch cannot say."""
-    try:
-        import ctypes
-
-        cuda = ctypes.CDLL("libcuda.so.1")
-        handle = ctypes.c_void_p(graph.raw_cuda_graph())
-        count = ctypes.c_size_t(0)
-        if cuda.cuGraphGetNodes(handle, None, ctypes.byref(count)) != 0:
-            return None
-        nodes = (ctypes.c_void_p * count.value)()
-        if cuda.cuGraphGetNodes(handle, nodes, ctypes.byref(count)) != 0:
-            return None
-        names = {0: "kernel", 1: "memcpy", 2: "memset", 3: "host", 4: "graph", 5: "empty",
-                 6: "wait_event", 7: "event_record", 10: "mem_alloc", 11: "mem_free"}
-        kinds: dict[str, int] = defaultdict(int)
-        for node in nodes:
-            kind = ctypes.c_int(-1)
-            cuda.cuGraphNodeGetType(ctypes.c_void_p(node), ctypes.byref(kind))
-            kinds[names.get(kind.value, str(kind.value))] += 1
-        return {"total": int(count.value), **kinds}
-    except Exception:  # noqa: BLE001 - a probe: no driver symbol, no raw handle
-        return None
-
-
 def traced_kernels(graph: torch.cuda.CUDAGraph) -> int:
     """Kernels one replay of ``graph`` runs, counted by the profiler (torch keeps no
     ``cudaGraph_t`` after instantiation unless asked to, so the driver cannot list nodes)."""
@@ -275,8 +249,9 @@ def traced_kernels(graph: torch.cuda.CUDAGraph) -> int:
 
 def launch_probe(engine: Engine, repeats: int = 3) -> list[dict[str, Any]]:
     """Each captured graph of every stage: the host's time inside ``replay()`` (the launch) and
-    the GPU's time from its start to its end, on an idle device, median of ``repeats``; with its
-    nodes by type. Run last: a replay rewrites the slot rows its static inputs name."""
+    the GPU's time from its start to its end, on an idle device, median of ``repeats``; for the
+    DEPTH graphs (the largest) the kernels a replay runs. Run last: a replay rewrites the slot
+    rows its static inputs name."""
     rows: list[dict[str, Any]] = []
     for stage, worker in engine.runner.stages.items():
         runners = [(name, value) for name, value in vars(worker).items()
@@ -297,12 +272,10 @@ def launch_probe(engine: Engine, repeats: int = 3) -> list[dict[str, Any]]:
                     torch.cuda.synchronize()
                     gpu.append(start.elapsed_time(end) / 1000)
                 stage_name = getattr(stage, "value", str(stage))
-                nodes = graph_nodes(graph)
-                if nodes is None and stage_name == "depth":
-                    nodes = {"kernels_traced": traced_kernels(graph)}
                 rows.append({"stage": stage_name, "runner": name,
                              "key": repr(key), "launch_ms": round(statistics.median(host) * 1e3, 4),
-                             "gpu_ms": round(statistics.median(gpu) * 1e3, 4), "nodes": nodes})
+                             "gpu_ms": round(statistics.median(gpu) * 1e3, 4),
+                             "kernels": traced_kernels(graph) if stage_name == "depth" else None})
     return rows
 
 
@@ -360,7 +333,7 @@ def main() -> None:
         for row in sorted(launches, key=lambda r: -r["launch_ms"])[:25]:
             print(f"  launch {row['stage']:8s} {row['runner']:18s} {row['key']:24s} "
                   f"host {row['launch_ms']:7.3f} ms  gpu {row['gpu_ms']:7.3f} ms  "
-                  f"nodes {row['nodes']}", flush=True)
+                  f"kernels {row['kernels']}", flush=True)
 
 
 if __name__ == "__main__":
