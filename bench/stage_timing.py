@@ -56,10 +56,11 @@ def measure(batches: list[int], mode: str, context: int,
             text_tokens: tuple[int, ...] = (32, 64, 128)) -> dict:
     # every DECODE row (two a request: CFG) holds a whole context bucket of blocks, plus spare
     # (5 Dec: 4,096 blocks stopped the 256-request row, which needs 6,400 for 384 cached tokens)
-    blocks = max(4096, 2 * max(batches) * -(-context // 16) + 64)
+    block = 16
+    blocks = max(4096, 2 * max(batches) * -(-context // block) + 64)
     cfg = EngineConfig.from_dict({
         "model": {"preset": "full", "dtype": "bfloat16", "device": "cuda"},
-        "cache": {"block_size": 16, "num_blocks": blocks},
+        "cache": {"block_size": block, "num_blocks": blocks},
         "scheduler": {"max_running_requests": max(batches), "max_model_len": 2048,
                       "max_decode_rows": 2 * max(batches), "max_depth_rows": 2 * max(batches)},
         "graph": {"enable_cuda_graphs": True, **MODES[mode], 
