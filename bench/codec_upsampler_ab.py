@@ -7,12 +7,14 @@ Usage (GPU machine, repo root): ``PYTHONPATH=runtime:bench python bench/codec_up
 
 The decoder's first block upsamples 1536 -> 768 channels as one GEMM (``_CausalTransConv._gemm``)
 on ``[B, 1 + T, Cin]``. Read as the transposed view of the ``[B, Cin, 1 + T]`` activation, its
-leading dimension is ``1 + T`` (always odd), and cuBLAS ran an unaligned kernel: 6.4 ms of a 36 ms
-eager CODEC step at 256 streams x 1 frame on the H100 (``bench/results/h100-census-256-20261205.txt``).
-For each (streams, frames) shape this times one graph replay of the full-size random serving
-codec (``StreamingCodec.for_serving``, ``fast``) with the runtime's ``_gemm`` (``after``) and with
-the transposed view (``before``, defined here), median of 20 CUDA-event timings as
-``codec_precision.py`` takes them, and checks the two waveforms of one step agree. Prints a line per shape; writes JSON with the GPU, torch version, commit and date.
+leading dimension is ``1 + T`` (always odd), and cuBLAS ran an unaligned kernel: 6.4 ms of a
+36 ms eager CODEC step at 256 streams x 1 frame on the H100
+(``bench/results/h100-census-256-20261205.txt``). For each (streams, frames) shape this times
+one graph replay of the full-size random serving codec (``StreamingCodec.for_serving``,
+``fast``) with the runtime's ``_gemm`` (``after``) and with the transposed view (``before``,
+defined here), median of 20 CUDA-event timings as ``codec_precision.py`` takes them, and checks
+the two waveforms of one step agree. Prints a line per shape; writes JSON with the GPU, torch
+version, commit and date.
 
 Owns the ``before`` variant for this comparison only. Must not: be imported by the runtime.
 """

@@ -1,13 +1,13 @@
 """CODEC: decode the frames of each chunk with the exact streaming codec, many streams at once.
 
-Owns: grouping a step's CODEC chunks (one ``CodecBatch`` of arrays) into replays, padding each replay to a (streams, frames)
-bucket (padding rows decode into a scratch slot), the graphed gather → step → scatter function,
-resetting a slot's state at a request's first chunk, and turning waveforms into
-``DecodedChunk``s. Chunks of different sizes share a replay (each row decodes its own count,
-``StreamingCodec.decode(num_frames=)``): a step's chunks are split into the groups of sizes that
-minimise padded frames plus a fixed cost per replay. The graphs read
-each chunk's frames from the slot table's ring (``codec_from_ring``): the host uploads only slot
-and frame indices. Must not: decide chunk sizes (the scheduler and the Predictor do).
+Owns: grouping a step's CODEC chunks (one ``CodecBatch`` of arrays) into replays, padding each
+replay to a (streams, frames) bucket (padding rows decode into a scratch slot), the graphed gather
+→ step → scatter function, resetting a slot's state at a request's first chunk, and turning
+waveforms into ``DecodedChunk``s. Chunks of different sizes share a replay (each row decodes its
+own count, ``StreamingCodec.decode(num_frames=)``): a step's chunks are split into the groups of
+sizes that minimise padded frames plus a fixed cost per replay. The graphs read each chunk's frames
+from the slot table's ring (``codec_from_ring``): the host uploads only slot and frame indices.
+Must not: decide chunk sizes (the scheduler and the Predictor do).
 """
 
 from __future__ import annotations

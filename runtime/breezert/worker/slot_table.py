@@ -1,17 +1,17 @@
 """Per-slot state of the running requests, on the engine's device: the one slot-state path.
 
 Owns: fixed-capacity tensors on the engine's device, one row per slot plus a scratch row (slot
-``max_slots``) that bucket padding reads and writes: the sampling parameters, seed, frame
-counter, CFG, repetition penalty and EOS switch of each request (written at admission), the
-repetition mask and the backbone state of the active segment (reset at each segment start), the
-last frame and a ring of frames waiting for the codec (written by DEPTH inside its graph), each
-branch's KV block table (written when DECODE first sees it: a segment's table never changes),
-and the sync-free index ops the graphed stage functions use to gather and scatter them. On the
-host it keeps only what admission and the stages' launch choices need: each slot's
-``SlotParams`` (and its holder, CFG and top-k as arrays, for a batch), and each segment's prompt rows and PREFILL states from TEXT_ENCODE to its first
-DEPTH step (a look-ahead segment gets them while the active one still runs). A freed slot's rows
-are reset to the scratch defaults. Must not: decide anything (the scheduler does), run models
-(the stages do) or copy device -> host.
+``max_slots``) that bucket padding reads and writes: the sampling parameters, seed, frame counter,
+CFG, repetition penalty and EOS switch of each request (written at admission), the repetition mask
+and the backbone state of the active segment (reset at each segment start), the last frame and a
+ring of frames waiting for the codec (written by DEPTH inside its graph), each branch's KV block
+table (written when DECODE first sees it: a segment's table never changes), and the sync-free index
+ops the graphed stage functions use to gather and scatter them. On the host it keeps only what
+admission and the stages' launch choices need: each slot's ``SlotParams`` (and its holder, CFG and
+top-k as arrays, for a batch), and each segment's prompt rows and PREFILL states from TEXT_ENCODE
+to its first DEPTH step (a look-ahead segment gets them while the active one still runs). A freed
+slot's rows are reset to the scratch defaults. Must not: decide anything (the scheduler does), run
+models (the stages do) or copy device -> host.
 
 The ring holds frame ``f`` of a request at ``f % ring_frames``: its head is the frame counter
 (device, advanced by DEPTH on every non-EOS frame), its tail the next frame a CODEC item
