@@ -196,7 +196,8 @@ def summarize(steps: list[dict[str, Any]]) -> dict[str, Any]:
     # every DEPTH step makes one frame (80 ms of audio) per request it runs
     depth = by_stage.get("depth", [])
     out["frame_period_ms"] = round(wall / len(depth), 3) if depth else None
-    out["audio_s_per_s"] = (round(FRAME_S * sum(s["rows"] for s in depth) / (wall / 1000), 1)
+    # four significant digits: a tiny CPU run makes well under 1 s of audio a second
+    out["audio_s_per_s"] = (float(f"{FRAME_S * sum(s['rows'] for s in depth) / (wall / 1000):.4g}")
                             if depth and wall else None)
     out["gpu_share_by_stage"] = {stage: round(sum(g["gpu"] for g in group) / wall, 4)
                                  for stage, group in sorted(by_stage.items())} if wall else {}
