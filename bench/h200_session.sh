@@ -12,7 +12,7 @@
 #        chain P1 P2...  | decode | decode-micro | decode-bench | tune | profile | stages |
 #        ablation-eager | ablation-a|b|c|d[@I/N] | sweep | sweep+ablation | latency |
 #        latency-nocap | predictor | predictor-edf | capacity-closed | capacity-open | capacity-tests | capacity-256 |
-#        burst | slack | voice | te-tokens | admit | path | tune-decode | trace | prefill | prefill-bench | before-after | gc | anatomy | depth-engine | tests-changed | wgmma-stream | frame-tests | codec-precision | codec-upsampler | big-batch | steady | census-256 | margin |
+#        burst | slack | voice | te-tokens | admit | path | tune-decode | trace | prefill | prefill-bench | before-after | gc | anatomy | depth-engine | tests-changed | wgmma-stream | frame-tests | codec-precision | codec-upsampler | codec-ring | big-batch | steady | census-256 | margin |
 #        room (issue 34: carry=[".roombundle"] alone, built by `make room-bundle`; see the phase) |
 #        scaleout (issue 36: kind nvidia-h200-x4, carry=[".roombundle"]; SCALE_K, SCALE_DISPATCH)
 # An ablation phase with @I/N runs shard I of N of its requests (bench --shard).
@@ -376,10 +376,18 @@ case "$phase" in
   codec-upsampler)  # issue 31: the serving codec's step with the wide upsampler's GEMM on a
     # row-major copy (the runtime) against the transposed view it replaced (cuBLAS's unaligned
     # kernel: 6.4 of 36 ms at 256 x 1 on the H100), one process; then the codec's GPU tests
-    timeout 300 python3 bench/codec_upsampler_ab.py --out "$out/h200-codec-upsampler-ab.json" \
+    timeout 300 python3 bench/codec_ab.py --change upsampler \
+      --out "$out/h200-codec-upsampler-ab.json" \
       2>&1 | grep -v Warn | tail -12
     timeout 200 python3 -m pytest tests/gpu/test_gpu_codec.py -q -p no:cacheprovider 2>&1 \
       | tee "$out/codec_tests.log" | tail -3 ;;
+  codec-ring)  # issue 31: the codec's K/V rings read and written in place, one kernel a layer
+    # (kernels/codec_attention.py), against the whole state gathered and scattered around the
+    # step (bench/codec_ab.py, one process); the codec's GPU tests first (the kernel's own too)
+    timeout 240 python3 -m pytest tests/gpu/test_gpu_codec.py -q -p no:cacheprovider 2>&1 \
+      | tee "$out/codec_tests.log" | tail -4
+    timeout 300 python3 bench/codec_ab.py --change ring --out "$out/h200-codec-ring-ab.json" \
+      2>&1 | grep -v Warn | tail -12 ;;
   codec-precision)  # issue 31: the codec's precisions side by side (bench/codec_precision.py:
     # SNR against strict fp32, streamed against one-shot, step ms at 1-256 streams; fp16 new on
     # 5 Dec), then the codec's GPU tests (fp16 held to TF32's SNR bound)

@@ -326,6 +326,31 @@ def _snake() -> tuple[Warm, Callable[[], None]]:
     return None, serve
 
 
+def _codec_attention() -> tuple[Warm, Callable[[], None]]:
+    from breezert.kernels.codec_attention import ring_attention
+    from breezert.models.config import CodecConfig
+
+    cfg = CodecConfig()
+
+    def serve() -> None:  # every codec precision's dtype, one frame and a 16-frame piece
+        h, d, ring = cfg.num_heads, cfg.head_dim, cfg.sliding_window - 1
+        saved = torch.backends.cuda.matmul.allow_tf32
+        for dtype, tf32 in ((torch.float32, False), (torch.float32, True), (torch.bfloat16, False),
+                            (torch.float16, False)):
+            torch.backends.cuda.matmul.allow_tf32 = tf32  # the codec's tf32 precision
+            arena = torch.zeros(5, cfg.num_layers, 2, cfg.num_kv_heads, ring, d, dtype=dtype,
+                                device="meta")
+            for t in (1, 16):
+                q = torch.zeros(4, t, h, d, dtype=dtype, device="meta").transpose(1, 2)
+                k = torch.zeros(4, t, cfg.num_kv_heads, d, dtype=dtype,
+                                device="meta").transpose(1, 2)
+                rows = torch.zeros(4, dtype=torch.long, device="meta")
+                ring_attention(q, k, k, arena[:, 3], rows, rows, rows, cfg.sliding_window)
+        torch.backends.cuda.matmul.allow_tf32 = saved
+
+    return None, serve
+
+
 VARIANTS: dict[str, Callable[[], tuple[Warm, Callable[[], None]]]] = {
     "depth by-rows": lambda: _depth("by-rows", False, 1),
     "depth by-rows pdl": lambda: _depth("by-rows", True, 1),
@@ -341,6 +366,7 @@ VARIANTS: dict[str, Callable[[], tuple[Warm, Callable[[], None]]]] = {
     "sampler": _sampler,
     "persistent depth": _persistent_depth,
     "snake": _snake,
+    "codec attention": _codec_attention,
 }
 """Each module variant a config or a tuning run can select -> ``(warm, serve)``: its start-up
 build (None: a plain function, built when the stage's graphs are captured), and every shape the

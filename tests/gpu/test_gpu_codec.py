@@ -115,3 +115,46 @@ def test_mixed_size_graph_replay_equals_per_size_decoding(
             done[i] += n
     assert graphs.num_replays == 3
     assert mixed.positions[:4].tolist() == plain.positions[:4].tolist() == done
+
+
+@pytest.mark.parametrize("dtype,tf32", [(torch.float32, False), (torch.float32, True),
+                                        (torch.bfloat16, False)])
+def test_ring_attention_kernel_matches_the_torch_ring_at_full_size(dtype: torch.dtype,
+                                                                    tf32: bool) -> None:
+    """The compiled in-place ring attention against ``_RowsRing`` at the full codec's shapes:
+    one frame and 16-frame pieces, rows fresh, mid-ring, at the wrap and far past it, padding
+    frames; the ring's entries written bit for bit, every other slot and entry untouched."""
+    from breezert.kernels.codec_attention import ring_attention
+    from breezert.models.codec import _RowsRing
+    from breezert.models.config import CodecConfig
+
+    cfg = CodecConfig()
+    window, ring = cfg.sliding_window, cfg.sliding_window - 1
+    gen = torch.Generator(device="cuda").manual_seed(3)
+    arena = torch.randn(9, 2, cfg.num_kv_heads, ring, cfg.head_dim, device="cuda",
+                        generator=gen).to(dtype)
+    slot_ids = torch.tensor([7, 0, 3, 5, 2, 8], device="cuda")
+    saved = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = tf32
+    try:
+        for t, pos, frames in ((1, [0, 5, 70, 71, 300, 9], [1, 1, 1, 1, 1, 0]),
+                               (16, [0, 60, 64, 71, 500, 3], [16, 16, 9, 1, 16, 0])):
+            pos = torch.tensor(pos, device="cuda")
+            frames = torch.tensor(frames, device="cuda")
+            shape = (6, t, cfg.num_heads, cfg.head_dim)
+            q = torch.randn(shape, device="cuda", generator=gen).to(dtype).transpose(1, 2)
+            k, v = (torch.randn(6, t, cfg.num_kv_heads, cfg.head_dim, device="cuda",
+                                generator=gen).to(dtype).transpose(1, 2) for _ in range(2))
+            want_arena = arena.clone()
+            got = ring_attention(q, k, v, arena, slot_ids, pos, frames, window).float()
+            torch.backends.cuda.matmul.allow_tf32 = False  # the reference in fp32
+            rows = _RowsRing(want_arena[slot_ids][:, None].float(), pos, frames, window)
+            want = rows.attend(0, q.float(), k.float(), v.float())
+            torch.backends.cuda.matmul.allow_tf32 = tf32
+            want_arena[slot_ids] = rows.new()[:, 0].to(dtype)
+            tol = {(torch.float32, False): 1e-5, (torch.float32, True): 5e-3,
+                   (torch.bfloat16, False): 3e-2}[(dtype, tf32)]
+            torch.testing.assert_close(got, want, atol=tol, rtol=tol)
+            assert torch.equal(arena, want_arena)
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = saved

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import math
+import os
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -65,7 +66,8 @@ class CodecStreamState:
     """Exact decoder state of a batch of streams; the leading dim is the slot (or batch row)."""
 
     conv: Tensor  # [S, num_conv_values]  flat causal-conv input histories
-    kv: Tensor  # [S, num_layers, 2, num_kv_heads, window - 1, head_dim]  RoPE'd keys, values
+    kv: Tensor  # [S, num_layers, 2, num_kv_heads, R, head_dim]  RoPE'd keys, values of the
+    #             last R = window - 1 frames in a ring: frame p at entry p % R
     pos: Tensor  # [S] int64  frames decoded so far (absolute RoPE position of the next frame)
 
     @staticmethod
@@ -78,14 +80,6 @@ class CodecStreamState:
             kv=torch.zeros(num_slots, *_kv_state_shape(cfg), device=device, dtype=dtype),
             pos=torch.zeros(num_slots, device=device, dtype=torch.long),
         )
-
-    def gather(self, slot_ids: Tensor) -> CodecStreamState:
-        return CodecStreamState(self.conv[slot_ids], self.kv[slot_ids], self.pos[slot_ids])
-
-    def scatter_(self, slot_ids: Tensor, new: CodecStreamState) -> None:
-        self.conv.index_copy_(0, slot_ids, new.conv)
-        self.kv.index_copy_(0, slot_ids, new.kv)
-        self.pos.index_copy_(0, slot_ids, new.pos)
 
     def reset_(self, slot_ids: Tensor) -> None:
         # NOTE: zeroing K/V is not needed for exactness (pos 0 masks every cached key), but it
@@ -408,18 +402,100 @@ class _SplitQuantizer(nn.Module):
 
 
 # ------------------------------------------------------------------------------- transformer
-def _window_mask(pos: Tensor, num_new: int, window: int) -> tuple[Tensor, Tensor]:
-    """Absolute query positions [B, T] and the keep-mask [B, 1, T, window - 1 + T].
+def _ring_mask(pos: Tensor, num_new: int, window: int) -> tuple[Tensor, Tensor]:
+    """Absolute query positions [B, T] and the keep-mask [B, 1, T, window - 1 + T] over a row's
+    ring (``R = window - 1`` entries) followed by its ``T`` new frames.
 
-    Key slot j < window - 1 holds position ``pos - (window - 1) + j`` (negative = never filled);
-    the rest are the new frames. A query at q sees keys with ``q - window < k <= q``, k >= 0.
+    Ring entry ``r`` holds the latest frame ``p < pos`` with ``p % R == r`` (negative: never
+    written). A query at q sees keys with ``q - window < k <= q``, k >= 0.
     """
+    ring = window - 1
     q_pos = pos[:, None] + torch.arange(num_new, device=pos.device)  # [B, T]
-    past = torch.arange(1 - window, 0, device=pos.device)  # [window - 1]
-    k_pos = torch.cat([pos[:, None] + past, q_pos], dim=1)  # [B, window - 1 + T]
-    rel = q_pos[:, :, None] - k_pos[:, None, :]  # [B, T, window - 1 + T]
+    r = torch.arange(ring, device=pos.device)
+    ring_pos = pos[:, None] - 1 - torch.remainder(pos[:, None] - 1 - r, ring)  # [B, R]
+    k_pos = torch.cat([ring_pos, q_pos], dim=1)  # [B, R + T]
+    rel = q_pos[:, :, None] - k_pos[:, None, :]  # [B, T, R + T]
     keep = (k_pos[:, None, :] >= 0) & (rel >= 0) & (rel < window)
     return q_pos, keep[:, None]
+
+
+def _ring_update(ring: Tensor, new: Tensor, pos: Tensor, num_frames: Tensor | None) -> Tensor:
+    """The rows' rings after a step: ``ring [B, 2, Hkv, R, D]`` with the step's K/V ``new [B, 2,
+    Hkv, T, D]`` of the real frames (``num_frames [B]``, or all ``T``) written at ``(pos + t) %
+    R``; where several frames of a step share an entry the last one stays. No host sync."""
+    b, _, _, size, _ = ring.shape
+    t = new.shape[3]
+    n = torch.full_like(pos, t) if num_frames is None else num_frames.to(pos.device)
+    first = torch.remainder(torch.arange(size, device=pos.device) - pos[:, None], size)  # [B, R]
+    last = first + size * torch.div(n[:, None] - 1 - first, size, rounding_mode="floor")
+    hit = last >= first  # entry r gets a frame of this step: the latest t <= n - 1 at r
+    index = last.clamp(0, t - 1)[:, None, None, :, None].expand(b, 2, new.shape[2], size,
+                                                                  new.shape[4])
+    return torch.where(hit[:, None, None, :, None], new.gather(3, index), ring)
+
+
+class _RowsRing:
+    """The K/V rings of one step's rows, gathered (``[B, L, 2, Hkv, R, D]``): attention in torch
+    over them, the new rings kept aside (``new()``). Functional: autograd flows through the
+    step's keys, the rows' inputs stay untouched."""
+
+    def __init__(self, rings: Tensor, pos: Tensor, num_frames: Tensor | None,
+                 window: int) -> None:
+        self.rings, self.pos, self.num_frames, self.window = rings, pos, num_frames, window
+        self._keep: Tensor | None = None
+        self._new: list[Tensor] = []
+
+    def attend(self, layer: int, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+        """``q [B, H, T, D]``, ``k``/``v [B, Hkv, T, D]`` (RoPE'd) -> ``[B, T, H * D]``."""
+        b, heads, t, _ = q.shape
+        if self._keep is None:
+            self._keep = _ring_mask(self.pos, t, self.window)[1]
+        ring = self.rings[:, layer]  # [B, 2, Hkv, R, D]
+        self._new.append(_ring_update(ring, torch.stack([k, v], dim=1), self.pos,
+                                      self.num_frames))
+        k, v = torch.cat([ring[:, 0], k], dim=2), torch.cat([ring[:, 1], v], dim=2)
+        rep = heads // k.shape[1]
+        if rep > 1:
+            k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=self._keep)  # [B, H, T, D]
+        return out.transpose(1, 2).reshape(b, t, -1)
+
+    def new(self) -> Tensor:
+        return torch.stack(self._new, dim=1)
+
+
+class _ArenaRing:
+    """The K/V rings of one step's rows read and written in place in the arena ``[S, L, 2, Hkv,
+    R, D]`` at ``slot_ids``: with ``fast``, ``kernels/codec_attention.py`` where it runs (CUDA,
+    or the CPU interpreter); else ``_RowsRing``'s arithmetic one layer at a time, written back
+    by slot."""
+
+    def __init__(self, arena: Tensor, slot_ids: Tensor, pos: Tensor,
+                 num_frames: Tensor | None, window: int, fast: bool) -> None:
+        self.arena, self.slot_ids, self.pos = arena, slot_ids, pos
+        self.num_frames, self.window = num_frames, window
+        self.kernel = _codec_attention() if fast else None
+
+    def attend(self, layer: int, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+        if self.kernel is not None and q.shape[2] <= self.kernel.MAX_NEW_FRAMES:
+            return self.kernel.ring_attention(
+                q, k, v, self.arena[:, layer], self.slot_ids, self.pos, self.num_frames,
+                self.window)
+        rows = _RowsRing(self.arena[self.slot_ids, layer][:, None], self.pos, self.num_frames,
+                         self.window)
+        out = rows.attend(0, q, k, v)
+        self.arena[:, layer].index_copy_(0, self.slot_ids, rows.new()[:, 0])
+        return out
+
+
+def _codec_attention():  # noqa: ANN202 - imports Triton: only where its kernels can run
+    """``kernels.codec_attention`` when its kernel runs here (CUDA, or ``TRITON_INTERPRET=1``),
+    else ``None``."""
+    if not (torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET") == "1"):
+        return None
+    from breezert.kernels import codec_attention
+
+    return codec_attention
 
 
 _INV_FREQ: dict[tuple[int, float, torch.device], Tensor] = {}
@@ -484,26 +560,15 @@ class _Attention(nn.Module):
         self.v_proj = nn.Linear(cfg.hidden_size, cfg.num_kv_heads * cfg.head_dim, bias=False)
         self.o_proj = nn.Linear(cfg.num_heads * cfg.head_dim, cfg.hidden_size, bias=False)
 
-    def forward(
-        self, x: Tensor, cos: Tensor, sin: Tensor, kv: Tensor, keep: Tensor, carry: _Carry
-    ) -> tuple[Tensor, Tensor]:
-        # x [B, T, hidden]; kv [B, 2, Hkv, W-1, D] (cached, already rotated); keep [B, 1, T, W-1+T]
+    def forward(self, x: Tensor, cos: Tensor, sin: Tensor, ring: _RowsRing | _ArenaRing,
+                layer: int) -> Tensor:
+        # x [B, T, hidden]; ``ring`` attends over the cached window and keeps the new keys
         b, t, _ = x.shape
         q = self.q_proj(x).view(b, t, self.num_heads, self.head_dim).transpose(1, 2)
         k = self.k_proj(x).view(b, t, self.num_kv_heads, self.head_dim).transpose(1, 2)
         v = self.v_proj(x).view(b, t, self.num_kv_heads, self.head_dim).transpose(1, 2)
         q, k = apply_rope_signed(q, cos, sin), apply_rope_signed(k, cos, sin)
-        k = torch.cat([kv[:, 0], k], dim=2)  # [B, Hkv, W-1+T, D]
-        v = torch.cat([kv[:, 1], v], dim=2)
-        keep_len = kv.shape[3]
-        new_kv = (torch.stack([carry.keep_last(k, keep_len, t, dim=2),
-                               carry.keep_last(v, keep_len, t, dim=2)], dim=1)
-                  if keep_len else kv)
-        rep = self.num_heads // self.num_kv_heads
-        if rep > 1:
-            k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=keep)  # [B, H, T, D]
-        return self.o_proj(out.transpose(1, 2).reshape(b, t, -1)), new_kv
+        return self.o_proj(ring.attend(layer, q, k, v))
 
 
 class _Mlp(nn.Module):
@@ -527,13 +592,11 @@ class _TransformerLayer(nn.Module):
         self.mlp = _Mlp(cfg)
         self.mlp_layer_scale = LayerScale(cfg.hidden_size, cfg.layer_scale_initial_scale)
 
-    def forward(
-        self, x: Tensor, cos: Tensor, sin: Tensor, kv: Tensor, keep: Tensor, carry: _Carry
-    ) -> tuple[Tensor, Tensor]:
-        h, new_kv = self.self_attn(self.input_layernorm(x), cos, sin, kv, keep, carry)
-        x = x + self.self_attn_layer_scale(h)
-        x = x + self.mlp_layer_scale(self.mlp(self.post_attention_layernorm(x)))
-        return x, new_kv
+    def forward(self, x: Tensor, cos: Tensor, sin: Tensor, ring: _RowsRing | _ArenaRing,
+                layer: int) -> Tensor:
+        x = x + self.self_attn_layer_scale(self.self_attn(self.input_layernorm(x), cos, sin,
+                                                          ring, layer))
+        return x + self.mlp_layer_scale(self.mlp(self.post_attention_layernorm(x)))
 
 
 class _PreTransformer(nn.Module):
@@ -545,16 +608,14 @@ class _PreTransformer(nn.Module):
         self.norm = _RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.output_proj = nn.Linear(cfg.hidden_size, cfg.latent_dim)
 
-    def forward(self, x: Tensor, kv: Tensor, pos: Tensor, carry: _Carry) -> tuple[Tensor, Tensor]:
-        # x [B, T, latent]; kv [B, L, 2, Hkv, W-1, D]; pos [B] -> ([B, T, latent], new kv)
+    def forward(self, x: Tensor, pos: Tensor, ring: _RowsRing | _ArenaRing) -> Tensor:
+        # x [B, T, latent]; pos [B] frames before the step -> [B, T, latent]
         h = self.input_proj(x)
-        q_pos, keep = _window_mask(pos, x.shape[1], self.cfg.sliding_window)
+        q_pos = pos[:, None] + torch.arange(x.shape[1], device=pos.device)  # [B, T]
         cos, sin = _rope(q_pos, self.cfg.head_dim, self.cfg.rope_theta, h.dtype)
-        new_kv = []
         for i, layer in enumerate(self.layers):
-            h, layer_kv = layer(h, cos, sin, kv[:, i], keep, carry)
-            new_kv.append(layer_kv)
-        return self.output_proj(self.norm(h)), torch.stack(new_kv, dim=1)
+            h = layer(h, cos, sin, ring, i)
+        return self.output_proj(self.norm(h))
 
 
 # ------------------------------------------------------------------------------- decoder
@@ -629,13 +690,17 @@ class CodecDecoder(nn.Module):
             ``(wav [B, F * samples_per_frame] in [-1, 1], state after the F frames)``; with
             ``num_frames`` only each row's first ``num_frames * samples_per_frame`` are audio.
         """
+        return self.decode_latent(self.latent(codes, fast, tables), state, num_frames, fast)
+
+    def latent(self, codes: Tensor, fast: bool = False,
+               tables: tuple[Tensor, Tensor] | None = None) -> Tensor:
+        """The quantizer's ``[B, codebook_dim, F]`` for ``codes [B, F, num_quantizers]``
+        (``fast``, ``tables``: as ``step`` takes them); ValueError on another shape."""
         if codes.dim() != 3 or codes.shape[-1] != self.cfg.num_quantizers:
             raise ValueError(
                 f"codes must be [B, F, {self.cfg.num_quantizers}], got {tuple(codes.shape)}"
             )
-        latent = (self.quantizer.decode_fast(codes) if fast
-                  else self.quantizer.decode(codes, tables))
-        return self.decode_latent(latent, state, num_frames, fast)
+        return self.quantizer.decode_fast(codes) if fast else self.quantizer.decode(codes, tables)
 
     def decode_latent(self, latent: Tensor, state: CodecStreamState,
                       num_frames: Tensor | None = None,
@@ -643,19 +708,27 @@ class CodecDecoder(nn.Module):
         """``step`` after the quantizer: ``latent [B, codebook_dim, F]`` (summed, projected
         codebook vectors) -> ``(wav [B, F * samples_per_frame], state)``. Keeps autograd on, so
         the codec trainer (``breezert_train``) drives the same graph the runtime decodes with."""
-        carry = _Carry(state.conv, self._state_spec, num_frames, latent.shape[-1], fast)
+        ring = _RowsRing(state.kv, state.pos, num_frames, self.cfg.sliding_window)
+        wav, conv = self.forward_rows(latent, state.conv, state.pos, ring, num_frames, fast)
+        advance = latent.shape[-1] if num_frames is None else num_frames
+        return wav, CodecStreamState(conv, ring.new(), state.pos + advance)
+
+    def forward_rows(self, latent: Tensor, conv: Tensor, pos: Tensor,
+                     ring: _RowsRing | _ArenaRing, num_frames: Tensor | None,
+                     fast: bool) -> tuple[Tensor, Tensor]:
+        """The decoder over one step's rows: their conv histories ``conv [B, num_conv_values]``
+        and positions ``pos [B]`` as inputs, their K/V rings behind ``ring`` -> ``(wav [B, F *
+        samples_per_frame], the new conv histories)``."""
+        carry = _Carry(conv, self._state_spec, num_frames, latent.shape[-1], fast)
         x = self.pre_conv(latent, carry)  # [B, latent, F]
-        h, kv = self.pre_transformer(x.transpose(1, 2), state.kv, state.pos, carry)
-        x = h.transpose(1, 2)  # [B, latent, F]
+        x = self.pre_transformer(x.transpose(1, 2), pos, ring).transpose(1, 2)  # [B, latent, F]
         for tconv, convnext in self.upsample:
             x = convnext(tconv(x, carry), carry)  # [B, latent, F * prod(ratios)]
         x = self.decoder[0](x, carry)  # [B, decoder_dim, ...]
         for block in self.decoder[1:-2]:
             x = block(x, carry)
         x = self.decoder[-1](x, carry, self.decoder[-2])  # [B, 1, F * samples_per_frame]
-        advance = latent.shape[-1] if num_frames is None else num_frames
-        new = CodecStreamState(carry.flat(), kv, state.pos + advance)
-        return x.squeeze(1).clamp(-1.0, 1.0), new
+        return x.squeeze(1).clamp(-1.0, 1.0), carry.flat()
 
     @torch.no_grad()
     def decode(self, codes: Tensor) -> Tensor:
@@ -758,13 +831,21 @@ class StreamingCodec:
         """Decodes ``codes [B, F, 16]`` for the distinct ``slot_ids [B]``; returns ``[B, F*1920]``
         (row ``i``'s first ``num_frames[i] * 1920`` samples when ``num_frames`` is given).
 
-        Gathers the slots' state, runs one batched step and writes the new state back.
+        Gathers the slots' conv histories and positions and writes them back after one batched
+        step; the K/V rings are read and written in place (``_ArenaRing``; with ``fast``, one
+        kernel a layer).
         """
-        slot_ids = slot_ids.to(self.state.pos.device)
+        state, slot_ids = self.state, slot_ids.to(self.state.pos.device)
+        pos = state.pos[slot_ids]
+        ring = _ArenaRing(state.kv, slot_ids, pos, num_frames, self.decoder.cfg.sliding_window,
+                          self.fast)
         with tf32_math(self.tf32):
-            wav, new = self.decoder.step(codes, self.state.gather(slot_ids), num_frames,
-                                         self.fast, self.tables)
-        self.state.scatter_(slot_ids, new)
+            latent = self.decoder.latent(codes, self.fast, self.tables)
+            wav, conv = self.decoder.forward_rows(latent, state.conv[slot_ids], pos, ring,
+                                                  num_frames, self.fast)
+        state.conv.index_copy_(0, slot_ids, conv)
+        state.pos.index_copy_(0, slot_ids, pos + (codes.shape[1] if num_frames is None
+                                                  else num_frames))
         return wav
 
 

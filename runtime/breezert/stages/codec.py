@@ -1,8 +1,9 @@
 """CODEC: decode the frames of each chunk with the exact streaming codec, many streams at once.
 
 Owns: grouping a step's CODEC chunks (one ``CodecBatch`` of arrays) into replays, padding each
-replay to a (streams, frames) bucket (padding rows decode into a scratch slot), the graphed gather
-→ step → scatter function, resetting a slot's state at a request's first chunk, and turning
+replay to a (streams, frames) bucket (padding rows decode into a scratch slot), the graphed step
+function (``StreamingCodec.decode``: conv histories gathered and written back, K/V rings read and
+written in place), resetting a slot's state at a request's first chunk, and turning
 waveforms into ``DecodedChunk``s. Chunks of different sizes share a replay (each row decodes its
 own count, ``StreamingCodec.decode(num_frames=)``): a step's chunks are split into the groups of
 sizes that minimise padded frames plus a fixed cost per replay. The graphs read each chunk's frames
@@ -27,7 +28,7 @@ def codec_step(
     codec: StreamingCodec, slot_ids: torch.Tensor, codes: torch.Tensor,
     num_frames: torch.Tensor | None = None,
 ) -> dict[str, torch.Tensor]:
-    """Decodes ``codes [B, F, 16]`` for ``slot_ids [B]`` (state gathered and written back);
+    """Decodes ``codes [B, F, 16]`` for ``slot_ids [B]`` (their state updated in the arena);
     ``num_frames [B]``: the real frames of each row (the rest is padding)."""
     return {"wav": codec.decode(slot_ids, codes, num_frames)}
 

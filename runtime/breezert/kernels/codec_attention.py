@@ -1,0 +1,149 @@
+"""The codec transformer's windowed attention, reading and writing each stream's K/V ring in place.
+
+Owns: ``ring_attention`` (one launch per layer: the step's queries against the ``R`` cached keys
+of each row's slot plus the step's own new keys, then the new keys of the row's real frames
+written into the slot's ring) and its kernel. The codec keeps, per stream and layer, the RoPE'd
+keys and values of its last ``R = window - 1`` frames in a ring: the key of frame ``p`` sits at
+``p % R`` (``models/codec.py`` states the layout and holds the eager math this kernel matches).
+Before it, a CODEC step gathered every row's whole window (4.6 MB a stream in fp32 at full size),
+concatenated the new keys, kept the last ``R`` and scattered the windows back: ~5 copies of the
+window a step, most of a 256-stream step's state traffic; this kernel reads the window once and
+writes only the new frames' entries. Must not: apply RoPE or the projections, or know slots'
+positions beyond what the caller passes (``pos``: frames decoded before the step).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+from torch import Tensor
+
+from breezert.kernels.gemm import DOT_F32
+
+MAX_NEW_FRAMES = 64
+"""Most frames of one step this kernel takes (the serving codec decodes <= 16 a replay)."""
+
+
+@triton.jit
+def _dot(a, b, PRECISION: tl.constexpr, F32: tl.constexpr):
+    if F32:  # the interpreter: 16-bit operands upcast (gemm.DOT_F32)
+        a = a.to(tl.float32)
+        b = b.to(tl.float32)
+    return tl.dot(a, b, input_precision=PRECISION)
+
+
+@triton.jit(do_not_specialize=["T", "R", "W"])
+def _ring_attention_kernel(
+    q_ptr, k_ptr, v_ptr, out_ptr, ring_ptr, slot_ptr, pos_ptr, frames_ptr,
+    T, R, W, scale,
+    sq_b, sq_h, sq_t, sk_b, sk_h, sk_t, sv_b, sv_h, sv_t,
+    sr_s, sr_kv, sr_h, sr_r,
+    H: tl.constexpr, REP: tl.constexpr, D: tl.constexpr, DP: tl.constexpr,
+    BT: tl.constexpr, BR: tl.constexpr, HAS_FRAMES: tl.constexpr, PRECISION: tl.constexpr,
+    F32: tl.constexpr,
+):
+    """Program (row b, KV head g): its ``REP`` query heads, then its ring entries' update.
+
+    ``out`` is ``[B, T, H, D]`` contiguous (o_proj's input as it is). Dots in the state's
+    dtype (fp32: ``PRECISION``, ``ieee`` or ``tf32``, as the codec's matmuls are set), fp32
+    accumulators, softmax in fp32 (the probabilities cast to the state's dtype for the second
+    dot, as a 16-bit flash attention does); the query tile is padded to ``BT >= 16`` rows and
+    ``D`` to ``DP >= 16`` for ``tl.dot``.
+    """
+    b = tl.program_id(0)
+    g = tl.program_id(1)
+    slot = tl.load(slot_ptr + b)
+    pos = tl.load(pos_ptr + b)
+    if HAS_FRAMES:
+        n = tl.load(frames_ptr + b)
+    else:
+        n = T
+    ts = tl.arange(0, BT)
+    rs = tl.arange(0, BR)
+    ds = tl.arange(0, DP)
+    t_ok = ts < T
+    d_ok = ds < D
+    r_ok = rs < R
+
+    ring = ring_ptr + slot * sr_s + g * sr_h
+    ring_at = rs[:, None] * sr_r + ds[None, :]
+    ring_mask = r_ok[:, None] & d_ok[None, :]
+    k_ring = tl.load(ring + ring_at, mask=ring_mask, other=0.0)  # [BR, DP]
+    v_ring = tl.load(ring + sr_kv + ring_at, mask=ring_mask, other=0.0)
+    new_mask = t_ok[:, None] & d_ok[None, :]
+    k_new = tl.load(k_ptr + b * sk_b + g * sk_h + ts[:, None] * sk_t + ds[None, :],
+                    mask=new_mask, other=0.0)  # [BT, DP], the ring's dtype
+    v_new = tl.load(v_ptr + b * sv_b + g * sv_h + ts[:, None] * sv_t + ds[None, :],
+                    mask=new_mask, other=0.0)
+
+    # ring entry r holds the latest frame p < pos with p % R == r (p < 0: never written)
+    ring_pos = pos - 1 - ((pos - 1 - rs + R) % R)  # [BR]
+    q_pos = pos + ts  # [BT]
+    keep_ring = ((ring_pos[None, :] >= 0) & r_ok[None, :]
+                 & (q_pos[:, None] - ring_pos[None, :] < W))  # [BT, BR]
+    rel = ts[:, None] - ts[None, :]
+    keep_new = (rel >= 0) & (rel < W) & t_ok[None, :]  # [BT, BT]: causal, inside the window
+    for j in tl.static_range(REP):
+        h = g * REP + j
+        q = tl.load(q_ptr + b * sq_b + h * sq_h + ts[:, None] * sq_t + ds[None, :],
+                    mask=new_mask, other=0.0)
+        s_ring = _dot(q, tl.trans(k_ring), PRECISION, F32) * scale
+        s_new = _dot(q, tl.trans(k_new), PRECISION, F32) * scale
+        s_ring = tl.where(keep_ring, s_ring, -1.0e30)
+        s_new = tl.where(keep_new, s_new, -1.0e30)
+        m = tl.maximum(tl.max(s_ring, axis=1), tl.max(s_new, axis=1))  # [BT]
+        p_ring = tl.where(keep_ring, tl.exp(s_ring - m[:, None]), 0.0)
+        p_new = tl.where(keep_new, tl.exp(s_new - m[:, None]), 0.0)
+        total = tl.sum(p_ring, axis=1) + tl.sum(p_new, axis=1)
+        total = tl.where(total > 0, total, 1.0)  # padding query rows (t >= T): never stored
+        acc = _dot(p_ring.to(v_ring.dtype), v_ring, PRECISION, F32)
+        acc += _dot(p_new.to(v_new.dtype), v_new, PRECISION, F32)
+        o = acc / total[:, None]
+        tl.store(out_ptr + ((b * T + ts[:, None]) * H + h) * D + ds[None, :],
+                 o.to(out_ptr.dtype.element_ty), mask=new_mask)
+
+    # every thread has read the ring before any overwrites it
+    tl.debug_barrier()
+    # the last R real frames go to their entries (t < n - R would be overwritten in this step)
+    write = t_ok & (ts < n) & (ts >= n - R)
+    at = ((pos + ts) % R)[:, None] * sr_r + ds[None, :]
+    w_mask = write[:, None] & d_ok[None, :]
+    tl.store(ring + at, k_new, mask=w_mask)
+    tl.store(ring + sr_kv + at, v_new, mask=w_mask)
+
+
+def ring_attention(q: Tensor, k: Tensor, v: Tensor, ring: Tensor, slot_ids: Tensor, pos: Tensor,
+                   num_frames: Tensor | None, window: int) -> Tensor:
+    """Windowed causal attention of ``q [B, H, T, D]`` over each row's ring and ``k``, ``v
+    [B, Hkv, T, D]`` (RoPE'd), then the real frames' keys and values written into the ring.
+
+    ``ring [S, 2, Hkv, R, D]``: one layer's rings of every slot (a view of the arena), updated
+    in place at ``slot_ids [B]`` (distinct, except padding rows that may share a scratch slot);
+    ``pos [B]`` int64: each row's frames before this step; ``num_frames [B]`` (or ``None``: all
+    ``T``): its real frames, the others are decoded and not kept. Returns ``[B, T, H * D]``.
+    CUDA, or CPU tensors under ``TRITON_INTERPRET=1``.
+    """
+    bsz, heads, t, d = q.shape
+    kv_heads, r = k.shape[1], ring.shape[3]
+    if t > MAX_NEW_FRAMES:
+        raise ValueError(f"ring_attention takes at most {MAX_NEW_FRAMES} new frames, got {t}")
+    for x in (q, k, v):
+        assert x.stride(-1) == 1, "the head dim must be contiguous"
+    assert ring.stride(-1) == 1 and ring.shape[1:] == (2, kv_heads, r, d), ring.shape
+    assert r == window - 1, f"a ring keeps window - 1 = {window - 1} frames, not {r}"
+    out = torch.empty(bsz, t, heads, d, device=q.device, dtype=q.dtype)
+    frames = pos if num_frames is None else num_frames  # never read without frames
+    _ring_attention_kernel[(bsz, kv_heads)](
+        q, k, v, out, ring, slot_ids, pos, frames,
+        t, r, window, d ** -0.5,
+        q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
+        v.stride(0), v.stride(1), v.stride(2),
+        ring.stride(0), ring.stride(1), ring.stride(2), ring.stride(3),
+        H=heads, REP=heads // kv_heads, D=d, DP=max(16, triton.next_power_of_2(d)),
+        BT=max(16, triton.next_power_of_2(t)), BR=max(16, triton.next_power_of_2(r)),
+        HAS_FRAMES=num_frames is not None, num_warps=4,
+        PRECISION="tf32" if torch.backends.cuda.matmul.allow_tf32 and not DOT_F32 else "ieee",
+        F32=DOT_F32,
+    )
+    return out.view(bsz, t, heads * d)

@@ -1,0 +1,89 @@
+"""The codec's in-place ring attention (kernels/codec_attention.py) against the torch ring math of
+``models/codec.py``, on CPU through Triton's interpreter; and a StreamingCodec that runs it equal
+to the offline decode (tests/gpu runs the same compiled, inside the codec's graphs)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tests.kernel_helpers import needs_triton, run_in_interpreter
+
+pytestmark = pytest.mark.unit
+
+
+def check_kernel(heads: int, kv_heads: int, head_dim: int, dtype: str) -> None:
+    from breezert.kernels.codec_attention import ring_attention
+    from breezert.models.codec import _RowsRing
+
+    torch.manual_seed(0)
+    dt = getattr(torch, dtype)
+    window, slots = 9, 6  # ring of 8: steps below wrap it and pass it
+    ring = 8
+    # rows at 0 (fresh), inside the first ring, at its wrap, far past it; padding frames in two
+    cases = [(0, 4, 4), (3, 4, 2), (6, 4, 4), (29, 4, 3), (40, 4, 1)]  # (pos, T, real frames)
+    arena = torch.randn(slots, 2, kv_heads, ring, head_dim).to(dt)
+    for t in (1, 4, 12):  # 12 > ring: a step's own frames overwrite each other
+        got_arena, want_arena = arena.clone(), arena.clone()
+        slot_ids = torch.tensor([4, 0, 2, 5, 1])
+        pos = torch.tensor([c[0] for c in cases])
+        frames = torch.tensor([min(c[2], t) for c in cases])
+        q = torch.randn(5, t, heads, head_dim).to(dt).transpose(1, 2)  # strided, as q_proj's
+        k = torch.randn(5, t, kv_heads, head_dim).to(dt).transpose(1, 2)
+        v = torch.randn(5, kv_heads, t, head_dim).to(dt)
+        for num_frames in (frames, None):
+            got = ring_attention(q, k, v, got_arena, slot_ids, pos, num_frames, window)
+            rows = _RowsRing(want_arena[slot_ids][:, None].float(), pos, num_frames, window)
+            want = rows.attend(0, q.float(), k.float(), v.float())
+            want_arena[slot_ids] = rows.new()[:, 0].to(dt)
+            tol = {torch.float32: 2e-5, torch.bfloat16: 2e-2}[dt]
+            torch.testing.assert_close(got.float(), want, atol=tol, rtol=tol)
+            # the ring: the real frames' entries written (bit for bit), every other entry kept
+            assert torch.equal(got_arena, want_arena)
+            pos = pos + (t if num_frames is None else num_frames)
+
+
+def check_streaming(kv_heads: int) -> None:
+    import dataclasses
+
+    from breezert.models.codec import CodecDecoder, StreamingCodec, init_codec_random_
+    from breezert.models.config import BreezeConfig
+
+    cfg = dataclasses.replace(BreezeConfig.tiny().codec, num_kv_heads=kv_heads, sliding_window=9)
+    dec = init_codec_random_(CodecDecoder(cfg), torch.Generator().manual_seed(2)).eval()
+    codes = torch.randint(0, 2048, (2, 30, 16), generator=torch.Generator().manual_seed(1))
+    full = dec.decode(codes)
+    from breezert.kernels import codec_attention
+
+    calls, kernel = [], codec_attention.ring_attention
+    codec_attention.ring_attention = lambda *a: calls.append(1) or kernel(*a)
+    sc = StreamingCodec(dec, max_slots=3, fast=True)  # the kernel (the interpreter's)
+    slots, cursor, parts = torch.tensor([2, 0]), [0, 0], [[], []]
+    for sizes in ([1, 3], [4, 4], [2, 1], [16, 16], [1, 5], [6, 1]):
+        f = max(sizes)
+        batch = torch.zeros(2, f, 16, dtype=torch.long)
+        for i, (c, n) in enumerate(zip(cursor, sizes, strict=True)):
+            batch[i, :n] = codes[i, c:c + n]
+        wav = sc.decode(slots, batch, torch.tensor(sizes))
+        for i, n in enumerate(sizes):
+            parts[i].append(wav[i, : n * 1920])
+            cursor[i] += n
+    for i in range(2):
+        torch.testing.assert_close(torch.cat(parts[i]), full[i, : cursor[i] * 1920],
+                                   atol=1e-5, rtol=0)
+    assert sc.positions[slots].tolist() == cursor
+    assert len(calls) == 6 * cfg.num_layers  # every step's every layer ran the kernel
+
+
+@needs_triton
+@pytest.mark.parametrize("heads,kv_heads,head_dim,dtype", [
+    (2, 2, 8, "float32"), (4, 2, 64, "float32"), (2, 1, 64, "bfloat16")])
+def test_ring_attention_matches_the_torch_ring(heads: int, kv_heads: int, head_dim: int,
+                                               dtype: str) -> None:
+    run_in_interpreter(__name__, f"check_kernel({heads}, {kv_heads}, {head_dim}, {dtype!r})")
+
+
+@needs_triton
+@pytest.mark.parametrize("kv_heads", [2, 1])
+def test_a_streaming_codec_on_the_kernel_equals_the_offline_decode(kv_heads: int) -> None:
+    run_in_interpreter(__name__, f"check_streaming({kv_heads})")
