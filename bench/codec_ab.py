@@ -11,6 +11,10 @@ Changes (``before`` is defined here, ``after`` is the runtime):
   Cin, 1 + T]`` activation, its leading dimension is ``1 + T`` (always odd), and cuBLAS ran an
   unaligned kernel: 6.4 ms of a 36 ms eager CODEC step at 256 streams x 1 frame on the H100
   (``bench/results/h100-census-256-20261205.txt``); the runtime copies it row-major first.
+- ``snake``: the fused SnakeBeta + history kernel (``kernels/snake.py``) ran one program per
+  (row, 1024 columns), every lane through the formula however short the row (the first block's
+  rows are 7-86 samples wide at one frame: 6.5 ms of the 36 ms step at 256 x 1 on the H100);
+  the runtime's programs take 1024 flat elements each, across rows.
 - ``ring``: the step used to gather every row's whole state (conv histories and the 8 layers'
   K/V windows: 4.6 MB a stream in fp32), run the decoder on the rows (per layer: concatenate
   the new keys, keep the window's last entries, stack) and scatter the state back; the runtime
@@ -34,7 +38,10 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import torch
+import triton
+import triton.language as tl
 
+from breezert.kernels import snake
 from breezert.models.codec import CodecStreamState, StreamingCodec, _CausalTransConv, tf32_math
 from breezert.random_init import build_random
 from breezert_bench.provenance import provenance
@@ -68,8 +75,45 @@ def gathered_decode(self: StreamingCodec, slot_ids: torch.Tensor, codes: torch.T
     return wav
 
 
+@triton.jit(do_not_specialize=["T", "H"])
+def _rowwise_snake_cat_kernel(x_ptr, hist_ptr, la_ptr, lb_ptr, out_ptr, C, T, H,
+                              sx_b, sx_c, sh_b, sh_c, BLOCK: tl.constexpr):
+    row = tl.program_id(0)
+    b, c = row // C, row % C
+    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    width = H + T
+    in_hist = cols < H
+    in_new = (cols >= H) & (cols < width)
+    h = tl.load(hist_ptr + b * sh_b + c * sh_c + cols, mask=in_hist, other=0.0)
+    x = tl.load(x_ptr + b * sx_b + c * sx_c + (cols - H), mask=in_new, other=0.0).to(tl.float32)
+    alpha = tl.exp(tl.load(la_ptr + c).to(tl.float32))
+    inv_beta = 1.0 / (tl.exp(tl.load(lb_ptr + c).to(tl.float32)) + 1e-9)
+    s = tl.sin(x * alpha)
+    y = x + inv_beta * (s * s)
+    val = tl.where(in_hist, h.to(tl.float32), y)
+    tl.store(out_ptr + row * width + cols, val.to(out_ptr.dtype.element_ty), mask=cols < width)
+
+
+def rowwise_snake_cat(x: torch.Tensor, log_alpha: torch.Tensor, log_beta: torch.Tensor,
+                      history: torch.Tensor | None) -> torch.Tensor:
+    """``snake.snake_cat_triton`` as it was before 5 Dec (sixth session): a program per (row,
+    1024 columns)."""
+    bsz, channels, t = x.shape
+    x = x if x.stride(2) == 1 else x.contiguous()
+    if history is None:
+        hist, h = x, 0
+    else:
+        hist = history if history.stride(2) == 1 else history.contiguous()
+        h = history.shape[-1]
+    out = torch.empty(bsz, channels, h + t, device=x.device, dtype=x.dtype)
+    _rowwise_snake_cat_kernel[(bsz * channels, triton.cdiv(h + t, 1024))](
+        x, hist, log_alpha, log_beta, out, channels, t, h, x.stride(0), x.stride(1),
+        hist.stride(0), hist.stride(1), BLOCK=1024)
+    return out
+
+
 @contextlib.contextmanager
-def patched(owner: type, name: str, value: object) -> Iterator[None]:
+def patched(owner: object, name: str, value: object) -> Iterator[None]:
     saved = getattr(owner, name)
     setattr(owner, name, value)
     try:
@@ -81,6 +125,8 @@ def patched(owner: type, name: str, value: object) -> Iterator[None]:
 CHANGES = {
     "upsampler": ("transposed view", "row-major copy",
                   lambda: patched(_CausalTransConv, "_gemm", transposed_view_gemm)),
+    "snake": ("a program per row", "programs across rows",
+              lambda: patched(snake, "snake_cat_triton", rowwise_snake_cat)),
     "ring": ("state gathered and scattered", "K/V rings in place",
              lambda: patched(StreamingCodec, "decode", gathered_decode)),
 }

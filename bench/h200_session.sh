@@ -383,10 +383,13 @@ case "$phase" in
       | tee "$out/codec_tests.log" | tail -3 ;;
   codec-ring)  # issue 31: the codec's K/V rings read and written in place, one kernel a layer
     # (kernels/codec_attention.py), against the whole state gathered and scattered around the
-    # step (bench/codec_ab.py, one process); the codec's GPU tests first (the kernel's own too)
+    # step; then the snake kernel's programs across rows against a program per row
+    # (bench/codec_ab.py, one process each); the codec's GPU tests first (the kernel's own too)
     timeout 240 python3 -m pytest tests/gpu/test_gpu_codec.py -q -p no:cacheprovider 2>&1 \
       | tee "$out/codec_tests.log" | tail -4
     timeout 300 python3 bench/codec_ab.py --change ring --out "$out/h200-codec-ring-ab.json" \
+      2>&1 | grep -v Warn | tail -12
+    timeout 240 python3 bench/codec_ab.py --change snake --out "$out/h200-codec-snake-ab.json" \
       2>&1 | grep -v Warn | tail -12 ;;
   codec-precision)  # issue 31: the codec's precisions side by side (bench/codec_precision.py:
     # SNR against strict fp32, streamed against one-shot, step ms at 1-256 streams; fp16 new on
