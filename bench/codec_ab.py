@@ -2,7 +2,7 @@
 one process on one GPU.
 
 Usage (GPU machine, repo root): ``PYTHONPATH=runtime:bench python bench/codec_ab.py --change
-ring|upsampler [--precision tf32] [--out X.json]``; ``--plot X.json`` (any machine) draws a
+state|snake|upsampler [--precision tf32] [--out X.json]``; ``--plot X.json`` (any machine) draws a
 recorded run as ``X.png``.
 
 Changes (``before`` is defined here, ``after`` is the runtime):
@@ -15,11 +15,13 @@ Changes (``before`` is defined here, ``after`` is the runtime):
   (row, 1024 columns), every lane through the formula however short the row (the first block's
   rows are 7-86 samples wide at one frame: 6.5 ms of the 36 ms step at 256 x 1 on the H100);
   the runtime's programs take 1024 flat elements each, across rows.
-- ``ring``: the step used to gather every row's whole state (conv histories and the 8 layers'
-  K/V windows: 4.6 MB a stream in fp32), run the decoder on the rows (per layer: concatenate
-  the new keys, keep the window's last entries, stack) and scatter the state back; the runtime
-  reads and writes each stream's K/V ring in place, one kernel a layer
-  (``kernels/codec_attention.py``), and moves only the conv histories.
+- ``state``: the step used to gather every row's whole state (conv histories, 0.54 MB a stream,
+  and the 8 layers' K/V windows, 4.6 MB in fp32), run the decoder on the rows (per layer:
+  concatenate the new keys, keep the window's last entries, stack; per conv: keep the history's
+  last samples, then join them) and scatter the state back; the runtime reads and writes each
+  stream's state in its slot: the K/V rings one kernel a layer (``kernels/codec_attention.py``),
+  each conv's history read by the kernel that builds the conv's input and its new one written
+  back by ``keep_tail`` (``kernels/snake.py``).
 
 For each (streams, frames) shape this times one graph replay of the full-size random serving
 codec (``StreamingCodec.for_serving``, ``fast``) both ways, median of 20 CUDA-event timings as
@@ -127,7 +129,7 @@ CHANGES = {
                   lambda: patched(_CausalTransConv, "_gemm", transposed_view_gemm)),
     "snake": ("a program per row", "programs across rows",
               lambda: patched(snake, "snake_cat_triton", rowwise_snake_cat)),
-    "ring": ("state gathered and scattered", "K/V rings in place",
+    "state": ("state gathered and scattered", "state in place",
              lambda: patched(StreamingCodec, "decode", gathered_decode)),
 }
 """change -> (before's label, after's label, a context that installs before)."""
@@ -175,7 +177,7 @@ def plot(path: str) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--change", choices=sorted(CHANGES), default="ring")
+    parser.add_argument("--change", choices=sorted(CHANGES), default="state")
     parser.add_argument("--precision", default="tf32")
     parser.add_argument("--out", default=None)
     parser.add_argument("--plot", default=None, help="draw this recorded JSON and exit")

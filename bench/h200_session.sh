@@ -12,7 +12,7 @@
 #        chain P1 P2...  | decode | decode-micro | decode-bench | tune | profile | stages |
 #        ablation-eager | ablation-a|b|c|d[@I/N] | sweep | sweep+ablation | latency |
 #        latency-nocap | predictor | predictor-edf | capacity-closed | capacity-open | capacity-tests | capacity-256 |
-#        burst | slack | voice | te-tokens | admit | path | tune-decode | trace | prefill | prefill-bench | before-after | gc | anatomy | depth-engine | tests-changed | wgmma-stream | frame-tests | codec-precision | codec-upsampler | codec-ring | big-batch | steady | census-256 | margin |
+#        burst | slack | voice | te-tokens | admit | path | tune-decode | trace | prefill | prefill-bench | before-after | gc | anatomy | depth-engine | tests-changed | wgmma-stream | frame-tests | codec-precision | codec-upsampler | codec-state | big-batch | steady | census-256 | margin |
 #        room (issue 34: carry=[".roombundle"] alone, built by `make room-bundle`; see the phase) |
 #        scaleout (issue 36: kind nvidia-h200-x4, carry=[".roombundle"]; SCALE_K, SCALE_DISPATCH)
 # An ablation phase with @I/N runs shard I of N of its requests (bench --shard).
@@ -381,13 +381,14 @@ case "$phase" in
       2>&1 | grep -v Warn | tail -12
     timeout 200 python3 -m pytest tests/gpu/test_gpu_codec.py -q -p no:cacheprovider 2>&1 \
       | tee "$out/codec_tests.log" | tail -3 ;;
-  codec-ring)  # issue 31: the codec's K/V rings read and written in place, one kernel a layer
-    # (kernels/codec_attention.py), against the whole state gathered and scattered around the
-    # step; then the snake kernel's programs across rows against a program per row
+  codec-state)  # issue 31: the codec's state read and written in its slots (K/V rings one
+    # kernel a layer, conv histories by the kernels around each conv) against the whole state
+    # gathered and scattered around the step; then the snake kernel's programs across rows
+    # against a program per row
     # (bench/codec_ab.py, one process each); the codec's GPU tests first (the kernel's own too)
     timeout 240 python3 -m pytest tests/gpu/test_gpu_codec.py -q -p no:cacheprovider 2>&1 \
       | tee "$out/codec_tests.log" | tail -4
-    timeout 300 python3 bench/codec_ab.py --change ring --out "$out/h200-codec-ring-ab.json" \
+    timeout 300 python3 bench/codec_ab.py --change state --out "$out/h200-codec-state-ab.json" \
       2>&1 | grep -v Warn | tail -12
     timeout 240 python3 bench/codec_ab.py --change snake --out "$out/h200-codec-snake-ab.json" \
       2>&1 | grep -v Warn | tail -12 ;;

@@ -315,13 +315,20 @@ def _persistent_depth() -> tuple[Warm, Callable[[], None]]:
 
 
 def _snake() -> tuple[Warm, Callable[[], None]]:
-    from breezert.kernels.snake import snake_cat_triton
+    from breezert.kernels.snake import keep_tail_triton, snake_cat_triton
 
-    def serve() -> None:  # with and without a history (the kernel's shapes are arguments)
+    def serve() -> None:  # with and without a history (the kernel's shapes are arguments), the
+        # serving codec's histories read from and written to the arena by slot
         x = torch.zeros(4, 64, 8, device="meta")
         alpha = torch.zeros(64, device="meta")
         snake_cat_triton(x, alpha, alpha, None)
         snake_cat_triton(x, alpha, alpha, torch.zeros(4, 64, 6, device="meta"))
+        arena = torch.zeros(5, 64, 6, device="meta")
+        rows = torch.zeros(4, dtype=torch.long, device="meta")
+        for log_alpha in (alpha, None):
+            full = snake_cat_triton(x, log_alpha, log_alpha, arena, rows)
+        for frames in (rows, None):
+            keep_tail_triton(full, arena, rows, frames, 1)
 
     return None, serve
 

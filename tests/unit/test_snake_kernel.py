@@ -37,3 +37,40 @@ def check(history: int, dtype: str, rows: int = 2, channels: int = 3, width: int
     (6, "float16", (2, 3, 1050)), (6, "float32", (7, 5, 9)), (0, "float32", (7, 5, 9))])
 def test_snake_cat_matches_eager(history: int, dtype: str, shape: tuple[int, int, int]) -> None:
     run_in_interpreter(__name__, f"check({history}, {dtype!r}, *{shape})")
+
+
+def check_arena(dtype: str) -> None:
+    """The history read from an arena by slot, and the new history written back there, with
+    and without per-row frame counts, against the torch arithmetic."""
+    from breezert.kernels.snake import keep_tail_reference, keep_tail_triton, snake_cat_triton
+
+    torch.manual_seed(1)
+    dt = getattr(torch, dtype)
+    slots, rows, channels, length, frames, per_frame = 6, 3, 5, 18, 4, 8
+    base = torch.randn(slots, channels * length + 7).to(dt)
+
+    def piece(flat: torch.Tensor) -> torch.Tensor:  # a strided view, as the flat state's pieces
+        return flat[:, 3:3 + channels * length].view(slots, channels, length)
+
+    arena = piece(base)
+    ids = torch.tensor([4, 0, 2])
+    x = torch.randn(rows, channels, frames * per_frame).to(dt)
+    log_alpha, log_beta = torch.randn(channels) * 0.1, torch.randn(channels) * 0.1
+    for act in (True, False):
+        la, lb = (log_alpha, log_beta) if act else (None, None)
+        full = snake_cat_triton(x, la, lb, arena, ids)
+        want = snake_cat_triton(x, la, lb, arena[ids].contiguous())
+        assert torch.equal(full, want)  # the same kernel: rows only move where it reads
+        for num_frames in (torch.tensor([4, 1, 3]), None):
+            got_arena, want_arena = piece(base.clone()), piece(base.clone())
+            keep_tail_triton(full, got_arena, ids, num_frames, frames)
+            keep_tail_reference(full, want_arena, ids, num_frames, frames)
+            assert torch.equal(got_arena, want_arena)
+            untouched = [s for s in range(slots) if s not in ids.tolist()]
+            assert torch.equal(got_arena[untouched], arena[untouched])
+
+
+@needs_triton
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_histories_read_and_written_in_the_arena(dtype: str) -> None:
+    run_in_interpreter(__name__, f"check_arena({dtype!r})")

@@ -1,15 +1,22 @@
-"""SnakeBeta fused with the causal history in front of the conv it feeds: one Triton launch.
+"""The causal convs' histories on the device: SnakeBeta fused with the history in front of the conv
+it feeds, and the new history written back into the stream's state, one Triton launch each.
 
 Owns: ``snake_cat`` (``cat([history, snake(x)], -1)`` in one pass: read ``x`` and the history
-once, write the conv's input once) and its torch reference. The eager codec spends five
+once, write the conv's input once; without SnakeBeta, the plain ``cat``), ``keep_tail`` (each
+row's new history, the samples of the conv's input that end at its last real frame, written
+into its slot of the state arena) and their torch references. The eager codec spends five
 launches and five full passes over the activation on SnakeBeta (``exp``, ``mul``, ``sin``,
 ``pow``, ``mul``/``add``) and one more on the concatenation; at the decoder's 24 kHz end
 (96 channels x 1920 samples a frame) those passes, not the convolutions, were half of a CODEC
-step (``bench/results/h200-codec-conv-kernels-20261201.json``). Must not: change the formula
-(``x + sin^2(x * e^alpha) / (e^beta + 1e-9)``, fp32 math, stored in ``x``'s dtype).
+step (``bench/results/h200-codec-conv-kernels-20261201.json``). Both kernels read the history
+from the arena by slot (``rows``), so a step gathers and scatters no conv state. Must not:
+change the formula (``x + sin^2(x * e^alpha) / (e^beta + 1e-9)``, fp32 math, stored in ``x``'s
+dtype).
 """
 
 from __future__ import annotations
+
+import os
 
 import torch
 import triton
@@ -20,10 +27,12 @@ _BLOCK = 1024
 
 
 @triton.jit(do_not_specialize=["C", "T", "H", "total"])
-def _snake_cat_kernel(x_ptr, hist_ptr, la_ptr, lb_ptr, out_ptr, C, T, H, total,
-                      sx_b, sx_c, sh_b, sh_c, BLOCK: tl.constexpr):
+def _snake_cat_kernel(x_ptr, hist_ptr, rows_ptr, la_ptr, lb_ptr, out_ptr, C, T, H, total,
+                      sx_b, sx_c, sh_b, sh_c, BLOCK: tl.constexpr, APPLY: tl.constexpr,
+                      HAS_ROWS: tl.constexpr):
     """Program ``j``: the flat elements ``j * BLOCK ...`` of ``out [B, C, H + T]``
-    (contiguous), whatever rows they fall in.
+    (contiguous), whatever rows they fall in; row ``b``'s history is ``hist[rows[b]]`` with
+    ``HAS_ROWS``, else ``hist[b]``; ``APPLY``: SnakeBeta on ``x``, else ``x`` as it is.
 
     NOTE: one program per (row, 1024 columns), as before 5 Dec (sixth session), ran every lane
     of a 1024-wide block through the formula however short the row: at 256 streams x 1 frame
@@ -39,35 +48,74 @@ def _snake_cat_kernel(x_ptr, hist_ptr, la_ptr, lb_ptr, out_ptr, C, T, H, total,
     inside = idx < total
     in_hist = inside & (col < H)
     in_new = inside & (col >= H)
-    h = tl.load(hist_ptr + b * sh_b + c * sh_c + col, mask=in_hist, other=0.0)
+    if HAS_ROWS:
+        hb = tl.load(rows_ptr + b, mask=in_hist, other=0)
+    else:
+        hb = b
+    h = tl.load(hist_ptr + hb * sh_b + c * sh_c + col, mask=in_hist, other=0.0)
     x = tl.load(x_ptr + b * sx_b + c * sx_c + (col - H), mask=in_new, other=0.0).to(tl.float32)
-    alpha = tl.exp(tl.load(la_ptr + c, mask=inside, other=0.0).to(tl.float32))
-    inv_beta = 1.0 / (tl.exp(tl.load(lb_ptr + c, mask=inside, other=0.0).to(tl.float32)) + 1e-9)
-    s = tl.sin(x * alpha)
-    y = x + inv_beta * (s * s)
-    val = tl.where(in_hist, h.to(tl.float32), y)
+    if APPLY:
+        alpha = tl.exp(tl.load(la_ptr + c, mask=inside, other=0.0).to(tl.float32))
+        inv_beta = 1.0 / (tl.exp(tl.load(lb_ptr + c, mask=inside, other=0.0).to(tl.float32))
+                          + 1e-9)
+        s = tl.sin(x * alpha)
+        x = x + inv_beta * (s * s)
+    val = tl.where(in_hist, h.to(tl.float32), x)
     tl.store(out_ptr + idx, val.to(out_ptr.dtype.element_ty), mask=inside)
 
 
-def snake_cat_reference(x: Tensor, log_alpha: Tensor, log_beta: Tensor,
-                        history: Tensor | None) -> Tensor:
+@triton.jit(do_not_specialize=["C", "W", "L", "scale", "total"])
+def _keep_tail_kernel(full_ptr, hist_ptr, rows_ptr, frames_ptr, C, W, L, scale, total,
+                      sh_s, sh_c, BLOCK: tl.constexpr, HAS_FRAMES: tl.constexpr):
+    """Program ``j``: the flat elements ``j * BLOCK ...`` of the new histories ``[B, C, L]``:
+    ``hist[rows[b], c, i] = full[b, c, start_b + i]`` with ``start_b = frames[b] * scale``
+    (``HAS_FRAMES``) or ``W - L``; ``full [B, C, W]`` is contiguous."""
+    idx = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    row = idx // L
+    i = idx - row * L
+    b = (row // C).to(tl.int64)
+    c = row % C
+    inside = idx < total
+    if HAS_FRAMES:
+        start = tl.load(frames_ptr + b, mask=inside, other=0) * scale
+    else:
+        start = W - L
+    val = tl.load(full_ptr + (b * C + c) * W + start + i, mask=inside, other=0.0)
+    slot = tl.load(rows_ptr + b, mask=inside, other=0)
+    tl.store(hist_ptr + slot * sh_s + c * sh_c + i, val, mask=inside)
+
+
+def snake_cat_reference(x: Tensor, log_alpha: Tensor | None, log_beta: Tensor | None,
+                        history: Tensor | None, rows: Tensor | None = None) -> Tensor:
     """The eager arithmetic (``SnakeBeta`` then ``torch.cat``): ``[B, C, H + T]``."""
-    alpha = log_alpha.exp()[None, :, None]
-    beta = log_beta.exp()[None, :, None]
-    y = x + (1.0 / (beta + 1e-9)) * torch.sin(x * alpha).pow(2)
-    return y if history is None else torch.cat([history, y], dim=-1)
+    y = x
+    if log_alpha is not None:
+        alpha = log_alpha.exp()[None, :, None]
+        beta = log_beta.exp()[None, :, None]
+        y = x + (1.0 / (beta + 1e-9)) * torch.sin(x * alpha).pow(2)
+    if history is None:
+        return y
+    return torch.cat([history if rows is None else history[rows], y], dim=-1)
 
 
-def snake_cat(x: Tensor, log_alpha: Tensor, log_beta: Tensor, history: Tensor | None) -> Tensor:
+def snake_cat(x: Tensor, log_alpha: Tensor | None, log_beta: Tensor | None,
+              history: Tensor | None, rows: Tensor | None = None) -> Tensor:
     """``cat([history, SnakeBeta(x)], -1)`` for ``x [B, C, T]``, ``history [B, C, H]`` (or
-    ``None``: H = 0); one launch on CUDA, the torch arithmetic elsewhere."""
-    if not x.is_cuda:
-        return snake_cat_reference(x, log_alpha, log_beta, history)
-    return snake_cat_triton(x, log_alpha, log_beta, history)
+    ``None``: H = 0; with ``rows [B]``, ``history [S, C, H]`` is an arena and row ``b``'s
+    history is ``history[rows[b]]``); ``log_alpha`` ``None``: no SnakeBeta. One launch on CUDA
+    (or under ``TRITON_INTERPRET=1``), the torch arithmetic elsewhere."""
+    if not triton_runs_on(x):
+        return snake_cat_reference(x, log_alpha, log_beta, history, rows)
+    return snake_cat_triton(x, log_alpha, log_beta, history, rows)
 
 
-def snake_cat_triton(x: Tensor, log_alpha: Tensor, log_beta: Tensor,
-                     history: Tensor | None) -> Tensor:
+def triton_runs_on(x: Tensor) -> bool:
+    """Whether these kernels run on ``x``'s device here: CUDA, or the CPU interpreter."""
+    return x.is_cuda or os.environ.get("TRITON_INTERPRET") == "1"
+
+
+def snake_cat_triton(x: Tensor, log_alpha: Tensor | None, log_beta: Tensor | None,
+                     history: Tensor | None, rows: Tensor | None = None) -> Tensor:
     """The kernel itself (CUDA, or CPU tensors under ``TRITON_INTERPRET=1``)."""
     bsz, channels, t = x.shape
     if x.stride(2) != 1:
@@ -77,12 +125,55 @@ def snake_cat_triton(x: Tensor, log_alpha: Tensor, log_beta: Tensor,
     else:
         hist, h = history, history.shape[-1]
         if hist.stride(2) != 1:
+            assert rows is None, "an arena's history is read in place: its last dim is dense"
             hist = hist.contiguous()
     out = torch.empty(bsz, channels, h + t, device=x.device, dtype=x.dtype)
     total = out.numel()
     if total >= 2**31:
         raise ValueError(f"snake_cat: {total} output elements, the kernel indexes < 2**31")
+    apply = log_alpha is not None
     _snake_cat_kernel[(triton.cdiv(total, _BLOCK),)](
-        x, hist, log_alpha, log_beta, out, channels, t, h, total,
-        x.stride(0), x.stride(1), hist.stride(0), hist.stride(1), BLOCK=_BLOCK)
+        x, hist, x if rows is None else rows, log_alpha if apply else x,
+        log_beta if apply else x, out, channels, t, h, total,
+        x.stride(0), x.stride(1), hist.stride(0), hist.stride(1), BLOCK=_BLOCK, APPLY=apply,
+        HAS_ROWS=rows is not None)
     return out
+
+
+def keep_tail_reference(full: Tensor, history: Tensor, rows: Tensor,
+                        num_frames: Tensor | None, total_frames: int) -> None:
+    """``keep_tail``'s arithmetic in torch (a gather, then ``index_copy_``)."""
+    length = history.shape[-1]
+    if num_frames is None:
+        new = full[..., full.shape[-1] - length:]
+    else:
+        scale = (full.shape[-1] - length) // total_frames
+        index = (num_frames * scale)[:, None] + torch.arange(length, device=full.device)
+        new = full.gather(2, index[:, None, :].expand(full.shape[0], full.shape[1], length))
+    history.index_copy_(0, rows, new)
+
+
+def keep_tail(full: Tensor, history: Tensor, rows: Tensor, num_frames: Tensor | None,
+              total_frames: int) -> None:
+    """Writes each row's new history into the arena: ``history [S, C, L]`` at ``rows [B]``
+    gets the ``L`` samples of ``full [B, C, L + T]`` (the conv's input: old history, then the
+    step's ``T`` samples) that end at the row's last real frame (``num_frames [B]`` of the
+    step's ``total_frames``; ``None``: all). In place; padding rows may share a slot (any one
+    of them wins)."""
+    if not triton_runs_on(full):
+        keep_tail_reference(full, history, rows, num_frames, total_frames)
+    else:
+        keep_tail_triton(full, history, rows, num_frames, total_frames)
+
+
+def keep_tail_triton(full: Tensor, history: Tensor, rows: Tensor, num_frames: Tensor | None,
+                     total_frames: int) -> None:
+    """``keep_tail``'s kernel (CUDA, or CPU tensors under ``TRITON_INTERPRET=1``)."""
+    bsz, channels, width = full.shape
+    length = history.shape[-1]
+    assert full.is_contiguous() and history.stride(2) == 1
+    total = bsz * channels * length
+    _keep_tail_kernel[(triton.cdiv(total, _BLOCK),)](
+        full, history, rows, rows if num_frames is None else num_frames, channels, width, length,
+        (width - length) // max(total_frames, 1), total, history.stride(0), history.stride(1),
+        BLOCK=_BLOCK, HAS_FRAMES=num_frames is not None)

@@ -10,7 +10,6 @@ from __future__ import annotations
 import contextlib
 import copy
 import math
-import os
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -90,42 +89,68 @@ class CodecStreamState:
 
 
 class _Carry:
-    """Hands out the conv histories of one step in visiting order and collects the new ones.
+    """Hands out the conv histories of one step in visiting order and keeps the new ones.
 
+    Two homes for the histories: rows (``_Carry(flat)``: ``flat [B, num_conv_values]``, left
+    untouched; ``flat()`` joins the new ones, autograd flowing) or the state arena
+    (``_Carry.in_arena``: ``arena [S, num_conv_values]``, rows ``slot_ids [B]``, each new
+    history written into its slot as soon as its conv has read the old one, nothing gathered).
     ``num_frames [B]`` (optional): frames each row really decodes this step, at most the step's
     ``total_frames``; a row's new history then ends at its own last real sample (the padded
     frames after it are computed and dropped), so rows of different chunk sizes share one step.
-    ``fast``: on CUDA, SnakeBeta and the history concatenation run as one Triton kernel
-    (``kernels/snake.py``); elsewhere the eager arithmetic.
+    ``fast``: where the kernels run (CUDA, or the CPU interpreter), SnakeBeta, the history
+    concatenation and the write-back run as Triton kernels (``kernels/snake.py``); elsewhere the
+    eager arithmetic.
     """
 
     def __init__(self, flat: Tensor, spec: tuple[tuple[str, int, int], ...],
                  num_frames: Tensor | None = None, total_frames: int = 0,
-                 fast: bool = False) -> None:
+                 fast: bool = False, slot_ids: Tensor | None = None) -> None:
         sizes = [c * n for _, c, n in spec]
-        chunks = flat.split(sizes, dim=1)  # each [B, C * n]
+        chunks = flat.split(sizes, dim=1)  # each [B or S, C * n]
         self._old = [x.view(flat.shape[0], c, n) for x, (_, c, n) in zip(chunks, spec, strict=True)]
         self._spec = spec
         self._new: list[Tensor] = []
+        self._visited = 0
+        self.slot_ids = slot_ids
         self.num_frames, self.total_frames, self.fast = num_frames, total_frames, fast
+
+    @classmethod
+    def in_arena(cls, arena: Tensor, spec: tuple[tuple[str, int, int], ...], slot_ids: Tensor,
+                 num_frames: Tensor | None, total_frames: int, fast: bool) -> _Carry:
+        return cls(arena, spec, num_frames, total_frames, fast, slot_ids)
+
+    def _kernels(self, x: Tensor) -> bool:
+        return self.fast and _snake().triton_runs_on(x)
 
     def extend(self, x: Tensor, length: int, act: SnakeBeta | None = None) -> Tensor:
         """Prepends the stored history to ``act(x)`` [B, C, T] and keeps the last ``length``
         samples of each row (of its real frames when rows differ)."""
-        i = len(self._new)
+        i = self._visited
+        self._visited += 1
         name, channels, expect = self._spec[i]
         assert (channels, expect) == (x.shape[1], length), f"state spec mismatch at {name}"
-        if act is not None and self.fast and x.is_cuda:
-            full = _snake_cat()(x, act.alpha, act.beta, self._old[i])
+        old, rows = self._old[i], self.slot_ids
+        if self._kernels(x):
+            full = _snake().snake_cat(x, None if act is None else act.alpha,
+                                      None if act is None else act.beta, old, rows)
+            if rows is not None:
+                _snake().keep_tail(full, old, rows, self.num_frames, self.total_frames)
+                return full
         else:
-            full = torch.cat([self._old[i], x if act is None else act(x)], dim=-1)
-        self._new.append(self.keep_last(full, length, x.shape[-1], dim=-1))
+            full = torch.cat([old if rows is None else old[rows],
+                              x if act is None else act(x)], dim=-1)
+        new = self.keep_last(full, length, x.shape[-1], dim=-1)
+        if rows is None:
+            self._new.append(new)
+        else:
+            old.index_copy_(0, rows, new)
         return full  # [B, C, length + T]
 
     def activate(self, x: Tensor, act: SnakeBeta) -> Tensor:
         """``act(x)`` for a conv that keeps no history."""
-        if self.fast and x.is_cuda:
-            return _snake_cat()(x, act.alpha, act.beta, None)
+        if self._kernels(x):
+            return _snake().snake_cat(x, act.alpha, act.beta, None)
         return act(x)
 
     def keep_last(self, full: Tensor, length: int, num_new: int, dim: int) -> Tensor:
@@ -144,15 +169,20 @@ class _Carry:
         return full.gather(dim, index.view(shape).expand(expand))
 
     def flat(self) -> Tensor:
+        """The new histories of rows ``_Carry(flat)`` joined: ``[B, num_conv_values]``."""
+        assert self.slot_ids is None, "an arena's histories are written in place"
         assert len(self._new) == len(self._spec), "step did not visit every stateful conv"
         b = self._old[0].shape[0]
         return torch.cat([h.reshape(b, -1) for h in self._new], dim=1)  # [B, num_conv_values]
 
+    def finish(self) -> None:
+        assert self._visited == len(self._spec), "step did not visit every stateful conv"
 
-def _snake_cat():  # noqa: ANN202 - the kernel module imports Triton: only on CUDA's fast path
-    from breezert.kernels.snake import snake_cat
 
-    return snake_cat
+def _snake():  # noqa: ANN202 - the kernel module imports Triton: only on the fast path
+    from breezert.kernels import snake
+
+    return snake
 
 
 # ------------------------------------------------------------------------------- conv modules
@@ -473,12 +503,12 @@ class _ArenaRing:
     def __init__(self, arena: Tensor, slot_ids: Tensor, pos: Tensor,
                  num_frames: Tensor | None, window: int, fast: bool) -> None:
         self.arena, self.slot_ids, self.pos = arena, slot_ids, pos
-        self.num_frames, self.window = num_frames, window
-        self.kernel = _codec_attention() if fast else None
+        self.num_frames, self.window, self.fast = num_frames, window, fast
 
     def attend(self, layer: int, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
-        if self.kernel is not None and q.shape[2] <= self.kernel.MAX_NEW_FRAMES:
-            return self.kernel.ring_attention(
+        kernel = _codec_attention() if self.fast and _snake().triton_runs_on(q) else None
+        if kernel is not None and q.shape[2] <= kernel.MAX_NEW_FRAMES:
+            return kernel.ring_attention(
                 q, k, v, self.arena[:, layer], self.slot_ids, self.pos, self.num_frames,
                 self.window)
         rows = _RowsRing(self.arena[self.slot_ids, layer][:, None], self.pos, self.num_frames,
@@ -488,11 +518,7 @@ class _ArenaRing:
         return out
 
 
-def _codec_attention():  # noqa: ANN202 - imports Triton: only where its kernels can run
-    """``kernels.codec_attention`` when its kernel runs here (CUDA, or ``TRITON_INTERPRET=1``),
-    else ``None``."""
-    if not (torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET") == "1"):
-        return None
+def _codec_attention():  # noqa: ANN202 - imports Triton: only on the fast path
     from breezert.kernels import codec_attention
 
     return codec_attention
@@ -708,18 +734,17 @@ class CodecDecoder(nn.Module):
         """``step`` after the quantizer: ``latent [B, codebook_dim, F]`` (summed, projected
         codebook vectors) -> ``(wav [B, F * samples_per_frame], state)``. Keeps autograd on, so
         the codec trainer (``breezert_train``) drives the same graph the runtime decodes with."""
+        carry = _Carry(state.conv, self._state_spec, num_frames, latent.shape[-1], fast)
         ring = _RowsRing(state.kv, state.pos, num_frames, self.cfg.sliding_window)
-        wav, conv = self.forward_rows(latent, state.conv, state.pos, ring, num_frames, fast)
+        wav = self.forward_rows(latent, carry, state.pos, ring)
         advance = latent.shape[-1] if num_frames is None else num_frames
-        return wav, CodecStreamState(conv, ring.new(), state.pos + advance)
+        return wav, CodecStreamState(carry.flat(), ring.new(), state.pos + advance)
 
-    def forward_rows(self, latent: Tensor, conv: Tensor, pos: Tensor,
-                     ring: _RowsRing | _ArenaRing, num_frames: Tensor | None,
-                     fast: bool) -> tuple[Tensor, Tensor]:
-        """The decoder over one step's rows: their conv histories ``conv [B, num_conv_values]``
-        and positions ``pos [B]`` as inputs, their K/V rings behind ``ring`` -> ``(wav [B, F *
-        samples_per_frame], the new conv histories)``."""
-        carry = _Carry(conv, self._state_spec, num_frames, latent.shape[-1], fast)
+    def forward_rows(self, latent: Tensor, carry: _Carry, pos: Tensor,
+                     ring: _RowsRing | _ArenaRing) -> Tensor:
+        """The decoder over one step's rows: their conv histories behind ``carry``, positions
+        ``pos [B]``, K/V rings behind ``ring`` -> ``wav [B, F * samples_per_frame]``; the new
+        histories and rings stay with ``carry`` and ``ring``."""
         x = self.pre_conv(latent, carry)  # [B, latent, F]
         x = self.pre_transformer(x.transpose(1, 2), pos, ring).transpose(1, 2)  # [B, latent, F]
         for tconv, convnext in self.upsample:
@@ -728,7 +753,8 @@ class CodecDecoder(nn.Module):
         for block in self.decoder[1:-2]:
             x = block(x, carry)
         x = self.decoder[-1](x, carry, self.decoder[-2])  # [B, 1, F * samples_per_frame]
-        return x.squeeze(1).clamp(-1.0, 1.0), carry.flat()
+        carry.finish()
+        return x.squeeze(1).clamp(-1.0, 1.0)
 
     @torch.no_grad()
     def decode(self, codes: Tensor) -> Tensor:
@@ -831,19 +857,20 @@ class StreamingCodec:
         """Decodes ``codes [B, F, 16]`` for the distinct ``slot_ids [B]``; returns ``[B, F*1920]``
         (row ``i``'s first ``num_frames[i] * 1920`` samples when ``num_frames`` is given).
 
-        Gathers the slots' conv histories and positions and writes them back after one batched
-        step; the K/V rings are read and written in place (``_ArenaRing``; with ``fast``, one
-        kernel a layer).
+        One batched step over the slots' state in place: each conv's history is read from the
+        arena and its new one written back as the step goes (``_Carry.in_arena``), the K/V rings
+        likewise (``_ArenaRing``); with ``fast``, Triton kernels for both where they run.
         """
         state, slot_ids = self.state, slot_ids.to(self.state.pos.device)
         pos = state.pos[slot_ids]
+        frames = codes.shape[1]
+        carry = _Carry.in_arena(state.conv, self.decoder._state_spec, slot_ids, num_frames,
+                                frames, self.fast)
         ring = _ArenaRing(state.kv, slot_ids, pos, num_frames, self.decoder.cfg.sliding_window,
                           self.fast)
         with tf32_math(self.tf32):
             latent = self.decoder.latent(codes, self.fast, self.tables)
-            wav, conv = self.decoder.forward_rows(latent, state.conv[slot_ids], pos, ring,
-                                                  num_frames, self.fast)
-        state.conv.index_copy_(0, slot_ids, conv)
+            wav = self.decoder.forward_rows(latent, carry, pos, ring)
         state.pos.index_copy_(0, slot_ids, pos + (codes.shape[1] if num_frames is None
                                                   else num_frames))
         return wav
