@@ -438,7 +438,8 @@ def compile_only(configs: list[Stream], rows_list: list[int], programs: int, max
             line = (describe_build(kernel, frame.label(), "layers") +
                     f"; RP {frame.rp} (wgmma N {frame.instr_n}), {frame.x_stages} x-slots, "
                     f"{kernel.asm['ptx'].count('wgmma.mma_async')} wgmma PTX sites, "
-                    f"{_sass_hgmma(kernel)}")
+                    f"{_sass_hgmma(kernel)}, "
+                    f"{kernel.asm['ptx'].count('fence.proxy.async.global')} proxy fences")
             print(line, flush=True)
             builds.append({"config": str(stream), "rows": rows, "rp": frame.rp,
                            "registers": r.registers, "shared_bytes": r.shared_bytes,
