@@ -47,9 +47,12 @@ output h, the layers' delta (h - x) and the cache entries written at pos, at pos
 by relative L2 error and max abs error; fails above ``REL_TOL`` (3e-2) or above 2x the eager bf16
 module's own error on the same inputs + 2e-3 (one bf16 GEMM lands at 1e-3 to 1e-2; twelve layers
 on a bf16 residual stream put the eager module at ~1.2-1.6e-2 on the CPU, checked against this
-reference, which itself matches the module run in fp32 within 1e-6). Timed (CUDA events, median)
-beside the eager bf16 ``DepthLayer`` x 12 and the served ``FusedDepthLayers`` (projector +
-12 layers + final norm: the served unit a position), both as CUDA-graph replays.
+reference, which itself matches the module run in fp32 within 1e-6). A mismatch is recorded
+and the run exits 1 at its end, but the launch is still timed (unless a wait ran out of budget):
+CUDA events, median, beside the phased stream's GEMMs alone (``depth_stream_wgmma``, one
+position: what the real math adds), the eager bf16 ``DepthLayer`` x 12 and the served
+``FusedDepthLayers`` (projector + 12 layers + final norm: the served unit a position), the last
+two as CUDA-graph replays.
 
 Owns: this experiment only. Must not: be imported by the runtime or the tests.
 """
@@ -635,17 +638,37 @@ def baselines(depth, rows: int, iters: int) -> dict:
     return out
 
 
+def phased_stream_ms(stream: Stream, rows: int, programs: int, args) -> dict:
+    """The same 12 layers' GEMMs alone, as ``depth_stream_wgmma``'s ``phased`` mode streams
+    them for one position (random weights, fake dependencies, 60 waits): what the real math's
+    phases add over them on the same card."""
+    wf = WgmmaFrame(stream, LAYERS, 1, "cuda", rows=rows)
+    ms, _ = event_ms(lambda: wf.launch("phased", programs, args.maxnreg, args.spin_budget,
+                                       cooperative=not args.no_cooperative), args.iters)
+    return {"phased_stream_ms": round(ms, 4), "phased_stream_hang": bool(wf.err.item())}
+
+
 def measure(stream: Stream, rows: int, depth, args, programs: int, result: dict) -> None:
+    """One config at one row count: the checks (a mismatch is recorded as a failure, and the
+    launch is still timed unless a wait ran out of budget), then ms a position beside the phased
+    stream's GEMMs alone."""
     frame = LayersFrame(stream, rows, "cuda")
     modules = list(depth.model.layers)
     frame.load(modules)
     launch = {"programs": programs, "maxnreg": args.maxnreg, "spin_budget": args.spin_budget,
               "cooperative": not args.no_cooperative}
     row: dict = {"config": str(stream), "rows": rows, "padded_rows": frame.rp,
-                 "x_stages": frame.x_stages, "checks": []}
+                 "x_stages": frame.x_stages, "checks": [], "correct": True}
     result["rows"].append(row)
     for pos in (0, SLOTS - 1):
-        row["checks"].append(check(frame, modules, depth, pos, launch))
+        try:
+            row["checks"].append(check(frame, modules, depth, pos, launch))
+        except AssertionError as exc:
+            print(f"  {frame.label()} pos {pos}: CHECK FAILED: {exc}"[:2000], flush=True)
+            result["failures"].append(f"{frame.label()} pos {pos}: {exc}"[:1000])
+            row["correct"] = False
+            if frame.err.item():  # a wait ran out of budget: timing it would only add hangs
+                return
     kernel = frame.run_layers(**launch)
     row["n_regs"], row["n_spills"] = kernel.n_regs, kernel.n_spills
     row["shared_bytes"] = kernel.metadata.shared
@@ -655,19 +678,24 @@ def measure(stream: Stream, rows: int, depth, args, programs: int, result: dict)
     row.update(ms=round(ms, 4), min_ms=round(min_ms, 4),
                tb_per_s=round(weight_bytes / ms / 1e9, 3),
                tflop_per_s=round(rows * weight_bytes / ms / 1e9, 2))  # 2 FLOP a weight, 2 B
-    print(f"  {frame.label()}: {ms:.4f} ms a position (min {min_ms:.4f}), "
-          f"{row['tb_per_s']} TB/s of weights, {row['tflop_per_s']} TFLOP/s", flush=True)
+    del frame
+    row.update(phased_stream_ms(stream, rows, programs, args))
+    print(f"  {stream} r{rows}: {ms:.4f} ms a position (min {min_ms:.4f}), "
+          f"{row['tb_per_s']} TB/s of weights, {row['tflop_per_s']} TFLOP/s; the phased "
+          f"stream's GEMMs alone {row['phased_stream_ms']} ms", flush=True)
 
 
 def print_table(result: dict) -> None:
-    print("\nconfig | rows | checks (rel L2 of the delta: kernel / eager bf16) | ms a position | "
-          "eager bf16 ms | served fused ms | TB/s | TFLOP/s | regs | smem B")
+    print("\nconfig | rows | correct | checks (rel L2 of the delta: kernel / eager bf16) | "
+          "ms a position | phased stream (GEMMs alone) ms | eager bf16 ms | served fused ms | "
+          "TB/s | TFLOP/s | regs | smem B")
     base = result["baselines"]
     for r in result["rows"]:
         checks = " ".join(f"p{c['position']} {c['kernel']['delta']['rel_l2']:.1e}/"
                           f"{c['eager_bf16']['delta']['rel_l2']:.1e}" for c in r["checks"])
         b = base.get(str(r["rows"]), {})
-        print(f"{r['config']} | {r['rows']} | {checks or '-'} | {r.get('ms', '-')} | "
+        print(f"{r['config']} | {r['rows']} | {r['correct']} | {checks or '-'} | "
+              f"{r.get('ms', '-')} | {r.get('phased_stream_ms', '-')} | "
               f"{b.get('eager_bf16_ms', '-')} | {b.get('served_fused_ms', '-')} | "
               f"{r.get('tb_per_s', '-')} | {r.get('tflop_per_s', '-')} | {r.get('n_regs', '-')}"
               f" | {r.get('shared_bytes', '-')}")
