@@ -12,7 +12,7 @@
 #        chain P1 P2...  | decode | decode-micro | decode-bench | tune | profile | stages |
 #        ablation-eager | ablation-a|b|c|d[@I/N] | sweep | sweep+ablation | latency |
 #        latency-nocap | predictor | predictor-edf | capacity-closed | capacity-open | capacity-tests | capacity-256 |
-#        burst | slack | voice | te-tokens | admit | path | tune-decode | trace | prefill | prefill-bench | before-after | gc | anatomy | depth-engine | tests-changed | wgmma-stream | frame-tests | codec-precision | codec-upsampler | codec-state | big-batch | steady | census-256 | margin |
+#        burst | slack | voice | te-tokens | admit | path | tune-decode | trace | prefill | prefill-bench | before-after | gc | anatomy | depth-engine | tests-changed | wgmma-stream | wgmma-layers | frame-tests | codec-precision | codec-upsampler | codec-state | big-batch | steady | census-256 | margin |
 #        room (issue 34: carry=[".roombundle"] alone, built by `make room-bundle`; see the phase) |
 #        scaleout (issue 36: kind nvidia-h200-x4, carry=[".roombundle"]; SCALE_K, SCALE_DISPATCH)
 # An ablation phase with @I/N runs shard I of N of its requests (bench --shard).
@@ -370,6 +370,13 @@ case "$phase" in
     timeout 300 python3 bench/depth_stream_wgmma.py --rows "${WGMMA_ROWS:-2,16,64,128,256,512}" \
       --configs "${WGMMA_CONFIGS:-64x64x8w8,64x128x6w4}" --deadline-s 230 \
       --out "$out/h200-depth-stream-wgmma.json" 2>&1 | grep -v Warn | tail -45 ;;
+  wgmma-layers)  # issue 30: one depth position's 12 layers (real math) in one Gluon launch on
+    # the wgmma weight ring (bench/depth_layers_wgmma.py): checked against torch fp32 math at
+    # positions 0 and 15 (exit 1 on a mismatch), ms a position beside the eager bf16 layers and
+    # the served FusedDepthLayers (graph replays), per config and rows
+    timeout 540 python3 bench/depth_layers_wgmma.py --rows "${LAYERS_ROWS:-2,16,64,128,256}" \
+      --configs "${LAYERS_CONFIGS:-64x64x8w8,64x128x6w4}" --deadline-s 360 \
+      --out "$out/h200-depth-layers-wgmma.json" 2>&1 | grep -v Warn | tail -60 ;;
   frame-tests)  # issue 30: the depth frame kernel's GPU tests
     timeout 560 python3 -m pytest tests/gpu/test_gpu_frame_kernels.py -x -q -p no:cacheprovider \
       2>&1 | tee "$out/frame_tests.log" | tail -8 ;;

@@ -1,0 +1,49 @@
+"""Issue 30's 12-layer depth body on the wgmma weight ring (``bench/depth_layers_wgmma.py``)
+builds for the H200 (sm_90a) on this GPU-less machine at every padded row count its harness
+can select (rows 2-512: wgmma's N of 8-512, two configs), within Hopper's limits: no spills,
+no stack frame up to 64 rows, the tensor cores' HGMMA batched per tile rather than serialized,
+and the proxy fences on both sides of every X/Y hand-over (4 CUDA-core phases that write, 4
+activation-loader waits that TMA-read)."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+from tests.kernel_helpers import REPO, needs_triton
+
+pytestmark = pytest.mark.unit
+
+# rows 2..512 pad to these (a power of 2, at least 8 per warpgroup along N)
+ROWS = "8,16,32,64,128,256,512"
+BUILT = {"64x64x8w8": [16, 32, 64, 128, 256, 512], "64x128x6w4": [8, 16, 32, 64, 128, 256]}
+
+
+@needs_triton
+def test_depth_layers_build_for_sm90a_at_every_selectable_row_count(tmp_path) -> None:
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["TRITON_CACHE_DIR"] = str(tmp_path / "triton")  # build here, not from an old cache
+    env["PYTHONPATH"] = os.pathsep.join(str(REPO / p) for p in ("runtime", ".", "bench"))
+    proc = subprocess.run([sys.executable, "bench/depth_layers_wgmma.py", "--compile-only",
+                           "--configs", ",".join(BUILT), "--rows", ROWS],
+                          cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    lines = [line for line in proc.stdout.splitlines() if " layers " in line]
+    built: dict[str, set[int]] = {}
+    for line in lines:
+        config, rp = line.split()[0], int(re.search(r"\(RP (\d+)\)", line).group(1))
+        built.setdefault(config, set()).add(rp)
+        assert "sm_90a" in line and "problems: none" in line, line
+        assert "spills 0 B" in line, line
+        if rp <= 64:  # (triton 3.6.0, the H100's, puts 48 B there at 128 rows x 4 warps)
+            assert "stack 0 B" in line, line
+        hgmma, batches = map(int, re.search(r"(\d+) HGMMA in (\d+) batches", line).groups())
+        assert 0 < batches < hgmma, f"HGMMA missing or serialized: {line}"
+        assert int(re.search(r"(\d+) proxy fences", line).group(1)) == 8, line
+    assert {c: sorted(r) for c, r in built.items()} == BUILT, proc.stdout
+    # the 4-warp consumer at 512 rows would hold 256 accumulator registers a thread: refused
+    assert "64x128x6w4 r512: not built" in proc.stdout, proc.stdout
