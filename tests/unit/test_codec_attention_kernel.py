@@ -75,6 +75,52 @@ def check_streaming(kv_heads: int) -> None:
     assert len(calls) == 6 * cfg.num_layers  # every step's every layer ran the kernel
 
 
+def check_stage_rows() -> None:
+    """The codec stage's replays through both kernels: ``codec_from_ring`` hands ``decode`` its
+    slot ids as a column of ``rows [B, 1 + F]`` (stride 1 + F, not 1), padding rows all on the
+    scratch slot with 0 frames, and a real row that has finished decodes 0 frames. Each real
+    row equals its offline decode, its position advances by its own frames only."""
+    import dataclasses
+    from functools import partial
+
+    from breezert.models.codec import CodecDecoder, StreamingCodec, init_codec_random_
+    from breezert.models.config import BreezeConfig
+    from breezert.stages.codec import codec_from_ring, codec_step
+
+    cfg = dataclasses.replace(BreezeConfig.tiny().codec, sliding_window=9)
+    dec = init_codec_random_(CodecDecoder(cfg), torch.Generator().manual_seed(2)).eval()
+    codes = torch.randint(0, 2048, (2, 12, 16), generator=torch.Generator().manual_seed(1))
+    full = dec.decode(codes)
+    sc = StreamingCodec(dec, max_slots=4, fast=True)  # slot 3: the stage's scratch slot
+
+    class Table:  # a slot table's ``codec_codes``: frame f of slot s's request
+        ring = torch.zeros(4, 12, 16, dtype=torch.long)
+        ring[2], ring[0] = codes[0], codes[1]
+
+        def codec_codes(self, rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            valid = rows[:, 1:] >= 0
+            got = self.ring[rows[:, :1], rows[:, 1:].clamp(min=0)]
+            return got.masked_fill(~valid[..., None], 0), valid.sum(dim=1)
+
+    step = partial(codec_from_ring, Table(), partial(codec_step, sc))
+    slots, cursor, parts = [2, 0], [0, 0], [[], []]
+    for sizes in ([3, 3], [4, 1], [5, 0]):
+        width = max(sizes)
+        rows = torch.full((4, 1 + width), -1)
+        rows[:, 0] = 3
+        for i, n in enumerate(sizes):
+            rows[i, 0] = slots[i]
+            rows[i, 1:1 + n] = torch.arange(cursor[i], cursor[i] + n)
+        wav = step(rows)["wav"]
+        for i, n in enumerate(sizes):
+            parts[i].append(wav[i, : n * 1920])
+            cursor[i] += n
+    for i in range(2):
+        torch.testing.assert_close(torch.cat(parts[i]), full[i, : cursor[i] * 1920],
+                                   atol=1e-5, rtol=0)
+    assert sc.positions.tolist() == [cursor[1], 0, cursor[0], 0]
+
+
 @needs_triton
 @pytest.mark.parametrize("heads,kv_heads,head_dim,dtype", [
     (2, 2, 8, "float32"), (4, 2, 64, "float32"), (2, 1, 64, "bfloat16")])
@@ -87,3 +133,8 @@ def test_ring_attention_matches_the_torch_ring(heads: int, kv_heads: int, head_d
 @pytest.mark.parametrize("kv_heads", [2, 1])
 def test_a_streaming_codec_on_the_kernel_equals_the_offline_decode(kv_heads: int) -> None:
     run_in_interpreter(__name__, f"check_streaming({kv_heads})")
+
+
+@needs_triton
+def test_the_codec_stages_rows_decode_in_their_slots() -> None:
+    run_in_interpreter(__name__, "check_stage_rows()")

@@ -132,6 +132,8 @@ def ring_attention(q: Tensor, k: Tensor, v: Tensor, ring: Tensor, slot_ids: Tens
         assert x.stride(-1) == 1, "the head dim must be contiguous"
     assert ring.stride(-1) == 1 and ring.shape[1:] == (2, kv_heads, r, d), ring.shape
     assert r == window - 1, f"a ring keeps window - 1 = {window - 1} frames, not {r}"
+    for ids in (slot_ids, pos, num_frames):  # read by raw pointer: element b at b
+        assert ids is None or ids.is_contiguous(), "slot ids, pos, frame counts: dense [B]"
     out = torch.empty(bsz, t, heads, d, device=q.device, dtype=q.dtype)
     frames = pos if num_frames is None else num_frames  # never read without frames
     _ring_attention_kernel[(bsz, kv_heads)](

@@ -132,6 +132,7 @@ def snake_cat_triton(x: Tensor, log_alpha: Tensor | None, log_beta: Tensor | Non
     if total >= 2**31:
         raise ValueError(f"snake_cat: {total} output elements, the kernel indexes < 2**31")
     apply = log_alpha is not None
+    assert rows is None or rows.is_contiguous(), "rows are read by raw pointer: dense [B]"
     _snake_cat_kernel[(triton.cdiv(total, _BLOCK),)](
         x, hist, x if rows is None else rows, log_alpha if apply else x,
         log_beta if apply else x, out, channels, t, h, total,
@@ -172,6 +173,8 @@ def keep_tail_triton(full: Tensor, history: Tensor, rows: Tensor, num_frames: Te
     bsz, channels, width = full.shape
     length = history.shape[-1]
     assert full.is_contiguous() and history.stride(2) == 1
+    for ids in (rows, num_frames):  # read by raw pointer: element b at b
+        assert ids is None or ids.is_contiguous(), "rows, frame counts: dense [B]"
     total = bsz * channels * length
     _keep_tail_kernel[(triton.cdiv(total, _BLOCK),)](
         full, history, rows, rows if num_frames is None else num_frames, channels, width, length,

@@ -861,7 +861,12 @@ class StreamingCodec:
         arena and its new one written back as the step goes (``_Carry.in_arena``), the K/V rings
         likewise (``_ArenaRing``); with ``fast``, Triton kernels for both where they run.
         """
-        state, slot_ids = self.state, slot_ids.to(self.state.pos.device)
+        # The kernels read slot ids and frame counts by raw pointer (element b at b): the stage
+        # passes a column of its [B, 1 + F] rows (stride 1 + F), which they would read as other
+        # rows' frame indices (another stream's slot, or past the arena).
+        state, slot_ids = self.state, slot_ids.to(self.state.pos.device).contiguous()
+        if num_frames is not None:
+            num_frames = num_frames.contiguous()
         pos = state.pos[slot_ids]
         frames = codes.shape[1]
         carry = _Carry.in_arena(state.conv, self.decoder._state_spec, slot_ids, num_frames,
