@@ -318,17 +318,19 @@ def _snake() -> tuple[Warm, Callable[[], None]]:
     from breezert.kernels.snake import keep_tail_triton, snake_cat_triton
 
     def serve() -> None:  # with and without a history (the kernel's shapes are arguments), the
-        # serving codec's histories read from and written to the arena by slot
-        x = torch.zeros(4, 64, 8, device="meta")
-        alpha = torch.zeros(64, device="meta")
-        snake_cat_triton(x, alpha, alpha, None)
-        snake_cat_triton(x, alpha, alpha, torch.zeros(4, 64, 6, device="meta"))
-        arena = torch.zeros(5, 64, 6, device="meta")
-        rows = torch.zeros(4, dtype=torch.long, device="meta")
-        for log_alpha in (alpha, None):
-            full = snake_cat_triton(x, log_alpha, log_alpha, arena, rows)
-        for frames in (rows, None):
-            keep_tail_triton(full, arena, rows, frames, 1)
+        # serving codec's histories read from and written to the arena by slot, in every codec
+        # precision's dtype (bf16 and fp16 serve a 16-bit decoder and state)
+        for dtype in (torch.float32, torch.bfloat16, torch.float16):
+            x = torch.zeros(4, 64, 8, dtype=dtype, device="meta")
+            alpha = torch.zeros(64, dtype=dtype, device="meta")
+            snake_cat_triton(x, alpha, alpha, None)
+            snake_cat_triton(x, alpha, alpha, torch.zeros(4, 64, 6, dtype=dtype, device="meta"))
+            arena = torch.zeros(5, 64, 6, dtype=dtype, device="meta")
+            rows = torch.zeros(4, dtype=torch.long, device="meta")
+            for log_alpha in (alpha, None):
+                full = snake_cat_triton(x, log_alpha, log_alpha, arena, rows)
+            for frames in (rows, None):
+                keep_tail_triton(full, arena, rows, frames, 1)
 
     return None, serve
 
