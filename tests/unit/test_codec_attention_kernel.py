@@ -43,6 +43,21 @@ def check_kernel(heads: int, kv_heads: int, head_dim: int, dtype: str) -> None:
             pos = pos + (t if num_frames is None else num_frames)
 
 
+def stream_two_rows(run, schedule, full: torch.Tensor) -> list[int]:  # noqa: ANN001
+    """Rows 0 and 1 decoded ``schedule``'s frames a step (``run(sizes, cursor) -> wav``), each
+    equal to its offline decode ``full``; returns the frames each decoded."""
+    cursor, parts = [0, 0], [[], []]
+    for sizes in schedule:
+        wav = run(sizes, cursor)
+        for i, n in enumerate(sizes):
+            parts[i].append(wav[i, : n * 1920])
+            cursor[i] += n
+    for i in range(2):
+        torch.testing.assert_close(torch.cat(parts[i]), full[i, : cursor[i] * 1920],
+                                   atol=1e-5, rtol=0)
+    return cursor
+
+
 def check_streaming(kv_heads: int) -> None:
     import dataclasses
 
@@ -58,19 +73,15 @@ def check_streaming(kv_heads: int) -> None:
     calls, kernel = [], codec_attention.ring_attention
     codec_attention.ring_attention = lambda *a: calls.append(1) or kernel(*a)
     sc = StreamingCodec(dec, max_slots=3, fast=True)  # the kernel (the interpreter's)
-    slots, cursor, parts = torch.tensor([2, 0]), [0, 0], [[], []]
-    for sizes in ([1, 3], [4, 4], [2, 1], [16, 16], [1, 5], [6, 1]):
-        f = max(sizes)
-        batch = torch.zeros(2, f, 16, dtype=torch.long)
+    slots = torch.tensor([2, 0])
+
+    def run(sizes: list[int], cursor: list[int]) -> torch.Tensor:
+        batch = torch.zeros(2, max(sizes), 16, dtype=torch.long)
         for i, (c, n) in enumerate(zip(cursor, sizes, strict=True)):
             batch[i, :n] = codes[i, c:c + n]
-        wav = sc.decode(slots, batch, torch.tensor(sizes))
-        for i, n in enumerate(sizes):
-            parts[i].append(wav[i, : n * 1920])
-            cursor[i] += n
-    for i in range(2):
-        torch.testing.assert_close(torch.cat(parts[i]), full[i, : cursor[i] * 1920],
-                                   atol=1e-5, rtol=0)
+        return sc.decode(slots, batch, torch.tensor(sizes))
+
+    cursor = stream_two_rows(run, ([1, 3], [4, 4], [2, 1], [16, 16], [1, 5], [6, 1]), full)
     assert sc.positions[slots].tolist() == cursor
     assert len(calls) == 6 * cfg.num_layers  # every step's every layer ran the kernel
 
@@ -103,21 +114,16 @@ def check_stage_rows() -> None:
             return got.masked_fill(~valid[..., None], 0), valid.sum(dim=1)
 
     step = partial(codec_from_ring, Table(), partial(codec_step, sc))
-    slots, cursor, parts = [2, 0], [0, 0], [[], []]
-    for sizes in ([3, 3], [4, 1], [5, 0]):
-        width = max(sizes)
-        rows = torch.full((4, 1 + width), -1)
+
+    def run(sizes: list[int], cursor: list[int]) -> torch.Tensor:
+        rows = torch.full((4, 1 + max(sizes)), -1)  # the stage's replay rows
         rows[:, 0] = 3
-        for i, n in enumerate(sizes):
-            rows[i, 0] = slots[i]
-            rows[i, 1:1 + n] = torch.arange(cursor[i], cursor[i] + n)
-        wav = step(rows)["wav"]
-        for i, n in enumerate(sizes):
-            parts[i].append(wav[i, : n * 1920])
-            cursor[i] += n
-    for i in range(2):
-        torch.testing.assert_close(torch.cat(parts[i]), full[i, : cursor[i] * 1920],
-                                   atol=1e-5, rtol=0)
+        for i, (slot, c, n) in enumerate(zip((2, 0), cursor, sizes, strict=True)):
+            rows[i, 0] = slot
+            rows[i, 1:1 + n] = torch.arange(c, c + n)
+        return step(rows)["wav"]
+
+    cursor = stream_two_rows(run, ([3, 3], [4, 1], [5, 0]), full)
     assert sc.positions.tolist() == [cursor[1], 0, cursor[0], 0]
 
 
