@@ -391,10 +391,10 @@ case "$phase" in
   codec-state)  # issue 31: the codec's state read and written in its slots (K/V rings one
     # kernel a layer, conv histories by the kernels around each conv) against the whole state
     # gathered and scattered around the step; then the snake kernel's programs across rows
-    # against a program per row
-    # (bench/codec_ab.py, one process each); the codec's GPU tests first (the kernel's own too)
-    timeout 240 python3 -m pytest tests/gpu/test_gpu_codec.py -q -p no:cacheprovider 2>&1 \
-      | tee "$out/codec_tests.log" | tail -4
+    # against a program per row (bench/codec_ab.py, one process each); the GPU tests first: the
+    # codec's (the kernels' own too) and the engine's graphs (the stage's strided slot column)
+    timeout 300 python3 -m pytest tests/gpu/test_gpu_codec.py tests/gpu/test_gpu_graphs.py -q \
+      -p no:cacheprovider 2>&1 | tee "$out/codec_tests.log" | tail -4
     timeout 300 python3 bench/codec_ab.py --change state --out "$out/h200-codec-state-ab.json" \
       2>&1 | grep -v Warn | tail -12
     timeout 240 python3 bench/codec_ab.py --change snake --out "$out/h200-codec-snake-ab.json" \
