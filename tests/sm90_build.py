@@ -56,6 +56,7 @@ class Built:
     num_warps: int
     num_stages: int
     shape: str = ""  # the kernel's integer constexprs, e.g. "BM=16 BN=32 BK=256"
+    stack_bytes: int = 0  # per thread: the ABI stack frame, where ptxas puts most spills
 
     @property
     def blocks_per_sm(self) -> int:
@@ -130,7 +131,7 @@ def build_only(arch: int = 90) -> Iterator[list[object]]:
 
 
 def resources(kernel: object, variant: str) -> Built:
-    """Registers, shared and local memory of a ``CompiledKernel`` from its cubin."""
+    """Registers, shared, local and stack memory of a ``CompiledKernel`` from its cubin."""
     import triton
 
     tool = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
@@ -140,14 +141,14 @@ def resources(kernel: object, variant: str) -> Built:
         cubin.flush()
         report = subprocess.run([str(tool), "--dump-resource-usage", cubin.name],
                                 capture_output=True, text=True, check=True).stdout
-    usage = dict(re.findall(r"(REG|LOCAL):(\d+)", report))
+    usage = dict(re.findall(r"(REG|LOCAL|STACK):(\d+)", report))
     src = kernel.src  # type: ignore[attr-defined]
     shape = " ".join(f"{src.fn.arg_names[path[0]]}={value}"
                      for path, value in sorted(src.constants.items())
                      if len(path) == 1 and type(value) is int
                      and src.fn.arg_names[path[0]].isupper())
     return Built(meta.name, variant, int(usage["REG"]), int(meta.shared), int(usage["LOCAL"]),
-                 meta.num_warps, meta.num_stages, shape)
+                 meta.num_warps, meta.num_stages, shape, int(usage.get("STACK", 0)))
 
 
 # ----------------------------------------------------------------------------- the variants
@@ -419,7 +420,8 @@ def main() -> None:
         for b in report.builds:
             flags = "; ".join(b.problems())
             print(f"  {b.kernel:32s} regs {b.registers:3d}  smem {b.shared_bytes:6d}  "
-                  f"local {b.local_bytes:4d}  warps {b.num_warps}  stages {b.num_stages}  "
+                  f"local {b.local_bytes:4d}  stack {b.stack_bytes:4d}  warps {b.num_warps}  "
+                  f"stages {b.num_stages}  "
                   f"blocks/SM {b.blocks_per_sm:2d}  {b.shape}"
                   + (f"  FAILS: {flags}" if flags else ""))
     if args.json:

@@ -12,18 +12,18 @@ from tests.kernel_helpers import needs_triton, run_in_interpreter
 pytestmark = pytest.mark.unit
 
 
-def check_kernel(heads: int, kv_heads: int, head_dim: int, dtype: str) -> None:
+def check_kernel(heads: int, kv_heads: int, head_dim: int, dtype: str, window: int) -> None:
     from breezert.kernels.codec_attention import ring_attention
     from breezert.models.codec import _RowsRing
 
     torch.manual_seed(0)
     dt = getattr(torch, dtype)
-    window, slots = 9, 6  # ring of 8: steps below wrap it and pass it
-    ring = 8
+    slots, ring = 6, window - 1  # steps below wrap the ring and pass it
     # rows at 0 (fresh), inside the first ring, at its wrap, far past it; padding frames in two
-    cases = [(0, 4, 4), (3, 4, 2), (6, 4, 4), (29, 4, 3), (40, 4, 1)]  # (pos, T, real frames)
+    cases = [(0, 4, 4), (ring // 2, 4, 2), (ring - 2, 4, 4), (3 * ring + 5, 4, 3),
+             (5 * ring, 4, 1)]  # (pos, T, real frames)
     arena = torch.randn(slots, 2, kv_heads, ring, head_dim).to(dt)
-    for t in (1, 4, 12):  # 12 > ring: a step's own frames overwrite each other
+    for t in (1, 4, 12):  # window 9: 12 > ring, a step's own frames overwrite each other
         got_arena, want_arena = arena.clone(), arena.clone()
         slot_ids = torch.tensor([4, 0, 2, 5, 1])
         pos = torch.tensor([c[0] for c in cases])
@@ -128,17 +128,19 @@ def check_stage_rows() -> None:
 
 
 @needs_triton
-@pytest.mark.parametrize("heads,kv_heads,head_dim,dtype", [
-    (2, 2, 8, "float32"), (4, 2, 64, "float32"), (2, 1, 64, "bfloat16")])
+@pytest.mark.parametrize("heads,kv_heads,head_dim,dtype,window", [
+    (2, 2, 8, "float32", 9), (4, 2, 64, "float32", 72), (2, 1, 64, "bfloat16", 72)])
 def test_ring_attention_matches_the_torch_ring(heads: int, kv_heads: int, head_dim: int,
-                                               dtype: str) -> None:
-    run_in_interpreter(__name__, f"check_kernel({heads}, {kv_heads}, {head_dim}, {dtype!r})")
+                                               dtype: str, window: int) -> None:
+    # window 72: the served ring of 71 entries, three blocks of the online softmax
+    run_in_interpreter(__name__,
+                       f"check_kernel({heads}, {kv_heads}, {head_dim}, {dtype!r}, {window})")
 
 
 @needs_triton
-@pytest.mark.parametrize("kv_heads", [2, 1])
-def test_a_streaming_codec_on_the_kernel_equals_the_offline_decode(kv_heads: int) -> None:
-    run_in_interpreter(__name__, f"check_streaming({kv_heads})")
+def test_a_streaming_codec_on_the_kernel_equals_the_offline_decode() -> None:
+    # grouped K/V heads are the kernel tests' (4, 2) and (2, 1) cases; the served codec has none
+    run_in_interpreter(__name__, "check_streaming(2)")
 
 
 @needs_triton

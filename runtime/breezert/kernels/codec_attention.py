@@ -23,6 +23,7 @@ from breezert.kernels.gemm import DOT_F32
 
 MAX_NEW_FRAMES = 64
 """Most frames of one step this kernel takes (the serving codec decodes <= 16 a replay)."""
+_RC = 32  # ring entries a block of the online softmax (71 entries: 3 blocks)
 
 
 @triton.jit
@@ -33,6 +34,19 @@ def _dot(a, b, PRECISION: tl.constexpr, F32: tl.constexpr):
     return tl.dot(a, b, input_precision=PRECISION)
 
 
+@triton.jit
+def _attend(q, k, v, keep, m, total, acc, scale, PRECISION: tl.constexpr, F32: tl.constexpr):
+    """One block of keys ``k``/``v`` [N, DP] (``keep`` [BT, N]) into the online softmax of the
+    queries ``q`` [BT, DP]: running max ``m``, sum ``total`` and output ``acc`` (fp32)."""
+    s = tl.where(keep, _dot(q, tl.trans(k), PRECISION, F32) * scale, -1.0e30)
+    m_new = tl.maximum(m, tl.max(s, axis=1))
+    alpha = tl.exp(m - m_new)
+    p = tl.where(keep, tl.exp(s - m_new[:, None]), 0.0)
+    total = total * alpha + tl.sum(p, axis=1)
+    acc = acc * alpha[:, None] + _dot(p.to(v.dtype), v, PRECISION, F32)
+    return m_new, total, acc
+
+
 @triton.jit(do_not_specialize=["T", "R", "W"])
 def _ring_attention_kernel(
     q_ptr, k_ptr, v_ptr, out_ptr, ring_ptr, slot_ptr, pos_ptr, frames_ptr,
@@ -40,16 +54,18 @@ def _ring_attention_kernel(
     sq_b, sq_h, sq_t, sk_b, sk_h, sk_t, sv_b, sv_h, sv_t,
     sr_s, sr_kv, sr_h, sr_r,
     H: tl.constexpr, REP: tl.constexpr, D: tl.constexpr, DP: tl.constexpr,
-    BT: tl.constexpr, BR: tl.constexpr, HAS_FRAMES: tl.constexpr, PRECISION: tl.constexpr,
-    F32: tl.constexpr,
+    BT: tl.constexpr, RP: tl.constexpr, RC: tl.constexpr, HAS_FRAMES: tl.constexpr,
+    PRECISION: tl.constexpr, F32: tl.constexpr,
 ):
     """Program (row b, KV head g): its ``REP`` query heads, then its ring entries' update.
 
-    ``out`` is ``[B, T, H, D]`` contiguous (o_proj's input as it is). Dots in the state's
-    dtype (fp32: ``PRECISION``, ``ieee`` or ``tf32``, as the codec's matmuls are set), fp32
-    accumulators, softmax in fp32 (the probabilities cast to the state's dtype for the second
-    dot, as a 16-bit flash attention does); the query tile is padded to ``BT >= 16`` rows and
-    ``D`` to ``DP >= 16`` for ``tl.dot``.
+    ``out`` is ``[B, T, H, D]`` contiguous (o_proj's input as it is). The ring is read in
+    blocks of ``RC`` entries, then the step's own keys, into an online softmax (fp32 max, sum
+    and output; the whole ring at once held 255 registers and spilled in IEEE fp32). Dots in
+    the state's dtype (fp32: ``PRECISION``, ``ieee`` or ``tf32``, as the codec's matmuls are
+    set; the probabilities cast to the state's dtype for the second dot, as a 16-bit flash
+    attention does); the query tile is padded to ``BT >= 16`` rows and ``D`` to ``DP >= 16``
+    for ``tl.dot``.
     """
     b = tl.program_id(0)
     g = tl.program_id(1)
@@ -60,45 +76,41 @@ def _ring_attention_kernel(
     else:
         n = T
     ts = tl.arange(0, BT)
-    rs = tl.arange(0, BR)
     ds = tl.arange(0, DP)
     t_ok = ts < T
     d_ok = ds < D
-    r_ok = rs < R
 
     ring = ring_ptr + slot * sr_s + g * sr_h
-    ring_at = rs[:, None] * sr_r + ds[None, :]
-    ring_mask = r_ok[:, None] & d_ok[None, :]
-    k_ring = tl.load(ring + ring_at, mask=ring_mask, other=0.0)  # [BR, DP]
-    v_ring = tl.load(ring + sr_kv + ring_at, mask=ring_mask, other=0.0)
     new_mask = t_ok[:, None] & d_ok[None, :]
     k_new = tl.load(k_ptr + b * sk_b + g * sk_h + ts[:, None] * sk_t + ds[None, :],
                     mask=new_mask, other=0.0)  # [BT, DP], the ring's dtype
     v_new = tl.load(v_ptr + b * sv_b + g * sv_h + ts[:, None] * sv_t + ds[None, :],
                     mask=new_mask, other=0.0)
-
-    # ring entry r holds the latest frame p < pos with p % R == r (p < 0: never written)
-    ring_pos = pos - 1 - ((pos - 1 - rs + R) % R)  # [BR]
     q_pos = pos + ts  # [BT]
-    keep_ring = ((ring_pos[None, :] >= 0) & r_ok[None, :]
-                 & (q_pos[:, None] - ring_pos[None, :] < W))  # [BT, BR]
     rel = ts[:, None] - ts[None, :]
     keep_new = (rel >= 0) & (rel < W) & t_ok[None, :]  # [BT, BT]: causal, inside the window
     for j in tl.static_range(REP):
         h = g * REP + j
         q = tl.load(q_ptr + b * sq_b + h * sq_h + ts[:, None] * sq_t + ds[None, :],
                     mask=new_mask, other=0.0)
-        s_ring = _dot(q, tl.trans(k_ring), PRECISION, F32) * scale
-        s_new = _dot(q, tl.trans(k_new), PRECISION, F32) * scale
-        s_ring = tl.where(keep_ring, s_ring, -1.0e30)
-        s_new = tl.where(keep_new, s_new, -1.0e30)
-        m = tl.maximum(tl.max(s_ring, axis=1), tl.max(s_new, axis=1))  # [BT]
-        p_ring = tl.where(keep_ring, tl.exp(s_ring - m[:, None]), 0.0)
-        p_new = tl.where(keep_new, tl.exp(s_new - m[:, None]), 0.0)
-        total = tl.sum(p_ring, axis=1) + tl.sum(p_new, axis=1)
+        m = tl.full([BT], -1.0e30, tl.float32)
+        total = tl.zeros([BT], tl.float32)
+        acc = tl.zeros([BT, DP], tl.float32)
+        for r0 in tl.static_range(0, RP, RC):  # RP: R rounded up to whole blocks
+            rs = r0 + tl.arange(0, RC)
+            r_ok = rs < R
+            at = rs[:, None] * sr_r + ds[None, :]
+            mask = r_ok[:, None] & d_ok[None, :]
+            k_ring = tl.load(ring + at, mask=mask, other=0.0)  # [RC, DP]
+            v_ring = tl.load(ring + sr_kv + at, mask=mask, other=0.0)
+            # entry r holds the latest frame p < pos with p % R == r (p < 0: never written)
+            ring_pos = pos - 1 - ((pos - 1 - rs + R) % R)  # [RC]
+            keep = ((ring_pos[None, :] >= 0) & r_ok[None, :]
+                    & (q_pos[:, None] - ring_pos[None, :] < W))  # [BT, RC]
+            m, total, acc = _attend(q, k_ring, v_ring, keep, m, total, acc, scale, PRECISION,
+                                    F32)
+        m, total, acc = _attend(q, k_new, v_new, keep_new, m, total, acc, scale, PRECISION, F32)
         total = tl.where(total > 0, total, 1.0)  # padding query rows (t >= T): never stored
-        acc = _dot(p_ring.to(v_ring.dtype), v_ring, PRECISION, F32)
-        acc += _dot(p_new.to(v_new.dtype), v_new, PRECISION, F32)
         o = acc / total[:, None]
         tl.store(out_ptr + ((b * T + ts[:, None]) * H + h) * D + ds[None, :],
                  o.to(out_ptr.dtype.element_ty), mask=new_mask)
@@ -143,7 +155,7 @@ def ring_attention(q: Tensor, k: Tensor, v: Tensor, ring: Tensor, slot_ids: Tens
         v.stride(0), v.stride(1), v.stride(2),
         ring.stride(0), ring.stride(1), ring.stride(2), ring.stride(3),
         H=heads, REP=heads // kv_heads, D=d, DP=max(16, triton.next_power_of_2(d)),
-        BT=max(16, triton.next_power_of_2(t)), BR=max(16, triton.next_power_of_2(r)),
+        BT=max(16, triton.next_power_of_2(t)), RP=triton.cdiv(r, _RC) * _RC, RC=_RC,
         HAS_FRAMES=num_frames is not None, num_warps=4,
         PRECISION="tf32" if torch.backends.cuda.matmul.allow_tf32 and not DOT_F32 else "ieee",
         F32=DOT_F32,
