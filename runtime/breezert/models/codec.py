@@ -555,8 +555,10 @@ class _RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: Tensor) -> Tensor:
-        if x.dtype == torch.float32 and self.weight.dtype == torch.float32 and not x.is_cuda:
-            return F.rms_norm(x, (x.shape[-1],), self.weight, self.eps)  # the same bits
+        if x.dtype == torch.float32 and self.weight.dtype == torch.float32:
+            # the same math in one operator: on the CPU the same bits as below; on CUDA torch's
+            # fused kernel (one launch instead of five; 17 norms a codec step)
+            return F.rms_norm(x, (x.shape[-1],), self.weight, self.eps)
         h = x.float()
         h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
         return self.weight * h.to(x.dtype)
