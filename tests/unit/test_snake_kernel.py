@@ -25,6 +25,11 @@ def check(history: int, dtype: str, rows: int = 2, channels: int = 3, width: int
     want = snake_cat_reference(x.float(), log_alpha, log_beta,
                                None if hist is None else hist.float()).to(dt)
     assert got.shape == (rows, channels, history + width) and got.dtype == dt
+    from breezert.kernels import snake
+
+    snake._MAX_ELEMENTS = channels * (history + width) + 1  # a launch a row: the same output
+    assert torch.equal(snake_cat_triton(x, log_alpha, log_beta, hist), got)
+    snake._MAX_ELEMENTS = 2**31
     tol = {torch.float32: 1e-5, torch.float16: 1e-3, torch.bfloat16: 1e-2}[dt]  # 16-bit: ~2 ulps
     torch.testing.assert_close(got.float(), want.float(), atol=tol, rtol=tol)
     if hist is not None:
@@ -42,6 +47,7 @@ def test_snake_cat_matches_eager(history: int, dtype: str, shape: tuple[int, int
 def check_arena(dtype: str) -> None:
     """The history read from an arena by slot, and the new history written back there, with
     and without per-row frame counts, against the torch arithmetic."""
+    from breezert.kernels import snake
     from breezert.kernels.snake import keep_tail_reference, keep_tail_triton, snake_cat_triton
 
     torch.manual_seed(1)
@@ -61,6 +67,9 @@ def check_arena(dtype: str) -> None:
         full = snake_cat_triton(x, la, lb, arena, ids)
         want = snake_cat_triton(x, la, lb, arena[ids].contiguous())
         assert torch.equal(full, want)  # the same kernel: rows only move where it reads
+        snake._MAX_ELEMENTS = 2 * channels * (length + x.shape[-1])  # two rows a launch
+        assert torch.equal(snake_cat_triton(x, la, lb, arena, ids), full)
+        snake._MAX_ELEMENTS = 2**31
         for num_frames in (torch.tensor([4, 1, 3]), None):
             got_arena, want_arena = piece(base.clone()), piece(base.clone())
             keep_tail_triton(full, got_arena, ids, num_frames, frames)

@@ -24,6 +24,7 @@ import triton.language as tl
 from torch import Tensor
 
 _BLOCK = 1024
+_MAX_ELEMENTS = 2**31  # a launch's output elements (int32 indices)
 
 
 @triton.jit(do_not_specialize=["C", "T", "H", "total"])
@@ -128,16 +129,20 @@ def snake_cat_triton(x: Tensor, log_alpha: Tensor | None, log_beta: Tensor | Non
             assert rows is None, "an arena's history is read in place: its last dim is dense"
             hist = hist.contiguous()
     out = torch.empty(bsz, channels, h + t, device=x.device, dtype=x.dtype)
-    total = out.numel()
-    if total >= 2**31:
-        raise ValueError(f"snake_cat: {total} output elements, the kernel indexes < 2**31")
     apply = log_alpha is not None
     assert rows is None or rows.is_contiguous(), "rows are read by raw pointer: dense [B]"
-    _snake_cat_kernel[(triton.cdiv(total, _BLOCK),)](
-        x, hist, x if rows is None else rows, log_alpha if apply else x,
-        log_beta if apply else x, out, channels, t, h, total,
-        x.stride(0), x.stride(1), hist.stride(0), hist.stride(1), BLOCK=_BLOCK, APPLY=apply,
-        HAS_ROWS=rows is not None)
+    # the kernel indexes its output in int32: a batch past 2**31 elements (an ungraphed step of
+    # > ~11k frames at the decoder's end) runs as several launches over slices of its rows
+    per_launch = max(1, (_MAX_ELEMENTS - 1) // max(channels * (h + t), 1))
+    for b0 in range(0, bsz, per_launch):
+        b1 = min(bsz, b0 + per_launch)
+        part = out[b0:b1]
+        own_hist = hist if rows is not None or history is None else hist[b0:b1]
+        _snake_cat_kernel[(triton.cdiv(part.numel(), _BLOCK),)](
+            x[b0:b1], own_hist, x if rows is None else rows[b0:b1],
+            log_alpha if apply else x, log_beta if apply else x, part, channels, t, h,
+            part.numel(), x.stride(0), x.stride(1), hist.stride(0), hist.stride(1),
+            BLOCK=_BLOCK, APPLY=apply, HAS_ROWS=rows is not None)
     return out
 
 
