@@ -150,7 +150,10 @@ async def _group(spec: dict[str, Any], out: Path) -> None:
         BrowserListenerRoom(room=name, web_root=spec["web_root"], **common)
         if kind == "browser" else ListenerRoom(room=name, loop_lag=loop_lag, **common)
         for name in spec["rooms"]]
-    ready = await asyncio.gather(*(room.join(spec["join_timeout_s"]) for room in rooms))
+    if spec.get("join_in_turn"):  # each room's agent in before the next room asks for one
+        ready = [await room.join(spec["join_timeout_s"]) for room in rooms]
+    else:
+        ready = await asyncio.gather(*(room.join(spec["join_timeout_s"]) for room in rooms))
     print("READY", json.dumps(ready), flush=True)
     line = await asyncio.get_running_loop().run_in_executor(None, sys.stdin.readline)
     start = float(line.split()[1])
@@ -228,6 +231,7 @@ def run_listeners(*, url: str, api_url: str, agent: str, variant: str, mode: str
                 "rooms": [names[i] for i in members], "texts": list(texts), "seed": args.seed,
                 "think_s": args.think_s, "prebuffer_s": args.prebuffer_ms / 1000,
                 "energy_rms": args.energy_rms, "join_timeout_s": args.join_timeout_s,
+                "join_in_turn": args.join_in_turn,
                 "schedule": [(o, members.index(r), i) for o, r, i in plan if r in members]}
         out = log_dir / f"{tag}-g{group_start}.json"
         spec_path = log_dir / f"{tag}-g{group_start}.spec.json"
@@ -505,6 +509,11 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--run-timeout-s", type=float, default=600.0)
     p.add_argument("--join-timeout-s", type=float, default=120.0,
                    help="a room's wait for the agent's bench.ready and track")
+    p.add_argument("--join-in-turn", action="store_true",
+                   help="a listener process's rooms join one after another, each once its agent "
+                        "is in (default: all at once). LiveKit Agents 1.8.9's availability check "
+                        "can admit one job too many when several are requested at once (its "
+                        "load is read before a concurrent job's launch, the job count after)")
     p.add_argument("--out", type=Path, default=None)
     p.add_argument("--listen-group", type=Path, default=None, help=argparse.SUPPRESS)
     p.add_argument("--group-out", type=Path, default=None, help=argparse.SUPPRESS)
