@@ -355,7 +355,9 @@ def _codec_attention() -> tuple[Warm, Callable[[], None]]:
                 k = torch.zeros(4, t, cfg.num_kv_heads, d, dtype=dtype,
                                 device="meta").transpose(1, 2)
                 rows = torch.zeros(4, dtype=torch.long, device="meta")
-                ring_attention(q, k, k, arena[:, 3], rows, rows, rows, cfg.sliding_window)
+                rope = torch.zeros(4, 1, t, d, dtype=dtype, device="meta")
+                ring_attention(q, k, k, rope, rope, arena[:, 3], rows, rows, rows,
+                               cfg.sliding_window)
         torch.backends.cuda.matmul.allow_tf32 = saved
 
     return None, serve

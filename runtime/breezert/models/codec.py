@@ -475,8 +475,11 @@ class _RowsRing:
         self._keep: Tensor | None = None
         self._new: list[Tensor] = []
 
-    def attend(self, layer: int, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
-        """``q [B, H, T, D]``, ``k``/``v [B, Hkv, T, D]`` (RoPE'd) -> ``[B, T, H * D]``."""
+    def attend(self, layer: int, q: Tensor, k: Tensor, v: Tensor, cos: Tensor,
+               sin: Tensor) -> Tensor:
+        """``q [B, H, T, D]``, ``k``/``v [B, Hkv, T, D]`` from the projections, RoPE's ``cos``
+        and signed ``sin`` ``[B, 1, T, D]`` -> ``[B, T, H * D]``."""
+        q, k = apply_rope_signed(q, cos, sin), apply_rope_signed(k, cos, sin)
         b, heads, t, _ = q.shape
         if self._keep is None:
             self._keep = _ring_mask(self.pos, t, self.window)[1]
@@ -505,15 +508,16 @@ class _ArenaRing:
         self.arena, self.slot_ids, self.pos = arena, slot_ids, pos
         self.num_frames, self.window, self.fast = num_frames, window, fast
 
-    def attend(self, layer: int, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+    def attend(self, layer: int, q: Tensor, k: Tensor, v: Tensor, cos: Tensor,
+               sin: Tensor) -> Tensor:
         kernel = _codec_attention() if self.fast and _snake().triton_runs_on(q) else None
         if kernel is not None and q.shape[2] <= kernel.MAX_NEW_FRAMES:
             return kernel.ring_attention(
-                q, k, v, self.arena[:, layer], self.slot_ids, self.pos, self.num_frames,
-                self.window)
+                q, k, v, cos, sin, self.arena[:, layer], self.slot_ids, self.pos,
+                self.num_frames, self.window)
         rows = _RowsRing(self.arena[self.slot_ids, layer][:, None], self.pos, self.num_frames,
                          self.window)
-        out = rows.attend(0, q, k, v)
+        out = rows.attend(0, q, k, v, cos, sin)
         self.arena[:, layer].index_copy_(0, self.slot_ids, rows.new()[:, 0])
         return out
 
@@ -590,13 +594,13 @@ class _Attention(nn.Module):
 
     def forward(self, x: Tensor, cos: Tensor, sin: Tensor, ring: _RowsRing | _ArenaRing,
                 layer: int) -> Tensor:
-        # x [B, T, hidden]; ``ring`` attends over the cached window and keeps the new keys
+        # x [B, T, hidden]; ``ring`` applies RoPE, attends over the cached window and keeps
+        # the new keys
         b, t, _ = x.shape
         q = self.q_proj(x).view(b, t, self.num_heads, self.head_dim).transpose(1, 2)
         k = self.k_proj(x).view(b, t, self.num_kv_heads, self.head_dim).transpose(1, 2)
         v = self.v_proj(x).view(b, t, self.num_kv_heads, self.head_dim).transpose(1, 2)
-        q, k = apply_rope_signed(q, cos, sin), apply_rope_signed(k, cos, sin)
-        return self.o_proj(ring.attend(layer, q, k, v))
+        return self.o_proj(ring.attend(layer, q, k, v, cos, sin))
 
 
 class _Mlp(nn.Module):
