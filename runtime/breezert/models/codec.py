@@ -591,15 +591,26 @@ class _Attention(nn.Module):
         self.k_proj = nn.Linear(cfg.hidden_size, cfg.num_kv_heads * cfg.head_dim, bias=False)
         self.v_proj = nn.Linear(cfg.hidden_size, cfg.num_kv_heads * cfg.head_dim, bias=False)
         self.o_proj = nn.Linear(cfg.num_heads * cfg.head_dim, cfg.hidden_size, bias=False)
+        self.qkv_weight: Tensor | None = None  # prepare_fast: q, k, v weights in one matrix
+
+    def prepare_fast(self) -> None:
+        self.qkv_weight = torch.cat([self.q_proj.weight, self.k_proj.weight,
+                                     self.v_proj.weight]).detach()
 
     def forward(self, x: Tensor, cos: Tensor, sin: Tensor, ring: _RowsRing | _ArenaRing,
-                layer: int) -> Tensor:
+                layer: int, fast: bool = False) -> Tensor:
         # x [B, T, hidden]; ``ring`` applies RoPE, attends over the cached window and keeps
-        # the new keys
+        # the new keys; ``fast``: q, k and v from one GEMM
         b, t, _ = x.shape
-        q = self.q_proj(x).view(b, t, self.num_heads, self.head_dim).transpose(1, 2)
-        k = self.k_proj(x).view(b, t, self.num_kv_heads, self.head_dim).transpose(1, 2)
-        v = self.v_proj(x).view(b, t, self.num_kv_heads, self.head_dim).transpose(1, 2)
+        if fast and self.qkv_weight is not None:
+            q, k, v = F.linear(x, self.qkv_weight).split(
+                [self.q_proj.out_features, self.k_proj.out_features,
+                 self.v_proj.out_features], dim=-1)
+        else:
+            q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
+        q = q.view(b, t, self.num_heads, self.head_dim).transpose(1, 2)
+        k = k.view(b, t, self.num_kv_heads, self.head_dim).transpose(1, 2)
+        v = v.view(b, t, self.num_kv_heads, self.head_dim).transpose(1, 2)
         return self.o_proj(ring.attend(layer, q, k, v, cos, sin))
 
 
@@ -609,9 +620,17 @@ class _Mlp(nn.Module):
         self.gate_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
         self.up_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
         self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
+        self.gate_up_weight: Tensor | None = None  # prepare_fast: gate and up in one matrix
 
-    def forward(self, x: Tensor) -> Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+    def prepare_fast(self) -> None:
+        self.gate_up_weight = torch.cat([self.gate_proj.weight, self.up_proj.weight]).detach()
+
+    def forward(self, x: Tensor, fast: bool = False) -> Tensor:
+        if fast and self.gate_up_weight is not None:  # gate and up from one GEMM
+            gate, up = F.linear(x, self.gate_up_weight).chunk(2, dim=-1)
+        else:
+            gate, up = self.gate_proj(x), self.up_proj(x)
+        return self.down_proj(F.silu(gate) * up)
 
 
 class _TransformerLayer(nn.Module):
@@ -625,10 +644,15 @@ class _TransformerLayer(nn.Module):
         self.mlp_layer_scale = LayerScale(cfg.hidden_size, cfg.layer_scale_initial_scale)
 
     def forward(self, x: Tensor, cos: Tensor, sin: Tensor, ring: _RowsRing | _ArenaRing,
-                layer: int) -> Tensor:
-        x = x + self.self_attn_layer_scale(self.self_attn(self.input_layernorm(x), cos, sin,
-                                                          ring, layer))
-        return x + self.mlp_layer_scale(self.mlp(self.post_attention_layernorm(x)))
+                layer: int, fast: bool = False) -> Tensor:
+        """``fast``: packed q/k/v and gate/up GEMMs, each scaled residual in one ``addcmul``
+        (the same arithmetic, in fewer launches; rounding may differ in the last place)."""
+        h = self.self_attn(self.input_layernorm(x), cos, sin, ring, layer, fast)
+        x = (torch.addcmul(x, self.self_attn_layer_scale.scale, h) if fast
+             else x + self.self_attn_layer_scale(h))
+        h = self.mlp(self.post_attention_layernorm(x), fast)
+        return (torch.addcmul(x, self.mlp_layer_scale.scale, h) if fast
+                else x + self.mlp_layer_scale(h))
 
 
 class _PreTransformer(nn.Module):
@@ -640,13 +664,14 @@ class _PreTransformer(nn.Module):
         self.norm = _RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.output_proj = nn.Linear(cfg.hidden_size, cfg.latent_dim)
 
-    def forward(self, x: Tensor, pos: Tensor, ring: _RowsRing | _ArenaRing) -> Tensor:
+    def forward(self, x: Tensor, pos: Tensor, ring: _RowsRing | _ArenaRing,
+                fast: bool = False) -> Tensor:
         # x [B, T, latent]; pos [B] frames before the step -> [B, T, latent]
         h = self.input_proj(x)
         q_pos = pos[:, None] + torch.arange(x.shape[1], device=pos.device)  # [B, T]
         cos, sin = _rope(q_pos, self.cfg.head_dim, self.cfg.rope_theta, h.dtype)
         for i, layer in enumerate(self.layers):
-            h = layer(h, cos, sin, ring, i)
+            h = layer(h, cos, sin, ring, i, fast)
         return self.output_proj(self.norm(h))
 
 
@@ -696,10 +721,11 @@ class CodecDecoder(nn.Module):
     @torch.no_grad()
     def prepare_fast(self) -> None:
         """Precomputes what the fast path reads (per-group codebook tables, GEMM layouts of the
-        wide upsamplers); call after the weights are loaded and cast."""
+        wide upsamplers, the transformer's packed q/k/v and gate/up weights); call after the
+        weights are loaded and cast."""
         self.quantizer.prepare_fast()
         for module in self.modules():
-            if isinstance(module, _CausalTransConv):
+            if isinstance(module, (_CausalTransConv, _Attention, _Mlp)):
                 module.prepare_fast()
 
     @torch.no_grad()
@@ -752,7 +778,8 @@ class CodecDecoder(nn.Module):
         ``pos [B]``, K/V rings behind ``ring`` -> ``wav [B, F * samples_per_frame]``; the new
         histories and rings stay with ``carry`` and ``ring``."""
         x = self.pre_conv(latent, carry)  # [B, latent, F]
-        x = self.pre_transformer(x.transpose(1, 2), pos, ring).transpose(1, 2)  # [B, latent, F]
+        x = self.pre_transformer(x.transpose(1, 2), pos, ring, carry.fast)
+        x = x.transpose(1, 2)  # [B, latent, F]
         for tconv, convnext in self.upsample:
             x = convnext(tconv(x, carry), carry)  # [B, latent, F * prod(ratios)]
         x = self.decoder[0](x, carry)  # [B, decoder_dim, ...]
