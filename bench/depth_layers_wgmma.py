@@ -44,8 +44,9 @@ GEMM consumer its ``_mma_phase``, both imported):
 
 Checked on a GPU against torch fp32 math of the same layers (from the same bf16 weights): the
 output h, the layers' delta (h - x) and the cache entries written at pos, at positions 0 and 15,
-by relative L2 error and max abs error; fails above ``REL_TOL`` (3e-2) or above 2x the eager bf16
-module's own error on the same inputs + 2e-3 (one bf16 GEMM lands at 1e-3 to 1e-2; twelve layers
+by relative L2 error (of the whole tensor and of its worst row) and max abs error; fails where
+the whole tensor's error exceeds ``REL_TOL`` (3e-2) or either error exceeds 2x the eager bf16
+module's own on the same inputs + 2e-3 (one bf16 GEMM lands at 1e-3 to 1e-2; twelve layers
 on a bf16 residual stream put the eager module at ~1.2-1.6e-2 on the CPU, checked against this
 reference, which itself matches the module run in fp32 within 1e-6). A mismatch is recorded
 and the run exits 1 at its end, but the launch is still timed (unless a wait ran out of budget):
@@ -535,9 +536,15 @@ def eager_layers(modules, x: torch.Tensor, cache: torch.Tensor, rope: torch.Tens
     return x
 
 
-def _errors(got: torch.Tensor, want: torch.Tensor) -> dict:
+def _errors(got: torch.Tensor, want: torch.Tensor, row_dim: int = 0) -> dict:
+    """Relative L2 error of the whole tensor and of its worst row (``row_dim`` indexes the
+    rows: one wrong row of 256 moves the whole tensor's error by less than the tolerance)."""
     got, want = got.float(), want.float()
+    other = [d for d in range(want.dim()) if d != row_dim]
+    per_row = (torch.linalg.vector_norm(got - want, dim=other)
+               / torch.linalg.vector_norm(want, dim=other))
     return {"rel_l2": (got - want).norm().item() / want.norm().item(),
+            "worst_row_rel": per_row.max().item(),
             "max_abs": (got - want).abs().max().item(),
             "finite": bool(torch.isfinite(got).all().item())}
 
@@ -567,18 +574,21 @@ def check(frame: LayersFrame, modules, depth, pos: int, launch: dict) -> dict:
     x = frame.x_in.float()
     other = torch.arange(SLOTS, device=device) != pos
     got = {"out": _errors(frame.h, ref), "delta": _errors(frame.h.float() - x, ref - x),
-           "kv_at_pos": _errors(frame.cache[:, :, :, :, pos], ref_kv),
+           "kv_at_pos": _errors(frame.cache[:, :, :, :, pos], ref_kv, row_dim=2),
            "kv_other_slots_unchanged": bool(torch.equal(frame.cache[:, :, :, :, other],
                                                         inputs_cache[:, :, :, :, other]))}
     base = {"out": _errors(eager, ref), "delta": _errors(eager.float() - x, ref - x),
-            "kv_at_pos": _errors(eager_cache[:, :, :, :, pos], ref_kv)}
+            "kv_at_pos": _errors(eager_cache[:, :, :, :, pos], ref_kv, row_dim=2)}
     row = {"position": pos, "hang": bool(frame.err.item()), "kernel": got, "eager_bf16": base,
            "accumulators_left_zero": bool((frame.out == 0).all().item())}
     print(f"  {frame.label()} pos {pos}: " + ", ".join(
-        f"{k} rel {got[k]['rel_l2']:.2e} max {got[k]['max_abs']:.3g} (eager bf16 rel "
-        f"{base[k]['rel_l2']:.2e} max {base[k]['max_abs']:.3g})" for k in base), flush=True)
+        f"{k} rel {got[k]['rel_l2']:.2e} worst row {got[k]['worst_row_rel']:.2e} max "
+        f"{got[k]['max_abs']:.3g} (eager bf16 rel {base[k]['rel_l2']:.2e} worst row "
+        f"{base[k]['worst_row_rel']:.2e} max {base[k]['max_abs']:.3g})" for k in base),
+        flush=True)
     bad = [k for k in base if not got[k]["finite"] or got[k]["rel_l2"] > REL_TOL
-           or got[k]["rel_l2"] > 2 * base[k]["rel_l2"] + 2e-3]
+           or got[k]["rel_l2"] > 2 * base[k]["rel_l2"] + 2e-3
+           or got[k]["worst_row_rel"] > 2 * base[k]["worst_row_rel"] + 2e-3]
     assert not row["hang"], f"{frame.label()} pos {pos}: a phase wait ran out of budget"
     assert not bad, f"{frame.label()} pos {pos}: {bad} differ from fp32 math: {got}"
     assert got["kv_other_slots_unchanged"], "the kernel wrote cache slots other than pos"
