@@ -1,9 +1,9 @@
 """The causal convs' histories on the device: SnakeBeta fused with the history in front of the conv
 it feeds, and the new history written back into the stream's state, one Triton launch each.
 
-Owns: ``snake_cat`` (``cat([history, snake(x)], -1)`` in one pass: read ``x`` and the history
-once, write the conv's input once; without SnakeBeta, the plain ``cat``), ``keep_tail`` (each
-row's new history, the samples of the conv's input that end at its last real frame, written
+Owns: ``snake_cat_triton`` (``cat([history, snake(x)], -1)`` in one pass: read ``x`` and the
+history once, write the conv's input once; without SnakeBeta, the plain ``cat``),
+``keep_tail_triton`` (each row's new history, the samples of the conv's input that end at its last real frame, written
 into its slot of the state arena) and their torch references. The eager codec spends five
 launches and five full passes over the activation on SnakeBeta (``exp``, ``mul``, ``sin``,
 ``pow``, ``mul``/``add``) and one more on the concatenation; at the decoder's 24 kHz end
@@ -15,8 +15,6 @@ dtype).
 """
 
 from __future__ import annotations
-
-import os
 
 import torch
 import triton
@@ -99,25 +97,12 @@ def snake_cat_reference(x: Tensor, log_alpha: Tensor | None, log_beta: Tensor | 
     return torch.cat([history if rows is None else history[rows], y], dim=-1)
 
 
-def snake_cat(x: Tensor, log_alpha: Tensor | None, log_beta: Tensor | None,
-              history: Tensor | None, rows: Tensor | None = None) -> Tensor:
-    """``cat([history, SnakeBeta(x)], -1)`` for ``x [B, C, T]``, ``history [B, C, H]`` (or
-    ``None``: H = 0; with ``rows [B]``, ``history [S, C, H]`` is an arena and row ``b``'s
-    history is ``history[rows[b]]``); ``log_alpha`` ``None``: no SnakeBeta. One launch on CUDA
-    (or under ``TRITON_INTERPRET=1``), the torch arithmetic elsewhere."""
-    if not triton_runs_on(x):
-        return snake_cat_reference(x, log_alpha, log_beta, history, rows)
-    return snake_cat_triton(x, log_alpha, log_beta, history, rows)
-
-
-def triton_runs_on(x: Tensor) -> bool:
-    """Whether these kernels run on ``x``'s device here: CUDA, or the CPU interpreter."""
-    return x.is_cuda or os.environ.get("TRITON_INTERPRET") == "1"
-
-
 def snake_cat_triton(x: Tensor, log_alpha: Tensor | None, log_beta: Tensor | None,
                      history: Tensor | None, rows: Tensor | None = None) -> Tensor:
-    """The kernel itself (CUDA, or CPU tensors under ``TRITON_INTERPRET=1``)."""
+    """``cat([history, SnakeBeta(x)], -1)`` for ``x [B, C, T]``, ``history [B, C, H]`` (or
+    ``None``: H = 0; with ``rows [B]``, ``history [S, C, H]`` is an arena and row ``b``'s
+    history is ``history[rows[b]]``); ``log_alpha`` ``None``: no SnakeBeta. The kernel (CUDA,
+    or CPU tensors under ``TRITON_INTERPRET=1``); ``snake_cat_reference`` is its arithmetic."""
     bsz, channels, t = x.shape
     if x.stride(2) != 1:
         x = x.contiguous()
@@ -148,7 +133,7 @@ def snake_cat_triton(x: Tensor, log_alpha: Tensor | None, log_beta: Tensor | Non
 
 def keep_tail_reference(full: Tensor, history: Tensor, rows: Tensor,
                         num_frames: Tensor | None, total_frames: int) -> None:
-    """``keep_tail``'s arithmetic in torch (a gather, then ``index_copy_``)."""
+    """``keep_tail_triton``'s arithmetic in torch (a gather, then ``index_copy_``)."""
     length = history.shape[-1]
     if num_frames is None:
         new = full[..., full.shape[-1] - length:]
@@ -159,22 +144,14 @@ def keep_tail_reference(full: Tensor, history: Tensor, rows: Tensor,
     history.index_copy_(0, rows, new)
 
 
-def keep_tail(full: Tensor, history: Tensor, rows: Tensor, num_frames: Tensor | None,
-              total_frames: int) -> None:
+def keep_tail_triton(full: Tensor, history: Tensor, rows: Tensor, num_frames: Tensor | None,
+                     total_frames: int) -> None:
     """Writes each row's new history into the arena: ``history [S, C, L]`` at ``rows [B]``
     gets the ``L`` samples of ``full [B, C, L + T]`` (the conv's input: old history, then the
     step's ``T`` samples) that end at the row's last real frame (``num_frames [B]`` of the
     step's ``total_frames``; ``None``: all). In place; padding rows may share a slot (any one
-    of them wins)."""
-    if not triton_runs_on(full):
-        keep_tail_reference(full, history, rows, num_frames, total_frames)
-    else:
-        keep_tail_triton(full, history, rows, num_frames, total_frames)
-
-
-def keep_tail_triton(full: Tensor, history: Tensor, rows: Tensor, num_frames: Tensor | None,
-                     total_frames: int) -> None:
-    """``keep_tail``'s kernel (CUDA, or CPU tensors under ``TRITON_INTERPRET=1``)."""
+    of them wins). The kernel (CUDA, or CPU tensors under ``TRITON_INTERPRET=1``);
+    ``keep_tail_reference`` is its arithmetic."""
     bsz, channels, width = full.shape
     length = history.shape[-1]
     assert full.is_contiguous() and history.stride(2) == 1

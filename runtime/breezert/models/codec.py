@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import math
+import os
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -121,7 +122,7 @@ class _Carry:
         return cls(arena, spec, num_frames, total_frames, fast, slot_ids)
 
     def _kernels(self, x: Tensor) -> bool:
-        return self.fast and _snake().triton_runs_on(x)
+        return self.fast and _kernels_run_on(x)
 
     def extend(self, x: Tensor, length: int, act: SnakeBeta | None = None) -> Tensor:
         """Prepends the stored history to ``act(x)`` [B, C, T] and keeps the last ``length``
@@ -132,10 +133,10 @@ class _Carry:
         assert (channels, expect) == (x.shape[1], length), f"state spec mismatch at {name}"
         old, rows = self._old[i], self.slot_ids
         if self._kernels(x):
-            full = _snake().snake_cat(x, None if act is None else act.alpha,
-                                      None if act is None else act.beta, old, rows)
+            full = _snake().snake_cat_triton(x, None if act is None else act.alpha,
+                                             None if act is None else act.beta, old, rows)
             if rows is not None:
-                _snake().keep_tail(full, old, rows, self.num_frames, self.total_frames)
+                _snake().keep_tail_triton(full, old, rows, self.num_frames, self.total_frames)
                 return full
         else:
             full = torch.cat([old if rows is None else old[rows],
@@ -150,7 +151,7 @@ class _Carry:
     def activate(self, x: Tensor, act: SnakeBeta) -> Tensor:
         """``act(x)`` for a conv that keeps no history."""
         if self._kernels(x):
-            return _snake().snake_cat(x, act.alpha, act.beta, None)
+            return _snake().snake_cat_triton(x, act.alpha, act.beta, None)
         return act(x)
 
     def keep_last(self, full: Tensor, length: int, num_new: int, dim: int) -> Tensor:
@@ -179,7 +180,13 @@ class _Carry:
         assert self._visited == len(self._spec), "step did not visit every stateful conv"
 
 
-def _snake():  # noqa: ANN202 - the kernel module imports Triton: only on the fast path
+def _kernels_run_on(x: Tensor) -> bool:
+    """Whether the fast path's Triton kernels run on ``x``'s device here: CUDA, or the CPU under
+    ``TRITON_INTERPRET=1`` (tests). Elsewhere the eager arithmetic, and Triton is not imported."""
+    return x.is_cuda or os.environ.get("TRITON_INTERPRET") == "1"
+
+
+def _snake():  # noqa: ANN202 - the kernel module imports Triton: only where its kernels run
     from breezert.kernels import snake
 
     return snake
@@ -510,7 +517,7 @@ class _ArenaRing:
 
     def attend(self, layer: int, q: Tensor, k: Tensor, v: Tensor, cos: Tensor,
                sin: Tensor) -> Tensor:
-        kernel = _codec_attention() if self.fast and _snake().triton_runs_on(q) else None
+        kernel = _codec_attention() if self.fast and _kernels_run_on(q) else None
         if kernel is not None and q.shape[2] <= kernel.MAX_NEW_FRAMES:
             return kernel.ring_attention(
                 q, k, v, cos, sin, self.arena[:, layer], self.slot_ids, self.pos,
