@@ -96,10 +96,17 @@ def _rowwise_snake_cat_kernel(x_ptr, hist_ptr, la_ptr, lb_ptr, out_ptr, C, T, H,
     tl.store(out_ptr + row * width + cols, val.to(out_ptr.dtype.element_ty), mask=cols < width)
 
 
-def rowwise_snake_cat(x: torch.Tensor, log_alpha: torch.Tensor, log_beta: torch.Tensor,
-                      history: torch.Tensor | None) -> torch.Tensor:
+def rowwise_snake_cat(x: torch.Tensor, log_alpha: torch.Tensor | None,
+                      log_beta: torch.Tensor | None, history: torch.Tensor | None,
+                      rows: torch.Tensor | None = None) -> torch.Tensor:
     """``snake.snake_cat_triton`` as it was before 5 Dec (sixth session): a program per (row,
-    1024 columns)."""
+    1024 columns), SnakeBeta always, histories by batch row. Called as today's is: an arena's
+    ``rows`` are gathered first, and a conv without SnakeBeta gets the plain ``cat`` (as the
+    step did then)."""
+    if rows is not None:
+        history = history[rows]
+    if log_alpha is None:
+        return snake.snake_cat_reference(x, None, None, history)
     bsz, channels, t = x.shape
     x = x if x.stride(2) == 1 else x.contiguous()
     if history is None:
