@@ -139,6 +139,16 @@ def rel_error(a: torch.Tensor, b: torch.Tensor) -> float:
     return ((a.float() - b.float()).norm() / b.float().norm()).item()
 
 
+def sm90_build_env(tmp_path: Path) -> dict[str, str]:
+    """The environment of a process that builds kernels for sm_90 here (no GPU): compiled, not
+    interpreted; its own Triton cache under ``tmp_path`` (built here, not from an old cache);
+    the runtime, the repo and ``bench/`` importable."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["TRITON_CACHE_DIR"] = str(tmp_path / "triton")
+    env["PYTHONPATH"] = os.pathsep.join(str(REPO / p) for p in ("runtime", ".", "bench"))
+    return env
+
+
 def run_in_interpreter(module: str, call: str) -> None:
     """Runs ``call`` (names of test module ``module``) in a fresh Python with
     ``TRITON_INTERPRET=1``: Triton reads the switch once, at its first import, which another

@@ -7,14 +7,13 @@ activation-loader waits that TMA-read)."""
 
 from __future__ import annotations
 
-import os
 import re
 import subprocess
 import sys
 
 import pytest
 
-from tests.kernel_helpers import REPO, needs_triton
+from tests.kernel_helpers import REPO, needs_triton, sm90_build_env
 
 pytestmark = pytest.mark.unit
 
@@ -25,9 +24,7 @@ BUILT = {"64x64x8w8": [16, 32, 64, 128, 256, 512], "64x128x6w4": [8, 16, 32, 64,
 
 @needs_triton
 def test_depth_layers_build_for_sm90a_at_every_selectable_row_count(tmp_path) -> None:
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["TRITON_CACHE_DIR"] = str(tmp_path / "triton")  # build here, not from an old cache
-    env["PYTHONPATH"] = os.pathsep.join(str(REPO / p) for p in ("runtime", ".", "bench"))
+    env = sm90_build_env(tmp_path)
     proc = subprocess.run([sys.executable, "bench/depth_layers_wgmma.py", "--compile-only",
                            "--configs", ",".join(BUILT), "--rows", ROWS],
                           cwd=REPO, env=env, capture_output=True, text=True, timeout=300)

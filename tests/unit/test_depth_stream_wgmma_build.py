@@ -6,23 +6,20 @@ with the tensor cores' HGMMA batched per tile rather than serialized by ptxas.""
 
 from __future__ import annotations
 
-import os
 import re
 import subprocess
 import sys
 
 import pytest
 
-from tests.kernel_helpers import REPO, needs_triton
+from tests.kernel_helpers import REPO, needs_triton, sm90_build_env
 
 pytestmark = pytest.mark.unit
 
 
 @needs_triton
 def test_wgmma_stream_builds_for_sm90a_at_2_and_512_rows(tmp_path) -> None:
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["TRITON_CACHE_DIR"] = str(tmp_path / "triton")  # build here, not from an old cache
-    env["PYTHONPATH"] = os.pathsep.join(str(REPO / p) for p in ("runtime", ".", "bench"))
+    env = sm90_build_env(tmp_path)
     proc = subprocess.run([sys.executable, "bench/depth_stream_wgmma.py", "--compile-only",
                            "--configs", "64x64x8w8", "--rows", "2,512", "--modes", "phased"],
                           cwd=REPO, env=env, capture_output=True, text=True, timeout=300)

@@ -5,13 +5,12 @@ launch (tests/sm90_build.py: built, never run, on this GPU-less machine)."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 
 import pytest
 
-from tests.kernel_helpers import REPO, needs_triton
+from tests.kernel_helpers import REPO, needs_triton, sm90_build_env
 
 pytestmark = pytest.mark.unit
 
@@ -27,8 +26,7 @@ SELECTABLE = (["depth by-rows", "depth by-rows qkv-split-2", "decode", "text enc
 def test_every_selectable_kernel_builds_for_sm90_within_hopper_limits(tmp_path) -> None:
     from tests.sm90_build import Built
 
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["TRITON_CACHE_DIR"] = str(tmp_path / "triton")  # build here, not from an old cache
+    env = sm90_build_env(tmp_path)
     outs = [tmp_path / f"builds-{i}.json" for i in range(len(SELECTABLE))]
     procs = [subprocess.Popen([sys.executable, "-m", "tests.sm90_build", "--json", str(out),
                                *half], cwd=REPO, env=env, stdout=subprocess.PIPE,
