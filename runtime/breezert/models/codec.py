@@ -93,9 +93,9 @@ class _Carry:
     """Hands out the conv histories of one step in visiting order and keeps the new ones.
 
     Two homes for the histories: rows (``_Carry(flat)``: ``flat [B, num_conv_values]``, left
-    untouched; ``flat()`` joins the new ones, autograd flowing) or the state arena
-    (``_Carry.in_arena``: ``arena [S, num_conv_values]``, rows ``slot_ids [B]``, each new
-    history written into its slot as soon as its conv has read the old one, nothing gathered).
+    untouched; ``flat()`` joins the new ones, autograd flowing) or the state arena (with
+    ``slot_ids [B]``: ``flat`` is the arena ``[S, num_conv_values]``, each new history written
+    into its slot as soon as its conv has read the old one, nothing gathered).
     ``num_frames [B]`` (optional): frames each row really decodes this step, at most the step's
     ``total_frames``; a row's new history then ends at its own last real sample (the padded
     frames after it are computed and dropped), so rows of different chunk sizes share one step.
@@ -115,11 +115,6 @@ class _Carry:
         self._visited = 0
         self.slot_ids = slot_ids
         self.num_frames, self.total_frames, self.fast = num_frames, total_frames, fast
-
-    @classmethod
-    def in_arena(cls, arena: Tensor, spec: tuple[tuple[str, int, int], ...], slot_ids: Tensor,
-                 num_frames: Tensor | None, total_frames: int, fast: bool) -> _Carry:
-        return cls(arena, spec, num_frames, total_frames, fast, slot_ids)
 
     def _kernels(self, x: Tensor) -> bool:
         return self.fast and _kernels_run_on(x)
@@ -898,8 +893,9 @@ class StreamingCodec:
         (row ``i``'s first ``num_frames[i] * 1920`` samples when ``num_frames`` is given).
 
         One batched step over the slots' state in place: each conv's history is read from the
-        arena and its new one written back as the step goes (``_Carry.in_arena``), the K/V rings
-        likewise (``_ArenaRing``); with ``fast``, Triton kernels for both where they run.
+        arena and its new one written back as the step goes (``_Carry`` with ``slot_ids``), the
+        K/V rings likewise (``_ArenaRing``); with ``fast``, Triton kernels for both where they
+        run.
         """
         # The kernels read slot ids and frame counts by raw pointer (element b at b): the stage
         # passes a column of its [B, 1 + F] rows (stride 1 + F), which they would read as other
@@ -909,15 +905,14 @@ class StreamingCodec:
             num_frames = num_frames.contiguous()
         pos = state.pos[slot_ids]
         frames = codes.shape[1]
-        carry = _Carry.in_arena(state.conv, self.decoder._state_spec, slot_ids, num_frames,
-                                frames, self.fast)
+        carry = _Carry(state.conv, self.decoder._state_spec, num_frames, frames, self.fast,
+                       slot_ids=slot_ids)
         ring = _ArenaRing(state.kv, slot_ids, pos, num_frames, self.decoder.cfg.sliding_window,
                           self.fast)
         with tf32_math(self.tf32):
             latent = self.decoder.latent(codes, self.fast, self.tables)
             wav = self.decoder.forward_rows(latent, carry, pos, ring)
-        state.pos.index_copy_(0, slot_ids, pos + (codes.shape[1] if num_frames is None
-                                                  else num_frames))
+        state.pos.index_copy_(0, slot_ids, pos + (frames if num_frames is None else num_frames))
         return wav
 
 
