@@ -136,7 +136,7 @@ class _Carry:
         else:
             full = torch.cat([old if rows is None else old[rows],
                               x if act is None else act(x)], dim=-1)
-        new = self.keep_last(full, length, x.shape[-1], dim=-1)
+        new = self.keep_last(full, length, x.shape[-1])
         if rows is None:
             self._new.append(new)
         else:
@@ -149,20 +149,14 @@ class _Carry:
             return _snake().snake_cat_triton(x, act.alpha, act.beta, None)
         return act(x)
 
-    def keep_last(self, full: Tensor, length: int, num_new: int, dim: int) -> Tensor:
-        """The ``length`` entries of ``full`` (``length`` old + ``num_new`` new along ``dim``)
-        that end at each row's last real frame."""
+    def keep_last(self, full: Tensor, length: int, num_new: int) -> Tensor:
+        """The ``length`` samples of ``full [B, C, length + num_new]`` (the old history, then the
+        new samples) that end at each row's last real frame."""
         if self.num_frames is None:
-            return full.narrow(dim, full.shape[dim] - length, length)
+            return full[..., full.shape[-1] - length:]
         scale = num_new // self.total_frames  # samples per frame at this layer
-        dim = dim % full.dim()
-        index = self.num_frames * scale  # [B] start of the kept window
-        index = index[:, None] + torch.arange(length, device=full.device)  # [B, length]
-        shape = [1] * full.dim()
-        shape[0], shape[dim] = full.shape[0], length
-        expand = list(full.shape)
-        expand[dim] = length
-        return full.gather(dim, index.view(shape).expand(expand))
+        index = (self.num_frames * scale)[:, None] + torch.arange(length, device=full.device)
+        return full.gather(2, index[:, None, :].expand(full.shape[0], full.shape[1], length))
 
     def flat(self) -> Tensor:
         """The new histories of rows ``_Carry(flat)`` joined: ``[B, num_conv_values]``."""
@@ -434,9 +428,9 @@ class _SplitQuantizer(nn.Module):
 
 
 # ------------------------------------------------------------------------------- transformer
-def _ring_mask(pos: Tensor, num_new: int, window: int) -> tuple[Tensor, Tensor]:
-    """Absolute query positions [B, T] and the keep-mask [B, 1, T, window - 1 + T] over a row's
-    ring (``R = window - 1`` entries) followed by its ``T`` new frames.
+def _ring_mask(pos: Tensor, num_new: int, window: int) -> Tensor:
+    """The keep-mask [B, 1, T, window - 1 + T] of the queries at ``pos + t`` over a row's ring
+    (``R = window - 1`` entries) followed by its ``T`` new frames.
 
     Ring entry ``r`` holds the latest frame ``p < pos`` with ``p % R == r`` (negative: never
     written). A query at q sees keys with ``q - window < k <= q``, k >= 0.
@@ -448,7 +442,7 @@ def _ring_mask(pos: Tensor, num_new: int, window: int) -> tuple[Tensor, Tensor]:
     k_pos = torch.cat([ring_pos, q_pos], dim=1)  # [B, R + T]
     rel = q_pos[:, :, None] - k_pos[:, None, :]  # [B, T, R + T]
     keep = (k_pos[:, None, :] >= 0) & (rel >= 0) & (rel < window)
-    return q_pos, keep[:, None]
+    return keep[:, None]
 
 
 def _ring_update(ring: Tensor, new: Tensor, pos: Tensor, num_frames: Tensor | None) -> Tensor:
@@ -484,7 +478,7 @@ class _RowsRing:
         q, k = apply_rope_signed(q, cos, sin), apply_rope_signed(k, cos, sin)
         b, heads, t, _ = q.shape
         if self._keep is None:
-            self._keep = _ring_mask(self.pos, t, self.window)[1]
+            self._keep = _ring_mask(self.pos, t, self.window)
         ring = self.rings[:, layer]  # [B, 2, Hkv, R, D]
         self._new.append(_ring_update(ring, torch.stack([k, v], dim=1), self.pos,
                                       self.num_frames))
