@@ -287,13 +287,25 @@ case "$phase" in
       --out "$out/h200-stage-timing-path.json" 2>&1 | grep -v Warn | tail -12 || true ;;
   before-after)  # issue 32: the latency profile at c=1, 16 and 64 on the tree issue 32 was filed
     # against (6c89905, carried as .oldtree/: git archive 6c89905 runtime configs | tar -x -C
-    # .oldtree) and on this one, one call, each tree in its own process
+    # .oldtree) and on this one, one call, each tree in its own process. On an 80 GB card (H100,
+    # 5 Dec) the old tree's KV pool, sized for the H200's worst case (32768 blocks, ~60 GB), ran
+    # out of memory at start-up: there both trees get the same 16384 blocks (64 streams x 2 rows
+    # x 2048 tokens), so the comparison stays like for like.
+    gib=$(python3 -c "import torch; print(torch.cuda.get_device_properties(0).total_memory >> 30)")
+    latency_config=configs/h200-latency.toml
+    if [ "$gib" -lt 100 ]; then
+      for tree in .oldtree .; do
+        sed 's/^\[cache\]$/[cache]\nnum_blocks = 16384/' "$tree/configs/h200-latency.toml" \
+          > "$tree/configs/h200-latency-80g.toml"
+      done
+      latency_config=configs/h200-latency-80g.toml
+    fi
     for tree in .oldtree .; do
       # the harness was the runtime's `breezert bench` until it became bench/'s breezert_bench
       if [ "$tree" = . ]; then name=after; rev=$commit; cmd=(python3 -m breezert_bench)
       else name=before; rev=6c89905; cmd=(python3 -m breezert.cli bench); fi
       (cd "$tree" && PYTHONPATH=/tmp/site:runtime:bench:. timeout 270 "${cmd[@]}" \
-        --config configs/h200-latency.toml --texts "$OLDPWD/.benchdata/texts_en.tsv" \
+        --config "$latency_config" --texts "$OLDPWD/.benchdata/texts_en.tsv" \
         --tokenizer "$OLDPWD/.benchdata/tokenizer.json" --git-commit "$rev" \
         --concurrency 1,16,64 --num-requests 300 --warmup 16 --run-budget 25 \
         --out "$out/h200-latency-$name.json" 2>&1 | grep '^\[bench' || true)
@@ -410,17 +422,23 @@ case "$phase" in
   steady)  # issue 31: where a loaded step's time goes (bench/steady_trace.py): schedule, input
     # prep, GPU work, post and commit per stage at STREAMS (256,64) on the capacity profile,
     # Engine.step on one thread; every stream is added at once, so the queue limit, admission
-    # and the queue's wait are lifted. 5 Dec: busy 74 % at 256 with DEPTH's prep 8.7 ms; the
-    # host_before_calls / host_in_calls columns split that prep (Python vs copies + launch);
-    # --launch-probe then times each captured graph's launch on the host beside its GPU time.
-    # Start-up with a cold Inductor cache took > 400 s once: give it a call of its own budget.
-    timeout 560 python3 bench/steady_trace.py --config configs/h200-capacity.toml \
+    # and the queue's wait are lifted, and a newcomer past its first-chunk deadline competes with
+    # the streams on slack (predictor_overdue_startup_urgent): past real time (the H100, 5 Dec)
+    # the deadline policy otherwise serves the first 64 streams forever and the other 192 never
+    # start. 5 Dec: busy 74 % at 256 with DEPTH's prep 8.7 ms; the host_before_calls /
+    # host_in_calls columns split that prep (Python vs copies + launch); --launch-probe then
+    # times each captured graph's launch on the host beside its GPU time. Start-up with a cold
+    # Inductor cache took > 400 s once: give it a call of its own (timeout_s 600); the log is
+    # written as it goes ($out/steady.log), so a call cut short still says how far it got.
+    timeout 540 python3 bench/steady_trace.py --config configs/h200-capacity.toml \
       --texts .benchdata/texts_en.tsv --tokenizer .benchdata/tokenizer.json \
       --streams "${STREAMS:-256,64}" --steps 300 --git-commit "$commit" \
       --set scheduler.max_queued_requests=512 --set scheduler.admission_capacity=1000000.0 \
-      --set scheduler.max_queue_wait_s=60.0 --launch-probe \
-      --out "$out/h200-steady-trace.json" 2>&1 | grep -v -i "warn\|softmax\|important use" \
-      | grep -v '^$' | tail -60 ;;
+      --set scheduler.max_queue_wait_s=60.0 \
+      --set scheduler.predictor_overdue_startup_urgent=true --launch-probe \
+      --out "$out/h200-steady-trace.json" 2>&1 | grep --line-buffered -v -i \
+      "warn\|softmax\|important use" | grep --line-buffered -v '^$' | tee "$out/steady.log" \
+      | tail -60 ;;
   big-batch)  # issue 31: each stage's graphed step at 64 / 128 / 256 requests (BATCHES), the
     # profile's kernels (fused Triton depth layers) against `plain` (the same stages in plain
     # torch: cuBLAS GEMMs for the depth layers), one process (bench/stage_timing.py)

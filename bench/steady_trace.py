@@ -205,7 +205,7 @@ def summarize(steps: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def run_streams(engine: Engine, spans: StepSpans, texts: list[str], streams: int, steps: int,
-                settle: int, tag: str, start_timeout_s: float = 600.0) -> dict[str, Any]:
+                settle: int, tag: str, start_timeout_s: float = 120.0) -> dict[str, Any]:
     """Adds ``streams`` requests, steps until all started plus ``settle`` steps, records
     ``steps`` steps, then aborts them all and drains."""
     items = make_workload(texts, streams, seed=streams)
@@ -214,11 +214,19 @@ def run_streams(engine: Engine, spans: StepSpans, texts: list[str], streams: int
         engine.add_request(SynthesisRequest(text=item.text, options=SynthesisOptions(seed=item.seed),
                                             ignore_eos=True, max_frames=3000, request_id=rid))
     started: set[str] = set()
-    limit = time.monotonic() + start_timeout_s
-    while len(started) < streams and time.monotonic() < limit:
+    t0 = time.monotonic()
+    report = t0 + 10.0
+    while len(started) < streams and (now := time.monotonic()) < t0 + start_timeout_s:
         for out in engine.step():
             if isinstance(out, AudioChunk):
                 started.add(out.request_id)
+        if now >= report:  # a slow start says how far it got, not nothing for minutes
+            print(f"  {streams} streams: {len(started)} started after {now - t0:.0f} s",
+                  flush=True)
+            report = now + 10.0
+    if len(started) < streams:
+        print(f"  {streams} streams: only {len(started)} started within {start_timeout_s:.0f} s;"
+              " recording the steps anyway", flush=True)
     for _ in range(settle):
         engine.step()
     spans.start()
@@ -288,7 +296,7 @@ def main() -> None:
     parser.add_argument("--streams", default="64,256")
     parser.add_argument("--steps", type=int, default=300)
     parser.add_argument("--settle", type=int, default=50)
-    parser.add_argument("--start-timeout", type=float, default=600.0,
+    parser.add_argument("--start-timeout", type=float, default=120.0,
                         help="seconds to wait for every stream's first chunk")
     parser.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE")
     parser.add_argument("--git-commit", default=None, help="record this commit (no .git)")
