@@ -9,10 +9,11 @@ reports). The load is the bench's: closed loop of N streams over ``texts_en.tsv`
 lengths and seeds, EOS ignored, a simulated listener reporting its buffer every 100 ms.
 
 Usage (repo root, CPU): ``PYTHONPATH=runtime python bench/sched_sim.py --concurrency 16,64
-[--rate 20,40] [--variant 'NAME=scheduler.key=value;...'] [--out X.json]``. ``--rate``: open-loop
-points too (arrivals every ``1/rate`` s of model time, whatever is in flight); a request the
-engine refuses (``EngineOverloaded``) counts as ``refused``, one that waited past
-``max_queue_wait_s`` as ``expired``.
+[--rate 20,40] [--variant 'NAME=scheduler.key=value;...'] [--frames N] [--out X.json]``.
+``--rate``: open-loop points too (arrivals every ``1/rate`` s of model time, whatever is in
+flight); a request the engine refuses (``EngineOverloaded``) counts as ``refused``, one that
+waited past ``max_queue_wait_s`` as ``expired``. ``--frames``: every request that many frames
+long instead of its text's length (long streams, as ``steady_trace.py``).
 
 Owns: the stage-time model, the simulated worker and clock, the closed-loop driver. Must not: be
 read as a GPU measurement. It shows how scheduling decisions and host time shape first packets
@@ -26,7 +27,7 @@ import argparse
 import bisect
 import json
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -364,6 +365,8 @@ def main(argv: list[str] | None = None) -> None:
                         "host time measured here (deterministic runs)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--rate", default="", help="open-loop points, requests per second")
+    p.add_argument("--frames", type=int, default=None,
+                   help="frames of every measured request (default: its text's length)")
     p.add_argument("--out", default=None)
     args = p.parse_args(argv)
     texts = load_texts(args.texts)
@@ -380,9 +383,10 @@ def main(argv: list[str] | None = None) -> None:
                       concurrency or args.warmup, "warm")
             worker.steps.clear()
             start, host0 = clock(), clock.host_s
-            results = run_point(engine, clock, make_workload(texts, args.num_requests,
-                                                             args.seed), concurrency, "run",
-                                rate=rate)
+            items = make_workload(texts, args.num_requests, args.seed)
+            if args.frames:
+                items = [replace(item, num_frames=args.frames) for item in items]
+            results = run_point(engine, clock, items, concurrency, "run", rate=rate)
             wall = clock() - start
             run = {"variant": name, "overrides": overrides, "concurrency": concurrency,
                    "rate_rps": rate,

@@ -155,18 +155,22 @@ class SchedulerConfig(_Frozen):
     default_max_frames: int = Field(default=750, gt=0)
     """Frame limit per segment when a request gives none (750 = 60 s of audio)."""
     starvation_limit_s: float = Field(default=0.5, gt=0)
-    """A streaming request without a new chunk for this long gets served first."""
+    """A streaming request without a new chunk for this long gets served first. With
+    ``use_predictor``: a request still without its first chunk this long past its first-chunk
+    deadline (``predictor_ttfb_target_s`` after enqueue) is urgent, ranked with the urgent
+    streams by slack, so that past capacity every admitted request starts within a bounded
+    wait (urgent streams otherwise go before startup work for good)."""
     use_predictor: bool = False
     """Deadline-aware scheduling (``sched/policy.py``): serve by playback slack from the
     listener's reported buffer, wait to batch CODEC, emit partial chunks before an underrun.
-    ``starvation_limit_s`` is then unused."""
+    ``starvation_limit_s`` then bounds only the wait for a first chunk."""
     predictor_ttfb_target_s: float = Field(default=0.2, gt=0)
     """Deadline of a request's first chunk after enqueue, seconds."""
     predictor_overdue_startup_urgent: bool = False
     """A request still waiting for its first chunk whose slack falls below
     ``predictor_min_slack_s`` competes with urgent streams on slack (earliest deadline first
-    across both) instead of waiting behind every urgent stream: bounds TTFB when the engine is
-    past capacity, at the cost of stream gaps."""
+    across both) instead of waiting behind every urgent stream: a tighter bound on TTFB past
+    capacity than ``starvation_limit_s`` alone, at the cost of stream gaps."""
     predictor_first_chunk_cover: bool = False
     """The first chunk carries enough audio to cover making the next one: as many frames of the
     schedule's first entry or more (up to its largest) as one more frame, a CODEC step and

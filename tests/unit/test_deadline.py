@@ -595,6 +595,7 @@ def test_make_policies_is_off_by_default() -> None:
     assert make_policies(SchedulerConfig(), make_predictor()) == (None, None)
     stage, chunk = make_policies(SchedulerConfig(use_predictor=True), make_predictor())
     assert isinstance(stage, DeadlineStagePolicy) and isinstance(chunk, DeadlineChunkPolicy)
+    assert stage.starvation_limit_s == SchedulerConfig().starvation_limit_s
     assert not chunk.first_chunk_cover
     _, covered = make_policies(SchedulerConfig(use_predictor=True,
                                                predictor_first_chunk_cover=True),
@@ -617,3 +618,27 @@ def test_scheduler_with_slow_steps_covers_the_first_chunk_and_loses_no_frame(cov
     assert not h.sched.has_work()
     assert h.predictor.counters["predictor_first_chunk_covers"] == (3 if cover else 0)
     assert FRAME_S == 0.08
+
+
+def test_past_capacity_every_admitted_request_starts_within_a_bounded_wait() -> None:
+    """Steps slower than real time (a frame is two 50 ms steps for 80 ms of audio): from its
+    second chunk on every stream is urgent, for good. A newcomer still without audio
+    ``starvation_limit_s`` past its first-chunk deadline ranks with them (with the least slack),
+    so it starts within a few steps of that; before, startup work waited behind the urgent
+    streams forever (the first wave streamed, the later ones never started)."""
+    config = make_config(use_predictor=True, predictor_min_slack_s=0.05,
+                         predictor_max_lead_s=1.0, starvation_limit_s=0.3)
+    h = PredictorHarness(config, dt=0.05)
+    requests = []
+    for wave in range(4):
+        for i in range(4):
+            requests.append(make_request(f"w{wave}r{i}"))
+            h.sched.add_request(requests[-1], h.now)
+        for _ in range(40):
+            assert h.step()
+    assert FRAME_S < 2 * h.dt  # past capacity at any number of streams
+    bound = h.predictor.ttfb_target_s + config.starvation_limit_s + 8 * h.dt
+    waits = {r.request_id: r.chunk_emit_times[0] - r.enqueue_time if r.chunk_emit_times
+             else None for r in requests}
+    assert all(wait is not None and wait <= bound for wait in waits.values()), waits
+    assert all(len(h.chunks[r.request_id]) > 1 for r in requests[:12])  # the streams go on

@@ -193,7 +193,9 @@ class DeadlineStagePolicy:
 
     0. urgent streams: slack below ``min_slack_s``, least slack first (a startup step still goes
        first when the least slack absorbs its predicted time); with ``overdue_startup_urgent``,
-       startup work below ``min_slack_s`` too, ranked with them by slack;
+       startup work below ``min_slack_s`` too, ranked with them by slack; whatever that switch,
+       starving startup work: more than ``starvation_limit_s`` past its first-chunk deadline
+       (that late, its slack is below a dry stream's: it goes first);
     1. startup work (no chunk yet): higher priority, then earlier deadline (enqueue + TTFB target);
     2. other streams: longest-waiting ready stage first (in steps), then least slack;
     3. streams more than ``max_lead_s`` ahead of their listener: as class 2, after everything.
@@ -206,10 +208,15 @@ class DeadlineStagePolicy:
     NOTE(predictor): a lookahead segment's TEXT_ENCODE/PREFILL stays in class 2 whatever the
     stream's slack (its deadline is the segment boundary, not the next chunk); ranking it by the
     stream's slack would let the stream's own DECODE/DEPTH starve it, as in ``DefaultStagePolicy``.
+
+    ``starvation_limit_s``: ``make_policies`` passes the config's; the default, infinity, lets
+    startup work wait behind urgent streams for good (no bound).
     """
 
-    def __init__(self, predictor: DeadlinePredictor) -> None:
+    def __init__(self, predictor: DeadlinePredictor,
+                 starvation_limit_s: float = math.inf) -> None:
         self.predictor = predictor
+        self.starvation_limit_s = starvation_limit_s
 
     def rank(self, table: StreamTable, slots: np.ndarray, stages: np.ndarray,
              now: float) -> Ranked:
@@ -235,6 +242,9 @@ class DeadlineStagePolicy:
             urgent = not lookahead and slack < p.min_slack_s
             if not p.overdue_startup_urgent:
                 urgent = urgent and streaming
+            if not streaming and now - float(table.enqueue_time[slot] + p.ttfb_target_s) \
+                    > self.starvation_limit_s:  # starving startup
+                urgent = True
             if urgent:
                 key = (0.0, slack, closeness, 0.0)
             elif not streaming:  # startup
@@ -263,10 +273,11 @@ class DeadlineStagePolicy:
         urgent = ~lookahead & (slack < p.min_slack_s)
         if not p.overdue_startup_urgent:
             urgent &= streaming
+        deadline = table.enqueue_time[slots] + p.ttfb_target_s
+        urgent |= ~streaming & (now - deadline > self.starvation_limit_s)  # starving startups
         startup = ~streaming & ~urgent
         ahead = buffered > p.max_lead_s
         waited = table.ready_since[stages, slots].astype(np.float64)
-        deadline = table.enqueue_time[slots] + p.ttfb_target_s
         # the four classes; a lookahead pair is class 2 with 0.0 for its slack
         key = (np.where(urgent, 0.0, np.where(startup, 1.0,
                                               np.where(ahead & ~lookahead, 3.0, 2.0))),
@@ -441,5 +452,5 @@ def make_policies(
     """The scheduler's policies: the deadline pair with a predictor, the defaults without."""
     if predictor is None or not config.use_predictor:
         return None, None
-    return DeadlineStagePolicy(predictor), DeadlineChunkPolicy(
+    return DeadlineStagePolicy(predictor, config.starvation_limit_s), DeadlineChunkPolicy(
         predictor, first_chunk_cover=config.predictor_first_chunk_cover)
