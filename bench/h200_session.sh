@@ -424,8 +424,9 @@ case "$phase" in
     # Engine.step on one thread; every stream is added at once, so the queue limit, admission
     # and the queue's wait are lifted, and a newcomer past its first-chunk deadline competes with
     # the streams on slack (predictor_overdue_startup_urgent): past real time (the H100, 5 Dec)
-    # the deadline policy otherwise serves the first 64 streams forever and the other 192 never
-    # start. 5 Dec: busy 74 % at 256 with DEPTH's prep 8.7 ms; the host_before_calls /
+    # the deadline policy served the first 64 streams and the other 192 never started (since
+    # 1b5cde3 they would, each starvation_limit_s past its deadline: a slow start, the recorded
+    # steps the same). 5 Dec: busy 74 % at 256 with DEPTH's prep 8.7 ms; the host_before_calls /
     # host_in_calls columns split that prep (Python vs copies + launch); --launch-probe then
     # times each captured graph's launch on the host beside its GPU time. Start-up with a cold
     # Inductor cache took > 400 s once: give it a call of its own (timeout_s 600); the log is
