@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import itertools
 import json
 import os
 import re
@@ -320,13 +321,15 @@ def _snake() -> tuple[Warm, Callable[[], None]]:
 
     def serve() -> None:  # with and without a history (the kernel's shapes are arguments), the
         # serving codec's histories read from and written to the arena by slot, in every codec
-        # precision's dtype (bf16 and fp16 serve a 16-bit decoder and state)
-        for dtype in (torch.float32, torch.bfloat16, torch.float16):
-            x = torch.zeros(4, 64, 8, dtype=dtype, device="meta")
+        # precision's dtype (bf16 and fp16 serve a 16-bit decoder and state); rows 8-14 and
+        # 1920-1974 samples wide: the tiles of 64 rows x 16 columns and of 1 row x 1024
+        for dtype, (t, h) in itertools.product((torch.float32, torch.bfloat16, torch.float16),
+                                               ((8, 6), (1920, 54))):
+            x = torch.zeros(4, 64, t, dtype=dtype, device="meta")
             alpha = torch.zeros(64, dtype=dtype, device="meta")
             snake_cat_triton(x, alpha, alpha, None)
-            snake_cat_triton(x, alpha, alpha, torch.zeros(4, 64, 6, dtype=dtype, device="meta"))
-            arena = torch.zeros(5, 64, 6, dtype=dtype, device="meta")
+            snake_cat_triton(x, alpha, alpha, torch.zeros(4, 64, h, dtype=dtype, device="meta"))
+            arena = torch.zeros(5, 64, h, dtype=dtype, device="meta")
             rows = torch.zeros(4, dtype=torch.long, device="meta")
             for log_alpha in (alpha, None):
                 full = snake_cat_triton(x, log_alpha, log_alpha, arena, rows)

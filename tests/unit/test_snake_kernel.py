@@ -83,3 +83,44 @@ def check_arena(dtype: str) -> None:
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_histories_read_and_written_in_the_arena(dtype: str) -> None:
     run_in_interpreter(__name__, f"check_arena({dtype!r})")
+
+
+def check_widths() -> None:
+    """Rows 1 to 3006 samples wide, so every tile shape the host picks runs (16 to 1024
+    columns, 64 rows to 1 a program; 694: a decoder width at one frame): the plain and the
+    SnakeBeta cat, histories by batch row, from an arena by slot, or none, against the torch
+    arithmetic."""
+    from breezert.kernels.snake import _block_cols, snake_cat_reference, snake_cat_triton
+
+    # the rule: the widest block that pads a row by < 15 %, else the least padding
+    picks = {w: _block_cols(w) for w in (1, 7, 15, 16, 17, 86, 641, 694, 1024, 1025, 1500, 3000)}
+    assert picks == {1: 16, 7: 16, 15: 16, 16: 16, 17: 32, 86: 32, 641: 64, 694: 256, 1024: 1024,
+                     1025: 128, 1500: 512, 3000: 1024}, picks
+    torch.manual_seed(2)
+    bsz, channels, slots = 2, 3, 4
+    log_alpha, log_beta = torch.randn(channels) * 0.1, torch.randn(channels) * 0.1
+    ids = torch.tensor([3, 1])
+    seen = set()
+    for t in (1, 7, 15, 16, 17, 86, 641, 694, 1024, 1025, 1500, 3000):
+        x = torch.randn(bsz, channels, t) * 2
+        for h in (0, 6):
+            arena = torch.randn(slots, channels, h)
+            for act in (True, False):
+                la, lb = (log_alpha, log_beta) if act else (None, None)
+                for rows in (None, ids) if h else (None,):
+                    hist = None if h == 0 else arena if rows is not None else arena[:bsz]
+                    got = snake_cat_triton(x, la, lb, hist, rows)
+                    want = snake_cat_reference(x, la, lb, hist, rows)
+                    assert got.shape == want.shape == (bsz, channels, h + t)
+                    if act:
+                        torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+                    else:  # the plain cat: every value copied
+                        assert torch.equal(got, want)
+                    assert torch.equal(got[..., :h], want[..., :h])  # histories copied
+                    seen.add(_block_cols(h + t))
+    assert seen == {16, 32, 64, 128, 256, 512, 1024}, seen
+
+
+@needs_triton
+def test_snake_cat_every_tile_shape() -> None:
+    run_in_interpreter(__name__, "check_widths()")
