@@ -95,6 +95,18 @@ class PlaybackTimeline:
         """Smallest extra start-up buffer with no underrun (0 when none happened)."""
         return self.max_lateness_s if self.has_underrun else 0.0
 
+    @property
+    def longest_stall_s(self) -> float:
+        """The longest silence of a listener that pauses when dry and resumes at the next
+        chunk (its stalls add up to ``extra_buffer_s``): the largest rise of the running
+        maximum of the lateness."""
+        longest = reached = 0.0
+        for lateness in self.lateness_s:
+            if lateness > reached + LATE_EPS_S:
+                longest = max(longest, lateness - reached)
+            reached = max(reached, lateness)
+        return longest
+
 
 def replay(chunks: Sequence[tuple[float, float]]) -> PlaybackTimeline:
     """A ``PlaybackTimeline`` fed ``(arrival_time, duration_s)`` pairs in order."""

@@ -55,6 +55,14 @@ def test_extra_buffer_is_the_largest_lateness() -> None:
     assert max(shifted) <= 1e-12
 
 
+def test_longest_stall_is_the_largest_rise_of_the_lateness() -> None:
+    # late by 0.02 (chunk 1), on time again relative to it (chunk 2: 0.01), then 0.10 (chunk 3):
+    # a listener that resumes at each chunk stalls 0.02 s, then 0.08 s
+    timeline = replay(_chunks(0.0, [1, 2, 4, 8], [0.0, 0.10, 0.25, 0.66]))
+    assert timeline.longest_stall_s == pytest.approx(0.08, abs=1e-12)
+    assert replay(_chunks(0.0, [1, 2], [0.0, 0.05])).longest_stall_s == 0.0
+
+
 def test_buffered_level_follows_the_playhead() -> None:
     timeline = PlaybackTimeline()
     assert timeline.buffered_s(5.0) == 0.0  # not playing yet

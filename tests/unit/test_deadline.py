@@ -496,6 +496,51 @@ def test_chunk_policy_keeps_the_schedule_for_startup_and_gaps() -> None:
     assert p.counters["predictor_early_emits"] == 0
 
 
+def test_chunk_policy_cuts_only_where_the_partial_chunk_averts_the_gap() -> None:
+    """A chunk is cut while the frames it has still reach the listener in time (4 ms of codec)
+    and one more frame would not (14 ms); a stream whose listener is already dry keeps
+    generating: cutting would cost a CODEC step and shorten the gap by a frame at most."""
+    p = make_predictor()
+    chunks = DeadlineChunkPolicy(p)
+    request = stream("a", chunk_times=(1.0, 1.1, 1.2, 1.3, 1.4), decoded=15, pending=5,
+                     schedule=(1, 2, 4, 8, 16))
+    report(request, CODEC_TIME + 0.001, 2.0, "webrtc")
+    assert frames(chunks, request, 2.0) == 5  # the cut averts the gap
+    emit(chunks, request, 5, now=2.0 + CODEC_TIME)
+    assert p.counters["predictor_early_emits"] == 1
+    assert p.counters["predictor_deadline_misses"] == 0
+    dry = stream("d", chunk_times=(1.0, 1.1, 1.2, 1.3, 1.4), decoded=15, pending=5,
+                 schedule=(1, 2, 4, 8, 16))
+    report(dry, 0.0, 2.0, "webrtc")
+    # fast steps: 10 ms a frame + 4 ms codec + 50 ms slack fit in one frame's 80 ms of audio,
+    # so the 5 frames it has cover making the next chunk: they go out, not as an early emit
+    assert frames(chunks, dry, 2.0) == 5
+    emit(chunks, dry, 5, now=2.0 + CODEC_TIME)
+    assert p.counters["predictor_early_emits"] == 1
+    assert p.counters["predictor_deadline_misses"] == 1
+
+
+def test_a_dry_stream_gets_a_chunk_that_covers_making_the_next_one() -> None:
+    """Steps slower than real time (100 ms a frame for 80 ms of audio) and a dry listener: the
+    chunk waits for the frames that cover making and decoding the next one (100 + 20 + 50 ms:
+    three frames), not the one frame it has (a CODEC step per frame would put the engine
+    further behind); never more than the schedule's entry."""
+    slow = slow_predictor(frame_s=0.100, codec_s=0.020)
+    chunks = DeadlineChunkPolicy(slow)
+    request = stream("d", chunk_times=(1.0, 1.1, 1.2, 1.3, 1.4), decoded=15, pending=1,
+                     schedule=(1, 2, 4, 8, 16))
+    report(request, 0.0, 2.0, "webrtc")
+    assert frames(chunks, request, 2.0) == 3
+    request.num_frames += 3
+    request.segments[0].num_frames += 3
+    assert frames(chunks, request, 2.3) == 4  # four frames there: all go
+    emit(chunks, request, 4, now=2.3)
+    assert slow.counters["predictor_early_emits"] == 0
+    short = stream("s", chunk_times=(1.0,), decoded=1, pending=1, schedule=(1, 2))
+    report(short, 0.0, 2.0, "webrtc")
+    assert frames(chunks, short, 2.0) == 2  # the schedule's entry (2) caps the cover (3)
+
+
 def slow_predictor(frame_s: float, codec_s: float) -> DeadlinePredictor:
     """Margin 1, steady steps: DECODE + DEPTH ``frame_s`` per frame, CODEC ``codec_s``."""
     model = StageTimeModel(alpha=1.0, margin=1.0, prior_s=0.001)
@@ -642,3 +687,27 @@ def test_past_capacity_every_admitted_request_starts_within_a_bounded_wait() -> 
              else None for r in requests}
     assert all(wait is not None and wait <= bound for wait in waits.values()), waits
     assert all(len(h.chunks[r.request_id]) > 1 for r in requests[:12])  # the streams go on
+
+
+def test_past_real_time_dry_streams_keep_chunks_of_several_frames() -> None:
+    """Steps slower than real time (50 ms each, a frame is two for 80 ms of audio): the
+    streams run dry for good. Their chunks then cover making the next one (a 100 ms frame,
+    a 50 ms CODEC step and 50 ms of slack: three frames) instead of going out frame by frame,
+    a CODEC step per frame, as every cut chunk did before (the first ones are single frames
+    while the time model still prices the harness's 10 ms frames)."""
+    config = make_config(use_predictor=True, predictor_min_slack_s=0.05,
+                         predictor_max_lead_s=1.0, default_chunk_schedule=(1, 2, 4, 8, 16))
+    h = PredictorHarness(config, dt=0.05)
+    for i in range(2):
+        h.worker.eos_after[(f"r{i}", 0)] = 60
+        h.sched.add_request(make_request(f"r{i}"), h.now)
+    h.run()
+    for i in range(2):
+        chunks = h.chunks[f"r{i}"]
+        assert_whole_in_order(chunks, 60)
+        sizes = [c.num_frames for c in chunks]
+        assert len(sizes) < 30 and set(sizes[10:-1]) == {3}, sizes
+    # dry from the first chunks on (the time model learns the 50 ms steps): no cut could avert
+    # a gap, so none counts as an early emit; every streaming chunk is a deadline miss
+    assert h.predictor.counters["predictor_early_emits"] == 0
+    assert h.predictor.counters["predictor_deadline_misses"] == 2 * (len(sizes) - 1)

@@ -356,14 +356,20 @@ class DeadlineStagePolicy:
 
 class DeadlineChunkPolicy:
     """Follows the chunk schedule, except that a streaming request whose next chunk cannot be
-    out before its deadline emits the frames it already has (a smaller chunk, counted as an
-    early emit when it goes out), and, with ``first_chunk_cover``, a first chunk holds enough
-    audio to last while the next frame is made and decoded (``_first_chunk``; counted as a
-    first-chunk cover).
+    out before its deadline emits the frames it already has if they still reach the listener
+    before it runs dry (a smaller chunk, counted as an early emit when it goes out); a stream
+    that is dry, or will be before even those frames are out, gets a chunk that covers making
+    the next one (``_cover_frames``, at most the schedule's entry); and, with
+    ``first_chunk_cover``, a first chunk holds that much audio too (``_first_chunk``; counted
+    as a first-chunk cover).
 
     NOTE(predictor): the cut comes as late as it can: while one more frame still fits before the
     deadline, generation goes on, so the partial chunk is as large as possible (each chunk costs
-    a CODEC step).
+    a CODEC step). Where the cut cannot avert the gap it would only shorten it, at a CODEC step
+    for every stream: past capacity, cutting dry streams too made almost every chunk one frame
+    and the CODEC steps most of the wall (behind -> one-frame chunks -> further behind). The
+    cover chunk's size grows with the step times, so a stream that recovers can be cut in time
+    again (bench/README.md, "CPU, 5 Dec: the early emit only where it averts a gap").
     """
 
     def __init__(self, predictor: DeadlinePredictor, *, first_chunk_cover: bool = False) -> None:
@@ -396,10 +402,16 @@ class DeadlineChunkPolicy:
         deadline = now + p.step_buffered(table, now)[cut_rows]
         # one more frame fits (the whole chunk, pending < target, is never less work)
         fits = now + p.work(table, cut_rows, pending[may_cut] + 1) <= deadline
-        cut = np.zeros_like(may_cut)
-        cut[may_cut] = ~fits
+        # the frames it has reach the listener before it runs dry
+        in_time = now + p.work(table, cut_rows, pending[may_cut]) <= deadline
+        cut, dry = np.zeros_like(may_cut), np.zeros_like(may_cut)
+        cut[may_cut] = ~fits & in_time
+        dry[may_cut] = ~in_time
         table.early_target[rows[cut]] = target[cut]
-        return np.where(cut, pending, frames)
+        frames = np.where(cut, pending, frames)
+        if not dry.any():
+            return frames
+        return np.where(dry, self._dry_frames(target, pending), frames)
 
     def _chunk_frames_rows(self, table: StreamTable, rows: np.ndarray, now: float) -> np.ndarray:
         """``chunk_frames`` row by row in plain floats (without ``first_chunk_cover``), the
@@ -413,7 +425,9 @@ class DeadlineChunkPolicy:
             if self._may_cut_row(table, row):
                 pending = int(table.pending[row])
                 deadline = now + max(0.0, p.dry_time_row(table, row, now) - now)
-                if not now + p.work_row(table, row, pending + 1) <= deadline:
+                if not now + p.work_row(table, row, pending) <= deadline:  # dry
+                    target = int(self._dry_frames(np.int64(target), np.int64(pending)))
+                elif not now + p.work_row(table, row, pending + 1) <= deadline:
                     table.early_target[row] = target
                     target = pending
             frames.append(target)
@@ -435,15 +449,24 @@ class DeadlineChunkPolicy:
         self.predictor.on_chunks(table, rows, num_frames, now)
         table.early_target[rows] = -1
 
-    def _first_chunk(self, table: StreamTable, rows: np.ndarray,
-                     target: np.ndarray) -> np.ndarray:
-        """The fewest frames, from ``target`` up to the schedule's largest entry, whose audio
-        lasts while the engine makes one more frame and decodes it with ``min_slack_s`` to
-        spare (the next chunk can be cut to that frame, so it is what must fit)."""
+    def _cover_frames(self) -> int:
+        """The fewest frames whose audio lasts while the engine makes one more frame and
+        decodes it with ``min_slack_s`` to spare (the next chunk can be cut to that frame, so
+        it is what must fit)."""
         p = self.predictor
         cover_s = p.frame_time_s() + p.time_model.predict(Stage.CODEC) + p.min_slack_s
-        cover = math.ceil(cover_s / FRAME_S - 1e-9)
-        return np.maximum(target, np.minimum(table.largest_target[rows], cover))
+        return math.ceil(cover_s / FRAME_S - 1e-9)
+
+    def _first_chunk(self, table: StreamTable, rows: np.ndarray,
+                     target: np.ndarray) -> np.ndarray:
+        """``_cover_frames``, from ``target`` up to the schedule's largest entry."""
+        return np.maximum(target, np.minimum(table.largest_target[rows], self._cover_frames()))
+
+    def _dry_frames(self, target: np.ndarray, pending: np.ndarray) -> np.ndarray:
+        """A dry stream's chunk (its frames cannot reach the listener in time): what it has if
+        that covers making the next chunk, else ``_cover_frames``, at most ``target``. Not an
+        early emit: the gap is there anyway (``predictor_deadline_misses`` counts the chunk)."""
+        return np.minimum(target, np.maximum(pending, self._cover_frames()))
 
 
 def make_policies(
