@@ -413,7 +413,8 @@ def _stage_norm(dst, h_in_ptr, acc_ptr, inv_ptr, g_ptr, rows, use_acc, kb, BK: g
                     cache_modifier=".cg").to(gl.float32)
         a = gl.load(acc_ptr + r[:, None] * OUT_W + c[None, :], mask=m & use_acc, other=0.0,
                     cache_modifier=".cg")
-        inv = gl.load(inv_ptr + r, mask=live, other=0.0)
+        # the scratch is rewritten each norm phase by this CTA: L2, not an old L1 line
+        inv = gl.load(inv_ptr + r, mask=live, other=0.0, cache_modifier=".cg")
         hb = (h + a.to(gl.bfloat16).to(gl.float32)).to(gl.bfloat16).to(gl.float32)
         normed = (hb * inv[:, None]).to(gl.bfloat16).to(gl.float32)
         dst.slice(rb * SR, SR).store((g[None, :] * normed).to(gl.bfloat16))
