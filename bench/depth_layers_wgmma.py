@@ -74,7 +74,7 @@ the release/acquire of the counters; "owner" = the one program whose pid is r mo
   writer (E, C, D); q/k/v (read in B) by the owners in C, before A of the next layer. A launch
   leaves them zero, as before.
 - the x-slot ring: A, D and E's chunks are produced by the consumers, C's by the activation
-  loader; both follow one protocol (``_mma_phase_staged``): wait ``xempty`` at the parity the
+  loader; both follow one protocol (``_mma_phase`` with a ``STAGE``): wait ``xempty`` at the parity the
   loader would, write, ``fence_async_shared``, partition barrier, one arrival on ``xready``,
   then the wait for ``xready`` as for a TMA. The loader counts the staged tiles without loading
   them, so its ``jt`` is the consumers' ``it`` and both keep the barriers' phases in step.
@@ -127,19 +127,13 @@ from depth_stream_wgmma import (
     WgmmaFrame,
     _fence_proxy_async_global,
     _mma_phase,
-    _release,
     _sass_hgmma,
     _w_loader,
     _x_loader_phase,
 )
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language.nvidia.hopper import (
-    fence_async_shared,
-    mbarrier,
-    warpgroup_mma,
-    warpgroup_mma_wait,
-)
+from triton.experimental.gluon.language.nvidia.hopper import mbarrier
 
 LAYERS = 12
 HEADS, KV_HEADS, HEAD_DIM, SLOTS = 8, 2, 128, 16  # DepthConfig; 16 positions a frame
@@ -372,6 +366,18 @@ def _zero_rows(ptr, rows, pid, P, N: gl.constexpr, OUT_W: gl.constexpr, layout: 
 
 
 @gluon.jit
+def _residual_tile(h_in_ptr, acc_ptr, r, c, m, use_acc, OUT_W: gl.constexpr):
+    """bf16(h_in + bf16(acc)) at rows r x columns c (acc only with ``use_acc``), both read
+    through L2 (other programs wrote them): the one expression ``_row_norms`` and
+    ``_stage_norm`` share, so a staged chunk's h is bit for bit the pre-pass's."""
+    h = gl.load(h_in_ptr + r[:, None] * HIDDEN_C + c[None, :], mask=m, other=0.0,
+                cache_modifier=".cg").to(gl.float32)
+    a = gl.load(acc_ptr + r[:, None] * OUT_W + c[None, :], mask=m & use_acc, other=0.0,
+                cache_modifier=".cg")
+    return (h + a.to(gl.bfloat16).to(gl.float32)).to(gl.bfloat16)
+
+
+@gluon.jit
 def _row_norms(h_in_ptr, acc_ptr, h_out_ptr, inv_ptr, rows, use_acc, eps, pid, P,
                OUT_W: gl.constexpr, NW: gl.constexpr, layout: gl.constexpr):
     """Every row (not only this program's): h = bf16(h_in + bf16(acc)) (acc only with
@@ -384,11 +390,7 @@ def _row_norms(h_in_ptr, acc_ptr, h_out_ptr, inv_ptr, rows, use_acc, eps, pid, P
         r = r0 + rr
         live = r < rows
         m = live[:, None] & (cols[None, :] < HIDDEN_C)
-        h = gl.load(h_in_ptr + r[:, None] * HIDDEN_C + cols[None, :], mask=m, other=0.0,
-                    cache_modifier=".cg").to(gl.float32)
-        a = gl.load(acc_ptr + r[:, None] * OUT_W + cols[None, :], mask=m & use_acc, other=0.0,
-                    cache_modifier=".cg")
-        hb = (h + a.to(gl.bfloat16).to(gl.float32)).to(gl.bfloat16)
+        hb = _residual_tile(h_in_ptr, acc_ptr, r, cols, m, use_acc, OUT_W)
         gl.store(h_out_ptr + r[:, None] * HIDDEN_C + cols[None, :], hb,
                  mask=m & ((r % P) == pid)[:, None])
         hf = hb.to(gl.float32)
@@ -408,14 +410,10 @@ def _stage_norm(dst, h_in_ptr, acc_ptr, inv_ptr, g_ptr, rows, use_acc, kb, BK: g
     for rb in gl.static_range(RP // SR):
         r = rb * SR + gl.arange(0, SR, layout=gl.SliceLayout(1, layout))
         live = r < rows
-        m = live[:, None] & (c[None, :] < HIDDEN_C)
-        h = gl.load(h_in_ptr + r[:, None] * HIDDEN_C + c[None, :], mask=m, other=0.0,
-                    cache_modifier=".cg").to(gl.float32)
-        a = gl.load(acc_ptr + r[:, None] * OUT_W + c[None, :], mask=m & use_acc, other=0.0,
-                    cache_modifier=".cg")
+        hb = _residual_tile(h_in_ptr, acc_ptr, r, c, live[:, None] & (c[None, :] < HIDDEN_C),
+                            use_acc, OUT_W).to(gl.float32)
         # the scratch is rewritten each norm phase by this CTA: L2, not an old L1 line
         inv = gl.load(inv_ptr + r, mask=live, other=0.0, cache_modifier=".cg")
-        hb = (h + a.to(gl.bfloat16).to(gl.float32)).to(gl.bfloat16).to(gl.float32)
         normed = (hb * inv[:, None]).to(gl.bfloat16).to(gl.float32)
         dst.slice(rb * SR, SR).store((g[None, :] * normed).to(gl.bfloat16))
 
@@ -439,57 +437,18 @@ def _stage_silu(dst, gu_ptr, rows, kb, BK: gl.constexpr, RP: gl.constexpr, SR: g
 
 
 @gluon.jit
-def _mma_phase_staged(ring, ready, empty, xs, xready, xempty, it, out_ptr, rows, pid, P,
-                      src_ptr, acc_in_ptr, inv_ptr, g_ptr, use_acc, N: gl.constexpr,
-                      K: gl.constexpr, OUT_W: gl.constexpr, BN: gl.constexpr,
-                      BK: gl.constexpr, S: gl.constexpr, XS: gl.constexpr, RP: gl.constexpr,
-                      SR: gl.constexpr, SILU: gl.constexpr, acc_layout: gl.constexpr,
-                      stage_layout: gl.constexpr):
-    """``_mma_phase`` with the consumers as the x-ring's producer: for each tile they wait for
-    the slot to be free (``xempty``, the parity the activation loader would wait for), write the
-    chunk into it (``_stage_norm`` or ``_stage_silu``), fence the generic proxy's stores against
-    the async proxy's reads (``fence_async_shared``, each thread), meet (partition barrier),
-    arrive once on ``xready`` and wait for it as for a TMA'd chunk, so every x-slot's barrier
-    phases stay those the loader counts (it skips these tiles: ``_fold_x_loader``). Tile t's
-    chunk is written while tile t-1's wgmma runs: its slot (t mod XS, XS >= 2) last served tile
-    t-XS <= t-2, retired (one wgmma in flight) and given back by this partition."""
-    KT: gl.constexpr = K // BK
-    T: gl.constexpr = (N // BN) * KT
-    t0, t1 = _share(pid, P, T)
-    offs_n = gl.arange(0, BN, layout=gl.SliceLayout(1, acc_layout))
-    offs_r = gl.arange(0, RP, layout=gl.SliceLayout(0, acc_layout))
-    acc = gl.zeros([BN, RP], gl.float32, acc_layout)
-    nb_end = gl.where(t1 > t0, (t1 - 1) // KT + 1, t0 // KT)
-    for nb in range(t0 // KT, nb_end):
-        k0 = gl.maximum(t0, nb * KT)
-        k1 = gl.minimum(t1, nb * KT + KT)
-        for t in range(k0, k1):
-            slot = it % S
-            xslot = it % XS
-            mbarrier.wait(xempty.index(xslot), ((it // XS) & 1) ^ 1)
-            if SILU:
-                _stage_silu(xs.index(xslot), src_ptr, rows, t % KT, BK, RP, SR, OUT_W,
-                            stage_layout)
-            else:
-                _stage_norm(xs.index(xslot), src_ptr, acc_in_ptr, inv_ptr, g_ptr, rows, use_acc,
-                            t % KT, BK, RP, SR, OUT_W, stage_layout)
-            fence_async_shared()
-            _partition_barrier()
-            mbarrier.arrive(xready.index(xslot), count=1)
-            mbarrier.wait(ready.index(slot), (it // S) & 1)
-            mbarrier.wait(xready.index(xslot), (it // XS) & 1)
-            acc = warpgroup_mma(ring.index(slot), xs.index(xslot).permute((1, 0)), acc,
-                                use_acc=t != k0, is_async=True)
-            acc = warpgroup_mma_wait(1, deps=[acc])
-            _release(empty, xempty, it + S * XS - 1, S, XS, t != k0)
-            it += 1
-        acc = warpgroup_mma_wait(0, deps=[acc])
-        _release(empty, xempty, it - 1, S, XS, True)
-        cols = nb * BN + offs_n
-        ptrs = out_ptr + offs_r[None, :] * OUT_W + cols[:, None]
-        mask = (offs_r[None, :] < rows) & (cols[:, None] < N)
-        gl.atomic_add(ptrs, acc, mask=mask, sem="relaxed", scope="gpu")
-    return it
+def _stage_norm_tile(dst, kb, args):
+    """``_mma_phase``'s STAGE for the norms: ``args`` = (h_in, acc, inv, g, rows, use_acc, BK,
+    RP, SR, OUT_W, layout)."""
+    _stage_norm(dst, args[0], args[1], args[2], args[3], args[4], args[5], kb, args[6],
+                args[7], args[8], args[9], args[10])
+
+
+@gluon.jit
+def _stage_silu_tile(dst, kb, args):
+    """``_mma_phase``'s STAGE for SiLU x up: ``args`` = (gate/up acc, rows, BK, RP, SR, OUT_W,
+    layout)."""
+    _stage_silu(dst, args[0], args[1], kb, args[2], args[3], args[4], args[5], args[6])
 
 
 @gluon.jit
@@ -520,10 +479,11 @@ def _fold_consumer(ring, ready, empty, xs, xready, xempty, counters, err_ptr, ou
                 _row_norms(src, out_ptr + COL4, h_ptr, inv, rows, layer > 0, eps, pid, P, OUT_W,
                            NW, norm_layout)
                 _partition_barrier()  # every row's factor is in the scratch
-                it = _mma_phase_staged(ring, ready, empty, xs, xready, xempty, it,
-                                       out_ptr + COL0, rows, pid, P, src, out_ptr + COL4, inv,
-                                       norm, layer > 0, Q_OUT_C, HIDDEN_C, OUT_W, BN, BK, S, XS,
-                                       RP, SR, False, acc_layout, stage_layout)
+                it = _mma_phase(ring, ready, empty, xs, xready, xempty, it, out_ptr + COL0,
+                                rows, pid, P, Q_OUT_C, HIDDEN_C, OUT_W, BN, BK, S, XS, RP,
+                                acc_layout, _stage_norm_tile,
+                                (src, out_ptr + COL4, inv, norm, rows, layer > 0, BK, RP, SR,
+                                 OUT_W, stage_layout))
             elif ph == 1:  # q/k/v read; the accumulators A, D and E last read are zeroed
                 _attention(out_ptr + COL0, cache_ptr + layer * 2 * rows * KV_CACHE_ROW_C,
                            rope_ptr, x_ptr, rows, pos, scale, pid, P, OUT_W, att_layout)
@@ -539,15 +499,16 @@ def _fold_consumer(ring, ready, empty, xs, xready, xempty, counters, err_ptr, ou
                 _row_norms(h_ptr, out_ptr + COL2, h2_ptr, inv, rows, True, eps, pid, P, OUT_W,
                            NW, norm_layout)
                 _partition_barrier()
-                it = _mma_phase_staged(ring, ready, empty, xs, xready, xempty, it,
-                                       out_ptr + COL3, rows, pid, P, h_ptr, out_ptr + COL2, inv,
-                                       norm + HIDDEN_C, True, 2 * FFN_C, HIDDEN_C, OUT_W, BN,
-                                       BK, S, XS, RP, SR, False, acc_layout, stage_layout)
+                it = _mma_phase(ring, ready, empty, xs, xready, xempty, it, out_ptr + COL3,
+                                rows, pid, P, 2 * FFN_C, HIDDEN_C, OUT_W, BN, BK, S, XS, RP,
+                                acc_layout, _stage_norm_tile,
+                                (h_ptr, out_ptr + COL2, inv, norm + HIDDEN_C, rows, True, BK,
+                                 RP, SR, OUT_W, stage_layout))
             else:  # Y staged from the gate/up accumulator
-                it = _mma_phase_staged(ring, ready, empty, xs, xready, xempty, it,
-                                       out_ptr + COL4, rows, pid, P, out_ptr + COL3, out_ptr,
-                                       inv, norm, False, HIDDEN_C, FFN_C, OUT_W, BN, BK, S, XS,
-                                       RP, SR, True, acc_layout, stage_layout)
+                it = _mma_phase(ring, ready, empty, xs, xready, xempty, it, out_ptr + COL4,
+                                rows, pid, P, HIDDEN_C, FFN_C, OUT_W, BN, BK, S, XS, RP,
+                                acc_layout, _stage_silu_tile,
+                                (out_ptr + COL3, rows, BK, RP, SR, OUT_W, stage_layout))
             budget = _publish(counters, g, budget, ph == 1)  # B wrote X, which C's TMA reads
             g += 1
     budget = _wait_count(counters + g - 1, target, budget)
