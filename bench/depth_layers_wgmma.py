@@ -908,6 +908,19 @@ def check(frame: LayersFrame, modules, depth, pos: int, launch: dict) -> dict:
     return row
 
 
+def after_launches(frame) -> list[str]:
+    """What every launch since the last check must have left, checked after the timed ones
+    too (4 + ``--iters`` launches a variant, where a race has more chances than in the 2
+    checked): no wait out of budget (``err`` is sticky) and the fp32 accumulators zero (the next
+    launch adds into them)."""
+    problems = []
+    if frame.err.item():
+        problems.append("a phase wait ran out of budget")
+    if not bool((frame.out == 0).all().item()):
+        problems.append("an fp32 accumulator was left non-zero")
+    return problems
+
+
 # ----------------------------------------------------------------------------- CPU emulation
 
 
@@ -1095,6 +1108,7 @@ def emulate(rows_list: list[int], variants_at) -> None:
                 print(f"  {frame.label()} pos {pos}: passes the check "
                       f"({frame.phases_run} phases, accumulators left zero "
                       f"{row['accumulators_left_zero']})", flush=True)
+            assert not after_launches(frame), after_launches(frame)
 
 
 def event_ms(fn, iters: int) -> tuple[float, float]:
@@ -1190,6 +1204,11 @@ def measure(stream: Stream, rows: int, phases: int, depth, args, programs: int,
     row["shared_bytes"] = kernel.metadata.shared
     ms, min_ms = event_ms(lambda: frame.run_layers(**launch), args.iters)
     row["hang"] = bool(frame.err.item())
+    problems = after_launches(frame)
+    if problems:  # a hang or a leftover in a timed launch fails the run, as in a check
+        print(f"  {frame.label()}: after the timed launches: {problems}", flush=True)
+        result["failures"].append(f"{frame.label()} after the timed launches: {problems}")
+        row["correct"] = False
     weight_bytes = frame.w.numel() * frame.w.element_size()
     row.update(ms=round(ms, 4), min_ms=round(min_ms, 4),
                tb_per_s=round(weight_bytes / ms / 1e9, 3),
