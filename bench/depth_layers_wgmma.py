@@ -106,6 +106,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import re
 import sys
 import time
 import traceback
@@ -704,6 +705,29 @@ class LayersFrame(WgmmaFrame):
         return f"{self.s} r{self.rows} (RP {self.rp}) {self.phases}ph"
 
 
+def staged_fence_problems(ptx: str) -> list[str]:
+    """The 5-phase body's staged x-slots in a build's PTX, read in program order: after each
+    vector store to shared memory (a consumer thread's piece of a staged chunk), the thread's
+    ``fence.proxy.async.shared::cta`` and then a ``bar.sync`` must come before the next wgmma
+    (every warp's stores fenced before any warp's wgmma reads the slot). Triton's own fence,
+    inserted right before the wgmma where the explicit one is missing, has no barrier after it
+    and is reported too. Returns the offending wgmma lines (none: in order)."""
+    problems, pending = [], None  # (what, PTX line) since the last store, or None
+    for n, line in enumerate(ptx.splitlines(), 1):
+        s = line.strip()
+        if re.match(r"(@%p\d+ )?st\.shared\.v\d", s):
+            pending = ("stored", n)
+        elif pending and pending[0] == "stored" and s.startswith("fence.proxy.async.shared"):
+            pending = ("fenced, no barrier after", n)
+        elif pending and pending[0] != "stored" and re.match(r"(bar|barrier)\.sync", s):
+            pending = None
+        elif pending and "wgmma.mma_async" in s:
+            problems.append(f"PTX line {n}: wgmma after a shared store ({pending[0]} at line "
+                            f"{pending[1]})")
+            pending = None
+    return problems
+
+
 def compile_only(configs: list[Stream], rows_list: list[int], programs: int, maxnreg: int,
                  spin_budget: int, variants_at) -> list[dict]:
     """Builds every (config, padded rows, phases a layer) for sm_90a here (no GPU) and prints
@@ -732,7 +756,9 @@ def compile_only(configs: list[Stream], rows_list: list[int], programs: int, max
                         f"x-slots, {ptx.count('wgmma.mma_async')} wgmma PTX sites, "
                         f"{_sass_hgmma(kernel)}, "
                         f"{ptx.count('fence.proxy.async.global')} proxy fences, "
-                        f"{ptx.count('fence.proxy.async.shared')} shared-proxy fences")
+                        f"{ptx.count('fence.proxy.async.shared')} shared-proxy fences, "
+                        f"staged stores fenced before wgmma: "
+                        f"{'; '.join(staged_fence_problems(ptx)[:2]) or 'in order'}")
                 print(line, flush=True)
                 builds.append({"config": str(stream), "rows": rows, "rp": frame.rp,
                                "phases": phases, "registers": r.registers,
@@ -880,6 +906,19 @@ def check(frame: LayersFrame, modules, depth, pos: int, launch: dict) -> dict:
     assert got["kv_other_slots_unchanged"], "the kernel wrote cache slots other than pos"
     assert row["accumulators_left_zero"], "an fp32 accumulator was left non-zero"
     return row
+
+
+def after_launches(frame) -> list[str]:
+    """What every launch since the last check must have left, checked after the timed ones
+    too (4 + ``--iters`` launches a variant, where a race has more chances than in the 2
+    checked): no wait out of budget (``err`` is sticky) and the fp32 accumulators zero (the next
+    launch adds into them)."""
+    problems = []
+    if frame.err.item():
+        problems.append("a phase wait ran out of budget")
+    if not bool((frame.out == 0).all().item()):
+        problems.append("an fp32 accumulator was left non-zero")
+    return problems
 
 
 # ----------------------------------------------------------------------------- CPU emulation
@@ -1069,6 +1108,7 @@ def emulate(rows_list: list[int], variants_at) -> None:
                 print(f"  {frame.label()} pos {pos}: passes the check "
                       f"({frame.phases_run} phases, accumulators left zero "
                       f"{row['accumulators_left_zero']})", flush=True)
+            assert not after_launches(frame), after_launches(frame)
 
 
 def event_ms(fn, iters: int) -> tuple[float, float]:
@@ -1164,6 +1204,11 @@ def measure(stream: Stream, rows: int, phases: int, depth, args, programs: int,
     row["shared_bytes"] = kernel.metadata.shared
     ms, min_ms = event_ms(lambda: frame.run_layers(**launch), args.iters)
     row["hang"] = bool(frame.err.item())
+    problems = after_launches(frame)
+    if problems:  # a hang or a leftover in a timed launch fails the run, as in a check
+        print(f"  {frame.label()}: after the timed launches: {problems}", flush=True)
+        result["failures"].append(f"{frame.label()} after the timed launches: {problems}")
+        row["correct"] = False
     weight_bytes = frame.w.numel() * frame.w.element_size()
     row.update(ms=round(ms, 4), min_ms=round(min_ms, 4),
                tb_per_s=round(weight_bytes / ms / 1e9, 3),

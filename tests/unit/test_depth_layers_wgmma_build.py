@@ -6,7 +6,7 @@ and the proxy fences on both sides of every X/Y hand-over (4 CUDA-core phases th
 activation-loader waits that TMA-read). The 5-phase body (the norms and SiLU x up staged by the
 GEMMs' consumers) builds at each config's smallest padded rows and at 512, within the same
 limits: one TMA hand-over a layer (attention's X), a shared-proxy fence at each of its three
-staging sites."""
+staging sites, each in order in the PTX (the stores, the fence, a barrier, then the wgmma)."""
 
 from __future__ import annotations
 
@@ -45,6 +45,8 @@ def test_depth_layers_build_for_sm90a_at_every_selectable_row_count(tmp_path) ->
         built[phases].setdefault(config, set()).add(rp)
         assert "sm_90a" in line and "problems: none" in line, line
         assert "spills 0 B" in line, line
+        # a staged chunk's stores, fence and barrier precede the wgmma that reads the slot
+        assert "staged stores fenced before wgmma: in order" in line, line
         if rp <= 64:  # (triton 3.6.0, the H100's, puts 48 B there at 128 rows x 4 warps)
             assert "stack 0 B" in line, line
         hgmma, batches = map(int, re.search(r"(\d+) HGMMA in (\d+) batches", line).groups())
