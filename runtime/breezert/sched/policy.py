@@ -402,8 +402,9 @@ class DeadlineChunkPolicy:
         deadline = now + p.step_buffered(table, now)[cut_rows]
         # one more frame fits (the whole chunk, pending < target, is never less work)
         fits = now + p.work(table, cut_rows, pending[may_cut] + 1) <= deadline
-        # the frames it has reach the listener before it runs dry
-        in_time = now + p.work(table, cut_rows, pending[may_cut]) <= deadline
+        # the frames it has reach the listener before it runs dry: out after one CODEC step
+        # (``work`` of the pending frames, nothing missing)
+        in_time = now + p.time_model.predict(Stage.CODEC) <= deadline
         cut, dry = np.zeros_like(may_cut), np.zeros_like(may_cut)
         cut[may_cut] = ~fits & in_time
         dry[may_cut] = ~in_time
@@ -425,8 +426,8 @@ class DeadlineChunkPolicy:
             if self._may_cut_row(table, row):
                 pending = int(table.pending[row])
                 deadline = now + max(0.0, p.dry_time_row(table, row, now) - now)
-                if not now + p.work_row(table, row, pending) <= deadline:  # dry
-                    target = int(self._dry_frames(np.int64(target), np.int64(pending)))
+                if not now + p.time_model.predict(Stage.CODEC) <= deadline:  # dry
+                    target = int(self._dry_frames(target, pending))
                 elif not now + p.work_row(table, row, pending + 1) <= deadline:
                     table.early_target[row] = target
                     target = pending
@@ -462,7 +463,7 @@ class DeadlineChunkPolicy:
         """``_cover_frames``, from ``target`` up to the schedule's largest entry."""
         return np.maximum(target, np.minimum(table.largest_target[rows], self._cover_frames()))
 
-    def _dry_frames(self, target: np.ndarray, pending: np.ndarray) -> np.ndarray:
+    def _dry_frames(self, target: np.ndarray | int, pending: np.ndarray | int) -> np.ndarray:
         """A dry stream's chunk (its frames cannot reach the listener in time): what it has if
         that covers making the next chunk, else ``_cover_frames``, at most ``target``. Not an
         early emit: the gap is there anyway (``predictor_deadline_misses`` counts the chunk)."""
