@@ -405,10 +405,10 @@ case "$phase" in
       | tee "$out/codec_tests.log" | tail -3 ;;
   codec-state)  # issue 31: the codec's state read and written in its slots (K/V rings one
     # kernel a layer, conv histories by the kernels around each conv) against the whole state
-    # gathered and scattered around the step; then the snake kernel's (row tiles since 5 Dec)
-    # against a program per row, and its row tiles against 1024 flat elements a program across
-    # rows (bench/codec_ab.py, one process each); the GPU tests first: the codec's (the
-    # kernels' own too) and the engine's graphs (the stage's strided slot column)
+    # gathered and scattered around the step; then the snake kernel's programs across rows
+    # against a program per row, and the row-tile candidate (bench/snake_tiles.py, not served
+    # yet) against the runtime's (bench/codec_ab.py, one process each); the GPU tests first: the
+    # codec's (the kernels' own too) and the engine's graphs (the stage's strided slot column)
     timeout 300 python3 -m pytest tests/gpu/test_gpu_codec.py tests/gpu/test_gpu_graphs.py -q \
       -p no:cacheprovider 2>&1 | tee "$out/codec_tests.log" | tail -4
     timeout 300 python3 bench/codec_ab.py --change state --out "$out/h200-codec-state-ab.json" \

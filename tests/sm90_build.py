@@ -322,7 +322,7 @@ def _snake() -> tuple[Warm, Callable[[], None]]:
     def serve() -> None:  # with and without a history (the kernel's shapes are arguments), the
         # serving codec's histories read from and written to the arena by slot, in every codec
         # precision's dtype (bf16 and fp16 serve a 16-bit decoder and state); rows 8-14 and
-        # 1920-1974 samples wide: the tiles of 64 rows x 16 columns and of 1 row x 1024
+        # 1920-1974 samples wide: the decoder's narrowest and widest at one frame
         for dtype, (t, h) in itertools.product((torch.float32, torch.bfloat16, torch.float16),
                                                ((8, 6), (1920, 54))):
             x = torch.zeros(4, 64, t, dtype=dtype, device="meta")
