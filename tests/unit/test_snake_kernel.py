@@ -48,7 +48,8 @@ def check_arena(dtype: str) -> None:
     """The history read from an arena by slot, and the new history written back there, with
     and without per-row frame counts, against the torch arithmetic."""
     from breezert.kernels import snake
-    from breezert.kernels.snake import keep_tail_reference, keep_tail_triton, snake_cat_triton
+    from breezert.kernels.snake import keep_tail_triton, snake_cat_triton
+    from breezert.models.codec import real_tail
 
     torch.manual_seed(1)
     dt = getattr(torch, dtype)
@@ -73,7 +74,7 @@ def check_arena(dtype: str) -> None:
         for num_frames in (torch.tensor([4, 1, 3]), None):
             got_arena, want_arena = piece(base.clone()), piece(base.clone())
             keep_tail_triton(full, got_arena, ids, num_frames, frames)
-            keep_tail_reference(full, want_arena, ids, num_frames, frames)
+            want_arena.index_copy_(0, ids, real_tail(full, length, num_frames, frames))
             assert torch.equal(got_arena, want_arena)
             untouched = [s for s in range(slots) if s not in ids.tolist()]
             assert torch.equal(got_arena[untouched], arena[untouched])

@@ -2,11 +2,12 @@
 it feeds, and the new history written back into the stream's state, one Triton launch each.
 
 Owns: ``snake_cat_triton`` (``cat([history, snake(x)], -1)`` in one pass: read ``x`` and the
-history once, write the conv's input once; without SnakeBeta, the plain ``cat``),
-``keep_tail_triton`` (each row's new history, the samples of the conv's input that end at its last real frame, written
-into its slot of the state arena) and their torch references. The eager codec spends five
-launches and five full passes over the activation on SnakeBeta (``exp``, ``mul``, ``sin``,
-``pow``, ``mul``/``add``) and one more on the concatenation; at the decoder's 24 kHz end
+history once, write the conv's input once; without SnakeBeta, the plain ``cat``; its torch
+reference), ``keep_tail_triton`` (each row's new history, the samples of the conv's input that end
+at its last real frame, written into its slot of the state arena; ``models.codec.real_tail`` is its
+arithmetic). The eager codec spends five launches and five full passes over the activation on
+SnakeBeta (``exp``, ``mul``, ``sin``, ``pow``, ``mul``/``add``) and one more on the
+concatenation; at the decoder's 24 kHz end
 (96 channels x 1920 samples a frame) those passes, not the convolutions, were half of a CODEC
 step (``bench/results/h200-codec-conv-kernels-20261201.json``). Both kernels read the history
 from the arena by slot (``rows``), so a step gathers and scatters no conv state. Must not:
@@ -141,19 +142,6 @@ def snake_cat_triton(x: Tensor, log_alpha: Tensor | None, log_beta: Tensor | Non
     return out
 
 
-def keep_tail_reference(full: Tensor, history: Tensor, rows: Tensor,
-                        num_frames: Tensor | None, total_frames: int) -> None:
-    """``keep_tail_triton``'s arithmetic in torch (a gather, then ``index_copy_``)."""
-    length = history.shape[-1]
-    if num_frames is None:
-        new = full[..., full.shape[-1] - length:]
-    else:
-        scale = (full.shape[-1] - length) // total_frames
-        index = (num_frames * scale)[:, None] + torch.arange(length, device=full.device)
-        new = full.gather(2, index[:, None, :].expand(full.shape[0], full.shape[1], length))
-    history.index_copy_(0, rows, new)
-
-
 def keep_tail_triton(full: Tensor, history: Tensor, rows: Tensor, num_frames: Tensor | None,
                      total_frames: int) -> None:
     """Writes each row's new history into the arena: ``history [S, C, L]`` at ``rows [B]``
@@ -161,7 +149,7 @@ def keep_tail_triton(full: Tensor, history: Tensor, rows: Tensor, num_frames: Te
     step's ``T`` samples) that end at the row's last real frame (``num_frames [B]`` of the
     step's ``total_frames``; ``None``: all). In place; padding rows may share a slot (any one
     of them wins). The kernel (CUDA, or CPU tensors under ``TRITON_INTERPRET=1``);
-    ``keep_tail_reference`` is its arithmetic."""
+    ``breezert.models.codec.real_tail`` is its arithmetic."""
     bsz, channels, width = full.shape
     length = history.shape[-1]
     assert full.is_contiguous() and history.stride(2) == 1

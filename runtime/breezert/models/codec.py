@@ -136,7 +136,7 @@ class _Carry:
         else:
             full = torch.cat([old if rows is None else old[rows],
                               x if act is None else act(x)], dim=-1)
-        new = self.keep_last(full, length, x.shape[-1])
+        new = real_tail(full, length, self.num_frames, self.total_frames)
         if rows is None:
             self._new.append(new)
         else:
@@ -149,15 +149,6 @@ class _Carry:
             return _snake().snake_cat_triton(x, act.alpha, act.beta, None)
         return act(x)
 
-    def keep_last(self, full: Tensor, length: int, num_new: int) -> Tensor:
-        """The ``length`` samples of ``full [B, C, length + num_new]`` (the old history, then the
-        new samples) that end at each row's last real frame."""
-        if self.num_frames is None:
-            return full[..., full.shape[-1] - length:]
-        scale = num_new // self.total_frames  # samples per frame at this layer
-        index = (self.num_frames * scale)[:, None] + torch.arange(length, device=full.device)
-        return full.gather(2, index[:, None, :].expand(full.shape[0], full.shape[1], length))
-
     def flat(self) -> Tensor:
         """The new histories of rows ``_Carry(flat)`` joined: ``[B, num_conv_values]``."""
         assert self.slot_ids is None, "an arena's histories are written in place"
@@ -167,6 +158,18 @@ class _Carry:
 
     def finish(self) -> None:
         assert self._visited == len(self._spec), "step did not visit every stateful conv"
+
+
+def real_tail(full: Tensor, length: int, num_frames: Tensor | None, total_frames: int) -> Tensor:
+    """The ``length`` samples of a conv's input ``full [B, C, length + T]`` (the old history, then
+    the step's ``T`` samples over ``total_frames`` frames) that end at each row's last real frame
+    (``num_frames [B]``; ``None``: all are real): the new history. ``keep_tail_triton`` is this
+    arithmetic written into the state arena."""
+    if num_frames is None:
+        return full[..., full.shape[-1] - length:]
+    scale = (full.shape[-1] - length) // total_frames  # samples per frame at this layer
+    index = (num_frames * scale)[:, None] + torch.arange(length, device=full.device)
+    return full.gather(2, index[:, None, :].expand(full.shape[0], full.shape[1], length))
 
 
 def _kernels_run_on(x: Tensor) -> bool:
