@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 from breezert.config import SchedulerConfig
 from breezert.constants import FRAME_S, Stage
+from breezert.errors import InvalidRequest
 from breezert.request import PlaybackReport, Request, RequestStatus, Segment, SegmentPhase
 from breezert.sched.block_pool import BlockPool
 from breezert.sched.deadline import DeadlinePredictor, StageTimeModel
@@ -295,6 +296,21 @@ def test_stale_feedback_falls_back_to_the_estimate() -> None:
     assert p.feedback_source(request, 1.6) == "stale"
     emit(p, request, 1, now=1.6)
     assert p.counters["predictor_feedback_stale"] == 1
+
+
+@pytest.mark.parametrize("field,buffered_s,measured_at", [
+    ("buffered_s", -0.1, 1.0), ("buffered_s", float("nan"), 1.0),
+    ("buffered_s", float("inf"), 1.0), ("buffered_s", True, 1.0),
+    ("measured_at", 0.2, float("nan")), ("measured_at", 0.2, float("inf")),
+    ("measured_at", 0.2, "now")])
+def test_a_report_that_no_clock_can_hold_is_refused_naming_its_field(
+        field: str, buffered_s: object, measured_at: object) -> None:
+    """A NaN ``measured_at`` would make the request ignore every later report (no report is
+    newer than NaN), an infinite buffer would park the stream forever: both are refused where
+    the report is made, with the engine's typed error."""
+    with pytest.raises(InvalidRequest, match=f"^{field}="):
+        PlaybackReport(buffered_s, measured_at, "test")  # type: ignore[arg-type]
+    assert PlaybackReport(0.0, 0.0, "test").buffered_s == 0.0
 
 
 def test_deadline_misses_and_feedback_sources_are_counted_per_streaming_chunk() -> None:

@@ -290,8 +290,10 @@ class DeadlinePredictor:
         ``buffered`` as in ``deadlines``).
 
         The chunk is the schedule's target while that still leaves ``min_slack_s``; otherwise
-        (streaming) the pending frames plus one more, where ``DeadlineChunkPolicy`` cuts it. Below
-        0 even that chunk will be late. (``work`` twice, sharing its per-phase terms: one frame
+        (streaming) the pending frames plus one more, the smallest chunk ``DeadlineChunkPolicy``
+        can cut while in time. Below 0 even that chunk will be late (a stream that dry gets a
+        cover chunk, ``DeadlineChunkPolicy._dry_frames``, which can be larger: the slack ranks
+        it, it does not size it). (``work`` twice, sharing its per-phase terms: one frame
         missing is always more than none.)
         """
         available = self.deadlines(table, rows, now, buffered) - now
