@@ -171,8 +171,9 @@ class PlaybackReport:
     """Where it came from: ``simulated``, ``webrtc``, ``livekit-source``, ``livekit-client``."""
 
     def __post_init__(self) -> None:
-        check(is_number(self.buffered_s) and 0 <= self.buffered_s < math.inf, "buffered_s",
-              "must be a finite number >= 0", self.buffered_s)
+        check(is_number(self.buffered_s) and math.isfinite(self.buffered_s)
+              and self.buffered_s >= 0, "buffered_s", "must be a finite number >= 0",
+              self.buffered_s)
         check(is_number(self.measured_at) and math.isfinite(self.measured_at), "measured_at",
               "must be a finite number (time.monotonic())", self.measured_at)
         check(is_text(self.source), "source", "must be non-empty text", self.source)

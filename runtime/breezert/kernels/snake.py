@@ -7,10 +7,10 @@ reference), ``keep_tail_triton`` (each row's new history, the samples of the con
 at its last real frame, written into its slot of the state arena; ``models.codec.real_tail`` is its
 arithmetic). The eager codec spends five launches and five full passes over the activation on
 SnakeBeta (``exp``, ``mul``, ``sin``, ``pow``, ``mul``/``add``) and one more on the
-concatenation; at the decoder's 24 kHz end
-(96 channels x 1920 samples a frame) those passes, not the convolutions, were half of a CODEC
-step (``bench/results/h200-codec-conv-kernels-20261201.json``). Both kernels read the history
-from the arena by slot (``rows``), so a step gathers and scatters no conv state. Must not:
+concatenation; at the decoder's 24 kHz end (96 channels x 1920 samples a frame) those passes,
+not the convolutions, were half of a CODEC step
+(``bench/results/h200-codec-conv-kernels-20261201.json``). Both kernels read the history from
+the arena by slot (``rows``), so a step gathers and scatters no conv state. Must not:
 change the formula (``x + sin^2(x * e^alpha) / (e^beta + 1e-9)``, fp32 math, stored in ``x``'s
 dtype).
 """
