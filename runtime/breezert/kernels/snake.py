@@ -3,8 +3,9 @@ it feeds, and the new history written back into the stream's state, one Triton l
 
 Owns: ``snake_cat_triton`` (``cat([history, snake(x)], -1)`` in one pass: read ``x`` and the
 history once, write the conv's input once; without SnakeBeta, the plain ``cat``; programs of
-rows x columns sized from the row width, ``block_cols``; its torch reference), ``keep_tail_triton`` (each row's new history, the samples of the conv's input that end
-at its last real frame, written into its slot of the state arena; ``models.codec.real_tail`` is its
+rows x columns sized from the row width, ``block_cols``; its torch reference),
+``keep_tail_triton`` (each row's new history, the samples of the conv's input that end at its
+last real frame, written into its slot of the state arena; ``models.codec.real_tail`` is its
 arithmetic). The eager codec spends five launches and five full passes over the activation on
 SnakeBeta (``exp``, ``mul``, ``sin``, ``pow``, ``mul``/``add``) and one more on the
 concatenation; at the decoder's 24 kHz end (96 channels x 1920 samples a frame) those passes,
@@ -73,7 +74,6 @@ def _snake_cat_kernel(x_ptr, hist_ptr, rows_ptr, la_ptr, lb_ptr, out_ptr, C, T, 
         x = tl.where(in_hist, h.to(tl.float32), x)
     out = out_ptr + (row * width)[:, None] + col
     tl.store(out, x.to(out_ptr.dtype.element_ty), mask=inside)
-
 
 
 @triton.jit(do_not_specialize=["C", "W", "L", "scale", "total"])
