@@ -43,46 +43,10 @@ GEMM consumer its ``_mma_phase``, both imported):
   ``fence.proxy.async.global`` before the barrier and release, the loader's after its acquire
   (the stream experiment never wrote its activations, so this hand-over is new here).
 
-The 5-phase body (``--phases 5``; ``--phases 8,5``, the default, times both side by side) folds
-the elementwise CUDA-core phases into the next GEMM's operand staging, 60 waits a position:
-
-    A q/k/v   each program, for EVERY row: h = bf16(h2 + bf16(down acc)) (layer 0: x) and its
-              RMS factor (into the program's scratch); the row's owner (r % P == pid) alone
-              stores h; each tile's chunk X[:, kb] = bf16(g1 * bf16(h * factor)) is recomputed
-              from h2 and the accumulator (L2, ``.cg``) and written by the consumer warps into
-              the x-slot the wgmma reads
-    B attn    as phase 2 above, into X; the row owners zero the down, gate/up and o accumulators
-    C o       X by the activation loader's TMA, as before; the row owners zero q/k/v first
-    D gate/up as A with norm2: h2 = bf16(h + bf16(o acc)) (owner stores), chunks of its norm
-    E down    each tile's chunk Y[:, kb] = bf16(bf16(silu(bf16(gate))) * bf16(up)) from the
-              gate/up accumulator's columns of that chunk alone (read, not zeroed: up to N/BN
-              programs read each chunk)
-    and after the last layer the row owner: h = bf16(h2 + bf16(down acc)), down, gate/up and o
-    zeroed (their zeroing phase B would be the next layer's).
-
-Rounding points are the 8-phase body's (and eager's); only the fp32 order of the RMS sums
-differs. Hazards, phase by phase (a value written in phase p is read from phase p+1 on, after
-the release/acquire of the counters; "owner" = the one program whose pid is r mod P):
-- the residual is double-buffered, h and h2, with two updates a layer: A reads h2 (+ down acc)
-  and writes h, D reads h (+ o acc) and writes h2, the final reads h2 and writes h (the output).
-  No phase writes a buffer that any program reads in it; a buffer's last reader (A for h2, D for
-  h) is two phases (B, C; E) before its next writer; other programs' stores are read with
-  ``.cg`` (L1 is not coherent across SMs).
-- every program reads a whole row of the accumulator it normalizes, so no reader may zero it:
-  down (read in A and the final) and o (read in D) and gate/up (read in E, by several programs
-  a chunk) are zeroed by their row owners in the next B (or in the final), before their next
-  writer (E, C, D); q/k/v (read in B) by the owners in C, before A of the next layer. A launch
-  leaves them zero, as before.
-- the x-slot ring: A, D and E's chunks are produced by the consumers, C's by the activation
-  loader; both follow one protocol (``_mma_phase`` with a ``STAGE``): wait ``xempty`` at the parity the
-  loader would, write, ``fence_async_shared``, partition barrier, one arrival on ``xready``,
-  then the wait for ``xready`` as for a TMA. The loader counts the staged tiles without loading
-  them, so its ``jt`` is the consumers' ``it`` and both keep the barriers' phases in step.
-- every program publishes every phase, tiles or not, and runs the norm pre-pass (its owned
-  rows' h stores are the only copy); every wait spins on the same budget as the 8 phases'.
-What it costs: each program reads every row (h and the accumulator: 6 KB a row) twice a layer
-and re-reads a tile's [R, BK] inputs for every tile (up to ~2x the row for gate/up), L2 traffic
-that grows with R x 132 programs; the norm and SiLU phases' grid waits (36 of 96) go.
+A 5-phase body (the norms and SiLU x up staged by the next GEMM's consumers, 60 waits a
+position) ran beside this one on an H100 on 6 Dec: correct, and slower from 8 rows on
+(bench/README.md, "H100, 6 Dec"). It was deleted after that measurement; the code is at
+c480e90.
 
 Checked on a GPU against torch fp32 math of the same layers (from the same bf16 weights): the
 output h, the layers' delta (h - x) and the cache entries written at pos, at positions 0 and 15,
@@ -91,7 +55,7 @@ the whole tensor's error exceeds ``REL_TOL`` (3e-2) or either error exceeds 2x t
 module's own on the same inputs + 2e-3 (one bf16 GEMM lands at 1e-3 to 1e-2; twelve layers
 on a bf16 residual stream put the eager module at ~1.2-1.6e-2 on the CPU, checked against this
 reference, which itself matches the module run in fp32 within 1e-6; ``--emulate`` runs the same
-check on the variants' data flow emulated in torch, ``EmulatedFrame``). A mismatch is recorded
+check on the body's data flow emulated in torch, ``EmulatedFrame``). A mismatch is recorded
 and the run exits 1 at its end, but the launch is still timed (unless a wait ran out of budget):
 CUDA events, median, beside the phased stream's GEMMs alone (``depth_stream_wgmma``, one
 position: what the real math adds), the eager bf16 ``DepthLayer`` x 12 and the served
@@ -106,7 +70,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import re
 import sys
 import time
 import traceback
@@ -119,7 +82,6 @@ from depth_stream_gluon import (
     PHASES,
     Stream,
     _partition_barrier,
-    _share,
     _wait_count,
     describe_build,
 )
@@ -141,8 +103,6 @@ HEADS, KV_HEADS, HEAD_DIM, SLOTS = 8, 2, 128, 16  # DepthConfig; 16 positions a 
 FFN = 8192
 EPS = 1e-5
 PHASES_A_LAYER = 8
-FOLD_PHASES = 5  # the body with the norms and SiLU x up staged by the next GEMM's consumers
-VARIANTS = (PHASES_A_LAYER, FOLD_PHASES)
 ACT_COLS = 4096  # columns of the 8192 a SiLU * up item: 2 items a row
 REL_TOL = 3e-2  # 12 layers on a bf16 residual: the eager bf16 module's own error is ~1.5e-2
 CONFIGS = "64x64x8w8,64x128x6w4"  # the stream's two configs that ran on the H100 (5 Dec)
@@ -353,216 +313,10 @@ def _layers_x_loader(x_desc, y_desc, xs, xready, xempty, counters, err_ptr, laye
         gl.store(err_ptr, 1)
 
 
-# ----------------------------------------------------------------------------- the 5-phase body
-
-
-@gluon.jit
-def _zero_rows(ptr, rows, pid, P, N: gl.constexpr, OUT_W: gl.constexpr, layout: gl.constexpr):
-    """Zeroes N accumulator columns at ``ptr`` of each row this program owns (r = pid + k P)."""
-    cols = gl.arange(0, HIDDEN_C, layout=layout)
-    for r in range(pid, rows, P):
-        for c in gl.static_range(0, N, HIDDEN_C):
-            zc = c + cols
-            gl.store(ptr + r * OUT_W + zc, gl.zeros_like(cols.to(gl.float32)), mask=zc < N)
-
-
-@gluon.jit
-def _residual_tile(h_in_ptr, acc_ptr, r, c, m, use_acc, OUT_W: gl.constexpr):
-    """bf16(h_in + bf16(acc)) at rows r x columns c (acc only with ``use_acc``), both read
-    through L2 (other programs wrote them): the one expression ``_row_norms`` and
-    ``_stage_norm`` share, so a staged chunk's h is bit for bit the pre-pass's."""
-    h = gl.load(h_in_ptr + r[:, None] * HIDDEN_C + c[None, :], mask=m, other=0.0,
-                cache_modifier=".cg").to(gl.float32)
-    a = gl.load(acc_ptr + r[:, None] * OUT_W + c[None, :], mask=m & use_acc, other=0.0,
-                cache_modifier=".cg")
-    return (h + a.to(gl.bfloat16).to(gl.float32)).to(gl.bfloat16)
-
-
-@gluon.jit
-def _row_norms(h_in_ptr, acc_ptr, h_out_ptr, inv_ptr, rows, use_acc, eps, pid, P,
-               OUT_W: gl.constexpr, NW: gl.constexpr, layout: gl.constexpr):
-    """Every row (not only this program's): h = bf16(h_in + bf16(acc)) (acc only with
-    ``use_acc``), its RMS factor into this program's scratch ``inv_ptr[r]``; the row's owner
-    (r % P == pid) alone writes h into ``h_out`` (the other residual buffer: nobody reads it in
-    this phase). [num_warps rows, 1024] a pass, each row's sum within one warp."""
-    rr = gl.arange(0, NW, layout=gl.SliceLayout(1, layout))
-    cols = gl.arange(0, HIDDEN_C, layout=gl.SliceLayout(0, layout))
-    for r0 in range(0, rows, NW):
-        r = r0 + rr
-        live = r < rows
-        m = live[:, None] & (cols[None, :] < HIDDEN_C)
-        hb = _residual_tile(h_in_ptr, acc_ptr, r, cols, m, use_acc, OUT_W)
-        gl.store(h_out_ptr + r[:, None] * HIDDEN_C + cols[None, :], hb,
-                 mask=m & ((r % P) == pid)[:, None])
-        hf = hb.to(gl.float32)
-        inv = gl.rsqrt(gl.sum(hf * hf, axis=1) / HIDDEN_C + eps)
-        gl.store(inv_ptr + r, inv, mask=live)
-
-
-@gluon.jit
-def _stage_norm(dst, h_in_ptr, acc_ptr, inv_ptr, g_ptr, rows, use_acc, kb, BK: gl.constexpr,
-                RP: gl.constexpr, SR: gl.constexpr, OUT_W: gl.constexpr,
-                layout: gl.constexpr):
-    """X[:, kb BK:(kb+1) BK] = bf16(g * bf16(h * inv)), h = bf16(h_in + bf16(acc)) recomputed
-    exactly as ``_row_norms`` made it, into the x-slot ``dst`` (rows >= R zero), SR rows a
-    pass (a bounded number of registers a thread beside the in-flight accumulator)."""
-    c = kb * BK + gl.arange(0, BK, layout=gl.SliceLayout(0, layout))
-    g = gl.load(g_ptr + c).to(gl.float32)
-    for rb in gl.static_range(RP // SR):
-        r = rb * SR + gl.arange(0, SR, layout=gl.SliceLayout(1, layout))
-        live = r < rows
-        hb = _residual_tile(h_in_ptr, acc_ptr, r, c, live[:, None] & (c[None, :] < HIDDEN_C),
-                            use_acc, OUT_W).to(gl.float32)
-        # the scratch is rewritten each norm phase by this CTA: L2, not an old L1 line
-        inv = gl.load(inv_ptr + r, mask=live, other=0.0, cache_modifier=".cg")
-        normed = (hb * inv[:, None]).to(gl.bfloat16).to(gl.float32)
-        dst.slice(rb * SR, SR).store((g[None, :] * normed).to(gl.bfloat16))
-
-
-@gluon.jit
-def _stage_silu(dst, gu_ptr, rows, kb, BK: gl.constexpr, RP: gl.constexpr, SR: gl.constexpr,
-                OUT_W: gl.constexpr, layout: gl.constexpr):
-    """Y[:, kb BK:(kb+1) BK] = bf16(bf16(silu(bf16(gate))) * bf16(up)) from the gate/up
-    accumulator columns of this chunk alone, into the x-slot ``dst`` (rows >= R zero). Read, not
-    zeroed: up to N/BN programs read the same chunk (zeroed by the row owners two phases on)."""
-    c = kb * BK + gl.arange(0, BK, layout=gl.SliceLayout(0, layout))
-    for rb in gl.static_range(RP // SR):
-        r = rb * SR + gl.arange(0, SR, layout=gl.SliceLayout(1, layout))
-        m = (r < rows)[:, None] & (c[None, :] < FFN_C)
-        ptr = gu_ptr + r[:, None] * OUT_W + c[None, :]
-        g = gl.load(ptr, mask=m, other=0.0, cache_modifier=".cg").to(gl.bfloat16)
-        u = gl.load(ptr + FFN_C, mask=m, other=0.0, cache_modifier=".cg").to(gl.bfloat16)
-        g = g.to(gl.float32)
-        s = (g / (1.0 + gl.exp(-g))).to(gl.bfloat16).to(gl.float32)
-        dst.slice(rb * SR, SR).store((s * u.to(gl.float32)).to(gl.bfloat16))
-
-
-@gluon.jit
-def _stage_norm_tile(dst, kb, args):
-    """``_mma_phase``'s STAGE for the norms: ``args`` = (h_in, acc, inv, g, rows, use_acc, BK,
-    RP, SR, OUT_W, layout)."""
-    _stage_norm(dst, args[0], args[1], args[2], args[3], args[4], args[5], kb, args[6],
-                args[7], args[8], args[9], args[10])
-
-
-@gluon.jit
-def _stage_silu_tile(dst, kb, args):
-    """``_mma_phase``'s STAGE for SiLU x up: ``args`` = (gate/up acc, rows, BK, RP, SR, OUT_W,
-    layout)."""
-    _stage_silu(dst, args[0], args[1], kb, args[2], args[3], args[4], args[5], args[6])
-
-
-@gluon.jit
-def _fold_consumer(ring, ready, empty, xs, xready, xempty, counters, err_ptr, out_ptr,
-                   x_in_ptr, h_ptr, h2_ptr, x_ptr, inv_ptr, norm_ptr, rope_ptr, cache_ptr, rows,
-                   pos, layers, target, budget, eps, scale, BN: gl.constexpr, BK: gl.constexpr,
-                   S: gl.constexpr, XS: gl.constexpr, RP: gl.constexpr, SR: gl.constexpr,
-                   OUT_W: gl.constexpr, COL0: gl.constexpr, COL2: gl.constexpr,
-                   COL3: gl.constexpr, COL4: gl.constexpr, acc_layout: gl.constexpr,
-                   row_layout: gl.constexpr, att_layout: gl.constexpr, NW: gl.constexpr,
-                   norm_layout: gl.constexpr, stage_layout: gl.constexpr):
-    """The 5 phases a layer (module docstring): A q/k/v (norm1 staged), B attention, C o, D
-    gate/up (norm2 staged), E down (SiLU x up staged); then h0 = bf16(h1 + bf16(down acc))."""
-    pid = gl.program_id(0)
-    P = gl.num_programs(0)
-    inv = inv_ptr + pid * RP  # this program's RMS factors of the phase's rows
-    it = 0
-    g = 0
-    for layer in range(layers):
-        norm = norm_ptr + layer * 2 * HIDDEN_C
-        for ph in gl.static_range(5):
-            if g > 0:
-                budget = _wait_count(counters + g - 1, target, budget)
-            if ph == 0:  # h0 = bf16(h1 + bf16(down acc)) (layer 0: x), X staged from h0
-                src = h2_ptr
-                if layer == 0:
-                    src = x_in_ptr
-                _row_norms(src, out_ptr + COL4, h_ptr, inv, rows, layer > 0, eps, pid, P, OUT_W,
-                           NW, norm_layout)
-                _partition_barrier()  # every row's factor is in the scratch
-                it = _mma_phase(ring, ready, empty, xs, xready, xempty, it, out_ptr + COL0,
-                                rows, pid, P, Q_OUT_C, HIDDEN_C, OUT_W, BN, BK, S, XS, RP,
-                                acc_layout, _stage_norm_tile,
-                                (src, out_ptr + COL4, inv, norm, rows, layer > 0, BK, RP, SR,
-                                 OUT_W, stage_layout))
-            elif ph == 1:  # q/k/v read; the accumulators A, D and E last read are zeroed
-                _attention(out_ptr + COL0, cache_ptr + layer * 2 * rows * KV_CACHE_ROW_C,
-                           rope_ptr, x_ptr, rows, pos, scale, pid, P, OUT_W, att_layout)
-                _zero_rows(out_ptr + COL4, rows, pid, P, HIDDEN_C, OUT_W, row_layout)
-                _zero_rows(out_ptr + COL3, rows, pid, P, 2 * FFN_C, OUT_W, row_layout)
-                _zero_rows(out_ptr + COL2, rows, pid, P, HIDDEN_C, OUT_W, row_layout)
-            elif ph == 2:  # o from X (TMA); q/k/v, read in B, zeroed
-                _zero_rows(out_ptr + COL0, rows, pid, P, Q_OUT_C, OUT_W, row_layout)
-                it = _mma_phase(ring, ready, empty, xs, xready, xempty, it, out_ptr + COL2,
-                                rows, pid, P, HIDDEN_C, HIDDEN_C, OUT_W, BN, BK, S, XS, RP,
-                                acc_layout)
-            elif ph == 3:  # h1 = bf16(h0 + bf16(o acc)), X staged from h1
-                _row_norms(h_ptr, out_ptr + COL2, h2_ptr, inv, rows, True, eps, pid, P, OUT_W,
-                           NW, norm_layout)
-                _partition_barrier()
-                it = _mma_phase(ring, ready, empty, xs, xready, xempty, it, out_ptr + COL3,
-                                rows, pid, P, 2 * FFN_C, HIDDEN_C, OUT_W, BN, BK, S, XS, RP,
-                                acc_layout, _stage_norm_tile,
-                                (h_ptr, out_ptr + COL2, inv, norm + HIDDEN_C, rows, True, BK,
-                                 RP, SR, OUT_W, stage_layout))
-            else:  # Y staged from the gate/up accumulator
-                it = _mma_phase(ring, ready, empty, xs, xready, xempty, it, out_ptr + COL4,
-                                rows, pid, P, HIDDEN_C, FFN_C, OUT_W, BN, BK, S, XS, RP,
-                                acc_layout, _stage_silu_tile,
-                                (out_ptr + COL3, rows, BK, RP, SR, OUT_W, stage_layout))
-            budget = _publish(counters, g, budget, ph == 1)  # B wrote X, which C's TMA reads
-            g += 1
-    budget = _wait_count(counters + g - 1, target, budget)
-    _fold_final(h2_ptr, out_ptr, h_ptr, rows, pid, P, OUT_W, COL2, COL3, COL4, row_layout)
-    if budget <= 0:
-        gl.store(err_ptr, 1)
-
-
-@gluon.jit
-def _fold_final(h_in_ptr, out_ptr, h_out_ptr, rows, pid, P, OUT_W: gl.constexpr,
-                COL2: gl.constexpr, COL3: gl.constexpr, COL4: gl.constexpr,
-                layout: gl.constexpr):
-    """After the last layer, the row owner: h0 = bf16(h1 + bf16(down acc)); the accumulators
-    no later phase zeroes (down, gate/up, o: the next layer's B would have) zeroed."""
-    cols = gl.arange(0, HIDDEN_C, layout=layout)
-    for r in range(pid, rows, P):
-        a = gl.load(out_ptr + COL4 + r * OUT_W + cols, cache_modifier=".cg")
-        h = gl.load(h_in_ptr + r * HIDDEN_C + cols, cache_modifier=".cg").to(gl.float32)
-        gl.store(h_out_ptr + r * HIDDEN_C + cols,
-                 (h + a.to(gl.bfloat16).to(gl.float32)).to(gl.bfloat16))
-    _zero_rows(out_ptr + COL4, rows, pid, P, HIDDEN_C, OUT_W, layout)
-    _zero_rows(out_ptr + COL3, rows, pid, P, 2 * FFN_C, OUT_W, layout)
-    _zero_rows(out_ptr + COL2, rows, pid, P, HIDDEN_C, OUT_W, layout)
-
-
-@gluon.jit
-def _fold_x_loader(x_desc, xs, xready, xempty, counters, err_ptr, layers, target, budget,
-                   BN: gl.constexpr, BK: gl.constexpr, XS: gl.constexpr, RB: gl.constexpr,
-                   NRB: gl.constexpr):
-    """o's chunks alone (X, written by attention), after phase B; the tiles the consumers
-    stage (A, D, E) are counted, not loaded, so ``jt`` stays the consumers' ``it``."""
-    pid = gl.program_id(0)
-    P = gl.num_programs(0)
-    jt = 0
-    for layer in range(layers):
-        a0, a1 = _share(pid, P, (Q_OUT_C // BN) * (HIDDEN_C // BK))
-        jt += a1 - a0
-        budget = _fence_proxy_async_global(_wait_count(counters + layer * 5 + 1, target,
-                                                       budget))
-        jt = _x_loader_phase(x_desc, xs, xready, xempty, jt, pid, P, HIDDEN_C, HIDDEN_C, BN, BK,
-                             XS, RB, NRB)
-        d0, d1 = _share(pid, P, (2 * FFN_C // BN) * (HIDDEN_C // BK))
-        e0, e1 = _share(pid, P, (HIDDEN_C // BN) * (FFN_C // BK))
-        jt += (d1 - d0) + (e1 - e0)
-    if budget <= 0:
-        gl.store(err_ptr, 1)
-
-
 @gluon.jit(do_not_specialize=["rows", "pos", "layers", "target", "budget"])
-def _layers_kernel(desc, x_desc, y_desc, counters, err_ptr, out_ptr, x_in_ptr, h_ptr, h2_ptr,
-                   x_ptr, y_ptr, inv_ptr, norm_ptr, rope_ptr, cache_ptr, rows, pos, layers,
-                   target, budget, eps, scale, FOLD: gl.constexpr, SR: gl.constexpr,
-                   BN: gl.constexpr, BK: gl.constexpr, S: gl.constexpr,
+def _layers_kernel(desc, x_desc, y_desc, counters, err_ptr, out_ptr, x_in_ptr, h_ptr, x_ptr,
+                   y_ptr, norm_ptr, rope_ptr, cache_ptr, rows, pos, layers, target, budget, eps,
+                   scale, BN: gl.constexpr, BK: gl.constexpr, S: gl.constexpr,
                    XS: gl.constexpr, RP: gl.constexpr, RB: gl.constexpr,
                    INSTR_N: gl.constexpr, WARPS_M: gl.constexpr, LAYER_TILES: gl.constexpr,
                    OFF0: gl.constexpr, OFF2: gl.constexpr, OFF3: gl.constexpr,
@@ -589,36 +343,16 @@ def _layers_kernel(desc, x_desc, y_desc, counters, err_ptr, out_ptr, x_in_ptr, h
         mbarrier.init(xready.index(i), count=1)
         mbarrier.init(xempty.index(i), count=1)
     NRB: gl.constexpr = RP // RB
-    if FOLD:
-        # the norm pre-pass: [warps rows, 1024], a row within one warp (8 x 4 columns a lane)
-        norm_layout: gl.constexpr = gl.BlockedLayout([1, 8], [1, 32], [num_warps, 1], [1, 0])
-        # a staged chunk's [SR, BK]: 8 consecutive columns (16 B of bf16) a thread
-        stage_layout: gl.constexpr = gl.BlockedLayout([1, 8], [32 // (BK // 8), BK // 8],
-                                                      [num_warps, 1], [1, 0])
-        gl.warp_specialize([
-            (_fold_consumer, (ring, ready, empty, xs, xready, xempty, counters, err_ptr,
-                              out_ptr, x_in_ptr, h_ptr, h2_ptr, x_ptr, inv_ptr, norm_ptr,
-                              rope_ptr, cache_ptr, rows, pos, layers, target, budget, eps, scale,
-                              BN, BK, S, XS, RP, SR, OUT_W, COL0, COL2, COL3, COL4, acc_layout,
-                              row_layout, att_layout, num_warps, norm_layout,
-                              stage_layout)),
-            (_w_loader, (desc, ring, ready, empty, 1, layers, BN, BK, S, LAYER_TILES, OFF0,
-                         OFF2, OFF3, OFF4)),
-            (_fold_x_loader, (x_desc, xs, xready, xempty, counters, err_ptr, layers, target,
-                              budget, BN, BK, XS, RB, NRB)),
-        ], [1, 1], [LOADER_REGS_C, LOADER_REGS_C])
-    else:
-        gl.warp_specialize([
-            (_layers_consumer, (ring, ready, empty, xs, xready, xempty, counters, err_ptr,
-                                out_ptr, x_in_ptr, h_ptr, x_ptr, y_ptr, norm_ptr, rope_ptr,
-                                cache_ptr, rows, pos, layers, target, budget, eps, scale, BN, BK,
-                                S, XS, RP, OUT_W, COL0, COL2, COL3, COL4, acc_layout,
-                                row_layout, att_layout)),
-            (_w_loader, (desc, ring, ready, empty, 1, layers, BN, BK, S, LAYER_TILES, OFF0,
-                         OFF2, OFF3, OFF4)),
-            (_layers_x_loader, (x_desc, y_desc, xs, xready, xempty, counters, err_ptr, layers,
-                                target, budget, BN, BK, XS, RB, NRB)),
-        ], [1, 1], [LOADER_REGS_C, LOADER_REGS_C])
+    gl.warp_specialize([
+        (_layers_consumer, (ring, ready, empty, xs, xready, xempty, counters, err_ptr, out_ptr,
+                            x_in_ptr, h_ptr, x_ptr, y_ptr, norm_ptr, rope_ptr, cache_ptr, rows,
+                            pos, layers, target, budget, eps, scale, BN, BK, S, XS, RP, OUT_W,
+                            COL0, COL2, COL3, COL4, acc_layout, row_layout, att_layout)),
+        (_w_loader, (desc, ring, ready, empty, 1, layers, BN, BK, S, LAYER_TILES, OFF0, OFF2,
+                     OFF3, OFF4)),
+        (_layers_x_loader, (x_desc, y_desc, xs, xready, xempty, counters, err_ptr, layers,
+                            target, budget, BN, BK, XS, RB, NRB)),
+    ], [1, 1], [LOADER_REGS_C, LOADER_REGS_C])
 
 
 # constexpr globals the device code reads (gluon.jit resolves module-level constexprs)
@@ -644,23 +378,17 @@ class LayersFrame(WgmmaFrame):
     for the GEMMs' TMA, the fp32 accumulators (``out``) and the phase counters."""
 
     def __init__(self, stream: Stream, rows: int, device: str, layers: int = LAYERS,
-                 seed: int = 0, phases: int = PHASES_A_LAYER) -> None:
-        if phases not in VARIANTS:
-            raise ValueError(f"{phases} phases a layer: the body runs {VARIANTS}")
+                 seed: int = 0) -> None:
         super().__init__(stream, layers, 1, device, seed, init=False, rows=rows)
         bf16 = torch.bfloat16
-        self.phases = phases
         self.x_in = torch.empty(rows, HIDDEN, dtype=bf16, device=device)
         self.h = torch.empty_like(self.x_in)
-        self.h2 = torch.empty_like(self.x_in)  # the 5-phase body's second residual buffer
-        # a staged chunk's rows a pass: 8 columns a thread, [256 warps / BK, BK] a pass
-        self.stage_rows = min(self.rp, 256 * stream.warps // stream.bk)
-        self.inv = torch.empty(0, dtype=torch.float32, device=device)  # [programs, RP]
         self.norm_w = torch.empty(layers, 2, HIDDEN, dtype=bf16, device=device)
         self.rope = torch.empty(2, HEAD_DIM, dtype=bf16, device=device)  # cos, sin_signed
         self.cache = torch.empty(layers, 2, rows, KV_HEADS, SLOTS, HEAD_DIM, dtype=bf16,
                                  device=device)
-        self.counters = torch.zeros(layers * phases + 1, dtype=torch.int32, device=device)
+        self.counters = torch.zeros(layers * PHASES_A_LAYER + 1, dtype=torch.int32,
+                                    device=device)
         self.position = 0
 
     def load(self, modules) -> None:
@@ -687,51 +415,23 @@ class LayersFrame(WgmmaFrame):
         offs, cols = s.offsets, s.out_cols
         self.epoch += 1  # counters only grow: a launch waits for epoch * programs arrivals
         kwargs = {"launch_cooperative_grid": True} if cooperative else {}
-        if self.inv.numel() < programs * self.rp:  # each program's RMS factors (5 phases)
-            self.inv = torch.empty(programs * self.rp, dtype=torch.float32,
-                                   device=self.x_in.device)
         return _layers_kernel[(programs,)](
             self.desc, *self.x_descs, self.counters, self.err, self.out, self.x_in, self.h,
-            self.h2, self.x1024, self.x8192, self.inv, self.norm_w, self.rope, self.cache,
-            self.rows, self.position, self.layers, self.epoch * programs, spin_budget, EPS,
-            1.0 / math.sqrt(HEAD_DIM), FOLD=self.phases == FOLD_PHASES, SR=self.stage_rows,
-            BN=s.bn, BK=s.bk, S=s.stages, XS=self.x_stages,
+            self.x1024, self.x8192, self.norm_w, self.rope, self.cache, self.rows,
+            self.position, self.layers, self.epoch * programs, spin_budget, EPS,
+            1.0 / math.sqrt(HEAD_DIM), BN=s.bn, BK=s.bk, S=s.stages, XS=self.x_stages,
             RP=self.rp, RB=self.rb, INSTR_N=self.instr_n, WARPS_M=self.warps_m,
             LAYER_TILES=s.layer_tiles, OFF0=offs[0], OFF2=offs[2], OFF3=offs[3], OFF4=offs[4],
             OUT_W=self.out.shape[1], COL0=cols[0], COL2=cols[2], COL3=cols[3], COL4=cols[4],
             num_warps=s.warps, maxnreg=maxnreg or self.default_maxnreg, **kwargs)
 
     def label(self) -> str:
-        return f"{self.s} r{self.rows} (RP {self.rp}) {self.phases}ph"
-
-
-def staged_fence_problems(ptx: str) -> list[str]:
-    """The 5-phase body's staged x-slots in a build's PTX, read in program order: after each
-    vector store to shared memory (a consumer thread's piece of a staged chunk), the thread's
-    ``fence.proxy.async.shared::cta`` and then a ``bar.sync`` must come before the next wgmma
-    (every warp's stores fenced before any warp's wgmma reads the slot). Triton's own fence,
-    inserted right before the wgmma where the explicit one is missing, has no barrier after it
-    and is reported too. Returns the offending wgmma lines (none: in order)."""
-    problems, pending = [], None  # (what, PTX line) since the last store, or None
-    for n, line in enumerate(ptx.splitlines(), 1):
-        s = line.strip()
-        if re.match(r"(@%p\d+ )?st\.shared\.v\d", s):
-            pending = ("stored", n)
-        elif pending and pending[0] == "stored" and s.startswith("fence.proxy.async.shared"):
-            pending = ("fenced, no barrier after", n)
-        elif pending and pending[0] != "stored" and re.match(r"(bar|barrier)\.sync", s):
-            pending = None
-        elif pending and "wgmma.mma_async" in s:
-            problems.append(f"PTX line {n}: wgmma after a shared store ({pending[0]} at line "
-                            f"{pending[1]})")
-            pending = None
-    return problems
+        return f"{self.s} r{self.rows} (RP {self.rp})"
 
 
 def compile_only(configs: list[Stream], rows_list: list[int], programs: int, maxnreg: int,
-                 spin_budget: int, variants_at) -> list[dict]:
-    """Builds every (config, padded rows, phases a layer) for sm_90a here (no GPU) and prints
-    resources."""
+                 spin_budget: int) -> list[dict]:
+    """Builds every (config, padded rows) for sm_90a here (no GPU) and prints resources."""
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     from tests.sm90_build import build_only, resources
 
@@ -740,30 +440,25 @@ def compile_only(configs: list[Stream], rows_list: list[int], programs: int, max
     builds = []
     for stream in configs:
         for rows in rows_list:
-            for phases in variants_at(rows):
-                try:  # nothing is read: the build needs shapes and strides only
-                    frame = LayersFrame(stream, rows, "cpu", phases=phases)
-                except ValueError as exc:
-                    print(f"{stream} r{rows}: not built: {exc}", flush=True)
-                    continue
-                with build_only(90) as built:
-                    frame.run_layers(programs, maxnreg, spin_budget)
-                kernel = built[-1]
-                r = resources(kernel, frame.label())
-                ptx = kernel.asm["ptx"]
-                line = (describe_build(kernel, frame.label(), "layers") +
-                        f"; RP {frame.rp} (wgmma N {frame.instr_n}), {frame.x_stages} "
-                        f"x-slots, {ptx.count('wgmma.mma_async')} wgmma PTX sites, "
-                        f"{_sass_hgmma(kernel)}, "
-                        f"{ptx.count('fence.proxy.async.global')} proxy fences, "
-                        f"{ptx.count('fence.proxy.async.shared')} shared-proxy fences, "
-                        f"staged stores fenced before wgmma: "
-                        f"{'; '.join(staged_fence_problems(ptx)[:2]) or 'in order'}")
-                print(line, flush=True)
-                builds.append({"config": str(stream), "rows": rows, "rp": frame.rp,
-                               "phases": phases, "registers": r.registers,
-                               "shared_bytes": r.shared_bytes, "local_bytes": r.local_bytes,
-                               "problems": r.problems(), "line": line})
+            try:  # nothing is read: the build needs shapes and strides only
+                frame = LayersFrame(stream, rows, "cpu")
+            except ValueError as exc:
+                print(f"{stream} r{rows}: not built: {exc}", flush=True)
+                continue
+            with build_only(90) as built:
+                frame.run_layers(programs, maxnreg, spin_budget)
+            kernel = built[-1]
+            r = resources(kernel, frame.label())
+            line = (describe_build(kernel, frame.label(), "layers") +
+                    f"; RP {frame.rp} (wgmma N {frame.instr_n}), {frame.x_stages} x-slots, "
+                    f"{kernel.asm['ptx'].count('wgmma.mma_async')} wgmma PTX sites, "
+                    f"{_sass_hgmma(kernel)}, "
+                    f"{kernel.asm['ptx'].count('fence.proxy.async.global')} proxy fences")
+            print(line, flush=True)
+            builds.append({"config": str(stream), "rows": rows, "rp": frame.rp,
+                           "registers": r.registers, "shared_bytes": r.shared_bytes,
+                           "local_bytes": r.local_bytes, "problems": r.problems(),
+                           "line": line})
     return builds
 
 
@@ -871,7 +566,7 @@ def check(frame: LayersFrame, modules, depth, pos: int, launch: dict) -> dict:
     frame.rope.copy_(rope)
     frame.position = pos
     inputs_cache = frame.cache.clone()
-    for t in (frame.h, frame.h2, frame.x1024, frame.x8192):
+    for t in (frame.h, frame.x1024, frame.x8192):
         t.fill_(float("nan"))
     frame.cache[:, :, :, :, pos] = float("nan")
     frame.out.zero_()
@@ -910,8 +605,8 @@ def check(frame: LayersFrame, modules, depth, pos: int, launch: dict) -> dict:
 
 def after_launches(frame) -> list[str]:
     """What every launch since the last check must have left, checked after the timed ones
-    too (4 + ``--iters`` launches a variant, where a race has more chances than in the 2
-    checked): no wait out of budget (``err`` is sticky) and the fp32 accumulators zero (the next
+    too (4 + ``--iters`` launches a config and rows, where a race has more chances than in the
+    2 checked): no wait out of budget (``err`` is sticky) and the fp32 accumulators zero (the next
     launch adds into them)."""
     problems = []
     if frame.err.item():
@@ -926,8 +621,8 @@ def after_launches(frame) -> list[str]:
 
 class EmulatedFrame:
     """``--emulate``: the kernel's data flow in torch (no GPU), for ``check`` in place of a
-    ``LayersFrame``: the same buffers (h, h2, X, Y, the fp32 accumulators at the kernel's
-    columns, the cache), phase by phase in the variant's order, the same bf16 rounding points;
+    ``LayersFrame``: the same buffers (h, X, Y, the fp32 accumulators at the kernel's columns,
+    the cache), phase by phase in the kernel's order, the same bf16 rounding points;
     a GEMM adds its fp32 product into its accumulator (so a zeroing missed or done before the
     last reader shows as a wrong result). Each phase names the buffers its programs read and
     write; a buffer one program writes while another reads it in the same phase (not an owner's
@@ -935,11 +630,11 @@ class EmulatedFrame:
     emulation cannot show by its numbers. Split-K order and the norms' sum order are not
     emulated (fp32 rounding of the sums only)."""
 
-    def __init__(self, rows: int, phases: int, modules) -> None:
-        self.rows, self.phases, self.modules = rows, phases, modules
+    def __init__(self, rows: int, modules) -> None:
+        self.rows, self.modules = rows, modules
         bf16 = torch.bfloat16
         self.x_in = torch.empty(rows, HIDDEN, dtype=bf16)
-        self.h, self.h2 = torch.empty_like(self.x_in), torch.empty_like(self.x_in)
+        self.h = torch.empty_like(self.x_in)
         self.x1024 = torch.empty_like(self.x_in)
         self.x8192 = torch.empty(rows, FFN, dtype=bf16)
         self.rope = torch.empty(2, HEAD_DIM, dtype=bf16)
@@ -953,7 +648,7 @@ class EmulatedFrame:
         self.phases_run = 0
 
     def label(self) -> str:
-        return f"emulated r{self.rows} {self.phases}ph"
+        return f"emulated r{self.rows}"
 
     def acc(self, name: str) -> torch.Tensor:
         return self.out[:, self.cols[name]:self.cols[name] + self.width[name]]
@@ -1022,14 +717,8 @@ class EmulatedFrame:
             self.acc(name).zero_()
 
     def run_layers(self, **_launch) -> None:
-        self.phases_run = 0
-        if self.phases == PHASES_A_LAYER:
-            self._eight()
-        else:
-            self._five()
-
-    def _eight(self) -> None:
         """norm1, q/k/v, attention, o, norm2, gate/up, act, down; h in place by its owner."""
+        self.phases_run = 0
         for layer, m in enumerate(self.modules):
             attn, mlp = m.self_attn, m.mlp
             first = layer == 0
@@ -1061,54 +750,21 @@ class EmulatedFrame:
         self.h.copy_(self.residual(self.h, self.acc("down")))
         self.zero("down")
 
-    def _five(self) -> None:
-        """A q/k/v (norm1 staged: h2 + down acc -> h), B attention (+ zeroes down, gate/up, o),
-        C o (+ zeroes q/k/v), D gate/up (norm2 staged: h + o acc -> h2), E down (SiLU x up
-        staged from the gate/up accumulator); then h = bf16(h2 + bf16(down acc))."""
-        for layer, m in enumerate(self.modules):
-            attn, mlp = m.self_attn, m.mlp
-            first = layer == 0
-            src = self.x_in if first else self.h2
-            self.phase({"x_in" if first else "h2", "acc.down"}, {"h", "acc.qkv"})
-            hb = self.residual(src, None if first else self.acc("down"))
-            self.gemm(self.normed(hb, m.input_layernorm.weight), attn.qkv_weight, "qkv")
-            self.h.copy_(hb)  # the owner's store: no program of A reads h
-            self.phase({"acc.qkv", "cache"},
-                       {"X", "cache@pos", "acc.down", "acc.gate_up", "acc.o"})
-            self.attention(layer)
-            self.zero("down", "gate_up", "o")
-            self.phase({"X"}, {"acc.qkv", "acc.o"})
-            self.zero("qkv")
-            self.gemm(self.x1024, attn.o_proj.weight, "o")
-            self.phase({"h", "acc.o"}, {"h2", "acc.gate_up"})
-            hb = self.residual(self.h, self.acc("o"))
-            self.gemm(self.normed(hb, m.post_attention_layernorm.weight), mlp.gate_up_weight,
-                      "gate_up")
-            self.h2.copy_(hb)
-            self.phase({"acc.gate_up"}, {"acc.down"})
-            self.gemm(self.silu_mul(self.acc("gate_up")), mlp.down_proj.weight, "down")
-        # the final, by row owners alone: h2 and the down accumulator read, h written, and
-        # the accumulators whose readers are done (down, gate/up, o) zeroed
-        self.phase(set(), set(), {"h2", "h", "acc.down", "acc.gate_up", "acc.o"})
-        self.h.copy_(self.residual(self.h2, self.acc("down")))
-        self.zero("down", "gate_up", "o")
 
-
-def emulate(rows_list: list[int], variants_at) -> None:
-    """``--emulate``: ``check`` on ``EmulatedFrame`` (CPU), each variant and row count, at
-    positions 0 and 15; raises on the first mismatch."""
+def emulate(rows_list: list[int]) -> None:
+    """``--emulate``: ``check`` on ``EmulatedFrame`` (CPU), each row count, at positions 0 and
+    15; raises on the first mismatch."""
     torch.manual_seed(0)
     depth = build_depth("cpu")
     modules = list(depth.model.layers)
     for rows in rows_list:
-        for phases in variants_at(rows):
-            frame = EmulatedFrame(rows, phases, modules)
-            for pos in (0, SLOTS - 1):
-                row = check(frame, modules, depth, pos, {})
-                print(f"  {frame.label()} pos {pos}: passes the check "
-                      f"({frame.phases_run} phases, accumulators left zero "
-                      f"{row['accumulators_left_zero']})", flush=True)
-            assert not after_launches(frame), after_launches(frame)
+        frame = EmulatedFrame(rows, modules)
+        for pos in (0, SLOTS - 1):
+            row = check(frame, modules, depth, pos, {})
+            print(f"  {frame.label()} pos {pos}: passes the check "
+                  f"({frame.phases_run} phases, accumulators left zero "
+                  f"{row['accumulators_left_zero']})", flush=True)
+        assert not after_launches(frame), after_launches(frame)
 
 
 def event_ms(fn, iters: int) -> tuple[float, float]:
@@ -1176,19 +832,17 @@ def phased_stream_ms(stream: Stream, rows: int, programs: int, args) -> dict:
     return {"phased_stream_ms": round(ms, 4), "phased_stream_hang": bool(wf.err.item())}
 
 
-def measure(stream: Stream, rows: int, phases: int, depth, args, programs: int,
-            result: dict, streams_ms: dict) -> None:
-    """One config at one row count, one variant (phases a layer): the checks (a mismatch is
-    recorded as a failure, and the launch is still timed unless a wait ran out of budget), then
-    ms a position beside the phased stream's GEMMs alone (once per config and rows)."""
-    frame = LayersFrame(stream, rows, "cuda", phases=phases)
+def measure(stream: Stream, rows: int, depth, args, programs: int, result: dict) -> None:
+    """One config at one row count: the checks (a mismatch is recorded as a failure, and the
+    launch is still timed unless a wait ran out of budget), then ms a position beside the phased
+    stream's GEMMs alone."""
+    frame = LayersFrame(stream, rows, "cuda")
     modules = list(depth.model.layers)
     frame.load(modules)
     launch = {"programs": programs, "maxnreg": args.maxnreg, "spin_budget": args.spin_budget,
               "cooperative": not args.no_cooperative}
-    row: dict = {"config": str(stream), "rows": rows, "phases": phases,
-                 "padded_rows": frame.rp, "x_stages": frame.x_stages,
-                 "stage_rows": frame.stage_rows, "checks": [], "correct": True}
+    row: dict = {"config": str(stream), "rows": rows, "padded_rows": frame.rp,
+                 "x_stages": frame.x_stages, "checks": [], "correct": True}
     result["rows"].append(row)
     for pos in (0, SLOTS - 1):
         try:
@@ -1214,17 +868,14 @@ def measure(stream: Stream, rows: int, phases: int, depth, args, programs: int,
                tb_per_s=round(weight_bytes / ms / 1e9, 3),
                tflop_per_s=round(rows * weight_bytes / ms / 1e9, 2))  # 2 FLOP a weight, 2 B
     del frame
-    key = f"{stream} r{rows}"
-    if key not in streams_ms:
-        streams_ms[key] = phased_stream_ms(stream, rows, programs, args)
-    row.update(streams_ms[key])
-    print(f"  {stream} r{rows} {phases}ph: {ms:.4f} ms a position (min {min_ms:.4f}), "
+    row.update(phased_stream_ms(stream, rows, programs, args))
+    print(f"  {stream} r{rows}: {ms:.4f} ms a position (min {min_ms:.4f}), "
           f"{row['tb_per_s']} TB/s of weights, {row['tflop_per_s']} TFLOP/s; the phased "
           f"stream's GEMMs alone {row['phased_stream_ms']} ms", flush=True)
 
 
 def print_table(result: dict) -> None:
-    print("\nconfig | rows | phases | correct | checks (rel L2 of the delta: kernel / eager bf16) | "
+    print("\nconfig | rows | correct | checks (rel L2 of the delta: kernel / eager bf16) | "
           "ms a position | phased stream (GEMMs alone) ms | eager bf16 ms | served fused ms | "
           "TB/s | TFLOP/s | regs | smem B")
     base = result["baselines"]
@@ -1232,8 +883,7 @@ def print_table(result: dict) -> None:
         checks = " ".join(f"p{c['position']} {c['kernel']['delta']['rel_l2']:.1e}/"
                           f"{c['eager_bf16']['delta']['rel_l2']:.1e}" for c in r["checks"])
         b = base.get(str(r["rows"]), {})
-        print(f"{r['config']} | {r['rows']} | {r.get('phases', 8)} | {r['correct']} | "
-              f"{checks or '-'} | "
+        print(f"{r['config']} | {r['rows']} | {r['correct']} | {checks or '-'} | "
               f"{r.get('ms', '-')} | {r.get('phased_stream_ms', '-')} | "
               f"{b.get('eager_bf16_ms', '-')} | {b.get('served_fused_ms', '-')} | "
               f"{r.get('tb_per_s', '-')} | {r.get('tflop_per_s', '-')} | {r.get('n_regs', '-')}"
@@ -1245,11 +895,6 @@ def main() -> None:
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--configs", default=CONFIGS, help="BNxBKxSwW list (depth_stream_wgmma's)")
     ap.add_argument("--rows", default=ROWS, help="rows a launch (2 a request with CFG)")
-    ap.add_argument("--phases", default="8,5",
-                    help="phases a layer, each variant checked and timed: 8 (each CUDA-core "
-                         "step a phase) and/or 5 (the norms and SiLU x up staged by the GEMMs)")
-    ap.add_argument("--fold-rows", default="",
-                    help="the rows (of --rows) at which the 5-phase body runs; empty: all")
     ap.add_argument("--maxnreg", type=int, default=0, help="0: the most at one block per SM")
     ap.add_argument("--programs", type=int, default=0, help="0: one per SM")
     ap.add_argument("--iters", type=int, default=30)
@@ -1262,23 +907,17 @@ def main() -> None:
     ap.add_argument("--no-cooperative", action="store_true")
     ap.add_argument("--compile-only", action="store_true")
     ap.add_argument("--emulate", action="store_true",
-                    help="no GPU: the check on the variants' data flow emulated in torch")
+                    help="no GPU: the check on the body's data flow emulated in torch")
     ap.add_argument("--out", default="depth-layers-wgmma.json")
     args = ap.parse_args()
     t_start = time.monotonic()
     configs = [Stream.parse(c) for c in args.configs.split(",")]
     rows_list = [int(r) for r in args.rows.split(",")]
-    fold_rows = {int(r) for r in args.fold_rows.split(",") if r} or set(rows_list)
-
-    def variants_at(rows: int) -> list[int]:
-        return [p for p in (int(v) for v in args.phases.split(","))
-                if p != FOLD_PHASES or rows in fold_rows]
     if args.compile_only:
-        compile_only(configs, rows_list, args.programs or 132, args.maxnreg, args.spin_budget,
-                     variants_at)
+        compile_only(configs, rows_list, args.programs or 132, args.maxnreg, args.spin_budget)
         return
     if args.emulate:
-        emulate(rows_list, variants_at)
+        emulate(rows_list)
         return
     from breezert_bench.provenance import provenance
 
@@ -1295,21 +934,19 @@ def main() -> None:
         Path(args.out).write_text(json.dumps(result, indent=1))
 
     depth = build_depth("cuda")
-    streams_ms: dict = {}
     for stream in configs:
         for rows in rows_list:
-            for phases in variants_at(rows):  # side by side: the same config, rows, card
-                if time.monotonic() - t_start > args.deadline_s:
-                    print(f"deadline: {stream} r{rows} {phases}ph not run", flush=True)
-                    break
-                try:
-                    measure(stream, rows, phases, depth, args, programs, result, streams_ms)
-                except Exception as exc:  # the next config still runs
-                    print(f"{stream} r{rows} {phases}ph: FAILED: {exc!r}"[:2000], flush=True)
-                    traceback.print_exc(limit=3)
-                    result["failures"].append(f"{stream} r{rows} {phases}ph: {exc!r}"[:1000])
-                torch.cuda.empty_cache()
-                save()
+            if time.monotonic() - t_start > args.deadline_s:
+                print(f"deadline: {stream} r{rows} not run", flush=True)
+                break
+            try:
+                measure(stream, rows, depth, args, programs, result)
+            except Exception as exc:  # the next config still runs
+                print(f"{stream} r{rows}: FAILED: {exc!r}"[:2000], flush=True)
+                traceback.print_exc(limit=3)
+                result["failures"].append(f"{stream} r{rows}: {exc!r}"[:1000])
+            torch.cuda.empty_cache()
+            save()
     for rows in ([] if args.no_baselines else rows_list):
         if time.monotonic() - t_start > args.deadline_s + 60:
             print(f"deadline: baselines at {rows} rows not run", flush=True)

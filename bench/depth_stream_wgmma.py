@@ -69,7 +69,6 @@ from depth_stream_gluon import (
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (
-    fence_async_shared,
     mbarrier,
     tma,
     warpgroup_mma,
@@ -180,15 +179,7 @@ def _release(empty, xempty, it, S: gl.constexpr, XS: gl.constexpr, pred):
 def _mma_phase(ring, ready, empty, xs, xready, xempty, it, out_ptr, rows, pid, P,
                N: gl.constexpr, K: gl.constexpr, OUT_W: gl.constexpr, BN: gl.constexpr,
                BK: gl.constexpr, S: gl.constexpr, XS: gl.constexpr, RP: gl.constexpr,
-               acc_layout: gl.constexpr, STAGE: gl.constexpr = None, stage_args=None):
-    """One GEMM phase over this program's share of the tiles. With ``STAGE`` (a jit function
-    ``STAGE(slot, kb, stage_args)``; ``depth_layers_wgmma``'s 5-phase body) the consumers are
-    the x-ring's producer: for each tile they wait for the slot to be free (``xempty``, at the
-    parity the activation loader would), write the chunk, fence their stores against the async
-    proxy's reads (``fence_async_shared``, each thread), meet, arrive once on ``xready`` and
-    wait for it as for a TMA'd chunk, so the slots' barrier phases stay those the loader counts
-    (it skips these tiles). Tile t's chunk is written while tile t-1's wgmma runs: its slot
-    (t mod XS, XS >= 2) last served tile t-XS <= t-2, retired and given back here."""
+               acc_layout: gl.constexpr):
     KT: gl.constexpr = K // BK
     T: gl.constexpr = (N // BN) * KT
     t0, t1 = _share(pid, P, T)
@@ -202,12 +193,6 @@ def _mma_phase(ring, ready, empty, xs, xready, xempty, it, out_ptr, rows, pid, P
         for t in range(k0, k1):
             slot = it % S
             xslot = it % XS
-            if STAGE is not None:
-                mbarrier.wait(xempty.index(xslot), ((it // XS) & 1) ^ 1)
-                STAGE(xs.index(xslot), t % KT, stage_args)
-                fence_async_shared()
-                _partition_barrier()
-                mbarrier.arrive(xready.index(xslot), count=1)
             mbarrier.wait(ready.index(slot), (it // S) & 1)
             mbarrier.wait(xready.index(xslot), (it // XS) & 1)
             # out^T[BN, RP] += W[BN, BK] @ x^T[BK, RP]: A the weight tile, B the chunk

@@ -383,14 +383,13 @@ case "$phase" in
       --configs "${WGMMA_CONFIGS:-64x64x8w8,64x128x6w4}" --deadline-s 230 \
       --out "$out/h200-depth-stream-wgmma.json" 2>&1 | grep -v Warn | tail -45 ;;
   wgmma-layers)  # issue 30: one depth position's 12 layers (real math) in one Gluon launch on
-    # the wgmma weight ring (bench/depth_layers_wgmma.py), the 8-phase body and the 5-phase one
-    # (norms and SiLU x up staged by the next GEMM) side by side at each rows: each checked
-    # against torch fp32 math at positions 0 and 15 (exit 1 on a mismatch), ms a position
-    # beside the eager bf16 layers and the served FusedDepthLayers (graph replays); one config
-    # (the faster at <= 128 rows on the H100), rows 8 for the 5-phase body's expected break-even,
-    # ~3 min with a cold Triton cache
+    # the wgmma weight ring (bench/depth_layers_wgmma.py, 8 phases a layer): checked against
+    # torch fp32 math at positions 0 and 15 (exit 1 on a mismatch), ms a position beside the
+    # eager bf16 layers and the served FusedDepthLayers (graph replays); one config (the faster
+    # at <= 128 rows on the H100), the rows of 6 Dec's run (~3 min then with the since-deleted
+    # 5-phase body beside it, cold Triton cache)
     timeout 270 python3 bench/depth_layers_wgmma.py --rows "${LAYERS_ROWS:-2,8,16,64,256}" \
-      --configs "${LAYERS_CONFIGS:-64x128x6w4}" --phases "${LAYERS_PHASES:-8,5}" \
+      --configs "${LAYERS_CONFIGS:-64x128x6w4}" \
       --deadline-s 150 --out "$out/h200-depth-layers-wgmma.json" 2>&1 | grep -v Warn | tail -60 ;;
   frame-tests)  # issue 30: the depth frame kernel's GPU tests
     timeout 560 python3 -m pytest tests/gpu/test_gpu_frame_kernels.py -x -q -p no:cacheprovider \
