@@ -5,7 +5,7 @@ Usage (GPU machine, repo root): ``PYTHONPATH=runtime:bench python bench/codec_ab
 state|snake|upsampler [--precision tf32] [--out X.json]``; ``--plot X.json`` (any machine) draws a
 recorded run as ``X.png``.
 
-Changes (``before`` is defined here, ``after`` is the runtime, but for ``snake-tile``):
+Changes (``before`` is defined here, ``after`` is the runtime):
 - ``upsampler``: the decoder's first block upsamples 1536 -> 768 channels as one GEMM
   (``_CausalTransConv._gemm``) on ``[B, 1 + T, Cin]``. Read as the transposed view of the ``[B,
   Cin, 1 + T]`` activation, its leading dimension is ``1 + T`` (always odd), and cuBLAS ran an
@@ -14,11 +14,11 @@ Changes (``before`` is defined here, ``after`` is the runtime, but for ``snake-t
 - ``snake``: the fused SnakeBeta + history kernel (``kernels/snake.py``) ran one program per
   (row, 1024 columns), every lane through the formula however short the row (the first block's
   rows are 7-86 samples wide at one frame: 6.5 ms of the 36 ms step at 256 x 1 on the H100);
-  the runtime's programs take 1024 flat elements each, across rows.
-- ``snake-tile`` (the one change whose ``after`` is defined here: a candidate, not yet served):
-  ``before`` the runtime's flat kernel (it lost to a program per row on long rows, 16 x 16 16.60
-  -> 17.92 ms on the H100), ``after`` ``snake_tiles.tiled_snake_cat``: a tile of rows x
-  ``BLOCK_T`` columns a program, ``BLOCK_T`` from the row width.
+  the runtime's programs take a tile of rows x ``BLOCK_T`` columns, ``BLOCK_T`` from the row
+  width.
+- ``snake-tile``: the same kernel took 1024 flat elements a program, across rows, from 5 Dec
+  (sixth session) to 6 Dec; it beat a program per row on short rows and lost on long ones (16 x
+  16 16.60 -> 17.92 ms on the H100); the runtime's row tiles replaced it.
 - ``state``: the step used to gather every row's whole state (conv histories, 0.54 MB a stream,
   and the 8 layers' K/V windows, 4.6 MB in fp32), run the decoder on the rows (per layer:
   concatenate the new keys, keep the window's last entries, stack; per conv: keep the history's
@@ -52,7 +52,6 @@ from breezert.models.codec import CodecStreamState, StreamingCodec, _CausalTrans
 from breezert.random_init import build_random
 from breezert_bench.provenance import provenance
 from codec_precision import time_step
-from snake_tiles import tiled_snake_cat
 
 SHAPES = ((1, 1), (16, 1), (64, 1), (256, 1), (64, 4), (16, 16), (32, 16))
 GFLOP_PER_FRAME = 5.0
@@ -126,6 +125,52 @@ def rowwise_snake_cat(x: torch.Tensor, log_alpha: torch.Tensor | None,
     return out
 
 
+@triton.jit(do_not_specialize=["C", "T", "H", "total"])
+def _flat_snake_cat_kernel(x_ptr, hist_ptr, rows_ptr, la_ptr, lb_ptr, out_ptr, C, T, H, total,
+                           sx_b, sx_c, sh_b, sh_c, BLOCK: tl.constexpr, APPLY: tl.constexpr,
+                           HAS_ROWS: tl.constexpr):
+    idx = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    width = H + T
+    row = idx // width
+    col = idx - row * width
+    b = (row // C).to(tl.int64)
+    c = row % C
+    inside = idx < total
+    in_hist = inside & (col < H)
+    in_new = inside & (col >= H)
+    if HAS_ROWS:
+        hb = tl.load(rows_ptr + b, mask=in_hist, other=0)
+    else:
+        hb = b
+    h = tl.load(hist_ptr + hb * sh_b + c * sh_c + col, mask=in_hist, other=0.0)
+    x = tl.load(x_ptr + b * sx_b + c * sx_c + (col - H), mask=in_new, other=0.0).to(tl.float32)
+    if APPLY:
+        alpha = tl.exp(tl.load(la_ptr + c, mask=inside, other=0.0).to(tl.float32))
+        inv_beta = 1.0 / (tl.exp(tl.load(lb_ptr + c, mask=inside, other=0.0).to(tl.float32))
+                          + 1e-9)
+        s = tl.sin(x * alpha)
+        x = x + inv_beta * (s * s)
+    val = tl.where(in_hist, h.to(tl.float32), x)
+    tl.store(out_ptr + idx, val.to(out_ptr.dtype.element_ty), mask=inside)
+
+
+def flat_snake_cat(x: torch.Tensor, log_alpha: torch.Tensor | None,
+                   log_beta: torch.Tensor | None, history: torch.Tensor | None,
+                   rows: torch.Tensor | None = None) -> torch.Tensor:
+    """``snake.snake_cat_triton`` from 5 Dec (sixth session) to 6 Dec: 1024 flat elements of the
+    output a program, across rows (one launch: the steps timed here stay under 2**31
+    elements)."""
+    x, hist, h, out = snake.snake_cat_operands(x, history, rows)
+    bsz, channels, t = x.shape
+    apply = log_alpha is not None
+    assert out.numel() < 2**31
+    _flat_snake_cat_kernel[(triton.cdiv(out.numel(), 1024),)](
+        x, hist, x if rows is None else rows, log_alpha if apply else x,
+        log_beta if apply else x, out, channels, t, h, out.numel(), x.stride(0), x.stride(1),
+        hist.stride(0), hist.stride(1), BLOCK=1024, APPLY=apply, HAS_ROWS=rows is not None)
+    return out
+
+
 @contextlib.contextmanager
 def patched(owner: object, name: str, value: object) -> Iterator[None]:
     saved = getattr(owner, name)
@@ -140,10 +185,10 @@ RUNTIME = contextlib.nullcontext
 CHANGES = {
     "upsampler": ("transposed view", "row-major copy",
                   lambda: patched(_CausalTransConv, "_gemm", transposed_view_gemm), RUNTIME),
-    "snake": ("a program per row", "programs across rows",
+    "snake": ("a program per row", "row tiles",
               lambda: patched(snake, "snake_cat_triton", rowwise_snake_cat), RUNTIME),
-    "snake-tile": ("flat, across rows", "row tiles", RUNTIME,
-                   lambda: patched(snake, "snake_cat_triton", tiled_snake_cat)),
+    "snake-tile": ("flat, across rows", "row tiles",
+                   lambda: patched(snake, "snake_cat_triton", flat_snake_cat), RUNTIME),
     "state": ("state gathered and scattered", "state in place",
               lambda: patched(StreamingCodec, "decode", gathered_decode), RUNTIME),
 }

@@ -405,8 +405,8 @@ case "$phase" in
   codec-state)  # issue 31: the codec's state read and written in its slots (K/V rings one
     # kernel a layer, conv histories by the kernels around each conv) against the whole state
     # gathered and scattered around the step; then the snake kernel's programs across rows
-    # against a program per row, and the row-tile candidate (bench/snake_tiles.py, not served
-    # yet) against the runtime's (bench/codec_ab.py, one process each); the GPU tests first: the
+    # against a program per row, and against the flat layout it replaced on 6 Dec
+    # (bench/codec_ab.py, one process each); the GPU tests first: the
     # codec's (the kernels' own too) and the engine's graphs (the stage's strided slot column)
     timeout 300 python3 -m pytest tests/gpu/test_gpu_codec.py tests/gpu/test_gpu_graphs.py -q \
       -p no:cacheprovider 2>&1 | tee "$out/codec_tests.log" | tail -4

@@ -335,6 +335,13 @@ def _snake() -> tuple[Warm, Callable[[], None]]:
                 full = snake_cat_triton(x, log_alpha, log_alpha, arena, rows)
             for frames in (rows, None):
                 keep_tail_triton(full, arena, rows, frames, 1)
+        # the tile shapes between (32 to 512 columns a program, ``block_cols``) on the serving
+        # path: bf16, SnakeBeta, the history read from the arena by slot
+        alpha = torch.zeros(64, dtype=torch.bfloat16, device="meta")
+        arena = torch.zeros(5, 64, 6, dtype=torch.bfloat16, device="meta")
+        for width in (86, 641, 694, 1025, 1500):
+            x = torch.zeros(4, 64, width - 6, dtype=torch.bfloat16, device="meta")
+            snake_cat_triton(x, alpha, alpha, arena, rows)
 
     return None, serve
 

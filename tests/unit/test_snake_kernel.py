@@ -87,21 +87,14 @@ def test_histories_read_and_written_in_the_arena(dtype: str) -> None:
 
 
 def check_widths() -> None:
-    """The row-tile candidate (``bench/snake_tiles.py``, not yet served: it waits for its first
-    GPU run): rows 1 to 3006 samples wide, so every tile shape the host picks runs (16 to 1024
+    """Rows 1 to 3006 samples wide, so every tile shape the host picks runs (16 to 1024
     columns, 64 rows to 1 a program; 694: a decoder width at one frame): the plain and the
     SnakeBeta cat, histories by batch row, from an arena by slot, or none, against the torch
     arithmetic."""
-    import sys
-
-    sys.path.insert(0, "bench")  # the interpreter's process runs in the repo root
-    from snake_tiles import block_cols as _block_cols
-    from snake_tiles import tiled_snake_cat as snake_cat_triton
-
-    from breezert.kernels.snake import snake_cat_reference
+    from breezert.kernels.snake import block_cols, snake_cat_reference, snake_cat_triton
 
     # the rule: the widest block that pads a row by < 15 %, else the least padding
-    picks = {w: _block_cols(w) for w in (1, 7, 15, 16, 17, 86, 641, 694, 1024, 1025, 1500, 3000)}
+    picks = {w: block_cols(w) for w in (1, 7, 15, 16, 17, 86, 641, 694, 1024, 1025, 1500, 3000)}
     assert picks == {1: 16, 7: 16, 15: 16, 16: 16, 17: 32, 86: 32, 641: 64, 694: 256, 1024: 1024,
                      1025: 128, 1500: 512, 3000: 1024}, picks
     torch.manual_seed(2)
@@ -125,10 +118,10 @@ def check_widths() -> None:
                     else:  # the plain cat: every value copied
                         assert torch.equal(got, want)
                     assert torch.equal(got[..., :h], want[..., :h])  # histories copied
-                    seen.add(_block_cols(h + t))
+                    seen.add(block_cols(h + t))
     assert seen == {16, 32, 64, 128, 256, 512, 1024}, seen
 
 
 @needs_triton
-def test_the_row_tile_candidate_at_every_tile_shape() -> None:
+def test_every_tile_shape_matches_eager() -> None:
     run_in_interpreter(__name__, "check_widths()")

@@ -2,9 +2,10 @@
 it feeds, and the new history written back into the stream's state, one Triton launch each.
 
 Owns: ``snake_cat_triton`` (``cat([history, snake(x)], -1)`` in one pass: read ``x`` and the
-history once, write the conv's input once; without SnakeBeta, the plain ``cat``; its torch
-reference), ``keep_tail_triton`` (each row's new history, the samples of the conv's input that end
-at its last real frame, written into its slot of the state arena; ``models.codec.real_tail`` is its
+history once, write the conv's input once; without SnakeBeta, the plain ``cat``; programs of
+rows x columns sized from the row width, ``block_cols``; its torch reference),
+``keep_tail_triton`` (each row's new history, the samples of the conv's input that end at its
+last real frame, written into its slot of the state arena; ``models.codec.real_tail`` is its
 arithmetic). The eager codec spends five launches and five full passes over the activation on
 SnakeBeta (``exp``, ``mul``, ``sin``, ``pow``, ``mul``/``add``) and one more on the
 concatenation; at the decoder's 24 kHz end (96 channels x 1920 samples a frame) those passes,
@@ -22,46 +23,57 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-_BLOCK = 1024
+_BLOCK = 1024  # keep_tail's elements a program
+_TILE = 1024  # snake_cat's elements a program: ROWS x BLOCK_T
 _MAX_ELEMENTS = 2**31  # a launch's output elements (int32 indices)
+_MAX_WASTE = 1.15  # padded / real columns a row may take in its column blocks
 
 
-@triton.jit(do_not_specialize=["C", "T", "H", "total"])
-def _snake_cat_kernel(x_ptr, hist_ptr, rows_ptr, la_ptr, lb_ptr, out_ptr, C, T, H, total,
-                      sx_b, sx_c, sh_b, sh_c, BLOCK: tl.constexpr, APPLY: tl.constexpr,
-                      HAS_ROWS: tl.constexpr):
-    """Program ``j``: the flat elements ``j * BLOCK ...`` of ``out [B, C, H + T]``
-    (contiguous), whatever rows they fall in; row ``b``'s history is ``hist[rows[b]]`` with
-    ``HAS_ROWS``, else ``hist[b]``; ``APPLY``: SnakeBeta on ``x``, else ``x`` as it is.
+@triton.jit(do_not_specialize=["C", "T", "H", "num_rows"])
+def _snake_cat_kernel(x_ptr, hist_ptr, rows_ptr, la_ptr, lb_ptr, out_ptr, C, T, H, num_rows,
+                      sx_b, sx_c, sh_b, sh_c, ROWS: tl.constexpr, BLOCK_T: tl.constexpr,
+                      APPLY: tl.constexpr, HAS_HIST: tl.constexpr, HAS_ROWS: tl.constexpr):
+    """Program ``i * cdiv(H + T, BLOCK_T) + j``: a tile of ``ROWS`` rows (``i * ROWS ...`` of the
+    ``B * C`` rows of ``out [B, C, H + T]``, contiguous) by ``BLOCK_T`` columns (``j * BLOCK_T
+    ...``; a 1-D grid: a launch's column blocks may pass the grid's 65535 in y); row ``b``'s
+    history (``HAS_HIST``, else H = 0) is ``hist[rows[b]]`` with ``HAS_ROWS``, else ``hist[b]``;
+    ``APPLY``: SnakeBeta on ``x``, else ``x`` as it is. A row's batch, channel, history row and
+    scales are taken once for the row and broadcast along its columns.
 
-    NOTE: one program per (row, 1024 columns), as before 5 Dec (sixth session), ran every lane
-    of a 1024-wide block through the formula however short the row: at 256 streams x 1 frame
-    the first block's rows are 7-86 samples wide, and ~3.0 G lane evaluations did 0.74 G
-    elements' work (6.5 ms of a 36 ms CODEC step on the H100 at 27 % of its bandwidth).
+    NOTE: the host picks ``BLOCK_T`` from the row width (``block_cols``). Two layouts came
+    before: a program per (row, 1024 columns) ran every lane of its block through the formula
+    however short the row (at 256 streams x 1 frame the first block's rows are 7-86 samples
+    wide: 6.5 ms of a 36 ms CODEC step on the H100), and 1024 flat elements a program across
+    rows paid two integer divisions, two scale gathers and two ``exp`` per element, which lost
+    on long rows (16 x 16 frames: 16.60 -> 17.92 ms a step on the H100). Row tiles beat the flat
+    layout at every shape but one stream x one frame, a tie (1.62 / 1.63 ms), bit for bit
+    (H100, 6 Dec: ``bench/results/h100-codec-snake-tile-ab-20261206.json``).
     """
-    idx = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)  # int32: total < 2**31 (the caller)
     width = H + T
-    row = idx // width
-    col = idx - row * width
+    col_blocks = tl.cdiv(width, BLOCK_T)
+    tile = tl.program_id(0) // col_blocks
+    row = tile * ROWS + tl.arange(0, ROWS)  # [ROWS] int32: rows * width < 2**31 (the caller)
+    col = ((tl.program_id(0) - tile * col_blocks) * BLOCK_T + tl.arange(0, BLOCK_T))[None, :]
     b = (row // C).to(tl.int64)  # the inputs' offsets may pass 2**31
-    c = row % C
-    inside = idx < total
-    in_hist = inside & (col < H)
-    in_new = inside & (col >= H)
-    if HAS_ROWS:
-        hb = tl.load(rows_ptr + b, mask=in_hist, other=0)
-    else:
-        hb = b
-    h = tl.load(hist_ptr + hb * sh_b + c * sh_c + col, mask=in_hist, other=0.0)
-    x = tl.load(x_ptr + b * sx_b + c * sx_c + (col - H), mask=in_new, other=0.0).to(tl.float32)
+    c = row % C  # in range on the tile's padding rows too
+    inside = (row < num_rows)[:, None] & (col < width)  # [ROWS, BLOCK_T]
+    x = tl.load(x_ptr + (b * sx_b + c * sx_c - H)[:, None] + col, mask=inside & (col >= H),
+                other=0.0).to(tl.float32)
     if APPLY:
-        alpha = tl.exp(tl.load(la_ptr + c, mask=inside, other=0.0).to(tl.float32))
-        inv_beta = 1.0 / (tl.exp(tl.load(lb_ptr + c, mask=inside, other=0.0).to(tl.float32))
-                          + 1e-9)
+        alpha = tl.exp(tl.load(la_ptr + c).to(tl.float32))[:, None]  # [ROWS, 1]
+        inv_beta = (1.0 / (tl.exp(tl.load(lb_ptr + c).to(tl.float32)) + 1e-9))[:, None]
         s = tl.sin(x * alpha)
         x = x + inv_beta * (s * s)
-    val = tl.where(in_hist, h.to(tl.float32), x)
-    tl.store(out_ptr + idx, val.to(out_ptr.dtype.element_ty), mask=inside)
+    if HAS_HIST:
+        in_hist = inside & (col < H)
+        if HAS_ROWS:
+            hb = tl.load(rows_ptr + b, mask=row < num_rows, other=0)
+        else:
+            hb = b
+        h = tl.load(hist_ptr + (hb * sh_b + c * sh_c)[:, None] + col, mask=in_hist, other=0.0)
+        x = tl.where(in_hist, h.to(tl.float32), x)
+    out = out_ptr + (row * width)[:, None] + col
+    tl.store(out, x.to(out_ptr.dtype.element_ty), mask=inside)
 
 
 @triton.jit(do_not_specialize=["C", "W", "L", "scale", "total"])
@@ -118,27 +130,50 @@ def snake_cat_operands(x: Tensor, history: Tensor | None,
     return x, hist, h, torch.empty(bsz, channels, h + t, device=x.device, dtype=x.dtype)
 
 
+def block_cols(width: int) -> int:
+    """A ``_snake_cat_kernel`` tile's columns for rows ``width`` wide: the largest power of two
+    in [16, 1024] whose column blocks pad a row by less than ``_MAX_WASTE``, else the one that
+    pads it least (the larger on a tie). Short rows share a program (1024 / ``BLOCK_T`` rows),
+    long rows take full-width blocks."""
+    best, best_waste = _TILE, float("inf")
+    for block_t in (1024, 512, 256, 128, 64, 32, 16):
+        waste = triton.cdiv(width, block_t) * block_t / width
+        if waste < _MAX_WASTE:
+            return block_t
+        if waste < best_waste:
+            best, best_waste = block_t, waste
+    return best
+
+
 def snake_cat_triton(x: Tensor, log_alpha: Tensor | None, log_beta: Tensor | None,
                      history: Tensor | None, rows: Tensor | None = None) -> Tensor:
     """``cat([history, SnakeBeta(x)], -1)`` for ``x [B, C, T]``, ``history [B, C, H]`` (or
     ``None``: H = 0; with ``rows [B]``, ``history [S, C, H]`` is an arena and row ``b``'s
-    history is ``history[rows[b]]``); ``log_alpha`` ``None``: no SnakeBeta. The kernel (CUDA,
-    or CPU tensors under ``TRITON_INTERPRET=1``); ``snake_cat_reference`` is its arithmetic."""
+    history is ``history[rows[b]]``); ``log_alpha`` ``None``: no SnakeBeta. The kernel on row
+    tiles (CUDA, or CPU tensors under ``TRITON_INTERPRET=1``); ``snake_cat_reference`` is its
+    arithmetic."""
     x, hist, h, out = snake_cat_operands(x, history, rows)
     bsz, channels, t = x.shape
     apply = log_alpha is not None
+    if out.numel() == 0:
+        return out
+    block_t = block_cols(h + t)
+    rows_a_program = _TILE // block_t
     # the kernel indexes its output in int32: a batch past 2**31 elements (an ungraphed step of
     # > ~11k frames at the decoder's end) runs as several launches over slices of its rows
-    per_launch = max(1, (_MAX_ELEMENTS - 1) // max(channels * (h + t), 1))
+    per_launch = max(1, (_MAX_ELEMENTS - 1) // (channels * (h + t)))
     for b0 in range(0, bsz, per_launch):
         b1 = min(bsz, b0 + per_launch)
         part = out[b0:b1]
         own_hist = hist if rows is not None or history is None else hist[b0:b1]
-        _snake_cat_kernel[(triton.cdiv(part.numel(), _BLOCK),)](
+        num_rows = (b1 - b0) * channels
+        grid = (triton.cdiv(num_rows, rows_a_program) * triton.cdiv(h + t, block_t),)
+        _snake_cat_kernel[grid](
             x[b0:b1], own_hist, x if rows is None else rows[b0:b1],
             log_alpha if apply else x, log_beta if apply else x, part, channels, t, h,
-            part.numel(), x.stride(0), x.stride(1), hist.stride(0), hist.stride(1),
-            BLOCK=_BLOCK, APPLY=apply, HAS_ROWS=rows is not None)
+            num_rows, x.stride(0), x.stride(1), hist.stride(0), hist.stride(1),
+            ROWS=rows_a_program, BLOCK_T=block_t, APPLY=apply, HAS_HIST=history is not None,
+            HAS_ROWS=rows is not None)
     return out
 
 
