@@ -436,6 +436,8 @@ case "$phase" in
     # times each captured graph's launch on the host beside its GPU time. Start-up with a cold
     # Inductor cache took > 400 s once: give it a call of its own (timeout_s 600); the log is
     # written as it goes ($out/steady.log), so a call cut short still says how far it got.
+    # Since 6 Dec (second session) each request is as long as its text and replaced when it ends
+    # (steady_trace --lengths text): that run's 3,000-frame streams held >1k-token contexts.
     timeout 540 python3 bench/steady_trace.py --config configs/h200-capacity.toml \
       --texts .benchdata/texts_en.tsv --tokenizer .benchdata/tokenizer.json \
       --streams "${STREAMS:-256,64}" --steps 300 --git-commit "$commit" \

@@ -9,9 +9,12 @@ the host work before and after them.
 
 Issue 31 measured the 256-stream profile busy only 76 % of the wall on the H200 (4 Dec): a
 quarter of the time the GPU waited for the host. This run says which host work that is. For each
-``--streams`` N it builds the engine once (graphs captured), adds N long requests (EOS ignored),
-steps them on this thread (``Engine.step``, no event loop: what the serving engine's own thread
-costs, without the server's loop competing for the interpreter) until every stream has had its
+``--streams`` N it builds the engine once (graphs captured), keeps N requests running (EOS
+ignored; ``--lengths text``, the default: each as long as its text's speech and replaced by the
+next text when it ends, so contexts and the PREFILL steps are serving's; ``long``: 3,000-frame
+requests, as up to 6 Dec, whose contexts pass 1,024 tokens), steps them on this thread
+(``Engine.step``, no event loop: what the serving engine's own thread costs, without the
+server's loop competing for the interpreter) until each of the first N has had its
 first chunk and ``--settle`` more steps ran, then records ``--steps`` steps. Each step is split
 into
 - ``schedule``: ``Scheduler.schedule`` (the plan),
@@ -205,20 +208,50 @@ def summarize(steps: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def run_streams(engine: Engine, spans: StepSpans, texts: list[str], streams: int, steps: int,
-                settle: int, tag: str, start_timeout_s: float = 120.0) -> dict[str, Any]:
-    """Adds ``streams`` requests, steps until all started plus ``settle`` steps, records
-    ``steps`` steps, then aborts them all and drains."""
-    items = make_workload(texts, streams, seed=streams)
-    ids = [f"{tag}-{i}" for i in range(streams)]
-    for rid, item in zip(ids, items):
-        engine.add_request(SynthesisRequest(text=item.text, options=SynthesisOptions(seed=item.seed),
-                                            ignore_eos=True, max_frames=3000, request_id=rid))
+                settle: int, tag: str, start_timeout_s: float = 120.0,
+                lengths: str = "text") -> dict[str, Any]:
+    """Keeps ``streams`` requests running, steps until the first ``streams`` started plus
+    ``settle`` steps, records ``steps`` steps, then aborts them all and drains.
+
+    ``lengths="text"``: each request is as long as its text's speech (EOS ignored, so random
+    weights stop there too) and a finished one is replaced by the next text at once: contexts,
+    PREFILL and TEXT_ENCODE steps as in serving. ``"long"``: 3,000-frame requests, never
+    replaced (6 Dec and before): the oldest streams' contexts pass 1,024 tokens and DECODE's
+    attention dominates."""
+    if lengths not in ("text", "long"):
+        raise ValueError(f"lengths={lengths!r}: 'text' or 'long'")
+    batch = make_workload(texts, max(streams, len(texts)), seed=streams)
+    added = 0
+    live: set[str] = set()
+
+    def add_next() -> None:
+        nonlocal added
+        item = batch[added % len(batch)]
+        rid = f"{tag}-{added}"
+        frames = item.num_frames if lengths == "text" else 3000
+        options = SynthesisOptions(seed=item.seed)
+        engine.add_request(SynthesisRequest(text=item.text, options=options, ignore_eos=True,
+                                            max_frames=frames, request_id=rid))
+        live.add(rid)
+        added += 1
+
+    def step() -> list[Any]:
+        outputs = engine.step()
+        for out in outputs:
+            if isinstance(out, AudioChunk) and out.is_final and out.request_id in live:
+                live.discard(out.request_id)
+                add_next()
+        return outputs
+
+    for _ in range(streams):
+        add_next()
+    first = {f"{tag}-{i}" for i in range(streams)}
     started: set[str] = set()
     t0 = time.monotonic()
     report = t0 + 10.0
     while len(started) < streams and (now := time.monotonic()) < t0 + start_timeout_s:
-        for out in engine.step():
-            if isinstance(out, AudioChunk):
+        for out in step():
+            if isinstance(out, AudioChunk) and out.request_id in first:
                 started.add(out.request_id)
         if now >= report:  # a slow start says how far it got, not nothing for minutes
             print(f"  {streams} streams: {len(started)} started after {now - t0:.0f} s",
@@ -228,18 +261,21 @@ def run_streams(engine: Engine, spans: StepSpans, texts: list[str], streams: int
         print(f"  {streams} streams: only {len(started)} started within {start_timeout_s:.0f} s;"
               " recording the steps anyway", flush=True)
     for _ in range(settle):
-        engine.step()
+        step()
     spans.start()
+    replaced = added
     for _ in range(steps):
-        engine.step()
+        step()
     spans.recording = False
+    replaced = added - replaced
     table = spans.table()
-    for rid in ids:
+    for rid in sorted(live):
         engine.abort(rid)
+    live.clear()
     while engine.has_work():
         engine.step()
-    return {"streams": streams, "started": len(started), "summary": summarize(table),
-            "steps": table}
+    return {"streams": streams, "started": len(started), "lengths": lengths,
+            "replaced_while_recording": replaced, "summary": summarize(table), "steps": table}
 
 
 def traced_kernels(graph: torch.cuda.CUDAGraph) -> int:
@@ -298,6 +334,9 @@ def main() -> None:
     parser.add_argument("--settle", type=int, default=50)
     parser.add_argument("--start-timeout", type=float, default=120.0,
                         help="seconds to wait for every stream's first chunk")
+    parser.add_argument("--lengths", choices=("text", "long"), default="text",
+                        help="text: each request as long as its text, replaced when it ends "
+                             "(serving's contexts); long: 3,000-frame requests (6 Dec and before)")
     parser.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE")
     parser.add_argument("--git-commit", default=None, help="record this commit (no .git)")
     parser.add_argument("--out", default=None)
@@ -324,7 +363,7 @@ def main() -> None:
     print(f"engine built in {startup_s:.1f} s", flush=True)
     for n in (int(v) for v in args.streams.split(",")):
         run = run_streams(engine, spans, texts, n, args.steps, args.settle, f"s{n}",
-                          args.start_timeout)
+                          args.start_timeout, args.lengths)
         runs.append(run)
         s = run["summary"]
         print(f"{n} streams ({run['started']} started): {s['steps']} steps, "

@@ -49,3 +49,29 @@ def test_a_steady_run_splits_each_step_into_its_parts(tmp_path: Path) -> None:
             0.08 * sum(s["rows"] for s in depth) / (wall / 1000), rel=1e-2)
         assert sum(summary["gpu_share_by_stage"].values()) == pytest.approx(
             summary["gpu_busy_share"], abs=1e-3)
+
+
+def test_text_lengths_replace_each_finished_stream(tmp_path: Path) -> None:
+    """``--lengths text`` (the default): requests as long as their texts (4-5 frames here), each
+    replaced when it ends, so the recorded steps run the serving mix (PREFILL among them) and
+    never hold more than N streams; ``long`` replaces none."""
+    texts = tmp_path / "texts.tsv"
+    texts.write_text("id\ttext\n1\tGood day.\n2\tHi there!\n3\tWell, okay.\n")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+        [str(REPO / "runtime"), str(REPO / "bench"), str(REPO)])}
+    docs = {}
+    for lengths in ("text", "long"):
+        out = tmp_path / f"{lengths}.json"
+        subprocess.run(
+            [sys.executable, str(REPO / "bench" / "steady_trace.py"), "--config",
+             str(REPO / "runtime" / "breezert" / "profiles" / "cpu-tiny.toml"), "--streams", "3",
+             "--steps", "40", "--settle", "2", "--texts", str(texts), "--lengths", lengths,
+             "--out", str(out)],
+            check=True, env=env, timeout=240, capture_output=True)
+        docs[lengths] = json.loads(out.read_text())["runs"][0]
+    text, long = docs["text"], docs["long"]
+    assert text["lengths"] == "text" and text["started"] == 3
+    assert text["replaced_while_recording"] >= 3  # each 4-5 frame stream ended at least once
+    assert "prefill" in {s["stage"] for s in text["steps"]}
+    assert max(s["rows"] for s in text["steps"] if s["stage"] == "depth") <= 3
+    assert long["lengths"] == "long" and long["replaced_while_recording"] == 0
