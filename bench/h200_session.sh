@@ -12,7 +12,7 @@
 #        chain P1 P2...  | decode | decode-micro | decode-bench | tune | profile | stages |
 #        ablation-eager | ablation-a|b|c|d[@I/N] | sweep | sweep+ablation | latency |
 #        latency-nocap | predictor | predictor-edf | capacity-closed | capacity-open | capacity-tests | capacity-256 |
-#        burst | slack | voice | te-tokens | admit | path | tune-decode | trace | prefill | prefill-bench | before-after | gc | anatomy | depth-engine | tests-changed | wgmma-stream | wgmma-layers | frame-tests | codec-precision | codec-upsampler | codec-state | big-batch | steady | census-256 | margin |
+#        burst | slack | voice | te-tokens | admit | path | tune-decode | trace | prefill | prefill-bench | before-after | gc | anatomy | depth-engine | tests-changed | wgmma-stream | wgmma-layers | frame-tests | codec-precision | codec-upsampler | codec-state | big-batch | steady | census-256 | margin | decode-attention |
 #        room (issue 34: carry=[".roombundle"] alone, built by `make room-bundle`; see the phase) |
 #        scaleout (issue 36: kind nvidia-h200-x4, carry=[".roombundle"]; SCALE_K, SCALE_DISPATCH)
 # An ablation phase with @I/N runs shard I of N of its requests (bench --shard).
@@ -424,6 +424,12 @@ case "$phase" in
       | grep -v Warn | tail -40
     timeout 150 python3 -m pytest tests/gpu/test_gpu_codec.py -q -p no:cacheprovider 2>&1 \
       | tee "$out/codec_tests.log" | tail -5 ;;
+  decode-attention)  # issue 31: the DECODE attention alone (bench/decode_attention_ab.py), one
+    # layer at 64/256/512 rows x 256-2048 tokens, 8 launch shapes (tile/split/warps) against
+    # the serving 32/128/4, each with its K/V read's GB/s and its difference from fp32 torch
+    # (6 Dec, H100: 8.9 of a 256-row step's 16.3 ms at 512 tokens, twice the read's time)
+    timeout 420 python3 bench/decode_attention_ab.py --out "$out/h200-decode-attention-ab.json" \
+      2>&1 | grep -v Warn | tail -100 ;;
   steady)  # issue 31: where a loaded step's time goes (bench/steady_trace.py): schedule, input
     # prep, GPU work, post and commit per stage at STREAMS (256,64) on the capacity profile,
     # Engine.step on one thread; every stream is added at once, so the queue limit, admission

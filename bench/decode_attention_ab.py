@@ -1,0 +1,247 @@
+"""The DECODE step's attention alone, at capacity's rows and contexts, against its K/V read.
+
+Usage (GPU machine, repo root): ``PYTHONPATH=runtime:bench python bench/decode_attention_ab.py
+[--rows 64,256,512] [--contexts 256,512,1024,2048] [--variants 32/128/4,64/256/8,...]
+[--out X.json]``. On a CPU (``TRITON_INTERPRET=1``, small ``--heads/--kv-heads/--head-dim``)
+it checks the variants and times nothing.
+
+Why: 6 Dec's H100 runs put ``_decode_attention_kernel`` at 8.9 of a 256-row DECODE step's
+16.3 ms at 512 tokens (kernel census), twice the time its K/V read takes at the card's
+bandwidth, and a 256-row step at >1k-token contexts at 48.9 ms (``bench/README.md``, "H100, 6
+Dec (second session)"). One layer's attention (the kernel plus its split combine, as
+``FusedBackboneDecode`` launches them) runs here on a paged cache of the backbone's shape (8 KV
+heads, 16 query heads, head_dim 128, 16-token blocks in shuffled order), every row's cached
+length drawn between half the context and all of it, for each variant
+``BT/SPLIT_TOKENS/WARPS`` (tokens per tile, tokens per split program, warps; the serving one is
+``32/128/4``). Per variant and shape: the median time (CUDA events), the K/V bytes it must
+read, their rate (GB/s) and, for the whole step, x28 layers; the output's largest difference
+from an fp32 torch reference of the same attention (QK-norm, RoPE, softmax over the cached
+tokens and the new one; up to 64 x 2048 row-tokens) beside the serving variant's, and from the
+serving variant's output at every shape. A variant whose difference passes twice
+the serving one's plus 1e-3 is marked wrong (exit 1). Writes JSON + PNG with the GPU, torch
+version, commit and date.
+
+Owns nothing the runtime uses; a winning variant becomes ``FusedBackboneDecode``'s
+``ATTENTION_TILE`` / ``split_tokens`` / warps only after the GPU tests pass with it served.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from breezert.kernels.fused_decode import _decode_attention_kernel, _decode_combine_kernel
+from breezert_bench.provenance import provenance
+
+SERVING = "32/128/4"
+DEFAULT_VARIANTS = (SERVING, "64/128/4", "32/128/8", "64/256/4", "64/256/8", "128/256/8",
+                    "64/512/8", "16/64/4")
+BLOCK = 16  # tokens a cache block (paged KV)
+LAYERS = 28  # the backbone's layers: a DECODE step runs this attention once each
+MIN_COMBINE_SPLITS = 16
+
+
+def parse_variant(text: str) -> tuple[int, int, int]:
+    """``"BT/SPLIT/WARPS"`` -> ints; raises ValueError for shapes the kernel cannot take."""
+    try:
+        bt, split, warps = (int(v) for v in text.split("/"))
+    except ValueError:
+        raise ValueError(f"variant {text!r}: expected BT/SPLIT_TOKENS/WARPS, e.g. 32/128/4")
+    if bt & (bt - 1) or split % bt or warps not in (1, 2, 4, 8, 16):
+        raise ValueError(f"variant {text!r}: BT a power of two, SPLIT a multiple of it, "
+                         "WARPS in 1..16")
+    return bt, split, warps
+
+
+class Case:
+    """One layer's inputs: ``rows`` rows whose cached lengths lie in [context/2, context)."""
+
+    def __init__(self, rows: int, context: int, heads: int, kv_heads: int, head_dim: int,
+                 device: str, seed: int = 0) -> None:
+        g = torch.Generator(device="cpu").manual_seed(seed * 1_000_003 + rows * 7919 + context)
+        self.rows, self.context = rows, context
+        self.heads, self.kv_heads, self.head_dim = heads, kv_heads, head_dim
+        blocks_a_row = context // BLOCK
+        total_blocks = rows * blocks_a_row + (rows + BLOCK - 1) // BLOCK
+        order = torch.randperm(total_blocks, generator=g)
+        table = order[: rows * blocks_a_row].reshape(rows, blocks_a_row)
+        tokens = torch.arange(BLOCK)
+        self.read = (table[:, :, None] * BLOCK + tokens).reshape(rows, context)
+        spare = order[rows * blocks_a_row:]  # the new tokens' slots, outside every row's table
+        self.write = (spare[:, None] * BLOCK + tokens).reshape(-1)[:rows]
+        # cached tokens in [context/2, context - 1]; the length counts the new token too
+        cached = torch.randint(context // 2, context, (rows,), generator=g)
+        self.lengths = cached + 1
+        slots = total_blocks * BLOCK
+        width = (heads + 2 * kv_heads) * head_dim
+        self.qkv = torch.randn(rows, width, generator=g).to(torch.bfloat16)
+        self.kv = (torch.randn(2, slots, kv_heads, head_dim, generator=g) * 0.5).to(
+            torch.bfloat16)
+        self.q_norm = (1 + 0.1 * torch.randn(head_dim, generator=g)).to(torch.bfloat16)
+        self.k_norm = (1 + 0.1 * torch.randn(head_dim, generator=g)).to(torch.bfloat16)
+        positions = cached.double()
+        inv = 1.0 / (1e6 ** (torch.arange(0, head_dim, 2).double() / head_dim))
+        freqs = positions[:, None] * inv[None, :]
+        emb = torch.cat((freqs, freqs), dim=-1)
+        self.cos, self.sin = emb.cos().to(torch.bfloat16), emb.sin().to(torch.bfloat16)
+        for name in ("read", "write", "lengths", "qkv", "kv", "q_norm", "k_norm", "cos", "sin"):
+            setattr(self, name, getattr(self, name).to(device))
+        self.out = torch.empty(rows, heads * head_dim, dtype=torch.bfloat16, device=device)
+
+    def kv_bytes(self) -> int:
+        """K and V bytes the attention must read: every row's cached tokens, every KV head."""
+        cached = int((self.lengths - 1).sum())
+        return cached * self.kv_heads * self.head_dim * 2 * self.kv.element_size()
+
+    def launch(self, bt: int, split: int, warps: int) -> None:
+        """The attention and its combine, as ``FusedBackboneDecode.__call__`` launches them."""
+        rows, kvh, d = self.rows, self.kv_heads, self.head_dim
+        group = self.heads // kvh
+        splits = math.ceil(self.context / split)
+        max_splits = max(MIN_COMBINE_SPLITS, 1 << (splits - 1).bit_length())
+        part = torch.empty(rows, kvh, splits, group, d + 2, dtype=torch.float32,
+                           device=self.qkv.device)
+        c = self.kv.stride()
+        _decode_attention_kernel[(rows, kvh, splits)](
+            self.qkv, self.q_norm, self.k_norm, self.cos, self.sin, self.kv, self.write,
+            self.read, self.lengths, part, 1e-6, d ** -0.5, self.qkv.stride(0),
+            self.cos.stride(0), self.read.stride(0), c[0], c[1], c[2], splits,
+            H=self.heads, KVH=kvh, D=d, BT=bt, SPLIT_TILES=split // bt, num_warps=warps)
+        _decode_combine_kernel[(rows, kvh)](
+            part, self.lengths, self.out, self.out.stride(0), splits, KVH=kvh, G=group, D=d,
+            SPLIT_T=split, MAX_SPLITS=max_splits, num_warps=4)
+
+    def reference(self) -> torch.Tensor:
+        """fp32 torch: QK-norm and RoPE of the new q and k, softmax over the row's cached keys
+        and the new one, times the values -> ``[rows, heads * head_dim]``."""
+        h, kvh, d = self.heads, self.kv_heads, self.head_dim
+        qkv = self.qkv.float().cpu()
+        cos, sin = self.cos.float().cpu(), self.sin.float().cpu()
+
+        def norm_rope(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:  # [rows, n, d]
+            x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * w.float().cpu()
+            rot = torch.cat((-x[..., d // 2:], x[..., : d // 2]), dim=-1)
+            return x * cos[:, None, :] + rot * sin[:, None, :]
+
+        q = norm_rope(qkv[:, : h * d].reshape(-1, h, d), self.q_norm)
+        k_new = norm_rope(qkv[:, h * d:(h + kvh) * d].reshape(-1, kvh, d), self.k_norm)
+        v_new = qkv[:, (h + kvh) * d:].reshape(-1, kvh, d)
+        kv = self.kv.float().cpu()
+        out = torch.empty(self.rows, h, d)
+        for r in range(self.rows):
+            slots = self.read[r, : int(self.lengths[r]) - 1].cpu()
+            keys = torch.cat((kv[0, slots], k_new[r][None]), 0)  # [T, kvh, d]
+            values = torch.cat((kv[1, slots], v_new[r][None]), 0)
+            keys = keys.repeat_interleave(h // kvh, dim=1)
+            values = values.repeat_interleave(h // kvh, dim=1)
+            scores = torch.einsum("hd,thd->ht", q[r], keys) * d ** -0.5
+            out[r] = torch.einsum("ht,thd->hd", scores.softmax(-1), values)
+        return out.reshape(self.rows, h * d)
+
+
+def measure(case: Case, variants: list[str], timed: bool) -> list[dict[str, Any]]:
+    """Each variant's difference from the reference and, if ``timed``, its median ms."""
+    ref = case.reference() if case.rows * case.context <= 64 * 2048 else None
+    rows = []
+    case.launch(*parse_variant(SERVING))
+    served = case.out.float().cpu()
+    for name in variants:
+        bt, split, warps = parse_variant(name)
+        case.launch(bt, split, warps)
+        out = case.out.float().cpu()
+        row: dict[str, Any] = {"variant": name, "rows": case.rows, "context": case.context,
+                               "kv_bytes": case.kv_bytes()}
+        row["max_abs_diff_vs_serving"] = float((out - served).abs().max())
+        if ref is not None:
+            row["max_abs_diff_vs_fp32"] = float((out - ref).abs().max())
+        if timed:
+            from cuda_bench import median_ms
+            ms = median_ms(lambda: case.launch(bt, split, warps), iters=30, warmup=5)
+            row.update(ms=round(ms, 4), gb_per_s=round(case.kv_bytes() / ms / 1e6, 1),
+                       step_ms_28_layers=round(ms * LAYERS, 3))
+        rows.append(row)
+    serving = next((r for r in rows if r["variant"] == SERVING), None)
+    for row in rows:
+        if serving is not None and "max_abs_diff_vs_fp32" in row:
+            bound = 2 * serving["max_abs_diff_vs_fp32"] + 1e-3
+            row["wrong"] = row["max_abs_diff_vs_fp32"] > bound
+    return rows
+
+
+def plot(rows: list[dict[str, Any]], path: Path) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    shapes = sorted({(r["rows"], r["context"]) for r in rows})
+    variants = list(dict.fromkeys(r["variant"] for r in rows))
+    fig, ax = plt.subplots(figsize=(max(6, len(shapes) * 0.9), 4))
+    width = 0.8 / len(variants)
+    for i, v in enumerate(variants):
+        rates = [next((r.get("gb_per_s", 0) for r in rows
+                       if r["variant"] == v and (r["rows"], r["context"]) == s), 0)
+                 for s in shapes]
+        ax.bar([j + i * width for j in range(len(shapes))], rates, width, label=v)
+    ax.set_xticks([j + 0.4 - width / 2 for j in range(len(shapes))])
+    ax.set_xticklabels([f"{r}x{c}" for r, c in shapes], rotation=45)
+    ax.set_ylabel("K/V read, GB/s")
+    ax.set_title("DECODE attention, one layer (rows x context)")
+    ax.legend(fontsize=7, title="BT/split/warps")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rows", default="64,256,512")  # DECODE rows: 2 a request with CFG
+    parser.add_argument("--contexts", default="256,512,1024,2048")
+    parser.add_argument("--variants", default=",".join(DEFAULT_VARIANTS))
+    parser.add_argument("--heads", type=int, default=16)
+    parser.add_argument("--kv-heads", type=int, default=8)
+    parser.add_argument("--head-dim", type=int, default=128)
+    parser.add_argument("--git-commit", default=None)
+    parser.add_argument("--out", default=None)
+    args = parser.parse_args()
+    variants = [v for v in args.variants.split(",") if v]
+    for v in variants:
+        parse_variant(v)
+    if SERVING not in variants:
+        variants.insert(0, SERVING)
+    cuda = torch.cuda.is_available() and not os.environ.get("TRITON_INTERPRET")
+    device = "cuda" if cuda else "cpu"
+    results: list[dict[str, Any]] = []
+    for r in (int(v) for v in args.rows.split(",")):
+        for c in (int(v) for v in args.contexts.split(",")):
+            if c % BLOCK:
+                raise SystemExit(f"context {c}: a multiple of {BLOCK}")
+            case = Case(r, c, args.heads, args.kv_heads, args.head_dim, device)
+            for row in measure(case, variants, timed=cuda):
+                results.append(row)
+                timing = (f"{row['ms']:8.4f} ms  {row['gb_per_s']:7.1f} GB/s  x28 "
+                          f"{row['step_ms_28_layers']:7.2f} ms" if "ms" in row else "")
+                diff = (f"  max|diff| {row['max_abs_diff_vs_fp32']:.2e}"
+                        f"{'  WRONG' if row.get('wrong') else ''}"
+                        if "max_abs_diff_vs_fp32" in row else "")
+                print(f"{r:4d} x {c:5d}  {row['variant']:>10s}  {timing}{diff}", flush=True)
+            del case
+    if args.out:
+        out = Path(args.out)
+        out.write_text(json.dumps({**provenance(device=device, git_commit_override=args.git_commit),
+                                   "serving": SERVING, "results": results}, indent=1))
+        if cuda:
+            plot(results, out.with_suffix(".png"))
+    if any(r.get("wrong") for r in results):
+        print("a variant's output is further from the reference than the serving one's",
+              file=sys.stderr)
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,75 @@
+"""``bench/decode_attention_ab.py`` on the CPU (Triton's interpreter, small heads): every launch
+shape it offers computes the DECODE attention of a paged cache within bf16 rounding of an fp32
+reference; the verdict marks a variant further from the reference than the serving one."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+pytestmark = pytest.mark.unit
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_every_variant_matches_the_fp32_reference(tmp_path: Path) -> None:
+    out = tmp_path / "ab.json"
+    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": os.pathsep.join(
+        [str(REPO / "runtime"), str(REPO / "bench"), str(REPO)])}
+    variants = "32/128/4,16/32/4,16/64/2,64/64/8"
+    proc = subprocess.run(
+        [sys.executable, str(REPO / "bench" / "decode_attention_ab.py"), "--rows", "2,3",
+         "--contexts", "48,96", "--heads", "4", "--kv-heads", "2", "--head-dim", "16",
+         "--variants", variants, "--out", str(out)],
+        env=env, timeout=300, capture_output=True, text=True, check=False)
+    assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
+    doc = json.loads(out.read_text())
+    assert doc["git_commit"] and doc["date"] and doc["serving"] == "32/128/4"
+    rows = doc["results"]
+    assert {(r["rows"], r["context"]) for r in rows} == {(2, 48), (2, 96), (3, 48), (3, 96)}
+    assert {r["variant"] for r in rows} == set(variants.split(","))
+    for r in rows:
+        assert r["max_abs_diff_vs_fp32"] < 5e-3, r
+        assert r["max_abs_diff_vs_serving"] < 5e-3, r
+        assert r["wrong"] is False
+        assert "ms" not in r  # the interpreter times nothing
+        # K and V of every cached token (lengths in [context/2, context)), bf16
+        assert r["context"] // 2 * r["rows"] * 2 * 16 * 2 * 2 <= r["kv_bytes"]
+        assert r["kv_bytes"] < r["context"] * r["rows"] * 2 * 16 * 2 * 2
+
+
+def test_a_variant_off_the_reference_is_marked_wrong(monkeypatch: pytest.MonkeyPatch) -> None:
+    sys.path.insert(0, str(REPO / "bench"))
+    try:
+        import decode_attention_ab as ab
+    finally:
+        sys.path.remove(str(REPO / "bench"))
+    case = ab.Case(2, 32, 4, 2, 16, "cpu")
+    exact = case.reference().to(torch.bfloat16)
+
+    def launch(bt: int, split: int, warps: int) -> None:  # the serving shape exact, 64/64/8 off
+        case.out.copy_(exact + (0.05 if (bt, split, warps) == (64, 64, 8) else 0.0))
+
+    monkeypatch.setattr(case, "launch", launch)
+    rows = {r["variant"]: r for r in ab.measure(case, ["32/128/4", "16/32/4", "64/64/8"],
+                                                 timed=False)}
+    assert rows["32/128/4"]["wrong"] is False and rows["16/32/4"]["wrong"] is False
+    assert rows["64/64/8"]["wrong"] is True
+    assert rows["64/64/8"]["max_abs_diff_vs_serving"] == pytest.approx(0.05, abs=1e-2)
+
+
+@pytest.mark.parametrize("text", ["32/128", "24/128/4", "32/100/4", "32/128/3", "a/b/c"])
+def test_a_shape_the_kernel_cannot_take_is_refused(text: str) -> None:
+    sys.path.insert(0, str(REPO / "bench"))
+    try:
+        import decode_attention_ab as ab
+    finally:
+        sys.path.remove(str(REPO / "bench"))
+    with pytest.raises(ValueError, match="variant"):
+        ab.parse_variant(text)
