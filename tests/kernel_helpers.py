@@ -50,33 +50,6 @@ def fp32_copy(module: nn.Module, cls: type[nn.Module]) -> nn.Module:
     return copy.eval()
 
 
-def guided_depth_logits(logits: torch.Tensor, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
-    """What a depth draw of the persistent frame reads: CFG where a request has it (rows b and
-    B + b of ``logits``), the reserved ids (2048..) at -inf. ``inputs``: the frame's call."""
-    num = inputs["code0"].shape[0]
-    cond = logits[:num]
-    if logits.shape[0] > num:
-        mixed = logits[num:] + inputs["cfg_scale"][:, None] * (cond - logits[num:])
-        cond = torch.where(inputs["has_cfg"][:, None], mixed, cond)
-    out = cond.clone()
-    out[:, 2048:] = float("-inf")
-    return out
-
-
-def teacher_forced_depth_logits(depth: nn.Module, hidden: torch.Tensor,
-                                codes: torch.Tensor) -> list[torch.Tensor]:
-    """fp32 logits of positions 1..15 from the depth decoder ``depth`` (its dtype's math) fed
-    the frame's ``codes [B, 16]`` (teacher forcing); ``hidden`` has B or 2B rows (CFG)."""
-    owner = torch.arange(hidden.shape[0], device=hidden.device) % codes.shape[0]
-    cache = depth.new_cache(hidden.shape[0])
-    depth.step(hidden, 0, cache)
-    out = []
-    for pos in range(1, depth.max_positions):
-        x = depth.embed_code(codes[:, pos - 1].clamp(max=2050)[owner], pos - 1)
-        out.append(depth.logits(depth.step(x, pos, cache), pos))
-    return out
-
-
 SMALL_BACKBONE = BackboneConfig(hidden_size=128, intermediate_size=256, num_layers=2,
                                num_heads=4, num_kv_heads=2, head_dim=32)
 """The smallest Qwen3 backbone the fused DECODE and PREFILL kernels accept (tensor-core tiles

@@ -292,30 +292,6 @@ def _sampler() -> tuple[Warm, Callable[[], None]]:
     return None, serve
 
 
-def _frame_calls(frame, depth, batches) -> None:
-    """A depth frame kernel's launches for every batch, with CFG (2B rows) and without (B)."""
-    for batch in batches:
-        for num_rows in (batch, 2 * batch):
-            column = torch.zeros(batch, device="meta")
-            ids = torch.zeros(batch, dtype=torch.int64, device="meta")
-            frame(torch.zeros(num_rows, depth.cfg.backbone_hidden_size, dtype=torch.bfloat16,
-                              device="meta"), ids, column.bool(), column,
-                  torch.zeros(batch, 3, device="meta"), ids, ids)
-
-
-def _persistent_depth() -> tuple[Warm, Callable[[], None]]:
-    from breezert.kernels.persistent_depth import PersistentDepthFrame
-    from breezert.models.config import BreezeConfig
-    from breezert.models.depth import DepthDecoder
-
-    graph = _engine_graph()
-    with torch.device("meta"):
-        depth = random_bf16_fused_(DepthDecoder(BreezeConfig.full().depth))
-    frame = PersistentDepthFrame(depth, max(_depth_rows(graph)))
-    # every bucket of the engine's depth stage
-    return None, lambda: _frame_calls(frame, depth, graph.depth_batch_buckets)  # type: ignore[attr-defined]
-
-
 def _snake() -> tuple[Warm, Callable[[], None]]:
     from breezert.kernels.snake import keep_tail_triton, snake_cat_triton
 
@@ -386,7 +362,6 @@ VARIANTS: dict[str, Callable[[], tuple[Warm, Callable[[], None]]]] = {
     "text encoder pdl": lambda: _text_encoder(True),
     "text encoder pdl wide": lambda: _text_encoder(True, wide=True),
     "sampler": _sampler,
-    "persistent depth": _persistent_depth,
     "snake": _snake,
     "codec attention": _codec_attention,
 }

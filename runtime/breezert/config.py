@@ -211,8 +211,8 @@ class SchedulerConfig(_Frozen):
         return self
 
 
-CUDA_ONLY_SWITCHES = ("enable_cuda_graphs", "compile_depth", "fused_depth", "persistent_depth",
-                      "fused_decode", "fused_prefill", "fused_text_encoder", "pdl")
+CUDA_ONLY_SWITCHES = ("enable_cuda_graphs", "compile_depth", "fused_depth", "fused_decode",
+                      "fused_prefill", "fused_text_encoder", "pdl")
 """``GraphConfig`` switches that need CUDA: refused on ``model.device='cpu'`` and all turned off
 by ``BREEZERT_NO_CUDA_GRAPH=1``."""
 
@@ -230,11 +230,6 @@ class GraphConfig(_Frozen):
     """Hand-fused Triton kernels for the depth decoder's layers (5 launches per layer, launch
     shapes per row bucket: ``kernels/fused_depth.py``); with it ``compile_depth`` compiles only
     the sampler."""
-    persistent_depth: int = Field(default=0, ge=0, le=512)
-    """Depth batches of up to this many rows (two a request with CFG; 0: none) draw a frame's
-    15 codes after the first in ONE persistent Triton launch (projector, 12 layers, head, CFG
-    and draw for all 16 positions, ``kernels/persistent_depth.py``) instead of ~1,200
-    launches, when their top-k are all bounded; other batches keep the step loop."""
     pdl: bool = False
     """Programmatic dependent launch (Hopper) between the fused kernels of the depth layers and
     of the text encoder (those switched on): each kernel is placed while the one before it

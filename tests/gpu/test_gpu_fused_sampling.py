@@ -1,5 +1,5 @@
-"""GPU: the fused sampler (kernels/fused_sampling.py, whose draw the persistent depth frame
-makes) draws what ``layers.sampling.sample`` draws, alone and under graph replay.
+"""GPU: the fused sampler (kernels/fused_sampling.py) draws what ``layers.sampling.sample``
+draws, alone and under graph replay.
 
 Run on a CUDA machine: ``python -m pytest tests/gpu -q`` (skipped without CUDA).
 """

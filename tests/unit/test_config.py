@@ -97,7 +97,8 @@ def test_unknown_keys_are_rejected_with_their_path(tmp_path: Path) -> None:
         *((f"[graph]\n{name} = false", f"graph.{name}") for name in (
             "device_slot_state", "async_uploads", "pdl_decode", "compile_backbone",
             "compile_text_encoder", "fused_sampling", "depth_tiles_by_rows",
-            "codec_mixed_sizes", "fused_text_encoder_wide_tiles", "streamed_depth")),
+            "codec_mixed_sizes", "fused_text_encoder_wide_tiles", "streamed_depth",
+            "persistent_depth")),
         ("[scheduler]\nthread_switch_interval_s = 0.001", "scheduler.thread_switch_interval_s"),
     ],
 )

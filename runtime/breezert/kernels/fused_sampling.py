@@ -1,9 +1,9 @@
 """One draw per row in one Triton launch: temperature, top-k, top-p, counter-based Gumbel-max.
 
-Owns: ``sample_row``, the draw of the persistent depth frame (``kernels/persistent_depth.py``),
-and ``fused_sample``, its launcher over a batch: a drop-in for ``layers.sampling.sample`` with a
-bounded top-k (``max_k``: every row's k in 1..max_k), through which the tests hold the draw to
-``sample``'s (no config switch serves it: the depth frame took the same time with it).
+Owns: ``sample_row``, one row's draw inside a Triton program, and ``fused_sample``, its
+launcher over a batch: a drop-in for ``layers.sampling.sample`` with a bounded top-k
+(``max_k``: every row's k in 1..max_k), through which the tests hold the draw to ``sample``'s
+(no config switch serves it: the depth frame took the same time with it).
 ``sample`` under Inductor is a chain of launches per draw (top-k, softmax and its cumulative
 sum, the scatter back to the vocabulary, the counter hash and Gumbel noise, the masked argmax);
 the depth frame makes 16 draws, so at one row that chain, not arithmetic, is most of the
@@ -49,8 +49,7 @@ def sample_row(x, t, k, p, seed, counter, cols, inside, MAX_K: tl.constexpr,
                EXACT_LOG: tl.constexpr):
     """One draw from a row ``x`` (fp32 ``[BLOCK]`` logits, -inf outside the vocabulary):
     temperature ``t``, top-k ``k``, top-p ``p``, Gumbel noise of (``seed``, ``counter``,
-    column); ``t <= 0``: the argmax. Shared by ``_sample_kernel`` and the persistent depth
-    frame (``kernels/persistent_depth.py``), so both draw the same code from the same row."""
+    column); ``t <= 0``: the argmax. ``_sample_kernel``'s body for one row."""
     y = x / tl.where(t > 0, t, 1.0)
 
     # top-k: the k-th largest of the row (ties with it kept), from the sorted top MAX_K

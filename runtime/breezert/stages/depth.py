@@ -11,8 +11,6 @@ first codes read back. Must not: run the backbone or the codec.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any
-
 import numpy as np
 import torch
 
@@ -58,7 +56,6 @@ def depth_frames(
     max_k: int | None = None,
     sampler: Callable[..., torch.Tensor] | None = None,
     noise_per_frame: bool = False,
-    frame_kernel: Any = None,
 ) -> dict[str, torch.Tensor]:
     """One frame per request → ``{"codes": [B, 16]}`` (``codes[:, 0] == 2051`` means EOS).
 
@@ -69,9 +66,6 @@ def depth_frames(
     ``noise_per_frame``: make the 16 draws' Gumbel noise in one call up front instead of one per
     draw (the same bits: it depends on seed and counter only, never on the codes drawn): faster
     on the CPU; a compiled sampler fuses the noise into its own kernel instead.
-    ``frame_kernel``: the 15 depth codes of every request after the first code, in one call
-    (``kernels/persistent_depth.PersistentDepthFrame``: bounded top-k only), for batches of up
-    to its ``max_rows`` rows, instead of the 15-step loop below.
     """
     num = has_cfg.shape[0]
     logits = _guide(model.first_code_logits(hidden), num, has_cfg, cfg_scale)  # [B, 2052]
@@ -104,9 +98,6 @@ def depth_frames(
         return rows.draw(logits, g)
 
     code = draw(0, logits)
-    if frame_kernel is not None and hidden.shape[0] <= frame_kernel.max_rows:
-        return {"codes": frame_kernel(hidden, code, has_cfg, cfg_scale, sampling[:, 3:6], seeds,
-                                      frames_at)}
     depth = model.depth_decoder
     owner = None  # row -> request, for the uncond rows of CFG
     if hidden.shape[0] != num:

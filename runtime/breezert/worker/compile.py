@@ -46,22 +46,16 @@ def _raise_cache_limit(limit: int) -> None:
 
 def depth_fn(
     model: BreezeModel, max_k: int | None, compile_depth: bool, fused_depth: bool = False,
-    max_rows: int = 64, pdl: bool = False, persistent_depth: int = 0,
+    max_rows: int = 64, pdl: bool = False,
 ) -> Callable[..., dict[str, torch.Tensor]]:
     """``depth_frames`` bound to ``model`` and ``max_k``; on CUDA its layer step runs the fused
     Triton kernels (``fused_depth``, workspace for ``max_rows`` rows, launch shapes per row
     bucket, chained by programmatic dependent launch with ``pdl``) or is compiled
     (``compile_depth``), and ``compile_depth`` compiles the sampler. On the CPU the frame's
-    Gumbel noise is made in one call (``noise_per_frame``); CUDA keeps one per draw.
-    ``persistent_depth`` (rows; 0: off): batches of up to that many rows with a bounded top-k
-    draw their 15 depth codes in one persistent launch (``kernels/persistent_depth.py``); the
-    first code is drawn as above."""
+    Gumbel noise is made in one call (``noise_per_frame``); CUDA keeps one per draw."""
     if model.lm_head.weight.device.type != "cuda":
         return partial(depth_frames, model, max_k=max_k, noise_per_frame=True)
     depth = model.depth_decoder
-    frame_kernel = None
-    if max_k is not None and persistent_depth > 0:
-        frame_kernel = _frame_kernel(depth, persistent_depth)
     if fused_depth and not getattr(depth, "is_fused", False):
         from breezert.kernels.fused_depth import FusedDepthLayers  # needs Triton
 
@@ -75,22 +69,9 @@ def depth_fn(
             depth.is_compiled = True
             logger.info("compiled the depth step (inductor, default mode, dynamic batch)")
     if not compile_depth:
-        return partial(depth_frames, model, max_k=max_k, frame_kernel=frame_kernel)
+        return partial(depth_frames, model, max_k=max_k)
     sampler = torch.compile(sample, dynamic=True, fullgraph=True)
-    return partial(depth_frames, model, max_k=max_k, sampler=sampler, frame_kernel=frame_kernel)
-
-
-def _frame_kernel(depth, rows: int):
-    """The depth decoder's persistent Triton frame (made once, kept on the module) for batches of
-    up to ``rows`` rows."""
-    from breezert.kernels.persistent_depth import PersistentDepthFrame  # needs Triton
-
-    frame = getattr(depth, "frame_kernel", None)
-    if not isinstance(frame, PersistentDepthFrame) or frame.max_rows != rows:
-        frame = depth.frame_kernel = PersistentDepthFrame(depth, rows)
-        logger.info("depth frames of up to %d rows run the persistent frame (%d programs)", rows,
-                    frame.programs)
-    return frame
+    return partial(depth_frames, model, max_k=max_k, sampler=sampler)
 
 
 def decode_fn(
