@@ -1,16 +1,14 @@
-"""The depth frame side by side: today's serving loop (fused Triton layers + fused sampler, PDL,
-~1,200 launches) against the persistent kernel (kernels/persistent_depth.py, one launch), both
-as the DEPTH stage runs them (``stages.depth.depth_frames`` in a CUDA graph, CFG rows), on the
-full-size depth decoder with random bf16 weights.
+"""The depth frame as the DEPTH stage runs it: the fused step loop (fused Triton layers, PDL, the
+fused sampler: ~1,200 launches) through ``stages.depth.depth_frames`` in a CUDA graph, CFG rows,
+on the full-size depth decoder with random bf16 weights.
 
     python bench/depth_frame.py --batches 1,16,64,128,256 --out depth-frame.json
 
-Per batch (requests; 2 rows each with CFG) and path: graph replay ms (median), and a census of
-one eager frame (kernel launches and GPU busy ms from torch.profiler), the bytes a frame must
-read (each weight once per position) and what that is in TB/s and TFLOP/s at the replay time.
-``--variants`` adds persistent-kernel launch shapes (``FrameTiles`` fields) at the small
-batches. Writes JSON (and a PNG beside it). (The streamed Gluon frame's ``--streamed``, 4-5 Dec,
-is at commit d507041.)
+Per batch (requests; 2 rows each with CFG): graph replay ms (median), and a census of one eager
+frame (kernel launches and GPU busy ms from torch.profiler), the bytes a frame must read (each
+weight once per position) and what that is in TB/s and TFLOP/s at the replay time. Writes JSON
+(and a PNG beside it). (The persistent frame it was measured against, 4-5 Dec, is at commit
+376e92c; the streamed Gluon frame's ``--streamed`` at commit d507041.)
 """
 
 from __future__ import annotations
@@ -18,7 +16,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from dataclasses import asdict, replace
 from functools import partial
 from pathlib import Path
 from types import SimpleNamespace
@@ -28,25 +25,11 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from breezert.kernels.fused_depth import FusedDepthLayers  # noqa: E402
 from breezert.kernels.fused_sampling import fused_sample  # noqa: E402
-from breezert.kernels.persistent_depth import FrameTiles, PersistentDepthFrame  # noqa: E402
 from breezert.models.config import BreezeConfig  # noqa: E402
 from breezert.models.depth import DepthDecoder  # noqa: E402
 from breezert.stages.depth import TOP_K_BOUND, depth_frames  # noqa: E402
 from breezert_bench.provenance import provenance  # noqa: E402
 from cuda_bench import median_ms, random_bf16_packed  # noqa: E402
-
-VARIANTS = {
-    "pps2": {"programs_per_sm": 2},
-    "stages2": {"num_stages": 2},
-    "stages3": {"num_stages": 3},
-    "bm32": {"max_bm": 32},
-    "stages4": {"num_stages": 4},
-    "gate128": {"gate_bk": 128},
-    "warps4": {"num_warps": 4},
-    "split1": {"qkv_split": 1, "o_split": 2},
-    "down256": {"down_bk": 256, "down_split": 2, "down_bn": 64},
-}
-
 
 def stand_in_model(depth: DepthDecoder, backbone_hidden: int) -> SimpleNamespace:
     """What ``depth_frames`` reads of a ``BreezeModel``: the first code's fp32 head, the
@@ -72,8 +55,8 @@ def inputs(batch: int, backbone_hidden: int) -> dict[str, torch.Tensor]:
     }
 
 
-def graph_ms(fn, args: dict[str, torch.Tensor]) -> tuple[float, torch.Tensor]:
-    """Median ms of ``fn(**args)`` replayed from a CUDA graph, and the codes of one replay."""
+def graph_ms(fn, args: dict[str, torch.Tensor]) -> float:
+    """Median ms of ``fn(**args)`` replayed from a CUDA graph."""
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
@@ -82,11 +65,8 @@ def graph_ms(fn, args: dict[str, torch.Tensor]) -> tuple[float, torch.Tensor]:
     torch.cuda.current_stream().wait_stream(stream)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        out = fn(**args)
-    ms = median_ms(graph.replay, iters=30, warmup=5)
-    graph.replay()
-    torch.cuda.synchronize()
-    return ms, out["codes"].clone()
+        fn(**args)
+    return median_ms(graph.replay, iters=30, warmup=5)
 
 
 def census(fn, args: dict[str, torch.Tensor]) -> dict[str, float]:
@@ -120,65 +100,27 @@ def frame_bytes_flops(depth: DepthDecoder, rows: int) -> tuple[float, float]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--batches", default="1,16,64,128,256")
-    ap.add_argument("--variants", default="", help=f"comma list of {sorted(VARIANTS)}")
-    ap.add_argument("--variant-batches", default="1,16")
-    ap.add_argument("--no-loop", action="store_true", help="skip today's path")
     ap.add_argument("--out", default="depth-frame.json")
     args = ap.parse_args()
     batches = [int(b) for b in args.batches.split(",")]
-    variants = [v for v in args.variants.split(",") if v]
-    variant_batches = [int(x) for x in args.variant_batches.split(",")] if variants else []
-    # the default tiles run at every variant batch too: their codes are what a variant's match
-    default_batches = sorted(set(batches) | set(variant_batches))
     torch.manual_seed(0)
     cfg = BreezeConfig.full().depth
     with torch.device("cuda"):
         depth = random_bf16_packed(DepthDecoder(cfg))
     model = stand_in_model(depth, cfg.backbone_hidden_size)
-    max_rows = 2 * max(default_batches)
     rows_out: list[dict] = []
-
-    def record(path: str, batch: int, fn, tiles: dict | None = None) -> torch.Tensor:
+    depth.run_layers = FusedDepthLayers(depth, 2 * max(batches), pdl=True)
+    loop = partial(depth_frames, model, max_k=TOP_K_BOUND, sampler=fused_sample)
+    for batch in batches:
         a = inputs(batch, cfg.backbone_hidden_size)
-        ms, codes = graph_ms(fn, a)
+        ms = graph_ms(loop, a)
         nbytes, flops = frame_bytes_flops(depth, 2 * batch)
-        row = {"path": path, "batch": batch, "rows": 2 * batch, "graph_ms": round(ms, 3),
-               **census(fn, a), "bytes_gb": round(nbytes / 1e9, 3),
+        row = {"path": "fused-loop", "batch": batch, "rows": 2 * batch,
+               "graph_ms": round(ms, 3), **census(loop, a), "bytes_gb": round(nbytes / 1e9, 3),
                "tb_per_s": round(nbytes / ms / 1e9, 3), "tflop_per_s": round(flops / ms / 1e9, 1)}
-        if tiles:
-            row["tiles"] = tiles
         rows_out.append(row)
         print(json.dumps(row), flush=True)
-        return codes
-
-    persistent = PersistentDepthFrame(depth, max_rows)
-    new = partial(depth_frames, model, max_k=TOP_K_BOUND, sampler=fused_sample,
-                  frame_kernel=persistent)
-    codes_new = {b: record("persistent", b, new) for b in default_batches}
-    for name in variants:
-        tiles = replace(FrameTiles(), **VARIANTS[name])
-        frame = PersistentDepthFrame(depth, 2 * max(variant_batches), tiles=tiles)
-        fn = partial(depth_frames, model, max_k=TOP_K_BOUND, sampler=fused_sample,
-                     frame_kernel=frame)
-        for b in variant_batches:
-            try:
-                codes = record(f"persistent-{name}", b, fn, asdict(tiles))
-            except Exception as exc:  # e.g. a grid that cannot be co-resident
-                print(f"  {name} b={b}: failed: {exc!r}"[:400], flush=True)
-                break
-            same = torch.equal(codes, codes_new[b])
-            print(f"  {name} b={b}: same codes as the default tiles: {same}", flush=True)
-            rows_out[-1]["same_codes_as_default"] = same
-        del frame
-    if not args.no_loop:
-        depth.run_layers = FusedDepthLayers(depth, max_rows, pdl=True)
-        old = partial(depth_frames, model, max_k=TOP_K_BOUND, sampler=fused_sample)
-        for b in batches:
-            codes_old = record("fused-loop", b, old)
-            agree = (codes_old == codes_new[b]).float().mean().item()
-            rows_out[-1]["codes_agree_with_persistent"] = round(agree, 4)
-    meta = provenance(script="bench/depth_frame.py", batches=batches,
-                        default_tiles=asdict(FrameTiles()), programs=persistent.programs)
+    meta = provenance(script="bench/depth_frame.py", batches=batches)
     Path(args.out).write_text(json.dumps({"meta": meta, "rows": rows_out}, indent=1))
     print("\npath | batch | graph ms | launches | busy ms | TB/s | TFLOP/s")
     for r in rows_out:

@@ -12,7 +12,10 @@
 #        chain P1 P2...  | decode | decode-micro | decode-bench | tune | profile | stages |
 #        ablation-eager | ablation-a|b|c|d[@I/N] | sweep | sweep+ablation | latency |
 #        latency-nocap | predictor | predictor-edf | capacity-closed | capacity-open | capacity-tests | capacity-256 |
-#        burst | slack | voice | te-tokens | admit | path | tune-decode | trace | prefill | prefill-bench | before-after | gc | anatomy | depth-engine | tests-changed | wgmma-stream | wgmma-layers | frame-tests | codec-precision | codec-upsampler | codec-state | big-batch | steady | census-256 | margin | decode-attention |
+#        burst | slack | voice | te-tokens | admit | path | tune-decode | trace | prefill |
+#        prefill-bench | before-after | gc | tests-changed | wgmma-stream | wgmma-layers |
+#        codec-precision | codec-upsampler | codec-state | big-batch | steady | census-256 | margin |
+#        decode-attention |
 #        room (issue 34: carry=[".roombundle"] alone, built by `make room-bundle`; see the phase) |
 #        scaleout (issue 36: kind nvidia-h200-x4, carry=[".roombundle"]; SCALE_K, SCALE_DISPATCH)
 # An ablation phase with @I/N runs shard I of N of its requests (bench --shard).
@@ -314,22 +317,12 @@ case "$phase" in
     # heap frozen (bench/gc_pause.py; ~1 min with the engine's start-up)
     timeout 200 python3 bench/gc_pause.py --config configs/h200-latency.toml --repeats 7 \
       --git-commit "$commit" --out "$out/h200-gc-pause.json" 2>&1 | grep -v Warn | tail -3 ;;
-  anatomy)  # issue 30: the persistent frame's grid barriers alone, its work alone, and both
-    timeout 300 python3 bench/depth_anatomy.py --rows "${ROWS:-2,32,128}" \
-      --out "$out/h200-depth-anatomy.json" 2>&1 | grep -v Warn | tail -30 ;;
-  depth-engine)  # issues 30/32: the persistent depth frame up to 32 rows against the profile's
-    # fused step loop for every depth batch, at 1, 16 and 64 concurrent, one run
-    timeout 560 "${bench[@]}" --concurrency "${CONCURRENCY:-1,16,64}" --num-requests 300 \
-      --warmup 16 --run-budget 25 --variant 'persistent=config;graph.persistent_depth=32' \
-      --variant 'loop=config' \
-      --out "$out/h200-depth-engine.json" 2>&1 | grep '^\[bench' || true ;;
   tests-changed)  # the GPU tests of what issue 32 and 30 changed (slot table, graphs, sampler,
-    # host syncs, fused DECODE/PREFILL builders, the persistent depth frame)
+    # host syncs, fused DECODE/PREFILL builders)
     timeout 400 python3 -m pytest tests/gpu/test_gpu_slot_state.py tests/gpu/test_gpu_graphs.py \
       tests/gpu/test_gpu_fused_sampling.py tests/gpu/test_gpu_host_syncs.py \
       tests/gpu/test_gpu_fused_decode.py tests/gpu/test_gpu_fused_prefill.py \
-      tests/gpu/test_gpu_frame_kernels.py -q -p no:cacheprovider 2>&1 \
-      | tee "$out/gpu_tests.log" | tail -15 ;;
+      -q -p no:cacheprovider 2>&1 | tee "$out/gpu_tests.log" | tail -15 ;;
   tune-decode)  # issue 13: the fused DECODE step's launch shapes (DECODE_TILES = Tiles() today:
     # 2.33 ms at one row, 1.2 TB/s of the backbone's 2.8 GB); only bit-preserving fields
     timeout 200 python3 bench/tune_fused_decode.py --rows 2,32,128 --context 256 --budget-s 110 \
@@ -391,9 +384,6 @@ case "$phase" in
     timeout 270 python3 bench/depth_layers_wgmma.py --rows "${LAYERS_ROWS:-2,8,16,64,256}" \
       --configs "${LAYERS_CONFIGS:-64x128x6w4}" \
       --deadline-s 150 --out "$out/h200-depth-layers-wgmma.json" 2>&1 | grep -v Warn | tail -60 ;;
-  frame-tests)  # issue 30: the depth frame kernel's GPU tests
-    timeout 560 python3 -m pytest tests/gpu/test_gpu_frame_kernels.py -x -q -p no:cacheprovider \
-      2>&1 | tee "$out/frame_tests.log" | tail -8 ;;
   codec-upsampler)  # issue 31: the serving codec's step with the wide upsampler's GEMM on a
     # row-major copy (the runtime) against the transposed view it replaced (cuBLAS's unaligned
     # kernel: 6.4 of 36 ms at 256 x 1 on the H100), one process; then the codec's GPU tests
