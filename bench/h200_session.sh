@@ -317,10 +317,10 @@ case "$phase" in
     # heap frozen (bench/gc_pause.py; ~1 min with the engine's start-up)
     timeout 200 python3 bench/gc_pause.py --config configs/h200-latency.toml --repeats 7 \
       --git-commit "$commit" --out "$out/h200-gc-pause.json" 2>&1 | grep -v Warn | tail -3 ;;
-  tests-changed)  # the GPU tests of what issue 32 and 30 changed (slot table, graphs, sampler,
+  tests-changed)  # the GPU tests of what issue 32 and 30 changed (slot table, graphs,
     # host syncs, fused DECODE/PREFILL builders)
     timeout 400 python3 -m pytest tests/gpu/test_gpu_slot_state.py tests/gpu/test_gpu_graphs.py \
-      tests/gpu/test_gpu_fused_sampling.py tests/gpu/test_gpu_host_syncs.py \
+      tests/gpu/test_gpu_host_syncs.py \
       tests/gpu/test_gpu_fused_decode.py tests/gpu/test_gpu_fused_prefill.py \
       -q -p no:cacheprovider 2>&1 | tee "$out/gpu_tests.log" | tail -15 ;;
   tune-decode)  # issue 13: the fused DECODE step's launch shapes (DECODE_TILES = Tiles() today:

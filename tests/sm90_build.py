@@ -275,23 +275,6 @@ def _text_encoder(pdl: bool, wide: bool = False) -> tuple[Warm, Callable[[], Non
     return fused.warm, serve
 
 
-def _sampler() -> tuple[Warm, Callable[[], None]]:
-    from breezert.kernels.fused_sampling import fused_sample
-    from breezert.stages.depth import TOP_K_BOUND
-
-    graph = _engine_graph()
-
-    def serve() -> None:  # the first code (2052 logits) and the depth codes (2048)
-        for rows in _depth_rows(graph):
-            for vocab in (2052, 2048):
-                logits = torch.zeros(rows, vocab, device="meta")
-                column = torch.zeros(rows, device="meta")
-                seeds = torch.zeros(rows, dtype=torch.int64, device="meta")
-                fused_sample(logits, column, column.int(), column, seeds, seeds, TOP_K_BOUND)
-
-    return None, serve
-
-
 def _snake() -> tuple[Warm, Callable[[], None]]:
     from breezert.kernels.snake import keep_tail_triton, snake_cat_triton
 
@@ -361,7 +344,6 @@ VARIANTS: dict[str, Callable[[], tuple[Warm, Callable[[], None]]]] = {
     "text encoder": lambda: _text_encoder(False),
     "text encoder pdl": lambda: _text_encoder(True),
     "text encoder pdl wide": lambda: _text_encoder(True, wide=True),
-    "sampler": _sampler,
     "snake": _snake,
     "codec attention": _codec_attention,
 }

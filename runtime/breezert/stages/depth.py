@@ -60,7 +60,7 @@ def depth_frames(
     """One frame per request → ``{"codes": [B, 16]}`` (``codes[:, 0] == 2051`` means EOS).
 
     ``max_k``: every row's top-k lies in 1..max_k, so sampling sorts only the top ``max_k``.
-    ``sampler``: a stand-in for ``layers.sampling.sample`` (compiled, or the fused kernel),
+    ``sampler``: a compiled stand-in for ``layers.sampling.sample``,
     called once per draw; ``None``: ``sample``'s draws with each kind's settings turned into
     tensors once per frame (``RowSampling``), not 16 times.
     ``noise_per_frame``: make the 16 draws' Gumbel noise in one call up front instead of one per
@@ -86,7 +86,7 @@ def depth_frames(
     def draw(j: int, logits: torch.Tensor) -> torch.Tensor:
         nonlocal rows
         p = params if j == 0 else depth_params
-        if sampler is not None:  # a compiled or fused stand-in for ``sample``
+        if sampler is not None:  # a compiled stand-in for ``sample``
             extra = {} if noise[j] is None else {"gumbel": noise[j]}
             return sampler(logits, *p, seeds, draw_counter(frames_at, j), max_k, **extra)
         if j <= 1:  # the first code's settings, then the depth codes'
