@@ -54,7 +54,10 @@ def bench_parser() -> argparse.ArgumentParser:
                             "first-audio times (token: BREEZERT_AUTH_TOKEN)")
     bench.add_argument("--seed", type=int, default=0)
     bench.add_argument("--feedback", action=argparse.BooleanOptionalAction, default=True,
-                       help="the simulated listener calls report_playback every 100 ms")
+                       help="the simulated listener calls report_playback every "
+                            "--feedback-period seconds while its request streams")
+    bench.add_argument("--feedback-period", type=float, default=0.1,
+                       help="seconds between the simulated listener's reports (default 0.1)")
     bench.add_argument("--request-timeout", type=float, default=300.0, help="seconds per request")
     bench.add_argument("--run-budget", type=float, default=None,
                        help="seconds per run after which no new request starts")

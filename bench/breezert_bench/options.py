@@ -187,6 +187,8 @@ def options_from_args(args: Any) -> tuple[BenchOptions, Path]:
                                ("--naive-requests", args.naive_requests, 1)):
         if value < least:
             raise ValueError(f"{flag}={value} must be >= {least}")
+    if not 0 < args.feedback_period <= 10:
+        raise ValueError(f"--feedback-period={args.feedback_period} must be in (0, 10] seconds")
     names = [n.strip() for n in (args.variants or "").split(",") if n.strip()]
     options = BenchOptions(
         config_path=Path(config_path), texts_path=args.texts,
@@ -194,6 +196,7 @@ def options_from_args(args: Any) -> tuple[BenchOptions, Path]:
         rates=_comma_list(args.rate, float, "--rate"),
         num_requests=args.num_requests, warmup=args.warmup,
         variants=resolve_variants(names, args.variant), seed=args.seed, feedback=args.feedback,
+        feedback_period_s=args.feedback_period,
         request_timeout_s=args.request_timeout, run_budget_s=args.run_budget,
         naive_requests=args.naive_requests, model_path=args.model, device=args.device,
         tokenizer_path=args.tokenizer or _default_tokenizer(),

@@ -43,7 +43,9 @@ def bench_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, float]:
     out = folder / "tmp" / "x.json"
     argv = ["--config", "cpu-tiny", "--concurrency", "1,2", "--texts",
             short_texts(folder), "--num-requests", "4", "--variants", "progressive-eager,naive",
-            "--out", str(out)]
+            # the tiny engine streams a short text in ~0.1 s on a fast core: report every 10 ms
+            # so each request reports while it streams
+            "--feedback-period", "0.01", "--out", str(out)]
     start = time.monotonic()
     status = main(argv)
     elapsed = time.monotonic() - start
@@ -75,6 +77,7 @@ def test_bench_writes_json_png_and_table(bench_run: tuple[Path, float]) -> None:
         assert min(submitted) == 0 and all(s >= 0 for s in submitted)
         # fixed lengths from the text: every request got exactly its frames
         assert all(r["num_frames"] == r["num_frames_target"] for r in run["requests"])
+    assert doc["metadata"]["options"]["feedback_period_s"] == 0.01
     engine_runs = doc["runs"][:2]
     for run in engine_runs:
         assert run["feedback_reports"] > 0
@@ -133,6 +136,8 @@ def test_bench_rejects_bad_arguments(tmp_path: Path, capsys) -> None:
     assert main([*base, "--variants", "warp-drive"]) == 2
     assert "unknown warp-drive" in capsys.readouterr().err
     assert main([*base, "--texts", str(tmp_path / "none.tsv")]) == 2
+    assert main([*base, "--feedback-period", "0"]) == 2
+    assert "--feedback-period" in capsys.readouterr().err
     assert not (tmp_path / "x.json").exists()
 
 
