@@ -3,26 +3,31 @@
 Usage (GPU machine, repo root): ``PYTHONPATH=runtime:bench python bench/decode_attention_ab.py
 [--rows 64,256,512] [--contexts 256,512,1024,2048] [--variants 32/128/4,64/256/8,...]
 [--out X.json]``. On a CPU (``TRITON_INTERPRET=1``, small ``--heads/--kv-heads/--head-dim``)
-it checks the variants and times nothing.
+it checks the variants and times nothing; ``--compile-only`` builds each one for sm_90a here
+(no GPU) and prints its registers, shared memory and spills.
 
-Why: 6 Dec's H100 runs put ``_decode_attention_kernel`` at 8.9 of a 256-row DECODE step's
-16.3 ms at 512 tokens (kernel census), twice the time its K/V read takes at the card's
-bandwidth, and a 256-row step at >1k-token contexts at 48.9 ms (``bench/README.md``, "H100, 6
-Dec (second session)"). One layer's attention (the kernel plus its split combine, as
-``FusedBackboneDecode`` launches them) runs here on a paged cache of the backbone's shape (8 KV
-heads, 16 query heads, head_dim 128, 16-token blocks in shuffled order), every row's cached
-length drawn between half the context and all of it, for each variant
-``BT/SPLIT_TOKENS/WARPS`` (tokens per tile, tokens per split program, warps; the serving one is
-``32/128/4``). Per variant and shape: the median time (CUDA events), the K/V bytes it must
-read, their rate (GB/s) and, for the whole step, x28 layers; the output's largest difference
-from an fp32 torch reference of the same attention (QK-norm, RoPE, softmax over the cached
-tokens and the new one; up to 64 x 2048 row-tokens) beside the serving variant's, and from the
-serving variant's output at every shape. A variant whose difference passes twice
-the serving one's plus 1e-3 is marked wrong (exit 1). Writes JSON + PNG with the GPU, torch
-version, commit and date.
+Why: 6 Dec's H100 runs put ``_decode_attention_kernel`` at 8.9 of a 256-row DECODE step's 16.3
+ms at 512 tokens (kernel census), twice the time its K/V read takes at the card's bandwidth, and
+a 256-row step at >1k-token contexts at 48.9 ms (``bench/README.md``, "H100, 6 Dec (second
+session)"). One layer's attention (the kernel plus its split combine, as ``FusedBackboneDecode``
+launches them) runs here on a paged cache of the backbone's shape (8 KV heads, 16 query heads,
+head_dim 128, 16-token blocks in shuffled order), every row's cached length drawn between half
+the context and all of it, for each variant ``BT/SPLIT_TOKENS/WARPS`` (tokens per tile, tokens
+per split program, warps; the serving one is ``32/128/4``) and
+``dot:BT/SPLIT_TOKENS/WARPS/STAGES``, a candidate kernel that does the same work with both
+products on tensor cores (the G query heads of a KV head padded to 16 rows, ``tl.dot``, its tile
+loads pipelined: what flash-decoding kernels do; the serving kernel multiplies on CUDA cores and
+reduces across the threads). Per variant and shape: the median time (CUDA events), the K/V bytes
+it must read, their rate (GB/s) and, for the whole step, x28 layers; the output's largest
+difference from an fp32 torch reference of the same attention (QK-norm, RoPE, softmax over the
+cached tokens and the new one; up to 64 x 2048 row-tokens) beside the serving variant's, and
+from the serving variant's output at every shape. A variant whose difference passes twice the
+serving one's plus 1e-3 is marked wrong (exit 1). Writes JSON + PNG with the GPU, torch version,
+commit and date.
 
-Owns nothing the runtime uses; a winning variant becomes ``FusedBackboneDecode``'s
-``ATTENTION_TILE`` / ``split_tokens`` / warps only after the GPU tests pass with it served.
+Owns nothing the runtime uses; a winning shape becomes ``FusedBackboneDecode``'s
+``ATTENTION_TILE`` / ``split_tokens`` / warps, a winning ``dot`` kernel moves into
+``kernels/fused_decode.py``, only after the GPU tests pass with it served.
 """
 
 from __future__ import annotations
@@ -36,28 +41,136 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import triton
+import triton.language as tl
 
 from breezert.kernels.fused_decode import _decode_attention_kernel, _decode_combine_kernel
+from breezert.kernels.gemm import head_norm_rope
 from breezert_bench.provenance import provenance
 
 SERVING = "32/128/4"
-DEFAULT_VARIANTS = (SERVING, "64/128/4", "32/128/8", "64/256/4", "64/256/8", "128/256/8",
-                    "64/512/8", "16/64/4")
+DEFAULT_VARIANTS = (SERVING, "64/128/4", "32/128/8", "64/256/8", "128/256/8", "16/64/4",
+                    "dot:64/128/4/3", "dot:64/256/4/3", "dot:128/256/8/3", "dot:64/512/4/4")
+INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
+GROUP_ROWS = 16  # the dot kernel's query rows: a KV head's G query heads, padded for tl.dot
 BLOCK = 16  # tokens a cache block (paged KV)
 LAYERS = 28  # the backbone's layers: a DECODE step runs this attention once each
 MIN_COMBINE_SPLITS = 16
 
 
-def parse_variant(text: str) -> tuple[int, int, int]:
-    """``"BT/SPLIT/WARPS"`` -> ints; raises ValueError for shapes the kernel cannot take."""
+def parse_variant(text: str) -> tuple[str, int, int, int, int]:
+    """``"BT/SPLIT/WARPS"`` (the serving kernel) or ``"dot:BT/SPLIT/WARPS/STAGES"`` (the
+    candidate below) -> (kernel, BT, SPLIT, WARPS, STAGES); raises ValueError for shapes the
+    kernels cannot take."""
+    kernel, _, shape = text.rpartition(":")
+    kernel = kernel or "serving"
     try:
-        bt, split, warps = (int(v) for v in text.split("/"))
+        values = [int(v) for v in shape.split("/")]
     except ValueError:
-        raise ValueError(f"variant {text!r}: expected BT/SPLIT_TOKENS/WARPS, e.g. 32/128/4")
-    if bt & (bt - 1) or split % bt or warps not in (1, 2, 4, 8, 16):
-        raise ValueError(f"variant {text!r}: BT a power of two, SPLIT a multiple of it, "
-                         "WARPS in 1..16")
-    return bt, split, warps
+        values = []
+    want = 4 if kernel == "dot" else 3
+    if kernel not in ("serving", "dot") or len(values) != want:
+        raise ValueError(f"variant {text!r}: expected BT/SPLIT_TOKENS/WARPS (e.g. 32/128/4) or "
+                         "dot:BT/SPLIT_TOKENS/WARPS/STAGES (e.g. dot:64/256/4/3)")
+    bt, split, warps = values[:3]
+    stages = values[3] if kernel == "dot" else 1
+    if (bt & (bt - 1) or split % bt or warps not in (1, 2, 4, 8, 16) or not 1 <= stages <= 6
+            or (kernel == "dot" and bt < 16)):
+        raise ValueError(f"variant {text!r}: BT a power of two (>= 16 for dot), SPLIT a multiple "
+                         "of it, WARPS in 1..16, STAGES in 1..6")
+    return kernel, bt, split, warps, stages
+
+
+@triton.jit(do_not_specialize=["stride_read", "num_splits"])
+def _decode_attention_dot_kernel(
+    qkv_ptr, qn_ptr, kn_ptr, cos_ptr, sin_ptr, kv_ptr, write_ptr, read_ptr, len_ptr, part_ptr,
+    eps, scale, stride_qkv, stride_cos, stride_read, c_kv, c_row, c_head, num_splits,
+    H: tl.constexpr, KVH: tl.constexpr, D: tl.constexpr, BT: tl.constexpr,
+    SPLIT_TILES: tl.constexpr, GR: tl.constexpr, STAGES: tl.constexpr,
+    DOT_TYPE: tl.constexpr = tl.bfloat16,
+):
+    """The serving kernel's job and outputs (same program grid, same ``part`` layout, so the
+    serving combine joins it) with both products on tensor cores: the KV head's G query heads
+    padded to ``GR`` rows (zeros), S = q K^T and P V as ``tl.dot`` of bf16 (q and k are bf16
+    values already; P is rounded to bf16 as the serving kernel does), fp32 accumulators, and
+    the tile loop pipelined over ``STAGES`` (loads feeding a dot are what Triton's pipeliner
+    prefetches). Sums run in another order than the serving kernel's: not bit for bit. The new
+    token's seeding repeats the serving kernel's lines on purpose: a candidate that wins
+    replaces that kernel whole.
+    ``DOT_TYPE``: the dots' operand type, bf16 on a GPU; Triton's interpreter (3.6) multiplies
+    bf16 dots wrongly, so there the same bf16 values go in as fp32 (exact products)."""
+    r = tl.program_id(0)
+    g = tl.program_id(1)
+    s = tl.program_id(2)
+    G: tl.constexpr = H // KVH
+    HALF: tl.constexpr = D // 2
+    cached = tl.load(len_ptr + r) - 1
+    if (s == 0) | (s * SPLIT_TILES * BT < cached):
+        qrow = tl.arange(0, GR)
+        real = qrow < G
+        heads = g * G + qrow
+        d = tl.arange(0, HALF)
+        dd = d[None, :]
+        row = qkv_ptr + r * stride_qkv
+        cos_lo = tl.load(cos_ptr + r * stride_cos + dd).to(tl.float32)
+        cos_hi = tl.load(cos_ptr + r * stride_cos + HALF + dd).to(tl.float32)
+        sin_lo = tl.load(sin_ptr + r * stride_cos + dd).to(tl.float32)
+        sin_hi = tl.load(sin_ptr + r * stride_cos + HALF + dd).to(tl.float32)
+        q_lo, q_hi = head_norm_rope(
+            tl.load(row + heads[:, None] * D + dd, mask=real[:, None], other=0.0).to(tl.float32),
+            tl.load(row + heads[:, None] * D + HALF + dd, mask=real[:, None],
+                    other=0.0).to(tl.float32),
+            qn_ptr, cos_lo, cos_hi, sin_lo, sin_hi, eps, D,
+        )  # [GR, HALF] each; the padding rows stay 0
+        m = tl.full([GR], float("-inf"), dtype=tl.float32)
+        total = tl.zeros([GR], dtype=tl.float32)
+        acc_lo = tl.zeros([GR, HALF], dtype=tl.float32)
+        acc_hi = tl.zeros([GR, HALF], dtype=tl.float32)
+        if s == 0:  # the new token, as the serving kernel seeds it
+            k_col = row + (H + g) * D
+            k_lo, k_hi = head_norm_rope(
+                tl.load(k_col + dd).to(tl.float32), tl.load(k_col + HALF + dd).to(tl.float32),
+                kn_ptr, cos_lo, cos_hi, sin_lo, sin_hi, eps, D,
+            )
+            v_col = row + (H + KVH + g) * D
+            v_lo = tl.load(v_col + dd).to(tl.float32)
+            v_hi = tl.load(v_col + HALF + dd).to(tl.float32)
+            slot = kv_ptr + tl.load(write_ptr + r) * c_row + g * c_head
+            tl.store(slot + dd, k_lo.to(tl.bfloat16))
+            tl.store(slot + HALF + dd, k_hi.to(tl.bfloat16))
+            tl.store(slot + c_kv + dd, v_lo.to(tl.bfloat16))
+            tl.store(slot + c_kv + HALF + dd, v_hi.to(tl.bfloat16))
+            m = (tl.sum(q_lo * k_lo, axis=1) + tl.sum(q_hi * k_hi, axis=1)) * scale
+            total += 1.0
+            acc_lo += v_lo
+            acc_hi += v_hi
+        qb_lo = q_lo.to(tl.bfloat16).to(DOT_TYPE)
+        qb_hi = q_hi.to(tl.bfloat16).to(DOT_TYPE)
+        read = read_ptr + r * stride_read
+        for i in tl.range(0, SPLIT_TILES, num_stages=STAGES):
+            t = (s * SPLIT_TILES + i) * BT + tl.arange(0, BT)
+            live = t < cached
+            slots = tl.load(read + t, mask=live, other=0)
+            key = kv_ptr + slots[:, None] * c_row + g * c_head + dd
+            k_lo = tl.load(key, mask=live[:, None], other=0.0).to(DOT_TYPE)  # [BT, HALF]
+            k_hi = tl.load(key + HALF, mask=live[:, None], other=0.0).to(DOT_TYPE)
+            sc = (tl.dot(qb_lo, tl.trans(k_lo)) + tl.dot(qb_hi, tl.trans(k_hi))) * scale
+            sc = tl.where(live[None, :], sc, float("-inf"))  # [GR, BT]
+            m_new = tl.maximum(m, tl.max(sc, axis=1))
+            alpha = tl.exp(m - m_new)
+            p = tl.exp(sc - m_new[:, None])
+            total = total * alpha + tl.sum(p, axis=1)
+            pb = p.to(tl.bfloat16).to(DOT_TYPE)
+            v_lo = tl.load(key + c_kv, mask=live[:, None], other=0.0).to(DOT_TYPE)
+            v_hi = tl.load(key + c_kv + HALF, mask=live[:, None], other=0.0).to(DOT_TYPE)
+            acc_lo = acc_lo * alpha[:, None] + tl.dot(pb, v_lo)
+            acc_hi = acc_hi * alpha[:, None] + tl.dot(pb, v_hi)
+            m = m_new
+        base = part_ptr + (((r * KVH + g) * num_splits + s) * G + qrow) * (D + 2)
+        tl.store(base[:, None] + dd, acc_lo, mask=real[:, None])
+        tl.store(base[:, None] + HALF + dd, acc_hi, mask=real[:, None])
+        tl.store(base + D, m, mask=real)
+        tl.store(base + D + 1, total, mask=real)
 
 
 class Case:
@@ -100,8 +213,9 @@ class Case:
         cached = int((self.lengths - 1).sum())
         return cached * self.kv_heads * self.head_dim * 2 * self.kv.element_size()
 
-    def launch(self, bt: int, split: int, warps: int) -> None:
-        """The attention and its combine, as ``FusedBackboneDecode.__call__`` launches them."""
+    def launch(self, kernel: str, bt: int, split: int, warps: int, stages: int) -> None:
+        """The attention and its combine, as ``FusedBackboneDecode.__call__`` launches them
+        (``kernel="dot"``: the candidate in place of the serving attention kernel)."""
         rows, kvh, d = self.rows, self.kv_heads, self.head_dim
         group = self.heads // kvh
         splits = math.ceil(self.context / split)
@@ -109,11 +223,18 @@ class Case:
         part = torch.empty(rows, kvh, splits, group, d + 2, dtype=torch.float32,
                            device=self.qkv.device)
         c = self.kv.stride()
-        _decode_attention_kernel[(rows, kvh, splits)](
-            self.qkv, self.q_norm, self.k_norm, self.cos, self.sin, self.kv, self.write,
-            self.read, self.lengths, part, 1e-6, d ** -0.5, self.qkv.stride(0),
-            self.cos.stride(0), self.read.stride(0), c[0], c[1], c[2], splits,
-            H=self.heads, KVH=kvh, D=d, BT=bt, SPLIT_TILES=split // bt, num_warps=warps)
+        args = (self.qkv, self.q_norm, self.k_norm, self.cos, self.sin, self.kv, self.write,
+                self.read, self.lengths, part, 1e-6, d ** -0.5, self.qkv.stride(0),
+                self.cos.stride(0), self.read.stride(0), c[0], c[1], c[2], splits)
+        if kernel == "dot":
+            _decode_attention_dot_kernel[(rows, kvh, splits)](
+                *args, H=self.heads, KVH=kvh, D=d, BT=bt, SPLIT_TILES=split // bt,
+                GR=max(GROUP_ROWS, group), STAGES=stages, num_warps=warps,
+                DOT_TYPE=tl.float32 if INTERPRETED else tl.bfloat16)
+        else:
+            _decode_attention_kernel[(rows, kvh, splits)](
+                *args, H=self.heads, KVH=kvh, D=d, BT=bt, SPLIT_TILES=split // bt,
+                num_warps=warps)
         _decode_combine_kernel[(rows, kvh)](
             part, self.lengths, self.out, self.out.stride(0), splits, KVH=kvh, G=group, D=d,
             SPLIT_T=split, MAX_SPLITS=max_splits, num_warps=4)
@@ -153,8 +274,8 @@ def measure(case: Case, variants: list[str], timed: bool) -> list[dict[str, Any]
     case.launch(*parse_variant(SERVING))
     served = case.out.float().cpu()
     for name in variants:
-        bt, split, warps = parse_variant(name)
-        case.launch(bt, split, warps)
+        shape = parse_variant(name)
+        case.launch(*shape)
         out = case.out.float().cpu()
         row: dict[str, Any] = {"variant": name, "rows": case.rows, "context": case.context,
                                "kv_bytes": case.kv_bytes()}
@@ -163,7 +284,7 @@ def measure(case: Case, variants: list[str], timed: bool) -> list[dict[str, Any]
             row["max_abs_diff_vs_fp32"] = float((out - ref).abs().max())
         if timed:
             from cuda_bench import median_ms
-            ms = median_ms(lambda: case.launch(bt, split, warps), iters=30, warmup=5)
+            ms = median_ms(lambda: case.launch(*shape), iters=30, warmup=5)
             row.update(ms=round(ms, 4), gb_per_s=round(case.kv_bytes() / ms / 1e6, 1),
                        step_ms_28_layers=round(ms * LAYERS, 3))
         rows.append(row)
@@ -173,6 +294,31 @@ def measure(case: Case, variants: list[str], timed: bool) -> list[dict[str, Any]
             bound = 2 * serving["max_abs_diff_vs_fp32"] + 1e-3
             row["wrong"] = row["max_abs_diff_vs_fp32"] > bound
     return rows
+
+
+def compile_only(variants: list[str], heads: int, kv_heads: int, head_dim: int
+                 ) -> list[dict[str, Any]]:
+    """Builds each variant's attention kernel for sm_90a here (no GPU, ``tests/sm90_build.py``'s
+    stand-in driver) and says what it needs per block: registers, shared memory, spills."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from tests.sm90_build import build_only, resources
+
+    case = Case(2, 256, heads, kv_heads, head_dim, "cpu")  # a build needs shapes, not values
+    builds = []
+    for name in variants:
+        with build_only(90) as built:
+            case.launch(*parse_variant(name))
+        r = resources(built[0], name)  # the attention (built[1] is the serving combine)
+        row = {"variant": name, "registers": r.registers, "shared_bytes": r.shared_bytes,
+               "local_bytes": r.local_bytes, "stack_bytes": r.stack_bytes,
+               "num_warps": r.num_warps, "num_stages": r.num_stages, "problems": r.problems(),
+               "mma": sum(built[0].asm["ptx"].count(op) for op in ("wgmma.mma_async", "mma.sync"))}
+        builds.append(row)
+        problems = "  " + "; ".join(row["problems"]) if row["problems"] else ""
+        print(f"{name:>16s}  {r.registers:3d} registers x {32 * r.num_warps} threads, "
+              f"{r.shared_bytes} B shared, {r.local_bytes} B local, {r.stack_bytes} B stack, "
+              f"{row['mma']} MMA sites{problems}", flush=True)
+    return builds
 
 
 def plot(rows: list[dict[str, Any]], path: Path) -> None:
@@ -193,7 +339,7 @@ def plot(rows: list[dict[str, Any]], path: Path) -> None:
     ax.set_xticklabels([f"{r}x{c}" for r, c in shapes], rotation=45)
     ax.set_ylabel("K/V read, GB/s")
     ax.set_title("DECODE attention, one layer (rows x context)")
-    ax.legend(fontsize=7, title="BT/split/warps")
+    ax.legend(fontsize=7, title="[dot:]BT/split/warps[/stages]")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
 
@@ -206,6 +352,8 @@ def main() -> None:
     parser.add_argument("--heads", type=int, default=16)
     parser.add_argument("--kv-heads", type=int, default=8)
     parser.add_argument("--head-dim", type=int, default=128)
+    parser.add_argument("--compile-only", action="store_true",
+                        help="build each variant for sm_90a here (no GPU) and print its needs")
     parser.add_argument("--git-commit", default=None)
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
@@ -214,6 +362,13 @@ def main() -> None:
         parse_variant(v)
     if SERVING not in variants:
         variants.insert(0, SERVING)
+    if args.compile_only:
+        builds = compile_only(variants, args.heads, args.kv_heads, args.head_dim)
+        if args.out:
+            Path(args.out).write_text(json.dumps({**provenance(device="cpu",
+                                                               git_commit_override=args.git_commit),
+                                                  "builds": builds}, indent=1))
+        sys.exit(1 if any(b["problems"] for b in builds) else 0)
     cuda = torch.cuda.is_available() and not os.environ.get("TRITON_INTERPRET")
     device = "cuda" if cuda else "cpu"
     results: list[dict[str, Any]] = []
