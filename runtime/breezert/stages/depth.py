@@ -11,6 +11,7 @@ first codes read back. Must not: run the backbone or the codec.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+
 import numpy as np
 import torch
 
