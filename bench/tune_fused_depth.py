@@ -32,8 +32,11 @@ from cuda_bench import median_ms, random_bf16_packed
 # Row blocks, then TMA (it changes which pipeline depths pay). Per-kernel warps/stages after the shapes.
 # split_k stays the bucket's: it sets the sum order, and every bucket must give a row the same
 # bits (TILES_BY_ROWS all split 4).
+# Row blocks of 128 only pay past 128 rows (capacity's 256-512 rows: each block reads its weight
+# slice again); below, ``row_block`` caps them at the rows' power of two (the same candidate).
 SEARCH = {
-    "qkv_bm": [16, 32, 64], "gate_bm": [32, 64], "tma": [False, True], "gate_bn": [32, 64, 128], "gate_bk": [64, 128],
+    "qkv_bm": [16, 32, 64, 128], "gate_bm": [32, 64, 128], "split_bm": [32, 64, 128],
+    "tma": [False, True], "gate_bn": [32, 64, 128], "gate_bk": [64, 128],
     "gate_stages": [3, 4, 5, 6], "gate_warps": [4, 8],
     "split_bn": [32, 64], "split_bk": [128, 256], "split_stages": [3, 4, 6],
     "split_warps": [4, 8], "qkv_split": [2, 4], "qkv_bk": [128, 256], "num_stages": [3, 4],
