@@ -39,11 +39,15 @@ AGENT = "breezert-remote"
 SENTENCE = "Hello from the agent."
 LONG = "First sentence here. Second sentence here. Third sentence here."
 LONG_S = 3 * 12 * 0.08  # three segments of 12 frames (BREEZERT_TEST_MAX_FRAMES)
-# The mid-turn kill's turn: six sentences of at most 12 frames (5.76 s). A replica runs ahead of
-# the listener (1.2 s received when 0.5 s had played, here), and CI once saw a 3-sentence turn
-# (1.68 s of audio by the agent's metrics) end before its kill, half a second in.
-LONGER = LONG + " Fourth sentence here. Fifth sentence here. Sixth sentence here."
-LONGER_S = 6 * 12 * 0.08
+# The mid-turn kill's turn: 24 sentences of at most 12 frames (23.04 s). A replica runs ahead of
+# the listener as fast as its cores allow (1.2 s received when 0.5 s had played, on CI's cores),
+# and the turn must still be running when the kill comes ~0.25 s into the speech: CI once saw a
+# 3-sentence turn end before it, and a fast core (6 Dec) a 6-sentence one (5.76 s of audio).
+LONGER = LONG + "".join(f" Sentence {word} is here." for word in (
+    "four", "five", "six", "seven", "eight", "nine", "ten", "eleven", "twelve", "thirteen",
+    "fourteen", "fifteen", "sixteen", "seventeen", "eighteen", "nineteen", "twenty",
+    "twenty-one", "twenty-two", "twenty-three", "twenty-four"))
+LONGER_S = 24 * 12 * 0.08
 
 
 @dataclass
