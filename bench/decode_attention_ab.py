@@ -195,8 +195,11 @@ class Case:
         slots = total_blocks * BLOCK
         width = (heads + 2 * kv_heads) * head_dim
         self.qkv = torch.randn(rows, width, generator=g).to(torch.bfloat16)
-        self.kv = (torch.randn(2, slots, kv_heads, head_dim, generator=g) * 0.5).to(
-            torch.bfloat16)
+        # the cache (up to ~1 M slots, 4 GB at 512 x 2048) drawn where it lives: on a GPU
+        # that takes milliseconds, on this host's one thread tens of seconds
+        on = torch.Generator(device=device).manual_seed(seed * 1_000_003 + rows * 7919 + context)
+        self.kv = (torch.randn(2, slots, kv_heads, head_dim, generator=on, device=device)
+                   * 0.5).to(torch.bfloat16)
         self.q_norm = (1 + 0.1 * torch.randn(head_dim, generator=g)).to(torch.bfloat16)
         self.k_norm = (1 + 0.1 * torch.randn(head_dim, generator=g)).to(torch.bfloat16)
         positions = cached.double()
@@ -204,9 +207,10 @@ class Case:
         freqs = positions[:, None] * inv[None, :]
         emb = torch.cat((freqs, freqs), dim=-1)
         self.cos, self.sin = emb.cos().to(torch.bfloat16), emb.sin().to(torch.bfloat16)
-        for name in ("read", "write", "lengths", "qkv", "kv", "q_norm", "k_norm", "cos", "sin"):
+        for name in ("read", "write", "lengths", "qkv", "q_norm", "k_norm", "cos", "sin"):
             setattr(self, name, getattr(self, name).to(device))
         self.out = torch.empty(rows, heads * head_dim, dtype=torch.bfloat16, device=device)
+        self.parts: dict[int, torch.Tensor] = {}  # the splits' partials, by split count
 
     def kv_bytes(self) -> int:
         """K and V bytes the attention must read: every row's cached tokens, every KV head."""
@@ -220,8 +224,10 @@ class Case:
         group = self.heads // kvh
         splits = math.ceil(self.context / split)
         max_splits = max(MIN_COMBINE_SPLITS, 1 << (splits - 1).bit_length())
-        part = torch.empty(rows, kvh, splits, group, d + 2, dtype=torch.float32,
-                           device=self.qkv.device)
+        part = self.parts.get(splits)  # made once: no allocation inside a timed launch
+        if part is None:
+            part = self.parts[splits] = torch.empty(rows, kvh, splits, group, d + 2,
+                                                    dtype=torch.float32, device=self.qkv.device)
         c = self.kv.stride()
         args = (self.qkv, self.q_norm, self.k_norm, self.cos, self.sin, self.kv, self.write,
                 self.read, self.lengths, part, 1e-6, d ** -0.5, self.qkv.stride(0),
