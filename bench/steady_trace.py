@@ -245,7 +245,7 @@ def run_streams(engine: Engine, spans: StepSpans, texts: list[str], streams: int
 
     for _ in range(streams):
         add_next()
-    first = {f"{tag}-{i}" for i in range(streams)}
+    first = set(live)  # the streams whose first chunks the start waits for
     started: set[str] = set()
     t0 = time.monotonic()
     report = t0 + 10.0
@@ -263,19 +263,18 @@ def run_streams(engine: Engine, spans: StepSpans, texts: list[str], streams: int
     for _ in range(settle):
         step()
     spans.start()
-    replaced = added
+    added_before = added
     for _ in range(steps):
         step()
     spans.recording = False
-    replaced = added - replaced
     table = spans.table()
     for rid in sorted(live):
         engine.abort(rid)
-    live.clear()
     while engine.has_work():
         engine.step()
     return {"streams": streams, "started": len(started), "lengths": lengths,
-            "replaced_while_recording": replaced, "summary": summarize(table), "steps": table}
+            "replaced_while_recording": added - added_before, "summary": summarize(table),
+            "steps": table}
 
 
 def traced_kernels(graph: torch.cuda.CUDAGraph) -> int:

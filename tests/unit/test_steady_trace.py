@@ -18,16 +18,21 @@ REPO = Path(__file__).resolve().parents[2]
 PARTS = ("schedule", "prep", "gpu", "post", "commit")
 
 
-def test_a_steady_run_splits_each_step_into_its_parts(tmp_path: Path) -> None:
-    out = tmp_path / "steady.json"
+def steady(out: Path, *args: str) -> dict:
+    """``bench/steady_trace.py`` on the tiny CPU profile with ``args`` -> its JSON."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(
         [str(REPO / "runtime"), str(REPO / "bench"), str(REPO)])}
     subprocess.run(
         [sys.executable, str(REPO / "bench" / "steady_trace.py"), "--config",
-         str(REPO / "runtime" / "breezert" / "profiles" / "cpu-tiny.toml"), "--streams", "1,4",
-         "--steps", "30", "--settle", "2", "--start-timeout", "120", "--out", str(out)],
+         str(REPO / "runtime" / "breezert" / "profiles" / "cpu-tiny.toml"), *args,
+         "--out", str(out)],
         check=True, env=env, timeout=240, capture_output=True)
-    doc = json.loads(out.read_text())
+    return json.loads(out.read_text())
+
+
+def test_a_steady_run_splits_each_step_into_its_parts(tmp_path: Path) -> None:
+    doc = steady(tmp_path / "steady.json", "--streams", "1,4", "--steps", "30", "--settle", "2",
+                 "--start-timeout", "120")
     assert doc["git_commit"] and doc["date"] and doc["torch_version"]
     assert [run["streams"] for run in doc["runs"]] == [1, 4]
     for run in doc["runs"]:
@@ -57,18 +62,9 @@ def test_text_lengths_replace_each_finished_stream(tmp_path: Path) -> None:
     never hold more than N streams; ``long`` replaces none."""
     texts = tmp_path / "texts.tsv"
     texts.write_text("id\ttext\n1\tGood day.\n2\tHi there!\n3\tWell, okay.\n")
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
-        [str(REPO / "runtime"), str(REPO / "bench"), str(REPO)])}
-    docs = {}
-    for lengths in ("text", "long"):
-        out = tmp_path / f"{lengths}.json"
-        subprocess.run(
-            [sys.executable, str(REPO / "bench" / "steady_trace.py"), "--config",
-             str(REPO / "runtime" / "breezert" / "profiles" / "cpu-tiny.toml"), "--streams", "3",
-             "--steps", "40", "--settle", "2", "--texts", str(texts), "--lengths", lengths,
-             "--out", str(out)],
-            check=True, env=env, timeout=240, capture_output=True)
-        docs[lengths] = json.loads(out.read_text())["runs"][0]
+    docs = {lengths: steady(tmp_path / f"{lengths}.json", "--streams", "3", "--steps", "40",
+                            "--settle", "2", "--texts", str(texts), "--lengths", lengths)["runs"][0]
+            for lengths in ("text", "long")}
     text, long = docs["text"], docs["long"]
     assert text["lengths"] == "text" and text["started"] == 3
     assert text["replaced_while_recording"] >= 3  # each 4-5 frame stream ended at least once
