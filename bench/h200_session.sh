@@ -15,7 +15,7 @@
 #        burst | slack | voice | te-tokens | admit | path | tune-decode | trace | prefill |
 #        prefill-bench | before-after | gc | tests-changed | wgmma-stream | wgmma-layers |
 #        codec-precision | codec-upsampler | codec-state | big-batch | steady | census-256 | margin |
-#        decode-attention |
+#        decode-attention | capacity-ab (carry .prevtree too) |
 #        room (issue 34: carry=[".roombundle"] alone, built by `make room-bundle`; see the phase) |
 #        scaleout (issue 36: kind nvidia-h200-x4, carry=[".roombundle"]; SCALE_K, SCALE_DISPATCH)
 # An ablation phase with @I/N runs shard I of N of its requests (bench --shard).
@@ -313,14 +313,27 @@ case "$phase" in
         --concurrency 1,16,64 --num-requests 300 --warmup 16 --run-budget 25 \
         --out "$out/h200-latency-$name.json" 2>&1 | grep '^\[bench' || true)
     done ;;
+  capacity-ab)  # issue 31: the capacity profile (configs/h200-capacity.toml) at c=256, closed
+    # loop (CONCURRENCY), on the previous tree (.prevtree/: git archive $(cat .prevtree/COMMIT)
+    # runtime configs, carried) and on this one, one call, each tree's runtime in its own process
+    # under this tree's harness. Each start-up captures graphs up to 256 requests (~1-2 min).
+    prev=$(cat .prevtree/COMMIT)
+    for tree in .prevtree .; do
+      if [ "$tree" = . ]; then name=after; rev=$commit; else name=before; rev=$prev; fi
+      PYTHONPATH=/tmp/site:$tree/runtime:bench:. timeout 270 python3 -m breezert_bench \
+        --config "$tree/configs/h200-capacity.toml" --texts .benchdata/texts_en.tsv \
+        --tokenizer .benchdata/tokenizer.json --git-commit "$rev" \
+        --concurrency "${CONCURRENCY:-256}" --num-requests 300 --warmup 16 --run-budget 60 \
+        --out "$out/h200-capacity-$name.json" 2>&1 | grep '^\[bench' || true
+    done ;;
   gc)  # a full garbage-collector pass on the warmed H200 engine, with and without the start-up
     # heap frozen (bench/gc_pause.py; ~1 min with the engine's start-up)
     timeout 200 python3 bench/gc_pause.py --config configs/h200-latency.toml --repeats 7 \
       --git-commit "$commit" --out "$out/h200-gc-pause.json" 2>&1 | grep -v Warn | tail -3 ;;
-  tests-changed)  # the GPU tests of what issue 32 and 30 changed (slot table, graphs,
-    # host syncs, fused DECODE/PREFILL builders)
+  tests-changed)  # the GPU tests of what issues 30-32 changed (slot table, graphs, host
+    # syncs, fused DECODE/PREFILL builders, the depth layers' row buckets)
     timeout 400 python3 -m pytest tests/gpu/test_gpu_slot_state.py tests/gpu/test_gpu_graphs.py \
-      tests/gpu/test_gpu_host_syncs.py \
+      tests/gpu/test_gpu_host_syncs.py tests/gpu/test_gpu_fused_depth.py \
       tests/gpu/test_gpu_fused_decode.py tests/gpu/test_gpu_fused_prefill.py \
       -q -p no:cacheprovider 2>&1 | tee "$out/gpu_tests.log" | tail -15 ;;
   tune-decode)  # issue 13: the fused DECODE step's launch shapes (DECODE_TILES = Tiles() today:
