@@ -66,13 +66,13 @@ def test_fused_matches_eager(depth: DepthDecoder, depth_fp32: DepthDecoder, rows
     assert torch.count_nonzero(fused.counters).item() == 0
 
 
-@pytest.mark.parametrize("crowd", [16, 17, 32, 64, 65, 128])
+@pytest.mark.parametrize("crowd", [16, 17, 32, 64, 65, 128, 129, 256, 257, 512])
 def test_fused_rows_are_batch_invariant(depth: DepthDecoder, crowd: int) -> None:
     """A row's result does not depend on how many rows run beside it, whichever bucket's
     launch shapes (``TILES_BY_ROWS``) the crowd runs with."""
     from breezert.kernels.fused_depth import FusedDepthLayers
 
-    fused = FusedDepthLayers(depth, max_rows=128)
+    fused = FusedDepthLayers(depth, max_rows=512)
     gen = torch.Generator(device="cuda").manual_seed(7)
     xs = torch.randn(16, crowd, 2048, device="cuda", generator=gen).to(torch.bfloat16)
     with torch.inference_mode():

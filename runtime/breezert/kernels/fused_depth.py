@@ -1,7 +1,7 @@
 """Hand-fused depth-decoder layer step: 5 Triton launches per layer instead of ~19.
 
 Owns: the kernels and ``FusedDepthLayers``, a drop-in for ``DepthDecoder.run_layers`` on CUDA.
-Per layer and step (R rows, R <= 128 in our buckets):
+Per layer and step (R rows, R <= 512 in our buckets):
   1. input RMSNorm + packed q/k/v GEMM + RoPE, q to a buffer and k/v into the frame cache
      (optionally split-K, ``Tiles.qkv_split_k``: the last program of a tile runs the epilogue);
   2. short-cache attention (<= 16 keys; one program per row x KV head, its query group at once);
@@ -48,12 +48,21 @@ from breezert.kernels.gemm import (
 # Launch shapes per row bucket, tuned on the H200 by bench/tune_fused_depth.py (bench/README.md):
 # 16-row blocks for q/k/v (more programs), TMA weight tiles, deeper gate/up tiles. Every
 # bucket splits o_proj/down in 4 along K, so a row's bits do not depend on its bucket (tests/gpu:
-# a row alone == in crowds of 16..128).
+# a row alone == in crowds of 16..512).
 TILES_BY_ROWS: tuple[tuple[int, Tiles], ...] = (
     (64, Tiles(qkv_split=2, gate_bk=128, split_k=4, num_stages=3, gate_warps=8, gate_stages=3,
                split_stages=4, qkv_bm=16, tma=True)),
     (128, Tiles(qkv_split=2, gate_bn=128, split_k=4, split_bn=64, split_bk=128, num_stages=3,
                 gate_warps=8, gate_stages=4, split_warps=8, split_stages=4, qkv_bm=16, tma=True)),
+    # 256 and 512 rows (bench/results/h100-tune-fused-depth-20261206-3.json, H100): 128-row
+    # gate/up and split-K blocks; 17.1 and 31.7 ms a frame against 20.8 and 36.5 with the
+    # 128-row shapes.
+    (256, Tiles(qkv_split=2, gate_bn=128, split_k=4, split_bn=64, split_bk=128, num_stages=3,
+                gate_warps=8, gate_stages=4, split_warps=8, split_stages=4, qkv_bm=64,
+                gate_bm=128, split_bm=128, tma=True)),
+    (512, Tiles(qkv_split=2, gate_bn=128, split_k=4, split_bn=64, split_bk=128, num_stages=3,
+                gate_warps=8, gate_stages=4, split_warps=8, split_stages=3, qkv_bm=16,
+                gate_bm=128, split_bm=128, tma=True)),
 )
 
 
