@@ -6,28 +6,29 @@ Usage (GPU machine, repo root): ``PYTHONPATH=runtime:bench python bench/decode_a
 it checks the variants and times nothing; ``--compile-only`` builds each one for sm_90a here
 (no GPU) and prints its registers, shared memory and spills.
 
-Why: 6 Dec's H100 runs put ``_decode_attention_kernel`` at 8.9 of a 256-row DECODE step's 16.3
-ms at 512 tokens (kernel census), twice the time its K/V read takes at the card's bandwidth, and
-a 256-row step at >1k-token contexts at 48.9 ms (``bench/README.md``, "H100, 6 Dec (second
-session)"). One layer's attention (the kernel plus its split combine, as ``FusedBackboneDecode``
-launches them) runs here on a paged cache of the backbone's shape (8 KV heads, 16 query heads,
-head_dim 128, 16-token blocks in shuffled order), every row's cached length drawn between half
-the context and all of it, for each variant ``BT/SPLIT_TOKENS/WARPS`` (tokens per tile, tokens
-per split program, warps; the serving one is ``32/128/4``) and
-``dot:BT/SPLIT_TOKENS/WARPS/STAGES``, a candidate kernel that does the same work with both
-products on tensor cores (the G query heads of a KV head padded to 16 rows, ``tl.dot``, its tile
-loads pipelined: what flash-decoding kernels do; the serving kernel multiplies on CUDA cores and
-reduces across the threads). Per variant and shape: the median time (CUDA events), the K/V bytes
-it must read, their rate (GB/s) and, for the whole step, x28 layers; the output's largest
+Why: 6 Dec's H100 runs put the DECODE attention kernel (then an elementwise one) at 8.9 of a
+256-row DECODE step's 16.3 ms at 512 tokens (kernel census), twice the time its K/V read takes at
+the card's bandwidth, and a 256-row step at >1k-token contexts at 48.9 ms (``bench/README.md``,
+"H100, 6 Dec (second session)"). One layer's attention (the kernel plus its split combine, as
+``FusedBackboneDecode`` launches them: ``fused_decode.decode_attention``) runs here on a paged
+cache of the backbone's shape (8 KV heads, 16 query heads, head_dim 128, 16-token blocks in
+shuffled order), every row's cached length drawn between half the context and all of it, for
+each variant ``dot:BT/SPLIT_TOKENS/WARPS/STAGES`` of the served kernel (tokens per tile, tokens
+per split program, warps, the tile loop's pipeline depth; served: ``dot:64/256/4/3``, both
+products on tensor cores, the G query heads of a KV head padded to 16 rows) and
+``BT/SPLIT_TOKENS/WARPS``, the elementwise kernel it replaced (the "before": its tile step below,
+products on CUDA cores reduced across the threads, in the served kernel's program; served as
+``32/128/4``, always run). Per variant and shape: the median time (CUDA events), the K/V bytes it
+must read, their rate (GB/s) and, for the whole step, x28 layers; the output's largest
 difference from an fp32 torch reference of the same attention (QK-norm, RoPE, softmax over the
-cached tokens and the new one; up to 64 x 2048 row-tokens) beside the serving variant's, and
-from the serving variant's output at every shape. A variant whose difference passes twice the
-serving one's plus 1e-3 is marked wrong (exit 1). Writes JSON + PNG with the GPU, torch version,
-commit and date.
+cached tokens and the new one; up to 64 x 2048 row-tokens) beside the served variant's, and from
+the served variant's output at every shape. A variant whose difference passes twice the served
+one's plus 1e-3 is marked wrong (exit 1). Writes JSON + PNG with the GPU, torch version, commit
+and date.
 
-Owns nothing the runtime uses; a winning shape becomes ``FusedBackboneDecode``'s
-``ATTENTION_TILE`` / ``split_tokens`` / warps, a winning ``dot`` kernel moves into
-``kernels/fused_decode.py``, only after the GPU tests pass with it served.
+Owns the elementwise tile step (the "before") and nothing the runtime uses; a winning shape
+becomes ``fused_decode``'s ``ATTENTION_TILE`` / ``SPLIT_TOKENS`` / ``ATTENTION_WARPS`` /
+``ATTENTION_STAGES`` only after the GPU tests pass with it served.
 """
 
 from __future__ import annotations
@@ -44,136 +45,69 @@ import torch
 import triton
 import triton.language as tl
 
-from breezert.kernels.fused_decode import (
-    FusedBackboneDecode,
-    _decode_attention_kernel,
-    _decode_combine_kernel,
-)
-from breezert.kernels.gemm import head_norm_rope
+from breezert.kernels import fused_decode as fd
+from breezert.kernels.gemm import bf16
 from breezert_bench.provenance import provenance
 
-SERVING = "32/128/4"
-DEFAULT_VARIANTS = (SERVING, "64/128/4", "32/128/8", "64/256/8", "128/256/8", "16/64/4",
-                    "dot:64/128/4/3", "dot:64/256/4/3", "dot:128/256/8/3", "dot:64/512/4/4")
-INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
-GROUP_ROWS = 16  # the dot kernel's query rows: a KV head's G query heads, padded for tl.dot
+SERVING = (f"dot:{fd.ATTENTION_TILE}/{fd.SPLIT_TOKENS}/{fd.ATTENTION_WARPS}/"
+           f"{fd.ATTENTION_STAGES}")
+BEFORE = "32/128/4"  # the elementwise kernel as it was served
+DEFAULT_VARIANTS = (SERVING, BEFORE, "dot:64/128/4/3", "dot:128/256/8/3", "dot:64/512/4/4")
 BLOCK = 16  # tokens a cache block (paged KV)
 LAYERS = 28  # the backbone's layers: a DECODE step runs this attention once each
 
 
-def parse_variant(text: str) -> tuple[str, int, int, int, int]:
-    """``"BT/SPLIT/WARPS"`` (the serving kernel) or ``"dot:BT/SPLIT/WARPS/STAGES"`` (the
-    candidate below) -> (kernel, BT, SPLIT, WARPS, STAGES); raises ValueError for shapes the
-    kernels cannot take."""
+def parse_variant(text: str) -> tuple[str, int, int, int, int | None]:
+    """``"dot:BT/SPLIT/WARPS/STAGES"`` (the served kernel) or ``"BT/SPLIT/WARPS"`` (the
+    elementwise one it replaced) -> (kernel, BT, SPLIT, WARPS, STAGES; None for the elementwise
+    kernel, its loop as it was served); raises ValueError for shapes the kernels cannot take."""
     kernel, _, shape = text.rpartition(":")
-    kernel = kernel or "serving"
+    kernel = kernel or "elementwise"
     try:
         values = [int(v) for v in shape.split("/")]
     except ValueError:
         values = []
     want = 4 if kernel == "dot" else 3
-    if kernel not in ("serving", "dot") or len(values) != want:
-        raise ValueError(f"variant {text!r}: expected BT/SPLIT_TOKENS/WARPS (e.g. 32/128/4) or "
-                         "dot:BT/SPLIT_TOKENS/WARPS/STAGES (e.g. dot:64/256/4/3)")
+    if kernel not in ("elementwise", "dot") or len(values) != want:
+        raise ValueError(f"variant {text!r}: expected dot:BT/SPLIT_TOKENS/WARPS/STAGES (e.g. "
+                         "dot:64/256/4/3) or BT/SPLIT_TOKENS/WARPS (e.g. 32/128/4)")
     bt, split, warps = values[:3]
-    stages = values[3] if kernel == "dot" else 1
-    if (bt & (bt - 1) or split % bt or warps not in (1, 2, 4, 8, 16) or not 1 <= stages <= 6
-            or (kernel == "dot" and bt < 16)):
+    stages = values[3] if kernel == "dot" else None
+    if (bt & (bt - 1) or split % bt or warps not in (1, 2, 4, 8, 16)
+            or not 1 <= (stages or 1) <= 6 or (kernel == "dot" and bt < 16)):
         raise ValueError(f"variant {text!r}: BT a power of two (>= 16 for dot), SPLIT a multiple "
                          "of it, WARPS in 1..16, STAGES in 1..6")
     return kernel, bt, split, warps, stages
 
 
-@triton.jit(do_not_specialize=["stride_read", "num_splits"])
-def _decode_attention_dot_kernel(
-    qkv_ptr, qn_ptr, kn_ptr, cos_ptr, sin_ptr, kv_ptr, write_ptr, read_ptr, len_ptr, part_ptr,
-    eps, scale, stride_qkv, stride_cos, stride_read, c_kv, c_row, c_head, num_splits,
-    H: tl.constexpr, KVH: tl.constexpr, D: tl.constexpr, BT: tl.constexpr,
-    SPLIT_TILES: tl.constexpr, GR: tl.constexpr, STAGES: tl.constexpr,
-    DOT_TYPE: tl.constexpr = tl.bfloat16,
-):
-    """The serving kernel's job and outputs (same program grid, same ``part`` layout, so the
-    serving combine joins it) with both products on tensor cores: the KV head's G query heads
-    padded to ``GR`` rows (zeros), S = q K^T and P V as ``tl.dot`` of bf16 (q and k are bf16
-    values already; P is rounded to bf16 as the serving kernel does), fp32 accumulators, and
-    the tile loop pipelined over ``STAGES`` (loads feeding a dot are what Triton's pipeliner
-    prefetches). Sums run in another order than the serving kernel's: not bit for bit. The new
-    token's seeding repeats the serving kernel's lines on purpose: a candidate that wins
-    replaces that kernel whole.
-    ``DOT_TYPE``: the dots' operand type, bf16 on a GPU; Triton's interpreter (3.6) multiplies
-    bf16 dots wrongly, so there the same bf16 values go in as fp32 (exact products)."""
-    r = tl.program_id(0)
-    g = tl.program_id(1)
-    s = tl.program_id(2)
-    G: tl.constexpr = H // KVH
+@triton.jit
+def _attend_tile_elementwise(q_lo, q_hi, m, total, acc_lo, acc_hi, kv_ptr, read_ptr, step,
+                             cached, c_kv, c_row, c_head, g, scale, D: tl.constexpr,
+                             BT: tl.constexpr):
+    """The "before": ``fused_decode._attend_tile``'s step as it was served until the tensor-core
+    one replaced it, both products on CUDA cores (broadcast multiplies summed across the
+    threads) over the G unpadded query rows."""
     HALF: tl.constexpr = D // 2
-    cached = tl.load(len_ptr + r) - 1
-    if (s == 0) | (s * SPLIT_TILES * BT < cached):
-        qrow = tl.arange(0, GR)
-        real = qrow < G
-        heads = g * G + qrow
-        d = tl.arange(0, HALF)
-        dd = d[None, :]
-        row = qkv_ptr + r * stride_qkv
-        cos_lo = tl.load(cos_ptr + r * stride_cos + dd).to(tl.float32)
-        cos_hi = tl.load(cos_ptr + r * stride_cos + HALF + dd).to(tl.float32)
-        sin_lo = tl.load(sin_ptr + r * stride_cos + dd).to(tl.float32)
-        sin_hi = tl.load(sin_ptr + r * stride_cos + HALF + dd).to(tl.float32)
-        q_lo, q_hi = head_norm_rope(
-            tl.load(row + heads[:, None] * D + dd, mask=real[:, None], other=0.0).to(tl.float32),
-            tl.load(row + heads[:, None] * D + HALF + dd, mask=real[:, None],
-                    other=0.0).to(tl.float32),
-            qn_ptr, cos_lo, cos_hi, sin_lo, sin_hi, eps, D,
-        )  # [GR, HALF] each; the padding rows stay 0
-        m = tl.full([GR], float("-inf"), dtype=tl.float32)
-        total = tl.zeros([GR], dtype=tl.float32)
-        acc_lo = tl.zeros([GR, HALF], dtype=tl.float32)
-        acc_hi = tl.zeros([GR, HALF], dtype=tl.float32)
-        if s == 0:  # the new token, as the serving kernel seeds it
-            k_col = row + (H + g) * D
-            k_lo, k_hi = head_norm_rope(
-                tl.load(k_col + dd).to(tl.float32), tl.load(k_col + HALF + dd).to(tl.float32),
-                kn_ptr, cos_lo, cos_hi, sin_lo, sin_hi, eps, D,
-            )
-            v_col = row + (H + KVH + g) * D
-            v_lo = tl.load(v_col + dd).to(tl.float32)
-            v_hi = tl.load(v_col + HALF + dd).to(tl.float32)
-            slot = kv_ptr + tl.load(write_ptr + r) * c_row + g * c_head
-            tl.store(slot + dd, k_lo.to(tl.bfloat16))
-            tl.store(slot + HALF + dd, k_hi.to(tl.bfloat16))
-            tl.store(slot + c_kv + dd, v_lo.to(tl.bfloat16))
-            tl.store(slot + c_kv + HALF + dd, v_hi.to(tl.bfloat16))
-            m = (tl.sum(q_lo * k_lo, axis=1) + tl.sum(q_hi * k_hi, axis=1)) * scale
-            total += 1.0
-            acc_lo += v_lo
-            acc_hi += v_hi
-        qb_lo = q_lo.to(tl.bfloat16).to(DOT_TYPE)
-        qb_hi = q_hi.to(tl.bfloat16).to(DOT_TYPE)
-        read = read_ptr + r * stride_read
-        for i in tl.range(0, SPLIT_TILES, num_stages=STAGES):
-            t = (s * SPLIT_TILES + i) * BT + tl.arange(0, BT)
-            live = t < cached
-            slots = tl.load(read + t, mask=live, other=0)
-            key = kv_ptr + slots[:, None] * c_row + g * c_head + dd
-            k_lo = tl.load(key, mask=live[:, None], other=0.0).to(DOT_TYPE)  # [BT, HALF]
-            k_hi = tl.load(key + HALF, mask=live[:, None], other=0.0).to(DOT_TYPE)
-            sc = (tl.dot(qb_lo, tl.trans(k_lo)) + tl.dot(qb_hi, tl.trans(k_hi))) * scale
-            sc = tl.where(live[None, :], sc, float("-inf"))  # [GR, BT]
-            m_new = tl.maximum(m, tl.max(sc, axis=1))
-            alpha = tl.exp(m - m_new)
-            p = tl.exp(sc - m_new[:, None])
-            total = total * alpha + tl.sum(p, axis=1)
-            pb = p.to(tl.bfloat16).to(DOT_TYPE)
-            v_lo = tl.load(key + c_kv, mask=live[:, None], other=0.0).to(DOT_TYPE)
-            v_hi = tl.load(key + c_kv + HALF, mask=live[:, None], other=0.0).to(DOT_TYPE)
-            acc_lo = acc_lo * alpha[:, None] + tl.dot(pb, v_lo)
-            acc_hi = acc_hi * alpha[:, None] + tl.dot(pb, v_hi)
-            m = m_new
-        base = part_ptr + (((r * KVH + g) * num_splits + s) * G + qrow) * (D + 2)
-        tl.store(base[:, None] + dd, acc_lo, mask=real[:, None])
-        tl.store(base[:, None] + HALF + dd, acc_hi, mask=real[:, None])
-        tl.store(base + D, m, mask=real)
-        tl.store(base + D + 1, total, mask=real)
+    d = tl.arange(0, HALF)
+    t = step * BT + tl.arange(0, BT)
+    live = t < cached
+    rows = tl.load(read_ptr + t, mask=live, other=0)
+    key = kv_ptr + rows[:, None] * c_row + g * c_head + d[None, :]
+    kt_lo = tl.load(key, mask=live[:, None], other=0.0).to(tl.float32)  # [BT, HALF]
+    kt_hi = tl.load(key + HALF, mask=live[:, None], other=0.0).to(tl.float32)
+    s = (tl.sum(q_lo[:, None, :] * kt_lo[None, :, :], axis=2)
+         + tl.sum(q_hi[:, None, :] * kt_hi[None, :, :], axis=2)) * scale  # [G, BT]
+    s = tl.where(live[None, :], s, float("-inf"))
+    m_new = tl.maximum(m, tl.max(s, axis=1))
+    alpha = tl.exp(m - m_new)
+    p = tl.exp(s - m_new[:, None])
+    total = total * alpha + tl.sum(p, axis=1)
+    p = bf16(p)  # as flash attention rounds P for P @ V
+    vt_lo = tl.load(key + c_kv, mask=live[:, None], other=0.0).to(tl.float32)
+    vt_hi = tl.load(key + c_kv + HALF, mask=live[:, None], other=0.0).to(tl.float32)
+    acc_lo = acc_lo * alpha[:, None] + tl.sum(p[:, :, None] * vt_lo[None, :, :], axis=1)
+    acc_hi = acc_hi * alpha[:, None] + tl.sum(p[:, :, None] * vt_hi[None, :, :], axis=1)
+    return m_new, total, acc_lo, acc_hi
 
 
 class Case:
@@ -221,34 +155,21 @@ class Case:
         cached = int((self.lengths - 1).sum())
         return cached * self.kv_heads * self.head_dim * 2 * self.kv.element_size()
 
-    def launch(self, kernel: str, bt: int, split: int, warps: int, stages: int) -> None:
+    def launch(self, kernel: str, bt: int, split: int, warps: int, stages: int | None) -> None:
         """The attention and its combine, as ``FusedBackboneDecode.__call__`` launches them
-        (``kernel="dot"``: the candidate in place of the serving attention kernel)."""
-        rows, kvh, d = self.rows, self.kv_heads, self.head_dim
-        group = self.heads // kvh
+        (``kernel="elementwise"``: the tile step it replaced, over unpadded query rows)."""
         splits = math.ceil(self.context / split)
-        # the combine's reduction width, as FusedBackboneDecode sizes it
-        max_splits = max(FusedBackboneDecode.MIN_COMBINE_SPLITS, triton.next_power_of_2(splits))
         part = self.parts.get(splits)  # made once: no allocation inside a timed launch
         if part is None:
-            part = self.parts[splits] = torch.empty(rows, kvh, splits, group, d + 2,
-                                                    dtype=torch.float32, device=self.qkv.device)
-        c = self.kv.stride()
-        args = (self.qkv, self.q_norm, self.k_norm, self.cos, self.sin, self.kv, self.write,
-                self.read, self.lengths, part, 1e-6, d ** -0.5, self.qkv.stride(0),
-                self.cos.stride(0), self.read.stride(0), c[0], c[1], c[2], splits)
-        if kernel == "dot":
-            _decode_attention_dot_kernel[(rows, kvh, splits)](
-                *args, H=self.heads, KVH=kvh, D=d, BT=bt, SPLIT_TILES=split // bt,
-                GR=max(GROUP_ROWS, group), STAGES=stages, num_warps=warps,
-                DOT_TYPE=tl.float32 if INTERPRETED else tl.bfloat16)
-        else:
-            _decode_attention_kernel[(rows, kvh, splits)](
-                *args, H=self.heads, KVH=kvh, D=d, BT=bt, SPLIT_TILES=split // bt,
-                num_warps=warps)
-        _decode_combine_kernel[(rows, kvh)](
-            part, self.lengths, self.out, self.out.stride(0), splits, KVH=kvh, G=group, D=d,
-            SPLIT_T=split, MAX_SPLITS=max_splits, num_warps=4)
+            part = self.parts[splits] = torch.empty(
+                self.rows, self.kv_heads, splits, self.heads // self.kv_heads,
+                self.head_dim + 2, dtype=torch.float32, device=self.qkv.device)
+        before = ({"step": _attend_tile_elementwise, "min_rows": 1}
+                  if kernel == "elementwise" else {})
+        fd.decode_attention(
+            self.qkv, self.q_norm, self.k_norm, self.cos, self.sin, self.kv, self.write,
+            self.read, self.lengths, part, self.out, 1e-6, self.head_dim ** -0.5, self.heads,
+            split_tokens=split, tile=bt, warps=warps, stages=stages, **before)
 
     def reference(self) -> torch.Tensor:
         """fp32 torch: QK-norm and RoPE of the new q and k, softmax over the row's cached keys
@@ -279,7 +200,7 @@ class Case:
 
 
 def measure(case: Case, variants: list[str], timed: bool) -> list[dict[str, Any]]:
-    """Each variant's difference from the reference and from the serving variant (run first,
+    """Each variant's difference from the reference and from the served variant (run first,
     whether named or not) and, if ``timed``, its median ms."""
     ref = case.reference() if case.rows * case.context <= 64 * 2048 else None
     rows, outs = [], {}
@@ -299,7 +220,7 @@ def measure(case: Case, variants: list[str], timed: bool) -> list[dict[str, Any]
                        step_ms_28_layers=round(ms * LAYERS, 3))
         rows.append(row)
     if ref is not None:
-        bound = 2 * rows[0]["max_abs_diff_vs_fp32"] + 1e-3  # rows[0]: the serving variant
+        bound = 2 * rows[0]["max_abs_diff_vs_fp32"] + 1e-3  # rows[0]: the served variant
         for row in rows:
             row["wrong"] = row["max_abs_diff_vs_fp32"] > bound
     return rows
@@ -317,7 +238,7 @@ def compile_only(variants: list[str], heads: int, kv_heads: int, head_dim: int
     for name in variants:
         with build_only(90) as built:
             case.launch(*parse_variant(name))
-        r = resources(built[0], name)  # the attention (built[1] is the serving combine)
+        r = resources(built[0], name)  # the attention (built[1] is the combine)
         row = {"variant": name, "registers": r.registers, "shared_bytes": r.shared_bytes,
                "local_bytes": r.local_bytes, "stack_bytes": r.stack_bytes,
                "num_warps": r.num_warps, "num_stages": r.num_stages, "problems": r.problems(),
@@ -369,8 +290,9 @@ def main() -> None:
     variants = [v for v in args.variants.split(",") if v]
     for v in variants:
         parse_variant(v)
-    if SERVING not in variants:
-        variants.insert(0, SERVING)
+    for v in (BEFORE, SERVING):  # the A/B: the served kernel first, then the one it replaced
+        if v not in variants:
+            variants.insert(0, v)
     if args.compile_only:
         builds = compile_only(variants, args.heads, args.kv_heads, args.head_dim)
         if args.out:
@@ -398,11 +320,12 @@ def main() -> None:
     if args.out:
         out = Path(args.out)
         out.write_text(json.dumps({**provenance(device=device, git_commit_override=args.git_commit),
-                                   "serving": SERVING, "results": results}, indent=1))
+                                   "serving": SERVING, "before": BEFORE,
+                                   "results": results}, indent=1))
         if cuda:
             plot(results, out.with_suffix(".png"))
     if any(r.get("wrong") for r in results):
-        print("a variant's output is further from the reference than the serving one's",
+        print("a variant's output is further from the reference than the served one's",
               file=sys.stderr)
         sys.exit(1)
 

@@ -428,9 +428,9 @@ case "$phase" in
     timeout 150 python3 -m pytest tests/gpu/test_gpu_codec.py -q -p no:cacheprovider 2>&1 \
       | tee "$out/codec_tests.log" | tail -5 ;;
   decode-attention)  # issue 31: the DECODE attention alone (bench/decode_attention_ab.py), one
-    # layer at 64/256/512 rows x 256-2048 tokens, 6 launch shapes (tile/split/warps) of the
-    # serving kernel and 4 of a tensor-core candidate (dot:...), each with its K/V read's GB/s
-    # and its difference from fp32 torch
+    # layer at 64/256/512 rows x 256-2048 tokens, 4 launch shapes of the served tensor-core
+    # kernel (dot:tile/split/warps/stages) and the elementwise one it replaced (32/128/4), each
+    # with its K/V read's GB/s and its difference from fp32 torch
     # (6 Dec, H100: 8.9 of a 256-row step's 16.3 ms at 512 tokens, twice the read's time)
     timeout 420 python3 bench/decode_attention_ab.py --out "$out/h200-decode-attention-ab.json" \
       2>&1 | grep -v Warn | tail -100 ;;

@@ -1,8 +1,8 @@
 """``bench/decode_attention_ab.py`` on the CPU (Triton's interpreter, small heads): every launch
-shape of the serving kernel and of the tensor-core candidate computes the DECODE attention of a
-paged cache within bf16 rounding of an fp32 reference; the verdict marks a variant further from
-the reference than the serving one; every default variant builds for sm_90a within Hopper's
-limits."""
+shape of the served tensor-core kernel and of the elementwise kernel it replaced computes the
+DECODE attention of a paged cache within bf16 rounding of an fp32 reference; the verdict marks a
+variant further from the reference than the served one; every default variant builds for sm_90a
+within Hopper's limits."""
 
 from __future__ import annotations
 
@@ -32,10 +32,11 @@ def test_every_variant_matches_the_fp32_reference(tmp_path: Path) -> None:
         env=env, timeout=300, capture_output=True, text=True, check=False)
     assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
     doc = json.loads(out.read_text())
-    assert doc["git_commit"] and doc["date"] and doc["serving"] == "32/128/4"
+    assert doc["git_commit"] and doc["date"]
+    assert (doc["serving"], doc["before"]) == ("dot:64/256/4/3", "32/128/4")
     rows = doc["results"]
     assert {(r["rows"], r["context"]) for r in rows} == {(2, 48), (2, 96), (3, 48), (3, 96)}
-    assert {r["variant"] for r in rows} == set(variants.split(","))
+    assert {r["variant"] for r in rows} == {*variants.split(","), "dot:64/256/4/3"}
     for r in rows:
         assert r["max_abs_diff_vs_fp32"] < 5e-3, r
         assert r["max_abs_diff_vs_serving"] < 5e-3, r
@@ -51,22 +52,24 @@ def test_a_variant_off_the_reference_is_marked_wrong(monkeypatch: pytest.MonkeyP
     case = ab.Case(2, 32, 4, 2, 16, "cpu")
     exact = case.reference().to(torch.bfloat16)
 
-    def launch(kernel: str, bt: int, split: int, warps: int, stages: int) -> None:
-        off = (kernel, bt, split, warps) == ("serving", 64, 64, 8)  # the serving shape exact
+    def launch(kernel: str, bt: int, split: int, warps: int, stages: int | None) -> None:
+        off = (kernel, bt, split, warps) == ("elementwise", 64, 64, 8)  # the others exact
         case.out.copy_(exact + (0.05 if off else 0.0))
 
     monkeypatch.setattr(case, "launch", launch)
-    rows = {r["variant"]: r for r in ab.measure(case, ["32/128/4", "16/32/4", "64/64/8"],
+    rows = {r["variant"]: r for r in ab.measure(case, ["32/128/4", "dot:16/32/4/2", "64/64/8"],
                                                  timed=False)}
-    assert rows["32/128/4"]["wrong"] is False and rows["16/32/4"]["wrong"] is False
+    assert list(rows) == [ab.SERVING, "32/128/4", "dot:16/32/4/2", "64/64/8"]  # served first
+    assert not any(rows[v]["wrong"] for v in (ab.SERVING, "32/128/4", "dot:16/32/4/2"))
     assert rows["64/64/8"]["wrong"] is True
     assert rows["64/64/8"]["max_abs_diff_vs_serving"] == pytest.approx(0.05, abs=1e-2)
 
 
 def test_variant_names() -> None:
     ab = _module()
-    assert ab.parse_variant("32/128/4") == ("serving", 32, 128, 4, 1)
+    assert ab.parse_variant("32/128/4") == ("elementwise", 32, 128, 4, None)
     assert ab.parse_variant("dot:64/256/8/3") == ("dot", 64, 256, 8, 3)
+    assert ab.SERVING == "dot:64/256/4/3"  # fused_decode's served shape
 
 
 def _module():

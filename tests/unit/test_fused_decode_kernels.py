@@ -28,17 +28,18 @@ def test_fused_decode_matches_eager_paged_attention() -> None:
 
 
 def check_decode() -> None:
-    """Rows with 0, 19 and 45 cached tokens (blocks scattered through the pool) and a padding
-    row, attention in 32-token splits: hidden states and every written cache row match the eager
-    step, and a larger context bucket (more splits, all past the rows' lengths) changes no bit."""
+    """Rows with 0, 19 and 100 cached tokens (blocks scattered through the pool) and a padding
+    row, attention in 64-token splits (one 64-token tile each): hidden states and every written
+    cache row match the eager step, and a larger context bucket (more splits, all past the rows'
+    lengths) changes no bit."""
     from breezert.kernels.fused_decode import FusedBackboneDecode
 
     backbone = small_backbone()
     fused = FusedBackboneDecode(SimpleNamespace(backbone_model=backbone), max_rows=8,
-                                split_tokens=32)
+                                split_tokens=64)
     cache = small_paged_cache(seed=1)
-    runs = [KVRun([7], 0, 1), KVRun([3, 11], 19, 1), KVRun([2, 9, 5, 14], 45, 1)]
-    meta = decode_meta(cache, runs, 4, 64)
+    runs = [KVRun([7], 0, 1), KVRun([3, 11], 19, 1), KVRun([2, 9, 5, 14, 4, 12, 8], 100, 1)]
+    meta = decode_meta(cache, runs, 4, 128)
     embeds = torch.randn(4, SMALL_BACKBONE.hidden_size).to(torch.bfloat16)
     eager_kv, fused_kv = cache.kv.clone(), cache.kv.clone()
     with torch.inference_mode():
@@ -53,7 +54,7 @@ def check_decode() -> None:
     assert (fused_kv[0][:, written] != eager_kv[0][:, written]).float().mean() < 0.01
     diff = (fused_kv[:, :, written].float() - eager_kv[:, :, written].float()).abs().max()
     assert diff <= 0.03 * eager_kv[:, :, written].float().abs().max(), diff
-    wide = decode_meta(cache, runs, 4, 128)
+    wide = decode_meta(cache, runs, 4, 256)
     wide_kv = cache.kv.clone()
     with torch.inference_mode():
         view = GatherKV(wide_kv, wide["write_rows"], wide["read_rows"], wide["mask"])
@@ -84,7 +85,7 @@ def check_tuner_fields_keep_bits() -> None:
     embeds = torch.randn(2, SMALL_BACKBONE.hidden_size).to(torch.bfloat16)
 
     def step(tiles: object) -> torch.Tensor:
-        fused = FusedBackboneDecode(model, max_rows=2, tiles=tiles, split_tokens=32)
+        fused = FusedBackboneDecode(model, max_rows=2, tiles=tiles, split_tokens=64)
         with torch.inference_mode():
             return fused(embeds, meta["positions"], GatherKV(cache.kv.clone(), meta["write_rows"],
                                                           meta["read_rows"], meta["mask"]))

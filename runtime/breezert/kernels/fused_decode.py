@@ -4,10 +4,11 @@ Owns: the decode-attention kernel and ``FusedBackboneDecode``, a drop-in for the
 forward in the DECODE stage (``stages/backbone.backbone_decode(..., backbone=...)``). Per layer:
   1. input RMSNorm + packed q/k/v GEMM (``gemm.norm_linear``);
   2. attention, split over the context (flash-decoding): one program per row x KV head x
-     128-token split does q/k RMSNorm (QK-norm) and RoPE, online softmax over its split of the
-     row's cached tokens (read in place through ``read_rows``; a split past the row's length
-     does nothing), and split 0 writes the new k/v into the paged cache and counts the new token
-     from registers; a second small launch joins the splits in a fixed order;
+     256-token split does q/k RMSNorm (QK-norm) and RoPE, online softmax over its split of the
+     row's cached tokens (read in place through ``read_rows``, 64-token tiles, both products on
+     tensor cores with the KV head's query heads padded to 16 rows; a split past the row's
+     length does nothing), and split 0 writes the new k/v into the paged cache and counts the
+     new token from registers; a second small launch joins the splits in a fixed order;
   3. o_proj, split-K, + residual; 4. RMSNorm + gate/up + SiLU * up; 5. down, split-K, + residual.
 NOTE(kernels): the context splits give each SM several independent chains of tiles (one
 program per row x KV head was one serial chain each: bench/README.md). The eager decode runs
@@ -26,11 +27,13 @@ import triton
 import triton.language as tl
 
 from breezert.kernels.gemm import (
+    DOT_F32,
     FusedGemms,
     Tiles,
     bf16,
     check_bf16,
     head_norm_rope,
+    mm,
     pdl_launch,
     pdl_wait,
     warm_row_counts,
@@ -38,30 +41,35 @@ from breezert.kernels.gemm import (
 from breezert.layers.attention import GatherKV
 
 
+_DOT_F32 = tl.constexpr(DOT_F32)
+
+
 @triton.jit
 def _attend_tile(q_lo, q_hi, m, total, acc_lo, acc_hi, kv_ptr, read_ptr, step, cached, c_kv,
                  c_row, c_head, g, scale, D: tl.constexpr, BT: tl.constexpr):
-    """Online softmax over cached tokens ``step*BT ..`` (< ``cached``) of one row and KV head."""
+    """Online softmax over cached tokens ``step*BT ..`` (< ``cached``) of one row and KV head,
+    both products on tensor cores: S = q K^T and P V as ``tl.dot`` of bf16 (q holds bf16 values
+    already; P is rounded to bf16 as flash attention rounds it), fp32 accumulators. ``q_lo`` /
+    ``q_hi``: ``[GR, D/2]``, GR >= 16 rows (tl.dot's least M)."""
     HALF: tl.constexpr = D // 2
-    d = tl.arange(0, HALF)
     t = step * BT + tl.arange(0, BT)
     live = t < cached
     rows = tl.load(read_ptr + t, mask=live, other=0)
-    key = kv_ptr + rows[:, None] * c_row + g * c_head + d[None, :]
-    kt_lo = tl.load(key, mask=live[:, None], other=0.0).to(tl.float32)  # [BT, HALF]
-    kt_hi = tl.load(key + HALF, mask=live[:, None], other=0.0).to(tl.float32)
-    s = (tl.sum(q_lo[:, None, :] * kt_lo[None, :, :], axis=2)
-         + tl.sum(q_hi[:, None, :] * kt_hi[None, :, :], axis=2)) * scale  # [G, BT]
+    key = kv_ptr + rows[:, None] * c_row + g * c_head + tl.arange(0, HALF)[None, :]
+    k_lo = tl.load(key, mask=live[:, None], other=0.0)  # [BT, HALF] bf16
+    k_hi = tl.load(key + HALF, mask=live[:, None], other=0.0)
+    s = (mm(q_lo.to(tl.bfloat16), tl.trans(k_lo), _DOT_F32)
+         + mm(q_hi.to(tl.bfloat16), tl.trans(k_hi), _DOT_F32)) * scale  # [GR, BT]
     s = tl.where(live[None, :], s, float("-inf"))
     m_new = tl.maximum(m, tl.max(s, axis=1))
     alpha = tl.exp(m - m_new)
     p = tl.exp(s - m_new[:, None])
     total = total * alpha + tl.sum(p, axis=1)
-    p = bf16(p)  # as flash attention rounds P for P @ V
-    vt_lo = tl.load(key + c_kv, mask=live[:, None], other=0.0).to(tl.float32)
-    vt_hi = tl.load(key + c_kv + HALF, mask=live[:, None], other=0.0).to(tl.float32)
-    acc_lo = acc_lo * alpha[:, None] + tl.sum(p[:, :, None] * vt_lo[None, :, :], axis=1)
-    acc_hi = acc_hi * alpha[:, None] + tl.sum(p[:, :, None] * vt_hi[None, :, :], axis=1)
+    p = bf16(p).to(tl.bfloat16)  # rounded to nearest even, under the interpreter too
+    v_lo = tl.load(key + c_kv, mask=live[:, None], other=0.0)
+    v_hi = tl.load(key + c_kv + HALF, mask=live[:, None], other=0.0)
+    acc_lo = acc_lo * alpha[:, None] + mm(p, v_lo, _DOT_F32)
+    acc_hi = acc_hi * alpha[:, None] + mm(p, v_hi, _DOT_F32)
     return m_new, total, acc_lo, acc_hi
 
 
@@ -71,13 +79,16 @@ def _decode_attention_kernel(
     qkv_ptr, qn_ptr, kn_ptr, cos_ptr, sin_ptr, kv_ptr, write_ptr, read_ptr, len_ptr, part_ptr,
     eps, scale, stride_qkv, stride_cos, stride_read, c_kv, c_row, c_head, num_splits,
     H: tl.constexpr, KVH: tl.constexpr, D: tl.constexpr, BT: tl.constexpr,
-    SPLIT_TILES: tl.constexpr, PDL: tl.constexpr = False,
+    SPLIT_TILES: tl.constexpr, GR: tl.constexpr, STAGES: tl.constexpr, TILE: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
-    """Program (row r, KV head g, split s): its G = H / KVH query heads over cached tokens
-    ``s * SPLIT_TILES * BT ..`` of the row; split 0 also writes the new k/v into the cache and
-    counts the new token. Writes the split's running max, sum and unnormalised output (fp32) to
-    ``part_ptr``; ``_decode_combine_kernel`` joins the splits. A split past the row's cached
-    tokens does nothing (the combine skips it)."""
+    """Program (row r, KV head g, split s): its G = H / KVH query heads (padded with zero rows
+    to ``GR``) over cached tokens ``s * SPLIT_TILES * BT ..`` of the row, a ``TILE`` step
+    (``_attend_tile``) for each ``BT`` of them, the loop's loads pipelined over ``STAGES`` (None:
+    the launch's default); split 0 also writes the new k/v into the cache and counts the new
+    token. Writes the split's running max, sum and unnormalised output (fp32) to ``part_ptr``;
+    ``_decode_combine_kernel`` joins the splits. A split past the row's cached tokens does
+    nothing (the combine skips it)."""
     pdl_wait(PDL)
     r = tl.program_id(0)
     g = tl.program_id(1)
@@ -86,7 +97,9 @@ def _decode_attention_kernel(
     HALF: tl.constexpr = D // 2
     cached = tl.load(len_ptr + r) - 1  # tokens before this one
     if (s == 0) | (s * SPLIT_TILES * BT < cached):
-        heads = g * G + tl.arange(0, G)
+        qrow = tl.arange(0, GR)
+        real = qrow < G
+        heads = g * G + qrow
         d = tl.arange(0, HALF)
         dd = d[None, :]
         row = qkv_ptr + r * stride_qkv
@@ -94,15 +107,16 @@ def _decode_attention_kernel(
         cos_hi = tl.load(cos_ptr + r * stride_cos + HALF + dd).to(tl.float32)
         sin_lo = tl.load(sin_ptr + r * stride_cos + dd).to(tl.float32)
         sin_hi = tl.load(sin_ptr + r * stride_cos + HALF + dd).to(tl.float32)
+        q = row + heads[:, None] * D + dd
         q_lo, q_hi = head_norm_rope(
-            tl.load(row + heads[:, None] * D + dd).to(tl.float32),
-            tl.load(row + heads[:, None] * D + HALF + dd).to(tl.float32),
+            tl.load(q, mask=real[:, None], other=0.0).to(tl.float32),
+            tl.load(q + HALF, mask=real[:, None], other=0.0).to(tl.float32),
             qn_ptr, cos_lo, cos_hi, sin_lo, sin_hi, eps, D,
-        )  # [G, HALF] each
-        m = tl.full([G], float("-inf"), dtype=tl.float32)
-        total = tl.zeros([G], dtype=tl.float32)
-        acc_lo = tl.zeros([G, HALF], dtype=tl.float32)
-        acc_hi = tl.zeros([G, HALF], dtype=tl.float32)
+        )  # [GR, HALF] each; the padding rows stay 0
+        m = tl.full([GR], float("-inf"), dtype=tl.float32)
+        total = tl.zeros([GR], dtype=tl.float32)
+        acc_lo = tl.zeros([GR, HALF], dtype=tl.float32)
+        acc_hi = tl.zeros([GR, HALF], dtype=tl.float32)
         if s == 0:  # the new token: write it, and seed the softmax with it (probability 1)
             k_col = row + (H + g) * D
             k_lo, k_hi = head_norm_rope(
@@ -117,21 +131,22 @@ def _decode_attention_kernel(
             tl.store(slot + HALF + dd, k_hi.to(tl.bfloat16))
             tl.store(slot + c_kv + dd, v_lo.to(tl.bfloat16))
             tl.store(slot + c_kv + HALF + dd, v_hi.to(tl.bfloat16))
-            m = (tl.sum(q_lo * k_lo, axis=1) + tl.sum(q_hi * k_hi, axis=1)) * scale  # [G]
+            m = (tl.sum(q_lo * k_lo, axis=1) + tl.sum(q_hi * k_hi, axis=1)) * scale  # [GR]
             total += 1.0
             acc_lo += v_lo
             acc_hi += v_hi
         read = read_ptr + r * stride_read
-        for i in range(SPLIT_TILES):  # a tile past the row's tokens is all masked: no change
-            m, total, acc_lo, acc_hi = _attend_tile(
+        # a tile past the row's tokens is all masked: no change
+        for i in tl.range(0, SPLIT_TILES, num_stages=STAGES):
+            m, total, acc_lo, acc_hi = TILE(
                 q_lo, q_hi, m, total, acc_lo, acc_hi, kv_ptr, read, s * SPLIT_TILES + i, cached,
                 c_kv, c_row, c_head, g, scale, D, BT)
         # part layout: [rows, KVH, num_splits, G, D + 2] fp32 = output, max, sum
-        base = part_ptr + (((r * KVH + g) * num_splits + s) * G + tl.arange(0, G)) * (D + 2)
-        tl.store(base[:, None] + dd, acc_lo)
-        tl.store(base[:, None] + HALF + dd, acc_hi)
-        tl.store(base + D, m)
-        tl.store(base + D + 1, total)
+        base = part_ptr + (((r * KVH + g) * num_splits + s) * G + qrow) * (D + 2)
+        tl.store(base[:, None] + dd, acc_lo, mask=real[:, None])
+        tl.store(base[:, None] + HALF + dd, acc_hi, mask=real[:, None])
+        tl.store(base + D, m, mask=real)
+        tl.store(base + D + 1, total, mask=real)
 
 
 @triton.jit(do_not_specialize=["num_splits"])
@@ -158,6 +173,61 @@ def _decode_combine_kernel(part_ptr, len_ptr, out_ptr, stride_out, num_splits,
     acc = tl.sum(w[:, :, None] * acc, axis=0)  # [G, D]
     out = out_ptr + r * stride_out + (g * G + heads)[:, None] * D + d[None, :]
     tl.store(out, bf16(acc / total[:, None]).to(tl.bfloat16))
+
+
+ATTENTION_TILE = 64
+"""Cached tokens a step of the attention's tile loop (the N of S = q K^T)."""
+SPLIT_TOKENS = 256
+"""Cached tokens a split program reads (flash-decoding's context split)."""
+ATTENTION_WARPS, ATTENTION_STAGES = 4, 3
+"""The attention's launch: warps, and the tile loop's pipeline depth. With ``ATTENTION_TILE``
+and ``SPLIT_TOKENS``: ``dot:64/256/4/3`` of ``bench/decode_attention_ab.py``, within a few % of
+its best shape at 64-512 rows x 256-2048 tokens on the H100 and ~2x as fast as the elementwise
+kernel it replaced (32/128/4, CUDA-core products), at the same difference from fp32."""
+GROUP_ROWS = 16
+"""Query rows a program multiplies at least: a KV head's query heads padded for tl.dot."""
+MIN_COMBINE_SPLITS = 16
+"""The combine reduces over at least this many splits (4096 tokens at 256 per split), so
+every context bucket up to that gives the same bits; a longer bucket reduces over more
+(another build, and a row's bits may then differ from the shorter buckets')."""
+
+
+def decode_attention(qkv: torch.Tensor, q_norm: torch.Tensor, k_norm: torch.Tensor,
+                     cos: torch.Tensor, sin: torch.Tensor, kv: torch.Tensor,
+                     write_rows: torch.Tensor, read_rows: torch.Tensor, lengths: torch.Tensor,
+                     part: torch.Tensor, out: torch.Tensor, eps: float, scale: float, heads: int,
+                     *, split_tokens: int = SPLIT_TOKENS, tile: int = ATTENTION_TILE,
+                     warps: int = ATTENTION_WARPS, stages: int | None = ATTENTION_STAGES,
+                     step: object = _attend_tile, min_rows: int = GROUP_ROWS,
+                     pdl: bool = False) -> None:
+    """One layer's DECODE attention (QK-norm with weights ``q_norm``/``k_norm`` and ``eps``, RoPE
+    by ``cos``/``sin [R, D]``) and its split combine, as two launches: ``qkv [R, (H + 2 KVH) D]``
+    the new tokens' packed projections, ``kv [2, slots, KVH, D]`` the layer's paged cache (the new
+    k/v written at ``write_rows``, each row's cached ones read through ``read_rows [R, T]``, the
+    first ``lengths - 1`` of them), ``part [R, KVH, cdiv(T, split_tokens), G, D + 2]`` fp32
+    scratch -> ``out [R, H * D]`` bf16. No host sync, no allocation: CUDA graphs capture it.
+    ``step``, ``min_rows`` and ``stages``: the tile step (``_attend_tile``), the query rows it
+    takes at least and the loop's pipeline depth; ``bench/decode_attention_ab.py`` runs the
+    elementwise step this kernel replaced through them."""
+    rows, kv_heads, d = qkv.shape[0], kv.shape[2], kv.shape[3]
+    group = heads // kv_heads
+    splits = triton.cdiv(read_rows.shape[1], split_tokens)
+    if part.shape != (rows, kv_heads, splits, group, d + 2) or split_tokens % tile:
+        raise ValueError(f"part {tuple(part.shape)} for {splits} splits of {split_tokens} tokens "
+                         f"(a multiple of the {tile}-token tile)")
+    c = kv.stride()  # [2, slots, KVH, D]
+    _decode_attention_kernel[(rows, kv_heads, splits)](
+        qkv, q_norm, k_norm, cos, sin, kv, write_rows, read_rows, lengths, part, eps, scale,
+        qkv.stride(0), cos.stride(0), read_rows.stride(0), c[0], c[1], c[2], splits, H=heads,
+        KVH=kv_heads, D=d, BT=tile, SPLIT_TILES=split_tokens // tile,
+        GR=max(min_rows, group), STAGES=stages, TILE=step, num_warps=warps, **pdl_launch(pdl),
+    )
+    # one combine build up to MIN_COMBINE_SPLITS splits
+    _decode_combine_kernel[(rows, kv_heads)](
+        part, lengths, out, out.stride(0), splits, KVH=kv_heads, G=group, D=d,
+        SPLIT_T=split_tokens, MAX_SPLITS=max(MIN_COMBINE_SPLITS, triton.next_power_of_2(splits)),
+        num_warps=4, **pdl_launch(pdl),
+    )
 
 
 DECODE_TILES = Tiles()
@@ -195,14 +265,8 @@ class FusedBackboneDecode:
     Needs ``BreezeModel.fuse_projections_()`` first (packed q/k/v and gate/up weights).
     """
 
-    ATTENTION_TILE = 32  # cached tokens per attention iteration
-    MIN_COMBINE_SPLITS = 16
-    """The combine reduces over at least this many splits (2048 tokens at 128 per split), so
-    every context bucket up to that gives the same bits; a longer bucket reduces over more
-    (another build, and a row's bits may then differ from the shorter buckets')."""
-
     def __init__(self, model: torch.nn.Module, max_rows: int, tiles: Tiles | None = None,
-                 split_tokens: int = 128, warm: bool = True) -> None:
+                 split_tokens: int = SPLIT_TOKENS, warm: bool = True) -> None:
         """``tiles``: default ``DECODE_TILES``; ``warm``: build every kernel variant now (on
         CUDA)."""
         backbone = model.backbone_model
@@ -217,9 +281,9 @@ class FusedBackboneDecode:
         if group * self.kv_heads != self.heads or group & (group - 1) or self.head_dim & (
                 self.head_dim - 1):
             raise ValueError("fused decode kernels need power-of-two head_dim and query groups")
-        if split_tokens % self.ATTENTION_TILE:
+        if split_tokens % ATTENTION_TILE:
             raise ValueError(f"split_tokens={split_tokens} must be a multiple of "
-                             f"{self.ATTENTION_TILE}")
+                             f"{ATTENTION_TILE}")
         self.split_tokens = split_tokens
         self.max_rows = max_rows
         if warm and device.type == "cuda":
@@ -260,28 +324,15 @@ class FusedBackboneDecode:
         attn = torch.empty(rows, self.heads * self.head_dim, dtype=x.dtype, device=x.device)
         group, d = self.heads // self.kv_heads, self.head_dim
         splits = triton.cdiv(read_rows.shape[1], self.split_tokens)
-        # one combine build up to MIN_COMBINE_SPLITS splits (2048 tokens at 128 per split)
-        max_splits = max(self.MIN_COMBINE_SPLITS, triton.next_power_of_2(splits))
         part = torch.empty(rows, self.kv_heads, splits, group, d + 2, dtype=torch.float32,
                            device=x.device)
         for layer, store in zip(backbone.layers, kv):
-            qkv = gemms.norm_linear(x, layer.input_layernorm.weight, layer.self_attn.qkv_weight,
-                                    self.eps)
-            c = store.stride()  # [2, rows, KVH, D]
-            _decode_attention_kernel[(rows, self.kv_heads, splits)](
-                qkv, layer.self_attn.q_norm.weight, layer.self_attn.k_norm.weight, cos, sin,
-                store, write_rows, read_rows, lengths, part, layer.self_attn.q_norm.eps,
-                self.scale, qkv.stride(0), cos.stride(0), read_rows.stride(0),
-                c[0], c[1], c[2], splits, H=self.heads, KVH=self.kv_heads, D=d,
-                BT=self.ATTENTION_TILE, SPLIT_TILES=self.split_tokens // self.ATTENTION_TILE,
-                num_warps=4, **pdl_launch(pdl),
-            )
-            _decode_combine_kernel[(rows, self.kv_heads)](
-                part, lengths, attn, attn.stride(0), splits, KVH=self.kv_heads, G=group, D=d,
-                SPLIT_T=self.split_tokens, MAX_SPLITS=max_splits, num_warps=4,
-                **pdl_launch(pdl),
-            )
-            x = gemms.linear_residual(attn, layer.self_attn.o_proj.weight, x)
+            sa = layer.self_attn
+            qkv = gemms.norm_linear(x, layer.input_layernorm.weight, sa.qkv_weight, self.eps)
+            decode_attention(qkv, sa.q_norm.weight, sa.k_norm.weight, cos, sin, store,
+                             write_rows, read_rows, lengths, part, attn, sa.q_norm.eps,
+                             self.scale, self.heads, split_tokens=self.split_tokens, pdl=pdl)
+            x = gemms.linear_residual(attn, sa.o_proj.weight, x)
             act = gemms.norm_gate_up(x, layer.post_attention_layernorm.weight,
                                      layer.mlp.gate_up_weight, self.eps)
             x = gemms.linear_residual(act, layer.mlp.down_proj.weight, x)
