@@ -309,7 +309,8 @@ class FusedBackboneDecode:
             embeds = torch.zeros(rows, weight.shape[0], dtype=weight.dtype, device=weight.device)
             self(embeds, zeros, GatherKV(kv, zeros, read, mask))
 
-    def __call__(self, embeds: torch.Tensor, positions: torch.Tensor, view: GatherKV) -> torch.Tensor:
+    def __call__(self, embeds: torch.Tensor, positions: torch.Tensor,
+                 view: GatherKV) -> torch.Tensor:
         """``Qwen3Backbone.forward`` for a decode step: ``embeds [R, D]`` of one new token per
         row and a decode-form ``view`` (metadata as ``decode_meta_on_device`` builds it:
         ``mask [R, 1, 1, T]`` a prefix of each row's ``read_rows``, the new token last) ->
