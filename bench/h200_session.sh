@@ -317,14 +317,19 @@ case "$phase" in
     # loop (CONCURRENCY), on the previous tree (.prevtree/: git archive $(cat .prevtree/COMMIT)
     # runtime configs, carried) and on this one, one call, each tree's runtime in its own process
     # under this tree's harness. Each start-up captures graphs up to 256 requests (~1-2 min).
+    # AB_ORDER=after-first runs this tree first (6 Dec: the second tree's TTFB was 5-48 ms higher
+    # at every point, the order's effect or the tree's; one run each cannot tell).
     prev=$(cat .prevtree/COMMIT)
-    for tree in .prevtree .; do
+    trees=(.prevtree .)
+    [ "${AB_ORDER:-}" != after-first ] || trees=(. .prevtree)
+    for tree in "${trees[@]}"; do
       if [ "$tree" = . ]; then name=after; rev=$commit; else name=before; rev=$prev; fi
       PYTHONPATH=/tmp/site:$tree/runtime:bench:. timeout 270 python3 -m breezert_bench \
         --config "$tree/configs/h200-capacity.toml" --texts .benchdata/texts_en.tsv \
         --tokenizer .benchdata/tokenizer.json --git-commit "$rev" \
-        --concurrency "${CONCURRENCY:-256}" --num-requests 300 --warmup 16 --run-budget 60 \
-        --out "$out/h200-capacity-$name.json" 2>&1 | grep '^\[bench' || true
+        --concurrency "${CONCURRENCY:-256}" ${RATES:+--rate "$RATES"} --num-requests 300 \
+        --warmup 16 --run-budget 60 --out "$out/h200-capacity-$name.json" 2>&1 \
+        | grep '^\[bench' || true
     done ;;
   gc)  # a full garbage-collector pass on the warmed H200 engine, with and without the start-up
     # heap frozen (bench/gc_pause.py; ~1 min with the engine's start-up)
