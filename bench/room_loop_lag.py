@@ -17,6 +17,11 @@ small torch op that releases it (~4 us), for ``duty`` of each 10 ms period, slee
 (as the step loop waits on the GPU). ``--processes P`` spreads the rooms over P processes (the
 engine thread then in one of its own), ``--reports-hz`` adds a listener per room, in a process
 of its own, sending a playout report's worth of data that often (variant ``listener``: 10).
+``--pace ahead`` captures back to back instead of on a real-time schedule, so each
+track's 200 ms queue stays full and a capture is always in flight (RoomIO behind a TTS faster
+than real time). ``--fanout per-loop`` is an experiment on livekit's side, not a fix the
+project ships: ``FfiQueue.put`` replaced in the child by one that wakes each loop once per event,
+outside the queue's lock (``per_loop_put``).
 ``--monitor`` puts livekit-agents' own loop monitor (``livekit.agents.telemetry.loop_monitor``:
 a 20 ms heartbeat and a watchdog thread per loop) on every loop, as each job thread has it.
 
@@ -30,7 +35,8 @@ and the collector's full passes. Each process sets the point's ``sys.setswitchin
 first, imports torch and freezes its start-up heap (as ``AsyncEngine.shared`` does).
 
 Owns: this measurement (the child processes, their threads, the sweep and its JSON). Must not:
-change livekit's packages or the agent; the server is ``bench/room_procs.py``'s.
+change livekit's packages or the agent (``--fanout per-loop`` swaps a method on the child's own
+queue object); the server is ``bench/room_procs.py``'s.
 """
 
 from __future__ import annotations
@@ -78,7 +84,7 @@ class FfiProbe:
     callback began and ended (``capture_marks``), so its duration splits into request, native
     side (plus the callback thread's GIL wait and parse) and fan-out plus loop wake-up."""
 
-    def __init__(self) -> None:
+    def __init__(self, fanout: str = "livekit") -> None:
         from livekit.rtc._ffi_client import FfiClient
 
         self.puts: list[tuple[float, int]] = []  # (seconds, subscribers)
@@ -91,6 +97,10 @@ class FfiProbe:
         client = FfiClient.instance
         queue = client.queue
         put, subscribe, request = queue.put, queue.subscribe, client.request
+        if fanout == "per-loop":
+            put = per_loop_put(queue)
+        elif fanout != "livekit":
+            raise ValueError(f"fanout {fanout!r}: expected livekit or per-loop")
 
         def timed_put(item: Any) -> None:
             start, cpu = time.monotonic(), time.thread_time()
@@ -142,6 +152,38 @@ class FfiProbe:
         if mark is None or put is None:
             return None
         return mark[1] - begin, put[0] - mark[1], end - put[0]
+
+
+def per_loop_put(queue: Any) -> Any:
+    """An experiment, not livekit's code: ``FfiQueue.put`` that reads its subscribers under the
+    lock, filters them on the callback thread as livekit does, and wakes each loop once per
+    event (one ``call_soon_threadsafe`` that fills all of that loop's queues), outside the
+    lock: what the fan-out costs when a put neither holds the lock through its wake-ups nor
+    writes a loop's self-pipe once per subscriber."""
+
+    def deliver(queues: list[Any], item: Any) -> None:
+        for target in queues:
+            target.put_nowait(item)
+
+    def put(item: Any) -> None:
+        with queue._lock:
+            subscribers = list(queue._subscribers)
+        by_loop: dict[Any, list[Any]] = {}
+        for target, loop, filter_fn in subscribers:
+            if filter_fn is not None:
+                try:
+                    if not filter_fn(item):
+                        continue
+                except Exception:
+                    pass  # livekit delivers on a filter's error
+            by_loop.setdefault(loop, []).append(target)
+        for loop, queues in by_loop.items():
+            try:
+                loop.call_soon_threadsafe(deliver, queues, item)
+            except RuntimeError:  # a closed loop, as livekit logs and goes on
+                pass
+
+    return put
 
 
 def engine_loop(duty: float, stop: threading.Event, stats: dict[str, float]) -> None:
@@ -197,6 +239,7 @@ class LoopThread(threading.Thread):
         self.captures: list[float] = []
         self.capture_late: list[float] = []
         self.capture_splits: list[tuple[float, float, float]] = []
+        self.dropped = 0  # frames dropped behind schedule (pace realtime)
         self.cpu_s = 0.0  # this loop thread's CPU time in the window
         self.error: str | None = None
 
@@ -274,18 +317,24 @@ class LoopThread(threading.Thread):
         tone = [int(3000 * math.sin(2 * math.pi * 220 * i / SAMPLE_RATE))
                 for i in range(samples)]
         pcm = b"".join(v.to_bytes(2, "little", signed=True) for v in tone)
-        for n in itertools.count():  # frames behind schedule go back to back, as RoomIO's do
-            due = start + n * frame_s
-            if time.monotonic() >= end:
-                return
-            await asyncio.sleep(max(due - time.monotonic(), 0.0))
+        frame = rtc.AudioFrame(pcm, SAMPLE_RATE, 1, samples)
+        due = start
+        while time.monotonic() < end:
+            if self.spec["pace"] == "realtime":
+                # each frame at its time; one more than a frame late is dropped (the schedule
+                # moves on), so a capture never waits for room in the source's queue
+                await asyncio.sleep(max(due - time.monotonic(), 0.0))
+                while time.monotonic() - due > frame_s:
+                    self.dropped += 1
+                    due += frame_s
             begin = time.monotonic()
-            self.capture_late.append(begin - due)
-            await source.capture_frame(rtc.AudioFrame(pcm, SAMPLE_RATE, 1, samples))
+            self.capture_late.append(max(begin - due, 0.0))
+            await source.capture_frame(frame)
             done = time.monotonic()
             self.captures.append(done - begin)
             if (split := self.probe.capture_split(begin, done)) is not None:
                 self.capture_splits.append(split)
+            due += frame_s
 
 
 def thread_cpu() -> dict[int, tuple[str, float]]:
@@ -335,7 +384,7 @@ def run_point(spec: dict[str, Any]) -> dict[str, Any]:
     from breezert.runtime_setup import freeze_startup_heap
 
     freeze_startup_heap()  # as AsyncEngine.shared does once the engine is built
-    probe = FfiProbe()
+    probe = FfiProbe(spec["fanout"])
     gc_passes: list[tuple[int, float]] = []  # (generation, seconds) in the window
     gc_started: list[float] = [0.0]
 
@@ -395,6 +444,7 @@ def run_point(spec: dict[str, Any]) -> dict[str, Any]:
         "threads_alive_end": sum(t.is_alive() for t in threads),
         "errors": [t.error for t in threads if t.error],
         "captures": sum(len(t.captures) for t in rooms), "rooms": len(rooms),
+        "dropped": sum(t.dropped for t in rooms),
         "lag_max_per_room_ms": [round(max(t.lags, default=0.0) * ms, 1) for t in rooms],
         "loops_cpu_s": sum(t.cpu_s for t in rooms + idle), "put_cpu_s": probe.put_cpu_s,
         "engine_cpu_s": engine_stats.get("cpu_s", 0.0) / engine_wall * spec["seconds"],
@@ -456,7 +506,8 @@ def merge(spec: dict[str, Any], parts: list[dict[str, Any]]) -> dict[str, Any]:
         "capture_split_ms": {name: stats(cat(f"split_{name}"))
                              for name in ("request", "to_put", "put_to_loop")},
         # audio each room got into its source per second of the window (< 1: the track
-        # starved; its listener hears gaps)
+        # starved; its listener hears gaps); pace realtime: the frames dropped behind schedule
+        "frames_dropped": sum(part["dropped"] for part in parts),
         "realtime_share": round(sum(part["captures"] for part in parts) * spec["frame_ms"]
                                 / 1000 / max(room_count * seconds, 1e-9), 3),
         "ffi_put_ms": stats(cat("put")),
@@ -564,6 +615,13 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--reports-hz", default="0",
                    help="data packets a second from a listener in every room (comma list; "
                         "variant listener: 10)")
+    p.add_argument("--pace", default="realtime",
+                   help="realtime (each frame at its time, late ones dropped) or ahead (back to "
+                        "back: the source's queue stays full, as RoomIO's behind a fast TTS); "
+                        "comma list")
+    p.add_argument("--fanout", default="livekit",
+                   help="livekit (FfiQueue.put as shipped) or per-loop (an experiment: one "
+                        "call_soon_threadsafe per loop and event, outside the lock); comma list")
     p.add_argument("--processes", default="1",
                    help="processes sharing the rooms (comma list; > 1: the engine apart)")
     p.add_argument("--seconds", type=float, default=12.0, help="measured window per point")
@@ -584,7 +642,8 @@ def main(argv: list[str] | None = None) -> None:
         [int(v) for v in floats(args.rooms)], [int(v) for v in floats(args.idle)],
         floats(args.engine), floats(args.switch_ms), [int(v) for v in floats(args.frame_ms)],
         [bool(int(v)) for v in floats(args.monitor)], [int(v) for v in floats(args.processes)],
-        floats(args.reports_hz), range(args.repeats)))
+        floats(args.reports_hz), args.pace.split(","), args.fanout.split(","),
+        range(args.repeats)))
     doc: dict[str, Any] = {"points": []}
     if args.out and args.out.exists():
         doc = json.loads(args.out.read_text())
@@ -593,19 +652,20 @@ def main(argv: list[str] | None = None) -> None:
     doc.setdefault("sweeps", []).append(sweep)
     with tempfile.TemporaryDirectory(prefix="room-loop-lag-") as tmp, \
             livekit_server(args.server_bin, Path(tmp)) as (url, _):
-        for n, (rooms, idle, duty, switch_ms, frame_ms, monitor, processes, reports_hz,
-                rep) in enumerate(grid):
+        for n, (rooms, idle, duty, switch_ms, frame_ms, monitor, processes, reports_hz, pace,
+                fanout, rep) in enumerate(grid):
             spec = {"url": url, "tag": f"p{n}-{os.getpid()}", "rooms": rooms, "idle": idle,
                     "duty": duty, "switch_ms": switch_ms, "frame_ms": frame_ms,
                     "monitor": monitor, "processes": processes, "reports_hz": reports_hz,
-                    "seconds": args.seconds, "repeat": rep}
+                    "pace": pace, "fanout": fanout, "seconds": args.seconds, "repeat": rep}
             result = run_processes(spec, Path(tmp))
             result.pop("url", None)
             result["sweep"] = len(doc["sweeps"]) - 1
             doc["points"].append(result)
             lag, cap, put = (result.get(k, {}) for k in ("lag_ms", "capture_ms", "ffi_put_ms"))
             print(f"K={rooms:2d} P={processes} idle={idle:2d} rep={reports_hz:g} duty={duty:.2f} "
-                  f"switch={switch_ms:4}ms frame={frame_ms}ms mon={int(monitor)}  lag p50/p99/max "
+                  f"switch={switch_ms:4}ms frame={frame_ms}ms mon={int(monitor)} {pace} {fanout}  "
+                  f"lag p50/p99/max "
                   f"{lag.get('p50')}/{lag.get('p99')}/{lag.get('max')}  capture p50/p99 "
                   f"{cap.get('p50')}/{cap.get('p99')}  rt {result.get('realtime_share')}  "
                   f"put p50/p99 {put.get('p50')}/{put.get('p99')} "
