@@ -22,8 +22,10 @@ track's 200 ms queue stays full and a capture is always in flight (RoomIO behind
 than real time). ``--fanout per-loop`` is an experiment on livekit's side, not a fix the
 project ships: ``FfiQueue.put`` replaced in the child by one that wakes each loop once per event,
 outside the queue's lock (``per_loop_put``).
-``--monitor`` puts livekit-agents' own loop monitor (``livekit.agents.telemetry.loop_monitor``:
-a 20 ms heartbeat and a watchdog thread per loop) on every loop, as each job thread has it.
+``--monitor WARN_MS`` puts livekit-agents' own loop monitor
+(``livekit.agents.telemetry.loop_monitor``: a heartbeat and a watchdog thread per loop, ticking
+every 20 ms at livekit's default warn threshold of 100 ms) on every room and idle loop, as each
+job thread has it; idle loops otherwise sleep.
 
 Measured per point, over every room loop: the loop lag (a 10 ms heartbeat: how late it fires),
 each ``capture_frame``'s duration (and its parts, ``FfiProbe``), the share of real time each
@@ -91,6 +93,7 @@ class FfiProbe:
         self.put_cpu_s = 0.0  # CPU time of the callback threads inside put
         self.subscribes: list[float] = []
         self.wakes: list[float] = []  # call_soon_threadsafe from another thread, seconds
+        self.stalls: list[float] = []  # blocks livekit's loop monitor reported (``--monitor``)
         self.recording = False
         self.capture_requests: dict[int, tuple[int, float]] = {}  # thread -> (async id, end)
         self.capture_puts: dict[int, tuple[float, float]] = {}  # async id -> (start, end)
@@ -247,10 +250,15 @@ class LoopThread(threading.Thread):
         loop = asyncio.new_event_loop()
         asyncio.set_event_loop(loop)
         self.probe.watch_loop(loop)
-        if self.spec["monitor"]:
+        if self.spec["monitor"] and self.role != "reporter":
             from livekit.agents.telemetry import loop_monitor
 
-            loop_monitor.start_monitoring(loop, name=f"job-{self.index}", emit_spans=False)
+            warn = self.spec["monitor"] / 1000
+            monitor = loop_monitor.start_monitoring(
+                loop, name=f"job-{self.index}", emit_spans=False,
+                thresholds=loop_monitor.LoopMonitorThresholds(warn=warn, error=max(warn, 0.5)))
+            if monitor is not None:
+                monitor._on_report = lambda report: self.probe.stalls.append(report.duration)
         try:
             loop.run_until_complete(self.main())
         except BaseException as exc:  # reported in the result
@@ -281,7 +289,9 @@ class LoopThread(threading.Thread):
         start, end = self.window
         await asyncio.sleep(max(start - time.monotonic(), 0.0))
         cpu = time.thread_time()
-        tasks = [asyncio.create_task(self.heartbeat(end))]
+        # an idle loop sleeps (a warm job thread: only livekit's monitor, if on, wakes it)
+        tasks = [asyncio.create_task(self.heartbeat(end) if self.role != "idle"
+                                     else asyncio.sleep(max(end - time.monotonic(), 0.0)))]
         if source is not None:
             tasks.append(asyncio.create_task(self.capture(source, start, end)))
         if self.role == "reporter":
@@ -452,7 +462,6 @@ def run_point(spec: dict[str, Any]) -> dict[str, Any]:
         "engine_busy_share": engine_stats.get("busy_s", 0.0) / engine_wall,
         "raw": {
             "lag": raw(lag for t in rooms for lag in t.lags),
-            "idle_lag": raw(lag for t in idle for lag in t.lags),
             "capture": raw(c for t in rooms for c in t.captures),
             "capture_late": raw(c for t in rooms for c in t.capture_late),
             **{f"split_{name}": raw(s[i] for t in rooms for s in t.capture_splits)
@@ -463,6 +472,7 @@ def run_point(spec: dict[str, Any]) -> dict[str, Any]:
                 "put_subscribers": [n for _, n in probe.puts],
                 "subscribe": raw(probe.subscribes), "wake": raw(probe.wakes)}.items()},
             "gc_full": raw(t for g, t in gc_passes if g == 2),
+            "monitor_stalls": raw(probe.stalls),
         },
     }
 
@@ -496,7 +506,6 @@ def merge(spec: dict[str, Any], parts: list[dict[str, Any]]) -> dict[str, Any]:
         "lag_ms": stats(lags),
         "lag_over_100ms": sum(lag >= STALL_S * 1000 for lag in lags),
         "lag_max_per_room_ms": [v for part in parts for v in part["lag_max_per_room_ms"]],
-        "idle_lag_ms": stats(cat("idle_lag")),
         "capture_ms": stats(cat("capture")),
         "capture_late_ms": stats(cat("capture_late")),
         # each capture_frame split: its FFI request (subscribe included); from the request's
@@ -516,6 +525,9 @@ def merge(spec: dict[str, Any], parts: list[dict[str, Any]]) -> dict[str, Any]:
         "ffi_subscribe_wait_ms": stats(cat("subscribe")),
         "call_soon_threadsafe_ms": stats(cat("wake")),
         "gc_full_passes_ms": cat("gc_full"),
+        # the blocks livekit's loop monitor logged (``--monitor``; rooms and idle loops; at
+        # most 5 a minute per loop, its log limit)
+        "monitor_stalls_ms": stats(cat("monitor_stalls")),
         # CPU seconds per second: of the Python threads (each holds the GIL while it runs
         # Python, torch ops aside): the loops, the FFI callbacks' puts, the engine thread; of
         # every thread of the point's processes by name; of the whole machine (the server too)
@@ -611,7 +623,10 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--engine", default="0,1", help="engine duty cycles, 0 = none (comma list)")
     p.add_argument("--switch-ms", default="5,0.5,0.1", help="sys.setswitchinterval (ms)")
     p.add_argument("--frame-ms", default="50", help="capture frame length (ms, comma list)")
-    p.add_argument("--monitor", default="0", help="livekit's loop monitor on every loop (0,1)")
+    p.add_argument("--monitor", default="0",
+                   help="livekit's loop monitor on every room and idle loop: its warn threshold "
+                        "in ms (100: livekit's default, a 20 ms tick; 250: a 50 ms tick; 0: "
+                        "off); comma list")
     p.add_argument("--reports-hz", default="0",
                    help="data packets a second from a listener in every room (comma list; "
                         "variant listener: 10)")
@@ -641,7 +656,7 @@ def main(argv: list[str] | None = None) -> None:
     grid = list(itertools.product(
         [int(v) for v in floats(args.rooms)], [int(v) for v in floats(args.idle)],
         floats(args.engine), floats(args.switch_ms), [int(v) for v in floats(args.frame_ms)],
-        [bool(int(v)) for v in floats(args.monitor)], [int(v) for v in floats(args.processes)],
+        [int(v) for v in floats(args.monitor)], [int(v) for v in floats(args.processes)],
         floats(args.reports_hz), args.pace.split(","), args.fanout.split(","),
         range(args.repeats)))
     doc: dict[str, Any] = {"points": []}
@@ -664,7 +679,7 @@ def main(argv: list[str] | None = None) -> None:
             doc["points"].append(result)
             lag, cap, put = (result.get(k, {}) for k in ("lag_ms", "capture_ms", "ffi_put_ms"))
             print(f"K={rooms:2d} P={processes} idle={idle:2d} rep={reports_hz:g} duty={duty:.2f} "
-                  f"switch={switch_ms:4}ms frame={frame_ms}ms mon={int(monitor)} {pace} {fanout}  "
+                  f"switch={switch_ms:4}ms frame={frame_ms}ms mon={monitor} {pace} {fanout}  "
                   f"lag p50/p99/max "
                   f"{lag.get('p50')}/{lag.get('p99')}/{lag.get('max')}  capture p50/p99 "
                   f"{cap.get('p50')}/{cap.get('p99')}  rt {result.get('realtime_share')}  "
