@@ -82,9 +82,10 @@ class FfiProbe:
     """Times the process's ``FfiQueue`` and ``FfiClient.request`` by wrapping the instances'
     methods (livekit's code is not changed): ``put`` (on an FFI callback thread, under the
     queue's lock: its lock wait and its fan-out), ``subscribe`` (how long a loop waited for
-    that lock), and per ``capture_frame`` when its request returned and when the put of its
-    callback began and ended (``capture_marks``), so its duration splits into request, native
-    side (plus the callback thread's GIL wait and parse) and fan-out plus loop wake-up."""
+    that lock), and per ``capture_frame`` when its request returned (``capture_requests``) and
+    when the put of its callback began and ended (``capture_puts``), so its duration splits into
+    request, native side (plus the callback thread's GIL wait and parse) and fan-out plus loop
+    wake-up (``capture_split``)."""
 
     def __init__(self, fanout: str = "livekit") -> None:
         from livekit.rtc._ffi_client import FfiClient
@@ -289,7 +290,8 @@ class LoopThread(threading.Thread):
         start, end = self.window
         await asyncio.sleep(max(start - time.monotonic(), 0.0))
         cpu = time.thread_time()
-        # an idle loop sleeps (a warm job thread: only livekit's monitor, if on, wakes it)
+        # an idle loop sleeps (a warm job thread: only livekit's monitor, if on, wakes it); a
+        # reporter's loop runs the heartbeat too, unrecorded
         tasks = [asyncio.create_task(self.heartbeat(end) if self.role != "idle"
                                      else asyncio.sleep(max(end - time.monotonic(), 0.0)))]
         if source is not None:
