@@ -84,6 +84,7 @@ from room_procs import (  # noqa: E402
     API_SECRET,
     Worker,
     agent_workers,
+    default_server_bin,
     jobs_when_idle,
     livekit_server,
     pinned_gpus,
@@ -98,7 +99,6 @@ VARIANTS = ("listener", "agent-queue", "none", "predictor-off")
 DISPATCH = ("none", "engine", "cpu")
 """How the workers report load to LiveKit's dispatcher (``bench/room_agent.py``): ``none`` (0:
 each takes every room), ``engine`` (the plugin's ``engine_load``), ``cpu`` (LiveKit's default)."""
-DEFAULT_SERVER = REPO / ".cache" / "livekit" / "livekit-server"
 OPUS_FRAME_S = 0.020
 """The Opus packet length LiveKit's encoder uses: the first sample of a turn waits up to this
 long for its packet to fill (an estimate in the itemisation, not a measurement)."""
@@ -470,8 +470,7 @@ def plot(doc: dict[str, Any], path: Path) -> Path | None:
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--server-bin", type=Path,
-                   default=Path(os.environ.get("BREEZERT_LIVEKIT_SERVER", DEFAULT_SERVER)))
+    p.add_argument("--server-bin", type=Path, default=default_server_bin())
     p.add_argument("--config", default=None,
                    help="engine profile name or TOML (default: the embedded cpu-tiny)")
     p.add_argument("--tokenizer", default=None, help="tokenizer.json for random weights")

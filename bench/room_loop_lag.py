@@ -64,15 +64,13 @@ for _path in (REPO / "runtime", REPO / "bench", REPO):
         sys.path.append(str(_path))
 
 from breezert_bench.listener import summarize  # noqa: E402
+from room_procs import API_KEY, API_SECRET, default_server_bin, livekit_server  # noqa: E402
 
 SAMPLE_RATE = 24000
 QUEUE_MS = 200  # RoomIO's AudioSource (livekit-agents 1.8.9)
 HEARTBEAT_S = 0.010
 ENGINE_PERIOD_S = 0.010
 STALL_S = 0.100  # livekit-agents' loop monitor warns at this lag
-DEFAULT_SERVER = REPO / ".cache" / "livekit" / "livekit-server"
-if not DEFAULT_SERVER.exists():  # a worktree: the main checkout's download
-    DEFAULT_SERVER = Path("/work/main/.cache/livekit/livekit-server")
 
 
 # ----------------------------------------------------------------------------- child: one point
@@ -218,8 +216,6 @@ def engine_loop(duty: float, stop: threading.Event, stats: dict[str, float]) -> 
 
 def token(identity: str, room: str) -> str:
     from livekit import api
-
-    from room_procs import API_KEY, API_SECRET
 
     grants = api.VideoGrants(room_join=True, room=room, can_publish=True, can_subscribe=True)
     return api.AccessToken(API_KEY, API_SECRET).with_identity(identity).with_grants(
@@ -615,11 +611,14 @@ def floats(text: str) -> list[float]:
     return [float(v) for v in text.split(",") if v]
 
 
+def ints(text: str) -> list[int]:
+    return [int(v) for v in floats(text)]
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--point", help=argparse.SUPPRESS)  # the child: one point's spec (JSON)
-    p.add_argument("--server-bin", type=Path, default=Path(
-        os.environ.get("BREEZERT_LIVEKIT_SERVER", DEFAULT_SERVER)))
+    p.add_argument("--server-bin", type=Path, default=default_server_bin())
     p.add_argument("--rooms", default="1,4,8,16", help="room loops per point (comma list)")
     p.add_argument("--idle", default="0", help="idle loops besides the rooms (comma list)")
     p.add_argument("--engine", default="0,1", help="engine duty cycles, 0 = none (comma list)")
@@ -653,14 +652,12 @@ def main(argv: list[str] | None = None) -> None:
 
     from breezert_bench.provenance import provenance
     from breezert_bench.report import write_json
-    from room_procs import livekit_server
 
-    grid = list(itertools.product(
-        [int(v) for v in floats(args.rooms)], [int(v) for v in floats(args.idle)],
-        floats(args.engine), floats(args.switch_ms), [int(v) for v in floats(args.frame_ms)],
-        [int(v) for v in floats(args.monitor)], [int(v) for v in floats(args.processes)],
-        floats(args.reports_hz), args.pace.split(","), args.fanout.split(","),
-        range(args.repeats)))
+    axes = {"rooms": ints(args.rooms), "idle": ints(args.idle), "duty": floats(args.engine),
+            "switch_ms": floats(args.switch_ms), "frame_ms": ints(args.frame_ms),
+            "monitor": ints(args.monitor), "processes": ints(args.processes),
+            "reports_hz": floats(args.reports_hz), "pace": args.pace.split(","),
+            "fanout": args.fanout.split(","), "repeat": list(range(args.repeats))}
     doc: dict[str, Any] = {"points": []}
     if args.out and args.out.exists():
         doc = json.loads(args.out.read_text())
@@ -669,19 +666,18 @@ def main(argv: list[str] | None = None) -> None:
     doc.setdefault("sweeps", []).append(sweep)
     with tempfile.TemporaryDirectory(prefix="room-loop-lag-") as tmp, \
             livekit_server(args.server_bin, Path(tmp)) as (url, _):
-        for n, (rooms, idle, duty, switch_ms, frame_ms, monitor, processes, reports_hz, pace,
-                fanout, rep) in enumerate(grid):
-            spec = {"url": url, "tag": f"p{n}-{os.getpid()}", "rooms": rooms, "idle": idle,
-                    "duty": duty, "switch_ms": switch_ms, "frame_ms": frame_ms,
-                    "monitor": monitor, "processes": processes, "reports_hz": reports_hz,
-                    "pace": pace, "fanout": fanout, "seconds": args.seconds, "repeat": rep}
+        for n, values in enumerate(itertools.product(*axes.values())):
+            spec = {"url": url, "tag": f"p{n}-{os.getpid()}", **dict(zip(axes, values)),
+                    "seconds": args.seconds}
             result = run_processes(spec, Path(tmp))
             result.pop("url", None)
             result["sweep"] = len(doc["sweeps"]) - 1
             doc["points"].append(result)
             lag, cap, put = (result.get(k, {}) for k in ("lag_ms", "capture_ms", "ffi_put_ms"))
-            print(f"K={rooms:2d} P={processes} idle={idle:2d} rep={reports_hz:g} duty={duty:.2f} "
-                  f"switch={switch_ms:4}ms frame={frame_ms}ms mon={monitor} {pace} {fanout}  "
+            print(f"K={spec['rooms']:2d} P={spec['processes']} idle={spec['idle']:2d} "
+                  f"rep={spec['reports_hz']:g} duty={spec['duty']:.2f} "
+                  f"switch={spec['switch_ms']:4}ms frame={spec['frame_ms']}ms "
+                  f"mon={spec['monitor']} {spec['pace']} {spec['fanout']}  "
                   f"lag p50/p99/max "
                   f"{lag.get('p50')}/{lag.get('p99')}/{lag.get('max')}  capture p50/p99 "
                   f"{cap.get('p50')}/{cap.get('p99')}  rt {result.get('realtime_share')}  "

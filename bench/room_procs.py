@@ -28,6 +28,12 @@ API_KEY, API_SECRET = "devkey", "secret"
 AGENT_NAME = "breezert-bench"
 
 
+def default_server_bin() -> Path:
+    """``$BREEZERT_LIVEKIT_SERVER``, else the build of ``make livekit-server``."""
+    return Path(os.environ.get("BREEZERT_LIVEKIT_SERVER",
+                               REPO / ".cache" / "livekit" / "livekit-server"))
+
+
 @contextmanager
 def livekit_server(binary: Path, log_dir: Path) -> Iterator[tuple[str, str]]:
     """``livekit-server --dev`` on free loopback ports; yields (ws url, http url)."""
