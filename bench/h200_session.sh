@@ -487,10 +487,13 @@ case "$phase" in
     timeout 560 "${bench[@]}" --config configs/h200-capacity.toml --concurrency 128 \
       --rate "${RATES:-40,60}" --num-requests 300 --warmup 16 --run-budget 60 "${variants[@]}" \
       --out "$out/h200-capacity-256-margin.json" 2>&1 | grep '^\[bench' ;;
-  room)  # issue 34: real LiveKit calls (bench/room.py): livekit-server on loopback, one agent
-    # worker per engine setting (configs/h200-latency.toml, full-size random bf16, the plugin's
-    # in-process engine), ROOM_N listener rooms (default 16,64) with ROOM_TURNS closed-loop turns
-    # each (default 2) and, with ROOM_RATE, an open-loop run at that many turns/s, in the four
+  room)  # issue 34: real LiveKit calls (bench/room.py): livekit-server on loopback, per engine
+    # setting one engine (configs/h200-latency.toml, full-size random bf16) apart from the agents
+    # (ROOM_ENGINE=server: bench/room_engine.py, the app of breezert serve; agent workers of
+    # ROOM_PER_AGENT rooms, 4, reach it with the plugin's TTS(base_url=...); ROOM_ENGINE=in-process:
+    # one agent worker with the plugin's in-process engine, which stalled at N=16 on 6 Dec:
+    # livekit's per-process FFI fan-out), ROOM_N listener rooms (default 16,64) with ROOM_TURNS
+    # closed-loop turns each (default 2) and, with ROOM_RATE, an open-loop run at that many turns/s, in the four
     # feedback variants (ROOM_VARIANTS); ROOM_PER_PROCESS listener rooms share one process (4;
     # each turn records how late that process's loop ran: loop_lag_max_s). Carry only
     # .roombundle (make room-bundle: server, packages, trimmed tokenizer, texts, COMMIT); the
@@ -500,6 +503,7 @@ case "$phase" in
     n=${ROOM_N:-16,64}
     timeout "${ROOM_TIMEOUT_S:-540}" python3 bench/room.py --server-bin "$d/livekit-server" \
       --config configs/h200-latency.toml --tokenizer "$d/tokenizer-trimmed.json" \
+      --engine "${ROOM_ENGINE:-server}" --rooms-per-worker "${ROOM_PER_AGENT:-4}" \
       --texts .roombundle/texts_en.tsv --listeners "$n" --turns "${ROOM_TURNS:-2}" \
       --rooms-per-process "${ROOM_PER_PROCESS:-4}" --join-timeout-s "${ROOM_JOIN_TIMEOUT_S:-240}" \
       ${ROOM_RATE:+--rate "$ROOM_RATE"} --variants "${ROOM_VARIANTS:-listener,agent-queue,none,predictor-off}" \

@@ -28,6 +28,14 @@ Predictor on), ``predictor-off`` gets its own (``scheduler.use_predictor = false
 engine setting is built once. The JSON holds every turn and, per run, first audio heard, gaps
 heard and the first audio's path itemised; the PNG draws them.
 
+The engine apart (``--engine server``): one ``bench/room_engine.py`` per engine setting (the
+app ``breezert serve`` runs, over one engine, on loopback) and as many agent workers as the
+largest N needs at ``--rooms-per-worker`` rooms each (4), each reaching the engine with the
+plugin's ``TTS(base_url=...)``; a worker declines a room past its share and LiveKit's server
+offers it to another (``bench/room_agent.py``, dispatch ``rooms``). This is how a deployment
+with many calls runs, and what keeps the agents' loops on time: livekit 1.1.21 hands every FFI
+event of a process to every room of that process (``bench/room_engine.py`` has the figures).
+
 Scale-out (issue 36): ``--workers K`` starts K such workers per engine setting under one agent
 name, each with its own engine (worker i sees only GPU i through ``CUDA_VISIBLE_DEVICES`` when
 the engine runs on CUDA; on CPU nothing is pinned), and LiveKit's dispatcher spreads the rooms
@@ -85,6 +93,7 @@ from room_procs import (  # noqa: E402
     Worker,
     agent_workers,
     default_server_bin,
+    engine_server,
     jobs_when_idle,
     livekit_server,
     pinned_gpus,
@@ -96,6 +105,9 @@ from room_procs import (  # noqa: E402
 from room_scaleout import audio_rate, placement, scaleout_plot, scaleout_table  # noqa: E402
 
 VARIANTS = ("listener", "agent-queue", "none", "predictor-off")
+ENGINES = ("in-process", "server")
+"""Where the engine runs (``--engine``): in each agent worker, or apart
+(``bench/room_engine.py``)."""
 DISPATCH = ("none", "engine", "cpu")
 """How the workers report load to LiveKit's dispatcher (``bench/room_agent.py``): ``none`` (0:
 each takes every room), ``engine`` (the plugin's ``engine_load``), ``cpu`` (LiveKit's default)."""
@@ -483,6 +495,14 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                    help="id<TAB>text file (default: ../shared/bench/texts_en.tsv when present)")
     p.add_argument("--listeners", default="2", help="N, comma-separated (e.g. 16,64)")
     p.add_argument("--variants", default=",".join(VARIANTS))
+    p.add_argument("--engine", choices=ENGINES, default="in-process",
+                   help="in-process: each agent worker builds its engine (the plugin's [local] "
+                        "mode); server: one engine apart (bench/room_engine.py, the app of "
+                        "breezert serve) that agent workers of --rooms-per-worker rooms reach "
+                        "with TTS(base_url=...)")
+    p.add_argument("--rooms-per-worker", type=int, default=4,
+                   help="--engine server: rooms an agent worker process takes at most (the "
+                        "workers: as many as the largest N needs)")
     p.add_argument("--workers", type=int, default=1,
                    help="agent worker processes under one agent name, each with its own engine "
                         "(pinned to GPU i on CUDA); LiveKit's dispatcher spreads the rooms")
@@ -525,6 +545,11 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         p.error(f"--dispatch: unknown {unknown} (choose from {', '.join(DISPATCH)})")
     if args.workers < 1:
         p.error("--workers must be >= 1")
+    if args.rooms_per_worker < 1:
+        p.error("--rooms-per-worker must be >= 1")
+    if args.engine == "server" and (args.workers != 1 or args.dispatch != "none"):
+        p.error("--engine server sizes its own workers (--rooms-per-worker): leave --workers "
+                "and --dispatch out")
     if args.no_closed and args.rate is None:
         p.error("--no-closed needs --rate")
     if args.browser_listeners < 0:
@@ -540,6 +565,15 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     return args
 
 
+def worker_plan(args: argparse.Namespace, listeners: Sequence[int]) -> tuple[int, int]:
+    """(rooms per agent worker, agent workers) for a run of up to ``max(listeners)`` rooms: in
+    process, ``--workers`` sharing the rooms evenly; apart, as many as the largest N needs at
+    ``--rooms-per-worker`` each."""
+    if args.engine == "server":
+        return args.rooms_per_worker, -(-max(listeners) // args.rooms_per_worker)
+    return -(-max(listeners) // args.workers), args.workers
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     if args.listen_group is not None:
@@ -552,13 +586,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     loads = ([] if args.no_closed else ["closed"]) + (["open"] if args.rate else [])
     out = args.out or REPO / "bench" / "results" / f"room-{time.strftime('%Y%m%d-%H%M%S')}.json"
     log_dir = Path(tempfile.mkdtemp(prefix="breezert-room-"))
+    apart = args.engine == "server"
+    per_worker, num_workers = worker_plan(args, listeners)
     doc: dict[str, Any] = {
         "kind": "room-bench",
         "provenance": provenance(device=None, config=args.config, tokenizer=args.tokenizer,
                                  texts=str(texts_path) if texts_path else "built-in",
                                  num_texts=len(texts), set=args.set, publish=args.publish,
                                  source_queue_ms=args.source_queue_ms,
-                                 turns=args.turns, workers=args.workers,
+                                 turns=args.turns, workers=num_workers, engine=args.engine,
+                                 rooms_per_worker=per_worker if apart else None,
                                  browser_listeners=args.browser_listeners,
                                  dispatch=args.dispatch,
                                  rate=args.rate, prebuffer_ms=args.prebuffer_ms,
@@ -589,36 +626,46 @@ def main(argv: Sequence[str] | None = None) -> int:
     }
     groups = [("on", [v for v in variants if v != "predictor-off"]),
               ("off", [v for v in variants if v == "predictor-off"])]
-    per_worker = -(-max(listeners) // args.workers)  # the rooms a worker gets when spread evenly
     with contextlib.ExitStack() as stack:
         url, api_url = stack.enter_context(livekit_server(args.server_bin, log_dir))
         web_root = (stack.enter_context(serve_repository()) if args.browser_listeners
                     else None)
-        for dispatch in args.dispatch.split(","):
+        for dispatch in ["rooms"] if apart else args.dispatch.split(","):
             for setting, members in groups:
                 if not members:
                     continue
                 predictor = f"scheduler.use_predictor={str(setting == 'on').lower()}"
                 overrides = ";".join(p for p in (args.set.strip(";"), predictor) if p)
-                env = {"BREEZERT_ROOM_SET": overrides, "BREEZERT_ROOM_PUBLISH": args.publish,
+                engine_env = {"BREEZERT_ROOM_SET": overrides,
+                              "BREEZERT_ROOM_WARM_WIDTH": str(max(listeners) if apart
+                                                              else per_worker)}
+                if args.config:
+                    engine_env["BREEZERT_ROOM_CONFIG"] = args.config
+                if args.tokenizer:
+                    engine_env["BREEZERT_ROOM_TOKENIZER"] = args.tokenizer
+                env = {**engine_env, "BREEZERT_ROOM_PUBLISH": args.publish,
                        "BREEZERT_ROOM_SOURCE_QUEUE_MS": str(args.source_queue_ms or ""),
                        "BREEZERT_ROOM_IDLE": str(per_worker),
-                       "BREEZERT_ROOM_WARM_WIDTH": str(per_worker),
                        "BREEZERT_ROOM_DISPATCH": dispatch}
-                if args.config:
-                    env["BREEZERT_ROOM_CONFIG"] = args.config
-                if args.tokenizer:
-                    env["BREEZERT_ROOM_TOKENIZER"] = args.tokenizer
                 started = time.monotonic()
                 # also the agent name's suffix: a fresh name per worker set, so no room goes to
                 # the one before it while that one drains
                 name = f"predictor-{setting}" + ("" if dispatch == "none" else f"-{dispatch}")
-                gpus = pinned_gpus(args.config, overrides, args.workers)
-                with agent_workers(url, log_dir, name, env, args.agent_timeout_s, gpus,
-                                   args.workers) as workers:
+                with contextlib.ExitStack() as setting_stack:
+                    if apart:
+                        engine = setting_stack.enter_context(engine_server(
+                            log_dir, name, engine_env, args.agent_timeout_s))
+                        env.update(BREEZERT_ROOM_ENGINE_URL=engine.url,
+                                   BREEZERT_ROOM_MAX_ROOMS=str(per_worker))
+                        gpus = None  # the agents run no model
+                    else:
+                        gpus = pinned_gpus(args.config, overrides, args.workers)
+                    workers = setting_stack.enter_context(agent_workers(
+                        url, log_dir, name, env, args.agent_timeout_s, gpus, num_workers))
+                    counted = [engine.state] if apart else [w.state for w in workers]
                     print(f"[room] agent {name} registered in {time.monotonic() - started:.0f} s"
-                          + (f" ({args.workers} workers)" if args.workers > 1 else ""),
-                          flush=True)
+                          + (f" ({num_workers} workers)" if num_workers > 1 else "")
+                          + (f", the engine apart at {engine.url}" if apart else ""), flush=True)
                     for n in listeners:
                         for variant in members:
                             for load in loads:
@@ -626,12 +673,12 @@ def main(argv: Sequence[str] | None = None) -> int:
                                                 workers=workers, dispatch=dispatch,
                                                 variant=variant, load=load, num_rooms=n,
                                                 args=args, texts=texts, log_dir=log_dir,
-                                                web_root=web_root)
+                                                web_root=web_root, counted=counted)
                                 doc["runs"].append(entry)
                                 write_json(doc, out)
     print(text_table(doc["runs"]))
     png = plot(doc, out.with_suffix(".png"))
-    if args.workers > 1 or args.dispatch != "none":
+    if num_workers > 1 or args.dispatch != "none":
         print(scaleout_table(doc["runs"]))
         scaled = scaleout_plot(doc["runs"], out.with_name(out.stem + "-scaleout.png"))
         png = f"{png} and {scaled}" if scaled else png
@@ -641,14 +688,17 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def measure(*, url: str, api_url: str, agent: str, workers: Sequence[Worker], dispatch: str,
             variant: str, load: str, num_rooms: int, args: argparse.Namespace,
-            texts: Sequence[str], log_dir: Path, web_root: str | None) -> dict[str, Any]:
+            texts: Sequence[str], log_dir: Path, web_root: str | None,
+            counted: Sequence[Path]) -> dict[str, Any]:
     """One run on the workers started for it: its entry in the JSON (with ``error`` when a
-    listener process died: the run is lost, not the ones after it; the log dir has why)."""
+    listener process died: the run is lost, not the ones after it; the log dir has why).
+    ``counted``: the state folders whose engine counters the run's take (the workers', or the
+    engine server's)."""
     tag = f"{variant}-n{num_rooms}-{load}-{random.randrange(16**6):06x}"
     head = {"variant": variant, "listeners": num_rooms, "load": load,
-            "num_workers": len(workers), "dispatch": dispatch}
+            "num_workers": len(workers), "dispatch": dispatch, "engine": args.engine}
     held = jobs_when_idle(workers)
-    before = summed_counters(workers)
+    before = summed_counters(counted)
     try:
         run = run_listeners(url=url, api_url=api_url, agent=agent, variant=variant, mode=load,
                             num_rooms=num_rooms, turns=args.turns, rate=args.rate, args=args,
@@ -656,7 +706,7 @@ def measure(*, url: str, api_url: str, agent: str, workers: Sequence[Worker], di
     except RuntimeError as exc:
         print(f"[room] {variant} N={num_rooms} {load}: FAILED {exc}", flush=True)
         return {**head, "error": str(exc)}
-    after = summed_counters(workers)
+    after = summed_counters(counted)
     _check_wiring(run["ready"], variant)
     entry = {**head, "rate": args.rate if load == "open" else None,
              "wall_s": round(run["wall_s"], 2),

@@ -1,12 +1,15 @@
-"""The room benchmark's agent worker: ``breezert_agent.TTS`` with the in-process engine.
+"""The room benchmark's agent worker: ``breezert_agent.TTS`` on an in-process or a remote engine.
 
     LIVEKIT_URL=ws://127.0.0.1:7880 LIVEKIT_API_KEY=devkey LIVEKIT_API_SECRET=secret \
     BREEZERT_ROOM_CONFIG=configs/h200-latency.toml python bench/room_agent.py start
 
 Registers as ``$BREEZERT_ROOM_AGENT_NAME`` (default ``breezert-bench``, explicit dispatch only).
-Each job runs an ``AgentSession`` whose only voice is the plugin's ``TTS`` on the process's one
-engine (``[local]`` mode, THREAD executor: every room shares it), wired for the feedback variant
-in the dispatch's metadata (``{"variant": ...}``):
+Each job runs an ``AgentSession`` whose only voice is the plugin's ``TTS``, on THREAD executor
+job threads of this process: with ``$BREEZERT_ROOM_ENGINE_URL`` unset, on the process's one
+engine (``[local]`` mode, built here: ``bench/room_engine.py`` says from what environment);
+with it set, on that ``bench/room_engine.py`` server (``TTS(base_url=...)``, as a deployment
+with ``breezert serve`` apart runs). Wired for the feedback variant in the dispatch's metadata
+(``{"variant": ...}``):
 
 * ``listener``      the RoomIO source's queue plus the listener's ``breezert.playout`` reports
                     (``TTS.attach_audio_output`` + ``TTS.listen_room``)
@@ -14,9 +17,8 @@ in the dispatch's metadata (``{"variant": ...}``):
 * ``none``          no playback reports: the Predictor's own model of the listener
 * ``predictor-off`` no reports; meant for a worker whose engine has ``use_predictor = false``
 
-The engine: ``$BREEZERT_ROOM_CONFIG`` (profile name or TOML; default the embedded cpu-tiny),
-``$BREEZERT_ROOM_TOKENIZER`` (``model.tokenizer`` for random weights) and ``$BREEZERT_ROOM_SET``
-(``section.key=value;...`` overrides, e.g. ``scheduler.use_predictor=false``); the track's
+The engine: ``$BREEZERT_ROOM_CONFIG``, ``$BREEZERT_ROOM_TOKENIZER``, ``$BREEZERT_ROOM_SET``
+(``bench/room_engine.py``; remote, only its ``use_predictor`` is read, for the checks); the track's
 publish options: ``$BREEZERT_ROOM_PUBLISH`` (``dtx=0,red=0``; default the SDK's); RoomIO's
 source queue: ``$BREEZERT_ROOM_SOURCE_QUEUE_MS`` (default RoomIO's 200 ms). Before it reports
 ready, the engine runs ``$BREEZERT_ROOM_WARM_WIDTH`` concurrent warm-up requests and the worker
@@ -30,10 +32,14 @@ How the worker reports its load to LiveKit's dispatcher, ``$BREEZERT_ROOM_DISPAT
              full at the engine's ``max_running_requests`` jobs (its warm job threads too)
 * ``cpu``    LiveKit's default: no ``load_fnc`` (livekit-agents 1.8.9 then measures the
              machine's CPU, ``_DefaultLoadCalc``) and its default ``load_threshold`` (0.7)
+* ``rooms``  at most ``$BREEZERT_ROOM_MAX_ROOMS`` jobs: a job request past them is declined,
+             and LiveKit's server offers it to another worker (the engine apart, each worker
+             holds few rooms: ``bench/room_engine.py`` says why)
 
 Several workers may register under one agent name (``bench/room.py --workers``); each says who
 it is in its stamps (its pid) and what it held when a job started (``jobs_held``, the jobs it
-was running then, and ``max_jobs``, its engine's ``max_running_requests``).
+was running then, and ``max_jobs``, its engine's ``max_running_requests``, or
+``$BREEZERT_ROOM_MAX_ROOMS`` under dispatch ``rooms``).
 
 Data messages, from the listener (``bench/room_listener.py``): ``bench.say`` ``{"id", "text",
 "max_frames", "seed"}`` says ``text``; the agent answers ``bench.ready`` once the session runs and
@@ -41,15 +47,17 @@ Data messages, from the listener (``bench/room_listener.py``): ``bench.say`` ``{
 listener): received, said, engine request opened, first engine audio, playback started (first
 frame into RoomIO's ``AudioSource``), the source's queue then, done, plus the plugin's TTFB and
 which feedback source the plugin reported, and the worker's pid.
-``$BREEZERT_ROOM_STATE/engine_ready.json`` appears once the engine is built (with ``max_jobs``);
-``metrics.json`` there holds the engine's counters and the jobs the worker runs, rewritten every
-second. Must not: change the plugin's pacing (it only reads and wraps public objects).
+``$BREEZERT_ROOM_STATE/engine_ready.json`` appears once the engine is built, or at once with
+the engine remote (with ``max_jobs``); ``metrics.json`` there holds the jobs the worker runs and
+the in-process engine's counters, rewritten every second. Must not: change the plugin's pacing
+(it only reads and wraps public objects).
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import math
 import os
 import threading
 import time
@@ -64,18 +72,33 @@ from livekit.agents import (
     JobContext,
     JobExecutorType,
     JobProcess,
+    JobRequest,
     WorkerOptions,
     cli,
     room_io,
 )
 
 from breezert_agent import TTS, engine_worker_options  # registers the plugin: main thread
+from room_engine import (
+    engine_config,
+    ready_record,
+    set_torch_threads,
+    warm_wide,
+    write_metrics_forever,
+    write_state,
+)
 
 AGENT_NAME = os.environ.get("BREEZERT_ROOM_AGENT_NAME", "breezert-bench")
 DISPATCH = os.environ.get("BREEZERT_ROOM_DISPATCH", "none")
 STATE = Path(os.environ.get("BREEZERT_ROOM_STATE", ".cache/room-bench-agent"))
 VARIANTS = ("listener", "agent-queue", "none", "predictor-off")
 SAMPLE_RATE = 24000
+
+ENGINE_URL = os.environ.get("BREEZERT_ROOM_ENGINE_URL") or None
+"""``bench/room_engine.py``'s server (``bench/room.py --engine server``), else ``None``: the
+engine in this process."""
+MAX_ROOMS = int(os.environ.get("BREEZERT_ROOM_MAX_ROOMS") or 0)
+"""Dispatch ``rooms``: the jobs this worker takes at most."""
 
 _prewarm_lock = threading.Lock()
 _connect_lock = threading.Lock()
@@ -84,95 +107,36 @@ _config: Any = None
 _jobs_lock = threading.Lock()
 _jobs = 0
 """The jobs this worker process runs now (entrypoint entered, shutdown not yet done)."""
+_promised = 0
+"""Jobs this worker accepted (dispatch ``rooms``) whose entrypoint has not begun yet."""
 
 
-def engine_config() -> Any:
-    """The engine's config from the environment (see the module doc)."""
-    from breezert_bench.variants import parse_variant_spec, variant_config
-    from breezert.profiles import resolve_config
-
-    config = resolve_config(os.environ.get("BREEZERT_ROOM_CONFIG") or None)
-    if tokenizer := os.environ.get("BREEZERT_ROOM_TOKENIZER"):
-        config = config.model_copy(update={
-            "model": config.model.model_copy(update={"tokenizer": tokenizer})})
-    overrides = os.environ.get("BREEZERT_ROOM_SET", "").strip()
-    if overrides:
-        config = variant_config(config, parse_variant_spec(f"room={overrides}"))
-    return config
-
-
-def _write_metrics() -> None:
-    while True:
-        if _engine is not None:
-            try:
-                snapshot = {"t": time.monotonic(), "jobs": _jobs,
-                            "counters": dict(_engine.engine.metrics.counters)}
-                tmp = STATE / "metrics.json.tmp"
-                tmp.write_text(json.dumps(snapshot))
-                tmp.replace(STATE / "metrics.json")
-            except Exception:  # a counter added mid-copy: next second
-                pass
-        time.sleep(1.0)
-
-
-WARM_TEXT = "Thanks for calling, your order ships today and should arrive by Friday."
-
-
-def warm_wide(engine: Any, width: int) -> None:
-    """``width`` concurrent unmeasured requests (as ``breezert_bench``'s warm-up, as wide as the
-    load), so the first wave of rooms meets no lazy first-touch cost: on the H200 (4 Dec) the
-    first run's 16 opening turns all waited ~1 s (TTFB p50 997 ms, 65 ms a turn later). Runs on
-    a thread of its own (the caller's may run an event loop)."""
-    if width <= 0:
-        return
-    from breezert.request import SynthesisOptions, SynthesisRequest
-
-    async def one(i: int) -> None:
-        request = SynthesisRequest(text=WARM_TEXT, options=SynthesisOptions(seed=i),
-                                   max_frames=16, request_id=f"room-warm-{os.getpid()}-{i}")
-        async for _ in engine.synthesize(request):
-            pass
-
-    async def wave() -> None:
-        await asyncio.gather(*(one(i) for i in range(width)))
-
-    failed: list[BaseException] = []
-    thread = threading.Thread(target=lambda: _run_catching(wave, failed), name="room-warm")
-    thread.start()
-    thread.join()
-    if failed:
-        raise failed[0]
-
-
-def _run_catching(coro: Any, failed: list[BaseException]) -> None:
-    try:
-        asyncio.run(coro())
-    except BaseException as exc:  # re-raised on the caller's thread
-        failed.append(exc)
+def _snapshot() -> dict[str, Any]:
+    counters = dict(_engine.engine.metrics.counters) if _engine is not None else {}
+    return {"jobs": _jobs, "counters": counters}
 
 
 def prewarm(proc: JobProcess) -> None:
     global _engine, _config
-    import torch
-    from breezert.async_engine import AsyncEngine
-
-    if os.environ.get("BREEZERT_ROOM_THREADS"):
-        torch.set_num_threads(int(os.environ["BREEZERT_ROOM_THREADS"]))
     with _prewarm_lock:  # THREAD executor: every idle job thread prewarms; one engine
-        if _engine is None:
-            STATE.mkdir(parents=True, exist_ok=True)
-            _config = engine_config()
-            started = time.monotonic()
-            _engine = AsyncEngine.shared(_config)
+        if _config is not None:
+            return
+        STATE.mkdir(parents=True, exist_ok=True)
+        config = engine_config()
+        started = time.monotonic()
+        if ENGINE_URL is None:
+            from breezert.async_engine import AsyncEngine
+
+            set_torch_threads()
+            _engine = AsyncEngine.shared(config)
             warm_wide(_engine, int(os.environ.get("BREEZERT_ROOM_WARM_WIDTH", "0")))
-            # the parent waits for this before it dispatches rooms: a job whose thread starts
-            # while the engine builds (CUDA graphs: a minute or more) starves its event loop
-            (STATE / "engine_ready.json").write_text(json.dumps(
-                {"build_s": time.monotonic() - started,
-                 "use_predictor": _config.scheduler.use_predictor,
-                 "max_jobs": _config.scheduler.max_running_requests}))
-            threading.Thread(target=_write_metrics, name="metrics", daemon=True).start()
-    proc.userdata["breezert_engine"] = _engine
+        # the parent waits for this before it dispatches rooms: a job whose thread starts
+        # while the engine builds (CUDA graphs: a minute or more) starves its event loop
+        extra = {"max_jobs": MAX_ROOMS} if DISPATCH == "rooms" else {}
+        write_state(STATE, "engine_ready.json", ready_record(
+            config, time.monotonic() - started, engine_url=ENGINE_URL, **extra))
+        write_metrics_forever(STATE, _snapshot)
+        _config = config
 
 
 def publish_options(spec: str) -> rtc.TrackPublishOptions:
@@ -244,12 +208,14 @@ class _TurnStamps:
 
 
 def _count_job(ctx: JobContext) -> int:
-    """Counts this job among the worker's until it shuts down; returns how many it held before
-    (the placement check of ``bench/room_scaleout.py``)."""
-    global _jobs
+    """Counts this job among the worker's until it shuts down (no longer as promised, under
+    dispatch ``rooms``); returns how many it held before (the placement check of
+    ``bench/room_scaleout.py``)."""
+    global _jobs, _promised
     with _jobs_lock:
         held = _jobs
         _jobs += 1
+        _promised = max(_promised - 1, 0)
 
     async def ended() -> None:
         global _jobs
@@ -274,8 +240,11 @@ async def entrypoint(ctx: JobContext) -> None:
         await ctx.connect()
     finally:
         _connect_lock.release()
-    tts = TTS(config=_config if _config is not None else engine_config(),
-              sample_rate=SAMPLE_RATE)
+    if ENGINE_URL is not None:
+        tts = TTS(base_url=ENGINE_URL, sample_rate=SAMPLE_RATE)
+    else:
+        tts = TTS(config=_config if _config is not None else engine_config(),
+                  sample_rate=SAMPLE_RATE)
     ctx.add_shutdown_callback(tts.aclose)
     stamps = _TurnStamps(tts)
     sources: Counter[str] = Counter()
@@ -359,7 +328,8 @@ async def entrypoint(ctx: JobContext) -> None:
     ready = {"variant": variant, "use_predictor": bool(config.scheduler.use_predictor),
              "attached": source is not None, "pid": os.getpid(), "dispatch": DISPATCH,
              "job_started": job_started, "jobs_held": jobs_held,
-             "max_jobs": config.scheduler.max_running_requests,
+             "max_jobs": MAX_ROOMS if DISPATCH == "rooms"
+             else config.scheduler.max_running_requests,
              "publish": os.environ.get("BREEZERT_ROOM_PUBLISH", ""),
              "source_queue_ms": int(os.environ.get("BREEZERT_ROOM_SOURCE_QUEUE_MS") or 200)}
     for participant in ctx.room.remote_participants.values():
@@ -370,6 +340,26 @@ async def entrypoint(ctx: JobContext) -> None:
 
 def _no_load() -> float:
     return 0.0
+
+
+async def _take_within_cap(request: JobRequest) -> None:
+    """Dispatch ``rooms``: accepts while this worker's jobs (running and promised) are fewer
+    than ``MAX_ROOMS``, else declines; LiveKit's server then offers the job to a worker it has
+    not asked yet (livekit-server 1.13 ``AgentHandler.JobRequest``). ``terminate=False``: a
+    terminating refusal would end the job as done."""
+    global _promised
+    with _jobs_lock:
+        take = _jobs + _promised < MAX_ROOMS
+        _promised += int(take)
+    if not take:
+        await request.reject(terminate=False)
+        return
+    try:
+        await request.accept()
+    except BaseException:  # never assigned or launched: the promise is void
+        with _jobs_lock:
+            _promised = max(_promised - 1, 0)
+        raise
 
 
 def load_options() -> dict[str, Any]:
@@ -388,7 +378,14 @@ def load_options() -> dict[str, Any]:
         return threads  # load_fnc and load_threshold: LiveKit's defaults
     if DISPATCH == "engine":
         return engine_worker_options(engine_config())
-    raise ValueError(f"BREEZERT_ROOM_DISPATCH={DISPATCH!r}: expected none, engine or cpu")
+    if DISPATCH == "rooms":
+        if MAX_ROOMS < 1:
+            raise ValueError("BREEZERT_ROOM_DISPATCH=rooms needs BREEZERT_ROOM_MAX_ROOMS >= 1")
+        # the one gate is _take_within_cap: load 0 (the server asks the workers in random
+        # order) and no threshold of livekit's own
+        return {**threads, "num_idle_processes": MAX_ROOMS, "load_fnc": _no_load,
+                "load_threshold": math.inf, "request_fnc": _take_within_cap}
+    raise ValueError(f"BREEZERT_ROOM_DISPATCH={DISPATCH!r}: expected none, engine, cpu or rooms")
 
 
 if __name__ == "__main__":

@@ -1,9 +1,11 @@
-"""The room benchmark's processes: ``livekit-server --dev`` on loopback and the agent workers.
+"""The room benchmark's processes: ``livekit-server --dev`` on loopback, the agent workers and
+the engine apart from them.
 
-Owns: starting and stopping the server and the ``bench/room_agent.py`` workers (K of them under
-one agent name, each pinned to its GPU on CUDA), and reading what a worker writes in its state
-folder (``engine_ready.json``, ``metrics.json``: engine counters, the jobs it runs). Must not:
-run listeners or summarize (``bench/room.py``), or reach into a worker beyond those files.
+Owns: starting and stopping the server, the ``bench/room_agent.py`` workers (K of them under
+one agent name, each pinned to its GPU on CUDA) and the ``bench/room_engine.py`` engine server,
+and reading what each writes in its state folder (``engine_ready.json``, ``metrics.json``:
+engine counters, the jobs a worker runs). Must not: run listeners or summarize
+(``bench/room.py``), or reach into a process beyond those files.
 """
 
 from __future__ import annotations
@@ -138,6 +140,42 @@ def agent_workers(url: str, log_dir: Path, name: str, env: dict[str, str], timeo
         stop(*(proc for proc, _, _ in procs))
 
 
+@dataclass(frozen=True)
+class EngineServer:
+    """The ``bench/room_engine.py`` process: its URL (for ``BREEZERT_ROOM_ENGINE_URL``), state
+    folder and ``max_jobs`` (its ``max_running_requests``)."""
+
+    url: str
+    state: Path
+    max_jobs: int
+
+
+@contextmanager
+def engine_server(log_dir: Path, name: str, env: dict[str, str],
+                  timeout_s: float) -> Iterator[EngineServer]:
+    """One ``bench/room_engine.py`` on a free loopback port, its engine built and warmed (the
+    engine sees the GPUs this process sees)."""
+    state, log_path = log_dir / f"engine-{name}", log_dir / f"engine-{name}.log"
+    state.mkdir(parents=True, exist_ok=True)
+    full_env = {**os.environ, "BREEZERT_ROOM_STATE": str(state), "PYTHONPATH": pythonpath(),
+                **env}
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(
+            [*python_argv(), str(REPO / "bench" / "room_engine.py"), "--port", str(free_port())],
+            cwd=REPO, env=full_env, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + timeout_s
+        while not (state / "engine_ready.json").exists():
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError("the engine server did not start:\n"
+                                   + log_path.read_text(errors="replace")[-3000:])
+            time.sleep(0.2)
+        ready = json.loads((state / "engine_ready.json").read_text())
+        yield EngineServer(ready["url"], state, int(ready["max_jobs"]))
+    finally:
+        stop(proc)
+
+
 def engine_counters(state: Path) -> dict[str, int]:
     try:
         return dict(json.loads((state / "metrics.json").read_text())["counters"])
@@ -182,10 +220,11 @@ def pinned_gpus(config: str | None, overrides: str, count: int) -> list[str] | N
     return gpus[:count]
 
 
-def summed_counters(workers: Sequence[Worker]) -> dict[str, int]:
-    """The engine counters summed over the workers."""
+def summed_counters(states: Sequence[Path]) -> dict[str, int]:
+    """The engine counters summed over the state folders (the workers', or the engine
+    server's)."""
     total: dict[str, int] = {}
-    for worker in workers:
-        for key, value in engine_counters(worker.state).items():
+    for state in states:
+        for key, value in engine_counters(state).items():
             total[key] = total.get(key, 0) + value
     return total

@@ -56,3 +56,33 @@ def test_a_small_room_run_hears_every_turn_in_every_variant(tmp_path: Path) -> N
     assert off["summary"]["agent_reports_by_source"] == {}
     assert out.with_suffix(".png").stat().st_size > 10_000
     assert wall < 60, f"the small room run took {wall:.0f} s (budget 60 s)"
+
+
+def test_with_the_engine_apart_each_agent_worker_takes_its_share_of_rooms(
+        tmp_path: Path) -> None:
+    """``--engine server``: one ``bench/room_engine.py`` and, at one room per worker, three
+    agent workers for three rooms. A worker declines a room past its share (dispatch
+    ``rooms``), so every worker ends with exactly one, and every turn goes through the
+    plugin's remote client to the one engine, the listener's reports with it."""
+    out = tmp_path / "room.json"
+    done, wall = run_room_bench(
+        tmp_path, "--engine", "server", "--rooms-per-worker", "1", "--listeners", "3",
+        "--turns", "2", "--think-s", "0.1", "--variants", "listener", "--out", str(out))
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    doc = json.loads(out.read_text())
+    assert (doc["provenance"]["engine"], doc["provenance"]["rooms_per_worker"],
+            doc["provenance"]["workers"]) == ("server", 1, 3)
+    [run] = doc["runs"]
+    assert (run["engine"], run["dispatch"], run["num_workers"]) == ("server", "rooms", 3)
+    summary = run["summary"]
+    assert summary["errors"] == [], summary["errors"]
+    assert summary["heard"] == summary["turns"] == 6
+    workers = run["placement"]["workers"]
+    assert sorted(w["rooms"] for w in workers.values()) == [1, 1, 1], workers
+    assert run["placement"]["misplaced"] == 0
+    pids = {turn["agent"]["pid"] for turn in run["requests"]}
+    assert len(pids) == 3, pids  # three agent processes served the turns
+    counters = run["engine_counters"]
+    assert counters["requests_added"] == counters["requests_finished"] == 6, counters
+    assert counters.get("playback_reports_livekit-client", 0) > 0, counters
+    assert wall < 90, f"the run with the engine apart took {wall:.0f} s (budget 90 s)"

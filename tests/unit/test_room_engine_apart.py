@@ -1,0 +1,63 @@
+"""The room benchmark's engine apart (``bench/room_engine.py``, ``bench/room.py --engine``)
+without a server: the engine's config from the environment the agents and the engine server
+share, and the command lines ``bench/room.py`` refuses.
+
+Owns: those. Must not: start LiveKit, an agent or an engine (``tests/livekit/test_room_bench.py``
+runs the whole thing).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.bench_scripts import bench_script
+
+pytestmark = pytest.mark.unit
+
+room_engine = bench_script("room_engine")
+room = bench_script("room")
+
+
+def test_the_engine_config_takes_profile_tokenizer_and_overrides_from_the_environment(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("BREEZERT_ROOM_CONFIG", "cpu-tiny")
+    monkeypatch.setenv("BREEZERT_ROOM_TOKENIZER", "/data/tokenizer.json")
+    monkeypatch.setenv("BREEZERT_ROOM_SET",
+                       "scheduler.use_predictor=false;scheduler.max_running_requests=5")
+    config = room_engine.engine_config()
+    assert config.model.tokenizer == "/data/tokenizer.json"
+    assert config.scheduler.use_predictor is False
+    record = room_engine.ready_record(config, 1.5, url="http://127.0.0.1:1")
+    assert record == {"build_s": 1.5, "use_predictor": False, "max_jobs": 5,
+                      "url": "http://127.0.0.1:1"}
+
+
+def test_unset_it_is_the_embedded_default(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in ("BREEZERT_ROOM_CONFIG", "BREEZERT_ROOM_TOKENIZER", "BREEZERT_ROOM_SET"):
+        monkeypatch.delenv(name, raising=False)
+    from breezert.profiles import resolve_config
+
+    assert room_engine.engine_config() == resolve_config(None)
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--engine", "server", "--workers", "2"], "sizes its own workers"),
+    (["--engine", "server", "--dispatch", "cpu"], "sizes its own workers"),
+    (["--engine", "server", "--rooms-per-worker", "0"], "--rooms-per-worker must be >= 1"),
+    (["--engine", "gpu"], "invalid choice"),
+])
+def test_room_refuses_an_engine_apart_it_cannot_size(
+        argv: list[str], message: str, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        room.parse_args(argv)
+    assert exit_info.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+def test_with_the_engine_apart_the_workers_are_what_the_largest_n_needs() -> None:
+    apart = room.parse_args(["--engine", "server", "--listeners", "16,64"])
+    assert room.worker_plan(apart, [16, 64]) == (4, 16)
+    three = room.parse_args(["--engine", "server", "--rooms-per-worker", "3"])
+    assert room.worker_plan(three, [2, 7]) == (3, 3)  # 7 rooms: the last worker holds one
+    # in process: the given workers, the rooms spread evenly over them
+    assert room.worker_plan(room.parse_args(["--workers", "4"]), [16, 62]) == (16, 4)
