@@ -57,7 +57,7 @@ room_prepare() {
   unxz() { python3 -c "import lzma, shutil, sys; shutil.copyfileobj(lzma.open(sys.argv[1]), open(sys.argv[2], 'wb'))" "$1" "$2"; }
   [ -x "$1/livekit-server" ] || { unxz .roombundle/livekit-server.xz "$1/livekit-server" && chmod +x "$1/livekit-server"; }
   [ -f "$1/tokenizer-trimmed.json" ] || unxz .roombundle/tokenizer.json.xz "$1/tokenizer-trimmed.json"
-  python3 -c "import livekit.rtc, livekit.api, livekit.agents, breezert_agent; print('room imports ok')"
+  python3 -c "import livekit.rtc, livekit.api, livekit.agents, breezert_agent, breezert.server.app; print('room imports ok')"
 }
 # The common bench command; each phase adds its own arguments.
 bench=(python3 -m breezert_bench --config configs/h200-latency.toml

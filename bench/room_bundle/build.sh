@@ -4,9 +4,11 @@
 #   livekit-server.xz  livekit-server $LIVEKIT_SERVER_VERSION, static (CGO_ENABLED=0), stripped,
 #                      xz with the x86 filter (~12 MB; 53 MB unpacked)
 #   site.tar.xz        the Python packages that image lacks, for CPython 3.12 manylinux x86_64,
-#                      installed --no-deps from pinned wheels (ROOM_WHEELS below) plus two import
+#                      installed --no-deps from pinned wheels (ROOM_WHEELS below) plus import
 #                      stand-ins (bench/room_bundle/shims: av, livekit.local_inference, 35 MB
-#                      wheels each that livekit-agents imports and the benchmark never calls);
+#                      wheels each that livekit-agents imports and the benchmark never calls;
+#                      aiortc and aioice, which breezert's server app imports for the WebRTC
+#                      endpoint that bench/room_engine.py never serves);
 #                      livekit-agents' background-audio .ogg files, the SDK's Jupyter page and
 #                      the type stubs are left out; jiter (openai's, imported lazily) too
 #   tokenizer.json.xz  the tokenizer for random weights (../shared/breeze/tokenizer), cut to the
@@ -27,7 +29,7 @@ ROOM_WHEELS=(
   livekit==1.1.21 livekit-agents==1.8.9 livekit-api==1.2.2 livekit-protocol==1.1.29
   livekit-blingfire==1.2.0 protobuf==7.36.2 pyjwt==2.15.1
   pydantic==2.14.4 pydantic-core==2.50.5 annotated-types==0.8.0 typing-inspection==0.4.5
-  typing-extensions==4.16.0 soxr==1.1.0
+  typing-extensions==4.16.0 soxr==1.1.0 prometheus-client==0.26.0
   docstring-parser==0.18.0 eval-type-backport==0.4.0 json-repair==0.63.5 nest-asyncio==1.6.0
   openai==3.60.0 httpx2==2.16.2 httpcore2==2.16.2 sniffio==1.3.1
   opentelemetry-api==1.45.2 opentelemetry-sdk==1.45.2 opentelemetry-semantic-conventions==0.66b2

@@ -1,6 +1,7 @@
 """The room benchmark's engine apart (``bench/room_engine.py``, ``bench/room.py --engine``)
 without a server: the engine's config from the environment the agents and the engine server
-share, and the command lines ``bench/room.py`` refuses.
+share, the command lines ``bench/room.py`` refuses, and the server app under the device
+bundle's import stand-ins.
 
 Owns: those. Must not: start LiveKit, an agent or an engine (``tests/livekit/test_room_bench.py``
 runs the whole thing).
@@ -8,12 +9,18 @@ runs the whole thing).
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 
 from tests.bench_scripts import bench_script
 
 pytestmark = pytest.mark.unit
 
+REPO = Path(__file__).resolve().parents[2]
 room_engine = bench_script("room_engine")
 room = bench_script("room")
 
@@ -61,3 +68,21 @@ def test_with_the_engine_apart_the_workers_are_what_the_largest_n_needs() -> Non
     assert room.worker_plan(three, [2, 7]) == (3, 3)  # 7 rooms: the last worker holds one
     # in process: the given workers, the rooms spread evenly over them
     assert room.worker_plan(room.parse_args(["--workers", "4"]), [16, 62]) == (16, 4)
+
+
+def test_the_bundles_stand_ins_let_the_engine_server_build_its_app() -> None:
+    """The device machine lacks aiortc, aioice and PyAV (``make room-bundle`` carries import
+    stand-ins for them): with the stand-ins first on the path, as they are there, breezert's
+    server app still imports and builds, and a WebRTC peer is refused by name."""
+    code = ("import aiortc, av, breezert.server.app as a\n"
+            "from breezert.config import EngineConfig\n"
+            "assert aiortc.STAND_IN and av.STAND_IN\n"
+            "a.create_app(None, EngineConfig().serving, warmup=False)\n"
+            "try:\n    aiortc.RTCPeerConnection()\nexcept RuntimeError as exc:\n"
+            "    print(exc)\n")
+    shims = REPO / "bench" / "room_bundle" / "shims"
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join([str(shims), str(REPO / "runtime")])})
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "aiortc is a stand-in" in done.stdout
