@@ -7,22 +7,11 @@ from __future__ import annotations
 
 from typing import Any
 
+from _stand_in import stand_in
+
 STAND_IN = True
-
-
-class _Missing:
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        raise RuntimeError("PyAV is a stand-in in the room benchmark's bundle: compressed audio "
-                           "decoding and session recording are not available")
-
-    def __class_getitem__(cls, item: Any) -> Any:
-        return cls
-
-
-def __getattr__(name: str) -> Any:
-    if name.startswith("__"):
-        raise AttributeError(name)
-    return _Missing
+_Missing, __getattr__ = stand_in(
+    "PyAV", "compressed audio decoding and session recording are not available")
 
 
 def open(*args: Any, **kwargs: Any) -> Any:  # noqa: A001 (av.open)
