@@ -116,7 +116,7 @@ case "$phase" in
     grep '^\[wer\]' /tmp/voice/pipeline.log | tail -12 || true
     cp /tmp/voice/pipeline.log "$out/" ;;
   decode)  # the fused backbone DECODE step: GPU tests, step times, census, then 300 requests
-    # at 16 and 32 concurrent with it on (compare with h200-predictor-20261129.json)
+    # at 16 and 32 concurrent with it on (compare with h200-predictor-20261129.json.gz)
     timeout 200 python3 -m pytest tests/gpu/test_gpu_fused_decode.py -q -p no:cacheprovider 2>&1 \
       | tee "$out/gpu_tests.log" | tail -5 || true
     bash "$0" decode-micro; bash "$0" decode-bench ;;

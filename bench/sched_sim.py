@@ -2,8 +2,8 @@
 
 Runs the real ``Engine`` (scheduler, predictor, chunk policy, commit, outputs, metrics) with its
 worker's ``execute`` replaced by a stage-time model fitted to the H200 runs of the serving
-profile (``STEP_MS`` below, from ``bench/results/h200-profile-pdl-decode-off-20261202.json`` and
-``h200-first-packet-pdl-20261202.json``), on a clock that advances by the model's time for each
+profile (``STEP_MS`` below, from ``bench/results/h200-profile-pdl-decode-off-20261202.json.gz`` and
+``h200-first-packet-pdl-20261202.json.gz``), on a clock that advances by the model's time for each
 step plus the host time the engine really spends here (scheduling, commit, outputs, playback
 reports). The load is the bench's: closed loop of N streams over ``texts_en.tsv``, the same
 lengths and seeds, EOS ignored, a simulated listener reporting its buffer every 100 ms.
