@@ -93,7 +93,10 @@ def engine_worker_options(
       counts a job it accepted but has not launched yet as ``1 / max_jobs`` of the load (with
       none running it divides the threshold by this number).
 
-    Reads the config only (no torch).
+    Reads the config only (no torch). Every job then lives in this one process, and livekit
+    1.1.21 shares each FFI event of a process among all its rooms: for more than a few calls a
+    worker, serve the engine apart and use ``TTS(base_url=...)`` (``docs/deployment.md``,
+    "Many calls on one host").
     """
     from breezert.profiles import resolve_config
     from livekit.agents import JobExecutorType
