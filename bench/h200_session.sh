@@ -512,28 +512,36 @@ case "$phase" in
     # the logs come back also after a timeout (4 Dec: set -e ended the phase before this line)
     (cd /tmp && tar czf "$out/room-logs.tgz" breezert-room-*) 2>/dev/null || true ;;
   scaleout)  # issue 36: K engines behind LiveKit's dispatcher on the 4-GPU machine (kind
-    # nvidia-h200-x4; bench/room.py --workers): livekit-server on loopback, SCALE_K agent workers
-    # (1, 2 or 4; default 4) under one agent name, worker i pinned to GPU i (CUDA_VISIBLE_DEVICES)
-    # with its own in-process engine (configs/h200-latency.toml, full-size random bf16, 64
-    # running requests: full at 64 calls), ROOM_N x SCALE_K listener rooms (ROOM_N, default 64:
-    # one GPU's load, so K=1, 2, 4 are 1x, 2x, 4x it) of ROOM_TURNS closed-loop turns (2) in
-    # variant SCALE_VARIANT (none), dispatched by SCALE_DISPATCH (engine: the plugin's
-    # engine_load, as shipped; cpu: LiveKit's default CPU load; comma-separated runs both, each
-    # with fresh workers: longer than one call at K=4). ROOM_PER_PROCESS (4) rooms share a
-    # listener process at every K, so the listeners' own lateness does not grow with K; each
-    # worker's torch runs SCALE_THREADS (4) CPU threads. One call per (SCALE_K, SCALE_DISPATCH),
-    # each building K engines; carry .roombundle alone, as phase room. Results:
-    # $OUT/h200x4-scaleout-k<K>-<dispatch>.json (+ its PNGs); merge them afterwards, anywhere:
+    # nvidia-h200-x4; bench/room.py): livekit-server on loopback and SCALE_K engines (1, 2 or 4;
+    # default 4; configs/h200-latency.toml, full-size random bf16, 64 running requests: full at
+    # 64 calls), engine i on GPU i (CUDA_VISIBLE_DEVICES). ROOM_ENGINE=server (default): each
+    # engine apart (bench/room_engine.py) with agent processes of ROOM_PER_AGENT rooms (4; agent
+    # i on engine i mod K, one agent name), which report their engine's load from its /readyz
+    # (SCALE_DISPATCH engine), LiveKit's default CPU load (cpu) or none (rooms); an agent
+    # declines a room past its share. ROOM_ENGINE=in-process: K agent workers each with its
+    # engine in process (64 rooms in one process: livekit's per-process FFI fan-out stalled 16
+    # on 6 Dec). ROOM_N x SCALE_K listener rooms (ROOM_N, default 64: one GPU's load, so K=1,
+    # 2, 4 are 1x, 2x, 4x it) of ROOM_TURNS closed-loop turns (2) in variant SCALE_VARIANT
+    # (none); comma-separated dispatch modes each get fresh processes (longer than one call at
+    # K=4). ROOM_PER_PROCESS (4) rooms share a listener process at every K; each engine's torch
+    # runs SCALE_THREADS (4) CPU threads. One call per (SCALE_K, SCALE_DISPATCH); carry
+    # .roombundle alone, as phase room. Results: $OUT/h200x4-scaleout-k<K>-<dispatch>.json (+
+    # its PNGs); merge them afterwards, anywhere:
     # python bench/room_scaleout.py --out bench/results/h200x4-scaleout.json <the JSONs>.
     d=/tmp/room
     room_prepare "$d"
     k=${SCALE_K:-4}
     dispatch=${SCALE_DISPATCH:-engine}
     n=$(python3 -c "import sys; print(','.join(str(int(x) * int(sys.argv[2])) for x in sys.argv[1].split(',')))" "${ROOM_N:-64}" "$k")
+    if [ "${ROOM_ENGINE:-server}" = server ]; then
+      scale=(--engine server --engines "$k" --rooms-per-worker "${ROOM_PER_AGENT:-4}")
+    else
+      scale=(--workers "$k")
+    fi
     BREEZERT_ROOM_THREADS=${SCALE_THREADS:-4} timeout "${ROOM_TIMEOUT_S:-540}" python3 bench/room.py \
       --server-bin "$d/livekit-server" --config configs/h200-latency.toml \
       --tokenizer "$d/tokenizer-trimmed.json" --texts .roombundle/texts_en.tsv \
-      --workers "$k" --dispatch "$dispatch" --listeners "$n" --turns "${ROOM_TURNS:-2}" \
+      "${scale[@]}" --dispatch "$dispatch" --listeners "$n" --turns "${ROOM_TURNS:-2}" \
       --rooms-per-process "${ROOM_PER_PROCESS:-4}" --join-timeout-s "${ROOM_JOIN_TIMEOUT_S:-240}" \
       --variants "${SCALE_VARIANT:-none}" --out "$out/h200x4-scaleout-k$k-${dispatch//,/-}.json" \
       2>&1 | grep -vE 'Warn|^\{' | tail -40 || echo "room.py ended with $? (124: ROOM_TIMEOUT_S)"

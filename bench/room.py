@@ -93,7 +93,9 @@ from room_procs import (  # noqa: E402
     Worker,
     agent_workers,
     default_server_bin,
-    engine_server,
+    EngineServer,
+    engine_servers,
+    gpu_env,
     jobs_when_idle,
     livekit_server,
     pinned_gpus,
@@ -102,7 +104,13 @@ from room_procs import (  # noqa: E402
     stop,
     summed_counters,
 )
-from room_scaleout import audio_rate, placement, scaleout_plot, scaleout_table  # noqa: E402
+from room_scaleout import (  # noqa: E402
+    audio_rate,
+    engine_placement,
+    placement,
+    scaleout_plot,
+    scaleout_table,
+)
 
 VARIANTS = ("listener", "agent-queue", "none", "predictor-off")
 ENGINES = ("in-process", "server")
@@ -111,6 +119,9 @@ ENGINES = ("in-process", "server")
 DISPATCH = ("none", "engine", "cpu")
 """How the workers report load to LiveKit's dispatcher (``bench/room_agent.py``): ``none`` (0:
 each takes every room), ``engine`` (the plugin's ``engine_load``), ``cpu`` (LiveKit's default)."""
+DISPATCH_APART = ("rooms", "engine", "cpu")
+"""The same with the engine apart, each worker capped at ``--rooms-per-worker``: ``rooms`` (load
+0), ``engine`` (its engine's load from ``/readyz``), ``cpu`` (LiveKit's default)."""
 OPUS_FRAME_S = 0.020
 """The Opus packet length LiveKit's encoder uses: the first sample of a turn waits up to this
 long for its packet to fill (an estimate in the itemisation, not a measurement)."""
@@ -500,6 +511,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                         "mode); server: one engine apart (bench/room_engine.py, the app of "
                         "breezert serve) that agent workers of --rooms-per-worker rooms reach "
                         "with TTS(base_url=...)")
+    p.add_argument("--engines", type=int, default=1,
+                   help="--engine server: engine servers per engine setting (K; engine i pinned "
+                        "to GPU i on CUDA); agent worker i uses engine i mod K")
     p.add_argument("--rooms-per-worker", type=int, default=4,
                    help="--engine server: rooms an agent worker process takes at most (the "
                         "workers: as many as the largest N needs)")
@@ -540,16 +554,28 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     unknown = [v for v in args.variants.split(",") if v not in VARIANTS]
     if unknown:
         p.error(f"--variants: unknown {unknown} (choose from {', '.join(VARIANTS)})")
-    unknown = [d for d in args.dispatch.split(",") if d not in DISPATCH]
-    if unknown:
-        p.error(f"--dispatch: unknown {unknown} (choose from {', '.join(DISPATCH)})")
     if args.workers < 1:
         p.error("--workers must be >= 1")
     if args.rooms_per_worker < 1:
         p.error("--rooms-per-worker must be >= 1")
-    if args.engine == "server" and (args.workers != 1 or args.dispatch != "none"):
-        p.error("--engine server sizes its own workers (--rooms-per-worker): leave --workers "
-                "and --dispatch out")
+    if args.engine == "server":
+        if args.workers != 1:
+            p.error("--engine server sizes its own workers (--rooms-per-worker): leave "
+                    "--workers out")
+        if args.dispatch == "none":
+            args.dispatch = "rooms"
+        unknown = [d for d in args.dispatch.split(",") if d not in DISPATCH_APART]
+        if unknown:
+            p.error(f"--dispatch with --engine server: unknown {unknown} (choose from "
+                    f"{', '.join(DISPATCH_APART)})")
+        if args.engines < 1:
+            p.error("--engines must be >= 1")
+    else:
+        unknown = [d for d in args.dispatch.split(",") if d not in DISPATCH]
+        if unknown:
+            p.error(f"--dispatch: unknown {unknown} (choose from {', '.join(DISPATCH)})")
+        if args.engines != 1:
+            p.error("--engines needs --engine server")
     if args.no_closed and args.rate is None:
         p.error("--no-closed needs --rate")
     if args.browser_listeners < 0:
@@ -568,9 +594,11 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 def worker_plan(args: argparse.Namespace, listeners: Sequence[int]) -> tuple[int, int]:
     """(rooms per agent worker, agent workers) for a run of up to ``max(listeners)`` rooms: in
     process, ``--workers`` sharing the rooms evenly; apart, as many as the largest N needs at
-    ``--rooms-per-worker`` each."""
+    ``--rooms-per-worker`` each, rounded up to a multiple of ``--engines`` (as many agents for
+    each engine)."""
     if args.engine == "server":
-        return args.rooms_per_worker, -(-max(listeners) // args.rooms_per_worker)
+        needed = -(-max(listeners) // args.rooms_per_worker)
+        return args.rooms_per_worker, -(-needed // args.engines) * args.engines
     return -(-max(listeners) // args.workers), args.workers
 
 
@@ -630,7 +658,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         url, api_url = stack.enter_context(livekit_server(args.server_bin, log_dir))
         web_root = (stack.enter_context(serve_repository()) if args.browser_listeners
                     else None)
-        for dispatch in ["rooms"] if apart else args.dispatch.split(","):
+        for dispatch in args.dispatch.split(","):
             for setting, members in groups:
                 if not members:
                     continue
@@ -652,20 +680,27 @@ def main(argv: Sequence[str] | None = None) -> int:
                 # the one before it while that one drains
                 name = f"predictor-{setting}" + ("" if dispatch == "none" else f"-{dispatch}")
                 with contextlib.ExitStack() as setting_stack:
+                    engines: list[EngineServer] = []
                     if apart:
-                        engine = setting_stack.enter_context(engine_server(
-                            log_dir, name, engine_env, args.agent_timeout_s))
-                        env.update(BREEZERT_ROOM_ENGINE_URL=engine.url,
-                                   BREEZERT_ROOM_MAX_ROOMS=str(per_worker))
-                        gpus = None  # the agents run no model
+                        engines = setting_stack.enter_context(engine_servers(
+                            log_dir, name, engine_env, args.agent_timeout_s,
+                            gpu_env(pinned_gpus(args.config, overrides, args.engines),
+                                    args.engines), args.engines))
+                        env["BREEZERT_ROOM_MAX_ROOMS"] = str(per_worker)
+                        # the agents run no model; agent i uses engine i mod K
+                        own_env = [{"BREEZERT_ROOM_ENGINE_URL": engines[i % len(engines)].url}
+                                   for i in range(num_workers)]
                     else:
-                        gpus = pinned_gpus(args.config, overrides, args.workers)
+                        own_env = gpu_env(pinned_gpus(args.config, overrides, args.workers),
+                                          args.workers)
                     workers = setting_stack.enter_context(agent_workers(
-                        url, log_dir, name, env, args.agent_timeout_s, gpus, num_workers))
-                    counted = [engine.state] if apart else [w.state for w in workers]
+                        url, log_dir, name, env, args.agent_timeout_s, own_env, num_workers))
+                    counted = ([e.state for e in engines] if apart
+                               else [w.state for w in workers])
                     print(f"[room] agent {name} registered in {time.monotonic() - started:.0f} s"
                           + (f" ({num_workers} workers)" if num_workers > 1 else "")
-                          + (f", the engine apart at {engine.url}" if apart else ""), flush=True)
+                          + (f", engines apart at {', '.join(e.url for e in engines)}"
+                             if apart else ""), flush=True)
                     for n in listeners:
                         for variant in members:
                             for load in loads:
@@ -673,7 +708,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                                                 workers=workers, dispatch=dispatch,
                                                 variant=variant, load=load, num_rooms=n,
                                                 args=args, texts=texts, log_dir=log_dir,
-                                                web_root=web_root, counted=counted)
+                                                web_root=web_root, counted=counted,
+                                                engines=engines)
                                 doc["runs"].append(entry)
                                 write_json(doc, out)
     print(text_table(doc["runs"]))
@@ -689,14 +725,15 @@ def main(argv: Sequence[str] | None = None) -> int:
 def measure(*, url: str, api_url: str, agent: str, workers: Sequence[Worker], dispatch: str,
             variant: str, load: str, num_rooms: int, args: argparse.Namespace,
             texts: Sequence[str], log_dir: Path, web_root: str | None,
-            counted: Sequence[Path]) -> dict[str, Any]:
+            counted: Sequence[Path], engines: Sequence[EngineServer] = ()) -> dict[str, Any]:
     """One run on the workers started for it: its entry in the JSON (with ``error`` when a
     listener process died: the run is lost, not the ones after it; the log dir has why).
     ``counted``: the state folders whose engine counters the run's take (the workers', or the
-    engine server's)."""
+    engine servers'); ``engines``: the engines apart (worker i uses engine i mod K)."""
     tag = f"{variant}-n{num_rooms}-{load}-{random.randrange(16**6):06x}"
     head = {"variant": variant, "listeners": num_rooms, "load": load,
-            "num_workers": len(workers), "dispatch": dispatch, "engine": args.engine}
+            "num_workers": len(workers), "dispatch": dispatch, "engine": args.engine,
+            "num_engines": len(engines) or None}
     held = jobs_when_idle(workers)
     before = summed_counters(counted)
     try:
@@ -716,11 +753,20 @@ def measure(*, url: str, api_url: str, agent: str, workers: Sequence[Worker], di
              "placement": placement(run, {w.pid: w.name for w in workers},
                                     {w.name: w.max_jobs for w in workers}, held),
              "rooms": run["rooms"], "requests": run["turns"]}
+    if engines:
+        entry["engine_placement"] = engine_placement(
+            run, {w.pid: w.name for w in workers},
+            {w.name: f"e{i % len(engines)}" for i, w in enumerate(workers)},
+            {f"e{i}": e.max_jobs for i, e in enumerate(engines)})
     brief = _brief(entry["summary"])
     if len(workers) > 1 or dispatch != "none":
         brief.update(audio_per_s=entry["summary"]["audio_per_s"],
                      misplaced=entry["placement"]["misplaced"],
                      rooms={n: w["rooms"] for n, w in entry["placement"]["workers"].items()})
+    if len(engines) > 1:
+        brief.update(engine_rooms={n: e["rooms"] for n, e in
+                                   entry["engine_placement"]["engines"].items()},
+                     engine_misplaced=entry["engine_placement"]["misplaced"])
     print(f"[room] {variant} N={num_rooms} {load}: {json.dumps(brief)}", flush=True)
     return entry
 

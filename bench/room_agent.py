@@ -32,14 +32,17 @@ How the worker reports its load to LiveKit's dispatcher, ``$BREEZERT_ROOM_DISPAT
              full at the engine's ``max_running_requests`` jobs (its warm job threads too)
 * ``cpu``    LiveKit's default: no ``load_fnc`` (livekit-agents 1.8.9 then measures the
              machine's CPU, ``_DefaultLoadCalc``) and its default ``load_threshold`` (0.7)
-* ``rooms``  at most ``$BREEZERT_ROOM_MAX_ROOMS`` jobs: a job request past them is declined,
-             and LiveKit's server offers it to another worker (the engine apart, each worker
-             holds few rooms: ``bench/room_engine.py`` says why)
+
+With the engine apart (``$BREEZERT_ROOM_ENGINE_URL``) a worker takes at most
+``$BREEZERT_ROOM_MAX_ROOMS`` jobs (a request past them is declined, and LiveKit's server offers
+it to another worker: each holds few rooms, ``bench/room_engine.py`` says why), and the modes
+are ``rooms`` (load 0: the server asks the workers in random order), ``engine`` (the remote
+engine's load from its ``/readyz``, ``RemoteEngineLoad``) and ``cpu`` (as above).
 
 Several workers may register under one agent name (``bench/room.py --workers``); each says who
 it is in its stamps (its pid) and what it held when a job started (``jobs_held``, the jobs it
 was running then, and ``max_jobs``, its engine's ``max_running_requests``, or
-``$BREEZERT_ROOM_MAX_ROOMS`` under dispatch ``rooms``).
+``$BREEZERT_ROOM_MAX_ROOMS`` with the engine apart).
 
 Data messages, from the listener (``bench/room_listener.py``): ``bench.say`` ``{"id", "text",
 "max_frames", "seed"}`` says ``text``; the agent answers ``bench.ready`` once the session runs and
@@ -61,6 +64,8 @@ import math
 import os
 import threading
 import time
+import urllib.error
+import urllib.request
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -79,6 +84,7 @@ from livekit.agents import (
 )
 
 from breezert_agent import TTS, engine_worker_options  # registers the plugin: main thread
+from breezert_agent.load import FULL_LOAD
 from room_engine import (
     engine_config,
     ready_record,
@@ -132,7 +138,7 @@ def prewarm(proc: JobProcess) -> None:
             warm_wide(_engine, int(os.environ.get("BREEZERT_ROOM_WARM_WIDTH", "0")))
         # the parent waits for this before it dispatches rooms: a job whose thread starts
         # while the engine builds (CUDA graphs: a minute or more) starves its event loop
-        extra = {"max_jobs": MAX_ROOMS} if DISPATCH == "rooms" else {}
+        extra = {"max_jobs": MAX_ROOMS} if ENGINE_URL is not None else {}
         write_state(STATE, "engine_ready.json", ready_record(
             config, time.monotonic() - started, engine_url=ENGINE_URL, **extra))
         write_metrics_forever(STATE, _snapshot)
@@ -328,7 +334,7 @@ async def entrypoint(ctx: JobContext) -> None:
     ready = {"variant": variant, "use_predictor": bool(config.scheduler.use_predictor),
              "attached": source is not None, "pid": os.getpid(), "dispatch": DISPATCH,
              "job_started": job_started, "jobs_held": jobs_held,
-             "max_jobs": MAX_ROOMS if DISPATCH == "rooms"
+             "max_jobs": MAX_ROOMS if ENGINE_URL is not None
              else config.scheduler.max_running_requests,
              "publish": os.environ.get("BREEZERT_ROOM_PUBLISH", ""),
              "source_queue_ms": int(os.environ.get("BREEZERT_ROOM_SOURCE_QUEUE_MS") or 200)}
@@ -362,14 +368,50 @@ async def _take_within_cap(request: JobRequest) -> None:
         raise
 
 
+class RemoteEngineLoad:
+    """Dispatch ``engine`` with the engine apart: the load of the ``bench/room_engine.py``
+    server this worker's rooms use, read from its ``/readyz`` every ``period_s`` on a daemon
+    thread (the ``load.fraction`` it reports, 1 while it is not ready) and handed to LiveKit as
+    ``FULL_LOAD`` times it, as ``breezert_agent.engine_load`` does for an engine in process."""
+
+    def __init__(self, base_url: str, period_s: float = 0.25) -> None:
+        self.url, self.period_s = base_url.rstrip("/") + "/readyz", period_s
+        self.fraction = 1.0  # until the first answer: not a place to send rooms
+
+    def start(self) -> RemoteEngineLoad:
+        threading.Thread(target=self._poll, name="engine-load", daemon=True).start()
+        return self
+
+    def read(self) -> float:
+        """The engine's load fraction now (0 idle .. 1 full), 1 when it cannot be read."""
+        try:
+            with urllib.request.urlopen(self.url, timeout=2.0) as response:
+                body = json.loads(response.read())
+        except urllib.error.HTTPError as exc:  # 503: full, warming up or draining
+            body = json.loads(exc.read() or b"{}")
+        except (OSError, ValueError):
+            return 1.0
+        return float(body.get("load", {}).get("fraction", 1.0))
+
+    def _poll(self) -> None:
+        while True:
+            self.fraction = min(max(self.read(), 0.0), 1.0)
+            time.sleep(self.period_s)
+
+    def load(self) -> float:
+        return FULL_LOAD * self.fraction
+
+
 def load_options() -> dict[str, Any]:
     """The ``WorkerOptions`` fields of ``$BREEZERT_ROOM_DISPATCH`` (see the module doc); every
-    mode runs jobs on threads of this process, where its one engine is."""
+    mode runs jobs on threads of this process (where its one engine is, when in process)."""
     threads = {"job_executor_type": JobExecutorType.THREAD,
                # a job thread ready for every room of a run (livekit's default keeps
                # min(cores, 4) warm and starts the rest as rooms arrive: on the H200, 4 Dec,
                # the first run of 16 rooms never got ready)
                "num_idle_processes": int(os.environ.get("BREEZERT_ROOM_IDLE", "4"))}
+    if ENGINE_URL is not None:
+        return {**threads, **remote_load_options()}
     if DISPATCH == "none":
         # the worker must take every room: livekit's CPU-load gate would refuse jobs on a
         # busy box, and one process shares one engine (THREAD executor)
@@ -378,14 +420,28 @@ def load_options() -> dict[str, Any]:
         return threads  # load_fnc and load_threshold: LiveKit's defaults
     if DISPATCH == "engine":
         return engine_worker_options(engine_config())
+    raise ValueError(f"BREEZERT_ROOM_DISPATCH={DISPATCH!r}: expected none, engine or cpu "
+                     "(rooms: with BREEZERT_ROOM_ENGINE_URL)")
+
+
+def remote_load_options() -> dict[str, Any]:
+    """With the engine apart: at most ``MAX_ROOMS`` jobs (``_take_within_cap``), and the load
+    LiveKit weighs workers by: ``rooms`` none (0, no threshold of livekit's own: the server asks
+    the workers in random order), ``engine`` the remote engine's (``RemoteEngineLoad``, full at
+    ``FULL_LOAD``), ``cpu`` LiveKit's default (the machine's CPU, threshold 0.7)."""
+    if MAX_ROOMS < 1:
+        raise ValueError("BREEZERT_ROOM_ENGINE_URL needs BREEZERT_ROOM_MAX_ROOMS >= 1")
+    capped = {"num_idle_processes": MAX_ROOMS, "request_fnc": _take_within_cap}
     if DISPATCH == "rooms":
-        if MAX_ROOMS < 1:
-            raise ValueError("BREEZERT_ROOM_DISPATCH=rooms needs BREEZERT_ROOM_MAX_ROOMS >= 1")
-        # the one gate is _take_within_cap: load 0 (the server asks the workers in random
-        # order) and no threshold of livekit's own
-        return {**threads, "num_idle_processes": MAX_ROOMS, "load_fnc": _no_load,
-                "load_threshold": math.inf, "request_fnc": _take_within_cap}
-    raise ValueError(f"BREEZERT_ROOM_DISPATCH={DISPATCH!r}: expected none, engine, cpu or rooms")
+        return {**capped, "load_fnc": _no_load, "load_threshold": math.inf}
+    if DISPATCH == "engine":
+        assert ENGINE_URL is not None
+        return {**capped, "load_fnc": RemoteEngineLoad(ENGINE_URL).start().load,
+                "load_threshold": FULL_LOAD}
+    if DISPATCH == "cpu":
+        return capped
+    raise ValueError(f"BREEZERT_ROOM_DISPATCH={DISPATCH!r} with the engine apart: expected "
+                     "rooms, engine or cpu")
 
 
 if __name__ == "__main__":

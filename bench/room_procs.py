@@ -105,10 +105,11 @@ class Worker:
 
 @contextmanager
 def agent_workers(url: str, log_dir: Path, name: str, env: dict[str, str], timeout_s: float,
-                  gpus: Sequence[str] | None = None, count: int = 1) -> Iterator[list[Worker]]:
+                  own_env: Sequence[dict[str, str]] | None = None,
+                  count: int = 1) -> Iterator[list[Worker]]:
     """``count`` ``bench/room_agent.py`` processes under one agent name, registered with the
-    server, their engines built (all started at once); worker ``i`` sees only GPU ``gpus[i]``
-    (``CUDA_VISIBLE_DEVICES``) when ``gpus`` is given."""
+    server, their engines built (all started at once); worker ``i`` gets ``own_env[i]`` on top
+    of ``env`` when given (its GPU, ``gpu_env``, or its engine's URL)."""
     procs: list[tuple[subprocess.Popen[bytes], Path, Path]] = []
     try:
         for i in range(count):
@@ -120,7 +121,7 @@ def agent_workers(url: str, log_dir: Path, name: str, env: dict[str, str], timeo
                         "BREEZERT_ROOM_AGENT_NAME": f"{AGENT_NAME}-{name}",
                         "PYTHONPATH": pythonpath(),
                         "BREEZERT_ROOM_WORKER_PORT": str(free_port(family=socket.AF_INET6)),
-                        **env, **({"CUDA_VISIBLE_DEVICES": gpus[i]} if gpus else {})}
+                        **env, **(own_env[i] if own_env else {})}
             with open(log_path, "wb") as log:
                 procs.append((subprocess.Popen(
                     [*python_argv(), str(REPO / "bench" / "room_agent.py"), "start"], cwd=REPO,
@@ -140,6 +141,11 @@ def agent_workers(url: str, log_dir: Path, name: str, env: dict[str, str], timeo
         stop(*(proc for proc, _, _ in procs))
 
 
+def gpu_env(gpus: Sequence[str] | None, count: int) -> list[dict[str, str]] | None:
+    """Process ``i`` of ``count`` sees only GPU ``gpus[i % len(gpus)]``; ``None`` without GPUs."""
+    return [{"CUDA_VISIBLE_DEVICES": gpus[i % len(gpus)]} for i in range(count)] if gpus else None
+
+
 @dataclass(frozen=True)
 class EngineServer:
     """The ``bench/room_engine.py`` process: its URL (for ``BREEZERT_ROOM_ENGINE_URL``), state
@@ -151,29 +157,37 @@ class EngineServer:
 
 
 @contextmanager
-def engine_server(log_dir: Path, name: str, env: dict[str, str],
-                  timeout_s: float) -> Iterator[EngineServer]:
-    """One ``bench/room_engine.py`` on a free loopback port, its engine built and warmed (the
-    engine sees the GPUs this process sees)."""
-    state, log_path = log_dir / f"engine-{name}", log_dir / f"engine-{name}.log"
-    state.mkdir(parents=True, exist_ok=True)
-    full_env = {**os.environ, "BREEZERT_ROOM_STATE": str(state), "PYTHONPATH": pythonpath(),
-                **env}
-    with open(log_path, "wb") as log:
-        proc = subprocess.Popen(
-            [*python_argv(), str(REPO / "bench" / "room_engine.py"), "--port", str(free_port())],
-            cwd=REPO, env=full_env, stdout=log, stderr=subprocess.STDOUT)
+def engine_servers(log_dir: Path, name: str, env: dict[str, str], timeout_s: float,
+                   own_env: Sequence[dict[str, str]] | None = None,
+                   count: int = 1) -> Iterator[list[EngineServer]]:
+    """``count`` ``bench/room_engine.py`` processes on free loopback ports, their engines
+    built and warmed (all started at once); engine ``i`` gets ``own_env[i]`` on top of ``env``
+    when given (its GPU: ``gpu_env``; else it sees the GPUs this process sees)."""
+    procs: list[tuple[subprocess.Popen[bytes], Path, Path]] = []
     try:
+        for i in range(count):
+            label = f"{name}-e{i}" if count > 1 else name
+            state, log_path = log_dir / f"engine-{label}", log_dir / f"engine-{label}.log"
+            state.mkdir(parents=True, exist_ok=True)
+            full_env = {**os.environ, "BREEZERT_ROOM_STATE": str(state),
+                        "PYTHONPATH": pythonpath(), **env, **(own_env[i] if own_env else {})}
+            with open(log_path, "wb") as log:
+                procs.append((subprocess.Popen(
+                    [*python_argv(), str(REPO / "bench" / "room_engine.py"), "--port",
+                     str(free_port())], cwd=REPO, env=full_env, stdout=log,
+                    stderr=subprocess.STDOUT), state, log_path))
         deadline = time.monotonic() + timeout_s
-        while not (state / "engine_ready.json").exists():
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError("the engine server did not start:\n"
-                                   + log_path.read_text(errors="replace")[-3000:])
-            time.sleep(0.2)
-        ready = json.loads((state / "engine_ready.json").read_text())
-        yield EngineServer(ready["url"], state, int(ready["max_jobs"]))
+        for proc, state, log_path in procs:
+            while not (state / "engine_ready.json").exists():
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError("the engine server did not start:\n"
+                                       + log_path.read_text(errors="replace")[-3000:])
+                time.sleep(0.2)
+        ready = [json.loads((state / "engine_ready.json").read_text()) for _, state, _ in procs]
+        yield [EngineServer(body["url"], state, int(body["max_jobs"]))
+               for body, (_, state, _) in zip(ready, procs, strict=True)]
     finally:
-        stop(proc)
+        stop(*(proc for proc, _, _ in procs))
 
 
 def engine_counters(state: Path) -> dict[str, int]:

@@ -40,6 +40,12 @@ Placement = tuple[float, str, int]
 held before it)."""
 
 
+def scale_k(run: Mapping[str, Any]) -> int:
+    """A run's K: its engines apart (``--engine server --engines K``), else its agent workers
+    (each with its engine in process)."""
+    return int(run.get("num_engines") or run.get("num_workers", 1))
+
+
 def count_misplaced(placements: Iterable[Placement], capacity: Mapping[str, int],
                     held_at_start: Mapping[str, int]) -> int:
     """Placements on a full worker while another worker had room (see the module doc).
@@ -102,6 +108,28 @@ def placement(run: Mapping[str, Any], workers: Mapping[int, str], capacity: Mapp
             "unknown": unknown}
 
 
+def engine_placement(run: Mapping[str, Any], workers: Mapping[int, str],
+                     engine_of: Mapping[str, str], capacity: Mapping[str, int]) -> dict[str, Any]:
+    """With the engines apart (``bench/room.py --engine server --engines K``): per engine the
+    rooms its agents took and its ``max_jobs`` (``capacity``: its ``max_running_requests``),
+    and the rooms placed on an engine that held that many while another engine had room
+    (``count_misplaced`` over engines: an engine holds the rooms its agents took before, as
+    rooms leave only after a run's last turn). ``workers``: pid -> worker name; ``engine_of``:
+    worker name -> its engine's name."""
+    held: Counter[str] = Counter()
+    placements: list[Placement] = []
+    for ready in sorted(run["ready"], key=lambda r: r.get("job_started", 0.0)):
+        worker = workers.get(ready.get("pid", -1))
+        if worker is None:  # placement() counts it as unknown
+            continue
+        engine = engine_of[worker]
+        placements.append((ready["job_started"], engine, held[engine]))
+        held[engine] += 1
+    return {"engines": {name: {"rooms": held[name], "max_jobs": capacity[name]}
+                        for name in sorted(capacity)},
+            "misplaced": count_misplaced(placements, capacity, {})}
+
+
 def audio_rate(run: Mapping[str, Any]) -> dict[str, float]:
     """Audio heard over every room (seconds) and per second of the run: the aggregate capacity
     the run delivered."""
@@ -115,7 +143,7 @@ def audio_rate(run: Mapping[str, Any]) -> dict[str, float]:
 
 
 def _label(run: Mapping[str, Any]) -> str:
-    return f"K={run.get('num_workers', 1)} N={run['listeners']}\n{run['variant']} {run['load']}"
+    return f"K={scale_k(run)} N={run['listeners']}\n{run['variant']} {run['load']}"
 
 
 def _ms(value: float | None) -> str:
@@ -124,25 +152,29 @@ def _ms(value: float | None) -> str:
 
 def scaleout_table(runs: Sequence[Mapping[str, Any]]) -> str:
     """One line a run: K, dispatch, N, turns heard, audio s/s, heard p50/p95, gaps, rooms and
-    peak concurrent turns per worker, misplaced calls."""
+    peak concurrent turns per worker, misplaced calls (with the engines apart, also the rooms
+    each engine's agents took and the calls misplaced among engines)."""
     header = ("K", "dispatch", "variant", "N", "heard/turns", "audio s/s", "heard p50/p95 ms",
               "gaps q/l", "rooms per worker", "peak turns", "misplaced")
     rows = [header]
     for run in runs:
         if "summary" not in run:
-            rows.append((str(run.get("num_workers", 1)), run.get("dispatch", "none"),
+            rows.append((str(scale_k(run)), run.get("dispatch", "none"),
                          run["variant"], str(run["listeners"]), "FAILED", *[""] * 6))
             continue
         s, place = run["summary"], run["placement"]
         heard = s["first_heard_after_say"]
         workers = place["workers"].values()
-        rows.append((str(run["num_workers"]), run["dispatch"], run["variant"],
+        rows.append((str(scale_k(run)), run["dispatch"], run["variant"],
                      str(run["listeners"]), f"{s['heard']}/{s['turns']}", f"{s['audio_per_s']:.1f}",
                      f"{_ms(heard['p50'])}/{_ms(heard['p95'])}",
                      f"{s['gaps_quiet']['count']}/{s['gaps_late']['count']}",
                      "/".join(str(w["rooms"]) for w in workers),
                      "/".join(str(w["peak_concurrent_turns"]) for w in workers),
-                     str(place["misplaced"])))
+                     str(place["misplaced"])
+                     + (f" (engines {'/'.join(str(e['rooms']) for e in apart['engines'].values())}"
+                        f": {apart['misplaced']})" if (apart := run.get("engine_placement"))
+                        else "")))
     widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
     return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)) for r in rows)
 
@@ -160,14 +192,14 @@ def scaleout_plot(runs: Sequence[Mapping[str, Any]], path: Path) -> Path | None:
     done = [r for r in runs if "summary" in r]
     if not done:
         return None
-    keys = sorted({(r["num_workers"], r["listeners"], r["variant"], r["load"]) for r in done})
+    keys = sorted({(scale_k(r), r["listeners"], r["variant"], r["load"]) for r in done})
     modes = sorted({r["dispatch"] for r in done})
     width = 0.8 / len(modes)
     fig, (top, bottom) = plt.subplots(2, 1, figsize=(max(8, 1.4 * len(keys)), 8))
     for m, mode in enumerate(modes):
         xs, rate, p95, p50 = [], [], [], []
         for r in (r for r in done if r["dispatch"] == mode):
-            xs.append(keys.index((r["num_workers"], r["listeners"], r["variant"], r["load"]))
+            xs.append(keys.index((scale_k(r), r["listeners"], r["variant"], r["load"]))
                       - 0.4 + width * (m + 0.5))
             heard = r["summary"]["first_heard_after_say"]
             rate.append(r["summary"]["audio_per_s"])
@@ -182,7 +214,7 @@ def scaleout_plot(runs: Sequence[Mapping[str, Any]], path: Path) -> Path | None:
             gaps = s["gaps_quiet"]["count"] + s["gaps_late"]["count"]
             bottom.annotate(f"{gaps} gaps\n{r['placement']['misplaced']} misplaced", (x, y),
                             ha="center", va="bottom", fontsize=7)
-    labels = [_label({"num_workers": k, "listeners": n, "variant": v, "load": ld})
+    labels = [_label({"num_engines": k, "listeners": n, "variant": v, "load": ld})
               for k, n, v, ld in keys]
     for axis in (top, bottom):
         axis.set_xticks(range(len(keys)), labels, fontsize=7)
@@ -208,7 +240,7 @@ def merge(paths: Sequence[Path]) -> dict[str, Any]:
         for run in doc["runs"]:
             runs.append({**{k: v for k, v in run.items() if k not in ("requests", "rooms")},
                          "source": path.name})
-    runs.sort(key=lambda r: (r.get("num_workers", 1), r["listeners"], r.get("dispatch", "")))
+    runs.sort(key=lambda r: (scale_k(r), r["listeners"], r.get("dispatch", "")))
     return {"kind": "room-scaleout", "sources": sources, "runs": runs,
             "capacity_vs_k1": _capacity_ratios(runs)}
 
@@ -219,7 +251,7 @@ def _capacity_ratios(runs: Sequence[Mapping[str, Any]]) -> dict[str, dict[str, f
     best: dict[tuple[str, str, int], float] = {}
     for r in runs:
         if "summary" in r:
-            key = (r["dispatch"], r["variant"], r["num_workers"])
+            key = (r["dispatch"], r["variant"], scale_k(r))
             best[key] = max(best.get(key, 0.0), r["summary"]["audio_per_s"])
     ratios: dict[str, dict[str, float]] = {}
     for (mode, variant, k), rate in sorted(best.items()):

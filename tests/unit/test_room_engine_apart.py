@@ -49,7 +49,10 @@ def test_unset_it_is_the_embedded_default(monkeypatch: pytest.MonkeyPatch) -> No
 
 @pytest.mark.parametrize("argv, message", [
     (["--engine", "server", "--workers", "2"], "sizes its own workers"),
-    (["--engine", "server", "--dispatch", "cpu"], "sizes its own workers"),
+    (["--engine", "server", "--dispatch", "engine,none"], "unknown ['none']"),
+    (["--dispatch", "rooms"], "unknown ['rooms']"),  # the cap needs the engine apart
+    (["--engines", "2"], "--engines needs --engine server"),
+    (["--engine", "server", "--engines", "0"], "--engines must be >= 1"),
     (["--engine", "server", "--rooms-per-worker", "0"], "--rooms-per-worker must be >= 1"),
     (["--engine", "gpu"], "invalid choice"),
 ])
@@ -66,6 +69,10 @@ def test_with_the_engine_apart_the_workers_are_what_the_largest_n_needs() -> Non
     assert room.worker_plan(apart, [16, 64]) == (4, 16)
     three = room.parse_args(["--engine", "server", "--rooms-per-worker", "3"])
     assert room.worker_plan(three, [2, 7]) == (3, 3)  # 7 rooms: the last worker holds one
+    # as many agents for each engine: 16 needed, 3 engines -> 18
+    three_engines = room.parse_args(["--engine", "server", "--engines", "3"])
+    assert room.worker_plan(three_engines, [64]) == (4, 18)
+    assert three_engines.dispatch == "rooms"  # the default with the engine apart
     # in process: the given workers, the rooms spread evenly over them
     assert room.worker_plan(room.parse_args(["--workers", "4"]), [16, 62]) == (16, 4)
 

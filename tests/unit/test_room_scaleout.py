@@ -77,6 +77,31 @@ def test_placement_names_the_worker_of_every_room_and_turn() -> None:
     assert tight["misplaced"] == 1  # w0's second room while w1 held one of two
 
 
+def test_with_engines_apart_a_room_is_misplaced_on_a_full_engine_while_another_had_room(
+        ) -> None:
+    # four agents, two per engine; rooms in order of their jobs' starts
+    workers = {11: "w0", 22: "w1", 33: "w2", 44: "w3"}
+    engine_of = {"w0": "e0", "w1": "e1", "w2": "e0", "w3": "e1"}
+    ready = [{"pid": 11, "job_started": 1.0}, {"pid": 33, "job_started": 2.0},
+             {"pid": 11, "job_started": 3.0}, {"pid": 22, "job_started": 4.0},
+             {"pid": 99, "job_started": 5.0}]  # none of ours: left to placement()'s unknown
+    place = scaleout.engine_placement({"ready": ready}, workers, engine_of, {"e0": 2, "e1": 2})
+    # e0 took its third room while e1 had none: misplaced; e1's first is fine
+    assert place == {"engines": {"e0": {"rooms": 3, "max_jobs": 2},
+                                 "e1": {"rooms": 1, "max_jobs": 2}}, "misplaced": 1}
+    spread = [dict(r, pid={11: 22, 33: 44}.get(r["pid"], r["pid"])) if i % 2 else r
+              for i, r in enumerate(ready[:4])]
+    even = scaleout.engine_placement({"ready": spread}, workers, engine_of, {"e0": 2, "e1": 2})
+    assert even["misplaced"] == 0
+    assert [e["rooms"] for e in even["engines"].values()] == [2, 2]
+
+
+def test_k_is_the_engines_apart_else_the_workers() -> None:
+    assert scaleout.scale_k({"num_workers": 16, "num_engines": 4}) == 4
+    assert scaleout.scale_k({"num_workers": 2, "num_engines": None}) == 2
+    assert scaleout.scale_k({}) == 1
+
+
 def test_audio_rate_is_the_audio_heard_over_all_rooms_per_second() -> None:
     assert scaleout.audio_rate(_run()) == {"audio_s": 4.0, "audio_per_s": 0.5}
 
