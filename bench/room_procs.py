@@ -2,8 +2,8 @@
 the engine apart from them.
 
 Owns: starting and stopping the server, the ``bench/room_agent.py`` workers (K of them under
-one agent name, each pinned to its GPU on CUDA) and the ``bench/room_engine.py`` engine server,
-and reading what each writes in its state folder (``engine_ready.json``, ``metrics.json``:
+one agent name, each pinned to its GPU on CUDA or given its engine's URL) and the
+``bench/room_engine.py`` engine servers (each pinned to its GPU on CUDA), and reading what each writes in its state folder (``engine_ready.json``, ``metrics.json``:
 engine counters, the jobs a worker runs). Must not: run listeners or summarize
 (``bench/room.py``), or reach into a process beyond those files.
 """
