@@ -35,6 +35,8 @@ plugin's ``TTS(base_url=...)``; a worker declines a room past its share and Live
 offers it to another (``bench/room_agent.py``, dispatch ``rooms``). This is how a deployment
 with many calls runs, and what keeps the agents' loops on time: livekit 1.1.21 hands every FFI
 event of a process to every room of that process (``bench/room_engine.py`` has the figures).
+With ``--engines K``, K such engines (engine i on GPU i on CUDA), agent i on engine i mod K: the
+scale-out of issue 36 with the engines apart (``--dispatch``: ``rooms``, ``engine``, ``cpu``).
 
 Scale-out (issue 36): ``--workers K`` starts K such workers per engine setting under one agent
 name, each with its own engine (worker i sees only GPU i through ``CUDA_VISIBLE_DEVICES`` when
@@ -90,10 +92,10 @@ from room_procs import (  # noqa: E402
     AGENT_NAME,
     API_KEY,
     API_SECRET,
+    EngineServer,
     Worker,
     agent_workers,
     default_server_bin,
-    EngineServer,
     engine_servers,
     gpu_env,
     jobs_when_idle,
@@ -624,6 +626,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                                  source_queue_ms=args.source_queue_ms,
                                  turns=args.turns, workers=num_workers, engine=args.engine,
                                  rooms_per_worker=per_worker if apart else None,
+                                 engines=args.engines if apart else None,
                                  browser_listeners=args.browser_listeners,
                                  dispatch=args.dispatch,
                                  rate=args.rate, prebuffer_ms=args.prebuffer_ms,
