@@ -104,7 +104,7 @@ ENGINE_URL = os.environ.get("BREEZERT_ROOM_ENGINE_URL") or None
 """``bench/room_engine.py``'s server (``bench/room.py --engine server``), else ``None``: the
 engine in this process."""
 MAX_ROOMS = int(os.environ.get("BREEZERT_ROOM_MAX_ROOMS") or 0)
-"""Dispatch ``rooms``: the jobs this worker takes at most."""
+"""With the engine apart: the jobs this worker takes at most (``_take_within_cap``)."""
 
 _prewarm_lock = threading.Lock()
 _connect_lock = threading.Lock()
@@ -114,7 +114,7 @@ _jobs_lock = threading.Lock()
 _jobs = 0
 """The jobs this worker process runs now (entrypoint entered, shutdown not yet done)."""
 _promised = 0
-"""Jobs this worker accepted (dispatch ``rooms``) whose entrypoint has not begun yet."""
+"""Jobs this worker accepted (with the engine apart) whose entrypoint has not begun yet."""
 
 
 def _snapshot() -> dict[str, Any]:
@@ -214,8 +214,8 @@ class _TurnStamps:
 
 
 def _count_job(ctx: JobContext) -> int:
-    """Counts this job among the worker's until it shuts down (no longer as promised, under
-    dispatch ``rooms``); returns how many it held before (the placement check of
+    """Counts this job among the worker's until it shuts down (no longer as promised, with the
+    engine apart); returns how many it held before (the placement check of
     ``bench/room_scaleout.py``)."""
     global _jobs, _promised
     with _jobs_lock:
@@ -349,7 +349,7 @@ def _no_load() -> float:
 
 
 async def _take_within_cap(request: JobRequest) -> None:
-    """Dispatch ``rooms``: accepts while this worker's jobs (running and promised) are fewer
+    """With the engine apart: accepts while this worker's jobs (running and promised) are fewer
     than ``MAX_ROOMS``, else declines; LiveKit's server then offers the job to a worker it has
     not asked yet (livekit-server 1.13 ``AgentHandler.JobRequest``). ``terminate=False``: a
     terminating refusal would end the job as done."""
