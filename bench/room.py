@@ -32,7 +32,7 @@ The engine apart (``--engine server``): one ``bench/room_engine.py`` per engine 
 app ``breezert serve`` runs, over one engine, on loopback) and as many agent workers as the
 largest N needs at ``--rooms-per-worker`` rooms each (4), each reaching the engine with the
 plugin's ``TTS(base_url=...)``; a worker declines a room past its share and LiveKit's server
-offers it to another (``bench/room_agent.py``, dispatch ``rooms``). This is how a deployment
+offers it to another (``bench/room_agent.py``, ``_take_within_cap``). This is how a deployment
 with many calls runs, and what keeps the agents' loops on time: livekit 1.1.21 hands every FFI
 event of a process to every room of that process (``bench/room_engine.py`` has the figures).
 With ``--engines K``, K such engines (engine i on GPU i on CUDA), agent i on engine i mod K: the
