@@ -3,9 +3,10 @@ the engine apart from them.
 
 Owns: starting and stopping the server, the ``bench/room_agent.py`` workers (K of them under
 one agent name, each pinned to its GPU on CUDA or given its engine's URL) and the
-``bench/room_engine.py`` engine servers (each pinned to its GPU on CUDA), and reading what each writes in its state folder (``engine_ready.json``, ``metrics.json``:
-engine counters, the jobs a worker runs). Must not: run listeners or summarize
-(``bench/room.py``), or reach into a process beyond those files.
+``bench/room_engine.py`` engine servers (each pinned to its GPU on CUDA), and reading what
+each writes in its state folder (``engine_ready.json``, ``metrics.json``: engine counters, the
+jobs a worker runs). Must not: run listeners or summarize (``bench/room.py``), or reach into a
+process beyond those files.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -104,41 +105,65 @@ class Worker:
 
 
 @contextmanager
+def _ready_processes(log_dir: Path, kind: str, labels: Sequence[str],
+                     launch: Callable[[int, Path], tuple[list[str], dict[str, str]]],
+                     timeout_s: float, failure: str,
+                     log_marker: str | None = None) -> Iterator[list[tuple[int, Path, Any]]]:
+    """One Python process per label, all started at once: process ``i`` runs ``launch(i,
+    state)``'s (script arguments, environment over ``os.environ``), with its state folder
+    ``<kind>-<label>`` in ``$BREEZERT_ROOM_STATE`` and its output in ``<kind>-<label>.log``.
+    Waits until each has written ``engine_ready.json`` (and printed ``log_marker``, if given),
+    else raises ``RuntimeError(failure + its log's tail)``; yields (pid, state folder, that
+    JSON) per process and stops them all on the way out."""
+    procs: list[tuple[subprocess.Popen[bytes], Path, Path]] = []
+    try:
+        for i, label in enumerate(labels):
+            state, log_path = log_dir / f"{kind}-{label}", log_dir / f"{kind}-{label}.log"
+            state.mkdir(parents=True, exist_ok=True)
+            argv, env = launch(i, state)
+            full_env = {**os.environ, "BREEZERT_ROOM_STATE": str(state),
+                        "PYTHONPATH": pythonpath(), **env}
+            with open(log_path, "wb") as log:
+                procs.append((subprocess.Popen(
+                    [*python_argv(), *argv], cwd=REPO, env=full_env, stdout=log,
+                    stderr=subprocess.STDOUT), state, log_path))
+        deadline = time.monotonic() + timeout_s
+        for proc, state, log_path in procs:
+            while (not (state / "engine_ready.json").exists() or log_marker is not None
+                   and log_marker not in log_path.read_text(errors="replace")):
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError(failure + "\n"
+                                       + log_path.read_text(errors="replace")[-3000:])
+                time.sleep(0.2)
+        yield [(proc.pid, state, json.loads((state / "engine_ready.json").read_text()))
+               for proc, state, _ in procs]
+    finally:
+        stop(*(proc for proc, _, _ in procs))
+
+
+def _labels(name: str, letter: str, count: int) -> list[str]:
+    return [f"{name}-{letter}{i}" if count > 1 else name for i in range(count)]
+
+
+@contextmanager
 def agent_workers(url: str, log_dir: Path, name: str, env: dict[str, str], timeout_s: float,
                   own_env: Sequence[dict[str, str]] | None = None,
                   count: int = 1) -> Iterator[list[Worker]]:
     """``count`` ``bench/room_agent.py`` processes under one agent name, registered with the
     server, their engines built (all started at once); worker ``i`` gets ``own_env[i]`` on top
     of ``env`` when given (its GPU, ``gpu_env``, or its engine's URL)."""
-    procs: list[tuple[subprocess.Popen[bytes], Path, Path]] = []
-    try:
-        for i in range(count):
-            label = f"{name}-w{i}" if count > 1 else name
-            state, log_path = log_dir / f"agent-{label}", log_dir / f"agent-{label}.log"
-            state.mkdir(parents=True, exist_ok=True)
-            full_env = {**os.environ, "LIVEKIT_URL": url, "LIVEKIT_API_KEY": API_KEY,
-                        "LIVEKIT_API_SECRET": API_SECRET, "BREEZERT_ROOM_STATE": str(state),
-                        "BREEZERT_ROOM_AGENT_NAME": f"{AGENT_NAME}-{name}",
-                        "PYTHONPATH": pythonpath(),
-                        "BREEZERT_ROOM_WORKER_PORT": str(free_port(family=socket.AF_INET6)),
-                        **env, **(own_env[i] if own_env else {})}
-            with open(log_path, "wb") as log:
-                procs.append((subprocess.Popen(
-                    [*python_argv(), str(REPO / "bench" / "room_agent.py"), "start"], cwd=REPO,
-                    env=full_env, stdout=log, stderr=subprocess.STDOUT), state, log_path))
-        deadline = time.monotonic() + timeout_s
-        for proc, state, log_path in procs:
-            while ("registered worker" not in log_path.read_text(errors="replace")
-                   or not (state / "engine_ready.json").exists()):
-                if proc.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError("the agent worker did not register:\n"
-                                       + log_path.read_text(errors="replace")[-3000:])
-                time.sleep(0.2)
-        yield [Worker(f"w{i}", proc.pid, state,
-                      int(json.loads((state / "engine_ready.json").read_text())["max_jobs"]))
-               for i, (proc, state, _) in enumerate(procs)]
-    finally:
-        stop(*(proc for proc, _, _ in procs))
+    def launch(i: int, state: Path) -> tuple[list[str], dict[str, str]]:
+        return [str(REPO / "bench" / "room_agent.py"), "start"], {
+            "LIVEKIT_URL": url, "LIVEKIT_API_KEY": API_KEY, "LIVEKIT_API_SECRET": API_SECRET,
+            "BREEZERT_ROOM_AGENT_NAME": f"{AGENT_NAME}-{name}",
+            "BREEZERT_ROOM_WORKER_PORT": str(free_port(family=socket.AF_INET6)),
+            **env, **(own_env[i] if own_env else {})}
+
+    with _ready_processes(log_dir, "agent", _labels(name, "w", count), launch, timeout_s,
+                          "the agent worker did not register:",
+                          log_marker="registered worker") as procs:
+        yield [Worker(f"w{i}", pid, state, int(ready["max_jobs"]))
+               for i, (pid, state, ready) in enumerate(procs)]
 
 
 def gpu_env(gpus: Sequence[str] | None, count: int) -> list[dict[str, str]] | None:
@@ -163,31 +188,14 @@ def engine_servers(log_dir: Path, name: str, env: dict[str, str], timeout_s: flo
     """``count`` ``bench/room_engine.py`` processes on free loopback ports, their engines
     built and warmed (all started at once); engine ``i`` gets ``own_env[i]`` on top of ``env``
     when given (its GPU: ``gpu_env``; else it sees the GPUs this process sees)."""
-    procs: list[tuple[subprocess.Popen[bytes], Path, Path]] = []
-    try:
-        for i in range(count):
-            label = f"{name}-e{i}" if count > 1 else name
-            state, log_path = log_dir / f"engine-{label}", log_dir / f"engine-{label}.log"
-            state.mkdir(parents=True, exist_ok=True)
-            full_env = {**os.environ, "BREEZERT_ROOM_STATE": str(state),
-                        "PYTHONPATH": pythonpath(), **env, **(own_env[i] if own_env else {})}
-            with open(log_path, "wb") as log:
-                procs.append((subprocess.Popen(
-                    [*python_argv(), str(REPO / "bench" / "room_engine.py"), "--port",
-                     str(free_port())], cwd=REPO, env=full_env, stdout=log,
-                    stderr=subprocess.STDOUT), state, log_path))
-        deadline = time.monotonic() + timeout_s
-        for proc, state, log_path in procs:
-            while not (state / "engine_ready.json").exists():
-                if proc.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError("the engine server did not start:\n"
-                                       + log_path.read_text(errors="replace")[-3000:])
-                time.sleep(0.2)
-        ready = [json.loads((state / "engine_ready.json").read_text()) for _, state, _ in procs]
-        yield [EngineServer(body["url"], state, int(body["max_jobs"]))
-               for body, (_, state, _) in zip(ready, procs, strict=True)]
-    finally:
-        stop(*(proc for proc, _, _ in procs))
+    def launch(i: int, state: Path) -> tuple[list[str], dict[str, str]]:
+        return ([str(REPO / "bench" / "room_engine.py"), "--port", str(free_port())],
+                {**env, **(own_env[i] if own_env else {})})
+
+    with _ready_processes(log_dir, "engine", _labels(name, "e", count), launch, timeout_s,
+                          "the engine server did not start:") as procs:
+        yield [EngineServer(ready["url"], state, int(ready["max_jobs"]))
+               for _, state, ready in procs]
 
 
 def engine_counters(state: Path) -> dict[str, int]:
