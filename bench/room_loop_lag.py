@@ -64,7 +64,14 @@ for _path in (REPO / "runtime", REPO / "bench", REPO):
         sys.path.append(str(_path))
 
 from breezert_bench.listener import summarize  # noqa: E402
-from room_procs import API_KEY, API_SECRET, default_server_bin, livekit_server  # noqa: E402
+from room_procs import (  # noqa: E402
+    API_KEY,
+    API_SECRET,
+    default_server_bin,
+    livekit_server,
+    python_argv,
+    pythonpath,
+)
 
 SAMPLE_RATE = 24000
 QUEUE_MS = 200  # RoomIO's AudioSource (livekit-agents 1.8.9)
@@ -568,14 +575,13 @@ def child_specs(spec: dict[str, Any]) -> list[dict[str, Any]]:
 def run_processes(spec: dict[str, Any], log_dir: Path) -> dict[str, Any]:
     """Runs one point in fresh processes (``child_specs``), all measuring the same window;
     its summary, or the error a process died with."""
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
-        [str(REPO / "runtime"), str(REPO / "bench"), str(REPO), os.environ.get("PYTHONPATH", "")])}
+    env = {**os.environ, "PYTHONPATH": pythonpath()}
     procs = []
     for part in child_specs(spec):
         log = log_dir / f"{part['tag']}.log"
         with open(log, "wb") as err:
             procs.append((subprocess.Popen(
-                [sys.executable, __file__, "--point", json.dumps(part)], stdin=subprocess.PIPE,
+                [*python_argv(), __file__, "--point", json.dumps(part)], stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE, stderr=err, env=env, text=True), log))
     try:
         for proc, log in procs:
