@@ -84,14 +84,16 @@ from livekit.agents import (
 )
 
 from breezert_agent import TTS, engine_worker_options  # registers the plugin: main thread
+from breezert_agent.client.remote import readiness_url
 from breezert_agent.load import FULL_LOAD
+from breezert_bench.report import write_json
+from breezert.sched.load import EngineLoad
 from room_engine import (
     engine_config,
     ready_record,
     set_torch_threads,
     warm_wide,
     write_metrics_forever,
-    write_state,
 )
 
 AGENT_NAME = os.environ.get("BREEZERT_ROOM_AGENT_NAME", "breezert-bench")
@@ -139,8 +141,8 @@ def prewarm(proc: JobProcess) -> None:
         # the parent waits for this before it dispatches rooms: a job whose thread starts
         # while the engine builds (CUDA graphs: a minute or more) starves its event loop
         extra = {"max_jobs": MAX_ROOMS} if ENGINE_URL is not None else {}
-        write_state(STATE, "engine_ready.json", ready_record(
-            config, time.monotonic() - started, engine_url=ENGINE_URL, **extra))
+        write_json(ready_record(config, time.monotonic() - started, engine_url=ENGINE_URL,
+                                **extra), STATE / "engine_ready.json")
         write_metrics_forever(STATE, _snapshot)
         _config = config
 
@@ -375,7 +377,7 @@ class RemoteEngineLoad:
     ``FULL_LOAD`` times it, as ``breezert_agent.engine_load`` does for an engine in process."""
 
     def __init__(self, base_url: str, period_s: float = 0.25) -> None:
-        self.url, self.period_s = base_url.rstrip("/") + "/readyz", period_s
+        self.url, self.period_s = readiness_url(base_url), period_s
         self.fraction = 1.0  # until the first answer: not a place to send rooms
 
     def start(self) -> RemoteEngineLoad:
@@ -385,13 +387,16 @@ class RemoteEngineLoad:
     def read(self) -> float:
         """The engine's load fraction now (0 idle .. 1 full), 1 when it cannot be read."""
         try:
-            with urllib.request.urlopen(self.url, timeout=2.0) as response:
-                body = json.loads(response.read())
-        except urllib.error.HTTPError as exc:  # 503: full, warming up or draining
-            body = json.loads(exc.read() or b"{}")
+            try:
+                with urllib.request.urlopen(self.url, timeout=2.0) as response:
+                    raw = response.read()
+            except urllib.error.HTTPError as exc:  # 503: full, warming up or draining
+                raw = exc.read()
+            body = json.loads(raw or b"{}")
         except (OSError, ValueError):
             return 1.0
-        return float(body.get("load", {}).get("fraction", 1.0))
+        load = EngineLoad.from_json(body.get("load") if isinstance(body, dict) else None)
+        return 1.0 if load is None else load.fraction
 
     def _poll(self) -> None:
         while True:

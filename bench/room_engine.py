@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import signal
 import sys
@@ -43,6 +42,8 @@ REPO = Path(__file__).resolve().parents[1]
 for _path in (REPO / "runtime", REPO):  # as a script: bench/ (breezert_bench) is sys.path[0]
     if str(_path) not in sys.path:
         sys.path.append(str(_path))
+
+from breezert_bench.report import write_json  # noqa: E402 (a file replaced whole)
 
 WARM_TEXT = "Thanks for calling, your order ships today and should arrive by Friday."
 
@@ -103,20 +104,13 @@ def _run_catching(coro: Any, failed: list[BaseException]) -> None:
         failed.append(exc)
 
 
-def write_state(state: Path, name: str, body: dict[str, Any]) -> None:
-    """``state/name`` replaced whole (a reader never sees half a file)."""
-    tmp = state / f"{name}.tmp"
-    tmp.write_text(json.dumps(body))
-    tmp.replace(state / name)
-
-
 def write_metrics_forever(state: Path, snapshot: Callable[[], dict[str, Any]]) -> None:
     """``metrics.json`` from ``snapshot()`` (plus ``t``, this process's monotonic time) every
     second, on a daemon thread."""
     def loop() -> None:
         while True:
             try:
-                write_state(state, "metrics.json", {"t": time.monotonic(), **snapshot()})
+                write_json({"t": time.monotonic(), **snapshot()}, state / "metrics.json")
             except (RuntimeError, OSError):  # a counter added mid-copy: next second
                 pass
             time.sleep(1.0)
@@ -171,8 +165,8 @@ def main(argv: list[str] | None = None) -> int:
     write_metrics_forever(state, lambda: {"counters": dict(engine.engine.metrics.counters)})
 
     def ready(port: int) -> None:
-        write_state(state, "engine_ready.json",
-                    ready_record(config, build_s, url=f"http://127.0.0.1:{port}"))
+        write_json(ready_record(config, build_s, url=f"http://127.0.0.1:{port}"),
+                   state / "engine_ready.json")
         print(f"room engine serving on http://127.0.0.1:{port} (built in {build_s:.1f} s)",
               flush=True)
 

@@ -93,3 +93,43 @@ def test_the_bundles_stand_ins_let_the_engine_server_build_its_app() -> None:
         env={**os.environ, "PYTHONPATH": os.pathsep.join([str(shims), str(REPO / "runtime")])})
     assert done.returncode == 0, done.stderr[-2000:]
     assert "aiortc is a stand-in" in done.stdout
+
+
+def test_an_agents_engine_load_reads_the_servers_readyz_and_is_full_when_unreadable() -> None:
+    """``bench/room_agent.py``'s ``RemoteEngineLoad`` (dispatch ``engine`` with the engine
+    apart): the ``/readyz`` load's fraction, from a 200 or a 503 alike; 1 (full: send no rooms)
+    for a body without a load, one that is not JSON, or no server at all."""
+    import http.server
+    import threading
+
+    agent = bench_script("room_agent")
+    answers = iter([
+        (200, b'{"status": "ready", "load": {"running": 2, "queued": 0, "max_running": 8,'
+              b' "max_queued": 4}}'),
+        (503, b'{"status": "full", "load": {"running": 8, "queued": 1, "max_running": 8,'
+              b' "max_queued": 4}}'),
+        (503, b'{"status": "warming_up"}'),
+        (503, b"<html>proxy</html>"),
+    ])
+
+    class Readyz(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+            assert self.path == "/readyz"
+            status, body = next(answers)
+            self.send_response(status)
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = http.server.HTTPServer(("127.0.0.1", 0), Readyz)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        load = agent.RemoteEngineLoad(f"http://127.0.0.1:{server.server_port}/")
+        assert [load.read() for _ in range(4)] == [0.25, 1.0, 1.0, 1.0]
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert load.read() == 1.0  # nothing listens any more
+    assert load.load() == agent.FULL_LOAD  # before its first poll it reports full
