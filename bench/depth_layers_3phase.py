@@ -1,0 +1,742 @@
+"""Experiment (issue 30): the depth decoder's 12 layers for one position in ONE persistent Gluon
+launch with THREE grid-wide dependencies a layer instead of eight, because no GEMM is split
+along K across programs except the last one. Built for triton 3.6.0 / 3.7.1 (sm_90a).
+
+    PYTHONPATH=runtime:bench:. python3 bench/depth_layers_3phase.py --out depth-layers-3phase.json
+    PYTHONPATH=runtime:bench:. python bench/depth_layers_3phase.py --compile-only  # no GPU
+    PYTHONPATH=runtime:bench:. python bench/depth_layers_3phase.py --emulate --rows 2  # no GPU
+
+Why: the 8-phase body (``depth_layers_wgmma.py``) streams the weights at the GEMMs' pace and still
+takes 0.49 ms a position at 2 rows against 0.30 for its GEMMs alone: each of its 8 phases a layer
+is a chain of dependent global round trips (split-K partial sums added with atomics, a grid wait,
+the activation re-read through TMA, the CUDA-core work, a store and a release), ~3-4 us each,
+and a layer's weights (55.6 MB) need only ~17 us of HBM time on an H100. So this body cuts the
+chain: every GEMM but ``down`` reduces its whole K inside one program, and the MLP's two GEMMs
+meet inside a program (the program that makes intermediate features j..j+63 also multiplies them
+by ``down``'s columns j..j+63, a partial sum over all 1024 outputs), so a layer is 3 phases:
+
+    A  q/k/v   unit = 64 of the 1536 output features (24 units): RMSNorm of h (every row,
+               recomputed by each unit into shared memory as the B operand), the GEMM over all of
+               K, bf16 into QKV (before RoPE, eager's rounding point)
+    B  attn+o  unit = 64 of o's 1024 output features (16 units): attention of every row and head
+               (RoPE, k/v into the cache at pos by every unit alike, fp32 softmax over slots
+               <= pos), the output into shared memory, o's GEMM over all of K, then
+               M = bf16(h + bf16(o)) for the unit's columns (h = M + bf16(acc of the layer
+               before), read and that accumulator zeroed by the same thread)
+    C  MLP     unit = 64 of the 8192 intermediate features (128 units): RMSNorm of M, gate and
+               up over all of K, Y = bf16(bf16(silu(bf16(gate))) * bf16(up)) in registers, into
+               shared memory, then ``down``'s 16 tiles of [64 outputs, these 64 features]: each
+               partial sum added into the layer's fp32 accumulator with relaxed atomics
+
+The residual after layer l is M + bf16(acc[l % 2]) (two accumulators: the one layer l adds into
+was zeroed by layer l-1's B units). After the last layer, row owners write h = bf16(M +
+bf16(acc)) and zero the accumulator, so a launch leaves both accumulators zero.
+
+Units go to programs so that the CUDA-core-heavy A and B units sit on programs with fewer C
+units: C unit c on program c, A unit a on program P-1-a, B unit b on program P-25-b (P = 132:
+programs 128-131 hold one A unit each, 92-127 one C unit and one A or B unit, 0-91 one C unit).
+
+Per program, ``gl.warp_specialize`` forks a weight loader (1 warp: TMA of every 64x64 tile of
+the program's units, 12 layers, in the consumers' order, never waiting for a phase: the ring
+fills ahead across phases and layers) and the consumers (one warpgroup, 4 warps). The weights
+are packed in that order: a layer's A units' tiles (16 each, K-blocks in order), B units' (16
+each), C units' (48 each: gate k0, up k0, gate k1, ... up k15, then down's 16 output blocks).
+Activations never go through TMA: the consumers write every B operand into shared memory
+themselves (``fence_async_shared`` before the wgmma reads it), so no global proxy fence is
+needed. Cross-program reads bypass L1 (``.cg``).
+
+Checked, timed and reported like ``depth_layers_wgmma.py`` (its ``check``: torch fp32 math of the
+same layers, beside the eager bf16 module's own error), beside the served ``FusedDepthLayers`` and
+the 8-phase body (``--with-8phase``). ``--emulate`` runs the check on the body's data flow in
+torch on the CPU: the same packed tiles gathered by the loader's indices, the units' math in the
+phases' order at the same rounding points (it checks the packing, the unit and tile indexing and
+the accumulator schedule; it runs no kernel code).
+
+Owns: this experiment only. Must not: be imported by the runtime or the tests.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import time
+import traceback
+from pathlib import Path
+
+import torch
+import triton
+from depth_layers_wgmma import (
+    EPS,
+    FFN,
+    HEAD_DIM,
+    HEADS,
+    KV_HEADS,
+    LAYERS,
+    SLOTS,
+    _attention,
+    _publish,
+    after_launches,
+    baselines,
+    build_depth,
+    check,
+    event_ms,
+)
+from depth_stream_gluon import HIDDEN, _partition_barrier, _wait_count, describe_build
+from depth_stream_wgmma import LOADER_REGS, _sass_hgmma
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import (
+    fence_async_shared,
+    mbarrier,
+    tma,
+    warpgroup_mma,
+    warpgroup_mma_wait,
+)
+from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+TILE = 64  # weight tiles are 64 x 64 bf16 (8 KB): wgmma's M and one 128-byte swizzle row of K
+Q_OUT = (HEADS + 2 * KV_HEADS) * HEAD_DIM
+A_UNITS, B_UNITS, C_UNITS = Q_OUT // TILE, HIDDEN // TILE, FFN // TILE  # 24, 16, 128
+KT = HIDDEN // TILE  # 16 K-tiles of a 1024-wide input
+A_TILES, B_TILES, C_TILES = KT, KT, 2 * KT + HIDDEN // TILE  # 16, 16, 48 a unit
+B_BASE = A_UNITS * A_TILES
+C_BASE = B_BASE + B_UNITS * B_TILES
+LAYER_TILES = C_BASE + C_UNITS * C_TILES  # 6784 tiles = 27.8 M weights a layer
+PHASES_A_LAYER = 3
+RB = 8  # rows a norm pass holds at once
+MAX_RP = 64
+SMEM_BUDGET = 227 * 1024 - 4096
+MAX_STAGES = 24
+ROWS = "2,8,16,32,64"
+
+# ----------------------------------------------------------------------------- device code
+
+
+@gluon.jit
+def _norm_into(xs, src_ptr, acc_ptr, g_ptr, rows, eps, ADD: gl.constexpr, RP: gl.constexpr,
+               full_l: gl.constexpr, chunk_l: gl.constexpr):
+    """X = bf16(g * bf16(h * rsqrt(mean(h^2) + eps))) of every row into the 16 K-chunks
+    ``xs[kb] = X[:, kb*64:(kb+1)*64]`` (rows >= ``rows`` zero), h = src (bf16) or, with ADD,
+    bf16(src + bf16(acc)) (the residual after a layer's MLP; read, not zeroed). A pass over 8
+    full rows gives their RMS; the chunks are re-read (L2 hits) and written as wgmma's B
+    operand."""
+    rf = gl.arange(0, RB_C, layout=gl.SliceLayout(1, full_l))
+    cf = gl.arange(0, HIDDEN_C, layout=gl.SliceLayout(0, full_l))
+    rc = gl.arange(0, RB_C, layout=gl.SliceLayout(1, chunk_l))
+    cc = gl.arange(0, TILE_C, layout=gl.SliceLayout(0, chunk_l))
+    for rb in gl.static_range(RP // RB_C):
+        r = rb * RB_C + rf
+        mask = (r[:, None] < rows) & (cf[None, :] < HIDDEN_C)
+        offs = r[:, None] * HIDDEN_C + cf[None, :]
+        h = gl.load(src_ptr + offs, mask=mask, other=0.0, cache_modifier=".cg").to(gl.float32)
+        if ADD:
+            a = gl.load(acc_ptr + offs, mask=mask, other=0.0, cache_modifier=".cg")
+            h = h + a.to(gl.bfloat16).to(gl.float32)
+        h = h.to(gl.bfloat16).to(gl.float32)
+        inv = gl.rsqrt(gl.sum(h * h, axis=1) / HIDDEN_C + eps)
+        inv = gl.convert_layout(inv, gl.SliceLayout(1, chunk_l))
+        r2 = rb * RB_C + rc
+        for kb in gl.static_range(KT_C):
+            c = kb * TILE_C + cc
+            m2 = (r2[:, None] < rows) & (c[None, :] < HIDDEN_C)
+            o2 = r2[:, None] * HIDDEN_C + c[None, :]
+            x = gl.load(src_ptr + o2, mask=m2, other=0.0, cache_modifier=".cg").to(gl.float32)
+            if ADD:
+                a2 = gl.load(acc_ptr + o2, mask=m2, other=0.0, cache_modifier=".cg")
+                x = x + a2.to(gl.bfloat16).to(gl.float32)
+            x = x.to(gl.bfloat16).to(gl.float32)
+            normed = (x * inv[:, None]).to(gl.bfloat16).to(gl.float32)
+            g = gl.load(g_ptr + c).to(gl.float32)
+            out = gl.where(m2, g[None, :] * normed, 0.0).to(gl.bfloat16)
+            xs.index(kb).slice(rb * RB_C, RB_C).store(out)
+
+
+@gluon.jit
+def _copy_into(xs, src_ptr, rows, RP: gl.constexpr, chunk_l: gl.constexpr):
+    """Rows of a bf16 [rows, 1024] buffer (this program's own attention output) into the 16
+    K-chunks of ``xs`` (rows >= ``rows`` zero)."""
+    rc = gl.arange(0, RB_C, layout=gl.SliceLayout(1, chunk_l))
+    cc = gl.arange(0, TILE_C, layout=gl.SliceLayout(0, chunk_l))
+    for rb in gl.static_range(RP // RB_C):
+        r = rb * RB_C + rc
+        for kb in gl.static_range(KT_C):
+            c = kb * TILE_C + cc
+            m = (r[:, None] < rows) & (c[None, :] < HIDDEN_C)
+            x = gl.load(src_ptr + r[:, None] * HIDDEN_C + c[None, :], mask=m, other=0.0,
+                        cache_modifier=".cg")
+            xs.index(kb).slice(rb * RB_C, RB_C).store(x)
+
+
+@gluon.jit
+def _take(ready, it, S: gl.constexpr):
+    """Waits until ring tile ``it`` has landed; returns its slot."""
+    slot = it % S
+    mbarrier.wait(ready.index(slot), (it // S) & 1)
+    return slot
+
+
+@gluon.jit
+def _give(empty, it, S: gl.constexpr):
+    """Ring tile ``it``'s slot goes back to the loader (every warp's wgmma on it retired)."""
+    _partition_barrier()
+    mbarrier.arrive(empty.index(it % S), count=1)
+
+
+@gluon.jit
+def _gemm_full_k(ring, ready, empty, xs, it, acc, S: gl.constexpr):
+    """acc[64, RP] = W_unit[64, 1024] @ X^T over the unit's 16 ring tiles, one wgmma in flight
+    while the tile before it is given back."""
+    for kb in gl.static_range(KT_C):
+        slot = _take(ready, it + kb, S)
+        acc = warpgroup_mma(ring.index(slot), xs.index(kb).permute((1, 0)), acc,
+                            use_acc=kb > 0, is_async=True)
+        acc = warpgroup_mma_wait(1, deps=[acc])
+        if kb > 0:
+            _give(empty, it + kb - 1, S)
+    acc = warpgroup_mma_wait(0, deps=[acc])
+    _give(empty, it + KT_C - 1, S)
+    return it + KT_C, acc
+
+
+@gluon.jit
+def _three_phase_consumer(ring, ready, empty, xs, ys, counters, err_ptr, x_in_ptr, h_out_ptr,
+                          m_ptr, qkv_ptr, att_ptr, acc_ptr, norm_ptr, rope_ptr, cache_ptr,
+                          rows, pos, target, budget, eps, scale, S: gl.constexpr,
+                          RP: gl.constexpr, acc_layout: gl.constexpr, full_l: gl.constexpr,
+                          chunk_l: gl.constexpr, att_l: gl.constexpr, row_l: gl.constexpr):
+    pid = gl.program_id(0)
+    P = gl.num_programs(0)
+    a0 = P - 1 - pid  # A unit a on program P-1-a, B unit b on P-1-A_UNITS-b, C unit c on c
+    b0 = (2 * P - 1 - A_UNITS_C - pid) % P
+    offs_n = gl.arange(0, TILE_C, layout=gl.SliceLayout(1, acc_layout))
+    offs_r = gl.arange(0, RP, layout=gl.SliceLayout(0, acc_layout))
+    rmask = offs_r[None, :] < rows
+    my_att = att_ptr + pid * RP * HIDDEN_C
+    kv_row: gl.constexpr = KV_HEADS_C * SLOTS_C * HEAD_DIM_C
+    it = 0
+    for layer in range(LAYERS_C):
+        g = layer * PHASES_A_LAYER_C
+        first = layer == 0
+        acc_prev = acc_ptr + ((layer + 1) % 2) * rows * HIDDEN_C  # layer-1's sums
+        acc_cur = acc_ptr + (layer % 2) * rows * HIDDEN_C
+        norms = norm_ptr + layer * 2 * HIDDEN_C
+        # ---- A: q/k/v, whole K a unit
+        if a0 < A_UNITS_C:
+            if layer > 0:
+                budget = _wait_count(counters + g - 1, target, budget)
+        for a in range(a0, A_UNITS_C, P):
+            if first:
+                _norm_into(xs, x_in_ptr, acc_prev, norms, rows, eps, False, RP, full_l,
+                           chunk_l)
+            else:
+                _norm_into(xs, m_ptr, acc_prev, norms, rows, eps, True, RP, full_l, chunk_l)
+            fence_async_shared()
+            acc = gl.zeros([TILE_C, RP], gl.float32, acc_layout)
+            it, acc = _gemm_full_k(ring, ready, empty, xs, it, acc, S)
+            cols = a * TILE_C + offs_n
+            gl.store(qkv_ptr + offs_r[None, :] * Q_OUT_C + cols[:, None], acc.to(gl.bfloat16),
+                     mask=rmask)
+        budget = _publish(counters, g, budget, False)
+        # ---- B: attention + o, whole K a unit, + residual into M
+        if b0 < B_UNITS_C:
+            budget = _wait_count(counters + g, target, budget)
+        for b in range(b0, B_UNITS_C, P):
+            _attention(qkv_ptr, cache_ptr + layer * 2 * rows * kv_row, rope_ptr, my_att, rows,
+                       pos, scale, 0, 1, Q_OUT_C, att_l)
+            _partition_barrier()  # every warp's attention rows are stored
+            _copy_into(xs, my_att, rows, RP, chunk_l)
+            fence_async_shared()
+            acc = gl.zeros([TILE_C, RP], gl.float32, acc_layout)
+            it, acc = _gemm_full_k(ring, ready, empty, xs, it, acc, S)
+            cols = b * TILE_C + offs_n
+            offs = offs_r[None, :] * HIDDEN_C + cols[:, None]
+            if first:
+                h = gl.load(x_in_ptr + offs, mask=rmask, other=0.0).to(gl.float32)
+            else:
+                h = gl.load(m_ptr + offs, mask=rmask, other=0.0,
+                            cache_modifier=".cg").to(gl.float32)
+                d = gl.load(acc_prev + offs, mask=rmask, other=0.0, cache_modifier=".cg")
+                gl.store(acc_prev + offs, gl.zeros_like(d), mask=rmask)
+                h = (h + d.to(gl.bfloat16).to(gl.float32)).to(gl.bfloat16).to(gl.float32)
+            o = acc.to(gl.bfloat16).to(gl.float32)
+            gl.store(m_ptr + offs, (h + o).to(gl.bfloat16), mask=rmask)
+        budget = _publish(counters, g + 1, budget, False)
+        # ---- C: gate/up + SiLU * up + down's partial sums
+        if pid < C_UNITS_C:
+            budget = _wait_count(counters + g + 1, target, budget)
+        for c in range(pid, C_UNITS_C, P):
+            _norm_into(xs, m_ptr, acc_prev, norms + HIDDEN_C, rows, eps, False, RP, full_l,
+                       chunk_l)
+            fence_async_shared()
+            acc_g = gl.zeros([TILE_C, RP], gl.float32, acc_layout)
+            acc_u = gl.zeros([TILE_C, RP], gl.float32, acc_layout)
+            for kb in gl.static_range(KT_C):
+                sg = _take(ready, it + 2 * kb, S)
+                acc_g = warpgroup_mma(ring.index(sg), xs.index(kb).permute((1, 0)), acc_g,
+                                      use_acc=kb > 0, is_async=True)
+                su = _take(ready, it + 2 * kb + 1, S)
+                acc_u = warpgroup_mma(ring.index(su), xs.index(kb).permute((1, 0)), acc_u,
+                                      use_acc=kb > 0, is_async=True)
+                acc_g, acc_u = warpgroup_mma_wait(2, deps=[acc_g, acc_u])
+                if kb > 0:
+                    _give(empty, it + 2 * kb - 2, S)
+                    _give(empty, it + 2 * kb - 1, S)
+            acc_g, acc_u = warpgroup_mma_wait(0, deps=[acc_g, acc_u])
+            _give(empty, it + 2 * KT_C - 2, S)
+            _give(empty, it + 2 * KT_C - 1, S)
+            it += 2 * KT_C
+            gb = acc_g.to(gl.bfloat16).to(gl.float32)
+            ub = acc_u.to(gl.bfloat16).to(gl.float32)
+            s = (gb / (1.0 + gl.exp(-gb))).to(gl.bfloat16).to(gl.float32)
+            y = (s * ub).to(gl.bfloat16)  # [64 features, RP]; padding rows are 0
+            ys.store(gl.permute(y, (1, 0)))
+            fence_async_shared()
+            for mb in gl.static_range(HIDDEN_C // TILE_C):
+                slot = _take(ready, it + mb, S)
+                part = warpgroup_mma(ring.index(slot), ys.permute((1, 0)),
+                                     gl.zeros([TILE_C, RP], gl.float32, acc_layout),
+                                     use_acc=False, is_async=True)
+                part = warpgroup_mma_wait(0, deps=[part])
+                _give(empty, it + mb, S)
+                cols = mb * TILE_C + offs_n
+                gl.atomic_add(acc_cur + offs_r[None, :] * HIDDEN_C + cols[:, None], part,
+                              mask=rmask, sem="relaxed", scope="gpu")
+            it += HIDDEN_C // TILE_C
+        budget = _publish(counters, g + 2, budget, False)
+    # ---- after the last layer: h = bf16(M + bf16(acc)) by row owners, the accumulator zeroed
+    budget = _wait_count(counters + LAYERS_C * PHASES_A_LAYER_C - 1, target, budget)
+    last = acc_ptr + ((LAYERS_C - 1) % 2) * rows * HIDDEN_C
+    cols1 = gl.arange(0, HIDDEN_C, layout=row_l)  # each element one thread: read, then zeroed
+    for r in range(pid, rows, P):
+        offs = r * HIDDEN_C + cols1
+        d = gl.load(last + offs, cache_modifier=".cg")
+        gl.store(last + offs, gl.zeros_like(d))
+        h = gl.load(m_ptr + offs, cache_modifier=".cg").to(gl.float32)
+        gl.store(h_out_ptr + offs, (h + d.to(gl.bfloat16).to(gl.float32)).to(gl.bfloat16))
+    if budget <= 0:
+        gl.store(err_ptr, 1)
+
+
+@gluon.jit
+def _three_phase_loader(desc, ring, ready, empty, S: gl.constexpr):
+    """Every tile of this program's units, 12 layers, in the consumers' order."""
+    pid = gl.program_id(0)
+    P = gl.num_programs(0)
+    a0 = P - 1 - pid
+    b0 = (2 * P - 1 - A_UNITS_C - pid) % P
+    it = 0
+    for layer in range(LAYERS_C):
+        base = layer * LAYER_TILES_C
+        for a in range(a0, A_UNITS_C, P):
+            it = _load_tiles(desc, ring, ready, empty, it, base + a * KT_C, KT_C, S)
+        for b in range(b0, B_UNITS_C, P):
+            it = _load_tiles(desc, ring, ready, empty, it, base + B_BASE_C + b * KT_C, KT_C, S)
+        for c in range(pid, C_UNITS_C, P):
+            it = _load_tiles(desc, ring, ready, empty, it, base + C_BASE_C + c * C_TILES_C,
+                             C_TILES_C, S)
+
+
+@gluon.jit
+def _load_tiles(desc, ring, ready, empty, it, first_tile, n: gl.constexpr, S: gl.constexpr):
+    for t in range(n):
+        slot = it % S
+        mbarrier.wait(empty.index(slot), ((it // S) & 1) ^ 1)
+        mbarrier.expect(ready.index(slot), TILE_C * TILE_C * 2)
+        tma.async_copy_global_to_shared(desc, [(first_tile + t) * TILE_C, 0], ready.index(slot),
+                                        ring.index(slot))
+        it += 1
+    return it
+
+
+@gluon.jit(do_not_specialize=["rows", "pos", "target", "budget"])
+def _three_phase_kernel(desc, counters, err_ptr, x_in_ptr, h_out_ptr, m_ptr, qkv_ptr, att_ptr,
+                        acc_ptr, norm_ptr, rope_ptr, cache_ptr, rows, pos, target, budget, eps,
+                        scale, S: gl.constexpr, RP: gl.constexpr, num_warps: gl.constexpr):
+    acc_layout: gl.constexpr = gl.NVMMADistributedLayout(
+        version=[3, 0], warps_per_cta=[num_warps, 1], instr_shape=[16, RP, 16])
+    # 8 rows x 1024: 8 consecutive elements (16 B of bf16) a thread
+    full_l: gl.constexpr = gl.BlockedLayout([1, 8], [1, 32], [num_warps, 1], [1, 0])
+    # 8 rows x 64: 4 consecutive elements a thread, nothing replicated with 4 warps
+    chunk_l: gl.constexpr = gl.BlockedLayout([1, 4], [2, 16], [num_warps, 1], [1, 0])
+    att_l: gl.constexpr = gl.BlockedLayout([1, 8], [2, 16], [num_warps, 1], [1, 0])
+    row_l: gl.constexpr = gl.BlockedLayout([8], [32], [num_warps], [0])  # 1024, no replicas
+    x_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([RP, TILE_C], gl.bfloat16)
+    ring = gl.allocate_shared_memory(gl.bfloat16, [S, TILE_C, TILE_C], desc.layout)
+    xs = gl.allocate_shared_memory(gl.bfloat16, [KT_C, RP, TILE_C], x_layout)
+    ys = gl.allocate_shared_memory(gl.bfloat16, [RP, TILE_C], x_layout)
+    ready = gl.allocate_shared_memory(gl.int64, [S, 1], mbarrier.MBarrierLayout())
+    empty = gl.allocate_shared_memory(gl.int64, [S, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(S):
+        mbarrier.init(ready.index(i), count=1)
+        mbarrier.init(empty.index(i), count=1)
+    gl.warp_specialize([
+        (_three_phase_consumer, (ring, ready, empty, xs, ys, counters, err_ptr, x_in_ptr,
+                                 h_out_ptr, m_ptr, qkv_ptr, att_ptr, acc_ptr, norm_ptr, rope_ptr,
+                                 cache_ptr, rows, pos, target, budget, eps, scale, S, RP,
+                                 acc_layout, full_l, chunk_l, att_l, row_l)),
+        (_three_phase_loader, (desc, ring, ready, empty, S)),
+    ], [1], [LOADER_REGS_C])
+
+
+# constexpr globals the device code reads (gluon.jit resolves module-level constexprs)
+TILE_C = gl.constexpr(TILE)
+HIDDEN_C = gl.constexpr(HIDDEN)
+Q_OUT_C = gl.constexpr(Q_OUT)
+KT_C = gl.constexpr(KT)
+RB_C = gl.constexpr(RB)
+A_UNITS_C = gl.constexpr(A_UNITS)
+B_UNITS_C = gl.constexpr(B_UNITS)
+C_UNITS_C = gl.constexpr(C_UNITS)
+C_TILES_C = gl.constexpr(C_TILES)
+B_BASE_C = gl.constexpr(B_BASE)
+C_BASE_C = gl.constexpr(C_BASE)
+LAYER_TILES_C = gl.constexpr(LAYER_TILES)
+LAYERS_C = gl.constexpr(LAYERS)
+PHASES_A_LAYER_C = gl.constexpr(PHASES_A_LAYER)
+KV_HEADS_C = gl.constexpr(KV_HEADS)
+SLOTS_C = gl.constexpr(SLOTS)
+HEAD_DIM_C = gl.constexpr(HEAD_DIM)
+LOADER_REGS_C = gl.constexpr(LOADER_REGS)
+
+# ----------------------------------------------------------------------------- host side
+
+
+def _pow2_at_least(n: int) -> int:
+    return 1 << max(n - 1, 0).bit_length()
+
+
+def pack_layer(attn_qkv: torch.Tensor, o: torch.Tensor, gate_up: torch.Tensor,
+               down: torch.Tensor) -> torch.Tensor:
+    """One layer's four matrices as the loader reads them: ``[LAYER_TILES * 64, 64]``, tile t
+    at rows t*64.. (module doc's order)."""
+
+    def tiles(w: torch.Tensor) -> torch.Tensor:  # [N, K] -> [N/64, K/64, 64, 64], n-major
+        n, k = w.shape
+        return w.view(n // TILE, TILE, k // TILE, TILE).permute(0, 2, 1, 3)
+
+    a = tiles(attn_qkv).reshape(-1, TILE)
+    b = tiles(o).reshape(-1, TILE)
+    gate, up = tiles(gate_up[:FFN]), tiles(gate_up[FFN:])  # [128, 16, 64, 64] each
+    gu = torch.stack([gate, up], dim=2)  # [128, 16, 2, 64, 64]: gate k0, up k0, gate k1...
+    dn = tiles(down).permute(1, 0, 2, 3)  # [128 feature blocks, 16 output blocks, 64, 64]
+    c = torch.cat([gu.reshape(C_UNITS, 2 * KT, TILE, TILE), dn], dim=1)
+    return torch.cat([a, b, c.reshape(-1, TILE)])
+
+
+def unit_tiles(packed: torch.Tensor, layer: int, first_tile: int, n: int) -> torch.Tensor:
+    """The ``n`` tiles from ``first_tile`` of ``layer`` as the loader brings them: [n, 64, 64]."""
+    start = (layer * LAYER_TILES + first_tile) * TILE
+    return packed[start:start + n * TILE].view(n, TILE, TILE)
+
+
+class ThreePhaseFrame:
+    """One position's buffers (the names ``depth_layers_wgmma.check`` reads: ``h`` is the
+    output, ``out`` the two fp32 accumulators, ``x1024`` the residual M, ``x8192`` the
+    pre-RoPE q/k/v) and the packed weights."""
+
+    def __init__(self, rows: int, device: str, programs: int = 132) -> None:
+        if rows > MAX_RP:
+            raise ValueError(f"{rows} rows: this body holds at most {MAX_RP} (its X chunks in "
+                             f"shared memory)")
+        self.rows, self.programs = rows, programs
+        self.rp = max(8, _pow2_at_least(rows))
+        ring_room = SMEM_BUDGET - (KT + 1) * self.rp * TILE * 2
+        self.stages = min(MAX_STAGES, ring_room // (TILE * TILE * 2))
+        bf16 = torch.bfloat16
+        self.w = torch.empty(LAYERS * LAYER_TILES * TILE, TILE, dtype=bf16, device=device)
+        self.x_in = torch.empty(rows, HIDDEN, dtype=bf16, device=device)
+        self.h = torch.empty_like(self.x_in)
+        self.x1024 = torch.empty_like(self.x_in)  # M
+        self.x8192 = torch.empty(rows, Q_OUT, dtype=bf16, device=device)  # q/k/v
+        self.att = torch.zeros(programs, self.rp, HIDDEN, dtype=bf16, device=device)
+        self.out = torch.zeros(2 * rows, HIDDEN, dtype=torch.float32, device=device)
+        self.norm_w = torch.empty(LAYERS, 2, HIDDEN, dtype=bf16, device=device)
+        self.rope = torch.empty(2, HEAD_DIM, dtype=bf16, device=device)
+        self.cache = torch.empty(LAYERS, 2, rows, KV_HEADS, SLOTS, HEAD_DIM, dtype=bf16,
+                                 device=device)
+        self.counters = torch.zeros(LAYERS * PHASES_A_LAYER, dtype=torch.int32, device=device)
+        self.err = torch.zeros(1, dtype=torch.int32, device=device)
+        self.position = 0
+        self.epoch = 0
+        layout = gl.NVMMASharedLayout.get_default_for([TILE, TILE], gl.bfloat16)
+        self.desc = TensorDescriptor(self.w, list(self.w.shape), list(self.w.stride()),
+                                     [TILE, TILE], layout)
+
+    def load(self, modules) -> None:
+        for layer, m in enumerate(modules):
+            packed = pack_layer(m.self_attn.qkv_weight, m.self_attn.o_proj.weight,
+                                m.mlp.gate_up_weight, m.mlp.down_proj.weight)
+            self.w[layer * LAYER_TILES * TILE:(layer + 1) * LAYER_TILES * TILE] = packed
+            self.norm_w[layer, 0] = m.input_layernorm.weight
+            self.norm_w[layer, 1] = m.post_attention_layernorm.weight
+
+    def run_layers(self, programs: int, maxnreg: int, spin_budget: int,
+                   cooperative: bool = True):
+        if programs != self.programs:
+            raise ValueError(f"built for {self.programs} programs, launched with {programs}")
+        if programs < A_UNITS + B_UNITS or programs < 1:
+            raise ValueError(f"{programs} programs: the A and B units need {A_UNITS + B_UNITS}")
+        self.epoch += 1  # counters only grow: a launch waits for epoch * programs arrivals
+        kwargs = {"launch_cooperative_grid": True} if cooperative else {}
+        return _three_phase_kernel[(programs,)](
+            self.desc, self.counters, self.err, self.x_in, self.h, self.x1024, self.x8192,
+            self.att, self.out, self.norm_w, self.rope, self.cache, self.rows, self.position,
+            self.epoch * programs, spin_budget, EPS, 1.0 / math.sqrt(HEAD_DIM), S=self.stages,
+            RP=self.rp, num_warps=4, maxnreg=maxnreg or 248, **kwargs)
+
+    def label(self) -> str:
+        return f"3phase S{self.stages} r{self.rows} (RP {self.rp})"
+
+
+# ----------------------------------------------------------------------------- CPU emulation
+
+
+class EmulatedThreePhase(ThreePhaseFrame):
+    """``--emulate``: the body's data flow in torch on the packed tiles, unit by unit in the
+    phases' order, with the kernel's rounding points and accumulator schedule (module doc)."""
+
+    def __init__(self, rows: int) -> None:
+        super().__init__(rows, "cpu")
+
+    def label(self) -> str:
+        return f"emulated 3phase r{self.rows}"
+
+    @staticmethod
+    def _normed(h: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
+        h = h.to(torch.bfloat16).float()
+        inv = torch.rsqrt(h.pow(2).sum(-1, keepdim=True) / HIDDEN + EPS)
+        return (g.float() * (h * inv).to(torch.bfloat16).float()).to(torch.bfloat16)
+
+    def _gemm(self, layer: int, first_tile: int, x: torch.Tensor) -> torch.Tensor:
+        """acc[rows, 64] of a unit's 16 K-tiles against X [rows, 1024]."""
+        tiles = unit_tiles(self.w, layer, first_tile, KT).float()  # [16, 64 out, 64 k]
+        xk = x.float().view(self.rows, KT, TILE)
+        return torch.einsum("nok,rnk->ro", tiles, xk)
+
+    def _attention(self, layer: int) -> torch.Tensor:
+        rows, pos = self.rows, self.position
+        qkv = self.x8192.float()
+        cos, sin = self.rope[0].float(), self.rope[1].float()
+
+        def rope(x):
+            a = (x * cos).to(torch.bfloat16).float()
+            b = (x.roll(HEAD_DIM // 2, -1) * sin).to(torch.bfloat16).float()
+            return (a + b).to(torch.bfloat16)
+
+        q = rope(qkv[:, :HEADS * HEAD_DIM].view(rows, HEADS, HEAD_DIM)).float()
+        k = rope(qkv[:, HEADS * HEAD_DIM:(HEADS + KV_HEADS) * HEAD_DIM]
+                 .view(rows, KV_HEADS, HEAD_DIM))
+        v = qkv[:, (HEADS + KV_HEADS) * HEAD_DIM:].view(rows, KV_HEADS, HEAD_DIM)
+        self.cache[layer, 0, :, :, pos] = k
+        self.cache[layer, 1, :, :, pos] = v.to(torch.bfloat16)
+        group = HEADS // KV_HEADS
+        keys = self.cache[layer, 0].float().repeat_interleave(group, 1)
+        values = self.cache[layer, 1].float().repeat_interleave(group, 1)
+        s = torch.einsum("rhd,rhtd->rht", q, keys) / math.sqrt(HEAD_DIM)
+        s = s.masked_fill(torch.arange(SLOTS) > pos, float("-inf"))
+        return torch.einsum("rht,rhtd->rhd", s.softmax(-1), values).reshape(rows, -1).to(
+            torch.bfloat16)
+
+    def run_layers(self, **_launch) -> None:
+        rows = self.rows
+        acc = self.out.view(2, rows, HIDDEN)
+        for layer in range(LAYERS):
+            prev, cur = acc[(layer + 1) % 2], acc[layer % 2]
+            g1, g2 = self.norm_w[layer, 0], self.norm_w[layer, 1]
+            if layer == 0:
+                h = self.x_in.float()
+            else:
+                h = self.x1024.float() + prev.to(torch.bfloat16).float()
+            x = self._normed(h, g1)
+            for a in range(A_UNITS):  # A
+                self.x8192[:, a * TILE:(a + 1) * TILE] = self._gemm(
+                    layer, a * A_TILES, x).to(torch.bfloat16)
+            att = self._attention(layer)  # B
+            h = h.to(torch.bfloat16).float()
+            if layer > 0:
+                prev.zero_()
+            for b in range(B_UNITS):
+                o = self._gemm(layer, B_BASE + b * B_TILES, att).to(torch.bfloat16).float()
+                cols = slice(b * TILE, (b + 1) * TILE)
+                self.x1024[:, cols] = (h[:, cols] + o).to(torch.bfloat16)
+            x = self._normed(self.x1024.float(), g2)  # C
+            for c in range(C_UNITS):
+                tiles = unit_tiles(self.w, layer, C_BASE + c * C_TILES, C_TILES).float()
+                gu = tiles[:2 * KT].view(KT, 2, TILE, TILE)
+                xk = x.float().view(rows, KT, TILE)
+                gate = torch.einsum("nok,rnk->ro", gu[:, 0], xk).to(torch.bfloat16).float()
+                up = torch.einsum("nok,rnk->ro", gu[:, 1], xk).to(torch.bfloat16).float()
+                y = ((gate / (1 + torch.exp(-gate))).to(torch.bfloat16).float() * up).to(
+                    torch.bfloat16).float()
+                down = tiles[2 * KT:]  # [16 output blocks, 64 out, 64 features]
+                cur += torch.einsum("mof,rf->rmo", down, y).reshape(rows, HIDDEN)
+        last = acc[(LAYERS - 1) % 2]
+        self.h.copy_((self.x1024.float() + last.to(torch.bfloat16).float()).to(torch.bfloat16))
+        last.zero_()
+
+
+def emulate(rows_list: list[int]) -> None:
+    """``--emulate``: ``check`` on ``EmulatedThreePhase`` (CPU), positions 0 and 15."""
+    from depth_layers_wgmma import SLOTS as slots
+
+    torch.manual_seed(0)
+    depth = build_depth("cpu")
+    modules = list(depth.model.layers)
+    for rows in rows_list:
+        frame = EmulatedThreePhase(rows)
+        frame.load(modules)
+        for pos in (0, slots - 1):
+            check(frame, modules, depth, pos, {})
+            print(f"  {frame.label()} pos {pos}: passes the check", flush=True)
+        assert not after_launches(frame), after_launches(frame)
+
+
+# ----------------------------------------------------------------------------- builds, GPU
+
+
+def compile_only(rows_list: list[int], programs: int, maxnreg: int, spin_budget: int) -> None:
+    """Builds every padded row count for sm_90a here (no GPU) and prints resources."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from tests.sm90_build import build_only
+
+    print(f"triton {triton.__version__}; 4 consumer warps + 1 loader warp; maxnreg "
+          f"{maxnreg or 248}")
+    for rows in rows_list:
+        frame = ThreePhaseFrame(rows, "cpu", programs)  # read by nothing: a build
+        with build_only(90) as built:
+            frame.run_layers(programs, maxnreg, spin_budget)
+        kernel = built[-1]
+        print(describe_build(kernel, frame.label(), "3phase") +
+              f"; {kernel.asm['ptx'].count('wgmma.mma_async')} wgmma PTX sites, "
+              f"{_sass_hgmma(kernel)}", flush=True)
+
+
+def measure(rows: int, depth, args, programs: int, result: dict) -> None:
+    """The checks at positions 0 and 15 (a mismatch is recorded; the launch is still timed
+    unless a wait ran out of budget), then ms a position (CUDA events, median)."""
+    frame = ThreePhaseFrame(rows, "cuda", programs)
+    modules = list(depth.model.layers)
+    frame.load(modules)
+    launch = {"programs": programs, "maxnreg": args.maxnreg, "spin_budget": args.spin_budget,
+              "cooperative": not args.no_cooperative}
+    row: dict = {"body": "3phase", "rows": rows, "padded_rows": frame.rp,
+                 "stages": frame.stages, "checks": [], "correct": True}
+    result["rows"].append(row)
+    for pos in (0, SLOTS - 1):
+        try:
+            row["checks"].append(check(frame, modules, depth, pos, launch))
+        except AssertionError as exc:
+            print(f"  {frame.label()} pos {pos}: CHECK FAILED: {exc}"[:2000], flush=True)
+            result["failures"].append(f"{frame.label()} pos {pos}: {exc}"[:1000])
+            row["correct"] = False
+            if frame.err.item():
+                return
+    kernel = frame.run_layers(**launch)
+    row["n_regs"], row["n_spills"] = kernel.n_regs, kernel.n_spills
+    row["shared_bytes"] = kernel.metadata.shared
+    ms, min_ms = event_ms(lambda: frame.run_layers(**launch), args.iters)
+    problems = after_launches(frame)
+    if problems:
+        print(f"  {frame.label()}: after the timed launches: {problems}", flush=True)
+        result["failures"].append(f"{frame.label()} after the timed launches: {problems}")
+        row["correct"] = False
+    weight_bytes = frame.w.numel() * frame.w.element_size()
+    row.update(ms=round(ms, 4), min_ms=round(min_ms, 4),
+               tb_per_s=round(weight_bytes / ms / 1e9, 3),
+               frame_ms_15_positions=round(15 * ms, 3))
+    print(f"  {frame.label()}: {ms:.4f} ms a position (min {min_ms:.4f}), {row['tb_per_s']} "
+          f"TB/s of weights; x15 = {15 * ms:.2f} ms a frame", flush=True)
+
+
+def measure_8phase(rows: int, depth, args, programs: int, result: dict) -> None:
+    """The 8-phase body at the same rows (``depth_layers_wgmma``, config 64x128x6w4)."""
+    from depth_layers_wgmma import LayersFrame
+    from depth_stream_gluon import Stream
+
+    frame = LayersFrame(Stream.parse("64x128x6w4"), rows, "cuda")
+    frame.load(list(depth.model.layers))
+    launch = {"programs": programs, "maxnreg": args.maxnreg, "spin_budget": args.spin_budget,
+              "cooperative": not args.no_cooperative}
+    ms, _ = event_ms(lambda: frame.run_layers(**launch), args.iters)
+    result["eight_phase"][str(rows)] = {"ms": round(ms, 4), "hang": bool(frame.err.item())}
+    print(f"  8-phase body r{rows}: {ms:.4f} ms a position", flush=True)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--rows", default=ROWS, help="rows a launch (2 a request with CFG)")
+    ap.add_argument("--maxnreg", type=int, default=0, help="0: 248")
+    ap.add_argument("--programs", type=int, default=0, help="0: one per SM")
+    ap.add_argument("--iters", type=int, default=30)
+    ap.add_argument("--spin-budget", type=int, default=1 << 20)
+    ap.add_argument("--deadline-s", type=float, default=300)
+    ap.add_argument("--no-baselines", action="store_true")
+    ap.add_argument("--with-8phase", action="store_true")
+    ap.add_argument("--no-cooperative", action="store_true")
+    ap.add_argument("--compile-only", action="store_true")
+    ap.add_argument("--emulate", action="store_true")
+    ap.add_argument("--out", default="depth-layers-3phase.json")
+    args = ap.parse_args()
+    t_start = time.monotonic()
+    rows_list = [int(r) for r in args.rows.split(",")]
+    if args.compile_only:
+        compile_only(rows_list, args.programs or 132, args.maxnreg, args.spin_budget)
+        return
+    if args.emulate:
+        emulate(rows_list)
+        return
+    from breezert_bench.provenance import provenance
+
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.manual_seed(0)
+    props = torch.cuda.get_device_properties(0)
+    programs = args.programs or props.multi_processor_count
+    print(f"triton {triton.__version__}, {props.name}, {programs} programs", flush=True)
+    result = {"meta": provenance(script="bench/depth_layers_3phase.py", triton=triton.__version__,
+                                 programs=programs, layers=LAYERS),
+              "rows": [], "baselines": {}, "eight_phase": {}, "failures": []}
+
+    def save() -> None:
+        Path(args.out).write_text(json.dumps(result, indent=1))
+
+    depth = build_depth("cuda")
+    for rows in rows_list:
+        if time.monotonic() - t_start > args.deadline_s:
+            print(f"deadline: r{rows} not run", flush=True)
+            break
+        for name, fn in (("3phase", measure), ("8phase", measure_8phase),
+                         ("baselines", None)):
+            if name == "8phase" and not args.with_8phase:
+                continue
+            if name == "baselines" and args.no_baselines:
+                continue
+            try:
+                if fn is None:
+                    result["baselines"][str(rows)] = baselines(depth, rows, args.iters)
+                    print(f"  baselines r{rows}: {result['baselines'][str(rows)]}", flush=True)
+                else:
+                    fn(rows, depth, args, programs, result)
+            except Exception as exc:
+                print(f"{name} r{rows}: FAILED: {exc!r}"[:2000], flush=True)
+                traceback.print_exc(limit=3)
+                result["failures"].append(f"{name} r{rows}: {exc!r}"[:1000])
+            torch.cuda.empty_cache()
+            save()
+    save()
+    print("\nrows | 3phase correct | 3phase ms a position | 8-phase ms | served fused ms | "
+          "eager bf16 ms | TB/s")
+    for r in result["rows"]:
+        b = result["baselines"].get(str(r["rows"]), {})
+        e = result["eight_phase"].get(str(r["rows"]), {})
+        print(f"{r['rows']} | {r['correct']} | {r.get('ms', '-')} | {e.get('ms', '-')} | "
+              f"{b.get('served_fused_ms', '-')} | {b.get('eager_bf16_ms', '-')} | "
+              f"{r.get('tb_per_s', '-')}")
+    if result["failures"]:
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()
