@@ -110,6 +110,7 @@ MAX_RP = 64
 SMEM_BUDGET = 227 * 1024 - 4096
 MAX_STAGES = 24
 ROWS = "2,8,16,32,64"
+ATTENTION = ("items", "rows")  # B's attention: 4 (row, KV head) items at once, or one by one
 
 # ----------------------------------------------------------------------------- device code
 
@@ -170,6 +171,71 @@ def _copy_into(xs, src_ptr, rows, RP: gl.constexpr, chunk_l: gl.constexpr):
 
 
 @gluon.jit
+def _attention_items(qkv_ptr, cache_ptr, rope_ptr, x_out_ptr, rows, pos, scale,
+                     l3: gl.constexpr):
+    """``_attention``'s items (row, KV head) 4 at a time, one a warp (``l3``: warps along
+    the items), so that 4 items' loads are in flight at once instead of one item's: same
+    arithmetic, same rounding points; k and v into the cache at pos."""
+    l_id: gl.constexpr = gl.SliceLayout(1, l3)  # [items, 128]
+    l_it: gl.constexpr = gl.SliceLayout(2, l3)  # [items, 16]
+    d = gl.arange(0, HEAD_DIM_C, layout=gl.SliceLayout(0, l_id))
+    t = gl.arange(0, SLOTS_C, layout=gl.SliceLayout(0, l_it))
+    i_d = gl.arange(0, 4, layout=gl.SliceLayout(1, l_id))
+    i_t = gl.arange(0, 4, layout=gl.SliceLayout(1, l_it))
+    cos = gl.load(rope_ptr + d).to(gl.float32)[None, :]
+    sin = gl.load(rope_ptr + HEAD_DIM_C + d).to(gl.float32)[None, :]
+    t3 = t[None, :, None]
+    d3 = d[None, None, :]
+    earlier = (t3 < pos) & (d3 < HEAD_DIM_C)
+    here = (t3 == pos) & (d3 < HEAD_DIM_C)
+    live = (t < pos + 1)[None, :]
+    group: gl.constexpr = HEADS_C // KV_HEADS_C
+    for i0 in range(0, rows * KV_HEADS_C, 4):
+        item = i0 + i_d
+        ok = (item < rows * KV_HEADS_C)[:, None] & (d[None, :] < HEAD_DIM_C)
+        r = item // KV_HEADS_C
+        j = item % KV_HEADS_C
+        base = qkv_ptr + (r * Q_OUT_C)[:, None] + d[None, :]
+        kx = gl.load(base + ((HEADS_C + j) * HEAD_DIM_C)[:, None], mask=ok, other=0.0,
+                     cache_modifier=".cg").to(gl.float32)
+        kr = gl.load(base + ((HEADS_C + j) * HEAD_DIM_C)[:, None] + ((d ^ 64) - d)[None, :],
+                     mask=ok, other=0.0, cache_modifier=".cg").to(gl.float32)
+        k = ((kx * cos).to(gl.bfloat16).to(gl.float32)
+             + (kr * sin).to(gl.bfloat16).to(gl.float32)).to(gl.bfloat16).to(gl.float32)
+        v = gl.load(base + ((HEADS_C + KV_HEADS_C + j) * HEAD_DIM_C)[:, None], mask=ok,
+                    other=0.0, cache_modifier=".cg").to(gl.bfloat16)
+        kv = (r * KV_HEADS_C + j) * SLOTS_C * HEAD_DIM_C  # [items]
+        k_at = cache_ptr + kv[:, None] + pos * HEAD_DIM_C + d[None, :]
+        v_off = rows * KV_HEADS_C * SLOTS_C * HEAD_DIM_C
+        gl.store(k_at, k.to(gl.bfloat16), mask=ok)
+        gl.store(k_at + v_off, v, mask=ok)
+        item3 = i0 + i_t
+        ok3 = (item3 < rows * KV_HEADS_C)[:, None, None] & earlier
+        kv3 = ((item3 // KV_HEADS_C) * KV_HEADS_C + item3 % KV_HEADS_C) * SLOTS_C * HEAD_DIM_C
+        tile = cache_ptr + kv3[:, None, None] + t3 * HEAD_DIM_C + d3
+        keys = gl.load(tile, mask=ok3, other=0.0).to(gl.float32)
+        keys = gl.where(here, k[:, None, :], keys)
+        values = gl.load(tile + v_off, mask=ok3, other=0.0).to(gl.float32)
+        values = gl.where(here, v.to(gl.float32)[:, None, :], values)
+        for hh in gl.static_range(group):
+            head = j * group + hh
+            qp = base + (head * HEAD_DIM_C)[:, None]
+            qx = gl.load(qp, mask=ok, other=0.0, cache_modifier=".cg").to(gl.float32)
+            qr = gl.load(qp + ((d ^ 64) - d)[None, :], mask=ok, other=0.0,
+                         cache_modifier=".cg").to(gl.float32)
+            q = ((qx * cos).to(gl.bfloat16).to(gl.float32)
+                 + (qr * sin).to(gl.bfloat16).to(gl.float32)).to(gl.bfloat16).to(gl.float32)
+            sc = gl.sum(keys * q[:, None, :], axis=2) * scale
+            sc = gl.where(live, sc, float("-inf"))
+            p = gl.exp(sc - gl.max(sc, axis=1)[:, None])
+            p = gl.where(live, p, 0.0)
+            den = gl.convert_layout(gl.sum(p, axis=1), gl.SliceLayout(1, l_id))
+            o = gl.sum(values * p[:, :, None], axis=1) / den[:, None]
+            gl.store(x_out_ptr + (r * HIDDEN_C + head * HEAD_DIM_C)[:, None] + d[None, :],
+                     o.to(gl.bfloat16), mask=ok)
+
+
+@gluon.jit
 def _take(ready, it, S: gl.constexpr):
     """Waits until ring tile ``it`` has landed; returns its slot."""
     slot = it % S
@@ -205,7 +271,8 @@ def _three_phase_consumer(ring, ready, empty, xs, ys, counters, err_ptr, x_in_pt
                           m_ptr, qkv_ptr, att_ptr, acc_ptr, norm_ptr, rope_ptr, cache_ptr,
                           rows, pos, target, budget, eps, scale, S: gl.constexpr,
                           RP: gl.constexpr, acc_layout: gl.constexpr, full_l: gl.constexpr,
-                          chunk_l: gl.constexpr, att_l: gl.constexpr, row_l: gl.constexpr):
+                          chunk_l: gl.constexpr, att_l: gl.constexpr, row_l: gl.constexpr,
+                          att3_l: gl.constexpr, ITEMS: gl.constexpr):
     pid = gl.program_id(0)
     P = gl.num_programs(0)
     a0 = P - 1 - pid  # A unit a on program P-1-a, B unit b on P-1-A_UNITS-b, C unit c on c
@@ -243,8 +310,12 @@ def _three_phase_consumer(ring, ready, empty, xs, ys, counters, err_ptr, x_in_pt
         if b0 < B_UNITS_C:
             budget = _wait_count(counters + g, target, budget)
         for b in range(b0, B_UNITS_C, P):
-            _attention(qkv_ptr, cache_ptr + layer * 2 * rows * kv_row, rope_ptr, my_att, rows,
-                       pos, scale, 0, 1, Q_OUT_C, att_l)
+            if ITEMS:
+                _attention_items(qkv_ptr, cache_ptr + layer * 2 * rows * kv_row, rope_ptr,
+                                 my_att, rows, pos, scale, att3_l)
+            else:
+                _attention(qkv_ptr, cache_ptr + layer * 2 * rows * kv_row, rope_ptr, my_att,
+                           rows, pos, scale, 0, 1, Q_OUT_C, att_l)
             _partition_barrier()  # every warp's attention rows are stored
             _copy_into(xs, my_att, rows, RP, chunk_l)
             fence_async_shared()
@@ -353,7 +424,8 @@ def _load_tiles(desc, ring, ready, empty, it, first_tile, n: gl.constexpr, S: gl
 @gluon.jit(do_not_specialize=["rows", "pos", "target", "budget"])
 def _three_phase_kernel(desc, counters, err_ptr, x_in_ptr, h_out_ptr, m_ptr, qkv_ptr, att_ptr,
                         acc_ptr, norm_ptr, rope_ptr, cache_ptr, rows, pos, target, budget, eps,
-                        scale, S: gl.constexpr, RP: gl.constexpr, num_warps: gl.constexpr):
+                        scale, S: gl.constexpr, RP: gl.constexpr, ITEMS: gl.constexpr,
+                        num_warps: gl.constexpr):
     acc_layout: gl.constexpr = gl.NVMMADistributedLayout(
         version=[3, 0], warps_per_cta=[num_warps, 1], instr_shape=[16, RP, 16])
     # 8 rows x 1024: 8 consecutive elements (16 B of bf16) a thread
@@ -362,6 +434,9 @@ def _three_phase_kernel(desc, counters, err_ptr, x_in_ptr, h_out_ptr, m_ptr, qkv
     chunk_l: gl.constexpr = gl.BlockedLayout([1, 4], [2, 16], [num_warps, 1], [1, 0])
     att_l: gl.constexpr = gl.BlockedLayout([1, 8], [2, 16], [num_warps, 1], [1, 0])
     row_l: gl.constexpr = gl.BlockedLayout([8], [32], [num_warps], [0])  # 1024, no replicas
+    # [4 items, 16 slots, 128]: one item a warp, 8 consecutive dims (16 B of bf16) a thread
+    att3_l: gl.constexpr = gl.BlockedLayout([1, 1, 8], [1, 2, 16], [num_warps, 1, 1],
+                                            [2, 1, 0])
     x_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([RP, TILE_C], gl.bfloat16)
     ring = gl.allocate_shared_memory(gl.bfloat16, [S, TILE_C, TILE_C], desc.layout)
     xs = gl.allocate_shared_memory(gl.bfloat16, [KT_C, RP, TILE_C], x_layout)
@@ -375,7 +450,7 @@ def _three_phase_kernel(desc, counters, err_ptr, x_in_ptr, h_out_ptr, m_ptr, qkv
         (_three_phase_consumer, (ring, ready, empty, xs, ys, counters, err_ptr, x_in_ptr,
                                  h_out_ptr, m_ptr, qkv_ptr, att_ptr, acc_ptr, norm_ptr, rope_ptr,
                                  cache_ptr, rows, pos, target, budget, eps, scale, S, RP,
-                                 acc_layout, full_l, chunk_l, att_l, row_l)),
+                                 acc_layout, full_l, chunk_l, att_l, row_l, att3_l, ITEMS)),
         (_three_phase_loader, (desc, ring, ready, empty, S)),
     ], [1], [LOADER_REGS_C])
 
@@ -396,6 +471,7 @@ LAYER_TILES_C = gl.constexpr(LAYER_TILES)
 LAYERS_C = gl.constexpr(LAYERS)
 PHASES_A_LAYER_C = gl.constexpr(PHASES_A_LAYER)
 KV_HEADS_C = gl.constexpr(KV_HEADS)
+HEADS_C = gl.constexpr(HEADS)
 SLOTS_C = gl.constexpr(SLOTS)
 HEAD_DIM_C = gl.constexpr(HEAD_DIM)
 LOADER_REGS_C = gl.constexpr(LOADER_REGS)
@@ -436,7 +512,11 @@ class ThreePhaseFrame:
     output, ``out`` the two fp32 accumulators, ``x1024`` the residual M, ``x8192`` the
     pre-RoPE q/k/v) and the packed weights."""
 
-    def __init__(self, rows: int, device: str, programs: int = 132) -> None:
+    def __init__(self, rows: int, device: str, programs: int = 132,
+                 attention: str = "items") -> None:
+        if attention not in ATTENTION:
+            raise ValueError(f"attention {attention!r}: one of {ATTENTION}")
+        self.attention = attention
         if rows > MAX_RP:
             raise ValueError(f"{rows} rows: this body holds at most {MAX_RP} (its X chunks in "
                              f"shared memory)")
@@ -484,10 +564,11 @@ class ThreePhaseFrame:
             self.desc, self.counters, self.err, self.x_in, self.h, self.x1024, self.x8192,
             self.att, self.out, self.norm_w, self.rope, self.cache, self.rows, self.position,
             self.epoch * programs, spin_budget, EPS, 1.0 / math.sqrt(HEAD_DIM), S=self.stages,
-            RP=self.rp, num_warps=4, maxnreg=maxnreg or 248, **kwargs)
+            RP=self.rp, ITEMS=self.attention == "items", num_warps=4, maxnreg=maxnreg or 248,
+            **kwargs)
 
     def label(self) -> str:
-        return f"3phase S{self.stages} r{self.rows} (RP {self.rp})"
+        return f"3phase-{self.attention} S{self.stages} r{self.rows} (RP {self.rp})"
 
 
 # ----------------------------------------------------------------------------- CPU emulation
@@ -596,7 +677,8 @@ def emulate(rows_list: list[int]) -> None:
 # ----------------------------------------------------------------------------- builds, GPU
 
 
-def compile_only(rows_list: list[int], programs: int, maxnreg: int, spin_budget: int) -> None:
+def compile_only(rows_list: list[int], attentions: list[str], programs: int, maxnreg: int,
+                 spin_budget: int) -> None:
     """Builds every padded row count for sm_90a here (no GPU) and prints resources."""
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     from tests.sm90_build import build_only
@@ -604,24 +686,25 @@ def compile_only(rows_list: list[int], programs: int, maxnreg: int, spin_budget:
     print(f"triton {triton.__version__}; 4 consumer warps + 1 loader warp; maxnreg "
           f"{maxnreg or 248}")
     for rows in rows_list:
-        frame = ThreePhaseFrame(rows, "cpu", programs)  # read by nothing: a build
-        with build_only(90) as built:
-            frame.run_layers(programs, maxnreg, spin_budget)
-        kernel = built[-1]
-        print(describe_build(kernel, frame.label(), "3phase") +
-              f"; {kernel.asm['ptx'].count('wgmma.mma_async')} wgmma PTX sites, "
-              f"{_sass_hgmma(kernel)}", flush=True)
+        for attention in attentions:
+            frame = ThreePhaseFrame(rows, "cpu", programs, attention)  # read by nothing
+            with build_only(90) as built:
+                frame.run_layers(programs, maxnreg, spin_budget)
+            kernel = built[-1]
+            print(describe_build(kernel, frame.label(), "3phase") +
+                  f"; {kernel.asm['ptx'].count('wgmma.mma_async')} wgmma PTX sites, "
+                  f"{_sass_hgmma(kernel)}", flush=True)
 
 
-def measure(rows: int, depth, args, programs: int, result: dict) -> None:
+def measure(rows: int, depth, args, programs: int, result: dict, attention: str) -> None:
     """The checks at positions 0 and 15 (a mismatch is recorded; the launch is still timed
     unless a wait ran out of budget), then ms a position (CUDA events, median)."""
-    frame = ThreePhaseFrame(rows, "cuda", programs)
+    frame = ThreePhaseFrame(rows, "cuda", programs, attention)
     modules = list(depth.model.layers)
     frame.load(modules)
     launch = {"programs": programs, "maxnreg": args.maxnreg, "spin_budget": args.spin_budget,
               "cooperative": not args.no_cooperative}
-    row: dict = {"body": "3phase", "rows": rows, "padded_rows": frame.rp,
+    row: dict = {"body": f"3phase-{attention}", "rows": rows, "padded_rows": frame.rp,
                  "stages": frame.stages, "checks": [], "correct": True}
     result["rows"].append(row)
     for pos in (0, SLOTS - 1):
@@ -675,6 +758,7 @@ def main() -> None:
     ap.add_argument("--deadline-s", type=float, default=300)
     ap.add_argument("--no-baselines", action="store_true")
     ap.add_argument("--with-8phase", action="store_true")
+    ap.add_argument("--attention", default="items,rows", help=f"of {ATTENTION}")
     ap.add_argument("--no-cooperative", action="store_true")
     ap.add_argument("--compile-only", action="store_true")
     ap.add_argument("--emulate", action="store_true")
@@ -682,8 +766,10 @@ def main() -> None:
     args = ap.parse_args()
     t_start = time.monotonic()
     rows_list = [int(r) for r in args.rows.split(",")]
+    attentions = args.attention.split(",")
     if args.compile_only:
-        compile_only(rows_list, args.programs or 132, args.maxnreg, args.spin_budget)
+        compile_only(rows_list, attentions, args.programs or 132, args.maxnreg,
+                     args.spin_budget)
         return
     if args.emulate:
         emulate(rows_list)
@@ -707,18 +793,17 @@ def main() -> None:
         if time.monotonic() - t_start > args.deadline_s:
             print(f"deadline: r{rows} not run", flush=True)
             break
-        for name, fn in (("3phase", measure), ("8phase", measure_8phase),
-                         ("baselines", None)):
-            if name == "8phase" and not args.with_8phase:
-                continue
-            if name == "baselines" and args.no_baselines:
-                continue
+        runs = [f"3phase-{a}" for a in attentions]
+        runs += ["8phase"] * args.with_8phase + ["baselines"] * (not args.no_baselines)
+        for name in runs:
             try:
-                if fn is None:
+                if name == "baselines":
                     result["baselines"][str(rows)] = baselines(depth, rows, args.iters)
                     print(f"  baselines r{rows}: {result['baselines'][str(rows)]}", flush=True)
+                elif name == "8phase":
+                    measure_8phase(rows, depth, args, programs, result)
                 else:
-                    fn(rows, depth, args, programs, result)
+                    measure(rows, depth, args, programs, result, name.split("-")[1])
             except Exception as exc:
                 print(f"{name} r{rows}: FAILED: {exc!r}"[:2000], flush=True)
                 traceback.print_exc(limit=3)
@@ -726,12 +811,13 @@ def main() -> None:
             torch.cuda.empty_cache()
             save()
     save()
-    print("\nrows | 3phase correct | 3phase ms a position | 8-phase ms | served fused ms | "
+    print("\nbody | rows | correct | ms a position | 8-phase ms | served fused ms | "
           "eager bf16 ms | TB/s")
     for r in result["rows"]:
         b = result["baselines"].get(str(r["rows"]), {})
         e = result["eight_phase"].get(str(r["rows"]), {})
-        print(f"{r['rows']} | {r['correct']} | {r.get('ms', '-')} | {e.get('ms', '-')} | "
+        print(f"{r['body']} | {r['rows']} | {r['correct']} | {r.get('ms', '-')} | "
+              f"{e.get('ms', '-')} | "
               f"{b.get('served_fused_ms', '-')} | {b.get('eager_bf16_ms', '-')} | "
               f"{r.get('tb_per_s', '-')}")
     if result["failures"]:
