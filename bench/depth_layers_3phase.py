@@ -364,17 +364,25 @@ def _three_phase_consumer(ring, ready, empty, xs, ys, counters, err_ptr, x_in_pt
             y = (s * ub).to(gl.bfloat16)  # [64 features, RP]; padding rows are 0
             ys.store(gl.permute(y, (1, 0)))
             fence_async_shared()
-            for mb in gl.static_range(HIDDEN_C // TILE_C):
-                slot = _take(ready, it + mb, S)
-                part = warpgroup_mma(ring.index(slot), ys.permute((1, 0)),
-                                     gl.zeros([TILE_C, RP], gl.float32, acc_layout),
-                                     use_acc=False, is_async=True)
-                part = warpgroup_mma_wait(0, deps=[part])
+            # down's 16 output blocks, the next block's wgmma in flight while this one's
+            # partial sums go out
+            zero = gl.zeros([TILE_C, RP], gl.float32, acc_layout)
+            part = warpgroup_mma(ring.index(_take(ready, it, S)), ys.permute((1, 0)), zero,
+                                 use_acc=False, is_async=True)
+            for mb in gl.static_range(OUT_BLOCKS_C):
+                if mb + 1 < OUT_BLOCKS_C:
+                    nxt = warpgroup_mma(ring.index(_take(ready, it + mb + 1, S)),
+                                        ys.permute((1, 0)), zero, use_acc=False, is_async=True)
+                    part = warpgroup_mma_wait(1, deps=[part])
+                else:
+                    part = warpgroup_mma_wait(0, deps=[part])
                 _give(empty, it + mb, S)
                 cols = mb * TILE_C + offs_n
                 gl.atomic_add(acc_cur + offs_r[None, :] * HIDDEN_C + cols[:, None], part,
                               mask=rmask, sem="relaxed", scope="gpu")
-            it += HIDDEN_C // TILE_C
+                if mb + 1 < OUT_BLOCKS_C:
+                    part = nxt
+            it += OUT_BLOCKS_C
         budget = _publish(counters, g + 2, budget, False)
     # ---- after the last layer: h = bf16(M + bf16(acc)) by row owners, the accumulator zeroed
     budget = _wait_count(counters + LAYERS_C * PHASES_A_LAYER_C - 1, target, budget)
@@ -460,6 +468,7 @@ TILE_C = gl.constexpr(TILE)
 HIDDEN_C = gl.constexpr(HIDDEN)
 Q_OUT_C = gl.constexpr(Q_OUT)
 KT_C = gl.constexpr(KT)
+OUT_BLOCKS_C = gl.constexpr(HIDDEN // TILE)
 RB_C = gl.constexpr(RB)
 A_UNITS_C = gl.constexpr(A_UNITS)
 B_UNITS_C = gl.constexpr(B_UNITS)
