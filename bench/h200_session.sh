@@ -13,7 +13,7 @@
 #        ablation-eager | ablation-a|b|c|d[@I/N] | sweep | sweep+ablation | latency |
 #        latency-nocap | predictor | predictor-edf | capacity-closed | capacity-open | capacity-tests | capacity-256 |
 #        burst | slack | voice | te-tokens | admit | path | tune-decode | trace | prefill |
-#        prefill-bench | before-after | gc | tests-changed | wgmma-stream | wgmma-layers |
+#        prefill-bench | before-after | gc | tests-changed | wgmma-stream | wgmma-layers | layers-3phase |
 #        codec-precision | codec-upsampler | codec-state | big-batch | steady | census-256 | margin |
 #        decode-attention | capacity-ab (carry .prevtree too) |
 #        room (issue 34: carry=[".roombundle"] alone, built by `make room-bundle`; see the phase) |
@@ -402,6 +402,13 @@ case "$phase" in
     timeout 270 python3 bench/depth_layers_wgmma.py --rows "${LAYERS_ROWS:-2,8,16,64,256}" \
       --configs "${LAYERS_CONFIGS:-64x128x6w4}" \
       --deadline-s 150 --out "$out/h200-depth-layers-wgmma.json" 2>&1 | grep -v Warn | tail -60 ;;
+  layers-3phase)  # issue 30: one depth position's 12 layers in one Gluon launch with 3 grid
+    # dependencies a layer (bench/depth_layers_3phase.py): checked against torch fp32 math at
+    # positions 0 and 15 (exit 1 on a mismatch), ms a position beside the 8-phase body, the
+    # eager bf16 layers and the served FusedDepthLayers; B's attention both ways
+    timeout 540 python3 bench/depth_layers_3phase.py --rows "${LAYERS_ROWS:-2,16,64}" \
+      --attention "${LAYERS_ATTENTION:-items,rows}" --with-8phase --deadline-s 330 \
+      --out "$out/h200-depth-layers-3phase.json" 2>&1 | grep -v Warn | tail -60 ;;
   codec-upsampler)  # issue 31: the serving codec's step with the wide upsampler's GEMM on a
     # row-major copy (the runtime) against the transposed view it replaced (cuBLAS's unaligned
     # kernel: 6.4 of 36 ms at 256 x 1 on the H100), one process; then the codec's GPU tests
