@@ -42,8 +42,8 @@ fills ahead across phases and layers) and the consumers (one warpgroup, 4 warps)
 are packed in that order: a layer's A units' tiles (16 each, K-blocks in order), B units' (16
 each), C units' (48 each: gate k0, up k0, gate k1, ... up k15, then down's 16 output blocks).
 Activations never go through TMA: the consumers write every B operand into shared memory
-themselves (``fence_async_shared`` before the wgmma reads it), so no global proxy fence is
-needed. Cross-program reads bypass L1 (``.cg``).
+themselves (each thread's ``fence_async_shared``, then a partition barrier, before the wgmma
+reads it), so no global proxy fence is needed. Cross-program reads bypass L1 (``.cg``).
 
 Checked, timed and reported like ``depth_layers_wgmma.py`` (its ``check``: torch fp32 math of the
 same layers, beside the eager bf16 module's own error), beside the served ``FusedDepthLayers`` and
@@ -236,6 +236,15 @@ def _attention_items(qkv_ptr, cache_ptr, rope_ptr, x_out_ptr, rows, pos, scale,
 
 
 @gluon.jit
+def _operand_ready():
+    """Every consumer warp's ordinary stores into a wgmma operand (X chunks, Y) are visible to
+    the tensor cores: each thread's shared-proxy fence, then a partition barrier (a warp's
+    wgmma reads what all four warps wrote)."""
+    fence_async_shared()
+    _partition_barrier()
+
+
+@gluon.jit
 def _take(ready, it, S: gl.constexpr):
     """Waits until ring tile ``it`` has landed; returns its slot."""
     slot = it % S
@@ -299,7 +308,7 @@ def _three_phase_consumer(ring, ready, empty, xs, ys, counters, err_ptr, x_in_pt
                            chunk_l)
             else:
                 _norm_into(xs, m_ptr, acc_prev, norms, rows, eps, True, RP, full_l, chunk_l)
-            fence_async_shared()
+            _operand_ready()
             acc = gl.zeros([TILE_C, RP], gl.float32, acc_layout)
             it, acc = _gemm_full_k(ring, ready, empty, xs, it, acc, S)
             cols = a * TILE_C + offs_n
@@ -318,7 +327,7 @@ def _three_phase_consumer(ring, ready, empty, xs, ys, counters, err_ptr, x_in_pt
                            rows, pos, scale, 0, 1, Q_OUT_C, att_l)
             _partition_barrier()  # every warp's attention rows are stored
             _copy_into(xs, my_att, rows, RP, chunk_l)
-            fence_async_shared()
+            _operand_ready()
             acc = gl.zeros([TILE_C, RP], gl.float32, acc_layout)
             it, acc = _gemm_full_k(ring, ready, empty, xs, it, acc, S)
             cols = b * TILE_C + offs_n
@@ -340,7 +349,7 @@ def _three_phase_consumer(ring, ready, empty, xs, ys, counters, err_ptr, x_in_pt
         for c in range(pid, C_UNITS_C, P):
             _norm_into(xs, m_ptr, acc_prev, norms + HIDDEN_C, rows, eps, False, RP, full_l,
                        chunk_l)
-            fence_async_shared()
+            _operand_ready()
             acc_g = gl.zeros([TILE_C, RP], gl.float32, acc_layout)
             acc_u = gl.zeros([TILE_C, RP], gl.float32, acc_layout)
             for kb in gl.static_range(KT_C):
@@ -363,7 +372,7 @@ def _three_phase_consumer(ring, ready, empty, xs, ys, counters, err_ptr, x_in_pt
             s = (gb / (1.0 + gl.exp(-gb))).to(gl.bfloat16).to(gl.float32)
             y = (s * ub).to(gl.bfloat16)  # [64 features, RP]; padding rows are 0
             ys.store(gl.permute(y, (1, 0)))
-            fence_async_shared()
+            _operand_ready()
             # down's 16 output blocks, the next block's wgmma in flight while this one's
             # partial sums go out
             zero = gl.zeros([TILE_C, RP], gl.float32, acc_layout)
