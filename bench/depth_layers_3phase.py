@@ -319,6 +319,17 @@ def _three_phase_consumer(ring, ready, empty, xs, ys, counters, err_ptr, x_in_pt
         if b0 < B_UNITS_C:
             budget = _wait_count(counters + g, target, budget)
         for b in range(b0, B_UNITS_C, P):
+            # the residual h of the unit's columns first: its loads overlap the attention
+            cols = b * TILE_C + offs_n
+            offs = offs_r[None, :] * HIDDEN_C + cols[:, None]
+            if first:
+                h = gl.load(x_in_ptr + offs, mask=rmask, other=0.0).to(gl.float32)
+            else:
+                h = gl.load(m_ptr + offs, mask=rmask, other=0.0,
+                            cache_modifier=".cg").to(gl.float32)
+                d = gl.load(acc_prev + offs, mask=rmask, other=0.0, cache_modifier=".cg")
+                gl.store(acc_prev + offs, gl.zeros_like(d), mask=rmask)
+                h = (h + d.to(gl.bfloat16).to(gl.float32)).to(gl.bfloat16).to(gl.float32)
             if ITEMS:
                 _attention_items(qkv_ptr, cache_ptr + layer * 2 * rows * kv_row, rope_ptr,
                                  my_att, rows, pos, scale, att3_l)
@@ -330,16 +341,6 @@ def _three_phase_consumer(ring, ready, empty, xs, ys, counters, err_ptr, x_in_pt
             _operand_ready()
             acc = gl.zeros([TILE_C, RP], gl.float32, acc_layout)
             it, acc = _gemm_full_k(ring, ready, empty, xs, it, acc, S)
-            cols = b * TILE_C + offs_n
-            offs = offs_r[None, :] * HIDDEN_C + cols[:, None]
-            if first:
-                h = gl.load(x_in_ptr + offs, mask=rmask, other=0.0).to(gl.float32)
-            else:
-                h = gl.load(m_ptr + offs, mask=rmask, other=0.0,
-                            cache_modifier=".cg").to(gl.float32)
-                d = gl.load(acc_prev + offs, mask=rmask, other=0.0, cache_modifier=".cg")
-                gl.store(acc_prev + offs, gl.zeros_like(d), mask=rmask)
-                h = (h + d.to(gl.bfloat16).to(gl.float32)).to(gl.bfloat16).to(gl.float32)
             o = acc.to(gl.bfloat16).to(gl.float32)
             gl.store(m_ptr + offs, (h + o).to(gl.bfloat16), mask=rmask)
         budget = _publish(counters, g + 1, budget, False)
