@@ -45,6 +45,12 @@ Activations never go through TMA: the consumers write every B operand into share
 themselves (each thread's ``fence_async_shared``, then a partition barrier, before the wgmma
 reads it), so no global proxy fence is needed. Cross-program reads bypass L1 (``.cg``).
 
+The attention (``--attention``): ``items`` runs it inside every B unit, 4 (row, KV head) items
+at once (one a warp); ``rows`` the same, one item at a time (``depth_layers_wgmma``'s loop);
+``phase`` in a phase of its own (T) between A and B, 4 items a program over all programs, into
+one shared buffer that B's units copy (4 phases a layer: one more wait, but the attention's work
+no longer repeats in 16 units nor grows with the rows inside each).
+
 Checked, timed and reported like ``depth_layers_wgmma.py`` (its ``check``: torch fp32 math of the
 same layers, beside the eager bf16 module's own error), beside the served ``FusedDepthLayers`` and
 the 8-phase body (``--with-8phase``). ``--emulate`` runs the check on the body's data flow in
@@ -104,13 +110,14 @@ A_TILES, B_TILES, C_TILES = KT, KT, 2 * KT + HIDDEN // TILE  # 16, 16, 48 a unit
 B_BASE = A_UNITS * A_TILES
 C_BASE = B_BASE + B_UNITS * B_TILES
 LAYER_TILES = C_BASE + C_UNITS * C_TILES  # 6784 tiles = 27.8 M weights a layer
-PHASES_A_LAYER = 3
 RB = 8  # rows a norm pass holds at once
 MAX_RP = 64
 SMEM_BUDGET = 227 * 1024 - 4096
 MAX_STAGES = 24
 ROWS = "2,8,16,32,64"
-ATTENTION = ("items", "rows")  # B's attention: 4 (row, KV head) items at once, or one by one
+# the attention: in each B unit one (row, KV head) item at a time, in each B unit 4 at once (one
+# a warp), or in a phase of its own (T) between A and B, 4 items a program over all programs
+ATTENTION = ("rows", "items", "phase")
 
 # ----------------------------------------------------------------------------- device code
 
@@ -171,8 +178,8 @@ def _copy_into(xs, src_ptr, rows, RP: gl.constexpr, chunk_l: gl.constexpr):
 
 
 @gluon.jit
-def _attention_items(qkv_ptr, cache_ptr, rope_ptr, x_out_ptr, rows, pos, scale,
-                     l3: gl.constexpr):
+def _attention_items(qkv_ptr, cache_ptr, rope_ptr, x_out_ptr, rows, pos, scale, first_item,
+                     item_step, l3: gl.constexpr):
     """``_attention``'s items (row, KV head) 4 at a time, one a warp (``l3``: warps along
     the items), so that 4 items' loads are in flight at once instead of one item's: same
     arithmetic, same rounding points; k and v into the cache at pos."""
@@ -190,7 +197,7 @@ def _attention_items(qkv_ptr, cache_ptr, rope_ptr, x_out_ptr, rows, pos, scale,
     here = (t3 == pos) & (d3 < HEAD_DIM_C)
     live = (t < pos + 1)[None, :]
     group: gl.constexpr = HEADS_C // KV_HEADS_C
-    for i0 in range(0, rows * KV_HEADS_C, 4):
+    for i0 in range(first_item, rows * KV_HEADS_C, item_step):
         item = i0 + i_d
         ok = (item < rows * KV_HEADS_C)[:, None] & (d[None, :] < HEAD_DIM_C)
         r = item // KV_HEADS_C
@@ -281,7 +288,7 @@ def _three_phase_consumer(ring, ready, empty, xs, ys, counters, err_ptr, x_in_pt
                           rows, pos, target, budget, eps, scale, S: gl.constexpr,
                           RP: gl.constexpr, acc_layout: gl.constexpr, full_l: gl.constexpr,
                           chunk_l: gl.constexpr, att_l: gl.constexpr, row_l: gl.constexpr,
-                          att3_l: gl.constexpr, ITEMS: gl.constexpr):
+                          att3_l: gl.constexpr, ATT: gl.constexpr, NPH: gl.constexpr):
     pid = gl.program_id(0)
     P = gl.num_programs(0)
     a0 = P - 1 - pid  # A unit a on program P-1-a, B unit b on P-1-A_UNITS-b, C unit c on c
@@ -293,7 +300,8 @@ def _three_phase_consumer(ring, ready, empty, xs, ys, counters, err_ptr, x_in_pt
     kv_row: gl.constexpr = KV_HEADS_C * SLOTS_C * HEAD_DIM_C
     it = 0
     for layer in range(LAYERS_C):
-        g = layer * PHASES_A_LAYER_C
+        g = layer * NPH  # A at g, (T at g + 1), B at g_b = g + NPH - 2, C at g_b + 1
+        g_b = g + NPH - 2
         first = layer == 0
         acc_prev = acc_ptr + ((layer + 1) % 2) * rows * HIDDEN_C  # layer-1's sums
         acc_cur = acc_ptr + (layer % 2) * rows * HIDDEN_C
@@ -315,9 +323,15 @@ def _three_phase_consumer(ring, ready, empty, xs, ys, counters, err_ptr, x_in_pt
             gl.store(qkv_ptr + offs_r[None, :] * Q_OUT_C + cols[:, None], acc.to(gl.bfloat16),
                      mask=rmask)
         budget = _publish(counters, g, budget, False)
+        if ATT == 2:  # ---- T: attention, 4 items a program (one a warp), into the shared ATT
+            if pid * 4 < rows * KV_HEADS_C:
+                budget = _wait_count(counters + g, target, budget)
+                _attention_items(qkv_ptr, cache_ptr + layer * 2 * rows * kv_row, rope_ptr,
+                                 att_ptr, rows, pos, scale, pid * 4, P * 4, att3_l)
+            budget = _publish(counters, g + 1, budget, False)
         # ---- B: attention + o, whole K a unit, + residual into M
         if b0 < B_UNITS_C:
-            budget = _wait_count(counters + g, target, budget)
+            budget = _wait_count(counters + g_b - 1, target, budget)
         for b in range(b0, B_UNITS_C, P):
             # the residual h of the unit's columns first: its loads overlap the attention
             cols = b * TILE_C + offs_n
@@ -330,23 +344,26 @@ def _three_phase_consumer(ring, ready, empty, xs, ys, counters, err_ptr, x_in_pt
                 d = gl.load(acc_prev + offs, mask=rmask, other=0.0, cache_modifier=".cg")
                 gl.store(acc_prev + offs, gl.zeros_like(d), mask=rmask)
                 h = (h + d.to(gl.bfloat16).to(gl.float32)).to(gl.bfloat16).to(gl.float32)
-            if ITEMS:
+            if ATT == 1:
                 _attention_items(qkv_ptr, cache_ptr + layer * 2 * rows * kv_row, rope_ptr,
-                                 my_att, rows, pos, scale, att3_l)
-            else:
+                                 my_att, rows, pos, scale, 0, 4, att3_l)
+            elif ATT == 0:
                 _attention(qkv_ptr, cache_ptr + layer * 2 * rows * kv_row, rope_ptr, my_att,
                            rows, pos, scale, 0, 1, Q_OUT_C, att_l)
-            _partition_barrier()  # every warp's attention rows are stored
-            _copy_into(xs, my_att, rows, RP, chunk_l)
+            if ATT == 2:
+                _copy_into(xs, att_ptr, rows, RP, chunk_l)  # T's output, published
+            else:
+                _partition_barrier()  # every warp's attention rows are stored
+                _copy_into(xs, my_att, rows, RP, chunk_l)
             _operand_ready()
             acc = gl.zeros([TILE_C, RP], gl.float32, acc_layout)
             it, acc = _gemm_full_k(ring, ready, empty, xs, it, acc, S)
             o = acc.to(gl.bfloat16).to(gl.float32)
             gl.store(m_ptr + offs, (h + o).to(gl.bfloat16), mask=rmask)
-        budget = _publish(counters, g + 1, budget, False)
+        budget = _publish(counters, g_b, budget, False)
         # ---- C: gate/up + SiLU * up + down's partial sums
         if pid < C_UNITS_C:
-            budget = _wait_count(counters + g + 1, target, budget)
+            budget = _wait_count(counters + g_b, target, budget)
         for c in range(pid, C_UNITS_C, P):
             _norm_into(xs, m_ptr, acc_prev, norms + HIDDEN_C, rows, eps, False, RP, full_l,
                        chunk_l)
@@ -393,9 +410,9 @@ def _three_phase_consumer(ring, ready, empty, xs, ys, counters, err_ptr, x_in_pt
                 if mb + 1 < OUT_BLOCKS_C:
                     part = nxt
             it += OUT_BLOCKS_C
-        budget = _publish(counters, g + 2, budget, False)
+        budget = _publish(counters, g_b + 1, budget, False)
     # ---- after the last layer: h = bf16(M + bf16(acc)) by row owners, the accumulator zeroed
-    budget = _wait_count(counters + LAYERS_C * PHASES_A_LAYER_C - 1, target, budget)
+    budget = _wait_count(counters + LAYERS_C * NPH - 1, target, budget)
     last = acc_ptr + ((LAYERS_C - 1) % 2) * rows * HIDDEN_C
     cols1 = gl.arange(0, HIDDEN_C, layout=row_l)  # each element one thread: read, then zeroed
     for r in range(pid, rows, P):
@@ -442,8 +459,8 @@ def _load_tiles(desc, ring, ready, empty, it, first_tile, n: gl.constexpr, S: gl
 @gluon.jit(do_not_specialize=["rows", "pos", "target", "budget"])
 def _three_phase_kernel(desc, counters, err_ptr, x_in_ptr, h_out_ptr, m_ptr, qkv_ptr, att_ptr,
                         acc_ptr, norm_ptr, rope_ptr, cache_ptr, rows, pos, target, budget, eps,
-                        scale, S: gl.constexpr, RP: gl.constexpr, ITEMS: gl.constexpr,
-                        num_warps: gl.constexpr):
+                        scale, S: gl.constexpr, RP: gl.constexpr, ATT: gl.constexpr,
+                        NPH: gl.constexpr, num_warps: gl.constexpr):
     acc_layout: gl.constexpr = gl.NVMMADistributedLayout(
         version=[3, 0], warps_per_cta=[num_warps, 1], instr_shape=[16, RP, 16])
     # 8 rows x 1024: 8 consecutive elements (16 B of bf16) a thread
@@ -468,7 +485,8 @@ def _three_phase_kernel(desc, counters, err_ptr, x_in_ptr, h_out_ptr, m_ptr, qkv
         (_three_phase_consumer, (ring, ready, empty, xs, ys, counters, err_ptr, x_in_ptr,
                                  h_out_ptr, m_ptr, qkv_ptr, att_ptr, acc_ptr, norm_ptr, rope_ptr,
                                  cache_ptr, rows, pos, target, budget, eps, scale, S, RP,
-                                 acc_layout, full_l, chunk_l, att_l, row_l, att3_l, ITEMS)),
+                                 acc_layout, full_l, chunk_l, att_l, row_l, att3_l, ATT,
+                                 NPH)),
         (_three_phase_loader, (desc, ring, ready, empty, S)),
     ], [1], [LOADER_REGS_C])
 
@@ -488,7 +506,6 @@ B_BASE_C = gl.constexpr(B_BASE)
 C_BASE_C = gl.constexpr(C_BASE)
 LAYER_TILES_C = gl.constexpr(LAYER_TILES)
 LAYERS_C = gl.constexpr(LAYERS)
-PHASES_A_LAYER_C = gl.constexpr(PHASES_A_LAYER)
 KV_HEADS_C = gl.constexpr(KV_HEADS)
 HEADS_C = gl.constexpr(HEADS)
 SLOTS_C = gl.constexpr(SLOTS)
@@ -555,7 +572,7 @@ class ThreePhaseFrame:
         self.rope = torch.empty(2, HEAD_DIM, dtype=bf16, device=device)
         self.cache = torch.empty(LAYERS, 2, rows, KV_HEADS, SLOTS, HEAD_DIM, dtype=bf16,
                                  device=device)
-        self.counters = torch.zeros(LAYERS * PHASES_A_LAYER, dtype=torch.int32, device=device)
+        self.counters = torch.zeros(LAYERS * 4, dtype=torch.int32, device=device)
         self.err = torch.zeros(1, dtype=torch.int32, device=device)
         self.position = 0
         self.epoch = 0
@@ -583,7 +600,8 @@ class ThreePhaseFrame:
             self.desc, self.counters, self.err, self.x_in, self.h, self.x1024, self.x8192,
             self.att, self.out, self.norm_w, self.rope, self.cache, self.rows, self.position,
             self.epoch * programs, spin_budget, EPS, 1.0 / math.sqrt(HEAD_DIM), S=self.stages,
-            RP=self.rp, ITEMS=self.attention == "items", num_warps=4, maxnreg=maxnreg or 248,
+            RP=self.rp, ATT=ATTENTION.index(self.attention),
+            NPH=4 if self.attention == "phase" else 3, num_warps=4, maxnreg=maxnreg or 248,
             **kwargs)
 
     def label(self) -> str:
@@ -777,7 +795,7 @@ def main() -> None:
     ap.add_argument("--deadline-s", type=float, default=300)
     ap.add_argument("--no-baselines", action="store_true")
     ap.add_argument("--with-8phase", action="store_true")
-    ap.add_argument("--attention", default="items,rows", help=f"of {ATTENTION}")
+    ap.add_argument("--attention", default="items,phase", help=f"of {ATTENTION}")
     ap.add_argument("--no-cooperative", action="store_true")
     ap.add_argument("--compile-only", action="store_true")
     ap.add_argument("--emulate", action="store_true")
