@@ -111,10 +111,11 @@ B_BASE = A_UNITS * A_TILES
 C_BASE = B_BASE + B_UNITS * B_TILES
 LAYER_TILES = C_BASE + C_UNITS * C_TILES  # 6784 tiles = 27.8 M weights a layer
 RB = 8  # rows a norm pass holds at once
-MAX_RP = 64
+MAX_RP = 64  # rows a block: a unit's X chunks (16 x RP x 64 bf16) sit in shared memory
+MAX_ROWS = 512
 SMEM_BUDGET = 227 * 1024 - 4096
 MAX_STAGES = 24
-ROWS = "2,8,16,32,64"
+ROWS = "2,16,64,128,256"
 # the attention: in each B unit one (row, KV head) item at a time, in each B unit 4 at once (one
 # a warp), or in a phase of its own (T) between A and B, 4 items a program over all programs
 ATTENTION = ("rows", "items", "phase")
@@ -178,8 +179,8 @@ def _copy_into(xs, src_ptr, rows, RP: gl.constexpr, chunk_l: gl.constexpr):
 
 
 @gluon.jit
-def _attention_items(qkv_ptr, cache_ptr, rope_ptr, x_out_ptr, rows, pos, scale, first_item,
-                     item_step, l3: gl.constexpr):
+def _attention_items(qkv_ptr, cache_ptr, rope_ptr, x_out_ptr, rows, cache_rows, pos, scale,
+                     first_item, item_step, l3: gl.constexpr):
     """``_attention``'s items (row, KV head) 4 at a time, one a warp (``l3``: warps along
     the items), so that 4 items' loads are in flight at once instead of one item's: same
     arithmetic, same rounding points; k and v into the cache at pos."""
@@ -213,7 +214,7 @@ def _attention_items(qkv_ptr, cache_ptr, rope_ptr, x_out_ptr, rows, pos, scale, 
                     other=0.0, cache_modifier=".cg").to(gl.bfloat16)
         kv = (r * KV_HEADS_C + j) * SLOTS_C * HEAD_DIM_C  # [items]
         k_at = cache_ptr + kv[:, None] + pos * HEAD_DIM_C + d[None, :]
-        v_off = rows * KV_HEADS_C * SLOTS_C * HEAD_DIM_C
+        v_off = cache_rows * KV_HEADS_C * SLOTS_C * HEAD_DIM_C  # values after all rows' keys
         gl.store(k_at, k.to(gl.bfloat16), mask=ok)
         gl.store(k_at + v_off, v, mask=ok)
         item3 = i0 + i_t
@@ -295,7 +296,6 @@ def _three_phase_consumer(ring, ready, empty, xs, ys, counters, err_ptr, x_in_pt
     b0 = (2 * P - 1 - A_UNITS_C - pid) % P
     offs_n = gl.arange(0, TILE_C, layout=gl.SliceLayout(1, acc_layout))
     offs_r = gl.arange(0, RP, layout=gl.SliceLayout(0, acc_layout))
-    rmask = offs_r[None, :] < rows
     my_att = att_ptr + pid * RP * HIDDEN_C
     kv_row: gl.constexpr = KV_HEADS_C * SLOTS_C * HEAD_DIM_C
     it = 0
@@ -311,105 +311,115 @@ def _three_phase_consumer(ring, ready, empty, xs, ys, counters, err_ptr, x_in_pt
             if layer > 0:
                 budget = _wait_count(counters + g - 1, target, budget)
         for a in range(a0, A_UNITS_C, P):
-            if first:
-                _norm_into(xs, x_in_ptr, acc_prev, norms, rows, eps, False, RP, full_l,
-                           chunk_l)
-            else:
-                _norm_into(xs, m_ptr, acc_prev, norms, rows, eps, True, RP, full_l, chunk_l)
-            _operand_ready()
-            acc = gl.zeros([TILE_C, RP], gl.float32, acc_layout)
-            it, acc = _gemm_full_k(ring, ready, empty, xs, it, acc, S)
-            cols = a * TILE_C + offs_n
-            gl.store(qkv_ptr + offs_r[None, :] * Q_OUT_C + cols[:, None], acc.to(gl.bfloat16),
-                     mask=rmask)
+            for r0 in range(0, rows, RP):  # row blocks (the loader brings the tiles again)
+                n = rows - r0
+                if first:
+                    _norm_into(xs, x_in_ptr + r0 * HIDDEN_C, acc_prev, norms, n, eps, False,
+                               RP, full_l, chunk_l)
+                else:
+                    _norm_into(xs, m_ptr + r0 * HIDDEN_C, acc_prev + r0 * HIDDEN_C, norms, n,
+                               eps, True, RP, full_l, chunk_l)
+                _operand_ready()
+                acc = gl.zeros([TILE_C, RP], gl.float32, acc_layout)
+                it, acc = _gemm_full_k(ring, ready, empty, xs, it, acc, S)
+                cols = a * TILE_C + offs_n
+                gl.store(qkv_ptr + (r0 + offs_r)[None, :] * Q_OUT_C + cols[:, None],
+                         acc.to(gl.bfloat16), mask=offs_r[None, :] < n)
         budget = _publish(counters, g, budget, False)
         if ATT == 2:  # ---- T: attention, 4 items a program (one a warp), into the shared ATT
             if pid * 4 < rows * KV_HEADS_C:
                 budget = _wait_count(counters + g, target, budget)
                 _attention_items(qkv_ptr, cache_ptr + layer * 2 * rows * kv_row, rope_ptr,
-                                 att_ptr, rows, pos, scale, pid * 4, P * 4, att3_l)
+                                 att_ptr, rows, rows, pos, scale, pid * 4, P * 4, att3_l)
             budget = _publish(counters, g + 1, budget, False)
         # ---- B: attention + o, whole K a unit, + residual into M
         if b0 < B_UNITS_C:
             budget = _wait_count(counters + g_b - 1, target, budget)
         for b in range(b0, B_UNITS_C, P):
-            # the residual h of the unit's columns first: its loads overlap the attention
-            cols = b * TILE_C + offs_n
-            offs = offs_r[None, :] * HIDDEN_C + cols[:, None]
-            if first:
-                h = gl.load(x_in_ptr + offs, mask=rmask, other=0.0).to(gl.float32)
-            else:
-                h = gl.load(m_ptr + offs, mask=rmask, other=0.0,
-                            cache_modifier=".cg").to(gl.float32)
-                d = gl.load(acc_prev + offs, mask=rmask, other=0.0, cache_modifier=".cg")
-                gl.store(acc_prev + offs, gl.zeros_like(d), mask=rmask)
-                h = (h + d.to(gl.bfloat16).to(gl.float32)).to(gl.bfloat16).to(gl.float32)
-            if ATT == 1:
-                _attention_items(qkv_ptr, cache_ptr + layer * 2 * rows * kv_row, rope_ptr,
-                                 my_att, rows, pos, scale, 0, 4, att3_l)
-            elif ATT == 0:
-                _attention(qkv_ptr, cache_ptr + layer * 2 * rows * kv_row, rope_ptr, my_att,
-                           rows, pos, scale, 0, 1, Q_OUT_C, att_l)
-            if ATT == 2:
-                _copy_into(xs, att_ptr, rows, RP, chunk_l)  # T's output, published
-            else:
-                _partition_barrier()  # every warp's attention rows are stored
-                _copy_into(xs, my_att, rows, RP, chunk_l)
-            _operand_ready()
-            acc = gl.zeros([TILE_C, RP], gl.float32, acc_layout)
-            it, acc = _gemm_full_k(ring, ready, empty, xs, it, acc, S)
-            o = acc.to(gl.bfloat16).to(gl.float32)
-            gl.store(m_ptr + offs, (h + o).to(gl.bfloat16), mask=rmask)
+            for r0 in range(0, rows, RP):
+                n = rows - r0
+                bmask = offs_r[None, :] < n
+                # the residual h of the unit's columns first: its loads overlap the attention
+                cols = b * TILE_C + offs_n
+                offs = (r0 + offs_r)[None, :] * HIDDEN_C + cols[:, None]
+                if first:
+                    h = gl.load(x_in_ptr + offs, mask=bmask, other=0.0).to(gl.float32)
+                else:
+                    h = gl.load(m_ptr + offs, mask=bmask, other=0.0,
+                                cache_modifier=".cg").to(gl.float32)
+                    d = gl.load(acc_prev + offs, mask=bmask, other=0.0, cache_modifier=".cg")
+                    gl.store(acc_prev + offs, gl.zeros_like(d), mask=bmask)
+                    h = (h + d.to(gl.bfloat16).to(gl.float32)).to(gl.bfloat16).to(gl.float32)
+                cache_l = cache_ptr + layer * 2 * rows * kv_row
+                if ATT == 1:  # the block's items; my_att holds the block's rows
+                    _attention_items(qkv_ptr + r0 * Q_OUT_C, cache_l + r0 * kv_row, rope_ptr,
+                                     my_att, gl.minimum(n, RP), rows, pos, scale, 0, 4, att3_l)
+                elif ATT == 0:  # one block only (the host refuses more rows)
+                    _attention(qkv_ptr, cache_l, rope_ptr, my_att, rows, pos, scale, 0, 1,
+                               Q_OUT_C, att_l)
+                if ATT == 2:
+                    _copy_into(xs, att_ptr + r0 * HIDDEN_C, n, RP, chunk_l)  # T's, published
+                else:
+                    _partition_barrier()  # every warp's attention rows are stored
+                    _copy_into(xs, my_att, n, RP, chunk_l)
+                _operand_ready()
+                acc = gl.zeros([TILE_C, RP], gl.float32, acc_layout)
+                it, acc = _gemm_full_k(ring, ready, empty, xs, it, acc, S)
+                o = acc.to(gl.bfloat16).to(gl.float32)
+                gl.store(m_ptr + offs, (h + o).to(gl.bfloat16), mask=bmask)
         budget = _publish(counters, g_b, budget, False)
         # ---- C: gate/up + SiLU * up + down's partial sums
         if pid < C_UNITS_C:
             budget = _wait_count(counters + g_b, target, budget)
         for c in range(pid, C_UNITS_C, P):
-            _norm_into(xs, m_ptr, acc_prev, norms + HIDDEN_C, rows, eps, False, RP, full_l,
-                       chunk_l)
-            _operand_ready()
-            acc_g = gl.zeros([TILE_C, RP], gl.float32, acc_layout)
-            acc_u = gl.zeros([TILE_C, RP], gl.float32, acc_layout)
-            for kb in gl.static_range(KT_C):
-                sg = _take(ready, it + 2 * kb, S)
-                acc_g = warpgroup_mma(ring.index(sg), xs.index(kb).permute((1, 0)), acc_g,
-                                      use_acc=kb > 0, is_async=True)
-                su = _take(ready, it + 2 * kb + 1, S)
-                acc_u = warpgroup_mma(ring.index(su), xs.index(kb).permute((1, 0)), acc_u,
-                                      use_acc=kb > 0, is_async=True)
-                acc_g, acc_u = warpgroup_mma_wait(2, deps=[acc_g, acc_u])
-                if kb > 0:
-                    _give(empty, it + 2 * kb - 2, S)
-                    _give(empty, it + 2 * kb - 1, S)
-            acc_g, acc_u = warpgroup_mma_wait(0, deps=[acc_g, acc_u])
-            _give(empty, it + 2 * KT_C - 2, S)
-            _give(empty, it + 2 * KT_C - 1, S)
-            it += 2 * KT_C
-            gb = acc_g.to(gl.bfloat16).to(gl.float32)
-            ub = acc_u.to(gl.bfloat16).to(gl.float32)
-            s = (gb / (1.0 + gl.exp(-gb))).to(gl.bfloat16).to(gl.float32)
-            y = (s * ub).to(gl.bfloat16)  # [64 features, RP]; padding rows are 0
-            ys.store(gl.permute(y, (1, 0)))
-            _operand_ready()
-            # down's 16 output blocks, the next block's wgmma in flight while this one's
-            # partial sums go out
-            zero = gl.zeros([TILE_C, RP], gl.float32, acc_layout)
-            part = warpgroup_mma(ring.index(_take(ready, it, S)), ys.permute((1, 0)), zero,
-                                 use_acc=False, is_async=True)
-            for mb in gl.static_range(OUT_BLOCKS_C):
-                if mb + 1 < OUT_BLOCKS_C:
-                    nxt = warpgroup_mma(ring.index(_take(ready, it + mb + 1, S)),
-                                        ys.permute((1, 0)), zero, use_acc=False, is_async=True)
-                    part = warpgroup_mma_wait(1, deps=[part])
-                else:
-                    part = warpgroup_mma_wait(0, deps=[part])
-                _give(empty, it + mb, S)
-                cols = mb * TILE_C + offs_n
-                gl.atomic_add(acc_cur + offs_r[None, :] * HIDDEN_C + cols[:, None], part,
-                              mask=rmask, sem="relaxed", scope="gpu")
-                if mb + 1 < OUT_BLOCKS_C:
-                    part = nxt
-            it += OUT_BLOCKS_C
+            for r0 in range(0, rows, RP):
+                n = rows - r0
+                _norm_into(xs, m_ptr + r0 * HIDDEN_C, acc_prev, norms + HIDDEN_C, n, eps, False,
+                           RP, full_l, chunk_l)
+                _operand_ready()
+                acc_g = gl.zeros([TILE_C, RP], gl.float32, acc_layout)
+                acc_u = gl.zeros([TILE_C, RP], gl.float32, acc_layout)
+                for kb in gl.static_range(KT_C):
+                    sg = _take(ready, it + 2 * kb, S)
+                    acc_g = warpgroup_mma(ring.index(sg), xs.index(kb).permute((1, 0)), acc_g,
+                                          use_acc=kb > 0, is_async=True)
+                    su = _take(ready, it + 2 * kb + 1, S)
+                    acc_u = warpgroup_mma(ring.index(su), xs.index(kb).permute((1, 0)), acc_u,
+                                          use_acc=kb > 0, is_async=True)
+                    acc_g, acc_u = warpgroup_mma_wait(2, deps=[acc_g, acc_u])
+                    if kb > 0:
+                        _give(empty, it + 2 * kb - 2, S)
+                        _give(empty, it + 2 * kb - 1, S)
+                acc_g, acc_u = warpgroup_mma_wait(0, deps=[acc_g, acc_u])
+                _give(empty, it + 2 * KT_C - 2, S)
+                _give(empty, it + 2 * KT_C - 1, S)
+                it += 2 * KT_C
+                gb = acc_g.to(gl.bfloat16).to(gl.float32)
+                ub = acc_u.to(gl.bfloat16).to(gl.float32)
+                s = (gb / (1.0 + gl.exp(-gb))).to(gl.bfloat16).to(gl.float32)
+                y = (s * ub).to(gl.bfloat16)  # [64 features, RP]; padding rows are 0
+                ys.store(gl.permute(y, (1, 0)))
+                _operand_ready()
+                # down's 16 output blocks, the next block's wgmma in flight while this one's
+                # partial sums go out
+                zero = gl.zeros([TILE_C, RP], gl.float32, acc_layout)
+                part = warpgroup_mma(ring.index(_take(ready, it, S)), ys.permute((1, 0)), zero,
+                                     use_acc=False, is_async=True)
+                for mb in gl.static_range(OUT_BLOCKS_C):
+                    if mb + 1 < OUT_BLOCKS_C:
+                        nxt = warpgroup_mma(ring.index(_take(ready, it + mb + 1, S)),
+                                            ys.permute((1, 0)), zero, use_acc=False,
+                                            is_async=True)
+                        part = warpgroup_mma_wait(1, deps=[part])
+                    else:
+                        part = warpgroup_mma_wait(0, deps=[part])
+                    _give(empty, it + mb, S)
+                    cols = mb * TILE_C + offs_n
+                    gl.atomic_add(acc_cur + (r0 + offs_r)[None, :] * HIDDEN_C + cols[:, None],
+                                  part, mask=offs_r[None, :] < n, sem="relaxed", scope="gpu")
+                    if mb + 1 < OUT_BLOCKS_C:
+                        part = nxt
+                it += OUT_BLOCKS_C
         budget = _publish(counters, g_b + 1, budget, False)
     # ---- after the last layer: h = bf16(M + bf16(acc)) by row owners, the accumulator zeroed
     budget = _wait_count(counters + LAYERS_C * NPH - 1, target, budget)
@@ -426,8 +436,9 @@ def _three_phase_consumer(ring, ready, empty, xs, ys, counters, err_ptr, x_in_pt
 
 
 @gluon.jit
-def _three_phase_loader(desc, ring, ready, empty, S: gl.constexpr):
-    """Every tile of this program's units, 12 layers, in the consumers' order."""
+def _three_phase_loader(desc, ring, ready, empty, rows, S: gl.constexpr, RP: gl.constexpr):
+    """Every tile of this program's units, 12 layers, in the consumers' order (a unit's tiles
+    once a block of RP rows)."""
     pid = gl.program_id(0)
     P = gl.num_programs(0)
     a0 = P - 1 - pid
@@ -436,12 +447,16 @@ def _three_phase_loader(desc, ring, ready, empty, S: gl.constexpr):
     for layer in range(LAYERS_C):
         base = layer * LAYER_TILES_C
         for a in range(a0, A_UNITS_C, P):
-            it = _load_tiles(desc, ring, ready, empty, it, base + a * KT_C, KT_C, S)
+            for r0 in range(0, rows, RP):
+                it = _load_tiles(desc, ring, ready, empty, it, base + a * KT_C, KT_C, S)
         for b in range(b0, B_UNITS_C, P):
-            it = _load_tiles(desc, ring, ready, empty, it, base + B_BASE_C + b * KT_C, KT_C, S)
+            for r0 in range(0, rows, RP):
+                it = _load_tiles(desc, ring, ready, empty, it, base + B_BASE_C + b * KT_C,
+                                 KT_C, S)
         for c in range(pid, C_UNITS_C, P):
-            it = _load_tiles(desc, ring, ready, empty, it, base + C_BASE_C + c * C_TILES_C,
-                             C_TILES_C, S)
+            for r0 in range(0, rows, RP):
+                it = _load_tiles(desc, ring, ready, empty, it, base + C_BASE_C + c * C_TILES_C,
+                                 C_TILES_C, S)
 
 
 @gluon.jit
@@ -487,7 +502,7 @@ def _three_phase_kernel(desc, counters, err_ptr, x_in_ptr, h_out_ptr, m_ptr, qkv
                                  cache_ptr, rows, pos, target, budget, eps, scale, S, RP,
                                  acc_layout, full_l, chunk_l, att_l, row_l, att3_l, ATT,
                                  NPH)),
-        (_three_phase_loader, (desc, ring, ready, empty, S)),
+        (_three_phase_loader, (desc, ring, ready, empty, rows, S, RP)),
     ], [1], [LOADER_REGS_C])
 
 
@@ -553,11 +568,12 @@ class ThreePhaseFrame:
         if attention not in ATTENTION:
             raise ValueError(f"attention {attention!r}: one of {ATTENTION}")
         self.attention = attention
-        if rows > MAX_RP:
-            raise ValueError(f"{rows} rows: this body holds at most {MAX_RP} (its X chunks in "
-                             f"shared memory)")
+        if not 1 <= rows <= MAX_ROWS:
+            raise ValueError(f"{rows} rows: this body takes 1-{MAX_ROWS}")
+        if attention == "rows" and rows > MAX_RP:
+            raise ValueError(f"attention 'rows' takes one block of at most {MAX_RP} rows")
         self.rows, self.programs = rows, programs
-        self.rp = max(8, _pow2_at_least(rows))
+        self.rp = min(MAX_RP, max(8, _pow2_at_least(rows)))  # rows a block
         ring_room = SMEM_BUDGET - (KT + 1) * self.rp * TILE * 2
         self.stages = min(MAX_STAGES, ring_room // (TILE * TILE * 2))
         bf16 = torch.bfloat16
@@ -566,7 +582,8 @@ class ThreePhaseFrame:
         self.h = torch.empty_like(self.x_in)
         self.x1024 = torch.empty_like(self.x_in)  # M
         self.x8192 = torch.empty(rows, Q_OUT, dtype=bf16, device=device)  # q/k/v
-        self.att = torch.zeros(programs, self.rp, HIDDEN, dtype=bf16, device=device)
+        # items: a block's attention rows a program; phase: one [rows, 1024] output
+        self.att = torch.zeros(max(programs * self.rp, rows), HIDDEN, dtype=bf16, device=device)
         self.out = torch.zeros(2 * rows, HIDDEN, dtype=torch.float32, device=device)
         self.norm_w = torch.empty(LAYERS, 2, HIDDEN, dtype=bf16, device=device)
         self.rope = torch.empty(2, HEAD_DIM, dtype=bf16, device=device)
