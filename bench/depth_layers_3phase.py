@@ -51,6 +51,14 @@ at once (one a warp); ``rows`` the same, one item at a time (``depth_layers_wgmm
 one shared buffer that B's units copy (4 phases a layer: one more wait, but the attention's work
 no longer repeats in 16 units nor grows with the rows inside each).
 
+``--timeline`` stamps each program's phases with ``%globaltimer`` (``EVENTS``) and prints, from
+the last timed launch, each phase's span on the critical path and the median wait and work
+pieces of the programs holding it (``timeline_summary``): where a layer's time goes.
+
+Measured on an H100 (6 Dec, bench/README.md): correct, and slower than the 8-phase body at 2
+rows (0.507 ms a position with the attention as a phase, 0.703 inside B, against 0.479) and far
+slower with more rows (every unit normalises every row itself).
+
 Checked, timed and reported like ``depth_layers_wgmma.py`` (its ``check``: torch fp32 math of the
 same layers, beside the eager bf16 module's own error), beside the served ``FusedDepthLayers`` and
 the 8-phase body (``--with-8phase``). ``--emulate`` runs the check on the body's data flow in
@@ -119,6 +127,10 @@ ROWS = "2,16,64,128,256"
 # the attention: in each B unit one (row, KV head) item at a time, in each B unit 4 at once (one
 # a warp), or in a phase of its own (T) between A and B, 4 items a program over all programs
 ATTENTION = ("rows", "items", "phase")
+# ``--timeline``: %globaltimer stamps per program and layer (the last row block's where a unit
+# has several); a program without the phase's work leaves its stamps 0
+EVENTS = ("layer", "a_waited", "a_done", "t_waited", "t_done", "b_waited", "b_operand",
+          "b_done", "c_waited", "c_normed", "c_gate_up", "c_done")
 
 # ----------------------------------------------------------------------------- device code
 
@@ -244,6 +256,16 @@ def _attention_items(qkv_ptr, cache_ptr, rope_ptr, x_out_ptr, rows, cache_rows, 
 
 
 @gluon.jit
+def _stamp(TL: gl.constexpr, tl_ptr, layer, event: gl.constexpr):
+    """With TL: this program's %globaltimer (ns) as ``event`` of ``layer`` (``TIMELINE``)."""
+    if TL:
+        pid = gl.program_id(0)
+        now = gl.inline_asm_elementwise("mov.u64 $0, %globaltimer;", "=l,r", [pid],
+                                        dtype=gl.int64, is_pure=False, pack=1)
+        gl.store(tl_ptr + (pid * LAYERS_C + layer) * EVENTS_C + event, now)
+
+
+@gluon.jit
 def _operand_ready():
     """Every consumer warp's ordinary stores into a wgmma operand (X chunks, Y) are visible to
     the tensor cores: each thread's shared-proxy fence, then a partition barrier (a warp's
@@ -289,7 +311,8 @@ def _three_phase_consumer(ring, ready, empty, xs, ys, counters, err_ptr, x_in_pt
                           rows, pos, target, budget, eps, scale, S: gl.constexpr,
                           RP: gl.constexpr, acc_layout: gl.constexpr, full_l: gl.constexpr,
                           chunk_l: gl.constexpr, att_l: gl.constexpr, row_l: gl.constexpr,
-                          att3_l: gl.constexpr, ATT: gl.constexpr, NPH: gl.constexpr):
+                          att3_l: gl.constexpr, ATT: gl.constexpr, NPH: gl.constexpr,
+                          tl_ptr, TL: gl.constexpr):
     pid = gl.program_id(0)
     P = gl.num_programs(0)
     a0 = P - 1 - pid  # A unit a on program P-1-a, B unit b on P-1-A_UNITS-b, C unit c on c
@@ -306,10 +329,12 @@ def _three_phase_consumer(ring, ready, empty, xs, ys, counters, err_ptr, x_in_pt
         acc_prev = acc_ptr + ((layer + 1) % 2) * rows * HIDDEN_C  # layer-1's sums
         acc_cur = acc_ptr + (layer % 2) * rows * HIDDEN_C
         norms = norm_ptr + layer * 2 * HIDDEN_C
+        _stamp(TL, tl_ptr, layer, 0)
         # ---- A: q/k/v, whole K a unit
         if a0 < A_UNITS_C:
             if layer > 0:
                 budget = _wait_count(counters + g - 1, target, budget)
+        _stamp(TL, tl_ptr, layer, 1)
         for a in range(a0, A_UNITS_C, P):
             for r0 in range(0, rows, RP):  # row blocks (the loader brings the tiles again)
                 n = rows - r0
@@ -325,16 +350,20 @@ def _three_phase_consumer(ring, ready, empty, xs, ys, counters, err_ptr, x_in_pt
                 cols = a * TILE_C + offs_n
                 gl.store(qkv_ptr + (r0 + offs_r)[None, :] * Q_OUT_C + cols[:, None],
                          acc.to(gl.bfloat16), mask=offs_r[None, :] < n)
+        _stamp(TL, tl_ptr, layer, 2)
         budget = _publish(counters, g, budget, False)
         if ATT == 2:  # ---- T: attention, 4 items a program (one a warp), into the shared ATT
             if pid * 4 < rows * KV_HEADS_C:
                 budget = _wait_count(counters + g, target, budget)
+                _stamp(TL, tl_ptr, layer, 3)
                 _attention_items(qkv_ptr, cache_ptr + layer * 2 * rows * kv_row, rope_ptr,
                                  att_ptr, rows, rows, pos, scale, pid * 4, P * 4, att3_l)
+                _stamp(TL, tl_ptr, layer, 4)
             budget = _publish(counters, g + 1, budget, False)
         # ---- B: attention + o, whole K a unit, + residual into M
         if b0 < B_UNITS_C:
             budget = _wait_count(counters + g_b - 1, target, budget)
+        _stamp(TL, tl_ptr, layer, 5)
         for b in range(b0, B_UNITS_C, P):
             for r0 in range(0, rows, RP):
                 n = rows - r0
@@ -363,20 +392,24 @@ def _three_phase_consumer(ring, ready, empty, xs, ys, counters, err_ptr, x_in_pt
                     _partition_barrier()  # every warp's attention rows are stored
                     _copy_into(xs, my_att, n, RP, chunk_l)
                 _operand_ready()
+                _stamp(TL, tl_ptr, layer, 6)
                 acc = gl.zeros([TILE_C, RP], gl.float32, acc_layout)
                 it, acc = _gemm_full_k(ring, ready, empty, xs, it, acc, S)
                 o = acc.to(gl.bfloat16).to(gl.float32)
                 gl.store(m_ptr + offs, (h + o).to(gl.bfloat16), mask=bmask)
+        _stamp(TL, tl_ptr, layer, 7)
         budget = _publish(counters, g_b, budget, False)
         # ---- C: gate/up + SiLU * up + down's partial sums
         if pid < C_UNITS_C:
             budget = _wait_count(counters + g_b, target, budget)
+        _stamp(TL, tl_ptr, layer, 8)
         for c in range(pid, C_UNITS_C, P):
             for r0 in range(0, rows, RP):
                 n = rows - r0
                 _norm_into(xs, m_ptr + r0 * HIDDEN_C, acc_prev, norms + HIDDEN_C, n, eps, False,
                            RP, full_l, chunk_l)
                 _operand_ready()
+                _stamp(TL, tl_ptr, layer, 9)
                 acc_g = gl.zeros([TILE_C, RP], gl.float32, acc_layout)
                 acc_u = gl.zeros([TILE_C, RP], gl.float32, acc_layout)
                 for kb in gl.static_range(KT_C):
@@ -394,6 +427,7 @@ def _three_phase_consumer(ring, ready, empty, xs, ys, counters, err_ptr, x_in_pt
                 _give(empty, it + 2 * KT_C - 2, S)
                 _give(empty, it + 2 * KT_C - 1, S)
                 it += 2 * KT_C
+                _stamp(TL, tl_ptr, layer, 10)
                 gb = acc_g.to(gl.bfloat16).to(gl.float32)
                 ub = acc_u.to(gl.bfloat16).to(gl.float32)
                 s = (gb / (1.0 + gl.exp(-gb))).to(gl.bfloat16).to(gl.float32)
@@ -420,6 +454,7 @@ def _three_phase_consumer(ring, ready, empty, xs, ys, counters, err_ptr, x_in_pt
                     if mb + 1 < OUT_BLOCKS_C:
                         part = nxt
                 it += OUT_BLOCKS_C
+        _stamp(TL, tl_ptr, layer, 11)
         budget = _publish(counters, g_b + 1, budget, False)
     # ---- after the last layer: h = bf16(M + bf16(acc)) by row owners, the accumulator zeroed
     budget = _wait_count(counters + LAYERS_C * NPH - 1, target, budget)
@@ -473,9 +508,9 @@ def _load_tiles(desc, ring, ready, empty, it, first_tile, n: gl.constexpr, S: gl
 
 @gluon.jit(do_not_specialize=["rows", "pos", "target", "budget"])
 def _three_phase_kernel(desc, counters, err_ptr, x_in_ptr, h_out_ptr, m_ptr, qkv_ptr, att_ptr,
-                        acc_ptr, norm_ptr, rope_ptr, cache_ptr, rows, pos, target, budget, eps,
-                        scale, S: gl.constexpr, RP: gl.constexpr, ATT: gl.constexpr,
-                        NPH: gl.constexpr, num_warps: gl.constexpr):
+                        acc_ptr, norm_ptr, rope_ptr, cache_ptr, tl_ptr, rows, pos, target, budget,
+                        eps, scale, S: gl.constexpr, RP: gl.constexpr, ATT: gl.constexpr,
+                        NPH: gl.constexpr, TL: gl.constexpr, num_warps: gl.constexpr):
     acc_layout: gl.constexpr = gl.NVMMADistributedLayout(
         version=[3, 0], warps_per_cta=[num_warps, 1], instr_shape=[16, RP, 16])
     # 8 rows x 1024: 8 consecutive elements (16 B of bf16) a thread
@@ -501,7 +536,7 @@ def _three_phase_kernel(desc, counters, err_ptr, x_in_ptr, h_out_ptr, m_ptr, qkv
                                  h_out_ptr, m_ptr, qkv_ptr, att_ptr, acc_ptr, norm_ptr, rope_ptr,
                                  cache_ptr, rows, pos, target, budget, eps, scale, S, RP,
                                  acc_layout, full_l, chunk_l, att_l, row_l, att3_l, ATT,
-                                 NPH)),
+                                 NPH, tl_ptr, TL)),
         (_three_phase_loader, (desc, ring, ready, empty, rows, S, RP)),
     ], [1], [LOADER_REGS_C])
 
@@ -521,6 +556,7 @@ B_BASE_C = gl.constexpr(B_BASE)
 C_BASE_C = gl.constexpr(C_BASE)
 LAYER_TILES_C = gl.constexpr(LAYER_TILES)
 LAYERS_C = gl.constexpr(LAYERS)
+EVENTS_C = gl.constexpr(len(EVENTS))
 KV_HEADS_C = gl.constexpr(KV_HEADS)
 HEADS_C = gl.constexpr(HEADS)
 SLOTS_C = gl.constexpr(SLOTS)
@@ -564,7 +600,7 @@ class ThreePhaseFrame:
     pre-RoPE q/k/v) and the packed weights."""
 
     def __init__(self, rows: int, device: str, programs: int = 132,
-                 attention: str = "items") -> None:
+                 attention: str = "items", timeline: bool = False) -> None:
         if attention not in ATTENTION:
             raise ValueError(f"attention {attention!r}: one of {ATTENTION}")
         self.attention = attention
@@ -591,6 +627,9 @@ class ThreePhaseFrame:
                                  device=device)
         self.counters = torch.zeros(LAYERS * 4, dtype=torch.int32, device=device)
         self.err = torch.zeros(1, dtype=torch.int32, device=device)
+        self.timeline = torch.zeros(programs if timeline else 1, LAYERS, len(EVENTS),
+                                    dtype=torch.int64, device=device)
+        self.stamps = timeline
         self.position = 0
         self.epoch = 0
         layout = gl.NVMMASharedLayout.get_default_for([TILE, TILE], gl.bfloat16)
@@ -615,11 +654,11 @@ class ThreePhaseFrame:
         kwargs = {"launch_cooperative_grid": True} if cooperative else {}
         return _three_phase_kernel[(programs,)](
             self.desc, self.counters, self.err, self.x_in, self.h, self.x1024, self.x8192,
-            self.att, self.out, self.norm_w, self.rope, self.cache, self.rows, self.position,
-            self.epoch * programs, spin_budget, EPS, 1.0 / math.sqrt(HEAD_DIM), S=self.stages,
-            RP=self.rp, ATT=ATTENTION.index(self.attention),
-            NPH=4 if self.attention == "phase" else 3, num_warps=4, maxnreg=maxnreg or 248,
-            **kwargs)
+            self.att, self.out, self.norm_w, self.rope, self.cache, self.timeline, self.rows,
+            self.position, self.epoch * programs, spin_budget, EPS, 1.0 / math.sqrt(HEAD_DIM),
+            S=self.stages, RP=self.rp, ATT=ATTENTION.index(self.attention),
+            NPH=4 if self.attention == "phase" else 3, TL=self.stamps, num_warps=4,
+            maxnreg=maxnreg or 248, **kwargs)
 
     def label(self) -> str:
         return f"3phase-{self.attention} S{self.stages} r{self.rows} (RP {self.rp})"
@@ -732,7 +771,7 @@ def emulate(rows_list: list[int]) -> None:
 
 
 def compile_only(rows_list: list[int], attentions: list[str], programs: int, maxnreg: int,
-                 spin_budget: int) -> None:
+                 spin_budget: int, timeline: bool = False) -> None:
     """Builds every padded row count for sm_90a here (no GPU) and prints resources."""
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     from tests.sm90_build import build_only
@@ -741,7 +780,7 @@ def compile_only(rows_list: list[int], attentions: list[str], programs: int, max
           f"{maxnreg or 248}")
     for rows in rows_list:
         for attention in attentions:
-            frame = ThreePhaseFrame(rows, "cpu", programs, attention)  # read by nothing
+            frame = ThreePhaseFrame(rows, "cpu", programs, attention, timeline)  # not read
             with build_only(90) as built:
                 frame.run_layers(programs, maxnreg, spin_budget)
             kernel = built[-1]
@@ -753,7 +792,7 @@ def compile_only(rows_list: list[int], attentions: list[str], programs: int, max
 def measure(rows: int, depth, args, programs: int, result: dict, attention: str) -> None:
     """The checks at positions 0 and 15 (a mismatch is recorded; the launch is still timed
     unless a wait ran out of budget), then ms a position (CUDA events, median)."""
-    frame = ThreePhaseFrame(rows, "cuda", programs, attention)
+    frame = ThreePhaseFrame(rows, "cuda", programs, attention, timeline=args.timeline)
     modules = list(depth.model.layers)
     frame.load(modules)
     launch = {"programs": programs, "maxnreg": args.maxnreg, "spin_budget": args.spin_budget,
@@ -780,11 +819,66 @@ def measure(rows: int, depth, args, programs: int, result: dict, attention: str)
         result["failures"].append(f"{frame.label()} after the timed launches: {problems}")
         row["correct"] = False
     weight_bytes = frame.w.numel() * frame.w.element_size()
+    if args.timeline:  # the last timed launch's stamps
+        row["timeline"] = timeline_summary(frame.timeline, rows, attention)
+        print(f"  {frame.label()} timeline (us, layers 1-10, median): "
+              f"{row['timeline']['us']}", flush=True)
     row.update(ms=round(ms, 4), min_ms=round(min_ms, 4),
                tb_per_s=round(weight_bytes / ms / 1e9, 3),
                frame_ms_15_positions=round(15 * ms, 3))
     print(f"  {frame.label()}: {ms:.4f} ms a position (min {min_ms:.4f}), {row['tb_per_s']} "
           f"TB/s of weights; x15 = {15 * ms:.2f} ms a frame", flush=True)
+
+
+def timeline_summary(stamps: torch.Tensor, rows: int, attention: str) -> dict:
+    """Where a layer's time goes, from one launch's stamps (``EVENTS``), us, over layers 1-10
+    (steady: neither the first nor the last): each phase's span on the critical path (from the
+    last program's publish of the phase before to the last program's publish of this one) and,
+    over the programs that hold the phase's work, the median wait (publish seen after the last
+    one) and work pieces."""
+    import numpy as np
+
+    t = stamps.double().cpu().numpy() / 1e3  # [P, L, E] us
+    e = {name: i for i, name in enumerate(EVENTS)}
+    programs = t.shape[0]
+    a_prog = np.array([programs - 1 - p < A_UNITS for p in range(programs)])
+    b_prog = np.array([(2 * programs - 1 - A_UNITS - p) % programs < B_UNITS
+                       for p in range(programs)])
+    c_prog = np.arange(programs) < C_UNITS
+    t_prog = np.arange(programs) * 4 < rows * KV_HEADS
+    phase = attention == "phase"
+    out: dict = {"layers": "1-10", "us": {}}
+    spans, pieces = [], []
+    for layer in range(1, LAYERS - 1):
+        prev_c = t[c_prog, layer - 1, e["c_done"]].max()
+        a_done = t[a_prog, layer, e["a_done"]].max()
+        t_done = t[t_prog, layer, e["t_done"]].max() if phase else a_done
+        b_done = t[b_prog, layer, e["b_done"]].max()
+        c_done = t[c_prog, layer, e["c_done"]].max()
+        spans.append([a_done - prev_c, t_done - a_done, b_done - t_done, c_done - b_done,
+                      c_done - prev_c])
+        row = [np.median(t[a_prog, layer, e["a_waited"]] - prev_c),
+               np.median(t[a_prog, layer, e["a_done"]] - t[a_prog, layer, e["a_waited"]]),
+               np.median(t[b_prog, layer, e["b_waited"]] - t_done),
+               np.median(t[b_prog, layer, e["b_operand"]] - t[b_prog, layer, e["b_waited"]]),
+               np.median(t[b_prog, layer, e["b_done"]] - t[b_prog, layer, e["b_operand"]]),
+               np.median(t[c_prog, layer, e["c_waited"]] - b_done),
+               np.median(t[c_prog, layer, e["c_normed"]] - t[c_prog, layer, e["c_waited"]]),
+               np.median(t[c_prog, layer, e["c_gate_up"]] - t[c_prog, layer, e["c_normed"]]),
+               np.median(t[c_prog, layer, e["c_done"]] - t[c_prog, layer, e["c_gate_up"]])]
+        if phase:
+            row += [np.median(t[t_prog, layer, e["t_waited"]] - a_done),
+                    np.median(t[t_prog, layer, e["t_done"]] - t[t_prog, layer, e["t_waited"]])]
+        pieces.append(row)
+    for name, v in zip(("span_a", "span_t", "span_b", "span_c", "layer"),
+                       np.median(np.array(spans), axis=0)):
+        out["us"][name] = round(float(v), 2)
+    names = ["a_wait", "a_work", "b_wait", "b_attention_and_operand", "b_gemm_and_residual",
+             "c_wait", "c_norm", "c_gate_up", "c_act_and_down"]
+    names += ["t_wait", "t_attention"] * phase
+    for name, v in zip(names, np.median(np.array(pieces), axis=0)):
+        out["us"][name] = round(float(v), 2)
+    return out
 
 
 def measure_8phase(rows: int, depth, args, programs: int, result: dict) -> None:
@@ -814,6 +908,9 @@ def main() -> None:
     ap.add_argument("--with-8phase", action="store_true")
     ap.add_argument("--attention", default="items,phase", help=f"of {ATTENTION}")
     ap.add_argument("--no-cooperative", action="store_true")
+    ap.add_argument("--timeline", action="store_true",
+                    help="stamp each program's phases (%%globaltimer) and print where a layer's "
+                         "time goes")
     ap.add_argument("--compile-only", action="store_true")
     ap.add_argument("--emulate", action="store_true")
     ap.add_argument("--out", default="depth-layers-3phase.json")
@@ -823,7 +920,7 @@ def main() -> None:
     attentions = args.attention.split(",")
     if args.compile_only:
         compile_only(rows_list, attentions, args.programs or 132, args.maxnreg,
-                     args.spin_budget)
+                     args.spin_budget, args.timeline)
         return
     if args.emulate:
         emulate(rows_list)

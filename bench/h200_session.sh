@@ -406,9 +406,10 @@ case "$phase" in
     # dependencies a layer (bench/depth_layers_3phase.py): checked against torch fp32 math at
     # positions 0 and 15 (exit 1 on a mismatch), ms a position beside the 8-phase body, the
     # eager bf16 layers and the served FusedDepthLayers; the attention inside B (items) and
-    # as a phase of its own (phase)
+    # as a phase of its own (phase); LAYERS_TIMELINE=1: where each phase's time goes
     timeout 560 python3 bench/depth_layers_3phase.py --rows "${LAYERS_ROWS:-2,16,64}" \
       --attention "${LAYERS_ATTENTION:-items,phase}" --with-8phase --deadline-s 360 \
+      ${LAYERS_TIMELINE:+--timeline} \
       --out "$out/h200-depth-layers-3phase.json" 2>&1 | grep -v Warn | tail -60 ;;
   codec-upsampler)  # issue 31: the serving codec's step with the wide upsampler's GEMM on a
     # row-major copy (the runtime) against the transposed view it replaced (cuBLAS's unaligned
