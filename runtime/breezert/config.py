@@ -116,6 +116,14 @@ class SchedulerConfig(_Frozen):
     admission_headroom: float = Field(default=0.9, gt=0, le=1)
     """Share of ``admission_capacity`` the admitted streams' demand may fill (the rest is
     margin for start-ups, text encode and prefill, and step-time noise)."""
+    admission_max_cycle_s: float | None = Field(default=None, gt=0, allow_inf_nan=False)
+    """Admission by frame cycle (``sched/admission.py``, ``FrameCycle``): a request is admitted
+    only while the streams owed audio, itself included, stay within what the engine's measured
+    frame cycle (busy time from one DEPTH step to the next) extrapolates to at this many
+    seconds a cycle (``cycle_stream_limit``); otherwise it waits for running streams to end, or
+    is refused at once when that predicted wait passes ``max_queue_wait_s``, as with
+    ``admission_capacity``. About 0.04 keeps a newcomer's 1- and 2-frame chunks ahead of its
+    listener (two cycles while 80 ms play). ``None``: no bound on the cycle."""
     admission_learn_window_s: float = Field(default=1.0, ge=0, allow_inf_nan=False)
     """Busy seconds (steps and the host work between them) per sample of the learned capacity;
     0: keep ``admission_capacity`` fixed."""

@@ -1,8 +1,9 @@
-"""Admission by real-time capacity (``sched/admission.py`` and the scheduler's use of it), on a
-virtual clock with fake step costs: admitted while the running streams' demand leaves room,
-queued for a short predicted wait, refused at once with a long one (and that wait); the
-capacity learned from step timings, robust to one slow step and learned again once load drops;
-the config fields that switch it on."""
+"""Admission by real-time capacity and by frame cycle (``sched/admission.py`` and the
+scheduler's use of them), on a virtual clock with fake step costs: admitted while the running
+streams' demand (or the frame cycle) leaves room, queued for a short predicted wait, refused at
+once with a long one (and that wait); the capacity learned from step timings, robust to one slow
+step and learned again once load drops; the cycle averaged from DEPTH step to DEPTH step; the
+config fields that switch them on."""
 
 from __future__ import annotations
 
@@ -15,7 +16,14 @@ from breezert.config import EngineConfig
 from breezert.constants import FRAME_S, Stage
 from breezert.errors import EngineOverloaded, InvalidConfig
 from breezert.request import PlaybackReport, RequestStatus
-from breezert.sched.admission import RealtimeCapacity, capacity_wait, fits, stream_demand
+from breezert.sched.admission import (
+    FrameCycle,
+    RealtimeCapacity,
+    capacity_wait,
+    cycle_stream_limit,
+    fits,
+    stream_demand,
+)
 from breezert.sched.scheduler import Scheduler, SegmentEnded
 from breezert.sched.slot_wait import frame_time_s, remaining_frames
 
@@ -268,4 +276,80 @@ def test_admission_is_off_by_default_and_the_fields_are_checked() -> None:
                          ("admission_headroom", 1.5), ("admission_learn_window_s", -1.0)):
         data = {**base, "scheduler": {**base["scheduler"], field: value}}
         with pytest.raises(InvalidConfig, match=f"scheduler.{field}"):
+            EngineConfig.from_dict(data)
+
+
+# ----------------------------------------------------------------------------- the frame cycle
+
+
+def test_a_cycle_is_the_busy_time_from_one_depth_step_to_the_next() -> None:
+    cycle = FrameCycle(alpha=0.5)
+    assert cycle.value is None
+    for duration, depth in ((0.002, False), (0.003, False), (0.010, True)):
+        cycle.observe_step(duration, depth)
+    assert cycle.value == pytest.approx(0.015)  # the first cycle sets it
+    cycle.observe_step(float("nan"), False)  # a broken timing is dropped
+    cycle.observe_step(0.020, False)
+    cycle.observe_step(0.005, True)
+    assert cycle.value == pytest.approx(0.015 + 0.5 * (0.025 - 0.015))
+    with pytest.raises(ValueError, match="alpha"):
+        FrameCycle(alpha=0.0)
+
+
+def test_the_cycle_feeds_streams_in_proportion_once_it_nears_its_bound() -> None:
+    assert cycle_stream_limit(None, 10, 0.04) == math.inf  # not measured yet
+    assert cycle_stream_limit(0.03, 0, 0.04) == math.inf  # nothing owed audio
+    assert cycle_stream_limit(0.02, 10, 0.04) == math.inf  # within half: fixed costs rule
+    assert cycle_stream_limit(0.05, 100, 0.04) == pytest.approx(80.0)
+    assert cycle_stream_limit(0.03, 30, 0.04) == pytest.approx(40.0)
+
+
+def _cycled(max_queue_wait_s: float | None) -> Harness:
+    """Two long streams whose DEPTH steps cost 30 ms (a cycle of ~33 ms with the other
+    stages' 1 ms): within ``admission_max_cycle_s`` = 40 ms the cycle feeds 2 x 40 / 33 ~ 2.4
+    streams, so a third does not fit."""
+    h = Harness(make_config(admission_max_cycle_s=0.04, max_queue_wait_s=max_queue_wait_s))
+    a = h.add(_long("a", 60), eos_after=FOREVER)
+    b = h.add(_long("b", 400), eos_after=FOREVER)
+    assert a.status is b.status is RequestStatus.RUNNING  # no cycle measured yet
+    while a.num_frames < 20:
+        plan = h.step()
+        assert plan is not None
+        h.sched.observe_step(plan, 0.03 if plan.stage is Stage.DEPTH else 0.001)
+    assert h.sched.cycle is not None and 0.031 <= h.sched.cycle.value <= 0.036
+    return h
+
+
+def test_past_the_cycle_bound_a_newcomer_is_refused_with_the_wait_for_a_stream_to_end() -> None:
+    h = _cycled(max_queue_wait_s=0.1)
+    with pytest.raises(EngineOverloaded, match="room in the frame cycle") as exc:
+        h.add(make_request("late"))
+    assert exc.value.reason == "cycle"
+    a = h.sched.get_request("a")
+    per_frame = frame_time_s([a, h.sched.get_request("b")], h.now)
+    assert exc.value.retry_after_s == pytest.approx(remaining_frames(a, None) * per_frame)
+    assert "admission_max_cycle_s=0.04" in str(exc.value)
+    assert h.sched.get_request("late") is None and h.sched.num_waiting == 0
+
+
+def test_a_newcomer_waits_for_room_in_the_cycle_and_starts_when_a_stream_ends() -> None:
+    h = _cycled(max_queue_wait_s=None)
+    c = h.add(make_request("c"), eos_after=3)
+    assert c.status is RequestStatus.WAITING
+    a = h.sched.get_request("a")
+    while c.status is RequestStatus.WAITING:
+        plan = h.step()
+        assert plan is not None
+        h.sched.observe_step(plan, 0.03 if plan.stage is Stage.DEPTH else 0.001)
+    assert a.is_generation_done  # it started once a's generation ended, not before
+    h.run()
+    h.assert_all_free()
+
+
+def test_the_cycle_bound_is_off_by_default_and_its_field_is_checked() -> None:
+    assert Scheduler(make_config(), Harness().pool).cycle is None
+    base = EngineConfig.from_file("configs/tiny.toml").model_dump()
+    for value in (0, float("inf"), -0.04):
+        data = {**base, "scheduler": {**base["scheduler"], "admission_max_cycle_s": value}}
+        with pytest.raises(InvalidConfig, match="scheduler.admission_max_cycle_s"):
             EngineConfig.from_dict(data)

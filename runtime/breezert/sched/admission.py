@@ -2,8 +2,10 @@
 listener plays it.
 
 Owns: the engine's real-time capacity (``RealtimeCapacity``: seconds of audio it makes per second
-of its steps at the load it runs, learned from its own step timings), what each running stream
-still needs (``stream_demand``) and when a newcomer fits (``capacity_wait``). Must not: read a
+of its steps at the load it runs, learned from its own step timings), its frame cycle
+(``FrameCycle``: busy time from one DEPTH step to the next) and the streams that cycle can feed
+within a bound (``cycle_stream_limit``), what each running stream still needs
+(``stream_demand``) and when a newcomer fits (``capacity_wait``). Must not: read a
 clock, touch torch or change a request; the scheduler hands in its rows' figures and decides
 (``Scheduler.add_request``: admit, queue for a short predicted wait, or refuse with it).
 
@@ -87,6 +89,51 @@ class RealtimeCapacity:
         ahead_and_higher = produced >= fed and produced > self.value
         if behind_and_lower or ahead_and_higher:
             self.value += self.alpha * (produced - self.value)
+
+
+class FrameCycle:
+    """The engine's frame cycle: the busy time from one DEPTH step to the next (every stage's
+    steps and the host work between them), a moving average. A stream owed audio gets at most
+    one frame a cycle, so a newcomer's progressive start (chunks of 1, 2, 4 frames, each made
+    while the chunk before it plays) keeps ahead of its listener only while two cycles fit in
+    one frame's 80 ms: a bound on the cycle, which seconds of audio per second do not see (a
+    long cycle over many streams can make as much audio as a short one over few).
+
+    Args:
+        alpha: Fraction of the way one cycle moves the average (the first sets it).
+    """
+
+    def __init__(self, alpha: float = 0.25) -> None:
+        if not 0.0 < alpha <= 1.0:
+            raise ValueError(f"alpha={alpha} must be in (0, 1]")
+        self.alpha = alpha
+        self.value: float | None = None
+        """Seconds a cycle, on average; ``None`` before the first DEPTH step."""
+        self._busy_s = 0.0
+
+    def observe_step(self, duration_s: float, depth: bool) -> None:
+        """One step of ``duration_s`` busy seconds (with the host work since the step before);
+        ``depth``: a DEPTH step, which closes a cycle. O(1)."""
+        if not (math.isfinite(duration_s) and duration_s >= 0):
+            return
+        self._busy_s += duration_s
+        if not depth:
+            return
+        cycle, self._busy_s = self._busy_s, 0.0
+        self.value = cycle if self.value is None else self.value + self.alpha * (cycle -
+                                                                                  self.value)
+
+
+def cycle_stream_limit(cycle_s: float | None, streams: int, max_cycle_s: float) -> float:
+    """How many streams owed audio the engine can feed within ``max_cycle_s`` a frame cycle:
+    ``streams * max_cycle_s / cycle_s``, extrapolated from the ``streams`` that make today's
+    cycle (a cycle grows with its rows no faster than in proportion: a step's fixed costs do
+    not grow); unbounded (``inf``) before a cycle was measured, with no stream owed audio, or
+    while the cycle is within half of the bound (there the fixed costs dominate and the
+    proportion would hold back an arrival burst at low load)."""
+    if cycle_s is None or streams <= 0 or cycle_s <= 0.5 * max_cycle_s:
+        return math.inf
+    return streams * max_cycle_s / cycle_s
 
 
 def stream_demand(remaining_s: np.ndarray, buffered_s: np.ndarray) -> np.ndarray:

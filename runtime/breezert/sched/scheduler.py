@@ -26,7 +26,14 @@ from breezert.config import SchedulerConfig
 from breezert.constants import CODEBOOK_SIZE, FRAME_EOS_ID, FRAME_S, Stage
 from breezert.errors import EngineOverloaded, InvalidRequest
 from breezert.request import PlaybackReport, Request, RequestStatus, Segment, SegmentPhase
-from breezert.sched.admission import RealtimeCapacity, capacity_wait, fits, stream_demand
+from breezert.sched.admission import (
+    FrameCycle,
+    RealtimeCapacity,
+    capacity_wait,
+    cycle_stream_limit,
+    fits,
+    stream_demand,
+)
 from breezert.sched.block_pool import BlockPool
 from breezert.sched.deadline import DeadlinePredictor
 from breezert.sched.load import EngineLoad, least_slack
@@ -198,6 +205,10 @@ class Scheduler:
         if config.admission_capacity is not None:
             self.capacity = RealtimeCapacity(config.admission_capacity,
                                              config.admission_learn_window_s or None)
+        self.cycle: FrameCycle | None = None
+        """The frame cycle admission keeps within (``admission_max_cycle_s``), or ``None``."""
+        if config.admission_max_cycle_s is not None:
+            self.cycle = FrameCycle()
         self._buffers = buffers or DeadlinePredictor(
             feedback_stale_s=config.predictor_feedback_stale_s)
         self._capacity_recheck_at = -np.inf
@@ -242,6 +253,13 @@ class Scheduler:
                                        f"(max_queued_requests={max_queued})", wait, "queue_full")
         elif max_wait is None or wait is None or wait <= max_wait:
             return
+        elif reason == "cycle":
+            refusal = EngineOverloaded(
+                f"its predicted wait for room in the frame cycle is {wait:.1f} s "
+                f"(max_queue_wait_s={max_wait:g}): {self._owing_count()} streams are owed audio "
+                f"and the engine's cycle of {1000 * (self.cycle.value or 0.0):.1f} ms feeds "
+                f"{self._cycle_limit():.1f} within admission_max_cycle_s="
+                f"{self.config.admission_max_cycle_s:g}; {ahead}", wait, reason)
         elif reason == "capacity":
             assert self.capacity is not None
             cfg = self.config
@@ -273,6 +291,11 @@ class Scheduler:
             capacity_bound = not fits(total, position + 1, limit)
             if capacity_bound:
                 waits["capacity"] = capacity_wait(demand, ends, position + 1, limit)
+        if self.cycle is not None and self._owing_count() + position + 1 > self._cycle_limit():
+            capacity_bound = True
+            ends = self._demand(now)[1]
+            waits["cycle"] = capacity_wait(np.ones_like(ends), ends, position + 1,
+                                           self._cycle_limit())
         first = request.segments[0] if request.segments else None
         if (not capacity_bound or position >= len(self._free_slots) or first is None
                 or not self.block_pool.can_allocate(
@@ -610,12 +633,13 @@ class Scheduler:
         """Whether one more stream fits the real-time capacity (always without one): at once
         when the streams owed audio fit even at 1 s/s each (a count); otherwise from their
         demand, computed again at most every ``_CAPACITY_RECHECK_S`` unless something ended."""
+        if self.cycle is not None and self._owing_count() + 1 > self._cycle_limit():
+            return False
         capacity = self.capacity
         if capacity is None:
             return True
         limit = self.config.admission_headroom * capacity.value
-        table = self._table
-        if fits(float(np.count_nonzero(table.live & (table.phase != NO_PHASE))), 1, limit):
+        if fits(float(self._owing_count()), 1, limit):
             return True
         if now < self._capacity_recheck_at:
             return False
@@ -623,6 +647,19 @@ class Scheduler:
             return True
         self._capacity_recheck_at = now + _CAPACITY_RECHECK_S
         return False
+
+    def _owing_count(self) -> int:
+        """Running streams owed audio (a segment in a phase)."""
+        table = self._table
+        return int(np.count_nonzero(table.live & (table.phase != NO_PHASE)))
+
+    def _cycle_limit(self) -> float:
+        """Streams owed audio the frame cycle can feed within ``admission_max_cycle_s``
+        (``inf`` without that bound or before a cycle was measured)."""
+        bound = self.config.admission_max_cycle_s
+        if self.cycle is None or bound is None:
+            return np.inf
+        return cycle_stream_limit(self.cycle.value, self._num_owing, bound)
 
     def _demand(self, now: float) -> tuple[np.ndarray, np.ndarray]:
         """Per running stream owed audio: its real-time demand (s/s) and its predicted end of
@@ -644,6 +681,8 @@ class Scheduler:
         if self.capacity is not None:
             frames = len(plan.items) if plan.stage is Stage.DEPTH else 0
             self.capacity.observe_step(duration_s, frames, self._num_owing)
+        if self.cycle is not None:
+            self.cycle.observe_step(duration_s, plan.stage is Stage.DEPTH)
 
     def _awaiting_blocks(self) -> list[Request]:
         """Running requests that have a QUEUED segment, in admission order."""
@@ -702,7 +741,8 @@ class Scheduler:
         next segment is not ready or not there yet: a gap in the audio anyway). Keeps each
         pair's ``ready_since`` (the step since which it has been ready unserved)."""
         table = self._table
-        if self.capacity is not None:  # admission's count of the streams owed audio
+        if self.capacity is not None or self.cycle is not None:  # admission's count of the
+            # streams owed audio (the ones the next steps, and so the cycle, serve)
             self._num_owing = int(np.count_nonzero(table.phase[table.live_slots] != NO_PHASE))
         if len(table.live_slots) <= FEW_ROWS:
             return self._ready_rows(now)
