@@ -91,11 +91,13 @@ from depth_layers_wgmma import (
     SLOTS,
     _attention,
     _publish,
+    _stamp,
     after_launches,
     baselines,
     build_depth,
     check,
     event_ms,
+    phase_timeline,
 )
 from depth_stream_gluon import HIDDEN, _partition_barrier, _wait_count, describe_build
 from depth_stream_wgmma import LOADER_REGS, _sass_hgmma
@@ -256,13 +258,9 @@ def _attention_items(qkv_ptr, cache_ptr, rope_ptr, x_out_ptr, rows, cache_rows, 
 
 
 @gluon.jit
-def _stamp(TL: gl.constexpr, tl_ptr, layer, event: gl.constexpr):
-    """With TL: this program's %globaltimer (ns) as ``event`` of ``layer`` (``TIMELINE``)."""
-    if TL:
-        pid = gl.program_id(0)
-        now = gl.inline_asm_elementwise("mov.u64 $0, %globaltimer;", "=l,r", [pid],
-                                        dtype=gl.int64, is_pure=False, pack=1)
-        gl.store(tl_ptr + (pid * LAYERS_C + layer) * EVENTS_C + event, now)
+def _mark(TL: gl.constexpr, tl_ptr, layer, event: gl.constexpr):
+    """With TL: this program's ``%globaltimer`` as ``event`` of ``layer`` (``EVENTS``)."""
+    _stamp(TL, tl_ptr + (gl.program_id(0) * LAYERS_C + layer) * EVENTS_C + event)
 
 
 @gluon.jit
@@ -329,12 +327,12 @@ def _three_phase_consumer(ring, ready, empty, xs, ys, counters, err_ptr, x_in_pt
         acc_prev = acc_ptr + ((layer + 1) % 2) * rows * HIDDEN_C  # layer-1's sums
         acc_cur = acc_ptr + (layer % 2) * rows * HIDDEN_C
         norms = norm_ptr + layer * 2 * HIDDEN_C
-        _stamp(TL, tl_ptr, layer, 0)
+        _mark(TL, tl_ptr, layer, 0)
         # ---- A: q/k/v, whole K a unit
         if a0 < A_UNITS_C:
             if layer > 0:
                 budget = _wait_count(counters + g - 1, target, budget)
-        _stamp(TL, tl_ptr, layer, 1)
+        _mark(TL, tl_ptr, layer, 1)
         for a in range(a0, A_UNITS_C, P):
             for r0 in range(0, rows, RP):  # row blocks (the loader brings the tiles again)
                 n = rows - r0
@@ -350,20 +348,20 @@ def _three_phase_consumer(ring, ready, empty, xs, ys, counters, err_ptr, x_in_pt
                 cols = a * TILE_C + offs_n
                 gl.store(qkv_ptr + (r0 + offs_r)[None, :] * Q_OUT_C + cols[:, None],
                          acc.to(gl.bfloat16), mask=offs_r[None, :] < n)
-        _stamp(TL, tl_ptr, layer, 2)
+        _mark(TL, tl_ptr, layer, 2)
         budget = _publish(counters, g, budget, False)
         if ATT == 2:  # ---- T: attention, 4 items a program (one a warp), into the shared ATT
             if pid * 4 < rows * KV_HEADS_C:
                 budget = _wait_count(counters + g, target, budget)
-                _stamp(TL, tl_ptr, layer, 3)
+                _mark(TL, tl_ptr, layer, 3)
                 _attention_items(qkv_ptr, cache_ptr + layer * 2 * rows * kv_row, rope_ptr,
                                  att_ptr, rows, rows, pos, scale, pid * 4, P * 4, att3_l)
-                _stamp(TL, tl_ptr, layer, 4)
+                _mark(TL, tl_ptr, layer, 4)
             budget = _publish(counters, g + 1, budget, False)
         # ---- B: attention + o, whole K a unit, + residual into M
         if b0 < B_UNITS_C:
             budget = _wait_count(counters + g_b - 1, target, budget)
-        _stamp(TL, tl_ptr, layer, 5)
+        _mark(TL, tl_ptr, layer, 5)
         for b in range(b0, B_UNITS_C, P):
             for r0 in range(0, rows, RP):
                 n = rows - r0
@@ -392,24 +390,24 @@ def _three_phase_consumer(ring, ready, empty, xs, ys, counters, err_ptr, x_in_pt
                     _partition_barrier()  # every warp's attention rows are stored
                     _copy_into(xs, my_att, n, RP, chunk_l)
                 _operand_ready()
-                _stamp(TL, tl_ptr, layer, 6)
+                _mark(TL, tl_ptr, layer, 6)
                 acc = gl.zeros([TILE_C, RP], gl.float32, acc_layout)
                 it, acc = _gemm_full_k(ring, ready, empty, xs, it, acc, S)
                 o = acc.to(gl.bfloat16).to(gl.float32)
                 gl.store(m_ptr + offs, (h + o).to(gl.bfloat16), mask=bmask)
-        _stamp(TL, tl_ptr, layer, 7)
+        _mark(TL, tl_ptr, layer, 7)
         budget = _publish(counters, g_b, budget, False)
         # ---- C: gate/up + SiLU * up + down's partial sums
         if pid < C_UNITS_C:
             budget = _wait_count(counters + g_b, target, budget)
-        _stamp(TL, tl_ptr, layer, 8)
+        _mark(TL, tl_ptr, layer, 8)
         for c in range(pid, C_UNITS_C, P):
             for r0 in range(0, rows, RP):
                 n = rows - r0
                 _norm_into(xs, m_ptr + r0 * HIDDEN_C, acc_prev, norms + HIDDEN_C, n, eps, False,
                            RP, full_l, chunk_l)
                 _operand_ready()
-                _stamp(TL, tl_ptr, layer, 9)
+                _mark(TL, tl_ptr, layer, 9)
                 acc_g = gl.zeros([TILE_C, RP], gl.float32, acc_layout)
                 acc_u = gl.zeros([TILE_C, RP], gl.float32, acc_layout)
                 for kb in gl.static_range(KT_C):
@@ -427,7 +425,7 @@ def _three_phase_consumer(ring, ready, empty, xs, ys, counters, err_ptr, x_in_pt
                 _give(empty, it + 2 * KT_C - 2, S)
                 _give(empty, it + 2 * KT_C - 1, S)
                 it += 2 * KT_C
-                _stamp(TL, tl_ptr, layer, 10)
+                _mark(TL, tl_ptr, layer, 10)
                 gb = acc_g.to(gl.bfloat16).to(gl.float32)
                 ub = acc_u.to(gl.bfloat16).to(gl.float32)
                 s = (gb / (1.0 + gl.exp(-gb))).to(gl.bfloat16).to(gl.float32)
@@ -454,7 +452,7 @@ def _three_phase_consumer(ring, ready, empty, xs, ys, counters, err_ptr, x_in_pt
                     if mb + 1 < OUT_BLOCKS_C:
                         part = nxt
                 it += OUT_BLOCKS_C
-        _stamp(TL, tl_ptr, layer, 11)
+        _mark(TL, tl_ptr, layer, 11)
         budget = _publish(counters, g_b + 1, budget, False)
     # ---- after the last layer: h = bf16(M + bf16(acc)) by row owners, the accumulator zeroed
     budget = _wait_count(counters + LAYERS_C * NPH - 1, target, budget)
@@ -886,13 +884,18 @@ def measure_8phase(rows: int, depth, args, programs: int, result: dict) -> None:
     from depth_layers_wgmma import LayersFrame
     from depth_stream_gluon import Stream
 
-    frame = LayersFrame(Stream.parse("64x128x6w4"), rows, "cuda")
+    frame = LayersFrame(Stream.parse("64x128x6w4"), rows, "cuda", timeline=args.timeline)
     frame.load(list(depth.model.layers))
     launch = {"programs": programs, "maxnreg": args.maxnreg, "spin_budget": args.spin_budget,
               "cooperative": not args.no_cooperative}
     ms, _ = event_ms(lambda: frame.run_layers(**launch), args.iters)
-    result["eight_phase"][str(rows)] = {"ms": round(ms, 4), "hang": bool(frame.err.item())}
+    row = {"ms": round(ms, 4), "hang": bool(frame.err.item())}
     print(f"  8-phase body r{rows}: {ms:.4f} ms a position", flush=True)
+    if args.timeline:
+        row["timeline"] = phase_timeline(frame.timeline, programs)
+        print(f"  8-phase body r{rows} timeline (us, layers 1-10, median): {row['timeline']}",
+              flush=True)
+    result["eight_phase"][str(rows)] = row
 
 
 def main() -> None:

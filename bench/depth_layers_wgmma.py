@@ -103,6 +103,8 @@ HEADS, KV_HEADS, HEAD_DIM, SLOTS = 8, 2, 128, 16  # DepthConfig; 16 positions a 
 FFN = 8192
 EPS = 1e-5
 PHASES_A_LAYER = 8
+PHASE_NAMES = ("norm1", "qkv", "attn", "o", "norm2", "gate_up", "act", "down")
+PROGRAMS_MAX = 132  # the timeline's rows (one per SM on an H100 or H200)
 ACT_COLS = 4096  # columns of the 8192 a SiLU * up item: 2 items a row
 REL_TOL = 3e-2  # 12 layers on a bf16 residual: the eager bf16 module's own error is ~1.5e-2
 CONFIGS = "64x64x8w8,64x128x6w4"  # the stream's two configs that ran on the H100 (5 Dec)
@@ -220,6 +222,17 @@ def _silu_mul(gu_ptr, y_ptr, rows, pid, P, OUT_W: gl.constexpr, layout: gl.const
 
 
 @gluon.jit
+def _stamp(TL: gl.constexpr, ptr):
+    """With TL: this thread's ``%globaltimer`` (ns) into ``*ptr``, a slot of a per-program
+    timeline (``--timeline``); without: nothing."""
+    if TL:
+        now = gl.inline_asm_elementwise("mov.u64 $0, %globaltimer;", "=l,r",
+                                        [gl.program_id(0)], dtype=gl.int64, is_pure=False,
+                                        pack=1)
+        gl.store(ptr, now)
+
+
+@gluon.jit
 def _publish(counters, g, token, FENCE: gl.constexpr):
     """Phase g done in this program: with FENCE (a phase that wrote X or Y with ordinary stores,
     which the activation loaders' TMA reads next) each thread's proxy fence, then every
@@ -239,16 +252,19 @@ def _layers_consumer(ring, ready, empty, xs, xready, xempty, counters, err_ptr, 
                      S: gl.constexpr, XS: gl.constexpr, RP: gl.constexpr,
                      OUT_W: gl.constexpr, COL0: gl.constexpr, COL2: gl.constexpr,
                      COL3: gl.constexpr, COL4: gl.constexpr, acc_layout: gl.constexpr,
-                     row_layout: gl.constexpr, att_layout: gl.constexpr):
+                     row_layout: gl.constexpr, att_layout: gl.constexpr, tl_ptr,
+                     TL: gl.constexpr):
     pid = gl.program_id(0)
     P = gl.num_programs(0)
     it = 0
     g = 0
     for layer in range(layers):
         norm = norm_ptr + layer * 2 * HIDDEN_C
+        marks = tl_ptr + (pid * layers + layer) * 2 * PHASES_A_LAYER_C
         for ph in gl.static_range(PHASES_A_LAYER_C):
             if g > 0:  # every program published the phase before
                 budget = _wait_count(counters + g - 1, target, budget)
+            _stamp(TL, marks + 2 * ph)  # the phase's inputs are published
             if ph == 0:
                 _residual_norm(x_in_ptr, h_ptr, out_ptr + COL4, norm, x_ptr, out_ptr, rows,
                                layer == 0, eps, pid, P, OUT_W, True, 0, row_layout)
@@ -277,6 +293,7 @@ def _layers_consumer(ring, ready, empty, xs, xready, xempty, counters, err_ptr, 
                 it = _mma_phase(ring, ready, empty, xs, xready, xempty, it, out_ptr + COL4,
                                 rows, pid, P, HIDDEN_C, FFN_C, OUT_W, BN, BK, S, XS, RP,
                                 acc_layout)
+            _stamp(TL, marks + 2 * ph + 1)  # its work is done
             budget = _publish(counters, g, budget, ph % 2 == 0)  # even: CUDA-core phases
             g += 1
     budget = _wait_count(counters + g - 1, target, budget)
@@ -315,14 +332,14 @@ def _layers_x_loader(x_desc, y_desc, xs, xready, xempty, counters, err_ptr, laye
 
 @gluon.jit(do_not_specialize=["rows", "pos", "layers", "target", "budget"])
 def _layers_kernel(desc, x_desc, y_desc, counters, err_ptr, out_ptr, x_in_ptr, h_ptr, x_ptr,
-                   y_ptr, norm_ptr, rope_ptr, cache_ptr, rows, pos, layers, target, budget, eps,
-                   scale, BN: gl.constexpr, BK: gl.constexpr, S: gl.constexpr,
+                   y_ptr, norm_ptr, rope_ptr, cache_ptr, tl_ptr, rows, pos, layers, target,
+                   budget, eps, scale, BN: gl.constexpr, BK: gl.constexpr, S: gl.constexpr,
                    XS: gl.constexpr, RP: gl.constexpr, RB: gl.constexpr,
                    INSTR_N: gl.constexpr, WARPS_M: gl.constexpr, LAYER_TILES: gl.constexpr,
                    OFF0: gl.constexpr, OFF2: gl.constexpr, OFF3: gl.constexpr,
                    OFF4: gl.constexpr, OUT_W: gl.constexpr, COL0: gl.constexpr,
                    COL2: gl.constexpr, COL3: gl.constexpr, COL4: gl.constexpr,
-                   num_warps: gl.constexpr):
+                   TL: gl.constexpr, num_warps: gl.constexpr):
     acc_layout: gl.constexpr = gl.NVMMADistributedLayout(
         version=[3, 0], warps_per_cta=[WARPS_M, num_warps // WARPS_M],
         instr_shape=[16, INSTR_N, 16])
@@ -347,7 +364,8 @@ def _layers_kernel(desc, x_desc, y_desc, counters, err_ptr, out_ptr, x_in_ptr, h
         (_layers_consumer, (ring, ready, empty, xs, xready, xempty, counters, err_ptr, out_ptr,
                             x_in_ptr, h_ptr, x_ptr, y_ptr, norm_ptr, rope_ptr, cache_ptr, rows,
                             pos, layers, target, budget, eps, scale, BN, BK, S, XS, RP, OUT_W,
-                            COL0, COL2, COL3, COL4, acc_layout, row_layout, att_layout)),
+                            COL0, COL2, COL3, COL4, acc_layout, row_layout, att_layout, tl_ptr,
+                            TL)),
         (_w_loader, (desc, ring, ready, empty, 1, layers, BN, BK, S, LAYER_TILES, OFF0, OFF2,
                      OFF3, OFF4)),
         (_layers_x_loader, (x_desc, y_desc, xs, xready, xempty, counters, err_ptr, layers,
@@ -378,7 +396,7 @@ class LayersFrame(WgmmaFrame):
     for the GEMMs' TMA, the fp32 accumulators (``out``) and the phase counters."""
 
     def __init__(self, stream: Stream, rows: int, device: str, layers: int = LAYERS,
-                 seed: int = 0) -> None:
+                 seed: int = 0, timeline: bool = False) -> None:
         super().__init__(stream, layers, 1, device, seed, init=False, rows=rows)
         bf16 = torch.bfloat16
         self.x_in = torch.empty(rows, HIDDEN, dtype=bf16, device=device)
@@ -390,6 +408,9 @@ class LayersFrame(WgmmaFrame):
         self.counters = torch.zeros(layers * PHASES_A_LAYER + 1, dtype=torch.int32,
                                     device=device)
         self.position = 0
+        self.stamps = timeline
+        self.timeline = torch.zeros(PROGRAMS_MAX if timeline else 1, layers,
+                                    2 * PHASES_A_LAYER, dtype=torch.int64, device=device)
 
     def load(self, modules) -> None:
         """Packs each ``DepthLayer``'s packed q/k/v, o, packed gate/up and down weights into
@@ -413,24 +434,27 @@ class LayersFrame(WgmmaFrame):
                    cooperative: bool = True):
         s = self.s
         offs, cols = s.offsets, s.out_cols
+        if self.stamps and programs > PROGRAMS_MAX:
+            raise ValueError(f"the timeline holds {PROGRAMS_MAX} programs, not {programs}")
         self.epoch += 1  # counters only grow: a launch waits for epoch * programs arrivals
         kwargs = {"launch_cooperative_grid": True} if cooperative else {}
         return _layers_kernel[(programs,)](
             self.desc, *self.x_descs, self.counters, self.err, self.out, self.x_in, self.h,
-            self.x1024, self.x8192, self.norm_w, self.rope, self.cache, self.rows,
-            self.position, self.layers, self.epoch * programs, spin_budget, EPS,
+            self.x1024, self.x8192, self.norm_w, self.rope, self.cache, self.timeline,
+            self.rows, self.position, self.layers, self.epoch * programs, spin_budget, EPS,
             1.0 / math.sqrt(HEAD_DIM), BN=s.bn, BK=s.bk, S=s.stages, XS=self.x_stages,
             RP=self.rp, RB=self.rb, INSTR_N=self.instr_n, WARPS_M=self.warps_m,
             LAYER_TILES=s.layer_tiles, OFF0=offs[0], OFF2=offs[2], OFF3=offs[3], OFF4=offs[4],
             OUT_W=self.out.shape[1], COL0=cols[0], COL2=cols[2], COL3=cols[3], COL4=cols[4],
-            num_warps=s.warps, maxnreg=maxnreg or self.default_maxnreg, **kwargs)
+            TL=self.stamps, num_warps=s.warps, maxnreg=maxnreg or self.default_maxnreg,
+            **kwargs)
 
     def label(self) -> str:
         return f"{self.s} r{self.rows} (RP {self.rp})"
 
 
 def compile_only(configs: list[Stream], rows_list: list[int], programs: int, maxnreg: int,
-                 spin_budget: int) -> list[dict]:
+                 spin_budget: int, timeline: bool = False) -> list[dict]:
     """Builds every (config, padded rows) for sm_90a here (no GPU) and prints resources."""
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     from tests.sm90_build import build_only, resources
@@ -441,7 +465,7 @@ def compile_only(configs: list[Stream], rows_list: list[int], programs: int, max
     for stream in configs:
         for rows in rows_list:
             try:  # nothing is read: the build needs shapes and strides only
-                frame = LayersFrame(stream, rows, "cpu")
+                frame = LayersFrame(stream, rows, "cpu", timeline=timeline)
             except ValueError as exc:
                 print(f"{stream} r{rows}: not built: {exc}", flush=True)
                 continue
@@ -832,11 +856,36 @@ def phased_stream_ms(stream: Stream, rows: int, programs: int, args) -> dict:
     return {"phased_stream_ms": round(ms, 4), "phased_stream_hang": bool(wf.err.item())}
 
 
+def phase_timeline(stamps: torch.Tensor, programs: int) -> dict:
+    """Where a layer's time goes, from one launch's stamps (``[P, L, 16]``: per phase, when its
+    inputs were seen published and when its work was done), us, over layers 1-10: each phase's
+    span on the critical path (the last program's done of the phase before to the last
+    program's done of this one) and, over the programs, the median wait (seen less that last
+    done) and work (done less seen)."""
+    import numpy as np
+
+    t = stamps[:programs].double().cpu().numpy() / 1e3
+    seen, done = t[..., 0::2], t[..., 1::2]
+    rows = []
+    for layer in range(1, t.shape[1] - 1):
+        prev = done[:, layer - 1, -1].max()
+        for ph in range(PHASES_A_LAYER):
+            last = done[:, layer, ph].max()
+            rows.append([last - prev, np.median(seen[:, layer, ph] - prev),
+                         np.median(done[:, layer, ph] - seen[:, layer, ph])])
+            prev = last
+    med = np.median(np.array(rows).reshape(-1, PHASES_A_LAYER, 3), axis=0)
+    out = {name: {"span": round(float(a), 2), "wait": round(float(b), 2),
+                  "work": round(float(c), 2)} for name, (a, b, c) in zip(PHASE_NAMES, med)}
+    out["layer_us"] = round(float(med[:, 0].sum()), 2)
+    return out
+
+
 def measure(stream: Stream, rows: int, depth, args, programs: int, result: dict) -> None:
     """One config at one row count: the checks (a mismatch is recorded as a failure, and the
     launch is still timed unless a wait ran out of budget), then ms a position beside the phased
     stream's GEMMs alone."""
-    frame = LayersFrame(stream, rows, "cuda")
+    frame = LayersFrame(stream, rows, "cuda", timeline=args.timeline)
     modules = list(depth.model.layers)
     frame.load(modules)
     launch = {"programs": programs, "maxnreg": args.maxnreg, "spin_budget": args.spin_budget,
@@ -863,6 +912,10 @@ def measure(stream: Stream, rows: int, depth, args, programs: int, result: dict)
         print(f"  {frame.label()}: after the timed launches: {problems}", flush=True)
         result["failures"].append(f"{frame.label()} after the timed launches: {problems}")
         row["correct"] = False
+    if args.timeline:  # the last timed launch's stamps
+        row["timeline"] = phase_timeline(frame.timeline, programs)
+        print(f"  {frame.label()} timeline (us, layers 1-10, median): {row['timeline']}",
+              flush=True)
     weight_bytes = frame.w.numel() * frame.w.element_size()
     row.update(ms=round(ms, 4), min_ms=round(min_ms, 4),
                tb_per_s=round(weight_bytes / ms / 1e9, 3),
@@ -905,6 +958,9 @@ def main() -> None:
                     help="start no new config or rows after this many seconds")
     ap.add_argument("--no-baselines", action="store_true")
     ap.add_argument("--no-cooperative", action="store_true")
+    ap.add_argument("--timeline", action="store_true",
+                    help="stamp each program's phases (%%globaltimer) and print where a layer's "
+                         "time goes")
     ap.add_argument("--compile-only", action="store_true")
     ap.add_argument("--emulate", action="store_true",
                     help="no GPU: the check on the body's data flow emulated in torch")
@@ -914,7 +970,8 @@ def main() -> None:
     configs = [Stream.parse(c) for c in args.configs.split(",")]
     rows_list = [int(r) for r in args.rows.split(",")]
     if args.compile_only:
-        compile_only(configs, rows_list, args.programs or 132, args.maxnreg, args.spin_budget)
+        compile_only(configs, rows_list, args.programs or 132, args.maxnreg, args.spin_budget,
+                     args.timeline)
         return
     if args.emulate:
         emulate(rows_list)

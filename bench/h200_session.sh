@@ -406,7 +406,8 @@ case "$phase" in
     # dependencies a layer (bench/depth_layers_3phase.py): checked against torch fp32 math at
     # positions 0 and 15 (exit 1 on a mismatch), ms a position beside the 8-phase body, the
     # eager bf16 layers and the served FusedDepthLayers; the attention inside B (items) and
-    # as a phase of its own (phase); LAYERS_TIMELINE=1: where each phase's time goes
+    # as a phase of its own (phase); LAYERS_TIMELINE=1: where each phase's time goes, in both
+    # bodies (%globaltimer stamps a program and phase)
     timeout 560 python3 bench/depth_layers_3phase.py --rows "${LAYERS_ROWS:-2,16,64}" \
       --attention "${LAYERS_ATTENTION:-items,phase}" --with-8phase --deadline-s 360 \
       ${LAYERS_TIMELINE:+--timeline} \
