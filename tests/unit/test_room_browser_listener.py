@@ -84,3 +84,23 @@ def test_the_summary_gives_each_listener_kind_beside_the_overall_figures() -> No
     table = room.text_table([{"variant": "listener", "listeners": 3, "load": "closed",
                               "summary": {**summary, "engine_ttfb": {"p50": 0.05}}}])
     assert "browser listeners" in table and "python listeners" in table
+    assert not summary["harness_lagged"] and "LAGGED" not in table  # no loop lag recorded
+
+
+def test_a_run_whose_listener_loops_lagged_is_flagged() -> None:
+    def turn(lag_s: float) -> dict[str, Any]:
+        return {"sent": 0.0, "loop_lag_max_s": lag_s,
+                "heard": {"first_arrival": 0.1, "first_heard": 0.12, "first_sound_arrival": 0.1,
+                          "span_s": 1.0, "audio_s": 1.0, "gaps": [], "min_rms": 500.0}}
+
+    def summary(lags: list[float]) -> dict[str, Any]:
+        run = {"turns": [turn(lag) for lag in lags], "rooms": [{"reports_sent": 1}],
+               "ready": [], "wall_s": 2.0}
+        return room.summarize_run(run, 0.02)
+
+    calm, lagged = summary([0.002] * 19 + [0.03]), summary([0.002] * 10 + [0.05] * 10)
+    assert calm["listener_loop_lag_max"]["p95"] <= room.HARNESS_LAG_LIMIT_S
+    assert not calm["harness_lagged"] and lagged["harness_lagged"]
+    table = room.text_table([{"variant": "listener", "listeners": 20, "load": "closed",
+                              "summary": {**lagged, "engine_ttfb": {"p50": 0.05}}}])
+    assert "50 LAGGED" in table
