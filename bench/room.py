@@ -52,8 +52,8 @@ run the parent waits (up to 30 s) until every worker reports no job left from th
 
 Owns: which workers serve which runs, the listener processes (of either kind) and their
 schedule, the summary and the plot (the server's and workers' processes: ``bench/room_procs.py``;
-the scale-out figures: ``bench/room_scaleout.py``). Must not: reach into the agent's process (all it learns comes
-through the room and the files the agent writes in its state folder).
+the scale-out figures: ``bench/room_scaleout.py``). Must not: reach into the agent's process
+(all it learns comes through the room and the files the agent writes in its state folder).
 """
 
 from __future__ import annotations
