@@ -63,6 +63,28 @@ engine's CODEC steps at c=1 (3.8 ms p50 over 1-16 frame chunks), c=16 (5.97 ms m
 ~28 frames) and c=64 (8.5 ms mean, 5.4 chunks, ~48 frames)."""
 
 
+H100_CAPACITY_MS: dict[Stage, tuple[tuple[float, float], ...]] = {
+    # the capacity profile's steps on the H100 (bench/results/
+    # h100-capacity-headroom-long-20261206-5.json.gz, step times and rows by stage at headroom
+    # 0.4 / 0.7 and 40 / 60 req/s): DEPTH with the DECODE before it 17.2 ms at ~75 rows, 19.0 at
+    # ~125, 23.4-25.3 at ~145-150; the 64- and 128-row buckets' steps written as cliffs; the
+    # 256 and 512 points from the fused depth frame's H100 tuning plus DECODE
+    Stage.DEPTH: ((1, 9.0), (64, 13.0), (65, 17.0), (128, 19.0), (129, 23.0), (256, 27.0),
+                  (512, 45.0)),
+    Stage.DECODE: ((1, 0.3), (512, 0.6)),  # host only: its GPU time is in DEPTH's
+    Stage.TEXT_ENCODE: ((1, 0.54), (3, 0.9), (16, 1.5)),
+    Stage.PREFILL: ((1, 0.52), (3, 0.96), (16, 1.6)),
+}
+H100_CAPACITY_CODEC_MS = (3.0, 0.06, 0.4)
+"""CODEC on the H100 in the capacity runs: 5.9 ms at ~4 chunks, 9.3-10.8 at 10-16."""
+STEP_MODELS = {"h200": (STEP_MS, CODEC_MS),
+               "h100-capacity": (H100_CAPACITY_MS, H100_CAPACITY_CODEC_MS)}
+"""``--step-model``: the H200 fit of 2 Dec (the latency profile's default) and the H100 fit of
+6 Dec's capacity runs (reproduces their served, gapped and s/s at 0.4 and 0.7 within ~5 %,
+gapped within ~30 %: bench/README.md, "H100, 6 Dec (fifth session)")."""
+PROFILES = {"latency": "h200-latency.toml", "capacity": "h200-capacity.toml"}
+
+
 @dataclass(frozen=True)
 class StageTimes:
     """The stage-time model: ``points`` per stage, ``(rows, ms)`` of a step, linear between two
@@ -186,9 +208,11 @@ class SimWorker:
         pass
 
 
-def build_engine(overrides: dict[str, dict], clock: SimClock) -> tuple[Engine, SimWorker]:
-    """The serving profile's scheduler and cache on the tiny CPU model, its worker simulated."""
-    base = EngineConfig.from_file(REPO / "configs" / "h200-latency.toml").model_dump()
+def build_engine(overrides: dict[str, dict], clock: SimClock, profile: str = "latency",
+                 step_model: str = "h200") -> tuple[Engine, SimWorker]:
+    """A serving profile's scheduler and cache (``PROFILES``) on the tiny CPU model, its
+    worker simulated on a stage-time model (``STEP_MODELS``)."""
+    base = EngineConfig.from_file(REPO / "configs" / PROFILES[profile]).model_dump()
     base["model"] = {"preset": "tiny", "device": "cpu", "dtype": "float32"}
     base["graph"] = GraphConfig().model_dump()
     base["cache"]["num_blocks"] = 8192
@@ -197,7 +221,9 @@ def build_engine(overrides: dict[str, dict], clock: SimClock) -> tuple[Engine, S
             base[section].update(values)
     engine = Engine(EngineConfig.from_dict(base), clock=clock)
     apply_sim_switches(engine, overrides.get("sim", {}))
-    worker = SimWorker(clock, StageTimes().with_switches(overrides.get("sim", {})))
+    points, codec = STEP_MODELS[step_model]
+    worker = SimWorker(clock, StageTimes(dict(points), codec).with_switches(
+        overrides.get("sim", {})))
     engine.runner = worker  # type: ignore[assignment]
     return engine, worker
 
@@ -370,6 +396,10 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--rate", default="", help="open-loop points, requests per second")
     p.add_argument("--frames", type=int, default=None,
                    help="frames of every measured request (default: its text's length)")
+    p.add_argument("--profile", choices=sorted(PROFILES), default="latency",
+                   help="the configs/ profile whose scheduler runs")
+    p.add_argument("--step-model", choices=sorted(STEP_MODELS), default="h200",
+                   help="the stage-time model the simulated worker charges")
     p.add_argument("--out", default=None)
     args = p.parse_args(argv)
     texts = load_texts(args.texts)
@@ -381,7 +411,7 @@ def main(argv: list[str] | None = None) -> None:
         for concurrency, rate in points:
             clock = SimClock(tuple(float(x) for x in args.host_model.split(","))
                              if args.host_model else None)
-            engine, worker = build_engine(overrides, clock)
+            engine, worker = build_engine(overrides, clock, args.profile, args.step_model)
             run_point(engine, clock, make_workload(texts, args.warmup, args.seed + 1),
                       concurrency or args.warmup, "warm")
             worker.steps.clear()
@@ -407,7 +437,8 @@ def main(argv: list[str] | None = None) -> None:
                   f"{run['audio_s_per_s']} audio s/s, model busy {run['model_busy']}, "
                   f"host {run['host_share']} ({run['host_ms_per_step']} ms a step)", flush=True)
     doc = {"schema": "breezert-sched-sim/1", **provenance(device="cpu"),
-           "step_ms": {s.value: v for s, v in STEP_MS.items()}, "codec_ms": CODEC_MS,
+           "step_ms": {s.value: v for s, v in STEP_MODELS[args.step_model][0].items()},
+           "codec_ms": STEP_MODELS[args.step_model][1],
            "options": vars(args), "runs": runs}
     if args.out:
         Path(args.out).write_text(json.dumps(doc, indent=1))

@@ -102,3 +102,18 @@ def test_what_if_switches_change_the_stage_time_model() -> None:
     assert sim.StageTimes().step_ms(codec) == sim.step_ms(codec)  # the fitted model unchanged
     with pytest.raises(SystemExit, match="rows increasing"):
         sim.StageTimes().with_switches({"prefill_ms": [[16, 4.0], [1, 0.6]]})
+
+
+def test_the_capacity_profile_runs_on_the_h100_step_model() -> None:
+    sim = _sim()
+    engine, worker = sim.build_engine({}, sim.SimClock(None), "capacity", "h100-capacity")
+    assert engine.config.scheduler.max_running_requests == 256
+    assert engine.config.scheduler.admission_headroom == 0.4
+    times = worker.times
+    # the 64- and 128-row buckets' steps: one row past a bucket costs the next bucket
+    assert times.step_ms(_plan(Stage.DEPTH, 64)) == pytest.approx(13.0)
+    assert times.step_ms(_plan(Stage.DEPTH, 65)) == pytest.approx(17.0)
+    assert times.step_ms(_plan(Stage.DEPTH, 129)) == pytest.approx(23.0)
+    assert times.codec == sim.H100_CAPACITY_CODEC_MS
+    latency, _ = sim.build_engine({}, sim.SimClock(None))
+    assert latency.config.scheduler.max_running_requests == 64  # the default profile
