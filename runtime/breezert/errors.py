@@ -13,14 +13,17 @@ class BreezeRTError(Exception):
 
 class EngineOverloaded(BreezeRTError):
     """The engine cannot start the request soon enough: the waiting queue is full
-    (``max_queued_requests``), its predicted wait for a slot or for real-time capacity passed
-    ``max_queue_wait_s``, or it waited that long; retry later or elsewhere.
+    (``max_queued_requests``), its predicted wait for a slot, for real-time capacity or for room
+    in the frame cycle passed ``max_queue_wait_s``, or it waited that long; retry later or
+    elsewhere.
 
     Attributes:
         retry_after_s: When a retry may find room (the predicted wait), if known.
         reason: Why: ``queue_full``, ``slot_wait`` (no slot soon enough), ``capacity`` (the
-            running streams leave no real-time capacity soon enough: ``sched/admission.py``)
-            or ``waited`` (it waited past ``max_queue_wait_s``); ``None`` when not said.
+            running streams leave no real-time capacity soon enough: ``sched/admission.py``),
+            ``cycle`` (the frame cycle leaves no room for one more stream soon enough:
+            ``admission_max_cycle_s``) or ``waited`` (it waited past ``max_queue_wait_s``);
+            ``None`` when not said.
     """
 
     def __init__(self, message: str, retry_after_s: float | None = None,

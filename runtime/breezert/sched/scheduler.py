@@ -630,9 +630,11 @@ class Scheduler:
             self._allocate_segments(request, lookahead=self.config.max_lookahead_segments)
 
     def _has_capacity(self, now: float) -> bool:
-        """Whether one more stream fits the real-time capacity (always without one): at once
-        when the streams owed audio fit even at 1 s/s each (a count); otherwise from their
-        demand, computed again at most every ``_CAPACITY_RECHECK_S`` unless something ended."""
+        """Whether one more stream fits the frame cycle (always without a bound on it) and the
+        real-time capacity (always without one): the cycle by a count of the streams owed
+        audio; the capacity at once when they fit even at 1 s/s each (a count), otherwise from
+        their demand, computed again at most every ``_CAPACITY_RECHECK_S`` unless something
+        ended."""
         if self.cycle is not None and self._owing_count() + 1 > self._cycle_limit():
             return False
         capacity = self.capacity
