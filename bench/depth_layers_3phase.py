@@ -6,7 +6,8 @@ along K across programs except the last one. Built for triton 3.6.0 / 3.7.1 (sm_
     PYTHONPATH=runtime:bench:. python bench/depth_layers_3phase.py --compile-only  # no GPU
     PYTHONPATH=runtime:bench:. python bench/depth_layers_3phase.py --emulate --rows 2  # no GPU
 
-Why: the 8-phase body (``depth_layers_wgmma.py``) streams the weights at the GEMMs' pace and still
+Why it was built (a hypothesis the H100 run refuted; see below): the 8-phase body
+(``depth_layers_wgmma.py``) streams the weights at the GEMMs' pace and still
 takes 0.49 ms a position at 2 rows against 0.30 for its GEMMs alone: each of its 8 phases a layer
 is a chain of dependent global round trips (split-K partial sums added with atomics, a grid wait,
 the activation re-read through TMA, the CUDA-core work, a store and a release), ~3-4 us each,
@@ -31,6 +32,8 @@ by ``down``'s columns j..j+63, a partial sum over all 1024 outputs), so a layer 
 The residual after layer l is M + bf16(acc[l % 2]) (two accumulators: the one layer l adds into
 was zeroed by layer l-1's B units). After the last layer, row owners write h = bf16(M +
 bf16(acc)) and zero the accumulator, so a launch leaves both accumulators zero.
+
+Past 64 rows a unit runs blocks of 64 rows, the loader bringing its tiles again for each block.
 
 Units go to programs so that the CUDA-core-heavy A and B units sit on programs with fewer C
 units: C unit c on program c, A unit a on program P-1-a, B unit b on program P-25-b (P = 132:
@@ -57,7 +60,8 @@ pieces of the programs holding it (``timeline_summary``): where a layer's time g
 
 Measured on an H100 (6 Dec, bench/README.md): correct, and slower than the 8-phase body at 2
 rows (0.507 ms a position with the attention as a phase, 0.703 inside B, against 0.479) and far
-slower with more rows (every unit normalises every row itself).
+slower with more rows (every unit normalises every row itself). So a layer's ~40 us are not
+its waits, whatever their count; ``--timeline`` is there to say where they go.
 
 Checked, timed and reported like ``depth_layers_wgmma.py`` (its ``check``: torch fp32 math of the
 same layers, beside the eager bf16 module's own error), beside the served ``FusedDepthLayers`` and
@@ -66,7 +70,8 @@ torch on the CPU: the same packed tiles gathered by the loader's indices, the un
 phases' order at the same rounding points (it checks the packing, the unit and tile indexing and
 the accumulator schedule; it runs no kernel code).
 
-Owns: this experiment only. Must not: be imported by the runtime or the tests.
+Owns: this experiment only. Must not: be imported by the runtime (its unit test imports the
+packing helpers, ``pack_layer`` and ``unit_tiles``).
 """
 
 from __future__ import annotations
