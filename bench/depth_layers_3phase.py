@@ -94,6 +94,7 @@ from depth_layers_wgmma import (
     KV_HEADS,
     LAYERS,
     SLOTS,
+    EmulatedFrame,
     _attention,
     _publish,
     _stamp,
@@ -101,11 +102,13 @@ from depth_layers_wgmma import (
     baselines,
     build_depth,
     check,
+    check_and_time,
+    emulated_attention,
     event_ms,
     phase_timeline,
 )
 from depth_stream_gluon import HIDDEN, _partition_barrier, _wait_count, describe_build
-from depth_stream_wgmma import LOADER_REGS, _sass_hgmma
+from depth_stream_wgmma import LOADER_REGS, _pow2_at_least, _sass_hgmma
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (
@@ -569,10 +572,6 @@ LOADER_REGS_C = gl.constexpr(LOADER_REGS)
 # ----------------------------------------------------------------------------- host side
 
 
-def _pow2_at_least(n: int) -> int:
-    return 1 << max(n - 1, 0).bit_length()
-
-
 def pack_layer(attn_qkv: torch.Tensor, o: torch.Tensor, gate_up: torch.Tensor,
                down: torch.Tensor) -> torch.Tensor:
     """One layer's four matrices as the loader reads them: ``[LAYER_TILES * 64, 64]``, tile t
@@ -680,41 +679,11 @@ class EmulatedThreePhase(ThreePhaseFrame):
     def label(self) -> str:
         return f"emulated 3phase r{self.rows}"
 
-    @staticmethod
-    def _normed(h: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
-        h = h.to(torch.bfloat16).float()
-        inv = torch.rsqrt(h.pow(2).sum(-1, keepdim=True) / HIDDEN + EPS)
-        return (g.float() * (h * inv).to(torch.bfloat16).float()).to(torch.bfloat16)
-
     def _gemm(self, layer: int, first_tile: int, x: torch.Tensor) -> torch.Tensor:
         """acc[rows, 64] of a unit's 16 K-tiles against X [rows, 1024]."""
         tiles = unit_tiles(self.w, layer, first_tile, KT).float()  # [16, 64 out, 64 k]
         xk = x.float().view(self.rows, KT, TILE)
         return torch.einsum("nok,rnk->ro", tiles, xk)
-
-    def _attention(self, layer: int) -> torch.Tensor:
-        rows, pos = self.rows, self.position
-        qkv = self.x8192.float()
-        cos, sin = self.rope[0].float(), self.rope[1].float()
-
-        def rope(x):
-            a = (x * cos).to(torch.bfloat16).float()
-            b = (x.roll(HEAD_DIM // 2, -1) * sin).to(torch.bfloat16).float()
-            return (a + b).to(torch.bfloat16)
-
-        q = rope(qkv[:, :HEADS * HEAD_DIM].view(rows, HEADS, HEAD_DIM)).float()
-        k = rope(qkv[:, HEADS * HEAD_DIM:(HEADS + KV_HEADS) * HEAD_DIM]
-                 .view(rows, KV_HEADS, HEAD_DIM))
-        v = qkv[:, (HEADS + KV_HEADS) * HEAD_DIM:].view(rows, KV_HEADS, HEAD_DIM)
-        self.cache[layer, 0, :, :, pos] = k
-        self.cache[layer, 1, :, :, pos] = v.to(torch.bfloat16)
-        group = HEADS // KV_HEADS
-        keys = self.cache[layer, 0].float().repeat_interleave(group, 1)
-        values = self.cache[layer, 1].float().repeat_interleave(group, 1)
-        s = torch.einsum("rhd,rhtd->rht", q, keys) / math.sqrt(HEAD_DIM)
-        s = s.masked_fill(torch.arange(SLOTS) > pos, float("-inf"))
-        return torch.einsum("rht,rhtd->rhd", s.softmax(-1), values).reshape(rows, -1).to(
-            torch.bfloat16)
 
     def run_layers(self, **_launch) -> None:
         rows = self.rows
@@ -726,11 +695,12 @@ class EmulatedThreePhase(ThreePhaseFrame):
                 h = self.x_in.float()
             else:
                 h = self.x1024.float() + prev.to(torch.bfloat16).float()
-            x = self._normed(h, g1)
+            x = EmulatedFrame.normed(h.to(torch.bfloat16), g1)
             for a in range(A_UNITS):  # A
                 self.x8192[:, a * TILE:(a + 1) * TILE] = self._gemm(
                     layer, a * A_TILES, x).to(torch.bfloat16)
-            att = self._attention(layer)  # B
+            att = emulated_attention(self.x8192.float(), self.rope, self.cache[layer],
+                                     self.position)  # B
             h = h.to(torch.bfloat16).float()
             if layer > 0:
                 prev.zero_()
@@ -738,7 +708,7 @@ class EmulatedThreePhase(ThreePhaseFrame):
                 o = self._gemm(layer, B_BASE + b * B_TILES, att).to(torch.bfloat16).float()
                 cols = slice(b * TILE, (b + 1) * TILE)
                 self.x1024[:, cols] = (h[:, cols] + o).to(torch.bfloat16)
-            x = self._normed(self.x1024.float(), g2)  # C
+            x = EmulatedFrame.normed(self.x1024, g2)  # C
             for c in range(C_UNITS):
                 tiles = unit_tiles(self.w, layer, C_BASE + c * C_TILES, C_TILES).float()
                 gu = tiles[:2 * KT].view(KT, 2, TILE, TILE)
@@ -796,31 +766,13 @@ def measure(rows: int, depth, args, programs: int, result: dict, attention: str)
     """The checks at positions 0 and 15 (a mismatch is recorded; the launch is still timed
     unless a wait ran out of budget), then ms a position (CUDA events, median)."""
     frame = ThreePhaseFrame(rows, "cuda", programs, attention, timeline=args.timeline)
-    modules = list(depth.model.layers)
-    frame.load(modules)
-    launch = {"programs": programs, "maxnreg": args.maxnreg, "spin_budget": args.spin_budget,
-              "cooperative": not args.no_cooperative}
     row: dict = {"body": f"3phase-{attention}", "rows": rows, "padded_rows": frame.rp,
                  "stages": frame.stages, "checks": [], "correct": True}
     result["rows"].append(row)
-    for pos in (0, SLOTS - 1):
-        try:
-            row["checks"].append(check(frame, modules, depth, pos, launch))
-        except AssertionError as exc:
-            print(f"  {frame.label()} pos {pos}: CHECK FAILED: {exc}"[:2000], flush=True)
-            result["failures"].append(f"{frame.label()} pos {pos}: {exc}"[:1000])
-            row["correct"] = False
-            if frame.err.item():
-                return
-    kernel = frame.run_layers(**launch)
-    row["n_regs"], row["n_spills"] = kernel.n_regs, kernel.n_spills
-    row["shared_bytes"] = kernel.metadata.shared
-    ms, min_ms = event_ms(lambda: frame.run_layers(**launch), args.iters)
-    problems = after_launches(frame)
-    if problems:
-        print(f"  {frame.label()}: after the timed launches: {problems}", flush=True)
-        result["failures"].append(f"{frame.label()} after the timed launches: {problems}")
-        row["correct"] = False
+    timed = check_and_time(frame, depth, args, programs, row, result)
+    if timed is None:
+        return
+    ms, min_ms = timed
     weight_bytes = frame.w.numel() * frame.w.element_size()
     if args.timeline:  # the last timed launch's stamps
         row["timeline"] = timeline_summary(frame.timeline, rows, attention)

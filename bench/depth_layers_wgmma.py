@@ -643,6 +643,34 @@ def after_launches(frame) -> list[str]:
 # ----------------------------------------------------------------------------- CPU emulation
 
 
+def emulated_attention(qkv: torch.Tensor, rope: torch.Tensor, cache: torch.Tensor,
+                       pos: int) -> torch.Tensor:
+    """The kernels' attention in torch: ``qkv`` [rows, 1536] (fp32 of bf16 values), RoPE at its
+    rounding points (``rope``: cos, sin_signed), k and v into the layer's ``cache`` [2, rows,
+    KVH, 16, D] at ``pos``, fp32 softmax over slots <= pos; the output [rows, 1024] in bf16."""
+    rows = qkv.shape[0]
+    cos, sin = rope[0].float(), rope[1].float()
+
+    def rotate(x):
+        a = (x * cos).to(torch.bfloat16).float()
+        b = (x.roll(HEAD_DIM // 2, -1) * sin).to(torch.bfloat16).float()
+        return (a + b).to(torch.bfloat16)
+
+    q = rotate(qkv[:, :HEADS * HEAD_DIM].view(rows, HEADS, HEAD_DIM)).float()
+    k = rotate(qkv[:, HEADS * HEAD_DIM:(HEADS + KV_HEADS) * HEAD_DIM]
+               .view(rows, KV_HEADS, HEAD_DIM))
+    v = qkv[:, (HEADS + KV_HEADS) * HEAD_DIM:].view(rows, KV_HEADS, HEAD_DIM)
+    cache[0, :, :, pos] = k
+    cache[1, :, :, pos] = v.to(torch.bfloat16)
+    group = HEADS // KV_HEADS
+    keys = cache[0].float().repeat_interleave(group, 1)
+    values = cache[1].float().repeat_interleave(group, 1)
+    s = torch.einsum("rhd,rhtd->rht", q, keys) / math.sqrt(HEAD_DIM)
+    s = s.masked_fill(torch.arange(SLOTS) > pos, float("-inf"))
+    o = torch.einsum("rht,rhtd->rhd", s.softmax(-1), values)
+    return o.reshape(rows, -1).to(torch.bfloat16)
+
+
 class EmulatedFrame:
     """``--emulate``: the kernel's data flow in torch (no GPU), for ``check`` in place of a
     ``LayersFrame``: the same buffers (h, X, Y, the fp32 accumulators at the kernel's columns,
@@ -711,30 +739,9 @@ class EmulatedFrame:
         return (s * u).to(torch.bfloat16)
 
     def attention(self, layer: int) -> None:
-        """``_attention``: bf16 q/k/v, RoPE at its rounding points, k and v into the cache at
-        pos, fp32 softmax over slots <= pos, the output to bf16 in X."""
-        rows, pos = self.rows, self.position
-        qkv = self.acc("qkv").to(torch.bfloat16).float()
-        cos, sin = self.rope[0].float(), self.rope[1].float()
-
-        def rope(x):
-            a = (x * cos).to(torch.bfloat16).float()
-            b = (x.roll(HEAD_DIM // 2, -1) * sin).to(torch.bfloat16).float()
-            return (a + b).to(torch.bfloat16)
-
-        q = rope(qkv[:, :HEADS * HEAD_DIM].view(rows, HEADS, HEAD_DIM)).float()
-        k = rope(qkv[:, HEADS * HEAD_DIM:(HEADS + KV_HEADS) * HEAD_DIM]
-                 .view(rows, KV_HEADS, HEAD_DIM))
-        v = qkv[:, (HEADS + KV_HEADS) * HEAD_DIM:].view(rows, KV_HEADS, HEAD_DIM)
-        self.cache[layer, 0, :, :, pos] = k
-        self.cache[layer, 1, :, :, pos] = v.to(torch.bfloat16)
-        group = HEADS // KV_HEADS
-        keys = self.cache[layer, 0].float().repeat_interleave(group, 1)
-        values = self.cache[layer, 1].float().repeat_interleave(group, 1)
-        s = torch.einsum("rhd,rhtd->rht", q, keys) / math.sqrt(HEAD_DIM)
-        s = s.masked_fill(torch.arange(SLOTS) > pos, float("-inf"))
-        o = torch.einsum("rht,rhtd->rhd", s.softmax(-1), values)
-        self.x1024.copy_(o.reshape(rows, -1).to(torch.bfloat16))
+        """``_attention`` (``emulated_attention``), the output in X."""
+        self.x1024.copy_(emulated_attention(self.acc("qkv").to(torch.bfloat16).float(),
+                                            self.rope, self.cache[layer], self.position))
 
     def zero(self, *names: str) -> None:
         for name in names:
@@ -881,18 +888,17 @@ def phase_timeline(stamps: torch.Tensor, programs: int) -> dict:
     return out
 
 
-def measure(stream: Stream, rows: int, depth, args, programs: int, result: dict) -> None:
-    """One config at one row count: the checks (a mismatch is recorded as a failure, and the
-    launch is still timed unless a wait ran out of budget), then ms a position beside the phased
-    stream's GEMMs alone."""
-    frame = LayersFrame(stream, rows, "cuda", timeline=args.timeline)
+def check_and_time(frame, depth, args, programs: int, row: dict,
+                   result: dict) -> tuple[float, float] | None:
+    """A body's frame (``LayersFrame`` or the 3-phase one) loaded with ``depth``'s layers, its
+    launch checked at positions 0 and 15 (a mismatch is recorded in ``row`` and ``result`` and
+    the launch is still timed, unless a wait ran out of budget: then ``None``), its build's
+    registers and shared memory, then timed (median and min ms, CUDA events) and checked again
+    for what the timed launches left."""
     modules = list(depth.model.layers)
     frame.load(modules)
     launch = {"programs": programs, "maxnreg": args.maxnreg, "spin_budget": args.spin_budget,
               "cooperative": not args.no_cooperative}
-    row: dict = {"config": str(stream), "rows": rows, "padded_rows": frame.rp,
-                 "x_stages": frame.x_stages, "checks": [], "correct": True}
-    result["rows"].append(row)
     for pos in (0, SLOTS - 1):
         try:
             row["checks"].append(check(frame, modules, depth, pos, launch))
@@ -901,7 +907,7 @@ def measure(stream: Stream, rows: int, depth, args, programs: int, result: dict)
             result["failures"].append(f"{frame.label()} pos {pos}: {exc}"[:1000])
             row["correct"] = False
             if frame.err.item():  # a wait ran out of budget: timing it would only add hangs
-                return
+                return None
     kernel = frame.run_layers(**launch)
     row["n_regs"], row["n_spills"] = kernel.n_regs, kernel.n_spills
     row["shared_bytes"] = kernel.metadata.shared
@@ -912,6 +918,21 @@ def measure(stream: Stream, rows: int, depth, args, programs: int, result: dict)
         print(f"  {frame.label()}: after the timed launches: {problems}", flush=True)
         result["failures"].append(f"{frame.label()} after the timed launches: {problems}")
         row["correct"] = False
+    return ms, min_ms
+
+
+def measure(stream: Stream, rows: int, depth, args, programs: int, result: dict) -> None:
+    """One config at one row count: the checks (a mismatch is recorded as a failure, and the
+    launch is still timed unless a wait ran out of budget), then ms a position beside the phased
+    stream's GEMMs alone."""
+    frame = LayersFrame(stream, rows, "cuda", timeline=args.timeline)
+    row: dict = {"config": str(stream), "rows": rows, "padded_rows": frame.rp,
+                 "x_stages": frame.x_stages, "checks": [], "correct": True}
+    result["rows"].append(row)
+    timed = check_and_time(frame, depth, args, programs, row, result)
+    if timed is None:
+        return
+    ms, min_ms = timed
     if args.timeline:  # the last timed launch's stamps
         row["timeline"] = phase_timeline(frame.timeline, programs)
         print(f"  {frame.label()} timeline (us, layers 1-10, median): {row['timeline']}",
