@@ -280,24 +280,27 @@ class Scheduler:
     def _predicted_waits(self, request: Request, position: int,
                          now: float) -> tuple[dict[str, float | None], float]:
         """What the waiting ``request`` at ``position`` waits for, and for how long (``None``:
-        unknown): ``slot_wait`` (a slot, or KV blocks: the running requests' ends) and
-        ``capacity`` (real-time room: the running streams' generation ends); and the running
-        streams' real-time demand (0 without ``admission_capacity``)."""
+        unknown): ``slot_wait`` (a slot, or KV blocks: the running requests' ends),
+        ``capacity`` (real-time room: the running streams' generation ends) and ``cycle`` (room
+        in the frame cycle: the same ends); and the running streams' real-time demand (0
+        without ``admission_capacity``)."""
         waits: dict[str, float | None] = {}
-        capacity_bound, total = False, 0.0
+        room_bound, total = False, 0.0  # held back by the real-time capacity or the cycle
+        ends = None
         if self.capacity is not None:
             demand, ends = self._demand(now)
             limit, total = self.config.admission_headroom * self.capacity.value, float(demand.sum())
-            capacity_bound = not fits(total, position + 1, limit)
-            if capacity_bound:
+            room_bound = not fits(total, position + 1, limit)
+            if room_bound:
                 waits["capacity"] = capacity_wait(demand, ends, position + 1, limit)
-        if self.cycle is not None and self._owing_count() + position + 1 > self._cycle_limit():
-            capacity_bound = True
-            ends = self._demand(now)[1]
-            waits["cycle"] = capacity_wait(np.ones_like(ends), ends, position + 1,
-                                           self._cycle_limit())
+        cycle_limit = self._cycle_limit()
+        if self.cycle is not None and self._owing_count() + position + 1 > cycle_limit:
+            room_bound = True
+            if ends is None:
+                ends = self._demand(now)[1]
+            waits["cycle"] = capacity_wait(np.ones_like(ends), ends, position + 1, cycle_limit)
         first = request.segments[0] if request.segments else None
-        if (not capacity_bound or position >= len(self._free_slots) or first is None
+        if (not room_bound or position >= len(self._free_slots) or first is None
                 or not self.block_pool.can_allocate(
                     sum(first.blocks_per_branch(self.block_pool.block_size)))):
             waits["slot_wait"] = self.predicted_queue_wait(position, now)
