@@ -63,6 +63,8 @@ def test_past_capacity_it_refuses_rather_than_queues_for_seconds() -> None:
     # more than the ~150 s of audio per second this profile made on the H200 (4 Dec)
     assert s.admission_capacity is not None and s.admission_learn_window_s > 0
     assert s.admission_headroom * s.admission_capacity < s.max_running_requests
+    # and past the frame cycle that keeps every admitted stream ahead of its listener
+    assert s.admission_max_cycle_s is not None and s.admission_max_cycle_s <= 0.05
 
 
 def test_it_differs_from_the_latency_profile_only_in_capacity_settings() -> None:
@@ -73,7 +75,8 @@ def test_it_differs_from_the_latency_profile_only_in_capacity_settings() -> None
     assert changed == {
         "scheduler.max_running_requests", "scheduler.max_queued_requests",
         "scheduler.max_queue_wait_s", "scheduler.admission_capacity",
-        "scheduler.admission_headroom", "scheduler.max_decode_requests",
+        "scheduler.admission_headroom", "scheduler.admission_max_cycle_s",
+        "scheduler.predictor_first_chunk_cover", "scheduler.max_decode_requests",
         "scheduler.max_decode_rows", "scheduler.max_depth_requests", "scheduler.max_depth_rows",
         "scheduler.max_codec_requests", "graph.decode_batch_buckets",
         "graph.depth_batch_buckets", "graph.codec_buckets", "serving.max_peers",
