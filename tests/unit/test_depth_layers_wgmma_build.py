@@ -3,7 +3,8 @@ builds for the H200 (sm_90a) on this GPU-less machine at every padded row count 
 can select (rows 2-512: wgmma's N of 8-512, two configs), within Hopper's limits: no spills,
 no stack frame up to 64 rows, the tensor cores' HGMMA batched per tile rather than serialized,
 and the proxy fences on both sides of every X/Y hand-over (4 CUDA-core phases that write, 4
-activation-loader waits that TMA-read)."""
+activation-loader waits that TMA-read); with ``--l2-ahead`` the weight loader's L2 prefetches
+survive into the SASS, and without it there are none."""
 
 from __future__ import annotations
 
@@ -44,3 +45,23 @@ def test_depth_layers_build_for_sm90a_at_every_selectable_row_count(tmp_path) ->
     assert {c: sorted(r) for c, r in built.items()} == BUILT, proc.stdout
     # the 4-warp consumer at 512 rows would hold 256 accumulator registers a thread: refused
     assert "64x128x6w4 r512: not built" in proc.stdout, proc.stdout
+
+
+@needs_triton
+def test_the_l2_prefetching_loader_builds_and_keeps_its_prefetches(tmp_path) -> None:
+    env = sm90_build_env(tmp_path)
+    proc = subprocess.run([sys.executable, "bench/depth_layers_wgmma.py", "--compile-only",
+                           "--configs", "64x128x6w4", "--rows", "8", "--l2-ahead", "0,1,2"],
+                          cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    lines = {("L2+" in line, line.split(" L2+")[1][0] if "L2+" in line else "0"): line
+             for line in proc.stdout.splitlines() if " layers " in line}
+    assert sorted(ahead for _, ahead in lines) == ["0", "1", "2"], proc.stdout
+    for (prefetching, ahead), line in lines.items():
+        sites = int(re.search(r"(\d+) L2 prefetch sites", line).group(1))
+        in_sass = int(re.search(r"\((\d+) UBLKPF.L2 in SASS\)", line).group(1))
+        assert "problems: none" in line and "spills 0 B" in line, line
+        if prefetching:  # one site before each of a layer's four GEMMs
+            assert sites == 4 and in_sass >= 4, line
+        else:
+            assert sites == 0 and in_sass == 0, line
