@@ -188,3 +188,18 @@ def test_a_stalled_recipe_ends_the_call_and_the_next_one_trains_nothing(tmp_path
                          make_teacher=_teacher,
                          make_wer=_make_wer(other_is_right=False), **TINY_OVERRIDES)
     assert third["wer"]["codec_at_start"]["verdict"] == "continue" and third["stages"]
+    # or the codec stops where it stalled: a new label whose codec minutes are fewer than those
+    # already trained exports the snapshot as it is (no further step) and trains the LM (the
+    # call queued on 6 Dec: --codec-minutes 24 after 24.9 minutes)
+    trained_s = first["stages"][-1]["codec_trained_s"]
+    fourth = run_pipeline(tmp_path / "w4", 5, tmp_path / "out4", carry_in=tmp_path / "out2",
+                          plan=replace(plan, wer_label="r2-lm", lm_max_steps=2,
+                                       codec_minutes=trained_s / 120),
+                          make_teacher=_teacher,
+                          make_wer=_make_wer(other_is_right=False), **TINY_OVERRIDES)
+    assert fourth["wer"]["codec_at_start"]["verdict"] == "continue"
+    assert fourth["stages"][1]["codec_finished"] is True
+    log = "codec_log.jsonl"
+    assert ((tmp_path / "out4" / log).read_text().splitlines()
+            == (tmp_path / "out1" / log).read_text().splitlines())  # not a step more
+    assert "lm_done_min" in fourth["stages"][-1] and fourth["sample"]["frames"] >= 1
