@@ -501,7 +501,8 @@ case "$phase" in
       --rate "${RATES:-40,60}" --num-requests 300 --warmup 16 --run-budget 60 "${variants[@]}" \
       --out "$out/h200-capacity-256-margin.json" 2>&1 | grep '^\[bench' ;;
   room)  # issue 34: real LiveKit calls (bench/room.py): livekit-server on loopback, per engine
-    # setting one engine (configs/h200-latency.toml, full-size random bf16) apart from the agents
+    # setting one engine (ROOM_CONFIG, configs/h200-latency.toml by default; full-size random
+    # bf16) apart from the agents
     # (ROOM_ENGINE=server: bench/room_engine.py, the app of breezert serve; agent workers of
     # ROOM_PER_AGENT rooms, 4, reach it with the plugin's TTS(base_url=...); ROOM_ENGINE=in-process:
     # one agent worker with the plugin's in-process engine, which stalled at N=16 on 6 Dec:
@@ -515,7 +516,7 @@ case "$phase" in
     room_prepare "$d"
     n=${ROOM_N:-16,64}
     timeout "${ROOM_TIMEOUT_S:-540}" python3 bench/room.py --server-bin "$d/livekit-server" \
-      --config configs/h200-latency.toml --tokenizer "$d/tokenizer-trimmed.json" \
+      --config "${ROOM_CONFIG:-configs/h200-latency.toml}" --tokenizer "$d/tokenizer-trimmed.json" \
       --engine "${ROOM_ENGINE:-server}" --rooms-per-worker "${ROOM_PER_AGENT:-4}" \
       --texts .roombundle/texts_en.tsv --listeners "$n" --turns "${ROOM_TURNS:-2}" \
       --rooms-per-process "${ROOM_PER_PROCESS:-4}" --join-timeout-s "${ROOM_JOIN_TIMEOUT_S:-240}" \
