@@ -108,7 +108,9 @@ def test_the_capacity_profile_runs_on_the_h100_step_model() -> None:
     sim = _sim()
     engine, worker = sim.build_engine({}, sim.SimClock(None), "capacity", "h100-capacity")
     assert engine.config.scheduler.max_running_requests == 256
-    assert engine.config.scheduler.admission_headroom == 0.4
+    # the profile as served: the frame cycle bounds admission (6 Dec's H100 A/B)
+    assert engine.config.scheduler.admission_max_cycle_s == 0.03
+    assert engine.config.scheduler.predictor_first_chunk_cover
     times = worker.times
     # the 64- and 128-row buckets' steps: one row past a bucket costs the next bucket
     assert times.step_ms(_plan(Stage.DEPTH, 64)) == pytest.approx(13.0)
