@@ -507,7 +507,9 @@ case "$phase" in
     # ROOM_PER_AGENT rooms, 4, reach it with the plugin's TTS(base_url=...); ROOM_ENGINE=in-process:
     # one agent worker with the plugin's in-process engine, which stalled at N=16 on 6 Dec:
     # livekit's per-process FFI fan-out), ROOM_N listener rooms (default 16,64) with ROOM_TURNS
-    # closed-loop turns each (default 2) and, with ROOM_RATE, an open-loop run at that many turns/s, in the four
+    # closed-loop turns each (default 2) and, with ROOM_RATE, an open-loop run at that many
+    # turns/s and, with ROOM_WAVE_GAP_S, a run in waves (all rooms start each turn together,
+    # that many seconds apart; ROOM_NO_CLOSED=1 leaves the closed loop out), in the four
     # feedback variants (ROOM_VARIANTS); ROOM_PER_PROCESS listener rooms share one process (4;
     # each turn records how late that process's loop ran: loop_lag_max_s). Carry only
     # .roombundle (make room-bundle: server, packages, trimmed tokenizer, texts, COMMIT); the
@@ -520,7 +522,9 @@ case "$phase" in
       --engine "${ROOM_ENGINE:-server}" --rooms-per-worker "${ROOM_PER_AGENT:-4}" \
       --texts .roombundle/texts_en.tsv --listeners "$n" --turns "${ROOM_TURNS:-2}" \
       --rooms-per-process "${ROOM_PER_PROCESS:-4}" --join-timeout-s "${ROOM_JOIN_TIMEOUT_S:-240}" \
-      ${ROOM_RATE:+--rate "$ROOM_RATE"} --variants "${ROOM_VARIANTS:-listener,agent-queue,none,predictor-off}" \
+      ${ROOM_RATE:+--rate "$ROOM_RATE"} ${ROOM_WAVE_GAP_S:+--wave-gap-s "$ROOM_WAVE_GAP_S"} \
+      ${ROOM_NO_CLOSED:+--no-closed} \
+      --variants "${ROOM_VARIANTS:-listener,agent-queue,none,predictor-off}" \
       --out "$out/h200-room-n${n//,/-}.json" 2>&1 | grep -vE 'Warn|^\{' | tail -40 \
       || echo "room.py ended with $? (124: ROOM_TIMEOUT_S)"
     # the logs come back also after a timeout (4 Dec: set -e ended the phase before this line)

@@ -10,9 +10,11 @@ participants (``bench/room_listener.py``), one room each, in processes of
 clock, reads its receiver's stats every 100 ms and, in variant ``listener``, reports them to the
 agent as ``examples/playout_reporter.js`` does. Turns run closed-loop (each room speaks its
 ``--turns`` turns back to back, ``--think-s`` apart) and, with ``--rate``, open-loop (Poisson
-arrivals over all rooms; an arrival for a room still speaking waits for it: ``room_wait_s``).
-Turn ``i`` of a run has the same text, frame limit and seed in every variant
-(``breezert_bench.workload``).
+arrivals over all rooms; an arrival for a room still speaking waits for it: ``room_wait_s``)
+and, with ``--wave-gap-s``, in waves (every room starts its k-th turn at once, k x the gap into
+the run: the closed loop's opening wave, which decides its gaps, ``--turns`` times; each wave's
+figures under ``summary.by_wave``). Turn ``i`` of a run has the same text, frame limit and seed
+in every variant (``breezert_bench.workload``).
 
 With ``--browser-listeners M``, the last M rooms of every run get a headless-Chromium listener
 (``bench/room_browser.py``: livekit-client on ``bench/web/index.html``, reporting through
@@ -141,12 +143,17 @@ FALLBACK_TEXTS = ["Hello there, thanks for calling, how can I help you today?",
 
 
 def schedule(mode: str, num_rooms: int, turns: int, rate: float | None,
-             seed: int) -> list[tuple[float, int, int]]:
+             seed: int, wave_gap_s: float | None = None) -> list[tuple[float, int, int]]:
     """The run's turns as (offset s, room, workload index). Closed loop: offsets are 0 (each
-    room's turns go back to back); open loop: Poisson arrivals at ``rate``, rooms in turn."""
+    room's turns go back to back); waves: every room's k-th turn is due at k x ``wave_gap_s``
+    (all rooms start each turn together, as closed loop's first turn does); open loop: Poisson
+    arrivals at ``rate``, rooms in turn."""
     count = num_rooms * turns
     if mode == "closed":
         return [(0.0, i % num_rooms, i) for i in range(count)]
+    if mode == "waves":
+        assert wave_gap_s is not None and wave_gap_s > 0
+        return [((i // num_rooms) * wave_gap_s, i % num_rooms, i) for i in range(count)]
     assert rate is not None
     return [(offset, i % num_rooms, i) for i, offset in enumerate(poisson_offsets(rate, count,
                                                                                   seed))]
@@ -198,7 +205,7 @@ async def _group(spec: dict[str, Any], out: Path) -> None:
             due = start + offset
             await asyncio.sleep(max(due - time.monotonic(), 0.0))
             text = texts[index % len(texts)]
-            wait = max(time.monotonic() - due, 0.0) if spec["mode"] == "open" else None
+            wait = max(time.monotonic() - due, 0.0) if spec["mode"] != "closed" else None
             record = await room.turn(text, frames_for_text(text), request_seed(seed, index))
             records.append({**record, "index": index, "room_wait_s": wait,
                             "listener_kind": kind})
@@ -249,7 +256,7 @@ def run_listeners(*, url: str, api_url: str, agent: str, variant: str, mode: str
     """One run: ``num_rooms`` listener rooms in processes of ``--rooms-per-process`` (the last
     ``--browser-listeners`` of them in Chromium, the page served from ``web_root``), started
     together once all joined; returns their turns and rooms."""
-    plan = schedule(mode, num_rooms, turns, rate, args.seed)
+    plan = schedule(mode, num_rooms, turns, rate, args.seed, args.wave_gap_s)
     names = [f"{tag}-r{i}" for i in range(num_rooms)]
     procs = []
     for kind, members in listener_groups(num_rooms, args.browser_listeners,
@@ -381,7 +388,10 @@ def harness_lagged(loop_lag: dict[str, Any]) -> bool:
     return loop_lag["p95"] is not None and loop_lag["p95"] > HARNESS_LAG_LIMIT_S
 
 
-def summarize_run(run: dict[str, Any], prebuffer_s: float) -> dict[str, Any]:
+def summarize_run(run: dict[str, Any], prebuffer_s: float,
+                  wave_rooms: int | None = None) -> dict[str, Any]:
+    """A run's figures (``heard_summary`` and more); ``wave_rooms``: a run in waves of that many
+    rooms, whose ``by_wave`` gives each wave's own (the k-th turns of all rooms)."""
     turns = run["turns"]
     heard = [t for t in turns if "heard" in t]
     items = [i for i in (itemise(t, prebuffer_s) for t in turns) if i is not None]
@@ -420,7 +430,18 @@ def summarize_run(run: dict[str, Any], prebuffer_s: float) -> dict[str, Any]:
         "agent_reports_by_source": agent_reports,
         "engine_ttfb": stat("engine_ttfb"),
         **audio_rate(run),
+        **({"by_wave": wave_summaries(turns, wave_rooms, prebuffer_s)} if wave_rooms else {}),
     }
+
+
+def wave_summaries(turns: Sequence[dict[str, Any]], num_rooms: int,
+                   prebuffer_s: float) -> list[dict[str, Any]]:
+    """``heard_summary`` of each wave of a run in waves: wave k holds the turns of workload
+    indexes k x ``num_rooms`` .. (k + 1) x ``num_rooms`` - 1 (``schedule``'s numbering)."""
+    waves: dict[int, list[dict[str, Any]]] = {}
+    for turn in turns:
+        waves.setdefault(turn["index"] // num_rooms, []).append(turn)
+    return [{"wave": k, **heard_summary(waves[k], prebuffer_s)} for k in sorted(waves)]
 
 
 def _ms(value: float | None) -> str:
@@ -543,7 +564,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--turns", type=int, default=3, help="turns per room per run")
     p.add_argument("--rate", type=float, default=None,
                    help="open-loop arrivals per second over all rooms (default: closed only)")
-    p.add_argument("--no-closed", action="store_true", help="open-loop runs only")
+    p.add_argument("--no-closed", action="store_true",
+                   help="no closed-loop run (open loop or waves only)")
+    p.add_argument("--wave-gap-s", type=float, default=None,
+                   help="also a run in waves: every room starts its k-th turn at k x this many "
+                        "seconds (the closed loop's opening wave, --turns times; longer than a "
+                        "turn, or a late turn starts late: room_wait_s)")
     p.add_argument("--think-s", type=float, default=0.3, help="closed loop: pause between turns")
     p.add_argument("--rooms-per-process", type=int, default=16)
     p.add_argument("--browser-listeners", type=int, default=0,
@@ -592,8 +618,10 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
             p.error(f"--dispatch: unknown {unknown} (choose from {', '.join(DISPATCH)})")
         if args.engines != 1:
             p.error("--engines needs --engine server")
-    if args.no_closed and args.rate is None:
-        p.error("--no-closed needs --rate")
+    if args.no_closed and args.rate is None and args.wave_gap_s is None:
+        p.error("--no-closed needs --rate or --wave-gap-s")
+    if args.wave_gap_s is not None and args.wave_gap_s <= 0:
+        p.error("--wave-gap-s must be > 0")
     if args.browser_listeners < 0:
         p.error("--browser-listeners must be >= 0")
     if args.listen_group is None and args.browser_listeners:
@@ -627,7 +655,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     texts = load_texts(texts_path) if texts_path else FALLBACK_TEXTS
     listeners = [int(n) for n in str(args.listeners).split(",")]
     variants = args.variants.split(",")
-    loads = ([] if args.no_closed else ["closed"]) + (["open"] if args.rate else [])
+    loads = (([] if args.no_closed else ["closed"]) + (["open"] if args.rate else [])
+             + (["waves"] if args.wave_gap_s else []))
     out = args.out or REPO / "bench" / "results" / f"room-{time.strftime('%Y%m%d-%H%M%S')}.json"
     log_dir = Path(tempfile.mkdtemp(prefix="breezert-room-"))
     apart = args.engine == "server"
@@ -766,7 +795,8 @@ def measure(*, url: str, api_url: str, agent: str, workers: Sequence[Worker], di
              "wall_s": round(run["wall_s"], 2),
              "engine_counters": {k: v - before.get(k, 0) for k, v in after.items()
                                  if v != before.get(k, 0)},
-             "summary": summarize_run(run, args.prebuffer_ms / 1000),
+             "summary": summarize_run(run, args.prebuffer_ms / 1000,
+                                      num_rooms if load == "waves" else None),
              "placement": placement(run, {w.pid: w.name for w in workers},
                                     {w.name: w.max_jobs for w in workers}, held),
              "rooms": run["rooms"], "requests": run["turns"]}
