@@ -98,10 +98,12 @@ case "$phase" in
     # recipe 2 (multi-scale log-mel, discriminator from the mel plateau, 4 active codebooks) and
     # the in-run WER (12 CPU processes score the codec / voice every 2 training minutes on 20
     # held-out corpus sentences; wer_curve.jsonl; the rule stops a stage at its goal and ends
-    # the call when the recipe stalls: docs/voice-training.md). The state comes back as
-    # $OUT/state.NNN (+ state.json): replace $VOICE_STATE's parts with them (default
-    # .voicestate/, ignored: carry it; a session keeps them in the tracked voice-state/ and
-    # commits them, deletions too). Carry .whl, .whl-train and .whl-asr (make train-wheels) and
+    # the call when the recipe stalls: docs/voice-training.md). The state comes in from
+    # $VOICE_STATE (default .voicestate/, ignored: `bash bench/voice_state.sh restore` fills it
+    # from the commit voice-state.ref names; carry it) and comes back as $OUT/state.NNN
+    # (+ state.json): `bash bench/voice_state.sh store FILES_AT "message"` commits them to git
+    # history and names them in voice-state.ref, out of the tree every other call carries.
+    # Carry .whl, .whl-train and .whl-asr (make train-wheels) and
     # .traindata (corpus.json.gz, built here); a call that trains only the LM needs no
     # .whl-train. VOICE_ARGS: more pipeline flags, e.g. "--wer-label r2-lr2 --codec-batch-size
     # 32". VOICE_MINUTES: the call's minutes (9.3), less where the session's device budget is
