@@ -477,6 +477,12 @@ def text_table(runs: Sequence[dict[str, Any]]) -> str:
                          f"{k['gaps_quiet']['count']} ({k['gaps_quiet']['turns_with']})",
                          f"{k['gaps_late']['count']} ({k['gaps_late']['turns_with']})",
                          str(k["reports_sent"]), ""))
+        for w in s.get("by_wave", ()):  # a run in waves: each wave on its own line
+            heard = w["first_heard_after_say"]
+            rows.append((f"  wave {w['wave']}", "", "", str(w["heard"]),
+                         f"{_ms(heard['p50'])}/{_ms(heard['p95'])}", "", "", "",
+                         f"{w['gaps_quiet']['count']} ({w['gaps_quiet']['turns_with']})",
+                         f"{w['gaps_late']['count']} ({w['gaps_late']['turns_with']})", "", ""))
     widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
     return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)) for r in rows)
 

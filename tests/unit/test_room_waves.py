@@ -40,6 +40,19 @@ def test_each_wave_is_summarized_on_its_own() -> None:
     assert waves[0]["gaps_quiet"]["turns_with"] == 2 and waves[1]["gaps_late"]["turns_with"] == 1
 
 
+def test_the_table_gives_each_wave_a_line() -> None:
+    quiet = {"at_s": 0.05, "length_s": 0.14, "kind": "quiet"}
+    turns = [_turn(0, [quiet]), _turn(1, []), _turn(2, []), _turn(3, [])]
+    summary = {**room.heard_summary(turns, 0.02), "engine_ttfb": {"p50": 0.02},
+               "beyond_engine_ttfb": {"p50": 0.08}, "reports_sent": 0,
+               "by_wave": room.wave_summaries(turns, 2, 0.02)}
+    table = room.text_table([{"variant": "listener", "listeners": 2, "load": "waves",
+                              "summary": summary}]).splitlines()
+    assert len(table) == 4  # the header, the run, its two waves
+    assert table[2].split()[:3] == ["wave", "0", "2"] and "1 (1)" in table[2]
+    assert table[3].split()[:3] == ["wave", "1", "2"] and "0 (0)" in table[3]
+
+
 def test_the_command_line_checks_the_wave_gap(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit):
         room.main(["--server-bin", "x", "--wave-gap-s", "0"])
