@@ -122,6 +122,16 @@ def sm90_build_env(tmp_path: Path) -> dict[str, str]:
     return env
 
 
+def run_compile_only(tmp_path: Path, script: str, *args: str, timeout_s: float = 300) -> str:
+    """``bench/<script> --compile-only ARGS`` in a process that builds for sm_90 here
+    (``sm90_build_env``); asserts it exited 0 and returns what it printed."""
+    proc = subprocess.run([sys.executable, str(REPO / "bench" / script), "--compile-only", *args],
+                          cwd=REPO, env=sm90_build_env(tmp_path), capture_output=True, text=True,
+                          timeout=timeout_s)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    return proc.stdout
+
+
 def run_in_interpreter(module: str, call: str) -> None:
     """Runs ``call`` (names of test module ``module``) in a fresh Python with
     ``TRITON_INTERPRET=1``: Triton reads the switch once, at its first import, which another

@@ -7,12 +7,11 @@ within Hopper's limits (no spills, HGMMA batched per tile)."""
 from __future__ import annotations
 
 import re
-import subprocess
 import sys
 
 import pytest
 
-from tests.kernel_helpers import REPO, needs_triton, sm90_build_env
+from tests.kernel_helpers import REPO, needs_triton, run_compile_only
 
 pytestmark = pytest.mark.unit
 
@@ -52,12 +51,9 @@ def test_packed_layer_gives_each_unit_its_tiles_in_the_loaders_order() -> None:
 
 @needs_triton
 def test_three_phase_body_builds_for_sm90a(tmp_path) -> None:
-    env = sm90_build_env(tmp_path)
-    proc = subprocess.run([sys.executable, "bench/depth_layers_3phase.py", "--compile-only",
-                           "--rows", "2,64", "--attention", "items"],
-                          cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
-    lines = [line for line in proc.stdout.splitlines() if line.startswith("3phase-items")]
+    stdout = run_compile_only(tmp_path, "depth_layers_3phase.py", "--rows", "2,64",
+                              "--attention", "items", timeout_s=600)
+    lines = [line for line in stdout.splitlines() if line.startswith("3phase-items")]
     assert [int(re.search(r"\(RP (\d+)\)", line).group(1)) for line in lines] == [8, 64]
     for line in lines:
         assert "sm_90a" in line and "problems: none" in line and "spills 0 B" in line, line

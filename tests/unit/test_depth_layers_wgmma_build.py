@@ -9,12 +9,10 @@ survive into the SASS, and without it there are none."""
 from __future__ import annotations
 
 import re
-import subprocess
-import sys
 
 import pytest
 
-from tests.kernel_helpers import REPO, needs_triton, sm90_build_env
+from tests.kernel_helpers import needs_triton, run_compile_only
 
 pytestmark = pytest.mark.unit
 
@@ -25,12 +23,9 @@ BUILT = {"64x64x8w8": [16, 32, 64, 128, 256, 512], "64x128x6w4": [8, 16, 32, 64,
 
 @needs_triton
 def test_depth_layers_build_for_sm90a_at_every_selectable_row_count(tmp_path) -> None:
-    env = sm90_build_env(tmp_path)
-    proc = subprocess.run([sys.executable, "bench/depth_layers_wgmma.py", "--compile-only",
-                           "--configs", ",".join(BUILT), "--rows", ROWS],
-                          cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
-    lines = [line for line in proc.stdout.splitlines() if " layers " in line]
+    stdout = run_compile_only(tmp_path, "depth_layers_wgmma.py", "--configs", ",".join(BUILT),
+                              "--rows", ROWS)
+    lines = [line for line in stdout.splitlines() if " layers " in line]
     built: dict[str, set[int]] = {}
     for line in lines:
         config, rp = line.split()[0], int(re.search(r"\(RP (\d+)\)", line).group(1))
@@ -42,26 +37,26 @@ def test_depth_layers_build_for_sm90a_at_every_selectable_row_count(tmp_path) ->
         hgmma, batches = map(int, re.search(r"(\d+) HGMMA in (\d+) batches", line).groups())
         assert 0 < batches < hgmma, f"HGMMA missing or serialized: {line}"
         assert int(re.search(r"(\d+) proxy fences", line).group(1)) == 8, line
-    assert {c: sorted(r) for c, r in built.items()} == BUILT, proc.stdout
+    assert {c: sorted(r) for c, r in built.items()} == BUILT, stdout
     # the 4-warp consumer at 512 rows would hold 256 accumulator registers a thread: refused
-    assert "64x128x6w4 r512: not built" in proc.stdout, proc.stdout
+    assert "64x128x6w4 r512: not built" in stdout, stdout
 
 
 @needs_triton
 def test_the_l2_prefetching_loader_builds_and_keeps_its_prefetches(tmp_path) -> None:
-    env = sm90_build_env(tmp_path)
-    proc = subprocess.run([sys.executable, "bench/depth_layers_wgmma.py", "--compile-only",
-                           "--configs", "64x128x6w4", "--rows", "8", "--l2-ahead", "0,1,2"],
-                          cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
-    lines = {("L2+" in line, line.split(" L2+")[1][0] if "L2+" in line else "0"): line
-             for line in proc.stdout.splitlines() if " layers " in line}
-    assert sorted(ahead for _, ahead in lines) == ["0", "1", "2"], proc.stdout
-    for (prefetching, ahead), line in lines.items():
+    stdout = run_compile_only(tmp_path, "depth_layers_wgmma.py", "--configs", "64x128x6w4",
+                              "--rows", "8", "--l2-ahead", "0,1,2")
+    lines = {}  # L2 distance (the label's "L2+N"; none: 0) -> its build's line
+    for line in stdout.splitlines():
+        if " layers " in line:
+            ahead = re.search(r" L2\+(\d) ", line)
+            lines[int(ahead.group(1)) if ahead else 0] = line
+    assert sorted(lines) == [0, 1, 2], stdout
+    for ahead, line in lines.items():
         sites = int(re.search(r"(\d+) L2 prefetch sites", line).group(1))
         in_sass = int(re.search(r"\((\d+) UBLKPF.L2 in SASS\)", line).group(1))
         assert "problems: none" in line and "spills 0 B" in line, line
-        if prefetching:  # one site before each of a layer's four GEMMs
+        if ahead:  # one site before each of a layer's four GEMMs
             assert sites == 4 and in_sass >= 4, line
         else:
             assert sites == 0 and in_sass == 0, line
