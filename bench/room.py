@@ -448,6 +448,15 @@ def _ms(value: float | None) -> str:
     return "-" if value is None else f"{value * 1000:.0f}"
 
 
+def _part_row(label: str, rooms: str, part: dict[str, Any], reports: str) -> tuple[str, ...]:
+    """A line under a run in ``text_table`` for part of its turns (``heard_summary`` of one
+    listener kind or one wave): heard and gaps; the run's own line has the rest."""
+    heard = part["first_heard_after_say"]
+    return (label, rooms, "", str(part["heard"]), f"{_ms(heard['p50'])}/{_ms(heard['p95'])}",
+            "", "", "", f"{part['gaps_quiet']['count']} ({part['gaps_quiet']['turns_with']})",
+            f"{part['gaps_late']['count']} ({part['gaps_late']['turns_with']})", reports, "")
+
+
 def text_table(runs: Sequence[dict[str, Any]]) -> str:
     header = ("variant", "N", "load", "turns", "heard p50/p95 ms", "TTFB p50",
               "beyond TTFB p50", "path beyond p50", "quiet gaps (turns)", "late gaps (turns)",
@@ -471,18 +480,10 @@ def text_table(runs: Sequence[dict[str, Any]]) -> str:
                      + (" LAGGED" if s.get("harness_lagged") else "")))
         by_kind = s.get("by_listener_kind", {})
         for kind, k in by_kind.items() if len(by_kind) > 1 else ():
-            heard = k["first_heard_after_say"]
-            rows.append((f"  {kind} listeners", str(k["rooms"]), "", str(k["heard"]),
-                         f"{_ms(heard['p50'])}/{_ms(heard['p95'])}", "", "", "",
-                         f"{k['gaps_quiet']['count']} ({k['gaps_quiet']['turns_with']})",
-                         f"{k['gaps_late']['count']} ({k['gaps_late']['turns_with']})",
-                         str(k["reports_sent"]), ""))
+            rows.append(_part_row(f"  {kind} listeners", str(k["rooms"]), k,
+                                  str(k["reports_sent"])))
         for w in s.get("by_wave", ()):  # a run in waves: each wave on its own line
-            heard = w["first_heard_after_say"]
-            rows.append((f"  wave {w['wave']}", "", "", str(w["heard"]),
-                         f"{_ms(heard['p50'])}/{_ms(heard['p95'])}", "", "", "",
-                         f"{w['gaps_quiet']['count']} ({w['gaps_quiet']['turns_with']})",
-                         f"{w['gaps_late']['count']} ({w['gaps_late']['turns_with']})", "", ""))
+            rows.append(_part_row(f"  wave {w['wave']}", "", w, ""))
     widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
     return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)) for r in rows)
 
