@@ -48,7 +48,11 @@ GEMM consumer its ``_mma_phase``, both imported):
 N places ahead of the one it streams into the ring. The per-phase timeline of 6 Dec (H100, 2
 and 16 rows) put about half of a layer's ~40 us in the four CUDA-core phases and their waits,
 through which the ring (96 KB a program: ~4 us of the card's bandwidth) fills and stalls; the
-prefetch keeps the memory streaming then, and the next GEMM reads L2.
+prefetch was to keep the memory streaming then, so that the next GEMM reads L2. Measured on
+an H100 on 6 Dec (seventh session, bench/README.md): it loses at every size, 0.48 -> 0.56 ms a
+position at 2 rows, 0.52 -> 0.61 at 16, 0.62 -> 0.74-0.78 at 64; the gate/up GEMM's span grows
+(12.0 -> 14.6 us at 2 rows) and SiLU x up waits longer for it (the prefetches compete with the
+ring's own reads), so 0 stays the default.
 
 A 5-phase body (the norms and SiLU x up staged by the next GEMM's consumers, 60 waits a
 position) ran beside this one on an H100 on 6 Dec: correct, and slower from 8 rows on
