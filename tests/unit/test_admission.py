@@ -24,7 +24,7 @@ from breezert.sched.admission import (
     fits,
     stream_demand,
 )
-from breezert.sched.scheduler import Scheduler, SegmentEnded
+from breezert.sched.scheduler import STARTING_CHUNKS, Scheduler, SegmentEnded
 from breezert.sched.slot_wait import frame_time_s, remaining_frames
 
 from tests.unit.test_scheduler import FOREVER, Harness, make_config, make_request
@@ -352,4 +352,35 @@ def test_the_cycle_bound_is_off_by_default_and_its_field_is_checked() -> None:
     for value in (0, float("inf"), -0.04):
         data = {**base, "scheduler": {**base["scheduler"], "admission_max_cycle_s": value}}
         with pytest.raises(InvalidConfig, match="scheduler.admission_max_cycle_s"):
+            EngineConfig.from_dict(data)
+
+
+# ----------------------------------------------------------------------------- streams starting
+
+
+def test_at_most_the_bound_of_streams_are_in_their_start_at_once() -> None:
+    """A burst's newcomers start a few at a time: a third arrival waits until one of the two
+    running streams has ``STARTING_CHUNKS`` chunks out, then starts (and everything ends)."""
+    h = Harness(make_config(admission_max_starting=2))
+    a = h.add(_long("a", 60), eos_after=FOREVER)
+    b = h.add(_long("b", 60), eos_after=FOREVER)
+    c = h.add(make_request("c"), eos_after=3)
+    assert a.status is b.status is RequestStatus.RUNNING and c.status is RequestStatus.WAITING
+    while c.status is RequestStatus.WAITING:
+        # each step's schedule admits first: c starts in the step after a stream's 3rd chunk
+        started = max(len(a.chunk_emit_times), len(b.chunk_emit_times)) >= STARTING_CHUNKS
+        assert h.step() is not None
+        assert (c.status is RequestStatus.RUNNING) == started
+    h.run()
+    h.assert_all_free()
+
+
+def test_the_starting_bound_is_off_by_default_and_its_field_is_checked() -> None:
+    h = Harness(make_config())
+    requests = [h.add(_long(f"r{i}", 20), eos_after=FOREVER) for i in range(4)]
+    assert all(r.status is RequestStatus.RUNNING for r in requests)
+    base = EngineConfig.from_file("configs/tiny.toml").model_dump()
+    for value in (0, -1):
+        data = {**base, "scheduler": {**base["scheduler"], "admission_max_starting": value}}
+        with pytest.raises(InvalidConfig, match="scheduler.admission_max_starting"):
             EngineConfig.from_dict(data)

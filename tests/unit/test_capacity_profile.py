@@ -65,6 +65,8 @@ def test_past_capacity_it_refuses_rather_than_queues_for_seconds() -> None:
     assert s.admission_headroom * s.admission_capacity < s.max_running_requests
     # and past the frame cycle that keeps every admitted stream ahead of its listener
     assert s.admission_max_cycle_s is not None and s.admission_max_cycle_s <= 0.05
+    # and a burst starts a few streams at a time (all of a 256-burst fit both figures above)
+    assert s.admission_max_starting is not None and s.admission_max_starting <= 32
 
 
 def test_it_differs_from_the_latency_profile_only_in_capacity_settings() -> None:
@@ -76,6 +78,7 @@ def test_it_differs_from_the_latency_profile_only_in_capacity_settings() -> None
         "scheduler.max_running_requests", "scheduler.max_queued_requests",
         "scheduler.max_queue_wait_s", "scheduler.admission_capacity",
         "scheduler.admission_headroom", "scheduler.admission_max_cycle_s",
+        "scheduler.admission_max_starting",
         "scheduler.predictor_first_chunk_cover", "scheduler.max_decode_requests",
         "scheduler.max_decode_rows", "scheduler.max_depth_requests", "scheduler.max_depth_rows",
         "scheduler.max_codec_requests", "graph.decode_batch_buckets",

@@ -74,6 +74,8 @@ from breezert.sched.streams import (
     StreamTable,
 )
 
+STARTING_CHUNKS = 3
+"""A stream is starting (``admission_max_starting``) until this many chunks are out."""
 _CAPACITY_RECHECK_S = 0.05
 """While the head of the queue waits for real-time capacity, the running streams' demand is
 computed again (a pass over them) at most this often, or at once after a segment or request
@@ -633,12 +635,15 @@ class Scheduler:
             self._allocate_segments(request, lookahead=self.config.max_lookahead_segments)
 
     def _has_capacity(self, now: float) -> bool:
-        """Whether one more stream fits the frame cycle (always without a bound on it) and the
-        real-time capacity (always without one): the cycle by a count of the streams owed
-        audio; the capacity at once when they fit even at 1 s/s each (a count), otherwise from
+        """Whether one more stream fits the frame cycle, the streams starting at once
+        (``admission_max_starting``) and the real-time capacity (each always without its
+        bound): the first two by a count of the streams owed audio; the capacity at once when they fit even at 1 s/s each (a count), otherwise from
         their demand, computed again at most every ``_CAPACITY_RECHECK_S`` unless something
         ended."""
         if self.cycle is not None and self._owing_count() + 1 > self._cycle_limit():
+            return False
+        most = self.config.admission_max_starting
+        if most is not None and self._starting_count() >= most:
             return False
         capacity = self.capacity
         if capacity is None:
@@ -652,6 +657,13 @@ class Scheduler:
             return True
         self._capacity_recheck_at = now + _CAPACITY_RECHECK_S
         return False
+
+    def _starting_count(self) -> int:
+        """Running streams still in their start: owed audio, fewer than ``STARTING_CHUNKS``
+        chunks out."""
+        table = self._table
+        return int(np.count_nonzero(table.live & (table.phase != NO_PHASE)
+                                    & (table.num_chunks < STARTING_CHUNKS)))
 
     def _owing_count(self) -> int:
         """Running streams owed audio (a segment in a phase)."""
