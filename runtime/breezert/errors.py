@@ -13,16 +13,17 @@ class BreezeRTError(Exception):
 
 class EngineOverloaded(BreezeRTError):
     """The engine cannot start the request soon enough: the waiting queue is full
-    (``max_queued_requests``), its predicted wait for a slot, for real-time capacity or for room
-    in the frame cycle passed ``max_queue_wait_s``, or it waited that long; retry later or
-    elsewhere.
+    (``max_queued_requests``), its predicted wait for a slot, for real-time capacity, for room
+    in the frame cycle or for a stream to get through its start passed ``max_queue_wait_s``,
+    or it waited that long; retry later or elsewhere.
 
     Attributes:
         retry_after_s: When a retry may find room (the predicted wait), if known.
         reason: Why: ``queue_full``, ``slot_wait`` (no slot soon enough), ``capacity`` (the
             running streams leave no real-time capacity soon enough: ``sched/admission.py``),
             ``cycle`` (the frame cycle leaves no room for one more stream soon enough:
-            ``admission_max_cycle_s``) or ``waited`` (it waited past ``max_queue_wait_s``);
+            ``admission_max_cycle_s``), ``starting`` (too many streams are in their start:
+            ``admission_max_starting``) or ``waited`` (it waited past ``max_queue_wait_s``);
             ``None`` when not said.
     """
 

@@ -375,6 +375,28 @@ def test_at_most_the_bound_of_streams_are_in_their_start_at_once() -> None:
     h.assert_all_free()
 
 
+def test_past_the_starting_bound_a_newcomer_is_refused_with_the_wait_for_a_start() -> None:
+    """With a short ``max_queue_wait_s``, an arrival past the bound is refused at once with the
+    wait until the first starting stream has made its first chunks' frames."""
+    h = Harness(make_config(admission_max_starting=2, max_queue_wait_s=0.001))
+    a = h.add(_long("a", 60), eos_after=FOREVER)
+    b = h.add(_long("b", 60), eos_after=FOREVER)
+    while a.num_frames < 1:
+        assert h.step() is not None
+    assert len(a.chunk_emit_times) < STARTING_CHUNKS
+    with pytest.raises(EngineOverloaded, match="streams starting") as exc:
+        h.add(make_request("late"))
+    assert exc.value.reason == "starting"
+    per_frame = frame_time_s([a, b], h.now)
+    assert per_frame is not None
+    left = min(sum(r.chunk_schedule[:STARTING_CHUNKS]) - r.num_frames for r in (a, b))
+    assert exc.value.retry_after_s == pytest.approx(left * per_frame)
+    assert "admission_max_starting=2" in str(exc.value)
+    assert h.sched.get_request("late") is None and h.sched.num_waiting == 0
+    h.run()
+    h.assert_all_free()
+
+
 def test_the_starting_bound_is_off_by_default_and_its_field_is_checked() -> None:
     h = Harness(make_config())
     requests = [h.add(_long(f"r{i}", 20), eos_after=FOREVER) for i in range(4)]

@@ -262,6 +262,12 @@ class Scheduler:
                 f"and the engine's cycle of {1000 * (self.cycle.value or 0.0):.1f} ms feeds "
                 f"{self._cycle_limit():.1f} within admission_max_cycle_s="
                 f"{self.config.admission_max_cycle_s:g}; {ahead}", wait, reason)
+        elif reason == "starting":
+            refusal = EngineOverloaded(
+                f"its predicted wait for one of {len(self._starting_rows())} streams starting "
+                f"to get through its first {STARTING_CHUNKS} chunks is {wait:.1f} s "
+                f"(admission_max_starting={self.config.admission_max_starting}, "
+                f"max_queue_wait_s={max_wait:g}); {ahead}", wait, reason)
         elif reason == "capacity":
             assert self.capacity is not None
             cfg = self.config
@@ -301,6 +307,10 @@ class Scheduler:
             if ends is None:
                 ends = self._demand(now)[1]
             waits["cycle"] = capacity_wait(np.ones_like(ends), ends, position + 1, cycle_limit)
+        most = self.config.admission_max_starting
+        if most is not None and len(self._starting_rows()) + position + 1 > most:
+            room_bound = True
+            waits["starting"] = self._starting_wait(position, most, now)
         first = request.segments[0] if request.segments else None
         if (not room_bound or position >= len(self._free_slots) or first is None
                 or not self.block_pool.can_allocate(
@@ -637,13 +647,13 @@ class Scheduler:
     def _has_capacity(self, now: float) -> bool:
         """Whether one more stream fits the frame cycle, the streams starting at once
         (``admission_max_starting``) and the real-time capacity (each always without its
-        bound): the first two by a count of the streams owed audio; the capacity at once when they fit even at 1 s/s each (a count), otherwise from
-        their demand, computed again at most every ``_CAPACITY_RECHECK_S`` unless something
-        ended."""
+        bound): the first two by a count of the streams owed audio; the capacity at once when
+        they fit even at 1 s/s each (a count), otherwise from their demand, computed again at
+        most every ``_CAPACITY_RECHECK_S`` unless something ended."""
         if self.cycle is not None and self._owing_count() + 1 > self._cycle_limit():
             return False
         most = self.config.admission_max_starting
-        if most is not None and self._starting_count() >= most:
+        if most is not None and len(self._starting_rows()) >= most:
             return False
         capacity = self.capacity
         if capacity is None:
@@ -658,12 +668,25 @@ class Scheduler:
         self._capacity_recheck_at = now + _CAPACITY_RECHECK_S
         return False
 
-    def _starting_count(self) -> int:
-        """Running streams still in their start: owed audio, fewer than ``STARTING_CHUNKS``
-        chunks out."""
+    def _starting_rows(self) -> np.ndarray:
+        """Rows of the running streams still in their start: owed audio, fewer than
+        ``STARTING_CHUNKS`` chunks out."""
         table = self._table
-        return int(np.count_nonzero(table.live & (table.phase != NO_PHASE)
-                                    & (table.num_chunks < STARTING_CHUNKS)))
+        return np.flatnonzero(table.live & (table.phase != NO_PHASE)
+                              & (table.num_chunks < STARTING_CHUNKS))
+
+    def _starting_wait(self, position: int, most: int, now: float) -> float | None:
+        """Seconds until the waiting request at ``position`` fits ``admission_max_starting``:
+        each starting stream is through its start once it has made the frames of its first
+        ``STARTING_CHUNKS`` chunks, at the running requests' time per frame; ``None`` before
+        any frame was made."""
+        per_frame = frame_time_s(list(self._running.values()), now)
+        if per_frame is None:
+            return None
+        left = [max(1, sum(r.chunk_schedule[:STARTING_CHUNKS])  # type: ignore[index]
+                    - r.num_frames) for r in self._table.request_list(self._starting_rows())]
+        ends = np.array(left, float) * per_frame
+        return capacity_wait(np.ones_like(ends), ends, position + 1, most)
 
     def _owing_count(self) -> int:
         """Running streams owed audio (a segment in a phase)."""
