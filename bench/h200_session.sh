@@ -210,11 +210,13 @@ case "$phase" in
     # 64-stream profile at c=128 and c=256 and open loop 40 req/s, one bench process. Two graph
     # captures (~80 s for the 64-stream profile, more for 256) and six runs may not fit one call:
     # VARIANTS=capacity-256 and VARIANTS=latency-64 run one each (own result file) in two
-    # calls; CONCURRENCY / RATES change the load points (add 1,16 for the low-load check)
+    # calls; CONCURRENCY / RATES change the load points (add 1,16 for the low-load check);
+    # VARIANTS=capacity-256-no-start: the capacity profile without its bound on streams starting
     timeout 560 "${bench[@]}" --config configs/h200-capacity.toml \
       --concurrency "${CONCURRENCY:-128,256}" --rate "${RATES:-40}" \
       --num-requests 300 --warmup 16 --run-budget 60 \
       --variant 'capacity-256=config' --variant 'latency-64=@configs/h200-latency.toml' \
+      --variant 'capacity-256-no-start=config;scheduler.admission_max_starting=256' \
       ${VARIANTS:+--variants "$VARIANTS"} \
       --out "$out/h200-capacity-256${VARIANTS:+-${VARIANTS//,/+}}.json" 2>&1 | grep '^\[bench' ;;
   depth-census) # every GPU test, then per-stage graph times and the depth/decode census at 16
@@ -485,9 +487,12 @@ case "$phase" in
       --out "$out/h200-stage-timing-big.json" 2>&1 | grep -v Warn | tail -12 ;;
   census-256)  # issue 31: the kernel census (torch.profiler, eager) of one CODEC step of 256
     # streams x 1 frame and one DEPTH frame of 256 requests with the profile's fused kernels:
-    # which kernels hold the codec's 0.11-0.2 ms a frame at capacity; then the same at 1 stream
-    timeout 300 python3 bench/profile_stages.py --preset full --batch 256 --codec-frames 1 \
-      --fused --fused-decode --fused-codec --top 30 2>&1 | grep -v Warn \
+    # which kernels hold the codec's 0.11-0.2 ms a frame at capacity; then the same at 1 stream.
+    # CENSUS_BATCH (256) sets the requests; CENSUS_ARGS adds switches ('--compile --pdl': the
+    # sampler compiled and PDL, as the serving profiles run the depth frame)
+    timeout 300 python3 bench/profile_stages.py --preset full --batch "${CENSUS_BATCH:-256}" \
+      --codec-frames 1 --fused --fused-decode --fused-codec --top 30 ${CENSUS_ARGS:-} 2>&1 \
+      | grep -v Warn \
       | tee "$out/h200-census-256.txt" | tail -40
     # and one stream's one-frame CODEC step (the first packet's 2.7-2.9 ms)
     timeout 200 python3 bench/profile_stages.py --preset full --batch 1 --codec-frames 1 \
