@@ -43,21 +43,17 @@ GEMM consumer its ``_mma_phase``, both imported):
   ``fence.proxy.async.global`` before the barrier and release, the loader's after its acquire
   (the stream experiment never wrote its activations, so this hand-over is new here).
 
-``--l2-ahead N`` (a list; 0 by default): the weight loader also asks L2
-(``cp.async.bulk.prefetch.L2``, lane 0 of its warp, a tile at a time) for its share of the GEMM
-N places ahead of the one it streams into the ring. The per-phase timeline of 6 Dec (H100, 2
-and 16 rows) put about half of a layer's ~40 us in the four CUDA-core phases and their waits,
-through which the ring (96 KB a program: ~4 us of the card's bandwidth) fills and stalls; the
-prefetch was to keep the memory streaming then, so that the next GEMM reads L2. Measured on
-an H100 on 6 Dec (seventh session, bench/README.md): it loses at every size, 0.48 -> 0.56 ms a
-position at 2 rows, 0.52 -> 0.61 at 16, 0.62 -> 0.74-0.78 at 64; the gate/up GEMM's span grows
-(12.0 -> 14.6 us at 2 rows) and SiLU x up waits longer for it (the prefetches compete with the
-ring's own reads), so 0 stays the default.
-
 A 5-phase body (the norms and SiLU x up staged by the next GEMM's consumers, 60 waits a
 position) ran beside this one on an H100 on 6 Dec: correct, and slower from 8 rows on
 (bench/README.md, "H100, 6 Dec"). It was deleted after that measurement; the code is at
 c480e90.
+
+A weight loader that also asked L2 (``cp.async.bulk.prefetch.L2``) for its share of the GEMM 1
+or 2 places ahead of the ring, so that the memory would keep streaming through the CUDA-core
+phases (half of a layer's ~40 us on the H100 timeline of 6 Dec), lost at every size on an H100
+on 6 Dec (seventh session, bench/README.md): 0.48 -> 0.56 ms a position at 2 rows, 0.52 ->
+0.61 at 16, 0.62 -> 0.74-0.78 at 64 (the prefetches compete with the ring's own reads). It was
+deleted after that measurement; the code is at 0031a14 (``--l2-ahead``).
 
 Checked on a GPU against torch fp32 math of the same layers (from the same bf16 weights): the
 output h, the layers' delta (h - x) and the cache entries written at pos, at positions 0 and 15,
@@ -92,11 +88,8 @@ from depth_stream_gluon import (
     HIDDEN,
     PHASES,
     Stream,
-    _loader_phase,
     _partition_barrier,
-    _share,
     _wait_count,
-    cuobjdump,
     describe_build,
 )
 from depth_stream_wgmma import (
@@ -105,6 +98,7 @@ from depth_stream_wgmma import (
     _fence_proxy_async_global,
     _mma_phase,
     _sass_hgmma,
+    _w_loader,
     _x_loader_phase,
 )
 from triton.experimental import gluon
@@ -343,98 +337,16 @@ def _layers_x_loader(x_desc, y_desc, xs, xready, xempty, counters, err_ptr, laye
         gl.store(err_ptr, 1)
 
 
-@gluon.jit
-def _prefetch_l2(ptr, nbytes):
-    """Lane 0 of the calling warp asks L2 to fetch ``[ptr, ptr + nbytes)``
-    (``cp.async.bulk.prefetch.L2``: no shared memory, no barrier, nothing to wait for; a hint
-    the memory system may drop)."""
-    gl.inline_asm_elementwise(
-        "{ .reg .pred p; .reg .u32 l; mov.u32 l, %laneid; setp.eq.u32 p, l, 0; "
-        "@p cp.async.bulk.prefetch.L2.global [$1], $2; mov.u32 $0, 0; }",
-        "=r,l,r", [ptr, nbytes], dtype=gl.int32, is_pure=False, pack=1)
-
-
-@gluon.jit
-def _prefetch_gemm(w_ptr, layer, layers, q: gl.constexpr, pid, P, BN: gl.constexpr,
-                   BK: gl.constexpr, LAYER_TILES: gl.constexpr, OFF0: gl.constexpr,
-                   OFF2: gl.constexpr, OFF3: gl.constexpr, OFF4: gl.constexpr):
-    """This program's share of GEMM ``q`` counted from layer ``layer``'s q/k/v (0 q/k/v, 1 o,
-    2 gate/up, 3 down, 4 the next layer's q/k/v, ...) into L2, a tile (BN x BK, contiguous) at a
-    time; nothing past the last layer."""
-    if q % 4 == 0:
-        OFF: gl.constexpr = OFF0
-        T: gl.constexpr = (Q_OUT_C // BN) * (HIDDEN_C // BK)
-    elif q % 4 == 1:
-        OFF: gl.constexpr = OFF2
-        T: gl.constexpr = (HIDDEN_C // BN) * (HIDDEN_C // BK)
-    elif q % 4 == 2:
-        OFF: gl.constexpr = OFF3
-        T: gl.constexpr = (2 * FFN_C // BN) * (HIDDEN_C // BK)
-    else:
-        OFF: gl.constexpr = OFF4
-        T: gl.constexpr = (HIDDEN_C // BN) * (FFN_C // BK)
-    target = layer + q // 4
-    if target < layers:
-        row0 = (target * LAYER_TILES + OFF) * BN
-        t0, t1 = _share(pid, P, T)
-        for t in range(t0, t1):
-            _prefetch_l2(w_ptr + (row0 + t * BN) * BK, BN * BK * 2)
-
-
-@gluon.jit
-def _load_gemm(desc, ring, ready, empty, it, layer_row, q: gl.constexpr, pid, P,
-               BN: gl.constexpr, BK: gl.constexpr, S: gl.constexpr, OFF0: gl.constexpr,
-               OFF2: gl.constexpr, OFF3: gl.constexpr, OFF4: gl.constexpr):
-    """This program's share of a layer's GEMM ``q`` (0 q/k/v, 1 o, 2 gate/up, 3 down) into the
-    ring (``_loader_phase``); returns the ring's count."""
-    if q == 0:
-        it = _loader_phase(desc, ring, ready, empty, it, layer_row + OFF0 * BN, pid, P, Q_OUT_C,
-                           HIDDEN_C, BN, BK, S)
-    elif q == 1:
-        it = _loader_phase(desc, ring, ready, empty, it, layer_row + OFF2 * BN, pid, P, HIDDEN_C,
-                           HIDDEN_C, BN, BK, S)
-    elif q == 2:
-        it = _loader_phase(desc, ring, ready, empty, it, layer_row + OFF3 * BN, pid, P,
-                           2 * FFN_C, HIDDEN_C, BN, BK, S)
-    else:
-        it = _loader_phase(desc, ring, ready, empty, it, layer_row + OFF4 * BN, pid, P, HIDDEN_C,
-                           FFN_C, BN, BK, S)
-    return it
-
-
-@gluon.jit
-def _w_loader_l2(desc, w_ptr, ring, ready, empty, layers, BN: gl.constexpr, BK: gl.constexpr,
-                 S: gl.constexpr, LAYER_TILES: gl.constexpr, OFF0: gl.constexpr,
-                 OFF2: gl.constexpr, OFF3: gl.constexpr, OFF4: gl.constexpr,
-                 AHEAD: gl.constexpr):
-    """``depth_stream_wgmma._w_loader`` (every GEMM's tiles into the ring in stream order,
-    never waiting for a phase) that, with ``AHEAD`` > 0, before it starts a GEMM's tiles, asks
-    L2 for its share of the GEMM ``AHEAD`` places later: while the ring is full and stalled
-    through a CUDA-core phase (the norms, the attention, SiLU x up: about half of a layer's
-    ~40 us on the H100, 6 Dec), the memory keeps streaming the weights that come next. With
-    ``AHEAD`` 0 it is ``_w_loader`` for one position."""
-    pid = gl.program_id(0)
-    P = gl.num_programs(0)
-    it = 0
-    for layer in range(layers):
-        for q in gl.static_range(4):  # q/k/v, o, gate/up, down
-            if AHEAD > 0:
-                _prefetch_gemm(w_ptr, layer, layers, q + AHEAD, pid, P, BN, BK, LAYER_TILES,
-                               OFF0, OFF2, OFF3, OFF4)
-            it = _load_gemm(desc, ring, ready, empty, it, layer * LAYER_TILES * BN, q, pid, P,
-                            BN, BK, S, OFF0, OFF2, OFF3, OFF4)
-
-
 @gluon.jit(do_not_specialize=["rows", "pos", "layers", "target", "budget"])
-def _layers_kernel(desc, w_ptr, x_desc, y_desc, counters, err_ptr, out_ptr, x_in_ptr, h_ptr,
-                   x_ptr, y_ptr, norm_ptr, rope_ptr, cache_ptr, tl_ptr, rows, pos, layers, target,
+def _layers_kernel(desc, x_desc, y_desc, counters, err_ptr, out_ptr, x_in_ptr, h_ptr, x_ptr,
+                   y_ptr, norm_ptr, rope_ptr, cache_ptr, tl_ptr, rows, pos, layers, target,
                    budget, eps, scale, BN: gl.constexpr, BK: gl.constexpr, S: gl.constexpr,
                    XS: gl.constexpr, RP: gl.constexpr, RB: gl.constexpr,
                    INSTR_N: gl.constexpr, WARPS_M: gl.constexpr, LAYER_TILES: gl.constexpr,
                    OFF0: gl.constexpr, OFF2: gl.constexpr, OFF3: gl.constexpr,
                    OFF4: gl.constexpr, OUT_W: gl.constexpr, COL0: gl.constexpr,
                    COL2: gl.constexpr, COL3: gl.constexpr, COL4: gl.constexpr,
-                   TL: gl.constexpr, L2_AHEAD: gl.constexpr, num_warps: gl.constexpr):
+                   TL: gl.constexpr, num_warps: gl.constexpr):
     acc_layout: gl.constexpr = gl.NVMMADistributedLayout(
         version=[3, 0], warps_per_cta=[WARPS_M, num_warps // WARPS_M],
         instr_shape=[16, INSTR_N, 16])
@@ -461,8 +373,8 @@ def _layers_kernel(desc, w_ptr, x_desc, y_desc, counters, err_ptr, out_ptr, x_in
                             pos, layers, target, budget, eps, scale, BN, BK, S, XS, RP, OUT_W,
                             COL0, COL2, COL3, COL4, acc_layout, row_layout, att_layout, tl_ptr,
                             TL)),
-        (_w_loader_l2, (desc, w_ptr, ring, ready, empty, layers, BN, BK, S, LAYER_TILES, OFF0,
-                        OFF2, OFF3, OFF4, L2_AHEAD)),
+        (_w_loader, (desc, ring, ready, empty, 1, layers, BN, BK, S, LAYER_TILES, OFF0, OFF2,
+                     OFF3, OFF4)),
         (_layers_x_loader, (x_desc, y_desc, xs, xready, xempty, counters, err_ptr, layers,
                             target, budget, BN, BK, XS, RB, NRB)),
     ], [1, 1], [LOADER_REGS_C, LOADER_REGS_C])
@@ -491,11 +403,8 @@ class LayersFrame(WgmmaFrame):
     for the GEMMs' TMA, the fp32 accumulators (``out``) and the phase counters."""
 
     def __init__(self, stream: Stream, rows: int, device: str, layers: int = LAYERS,
-                 seed: int = 0, timeline: bool = False, l2_ahead: int = 0) -> None:
+                 seed: int = 0, timeline: bool = False) -> None:
         super().__init__(stream, layers, 1, device, seed, init=False, rows=rows)
-        if not 0 <= l2_ahead <= 4:
-            raise ValueError(f"l2_ahead counts GEMMs ahead of the ring: 0-4, not {l2_ahead}")
-        self.l2_ahead = l2_ahead  # 0: no L2 prefetch (the body as first run)
         bf16 = torch.bfloat16
         self.x_in = torch.empty(rows, HIDDEN, dtype=bf16, device=device)
         self.h = torch.empty_like(self.x_in)
@@ -537,30 +446,22 @@ class LayersFrame(WgmmaFrame):
         self.epoch += 1  # counters only grow: a launch waits for epoch * programs arrivals
         kwargs = {"launch_cooperative_grid": True} if cooperative else {}
         return _layers_kernel[(programs,)](
-            self.desc, self.w, *self.x_descs, self.counters, self.err, self.out, self.x_in, self.h,
+            self.desc, *self.x_descs, self.counters, self.err, self.out, self.x_in, self.h,
             self.x1024, self.x8192, self.norm_w, self.rope, self.cache, self.timeline,
             self.rows, self.position, self.layers, self.epoch * programs, spin_budget, EPS,
             1.0 / math.sqrt(HEAD_DIM), BN=s.bn, BK=s.bk, S=s.stages, XS=self.x_stages,
             RP=self.rp, RB=self.rb, INSTR_N=self.instr_n, WARPS_M=self.warps_m,
             LAYER_TILES=s.layer_tiles, OFF0=offs[0], OFF2=offs[2], OFF3=offs[3], OFF4=offs[4],
             OUT_W=self.out.shape[1], COL0=cols[0], COL2=cols[2], COL3=cols[3], COL4=cols[4],
-            TL=self.stamps, L2_AHEAD=self.l2_ahead, num_warps=s.warps,
-            maxnreg=maxnreg or self.default_maxnreg,
+            TL=self.stamps, num_warps=s.warps, maxnreg=maxnreg or self.default_maxnreg,
             **kwargs)
 
     def label(self) -> str:
-        ahead = f" L2+{self.l2_ahead}" if self.l2_ahead else ""
-        return f"{self.s} r{self.rows} (RP {self.rp}){ahead}"
-
-
-def _sass_l2_prefetches(kernel) -> int:
-    """The L2 bulk prefetches (``UBLKPF.L2``) ptxas kept in the cubin's SASS."""
-    return cuobjdump(kernel, "--dump-sass").count("UBLKPF.L2")
+        return f"{self.s} r{self.rows} (RP {self.rp})"
 
 
 def compile_only(configs: list[Stream], rows_list: list[int], programs: int, maxnreg: int,
-                 spin_budget: int, timeline: bool = False,
-                 aheads: tuple[int, ...] = (0,)) -> list[dict]:
+                 spin_budget: int, timeline: bool = False) -> list[dict]:
     """Builds every (config, padded rows) for sm_90a here (no GPU) and prints resources."""
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     from tests.sm90_build import build_only, resources
@@ -568,29 +469,27 @@ def compile_only(configs: list[Stream], rows_list: list[int], programs: int, max
     print(f"triton {triton.__version__}; configs BNxBKxStages w consumer warps (+2 loader "
           f"warps); maxnreg {maxnreg or 'auto'}")
     builds = []
-    for stream, rows, ahead in ((c, r, a) for a in aheads for c in configs for r in rows_list):
-        try:  # nothing is read: the build needs shapes and strides only
-            frame = LayersFrame(stream, rows, "cpu", timeline=timeline, l2_ahead=ahead)
-        except ValueError as exc:
-            print(f"{stream} r{rows}: not built: {exc}", flush=True)
-            continue
-        with build_only(90) as built:
-            frame.run_layers(programs, maxnreg, spin_budget)
-        kernel = built[-1]
-        r = resources(kernel, frame.label())
-        line = (describe_build(kernel, frame.label(), "layers") +
-                f"; RP {frame.rp} (wgmma N {frame.instr_n}), {frame.x_stages} x-slots, "
-                f"{kernel.asm['ptx'].count('wgmma.mma_async')} wgmma PTX sites, "
-                f"{_sass_hgmma(kernel)}, "
-                f"{kernel.asm['ptx'].count('fence.proxy.async.global')} proxy fences, "
-                f"{kernel.asm['ptx'].count('cp.async.bulk.prefetch.L2')} L2 prefetch sites "
-                f"({_sass_l2_prefetches(kernel)} UBLKPF.L2 in SASS)")
-        print(line, flush=True)
-        builds.append({"config": str(stream), "rows": rows, "rp": frame.rp,
-                       "l2_ahead": ahead,
-                       "registers": r.registers, "shared_bytes": r.shared_bytes,
-                       "local_bytes": r.local_bytes, "problems": r.problems(),
-                       "line": line})
+    for stream in configs:
+        for rows in rows_list:
+            try:  # nothing is read: the build needs shapes and strides only
+                frame = LayersFrame(stream, rows, "cpu", timeline=timeline)
+            except ValueError as exc:
+                print(f"{stream} r{rows}: not built: {exc}", flush=True)
+                continue
+            with build_only(90) as built:
+                frame.run_layers(programs, maxnreg, spin_budget)
+            kernel = built[-1]
+            r = resources(kernel, frame.label())
+            line = (describe_build(kernel, frame.label(), "layers") +
+                    f"; RP {frame.rp} (wgmma N {frame.instr_n}), {frame.x_stages} x-slots, "
+                    f"{kernel.asm['ptx'].count('wgmma.mma_async')} wgmma PTX sites, "
+                    f"{_sass_hgmma(kernel)}, "
+                    f"{kernel.asm['ptx'].count('fence.proxy.async.global')} proxy fences")
+            print(line, flush=True)
+            builds.append({"config": str(stream), "rows": rows, "rp": frame.rp,
+                           "registers": r.registers, "shared_bytes": r.shared_bytes,
+                           "local_bytes": r.local_bytes, "problems": r.problems(),
+                           "line": line})
     return builds
 
 
@@ -1029,15 +928,13 @@ def check_and_time(frame, depth, args, programs: int, row: dict,
     return ms, min_ms
 
 
-def measure(stream: Stream, rows: int, depth, args, programs: int, result: dict,
-            l2_ahead: int = 0) -> None:
-    """One config at one row count and L2 prefetch distance: the checks (a mismatch is recorded
-    as a failure, and the launch is still timed unless a wait ran out of budget), then ms a
-    position beside the phased stream's GEMMs alone (measured once, without the prefetch)."""
-    frame = LayersFrame(stream, rows, "cuda", timeline=args.timeline, l2_ahead=l2_ahead)
-    row: dict = {"config": str(stream), "rows": rows, "l2_ahead": l2_ahead,
-                 "padded_rows": frame.rp, "x_stages": frame.x_stages, "checks": [],
-                 "correct": True}
+def measure(stream: Stream, rows: int, depth, args, programs: int, result: dict) -> None:
+    """One config at one row count: the checks (a mismatch is recorded as a failure, and the
+    launch is still timed unless a wait ran out of budget), then ms a position beside the phased
+    stream's GEMMs alone."""
+    frame = LayersFrame(stream, rows, "cuda", timeline=args.timeline)
+    row: dict = {"config": str(stream), "rows": rows, "padded_rows": frame.rp,
+                 "x_stages": frame.x_stages, "checks": [], "correct": True}
     result["rows"].append(row)
     timed = check_and_time(frame, depth, args, programs, row, result)
     if timed is None:
@@ -1051,18 +948,15 @@ def measure(stream: Stream, rows: int, depth, args, programs: int, result: dict,
     row.update(ms=round(ms, 4), min_ms=round(min_ms, 4),
                tb_per_s=round(weight_bytes / ms / 1e9, 3),
                tflop_per_s=round(rows * weight_bytes / ms / 1e9, 2))  # 2 FLOP a weight, 2 B
-    label = frame.label()
     del frame
-    if l2_ahead == 0:
-        row.update(phased_stream_ms(stream, rows, programs, args))
-    print(f"  {label}: {ms:.4f} ms a position (min {min_ms:.4f}), "
+    row.update(phased_stream_ms(stream, rows, programs, args))
+    print(f"  {stream} r{rows}: {ms:.4f} ms a position (min {min_ms:.4f}), "
           f"{row['tb_per_s']} TB/s of weights, {row['tflop_per_s']} TFLOP/s; the phased "
-          f"stream's GEMMs alone {row.get('phased_stream_ms', '-')} ms", flush=True)
+          f"stream's GEMMs alone {row['phased_stream_ms']} ms", flush=True)
 
 
 def print_table(result: dict) -> None:
-    print("\nconfig | rows | L2 ahead | correct | checks (rel L2 of the delta: kernel / eager "
-          "bf16) | "
+    print("\nconfig | rows | correct | checks (rel L2 of the delta: kernel / eager bf16) | "
           "ms a position | phased stream (GEMMs alone) ms | eager bf16 ms | served fused ms | "
           "TB/s | TFLOP/s | regs | smem B")
     base = result["baselines"]
@@ -1070,8 +964,7 @@ def print_table(result: dict) -> None:
         checks = " ".join(f"p{c['position']} {c['kernel']['delta']['rel_l2']:.1e}/"
                           f"{c['eager_bf16']['delta']['rel_l2']:.1e}" for c in r["checks"])
         b = base.get(str(r["rows"]), {})
-        print(f"{r['config']} | {r['rows']} | {r.get('l2_ahead', 0)} | {r['correct']} | "
-              f"{checks or '-'} | "
+        print(f"{r['config']} | {r['rows']} | {r['correct']} | {checks or '-'} | "
               f"{r.get('ms', '-')} | {r.get('phased_stream_ms', '-')} | "
               f"{b.get('eager_bf16_ms', '-')} | {b.get('served_fused_ms', '-')} | "
               f"{r.get('tb_per_s', '-')} | {r.get('tflop_per_s', '-')} | {r.get('n_regs', '-')}"
@@ -1096,9 +989,6 @@ def main() -> None:
     ap.add_argument("--timeline", action="store_true",
                     help="stamp each program's phases (%%globaltimer) and print where a layer's "
                          "time goes")
-    ap.add_argument("--l2-ahead", default="0",
-                    help="list: the weight loader asks L2 for the GEMM this many places ahead "
-                         "of the one it streams into the ring (0: no prefetch)")
     ap.add_argument("--compile-only", action="store_true")
     ap.add_argument("--emulate", action="store_true",
                     help="no GPU: the check on the body's data flow emulated in torch")
@@ -1107,10 +997,9 @@ def main() -> None:
     t_start = time.monotonic()
     configs = [Stream.parse(c) for c in args.configs.split(",")]
     rows_list = [int(r) for r in args.rows.split(",")]
-    aheads = tuple(int(a) for a in args.l2_ahead.split(","))
     if args.compile_only:
         compile_only(configs, rows_list, args.programs or 132, args.maxnreg, args.spin_budget,
-                     args.timeline, aheads)
+                     args.timeline)
         return
     if args.emulate:
         emulate(rows_list)
@@ -1131,12 +1020,12 @@ def main() -> None:
 
     depth = build_depth("cuda")
     for stream in configs:
-        for rows, ahead in ((r, a) for r in rows_list for a in aheads):
+        for rows in rows_list:
             if time.monotonic() - t_start > args.deadline_s:
                 print(f"deadline: {stream} r{rows} not run", flush=True)
                 break
             try:
-                measure(stream, rows, depth, args, programs, result, ahead)
+                measure(stream, rows, depth, args, programs, result)
             except Exception as exc:  # the next config still runs
                 print(f"{stream} r{rows}: FAILED: {exc!r}"[:2000], flush=True)
                 traceback.print_exc(limit=3)

@@ -402,12 +402,10 @@ case "$phase" in
     # torch fp32 math at positions 0 and 15 (exit 1 on a mismatch), ms a position beside the
     # eager bf16 layers and the served FusedDepthLayers (graph replays); one config (the faster
     # at <= 128 rows on the H100), the rows of 6 Dec's run (~3 min then with the since-deleted
-    # 5-phase body beside it, cold Triton cache). LAYERS_L2_AHEAD=0,1,2: the weight loader also
-    # asks L2 for the GEMM 1 or 2 places ahead of the ring (0: not); LAYERS_TIMELINE=1: where
-    # each phase's time goes (%globaltimer stamps a program and phase)
+    # 5-phase body beside it, cold Triton cache). LAYERS_TIMELINE=1: where each phase's time
+    # goes (%globaltimer stamps a program and phase)
     timeout 560 python3 bench/depth_layers_wgmma.py --rows "${LAYERS_ROWS:-2,8,16,64,256}" \
-      --configs "${LAYERS_CONFIGS:-64x128x6w4}" --l2-ahead "${LAYERS_L2_AHEAD:-0}" \
-      ${LAYERS_TIMELINE:+--timeline} \
+      --configs "${LAYERS_CONFIGS:-64x128x6w4}" ${LAYERS_TIMELINE:+--timeline} \
       --deadline-s 380 --out "$out/h200-depth-layers-wgmma.json" 2>&1 | grep -v Warn | tail -80 ;;
   layers-3phase)  # issue 30: one depth position's 12 layers in one Gluon launch with 3 grid
     # dependencies a layer (bench/depth_layers_3phase.py): checked against torch fp32 math at

@@ -3,8 +3,7 @@ builds for the H200 (sm_90a) on this GPU-less machine at every padded row count 
 can select (rows 2-512: wgmma's N of 8-512, two configs), within Hopper's limits: no spills,
 no stack frame up to 64 rows, the tensor cores' HGMMA batched per tile rather than serialized,
 and the proxy fences on both sides of every X/Y hand-over (4 CUDA-core phases that write, 4
-activation-loader waits that TMA-read); with ``--l2-ahead`` the weight loader's L2 prefetches
-survive into the SASS, and without it there are none."""
+activation-loader waits that TMA-read)."""
 
 from __future__ import annotations
 
@@ -41,22 +40,3 @@ def test_depth_layers_build_for_sm90a_at_every_selectable_row_count(tmp_path) ->
     # the 4-warp consumer at 512 rows would hold 256 accumulator registers a thread: refused
     assert "64x128x6w4 r512: not built" in stdout, stdout
 
-
-@needs_triton
-def test_the_l2_prefetching_loader_builds_and_keeps_its_prefetches(tmp_path) -> None:
-    stdout = run_compile_only(tmp_path, "depth_layers_wgmma.py", "--configs", "64x128x6w4",
-                              "--rows", "8", "--l2-ahead", "0,1,2")
-    lines = {}  # L2 distance (the label's "L2+N"; none: 0) -> its build's line
-    for line in stdout.splitlines():
-        if " layers " in line:
-            ahead = re.search(r" L2\+(\d) ", line)
-            lines[int(ahead.group(1)) if ahead else 0] = line
-    assert sorted(lines) == [0, 1, 2], stdout
-    for ahead, line in lines.items():
-        sites = int(re.search(r"(\d+) L2 prefetch sites", line).group(1))
-        in_sass = int(re.search(r"\((\d+) UBLKPF.L2 in SASS\)", line).group(1))
-        assert "problems: none" in line and "spills 0 B" in line, line
-        if ahead:  # one site before each of a layer's four GEMMs
-            assert sites == 4 and in_sass >= 4, line
-        else:
-            assert sites == 0 and in_sass == 0, line
