@@ -478,7 +478,8 @@ def _segment_starts(route: _Route, chunk: AudioChunk) -> list[SegmentStarted]:
 
 def _raise_for(outcome: RequestOutcome) -> None:
     if outcome.status is RequestStatus.FAILED and outcome.overloaded:
-        raise EngineOverloaded(f"request {outcome.request_id}: {outcome.error}")
+        raise EngineOverloaded(f"request {outcome.request_id}: {outcome.error}",
+                               outcome.retry_after_s, "waited")
     if outcome.status is RequestStatus.FAILED:
         raise RequestFailed(outcome.request_id, outcome.error or "unknown error")
     if outcome.status is RequestStatus.ABORTED:

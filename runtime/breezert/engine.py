@@ -52,6 +52,8 @@ class RequestOutcome:
     error: str | None = None
     overloaded: bool = False
     """Refused while waiting for a slot (``max_queue_wait_s``): retry later or elsewhere."""
+    retry_after_s: float | None = None
+    """With ``overloaded``: when a retry may find room (its predicted wait left), if known."""
 
 
 EngineOutput = AudioChunk | RequestOutcome
@@ -253,7 +255,7 @@ class Engine:
     def _outcomes(self, events: list[SchedulerEvent]) -> list[EngineOutput]:
         """Feeds the events to the metrics; returns the outcomes of finished requests."""
         self.metrics.on_events(events)
-        return [RequestOutcome(e.request_id, e.status, e.error, e.overloaded)
+        return [RequestOutcome(e.request_id, e.status, e.error, e.overloaded, e.retry_after_s)
                 for e in events if isinstance(e, RequestFinished)]
 
     def release_finished(self) -> None:

@@ -406,3 +406,16 @@ def test_the_starting_bound_is_off_by_default_and_its_field_is_checked() -> None
         data = {**base, "scheduler": {**base["scheduler"], "admission_max_starting": value}}
         with pytest.raises(InvalidConfig, match="scheduler.admission_max_starting"):
             EngineConfig.from_dict(data)
+
+
+def test_a_request_refused_after_queueing_reaches_its_caller_with_the_wait() -> None:
+    """The engine's outcome of an expired request becomes the caller's ``EngineOverloaded``
+    with reason ``waited`` and the wait the scheduler still predicted (HTTP's Retry-After)."""
+    from breezert.async_engine import _raise_for
+    from breezert.engine import RequestOutcome
+
+    outcome = RequestOutcome("late", RequestStatus.FAILED, "waited 0.3 s in the queue",
+                             overloaded=True, retry_after_s=1.5)
+    with pytest.raises(EngineOverloaded, match="waited 0.3 s") as exc:
+        _raise_for(outcome)
+    assert exc.value.reason == "waited" and exc.value.retry_after_s == 1.5

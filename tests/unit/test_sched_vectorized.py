@@ -37,7 +37,7 @@ from breezert.sched.plan import StepResult
 from breezert.sched.policy import (
     DeadlineChunkPolicy, DeadlineStagePolicy, DefaultStagePolicy, make_policies,
 )
-from breezert.sched.scheduler import Scheduler
+from breezert.sched.scheduler import RequestFinished, Scheduler
 from breezert.sched.streams import StreamTable
 
 pytestmark = pytest.mark.unit
@@ -98,6 +98,13 @@ def _recorded_repr(load: EngineLoad) -> str:
     return (f"EngineLoad(running={load.running!r}, queued={load.queued!r}, "
             f"max_running={load.max_running!r}, max_queued={load.max_queued!r}, "
             f"least_slack_s={load.least_slack_s!r})")
+
+
+def _recorded_events(events: list) -> list[str]:  # type: ignore[type-arg]
+    """``events`` as the recorded traces wrote them: the reprs of that commit's events, before
+    a refusal carried its predicted wait (``RequestFinished.retry_after_s``, 6 Dec)."""
+    return [repr(e).replace(f", retry_after_s={e.retry_after_s!r})", ")")
+            if isinstance(e, RequestFinished) else repr(e) for e in events]
 
 
 def _segment(rng: random.Random, branches: int) -> Segment:
@@ -187,10 +194,10 @@ class _Driver:
                                          self.now)
                 else:
                     del self.open[request_id]
-                    self.log.extend(map(repr, sched.close_input(request_id, self.now)))
+                    self.log.extend(_recorded_events(sched.close_input(request_id, self.now)))
         if sched.num_running and rng.random() < s.abort_p * sched.num_running:
             victim = f"r{rng.randint(1, self.serial)}"
-            self.log.extend(map(repr, sched.abort(victim, self.now)))
+            self.log.extend(_recorded_events(sched.abort(victim, self.now)))
             self.open.pop(victim, None)
         for request_id, due in list(self.next_report.items()):
             # some reports never come, some listeners go quiet (stale feedback)
@@ -200,7 +207,7 @@ class _Driver:
                 measured = self.now - rng.random() * 0.03
                 sched.report_playback(request_id, PlaybackReport(buffered, measured, "sim"))
                 self.next_report[request_id] = due + 0.1
-        self.log.extend(map(repr, sched.expire_waiting(self.now)))
+        self.log.extend(_recorded_events(sched.expire_waiting(self.now)))
         if step % 7 == 0:
             load = sched.load(self.predictor, self.now)
             assert load.realtime_demand is None  # no admission_capacity here: as recorded
@@ -258,7 +265,7 @@ class _Driver:
         self.log.append(repr((plan.step_id, plan.stage.value, items,
                               [(d.request_id, d.slot, d.num_branches) for d in
                                plan.new_requests], plan.finished_request_ids)))
-        self.log.extend(map(repr, events))
+        self.log.extend(_recorded_events(events))
         return self._digest(plan.stage.value, len(plan.items))
 
     def _digest(self, stage: str, num_items: int) -> str:

@@ -574,8 +574,29 @@ def test_a_request_queued_past_max_queue_wait_is_refused_and_freed() -> None:
     (event,) = h.sched.expire_waiting(h.now + 2.5)
     assert isinstance(event, RequestFinished) and event.request_id == "late"
     assert event.status is RequestStatus.FAILED and event.overloaded
+    assert event.retry_after_s is None  # the holder's end is unknown (its input is open)
     assert "max_queue_wait_s=2" in (event.error or "")
     assert h.sched.get_request("late") is None and h.sched.num_waiting == 0
+    h.sched.abort("holder", h.now)
+    h.assert_all_free()
+
+
+def test_a_request_refused_after_its_wait_carries_the_wait_still_predicted() -> None:
+    """The holder's frames left predict when its slot frees: a request that queued within
+    ``max_queue_wait_s`` and then waited past it is refused with that wait as it stands."""
+    h = Harness(make_config(max_running_requests=1, max_queue_wait_s=2.0))
+    holder = h.add(make_request("holder", max_frames=40, ignore_eos=True), eos_after=FOREVER)
+    while holder.num_frames < 36:
+        assert h.step() is not None
+    late = h.add(make_request("late"))
+    assert late.status is RequestStatus.WAITING
+    at = h.now + 2.5
+    predicted = h.sched.predicted_queue_wait(0, at)
+    assert predicted is not None and predicted > 0
+    (event,) = h.sched.expire_waiting(at)
+    assert event.request_id == "late" and event.overloaded
+    assert event.retry_after_s == pytest.approx(predicted)
+    assert "waited 2.5 s for a slot" in (event.error or "")
     h.sched.abort("holder", h.now)
     h.assert_all_free()
 

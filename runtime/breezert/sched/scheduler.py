@@ -136,6 +136,8 @@ class RequestFinished:
     """Frames of audio it emitted."""
     overloaded: bool = False
     """Refused before it got a slot: it waited past ``max_queue_wait_s`` (retryable)."""
+    retry_after_s: float | None = None
+    """With ``overloaded``: its predicted wait still left when it was refused, if known."""
 
 
 SchedulerEvent = ChunkEmitted | SegmentEnded | RequestFinished
@@ -327,17 +329,24 @@ class Scheduler:
 
     def expire_waiting(self, now: float) -> list[SchedulerEvent]:
         """Refuses the waiting requests that waited past ``max_queue_wait_s`` (FAILED with
-        ``overloaded``: the caller may retry elsewhere)."""
+        ``overloaded`` and the longest of their predicted waits still left, if any is known:
+        the caller may retry then, or elsewhere)."""
         max_wait = self.config.max_queue_wait_s
         if max_wait is None:
             return []
         waited = {r.request_id: now - r.enqueue_time for r in self._waiting
                   if r.enqueue_time is not None}
         late = [r for r in self._waiting if waited.get(r.request_id, 0.0) > max_wait]
-        return [self._finish(r, RequestStatus.FAILED, now,
-                             f"waited {waited[r.request_id]:.1f} s for a slot "
-                             f"(max_queue_wait_s={max_wait:g})", overloaded=True)
-                for r in late]
+        events = []
+        for request in late:
+            waits, _ = self._predicted_waits(request, self._waiting.index(request), now)
+            known = [wait for wait in waits.values() if wait is not None]
+            events.append(self._finish(
+                request, RequestStatus.FAILED, now,
+                f"waited {waited[request.request_id]:.1f} s for a slot "
+                f"(max_queue_wait_s={max_wait:g})", overloaded=True,
+                retry_after_s=max(known) if known else None))
+        return events
 
     def append_segment(self, request_id: str, segment: Segment, now: float) -> None:
         """Adds a text segment to a live request whose input is still open.
@@ -1006,7 +1015,8 @@ class Scheduler:
         return []
 
     def _finish(self, request: Request, status: RequestStatus, now: float,
-                error: str | None = None, *, overloaded: bool = False) -> RequestFinished:
+                error: str | None = None, *, overloaded: bool = False,
+                retry_after_s: float | None = None) -> RequestFinished:
         """Moves a live request to a terminal status and frees everything it holds."""
         self._capacity_recheck_at = -np.inf
         if request.status is RequestStatus.WAITING:
@@ -1030,7 +1040,8 @@ class Scheduler:
         request.status, request.finish_time, request.error = status, now, error
         self._num_finished[status.value] += 1
         return RequestFinished(request.request_id, status, error, now, request.enqueue_time,
-                               request.last_chunk_time, request.num_decoded_frames, overloaded)
+                               request.last_chunk_time, request.num_decoded_frames, overloaded,
+                               retry_after_s)
 
     def _free_blocks(self, seg: Segment) -> None:
         for table in seg.block_ids:
