@@ -223,3 +223,22 @@ def test_gc_pauses_records_each_collection_by_generation_and_unhooks() -> None:
     assert pauses._callback not in gc.callbacks
     assert runner._gc_note(summary).startswith(f", {summary['gen2']['count']} full GC passes")
     assert runner._gc_note({"gen2": {"count": 0, "max_ms": 0.0}}) == ""
+
+
+def test_ttfb_after_the_opening_burst_leaves_the_bursts_requests_out() -> None:
+    """A closed loop's first ``burst`` submissions (all at once) can decide a few hundred
+    requests' p95 alone: the steady state's TTFB is read without them (by submit time, not by
+    index), and refused or unanswered requests count in neither."""
+    from breezert_bench.listener import RequestResult
+
+    def result(index: int, submit: float, ttfb: float | None, status: str = "ok") -> object:
+        r = RequestResult(index, f"r{index}", 10, submit_time=submit, status=status)
+        if ttfb is not None:
+            r.add_chunk(submit + ttfb, 0.08, 1, submit + ttfb)
+        return r
+
+    burst = [result(i, 0.0, 0.080) for i in range(4)]
+    later = [result(4, 1.0, 0.020), result(5, 2.0, 0.030), result(6, 3.0, None, "refused")]
+    got = runner.ttfb_after_burst([later[1], *burst, later[0], later[2]], burst=4)
+    assert got["count"] == 2 and got["max"] == pytest.approx(0.030)
+    assert got["p50"] == pytest.approx(0.025)
