@@ -112,7 +112,10 @@ class EngineMetrics:
         self.ttfb_buckets[index] += 1
 
     def _request_finished(self, event: RequestFinished) -> None:
-        self.incr(f"requests_{event.status.value}")
+        # a request refused after waiting past max_queue_wait_s counts with the refusals at
+        # arrival (``requests_refused_<reason>``, Engine.add_request), not with the failures
+        self.incr("requests_refused_waited" if event.overloaded
+                  else f"requests_{event.status.value}")
         self.num_finished += 1
         audio_s = event.num_emitted_frames * FRAME_S
         if event.status.value == "finished" and event.last_chunk_time is not None and audio_s:

@@ -24,7 +24,7 @@ from breezert.sched.admission import (
     fits,
     stream_demand,
 )
-from breezert.sched.scheduler import STARTING_CHUNKS, Scheduler, SegmentEnded
+from breezert.sched.scheduler import STARTING_CHUNKS, RequestFinished, Scheduler, SegmentEnded
 from breezert.sched.slot_wait import frame_time_s, remaining_frames
 
 from tests.unit.test_scheduler import FOREVER, Harness, make_config, make_request
@@ -419,3 +419,19 @@ def test_a_request_refused_after_queueing_reaches_its_caller_with_the_wait() -> 
     with pytest.raises(EngineOverloaded, match="waited 0.3 s") as exc:
         _raise_for(outcome)
     assert exc.value.reason == "waited" and exc.value.retry_after_s == 1.5
+
+
+def test_a_request_refused_after_queueing_counts_as_refused_not_failed() -> None:
+    """``requests_refused_waited`` beside the refusals at arrival (``requests_refused_<reason>``),
+    so an operator's refusal counts hold every refusal; a request that failed otherwise still
+    counts as failed."""
+    from breezert.metrics import EngineMetrics
+
+    def finished(request_id: str, overloaded: bool) -> RequestFinished:
+        return RequestFinished(request_id, RequestStatus.FAILED, "x", 1.0, 0.5, None, 0,
+                               overloaded)
+
+    metrics = EngineMetrics()
+    metrics.on_events([finished("late", True), finished("broken", False)])
+    counters = metrics.snapshot()["counters"]
+    assert counters["requests_refused_waited"] == 1 and counters["requests_failed"] == 1
