@@ -126,7 +126,9 @@ class SchedulerConfig(_Frozen):
     listener (two cycles while 80 ms play). ``None``: no bound on the cycle."""
     admission_max_starting: int | None = Field(default=None, gt=0)
     """At most this many running streams in their start (owed audio, fewer than three chunks
-    out) at once; more arrivals wait for one to get there. ``None``: no such bound."""
+    out) at once; a later arrival queues if a start is predicted to end within
+    ``max_queue_wait_s`` and is otherwise refused at once with that wait (``EngineOverloaded``
+    reason ``starting``). ``None``: no such bound."""
     admission_learn_window_s: float = Field(default=1.0, ge=0, allow_inf_nan=False)
     """Busy seconds (steps and the host work between them) per sample of the learned capacity;
     0: keep ``admission_capacity`` fixed."""

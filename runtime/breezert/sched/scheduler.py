@@ -1,7 +1,8 @@
 """Scheduler: picks which requests advance which stage under slot, token, row and block budgets.
 
-Owns the ``Request`` lifecycle (admission by slots, KV blocks and real-time capacity, the last
-decided with ``sched/admission.py``; segments, KV blocks, chunks, finish) and emits one
+Owns the ``Request`` lifecycle (admission by slots, KV blocks, real-time capacity, the frame
+cycle, the latter two decided with ``sched/admission.py``, and streams starting at once;
+segments, KV blocks, chunks, finish) and emits one
 ``StepPlan`` per step, then consumes its ``StepResult``. Never imports torch and never reads the
 clock: every method takes ``now`` (monotonic seconds). The stage choice and the chunk size are
 policy objects (``StagePolicy``, ``ChunkPolicy``) so the deadline predictor can replace them.
