@@ -41,3 +41,17 @@ def median_ms(fn: Callable[[], Any], iters: int = 20, warmup: int = 3) -> float:
         torch.cuda.synchronize()
         times.append(start.elapsed_time(end))
     return sorted(times)[len(times) // 2]
+
+
+def graph_ms(fn: Callable[[], Any], iters: int = 20) -> float:
+    """Median ms of one replay of ``fn`` captured in a CUDA graph, after one eager call on the
+    capture stream (which builds every kernel it launches)."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.stream(stream):
+        fn()
+        with torch.cuda.graph(graph, stream=stream):
+            fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    return median_ms(graph.replay, iters)

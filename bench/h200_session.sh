@@ -15,6 +15,7 @@
 #        burst | slack | voice | te-tokens | admit | path | tune-decode | trace | prefill |
 #        prefill-bench | before-after | gc | tests-changed | wgmma-stream | wgmma-layers | layers-3phase |
 #        codec-precision | codec-upsampler | codec-state | big-batch | steady | census-256 | margin |
+#        depth-gemm |
 #        decode-attention | capacity-ab (carry .prevtree too) |
 #        room (issue 34: carry=[".roombundle"] alone, built by `make room-bundle`; see the phase) |
 #        scaleout (issue 36: kind nvidia-h200-x4, carry=[".roombundle"]; SCALE_K, SCALE_DISPATCH)
@@ -483,11 +484,18 @@ case "$phase" in
     timeout 560 python3 bench/stage_timing.py --modes "${MODES:-profile,plain}" \
       --batches "${BATCHES:-64,128,256}" --text-tokens 64 \
       --out "$out/h200-stage-timing-big.json" 2>&1 | grep -v Warn | tail -12 ;;
-  census-256)  # issue 31: the kernel census (torch.profiler, eager) of one CODEC step of 256
+  depth-gemm)  # issues 30/31: the depth layer's GEMMs as served against cuBLAS at 2-512 rows
+    # (bench/depth_gemm_ceiling.py): what a large-row bucket on cuBLAS GEMMs could gain
+    timeout "${GEMM_TIMEOUT:-240}" python3 bench/depth_gemm_ceiling.py \
+      --rows "${GEMM_ROWS:-2,16,64,128,256,512}" --out "$out/h200-depth-gemm-ceiling.json" 2>&1 \
+      | grep -v Warn | tail -40 ;;
+  census-256)  # issue 31: the depth GEMMs against cuBLAS first (phase depth-gemm, 150 s at
+    # most), then the kernel census (torch.profiler, eager) of one CODEC step of 256
     # streams x 1 frame and one DEPTH frame of 256 requests with the profile's fused kernels:
     # which kernels hold the codec's 0.11-0.2 ms a frame at capacity; then the same at 1 stream.
     # CENSUS_BATCH (256) sets the requests; CENSUS_ARGS adds switches ('--compile --pdl': the
     # sampler compiled and PDL, as the serving profiles run the depth frame)
+    GEMM_TIMEOUT=150 bash "$0" depth-gemm || echo "depth-gemm failed: $?"
     timeout 300 python3 bench/profile_stages.py --preset full --batch "${CENSUS_BATCH:-256}" \
       --codec-frames 1 --fused --fused-decode --fused-codec --top 30 ${CENSUS_ARGS:-} 2>&1 \
       | grep -v Warn \

@@ -27,7 +27,7 @@ from breezert.kernels.gemm import Tiles
 from breezert.models.config import BreezeConfig
 from breezert.models.depth import DepthDecoder
 from breezert_bench.provenance import provenance
-from cuda_bench import median_ms, random_bf16_packed
+from cuda_bench import graph_ms, random_bf16_packed
 
 # Row blocks, then TMA (it changes which pipeline depths pay). Per-kernel warps/stages after the shapes.
 # split_k stays the bucket's: it sets the sum order, and every bucket must give a row the same
@@ -64,15 +64,7 @@ def frame_ms(depth: DepthDecoder, fn, rows: int, iters: int = 20) -> float:  # t
         for pos, (cos, sin) in zip(positions, tables):
             fn(x, cos, sin, cache, pos)
 
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.stream(stream):
-        frame()
-        with torch.cuda.graph(graph, stream=stream):
-            frame()
-    torch.cuda.current_stream().wait_stream(stream)
-    return median_ms(graph.replay, iters)
+    return graph_ms(frame, iters)
 
 
 def tune(depth: DepthDecoder, rows: int, base: Tiles,

@@ -1,0 +1,65 @@
+"""``bench/depth_gemm_ceiling.py`` on the CPU: through Triton's interpreter (a small decoder)
+every call the GPU run times runs once, untimed, the served gate/up and down calls equal torch at
+the eager modules' rounding points and every plain Triton GEMM equals ``torch.mm``; the record
+names each GEMM's FLOP and weight bytes. Built for sm_90a here, every plain GEMM shape at the
+full-size GEMMs fits Hopper's limits and runs on wgmma."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.kernel_helpers import needs_triton, run_compile_only
+
+pytestmark = pytest.mark.unit
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@needs_triton
+def test_small_run_calls_everything_and_matches_torch(tmp_path: Path) -> None:
+    out = tmp_path / "ceiling.json"
+    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": os.pathsep.join(
+        [str(REPO / "runtime"), str(REPO / "bench"), str(REPO)])}
+    proc = subprocess.run(
+        [sys.executable, str(REPO / "bench" / "depth_gemm_ceiling.py"), "--small",
+         "--rows", "3,20", "--out", str(out)],
+        env=env, timeout=300, capture_output=True, text=True, check=False)
+    assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
+    doc = json.loads(out.read_text())
+    assert doc["git_commit"] and doc["date"] and doc["timed"] is False
+    diffs = doc["max_abs_diff"]
+    assert {"gate_up", "down", "down triton:16x64x32w4s2k4", "qkv triton:32x128x32w4s2"} <= set(
+        diffs), diffs
+    assert all(v < 0.05 for v in diffs.values()), diffs
+    assert [r["rows"] for r in doc["results"]] == [3, 20]
+    for r in doc["results"]:
+        gemms = r["gemms"]
+        assert set(gemms) == {"qkv", "o", "gate_up", "down"}
+        # the small decoder: hidden 128, 4 + 2 x 2 heads of 32, intermediate 256, bf16
+        assert gemms["gate_up"]["weight_bytes"] == 2 * 256 * 128 * 2
+        assert gemms["down"]["flop"] == 2 * r["rows"] * 128 * 256
+        assert gemms["qkv"]["flop"] == 2 * r["rows"] * (4 + 2 * 2) * 32 * 128
+        assert "served" not in gemms["qkv"]  # q/k/v is served inside the layer call only
+        assert {"served", "cublas", "triton:16x64x32w4s2", "triton:32x128x32w4s2k4"} <= set(
+            gemms["down"])
+        assert gemms["down"]["served"]["us"] is None  # the interpreter times nothing
+        assert gemms["down"]["triton_best"] is None
+        assert r["served_position_ms"] is None and r["triton_gemms_position_ms"] is None
+
+
+@needs_triton
+def test_plain_gemms_build_for_sm90a_on_wgmma(tmp_path: Path) -> None:
+    stdout = run_compile_only(tmp_path, "depth_gemm_ceiling.py")
+    lines = [line for line in stdout.splitlines() if line.startswith("[gemm]")]
+    # 3 shapes for each of 4 GEMMs, and down's 3 again split 4 ways along K
+    assert len(lines) == 15, stdout
+    for line in lines:
+        assert " 0 B local" in line and "wgmma sites" in line, line
+        assert int(line.split(" wgmma sites")[0].rsplit(" ", 1)[1]) > 0, line
+        assert line.rstrip().endswith("wgmma sites"), line  # no problem named after it
