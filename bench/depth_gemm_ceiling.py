@@ -3,7 +3,7 @@
 Usage (GPU machine, repo root): ``PYTHONPATH=runtime:bench python bench/depth_gemm_ceiling.py
 [--rows 2,16,64,128,256,512] [--no-pdl] [--out X.json]``. On a CPU (``TRITON_INTERPRET=1``)
 ``--small`` runs every call once on a small decoder, checks the served and plain calls against
-torch and times nothing.
+torch (and the prenorm calls against the served bits) and times nothing.
 
 Why: at capacity's batch sizes the depth frame is compute-bound, and the served kernels run it
 at ~150 TFLOP/s (256 rows, 17.1 ms a frame on the H100; issues 30 and 31), while the eager
@@ -18,6 +18,8 @@ them between calls), the median time of one call, as a CUDA graph of 12 calls (o
   (and PDL, as ``graph.pdl``): ``norm_gate_up`` (RMSNorm prologue, SiLU(gate) x up epilogue)
   and ``linear_residual`` (split-K, residual epilogue) for o and down; q/k/v runs inside
   ``FusedDepthLayers`` with RoPE and the cache write, so it is timed only there;
+- ``prenorm``: the same kernels with ``Tiles.prenorm`` (the norm apart, one launch, counted;
+  the GEMM's input rows through TMA; the same bits), and a prenorm position beside the served;
 - ``cublas``: ``torch.mm`` of the same operands, bf16 in and out, no prologue or epilogue;
 - ``triton:CONFIG``: a plain Triton GEMM (``PLAIN_CONFIGS``: large tiles through TMA, fp32
   accumulation in K order, as the served kernels accumulate, so a row's bits would not depend
@@ -37,6 +39,7 @@ import argparse
 import json
 import sys
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -46,7 +49,7 @@ import triton
 import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
-from breezert.kernels.fused_depth import FusedDepthLayers
+from breezert.kernels.fused_depth import TILES_BY_ROWS, FusedDepthLayers
 from breezert.kernels.gemm import DOT_F32, Tiles, bf16, mm
 from breezert.layers.norms import rms_norm
 from breezert.models.config import BreezeConfig, DepthConfig
@@ -145,12 +148,21 @@ def build(cfg: DepthConfig, device: str) -> DepthDecoder:
         return random_bf16_packed(DepthDecoder(cfg))
 
 
+def prenormed(tiles: Tiles | None) -> tuple[tuple[int, Tiles], ...]:
+    """``tiles`` (None: ``TILES_BY_ROWS``) with ``prenorm`` on in every bucket."""
+    table = TILES_BY_ROWS if tiles is None else ((1 << 20, tiles),)
+    return tuple((limit, replace(t, prenorm=True)) for limit, t in table)
+
+
 def layer_calls(depth: DepthDecoder, fused: FusedDepthLayers, rows: int,
-                plain: tuple[str, ...] = PLAIN_CONFIGS) -> dict[str, dict[str, Any]]:
+                plain: tuple[str, ...] = PLAIN_CONFIGS,
+                fused_prenorm: FusedDepthLayers | None = None) -> dict[str, dict[str, Any]]:
     """Per GEMM: its FLOP at ``rows``, its weight's bytes and ``calls``, per kind (``served``,
+    ``prenorm``: the served kernels with ``Tiles.prenorm``, its norm launch included,
     ``cublas``, ``triton:CONFIG``) a function of the layer index."""
     cfg, device = depth.cfg, depth.model.norm.weight.device
     gemms = fused.gemms_for(rows)
+    pre = fused_prenorm.gemms_for(rows) if fused_prenorm is not None else None
     layers = depth.model.layers
     h = torch.randn(rows, cfg.hidden_size, device=device).to(torch.bfloat16)
     attn = torch.randn(rows, cfg.num_heads * cfg.head_dim, device=device).to(torch.bfloat16)
@@ -168,12 +180,20 @@ def layer_calls(depth: DepthDecoder, fused: FusedDepthLayers, rows: int,
                                                 layers[i].mlp.gate_up_weight, eps),
         "down": lambda i: gemms.linear_residual(act, layers[i].mlp.down_proj.weight, h),
     }
+    prenorm = {} if pre is None else {
+        "o": lambda i: pre.linear_residual(attn, layers[i].self_attn.o_proj.weight, h),
+        "gate_up": lambda i: pre.norm_gate_up(h, layers[i].post_attention_layernorm.weight,
+                                              layers[i].mlp.gate_up_weight, eps),
+        "down": lambda i: pre.linear_residual(act, layers[i].mlp.down_proj.weight, h),
+    }
     out: dict[str, dict[str, Any]] = {}
     for name, (a, ws) in weights.items():
         n, k = ws[0].shape
         calls: dict[str, Callable[[int], Any]] = {}
         if name in served:
             calls["served"] = served[name]
+        if name in prenorm:
+            calls["prenorm"] = prenorm[name]
         calls["cublas"] = lambda i, a=a, ws=ws: torch.mm(a, ws[i].t())
         for config in plain + (tuple(c + "k4" for c in plain) if name == "down" else ()):
             gemm = PlainGemm(config, a, ws)
@@ -222,9 +242,11 @@ def measure(depth: DepthDecoder, rows: int, pdl: bool, iters: int,
     cfg, device = depth.cfg, depth.model.norm.weight.device
     fused = FusedDepthLayers(depth, max_rows=rows, tiles=tiles, pdl=pdl,
                              warm=False)  # the timer's first call builds
+    fused_prenorm = FusedDepthLayers(depth, max_rows=rows, tiles=prenormed(tiles), pdl=pdl,
+                                     warm=False)
     n = cfg.num_layers
     out: dict[str, Any] = {"rows": rows, "gemms": {}}
-    for name, gemm in layer_calls(depth, fused, rows, plain).items():
+    for name, gemm in layer_calls(depth, fused, rows, plain, fused_prenorm).items():
         entry: dict[str, Any] = {"flop": gemm["flop"], "weight_bytes": gemm["bytes"]}
         for kind, call in gemm["calls"].items():
             try:
@@ -246,7 +268,8 @@ def measure(depth: DepthDecoder, rows: int, pdl: bool, iters: int,
         out["gemms"][name] = entry
         print(f"[gemm] rows {rows:4d} {name:8s} " + "  ".join(
             f"{k} {entry[k]['us']} us ({entry[k]['tflops']} TFLOP/s)"
-            for k in ("served", "cublas", entry["triton_best"]) if k in entry), flush=True)
+            for k in ("served", "prenorm", "cublas", entry["triton_best"]) if k in entry),
+            flush=True)
     x = torch.randn(rows, cfg.backbone_hidden_size, device=device).to(torch.bfloat16)
     cache = depth.new_cache(rows)
     pos = torch.zeros(1, dtype=torch.long, device=device)
@@ -255,7 +278,11 @@ def measure(depth: DepthDecoder, rows: int, pdl: bool, iters: int,
     def position() -> None:
         fused(x, cos, sin, cache, pos)
 
+    def position_prenorm() -> None:
+        fused_prenorm(x, cos, sin, cache, pos)
+
     position_ms = timer(position, iters)
+    prenorm_ms = timer(position_prenorm, iters)
     g = out["gemms"]
     flop = sum(e["flop"] for e in g.values()) * n
 
@@ -268,6 +295,9 @@ def measure(depth: DepthDecoder, rows: int, pdl: bool, iters: int,
     out.update({
         "served_position_ms": per(position_ms, 1.0),
         "served_frame_ms": per(position_ms, POSITIONS),
+        "prenorm_position_ms": per(prenorm_ms, 1.0),
+        "prenorm_frame_ms": per(prenorm_ms, POSITIONS),
+        "prenorm_o_gate_up_down_position_ms": position_sum("prenorm", three),
         "served_o_gate_up_down_position_ms": position_sum("served", three),
         "cublas_o_gate_up_down_position_ms": position_sum("cublas", three),
         "triton_o_gate_up_down_position_ms": position_sum("triton", three),
@@ -275,8 +305,10 @@ def measure(depth: DepthDecoder, rows: int, pdl: bool, iters: int,
         "triton_gemms_position_ms": position_sum("triton", four),
         "position_tflops_served": per(position_ms, 1e-9, flop),
     })
-    print(f"[gemm] rows {rows:4d} served position {out['served_position_ms']} ms; o+gate/up+down"
-          f" served {out['served_o_gate_up_down_position_ms']} ms, cuBLAS "
+    print(f"[gemm] rows {rows:4d} served position {out['served_position_ms']} ms, prenorm "
+          f"{out['prenorm_position_ms']} ms; o+gate/up+down served "
+          f"{out['served_o_gate_up_down_position_ms']} ms, prenorm "
+          f"{out['prenorm_o_gate_up_down_position_ms']}, cuBLAS "
           f"{out['cublas_o_gate_up_down_position_ms']}, plain Triton (best a GEMM) "
           f"{out['triton_o_gate_up_down_position_ms']}; all four GEMMs cuBLAS "
           f"{out['cublas_gemms_position_ms']} ms, plain Triton "
@@ -291,11 +323,12 @@ def check_small() -> dict[str, float]:
     calls what it means to)."""
     depth = build(SMALL, "cpu")
     layer, eps = depth.model.layers[1], SMALL.rms_norm_eps
-    fused = FusedDepthLayers(depth, max_rows=32, tiles=Tiles(qkv_split=1, split_k=2),
-                             warm=False)
+    tiles = Tiles(qkv_split=1, split_k=2, gate_bm=16, split_bm=16)
+    fused = FusedDepthLayers(depth, max_rows=32, tiles=tiles, warm=False)
+    fused_prenorm = FusedDepthLayers(depth, max_rows=32, tiles=prenormed(tiles), warm=False)
     worst: dict[str, float] = {}
     for rows in (3, 20):
-        gemms = fused.gemms_for(rows)
+        gemms, pre = fused.gemms_for(rows), fused_prenorm.gemms_for(rows)
         torch.manual_seed(rows)
         h = torch.randn(rows, SMALL.hidden_size).to(torch.bfloat16)
         act = torch.randn(rows, SMALL.intermediate_size).to(torch.bfloat16)
@@ -307,6 +340,12 @@ def check_small() -> dict[str, float]:
             got = {"gate_up": gemms.norm_gate_up(h, layer.post_attention_layernorm.weight,
                                                  layer.mlp.gate_up_weight, eps),
                    "down": gemms.linear_residual(act, layer.mlp.down_proj.weight, h)}
+            # the prenorm kernels: the served bits
+            expect.update({f"{k} prenorm vs served": v for k, v in got.items()})
+            got["gate_up prenorm vs served"] = pre.norm_gate_up(
+                h, layer.post_attention_layernorm.weight, layer.mlp.gate_up_weight, eps)
+            got["down prenorm vs served"] = pre.linear_residual(
+                act, layer.mlp.down_proj.weight, h)
             for name, gemm in layer_calls(depth, fused, rows, SMALL_PLAIN).items():
                 mm_ref = torch.mm(gemm["a"], gemm["weights"][1].t())
                 for kind, call in gemm["calls"].items():
@@ -365,7 +404,8 @@ def plot(results: list[dict[str, Any]], path: Path) -> None:
     fig, ax = plt.subplots(figsize=(8, 4.5))
     rows = [r["rows"] for r in results]
     for name, style in (("gate_up", "o"), ("down", "s"), ("o", "^"), ("qkv", "v")):
-        for kind, line in (("served", "-"), ("cublas", "--"), ("triton", ":")):
+        for kind, line in (("served", "-"), ("prenorm", "-."), ("cublas", "--"),
+                           ("triton", ":")):
             ys = [pick(r["gemms"][name], kind)["tflops"] for r in results]
             if any(y is not None for y in ys):
                 ax.plot(rows, [float("nan") if y is None else y for y in ys], line,

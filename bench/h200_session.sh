@@ -212,12 +212,14 @@ case "$phase" in
     # captures (~80 s for the 64-stream profile, more for 256) and six runs may not fit one call:
     # VARIANTS=capacity-256 and VARIANTS=latency-64 run one each (own result file) in two
     # calls; CONCURRENCY / RATES change the load points (add 1,16 for the low-load check);
-    # VARIANTS=capacity-256-no-start: the capacity profile without its bound on streams starting
+    # VARIANTS=capacity-256-no-start: the capacity profile without its bound on streams starting;
+    # VARIANTS=capacity-256-prenorm: with the depth norms apart above 128 rows (Tiles.prenorm)
     timeout 560 "${bench[@]}" --config configs/h200-capacity.toml \
       --concurrency "${CONCURRENCY:-128,256}" --rate "${RATES:-40}" \
       --num-requests 300 --warmup 16 --run-budget 60 \
       --variant 'capacity-256=config' --variant 'latency-64=@configs/h200-latency.toml' \
       --variant 'capacity-256-no-start=config;scheduler.admission_max_starting=256' \
+      --variant 'capacity-256-prenorm=config;graph.depth_prenorm_rows=128' \
       ${VARIANTS:+--variants "$VARIANTS"} \
       --out "$out/h200-capacity-256${VARIANTS:+-${VARIANTS//,/+}}.json" 2>&1 | grep '^\[bench' ;;
   depth-census) # every GPU test, then per-stage graph times and the depth/decode census at 16
@@ -484,18 +486,19 @@ case "$phase" in
     timeout 560 python3 bench/stage_timing.py --modes "${MODES:-profile,plain}" \
       --batches "${BATCHES:-64,128,256}" --text-tokens 64 \
       --out "$out/h200-stage-timing-big.json" 2>&1 | grep -v Warn | tail -12 ;;
-  depth-gemm)  # issues 30/31: the depth layer's GEMMs as served against cuBLAS at 2-512 rows
-    # (bench/depth_gemm_ceiling.py): what a large-row bucket on cuBLAS GEMMs could gain
-    timeout "${GEMM_TIMEOUT:-240}" python3 bench/depth_gemm_ceiling.py \
+  depth-gemm)  # issues 30/31: the depth layer's GEMMs as served, with Tiles.prenorm, in cuBLAS
+    # and as plain TMA Triton GEMMs at 2-512 rows (bench/depth_gemm_ceiling.py), then the GPU
+    # tests of the fused depth layers (prenorm's bits among them)
+    timeout "${GEMM_TIMEOUT:-300}" python3 bench/depth_gemm_ceiling.py \
       --rows "${GEMM_ROWS:-2,16,64,128,256,512}" --out "$out/h200-depth-gemm-ceiling.json" 2>&1 \
-      | grep -v Warn | tail -40 ;;
-  census-256)  # issue 31: the depth GEMMs against cuBLAS first (phase depth-gemm, 150 s at
-    # most), then the kernel census (torch.profiler, eager) of one CODEC step of 256
+      | grep -v Warn | tail -40 || echo "depth_gemm_ceiling failed: $?"
+    timeout 240 python3 -m pytest tests/gpu/test_gpu_fused_depth.py -q -p no:cacheprovider 2>&1 \
+      | tee "$out/gpu_tests_fused_depth.log" | tail -12 ;;
+  census-256)  # issue 31: the kernel census (torch.profiler, eager) of one CODEC step of 256
     # streams x 1 frame and one DEPTH frame of 256 requests with the profile's fused kernels:
     # which kernels hold the codec's 0.11-0.2 ms a frame at capacity; then the same at 1 stream.
     # CENSUS_BATCH (256) sets the requests; CENSUS_ARGS adds switches ('--compile --pdl': the
     # sampler compiled and PDL, as the serving profiles run the depth frame)
-    GEMM_TIMEOUT=150 bash "$0" depth-gemm || echo "depth-gemm failed: $?"
     timeout 300 python3 bench/profile_stages.py --preset full --batch "${CENSUS_BATCH:-256}" \
       --codec-frames 1 --fused --fused-decode --fused-codec --top 30 ${CENSUS_ARGS:-} 2>&1 \
       | grep -v Warn \

@@ -157,10 +157,10 @@ def resources(kernel: object, variant: str) -> Built:
 Warm = Callable[[], None] | None
 
 
-def _engine_graph() -> object:
+def _engine_graph(profile: str = "h200-latency") -> object:
     from breezert.config import EngineConfig
 
-    path = Path(__file__).resolve().parents[1] / "configs" / "h200-latency.toml"
+    path = Path(__file__).resolve().parents[1] / "configs" / f"{profile}.toml"
     return EngineConfig.from_file(path).graph
 
 
@@ -169,18 +169,20 @@ def _depth_rows(graph: object) -> list[int]:
     return sorted({r for b in graph.depth_batch_buckets for r in (b, 2 * b)})  # type: ignore[attr-defined]
 
 
-def _depth(tiles: str, pdl: bool, qkv_split_k: int) -> tuple[Warm, Callable[[], None]]:
+def _depth(tiles: str, pdl: bool, qkv_split_k: int,
+           prenorm: bool = False) -> tuple[Warm, Callable[[], None]]:
     from breezert.kernels.fused_depth import TILES_BY_ROWS, FusedDepthLayers
     from breezert.kernels.gemm import Tiles
     from breezert.models.config import BreezeConfig
     from breezert.models.depth import DepthDecoder
 
-    graph = _engine_graph()
+    graph = _engine_graph("h200-capacity" if prenorm else "h200-latency")  # prenorm: 512 rows
     max_rows = 2 * max(graph.depth_batch_buckets)  # CFG: two rows a request
     with torch.device("meta"):
         depth = random_bf16_fused_(DepthDecoder(BreezeConfig.full().depth))
     table = TILES_BY_ROWS if tiles == "by-rows" else ((max_rows, Tiles()),)
-    table = tuple((limit, replace(t, qkv_split_k=qkv_split_k)) for limit, t in table)
+    table = tuple((limit, replace(t, qkv_split_k=qkv_split_k, prenorm=t.prenorm or prenorm))
+                  for limit, t in table)
     fused = FusedDepthLayers(depth, max_rows, table, warm=False, pdl=pdl)
     pos = torch.zeros(1, dtype=torch.long, device="meta")
 
@@ -338,6 +340,7 @@ VARIANTS: dict[str, Callable[[], tuple[Warm, Callable[[], None]]]] = {
     "depth by-rows qkv-split-2": lambda: _depth("by-rows", False, 2),
     "depth by-rows qkv-split-4 pdl": lambda: _depth("by-rows", True, 4),
     "depth one-shape": lambda: _depth("one", False, 1),
+    "depth by-rows prenorm pdl": lambda: _depth("by-rows", True, 1, prenorm=True),
     "decode": lambda: _decode(False),
     "decode pdl": lambda: _decode(True),
     "prefill": _prefill,

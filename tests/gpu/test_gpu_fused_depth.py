@@ -43,6 +43,23 @@ def _frame(fn, depth: DepthDecoder, xs: torch.Tensor) -> tuple[list[torch.Tensor
     return outs, cache
 
 
+def _eager_and_replayed(fn, depth: DepthDecoder,  # type: ignore[no-untyped-def]
+                        xs: torch.Tensor) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """A frame of ``fn`` run eagerly, then captured in a CUDA graph and replayed three times:
+    each as its hidden states per position followed by the final cache."""
+    got, got_cache = _frame(fn, depth, xs)
+    graph = torch.cuda.CUDAGraph()
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream), torch.cuda.graph(graph, stream=stream):
+        replayed, replayed_cache = _frame(fn, depth, xs)
+    torch.cuda.current_stream().wait_stream(stream)
+    for _ in range(3):
+        graph.replay()
+    torch.cuda.synchronize()
+    return got + [got_cache], replayed + [replayed_cache]
+
+
 @pytest.mark.parametrize("rows", [1, 16, 32, 100, 160])
 def test_fused_matches_eager(depth: DepthDecoder, depth_fp32: DepthDecoder, rows: int) -> None:
     from breezert.kernels.fused_depth import FusedDepthLayers
@@ -124,32 +141,6 @@ def test_tma_weight_tiles_change_no_bit(depth: DepthDecoder, rows: int) -> None:
         assert torch.equal(w, g)
 
 
-@pytest.mark.parametrize("rows", [1, 16, 64, 128])
-def test_pdl_changes_no_bit(depth: DepthDecoder, rows: int) -> None:
-    """Programmatic dependent launch (``graph.pdl``) gives the same bits as plain launches,
-    eager and replayed in a CUDA graph (where the launches become programmatic edges)."""
-    from breezert.kernels.fused_depth import FusedDepthLayers
-
-    plain = FusedDepthLayers(depth, max_rows=128)
-    pdl = FusedDepthLayers(depth, max_rows=128, pdl=True)
-    gen = torch.Generator(device="cuda").manual_seed(300 + rows)
-    xs = torch.randn(16, rows, 2048, device="cuda", generator=gen).to(torch.bfloat16)
-    with torch.inference_mode():
-        want, want_cache = _frame(plain, depth, xs)
-        got, got_cache = _frame(pdl, depth, xs)
-        graph = torch.cuda.CUDAGraph()
-        stream = torch.cuda.Stream()
-        stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream), torch.cuda.graph(graph, stream=stream):
-            replayed, replayed_cache = _frame(pdl, depth, xs)
-        torch.cuda.current_stream().wait_stream(stream)
-        for _ in range(3):
-            graph.replay()
-        torch.cuda.synchronize()
-    for w, g, r in zip(want + [want_cache], got + [got_cache], replayed + [replayed_cache]):
-        assert torch.equal(w, g) and torch.equal(w, r)
-
-
 @pytest.mark.parametrize("split", [2, 4])
 def test_split_k_qkv_is_close_and_batch_invariant(depth: DepthDecoder, depth_fp32: DepthDecoder,
                                                   split: int) -> None:
@@ -176,3 +167,45 @@ def test_split_k_qkv_is_close_and_batch_invariant(depth: DepthDecoder, depth_fp3
     for g, w, e in zip(got, want, exact):
         assert rel_error(g, e) <= 1.25 * rel_error(w, e) + 1e-3
     assert torch.count_nonzero(fused.counters).item() == 0
+
+
+def _pdl_pair(depth: DepthDecoder) -> tuple[object, object]:
+    from breezert.kernels.fused_depth import FusedDepthLayers
+
+    return (FusedDepthLayers(depth, max_rows=128),
+            FusedDepthLayers(depth, max_rows=128, pdl=True))
+
+
+def _prenorm_pair(depth: DepthDecoder) -> tuple[object, object]:
+    from dataclasses import replace
+
+    from breezert.kernels.fused_depth import TILES_BY_ROWS, FusedDepthLayers
+
+    table = tuple((limit, replace(t, prenorm=True)) for limit, t in TILES_BY_ROWS)
+    return (FusedDepthLayers(depth, max_rows=512, pdl=True),
+            FusedDepthLayers(depth, max_rows=512, tiles=table, pdl=True))
+
+
+SAME_BITS = {"pdl": _pdl_pair, "prenorm": _prenorm_pair}
+"""Switches that must not change a bit: (the path without, the path with) on a decoder."""
+
+
+@pytest.mark.parametrize(("switch", "rows"), [
+    *(("pdl", rows) for rows in (1, 16, 64, 128)),
+    *(("prenorm", rows) for rows in (1, 100, 256, 300, 512)),
+])
+def test_switch_changes_no_bit(depth: DepthDecoder, switch: str, rows: int) -> None:
+    """Programmatic dependent launch (``graph.pdl``) gives the same bits as plain launches;
+    ``Tiles.prenorm`` in every bucket of ``TILES_BY_ROWS`` (the norms apart, the GEMMs' input
+    rows through TMA, PDL as served) the served buckets' bits at every size up to capacity's
+    512 rows. Both eager and replayed in a CUDA graph (where PDL launches become programmatic
+    edges)."""
+    without, with_switch = SAME_BITS[switch](depth)
+    gen = torch.Generator(device="cuda").manual_seed(300 + rows)
+    xs = torch.randn(16, rows, 2048, device="cuda", generator=gen).to(torch.bfloat16)
+    with torch.inference_mode():
+        want, want_cache = _frame(without, depth, xs)
+        got, replayed = _eager_and_replayed(with_switch, depth, xs)
+    for w, g, r in zip(want + [want_cache], got, replayed):
+        assert torch.equal(w, g) and torch.equal(w, r)
+    assert torch.count_nonzero(with_switch.counters).item() == 0  # type: ignore[attr-defined]

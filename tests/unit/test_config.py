@@ -93,6 +93,8 @@ def test_unknown_keys_are_rejected_with_their_path(tmp_path: Path) -> None:
         ("[model]\ndevice = \"cpu\"\n[graph]\nfused_prefill = true", "fused_prefill"),
         ("[model]\ndevice = \"cpu\"\n[graph]\nfused_text_encoder = true", "fused_text_encoder"),
         ("[model]\ndevice = \"cpu\"\n[graph]\npdl = true", "graph.pdl"),
+        ("[graph]\ndepth_prenorm_rows = 128", "depth_prenorm_rows=128 needs fused_depth"),
+        ("[graph]\ndepth_prenorm_rows = -1", "graph.depth_prenorm_rows"),
         # switches deleted in issue 32: an old config naming one fails, naming it
         *((f"[graph]\n{name} = false", f"graph.{name}") for name in (
             "device_slot_state", "async_uploads", "pdl_decode", "compile_backbone",

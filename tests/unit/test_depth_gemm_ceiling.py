@@ -1,8 +1,8 @@
 """``bench/depth_gemm_ceiling.py`` on the CPU: through Triton's interpreter (a small decoder)
-every call the GPU run times runs once, untimed, the served gate/up and down calls equal torch at
-the eager modules' rounding points and every plain Triton GEMM equals ``torch.mm``; the record
-names each GEMM's FLOP and weight bytes. Built for sm_90a here, every plain GEMM shape at the
-full-size GEMMs fits Hopper's limits and runs on wgmma."""
+every call the GPU run times runs once, untimed; the served gate/up and down calls equal torch
+at the eager modules' rounding points (their prenorm forms bit for bit) and every plain Triton
+GEMM equals ``torch.mm``; the record names each GEMM's FLOP and weight bytes. Built for sm_90a
+here, every plain GEMM shape at the full-size GEMMs fits Hopper's limits and runs on wgmma."""
 
 from __future__ import annotations
 
@@ -37,6 +37,7 @@ def test_small_run_calls_everything_and_matches_torch(tmp_path: Path) -> None:
     assert {"gate_up", "down", "down triton:16x64x32w4s2k4", "qkv triton:32x128x32w4s2"} <= set(
         diffs), diffs
     assert all(v < 0.05 for v in diffs.values()), diffs
+    assert diffs["gate_up prenorm vs served"] == diffs["down prenorm vs served"] == 0.0
     assert [r["rows"] for r in doc["results"]] == [3, 20]
     for r in doc["results"]:
         gemms = r["gemms"]
@@ -46,11 +47,12 @@ def test_small_run_calls_everything_and_matches_torch(tmp_path: Path) -> None:
         assert gemms["down"]["flop"] == 2 * r["rows"] * 128 * 256
         assert gemms["qkv"]["flop"] == 2 * r["rows"] * (4 + 2 * 2) * 32 * 128
         assert "served" not in gemms["qkv"]  # q/k/v is served inside the layer call only
-        assert {"served", "cublas", "triton:16x64x32w4s2", "triton:32x128x32w4s2k4"} <= set(
-            gemms["down"])
+        assert {"served", "prenorm", "cublas", "triton:16x64x32w4s2",
+                "triton:32x128x32w4s2k4"} <= set(gemms["down"])
         assert gemms["down"]["served"]["us"] is None  # the interpreter times nothing
         assert gemms["down"]["triton_best"] is None
         assert r["served_position_ms"] is None and r["triton_gemms_position_ms"] is None
+        assert r["prenorm_position_ms"] is None
 
 
 @needs_triton

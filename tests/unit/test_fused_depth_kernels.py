@@ -170,3 +170,59 @@ def check_row_buckets() -> None:
             assert torch.equal(alone[0], crowd[0]), position
             assert (crowd.float() - want.float()).abs().max() <= 0.03 * want.float().abs().max()
     assert torch.count_nonzero(fused.counters) == 0
+
+
+@needs_triton
+def test_prenormed_rows_through_tma_give_the_same_bits() -> None:
+    """``Tiles.prenorm`` (the norms apart, every GEMM's input rows through TMA): the same
+    hidden states and cache, bit for bit, as the norm prologues, at 3 rows and 20 (two 16-row
+    blocks, the second past the tensor's end), with split-K q/k/v too; a row alone in the
+    prenorm bucket equals it in a crowd of the prologue bucket."""
+    run_in_interpreter(__name__, "check_prenorm_bits(3, qkv_split_k=1)")
+    run_in_interpreter(__name__, "check_prenorm_bits(20, qkv_split_k=2)")
+
+
+def check_prenorm_bits(rows: int, qkv_split_k: int) -> None:
+    from breezert.kernels import fused_depth
+    from breezert.kernels.gemm import Tiles
+
+    depth = _decoder(8)
+    shape = {"qkv_split": 1, "split_k": 4, "qkv_bm": 16, "gate_bm": 16, "split_bm": 16,
+             "qkv_split_k": qkv_split_k, "tma": True}
+    plain = fused_depth.FusedDepthLayers(depth, max_rows=32, tiles=Tiles(**shape))
+    prenorm = fused_depth.FusedDepthLayers(depth, max_rows=32, tiles=Tiles(**shape, prenorm=True))
+    caches = [depth.new_cache(rows), depth.new_cache(rows), depth.new_cache(1)]
+    torch.manual_seed(5)
+    with torch.inference_mode():
+        for position in range(3):
+            x = torch.randn(rows, SMALL.backbone_hidden_size).to(torch.bfloat16)
+            pos = torch.full((1,), position, dtype=torch.long)
+            cos, sin = depth.rope.cos_sin(pos.expand(rows), torch.bfloat16)
+            want = plain(x, cos, sin, caches[0], pos)
+            got = prenorm(x, cos, sin, caches[1], pos)
+            alone = prenorm(x[:1], cos[:1], sin[:1], caches[2], pos)
+            assert torch.equal(got, want), position
+            assert torch.equal(alone[0], want[0]), position
+    assert torch.equal(caches[0], caches[1])
+    assert torch.count_nonzero(prenorm.counters) == 0
+
+
+@needs_triton
+def test_prenorm_above_splits_the_row_buckets_at_its_threshold() -> None:
+    """``graph.depth_prenorm_rows``: the buckets above the threshold get ``Tiles.prenorm``, a
+    bucket straddling it is split there, and 0 leaves ``TILES_BY_ROWS`` as it is."""
+    from dataclasses import replace
+
+    from breezert.kernels.fused_depth import TILES_BY_ROWS, prenorm_above
+
+    assert prenorm_above(0) == TILES_BY_ROWS
+    limits = [limit for limit, _ in TILES_BY_ROWS]  # 64, 128, 256, 512
+    at_128 = prenorm_above(128)
+    assert [limit for limit, _ in at_128] == limits
+    assert [t.prenorm for _, t in at_128] == [False, False, True, True]
+    assert [replace(t, prenorm=False) for _, t in at_128] == [t for _, t in TILES_BY_ROWS]
+    at_200 = prenorm_above(200)  # inside the 256 bucket: 129-200 without, 201-256 with
+    assert [(limit, t.prenorm) for limit, t in at_200] == [
+        (64, False), (128, False), (200, False), (256, True), (512, True)]
+    assert at_200[2][1] == replace(at_200[3][1], prenorm=False)  # the 256 bucket's shapes
+    assert not any(t.prenorm for _, t in prenorm_above(512))

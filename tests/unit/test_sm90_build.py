@@ -18,7 +18,8 @@ pytestmark = pytest.mark.unit
 # two halves build side by side: ~2 min of builds in one process on two cores).
 SELECTABLE = (["depth by-rows", "depth by-rows qkv-split-2", "decode", "text encoder pdl",
                "snake", "prefill", "codec attention"],
-              ["depth by-rows pdl", "decode pdl", "text encoder", "text encoder pdl wide"])
+              ["depth by-rows pdl", "decode pdl", "text encoder", "text encoder pdl wide",
+               "depth by-rows prenorm pdl"])
 
 
 @needs_triton

@@ -9,7 +9,9 @@ Per layer and step (R rows, R <= 512 in our buckets):
   4. post-attention RMSNorm + packed gate/up GEMM + SiLU(gate) * up;
   5. down_proj, split-K, + residual.
 Launch shapes come per row bucket (``TILES_BY_ROWS``, tuned on the H200), all with the same K
-split, so a row's bits never depend on how many rows run beside it.
+split, so a row's bits never depend on how many rows run beside it. A bucket with
+``Tiles.prenorm`` (``prenorm_above``, ``graph.depth_prenorm_rows``) runs each RMSNorm apart and
+reads the GEMMs' input rows through TMA: the same bits, two more launches a layer.
 NOTE(kernels): Triton rather than torch.compile: the frame is launch- and tail-bound under
 Inductor (bench/README.md), and 1024-wide outputs (o_proj, down) fill few SMs. Split-K gives
 those GEMMs ~128 programs; the last-arriving program of each output tile (an atomic counter)
@@ -36,6 +38,7 @@ from breezert.kernels.gemm import (
     Tiles,
     bf16,
     check_bf16,
+    dot2,
     norm_dot2,
     pdl_launch,
     pdl_wait,
@@ -64,6 +67,23 @@ TILES_BY_ROWS: tuple[tuple[int, Tiles], ...] = (
                 gate_warps=8, gate_stages=4, split_warps=8, split_stages=3, qkv_bm=16,
                 gate_bm=128, split_bm=128, tma=True)),
 )
+
+
+def prenorm_above(rows: int) -> tuple[tuple[int, Tiles], ...]:
+    """``TILES_BY_ROWS`` with ``Tiles.prenorm`` in the buckets for more than ``rows`` rows (the
+    first bucket above ``rows`` covers from ``rows + 1``; 0: none, the table as it is)."""
+    if rows <= 0:
+        return TILES_BY_ROWS
+    table, low = [], 0
+    for limit, tiles in TILES_BY_ROWS:
+        if low >= rows:
+            table.append((limit, replace(tiles, prenorm=True)))
+        elif limit > rows:  # the bucket straddles ``rows``: split it there
+            table += [(rows, tiles), (limit, replace(tiles, prenorm=True))]
+        else:
+            table.append((limit, tiles))
+        low = limit
+    return tuple(table)
 
 
 @triton.jit
@@ -101,12 +121,14 @@ def _norm_qkv_rope_kernel(
     H: tl.constexpr, KVH: tl.constexpr, D: tl.constexpr, K: tl.constexpr, SUB: tl.constexpr,
     BM: tl.constexpr, BK: tl.constexpr, NK: tl.constexpr, F32: tl.constexpr,
     TMA: tl.constexpr = False, PDL: tl.constexpr = False, SPLIT: tl.constexpr = 1,
+    PRENORM: tl.constexpr = False,
 ):
     """Program (head t x slice j, K split, row block): q heads 0..H-1, then k heads, then v
     heads. Slice j covers columns j*C.. of both halves of the head (C = D / 2 / SUB), so RoPE's
     rotate-half pairs stay inside one program. With ``SPLIT`` > 1 each program reduces 1/SPLIT
     of K into an fp32 partial; the last of a tile's SPLIT programs (atomic counter) sums them in
-    split order, runs the epilogue and resets the counter (as ``linear_residual_kernel``)."""
+    split order, runs the epilogue and resets the counter (as ``linear_residual_kernel``).
+    ``PRENORM``: ``x_ptr`` is a TMA descriptor of rows already normed (``Tiles.prenorm``)."""
     pdl_wait(PDL)
     pid = tl.program_id(0)
     t = pid // SUB
@@ -117,12 +139,16 @@ def _norm_qkv_rope_kernel(
     row_block = tl.program_id(2)
     rows = row_block * BM + tl.arange(0, BM)
     rmask = rows < R
-    rstd = row_rstd(x_ptr, stride_x, rows, rmask, eps, K, BM, NK)
     a0 = t * D + j0  # first weight row of the slice's lower half
     KS: tl.constexpr = K // SPLIT
     split = tl.program_id(1)  # 0 without a split: all of K
-    acc_lo, acc_hi = norm_dot2(x_ptr, nw_ptr, w_ptr, stride_x, rows, rmask, rstd, a0, a0 + HALF,
-                               split * KS, K, KS, BM, C, BK, F32, TMA)
+    if PRENORM:
+        acc_lo, acc_hi = dot2(x_ptr, w_ptr, stride_x, rows, rmask, row_block * BM, a0,
+                              a0 + HALF, split * KS, K, KS, BM, C, BK, F32, TMA, True)
+    else:
+        rstd = row_rstd(x_ptr, stride_x, rows, rmask, eps, K, BM, NK)
+        acc_lo, acc_hi = norm_dot2(x_ptr, nw_ptr, w_ptr, stride_x, rows, rmask, rstd, a0,
+                                   a0 + HALF, split * KS, K, KS, BM, C, BK, F32, TMA)
     if SPLIT == 1:
         _qkv_store(bf16(acc_lo), bf16(acc_hi), t, d, rows, rmask, cos_ptr, sin_ptr, pos_ptr,
                    q_ptr, cache_ptr, stride_q, c_kv, c_row, c_head, c_pos, H, KVH, D)
@@ -290,13 +316,17 @@ class FusedDepthLayers:
         for layer, layer_cache in zip(depth.model.layers, cache):
             c = layer_cache.stride()  # [2, R, KVH, P, D]
             qkv_weight = gemms.weight(layer.self_attn.qkv_weight, hd // 2 // t.qkv_split, qkv_bk)
+            x_in: object = h
+            if t.prenorm:  # the norm apart, its rows read through TMA
+                x_in = gemms.rows_input(
+                    gemms.rms_norm_rows(h, layer.input_layernorm.weight, self.eps), bm, qkv_bk)
             _norm_qkv_rope_kernel[qkv_grid](
-                h, layer.input_layernorm.weight, qkv_weight, cos, sin, pos, q,
+                x_in, layer.input_layernorm.weight, qkv_weight, cos, sin, pos, q,
                 layer_cache, workspace, counters, rows, self.eps, h.stride(0), q.stride(0),
                 c[0], c[1], c[2], c[3], workspace.stride(0) if split > 1 else 0,
                 H=self.heads, KVH=self.kv_heads, D=hd, K=d, SUB=t.qkv_split, BM=bm,
                 BK=qkv_bk, NK=min(256, d), F32=DOT_F32, TMA=t.tma, SPLIT=split,
-                **t.launch("qkv"),
+                PRENORM=t.prenorm, **t.launch("qkv"),
             )
             _short_attention_kernel[(rows, self.kv_heads)](
                 q, layer_cache, pos, attn, self.scale, q.stride(0), attn.stride(0),

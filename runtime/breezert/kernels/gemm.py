@@ -4,7 +4,8 @@ Owns: the bf16 rounding helpers (and their interpreter workarounds), RMSNorm + G
 RoPE at ``apply_rope``'s rounding points (and after a per-head QK-norm, ``head_norm_rope``),
 ``norm_linear`` (RMSNorm + GEMM), ``norm_gate_up`` (RMSNorm + packed gate/up GEMM + SiLU * up),
 ``linear_residual`` (split-K GEMM + residual, the last program of a tile summing the partials in
-a fixed order), their launch shapes (``Tiles``), the split-K workspace, and programmatic
+a fixed order), ``rms_norm_rows`` (the norm apart, for ``Tiles.prenorm``: the GEMMs then read
+normed rows through TMA), their launch shapes (``Tiles``), the split-K workspace, and programmatic
 dependent launch (``pdl_launch`` / ``pdl_wait``) for every fused kernel. Every kernel keeps
 the eager modules' bf16 rounding points (``RMSNorm``, ``F.linear``, ``F.silu``, residual add).
 Must not: know which model calls it.
@@ -75,6 +76,12 @@ class Tiles:
     """K splits of the depth layers' q/k/v GEMM (1: one program reduces all of K). More
     programs for a small GEMM (12 heads x ``qkv_split`` programs at up to 16 rows); like
     ``split_k`` it sets the sum order, so every row bucket must use the same."""
+    prenorm: bool = False
+    """Large-row buckets: each RMSNorm runs once, apart (``rms_norm_rows``, one launch), and
+    every GEMM reads its input rows through TMA (``[BM, BK]`` blocks) instead of each program
+    re-reading and normalising its row block in a prologue. The same values at the same
+    rounding points in the same K order, so the same bits as without it; one more launch per
+    norm."""
 
     def launch(self, kernel: str) -> dict[str, int]:
         """``num_warps`` / ``num_stages`` of ``kernel`` ("gate" or "split"; others share the
@@ -163,6 +170,53 @@ def normed_tile(x_ptr, nw_ptr, stride_x, rows, rmask, rstd, cols):
 
 
 @triton.jit
+def input_tile(a, stride_a, rows, rmask, r0, k0, BK: tl.constexpr, TMA_A: tl.constexpr):
+    """Rows ``rows`` (from ``r0``), columns ``k0..k0+BK-1`` of a row-major bf16 input: ``a`` is
+    a TMA descriptor of ``[BM, BK]`` blocks (``TMA_A``; rows past the tensor read as zeros) or
+    a pointer (masked rows read as zeros)."""
+    if TMA_A:
+        tile = a.load([r0, k0])
+    else:
+        cols = k0 + tl.arange(0, BK)
+        tile = tl.load(a + rows[:, None] * stride_a + cols[None, :], mask=rmask[:, None],
+                       other=0.0)
+    return tile
+
+
+@triton.jit(do_not_specialize=["R"])  # one build serves every row count
+def rms_norm_rows_kernel(x_ptr, nw_ptr, out_ptr, R, eps, stride_x, stride_out,
+                         K: tl.constexpr, BM: tl.constexpr, NK: tl.constexpr,
+                         PDL: tl.constexpr = False):
+    """Program (row block): ``RMSNorm(x)`` of BM rows as the GEMM prologues round it
+    (``normed_tile``), for GEMMs that read normed rows (``Tiles.prenorm``)."""
+    pdl_wait(PDL)
+    rows = tl.program_id(0) * BM + tl.arange(0, BM)
+    rmask = rows < R
+    rstd = row_rstd(x_ptr, stride_x, rows, rmask, eps, K, BM, NK)
+    for k0 in tl.static_range(0, K, NK):
+        cols = k0 + tl.arange(0, NK)
+        xn = normed_tile(x_ptr, nw_ptr, stride_x, rows, rmask, rstd, cols)
+        tl.store(out_ptr + rows[:, None] * stride_out + cols[None, :], xn, mask=rmask[:, None])
+
+
+@triton.jit
+def dot2(a, w, stride_a, rows, rmask, r0, a0, b0, k_start, K: tl.constexpr,
+         KLEN: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
+         F32: tl.constexpr, TMA: tl.constexpr, TMA_A: tl.constexpr):
+    """``norm_dot2`` of rows already normed (``Tiles.prenorm``): ``a @ w[a0:a0+BN].T`` and
+    ``@ w[b0:b0+BN].T`` over K columns ``k_start ..`` in the same order, one input tile a step."""
+    acc_a = tl.zeros([BM, BN], dtype=tl.float32)
+    acc_b = tl.zeros([BM, BN], dtype=tl.float32)
+    for k0 in range(0, KLEN, BK):  # constant trip count: the loop pipelines
+        xn = input_tile(a, stride_a, rows, rmask, r0, k_start + k0, BK, TMA_A)
+        w_a = weight_tile(w, a0, k_start + k0, K, BN, BK, TMA)
+        w_b = weight_tile(w, b0, k_start + k0, K, BN, BK, TMA)
+        acc_a += mm(xn, tl.trans(w_a), F32)
+        acc_b += mm(xn, tl.trans(w_b), F32)
+    return acc_a, acc_b
+
+
+@triton.jit
 def norm_dot2(x_ptr, nw_ptr, w, stride_x, rows, rmask, rstd, a0, b0, k_start,
               K: tl.constexpr, KLEN: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
               BK: tl.constexpr, F32: tl.constexpr, TMA: tl.constexpr):
@@ -245,17 +299,23 @@ def norm_gate_up_kernel(
     x_ptr, nw_ptr, w_ptr, out_ptr, R, eps, stride_x, stride_out,
     I: tl.constexpr, K: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
     NK: tl.constexpr, F32: tl.constexpr, TMA: tl.constexpr = False, PDL: tl.constexpr = False,
+    PRENORM: tl.constexpr = False,
 ):
     """Program (column block, row block): ``bf16(silu(gate) * up)`` of the normed input; gate
-    rows 0..I-1 and up rows I..2I-1 of the packed weight."""
+    rows 0..I-1 and up rows I..2I-1 of the packed weight. ``PRENORM``: ``x_ptr`` is a TMA
+    descriptor of rows already normed (``rms_norm_rows``), ``nw_ptr`` and ``eps`` unread."""
     pdl_wait(PDL)
     rows = tl.program_id(1) * BM + tl.arange(0, BM)
     rmask = rows < R
     n = tl.program_id(0) * BN + tl.arange(0, BN)
-    rstd = row_rstd(x_ptr, stride_x, rows, rmask, eps, K, BM, NK)
     n0 = tl.program_id(0) * BN
-    acc_g, acc_u = norm_dot2(x_ptr, nw_ptr, w_ptr, stride_x, rows, rmask, rstd, n0, n0 + I, 0,
-                             K, K, BM, BN, BK, F32, TMA)
+    if PRENORM:
+        acc_g, acc_u = dot2(x_ptr, w_ptr, stride_x, rows, rmask, tl.program_id(1) * BM, n0,
+                            n0 + I, 0, K, K, BM, BN, BK, F32, TMA, True)
+    else:
+        rstd = row_rstd(x_ptr, stride_x, rows, rmask, eps, K, BM, NK)
+        acc_g, acc_u = norm_dot2(x_ptr, nw_ptr, w_ptr, stride_x, rows, rmask, rstd, n0, n0 + I,
+                                 0, K, K, BM, BN, BK, F32, TMA)
     gate, up = bf16(acc_g), bf16(acc_u)
     act = bf16(gate / (1.0 + tl.exp(-gate)))  # F.silu on a bf16 tensor
     tl.store(out_ptr + rows[:, None] * stride_out + n[None, :], bf16(act * up).to(tl.bfloat16),
@@ -268,9 +328,11 @@ def linear_residual_kernel(
     ws_split, N: tl.constexpr, K: tl.constexpr, SPLIT: tl.constexpr,
     BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, F32: tl.constexpr,
     TMA: tl.constexpr = False, HAS_RES: tl.constexpr = True, PDL: tl.constexpr = False,
+    TMA_A: tl.constexpr = False,
 ):
     """Program (column block, K split, row block): ``out = bf16(res + bf16(a @ w.T))``
-    (``HAS_RES`` off: ``bf16(a @ w.T)``, ``res_ptr`` unread).
+    (``HAS_RES`` off: ``bf16(a @ w.T)``, ``res_ptr`` unread; ``TMA_A``: ``a_ptr`` is a TMA
+    descriptor of ``[BM, BK]`` blocks of ``a``).
 
     Each program stores its fp32 partial; the last of the SPLIT programs of a tile (atomic
     counter) sums all partials in split order, writes the tile and resets the counter."""
@@ -284,9 +346,7 @@ def linear_residual_kernel(
     KS: tl.constexpr = K // SPLIT
     acc = tl.zeros([BM, BN], dtype=tl.float32)
     for k0 in range(0, KS, BK):  # constant trip count: the loop pipelines
-        cols = split * KS + k0 + tl.arange(0, BK)
-        a = tl.load(a_ptr + rows[:, None] * stride_a + cols[None, :], mask=rmask[:, None],
-                    other=0.0)
+        a = input_tile(a_ptr, stride_a, rows, rmask, row_block * BM, split * KS + k0, BK, TMA_A)
         w = weight_tile(w_ptr, pid_n * BN, split * KS + k0, K, BN, BK, TMA)
         acc += mm(a, tl.trans(w), F32)
     tile = ws_ptr + rows[:, None] * N + n[None, :]  # partials of this call: [SPLIT, R, N]
@@ -398,6 +458,23 @@ class FusedGemms:
         )
         return out
 
+    def rms_norm_rows(self, x: torch.Tensor, norm_weight: torch.Tensor,
+                      eps: float) -> torch.Tensor:
+        """``RMSNorm(x)`` as the GEMM prologues round it, one launch (``Tiles.prenorm``)."""
+        rows, k = x.shape
+        out = torch.empty_like(x)
+        bm = row_block(rows, 16)  # small blocks: many programs for a short read
+        rms_norm_rows_kernel[(triton.cdiv(rows, bm),)](
+            x, norm_weight, out, rows, eps, x.stride(0), out.stride(0), K=k, BM=bm,
+            NK=min(256, k), num_warps=4, **pdl_launch(self.tiles.pdl))
+        return out
+
+    @staticmethod
+    def rows_input(a: torch.Tensor, block_m: int, block_k: int) -> TensorDescriptor:
+        """A TMA descriptor of ``[block_m, block_k]`` blocks of a row-major input (cheap: made
+        per call, since activations move between calls)."""
+        return TensorDescriptor.from_tensor(a, [block_m, block_k])
+
     def norm_gate_up(self, x: torch.Tensor, norm_weight: torch.Tensor, weight: torch.Tensor,
                      eps: float) -> torch.Tensor:
         t = self.tiles
@@ -406,10 +483,14 @@ class FusedGemms:
         out = torch.empty(rows, inter, dtype=x.dtype, device=x.device)
         bm = row_block(rows, t.gate_bm)
         bk = min(t.gate_bk, k)
+        x_in: object = x
+        if t.prenorm:
+            x = self.rms_norm_rows(x, norm_weight, eps)
+            x_in = self.rows_input(x, bm, bk)
         norm_gate_up_kernel[(inter // t.gate_bn, triton.cdiv(rows, bm))](
-            x, norm_weight, self.weight(weight, t.gate_bn, bk), out, rows, eps, x.stride(0),
+            x_in, norm_weight, self.weight(weight, t.gate_bn, bk), out, rows, eps, x.stride(0),
             out.stride(0), I=inter, K=k, BM=bm, BN=t.gate_bn, BK=bk, NK=min(256, k),
-            F32=DOT_F32, TMA=t.tma, **t.launch("gate"),
+            F32=DOT_F32, TMA=t.tma, PRENORM=t.prenorm, **t.launch("gate"),
         )
         return out
 
@@ -429,9 +510,10 @@ class FusedGemms:
         bm = row_block(rows, t.split_bm)
         bk = min(t.split_bk, k // t.split_k)
         linear_residual_kernel[(n // t.split_bn, t.split_k, triton.cdiv(rows, bm))](
-            a, self.weight(weight, t.split_bn, bk), residual, out, workspace, counters, rows,
-            a.stride(0), residual.stride(0), out.stride(0), workspace.stride(0), N=n, K=k,
-            SPLIT=t.split_k, BM=bm, BN=t.split_bn, BK=bk, F32=DOT_F32, TMA=t.tma,
-            HAS_RES=has_res, **t.launch("split"),
+            self.rows_input(a, bm, bk) if t.prenorm else a, self.weight(weight, t.split_bn, bk),
+            residual, out, workspace, counters, rows, a.stride(0), residual.stride(0),
+            out.stride(0), workspace.stride(0), N=n, K=k, SPLIT=t.split_k, BM=bm,
+            BN=t.split_bn, BK=bk, F32=DOT_F32, TMA=t.tma, HAS_RES=has_res, TMA_A=t.prenorm,
+            **t.launch("split"),
         )
         return out
