@@ -10,7 +10,8 @@ PyTorch layers, one shape for all rows (``Tiles()``), the per-bucket table witho
 programmatic dependent launch (``graph.pdl``) and with the q/k/v GEMM split along K
 (``qkv_split_k`` 2 and 4, each without and with PDL), and each best at every ``--check-rows``
 count in one process (``--rows ''`` skips the tuning); ``TILES_BY_ROWS`` in kernels/fused_depth.py
-comes from this.
+comes from this. ``prenorm`` (``Tiles.prenorm``) is a searched field like the tiles, and the check
+rows also time every bucket with it (``by_rows_prenorm_pdl``).
 """
 
 from __future__ import annotations
@@ -42,8 +43,9 @@ SEARCH = {
     "split_warps": [4, 8], "qkv_split": [2, 4], "qkv_bk": [128, 256], "num_stages": [3, 4],
 }
 # Like split_k, qkv_split_k sets the sum order: a winner goes into every bucket at once. It is
-# searched first (a bounded run reaches it).
-SEARCH = {"qkv_split_k": [1, 2, 4], **SEARCH}
+# searched first (a bounded run reaches it), then prenorm (the norms apart, input rows through
+# TMA: the same bits, so a bucket may take it alone), which changes what the tiles after it pay.
+SEARCH = {"qkv_split_k": [1, 2, 4], "prenorm": [False, True], **SEARCH}
 
 
 def build_depth() -> DepthDecoder:
@@ -124,6 +126,9 @@ def main() -> None:
                 "one_shape": frame_ms(depth, FusedDepthLayers(depth, rows, Tiles()), rows),
                 "by_rows": frame_ms(depth, FusedDepthLayers(depth, rows), rows),
                 "by_rows_pdl": frame_ms(depth, FusedDepthLayers(depth, rows, pdl=True), rows),
+                "by_rows_prenorm_pdl": frame_ms(depth, FusedDepthLayers(
+                    depth, rows, tuple((limit, dataclasses.replace(t, prenorm=True))
+                                       for limit, t in TILES_BY_ROWS), pdl=True), rows),
             }
             for split in (2, 4):  # the q/k/v GEMM split along K in every bucket
                 table = tuple((limit, dataclasses.replace(t, qkv_split_k=split))
