@@ -487,13 +487,14 @@ case "$phase" in
       --batches "${BATCHES:-64,128,256}" --text-tokens 64 \
       --out "$out/h200-stage-timing-big.json" 2>&1 | grep -v Warn | tail -12 ;;
   depth-gemm)  # issues 30/31: the depth layer's GEMMs as served, with Tiles.prenorm, in cuBLAS
-    # and as plain TMA Triton GEMMs at 2-512 rows (bench/depth_gemm_ceiling.py), then the GPU
-    # tests of the fused depth layers (prenorm's bits among them)
+    # and as plain TMA Triton GEMMs at 2-512 rows (bench/depth_gemm_ceiling.py; its JSON is
+    # written after each row count), then the fused depth layers' same-bits GPU tests (PDL and
+    # prenorm against the served path at 1-512 rows); the file's other tests run in tests-changed
     timeout "${GEMM_TIMEOUT:-300}" python3 bench/depth_gemm_ceiling.py \
       --rows "${GEMM_ROWS:-2,16,64,128,256,512}" --out "$out/h200-depth-gemm-ceiling.json" 2>&1 \
       | grep -v Warn | tail -40 || echo "depth_gemm_ceiling failed: $?"
-    timeout 240 python3 -m pytest tests/gpu/test_gpu_fused_depth.py -q -p no:cacheprovider 2>&1 \
-      | tee "$out/gpu_tests_fused_depth.log" | tail -12 ;;
+    timeout 200 python3 -m pytest tests/gpu/test_gpu_fused_depth.py -k switch_changes_no_bit \
+      -q -p no:cacheprovider 2>&1 | tee "$out/gpu_tests_fused_depth.log" | tail -12 ;;
   census-256)  # issue 31: the kernel census (torch.profiler, eager) of one CODEC step of 256
     # streams x 1 frame and one DEPTH frame of 256 requests with the profile's fused kernels:
     # which kernels hold the codec's 0.11-0.2 ms a frame at capacity; then the same at 1 stream.
