@@ -11,9 +11,12 @@ PyTorch layers of ``bench/tune_fused_depth.py`` (cuBLAS GEMMs beside ~20 unfused
 launches a layer) took 30.2 ms at 512 rows against the tuned fused kernels' 31.6. What a
 large-row bucket could gain depends on the GEMMs alone, which no run has timed apart.
 
-Per row count R and per layer GEMM (full size: q/k/v 1024 -> 1536, o 1024 -> 1024, gate/up
-1024 -> 2 x 8192, down 8192 -> 1024, bf16 weights of all 12 layers, so that L2 holds none of
-them between calls), the median time of one call, as a CUDA graph of 12 calls (one a layer):
+Per row count R (largest first: a timed-out run keeps capacity's) and per layer GEMM (full
+size: q/k/v 1024 -> 1536, o 1024 -> 1024, gate/up 1024 -> 2 x 8192, down 8192 -> 1024, bf16), the
+median time of one call, as a CUDA graph of one call per weight over the 12 layers' weights and,
+for q/k/v and o, copies of them up to ``FLUSH_BYTES``: in a served frame the other GEMMs' ~600 MB
+pass between two reads of one weight, so none may come from L2 here (12 layers of q/k/v are 38
+MB and of o 25 MB, under an H100's or H200's 50 MB L2):
 - ``served``: the kernels the profiles launch, with the row bucket's ``TILES_BY_ROWS`` shapes
   (and PDL, as ``graph.pdl``): ``norm_gate_up`` (RMSNorm prologue, SiLU(gate) x up epilogue)
   and ``linear_residual`` (split-K, residual epilogue) for o and down; q/k/v runs inside
@@ -58,6 +61,9 @@ from breezert_bench.provenance import provenance
 from cuda_bench import graph_ms, random_bf16_packed
 
 POSITIONS = 15  # a frame's depth positions (codebooks 1..15)
+FLUSH_BYTES = 192 << 20
+"""Each GEMM's graph reads at least this many bytes of weights (copies where 12 layers' are
+fewer), about four times a Hopper L2, so a weight is gone from L2 when its turn comes again."""
 
 SMALL = DepthConfig(  # the smallest decoder the fused kernels take (tests/unit)
     hidden_size=128, intermediate_size=256, num_layers=2, num_heads=4, num_kv_heads=2,
@@ -156,10 +162,12 @@ def prenormed(tiles: Tiles | None) -> tuple[tuple[int, Tiles], ...]:
 
 def layer_calls(depth: DepthDecoder, fused: FusedDepthLayers, rows: int,
                 plain: tuple[str, ...] = PLAIN_CONFIGS,
-                fused_prenorm: FusedDepthLayers | None = None) -> dict[str, dict[str, Any]]:
-    """Per GEMM: its FLOP at ``rows``, its weight's bytes and ``calls``, per kind (``served``,
-    ``prenorm``: the served kernels with ``Tiles.prenorm``, its norm launch included,
-    ``cublas``, ``triton:CONFIG``) a function of the layer index."""
+                fused_prenorm: FusedDepthLayers | None = None,
+                flush_bytes: int = 0) -> dict[str, dict[str, Any]]:
+    """Per GEMM: its FLOP at ``rows``, its weight's bytes, ``weights`` (the 12 layers', then
+    copies of them up to ``flush_bytes``) and ``calls``, per kind (``served``, ``prenorm``: the
+    served kernels with ``Tiles.prenorm``, its norm launch included, ``cublas``,
+    ``triton:CONFIG``) a function of the index into ``weights``."""
     cfg, device = depth.cfg, depth.model.norm.weight.device
     gemms = fused.gemms_for(rows)
     pre = fused_prenorm.gemms_for(rows) if fused_prenorm is not None else None
@@ -168,23 +176,31 @@ def layer_calls(depth: DepthDecoder, fused: FusedDepthLayers, rows: int,
     attn = torch.randn(rows, cfg.num_heads * cfg.head_dim, device=device).to(torch.bfloat16)
     act = torch.randn(rows, cfg.intermediate_size, device=device).to(torch.bfloat16)
     eps = cfg.rms_norm_eps
+
+    def flushing(ws: list[torch.Tensor]) -> list[torch.Tensor]:
+        size = sum(w.numel() * w.element_size() for w in ws)
+        return ws + [w.clone() for _ in range(1, -(-flush_bytes // size)) for w in ws]
+
     weights = {
-        "qkv": (h, [layer.self_attn.qkv_weight for layer in layers]),
-        "o": (attn, [layer.self_attn.o_proj.weight for layer in layers]),
-        "gate_up": (h, [layer.mlp.gate_up_weight for layer in layers]),
-        "down": (act, [layer.mlp.down_proj.weight for layer in layers]),
+        "qkv": (h, flushing([layer.self_attn.qkv_weight for layer in layers])),
+        "o": (attn, flushing([layer.self_attn.o_proj.weight for layer in layers])),
+        "gate_up": (h, flushing([layer.mlp.gate_up_weight for layer in layers])),
+        "down": (act, flushing([layer.mlp.down_proj.weight for layer in layers])),
     }
+    wo, wgu, wd = (weights[k][1] for k in ("o", "gate_up", "down"))
+
+    def norm(i: int) -> torch.Tensor:
+        return layers[i % len(layers)].post_attention_layernorm.weight
+
     served = {
-        "o": lambda i: gemms.linear_residual(attn, layers[i].self_attn.o_proj.weight, h),
-        "gate_up": lambda i: gemms.norm_gate_up(h, layers[i].post_attention_layernorm.weight,
-                                                layers[i].mlp.gate_up_weight, eps),
-        "down": lambda i: gemms.linear_residual(act, layers[i].mlp.down_proj.weight, h),
+        "o": lambda i: gemms.linear_residual(attn, wo[i], h),
+        "gate_up": lambda i: gemms.norm_gate_up(h, norm(i), wgu[i], eps),
+        "down": lambda i: gemms.linear_residual(act, wd[i], h),
     }
     prenorm = {} if pre is None else {
-        "o": lambda i: pre.linear_residual(attn, layers[i].self_attn.o_proj.weight, h),
-        "gate_up": lambda i: pre.norm_gate_up(h, layers[i].post_attention_layernorm.weight,
-                                              layers[i].mlp.gate_up_weight, eps),
-        "down": lambda i: pre.linear_residual(act, layers[i].mlp.down_proj.weight, h),
+        "o": lambda i: pre.linear_residual(attn, wo[i], h),
+        "gate_up": lambda i: pre.norm_gate_up(h, norm(i), wgu[i], eps),
+        "down": lambda i: pre.linear_residual(act, wd[i], h),
     }
     out: dict[str, dict[str, Any]] = {}
     for name, (a, ws) in weights.items():
@@ -235,7 +251,8 @@ def every_layer(call: Callable[[int], Any], layers: int) -> Callable[[], None]:
 def measure(depth: DepthDecoder, rows: int, pdl: bool, iters: int,
             tiles: Tiles | None = None,
             timer: Callable[[Callable[[], None], int], float | None] = graph_ms,
-            plain: tuple[str, ...] = PLAIN_CONFIGS) -> dict[str, Any]:
+            plain: tuple[str, ...] = PLAIN_CONFIGS, flush_bytes: int = FLUSH_BYTES,
+            ) -> dict[str, Any]:
     """One row count: every GEMM call served and cuBLAS, and a served position (``tiles``:
     one shape for every row count instead of ``TILES_BY_ROWS``; ``timer``: ms of one call of
     a function, CUDA graphs by default)."""
@@ -246,11 +263,14 @@ def measure(depth: DepthDecoder, rows: int, pdl: bool, iters: int,
                                      warm=False)
     n = cfg.num_layers
     out: dict[str, Any] = {"rows": rows, "gemms": {}}
-    for name, gemm in layer_calls(depth, fused, rows, plain, fused_prenorm).items():
-        entry: dict[str, Any] = {"flop": gemm["flop"], "weight_bytes": gemm["bytes"]}
+    gemm_calls = layer_calls(depth, fused, rows, plain, fused_prenorm, flush_bytes)
+    for name, gemm in gemm_calls.items():
+        count = len(gemm["weights"])  # calls a graph: one a weight
+        entry: dict[str, Any] = {"flop": gemm["flop"], "weight_bytes": gemm["bytes"],
+                                 "calls_a_graph": count}
         for kind, call in gemm["calls"].items():
             try:
-                total = timer(every_layer(call, n), iters)
+                total = timer(every_layer(call, count), iters)
             except Exception as exc:  # one shape that fails to build or launch: recorded
                 if timer is untimed:  # the CPU check must see it
                     raise
@@ -259,7 +279,7 @@ def measure(depth: DepthDecoder, rows: int, pdl: bool, iters: int,
                 print(f"[gemm] rows {rows:4d} {name} {kind} failed: {entry[kind]['error']}",
                       flush=True)
                 continue
-            ms = None if total is None else total / n
+            ms = None if total is None else total / count
             entry[kind] = {"us": per(ms, 1e3), "tflops": per(ms, 1e-9, gemm["flop"]),
                            "weight_tbps": per(ms, 1e-9, gemm["bytes"])}
         plain = {k: v for k, v in entry.items() if k.startswith("triton:")}
@@ -281,8 +301,19 @@ def measure(depth: DepthDecoder, rows: int, pdl: bool, iters: int,
     def position_prenorm() -> None:
         fused_prenorm(x, cos, sin, cache, pos)
 
-    position_ms = timer(position, iters)
-    prenorm_ms = timer(position_prenorm, iters)
+    position_times: dict[str, float | None] = {}
+    errors = {}
+    for key, fn in (("served", position), ("prenorm", position_prenorm)):
+        try:
+            position_times[key] = timer(fn, iters)
+        except Exception as exc:  # recorded: the row count's other figures stay
+            if timer is untimed:
+                raise
+            position_times[key], errors[key] = None, f"{type(exc).__name__}: {str(exc)[:300]}"
+            print(f"[gemm] rows {rows:4d} {key} position failed: {errors[key]}", flush=True)
+    position_ms, prenorm_ms = position_times["served"], position_times["prenorm"]
+    if errors:
+        out["position_errors"] = errors
     g = out["gemms"]
     flop = sum(e["flop"] for e in g.values()) * n
 
@@ -402,6 +433,7 @@ def plot(results: list[dict[str, Any]], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(8, 4.5))
+    results = sorted(results, key=lambda r: r["rows"])
     rows = [r["rows"] for r in results]
     for name, style in (("gate_up", "o"), ("down", "s"), ("o", "^"), ("qkv", "v")):
         for kind, line in (("served", "-"), ("prenorm", "-."), ("cublas", "--"),
@@ -421,7 +453,8 @@ def plot(results: list[dict[str, Any]], path: Path) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rows", default="2,16,64,128,256,512")
+    parser.add_argument("--rows", default="512,256,128,64,16,2",
+                        help="row counts, in the order run (largest first: capacity's)")
     parser.add_argument("--no-pdl", action="store_true", help="launch without PDL")
     parser.add_argument("--iters", type=int, default=20)
     parser.add_argument("--small", action="store_true",
@@ -435,9 +468,9 @@ def main() -> None:
         sys.exit(1 if any(b["problems"] or not b["wgmma"] for b in builds) else 0)
     if args.small:  # every call of the GPU run once, small, untimed; then the served values
         depth = build(SMALL, "cpu")
-        results = [measure(depth, int(r), False, 1, Tiles(qkv_split=1, split_k=2), untimed,
-                           SMALL_PLAIN)
-                   for r in args.rows.split(",")]
+        with torch.inference_mode():
+            results = [measure(depth, int(r), False, 1, Tiles(qkv_split=1, split_k=2), untimed,
+                               SMALL_PLAIN, flush_bytes=0) for r in args.rows.split(",")]
         worst = check_small()
         record = {**provenance(device="cpu"), "timed": False, "max_abs_diff": worst,
                   "results": results}
@@ -452,7 +485,8 @@ def main() -> None:
     record: dict[str, Any] = {**provenance(), "timed": True, "pdl": not args.no_pdl,
                               "plain_configs": list(PLAIN_CONFIGS), "results": []}
     for rows in args.rows.split(","):  # the JSON after each row count: a timeout keeps them
-        record["results"].append(measure(depth, int(rows), not args.no_pdl, args.iters))
+        with torch.inference_mode():
+            record["results"].append(measure(depth, int(rows), not args.no_pdl, args.iters))
         if args.out:
             args.out.parent.mkdir(parents=True, exist_ok=True)
             args.out.write_text(json.dumps(record, indent=1))

@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from tests.kernel_helpers import needs_triton, run_compile_only
 
@@ -65,3 +66,30 @@ def test_plain_gemms_build_for_sm90a_on_wgmma(tmp_path: Path) -> None:
         assert " 0 B local" in line and "wgmma sites" in line, line
         assert int(line.split(" wgmma sites")[0].rsplit(" ", 1)[1]) > 0, line
         assert line.rstrip().endswith("wgmma sites"), line  # no problem named after it
+
+
+@needs_triton
+def test_small_weights_are_copied_past_the_flush_size() -> None:
+    """A GEMM whose 12 layers' weights fit in L2 is timed over copies of them, so that no
+    weight is still in L2 when its turn comes again; one whose weights exceed the size is not
+    copied. The copies hold the same values; every kind calls one weight an index."""
+    sys.path.insert(0, str(REPO / "bench"))
+    try:
+        import depth_gemm_ceiling as ceiling
+    finally:
+        sys.path.remove(str(REPO / "bench"))
+    from breezert.kernels.fused_depth import FusedDepthLayers
+    from breezert.kernels.gemm import Tiles
+
+    depth = ceiling.build(ceiling.SMALL, "cpu")
+    fused = FusedDepthLayers(depth, max_rows=4, tiles=Tiles(qkv_split=1, split_k=2), warm=False)
+    o_bytes = 2 * 128 * 128 * 2  # two layers of a 128 x 128 bf16 o_proj
+    calls = ceiling.layer_calls(depth, fused, 3, (), None, flush_bytes=4 * o_bytes)
+    weights = calls["o"]["weights"]
+    assert len(weights) == 8  # the 2 layers and 3 copies of them
+    assert all(torch.equal(w, weights[i % 2]) for i, w in enumerate(weights))
+    assert weights[2].data_ptr() != weights[0].data_ptr()
+    gate_up_bytes = 2 * 2 * 256 * 128 * 2  # 4 o_bytes: no copy
+    assert gate_up_bytes == 4 * o_bytes and len(calls["gate_up"]["weights"]) == 2
+    assert set(calls["o"]["calls"]) == {"served", "cublas"}
+    assert calls["o"]["calls"]["cublas"](5).shape == (3, 128)
