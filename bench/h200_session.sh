@@ -563,6 +563,9 @@ case "$phase" in
     # .roombundle alone, as phase room. Results: $OUT/h200x4-scaleout-k<K>-<dispatch>.json (+
     # its PNGs); merge them afterwards, anywhere:
     # python bench/room_scaleout.py --out bench/results/h200x4-scaleout.json <the JSONs>.
+    # On one GPU, the harness with two engines on it: CUDA_VISIBLE_DEVICES=0,0 SCALE_K=2
+    # ROOM_N=16 SCALE_SET='cache.num_blocks=4096' (SCALE_SET: engine overrides, room.py --set,
+    # here a KV pool each that two engines fit beside each other).
     d=/tmp/room
     room_prepare "$d"
     k=${SCALE_K:-4}
@@ -578,7 +581,8 @@ case "$phase" in
       --tokenizer "$d/tokenizer-trimmed.json" --texts .roombundle/texts_en.tsv \
       "${scale[@]}" --dispatch "$dispatch" --listeners "$n" --turns "${ROOM_TURNS:-2}" \
       --rooms-per-process "${ROOM_PER_PROCESS:-4}" --join-timeout-s "${ROOM_JOIN_TIMEOUT_S:-240}" \
-      --variants "${SCALE_VARIANT:-none}" --out "$out/h200x4-scaleout-k$k-${dispatch//,/-}.json" \
+      --variants "${SCALE_VARIANT:-none}" --set "${SCALE_SET:-}" \
+      --out "$out/h200x4-scaleout-k$k-${dispatch//,/-}.json" \
       2>&1 | grep -vE 'Warn|^\{' | tail -40 || echo "room.py ended with $? (124: ROOM_TIMEOUT_S)"
     (cd /tmp && tar czf "$out/scaleout-logs.tgz" breezert-room-*) 2>/dev/null || true ;;
   *) echo "unknown phase $phase" >&2; exit 2 ;;
