@@ -39,7 +39,7 @@ SEARCH = {
     "qkv_bm": [16, 32, 64, 128], "gate_bm": [32, 64, 128], "split_bm": [32, 64, 128],
     "tma": [False, True], "gate_bn": [32, 64, 128], "gate_bk": [64, 128],
     "gate_stages": [3, 4, 5, 6], "gate_warps": [4, 8],
-    "split_bn": [32, 64], "split_bk": [128, 256], "split_stages": [3, 4, 6],
+    "split_bn": [32, 64, 128], "split_bk": [128, 256], "split_stages": [3, 4, 6],
     "split_warps": [4, 8], "qkv_split": [2, 4], "qkv_bk": [128, 256], "num_stages": [3, 4],
 }
 # Like split_k, qkv_split_k sets the sum order: a winner goes into every bucket at once. It is
