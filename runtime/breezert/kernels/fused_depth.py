@@ -38,7 +38,6 @@ from breezert.kernels.gemm import (
     Tiles,
     bf16,
     check_bf16,
-    dot2,
     norm_dot2,
     pdl_launch,
     pdl_wait,
@@ -143,12 +142,11 @@ def _norm_qkv_rope_kernel(
     KS: tl.constexpr = K // SPLIT
     split = tl.program_id(1)  # 0 without a split: all of K
     if PRENORM:
-        acc_lo, acc_hi = dot2(x_ptr, w_ptr, stride_x, rows, rmask, row_block * BM, a0,
-                              a0 + HALF, split * KS, K, KS, BM, C, BK, F32, TMA, True)
+        rstd = tl.zeros([BM], dtype=tl.float32)  # unread: the rows come normed
     else:
         rstd = row_rstd(x_ptr, stride_x, rows, rmask, eps, K, BM, NK)
-        acc_lo, acc_hi = norm_dot2(x_ptr, nw_ptr, w_ptr, stride_x, rows, rmask, rstd, a0,
-                                   a0 + HALF, split * KS, K, KS, BM, C, BK, F32, TMA)
+    acc_lo, acc_hi = norm_dot2(x_ptr, nw_ptr, w_ptr, stride_x, rows, rmask, rstd, row_block * BM,
+                               a0, a0 + HALF, split * KS, K, KS, BM, C, BK, F32, TMA, PRENORM)
     if SPLIT == 1:
         _qkv_store(bf16(acc_lo), bf16(acc_hi), t, d, rows, rmask, cos_ptr, sin_ptr, pos_ptr,
                    q_ptr, cache_ptr, stride_q, c_kv, c_row, c_head, c_pos, H, KVH, D)
@@ -316,12 +314,9 @@ class FusedDepthLayers:
         for layer, layer_cache in zip(depth.model.layers, cache):
             c = layer_cache.stride()  # [2, R, KVH, P, D]
             qkv_weight = gemms.weight(layer.self_attn.qkv_weight, hd // 2 // t.qkv_split, qkv_bk)
-            x_in: object = h
-            if t.prenorm:  # the norm apart, its rows read through TMA
-                x_in = gemms.rows_input(
-                    gemms.rms_norm_rows(h, layer.input_layernorm.weight, self.eps), bm, qkv_bk)
             _norm_qkv_rope_kernel[qkv_grid](
-                x_in, layer.input_layernorm.weight, qkv_weight, cos, sin, pos, q,
+                gemms.normed_input(h, layer.input_layernorm.weight, self.eps, bm, qkv_bk),
+                layer.input_layernorm.weight, qkv_weight, cos, sin, pos, q,
                 layer_cache, workspace, counters, rows, self.eps, h.stride(0), q.stride(0),
                 c[0], c[1], c[2], c[3], workspace.stride(0) if split > 1 else 0,
                 H=self.heads, KVH=self.kv_heads, D=hd, K=d, SUB=t.qkv_split, BM=bm,

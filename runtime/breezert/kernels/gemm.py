@@ -200,34 +200,23 @@ def rms_norm_rows_kernel(x_ptr, nw_ptr, out_ptr, R, eps, stride_x, stride_out,
 
 
 @triton.jit
-def dot2(a, w, stride_a, rows, rmask, r0, a0, b0, k_start, K: tl.constexpr,
-         KLEN: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
-         F32: tl.constexpr, TMA: tl.constexpr, TMA_A: tl.constexpr):
-    """``norm_dot2`` of rows already normed (``Tiles.prenorm``): ``a @ w[a0:a0+BN].T`` and
-    ``@ w[b0:b0+BN].T`` over K columns ``k_start ..`` in the same order, one input tile a step."""
-    acc_a = tl.zeros([BM, BN], dtype=tl.float32)
-    acc_b = tl.zeros([BM, BN], dtype=tl.float32)
-    for k0 in range(0, KLEN, BK):  # constant trip count: the loop pipelines
-        xn = input_tile(a, stride_a, rows, rmask, r0, k_start + k0, BK, TMA_A)
-        w_a = weight_tile(w, a0, k_start + k0, K, BN, BK, TMA)
-        w_b = weight_tile(w, b0, k_start + k0, K, BN, BK, TMA)
-        acc_a += mm(xn, tl.trans(w_a), F32)
-        acc_b += mm(xn, tl.trans(w_b), F32)
-    return acc_a, acc_b
-
-
-@triton.jit
-def norm_dot2(x_ptr, nw_ptr, w, stride_x, rows, rmask, rstd, a0, b0, k_start,
+def norm_dot2(x_ptr, nw_ptr, w, stride_x, rows, rmask, rstd, r0, a0, b0, k_start,
               K: tl.constexpr, KLEN: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
-              BK: tl.constexpr, F32: tl.constexpr, TMA: tl.constexpr):
+              BK: tl.constexpr, F32: tl.constexpr, TMA: tl.constexpr, PRENORM: tl.constexpr):
     """``RMSNorm(x) @ w[a0:a0+BN].T`` and ``@ w[b0:b0+BN].T`` over columns ``k_start ..
     k_start + KLEN - 1`` of K in one pass (fp32 ``[BM, BN]`` each; all of K, or one split of
-    it): gate and up, or the two RoPE halves of a head, with the input tile loaded once."""
+    it): gate and up, or the two RoPE halves of a head, with the input tile loaded once.
+    ``PRENORM`` (``Tiles.prenorm``): ``x_ptr`` is a TMA descriptor of rows already normed
+    (``rms_norm_rows``; the row block's first row ``r0``), ``nw_ptr`` and ``rstd`` unread; the
+    same tiles in the same K order."""
     acc_a = tl.zeros([BM, BN], dtype=tl.float32)
     acc_b = tl.zeros([BM, BN], dtype=tl.float32)
     for k0 in range(0, KLEN, BK):  # constant trip count: the loop pipelines
-        cols = k_start + k0 + tl.arange(0, BK)
-        xn = normed_tile(x_ptr, nw_ptr, stride_x, rows, rmask, rstd, cols)
+        if PRENORM:
+            xn = input_tile(x_ptr, stride_x, rows, rmask, r0, k_start + k0, BK, True)
+        else:
+            cols = k_start + k0 + tl.arange(0, BK)
+            xn = normed_tile(x_ptr, nw_ptr, stride_x, rows, rmask, rstd, cols)
         w_a = weight_tile(w, a0, k_start + k0, K, BN, BK, TMA)
         w_b = weight_tile(w, b0, k_start + k0, K, BN, BK, TMA)
         acc_a += mm(xn, tl.trans(w_a), F32)
@@ -310,12 +299,12 @@ def norm_gate_up_kernel(
     n = tl.program_id(0) * BN + tl.arange(0, BN)
     n0 = tl.program_id(0) * BN
     if PRENORM:
-        acc_g, acc_u = dot2(x_ptr, w_ptr, stride_x, rows, rmask, tl.program_id(1) * BM, n0,
-                            n0 + I, 0, K, K, BM, BN, BK, F32, TMA, True)
+        rstd = tl.zeros([BM], dtype=tl.float32)  # unread: the rows come normed
     else:
         rstd = row_rstd(x_ptr, stride_x, rows, rmask, eps, K, BM, NK)
-        acc_g, acc_u = norm_dot2(x_ptr, nw_ptr, w_ptr, stride_x, rows, rmask, rstd, n0, n0 + I,
-                                 0, K, K, BM, BN, BK, F32, TMA)
+    acc_g, acc_u = norm_dot2(x_ptr, nw_ptr, w_ptr, stride_x, rows, rmask, rstd,
+                             tl.program_id(1) * BM, n0, n0 + I, 0, K, K, BM, BN, BK, F32, TMA,
+                             PRENORM)
     gate, up = bf16(acc_g), bf16(acc_u)
     act = bf16(gate / (1.0 + tl.exp(-gate)))  # F.silu on a bf16 tensor
     tl.store(out_ptr + rows[:, None] * stride_out + n[None, :], bf16(act * up).to(tl.bfloat16),
@@ -475,6 +464,14 @@ class FusedGemms:
         per call, since activations move between calls)."""
         return TensorDescriptor.from_tensor(a, [block_m, block_k])
 
+    def normed_input(self, x: torch.Tensor, norm_weight: torch.Tensor, eps: float,
+                     block_m: int, block_k: int) -> object:
+        """What a norm-prologue GEMM reads: ``x`` itself, or with ``Tiles.prenorm`` a TMA
+        descriptor of ``rms_norm_rows(x)`` (one launch, here)."""
+        if not self.tiles.prenorm:
+            return x
+        return self.rows_input(self.rms_norm_rows(x, norm_weight, eps), block_m, block_k)
+
     def norm_gate_up(self, x: torch.Tensor, norm_weight: torch.Tensor, weight: torch.Tensor,
                      eps: float) -> torch.Tensor:
         t = self.tiles
@@ -483,13 +480,10 @@ class FusedGemms:
         out = torch.empty(rows, inter, dtype=x.dtype, device=x.device)
         bm = row_block(rows, t.gate_bm)
         bk = min(t.gate_bk, k)
-        x_in: object = x
-        if t.prenorm:
-            x = self.rms_norm_rows(x, norm_weight, eps)
-            x_in = self.rows_input(x, bm, bk)
         norm_gate_up_kernel[(inter // t.gate_bn, triton.cdiv(rows, bm))](
-            x_in, norm_weight, self.weight(weight, t.gate_bn, bk), out, rows, eps, x.stride(0),
-            out.stride(0), I=inter, K=k, BM=bm, BN=t.gate_bn, BK=bk, NK=min(256, k),
+            self.normed_input(x, norm_weight, eps, bm, bk), norm_weight,
+            self.weight(weight, t.gate_bn, bk), out, rows, eps, x.stride(0), out.stride(0),
+            I=inter, K=k, BM=bm, BN=t.gate_bn, BK=bk, NK=min(256, k),
             F32=DOT_F32, TMA=t.tma, PRENORM=t.prenorm, **t.launch("gate"),
         )
         return out
