@@ -147,6 +147,19 @@ class PlainGemm:
         return self.out
 
 
+def plain_gemms(name: str, a: torch.Tensor, weights: list[torch.Tensor],
+                configs: tuple[str, ...]) -> dict[str, PlainGemm]:
+    """The plain GEMMs of ``configs`` (down's also split 4 ways, ``...k4``) whose tiles divide
+    this GEMM's shape, by config."""
+    n, k = weights[0].shape
+    gemms = {}
+    for config in configs + (tuple(c + "k4" for c in configs) if name == "down" else ()):
+        gemm = PlainGemm(config, a, weights)
+        if n % gemm.bn == 0 and k % (gemm.bk * gemm.split) == 0:
+            gemms[config] = gemm
+    return gemms
+
+
 def build(cfg: DepthConfig, device: str) -> DepthDecoder:
     """``cfg``'s decoder with seeded random bf16 weights, projections packed as served."""
     torch.manual_seed(0)
@@ -211,10 +224,8 @@ def layer_calls(depth: DepthDecoder, fused: FusedDepthLayers, rows: int,
         if name in prenorm:
             calls["prenorm"] = prenorm[name]
         calls["cublas"] = lambda i, a=a, ws=ws: torch.mm(a, ws[i].t())
-        for config in plain + (tuple(c + "k4" for c in plain) if name == "down" else ()):
-            gemm = PlainGemm(config, a, ws)
-            if n % gemm.bn == 0 and k % (gemm.bk * gemm.split) == 0:
-                calls[f"triton:{config}"] = gemm
+        calls.update({f"triton:{config}": gemm
+                      for config, gemm in plain_gemms(name, a, ws, plain).items()})
         out[name] = {"flop": 2 * rows * n * k, "bytes": ws[0].numel() * ws[0].element_size(),
                      "a": a, "weights": ws, "calls": calls}
     return out
@@ -240,12 +251,27 @@ def per(ms: float | None, scale: float, amount: float | None = None) -> float | 
     return float(f"{value:.4g}")
 
 
-def every_layer(call: Callable[[int], Any], layers: int) -> Callable[[], None]:
-    """One call per layer, each on that layer's weights."""
+def every_weight(call: Callable[[int], Any], count: int) -> Callable[[], None]:
+    """One call per weight, in turn (``layer_calls``' index)."""
     def run() -> None:
-        for i in range(layers):
+        for i in range(count):
             call(i)
     return run
+
+
+def time_or_error(timer: Callable[[Callable[[], None], int], float | None],
+                  fn: Callable[[], None], iters: int,
+                  label: str) -> tuple[float | None, str | None]:
+    """``timer(fn, iters)``, or None and the error where ``fn`` fails to build or launch (printed
+    under ``label``; the run's other figures stay). The CPU check's timer lets errors through."""
+    try:
+        return timer(fn, iters), None
+    except Exception as exc:
+        if timer is untimed:
+            raise
+        error = f"{type(exc).__name__}: {str(exc)[:300]}"
+        print(f"[gemm] {label} failed: {error}", flush=True)
+        return None, error
 
 
 def measure(depth: DepthDecoder, rows: int, pdl: bool, iters: int,
@@ -253,9 +279,9 @@ def measure(depth: DepthDecoder, rows: int, pdl: bool, iters: int,
             timer: Callable[[Callable[[], None], int], float | None] = graph_ms,
             plain: tuple[str, ...] = PLAIN_CONFIGS, flush_bytes: int = FLUSH_BYTES,
             ) -> dict[str, Any]:
-    """One row count: every GEMM call served and cuBLAS, and a served position (``tiles``:
-    one shape for every row count instead of ``TILES_BY_ROWS``; ``timer``: ms of one call of
-    a function, CUDA graphs by default)."""
+    """One row count: every GEMM in every kind of ``layer_calls``, a served and a prenorm
+    position (``tiles``: one shape for every row count instead of ``TILES_BY_ROWS``;
+    ``timer``: ms of one call of a function, CUDA graphs by default)."""
     cfg, device = depth.cfg, depth.model.norm.weight.device
     fused = FusedDepthLayers(depth, max_rows=rows, tiles=tiles, pdl=pdl,
                              warm=False)  # the timer's first call builds
@@ -269,21 +295,16 @@ def measure(depth: DepthDecoder, rows: int, pdl: bool, iters: int,
         entry: dict[str, Any] = {"flop": gemm["flop"], "weight_bytes": gemm["bytes"],
                                  "calls_a_graph": count}
         for kind, call in gemm["calls"].items():
-            try:
-                total = timer(every_layer(call, count), iters)
-            except Exception as exc:  # one shape that fails to build or launch: recorded
-                if timer is untimed:  # the CPU check must see it
-                    raise
-                entry[kind] = {"us": None, "tflops": None, "error": f"{type(exc).__name__}: "
-                               f"{str(exc)[:300]}"}
-                print(f"[gemm] rows {rows:4d} {name} {kind} failed: {entry[kind]['error']}",
-                      flush=True)
+            total, error = time_or_error(timer, every_weight(call, count), iters,
+                                         f"rows {rows:4d} {name} {kind}")
+            if error is not None:
+                entry[kind] = {"us": None, "tflops": None, "error": error}
                 continue
             ms = None if total is None else total / count
             entry[kind] = {"us": per(ms, 1e3), "tflops": per(ms, 1e-9, gemm["flop"]),
                            "weight_tbps": per(ms, 1e-9, gemm["bytes"])}
-        plain = {k: v for k, v in entry.items() if k.startswith("triton:")}
-        timed = {k: v for k, v in plain.items() if v["us"] is not None}
+        timed = {k: v for k, v in entry.items()
+                 if k.startswith("triton:") and v["us"] is not None}
         entry["triton_best"] = min(timed, key=lambda k: timed[k]["us"]) if timed else None
         out["gemms"][name] = entry
         print(f"[gemm] rows {rows:4d} {name:8s} " + "  ".join(
@@ -301,17 +322,11 @@ def measure(depth: DepthDecoder, rows: int, pdl: bool, iters: int,
     def position_prenorm() -> None:
         fused_prenorm(x, cos, sin, cache, pos)
 
-    position_times: dict[str, float | None] = {}
-    errors = {}
-    for key, fn in (("served", position), ("prenorm", position_prenorm)):
-        try:
-            position_times[key] = timer(fn, iters)
-        except Exception as exc:  # recorded: the row count's other figures stay
-            if timer is untimed:
-                raise
-            position_times[key], errors[key] = None, f"{type(exc).__name__}: {str(exc)[:300]}"
-            print(f"[gemm] rows {rows:4d} {key} position failed: {errors[key]}", flush=True)
-    position_ms, prenorm_ms = position_times["served"], position_times["prenorm"]
+    position_ms, served_error = time_or_error(timer, position, iters,
+                                              f"rows {rows:4d} served position")
+    prenorm_ms, prenorm_error = time_or_error(timer, position_prenorm, iters,
+                                              f"rows {rows:4d} prenorm position")
+    errors = {k: e for k, e in (("served", served_error), ("prenorm", prenorm_error)) if e}
     if errors:
         out["position_errors"] = errors
     g = out["gemms"]
@@ -405,12 +420,7 @@ def compile_only(rows: int = 512) -> list[dict[str, Any]]:
     for name, (n, k) in shapes.items():
         a = torch.zeros(rows, k, dtype=torch.bfloat16)
         w = torch.zeros(n, k, dtype=torch.bfloat16)
-        configs = PLAIN_CONFIGS + (tuple(c + "k4" for c in PLAIN_CONFIGS) if name == "down"
-                                   else ())
-        for config in configs:
-            gemm = PlainGemm(config, a, [w])
-            if n % gemm.bn or k % (gemm.bk * gemm.split):
-                continue
+        for config, gemm in plain_gemms(name, a, [w], PLAIN_CONFIGS).items():
             with build_only(90) as built:
                 gemm(0)
             r = resources(built[0], f"{name} {config}")
