@@ -177,11 +177,10 @@ def _pdl_pair(depth: DepthDecoder) -> tuple[object, object]:
 
 
 def _prenorm_pair(depth: DepthDecoder) -> tuple[object, object]:
-    from dataclasses import replace
+    from breezert.kernels.fused_depth import TILES_BY_ROWS, FusedDepthLayers, with_prenorm
 
-    from breezert.kernels.fused_depth import TILES_BY_ROWS, FusedDepthLayers
-
-    table = tuple((limit, replace(t, prenorm=True)) for limit, t in TILES_BY_ROWS)
+    # every bucket with the norms apart, the 256- and 512-row ones in their own tuned shapes
+    table = tuple((limit, with_prenorm(limit, t)) for limit, t in TILES_BY_ROWS)
     return (FusedDepthLayers(depth, max_rows=512, pdl=True),
             FusedDepthLayers(depth, max_rows=512, tiles=table, pdl=True))
 

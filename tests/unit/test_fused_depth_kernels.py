@@ -213,16 +213,29 @@ def test_prenorm_above_splits_the_row_buckets_at_its_threshold() -> None:
     bucket straddling it is split there, and 0 leaves ``TILES_BY_ROWS`` as it is."""
     from dataclasses import replace
 
-    from breezert.kernels.fused_depth import TILES_BY_ROWS, prenorm_above
+    from breezert.kernels.fused_depth import (
+        PRENORM_TILES_BY_ROWS,
+        TILES_BY_ROWS,
+        prenorm_above,
+        with_prenorm,
+    )
 
     assert prenorm_above(0) == TILES_BY_ROWS
     limits = [limit for limit, _ in TILES_BY_ROWS]  # 64, 128, 256, 512
     at_128 = prenorm_above(128)
     assert [limit for limit, _ in at_128] == limits
     assert [t.prenorm for _, t in at_128] == [False, False, True, True]
-    assert [replace(t, prenorm=False) for _, t in at_128] == [t for _, t in TILES_BY_ROWS]
+    assert at_128[:2] == TILES_BY_ROWS[:2]
+    assert [t for _, t in at_128[2:]] == [PRENORM_TILES_BY_ROWS[256], PRENORM_TILES_BY_ROWS[512]]
+    # a row's bits: the tuned shapes keep every bucket's K splits of o_proj/down and q/k/v
+    for limit, tiles in TILES_BY_ROWS:
+        tuned = with_prenorm(limit, tiles)
+        assert (tuned.split_k, tuned.qkv_split_k, tuned.qkv_bk) == (
+            tiles.split_k, tiles.qkv_split_k, tiles.qkv_bk)
+        assert tuned.prenorm and replace(with_prenorm(64, tiles), prenorm=False) == tiles
     at_200 = prenorm_above(200)  # inside the 256 bucket: 129-200 without, 201-256 with
     assert [(limit, t.prenorm) for limit, t in at_200] == [
         (64, False), (128, False), (200, False), (256, True), (512, True)]
-    assert at_200[2][1] == replace(at_200[3][1], prenorm=False)  # the 256 bucket's shapes
+    assert at_200[2][1] == TILES_BY_ROWS[2][1]  # the 256 bucket's own shapes below 200
+    assert at_200[3][1] == PRENORM_TILES_BY_ROWS[256]
     assert not any(t.prenorm for _, t in prenorm_above(512))

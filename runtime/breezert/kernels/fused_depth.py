@@ -68,6 +68,25 @@ TILES_BY_ROWS: tuple[tuple[int, Tiles], ...] = (
 )
 
 
+# The 256- and 512-row buckets' shapes with the norms apart (``Tiles.prenorm``), tuned with it
+# (bench/results/h100-tune-fused-depth-20261206-9.json, H100): 14.4 and 24.3 ms a frame against
+# 17.1 and 31.1 for the shapes above with PDL. The 512-row q/k/v keeps its 256-deep K tiles (the
+# tuner's 128 was not checked for bits); split_k stays 4, so a row's bits do not change.
+PRENORM_TILES_BY_ROWS: dict[int, Tiles] = {
+    256: Tiles(qkv_split=2, gate_bn=128, split_k=4, split_bn=64, split_bk=128, num_stages=3,
+               gate_warps=8, gate_stages=4, split_warps=8, split_stages=4, qkv_bm=64,
+               gate_bm=128, split_bm=128, tma=False, prenorm=True),
+    512: Tiles(qkv_split=2, gate_bn=128, split_k=4, split_bn=64, split_bk=128, num_stages=3,
+               gate_warps=8, gate_stages=4, split_warps=8, split_stages=3, qkv_bm=64,
+               gate_bm=128, split_bm=64, tma=True, prenorm=True),
+}
+
+
+def with_prenorm(limit: int, tiles: Tiles) -> Tiles:
+    """The bucket's shapes with the norms apart: tuned ones where there are, else its own."""
+    return PRENORM_TILES_BY_ROWS.get(limit, replace(tiles, prenorm=True))
+
+
 def prenorm_above(rows: int) -> tuple[tuple[int, Tiles], ...]:
     """``TILES_BY_ROWS`` with ``Tiles.prenorm`` in the buckets for more than ``rows`` rows (the
     first bucket above ``rows`` covers from ``rows + 1``; 0: none, the table as it is)."""
@@ -76,9 +95,9 @@ def prenorm_above(rows: int) -> tuple[tuple[int, Tiles], ...]:
     table, low = [], 0
     for limit, tiles in TILES_BY_ROWS:
         if low >= rows:
-            table.append((limit, replace(tiles, prenorm=True)))
+            table.append((limit, with_prenorm(limit, tiles)))
         elif limit > rows:  # the bucket straddles ``rows``: split it there
-            table += [(rows, tiles), (limit, replace(tiles, prenorm=True))]
+            table += [(rows, tiles), (limit, with_prenorm(limit, tiles))]
         else:
             table.append((limit, tiles))
         low = limit
