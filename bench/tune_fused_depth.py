@@ -35,11 +35,13 @@ from cuda_bench import graph_ms, random_bf16_packed
 # bits (TILES_BY_ROWS all split 4).
 # Row blocks of 128 only pay past 128 rows (capacity's 256-512 rows: each block reads its weight
 # slice again); below, ``row_block`` caps them at the rows' power of two (the same candidate).
+# split_bk 64: the plain TMA GEMM that came within 3 % of cuBLAS on down at 512 rows was
+# 128 x 128 x 64, 4 warps, 4 stages (bench/results/h100-depth-gemm-ceiling-20261206-9.json).
 SEARCH = {
     "qkv_bm": [16, 32, 64, 128], "gate_bm": [32, 64, 128], "split_bm": [32, 64, 128],
     "tma": [False, True], "gate_bn": [32, 64, 128], "gate_bk": [64, 128],
     "gate_stages": [3, 4, 5, 6], "gate_warps": [4, 8],
-    "split_bn": [32, 64, 128], "split_bk": [128, 256], "split_stages": [3, 4, 6],
+    "split_bn": [32, 64, 128], "split_bk": [64, 128, 256], "split_stages": [3, 4, 6],
     "split_warps": [4, 8], "qkv_split": [2, 4], "qkv_bk": [128, 256], "num_stages": [3, 4],
 }
 # Like split_k, qkv_split_k sets the sum order: a winner goes into every bucket at once. It is
