@@ -21,8 +21,9 @@ MB and of o 25 MB, under an H100's or H200's 50 MB L2):
   (and PDL, as ``graph.pdl``): ``norm_gate_up`` (RMSNorm prologue, SiLU(gate) x up epilogue)
   and ``linear_residual`` (split-K, residual epilogue) for o and down; q/k/v runs inside
   ``FusedDepthLayers`` with RoPE and the cache write, so it is timed only there;
-- ``prenorm``: the same kernels with ``Tiles.prenorm`` (the norm apart, one launch, counted;
-  the GEMM's input rows through TMA; the same bits), and a prenorm position beside the served;
+- ``prenorm``: the kernels with ``Tiles.prenorm`` (the norm apart, one launch, counted; the
+  GEMM's input rows through TMA; the same bits), in the shapes ``graph.depth_prenorm_rows``
+  serves (``PRENORM_TILES_BY_ROWS`` for 256 and 512 rows), and a prenorm position beside the served;
 - ``cublas``: ``torch.mm`` of the same operands, bf16 in and out, no prologue or epilogue;
 - ``triton:CONFIG``: a plain Triton GEMM (``PLAIN_CONFIGS``: large tiles through TMA, fp32
   accumulation in K order, as the served kernels accumulate, so a row's bits would not depend
@@ -52,7 +53,7 @@ import triton
 import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
-from breezert.kernels.fused_depth import TILES_BY_ROWS, FusedDepthLayers
+from breezert.kernels.fused_depth import TILES_BY_ROWS, FusedDepthLayers, with_prenorm
 from breezert.kernels.gemm import DOT_F32, Tiles, bf16, mm
 from breezert.layers.norms import rms_norm
 from breezert.models.config import BreezeConfig, DepthConfig
@@ -168,9 +169,12 @@ def build(cfg: DepthConfig, device: str) -> DepthDecoder:
 
 
 def prenormed(tiles: Tiles | None) -> tuple[tuple[int, Tiles], ...]:
-    """``tiles`` (None: ``TILES_BY_ROWS``) with ``prenorm`` on in every bucket."""
-    table = TILES_BY_ROWS if tiles is None else ((1 << 20, tiles),)
-    return tuple((limit, replace(t, prenorm=True)) for limit, t in table)
+    """``tiles`` with ``prenorm`` on; None: every bucket of ``TILES_BY_ROWS`` as
+    ``graph.depth_prenorm_rows`` would serve it (the tuned ``PRENORM_TILES_BY_ROWS`` where a
+    bucket has them)."""
+    if tiles is None:
+        return tuple((limit, with_prenorm(limit, t)) for limit, t in TILES_BY_ROWS)
+    return ((1 << 20, replace(tiles, prenorm=True)),)
 
 
 def layer_calls(depth: DepthDecoder, fused: FusedDepthLayers, rows: int,
