@@ -47,7 +47,9 @@ SEARCH = {
 # Like split_k, qkv_split_k sets the sum order: a winner goes into every bucket at once. It is
 # searched first (a bounded run reaches it), then prenorm (the norms apart, input rows through
 # TMA: the same bits, so a bucket may take it alone), which changes what the tiles after it pay.
-SEARCH = {"qkv_split_k": [1, 2, 4], "prenorm": [False, True], **SEARCH}
+# o_inline (o_proj's K splits summed inside each program, no workspace: the same bits) after it.
+SEARCH = {"qkv_split_k": [1, 2, 4], "prenorm": [False, True], "o_inline": [False, True],
+          **SEARCH}
 
 
 def build_depth() -> DepthDecoder:

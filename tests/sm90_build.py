@@ -169,9 +169,9 @@ def _depth_rows(graph: object) -> list[int]:
     return sorted({r for b in graph.depth_batch_buckets for r in (b, 2 * b)})  # type: ignore[attr-defined]
 
 
-def _depth(tiles: str, pdl: bool, qkv_split_k: int,
-           prenorm: bool = False) -> tuple[Warm, Callable[[], None]]:
-    from breezert.kernels.fused_depth import TILES_BY_ROWS, FusedDepthLayers
+def _depth(tiles: str, pdl: bool, qkv_split_k: int, prenorm: bool = False,
+           o_inline: bool = False) -> tuple[Warm, Callable[[], None]]:
+    from breezert.kernels.fused_depth import TILES_BY_ROWS, FusedDepthLayers, with_prenorm
     from breezert.kernels.gemm import Tiles
     from breezert.models.config import BreezeConfig
     from breezert.models.depth import DepthDecoder
@@ -181,7 +181,9 @@ def _depth(tiles: str, pdl: bool, qkv_split_k: int,
     with torch.device("meta"):
         depth = random_bf16_fused_(DepthDecoder(BreezeConfig.full().depth))
     table = TILES_BY_ROWS if tiles == "by-rows" else ((max_rows, Tiles()),)
-    table = tuple((limit, replace(t, qkv_split_k=qkv_split_k, prenorm=t.prenorm or prenorm))
+    if prenorm:  # every bucket as graph.depth_prenorm_rows serves it (tuned shapes at 256-512)
+        table = tuple((limit, with_prenorm(limit, t)) for limit, t in table)
+    table = tuple((limit, replace(t, qkv_split_k=qkv_split_k, o_inline=t.o_inline or o_inline))
                   for limit, t in table)
     fused = FusedDepthLayers(depth, max_rows, table, warm=False, pdl=pdl)
     pos = torch.zeros(1, dtype=torch.long, device="meta")
@@ -341,6 +343,8 @@ VARIANTS: dict[str, Callable[[], tuple[Warm, Callable[[], None]]]] = {
     "depth by-rows qkv-split-4 pdl": lambda: _depth("by-rows", True, 4),
     "depth one-shape": lambda: _depth("one", False, 1),
     "depth by-rows prenorm pdl": lambda: _depth("by-rows", True, 1, prenorm=True),
+    "depth by-rows prenorm o-inline pdl": lambda: _depth("by-rows", True, 1, prenorm=True,
+                                                         o_inline=True),
     "decode": lambda: _decode(False),
     "decode pdl": lambda: _decode(True),
     "prefill": _prefill,

@@ -185,20 +185,34 @@ def _prenorm_pair(depth: DepthDecoder) -> tuple[object, object]:
             FusedDepthLayers(depth, max_rows=512, tiles=table, pdl=True))
 
 
-SAME_BITS = {"pdl": _pdl_pair, "prenorm": _prenorm_pair}
+def _o_inline_pair(depth: DepthDecoder) -> tuple[object, object]:
+    from dataclasses import replace
+
+    from breezert.kernels.fused_depth import TILES_BY_ROWS, FusedDepthLayers, with_prenorm
+
+    # o_proj's splits summed in one program, in every bucket, with the norms apart (as a
+    # large-row bucket would run it)
+    table = tuple((limit, replace(with_prenorm(limit, t), o_inline=True))
+                  for limit, t in TILES_BY_ROWS)
+    return (FusedDepthLayers(depth, max_rows=512, pdl=True),
+            FusedDepthLayers(depth, max_rows=512, tiles=table, pdl=True))
+
+
+SAME_BITS = {"pdl": _pdl_pair, "prenorm": _prenorm_pair, "o_inline": _o_inline_pair}
 """Switches that must not change a bit: (the path without, the path with) on a decoder."""
 
 
 @pytest.mark.parametrize(("switch", "rows"), [
     *(("pdl", rows) for rows in (1, 16, 64, 128)),
     *(("prenorm", rows) for rows in (1, 100, 256, 300, 512)),
+    *(("o_inline", rows) for rows in (1, 256, 512)),
 ])
 def test_switch_changes_no_bit(depth: DepthDecoder, switch: str, rows: int) -> None:
     """Programmatic dependent launch (``graph.pdl``) gives the same bits as plain launches;
     ``Tiles.prenorm`` in every bucket of ``TILES_BY_ROWS`` (the norms apart, the GEMMs' input
     rows through TMA, PDL as served) the served buckets' bits at every size up to capacity's
-    512 rows. Both eager and replayed in a CUDA graph (where PDL launches become programmatic
-    edges)."""
+    512 rows, and so does ``Tiles.o_inline`` with it (o_proj's splits summed in one program).
+    Both eager and replayed in a CUDA graph (where PDL launches become programmatic edges)."""
     without, with_switch = SAME_BITS[switch](depth)
     gen = torch.Generator(device="cuda").manual_seed(300 + rows)
     xs = torch.randn(16, rows, 2048, device="cuda", generator=gen).to(torch.bfloat16)

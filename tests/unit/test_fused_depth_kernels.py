@@ -178,11 +178,24 @@ def test_prenormed_rows_through_tma_give_the_same_bits() -> None:
     hidden states and cache, bit for bit, as the norm prologues, at 3 rows and 20 (two 16-row
     blocks, the second past the tensor's end), with split-K q/k/v too; a row alone in the
     prenorm bucket equals it in a crowd of the prologue bucket."""
-    run_in_interpreter(__name__, "check_prenorm_bits(3, qkv_split_k=1)")
-    run_in_interpreter(__name__, "check_prenorm_bits(20, qkv_split_k=2)")
+    run_in_interpreter(__name__, "check_switch_bits(3, qkv_split_k=1)")
+    run_in_interpreter(__name__, "check_switch_bits(20, qkv_split_k=2)")
 
 
-def check_prenorm_bits(rows: int, qkv_split_k: int) -> None:
+@needs_triton
+def test_o_proj_splits_summed_in_one_program_give_the_same_bits() -> None:
+    """``Tiles.o_inline`` (o_proj's K splits made and summed in split order inside each
+    program, no workspace): the same bits as the last program summing them, at 3 and 20 rows,
+    alone and with ``Tiles.prenorm`` (as the large-row buckets would run them)."""
+    run_in_interpreter(__name__, "check_switch_bits(3, qkv_split_k=1, switches=('o_inline',))")
+    run_in_interpreter(__name__, "check_switch_bits(20, qkv_split_k=1, "
+                                 "switches=('o_inline', 'prenorm'))")
+
+
+def check_switch_bits(rows: int, qkv_split_k: int, switches: tuple[str, ...] = ("prenorm",),
+                      ) -> None:
+    """The decoder with ``switches`` on against it without, bit for bit: every position's
+    hidden states and the cache, and a row alone (with them) against the crowd (without)."""
     from breezert.kernels import fused_depth
     from breezert.kernels.gemm import Tiles
 
@@ -190,7 +203,8 @@ def check_prenorm_bits(rows: int, qkv_split_k: int) -> None:
     shape = {"qkv_split": 1, "split_k": 4, "qkv_bm": 16, "gate_bm": 16, "split_bm": 16,
              "qkv_split_k": qkv_split_k, "tma": True}
     plain = fused_depth.FusedDepthLayers(depth, max_rows=32, tiles=Tiles(**shape))
-    prenorm = fused_depth.FusedDepthLayers(depth, max_rows=32, tiles=Tiles(**shape, prenorm=True))
+    prenorm = fused_depth.FusedDepthLayers(
+        depth, max_rows=32, tiles=Tiles(**shape, **{name: True for name in switches}))
     caches = [depth.new_cache(rows), depth.new_cache(rows), depth.new_cache(1)]
     torch.manual_seed(5)
     with torch.inference_mode():

@@ -347,7 +347,7 @@ class FusedDepthLayers:
                 c[0], c[1], c[2], c[3], G=self.heads // self.kv_heads, D=hd,
                 P=layer_cache.shape[3], num_warps=4, **pdl_launch(t.pdl),
             )
-            h = gemms.linear_residual(attn, layer.self_attn.o_proj.weight, h)
+            h = gemms.linear_residual(attn, layer.self_attn.o_proj.weight, h, inline=t.o_inline)
             act = gemms.norm_gate_up(h, layer.post_attention_layernorm.weight,
                                      layer.mlp.gate_up_weight, self.eps)
             h = gemms.linear_residual(act, layer.mlp.down_proj.weight, h)

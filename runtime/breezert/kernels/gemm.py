@@ -83,6 +83,12 @@ class Tiles:
     rounding points in the same K order, so the same bits as without it; one more launch per
     norm."""
 
+    o_inline: bool = False
+    """Large-row buckets: o_proj's ``split_k`` partials made and summed in split order inside
+    each program (``linear_residual(inline=True)``) rather than by the tile's last program from a
+    workspace. o_proj's K is short (512), so at hundreds of rows its split-K workspace moves
+    several times its weight; the same partials in the same order, so the same bits."""
+
     def launch(self, kernel: str) -> dict[str, int]:
         """``num_warps`` / ``num_stages`` of ``kernel`` ("gate" or "split"; others share the
         defaults), so the GEMMs with the most bytes can take deeper pipelines; and
@@ -311,20 +317,49 @@ def norm_gate_up_kernel(
              mask=rmask[:, None])
 
 
+@triton.jit
+def split_partial(a_ptr, w_ptr, stride_a, rows, rmask, r0, n0, k_start, KS: tl.constexpr,
+                  K: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
+                  F32: tl.constexpr, TMA: tl.constexpr, TMA_A: tl.constexpr):
+    """One K split's fp32 partial of ``a @ w.T`` for a ``[rows, n0..n0+BN)`` tile: columns
+    ``k_start..k_start+KS`` in ``BK`` steps, in K order."""
+    acc = tl.zeros([BM, BN], dtype=tl.float32)
+    for k0 in range(0, KS, BK):  # constant trip count: the loop pipelines
+        a = input_tile(a_ptr, stride_a, rows, rmask, r0, k_start + k0, BK, TMA_A)
+        w = weight_tile(w_ptr, n0, k_start + k0, K, BN, BK, TMA)
+        acc += mm(a, tl.trans(w), F32)
+    return acc
+
+
+@triton.jit
+def residual_out(total, res_ptr, out_ptr, rows, rmask, n, stride_res, stride_out,
+                 HAS_RES: tl.constexpr):
+    """``bf16(res + bf16(total))`` (``HAS_RES`` off: ``bf16(total)``) into the output tile."""
+    if HAS_RES:
+        res = tl.load(res_ptr + rows[:, None] * stride_res + n[None, :],
+                      mask=rmask[:, None], other=0.0).to(tl.float32)
+        out = bf16(res + bf16(total)).to(tl.bfloat16)
+    else:
+        out = bf16(total).to(tl.bfloat16)
+    tl.store(out_ptr + rows[:, None] * stride_out + n[None, :], out, mask=rmask[:, None])
+
+
 @triton.jit(do_not_specialize=["R"])  # one build serves every row count
 def linear_residual_kernel(
     a_ptr, w_ptr, res_ptr, out_ptr, ws_ptr, count_ptr, R, stride_a, stride_res, stride_out,
     ws_split, N: tl.constexpr, K: tl.constexpr, SPLIT: tl.constexpr,
     BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, F32: tl.constexpr,
     TMA: tl.constexpr = False, HAS_RES: tl.constexpr = True, PDL: tl.constexpr = False,
-    TMA_A: tl.constexpr = False,
+    TMA_A: tl.constexpr = False, INLINE: tl.constexpr = False,
 ):
     """Program (column block, K split, row block): ``out = bf16(res + bf16(a @ w.T))``
     (``HAS_RES`` off: ``bf16(a @ w.T)``, ``res_ptr`` unread; ``TMA_A``: ``a_ptr`` is a TMA
     descriptor of ``[BM, BK]`` blocks of ``a``).
 
     Each program stores its fp32 partial; the last of the SPLIT programs of a tile (atomic
-    counter) sums all partials in split order, writes the tile and resets the counter."""
+    counter) sums all partials in split order, writes the tile and resets the counter.
+    ``INLINE`` (grid of one split): one program makes the SPLIT partials in turn and sums them in
+    the same order, no workspace: the same bits."""
     pdl_wait(PDL)  # before the workspace: the previous split-K launch may still be summing
     pid_n = tl.program_id(0)
     split = tl.program_id(1)
@@ -333,29 +368,31 @@ def linear_residual_kernel(
     rmask = rows < R
     n = pid_n * BN + tl.arange(0, BN)
     KS: tl.constexpr = K // SPLIT
-    acc = tl.zeros([BM, BN], dtype=tl.float32)
-    for k0 in range(0, KS, BK):  # constant trip count: the loop pipelines
-        a = input_tile(a_ptr, stride_a, rows, rmask, row_block * BM, split * KS + k0, BK, TMA_A)
-        w = weight_tile(w_ptr, pid_n * BN, split * KS + k0, K, BN, BK, TMA)
-        acc += mm(a, tl.trans(w), F32)
-    tile = ws_ptr + rows[:, None] * N + n[None, :]  # partials of this call: [SPLIT, R, N]
-    tl.store(tile + split * ws_split, acc, mask=rmask[:, None])
-    tl.debug_barrier()  # every thread's partial is written before the counter says so
-    counter = count_ptr + row_block * (N // BN) + pid_n
-    arrived = tl.atomic_add(counter, 1, sem="acq_rel", scope="gpu")
-    if arrived == SPLIT - 1:
+    if INLINE:
         total = tl.zeros([BM, BN], dtype=tl.float32)
-        for s in range(SPLIT):
-            total += tl.load(tile + s * ws_split, mask=rmask[:, None], other=0.0,
-                             cache_modifier=".cg")
-        if HAS_RES:
-            res = tl.load(res_ptr + rows[:, None] * stride_res + n[None, :],
-                          mask=rmask[:, None], other=0.0).to(tl.float32)
-            out = bf16(res + bf16(total)).to(tl.bfloat16)
-        else:
-            out = bf16(total).to(tl.bfloat16)
-        tl.store(out_ptr + rows[:, None] * stride_out + n[None, :], out, mask=rmask[:, None])
-        tl.store(counter, 0)
+        for s in tl.static_range(SPLIT):
+            partial = split_partial(a_ptr, w_ptr, stride_a, rows, rmask, row_block * BM,
+                                    pid_n * BN, s * KS, KS, K, BM, BN, BK, F32, TMA, TMA_A)
+            # through a select, so the compiler cannot fold the sum into the last MMA's
+            # accumulator (add(dot(a, b, 0), t) -> dot(a, b, t) would change the rounding)
+            total += tl.where(rmask[:, None], partial, 0.0)
+        residual_out(total, res_ptr, out_ptr, rows, rmask, n, stride_res, stride_out, HAS_RES)
+    else:
+        acc = split_partial(a_ptr, w_ptr, stride_a, rows, rmask, row_block * BM, pid_n * BN,
+                            split * KS, KS, K, BM, BN, BK, F32, TMA, TMA_A)
+        tile = ws_ptr + rows[:, None] * N + n[None, :]  # partials of this call: [SPLIT, R, N]
+        tl.store(tile + split * ws_split, acc, mask=rmask[:, None])
+        tl.debug_barrier()  # every thread's partial is written before the counter says so
+        counter = count_ptr + row_block * (N // BN) + pid_n
+        arrived = tl.atomic_add(counter, 1, sem="acq_rel", scope="gpu")
+        if arrived == SPLIT - 1:
+            total = tl.zeros([BM, BN], dtype=tl.float32)
+            for s in range(SPLIT):
+                total += tl.load(tile + s * ws_split, mask=rmask[:, None], other=0.0,
+                                 cache_modifier=".cg")
+            residual_out(total, res_ptr, out_ptr, rows, rmask, n, stride_res, stride_out,
+                         HAS_RES)
+            tl.store(counter, 0)
 
 
 def check_bf16(weight: torch.Tensor, model: str) -> None:
@@ -489,9 +526,10 @@ class FusedGemms:
         return out
 
     def linear_residual(self, a: torch.Tensor, weight: torch.Tensor,
-                        residual: torch.Tensor | None) -> torch.Tensor:
+                        residual: torch.Tensor | None, inline: bool = False) -> torch.Tensor:
         """``residual + a @ weight.T`` (bf16 rounding points of ``x + linear(a)``), split-K;
-        ``residual=None``: ``linear(a)``."""
+        ``residual=None``: ``linear(a)``; ``inline``: each program sums its tile's K splits
+        itself (``Tiles.o_inline``), the same bits."""
         t = self.tiles
         rows, (n, k) = a.shape[0], weight.shape
         workspace, counters = (
@@ -503,11 +541,12 @@ class FusedGemms:
         residual = residual if has_res else out  # never read
         bm = row_block(rows, t.split_bm)
         bk = min(t.split_bk, k // t.split_k)
-        linear_residual_kernel[(n // t.split_bn, t.split_k, triton.cdiv(rows, bm))](
+        grid = (n // t.split_bn, 1 if inline else t.split_k, triton.cdiv(rows, bm))
+        linear_residual_kernel[grid](
             self.rows_input(a, bm, bk) if t.prenorm else a, self.weight(weight, t.split_bn, bk),
             residual, out, workspace, counters, rows, a.stride(0), residual.stride(0),
             out.stride(0), workspace.stride(0), N=n, K=k, SPLIT=t.split_k, BM=bm,
             BN=t.split_bn, BK=bk, F32=DOT_F32, TMA=t.tma, HAS_RES=has_res, TMA_A=t.prenorm,
-            **t.launch("split"),
+            INLINE=inline, **t.launch("split"),
         )
         return out
