@@ -24,6 +24,8 @@ MB and of o 25 MB, under an H100's or H200's 50 MB L2):
 - ``prenorm``: the kernels with ``Tiles.prenorm`` (the norm apart, one launch, counted; the
   GEMM's input rows through TMA; the same bits), in the shapes ``graph.depth_prenorm_rows``
   serves (``PRENORM_TILES_BY_ROWS`` for 256 and 512 rows), and a prenorm position beside the served;
+- ``prenorm+inline`` (o only): prenorm's o_proj with its K splits summed in one program
+  (``Tiles.o_inline``; the same bits);
 - ``cublas``: ``torch.mm`` of the same operands, bf16 in and out, no prologue or epilogue;
 - ``triton:CONFIG``: a plain Triton GEMM (``PLAIN_CONFIGS``: large tiles through TMA, fp32
   accumulation in K order, as the served kernels accumulate, so a row's bits would not depend
@@ -219,6 +221,8 @@ def layer_calls(depth: DepthDecoder, fused: FusedDepthLayers, rows: int,
         "gate_up": lambda i: pre.norm_gate_up(h, norm(i), wgu[i], eps),
         "down": lambda i: pre.linear_residual(act, wd[i], h),
     }
+    if pre is not None:  # o_proj's splits summed in one program (Tiles.o_inline)
+        prenorm["o inline"] = lambda i: pre.linear_residual(attn, wo[i], h, inline=True)
     out: dict[str, dict[str, Any]] = {}
     for name, (a, ws) in weights.items():
         n, k = ws[0].shape
@@ -227,6 +231,8 @@ def layer_calls(depth: DepthDecoder, fused: FusedDepthLayers, rows: int,
             calls["served"] = served[name]
         if name in prenorm:
             calls["prenorm"] = prenorm[name]
+        if f"{name} inline" in prenorm:
+            calls["prenorm+inline"] = prenorm[f"{name} inline"]
         calls["cublas"] = lambda i, a=a, ws=ws: torch.mm(a, ws[i].t())
         calls.update({f"triton:{config}": gemm
                       for config, gemm in plain_gemms(name, a, ws, plain).items()})
@@ -313,7 +319,8 @@ def measure(depth: DepthDecoder, rows: int, pdl: bool, iters: int,
         out["gemms"][name] = entry
         print(f"[gemm] rows {rows:4d} {name:8s} " + "  ".join(
             f"{k} {entry[k]['us']} us ({entry[k]['tflops']} TFLOP/s)"
-            for k in ("served", "prenorm", "cublas", entry["triton_best"]) if k in entry),
+            for k in ("served", "prenorm", "prenorm+inline", "cublas", entry["triton_best"])
+            if k in entry),
             flush=True)
     x = torch.randn(rows, cfg.backbone_hidden_size, device=device).to(torch.bfloat16)
     cache = depth.new_cache(rows)
@@ -396,6 +403,11 @@ def check_small() -> dict[str, float]:
                 h, layer.post_attention_layernorm.weight, layer.mlp.gate_up_weight, eps)
             got["down prenorm vs served"] = pre.linear_residual(
                 act, layer.mlp.down_proj.weight, h)
+            attn = torch.randn(rows, SMALL.num_heads * SMALL.head_dim).to(torch.bfloat16)
+            expect["o prenorm+inline vs served"] = gemms.linear_residual(
+                attn, layer.self_attn.o_proj.weight, h)
+            got["o prenorm+inline vs served"] = pre.linear_residual(
+                attn, layer.self_attn.o_proj.weight, h, inline=True)
             for name, gemm in layer_calls(depth, fused, rows, SMALL_PLAIN).items():
                 mm_ref = torch.mm(gemm["a"], gemm["weights"][1].t())
                 for kind, call in gemm["calls"].items():

@@ -39,6 +39,7 @@ def test_small_run_calls_everything_and_matches_torch(tmp_path: Path) -> None:
         diffs), diffs
     assert all(v < 0.05 for v in diffs.values()), diffs
     assert diffs["gate_up prenorm vs served"] == diffs["down prenorm vs served"] == 0.0
+    assert diffs["o prenorm+inline vs served"] == 0.0
     assert [r["rows"] for r in doc["results"]] == [3, 20]
     for r in doc["results"]:
         gemms = r["gemms"]
@@ -50,6 +51,7 @@ def test_small_run_calls_everything_and_matches_torch(tmp_path: Path) -> None:
         assert "served" not in gemms["qkv"]  # q/k/v is served inside the layer call only
         assert {"served", "prenorm", "cublas", "triton:16x64x32w4s2",
                 "triton:32x128x32w4s2k4"} <= set(gemms["down"])
+        assert {"served", "prenorm", "prenorm+inline", "cublas"} <= set(gemms["o"])
         assert gemms["down"]["served"]["us"] is None  # the interpreter times nothing
         assert gemms["down"]["triton_best"] is None
         assert r["served_position_ms"] is None and r["triton_gemms_position_ms"] is None
