@@ -5,13 +5,15 @@ Usage (GPU machine, repo root): ``PYTHONPATH=runtime python bench/tune_fused_dep
 weights, then, for each row count in turn (starting from the previous count's best), by one
 sweep of coordinate descent from ``Tiles()``, times one frame of layer steps (16 positions, no
 sampling) captured in a CUDA graph for each candidate, starting from the bucket's entry in
-``TILES_BY_ROWS``. Prints the best shapes per row count and the frame time, then times plain
-PyTorch layers, one shape for all rows (``Tiles()``), the per-bucket table without and with
-programmatic dependent launch (``graph.pdl``) and with the q/k/v GEMM split along K
+``TILES_BY_ROWS`` (in ``PRENORM_TILES_BY_ROWS`` where it has one). Prints the best shapes per
+row count and the frame time, then times plain PyTorch layers, one shape for all rows
+(``Tiles()``), the per-bucket table without and with programmatic dependent launch
+(``graph.pdl``) and with the q/k/v GEMM split along K
 (``qkv_split_k`` 2 and 4, each without and with PDL), and each best at every ``--check-rows``
 count in one process (``--rows ''`` skips the tuning); ``TILES_BY_ROWS`` in kernels/fused_depth.py
 comes from this. ``prenorm`` (``Tiles.prenorm``) is a searched field like the tiles, and the check
-rows also time every bucket with it (``by_rows_prenorm_pdl``).
+rows also time every bucket with it (``by_rows_prenorm_pdl``: in ``PRENORM_TILES_BY_ROWS``'s
+shapes where it has them, as ``graph.depth_prenorm_rows`` serves them).
 """
 
 from __future__ import annotations
@@ -23,7 +25,12 @@ import time
 
 import torch
 
-from breezert.kernels.fused_depth import TILES_BY_ROWS, FusedDepthLayers
+from breezert.kernels.fused_depth import (
+    PRENORM_TILES_BY_ROWS,
+    TILES_BY_ROWS,
+    FusedDepthLayers,
+    with_prenorm,
+)
 from breezert.kernels.gemm import Tiles
 from breezert.models.config import BreezeConfig
 from breezert.models.depth import DepthDecoder
@@ -118,7 +125,9 @@ def main() -> None:
     best_by_rows: dict[int, tuple[Tiles, float]] = {}
     log: list[dict] = []
     for rows in (int(r) for r in args.rows.split(",") if r):
-        base = next((t for limit, t in TILES_BY_ROWS if rows <= limit), TILES_BY_ROWS[-1][1])
+        limit, base = next(((limit, t) for limit, t in TILES_BY_ROWS if rows <= limit),
+                           TILES_BY_ROWS[-1])
+        base = PRENORM_TILES_BY_ROWS.get(limit, base)  # the norms apart already won there
         base, best_ms, tried = tune(depth, rows, base, time.monotonic() + args.budget_s)
         best_by_rows[rows] = (base, best_ms)
         log += [{**entry, "rows": rows} for entry in tried]
@@ -131,7 +140,7 @@ def main() -> None:
                 "by_rows": frame_ms(depth, FusedDepthLayers(depth, rows), rows),
                 "by_rows_pdl": frame_ms(depth, FusedDepthLayers(depth, rows, pdl=True), rows),
                 "by_rows_prenorm_pdl": frame_ms(depth, FusedDepthLayers(
-                    depth, rows, tuple((limit, dataclasses.replace(t, prenorm=True))
+                    depth, rows, tuple((limit, with_prenorm(limit, t))
                                        for limit, t in TILES_BY_ROWS), pdl=True), rows),
             }
             for split in (2, 4):  # the q/k/v GEMM split along K in every bucket
