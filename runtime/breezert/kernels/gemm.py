@@ -86,8 +86,9 @@ class Tiles:
     o_inline: bool = False
     """Large-row buckets: o_proj's ``split_k`` partials made and summed in split order inside
     each program (``linear_residual(inline=True)``) rather than by the tile's last program from a
-    workspace. o_proj's K is short (512), so at hundreds of rows its split-K workspace moves
-    several times its weight; the same partials in the same order, so the same bits."""
+    workspace. o_proj's weight is small (1,024 x 1,024), so at hundreds of rows its split-K
+    partials (512 rows: 8 MB written, 8 MB read) move several times its weight; the same
+    partials in the same order, so the same bits."""
 
     def launch(self, kernel: str) -> dict[str, int]:
         """``num_warps`` / ``num_stages`` of ``kernel`` ("gate" or "split"; others share the
@@ -533,8 +534,8 @@ class FusedGemms:
         t = self.tiles
         rows, (n, k) = a.shape[0], weight.shape
         workspace, counters = (
-            (self.workspace, self.counters) if rows <= self.max_rows
-            else self._workspace(rows, a.device)
+            (self.workspace, self.counters) if rows <= self.max_rows or inline
+            else self._workspace(rows, a.device)  # inline: neither is touched
         )
         out = torch.empty(rows, n, dtype=a.dtype, device=a.device)
         has_res = residual is not None
