@@ -55,7 +55,7 @@ import triton
 import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
-from breezert.kernels.fused_depth import TILES_BY_ROWS, FusedDepthLayers, with_prenorm
+from breezert.kernels.fused_depth import FusedDepthLayers, prenorm_every_bucket
 from breezert.kernels.gemm import DOT_F32, Tiles, bf16, mm
 from breezert.layers.norms import rms_norm
 from breezert.models.config import BreezeConfig, DepthConfig
@@ -175,7 +175,7 @@ def prenormed(tiles: Tiles | None) -> tuple[tuple[int, Tiles], ...]:
     ``graph.depth_prenorm_rows`` would serve it (the tuned ``PRENORM_TILES_BY_ROWS`` where a
     bucket has them)."""
     if tiles is None:
-        return tuple((limit, with_prenorm(limit, t)) for limit, t in TILES_BY_ROWS)
+        return prenorm_every_bucket()
     return ((1 << 20, replace(tiles, prenorm=True)),)
 
 

@@ -29,7 +29,7 @@ from breezert.kernels.fused_depth import (
     PRENORM_TILES_BY_ROWS,
     TILES_BY_ROWS,
     FusedDepthLayers,
-    with_prenorm,
+    prenorm_every_bucket,
 )
 from breezert.kernels.gemm import Tiles
 from breezert.models.config import BreezeConfig
@@ -140,8 +140,7 @@ def main() -> None:
                 "by_rows": frame_ms(depth, FusedDepthLayers(depth, rows), rows),
                 "by_rows_pdl": frame_ms(depth, FusedDepthLayers(depth, rows, pdl=True), rows),
                 "by_rows_prenorm_pdl": frame_ms(depth, FusedDepthLayers(
-                    depth, rows, tuple((limit, with_prenorm(limit, t))
-                                       for limit, t in TILES_BY_ROWS), pdl=True), rows),
+                    depth, rows, prenorm_every_bucket(), pdl=True), rows),
             }
             for split in (2, 4):  # the q/k/v GEMM split along K in every bucket
                 table = tuple((limit, dataclasses.replace(t, qkv_split_k=split))

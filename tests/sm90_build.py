@@ -171,7 +171,7 @@ def _depth_rows(graph: object) -> list[int]:
 
 def _depth(tiles: str, pdl: bool, qkv_split_k: int, prenorm: bool = False,
            o_inline: bool = False) -> tuple[Warm, Callable[[], None]]:
-    from breezert.kernels.fused_depth import TILES_BY_ROWS, FusedDepthLayers, with_prenorm
+    from breezert.kernels.fused_depth import TILES_BY_ROWS, FusedDepthLayers, prenorm_every_bucket
     from breezert.kernels.gemm import Tiles
     from breezert.models.config import BreezeConfig
     from breezert.models.depth import DepthDecoder
@@ -182,7 +182,8 @@ def _depth(tiles: str, pdl: bool, qkv_split_k: int, prenorm: bool = False,
         depth = random_bf16_fused_(DepthDecoder(BreezeConfig.full().depth))
     table = TILES_BY_ROWS if tiles == "by-rows" else ((max_rows, Tiles()),)
     if prenorm:  # every bucket as graph.depth_prenorm_rows serves it (tuned shapes at 256-512)
-        table = tuple((limit, with_prenorm(limit, t)) for limit, t in table)
+        assert tiles == "by-rows", "prenorm variants run the by-rows table"
+        table = prenorm_every_bucket()
     table = tuple((limit, replace(t, qkv_split_k=qkv_split_k, o_inline=t.o_inline or o_inline))
                   for limit, t in table)
     fused = FusedDepthLayers(depth, max_rows, table, warm=False, pdl=pdl)

@@ -177,23 +177,21 @@ def _pdl_pair(depth: DepthDecoder) -> tuple[object, object]:
 
 
 def _prenorm_pair(depth: DepthDecoder) -> tuple[object, object]:
-    from breezert.kernels.fused_depth import TILES_BY_ROWS, FusedDepthLayers, with_prenorm
+    from breezert.kernels.fused_depth import FusedDepthLayers, prenorm_every_bucket
 
     # every bucket with the norms apart, the 256- and 512-row ones in their own tuned shapes
-    table = tuple((limit, with_prenorm(limit, t)) for limit, t in TILES_BY_ROWS)
     return (FusedDepthLayers(depth, max_rows=512, pdl=True),
-            FusedDepthLayers(depth, max_rows=512, tiles=table, pdl=True))
+            FusedDepthLayers(depth, max_rows=512, tiles=prenorm_every_bucket(), pdl=True))
 
 
 def _o_inline_pair(depth: DepthDecoder) -> tuple[object, object]:
     from dataclasses import replace
 
-    from breezert.kernels.fused_depth import TILES_BY_ROWS, FusedDepthLayers, with_prenorm
+    from breezert.kernels.fused_depth import FusedDepthLayers, prenorm_every_bucket
 
     # o_proj's splits summed in one program, in every bucket, with the norms apart (as a
     # large-row bucket would run it)
-    table = tuple((limit, replace(with_prenorm(limit, t), o_inline=True))
-                  for limit, t in TILES_BY_ROWS)
+    table = tuple((limit, replace(t, o_inline=True)) for limit, t in prenorm_every_bucket())
     return (FusedDepthLayers(depth, max_rows=512, pdl=True),
             FusedDepthLayers(depth, max_rows=512, tiles=table, pdl=True))
 

@@ -87,6 +87,12 @@ def with_prenorm(limit: int, tiles: Tiles) -> Tiles:
     return PRENORM_TILES_BY_ROWS.get(limit, replace(tiles, prenorm=True))
 
 
+def prenorm_every_bucket() -> tuple[tuple[int, Tiles], ...]:
+    """``TILES_BY_ROWS`` with every bucket's norms apart (``with_prenorm``): the same bits as the
+    table itself (the tests' and benchmarks' prenorm path at every size)."""
+    return tuple((limit, with_prenorm(limit, tiles)) for limit, tiles in TILES_BY_ROWS)
+
+
 def prenorm_above(rows: int) -> tuple[tuple[int, Tiles], ...]:
     """``TILES_BY_ROWS`` with ``Tiles.prenorm`` in the buckets for more than ``rows`` rows (the
     first bucket above ``rows`` covers from ``rows + 1``; 0: none, the table as it is)."""
