@@ -490,8 +490,9 @@ case "$phase" in
     # and as plain TMA Triton GEMMs at 2-512 rows (bench/depth_gemm_ceiling.py; its JSON is
     # written after each row count), then the fused depth layers' same-bits GPU tests (PDL and
     # prenorm against the served path at 1-512 rows); the file's other tests run in tests-changed
+    # (the script's own order unless GEMM_ROWS: largest first, so a timeout keeps capacity's)
     timeout "${GEMM_TIMEOUT:-300}" python3 bench/depth_gemm_ceiling.py \
-      --rows "${GEMM_ROWS:-2,16,64,128,256,512}" --out "$out/h200-depth-gemm-ceiling.json" 2>&1 \
+      ${GEMM_ROWS:+--rows "$GEMM_ROWS"} --out "$out/h200-depth-gemm-ceiling.json" 2>&1 \
       | grep -v Warn | tail -40 || echo "depth_gemm_ceiling failed: $?"
     timeout 200 python3 -m pytest tests/gpu/test_gpu_fused_depth.py -k switch_changes_no_bit \
       -q -p no:cacheprovider 2>&1 | tee "$out/gpu_tests_fused_depth.log" | tail -12 ;;
