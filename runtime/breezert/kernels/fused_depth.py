@@ -43,7 +43,6 @@ from breezert.kernels.gemm import (
     pdl_wait,
     rope,
     row_block,
-    row_rstd,
     warm_row_counts,
 )
 
@@ -166,12 +165,9 @@ def _norm_qkv_rope_kernel(
     a0 = t * D + j0  # first weight row of the slice's lower half
     KS: tl.constexpr = K // SPLIT
     split = tl.program_id(1)  # 0 without a split: all of K
-    if PRENORM:
-        rstd = tl.zeros([BM], dtype=tl.float32)  # unread: the rows come normed
-    else:
-        rstd = row_rstd(x_ptr, stride_x, rows, rmask, eps, K, BM, NK)
-    acc_lo, acc_hi = norm_dot2(x_ptr, nw_ptr, w_ptr, stride_x, rows, rmask, rstd, row_block * BM,
-                               a0, a0 + HALF, split * KS, K, KS, BM, C, BK, F32, TMA, PRENORM)
+    acc_lo, acc_hi = norm_dot2(x_ptr, nw_ptr, w_ptr, stride_x, rows, rmask, eps, row_block * BM,
+                               a0, a0 + HALF, split * KS, K, KS, BM, C, BK, NK, F32, TMA,
+                               PRENORM)
     if SPLIT == 1:
         _qkv_store(bf16(acc_lo), bf16(acc_hi), t, d, rows, rmask, cos_ptr, sin_ptr, pos_ptr,
                    q_ptr, cache_ptr, stride_q, c_kv, c_row, c_head, c_pos, H, KVH, D)

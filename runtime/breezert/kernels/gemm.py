@@ -207,15 +207,19 @@ def rms_norm_rows_kernel(x_ptr, nw_ptr, out_ptr, R, eps, stride_x, stride_out,
 
 
 @triton.jit
-def norm_dot2(x_ptr, nw_ptr, w, stride_x, rows, rmask, rstd, r0, a0, b0, k_start,
+def norm_dot2(x_ptr, nw_ptr, w, stride_x, rows, rmask, eps, r0, a0, b0, k_start,
               K: tl.constexpr, KLEN: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
-              BK: tl.constexpr, F32: tl.constexpr, TMA: tl.constexpr, PRENORM: tl.constexpr):
+              BK: tl.constexpr, NK: tl.constexpr, F32: tl.constexpr, TMA: tl.constexpr,
+              PRENORM: tl.constexpr):
     """``RMSNorm(x) @ w[a0:a0+BN].T`` and ``@ w[b0:b0+BN].T`` over columns ``k_start ..
     k_start + KLEN - 1`` of K in one pass (fp32 ``[BM, BN]`` each; all of K, or one split of
-    it): gate and up, or the two RoPE halves of a head, with the input tile loaded once.
+    it): gate and up, or the two RoPE halves of a head, with the input tile loaded once. The
+    rows' rstd reads all of K in ``NK`` steps first.
     ``PRENORM`` (``Tiles.prenorm``): ``x_ptr`` is a TMA descriptor of rows already normed
-    (``rms_norm_rows``; the row block's first row ``r0``), ``nw_ptr`` and ``rstd`` unread; the
-    same tiles in the same K order."""
+    (``rms_norm_rows``; the row block's first row ``r0``), ``nw_ptr`` and ``eps`` unread, no
+    rstd taken; the same tiles in the same K order."""
+    if not PRENORM:
+        rstd = row_rstd(x_ptr, stride_x, rows, rmask, eps, K, BM, NK)
     acc_a = tl.zeros([BM, BN], dtype=tl.float32)
     acc_b = tl.zeros([BM, BN], dtype=tl.float32)
     for k0 in range(0, KLEN, BK):  # constant trip count: the loop pipelines
@@ -305,13 +309,9 @@ def norm_gate_up_kernel(
     rmask = rows < R
     n = tl.program_id(0) * BN + tl.arange(0, BN)
     n0 = tl.program_id(0) * BN
-    if PRENORM:
-        rstd = tl.zeros([BM], dtype=tl.float32)  # unread: the rows come normed
-    else:
-        rstd = row_rstd(x_ptr, stride_x, rows, rmask, eps, K, BM, NK)
-    acc_g, acc_u = norm_dot2(x_ptr, nw_ptr, w_ptr, stride_x, rows, rmask, rstd,
-                             tl.program_id(1) * BM, n0, n0 + I, 0, K, K, BM, BN, BK, F32, TMA,
-                             PRENORM)
+    acc_g, acc_u = norm_dot2(x_ptr, nw_ptr, w_ptr, stride_x, rows, rmask, eps,
+                             tl.program_id(1) * BM, n0, n0 + I, 0, K, K, BM, BN, BK, NK, F32,
+                             TMA, PRENORM)
     gate, up = bf16(acc_g), bf16(acc_u)
     act = bf16(gate / (1.0 + tl.exp(-gate)))  # F.silu on a bf16 tensor
     tl.store(out_ptr + rows[:, None] * stride_out + n[None, :], bf16(act * up).to(tl.bfloat16),
