@@ -187,10 +187,18 @@ async def _group(spec: dict[str, Any], out: Path) -> None:
         BrowserListenerRoom(room=name, web_root=spec["web_root"], **common)
         if kind == "browser" else ListenerRoom(room=name, loop_lag=loop_lag, **common)
         for name in spec["rooms"]]
+    async def join(room: Any) -> dict[str, Any]:
+        try:
+            return await room.join(spec["join_timeout_s"])
+        except Exception as exc:  # the run goes on; the room's turns count as not heard
+            return {"room": room.name, "join_error": f"{type(exc).__name__}: {exc}"}
+
     if spec.get("join_in_turn"):  # each room's agent in before the next room asks for one
-        ready = [await room.join(spec["join_timeout_s"]) for room in rooms]
+        ready = [await join(room) for room in rooms]
     else:
-        ready = await asyncio.gather(*(room.join(spec["join_timeout_s"]) for room in rooms))
+        ready = await asyncio.gather(*(join(room) for room in rooms))
+    if all("join_error" in r for r in ready):
+        raise RuntimeError(f"no room of the group joined: {ready[0]['join_error']}")
     print("READY", json.dumps(ready), flush=True)
     line = await asyncio.get_running_loop().run_in_executor(None, sys.stdin.readline)
     start = float(line.split()[1])
@@ -200,6 +208,11 @@ async def _group(spec: dict[str, Any], out: Path) -> None:
         by_room.setdefault(room, []).append((offset, index))
 
     async def speak(room: ListenerRoom, items: list[tuple[float, int]]) -> list[dict[str, Any]]:
+        failed = next((r["join_error"] for r in ready
+                       if r.get("room") == room.name and "join_error" in r), None)
+        if failed is not None:
+            return [{"room": room.name, "index": index, "error": f"not joined: {failed}",
+                     "listener_kind": kind} for _, index in items]
         records = []
         for offset, index in items:
             due = start + offset
@@ -215,7 +228,8 @@ async def _group(spec: dict[str, Any], out: Path) -> None:
 
     results = await asyncio.gather(*(speak(rooms[r], items) for r, items in by_room.items()))
     turns = [record for records in results for record in records]
-    await asyncio.gather(*(room.close() for room in rooms))  # a page's counts are read there
+    await asyncio.gather(*(room.close() for room in rooms),  # a page's counts are read there
+                         return_exceptions=True)
     meta = [{"room": room.name, "reports_sent": room.reports_sent, "frames": room.frames,
              "listener_kind": kind} for room in rooms]
     lag_task.cancel()
@@ -426,6 +440,8 @@ def summarize_run(run: dict[str, Any], prebuffer_s: float,
         "listener_loop_lag_max": loop_lag,
         "harness_lagged": harness_lagged(loop_lag),
         "join_s": summarize(r["join_s"] for r in run.get("ready", []) if "join_s" in r),
+        "rooms_not_joined": sum("join_error" in r for r in run.get("ready", [])),
+        "subscribes_nudged": sum(bool(r.get("subscribe_nudged")) for r in run.get("ready", [])),
         "reports_sent": sum(r["reports_sent"] for r in run["rooms"]),
         "agent_reports_by_source": agent_reports,
         "engine_ttfb": stat("engine_ttfb"),
@@ -469,7 +485,9 @@ def text_table(runs: Sequence[dict[str, Any]]) -> str:
             continue
         s = run["summary"]
         heard = s["first_heard_after_say"]
-        rows.append((run["variant"], str(run["listeners"]), run["load"], str(s["heard"]),
+        turns = f"{s['heard']}/{s['turns']}" + (f" ({s['rooms_not_joined']} rooms not joined)"
+                                                 if s.get("rooms_not_joined") else "")
+        rows.append((run["variant"], str(run["listeners"]), run["load"], turns,
                      f"{_ms(heard['p50'])}/{_ms(heard['p95'])}", _ms(s["engine_ttfb"]["p50"]),
                      _ms(s["beyond_engine_ttfb"]["p50"]),
                      _ms(s.get("path_beyond_engine_ttfb", {}).get("p50")),
@@ -835,6 +853,8 @@ def _brief(summary: dict[str, Any]) -> dict[str, Any]:
 def _check_wiring(ready: Sequence[dict[str, Any]], variant: str) -> None:
     """Every room's agent ran the variant asked for, on the right engine setting."""
     for message in ready:
+        if "join_error" in message:  # no agent answered there: counted as not joined
+            continue
         wants_predictor = variant != "predictor-off"
         if message["variant"] != variant or message["use_predictor"] != wants_predictor:
             raise RuntimeError(f"variant {variant}: an agent answered {message}")

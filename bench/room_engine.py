@@ -78,13 +78,19 @@ def warm_wide(engine: Any, width: int) -> None:
     a thread of its own (the caller's may run an event loop)."""
     if width <= 0:
         return
+    from breezert.errors import EngineOverloaded
     from breezert.request import SynthesisOptions, SynthesisRequest
 
     async def one(i: int) -> None:
         request = SynthesisRequest(text=WARM_TEXT, options=SynthesisOptions(seed=i),
                                    max_frames=16, request_id=f"room-warm-{os.getpid()}-{i}")
-        async for _ in engine.synthesize(request):
-            pass
+        while True:  # a profile that starts a few streams at a time refuses the rest: wait
+            try:
+                async for _ in engine.synthesize(request):
+                    pass
+                return
+            except EngineOverloaded as exc:
+                await asyncio.sleep(max(exc.retry_after_s or 0.0, 0.05))
 
     async def wave() -> None:
         await asyncio.gather(*(one(i) for i in range(width)))

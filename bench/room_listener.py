@@ -284,6 +284,13 @@ async def dispatch_agent(api_url: str, api_key: str, api_secret: str, agent_name
             agent_name=agent_name, room=room, metadata=json.dumps({"variant": variant})))
 
 
+SUBSCRIBE_NUDGE_S = 20.0  # a ready agent's track not subscribed by then is asked for again
+
+
+class RoomJoinError(RuntimeError):
+    """A room whose agent or track did not come: the run goes on without it."""
+
+
 class ListenerRoom:
     """One caller: joins ``room`` as ``listener``, dispatches the bench agent with ``variant``
     in its metadata, plays the agent's track on a ``PlayoutClock``, reads its receiver's stats
@@ -327,9 +334,41 @@ class ListenerRoom:
         await dispatch_agent(self.api_url, self.api_key, self.api_secret, self.agent_name,
                              self.name, self.variant)
         ready = await asyncio.wait_for(self._ready, timeout_s)
-        await asyncio.wait_for(self._subscribed.wait(), timeout_s)
+        nudged = await self._await_track(timeout_s)
         self._tasks.append(asyncio.create_task(self._stats_loop()))
-        return {**ready, "join_s": round(time.monotonic() - started, 3)}
+        return {**ready, "join_s": round(time.monotonic() - started, 3),
+                "subscribe_nudged": nudged}
+
+    async def _await_track(self, timeout_s: float) -> bool:
+        """Waits for the agent's audio track; returns whether it took a nudge. On the H200 (6
+        Dec, 128 rooms, 8 agent workers) a few rooms' agents were ready and their tracks never
+        came to the auto-subscribing listener in 240 s; after ``SUBSCRIBE_NUDGE_S`` each audio
+        publication in the room is asked for again (``set_subscribed``). Raises ``RoomJoinError``
+        naming what the room had when the track still did not come."""
+        try:
+            await asyncio.wait_for(self._subscribed.wait(), min(SUBSCRIBE_NUDGE_S, timeout_s))
+            return False
+        except asyncio.TimeoutError:
+            pass
+        for publication in self._audio_publications():
+            publication.set_subscribed(True)
+        try:
+            await asyncio.wait_for(self._subscribed.wait(),
+                                   max(timeout_s - SUBSCRIBE_NUDGE_S, 1.0))
+        except asyncio.TimeoutError:
+            seen = [(p.sid, p.subscribed) for p in self._audio_publications()]
+            raise RoomJoinError(f"{self.name}: the agent was ready, its audio track not "
+                                f"subscribed in {timeout_s} s (audio publications, subscribed: "
+                                f"{seen}; participants: {list(self.room.remote_participants)})"
+                                ) from None
+        return True
+
+    def _audio_publications(self) -> list[Any]:
+        from livekit import rtc
+
+        return [publication for participant in self.room.remote_participants.values()
+                for publication in participant.track_publications.values()
+                if publication.kind == rtc.TrackKind.KIND_AUDIO]
 
     async def close(self) -> None:
         for task in self._tasks:

@@ -259,3 +259,64 @@ def test_the_agents_publish_options_come_from_the_environment_spec() -> None:
     assert not default.HasField("dtx") and not default.HasField("red")  # the SDK's own
     with pytest.raises(ValueError, match="ptime=10"):
         room_agent.publish_options("ptime=10")
+
+
+class _FakePublication:
+    """An audio publication whose ``set_subscribed(True)`` fires the room's track event."""
+
+    def __init__(self, listener: Any, comes: bool) -> None:
+        self.sid, self.kind, self.subscribed = "TR_a", rtc.TrackKind.KIND_AUDIO, False
+        self.listener, self.comes, self.asked = listener, comes, 0
+
+    def set_subscribed(self, subscribed: bool) -> None:
+        self.asked += 1
+        if self.comes:
+            self.subscribed = subscribed
+            self.listener._subscribed.set()
+
+
+def _listener_with(comes: bool, monkeypatch: pytest.MonkeyPatch) -> tuple[Any, _FakePublication]:
+    monkeypatch.setattr(room_listener, "SUBSCRIBE_NUDGE_S", 0.05)
+    listener = object.__new__(room_listener.ListenerRoom)
+    listener.name = "r0"
+    listener._subscribed = __import__("asyncio").Event()
+    publication = _FakePublication(listener, comes)
+    agent = SimpleNamespace(track_publications={"TR_a": publication})
+    listener.room = SimpleNamespace(remote_participants={"agent-1": agent})
+    return listener, publication
+
+
+def test_a_ready_agents_track_that_does_not_come_is_asked_for_once(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    import asyncio
+
+    listener, publication = _listener_with(True, monkeypatch)
+    assert asyncio.run(listener._await_track(1.0)) is True and publication.asked == 1
+    listener, publication = _listener_with(False, monkeypatch)
+    with pytest.raises(room_listener.RoomJoinError, match=r"r0: .*\('TR_a', False\).*agent-1"):
+        asyncio.run(listener._await_track(0.06))
+    assert publication.asked == 1
+    listener, publication = _listener_with(False, monkeypatch)
+    listener._subscribed.set()  # came by itself: no nudge
+    assert asyncio.run(listener._await_track(1.0)) is False and publication.asked == 0
+
+
+def test_rooms_not_joined_count_as_unheard_turns_and_are_named_in_the_table() -> None:
+    room = bench_script("room")
+    heard = {"sent": 0.0, "heard": {"first_arrival": 0.1, "first_heard": 0.12,
+                                    "first_sound_arrival": 0.1, "span_s": 1.0, "audio_s": 1.0,
+                                    "gaps": [], "min_rms": 500.0}}
+    lost = {"room": "r1", "index": 1, "error": "not joined: RoomJoinError: r1: ..."}
+    ready = [{"room": "r0", "variant": "listener", "use_predictor": True, "join_s": 1.0,
+              "subscribe_nudged": True},
+             {"room": "r1", "join_error": "RoomJoinError: r1: ..."}]
+    run = {"turns": [heard, lost], "rooms": [{"reports_sent": 1}, {"reports_sent": 0}],
+           "ready": ready, "wall_s": 2.0}
+    summary = room.summarize_run(run, 0.02)
+    assert (summary["turns"], summary["heard"]) == (2, 1)
+    assert summary["rooms_not_joined"] == 1 and summary["subscribes_nudged"] == 1
+    assert summary["errors"] == [lost["error"]]
+    room._check_wiring(ready, "listener")  # the room without an agent is not a wiring fault
+    table = room.text_table([{"variant": "listener", "listeners": 2, "load": "open",
+                              "summary": {**summary, "engine_ttfb": {"p50": 0.05}}}])
+    assert "1/2 (1 rooms not joined)" in table
