@@ -22,8 +22,8 @@ MB and of o 25 MB, under an H100's or H200's 50 MB L2):
   and ``linear_residual`` (split-K, residual epilogue) for o and down; q/k/v runs inside
   ``FusedDepthLayers`` with RoPE and the cache write, so it is timed only there;
 - ``prenorm``: the kernels with ``Tiles.prenorm`` (the norm apart, one launch, counted; the
-  GEMM's input rows through TMA; the same bits), in the shapes ``graph.depth_prenorm_rows``
-  serves (``PRENORM_TILES_BY_ROWS`` for 256 and 512 rows), and a prenorm position beside the served;
+  GEMM's input rows through TMA; the same bits), in each bucket's ``TILES_BY_ROWS`` shapes (at
+  256 and 512 rows the served kernels themselves), and a prenorm position beside the served;
 - ``prenorm+inline`` (o only): prenorm's o_proj with its K splits summed in one program
   (``Tiles.o_inline``; the same bits);
 - ``cublas``: ``torch.mm`` of the same operands, bf16 in and out, no prologue or epilogue;
@@ -171,9 +171,8 @@ def build(cfg: DepthConfig, device: str) -> DepthDecoder:
 
 
 def prenormed(tiles: Tiles | None) -> tuple[tuple[int, Tiles], ...]:
-    """``tiles`` with ``prenorm`` on; None: every bucket of ``TILES_BY_ROWS`` as
-    ``graph.depth_prenorm_rows`` would serve it (the tuned ``PRENORM_TILES_BY_ROWS`` where a
-    bucket has them)."""
+    """``tiles`` with ``prenorm`` on; None: every bucket of ``TILES_BY_ROWS`` with its norms
+    apart (as served at 256 and 512 rows)."""
     if tiles is None:
         return prenorm_every_bucket()
     return ((1 << 20, replace(tiles, prenorm=True)),)

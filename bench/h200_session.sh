@@ -212,16 +212,14 @@ case "$phase" in
     # captures (~80 s for the 64-stream profile, more for 256) and six runs may not fit one call:
     # VARIANTS=capacity-256 and VARIANTS=latency-64 run one each (own result file) in two
     # calls; CONCURRENCY / RATES change the load points (add 1,16 for the low-load check);
-    # VARIANTS=capacity-256-no-start: the capacity profile without its bound on streams starting;
-    # VARIANTS=capacity-256-prenorm: with the depth norms apart above 128 rows (Tiles.prenorm)
+    # VARIANTS=capacity-256-no-start: the capacity profile without its bound on streams starting
     timeout 560 "${bench[@]}" --config configs/h200-capacity.toml \
       --concurrency "${CONCURRENCY:-128,256}" --rate "${RATES:-40}" \
       --num-requests 300 --warmup 16 --run-budget 60 \
       --variant 'capacity-256=config' --variant 'latency-64=@configs/h200-latency.toml' \
       --variant 'capacity-256-no-start=config;scheduler.admission_max_starting=256' \
-      --variant 'capacity-256-prenorm=config;graph.depth_prenorm_rows=128' \
       ${VARIANTS:+--variants "$VARIANTS"} \
-      --out "$out/h200-capacity-256${VARIANTS:+-${VARIANTS//,/+}}.json" 2>&1 | grep '^\[bench' ;;
+      --out "$out/h200-capacity-256${VARIANTS:+-${VARIANTS//,/_vs_}}.json" 2>&1 | grep '^\[bench' ;;
   depth-census) # every GPU test, then per-stage graph times and the depth/decode census at 16
     # and 64 rows with the serving kernels (fused depth by row bucket, fused DECODE)
     timeout 330 python3 -m pytest tests/gpu -q -p no:cacheprovider 2>&1 | tee "$out/gpu_tests.log" | tail -4 || true

@@ -5,15 +5,15 @@ Usage (GPU machine, repo root): ``PYTHONPATH=runtime python bench/tune_fused_dep
 weights, then, for each row count in turn (starting from the previous count's best), by one
 sweep of coordinate descent from ``Tiles()``, times one frame of layer steps (16 positions, no
 sampling) captured in a CUDA graph for each candidate, starting from the bucket's entry in
-``TILES_BY_ROWS`` (in ``PRENORM_TILES_BY_ROWS`` where it has one). Prints the best shapes per
+``TILES_BY_ROWS``. Prints the best shapes per
 row count and the frame time, then times plain PyTorch layers, one shape for all rows
 (``Tiles()``), the per-bucket table without and with programmatic dependent launch
 (``graph.pdl``) and with the q/k/v GEMM split along K
 (``qkv_split_k`` 2 and 4, each without and with PDL), and each best at every ``--check-rows``
 count in one process (``--rows ''`` skips the tuning); ``TILES_BY_ROWS`` in kernels/fused_depth.py
 comes from this. ``prenorm`` (``Tiles.prenorm``) is a searched field like the tiles, and the check
-rows also time every bucket with it (``by_rows_prenorm_pdl``: in ``PRENORM_TILES_BY_ROWS``'s
-shapes where it has them, as ``graph.depth_prenorm_rows`` serves them).
+rows also time every bucket with it (``by_rows_prenorm_pdl``; the table itself has it at 256 and
+512 rows).
 """
 
 from __future__ import annotations
@@ -26,7 +26,6 @@ import time
 import torch
 
 from breezert.kernels.fused_depth import (
-    PRENORM_TILES_BY_ROWS,
     TILES_BY_ROWS,
     FusedDepthLayers,
     prenorm_every_bucket,
@@ -127,7 +126,6 @@ def main() -> None:
     for rows in (int(r) for r in args.rows.split(",") if r):
         limit, base = next(((limit, t) for limit, t in TILES_BY_ROWS if rows <= limit),
                            TILES_BY_ROWS[-1])
-        base = PRENORM_TILES_BY_ROWS.get(limit, base)  # the norms apart already won there
         base, best_ms, tried = tune(depth, rows, base, time.monotonic() + args.budget_s)
         best_by_rows[rows] = (base, best_ms)
         log += [{**entry, "rows": rows} for entry in tried]

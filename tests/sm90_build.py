@@ -181,7 +181,7 @@ def _depth(tiles: str, pdl: bool, qkv_split_k: int, prenorm: bool = False,
     with torch.device("meta"):
         depth = random_bf16_fused_(DepthDecoder(BreezeConfig.full().depth))
     table = TILES_BY_ROWS if tiles == "by-rows" else ((max_rows, Tiles()),)
-    if prenorm:  # every bucket as graph.depth_prenorm_rows serves it (tuned shapes at 256-512)
+    if prenorm:  # every bucket with its norms apart (as served at 256-512 rows)
         assert tiles == "by-rows", "prenorm variants run the by-rows table"
         table = prenorm_every_bucket()
     table = tuple((limit, replace(t, qkv_split_k=qkv_split_k, o_inline=t.o_inline or o_inline))

@@ -243,12 +243,6 @@ class GraphConfig(_Frozen):
     """Hand-fused Triton kernels for the depth decoder's layers (5 launches per layer, launch
     shapes per row bucket: ``kernels/fused_depth.py``); with it ``compile_depth`` compiles only
     the sampler."""
-    depth_prenorm_rows: int = Field(default=0, ge=0)
-    """With ``fused_depth``: the depth row buckets for more than this many rows (CFG rows count)
-    run their RMSNorms apart, one launch each, and read every GEMM's input rows through TMA
-    (``Tiles.prenorm``: the same bits, one more launch a norm) instead of normalising the rows
-    in each GEMM program's prologue; 0: no bucket does. For capacity's 256-512-row buckets,
-    where the prologue's re-reads may cost more than a launch."""
     pdl: bool = False
     """Programmatic dependent launch (Hopper) between the fused kernels of the depth layers and
     of the text encoder (those switched on): each kernel is placed while the one before it
@@ -303,10 +297,6 @@ class GraphConfig(_Frozen):
             "codec_buckets",
         ):
             _check_buckets(name, getattr(self, name))
-        if self.depth_prenorm_rows and not self.fused_depth:
-            raise ValueError(f"depth_prenorm_rows={self.depth_prenorm_rows} needs fused_depth "
-                             "(it picks the fused depth kernels' form): set fused_depth = true "
-                             "or depth_prenorm_rows = 0")
         return self
 
 

@@ -177,10 +177,15 @@ def _pdl_pair(depth: DepthDecoder) -> tuple[object, object]:
 
 
 def _prenorm_pair(depth: DepthDecoder) -> tuple[object, object]:
-    from breezert.kernels.fused_depth import FusedDepthLayers, prenorm_every_bucket
+    from dataclasses import replace
 
-    # every bucket with the norms apart, the 256- and 512-row ones in their own tuned shapes
-    return (FusedDepthLayers(depth, max_rows=512, pdl=True),
+    from breezert.kernels.fused_depth import TILES_BY_ROWS, FusedDepthLayers, prenorm_every_bucket
+
+    # every bucket's shapes with the norms in the GEMM prologues (o_proj's splits apart), against
+    # every bucket with them apart (the 256- and 512-row buckets as served)
+    prologue = tuple((limit, replace(t, prenorm=False, o_inline=False))
+                     for limit, t in TILES_BY_ROWS)
+    return (FusedDepthLayers(depth, max_rows=512, tiles=prologue, pdl=True),
             FusedDepthLayers(depth, max_rows=512, tiles=prenorm_every_bucket(), pdl=True))
 
 
@@ -208,8 +213,9 @@ SAME_BITS = {"pdl": _pdl_pair, "prenorm": _prenorm_pair, "o_inline": _o_inline_p
 def test_switch_changes_no_bit(depth: DepthDecoder, switch: str, rows: int) -> None:
     """Programmatic dependent launch (``graph.pdl``) gives the same bits as plain launches;
     ``Tiles.prenorm`` in every bucket of ``TILES_BY_ROWS`` (the norms apart, the GEMMs' input
-    rows through TMA, PDL as served) the served buckets' bits at every size up to capacity's
-    512 rows, and so does ``Tiles.o_inline`` with it (o_proj's splits summed in one program).
+    rows through TMA, PDL as served) the bits of the norms in the GEMM prologues at every size
+    up to capacity's 512 rows, and so does ``Tiles.o_inline`` with it (o_proj's splits summed
+    in one program).
     Both eager and replayed in a CUDA graph (where PDL launches become programmatic edges)."""
     without, with_switch = SAME_BITS[switch](depth)
     gen = torch.Generator(device="cuda").manual_seed(300 + rows)

@@ -93,14 +93,12 @@ def test_unknown_keys_are_rejected_with_their_path(tmp_path: Path) -> None:
         ("[model]\ndevice = \"cpu\"\n[graph]\nfused_prefill = true", "fused_prefill"),
         ("[model]\ndevice = \"cpu\"\n[graph]\nfused_text_encoder = true", "fused_text_encoder"),
         ("[model]\ndevice = \"cpu\"\n[graph]\npdl = true", "graph.pdl"),
-        ("[graph]\ndepth_prenorm_rows = 128", "depth_prenorm_rows=128 needs fused_depth"),
-        ("[graph]\ndepth_prenorm_rows = -1", "graph.depth_prenorm_rows"),
         # switches deleted in issue 32: an old config naming one fails, naming it
         *((f"[graph]\n{name} = false", f"graph.{name}") for name in (
             "device_slot_state", "async_uploads", "pdl_decode", "compile_backbone",
             "compile_text_encoder", "fused_sampling", "depth_tiles_by_rows",
             "codec_mixed_sizes", "fused_text_encoder_wide_tiles", "streamed_depth",
-            "persistent_depth")),
+            "persistent_depth", "depth_prenorm_rows")),
         ("[scheduler]\nthread_switch_interval_s = 0.001", "scheduler.thread_switch_interval_s"),
     ],
 )

@@ -222,36 +222,20 @@ def check_switch_bits(rows: int, qkv_split_k: int, switches: tuple[str, ...] = (
 
 
 @needs_triton
-def test_prenorm_above_splits_the_row_buckets_at_its_threshold() -> None:
-    """``graph.depth_prenorm_rows``: the buckets above the threshold get ``Tiles.prenorm``, a
-    bucket straddling it is split there, and 0 leaves ``TILES_BY_ROWS`` as it is."""
+def test_the_widest_buckets_run_the_norms_apart_with_every_buckets_k_splits() -> None:
+    """The 256- and 512-row buckets are the ones with ``Tiles.prenorm`` (faster there, slower at
+    128 rows and under); every bucket splits o_proj/down and q/k/v along K alike, so a row's
+    bits do not depend on its bucket; ``prenorm_every_bucket`` (the tests' prenorm path) only
+    turns the norms apart on."""
     from dataclasses import replace
 
-    from breezert.kernels.fused_depth import (
-        PRENORM_TILES_BY_ROWS,
-        TILES_BY_ROWS,
-        prenorm_above,
-        with_prenorm,
-    )
+    from breezert.kernels.fused_depth import TILES_BY_ROWS, prenorm_every_bucket
 
-    assert prenorm_above(0) == TILES_BY_ROWS
-    limits = [limit for limit, _ in TILES_BY_ROWS]  # 64, 128, 256, 512
-    at_128 = prenorm_above(128)
-    assert [limit for limit, _ in at_128] == limits
-    assert [t.prenorm for _, t in at_128] == [False, False, True, True]
-    assert at_128[:2] == TILES_BY_ROWS[:2]
-    assert [t for _, t in at_128[2:]] == [PRENORM_TILES_BY_ROWS[256], PRENORM_TILES_BY_ROWS[512]]
-    # a row's bits: the tuned shapes keep every bucket's K splits of o_proj/down and q/k/v
-    for limit, tiles in TILES_BY_ROWS:
-        tuned = with_prenorm(limit, tiles)
-        assert (tuned.split_k, tuned.qkv_split_k, tuned.qkv_bk) == (
-            tiles.split_k, tiles.qkv_split_k, tiles.qkv_bk)
-        assert tuned.prenorm
-        if limit not in PRENORM_TILES_BY_ROWS:  # untuned buckets: their own shapes, norms apart
-            assert tuned == replace(tiles, prenorm=True)
-    at_200 = prenorm_above(200)  # inside the 256 bucket: 129-200 without, 201-256 with
-    assert [(limit, t.prenorm) for limit, t in at_200] == [
-        (64, False), (128, False), (200, False), (256, True), (512, True)]
-    assert at_200[2][1] == TILES_BY_ROWS[2][1]  # the 256 bucket's own shapes below 200
-    assert at_200[3][1] == PRENORM_TILES_BY_ROWS[256]
-    assert not any(t.prenorm for _, t in prenorm_above(512))
+    assert [(limit, t.prenorm) for limit, t in TILES_BY_ROWS] == [
+        (64, False), (128, False), (256, True), (512, True)]
+    first = TILES_BY_ROWS[0][1]
+    for _, tiles in TILES_BY_ROWS:
+        assert (tiles.split_k, tiles.qkv_split_k, tiles.qkv_bk) == (
+            first.split_k, first.qkv_split_k, first.qkv_bk)
+    assert prenorm_every_bucket() == tuple(
+        (limit, replace(t, prenorm=True)) for limit, t in TILES_BY_ROWS)

@@ -9,9 +9,9 @@ Per layer and step (R rows, R <= 512 in our buckets):
   4. post-attention RMSNorm + packed gate/up GEMM + SiLU(gate) * up;
   5. down_proj, split-K, + residual.
 Launch shapes come per row bucket (``TILES_BY_ROWS``, tuned on the H200), all with the same K
-split, so a row's bits never depend on how many rows run beside it. A bucket with
-``Tiles.prenorm`` (``prenorm_above``, ``graph.depth_prenorm_rows``) runs each RMSNorm apart and
-reads the GEMMs' input rows through TMA: the same bits, two more launches a layer.
+split, so a row's bits never depend on how many rows run beside it. The 256- and 512-row
+buckets run each RMSNorm apart (``Tiles.prenorm``) and read the GEMMs' input rows through TMA:
+the same bits, two more launches a layer.
 NOTE(kernels): Triton rather than torch.compile: the frame is launch- and tail-bound under
 Inductor (bench/README.md), and 1024-wide outputs (o_proj, down) fill few SMs. Split-K gives
 those GEMMs ~128 programs; the last-arriving program of each output tile (an atomic counter)
@@ -55,58 +55,26 @@ TILES_BY_ROWS: tuple[tuple[int, Tiles], ...] = (
                split_stages=4, qkv_bm=16, tma=True)),
     (128, Tiles(qkv_split=2, gate_bn=128, split_k=4, split_bn=64, split_bk=128, num_stages=3,
                 gate_warps=8, gate_stages=4, split_warps=8, split_stages=4, qkv_bm=16, tma=True)),
-    # 256 and 512 rows (bench/results/h100-tune-fused-depth-20261206-3.json, H100): 128-row
-    # gate/up and split-K blocks; 17.1 and 31.7 ms a frame against 20.8 and 36.5 with the
-    # 128-row shapes.
+    # 256 and 512 rows: the norms apart (``Tiles.prenorm``), tuned with them. H200
+    # (bench/results/h200-tune-fused-depth-20261206-10.json, PDL): 12.9 and 20.5 ms a frame
+    # against 16.7 and 30.5 with the norms in each GEMM's prologue (the table before, 128-row
+    # gate/up and split-K blocks); H100 (h100-tune-fused-depth-20261206-9.json): 14.4 and 24.3
+    # against 17.1 and 31.1. At 512 rows o_proj's 4 K splits are summed inside each program
+    # (``Tiles.o_inline``) and down's K steps are 64 deep. split_k stays 4 everywhere, so a row's
+    # bits do not change (tests/gpu: switch_changes_no_bit, H100 and H200, 6 Dec).
     (256, Tiles(qkv_split=2, gate_bn=128, split_k=4, split_bn=64, split_bk=128, num_stages=3,
                 gate_warps=8, gate_stages=4, split_warps=8, split_stages=4, qkv_bm=64,
-                gate_bm=128, split_bm=128, tma=True)),
-    (512, Tiles(qkv_split=2, gate_bn=128, split_k=4, split_bn=64, split_bk=128, num_stages=3,
-                gate_warps=8, gate_stages=4, split_warps=8, split_stages=3, qkv_bm=16,
-                gate_bm=128, split_bm=128, tma=True)),
+                gate_bm=128, split_bm=128, tma=False, prenorm=True)),
+    (512, Tiles(qkv_split=2, gate_bn=128, split_k=4, split_bn=64, split_bk=64, num_stages=3,
+                gate_warps=8, gate_stages=4, split_warps=4, split_stages=3, qkv_bm=64,
+                gate_bm=128, split_bm=64, tma=True, prenorm=True, o_inline=True)),
 )
 
 
-# The 256- and 512-row buckets' shapes with the norms apart (``Tiles.prenorm``), tuned with it
-# (bench/results/h100-tune-fused-depth-20261206-9.json, H100): 14.4 and 24.3 ms a frame against
-# 17.1 and 31.1 for the shapes above with PDL. The 512-row q/k/v keeps its 256-deep K tiles (the
-# tuner's 128 was not checked for bits); split_k stays 4, so a row's bits do not change.
-PRENORM_TILES_BY_ROWS: dict[int, Tiles] = {
-    256: Tiles(qkv_split=2, gate_bn=128, split_k=4, split_bn=64, split_bk=128, num_stages=3,
-               gate_warps=8, gate_stages=4, split_warps=8, split_stages=4, qkv_bm=64,
-               gate_bm=128, split_bm=128, tma=False, prenorm=True),
-    512: Tiles(qkv_split=2, gate_bn=128, split_k=4, split_bn=64, split_bk=128, num_stages=3,
-               gate_warps=8, gate_stages=4, split_warps=8, split_stages=3, qkv_bm=64,
-               gate_bm=128, split_bm=64, tma=True, prenorm=True),
-}
-
-
-def with_prenorm(limit: int, tiles: Tiles) -> Tiles:
-    """The bucket's shapes with the norms apart: tuned ones where there are, else its own."""
-    return PRENORM_TILES_BY_ROWS.get(limit, replace(tiles, prenorm=True))
-
-
 def prenorm_every_bucket() -> tuple[tuple[int, Tiles], ...]:
-    """``TILES_BY_ROWS`` with every bucket's norms apart (``with_prenorm``): the same bits as the
-    table itself (the tests' and benchmarks' prenorm path at every size)."""
-    return tuple((limit, with_prenorm(limit, tiles)) for limit, tiles in TILES_BY_ROWS)
-
-
-def prenorm_above(rows: int) -> tuple[tuple[int, Tiles], ...]:
-    """``TILES_BY_ROWS`` with ``Tiles.prenorm`` in the buckets for more than ``rows`` rows (the
-    first bucket above ``rows`` covers from ``rows + 1``; 0: none, the table as it is)."""
-    if rows <= 0:
-        return TILES_BY_ROWS
-    table, low = [], 0
-    for limit, tiles in TILES_BY_ROWS:
-        if low >= rows:
-            table.append((limit, with_prenorm(limit, tiles)))
-        elif limit > rows:  # the bucket straddles ``rows``: split it there
-            table += [(rows, tiles), (limit, with_prenorm(limit, tiles))]
-        else:
-            table.append((limit, tiles))
-        low = limit
-    return tuple(table)
+    """``TILES_BY_ROWS`` with every bucket's norms apart (``Tiles.prenorm``): the same bits as
+    the table itself (the tests' and benchmarks' prenorm path at every size)."""
+    return tuple((limit, replace(tiles, prenorm=True)) for limit, tiles in TILES_BY_ROWS)
 
 
 @triton.jit

@@ -46,25 +46,22 @@ def _raise_cache_limit(limit: int) -> None:
 
 def depth_fn(
     model: BreezeModel, max_k: int | None, compile_depth: bool, fused_depth: bool = False,
-    max_rows: int = 64, pdl: bool = False, prenorm_rows: int = 0,
+    max_rows: int = 64, pdl: bool = False,
 ) -> Callable[..., dict[str, torch.Tensor]]:
     """``depth_frames`` bound to ``model`` and ``max_k``; on CUDA its layer step runs the fused
     Triton kernels (``fused_depth``, workspace for ``max_rows`` rows, launch shapes per row
-    bucket, chained by programmatic dependent launch with ``pdl``, the buckets for more than
-    ``prenorm_rows`` rows with ``Tiles.prenorm`` where that is > 0) or is compiled
+    bucket, chained by programmatic dependent launch with ``pdl``) or is compiled
     (``compile_depth``), and ``compile_depth`` compiles the sampler. On the CPU the frame's
     Gumbel noise is made in one call (``noise_per_frame``); CUDA keeps one per draw."""
     if model.lm_head.weight.device.type != "cuda":
         return partial(depth_frames, model, max_k=max_k, noise_per_frame=True)
     depth = model.depth_decoder
     if fused_depth and not getattr(depth, "is_fused", False):
-        from breezert.kernels.fused_depth import FusedDepthLayers, prenorm_above  # Triton
+        from breezert.kernels.fused_depth import FusedDepthLayers  # Triton
 
-        depth.run_layers = FusedDepthLayers(depth, max_rows, prenorm_above(prenorm_rows),
-                                            pdl=pdl)
+        depth.run_layers = FusedDepthLayers(depth, max_rows, pdl=pdl)
         depth.is_fused = True
-        logger.info("depth layers run the fused Triton kernels (%d-row workspace%s)", max_rows,
-                    f"; norms apart above {prenorm_rows} rows" if prenorm_rows else "")
+        logger.info("depth layers run the fused Triton kernels (%d-row workspace)", max_rows)
     if compile_depth:
         _raise_cache_limit(64)
         if not fused_depth and not getattr(depth, "is_compiled", False):

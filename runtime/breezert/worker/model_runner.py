@@ -112,8 +112,7 @@ class ModelRunner:
                                    max(graph.decode_batch_buckets)),
                          block_size, self.kv.scratch_row)
         depth = {max_k: partial(depth_frames_from_slots, self.slots,
-                                depth_fn(model, max_k, *depth_kernels,
-                                         prenorm_rows=graph.depth_prenorm_rows))
+                                depth_fn(model, max_k, *depth_kernels))
                  for max_k in (TOP_K_BOUND, None)}
         codec = partial(codec_from_ring, self.slots, partial(codec_step, self.codec))
         self.stages = {
