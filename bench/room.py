@@ -578,7 +578,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                         "to GPU i on CUDA); agent worker i uses engine i mod K")
     p.add_argument("--rooms-per-worker", type=int, default=4,
                    help="--engine server: rooms an agent worker process takes at most (the "
-                        "workers: as many as the largest N needs)")
+                        "workers: as many as the largest N needs); past 8, whole workers "
+                        "stalled (bench/README.md, 6 Dec, tenth session)")
     p.add_argument("--workers", type=int, default=1,
                    help="agent worker processes under one agent name, each with its own engine "
                         "(pinned to GPU i on CUDA); LiveKit's dispatcher spreads the rooms")
