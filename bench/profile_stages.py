@@ -73,7 +73,13 @@ def main() -> None:
         "cache": {"block_size": 16, "num_blocks": max(4096, args.batch * (args.context // 16 + 1))},
         "scheduler": {"max_running_requests": args.batch, "max_decode_rows": 2 * args.batch,
                       "max_depth_rows": 2 * args.batch},
-        "graph": {"enable_cuda_graphs": False, "compile_depth": args.compile and cuda,
+        # buckets up to the batch, as a profile serving it has them: the fused kernels size
+        # their split-K workspace from the largest, and past it each call allocated and zeroed
+        # its own (the 256-request censuses before 7 Dec: 384 fills a DEPTH frame)
+        "graph": {"depth_batch_buckets": sorted({1, args.batch}),
+                  "decode_batch_buckets": sorted({1, 2 * args.batch}),
+                  "codec_buckets": sorted({1, args.batch}),
+                  "enable_cuda_graphs": False, "compile_depth": args.compile and cuda,
                   "fused_depth": args.fused and cuda,
                   "fused_decode": args.fused_decode and cuda,
                   "fused_text_encoder": args.fused_text_encoder and cuda,
