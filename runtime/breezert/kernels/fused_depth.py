@@ -56,7 +56,8 @@ TILES_BY_ROWS: tuple[tuple[int, Tiles], ...] = (
     (128, Tiles(qkv_split=2, gate_bn=128, split_k=4, split_bn=64, split_bk=128, num_stages=3,
                 gate_warps=8, gate_stages=4, split_warps=8, split_stages=4, qkv_bm=16, tma=True)),
     # 256 and 512 rows: the norms apart (``Tiles.prenorm``), tuned with them. H200
-    # (bench/results/h200-tune-fused-depth-20261206-10.json, PDL): 12.9 and 20.5 ms a frame
+    # (bench/results/h200-tune-fused-depth-20261206-10.json, PDL): 12.9 and 20.5 ms a frame (the
+    # 20.5 with 128-deep q/k/v K tiles, kept at 256 here: K tiles were not bit-checked)
     # against 16.7 and 30.5 with the norms in each GEMM's prologue (the table before, 128-row
     # gate/up and split-K blocks); H100 (h100-tune-fused-depth-20261206-9.json): 14.4 and 24.3
     # against 17.1 and 31.1. At 512 rows o_proj's 4 K splits are summed inside each program
