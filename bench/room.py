@@ -187,6 +187,7 @@ async def _group(spec: dict[str, Any], out: Path) -> None:
         BrowserListenerRoom(room=name, web_root=spec["web_root"], **common)
         if kind == "browser" else ListenerRoom(room=name, loop_lag=loop_lag, **common)
         for name in spec["rooms"]]
+
     async def join(room: Any) -> dict[str, Any]:
         try:
             return await room.join(spec["join_timeout_s"])
@@ -197,7 +198,8 @@ async def _group(spec: dict[str, Any], out: Path) -> None:
         ready = [await join(room) for room in rooms]
     else:
         ready = await asyncio.gather(*(join(room) for room in rooms))
-    if all("join_error" in r for r in ready):
+    not_joined = {r["room"]: r["join_error"] for r in ready if "join_error" in r}
+    if len(not_joined) == len(rooms):
         raise RuntimeError(f"no room of the group joined: {ready[0]['join_error']}")
     print("READY", json.dumps(ready), flush=True)
     line = await asyncio.get_running_loop().run_in_executor(None, sys.stdin.readline)
@@ -208,10 +210,9 @@ async def _group(spec: dict[str, Any], out: Path) -> None:
         by_room.setdefault(room, []).append((offset, index))
 
     async def speak(room: ListenerRoom, items: list[tuple[float, int]]) -> list[dict[str, Any]]:
-        failed = next((r["join_error"] for r in ready
-                       if r.get("room") == room.name and "join_error" in r), None)
-        if failed is not None:
-            return [{"room": room.name, "index": index, "error": f"not joined: {failed}",
+        if room.name in not_joined:
+            return [{"room": room.name, "index": index,
+                     "error": f"not joined: {not_joined[room.name]}",
                      "listener_kind": kind} for _, index in items]
         records = []
         for offset, index in items:

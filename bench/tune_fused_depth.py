@@ -5,10 +5,9 @@ Usage (GPU machine, repo root): ``PYTHONPATH=runtime python bench/tune_fused_dep
 weights, then, for each row count in turn (starting from the previous count's best), by one
 sweep of coordinate descent from ``Tiles()``, times one frame of layer steps (16 positions, no
 sampling) captured in a CUDA graph for each candidate, starting from the bucket's entry in
-``TILES_BY_ROWS``. Prints the best shapes per
-row count and the frame time, then times plain PyTorch layers, one shape for all rows
-(``Tiles()``), the per-bucket table without and with programmatic dependent launch
-(``graph.pdl``) and with the q/k/v GEMM split along K
+``TILES_BY_ROWS``. Prints the best shapes per row count and the frame time, then times plain
+PyTorch layers, one shape for all rows (``Tiles()``), the per-bucket table without and with
+programmatic dependent launch (``graph.pdl``) and with the q/k/v GEMM split along K
 (``qkv_split_k`` 2 and 4, each without and with PDL), and each best at every ``--check-rows``
 count in one process (``--rows ''`` skips the tuning); ``TILES_BY_ROWS`` in kernels/fused_depth.py
 comes from this. ``prenorm`` (``Tiles.prenorm``) is a searched field like the tiles, and the check
@@ -139,8 +138,7 @@ def main() -> None:
     best_by_rows: dict[int, tuple[Tiles, float]] = {}
     log: list[dict] = []
     for rows in (int(r) for r in args.rows.split(",") if r):
-        limit, base = next(((limit, t) for limit, t in TILES_BY_ROWS if rows <= limit),
-                           TILES_BY_ROWS[-1])
+        base = next((t for limit, t in TILES_BY_ROWS if rows <= limit), TILES_BY_ROWS[-1][1])
         base, best_ms, tried = tune(depth, rows, base, time.monotonic() + args.budget_s)
         best_by_rows[rows] = (base, best_ms)
         log += [{**entry, "rows": rows} for entry in tried]
