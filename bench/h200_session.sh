@@ -15,7 +15,7 @@
 #        burst | slack | voice | te-tokens | admit | path | tune-decode | trace | prefill |
 #        prefill-bench | before-after | gc | tests-changed | wgmma-stream | wgmma-layers | layers-3phase |
 #        codec-precision | codec-upsampler | codec-state | big-batch | steady | census-256 | margin |
-#        depth-gemm |
+#        depth-gemm | timeline |
 #        decode-attention | capacity-ab (carry .prevtree too) |
 #        room (issue 34: carry=[".roombundle"] alone, built by `make room-bundle`; see the phase) |
 #        scaleout (issue 36: kind nvidia-h200-x4, carry=[".roombundle"]; SCALE_K, SCALE_DISPATCH)
@@ -494,6 +494,12 @@ case "$phase" in
       | grep -v Warn | tail -40 || echo "depth_gemm_ceiling failed: $?"
     timeout 200 python3 -m pytest tests/gpu/test_gpu_fused_depth.py -k switch_changes_no_bit \
       -q -p no:cacheprovider 2>&1 | tee "$out/gpu_tests_fused_depth.log" | tail -12 ;;
+  timeline)  # issue 30, deliverable 3: the depth frame as served (configs/h200-capacity.toml's
+    # switches, CFG) at 1/16/64/128/256 requests: graph-replay ms, launches, GPU busy, bytes and
+    # FLOPs, achieved TB/s and TFLOP/s against the device's floor (bench/depth_timeline.py)
+    timeout "${TIMELINE_TIMEOUT:-300}" python3 bench/depth_timeline.py \
+      ${TIMELINE_REQUESTS:+--requests "$TIMELINE_REQUESTS"} --out "$out/h200-depth-timeline.json" \
+      2>&1 | grep -v Warn | tail -12 ;;
   census-256)  # issue 31: the kernel census (torch.profiler, eager) of one CODEC step of 256
     # streams x 1 frame and one DEPTH frame of 256 requests with the profile's fused kernels:
     # which kernels hold the codec's 0.11-0.2 ms a frame at capacity; then the same at 1 stream.

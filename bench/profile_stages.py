@@ -19,15 +19,21 @@ from breezert.constants import Stage
 from breezert.runtime_setup import build_runner, load_engine_checkpoint
 
 
-def census(fn, label: str, cuda: bool, top: int) -> None:  # type: ignore[no-untyped-def]
-    for _ in range(3):
+def traced(fn, cuda: bool, warmup: int = 3):  # type: ignore[no-untyped-def]  # noqa: ANN201
+    """The profiler's per-operator and per-kernel averages of one call of ``fn`` after
+    ``warmup`` untraced ones (also ``bench/depth_timeline.py``'s census)."""
+    for _ in range(warmup):
         fn()
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
     with profile(activities=activities) as prof:
         fn()
         if cuda:
             torch.cuda.synchronize()
-    events = prof.key_averages()
+    return prof.key_averages()
+
+
+def census(fn, label: str, cuda: bool, top: int) -> None:  # type: ignore[no-untyped-def]
+    events = traced(fn, cuda)
     if cuda:
         kernels = [e for e in events if e.device_type == torch.autograd.DeviceType.CUDA]
         launches = sum(e.count for e in kernels)
@@ -38,7 +44,7 @@ def census(fn, label: str, cuda: bool, top: int) -> None:  # type: ignore[no-unt
             print(f"  {e.device_time_total / 1000:8.3f} ms  x{e.count:<5d} {e.key[:90]}")
     else:
         print(f"{label}:")
-        print(prof.key_averages().table(sort_by="cpu_time_total", row_limit=top))
+        print(events.table(sort_by="cpu_time_total", row_limit=top))
 
 
 def main() -> None:
