@@ -31,16 +31,16 @@ from profile_stages import traced
 PEAKS = {"H200": (4.8e12, 989e12), "H100": (3.35e12, 989e12)}
 """Device name fragment -> (HBM bytes/s, dense bf16 FLOP/s): the SXM parts' data-sheet peaks."""
 
-LAYER_KERNELS = ("norm_gate_up", "linear_residual", "norm_qkv", "short_attention", "rms_norm",
-                 "prenorm")
+LAYER_KERNELS = ("norm_gate_up_kernel", "linear_residual_kernel", "_norm_qkv_rope_kernel",
+                 "_short_attention_kernel", "rms_norm_rows_kernel")
 """Name fragments of the fused layer kernels (the rest of a frame: heads, sampler, glue)."""
 
 
 def frame_work(cfg: DepthConfig, rows: int) -> dict[str, float]:
     """What one frame of ``rows`` rows must read and compute: every layer's bf16 weights once
     per position (16 positions), the fp32 codebook head once per depth code (15), the bf16
-    input projector once; the frame cache's K/V (written once, read by later positions) and
-    the rows' activations are counted too, though small beside the weights."""
+    input projector once; and the frame cache's K/V (each slot written once, read by every
+    later position). The rows' activations (a few MB a frame) are left out."""
     d, i, hd = cfg.hidden_size, cfg.intermediate_size, cfg.head_dim
     qkv = d * (cfg.num_heads + 2 * cfg.num_kv_heads) * hd
     layer = qkv + cfg.num_heads * hd * d + 2 * d * i + i * d  # q/k/v, o, gate/up, down
