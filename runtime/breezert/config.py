@@ -224,8 +224,8 @@ class SchedulerConfig(_Frozen):
         return self
 
 
-CUDA_ONLY_SWITCHES = ("enable_cuda_graphs", "compile_depth", "fused_depth", "fused_decode",
-                      "fused_prefill", "fused_text_encoder", "pdl")
+CUDA_ONLY_SWITCHES = ("enable_cuda_graphs", "compile_depth", "fused_depth", "fused_depth_draw",
+                      "fused_decode", "fused_prefill", "fused_text_encoder", "pdl")
 """``GraphConfig`` switches that need CUDA: refused on ``model.device='cpu'`` and all turned off
 by ``BREEZERT_NO_CUDA_GRAPH=1``."""
 
@@ -243,6 +243,11 @@ class GraphConfig(_Frozen):
     """Hand-fused Triton kernels for the depth decoder's layers (5 launches per layer, launch
     shapes per row bucket: ``kernels/fused_depth.py``); with it ``compile_depth`` compiles only
     the sampler."""
+    fused_depth_draw: bool = False
+    """Each depth code drawn by one Triton launch (``kernels/depth_draw.py``: guidance, reserved
+    ids, temperature, top-k, top-p and the Gumbel draw) instead of about ten (the compiled
+    sampler's ``topk`` among them); the first code keeps the sampler. Same codes but where
+    top-p's boundary falls within the last bit of its mass."""
     pdl: bool = False
     """Programmatic dependent launch (Hopper) between the fused kernels of the depth layers and
     of the text encoder (those switched on): each kernel is placed while the one before it

@@ -57,6 +57,7 @@ def depth_frames(
     max_k: int | None = None,
     sampler: Callable[..., torch.Tensor] | None = None,
     noise_per_frame: bool = False,
+    depth_draw: Callable[..., torch.Tensor] | None = None,
 ) -> dict[str, torch.Tensor]:
     """One frame per request → ``{"codes": [B, 16]}`` (``codes[:, 0] == 2051`` means EOS).
 
@@ -67,6 +68,9 @@ def depth_frames(
     ``noise_per_frame``: make the 16 draws' Gumbel noise in one call up front instead of one per
     draw (the same bits: it depends on seed and counter only, never on the codes drawn): faster
     on the CPU; a compiled sampler fuses the noise into its own kernel instead.
+    ``depth_draw``: draws codebooks 1..15 from each head's logits in one call
+    (``kernels/depth_draw.depth_draw_triton``'s arguments): guidance, the reserved ids and the
+    depth settings' draw; the first code keeps ``sampler``.
     """
     num = has_cfg.shape[0]
     logits = _guide(model.first_code_logits(hidden), num, has_cfg, cfg_scale)  # [B, 2052]
@@ -110,8 +114,12 @@ def depth_frames(
         # an EOS first code (2051) is clamped into the table: that frame is dropped anyway
         last = codes[-1].clamp(max=FRAME_EOS_ID - 1) if j == 1 else codes[-1]
         x = depth.embed_code(last if owner is None else last[owner], j - 1)  # [R, D]
-        logits = _guide(depth.logits(depth.step(x, j, cache), j), num, has_cfg, cfg_scale)
-        codes.append(draw(j, suppress_reserved(logits)))
+        logits = depth.logits(depth.step(x, j, cache), j)  # [R, V]
+        if depth_draw is not None:
+            codes.append(depth_draw(logits, num, has_cfg, cfg_scale, *depth_params, seeds,
+                                    draw_counter(frames_at, j)))
+            continue
+        codes.append(draw(j, suppress_reserved(_guide(logits, num, has_cfg, cfg_scale))))
     return {"codes": torch.stack(codes, dim=1)}
 
 

@@ -46,12 +46,13 @@ def _raise_cache_limit(limit: int) -> None:
 
 def depth_fn(
     model: BreezeModel, max_k: int | None, compile_depth: bool, fused_depth: bool = False,
-    max_rows: int = 64, pdl: bool = False,
+    max_rows: int = 64, pdl: bool = False, fused_draw: bool = False,
 ) -> Callable[..., dict[str, torch.Tensor]]:
     """``depth_frames`` bound to ``model`` and ``max_k``; on CUDA its layer step runs the fused
     Triton kernels (``fused_depth``, workspace for ``max_rows`` rows, launch shapes per row
     bucket, chained by programmatic dependent launch with ``pdl``) or is compiled
-    (``compile_depth``), and ``compile_depth`` compiles the sampler. On the CPU the frame's
+    (``compile_depth``), and ``compile_depth`` compiles the sampler; ``fused_draw`` draws the 15
+    depth codes with ``kernels/depth_draw.py`` (one launch each). On the CPU the frame's
     Gumbel noise is made in one call (``noise_per_frame``); CUDA keeps one per draw."""
     if model.lm_head.weight.device.type != "cuda":
         return partial(depth_frames, model, max_k=max_k, noise_per_frame=True)
@@ -68,10 +69,15 @@ def depth_fn(
             depth.run_layers = torch.compile(depth.run_layers, dynamic=True, fullgraph=True)
             depth.is_compiled = True
             logger.info("compiled the depth step (inductor, default mode, dynamic batch)")
+    draw = {}
+    if fused_draw:
+        from breezert.kernels.depth_draw import depth_draw_triton  # Triton
+
+        draw = {"depth_draw": depth_draw_triton}
     if not compile_depth:
-        return partial(depth_frames, model, max_k=max_k)
+        return partial(depth_frames, model, max_k=max_k, **draw)
     sampler = torch.compile(sample, dynamic=True, fullgraph=True)
-    return partial(depth_frames, model, max_k=max_k, sampler=sampler)
+    return partial(depth_frames, model, max_k=max_k, sampler=sampler, **draw)
 
 
 def decode_fn(

@@ -112,7 +112,8 @@ class ModelRunner:
                                    max(graph.decode_batch_buckets)),
                          block_size, self.kv.scratch_row)
         depth = {max_k: partial(depth_frames_from_slots, self.slots,
-                                depth_fn(model, max_k, *depth_kernels))
+                                depth_fn(model, max_k, *depth_kernels,
+                                         fused_draw=graph.fused_depth_draw))
                  for max_k in (TOP_K_BOUND, None)}
         codec = partial(codec_from_ring, self.slots, partial(codec_step, self.codec))
         self.stages = {
