@@ -7,6 +7,7 @@ events, median) and traced once without the graph (torch.profiler: kernel launch
 the layers' share). Beside each: the bytes a frame must read and the FLOPs it must do (16 layer
 passes, 15 fp32 codebook heads, the input projector; from the model's config), the achieved
 TB/s and TFLOP/s, and the frame's floor on this device (whichever of the two limits binds).
+``--fused-draw``: the same frame with ``graph.fused_depth_draw`` on, side by side in the run.
 Runs on CPU too (tiny preset, wall-clock time, operators instead of kernels): a smoke test.
 Must not: change what it times (the profile's switches come from the file as served).
 """
@@ -95,12 +96,14 @@ def time_ms(fn, cuda: bool, iters: int = 20) -> float:  # type: ignore[no-untype
     return sorted(times)[len(times) // 2]
 
 
-def engine_config(profile_path: Path, requests: list[int], cuda: bool) -> EngineConfig:
-    """The profile's kernel switches, depth buckets at ``requests``, every other stage at its
-    smallest (this script times the depth frame only)."""
+def engine_config(profile_path: Path, requests: list[int], cuda: bool,
+                  **overrides: Any) -> EngineConfig:
+    """The profile's kernel switches (then ``overrides``), depth buckets at ``requests``, every
+    other stage at its smallest (this script times the depth frame only)."""
     switches = {key: value
                 for key, value in EngineConfig.from_file(profile_path).graph.model_dump().items()
                 if not key.endswith("_buckets")}
+    switches.update(overrides)
     if not cuda:  # the GPU kernels' switches mean nothing on the CPU: the eager path
         switches = {"enable_cuda_graphs": False}
     top = max(requests)
@@ -116,7 +119,7 @@ def engine_config(profile_path: Path, requests: list[int], cuda: bool) -> Engine
     })
 
 
-def measure(cfg: EngineConfig, requests: list[int]) -> dict[str, Any]:
+def measure(cfg: EngineConfig, requests: list[int], label: str) -> dict[str, Any]:
     """The timeline of every request count on one runner built from ``cfg``."""
     cuda = cfg.model.device == "cuda"
     ckpt = load_engine_checkpoint(cfg.model)
@@ -148,28 +151,33 @@ def measure(cfg: EngineConfig, requests: list[int]) -> dict[str, Any]:
     del runner, ckpt
     if cuda:
         torch.cuda.empty_cache()
-    return {"startup_s": startup, "peaks": limits, "rows": rows_out}
+    return {"label": label, "startup_s": startup, "peaks": limits, "rows": rows_out}
 
 
-def plot(rows: list[dict[str, Any]], path: Path) -> None:
+def plot(runs: list[dict[str, Any]], path: Path) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    req = [r["requests"] for r in rows]
     fig, (ax_ms, ax_rate) = plt.subplots(1, 2, figsize=(11, 4.2))
-    ax_ms.plot(req, [r["frame_ms"] for r in rows], "o-", label="served (graph replay)")
+    for run, style in zip(runs, ("o-", "s--", "^-."), strict=False):
+        rows = run["rows"]
+        req = [r["requests"] for r in rows]
+        ax_ms.plot(req, [r["frame_ms"] for r in rows], style, label=run["label"])
+        ax_rate.plot(req, [r["tb_per_s"] for r in rows], style, label=f"{run['label']}: TB/s")
+        ax_rate.plot(req, [r["tflop_per_s"] / 100 for r in rows], style, alpha=0.5,
+                     label=f"{run['label']}: TFLOP/s / 100")
+    rows = runs[0]["rows"]
     if all("floor_ms" in r for r in rows):
-        ax_ms.plot(req, [r["floor_ms"] for r in rows], "k:", label="floor (bytes or FLOPs)")
-    ax_rate.plot(req, [r["tb_per_s"] for r in rows], "o-", label="TB/s")
-    ax_rate.plot(req, [r["tflop_per_s"] / 100 for r in rows], "s--", label="TFLOP/s / 100")
+        ax_ms.plot([r["requests"] for r in rows], [r["floor_ms"] for r in rows], "k:",
+                   label="floor (bytes or FLOPs)")
     for ax in (ax_ms, ax_rate):
         ax.set_xscale("log", base=2)
         ax.set_xlabel("requests (CFG: 2 rows each)")
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
-    ax_ms.set_ylabel("depth frame, ms")
+    ax_ms.set_ylabel("depth frame, ms (graph replay)")
     ax_rate.set_ylabel("achieved")
     fig.suptitle("Depth frame timeline")
     fig.tight_layout()
@@ -182,23 +190,30 @@ def main() -> None:
     parser.add_argument("--profile", type=Path,
                         default=Path(__file__).resolve().parent.parent / "configs"
                         / "h200-capacity.toml")
+    parser.add_argument("--fused-draw", action="store_true",
+                        help="also the frame with graph.fused_depth_draw on (CUDA), side by side")
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
     requests = sorted({int(r) for r in args.requests.split(",")})
     cuda = torch.cuda.is_available()
-    cfg = engine_config(args.profile, requests, cuda)
-    doc: dict[str, Any] = {**provenance(), "profile": str(args.profile),
-                           **measure(cfg, requests)}
+    plans = [("served", {})]
+    if args.fused_draw and cuda:
+        plans.append(("fused depth draw", {"fused_depth_draw": True}))
+    doc: dict[str, Any] = {**provenance(), "profile": str(args.profile), "runs": []}
+    for label, overrides in plans:
+        cfg = engine_config(args.profile, requests, cuda, **overrides)
+        doc["runs"].append(measure(cfg, requests, label))
+        if args.out:  # after every run: a timeout keeps what was measured
+            args.out.write_text(json.dumps(doc, indent=2))
     if args.out:
-        args.out.write_text(json.dumps(doc, indent=2))
-        plot(doc["rows"], args.out.with_suffix(".png"))
-    print(f"start-up {doc['startup_s']:.1f} s")
-    for r in doc["rows"]:
-        extra = (f" | floor {r['floor_ms']:.2f} ms ({100 * r['of_floor']:.0f} %, {r['bound']})"
-                 if "floor_ms" in r else "")
-        print(f"  {r['requests']:4d} req: {r['frame_ms']:7.2f} ms, {r.get('launches', '-')} "
-              f"launches, {r['tb_per_s']:.2f} TB/s, {r['tflop_per_s']:.0f} TFLOP/s{extra}")
-
+        plot(doc["runs"], args.out.with_suffix(".png"))
+    for run in doc["runs"]:
+        print(f"{run['label']}: start-up {run['startup_s']:.1f} s")
+        for r in run["rows"]:
+            extra = (f" | floor {r['floor_ms']:.2f} ms ({100 * r['of_floor']:.0f} %, "
+                     f"{r['bound']})" if "floor_ms" in r else "")
+            print(f"  {r['requests']:4d} req: {r['frame_ms']:7.2f} ms, {r.get('launches', '-')} "
+                  f"launches, {r['tb_per_s']:.2f} TB/s, {r['tflop_per_s']:.0f} TFLOP/s{extra}")
 
 if __name__ == "__main__":
     main()

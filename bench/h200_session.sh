@@ -497,9 +497,10 @@ case "$phase" in
   timeline)  # issue 30, deliverable 3: the depth frame as served (configs/h200-capacity.toml's
     # switches, CFG) at 1/16/64/128/256 requests: graph-replay ms, launches, GPU busy, bytes and
     # FLOPs, achieved TB/s and TFLOP/s against the device's floor (bench/depth_timeline.py)
-    timeout "${TIMELINE_TIMEOUT:-300}" python3 bench/depth_timeline.py \
+    # and the same frame with graph.fused_depth_draw on (kernels/depth_draw.py), side by side
+    timeout "${TIMELINE_TIMEOUT:-420}" python3 bench/depth_timeline.py --fused-draw \
       ${TIMELINE_REQUESTS:+--requests "$TIMELINE_REQUESTS"} --out "$out/h200-depth-timeline.json" \
-      2>&1 | grep -v Warn | tail -12 ;;
+      2>&1 | grep -v Warn | tail -16 ;;
   census-256)  # issue 31: the kernel census (torch.profiler, eager) of one CODEC step of 256
     # streams x 1 frame and one DEPTH frame of 256 requests with the profile's fused kernels:
     # which kernels hold the codec's 0.11-0.2 ms a frame at capacity; then the same at 1 stream.

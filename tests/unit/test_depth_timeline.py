@@ -66,12 +66,14 @@ def test_cpu_run_writes_record_and_plot(tmp_path: Path) -> None:
         [str(REPO / "runtime"), str(REPO / "bench"), str(REPO)])}
     proc = subprocess.run(
         [sys.executable, str(REPO / "bench" / "depth_timeline.py"), "--requests", "1,2",
-         "--out", str(out)], env=env, timeout=300, capture_output=True, text=True, check=False)
+         "--fused-draw", "--out", str(out)], env=env, timeout=300, capture_output=True, text=True, check=False)
     assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
     doc = json.loads(out.read_text())
     assert doc["git_commit"] and doc["date"]
-    assert [r["requests"] for r in doc["rows"]] == [1, 2]
-    for row in doc["rows"]:
+    [run] = doc["runs"]  # --fused-draw adds a run only on CUDA
+    assert run["label"] == "served"
+    assert [r["requests"] for r in run["rows"]] == [1, 2]
+    for row in run["rows"]:
         assert row["rows"] == 2 * row["requests"] and row["frame_ms"] > 0
         assert row["operators"] > 0  # the CPU census lists operators
     assert out.with_suffix(".png").stat().st_size > 0
