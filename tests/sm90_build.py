@@ -337,6 +337,24 @@ def _codec_attention() -> tuple[Warm, Callable[[], None]]:
     return None, serve
 
 
+def _depth_draw() -> tuple[Warm, Callable[[], None]]:
+    from breezert.kernels.depth_draw import depth_draw_triton
+    from breezert.models.config import DepthConfig
+
+    vocab = DepthConfig().vocab_size
+
+    def serve() -> None:  # cond rows alone and guided, the settings as the frame's columns
+        for num, rows in ((1, 1), (256, 512)):
+            logits = torch.zeros(rows, vocab, device="meta")
+            sampling = torch.zeros(num, 6, device="meta")
+            flags = torch.zeros(num, dtype=torch.bool, device="meta")
+            longs = torch.zeros(num, dtype=torch.long, device="meta")
+            depth_draw_triton(logits, num, flags, sampling[:, 0], sampling[:, 3], longs,
+                              sampling[:, 5], longs, longs)
+
+    return None, serve
+
+
 VARIANTS: dict[str, Callable[[], tuple[Warm, Callable[[], None]]]] = {
     "depth by-rows": lambda: _depth("by-rows", False, 1),
     "depth by-rows pdl": lambda: _depth("by-rows", True, 1),
@@ -354,6 +372,7 @@ VARIANTS: dict[str, Callable[[], tuple[Warm, Callable[[], None]]]] = {
     "text encoder pdl wide": lambda: _text_encoder(True, wide=True),
     "snake": _snake,
     "codec attention": _codec_attention,
+    "depth draw": _depth_draw,
 }
 """Each module variant a config or a tuning run can select -> ``(warm, serve)``: its start-up
 build (None: a plain function, built when the stage's graphs are captured), and every shape the

@@ -19,7 +19,7 @@ pytestmark = pytest.mark.unit
 SELECTABLE = (["depth by-rows", "depth by-rows qkv-split-2", "decode", "text encoder pdl",
                "snake", "prefill", "codec attention", "depth by-rows prenorm o-inline pdl"],
               ["depth by-rows pdl", "decode pdl", "text encoder", "text encoder pdl wide",
-               "depth by-rows prenorm pdl"])
+               "depth by-rows prenorm pdl", "depth draw"])
 
 
 @needs_triton

@@ -88,12 +88,12 @@ def _depth_draw_kernel(logits_ptr, has_cfg_ptr, scale_ptr, temp_ptr, top_k_ptr, 
         keep = valid
         k = tl.load(top_k_ptr + b * s_k)
         if k > 0:  # the k-th largest key: the largest u with at least k keys >= u
-            k = tl.minimum(k, V).to(tl.int32)
+            want = tl.minimum(k, V).to(tl.int32)
             kth = _u32(0)
             for i in tl.static_range(32):
                 trial = kth | (_u32(1) << (31 - i))
                 count = tl.sum((valid & (key >= trial)).to(tl.int32), axis=0)
-                kth = tl.where(count >= k, trial, kth)
+                kth = tl.where(count >= want, trial, kth)
             keep = keep & (key >= kth)
         p = tl.load(top_p_ptr + b * s_p)
         if p < 1:  # keep an id while the mass of the kept ids above it is under p
