@@ -81,18 +81,11 @@ def check_depth_frame() -> None:
     from breezert.models.breeze import BreezeModel
     from breezert.models.config import BreezeConfig
     from breezert.stages.depth import depth_frames
+    from tests.unit.test_sampling import frame_inputs
 
     model = BreezeModel(BreezeConfig.tiny()).init_random_(torch.Generator().manual_seed(0)).eval()
-    gen = torch.Generator().manual_seed(3)
-    num = 3
-    hidden = torch.randn(2 * num, model.cfg.backbone.hidden_size, generator=gen)
-    inputs = dict(
-        has_cfg=torch.tensor([True, False, True]), cfg_scale=torch.tensor([1.5, 1.0, 3.0]),
-        seen=torch.rand(num, 2052, generator=gen) < 0.01, penalty=torch.tensor([1.1, 1.0, 1.3]),
-        no_eos=torch.tensor([True, True, False]),
-        sampling=torch.tensor([[0.9, 50, 1.0, 0.9, 50, 1.0], [1.2, 0, 0.8, 0.0, 5, 1.0],
-                               [0.5, 64, 0.95, 1.0, 0, 0.9]]),
-        seeds=torch.tensor([1, 2**40 + 7, 12345]), frames_at=torch.tensor([0, 5, 311]))
+    hidden, inputs = frame_inputs(model)
+    inputs["sampling"][1, 3] = 0.0  # a greedy depth row beside the sampled ones
     bounded = inputs["sampling"].clone()
     bounded[2, 4] = 64  # top-k within max_k
     with torch.no_grad():

@@ -281,13 +281,13 @@ def test_cfg_scale_zero_runs_negative_only(tiny: BreezeModel) -> None:
     assert torch.equal(torch.stack(only_neg), torch.stack(plain))
 
 
-def test_noise_made_per_frame_draws_the_same_codes(tiny: BreezeModel) -> None:
-    """``depth_frames(noise_per_frame=True)`` (the CPU path) makes the 16 draws' noise in one
-    call: the codes are the per-draw path's, bit for bit (CFG rows, top-k and top-p included),
-    and both are what ``sample`` draws when called per draw."""
+def frame_inputs(model: BreezeModel) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """A depth frame of 3 requests for ``depth_frames``: hidden rows (cond, then uncond) and
+    per-request inputs with guidance on and off, penalties, EOS allowed or not, and settings with
+    top-k and top-p on and off (also ``test_depth_draw_kernel.py``'s frame)."""
     gen = torch.Generator().manual_seed(3)
     num = 3
-    hidden = torch.randn(2 * num, tiny.cfg.backbone.hidden_size, generator=gen)
+    hidden = torch.randn(2 * num, model.cfg.backbone.hidden_size, generator=gen)
     inputs = dict(
         has_cfg=torch.tensor([True, False, True]), cfg_scale=torch.tensor([1.5, 1.0, 3.0]),
         seen=torch.rand(num, 2052, generator=gen) < 0.01, penalty=torch.tensor([1.1, 1.0, 1.3]),
@@ -295,6 +295,14 @@ def test_noise_made_per_frame_draws_the_same_codes(tiny: BreezeModel) -> None:
         sampling=torch.tensor([[0.9, 50, 1.0, 0.9, 50, 1.0], [1.2, 0, 0.8, 0.7, 5, 1.0],
                                [0.5, 64, 0.95, 1.0, 0, 0.9]]),
         seeds=torch.tensor([1, 2**40 + 7, 12345]), frames_at=torch.tensor([0, 5, 311]))
+    return hidden, inputs
+
+
+def test_noise_made_per_frame_draws_the_same_codes(tiny: BreezeModel) -> None:
+    """``depth_frames(noise_per_frame=True)`` (the CPU path) makes the 16 draws' noise in one
+    call: the codes are the per-draw path's, bit for bit (CFG rows, top-k and top-p included),
+    and both are what ``sample`` draws when called per draw."""
+    hidden, inputs = frame_inputs(tiny)
     for max_k in (None, 64):
         per_draw = depth_frames(tiny, hidden, **inputs, max_k=max_k)["codes"]
         per_frame = depth_frames(tiny, hidden, **inputs, max_k=max_k, noise_per_frame=True)
