@@ -129,11 +129,11 @@ def measure(cfg: EngineConfig, requests: list[int], label: str) -> dict[str, Any
     depth = runner.stages[Stage.DEPTH]
     model_cfg = runner.ckpt.model.cfg.depth
     limits = peaks(torch.device(cfg.model.device))
+    graphed = cuda and cfg.graph.enable_cuda_graphs
     rows_out = []
     with torch.inference_mode():
         for n in requests:
             key, inputs = (n, True), depth.example_inputs(n, True)
-            graphed = cuda and cfg.graph.enable_cuda_graphs
             ms = time_ms((lambda: depth.graphs(key, inputs)) if graphed
                          else (lambda: depth.graphs.fn(**inputs)), cuda)
             work = frame_work(model_cfg, 2 * n)
@@ -142,10 +142,11 @@ def measure(cfg: EngineConfig, requests: list[int], label: str) -> dict[str, Any
                    "tflop_per_s": work["flops"] / ms / 1e9,
                    **census(lambda: depth.graphs.fn(**inputs), cuda)}
             if limits is not None:
-                floor_ms = max(work["bytes"] / limits[0], work["flops"] / limits[1]) * 1000
+                read_ms, compute_ms = (1000 * work["bytes"] / limits[0],
+                                       1000 * work["flops"] / limits[1])
+                floor_ms = max(read_ms, compute_ms)
                 row.update(floor_ms=floor_ms, of_floor=floor_ms / ms,
-                           bound="bytes" if work["bytes"] / limits[0] > work["flops"] / limits[1]
-                           else "flops")
+                           bound="bytes" if read_ms > compute_ms else "flops")
             rows_out.append(row)
             print(json.dumps({k: v for k, v in row.items() if k != "top"}), flush=True)
     del runner, ckpt
