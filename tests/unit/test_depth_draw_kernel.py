@@ -97,6 +97,33 @@ def check_depth_frame() -> None:
             assert torch.equal(got, want), (got, want)
 
 
+def check_edge_rows() -> None:
+    """Rows that corner top-k's radix select: every logit equal, all but three ids at -inf
+    (the k-th largest is -inf itself), one id far above the rest, negative logits only, values
+    one ulp apart around the k-th, and the reserved ids holding the largest logits."""
+    from breezert.kernels.depth_draw import depth_draw_triton
+
+    gen = torch.Generator().manual_seed(5)
+    base = torch.randn(VOCAB, generator=gen)
+    near = 1.5 + torch.arange(VOCAB) % 5 * torch.finfo(torch.float32).eps
+    sparse = torch.full((VOCAB,), float("-inf"))
+    sparse[[3, 700, 2047]] = torch.tensor([0.5, 2.0, -1.0])
+    spike = base.clone()
+    spike[1234] = 1e4
+    reserved = base.clone()
+    reserved[2048:] = 50.0
+    rows = [torch.full((VOCAB,), 0.25), sparse, spike, -base.abs() - 3, near, reserved]
+    logits = torch.stack(rows)
+    num = len(rows)
+    for top_k in (1, 2, 5, 50, 2048):
+        settings = (torch.zeros(num, dtype=torch.bool), torch.ones(num), torch.full((num,), 0.9),
+                    torch.full((num,), top_k), torch.ones(num),
+                    torch.arange(num) * 7919 + 11, torch.arange(num) + 3)
+        got = depth_draw_triton(logits, num, *settings)
+        want = torch_draw(logits, num, *settings)
+        assert torch.equal(got, want), (top_k, got.tolist(), want.tolist())
+
+
 def check_refusals() -> None:
     from breezert.kernels.depth_draw import depth_draw_triton
 
@@ -124,6 +151,11 @@ def test_settings_read_as_strided_columns() -> None:
 @needs_triton
 def test_a_depth_frame_drawn_by_the_kernel_equals_the_torch_frame() -> None:
     run_in_interpreter(__name__, "check_depth_frame()")
+
+
+@needs_triton
+def test_top_k_edge_rows_equal_the_torch_path() -> None:
+    run_in_interpreter(__name__, "check_edge_rows()")
 
 
 @needs_triton
