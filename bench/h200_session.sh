@@ -537,6 +537,10 @@ case "$phase" in
     # each turn records how late that process's loop ran: loop_lag_max_s). Carry only
     # .roombundle (make room-bundle: server, packages, trimmed tokenizer, texts, COMMIT); the
     # tree and it just fit one call's 64 MiB. ROOM_TIMEOUT_S (540) leaves the logs time to pack.
+    # ROOM_SET: engine overrides (room.py --set, section.key=value;...), as SCALE_SET below.
+    # ROOM_ENGINE_CPUS: the engine server keeps to that many CPUs, the harness to the rest
+    # (7 Dec: at N=128, 8 rooms a process, the crowded harness slowed the engine's cycle and
+    # its admission refused from 16 streams).
     d=/tmp/room
     room_prepare "$d"
     n=${ROOM_N:-16,64}
@@ -546,7 +550,8 @@ case "$phase" in
       --texts .roombundle/texts_en.tsv --listeners "$n" --turns "${ROOM_TURNS:-2}" \
       --rooms-per-process "${ROOM_PER_PROCESS:-4}" --join-timeout-s "${ROOM_JOIN_TIMEOUT_S:-240}" \
       ${ROOM_RATE:+--rate "$ROOM_RATE"} ${ROOM_WAVE_GAP_S:+--wave-gap-s "$ROOM_WAVE_GAP_S"} \
-      ${ROOM_NO_CLOSED:+--no-closed} \
+      ${ROOM_NO_CLOSED:+--no-closed} --set "${ROOM_SET:-}" \
+      ${ROOM_ENGINE_CPUS:+--engine-cpus "$ROOM_ENGINE_CPUS"} \
       --variants "${ROOM_VARIANTS:-listener,agent-queue,none,predictor-off}" \
       --out "$out/h200-room-n${n//,/-}.json" 2>&1 | grep -vE 'Warn|^\{' | tail -40 \
       || echo "room.py ended with $? (124: ROOM_TIMEOUT_S)"

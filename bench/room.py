@@ -105,6 +105,7 @@ from room_procs import (  # noqa: E402
     pinned_gpus,
     python_argv,
     pythonpath,
+    split_cpus,
     stop,
     summed_counters,
 )
@@ -577,6 +578,11 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--engines", type=int, default=1,
                    help="--engine server: engine servers per engine setting (K; engine i pinned "
                         "to GPU i on CUDA); agent worker i uses engine i mod K")
+    p.add_argument("--engine-cpus", type=int, default=0,
+                   help="--engine server: the engine servers keep to this many of the CPUs "
+                        "(the last ones) and the harness (livekit-server, agents, listeners) to "
+                        "the rest, so a crowded harness cannot slow the engine's own steps "
+                        "(0: all share every CPU)")
     p.add_argument("--rooms-per-worker", type=int, default=4,
                    help="--engine server: rooms an agent worker process takes at most (the "
                         "workers: as many as the largest N needs); past 8, whole workers "
@@ -639,12 +645,19 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                     f"{', '.join(DISPATCH_APART)})")
         if args.engines < 1:
             p.error("--engines must be >= 1")
+        if args.engine_cpus:
+            try:
+                args.cpu_split = split_cpus(args.engine_cpus)
+            except ValueError as exc:
+                p.error(str(exc))
     else:
         unknown = [d for d in args.dispatch.split(",") if d not in DISPATCH]
         if unknown:
             p.error(f"--dispatch: unknown {unknown} (choose from {', '.join(DISPATCH)})")
         if args.engines != 1:
             p.error("--engines needs --engine server")
+        if args.engine_cpus:
+            p.error("--engine-cpus needs --engine server")
     if args.no_closed and args.rate is None and args.wave_gap_s is None:
         p.error("--no-closed needs --rate or --wave-gap-s")
     if args.wave_gap_s is not None and args.wave_gap_s <= 0:
@@ -697,6 +710,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                                  turns=args.turns, workers=num_workers, engine=args.engine,
                                  rooms_per_worker=per_worker if apart else None,
                                  engines=args.engines if apart else None,
+                                 engine_cpus=args.engine_cpus or None,
                                  browser_listeners=args.browser_listeners,
                                  dispatch=args.dispatch,
                                  rate=args.rate, prebuffer_ms=args.prebuffer_ms,
@@ -727,6 +741,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     }
     groups = [("on", [v for v in variants if v != "predictor-off"]),
               ("off", [v for v in variants if v == "predictor-off"])]
+    engine_cpus = ""
+    if args.engine_cpus:  # every process started from here on inherits the harness's CPUs
+        engine_set, harness_set = args.cpu_split
+        os.sched_setaffinity(0, harness_set)
+        engine_cpus = ",".join(map(str, engine_set))
     with contextlib.ExitStack() as stack:
         url, api_url = stack.enter_context(livekit_server(args.server_bin, log_dir))
         web_root = (stack.enter_context(serve_repository()) if args.browser_listeners
@@ -737,7 +756,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                     continue
                 predictor = f"scheduler.use_predictor={str(setting == 'on').lower()}"
                 overrides = ";".join(p for p in (args.set.strip(";"), predictor) if p)
-                engine_env = {"BREEZERT_ROOM_SET": overrides,
+                engine_env = {"BREEZERT_ROOM_SET": overrides, "BREEZERT_ROOM_CPUS": engine_cpus,
                               "BREEZERT_ROOM_WARM_WIDTH": str(max(listeners) if apart
                                                               else per_worker)}
                 if args.config:

@@ -16,7 +16,9 @@ Two ways to reach the engine (``bench/room.py --engine``):
 The engine's environment: ``$BREEZERT_ROOM_CONFIG`` (profile name or TOML; default the embedded
 cpu-tiny), ``$BREEZERT_ROOM_TOKENIZER`` (``model.tokenizer`` for random weights),
 ``$BREEZERT_ROOM_SET`` (``section.key=value;...``), ``$BREEZERT_ROOM_THREADS`` (torch's CPU
-threads) and ``$BREEZERT_ROOM_WARM_WIDTH`` (concurrent warm-up requests before it is ready).
+threads), ``$BREEZERT_ROOM_CPUS`` (comma-separated CPUs the process keeps to, set before torch
+starts a thread: ``room.py --engine-cpus``) and ``$BREEZERT_ROOM_WARM_WIDTH`` (concurrent warm-up
+requests before it is ready).
 In ``$BREEZERT_ROOM_STATE`` it writes ``engine_ready.json`` once it serves (build seconds,
 ``use_predictor``, ``max_jobs``: the engine's ``max_running_requests``) and ``metrics.json``
 (the engine's counters) every second.
@@ -61,6 +63,13 @@ def engine_config() -> Any:
     if overrides:
         config = variant_config(config, parse_variant_spec(f"room={overrides}"))
     return config
+
+
+def keep_to_cpus() -> None:
+    """This process on ``$BREEZERT_ROOM_CPUS`` only, when set (threads started later inherit)."""
+    if cpus := os.environ.get("BREEZERT_ROOM_CPUS"):
+        for thread in os.listdir("/proc/self/task"):  # any thread an import started too
+            os.sched_setaffinity(int(thread), {int(c) for c in cpus.split(",")})
 
 
 def set_torch_threads() -> None:
@@ -158,6 +167,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--port", type=int, required=True, help="loopback port to serve on")
     args = p.parse_args(argv)
+    keep_to_cpus()
     from breezert.async_engine import AsyncEngine
 
     state = Path(os.environ.get("BREEZERT_ROOM_STATE", ".cache/room-bench-engine"))

@@ -166,6 +166,17 @@ def agent_workers(url: str, log_dir: Path, name: str, env: dict[str, str], timeo
                for i, (pid, state, ready) in enumerate(procs)]
 
 
+def split_cpus(engine_cpus: int) -> tuple[list[int], list[int]]:
+    """The CPUs this process may use, split into the engine servers' last ``engine_cpus`` and
+    the rest (the harness: livekit-server, agents, listeners); raises ``ValueError`` unless both
+    sides get at least one."""
+    cpus = sorted(os.sched_getaffinity(0))
+    if not 0 < engine_cpus < len(cpus):
+        raise ValueError(f"--engine-cpus {engine_cpus}: this process has {len(cpus)} CPUs "
+                         "(the engines and the harness need at least one each)")
+    return cpus[-engine_cpus:], cpus[:-engine_cpus]
+
+
 def gpu_env(gpus: Sequence[str] | None, count: int) -> list[dict[str, str]] | None:
     """Process ``i`` of ``count`` sees only GPU ``gpus[i % len(gpus)]``; ``None`` without GPUs."""
     return [{"CUDA_VISIBLE_DEVICES": gpus[i % len(gpus)]} for i in range(count)] if gpus else None

@@ -327,7 +327,8 @@ def _api_error(exc: Exception, *, audio_pushed: bool) -> APIError:
     if isinstance(exc, EngineOverloaded):  # the runtime's refusal: its predicted wait, if said
         retry = exc.retry_after_s
         return APIStatusError(
-            "breezert engine is overloaded" + (f" (retry after {retry:.1f} s)" if retry else ""),
+            "breezert engine is overloaded" + (f" (retry after {retry:.1f} s)" if retry else "")
+            + f": {exc}",  # the engine's reason (which gate: cycle, capacity, starting, queue)
             status_code=503, body=None if retry is None else {"retry_after_s": retry},
             retryable=retryable)
     if isinstance(exc, RuntimeUnavailable):

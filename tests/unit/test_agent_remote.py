@@ -261,6 +261,7 @@ async def test_an_overloaded_say_tells_the_plugin_the_servers_predicted_wait(
     assert info.value.status_code == 503 and info.value.retryable
     assert info.value.body == (None if told is None else {"retry_after_s": told})
     assert ("retry after 3.0 s" in str(info.value)) is (told is not None)
+    assert "overloaded now" in str(info.value)  # the server's reason (which check refused)
     await tts.aclose()
 
 

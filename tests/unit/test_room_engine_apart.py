@@ -55,6 +55,9 @@ def test_unset_it_is_the_embedded_default(monkeypatch: pytest.MonkeyPatch) -> No
     (["--engine", "server", "--engines", "0"], "--engines must be >= 1"),
     (["--engine", "server", "--rooms-per-worker", "0"], "--rooms-per-worker must be >= 1"),
     (["--engine", "gpu"], "invalid choice"),
+    (["--engine-cpus", "2"], "--engine-cpus needs --engine server"),
+    (["--engine", "server", "--engine-cpus", "100000"], "--engine-cpus 100000: this process has"),
+    (["--engine", "server", "--engine-cpus", "-1"], "--engine-cpus -1: this process has"),
 ])
 def test_room_refuses_an_engine_apart_it_cannot_size(
         argv: list[str], message: str, capsys: pytest.CaptureFixture[str]) -> None:
@@ -62,6 +65,40 @@ def test_room_refuses_an_engine_apart_it_cannot_size(
         room.parse_args(argv)
     assert exit_info.value.code == 2
     assert message in capsys.readouterr().err
+
+
+def test_engine_cpus_split_this_process_s_cpus_between_engine_and_harness() -> None:
+    from room_procs import split_cpus
+
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) < 2:
+        pytest.skip("one CPU: nothing to split (CI and the device machines have 2 or more)")
+    engine, harness = split_cpus(1)
+    assert engine == cpus[-1:] and harness == cpus[:-1]
+    args = room.parse_args(["--engine", "server", "--engine-cpus", "1"])
+    assert args.cpu_split == (engine, harness)
+
+
+def test_the_engine_server_keeps_every_thread_to_its_cpus() -> None:
+    """``keep_to_cpus`` before torch: a thread already running (as an import may start one)
+    is moved too, and threads started after it inherit the set."""
+    cpu = sorted(os.sched_getaffinity(0))[0]
+    script = (
+        "import os, sys, threading\n"
+        f"sys.path.insert(0, {str(REPO / 'bench')!r})\n"
+        "import room_engine\n"
+        "seen, go = {}, threading.Event()\n"
+        "def early():\n"
+        "    go.wait(); seen['early'] = os.sched_getaffinity(0)\n"
+        "t = threading.Thread(target=early); t.start()\n"
+        "room_engine.keep_to_cpus(); go.set(); t.join()\n"
+        "late = threading.Thread(target=lambda: seen.update(late=os.sched_getaffinity(0)))\n"
+        "late.start(); late.join()\n"
+        "print(sorted(os.sched_getaffinity(0)), sorted(seen['early']), sorted(seen['late']))\n")
+    env = {**os.environ, "BREEZERT_ROOM_CPUS": str(cpu)}
+    out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True,
+                         text=True, timeout=60, check=True).stdout.split("]")
+    assert [part.strip(" [\n") for part in out[:3]] == [str(cpu)] * 3
 
 
 def test_with_the_engine_apart_the_workers_are_what_the_largest_n_needs() -> None:
