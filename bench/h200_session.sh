@@ -13,7 +13,7 @@
 #        ablation-eager | ablation-a|b|c|d[@I/N] | sweep | sweep+ablation | latency |
 #        latency-nocap | predictor | predictor-edf | capacity-closed | capacity-open | capacity-tests | capacity-256 |
 #        burst | slack | voice | te-tokens | admit | path | tune-decode | trace | prefill |
-#        prefill-bench | before-after | gc | tests-changed | wgmma-stream | wgmma-layers | layers-3phase |
+#        prefill-bench | before-after | gc | tests-changed |
 #        codec-precision | codec-upsampler | codec-state | big-batch | steady | census-256 | margin |
 #        depth-gemm | timeline |
 #        decode-attention | capacity-ab (carry .prevtree too) |
@@ -392,32 +392,6 @@ case "$phase" in
       --variant 'new32=config;scheduler.max_text_encode_requests=32;scheduler.max_prefill_requests=32' \
       --variant 'new64=config;scheduler.max_text_encode_requests=64;scheduler.max_prefill_requests=64' \
       --out "$out/h200-burst.json" 2>&1 | grep '^\[bench' ;;
-  wgmma-stream)  # issue 30: the weight stream with a swap-AB wgmma consumer at 2-512 rows
-    # (bench/depth_stream_wgmma.py: stream and phased, each checked against torch fp32; TB/s,
-    # TFLOP/s, the activation bytes re-read from L2 and the atomic adds per config and rows)
-    timeout 300 python3 bench/depth_stream_wgmma.py --rows "${WGMMA_ROWS:-2,16,64,128,256,512}" \
-      --configs "${WGMMA_CONFIGS:-64x64x8w8,64x128x6w4}" --deadline-s 230 \
-      --out "$out/h200-depth-stream-wgmma.json" 2>&1 | grep -v Warn | tail -45 ;;
-  wgmma-layers)  # issue 30: one depth position's 12 layers (real math) in one Gluon launch on
-    # the wgmma weight ring (bench/depth_layers_wgmma.py, 8 phases a layer): checked against
-    # torch fp32 math at positions 0 and 15 (exit 1 on a mismatch), ms a position beside the
-    # eager bf16 layers and the served FusedDepthLayers (graph replays); one config (the faster
-    # at <= 128 rows on the H100), the rows of 6 Dec's run (~3 min then with the since-deleted
-    # 5-phase body beside it, cold Triton cache). LAYERS_TIMELINE=1: where each phase's time
-    # goes (%globaltimer stamps a program and phase)
-    timeout 560 python3 bench/depth_layers_wgmma.py --rows "${LAYERS_ROWS:-2,8,16,64,256}" \
-      --configs "${LAYERS_CONFIGS:-64x128x6w4}" ${LAYERS_TIMELINE:+--timeline} \
-      --deadline-s 380 --out "$out/h200-depth-layers-wgmma.json" 2>&1 | grep -v Warn | tail -80 ;;
-  layers-3phase)  # issue 30: one depth position's 12 layers in one Gluon launch with 3 grid
-    # dependencies a layer (bench/depth_layers_3phase.py): checked against torch fp32 math at
-    # positions 0 and 15 (exit 1 on a mismatch), ms a position beside the 8-phase body, the
-    # eager bf16 layers and the served FusedDepthLayers; the attention inside B (items) and
-    # as a phase of its own (phase); LAYERS_TIMELINE=1: where each phase's time goes, in both
-    # bodies (%globaltimer stamps a program and phase)
-    timeout 560 python3 bench/depth_layers_3phase.py --rows "${LAYERS_ROWS:-2,16,64}" \
-      --attention "${LAYERS_ATTENTION:-items,phase}" --with-8phase --deadline-s 360 \
-      ${LAYERS_TIMELINE:+--timeline} \
-      --out "$out/h200-depth-layers-3phase.json" 2>&1 | grep -v Warn | tail -60 ;;
   codec-upsampler)  # issue 31: the serving codec's step with the wide upsampler's GEMM on a
     # row-major copy (the runtime) against the transposed view it replaced (cuBLAS's unaligned
     # kernel: 6.4 of 36 ms at 256 x 1 on the H100), one process; then the codec's GPU tests
