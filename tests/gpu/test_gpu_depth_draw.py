@@ -1,9 +1,9 @@
 """GPU: the one-launch depth draw (kernels/depth_draw.py) compiled for CUDA against the torch path
 it stands for, on the same device: the same codes wherever top-p's boundary is not within the
-last bits of its mass (checked in float64 where they differ); a depth frame drawn by it equal to
-the torch frame, eager and replayed from a CUDA graph; and an engine with
-``graph.fused_depth_draw`` serving a greedy mix (guidance on and off) with the audio of one
-without.
+last bits of its mass (checked in float64 where they differ), and in top-k's corner rows; a
+depth frame drawn by it equal to the torch frame, eager and replayed from a CUDA graph; and an
+engine with ``graph.fused_depth_draw`` serving a greedy mix (guidance on and off) with the
+audio of one without.
 
 Run on a CUDA machine: ``python -m pytest tests/gpu -q`` (skipped without CUDA).
 """
@@ -13,7 +13,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.unit.test_depth_draw_kernel import random_case, torch_draw
+from tests.unit.test_depth_draw_kernel import check_edge_rows, random_case, torch_draw
 
 pytestmark = pytest.mark.gpu
 
@@ -45,6 +45,11 @@ def test_draws_equal_the_torch_path_on_cuda(cfg: bool) -> None:
                        for c in (got[b], want[b])]
             assert min(margins) < BOUNDARY, (b, got[b].item(), want[b].item(), margins)
     assert differ <= 3, f"{differ} of {6 * num} draws at top-p's boundary"
+
+
+def test_top_k_edge_rows_equal_the_torch_path_on_cuda() -> None:
+    """The radix select's corner rows (all equal, -inf k-th, a spike, one-ulp ties, ...)."""
+    check_edge_rows("cuda")
 
 
 def test_a_depth_frame_drawn_by_the_kernel_equals_the_torch_frame_in_a_graph() -> None:

@@ -97,10 +97,11 @@ def check_depth_frame() -> None:
             assert torch.equal(got, want), (got, want)
 
 
-def check_edge_rows() -> None:
+def check_edge_rows(device: str = "cpu") -> None:
     """Rows that corner top-k's radix select: every logit equal, all but three ids at -inf
     (the k-th largest is -inf itself), one id far above the rest, negative logits only, values
-    one ulp apart around the k-th, and the reserved ids holding the largest logits."""
+    one ulp apart around the k-th, and the reserved ids holding the largest logits (also run
+    on CUDA by tests/gpu)."""
     from breezert.kernels.depth_draw import depth_draw_triton
 
     gen = torch.Generator().manual_seed(5)
@@ -113,12 +114,13 @@ def check_edge_rows() -> None:
     reserved = base.clone()
     reserved[2048:] = 50.0
     rows = [torch.full((VOCAB,), 0.25), sparse, spike, -base.abs() - 3, near, reserved]
-    logits = torch.stack(rows)
+    logits = torch.stack(rows).to(device)
     num = len(rows)
     for top_k in (1, 2, 5, 50, 2048):
-        settings = (torch.zeros(num, dtype=torch.bool), torch.ones(num), torch.full((num,), 0.9),
-                    torch.full((num,), top_k), torch.ones(num),
-                    torch.arange(num) * 7919 + 11, torch.arange(num) + 3)
+        settings = tuple(t.to(device) for t in (
+            torch.zeros(num, dtype=torch.bool), torch.ones(num), torch.full((num,), 0.9),
+            torch.full((num,), top_k), torch.ones(num), torch.arange(num) * 7919 + 11,
+            torch.arange(num) + 3))
         got = depth_draw_triton(logits, num, *settings)
         want = torch_draw(logits, num, *settings)
         assert torch.equal(got, want), (top_k, got.tolist(), want.tolist())
