@@ -124,20 +124,32 @@ def test_timeout_and_errors_are_counted_not_raised() -> None:
     assert result.retry_after_s == 1.0  # a refusal that names no wait is retried after 1 s
 
 
-def test_a_refused_closed_loop_client_waits_its_retry_after() -> None:
-    # one request at a time fits; each takes 50 ms; a refusal says "retry in 0.3 s". Worker B is
-    # refused at once and must not take the next items while it waits, so A serves them all:
-    # one refusal in all (without the wait B would be refused at every item it grabs).
+def test_a_refused_closed_loop_client_waits_its_retry_after_and_says_it_again() -> None:
+    # one request at a time fits; each takes 50 ms; a refusal says "retry in 0.3 s". Caller B is
+    # refused at once and must not take the next items while it waits, so A serves items 0, 2
+    # and 3 (150 ms); at 0.3 s B says item 1 again and is served: one refusal in all (without
+    # the wait B would be refused at every item it grabs, without the retry item 1 is lost).
     engine = FakeAsyncEngine(frames=(1,), gap_s=0.05, max_in_flight=1, retry_after_s=0.3)
     items = make_workload(["a b c d e f"], 4, seed=0)
     start = time.monotonic()
     results = asyncio.run(runner._closed_loop(engine, items, 2, _options(), "t", None))
-    statuses = [r.status for r in results]
-    assert statuses.count("refused") == 1 and statuses.count("ok") == 3
-    assert len(engine.submitted) == 3
-    assert time.monotonic() - start >= 0.3  # the loop ended only after B's wait
+    assert [(r.index, r.status) for r in results] == [
+        (0, "ok"), (1, "refused"), (1, "ok"), (2, "ok"), (3, "ok")]
+    assert [r.request_id for r in results if r.index == 1] == ["t-1", "t-1-1"]
+    assert len(engine.submitted) == 4
+    assert time.monotonic() - start >= 0.35  # B's wait, then its item
     summary = runner.summarize_requests(results)
-    assert summary["num_refused"] == 1 and summary["num_ok"] == 3
+    assert summary["num_refused"] == 1 and summary["num_ok"] == 4
+
+
+def test_a_refused_caller_stops_retrying_when_the_budget_ends() -> None:
+    engine = FakeAsyncEngine(frames=(1,), max_in_flight=0, retry_after_s=0.3)
+    items = make_workload(["a b c d e f"], 3, seed=0)
+    start = time.monotonic()
+    results = asyncio.run(runner._closed_loop(engine, items, 1, _options(), "t", start + 1.0))
+    # refused at 0, 0.3, 0.6 and 0.9 s, then the budget ends during the last wait
+    assert [(r.index, r.status) for r in results] == [(0, "refused")] * 4
+    assert time.monotonic() - start == pytest.approx(1.0, abs=0.01)
 
 
 def test_closed_loop_keeps_n_in_flight_until_all_complete() -> None:
