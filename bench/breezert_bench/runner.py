@@ -434,7 +434,7 @@ async def _closed_loop(async_engine: Any, items: list[WorkItem], concurrency: in
             while True:
                 result = await _one_request(async_engine, item, options, tag, attempt)
                 results.append(result)
-                if result.retry_after_s is None or not in_budget():
+                if result.retry_after_s is None:
                     break
                 wait = max(result.retry_after_s, REFUSED_MIN_WAIT_S)
                 if budget_end is not None:
