@@ -32,8 +32,9 @@ def bench_parser() -> argparse.ArgumentParser:
                        help="id<TAB>text file (default: ../shared/bench/texts_en.tsv, else a "
                             "built-in list)")
     bench.add_argument("--concurrency", default=None,
-                       help="closed loop: requests in flight, comma list (default 1,4,8,16,32,64 "
-                            "unless --rate is given)")
+                       help="closed loop: callers, each with one request in flight (a refused "
+                            "one is said again after its Retry-After), comma list (default "
+                            "1,4,8,16,32,64 unless --rate is given)")
     bench.add_argument("--rate", default=None,
                        help="open loop: Poisson arrivals in requests/s, comma list")
     bench.add_argument("--num-requests", type=int, default=300, help="measured requests per run")
