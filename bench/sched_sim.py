@@ -5,8 +5,9 @@ worker's ``execute`` replaced by a stage-time model fitted to the H200 runs of t
 profile (``STEP_MS`` below, from ``bench/results/h200-profile-pdl-decode-off-20261202.json.gz`` and
 ``h200-first-packet-pdl-20261202.json.gz``), on a clock that advances by the model's time for each
 step plus the host time the engine really spends here (scheduling, commit, outputs, playback
-reports). The load is the bench's: closed loop of N streams over ``texts_en.tsv``, the same
-lengths and seeds, EOS ignored, a simulated listener reporting its buffer every 100 ms.
+reports). The load is the bench's: closed loop of N callers over ``texts_en.tsv`` (a refused
+one says its request again after the refusal's wait), the same lengths and seeds, EOS ignored,
+a simulated listener reporting its buffer every 100 ms.
 
 Usage (repo root, CPU): ``PYTHONPATH=runtime python bench/sched_sim.py --concurrency 16,64
 [--rate 20,40] [--variant 'NAME=scheduler.key=value;...'] [--frames N] [--out X.json]``.
@@ -35,7 +36,8 @@ import numpy as np
 from breezert_bench.provenance import provenance
 from breezert_bench.listener import LATE_EPS_S, RequestResult, summarize
 from breezert_bench.variants import parse_variant_spec
-from breezert_bench.workload import load_texts, make_workload
+from breezert_bench.runner import REFUSED_MIN_WAIT_S
+from breezert_bench.workload import WorkItem, load_texts, make_workload
 from breezert.config import EngineConfig, GraphConfig
 from breezert.constants import Stage
 from breezert.engine import Engine, RequestOutcome
@@ -237,13 +239,17 @@ class Stream:
 def run_point(engine: Engine, clock: SimClock, items, concurrency: int, tag: str,
               feedback_period_s: float = 0.1, max_steps: int | None = None,
               rate: float | None = None) -> list[RequestResult]:
-    """Closed loop: ``concurrency`` requests in flight until every item has finished (or,
-    with ``max_steps``, until that many engine steps have run, the rest left in flight); with
-    ``rate``, open loop: item ``i`` arrives ``i / rate`` s after the start, whatever is in
-    flight. A refused request ends at once (``error`` ``EngineOverloaded``)."""
+    """Closed loop: ``concurrency`` callers, each with one request in flight, until every
+    item has finished (or, with ``max_steps``, until that many engine steps have run, the rest
+    left in flight); a refused request (``error`` ``EngineOverloaded``, a record of its own)
+    is said again by its caller after the refusal's wait (at least ``REFUSED_MIN_WAIT_S``, 1 s
+    when it names none), as the bench's callers do. With ``rate``, open loop: item ``i``
+    arrives ``i / rate`` s after the start, whatever is in flight, and a refused one ends."""
     pending = list(items)
     live: dict[str, Stream] = {}
     done: list[RequestResult] = []
+    said: dict[str, tuple[WorkItem, int]] = {}  # request id -> (item, attempt)
+    again: list[tuple[float, WorkItem, int]] = []  # refused callers: (when, item, attempt)
 
     arriving: list[SynthesisRequest] = []
     start, num_arrived = clock(), 0
@@ -252,33 +258,41 @@ def run_point(engine: Engine, clock: SimClock, items, concurrency: int, tag: str
         for request in arriving:
             try:
                 clock.host(engine.add_request, request)
-            except EngineOverloaded:
+            except EngineOverloaded as exc:
                 stream = live.pop(str(request.request_id))
                 stream.result.status, stream.result.error = "error", "EngineOverloaded"
                 done.append(stream.result)
+                if rate is None:
+                    item, attempt = said[str(request.request_id)]
+                    wait = 1.0 if exc.retry_after_s is None else exc.retry_after_s
+                    again.append((clock() + max(wait, REFUSED_MIN_WAIT_S), item, attempt + 1))
         arriving.clear()
 
-    def submit() -> None:
-        item = pending.pop(0)
+    def submit(item: WorkItem, attempt: int = 0) -> None:
         request = SynthesisRequest(text=item.text, options=SynthesisOptions(seed=item.seed),
                                    max_frames=item.num_frames, ignore_eos=True,
-                                   request_id=f"{tag}-{item.index}")
+                                   request_id=f"{tag}-{item.index}"
+                                   + (f"-{attempt}" if attempt else ""))
         result = RequestResult(item.index, str(request.request_id), item.num_frames, clock())
         arriving.append(request)
         live[result.request_id] = Stream(result)
+        said[result.request_id] = (item, attempt)
 
     steps = 0
-    while (pending or live) and (max_steps is None or steps < max_steps):
+    while (pending or live or again) and (max_steps is None or steps < max_steps):
         steps += 1
         # A request that replaces a finished one reaches the engine while its next step runs
         # (the serving loop does not wait for arrivals), so it is added after that step.
         deliver()
         if rate is None:
-            while pending and len(live) < concurrency:
-                submit()
+            for entry in [e for e in again if e[0] <= clock()]:
+                again.remove(entry)
+                submit(entry[1], entry[2])
+            while pending and len(live) + len(again) < concurrency:
+                submit(pending.pop(0))
         else:  # open loop: each arrival reaches the engine before the step after its time
             while pending and start + num_arrived / rate <= clock():
-                submit()
+                submit(pending.pop(0))
                 num_arrived += 1
         if steps == 1 or rate is not None:  # the opening burst is there before the first step
             deliver()

@@ -1,8 +1,9 @@
 """``bench/sched_sim.py``: the real engine's scheduling on a stage-time model (no GPU).
 
-Checks the step-time model between and past its points, and a small closed-loop run end to end:
-every request streams all its frames, the clock holds the model's step times plus host time, and
-a simulator switch puts the old host path back beside today's.
+Checks the step-time model between and past its points, a refused caller coming back, and a
+small closed-loop run end to end: every request streams all its frames, the clock holds the
+model's step times plus host time, and a simulator switch puts the old host path back beside
+today's.
 """
 
 from __future__ import annotations
@@ -79,6 +80,28 @@ def test_a_closed_loop_streams_every_request_whole(tmp_path: Path) -> None:
         assert run["steps"]["depth"]["count"] >= max(1, 12 * 3)  # >= 3 s of speech each
         assert 0 < run["model_busy"] < 1 and 0 < run["host_share"] < 1
         assert run["model_busy"] + run["host_share"] <= 1.0 + 1e-6
+
+
+def test_a_refused_caller_says_its_request_again_after_the_wait() -> None:
+    """Two running requests at most and no queue, four callers: two are refused at the start
+    (a record each), come back after the refusal's wait and are served; every item once."""
+    from breezert_bench.workload import make_workload
+
+    sim = _sim()
+    clock = sim.SimClock((0.3, 0.0))
+    engine, _ = sim.build_engine({"scheduler": {
+        "max_running_requests": 2, "max_queued_requests": 0, "admission_capacity": None,
+        "admission_max_cycle_s": None, "admission_max_starting": None}}, clock)
+    items = make_workload(["A short sentence for the simulator to say."], 4, seed=0)
+    results = sim.run_point(engine, clock, items, 4, "t")
+    refused = [r for r in results if r.error == "EngineOverloaded"]
+    served = [r for r in results if r.is_ok]
+    assert len(refused) >= 2 and sorted(r.index for r in served) == [0, 1, 2, 3]
+    retried = [r for r in served if r.request_id.count("-") == 2]  # t-INDEX-ATTEMPT
+    assert {r.index for r in retried} == {r.index for r in refused}
+    for r in retried:  # said again no sooner than the refusal's wait
+        first = min(x.submit_time for x in refused if x.index == r.index)
+        assert r.submit_time - first >= sim.REFUSED_MIN_WAIT_S
 
 
 def test_an_unknown_simulator_switch_is_refused() -> None:
