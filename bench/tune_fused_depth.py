@@ -61,9 +61,10 @@ SEEDS = (
 # Like split_k, qkv_split_k sets the sum order: a winner goes into every bucket at once. It is
 # searched first (a bounded run reaches it), then prenorm (the norms apart, input rows through
 # TMA: the same bits, so a bucket may take it alone), which changes what the tiles after it pay.
-# o_inline (o_proj's K splits summed inside each program, no workspace: the same bits) after it.
+# o_inline and down_inline (o_proj's / down_proj's K splits summed inside each program, no
+# workspace: the same bits) after it.
 SEARCH = {"qkv_split_k": [1, 2, 4], "prenorm": [False, True], "o_inline": [False, True],
-          **SEARCH}
+          "down_inline": [False, True], **SEARCH}
 
 
 def build_depth() -> DepthDecoder:

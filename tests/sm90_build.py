@@ -170,7 +170,8 @@ def _depth_rows(graph: object) -> list[int]:
 
 
 def _depth(tiles: str, pdl: bool, qkv_split_k: int, prenorm: bool = False,
-           o_inline: bool = False) -> tuple[Warm, Callable[[], None]]:
+           o_inline: bool = False, down_inline: bool = False,
+           ) -> tuple[Warm, Callable[[], None]]:
     from breezert.kernels.fused_depth import TILES_BY_ROWS, FusedDepthLayers, prenorm_every_bucket
     from breezert.kernels.gemm import Tiles
     from breezert.models.config import BreezeConfig
@@ -184,7 +185,8 @@ def _depth(tiles: str, pdl: bool, qkv_split_k: int, prenorm: bool = False,
     if prenorm:  # every bucket with its norms apart (as served at 256-512 rows)
         assert tiles == "by-rows", "prenorm variants run the by-rows table"
         table = prenorm_every_bucket()
-    table = tuple((limit, replace(t, qkv_split_k=qkv_split_k, o_inline=t.o_inline or o_inline))
+    table = tuple((limit, replace(t, qkv_split_k=qkv_split_k, o_inline=t.o_inline or o_inline,
+                                  down_inline=t.down_inline or down_inline))
                   for limit, t in table)
     fused = FusedDepthLayers(depth, max_rows, table, warm=False, pdl=pdl)
     pos = torch.zeros(1, dtype=torch.long, device="meta")
@@ -362,8 +364,8 @@ VARIANTS: dict[str, Callable[[], tuple[Warm, Callable[[], None]]]] = {
     "depth by-rows qkv-split-4 pdl": lambda: _depth("by-rows", True, 4),
     "depth one-shape": lambda: _depth("one", False, 1),
     "depth by-rows prenorm pdl": lambda: _depth("by-rows", True, 1, prenorm=True),
-    "depth by-rows prenorm o-inline pdl": lambda: _depth("by-rows", True, 1, prenorm=True,
-                                                         o_inline=True),
+    "depth by-rows prenorm inline pdl": lambda: _depth(  # o_proj's and down's splits inline
+        "by-rows", True, 1, prenorm=True, o_inline=True, down_inline=True),
     "decode": lambda: _decode(False),
     "decode pdl": lambda: _decode(True),
     "prefill": _prefill,

@@ -201,7 +201,20 @@ def _o_inline_pair(depth: DepthDecoder) -> tuple[object, object]:
             FusedDepthLayers(depth, max_rows=512, tiles=table, pdl=True))
 
 
-SAME_BITS = {"pdl": _pdl_pair, "prenorm": _prenorm_pair, "o_inline": _o_inline_pair}
+def _down_inline_pair(depth: DepthDecoder) -> tuple[object, object]:
+    from dataclasses import replace
+
+    from breezert.kernels.fused_depth import FusedDepthLayers, prenorm_every_bucket
+
+    # o_proj's and down_proj's splits summed in one program, in every bucket, norms apart
+    table = tuple((limit, replace(t, o_inline=True, down_inline=True))
+                  for limit, t in prenorm_every_bucket())
+    return (FusedDepthLayers(depth, max_rows=512, pdl=True),
+            FusedDepthLayers(depth, max_rows=512, tiles=table, pdl=True))
+
+
+SAME_BITS = {"pdl": _pdl_pair, "prenorm": _prenorm_pair, "o_inline": _o_inline_pair,
+             "down_inline": _down_inline_pair}
 """Switches that must not change a bit: (the path without, the path with) on a decoder."""
 
 
@@ -209,13 +222,14 @@ SAME_BITS = {"pdl": _pdl_pair, "prenorm": _prenorm_pair, "o_inline": _o_inline_p
     *(("pdl", rows) for rows in (1, 16, 64, 128)),
     *(("prenorm", rows) for rows in (1, 100, 256, 300, 512)),
     *(("o_inline", rows) for rows in (1, 256, 512)),
+    *(("down_inline", rows) for rows in (1, 256, 512)),
 ])
 def test_switch_changes_no_bit(depth: DepthDecoder, switch: str, rows: int) -> None:
     """Programmatic dependent launch (``graph.pdl``) gives the same bits as plain launches;
     ``Tiles.prenorm`` in every bucket of ``TILES_BY_ROWS`` (the norms apart, the GEMMs' input
     rows through TMA, PDL as served) the bits of the norms in the GEMM prologues at every size
-    up to capacity's 512 rows, and so does ``Tiles.o_inline`` with it (o_proj's splits summed
-    in one program).
+    up to capacity's 512 rows, and so do ``Tiles.o_inline`` and ``Tiles.down_inline`` with it
+    (o_proj's and down_proj's splits summed in one program).
     Both eager and replayed in a CUDA graph (where PDL launches become programmatic edges)."""
     without, with_switch = SAME_BITS[switch](depth)
     gen = torch.Generator(device="cuda").manual_seed(300 + rows)

@@ -183,13 +183,14 @@ def test_prenormed_rows_through_tma_give_the_same_bits() -> None:
 
 
 @needs_triton
-def test_o_proj_splits_summed_in_one_program_give_the_same_bits() -> None:
-    """``Tiles.o_inline`` (o_proj's K splits made and summed in split order inside each
-    program, no workspace): the same bits as the last program summing them, at 3 and 20 rows,
-    alone and with ``Tiles.prenorm`` (as the large-row buckets would run them)."""
+def test_o_proj_and_down_splits_summed_in_one_program_give_the_same_bits() -> None:
+    """``Tiles.o_inline`` and ``Tiles.down_inline`` (o_proj's and down_proj's K splits made and
+    summed in split order inside each program, no workspace): the same bits as the last program
+    summing them, at 3 rows (o_proj's alone) and 20 rows (both, with ``Tiles.prenorm``, as the
+    large-row buckets would run them)."""
     run_in_interpreter(__name__, "check_switch_bits(3, qkv_split_k=1, switches=('o_inline',))")
     run_in_interpreter(__name__, "check_switch_bits(20, qkv_split_k=1, "
-                                 "switches=('o_inline', 'prenorm'))")
+                                 "switches=('o_inline', 'down_inline', 'prenorm'))")
 
 
 def check_switch_bits(rows: int, qkv_split_k: int, switches: tuple[str, ...] = ("prenorm",),

@@ -17,7 +17,7 @@ pytestmark = pytest.mark.unit
 # What a config or the tuning script can select, in two halves of about equal build time (the
 # two halves build side by side: ~2 min of builds in one process on two cores).
 SELECTABLE = (["depth by-rows", "depth by-rows qkv-split-2", "decode", "text encoder pdl",
-               "snake", "prefill", "codec attention", "depth by-rows prenorm o-inline pdl"],
+               "snake", "prefill", "codec attention", "depth by-rows prenorm inline pdl"],
               ["depth by-rows pdl", "decode pdl", "text encoder", "text encoder pdl wide",
                "depth by-rows prenorm pdl", "depth draw"])
 

@@ -321,5 +321,5 @@ class FusedDepthLayers:
             h = gemms.linear_residual(attn, layer.self_attn.o_proj.weight, h, inline=t.o_inline)
             act = gemms.norm_gate_up(h, layer.post_attention_layernorm.weight,
                                      layer.mlp.gate_up_weight, self.eps)
-            h = gemms.linear_residual(act, layer.mlp.down_proj.weight, h)
+            h = gemms.linear_residual(act, layer.mlp.down_proj.weight, h, inline=t.down_inline)
         return depth.model.norm(h)

@@ -90,6 +90,12 @@ class Tiles:
     partials (512 rows: 8 MB written, 8 MB read) move several times its weight; the same
     partials in the same order, so the same bits."""
 
+    down_inline: bool = False
+    """Large-row buckets: down_proj's ``split_k`` partials summed in split order inside each
+    program, as ``o_inline`` does for o_proj. At 512 rows its split-K partials are 8 MB written
+    and read beside 16.8 MB of weight, and the split GEMM took 35.6 us against cuBLAS's 17.2
+    (H200, 6 Dec); one program a tile reads K whole (8,192). The same bits."""
+
     def launch(self, kernel: str) -> dict[str, int]:
         """``num_warps`` / ``num_stages`` of ``kernel`` ("gate" or "split"; others share the
         defaults), so the GEMMs with the most bytes can take deeper pipelines; and
