@@ -216,5 +216,6 @@ def main() -> None:
             print(f"  {r['requests']:4d} req: {r['frame_ms']:7.2f} ms, {r.get('launches', '-')} "
                   f"launches, {r['tb_per_s']:.2f} TB/s, {r['tflop_per_s']:.0f} TFLOP/s{extra}")
 
+
 if __name__ == "__main__":
     main()

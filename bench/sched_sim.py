@@ -36,13 +36,12 @@ import numpy as np
 from breezert_bench.provenance import provenance
 from breezert_bench.listener import LATE_EPS_S, RequestResult, summarize
 from breezert_bench.variants import parse_variant_spec
-from breezert_bench.runner import REFUSED_MIN_WAIT_S
+from breezert_bench.runner import REFUSED_MIN_WAIT_S, item_request
 from breezert_bench.workload import WorkItem, load_texts, make_workload
 from breezert.config import EngineConfig, GraphConfig
 from breezert.constants import Stage
 from breezert.engine import Engine, RequestOutcome
 from breezert.errors import EngineOverloaded
-from breezert.options import SynthesisOptions
 from breezert.outputs import AudioChunk, DecodedChunk, StageOutput
 from breezert.request import SynthesisRequest
 from breezert.sched.plan import StepPlan
@@ -233,6 +232,9 @@ def build_engine(overrides: dict[str, dict], clock: SimClock, profile: str = "la
 @dataclass
 class Stream:
     result: RequestResult
+    item: WorkItem
+    attempt: int = 0
+    """How many times its caller was refused before this request (``run_point``)."""
     next_report: float | None = None
 
 
@@ -248,7 +250,6 @@ def run_point(engine: Engine, clock: SimClock, items, concurrency: int, tag: str
     pending = list(items)
     live: dict[str, Stream] = {}
     done: list[RequestResult] = []
-    said: dict[str, tuple[WorkItem, int]] = {}  # request id -> (item, attempt)
     again: list[tuple[float, WorkItem, int]] = []  # refused callers: (when, item, attempt)
 
     arriving: list[SynthesisRequest] = []
@@ -263,20 +264,16 @@ def run_point(engine: Engine, clock: SimClock, items, concurrency: int, tag: str
                 stream.result.status, stream.result.error = "error", "EngineOverloaded"
                 done.append(stream.result)
                 if rate is None:
-                    item, attempt = said[str(request.request_id)]
                     wait = 1.0 if exc.retry_after_s is None else exc.retry_after_s
-                    again.append((clock() + max(wait, REFUSED_MIN_WAIT_S), item, attempt + 1))
+                    again.append((clock() + max(wait, REFUSED_MIN_WAIT_S), stream.item,
+                                  stream.attempt + 1))
         arriving.clear()
 
     def submit(item: WorkItem, attempt: int = 0) -> None:
-        request = SynthesisRequest(text=item.text, options=SynthesisOptions(seed=item.seed),
-                                   max_frames=item.num_frames, ignore_eos=True,
-                                   request_id=f"{tag}-{item.index}"
-                                   + (f"-{attempt}" if attempt else ""))
+        request = item_request(item, tag, attempt)
         result = RequestResult(item.index, str(request.request_id), item.num_frames, clock())
         arriving.append(request)
-        live[result.request_id] = Stream(result)
-        said[result.request_id] = (item, attempt)
+        live[result.request_id] = Stream(result, item, attempt)
 
     steps = 0
     while (pending or live or again) and (max_steps is None or steps < max_steps):

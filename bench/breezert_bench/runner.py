@@ -465,17 +465,23 @@ async def _open_loop(async_engine: Any, items: list[WorkItem], rate_rps: float,
     return sorted(await asyncio.gather(*tasks), key=lambda r: r.index)
 
 
-async def _one_request(async_engine: Any, item: WorkItem, options: BenchOptions,
-                       tag: str, attempt: int = 0) -> RequestResult:
-    """Submits one request (``attempt`` > 0: the item again after a refusal, its id suffixed),
-    consumes its chunks into a simulated listener, never raises."""
+def item_request(item: WorkItem, tag: str, attempt: int = 0) -> Any:
+    """The ``SynthesisRequest`` of a workload item: its text, seed and fixed length, EOS
+    ignored, id ``TAG-INDEX`` (``-ATTEMPT`` when a caller says it again after a refusal). The
+    runner's loads, its sequential baseline and ``sched_sim.py`` all submit these."""
     from breezert.options import SynthesisOptions
     from breezert.request import SynthesisRequest
 
-    request = SynthesisRequest(text=item.text, options=SynthesisOptions(seed=item.seed),
-                               max_frames=item.num_frames, ignore_eos=True,
-                               request_id=f"{tag}-{item.index}"
-                               + (f"-{attempt}" if attempt else ""))
+    return SynthesisRequest(text=item.text, options=SynthesisOptions(seed=item.seed),
+                            max_frames=item.num_frames, ignore_eos=True,
+                            request_id=f"{tag}-{item.index}" + (f"-{attempt}" if attempt else ""))
+
+
+async def _one_request(async_engine: Any, item: WorkItem, options: BenchOptions,
+                       tag: str, attempt: int = 0) -> RequestResult:
+    """Submits ``item_request(item, tag, attempt)``, consumes its chunks into a simulated
+    listener, never raises."""
+    request = item_request(item, tag, attempt)
     result = RequestResult(item.index, str(request.request_id), item.num_frames,
                            submit_time=time.monotonic())
     feedback: asyncio.Task[None] | None = None
@@ -530,8 +536,6 @@ async def _run_naive(options: BenchOptions, variant: Variant, config: Any, texts
     """The offline baseline: one request at a time, whole utterance generated then decoded, so
     TTFB = whole synthesis time. One sequential load point (concurrency does not apply)."""
     from breezert.offline import synthesize_whole
-    from breezert.options import SynthesisOptions
-    from breezert.request import SynthesisRequest
     from breezert.runtime_setup import load_engine_checkpoint
 
     gpu = _Gpu(config.model.device)
@@ -545,9 +549,7 @@ async def _run_naive(options: BenchOptions, variant: Variant, config: Any, texts
     load = LoadPoint("sequential", 1)
 
     def one(item: WorkItem, tag: str) -> RequestResult:
-        request = SynthesisRequest(text=item.text, options=SynthesisOptions(seed=item.seed),
-                                   max_frames=item.num_frames, ignore_eos=True,
-                                   request_id=f"{tag}-{item.index}")
+        request = item_request(item, tag)
         result = RequestResult(item.index, str(request.request_id), item.num_frames,
                                submit_time=time.monotonic())
         try:

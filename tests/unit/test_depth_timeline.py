@@ -66,7 +66,8 @@ def test_cpu_run_writes_record_and_plot(tmp_path: Path) -> None:
         [str(REPO / "runtime"), str(REPO / "bench"), str(REPO)])}
     proc = subprocess.run(
         [sys.executable, str(REPO / "bench" / "depth_timeline.py"), "--requests", "1,2",
-         "--fused-draw", "--out", str(out)], env=env, timeout=300, capture_output=True, text=True, check=False)
+         "--fused-draw", "--out", str(out)],
+        env=env, timeout=300, capture_output=True, text=True, check=False)
     assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
     doc = json.loads(out.read_text())
     assert doc["git_commit"] and doc["date"]
