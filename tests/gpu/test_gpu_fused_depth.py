@@ -189,32 +189,21 @@ def _prenorm_pair(depth: DepthDecoder) -> tuple[object, object]:
             FusedDepthLayers(depth, max_rows=512, tiles=prenorm_every_bucket(), pdl=True))
 
 
-def _o_inline_pair(depth: DepthDecoder) -> tuple[object, object]:
+def _inline_pair(depth: DepthDecoder, **inline: bool) -> tuple[object, object]:
     from dataclasses import replace
 
     from breezert.kernels.fused_depth import FusedDepthLayers, prenorm_every_bucket
 
-    # o_proj's splits summed in one program, in every bucket, with the norms apart (as a
-    # large-row bucket would run it)
-    table = tuple((limit, replace(t, o_inline=True)) for limit, t in prenorm_every_bucket())
+    # the ``inline`` switches (o_proj's and/or down_proj's splits summed in one program) in
+    # every bucket, with the norms apart (as a large-row bucket would run them)
+    table = tuple((limit, replace(t, **inline)) for limit, t in prenorm_every_bucket())
     return (FusedDepthLayers(depth, max_rows=512, pdl=True),
             FusedDepthLayers(depth, max_rows=512, tiles=table, pdl=True))
 
 
-def _down_inline_pair(depth: DepthDecoder) -> tuple[object, object]:
-    from dataclasses import replace
-
-    from breezert.kernels.fused_depth import FusedDepthLayers, prenorm_every_bucket
-
-    # o_proj's and down_proj's splits summed in one program, in every bucket, norms apart
-    table = tuple((limit, replace(t, o_inline=True, down_inline=True))
-                  for limit, t in prenorm_every_bucket())
-    return (FusedDepthLayers(depth, max_rows=512, pdl=True),
-            FusedDepthLayers(depth, max_rows=512, tiles=table, pdl=True))
-
-
-SAME_BITS = {"pdl": _pdl_pair, "prenorm": _prenorm_pair, "o_inline": _o_inline_pair,
-             "down_inline": _down_inline_pair}
+SAME_BITS = {"pdl": _pdl_pair, "prenorm": _prenorm_pair,
+             "o_inline": lambda depth: _inline_pair(depth, o_inline=True),
+             "down_inline": lambda depth: _inline_pair(depth, o_inline=True, down_inline=True)}
 """Switches that must not change a bit: (the path without, the path with) on a decoder."""
 
 
