@@ -83,8 +83,7 @@ def test_it_differs_from_the_latency_profile_only_in_capacity_settings() -> None
         "scheduler.max_decode_rows", "scheduler.max_depth_requests", "scheduler.max_depth_rows",
         "scheduler.max_codec_requests", "graph.decode_batch_buckets",
         "graph.depth_batch_buckets", "graph.codec_buckets", "serving.max_peers",
-        "cache.gpu_memory_fraction",
-        "graph.fused_depth_draw"}  # measured to pay from 16 requests, not yet at one
+        "cache.gpu_memory_fraction"}
 
 
 def test_a_profile_variant_runs_the_64_stream_profile_beside_it() -> None:
