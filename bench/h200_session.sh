@@ -468,13 +468,20 @@ case "$phase" in
       | grep -v Warn | tail -40 || echo "depth_gemm_ceiling failed: $?"
     timeout 200 python3 -m pytest tests/gpu/test_gpu_fused_depth.py -k switch_changes_no_bit \
       -q -p no:cacheprovider 2>&1 | tee "$out/gpu_tests_fused_depth.log" | tail -12 ;;
+  depth-tests)  # issue 30: the depth frame's GPU tests (the one-launch draw against the torch
+    # path, the fused layers against eager and their same-bits switches)
+    timeout "${DEPTH_TESTS_TIMEOUT:-240}" python3 -m pytest tests/gpu/test_gpu_depth_draw.py \
+      tests/gpu/test_gpu_fused_depth.py -q -p no:cacheprovider 2>&1 \
+      | tee "$out/gpu_tests_depth.log" | tail -12 || true ;;
   timeline)  # issue 30, deliverable 3: the depth frame as served (configs/h200-capacity.toml's
     # switches, CFG) at 1/16/64/128/256 requests: graph-replay ms, launches, GPU busy, bytes and
     # FLOPs, achieved TB/s and TFLOP/s against the device's floor (bench/depth_timeline.py)
-    # and the same frame with graph.fused_depth_draw on (kernels/depth_draw.py), side by side
-    timeout "${TIMELINE_TIMEOUT:-420}" python3 bench/depth_timeline.py --fused-draw \
+    # and the same frame with graph.fused_depth_draw on (kernels/depth_draw.py), side by side.
+    # TIMELINE_ARGS replaces --fused-draw, e.g. '--l2-prefetch=gate;qkv,o,gate' (each set of
+    # GEMMs asking L2 for their weights before the PDL wait, a run each beside the served frame)
+    timeout "${TIMELINE_TIMEOUT:-420}" python3 bench/depth_timeline.py ${TIMELINE_ARGS:---fused-draw} \
       ${TIMELINE_REQUESTS:+--requests "$TIMELINE_REQUESTS"} --out "$out/h200-depth-timeline.json" \
-      2>&1 | grep -v Warn | tail -16 ;;
+      2>&1 | grep -v Warn | tail -32 ;;
   census-256)  # issue 31: the kernel census (torch.profiler, eager) of one CODEC step of 256
     # streams x 1 frame and one DEPTH frame of 256 requests with the profile's fused kernels:
     # which kernels hold the codec's 0.11-0.2 ms a frame at capacity; then the same at 1 stream.
