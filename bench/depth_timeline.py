@@ -8,9 +8,6 @@ the layers' share). Beside each: the bytes a frame must read and the FLOPs it mu
 passes, 15 fp32 codebook heads, the input projector; from the model's config), the achieved
 TB/s and TFLOP/s, and the frame's floor on this device (whichever of the two limits binds).
 ``--fused-draw``: the same frame with ``graph.fused_depth_draw`` on, side by side in the run.
-``--l2-prefetch "gate;qkv,o,gate"``: the frame again with each set of GEMMs asking L2 for their
-weight slices before the PDL wait (``Tiles.l2_prefetch`` in every bucket of ``TILES_BY_ROWS``,
-which no engine switch reaches yet, so this run sets the table for its runner's build).
 Runs on CPU too (tiny preset, wall-clock time, operators instead of kernels): a smoke test.
 Must not: change what it times (the profile's switches come from the file as served).
 """
@@ -20,9 +17,6 @@ from __future__ import annotations
 import argparse
 import json
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager, nullcontext
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -125,30 +119,12 @@ def engine_config(profile_path: Path, requests: list[int], cuda: bool,
     })
 
 
-@contextmanager
-def l2_prefetch_table(names: tuple[str, ...]) -> Iterator[None]:
-    """``fused_depth.TILES_BY_ROWS`` with ``l2_prefetch=names`` in every bucket while a runner
-    is built (its ``FusedDepthLayers`` reads the table then); the table as it was after."""
-    from breezert.kernels import fused_depth
-
-    table = fused_depth.TILES_BY_ROWS
-    fused_depth.TILES_BY_ROWS = tuple((limit, replace(t, l2_prefetch=names))
-                                      for limit, t in table)
-    try:
-        yield
-    finally:
-        fused_depth.TILES_BY_ROWS = table
-
-
-def measure(cfg: EngineConfig, requests: list[int], label: str,
-            l2_prefetch: tuple[str, ...] = ()) -> dict[str, Any]:
-    """The timeline of every request count on one runner built from ``cfg`` (its depth
-    layers' table with ``l2_prefetch``)."""
+def measure(cfg: EngineConfig, requests: list[int], label: str) -> dict[str, Any]:
+    """The timeline of every request count on one runner built from ``cfg``."""
     cuda = cfg.model.device == "cuda"
     ckpt = load_engine_checkpoint(cfg.model)
     start = time.monotonic()
-    with l2_prefetch_table(l2_prefetch) if l2_prefetch else nullcontext():
-        runner = build_runner(cfg, ckpt)
+    runner = build_runner(cfg, ckpt)
     startup = time.monotonic() - start
     depth = runner.stages[Stage.DEPTH]
     model_cfg = runner.ckpt.model.cfg.depth
@@ -217,22 +193,17 @@ def main() -> None:
                         / "h200-capacity.toml")
     parser.add_argument("--fused-draw", action="store_true",
                         help="also the frame with graph.fused_depth_draw on (CUDA), side by side")
-    parser.add_argument("--l2-prefetch", default="",
-                        help="sets of GEMMs (';' between sets, ',' inside one), each a run with "
-                             "Tiles.l2_prefetch in every bucket (CUDA), side by side")
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
     requests = sorted({int(r) for r in args.requests.split(",")})
     cuda = torch.cuda.is_available()
-    plans: list[tuple[str, dict[str, Any], tuple[str, ...]]] = [("served", {}, ())]
+    plans = [("served", {})]
     if args.fused_draw and cuda:
-        plans.append(("fused depth draw", {"fused_depth_draw": True}, ()))
-    for names in (tuple(s.split(",")) for s in args.l2_prefetch.split(";") if s and cuda):
-        plans.append((f"l2 prefetch {','.join(names)}", {}, names))
+        plans.append(("fused depth draw", {"fused_depth_draw": True}))
     doc: dict[str, Any] = {**provenance(), "profile": str(args.profile), "runs": []}
-    for label, overrides, l2_names in plans:
+    for label, overrides in plans:
         cfg = engine_config(args.profile, requests, cuda, **overrides)
-        doc["runs"].append(measure(cfg, requests, label, l2_names))
+        doc["runs"].append(measure(cfg, requests, label))
         if args.out:  # after every run: a timeout keeps what was measured
             args.out.write_text(json.dumps(doc, indent=2))
     if args.out:

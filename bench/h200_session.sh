@@ -113,6 +113,8 @@ case "$phase" in
     [ ! -f .traindata/corpus.json.gz ] || cp .traindata/corpus.json.gz /tmp/voice/teacher/
     python3 -c "import pocketsphinx" 2>/dev/null \
       || echo "no pocketsphinx here (.whl-asr not carried): nothing will be scored" >&2
+    # expandable segments: an H100's LM step once failed on 18.8 GiB reserved between blocks
+    PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True \
     timeout 580 python3 -m breezert_train.pipeline --work /tmp/voice --minutes-total "${VOICE_MINUTES:-9.3}" \
       --out "$out" --carry-in "${VOICE_STATE:-.voicestate}" ${VOICE_ARGS:-} 2>&1 \
       | tee /tmp/voice/pipeline.log | grep -v '^\[wer\]' | tail -30
@@ -477,8 +479,7 @@ case "$phase" in
     # switches, CFG) at 1/16/64/128/256 requests: graph-replay ms, launches, GPU busy, bytes and
     # FLOPs, achieved TB/s and TFLOP/s against the device's floor (bench/depth_timeline.py)
     # and the same frame with graph.fused_depth_draw on (kernels/depth_draw.py), side by side.
-    # TIMELINE_ARGS replaces --fused-draw, e.g. '--l2-prefetch=gate;qkv,o,gate' (each set of
-    # GEMMs asking L2 for their weights before the PDL wait, a run each beside the served frame)
+    # TIMELINE_ARGS: bench/depth_timeline.py's options instead of --fused-draw
     timeout "${TIMELINE_TIMEOUT:-420}" python3 bench/depth_timeline.py ${TIMELINE_ARGS:---fused-draw} \
       ${TIMELINE_REQUESTS:+--requests "$TIMELINE_REQUESTS"} --out "$out/h200-depth-timeline.json" \
       2>&1 | grep -v Warn | tail -32 ;;

@@ -8,8 +8,7 @@ sampling) captured in a CUDA graph for each candidate, starting from the bucket'
 ``TILES_BY_ROWS``. Prints the best shapes per row count and the frame time, then times plain
 PyTorch layers, one shape for all rows (``Tiles()``), the per-bucket table without and with
 programmatic dependent launch (``graph.pdl``) and with the q/k/v GEMM split along K
-(``qkv_split_k`` 2 and 4, each without and with PDL), with PDL and ``Tiles.l2_prefetch``
-(``L2_SETS``), and each best at every ``--check-rows``
+(``qkv_split_k`` 2 and 4, each without and with PDL), and each best at every ``--check-rows``
 count in one process (``--rows ''`` skips the tuning); ``TILES_BY_ROWS`` in kernels/fused_depth.py
 comes from this. ``prenorm`` (``Tiles.prenorm``) is a searched field like the tiles, and the check
 rows also time every bucket with it (``by_rows_prenorm_pdl``; the table itself has it at 256 and
@@ -66,13 +65,6 @@ SEEDS = (
 # workspace: the same bits) after it.
 SEARCH = {"qkv_split_k": [1, 2, 4], "prenorm": [False, True], "o_inline": [False, True],
           "down_inline": [False, True], **SEARCH}
-
-
-# ``Tiles.l2_prefetch`` sets the check rows time beside ``by_rows_pdl`` (it pays only with
-# PDL, where a kernel's programs wait while the one before runs): gate/up alone (its 33.5 MB
-# a layer stream during o_proj), every GEMM but down (whose prefetch would compete with
-# gate/up's own stream), every GEMM.
-L2_SETS = (("gate",), ("qkv", "o", "gate"), ("qkv", "o", "gate", "down"))
 
 
 def build_depth() -> DepthDecoder:
@@ -162,11 +154,6 @@ def main() -> None:
                 "by_rows_prenorm_pdl": frame_ms(depth, FusedDepthLayers(
                     depth, rows, prenorm_every_bucket(), pdl=True), rows),
             }
-            for names in L2_SETS:  # weight slices asked of L2 before each PDL wait
-                table = tuple((limit, dataclasses.replace(t, l2_prefetch=names))
-                              for limit, t in TILES_BY_ROWS)
-                rows_ms[rows][f"by_rows_pdl_l2_{'_'.join(names)}"] = frame_ms(
-                    depth, FusedDepthLayers(depth, rows, table, pdl=True), rows)
             for split in (2, 4):  # the q/k/v GEMM split along K in every bucket
                 table = tuple((limit, dataclasses.replace(t, qkv_split_k=split))
                               for limit, t in TILES_BY_ROWS)

@@ -170,7 +170,7 @@ def _depth_rows(graph: object) -> list[int]:
 
 
 def _depth(tiles: str, pdl: bool, qkv_split_k: int, prenorm: bool = False,
-           o_inline: bool = False, down_inline: bool = False, l2_prefetch: tuple[str, ...] = (),
+           o_inline: bool = False, down_inline: bool = False,
            ) -> tuple[Warm, Callable[[], None]]:
     from breezert.kernels.fused_depth import TILES_BY_ROWS, FusedDepthLayers, prenorm_every_bucket
     from breezert.kernels.gemm import Tiles
@@ -186,8 +186,7 @@ def _depth(tiles: str, pdl: bool, qkv_split_k: int, prenorm: bool = False,
         assert tiles == "by-rows", "prenorm variants run the by-rows table"
         table = prenorm_every_bucket()
     table = tuple((limit, replace(t, qkv_split_k=qkv_split_k, o_inline=t.o_inline or o_inline,
-                                  down_inline=t.down_inline or down_inline,
-                                  l2_prefetch=t.l2_prefetch or l2_prefetch))
+                                  down_inline=t.down_inline or down_inline))
                   for limit, t in table)
     fused = FusedDepthLayers(depth, max_rows, table, warm=False, pdl=pdl)
     pos = torch.zeros(1, dtype=torch.long, device="meta")
@@ -367,13 +366,6 @@ VARIANTS: dict[str, Callable[[], tuple[Warm, Callable[[], None]]]] = {
     "depth by-rows prenorm pdl": lambda: _depth("by-rows", True, 1, prenorm=True),
     "depth by-rows prenorm inline pdl": lambda: _depth(  # o_proj's and down's splits inline
         "by-rows", True, 1, prenorm=True, o_inline=True, down_inline=True),
-    # every GEMM's weight slice asked of L2 before the PDL wait (the tune's check rows time
-    # it beside the table; not in a profile, so not in the suite's list)
-    "depth by-rows l2-prefetch pdl": lambda: _depth(
-        "by-rows", True, 1, l2_prefetch=("qkv", "o", "gate", "down")),
-    "depth by-rows prenorm inline l2-prefetch pdl": lambda: _depth(
-        "by-rows", True, 1, prenorm=True, o_inline=True, down_inline=True,
-        l2_prefetch=("qkv", "o", "gate", "down")),
     "decode": lambda: _decode(False),
     "decode pdl": lambda: _decode(True),
     "prefill": _prefill,

@@ -201,23 +201,9 @@ def _inline_pair(depth: DepthDecoder, **inline: bool) -> tuple[object, object]:
             FusedDepthLayers(depth, max_rows=512, tiles=table, pdl=True))
 
 
-def _l2_prefetch_pair(depth: DepthDecoder) -> tuple[object, object]:
-    from dataclasses import replace
-
-    from breezert.kernels.fused_depth import TILES_BY_ROWS, FusedDepthLayers
-    from breezert.kernels.gemm import L2_PREFETCH_GEMMS
-
-    # every GEMM's programs ask L2 for their weight slices before the PDL wait, every bucket
-    table = tuple((limit, replace(t, l2_prefetch=L2_PREFETCH_GEMMS))
-                  for limit, t in TILES_BY_ROWS)
-    return (FusedDepthLayers(depth, max_rows=512, pdl=True),
-            FusedDepthLayers(depth, max_rows=512, tiles=table, pdl=True))
-
-
 SAME_BITS = {"pdl": _pdl_pair, "prenorm": _prenorm_pair,
              "o_inline": lambda depth: _inline_pair(depth, o_inline=True),
-             "down_inline": lambda depth: _inline_pair(depth, o_inline=True, down_inline=True),
-             "l2_prefetch": _l2_prefetch_pair}
+             "down_inline": lambda depth: _inline_pair(depth, o_inline=True, down_inline=True)}
 """Switches that must not change a bit: (the path without, the path with) on a decoder."""
 
 
@@ -226,15 +212,13 @@ SAME_BITS = {"pdl": _pdl_pair, "prenorm": _prenorm_pair,
     *(("prenorm", rows) for rows in (1, 100, 256, 300, 512)),
     *(("o_inline", rows) for rows in (1, 256, 512)),
     *(("down_inline", rows) for rows in (1, 256, 512)),
-    *(("l2_prefetch", rows) for rows in (1, 64, 256, 512)),
 ])
 def test_switch_changes_no_bit(depth: DepthDecoder, switch: str, rows: int) -> None:
     """Programmatic dependent launch (``graph.pdl``) gives the same bits as plain launches;
     ``Tiles.prenorm`` in every bucket of ``TILES_BY_ROWS`` (the norms apart, the GEMMs' input
     rows through TMA, PDL as served) the bits of the norms in the GEMM prologues at every size
     up to capacity's 512 rows, and so do ``Tiles.o_inline`` and ``Tiles.down_inline`` with it
-    (o_proj's and down_proj's splits summed in one program), and ``Tiles.l2_prefetch`` on
-    every GEMM (L2 asked for the weights before each PDL wait).
+    (o_proj's and down_proj's splits summed in one program).
     Both eager and replayed in a CUDA graph (where PDL launches become programmatic edges)."""
     without, with_switch = SAME_BITS[switch](depth)
     gen = torch.Generator(device="cuda").manual_seed(300 + rows)

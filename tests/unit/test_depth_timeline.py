@@ -78,16 +78,3 @@ def test_cpu_run_writes_record_and_plot(tmp_path: Path) -> None:
         assert row["rows"] == 2 * row["requests"] and row["frame_ms"] > 0
         assert row["operators"] > 0  # the CPU census lists operators
     assert out.with_suffix(".png").stat().st_size > 0
-
-
-def test_l2_prefetch_runs_set_the_table_only_while_their_runner_is_built(
-        monkeypatch: pytest.MonkeyPatch) -> None:
-    from breezert.kernels import fused_depth
-
-    before = fused_depth.TILES_BY_ROWS
-    with _timeline(monkeypatch).l2_prefetch_table(("qkv", "gate")):
-        inside = fused_depth.TILES_BY_ROWS
-    assert fused_depth.TILES_BY_ROWS is before
-    assert [t.l2_prefetch for _, t in inside] == [("qkv", "gate")] * len(before)
-    assert [(limit, t.__class__(**{**t.__dict__, "l2_prefetch": ()})) for limit, t in inside] \
-        == list(before)  # nothing else changed

@@ -193,33 +193,10 @@ def test_o_proj_and_down_splits_summed_in_one_program_give_the_same_bits() -> No
                                  "switches=('o_inline', 'down_inline', 'prenorm'))")
 
 
-@needs_triton
-def test_l2_prefetch_changes_no_bit() -> None:
-    """``Tiles.l2_prefetch`` on every GEMM (each program's weight slice asked of L2 before its
-    PDL wait) reaches every kernel and changes no bit: with split-K q/k/v and o_proj / down
-    split by programs (3 rows), and with their splits summed inside one program (20 rows).
-    The interpreter runs no PTX, so the prefetch itself runs only in the sm_90 build and GPU
-    tests; this checks the plumbing (each kernel's slice arguments, the first row block)."""
-    run_in_interpreter(__name__, "check_switch_bits(3, qkv_split_k=2, switches=(), "
-                                 "l2_prefetch=('qkv', 'o', 'gate', 'down'))")
-    run_in_interpreter(__name__, "check_switch_bits(20, qkv_split_k=1, "
-                                 "switches=('o_inline', 'down_inline'), "
-                                 "l2_prefetch=('qkv', 'o', 'gate', 'down'))")
-
-
-def test_l2_prefetch_names_only_the_layers_gemms() -> None:
-    from breezert.kernels.gemm import L2_PREFETCH_GEMMS, Tiles
-
-    assert Tiles(l2_prefetch=L2_PREFETCH_GEMMS).l2_prefetch == ("qkv", "o", "gate", "down")
-    with pytest.raises(ValueError, match="unknown GEMMs \\['up'\\]"):
-        Tiles(l2_prefetch=("gate", "up"))
-
-
 def check_switch_bits(rows: int, qkv_split_k: int, switches: tuple[str, ...] = ("prenorm",),
-                      l2_prefetch: tuple[str, ...] = ()) -> None:
-    """The decoder with ``switches`` on (and ``l2_prefetch``) against it without, bit for bit:
-    every position's hidden states and the cache, and a row alone (with them) against the
-    crowd (without)."""
+                      ) -> None:
+    """The decoder with ``switches`` on against it without, bit for bit: every position's
+    hidden states and the cache, and a row alone (with them) against the crowd (without)."""
     from breezert.kernels import fused_depth
     from breezert.kernels.gemm import Tiles
 
@@ -228,8 +205,7 @@ def check_switch_bits(rows: int, qkv_split_k: int, switches: tuple[str, ...] = (
              "qkv_split_k": qkv_split_k, "tma": True}
     plain = fused_depth.FusedDepthLayers(depth, max_rows=32, tiles=Tiles(**shape))
     prenorm = fused_depth.FusedDepthLayers(
-        depth, max_rows=32, tiles=Tiles(**shape, **{name: True for name in switches},
-                                        l2_prefetch=l2_prefetch))
+        depth, max_rows=32, tiles=Tiles(**shape, **{name: True for name in switches}))
     caches = [depth.new_cache(rows), depth.new_cache(rows), depth.new_cache(1)]
     torch.manual_seed(5)
     with torch.inference_mode():

@@ -41,7 +41,6 @@ from breezert.kernels.gemm import (
     norm_dot2,
     pdl_launch,
     pdl_wait,
-    prefetch_rows_l2,
     rope,
     row_block,
     warm_row_counts,
@@ -114,33 +113,27 @@ def _norm_qkv_rope_kernel(
     H: tl.constexpr, KVH: tl.constexpr, D: tl.constexpr, K: tl.constexpr, SUB: tl.constexpr,
     BM: tl.constexpr, BK: tl.constexpr, NK: tl.constexpr, F32: tl.constexpr,
     TMA: tl.constexpr = False, PDL: tl.constexpr = False, SPLIT: tl.constexpr = 1,
-    PRENORM: tl.constexpr = False, w_l2=None,
+    PRENORM: tl.constexpr = False,
 ):
     """Program (head t x slice j, K split, row block): q heads 0..H-1, then k heads, then v
     heads. Slice j covers columns j*C.. of both halves of the head (C = D / 2 / SUB), so RoPE's
     rotate-half pairs stay inside one program. With ``SPLIT`` > 1 each program reduces 1/SPLIT
     of K into an fp32 partial; the last of a tile's SPLIT programs (atomic counter) sums them in
     split order, runs the epilogue and resets the counter (as ``linear_residual_kernel``).
-    ``PRENORM``: ``x_ptr`` is a TMA descriptor of rows already normed (``Tiles.prenorm``).
-    ``w_l2``: the weight's pointer, whose slice the first row block asks L2 for before the
-    wait (``Tiles.l2_prefetch``)."""
+    ``PRENORM``: ``x_ptr`` is a TMA descriptor of rows already normed (``Tiles.prenorm``)."""
+    pdl_wait(PDL)
     pid = tl.program_id(0)
     t = pid // SUB
     HALF: tl.constexpr = D // 2
     C: tl.constexpr = HALF // SUB
     j0 = (pid % SUB) * C  # this slice's first column within each half
+    d = j0 + tl.arange(0, C)  # columns within the lower half
     row_block = tl.program_id(2)
+    rows = row_block * BM + tl.arange(0, BM)
+    rmask = rows < R
     a0 = t * D + j0  # first weight row of the slice's lower half
     KS: tl.constexpr = K // SPLIT
     split = tl.program_id(1)  # 0 without a split: all of K
-    if w_l2 is not None:
-        if row_block == 0:
-            prefetch_rows_l2(w_l2, a0, C, K, split * KS, KS)
-            prefetch_rows_l2(w_l2, a0 + HALF, C, K, split * KS, KS)
-    pdl_wait(PDL)
-    d = j0 + tl.arange(0, C)  # columns within the lower half
-    rows = row_block * BM + tl.arange(0, BM)
-    rmask = rows < R
     acc_lo, acc_hi = norm_dot2(x_ptr, nw_ptr, w_ptr, stride_x, rows, rmask, eps, row_block * BM,
                                a0, a0 + HALF, split * KS, K, KS, BM, C, BK, NK, F32, TMA,
                                PRENORM)
@@ -318,20 +311,15 @@ class FusedDepthLayers:
                 c[0], c[1], c[2], c[3], workspace.stride(0) if split > 1 else 0,
                 H=self.heads, KVH=self.kv_heads, D=hd, K=d, SUB=t.qkv_split, BM=bm,
                 BK=qkv_bk, NK=min(256, d), F32=DOT_F32, TMA=t.tma, SPLIT=split,
-                PRENORM=t.prenorm,
-                w_l2=layer.self_attn.qkv_weight if "qkv" in t.l2_prefetch else None,
-                **t.launch("qkv"),
+                PRENORM=t.prenorm, **t.launch("qkv"),
             )
             _short_attention_kernel[(rows, self.kv_heads)](
                 q, layer_cache, pos, attn, self.scale, q.stride(0), attn.stride(0),
                 c[0], c[1], c[2], c[3], G=self.heads // self.kv_heads, D=hd,
                 P=layer_cache.shape[3], num_warps=4, **pdl_launch(t.pdl),
             )
-            h = gemms.linear_residual(attn, layer.self_attn.o_proj.weight, h, inline=t.o_inline,
-                                      prefetch="o" in t.l2_prefetch)
+            h = gemms.linear_residual(attn, layer.self_attn.o_proj.weight, h, inline=t.o_inline)
             act = gemms.norm_gate_up(h, layer.post_attention_layernorm.weight,
-                                     layer.mlp.gate_up_weight, self.eps,
-                                     prefetch="gate" in t.l2_prefetch)
-            h = gemms.linear_residual(act, layer.mlp.down_proj.weight, h, inline=t.down_inline,
-                                      prefetch="down" in t.l2_prefetch)
+                                     layer.mlp.gate_up_weight, self.eps)
+            h = gemms.linear_residual(act, layer.mlp.down_proj.weight, h, inline=t.down_inline)
         return depth.model.norm(h)

@@ -29,13 +29,8 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
 DOT_F32 = INTERPRETED
 _RNE_BY_HAND = tl.constexpr(INTERPRETED)
-_NO_ASM = tl.constexpr(INTERPRETED)  # the interpreter runs no inline PTX
 
 BM_MAX = 64  # rows per program by default; more rows run as more row blocks
-
-
-L2_PREFETCH_GEMMS = ("qkv", "o", "gate", "down")
-"""The GEMMs ``Tiles.l2_prefetch`` can name."""
 
 
 @dataclass(frozen=True)
@@ -101,19 +96,6 @@ class Tiles:
     and read beside 16.8 MB of weight, and the split GEMM took 35.6 us against cuBLAS's 17.2
     (H200, 6 Dec); one program a tile reads K whole (8,192). The same bits."""
 
-    l2_prefetch: tuple[str, ...] = ()
-    """GEMMs ("qkv", "o", "gate", "down") whose programs ask L2 for their own weight slice
-    before ``pdl_wait`` (``prefetch_rows_l2``). With ``pdl`` a kernel's programs are placed while
-    the kernel before it still runs, so the next GEMM's weights stream from memory through that
-    kernel's latency-bound tail and dependency wait, and its loads then hit L2. The same loads
-    after, so the same bits; without ``pdl`` it only reorders a program's own requests."""
-
-    def __post_init__(self) -> None:
-        unknown = set(self.l2_prefetch) - set(L2_PREFETCH_GEMMS)
-        if unknown:
-            raise ValueError(f"Tiles.l2_prefetch: unknown GEMMs {sorted(unknown)}; "
-                             f"choose from {L2_PREFETCH_GEMMS}")
-
     def launch(self, kernel: str) -> dict[str, int]:
         """``num_warps`` / ``num_stages`` of ``kernel`` ("gate" or "split"; others share the
         defaults), so the GEMMs with the most bytes can take deeper pipelines; and
@@ -141,23 +123,6 @@ def pdl_wait(PDL: tl.constexpr):
     if PDL:
         gdc_wait()
         gdc_launch_dependents()
-
-
-@triton.jit
-def prefetch_rows_l2(w_ptr, row0, NROWS: tl.constexpr, K: tl.constexpr, k0,
-                     KLEN: tl.constexpr):
-    """Asks L2 for rows ``row0..row0+NROWS-1``, columns ``k0..k0+KLEN-1`` of a row-major bf16
-    ``[N, K]`` weight: one bulk prefetch a row (``cp.async.bulk.prefetch.L2``, sm_90: no
-    registers, no shared memory, nothing to wait for; a hint the memory system may drop).
-    Rows and ``k0`` must keep 16-byte alignment (``KLEN * 2`` a multiple of 16). Under the
-    interpreter: nothing."""
-    if not _NO_ASM:
-        rows = row0 + tl.arange(0, NROWS)
-        addr = w_ptr + rows.to(tl.int64) * K + k0
-        nbytes = tl.full([NROWS], KLEN * 2, tl.int32)
-        tl.inline_asm_elementwise(
-            "cp.async.bulk.prefetch.L2.global [$1], $2; mov.u32 $0, 0;", "=r,l,r",
-            [addr, nbytes], dtype=tl.int32, is_pure=False, pack=1)
 
 
 @triton.jit
@@ -340,22 +305,16 @@ def norm_gate_up_kernel(
     x_ptr, nw_ptr, w_ptr, out_ptr, R, eps, stride_x, stride_out,
     I: tl.constexpr, K: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
     NK: tl.constexpr, F32: tl.constexpr, TMA: tl.constexpr = False, PDL: tl.constexpr = False,
-    PRENORM: tl.constexpr = False, w_l2=None,
+    PRENORM: tl.constexpr = False,
 ):
     """Program (column block, row block): ``bf16(silu(gate) * up)`` of the normed input; gate
     rows 0..I-1 and up rows I..2I-1 of the packed weight. ``PRENORM``: ``x_ptr`` is a TMA
-    descriptor of rows already normed (``rms_norm_rows``), ``nw_ptr`` and ``eps`` unread.
-    ``w_l2``: the weight's pointer, whose slice the first row block asks L2 for before the
-    wait (``Tiles.l2_prefetch``)."""
-    n0 = tl.program_id(0) * BN
-    if w_l2 is not None:
-        if tl.program_id(1) == 0:
-            prefetch_rows_l2(w_l2, n0, BN, K, 0, K)
-            prefetch_rows_l2(w_l2, n0 + I, BN, K, 0, K)
+    descriptor of rows already normed (``rms_norm_rows``), ``nw_ptr`` and ``eps`` unread."""
     pdl_wait(PDL)
     rows = tl.program_id(1) * BM + tl.arange(0, BM)
     rmask = rows < R
     n = tl.program_id(0) * BN + tl.arange(0, BN)
+    n0 = tl.program_id(0) * BN
     acc_g, acc_u = norm_dot2(x_ptr, nw_ptr, w_ptr, stride_x, rows, rmask, eps,
                              tl.program_id(1) * BM, n0, n0 + I, 0, K, K, BM, BN, BK, NK, F32,
                              TMA, PRENORM)
@@ -398,7 +357,7 @@ def linear_residual_kernel(
     ws_split, N: tl.constexpr, K: tl.constexpr, SPLIT: tl.constexpr,
     BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, F32: tl.constexpr,
     TMA: tl.constexpr = False, HAS_RES: tl.constexpr = True, PDL: tl.constexpr = False,
-    TMA_A: tl.constexpr = False, INLINE: tl.constexpr = False, w_l2=None,
+    TMA_A: tl.constexpr = False, INLINE: tl.constexpr = False,
 ):
     """Program (column block, K split, row block): ``out = bf16(res + bf16(a @ w.T))``
     (``HAS_RES`` off: ``bf16(a @ w.T)``, ``res_ptr`` unread; ``TMA_A``: ``a_ptr`` is a TMA
@@ -407,23 +366,15 @@ def linear_residual_kernel(
     Each program stores its fp32 partial; the last of the SPLIT programs of a tile (atomic
     counter) sums all partials in split order, writes the tile and resets the counter.
     ``INLINE`` (grid of one split): one program makes the SPLIT partials in turn and sums them in
-    the same order, no workspace: the same bits. ``w_l2``: the weight's pointer, whose slice
-    (the tile's columns, this program's K) the first row block asks L2 for before the wait
-    (``Tiles.l2_prefetch``)."""
+    the same order, no workspace: the same bits."""
+    pdl_wait(PDL)  # before the workspace: the previous split-K launch may still be summing
     pid_n = tl.program_id(0)
     split = tl.program_id(1)
     row_block = tl.program_id(2)
-    KS: tl.constexpr = K // SPLIT
-    if w_l2 is not None:
-        if row_block == 0:
-            if INLINE:
-                prefetch_rows_l2(w_l2, pid_n * BN, BN, K, 0, K)
-            else:
-                prefetch_rows_l2(w_l2, pid_n * BN, BN, K, split * KS, KS)
-    pdl_wait(PDL)  # before the workspace: the previous split-K launch may still be summing
     rows = row_block * BM + tl.arange(0, BM)
     rmask = rows < R
     n = pid_n * BN + tl.arange(0, BN)
+    KS: tl.constexpr = K // SPLIT
     if INLINE:
         total = tl.zeros([BM, BN], dtype=tl.float32)
         for s in tl.static_range(SPLIT):
@@ -566,9 +517,7 @@ class FusedGemms:
         return self.rows_input(self.rms_norm_rows(x, norm_weight, eps), block_m, block_k)
 
     def norm_gate_up(self, x: torch.Tensor, norm_weight: torch.Tensor, weight: torch.Tensor,
-                     eps: float, prefetch: bool = False) -> torch.Tensor:
-        """``bf16(silu(gate) * up)`` of ``RMSNorm(x)``; ``prefetch``: each program asks L2 for
-        its weight slice before its PDL wait (``Tiles.l2_prefetch``), the same bits."""
+                     eps: float) -> torch.Tensor:
         t = self.tiles
         rows, k = x.shape
         inter = weight.shape[0] // 2
@@ -579,18 +528,15 @@ class FusedGemms:
             self.normed_input(x, norm_weight, eps, bm, bk), norm_weight,
             self.weight(weight, t.gate_bn, bk), out, rows, eps, x.stride(0), out.stride(0),
             I=inter, K=k, BM=bm, BN=t.gate_bn, BK=bk, NK=min(256, k),
-            F32=DOT_F32, TMA=t.tma, PRENORM=t.prenorm, w_l2=weight if prefetch else None,
-            **t.launch("gate"),
+            F32=DOT_F32, TMA=t.tma, PRENORM=t.prenorm, **t.launch("gate"),
         )
         return out
 
     def linear_residual(self, a: torch.Tensor, weight: torch.Tensor,
-                        residual: torch.Tensor | None, inline: bool = False,
-                        prefetch: bool = False) -> torch.Tensor:
+                        residual: torch.Tensor | None, inline: bool = False) -> torch.Tensor:
         """``residual + a @ weight.T`` (bf16 rounding points of ``x + linear(a)``), split-K;
         ``residual=None``: ``linear(a)``; ``inline``: each program sums its tile's K splits
-        itself (``Tiles.o_inline``); ``prefetch``: each program asks L2 for its weight slice
-        before its PDL wait (``Tiles.l2_prefetch``); the same bits either way."""
+        itself (``Tiles.o_inline``), the same bits."""
         t = self.tiles
         rows, (n, k) = a.shape[0], weight.shape
         workspace, counters = (
@@ -608,6 +554,6 @@ class FusedGemms:
             residual, out, workspace, counters, rows, a.stride(0), residual.stride(0),
             out.stride(0), workspace.stride(0), N=n, K=k, SPLIT=t.split_k, BM=bm,
             BN=t.split_bn, BK=bk, F32=DOT_F32, TMA=t.tma, HAS_RES=has_res, TMA_A=t.prenorm,
-            INLINE=inline, w_l2=weight if prefetch else None, **t.launch("split"),
+            INLINE=inline, **t.launch("split"),
         )
         return out
