@@ -338,7 +338,9 @@ def test_the_pipeline_carries_its_state_to_a_second_call(tmp_path: Path) -> None
     from breezert_train.state_shards import join_dir
 
     carried = {p.name for p in join_dir(tmp_path / "out1", tmp_path / "joined").rglob("*")}
-    assert {"snapshot.pt", "codec_log.jsonl", "config.json"} <= carried
+    assert {"snapshot.pt", "config.json"} <= carried
+    # the finished codec's log comes back beside the parts, not in them (the 64 MiB carry)
+    assert "codec_log.jsonl" not in carried and (tmp_path / "out1" / "codec_log.jsonl").is_file()
     assert "state.pt" not in carried  # the full optimiser state stays on the machine
     # the codec export's random placeholder LM is rebuilt after the carry-in, not carried
     assert not any(name.startswith("model") for name in carried - {"model.safetensors"})
@@ -537,3 +539,17 @@ def test_a_step_with_phonemes_gives_finite_figures() -> None:
         figures = trainer.train_step(batch)
         assert all(np.isfinite(v) for v in figures.values()), figures
     assert figures["phoneme_ctc"] > 0
+
+
+def test_the_gpu_batch_fits_the_card_it_runs_on() -> None:
+    """SMALL_GPU's 65,536 padded positions were sized on an H200 (139 GiB); an H100 (79 GiB)
+    ran out of memory at them, so it trains on the largest power of two below its share."""
+    from breezert_train.lm_train import SMALL_GPU, fit_batch_to_card
+
+    gib = 2**30
+    assert fit_batch_to_card(SMALL_GPU, 139 * gib) == SMALL_GPU
+    assert fit_batch_to_card(SMALL_GPU, 141 * gib) == SMALL_GPU  # never more than the recipe
+    h100 = fit_batch_to_card(SMALL_GPU, 79 * gib)
+    assert h100.max_tokens == 32768
+    assert h100 == replace(SMALL_GPU, max_tokens=32768)  # nothing else changes
+    assert fit_batch_to_card(SMALL_GPU, 1 * gib).max_tokens == 1024  # the floor

@@ -168,6 +168,20 @@ SMALL_GPU = LMTrainConfig(preset="small", max_tokens=65536, learning_rate=2e-3,
                           phoneme_ctc_weight=0.5)
 """The run meant for the default voice on one H200 (``--recipe small-gpu``)."""
 
+SIZED_FOR_BYTES = 139 * 2**30
+"""The card ``SMALL_GPU``'s batch was sized on (the H200's 139 GiB)."""
+
+
+def fit_batch_to_card(cfg: LMTrainConfig, card_bytes: int) -> LMTrainConfig:
+    """``cfg`` with ``max_tokens`` scaled to a card of ``card_bytes`` and rounded down to a
+    power of two (never up): an H100's 79 GiB ran out of memory in the first backward pass at
+    ``SMALL_GPU``'s 65,536 padded positions (7 Dec: 54.6 GiB allocated, 9 GiB asked, 18.8 GiB
+    reserved between), so it trains on 32,768."""
+    if card_bytes >= SIZED_FOR_BYTES:
+        return cfg
+    fits = max(1024, cfg.max_tokens * card_bytes // SIZED_FOR_BYTES)
+    return replace(cfg, max_tokens=min(cfg.max_tokens, 1 << (fits.bit_length() - 1)))
+
 
 class _Fp8RoundTrip(nn.Module):
     """Straight-through fp8 round trip: the forward sees the stored values, the fp32 master
