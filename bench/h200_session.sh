@@ -522,7 +522,9 @@ case "$phase" in
     # ROOM_SET: engine overrides (room.py --set, section.key=value;...), as SCALE_SET below.
     # ROOM_ENGINE_CPUS: the engine server keeps to that many CPUs, the harness to the rest
     # (7 Dec: at N=128, 8 rooms a process, the crowded harness slowed the engine's cycle and
-    # its admission refused from 16 streams).
+    # its admission refused from 16 streams; the next session's 4 CPUs for the engine and 4
+    # rooms a process left 64 harness processes 12 CPUs and the harness lagged; unpinned, 8
+    # rooms a process and ROOM_SET='scheduler.admission_max_cycle_s=1.0' heard 254 of 256).
     d=/tmp/room
     room_prepare "$d"
     n=${ROOM_N:-16,64}
