@@ -377,6 +377,42 @@ ITEMS = ("say_to_request", "engine_ttfb", "agent_pipeline", "source_queue", "opu
 """The first audio's path after the agent's ``say``, in order (what the plot stacks)."""
 
 
+SOURCE_DRY_MIN_S = 0.02
+"""An agent-side dry spell shorter than this (two of RoomIO's 10 ms frames) is not counted."""
+
+
+def source_dry_s(audio_in: Sequence[Sequence[float]] | None) -> float | None:
+    """The longest time a turn's agent had none of its audio left to play (None: not
+    recorded): playback starts as the first piece arrives and runs in real time; a piece that
+    arrives after everything before it has played leaves the agent's source dry until then
+    (``audio_in``: [seconds after the first piece, its length] per piece, as
+    ``bench/room_agent.py`` records them)."""
+    if not audio_in:
+        return None
+    played_until, longest = 0.0, 0.0
+    for at, length in audio_in:
+        if at > played_until:
+            longest = max(longest, at - played_until)
+            played_until = at
+        played_until += length
+    return round(longest, 4)
+
+
+def source_dry_summary(turns: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """Turns whose agent ran out of audio mid-turn (``source_dry_s`` >= ``SOURCE_DRY_MIN_S``),
+    the longest, and how many of the turns with a quiet gap heard had one: a quiet gap whose
+    agent never ran dry lies past the agent (its source, WebRTC, the listener)."""
+    dry = {id(t): source_dry_s((t.get("agent") or {}).get("audio_in")) for t in turns}
+    recorded = [t for t in turns if dry[id(t)] is not None]
+    with_dry = [t for t in recorded if dry[id(t)] >= SOURCE_DRY_MIN_S]
+    quiet = [t for t in recorded
+             if any(g["kind"] == "quiet" for g in (t.get("heard") or {}).get("gaps", []))]
+    return {"recorded": len(recorded), "turns_with": len(with_dry),
+            "longest_s": max((dry[id(t)] for t in recorded), default=None),
+            "quiet_gap_turns": len(quiet),
+            "quiet_gap_turns_dry": sum(dry[id(t)] >= SOURCE_DRY_MIN_S for t in quiet)}
+
+
 def heard_summary(turns: Sequence[dict[str, Any]], prebuffer_s: float) -> dict[str, Any]:
     """What the callers of ``turns`` heard: first audio after the agent's say and after the
     trigger, gaps by kind (quiet, late) and the speech concealed in the turns."""
@@ -395,7 +431,8 @@ def heard_summary(turns: Sequence[dict[str, Any]], prebuffer_s: float) -> dict[s
             "first_heard_after_trigger": summarize(i["heard_after_trigger"] for i in items
                                                    if i.get("heard_after_trigger") is not None),
             "gaps_quiet": gaps("quiet"), "gaps_late": gaps("late"),
-            "concealed_in_turns_s": round(sum(t.get("concealed_s") or 0.0 for t in heard), 4)}
+            "concealed_in_turns_s": round(sum(t.get("concealed_s") or 0.0 for t in heard), 4),
+            "agent_source_dry": source_dry_summary(turns)}
 
 
 def harness_lagged(loop_lag: dict[str, Any]) -> bool:
@@ -720,6 +757,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             "first_heard_after_say": "the listener's speaker starts the turn's first energetic "
                                      "frame, less the agent's session.say() (same clock)",
             "gaps_quiet": "quiet frames between energetic ones (NetEq filled a hole)",
+            "agent_source_dry": "turns whose agent had none of its audio left mid-turn (each "
+                                "piece's arrival at the agent against real-time playback "
+                                "from the first): which quiet gaps began before the agent's "
+                                "source",
             "gaps_late": "frames that reached the listener process after their due time on "
                          "its speaker clock (includes the benchmark process's own delays)",
             "transport": "the first frame into the agent's AudioSource (playback_started) "
@@ -868,7 +909,9 @@ def _brief(summary: dict[str, Any]) -> dict[str, Any]:
     heard = summary["first_heard_after_say"]
     return {"heard": summary["heard"], "p50_ms": _ms(heard["p50"]), "p95_ms": _ms(heard["p95"]),
             "quiet_gaps": summary["gaps_quiet"]["count"],
-            "late_gaps": summary["gaps_late"]["count"], "errors": len(summary["errors"])}
+            "late_gaps": summary["gaps_late"]["count"],
+            "agent_dry_turns": summary["agent_source_dry"]["turns_with"],
+            "errors": len(summary["errors"])}
 
 
 def _check_wiring(ready: Sequence[dict[str, Any]], variant: str) -> None:

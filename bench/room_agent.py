@@ -48,8 +48,9 @@ Data messages, from the listener (``bench/room_listener.py``): ``bench.say`` ``{
 "max_frames", "seed"}`` says ``text``; the agent answers ``bench.ready`` once the session runs and
 ``bench.turn`` after each turn, with its ``time.monotonic()`` stamps (same machine as the
 listener): received, said, engine request opened, first engine audio, playback started (first
-frame into RoomIO's ``AudioSource``), the source's queue then, done, plus the plugin's TTFB and
-which feedback source the plugin reported, and the worker's pid.
+frame into RoomIO's ``AudioSource``), the source's queue then, done, plus the plugin's TTFB,
+which feedback source the plugin reported, each piece of audio's arrival and length
+(``audio_in``: whether the agent itself ran out of audio mid-turn) and the worker's pid.
 ``$BREEZERT_ROOM_STATE/engine_ready.json`` appears once the engine is built, or at once with
 the engine remote (with ``max_jobs``); ``metrics.json`` there holds the jobs the worker runs and
 the in-process engine's counters, rewritten every second. Must not: change the plugin's pacing
@@ -184,29 +185,41 @@ def _room_source(output: Any) -> rtc.AudioSource | None:
     return None
 
 
+MAX_AUDIO_IN = 128
+"""Pieces of a turn's audio whose arrival the turn's ``bench.turn`` message lists (the engine's
+chunks: ~9 a turn of the bench texts; the cap keeps the message small)."""
+
+
 class _TurnStamps:
-    """Wraps the TTS's runtime client so each turn records when its engine request opened
-    and when its first audio came back (the plugin itself is untouched)."""
+    """Wraps the TTS's runtime client so each turn records when its engine request opened,
+    when its first audio came back and when each piece of its audio reached the agent, with
+    its length (the plugin itself is untouched)."""
 
     def __init__(self, tts: TTS) -> None:
         from breezert_agent.client.base import SegmentStart
 
         self.opened: list[float] = []
         self.first_audio: list[float] = []
+        self.audio_in: list[list[tuple[float, float]]] = []
         client = tts.client
         open_turn = client.open_turn
+        bytes_per_s = 2 * client.sample_rate  # PCM16 mono
 
         async def opened(*args: Any, **kwargs: Any) -> Any:
             self.opened.append(time.monotonic())
             turn = await open_turn(*args, **kwargs)
             audio = turn.audio
+            arrivals: list[tuple[float, float]] = []
+            self.audio_in.append(arrivals)
 
             async def stamped() -> Any:
-                first = True
                 async for item in audio():
-                    if first and not isinstance(item, SegmentStart):
-                        first = False
-                        self.first_audio.append(time.monotonic())
+                    if not isinstance(item, SegmentStart):
+                        now = time.monotonic()
+                        if not arrivals:
+                            self.first_audio.append(now)
+                        if len(arrivals) < MAX_AUDIO_IN:
+                            arrivals.append((now, len(item) / bytes_per_s))
                     yield item
 
             turn.audio = stamped
@@ -301,7 +314,8 @@ async def entrypoint(ctx: JobContext) -> None:
 
     async def say(body: dict[str, Any], sender: str, received: float) -> None:
         tts.update_options(max_frames=int(body["max_frames"]), seed=int(body["seed"]))
-        marks = (len(stamps.opened), len(stamps.first_audio), len(started), len(ttfbs))
+        marks = (len(stamps.opened), len(stamps.first_audio), len(started), len(ttfbs),
+                 len(stamps.audio_in))
         reports_before = dict(sources)
         said = time.monotonic()
         handle = session.say(body["text"], allow_interruptions=False, add_to_chat_ctx=False)
@@ -313,6 +327,7 @@ async def entrypoint(ctx: JobContext) -> None:
             return values[mark] if len(values) > mark else None
 
         playback = first(started, marks[2])
+        arrivals = first(stamps.audio_in, marks[4]) or []
         await publish("bench.turn", {
             "id": body["id"], "received": received, "said": said,
             "opened": first(stamps.opened, marks[0]),
@@ -320,6 +335,9 @@ async def entrypoint(ctx: JobContext) -> None:
             "playback_started": playback[0] if playback else None,
             "source_queued_s": playback[1] if playback else None,
             "ttfb": first(ttfbs, marks[3]), "done": done,
+            # each piece of audio as it reached the agent: seconds after the first, length
+            "audio_in": [[round(t - arrivals[0][0], 4), round(length, 4)]
+                         for t, length in arrivals],
             "interrupted": handle.interrupted,
             "reports": {k: v - reports_before.get(k, 0) for k, v in sources.items()},
             "pid": os.getpid(),

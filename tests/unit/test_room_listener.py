@@ -320,3 +320,30 @@ def test_rooms_not_joined_count_as_unheard_turns_and_are_named_in_the_table() ->
     table = room.text_table([{"variant": "listener", "listeners": 2, "load": "open",
                               "summary": {**summary, "engine_ttfb": {"p50": 0.05}}}])
     assert "1/2 (1 rooms not joined)" in table
+
+
+def test_the_agents_own_dry_spells_tell_which_quiet_gaps_began_before_its_source() -> None:
+    """A piece of audio that reaches the agent after everything before it has played leaves
+    the agent's source dry; the summary counts such turns and which turns with a quiet gap
+    heard had one (the others' gaps lie past the agent)."""
+    room = bench_script("room")
+    # 80 ms, then 160 ms arriving at 0.05 (in time), then 160 ms at 0.45: dry from 0.24 to 0.45
+    late = [[0.0, 0.08], [0.05, 0.16], [0.45, 0.16]]
+    assert room.source_dry_s(late) == pytest.approx(0.21)
+    assert room.source_dry_s([[0.0, 0.08], [0.08, 0.16], [0.2, 0.16]]) == 0.0
+    assert room.source_dry_s([[0.0, 0.08], [0.09, 0.16]]) == pytest.approx(0.01)
+    assert room.source_dry_s([]) is None and room.source_dry_s(None) is None
+
+    def turn(audio_in: list[list[float]] | None, quiet: bool) -> dict[str, Any]:
+        gaps = [{"at_s": 0.04, "length_s": 0.2, "kind": "quiet"}] if quiet else []
+        return {"agent": {"audio_in": audio_in} if audio_in is not None else {},
+                "heard": {"gaps": gaps}}
+
+    dry = room.source_dry_summary([
+        turn(late, quiet=True),            # the agent ran dry: the gap began before its source
+        turn([[0.0, 0.08], [0.05, 0.2]], quiet=True),  # in time at the agent: past it
+        turn([[0.0, 0.08], [0.3, 0.1]], quiet=False),  # dry, yet nothing heard (covered)
+        turn(None, quiet=True),            # an older agent: not recorded
+    ])
+    assert dry == {"recorded": 3, "turns_with": 2, "longest_s": pytest.approx(0.22),
+                   "quiet_gap_turns": 2, "quiet_gap_turns_dry": 1}
