@@ -400,9 +400,12 @@ def source_dry_s(audio_in: Sequence[Sequence[float]] | None) -> float | None:
 
 def source_dry_summary(turns: Sequence[dict[str, Any]]) -> dict[str, Any]:
     """Turns whose agent ran out of audio mid-turn (``source_dry_s`` >= ``SOURCE_DRY_MIN_S``),
-    the longest, and how many of the turns with a quiet gap heard had one: a quiet gap whose
-    agent never ran dry lies past the agent (its source, WebRTC, the listener)."""
-    dry = {id(t): source_dry_s((t.get("agent") or {}).get("audio_in")) for t in turns}
+    the longest, how many of the turns with a quiet gap heard had one (a quiet gap whose agent
+    never ran dry lies past the agent: its source, WebRTC, the listener), and how many dry
+    turns had the agent's own event loop stalled for at least half the dry spell (the agent,
+    not the engine, was late)."""
+    agent = {id(t): t.get("agent") or {} for t in turns}
+    dry = {id(t): source_dry_s(agent[id(t)].get("audio_in")) for t in turns}
     recorded = [t for t in turns if dry[id(t)] is not None]
     with_dry = [t for t in recorded if dry[id(t)] >= SOURCE_DRY_MIN_S]
     quiet = [t for t in recorded
@@ -410,7 +413,9 @@ def source_dry_summary(turns: Sequence[dict[str, Any]]) -> dict[str, Any]:
     return {"recorded": len(recorded), "turns_with": len(with_dry),
             "longest_s": max((dry[id(t)] for t in recorded), default=None),
             "quiet_gap_turns": len(quiet),
-            "quiet_gap_turns_dry": sum(dry[id(t)] >= SOURCE_DRY_MIN_S for t in quiet)}
+            "quiet_gap_turns_dry": sum(dry[id(t)] >= SOURCE_DRY_MIN_S for t in quiet),
+            "dry_turns_agent_loop_stalled": sum(
+                (agent[id(t)].get("loop_lag_max_s") or 0.0) >= dry[id(t)] / 2 for t in with_dry)}
 
 
 def heard_summary(turns: Sequence[dict[str, Any]], prebuffer_s: float) -> dict[str, Any]:

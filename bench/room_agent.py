@@ -50,7 +50,8 @@ Data messages, from the listener (``bench/room_listener.py``): ``bench.say`` ``{
 listener): received, said, engine request opened, first engine audio, playback started (first
 frame into RoomIO's ``AudioSource``), the source's queue then, done, plus the plugin's TTFB,
 which feedback source the plugin reported, each piece of audio's arrival and length
-(``audio_in``: whether the agent itself ran out of audio mid-turn) and the worker's pid.
+(``audio_in``: whether the agent itself ran out of audio mid-turn), how late the job's event
+loop ran during the turn (``loop_lag_max_s``) and the worker's pid.
 ``$BREEZERT_ROOM_STATE/engine_ready.json`` appears once the engine is built, or at once with
 the engine remote (with ``max_jobs``); ``metrics.json`` there holds the jobs the worker runs and
 the in-process engine's counters, rewritten every second. Must not: change the plugin's pacing
@@ -96,6 +97,7 @@ from room_engine import (
     warm_wide,
     write_metrics_forever,
 )
+from room_listener import LoopLag
 
 AGENT_NAME = os.environ.get("BREEZERT_ROOM_AGENT_NAME", "breezert-bench")
 DISPATCH = os.environ.get("BREEZERT_ROOM_DISPATCH", "none")
@@ -268,6 +270,13 @@ async def entrypoint(ctx: JobContext) -> None:
                   sample_rate=SAMPLE_RATE)
     ctx.add_shutdown_callback(tts.aclose)
     stamps = _TurnStamps(tts)
+    loop_lag = LoopLag()  # this job's loop (a thread of its own): how late it ran in a turn
+    lag_task = asyncio.create_task(loop_lag.run())
+
+    async def stop_lag() -> None:
+        lag_task.cancel()
+
+    ctx.add_shutdown_callback(stop_lag)
     sources: Counter[str] = Counter()
     playout = tts.playout
     report = playout.report
@@ -335,6 +344,7 @@ async def entrypoint(ctx: JobContext) -> None:
             "playback_started": playback[0] if playback else None,
             "source_queued_s": playback[1] if playback else None,
             "ttfb": first(ttfbs, marks[3]), "done": done,
+            "loop_lag_max_s": loop_lag.max_between(said, done),
             # each piece of audio as it reached the agent: seconds after the first, length
             "audio_in": [[round(t - arrivals[0][0], 4), round(length, 4)]
                          for t, length in arrivals],

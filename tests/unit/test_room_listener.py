@@ -334,16 +334,18 @@ def test_the_agents_own_dry_spells_tell_which_quiet_gaps_began_before_its_source
     assert room.source_dry_s([[0.0, 0.08], [0.09, 0.16]]) == pytest.approx(0.01)
     assert room.source_dry_s([]) is None and room.source_dry_s(None) is None
 
-    def turn(audio_in: list[list[float]] | None, quiet: bool) -> dict[str, Any]:
+    def turn(audio_in: list[list[float]] | None, quiet: bool,
+             loop_lag: float = 0.001) -> dict[str, Any]:
         gaps = [{"at_s": 0.04, "length_s": 0.2, "kind": "quiet"}] if quiet else []
-        return {"agent": {"audio_in": audio_in} if audio_in is not None else {},
-                "heard": {"gaps": gaps}}
+        agent = {"audio_in": audio_in, "loop_lag_max_s": loop_lag} if audio_in else {}
+        return {"agent": agent, "heard": {"gaps": gaps}}
 
     dry = room.source_dry_summary([
         turn(late, quiet=True),            # the agent ran dry: the gap began before its source
         turn([[0.0, 0.08], [0.05, 0.2]], quiet=True),  # in time at the agent: past it
-        turn([[0.0, 0.08], [0.3, 0.1]], quiet=False),  # dry, yet nothing heard (covered)
+        turn([[0.0, 0.08], [0.3, 0.1]], quiet=False, loop_lag=0.15),  # dry, its loop stalled
         turn(None, quiet=True),            # an older agent: not recorded
     ])
     assert dry == {"recorded": 3, "turns_with": 2, "longest_s": pytest.approx(0.22),
-                   "quiet_gap_turns": 2, "quiet_gap_turns_dry": 1}
+                   "quiet_gap_turns": 2, "quiet_gap_turns_dry": 1,
+                   "dry_turns_agent_loop_stalled": 1}
