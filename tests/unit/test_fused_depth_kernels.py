@@ -240,3 +240,19 @@ def test_the_widest_buckets_run_the_norms_apart_with_every_buckets_k_splits() ->
             first.split_k, first.qkv_split_k, first.qkv_bk)
     assert prenorm_every_bucket() == tuple(
         (limit, replace(t, prenorm=True)) for limit, t in TILES_BY_ROWS)
+
+
+@needs_triton
+def test_a_bucket_may_launch_without_pdl_where_the_frame_asks_for_it() -> None:
+    """``Tiles.skip_pdl``: that bucket's tiles launch plainly under ``pdl=True``; the others
+    keep PDL, and without ``pdl`` nothing changes."""
+    from breezert.kernels import fused_depth
+    from breezert.kernels.gemm import Tiles
+
+    depth = _decoder(8)
+    table = ((2, Tiles(qkv_split=1)), (32, Tiles(qkv_split=1, skip_pdl=True)))
+    with_pdl = fused_depth.FusedDepthLayers(depth, max_rows=32, tiles=table, warm=False,
+                                            pdl=True)
+    assert [with_pdl.gemms_for(rows).tiles.pdl for rows in (1, 32)] == [True, False]
+    plain = fused_depth.FusedDepthLayers(depth, max_rows=32, tiles=table, warm=False)
+    assert [plain.gemms_for(rows).tiles.pdl for rows in (1, 32)] == [False, False]

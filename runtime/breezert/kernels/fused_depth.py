@@ -199,7 +199,8 @@ class FusedDepthLayers:
                  warm: bool = True, pdl: bool = False) -> None:
         """``tiles``: one ``Tiles`` for every row count, or ``(max rows, Tiles)`` buckets in
         increasing order (the last also serves more rows); default ``TILES_BY_ROWS``.
-        ``pdl``: every launch with programmatic dependent launch (``gemm.pdl_launch``)."""
+        ``pdl``: every launch with programmatic dependent launch (``gemm.pdl_launch``), but
+        in buckets with ``Tiles.skip_pdl``."""
         cfg = depth.cfg
         self.depth = depth
         self.hidden, self.inter = cfg.hidden_size, cfg.intermediate_size
@@ -209,7 +210,8 @@ class FusedDepthLayers:
         device = depth.model.norm.weight.device
         check_bf16(depth.model.norm.weight, "depth")
         table = ((max_rows, tiles),) if isinstance(tiles, Tiles) else (tiles or TILES_BY_ROWS)
-        table = tuple((limit, replace(t, pdl=t.pdl or pdl)) for limit, t in table)
+        table = tuple((limit, replace(t, pdl=(t.pdl or pdl) and not t.skip_pdl))
+                      for limit, t in table)
         if len({t.qkv_split_k for _, t in table}) > 1:  # it sets the sum order
             raise ValueError("fused depth kernels: every row bucket needs the same qkv_split_k")
         self._buckets = [(limit, FusedGemms(t, min(limit, max_rows), self.hidden, device))
