@@ -199,10 +199,10 @@ def codec_config(plan: Plan, overrides: dict | None = None) -> Any:
 def restate(parts: str | Path, scratch: str | Path, plan: Plan = Plan(),
             codec_overrides: dict | None = None) -> list[Path]:
     """Packs the state that ``parts`` hold again, in place, as a call of ``plan`` would leave
-    it (one snapshot, stale parts stripped, a finished codec's log dropped): an unfinished codec's snapshot is loaded into
-    ``plan``'s recipe and snapshotted again (no discriminator before it starts, no decoder
-    codebook copies, no inactive codebooks: ``CodecTrainer.snapshot``; its preset and
-    discriminator width kept), the parts compressed. Trains nothing; returns the files
+    it (one snapshot, stale parts stripped, a finished codec's log dropped): an unfinished
+    codec's snapshot is loaded into ``plan``'s recipe and snapshotted again (no discriminator
+    before it starts, no decoder codebook copies, no inactive codebooks:
+    ``CodecTrainer.snapshot``; its preset and discriminator width kept), the parts compressed. Trains nothing; returns the files
     written."""
     from breezert_train.codec_train import CodecTrainer, config_from_json
 
