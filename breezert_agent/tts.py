@@ -6,7 +6,8 @@ one segment per sentence), the options snapshot per stream, audio out
 through the ``AudioEmitter`` in 10/20 ms frames at the plugin's rate (resampled once per turn
 with soxr when that is not the runtime's 24 kHz, e.g. 8 kHz for telephony), reporting playback
 (``playout.PlayoutFeedback``) while a turn plays, and the mapping of runtime errors to the
-``APIError`` family. Must not: import torch, log synthesized text, or
+``APIError`` family, and warming what a first turn would otherwise build in the agent's loop
+(``warm_transcript_pacing``). Must not: import torch, log synthesized text, or
 reach the runtime other than through ``client.RuntimeClient``.
 """
 
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import threading
 import time
 import weakref
 from collections.abc import Awaitable, Callable, Sequence
@@ -287,8 +289,11 @@ class TTS(tts.TTS[Literal["metrics_collected", "error"]]):  # no events of its o
         return stream
 
     def prewarm(self) -> None:
-        """Loads (in-process) or connects (remote) in the background; never blocks the loop."""
+        """Loads (in-process) or connects (remote) in the background, and builds the agent's
+        transcript pacing once per process (``warm_transcript_pacing``); never blocks the
+        loop."""
         self._client.prewarm()
+        warm_transcript_pacing()
 
     def attach_audio_source(
         self, source: rtc.AudioSource, *, pending_s: Callable[[], float] | None = None
@@ -316,6 +321,28 @@ class TTS(tts.TTS[Literal["metrics_collected", "error"]]):  # no events of its o
 
 
 # ----------------------------------------------------------------------------- one turn
+
+
+_pacing_lock = threading.Lock()
+_pacing_thread: threading.Thread | None = None
+
+
+def warm_transcript_pacing() -> threading.Thread:
+    """Builds, on a thread of its own and once per process, the table of livekit-agents'
+    ``tokenize.basic.hyphenate_word``, which RoomIO's transcript synchronizer (on by default)
+    uses to pace each turn's text and otherwise builds on its first call: inside a job's loop
+    as a first turn's audio starts (py-spy saw it there), 26 ms on two cores holding the GIL,
+    while every room of the process waits. On two cores with 4 rooms the first turns' loop lag
+    was within the noise either way (bench/README.md, 7 Dec); the rooms at N=128, 8 to a
+    process, are where it may show. Returns that thread (the same one on later calls)."""
+    global _pacing_thread
+    with _pacing_lock:
+        if _pacing_thread is None:
+            _pacing_thread = threading.Thread(
+                target=tokenize.basic.hyphenate_word, args=("prewarm",),
+                name="breezert-warm-pacing", daemon=True)
+            _pacing_thread.start()
+        return _pacing_thread
 
 
 def _api_error(exc: Exception, *, audio_pushed: bool) -> APIError:

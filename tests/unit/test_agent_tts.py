@@ -443,6 +443,37 @@ def test_constructor_rejects_conflicting_placements() -> None:
     assert tts.client.is_prewarmed  # type: ignore[attr-defined]
 
 
+def test_prewarm_builds_the_transcript_pacing_once_per_process_off_the_loop(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """RoomIO's transcript synchronizer counts syllables with livekit's ``hyphenate_word``,
+    whose table is built on its first call; ``prewarm`` builds it on a thread of its own, once
+    however many sessions start."""
+    import threading
+
+    from livekit.agents import tokenize
+
+    import breezert_agent.tts as tts_module
+
+    calls: list[tuple[str, str]] = []
+    release = threading.Event()
+
+    def hyphenate(word: str) -> list[str]:
+        calls.append((word, threading.current_thread().name))
+        release.wait(5)  # slow, as the first build is: prewarm must not wait for it
+        return [word]
+
+    monkeypatch.setattr(tokenize.basic, "hyphenate_word", hyphenate)
+    monkeypatch.setattr(tts_module, "_pacing_thread", None)
+    first, second = TTS(client=FakeRuntimeClient()), TTS(client=FakeRuntimeClient())
+    first.prewarm()
+    second.prewarm()
+    thread = tts_module.warm_transcript_pacing()
+    assert thread.is_alive()  # both prewarms returned while the build still ran
+    release.set()
+    thread.join(5)
+    assert calls == [("prewarm", "breezert-warm-pacing")]
+
+
 # ----------------------------------------------------------------------------- errors
 
 async def test_overload_before_audio_is_retried() -> None:
