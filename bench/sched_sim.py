@@ -36,7 +36,7 @@ import numpy as np
 from breezert_bench.provenance import provenance
 from breezert_bench.listener import LATE_EPS_S, RequestResult, summarize
 from breezert_bench.variants import parse_variant_spec
-from breezert_bench.runner import REFUSED_MIN_WAIT_S, item_request
+from breezert_bench.runner import item_request, refused_wait_s
 from breezert_bench.workload import WorkItem, load_texts, make_workload
 from breezert.config import EngineConfig, GraphConfig
 from breezert.constants import Stage
@@ -244,8 +244,8 @@ def run_point(engine: Engine, clock: SimClock, items, concurrency: int, tag: str
     """Closed loop: ``concurrency`` callers, each with one request in flight, until every
     item has finished (or, with ``max_steps``, until that many engine steps have run, the rest
     left in flight); a refused request (``error`` ``EngineOverloaded``, a record of its own)
-    is said again by its caller after the refusal's wait (at least ``REFUSED_MIN_WAIT_S``, 1 s
-    when it names none), as the bench's callers do. With ``rate``, open loop: item ``i``
+    is said again by its caller after the refusal's wait (``runner.refused_wait_s``), as the
+    bench's callers do. With ``rate``, open loop: item ``i``
     arrives ``i / rate`` s after the start, whatever is in flight, and a refused one ends."""
     pending = list(items)
     live: dict[str, Stream] = {}
@@ -264,8 +264,7 @@ def run_point(engine: Engine, clock: SimClock, items, concurrency: int, tag: str
                 stream.result.status, stream.result.error = "error", "EngineOverloaded"
                 done.append(stream.result)
                 if rate is None:
-                    wait = 1.0 if exc.retry_after_s is None else exc.retry_after_s
-                    again.append((clock() + max(wait, REFUSED_MIN_WAIT_S), stream.item,
+                    again.append((clock() + refused_wait_s(exc.retry_after_s), stream.item,
                                   stream.attempt + 1))
         arriving.clear()
 

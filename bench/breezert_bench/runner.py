@@ -28,6 +28,15 @@ from breezert_bench.workload import WorkItem, make_workload, poisson_offsets, sh
 SCHEMA = "breezert-bench/1"
 SAMPLES_PER_FRAME = 1920  # 80 ms at 24 kHz
 REFUSED_MIN_WAIT_S = 0.1  # a refused closed-loop client never retries sooner than this
+UNNAMED_RETRY_AFTER_S = 1.0  # a refusal that names no wait
+
+
+def refused_wait_s(retry_after_s: float | None) -> float:
+    """How long a refused closed-loop caller waits before saying its item again: the
+    refusal's wait (``UNNAMED_RETRY_AFTER_S`` when it names none), at least
+    ``REFUSED_MIN_WAIT_S``. The runner's callers and ``bench/sched_sim.py``'s both."""
+    wait = UNNAMED_RETRY_AFTER_S if retry_after_s is None else retry_after_s
+    return max(wait, REFUSED_MIN_WAIT_S)
 
 
 def log(message: str) -> None:
@@ -436,7 +445,7 @@ async def _closed_loop(async_engine: Any, items: list[WorkItem], concurrency: in
                 results.append(result)
                 if result.retry_after_s is None:
                     break
-                wait = max(result.retry_after_s, REFUSED_MIN_WAIT_S)
+                wait = refused_wait_s(result.retry_after_s)
                 if budget_end is not None:
                     wait = min(wait, max(0.0, budget_end - time.monotonic()))
                 await asyncio.sleep(wait)
@@ -503,7 +512,8 @@ async def _one_request(async_engine: Any, item: WorkItem, options: BenchOptions,
         result.status, result.error = "timeout", "timeout"
     except EngineOverloaded as exc:  # refused past capacity: counted apart from failures
         result.status, result.error = "refused", type(exc).__name__
-        result.retry_after_s = exc.retry_after_s if exc.retry_after_s is not None else 1.0
+        result.retry_after_s = (exc.retry_after_s if exc.retry_after_s is not None
+                                else UNNAMED_RETRY_AFTER_S)
     except Exception as exc:  # counted, never fatal
         result.status, result.error = "error", type(exc).__name__
     finally:
