@@ -404,18 +404,21 @@ def source_dry_summary(turns: Sequence[dict[str, Any]]) -> dict[str, Any]:
     never ran dry lies past the agent: its source, WebRTC, the listener), and how many dry
     turns had the agent's own event loop stalled for at least half the dry spell (the agent,
     not the engine, was late)."""
-    agent = {id(t): t.get("agent") or {} for t in turns}
-    dry = {id(t): source_dry_s(agent[id(t)].get("audio_in")) for t in turns}
-    recorded = [t for t in turns if dry[id(t)] is not None]
-    with_dry = [t for t in recorded if dry[id(t)] >= SOURCE_DRY_MIN_S]
-    quiet = [t for t in recorded
-             if any(g["kind"] == "quiet" for g in (t.get("heard") or {}).get("gaps", []))]
+    recorded = []  # (the turn, its agent's record, its longest dry spell)
+    for turn in turns:
+        agent = turn.get("agent") or {}
+        dry = source_dry_s(agent.get("audio_in"))
+        if dry is not None:
+            recorded.append((turn, agent, dry))
+    with_dry = [(agent, dry) for _, agent, dry in recorded if dry >= SOURCE_DRY_MIN_S]
+    quiet = [dry for turn, _, dry in recorded
+             if any(g["kind"] == "quiet" for g in (turn.get("heard") or {}).get("gaps", []))]
     return {"recorded": len(recorded), "turns_with": len(with_dry),
-            "longest_s": max((dry[id(t)] for t in recorded), default=None),
+            "longest_s": max((dry for _, _, dry in recorded), default=None),
             "quiet_gap_turns": len(quiet),
-            "quiet_gap_turns_dry": sum(dry[id(t)] >= SOURCE_DRY_MIN_S for t in quiet),
+            "quiet_gap_turns_dry": sum(dry >= SOURCE_DRY_MIN_S for dry in quiet),
             "dry_turns_agent_loop_stalled": sum(
-                (agent[id(t)].get("loop_lag_max_s") or 0.0) >= dry[id(t)] / 2 for t in with_dry)}
+                (agent.get("loop_lag_max_s") or 0.0) >= dry / 2 for agent, dry in with_dry)}
 
 
 def heard_summary(turns: Sequence[dict[str, Any]], prebuffer_s: float) -> dict[str, Any]:

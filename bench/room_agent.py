@@ -201,27 +201,24 @@ class _TurnStamps:
         from breezert_agent.client.base import SegmentStart
 
         self.opened: list[float] = []
-        self.first_audio: list[float] = []
         self.audio_in: list[list[tuple[float, float]]] = []
+        """Per engine request opened (as ``opened``): (arrival, seconds) of each piece of its
+        audio; the first is its first audio."""
         client = tts.client
         open_turn = client.open_turn
         bytes_per_s = 2 * client.sample_rate  # PCM16 mono
 
         async def opened(*args: Any, **kwargs: Any) -> Any:
+            arrivals: list[tuple[float, float]] = []
             self.opened.append(time.monotonic())
+            self.audio_in.append(arrivals)  # one a request opened, refused ones too
             turn = await open_turn(*args, **kwargs)
             audio = turn.audio
-            arrivals: list[tuple[float, float]] = []
-            self.audio_in.append(arrivals)
 
             async def stamped() -> Any:
                 async for item in audio():
-                    if not isinstance(item, SegmentStart):
-                        now = time.monotonic()
-                        if not arrivals:
-                            self.first_audio.append(now)
-                        if len(arrivals) < MAX_AUDIO_IN:
-                            arrivals.append((now, len(item) / bytes_per_s))
+                    if not isinstance(item, SegmentStart) and len(arrivals) < MAX_AUDIO_IN:
+                        arrivals.append((time.monotonic(), len(item) / bytes_per_s))
                     yield item
 
             turn.audio = stamped
@@ -323,8 +320,7 @@ async def entrypoint(ctx: JobContext) -> None:
 
     async def say(body: dict[str, Any], sender: str, received: float) -> None:
         tts.update_options(max_frames=int(body["max_frames"]), seed=int(body["seed"]))
-        marks = (len(stamps.opened), len(stamps.first_audio), len(started), len(ttfbs),
-                 len(stamps.audio_in))
+        marks = (len(stamps.opened), len(started), len(ttfbs))
         reports_before = dict(sources)
         said = time.monotonic()
         handle = session.say(body["text"], allow_interruptions=False, add_to_chat_ctx=False)
@@ -335,15 +331,16 @@ async def entrypoint(ctx: JobContext) -> None:
         def first(values: list[Any], mark: int) -> Any:
             return values[mark] if len(values) > mark else None
 
-        playback = first(started, marks[2])
-        arrivals = first(stamps.audio_in, marks[4]) or []
+        playback = first(started, marks[1])
+        # the turn's audio: its first request that brought any (a refused one brings none)
+        arrivals = next((a for a in stamps.audio_in[marks[0]:] if a), [])
         await publish("bench.turn", {
             "id": body["id"], "received": received, "said": said,
             "opened": first(stamps.opened, marks[0]),
-            "first_audio": first(stamps.first_audio, marks[1]),
+            "first_audio": arrivals[0][0] if arrivals else None,
             "playback_started": playback[0] if playback else None,
             "source_queued_s": playback[1] if playback else None,
-            "ttfb": first(ttfbs, marks[3]), "done": done,
+            "ttfb": first(ttfbs, marks[2]), "done": done,
             "loop_lag_max_s": loop_lag.max_between(said, done),
             # each piece of audio as it reached the agent: seconds after the first, length
             "audio_in": [[round(t - arrivals[0][0], 4), round(length, 4)]
