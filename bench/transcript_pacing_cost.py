@@ -3,7 +3,7 @@ its hyphenation table's first build (``tokenize.basic.hyphenate_word``, which th
 ``TTS.prewarm`` now does off the loop) and its speaking-rate FFT on 1 s of 24 kHz audio, three
 times. Prints JSON.
 
-    .venv/bin/python bench/transcript_pacing_cost.py > OUT.json
+    PYTHONPATH=bench .venv/bin/python bench/transcript_pacing_cost.py > OUT.json
 
 Owns: this measurement. Must not: start a room or an engine.
 """
@@ -12,8 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
-import platform
 import sys
 import time
 
@@ -21,6 +19,8 @@ import numpy as np
 from livekit import rtc
 from livekit.agents.tokenize import basic
 from livekit.agents.voice.transcription._speaking_rate import SpeakingRateDetector
+
+from breezert_bench.provenance import provenance
 
 
 def hyphenate_ms() -> tuple[float, float]:
@@ -53,8 +53,7 @@ async def speaking_rate_ms() -> list[float]:
 
 def main() -> None:
     first, again = hyphenate_ms()
-    json.dump({"machine": platform.node(), "python": sys.version.split()[0],
-               "cpus": len(os.sched_getaffinity(0)),
+    json.dump({**provenance(device="cpu"),
                "hyphenate_first_ms": first, "hyphenate_again_ms": again,
                "speaking_rate_1s_audio_ms": asyncio.run(speaking_rate_ms())}, sys.stdout,
               indent=1)

@@ -331,7 +331,7 @@ def warm_transcript_pacing() -> threading.Thread:
     """Builds, on a thread of its own and once per process, the table of livekit-agents'
     ``tokenize.basic.hyphenate_word``, which RoomIO's transcript synchronizer (on by default)
     uses to pace each turn's text and otherwise builds on its first call: inside a job's loop
-    as a first turn's audio starts (py-spy saw it there), 13-21 ms on two cores holding the GIL
+    as a first turn's audio starts (py-spy saw it there), 13 ms on two cores holding the GIL
     while every room of the process waits. On two cores with 4 rooms the first turns' loop lag
     was within the noise either way (bench/README.md, 7 Dec); the rooms at N=128, 8 to a
     process, are where it may show. Returns that thread (the same one on later calls)."""
