@@ -75,8 +75,9 @@ class Tiles:
     skip_pdl: bool = False
     """Launch this bucket's kernels plainly even where the frame asks for PDL
     (``FusedDepthLayers(pdl=True)``): on the H100 the 512-row frame took 24.6 ms with PDL
-    against 23.0 without (bench/results/h100-tune-fused-depth-20261207-12.json). PDL changes
-    no bit, so neither does this."""
+    against 23.0 without (bench/results/h100-tune-fused-depth-20261207-12.json; 24.5 against
+    23.1 in -14.json), so ``TILES_BY_ROWS``' 512-row bucket sets it. PDL changes no bit, so
+    neither does this."""
     qkv_split_k: int = 1
     """K splits of the depth layers' q/k/v GEMM (1: one program reduces all of K). More
     programs for a small GEMM (12 heads x ``qkv_split`` programs at up to 16 rows); like
