@@ -440,7 +440,24 @@ def heard_summary(turns: Sequence[dict[str, Any]], prebuffer_s: float) -> dict[s
                                                    if i.get("heard_after_trigger") is not None),
             "gaps_quiet": gaps("quiet"), "gaps_late": gaps("late"),
             "concealed_in_turns_s": round(sum(t.get("concealed_s") or 0.0 for t in heard), 4),
-            "agent_source_dry": source_dry_summary(turns)}
+            "agent_source_dry": source_dry_summary(turns),
+            "agent_gc_full": gc_full_summary(turns)}
+
+
+def gc_full_summary(turns: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """The agent processes' full collector passes inside turns (``gc_full`` in the agent's
+    stamps): turns with one, the longest pass, and how many of the turns with a quiet gap
+    heard had one (a pass holds the GIL: every room of that process stops feeding its
+    source while it runs)."""
+    recorded = [(t, t["agent"]["gc_full"]) for t in turns
+                if (t.get("agent") or {}).get("gc_full") is not None]
+    quiet = [gc_full for t, gc_full in recorded
+             if any(g["kind"] == "quiet" for g in (t.get("heard") or {}).get("gaps", []))]
+    return {"recorded": len(recorded),
+            "turns_with": sum(g["count"] > 0 for _, g in recorded),
+            "longest_s": max((g["longest_s"] for _, g in recorded), default=None),
+            "quiet_gap_turns": len(quiet),
+            "quiet_gap_turns_with_pass": sum(g["count"] > 0 for g in quiet)}
 
 
 def harness_lagged(loop_lag: dict[str, Any]) -> bool:
@@ -769,6 +786,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                                 "piece's arrival at the agent against real-time playback "
                                 "from the first): which quiet gaps began before the agent's "
                                 "source",
+            "agent_gc_full": "turns during which the agent's process ran a full pass of the "
+                             "cyclic collector (it holds the GIL: every room of the process "
+                             "stops feeding its source), and the longest",
             "gaps_late": "frames that reached the listener process after their due time on "
                          "its speaker clock (includes the benchmark process's own delays)",
             "transport": "the first frame into the agent's AudioSource (playback_started) "
@@ -919,6 +939,7 @@ def _brief(summary: dict[str, Any]) -> dict[str, Any]:
             "quiet_gaps": summary["gaps_quiet"]["count"],
             "late_gaps": summary["gaps_late"]["count"],
             "agent_dry_turns": summary["agent_source_dry"]["turns_with"],
+            "agent_gc_turns": summary["agent_gc_full"]["turns_with"],
             "errors": len(summary["errors"])}
 
 

@@ -51,7 +51,9 @@ listener): received, said, engine request opened, first engine audio, playback s
 frame into RoomIO's ``AudioSource``), the source's queue then, done, plus the plugin's TTFB,
 which feedback source the plugin reported, each piece of audio's arrival and length
 (``audio_in``: whether the agent itself ran out of audio mid-turn), how late the job's event
-loop ran during the turn (``loop_lag_max_s``) and the worker's pid.
+loop ran during the turn (``loop_lag_max_s``), the collector's full passes in the worker's
+process during the turn (``gc_full``: they hold the GIL, so every room of the process waits)
+and the worker's pid.
 ``$BREEZERT_ROOM_STATE/engine_ready.json`` appears once the engine is built, or at once with
 the engine remote (with ``max_jobs``); ``metrics.json`` there holds the jobs the worker runs and
 the in-process engine's counters, rewritten every second. Must not: change the plugin's pacing
@@ -61,6 +63,7 @@ the in-process engine's counters, rewritten every second. Must not: change the p
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
 import math
 import os
@@ -68,7 +71,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from collections import Counter
+from collections import Counter, deque
 from pathlib import Path
 from typing import Any
 
@@ -108,6 +111,13 @@ SAMPLE_RATE = 24000
 ENGINE_URL = os.environ.get("BREEZERT_ROOM_ENGINE_URL") or None
 """``bench/room_engine.py``'s server (``bench/room.py --engine server``), else ``None``: the
 engine in this process."""
+HEAP_FREEZE = os.environ.get("BREEZERT_ROOM_HEAP_FREEZE", "1") != "0"
+"""``0``: the plugin's ``TTS.prewarm`` leaves this process's start-up heap to the collector (the
+A/B of ``breezert_agent.tts.freeze_startup_heap``; the plugin freezes it, as shipped)."""
+if not HEAP_FREEZE:
+    import breezert_agent.tts
+
+    breezert_agent.tts._heap_frozen = True  # as if frozen already: the plugin skips it
 MAX_ROOMS = int(os.environ.get("BREEZERT_ROOM_MAX_ROOMS") or 0)
 """With the engine apart: the jobs this worker takes at most (``_take_within_cap``)."""
 
@@ -120,6 +130,35 @@ _jobs = 0
 """The jobs this worker process runs now (entrypoint entered, shutdown not yet done)."""
 _promised = 0
 """Jobs this worker accepted (with the engine apart) whose entrypoint has not begun yet."""
+
+
+class FullCollections:
+    """The process's passes of the cyclic collector over its oldest generation, as
+    ``(start, end)`` ``time.monotonic()`` stamps (``gc.callbacks``; passes run one at a time,
+    under the GIL, in whichever thread allocated)."""
+
+    def __init__(self) -> None:
+        self.passes: deque[tuple[float, float]] = deque(maxlen=10_000)
+        self._start: float | None = None
+        gc.callbacks.append(self._on_pass)
+
+    def _on_pass(self, phase: str, info: dict[str, int]) -> None:
+        if info.get("generation") != 2:
+            return
+        if phase == "start":
+            self._start = time.monotonic()
+        elif self._start is not None:
+            self.passes.append((self._start, time.monotonic()))
+            self._start = None
+
+    def between(self, begin: float, end: float) -> dict[str, Any]:
+        """The passes that overlap ``[begin, end]``: how many, their longest and total s."""
+        spans = [b - a for a, b in list(self.passes) if b >= begin and a <= end]
+        return {"count": len(spans), "longest_s": round(max(spans, default=0.0), 4),
+                "total_s": round(sum(spans), 4)}
+
+
+_full_collections = FullCollections()
 
 
 def _snapshot() -> dict[str, Any]:
@@ -342,6 +381,7 @@ async def entrypoint(ctx: JobContext) -> None:
             "source_queued_s": playback[1] if playback else None,
             "ttfb": first(ttfbs, marks[2]), "done": done,
             "loop_lag_max_s": loop_lag.max_between(said, done),
+            "gc_full": _full_collections.between(said, done),
             # each piece of audio as it reached the agent: seconds after the first, length
             "audio_in": [[round(t - arrivals[0][0], 4), round(length, 4)]
                          for t, length in arrivals],
@@ -364,6 +404,7 @@ async def entrypoint(ctx: JobContext) -> None:
              "max_jobs": MAX_ROOMS if ENGINE_URL is not None
              else config.scheduler.max_running_requests,
              "publish": os.environ.get("BREEZERT_ROOM_PUBLISH", ""),
+             "heap_freeze": HEAP_FREEZE,
              "source_queue_ms": int(os.environ.get("BREEZERT_ROOM_SOURCE_QUEUE_MS") or 200)}
     for participant in ctx.room.remote_participants.values():
         await publish("bench.ready", ready, participant.identity)

@@ -7,13 +7,14 @@ through the ``AudioEmitter`` in 10/20 ms frames at the plugin's rate (resampled 
 with soxr when that is not the runtime's 24 kHz, e.g. 8 kHz for telephony), reporting playback
 (``playout.PlayoutFeedback``) while a turn plays, and the mapping of runtime errors to the
 ``APIError`` family, and warming what a first turn would otherwise build in the agent's loop
-(``warm_transcript_pacing``). Must not: import torch, log synthesized text, or
-reach the runtime other than through ``client.RuntimeClient``.
+(``warm_transcript_pacing``) or collect there (``freeze_startup_heap``). Must not: import
+torch, log synthesized text, or reach the runtime other than through ``client.RuntimeClient``.
 """
 
 from __future__ import annotations
 
 import asyncio
+import gc
 import os
 import threading
 import time
@@ -289,9 +290,11 @@ class TTS(tts.TTS[Literal["metrics_collected", "error"]]):  # no events of its o
         return stream
 
     def prewarm(self) -> None:
-        """Loads (in-process) or connects (remote) in the background, and builds the agent's
-        transcript pacing once per process (``warm_transcript_pacing``); never blocks the
-        loop."""
+        """Loads (in-process) or connects (remote) in the background, builds the agent's
+        transcript pacing once per process (``warm_transcript_pacing``) and takes the
+        process's start-up heap out of the collector's full passes (``freeze_startup_heap``);
+        never blocks the loop."""
+        freeze_startup_heap()
         self._client.prewarm()
         warm_transcript_pacing()
 
@@ -325,6 +328,33 @@ class TTS(tts.TTS[Literal["metrics_collected", "error"]]):  # no events of its o
 
 _pacing_lock = threading.Lock()
 _pacing_thread: threading.Thread | None = None
+
+
+_heap_lock = threading.Lock()
+_heap_frozen = False
+
+
+def freeze_startup_heap() -> bool:
+    """Once per process: moves every object the cyclic collector tracks now (livekit-agents',
+    livekit's and the plugin's imports: ~160k objects in a remote-engine agent) into its
+    permanent generation (``gc.freeze``), so that full passes walk only what came after.
+    Each full pass over that heap holds the GIL: 40-60 ms on two idle cores, and 150-200 ms
+    in the agents of 7 Dec's rooms at N=64 (16 processes of 4 rooms on 16 loaded cores), where
+    livekit-agents' loop monitor put every loop stall over 100 ms on such a pass
+    (``gc_time`` = the stall) and the rooms of each process went silent together in their
+    first turns (bench/README.md, 7 Dec, fourteenth session). No pass runs here (``gc.freeze``
+    only relinks the generations), so the loop is not held; what is frozen is never collected,
+    which is what start-up made and lives as long as the process, plus whatever cyclic
+    garbage was pending then (once per process). An in-process engine froze its own
+    start-up already (``AsyncEngine.shared``); freezing again costs nothing. Returns whether
+    this call froze."""
+    global _heap_frozen
+    with _heap_lock:
+        if _heap_frozen:
+            return False
+        gc.freeze()
+        _heap_frozen = True
+        return True
 
 
 def warm_transcript_pacing() -> threading.Thread:

@@ -474,6 +474,22 @@ def test_prewarm_builds_the_transcript_pacing_once_per_process_off_the_loop(
     assert calls == [("prewarm", "breezert-warm-pacing")]
 
 
+def test_prewarm_freezes_the_start_up_heap_once_per_process(monkeypatch) -> None:
+    """``TTS.prewarm`` moves what the process tracked then into the collector's permanent
+    generation, once per process (every session prewarms): later full passes skip it."""
+    import gc
+
+    import breezert_agent.tts as tts_module
+
+    freezes: list[int] = []
+    monkeypatch.setattr(gc, "freeze", lambda: freezes.append(len(freezes)))
+    monkeypatch.setattr(tts_module, "_heap_frozen", False)
+    TTS(client=FakeRuntimeClient()).prewarm()
+    TTS(client=FakeRuntimeClient()).prewarm()
+    assert freezes == [0]
+    assert tts_module.freeze_startup_heap() is False  # already done in this process
+
+
 # ----------------------------------------------------------------------------- errors
 
 async def test_overload_before_audio_is_retried() -> None:

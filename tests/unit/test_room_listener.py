@@ -349,3 +349,37 @@ def test_the_agents_own_dry_spells_tell_which_quiet_gaps_began_before_its_source
     assert dry == {"recorded": 3, "turns_with": 2, "longest_s": pytest.approx(0.22),
                    "quiet_gap_turns": 2, "quiet_gap_turns_dry": 1,
                    "dry_turns_agent_loop_stalled": 1}
+
+
+def test_the_agents_full_collections_are_stamped_and_counted_per_turn() -> None:
+    """The agent process's full collector passes (they hold the GIL: every room of the
+    process waits) are recorded with their times, found by a turn's window, and summed over
+    the turns with and without a quiet gap heard."""
+    import gc
+    import time
+
+    room_agent, room = bench_script("room_agent"), bench_script("room")
+    passes = room_agent.FullCollections()
+    try:
+        begin = time.monotonic()
+        gc.collect(1)  # a younger generation's pass is not a full one
+        assert passes.between(begin, time.monotonic())["count"] == 0
+        gc.collect()
+        end = time.monotonic()
+        within = passes.between(begin, end)
+        assert within["count"] == 1 and 0.0 <= within["longest_s"] <= end - begin
+        assert passes.between(end + 1.0, end + 2.0)["count"] == 0
+    finally:
+        gc.callbacks.remove(passes._on_pass)
+
+    def turn(gc_full: dict[str, Any] | None, quiet: bool) -> dict[str, Any]:
+        gaps = [{"at_s": 0.5, "length_s": 0.1, "kind": "quiet"}] if quiet else []
+        agent = {} if gc_full is None else {"gc_full": gc_full}
+        return {"agent": agent, "heard": {"gaps": gaps}}
+
+    one = {"count": 1, "longest_s": 0.19, "total_s": 0.19}
+    none = {"count": 0, "longest_s": 0.0, "total_s": 0.0}
+    assert room.gc_full_summary([turn(one, True), turn(none, True), turn(one, False),
+                                 turn(None, True)]) == {
+        "recorded": 3, "turns_with": 2, "longest_s": 0.19, "quiet_gap_turns": 2,
+        "quiet_gap_turns_with_pass": 1}
