@@ -908,6 +908,9 @@ def measure(*, url: str, api_url: str, agent: str, workers: Sequence[Worker], di
     _check_wiring(run["ready"], variant)
     entry = {**head, "rate": args.rate if load == "open" else None,
              "wall_s": round(run["wall_s"], 2),
+             # whether the agents' plugin froze their start-up heap (the A/B's arm)
+             "agent_heap_freeze": sorted({m["heap_freeze"] for m in run["ready"]
+                                          if "heap_freeze" in m}),
              "engine_counters": {k: v - before.get(k, 0) for k, v in after.items()
                                  if v != before.get(k, 0)},
              "summary": summarize_run(run, args.prebuffer_ms / 1000,

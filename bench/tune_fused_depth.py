@@ -8,8 +8,9 @@ sampling) captured in a CUDA graph for each candidate, starting from the bucket'
 ``TILES_BY_ROWS``. Prints the best shapes per row count and the frame time, then times plain
 PyTorch layers, one shape for all rows (``Tiles()``), the per-bucket table without and with
 programmatic dependent launch (``graph.pdl``) and with the q/k/v GEMM split along K
-(``qkv_split_k`` 2 and 4, each without and with PDL), past 256 rows with PDL but for the
-512-row bucket (``Tiles.skip_pdl``), and each best at every ``--check-rows``
+(``qkv_split_k`` 2 and 4, each without and with PDL), past 256 rows with PDL in every
+bucket (the table's 512-row bucket skips it: ``Tiles.skip_pdl``), and each best at every
+``--check-rows``
 count in one process (``--rows ''`` skips the tuning); ``TILES_BY_ROWS`` in kernels/fused_depth.py
 comes from this. ``prenorm`` (``Tiles.prenorm``) is a searched field like the tiles, and the check
 rows also time every bucket with it (``by_rows_prenorm_pdl``; the table itself has it at 256 and
@@ -155,10 +156,10 @@ def main() -> None:
                 "by_rows_prenorm_pdl": frame_ms(depth, FusedDepthLayers(
                     depth, rows, prenorm_every_bucket(), pdl=True), rows),
             }
-            if rows > 256:  # the 512-row bucket launched plainly inside a PDL frame
-                table = tuple((limit, dataclasses.replace(t, skip_pdl=limit >= 512))
+            if rows > 256:  # the table launches its 512-row bucket plainly in a PDL frame
+                table = tuple((limit, dataclasses.replace(t, skip_pdl=False))
                               for limit, t in TILES_BY_ROWS)
-                rows_ms[rows]["by_rows_pdl_skip_512"] = frame_ms(
+                rows_ms[rows]["by_rows_pdl_every_bucket"] = frame_ms(
                     depth, FusedDepthLayers(depth, rows, table, pdl=True), rows)
             for split in (2, 4):  # the q/k/v GEMM split along K in every bucket
                 table = tuple((limit, dataclasses.replace(t, qkv_split_k=split))

@@ -182,8 +182,12 @@ def test_a_carry_snapshot_resumes_with_bf16_weights_and_a_fresh_optimizer(tmp_pa
     resumed = LMTrainer(CFG)
     assert lm_train.resume(resumed, BatchStream(items, CFG.max_tokens, CFG.seed), carry)
     assert resumed.step == resumed.reset_step == 3 and not resumed.opt.state
+    # the audio table comes back as the rows the codes read, the others zero
+    used = lm_train.audio_rows_used(items, NUM_CODEBOOKS, trainer.model.cfg.depth.vocab_size)
     for (name, x), (_, y) in zip(plain_state(trainer.model).items(),
                                  plain_state(resumed.model).items(), strict=True):
+        if name == lm_train.AUDIO_TABLE:
+            x = torch.zeros_like(x).index_copy_(0, used, x[used])
         torch.testing.assert_close(y, x.bfloat16().float(), atol=0, rtol=0, msg=name)
     assert resumed.lr() < trainer.lr() / 10  # re-warmup after the optimiser restart
     again = train(items, [], carry, CFG, minutes=5, max_steps=5)
@@ -317,6 +321,48 @@ def _tiny_plan(**changes: Any) -> Plan:
 
 TINY_OVERRIDES = dict(codec_overrides={"disc_channels": 4}, lm_overrides={"max_tokens": 256})
 """``run_pipeline`` keywords of the pipeline tests: a narrow discriminator, short LM batches."""
+
+
+@pytest.mark.parametrize("fp8_tables", [False, True])
+def test_the_carry_snapshot_keeps_only_the_audio_rows_the_codes_read(
+        tmp_path: Path, fp8_tables: bool) -> None:
+    """With codebooks 4..15 held at one code (recipe 2's codec), the carried snapshot keeps all
+    rows of codebooks 0..3 and one row of each other codebook; resumed, the LM scores every
+    utterance exactly as one resumed from the whole table (no lookup reads a dropped row), and
+    the dropped rows load as zeros."""
+    def constant_tail(items: list) -> list:
+        out = []
+        for u in items:
+            codes = u.codes.clone()
+            codes[:, 4:] = 7
+            out.append(make_utterance(TOK, u.utterance_id, u.text, codes))
+        return out
+
+    items = constant_tail(_utterances(24, seed=11))
+    cfg = replace(CFG, fp8_tables=fp8_tables)
+    trainer = train(items, [], tmp_path / "run", cfg, minutes=5, max_steps=3)
+    stream = BatchStream(items, cfg.max_tokens, cfg.seed)
+    vocab = trainer.model.cfg.depth.vocab_size
+    rows = lm_train.audio_rows_used(items, NUM_CODEBOOKS, vocab)
+    seen0 = {int(c) for u in items for c in u.codes[:, 0]}
+    assert len(rows) == sum(len({int(c) for u in items for c in u.codes[:, k]})
+                            for k in range(4)) + 12
+    assert len(seen0) <= len(rows) < 4 * vocab
+    save_snapshot(trainer, stream, tmp_path / "slim.pt")
+    torch.save({**trainer.snapshot(), "data": stream.state_dict()}, tmp_path / "whole.pt")
+    slim = torch.load(tmp_path / "slim.pt", weights_only=False)
+    assert lm_train.AUDIO_TABLE not in slim["weights"] and len(slim["audio_rows"]) == len(rows)
+    assert (tmp_path / "slim.pt").stat().st_size < (tmp_path / "whole.pt").stat().st_size
+    scores = []
+    for name in ("slim.pt", "whole.pt"):
+        resumed = LMTrainer(cfg)
+        resumed.load_snapshot(torch.load(tmp_path / name, weights_only=False))
+        scores.append(resumed.evaluate(items))
+        table = plain_state(resumed.model)[lm_train.AUDIO_TABLE]
+        dropped = torch.ones(table.shape[0], dtype=torch.bool)
+        dropped[rows] = False
+        assert bool(table[dropped].any()) == (name == "whole.pt")
+    assert scores[0] == scores[1]
 
 
 def test_the_pipeline_carries_its_state_to_a_second_call(tmp_path: Path) -> None:
