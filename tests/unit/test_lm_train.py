@@ -297,15 +297,16 @@ def test_command_line_encodes_once_trains_resumes_and_exports(
     shutil.rmtree(out / "codes")
 
 
-def _tone_teacher(out: Path) -> None:
-    """Stands in for the teacher: six tone clips with texts, as one shard in ``out``."""
+def _tone_teacher(out: Path, ids: range = range(1, 7)) -> None:
+    """Stands in for the teacher: tone clips with texts (six, ids 1..6), as one shard in
+    ``out``."""
     from breezert_train.shards import ShardWriter
 
     out.mkdir(parents=True)
     writer = ShardWriter(out, max_bytes=1 << 20)
-    for i, utt in enumerate(_utterances(6, seed=7)):
-        audio = (3000 * np.sin(np.arange(1920 * len(utt.codes)) * 0.05 * (i + 1)))
-        writer.add(i + 1, "test", utt.text, "", audio.astype(np.int16),
+    for i, utt in zip(ids, _utterances(len(ids), seed=6 + ids.start), strict=True):
+        audio = (3000 * np.sin(np.arange(1920 * len(utt.codes)) * 0.05 * i))
+        writer.add(i, "test", utt.text, "", audio.astype(np.int16),
                    np.zeros(1, np.int16), np.ones(1, np.int16))
     writer.flush()
 
@@ -407,6 +408,51 @@ def test_the_pipeline_carries_its_state_to_a_second_call(tmp_path: Path) -> None
     for name in ("model-00001-of-00001.safetensors", "audio_tokenizer/model.safetensors"):
         assert ((tmp_path / "default" / name).read_bytes()
                 == (tmp_path / "w2" / "voice" / name).read_bytes())
+
+
+def test_an_lm_call_trains_on_fresh_teacher_hours_after_the_last_calls(tmp_path: Path) -> None:
+    """``Plan.lm_fresh_hours``: each LM call synthesises the corpus's next utterances (after the
+    carried codes' last id, then after the last call's), encodes and trains on them beside the
+    carried codes; the state then carries where they ended instead of the codes. ``restate``
+    packs an older state so: the LM snapshot's audio table cut, the marker, no codes."""
+    from breezert_train.pipeline import FRESH_FILE, restate, run_pipeline
+    from breezert_train.state_shards import join_dir
+
+    asked: list[int] = []
+
+    def make_fresh(out: Path, plan: Plan, after_id: int) -> int:
+        asked.append(after_id)
+        _tone_teacher(out, range(after_id + 1, after_id + 4))
+        return after_id + 3
+
+    plan = _tiny_plan(codec_max_steps=2, lm_max_steps=2)
+    first = run_pipeline(tmp_path / "w1", 5, tmp_path / "out1", plan=plan,
+                         make_teacher=lambda out, plan: _tone_teacher(out),
+                         make_fresh=make_fresh, **TINY_OVERRIDES)
+    assert asked == [] and not any("fresh_last_id" in s for s in first["stages"])  # 0 h: none
+    fresh_plan = replace(plan, lm_fresh_hours=0.01, lm_max_steps=4)
+    for call, after in ((2, 6), (3, 9)):  # the carried codes end at id 6
+        summary = run_pipeline(tmp_path / f"w{call}", 5, tmp_path / f"out{call}",
+                               carry_in=tmp_path / f"out{call - 1}", plan=fresh_plan,
+                               make_fresh=make_fresh, **TINY_OVERRIDES)
+        stage = next(s for s in summary["stages"] if "fresh_last_id" in s)
+        assert (stage["fresh_after_id"], stage["fresh_last_id"], stage["fresh_utterances"]) == (
+            after, after + 3, 3)
+        carried = join_dir(tmp_path / f"out{call}", tmp_path / f"joined{call}")
+        assert json.loads((carried / "lm" / FRESH_FILE).read_text()) == {"after_id": after + 3}
+        assert not (carried / "codes").exists() and not (carried / "fresh_codes").exists()
+    assert asked == [6, 9]
+    with pytest.raises(ValueError, match="--lm-fresh-hours"):  # no codes and none made
+        run_pipeline(tmp_path / "w4", 5, tmp_path / "out4", carry_in=tmp_path / "out3",
+                     plan=plan, make_fresh=make_fresh, **TINY_OVERRIDES)
+    # the first call's state, restated for fresh hours: what call 2 would have carried in
+    shutil.copytree(tmp_path / "out1", tmp_path / "restated")
+    restate(tmp_path / "restated", tmp_path / "scratch", fresh_plan)
+    again = join_dir(tmp_path / "restated", tmp_path / "joined-restated")
+    assert json.loads((again / "lm" / FRESH_FILE).read_text()) == {"after_id": 6}
+    assert not (again / "codes").exists()
+    snap = torch.load(again / "lm" / SNAPSHOT_FILE, weights_only=False)
+    assert lm_train.AUDIO_TABLE not in snap["weights"] and len(snap["audio_rows"]) > 0
 
 
 def test_the_codec_trains_over_several_calls_before_the_lm(tmp_path: Path) -> None:

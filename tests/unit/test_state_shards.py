@@ -11,6 +11,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from breezert_train import state_shards
 from breezert_train.state_shards import StateShardError, join_dir, main, split_dir
 
 pytestmark = pytest.mark.unit
@@ -67,9 +68,10 @@ def test_a_new_split_replaces_the_old_parts_and_the_cli_round_trips(tmp_path: Pa
     assert _read(tmp_path / "dst") == files
 
 
-def test_parts_are_gzip_compressed_and_uncompressed_ones_still_join(tmp_path: Path) -> None:
+def test_parts_are_xz_compressed_and_gzip_or_uncompressed_ones_still_join(
+        tmp_path: Path) -> None:
     """A log-like file shrinks several times; parts split before compression (the snapshot
-    committed on 4 Dec) join as before."""
+    committed on 4 Dec) or gzip'd (7 Dec's) join as before."""
     files = _folder(tmp_path / "src")
     log = "".join(f'{{"step": {i}, "loss": {1 / (i + 1):.4f}}}\n' for i in range(3000)).encode()
     (tmp_path / "src" / "codec_log.jsonl").write_bytes(log)
@@ -79,6 +81,18 @@ def test_parts_are_gzip_compressed_and_uncompressed_ones_still_join(tmp_path: Pa
     size = {name: sum(p.stat().st_size for p in parts if p.suffix != ".json")
             for name, parts in (("gz", packed), ("plain", plain))}
     assert size["gz"] < size["plain"] - len(log) // 2
-    assert json.loads((tmp_path / "gz" / "state.json").read_text())["compression"] == "gzip"
+    assert json.loads((tmp_path / "gz" / "state.json").read_text())["compression"] == "xz"
     assert _read(join_dir(tmp_path / "plain", tmp_path / "dst1")) == files
     assert _read(join_dir(tmp_path / "gz", tmp_path / "dst2")) == files
+    # a gzip'd pack as 7 Dec's calls left them: one part of the gzip'd tar, its manifest
+    import gzip
+    import hashlib
+
+    old = gzip.compress(state_shards._tar_bytes(tmp_path / "src"), mtime=0)
+    (tmp_path / "old").mkdir()
+    (tmp_path / "old" / "state.000").write_bytes(old)
+    (tmp_path / "old" / "state.json").write_text(json.dumps({
+        "total_bytes": len(old), "compression": "gzip", "parts": [
+            {"name": "state.000", "bytes": len(old),
+             "sha256": hashlib.sha256(old).hexdigest()}]}))
+    assert _read(join_dir(tmp_path / "old", tmp_path / "dst3")) == files

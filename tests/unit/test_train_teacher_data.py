@@ -227,6 +227,20 @@ def test_manifest_matches_the_shards(tmp_path: Path) -> None:
     assert run_record["num_utterances"] == len(ids) and run_record["x_realtime_per_core"] > 0
 
 
+def test_the_hours_after_an_id_continue_the_corpus_where_another_folder_ended(
+        tmp_path: Path) -> None:
+    """``after_id``: a second folder holds the utterances that come after the first folder's,
+    in corpus order, none of them twice (an LM call's fresh hours past the carried codes')."""
+    run(tmp_path / "first", hours=0.005)
+    first, _ = shard_contents(tmp_path / "first")
+    run(tmp_path / "next", hours=0.005, after_id=max(first))
+    following, _ = shard_contents(tmp_path / "next")
+    assert following and following == list(range(max(first) + 1, max(first) + 1 + len(following)))
+    run(tmp_path / "both", hours=0.005 + 0.005 * 1.5)  # one folder, in one go: the same texts
+    both, _ = shard_contents(tmp_path / "both")
+    assert both[: len(first) + len(following)] == first + following
+
+
 def test_workers_give_the_same_shards(tmp_path: Path) -> None:
     run(tmp_path / "one", hours=0.005)
     run(tmp_path / "two", hours=0.005, workers=2)

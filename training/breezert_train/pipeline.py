@@ -10,7 +10,10 @@ While the codec trains (``Plan.codec_minutes`` in all, over as many calls as it 
 makes the teacher data again (about 0.7 minutes for 10 h on 16 cores), trains the codec from the
 carried snapshot (bf16 weights of encoder, decoder and discriminator, about 23 MB, no optimiser
 moments: they restart with a short re-warmup) and carries the snapshot on. The call that finishes
-the codec exports it and goes on to the codes and the LM. What the LM calls carry (about 37 MB
+the codec exports it and goes on to the codes and the LM. With ``Plan.lm_fresh_hours`` an LM
+call first synthesises that much more teacher speech, the corpus's next hours after the last
+call's, encodes it and trains on it beside the carried codes (not carried: each call has new
+hours, so the LM does not see 10 h forty times). What the LM calls carry (about 37 MB
 for ``small`` plus the codes; the device call's carry limit is 64 MiB with the working tree, and
 what comes back is at most 8 files of 16 MiB, 64 MiB in all): the codec export (bf16, 22 MB,
 without the random placeholder LM its export holds: rebuilt after the carry-in), the codes cache
@@ -85,6 +88,11 @@ class Plan:
     """``CodecTrainConfig.autocast_bf16`` (not yet measured on the GPU)."""
     lm_recipe: str = "small-gpu"
     """``lm_train`` recipe of the LM run."""
+    lm_fresh_hours: float = 0.0
+    """Teacher speech each LM call synthesises afresh and trains on beside the carried codes,
+    the corpus's next hours after the last call's (``lm/fresh.json`` carries where they
+    ended; their audio and codes are not carried). 0: the carried codes only. It needs the
+    teacher's wheel on the machine, which the LM snapshot's cut audio table makes room for."""
     reserve_minutes: float = 0.7
     """Kept at the end for the export, the sample and packing."""
     sample_max_frames: int = 150
@@ -119,6 +127,26 @@ def _generate_teacher(out: Path, plan: Plan) -> None:
     from breezert_train.teacher_data import generate
 
     generate(out, plan.hours, plan.workers)
+
+
+def _generate_fresh(out: Path, plan: Plan, after_id: int) -> int:
+    """``plan.lm_fresh_hours`` of teacher speech in ``out``, the corpus's utterances after
+    ``after_id`` (the corpus copied from the call's teacher folder, where the session put it);
+    returns the last utterance id synthesised."""
+    from breezert_train import shards
+    from breezert_train.teacher_data import CORPUS_NAME, generate
+
+    out.mkdir(parents=True, exist_ok=True)
+    corpus = out.parent / "teacher" / CORPUS_NAME
+    if corpus.is_file() and not (out / CORPUS_NAME).is_file():
+        shutil.copy(corpus, out / CORPUS_NAME)
+    generate(out, plan.lm_fresh_hours, plan.workers, after_id=after_id)
+    return max((i for shard in shards.scan(out) for i in shard.utterance_ids), default=after_id)
+
+
+FRESH_FILE = "fresh.json"
+"""In the carry's ``lm/``: ``{"after_id": N}``, the last utterance id an LM call synthesised
+afresh (``Plan.lm_fresh_hours``): the next call's fresh hours start after it."""
 
 
 CODEC_SNAPSHOT = "codec_snapshot.pt"
@@ -220,9 +248,35 @@ def restate(parts: str | Path, scratch: str | Path, plan: Plan = Plan(),
         if "data" in old:
             snap["data"] = old["data"]
         save_atomic(snap, carry / CODEC_SNAPSHOT)
+    _restate_lm(carry, plan)
     _drop_placeholder_lm(carry / "codec")
     _drop_finished_codec_log(carry)
+    _drop_codes_for_fresh(carry, plan.lm_fresh_hours)
     return state_shards.split_dir(carry, parts, PARTS_PREFIX)
+
+
+def _restate_lm(carry: Path, plan: Plan) -> None:
+    """The carried LM snapshot as a call leaves it now (its audio table cut to the rows the
+    carried codes read: ``lm_train.save_snapshot``), and, with fresh hours
+    (``Plan.lm_fresh_hours``), ``FRESH_FILE`` pointing past the carried codes' last id."""
+    from breezert_train.lm_data import BatchStream, load_utterances
+    from breezert_train.lm_train import SNAPSHOT_FILE, LMTrainConfig, LMTrainer, save_snapshot
+
+    path = carry / "lm" / SNAPSHOT_FILE
+    if not path.is_file():
+        return
+    old = load_state(path)
+    cfg = LMTrainConfig.from_json(old["config"])
+    items = load_utterances(carry / "codes", cfg.max_frames)
+    if items:
+        trainer = LMTrainer(cfg, "cpu")
+        trainer.load_snapshot(old)
+        data = BatchStream(items, cfg.max_tokens, cfg.seed)
+        data.load_state_dict(old["data"])
+        save_snapshot(trainer, data, path)
+        marker = carry / "lm" / FRESH_FILE
+        if plan.lm_fresh_hours > 0 and not marker.is_file():
+            marker.write_text(json.dumps({"after_id": max(u.utterance_id for u in items)}))
 
 
 def _save_codec_snapshot(trainer: Any, path: Path) -> None:
@@ -364,8 +418,36 @@ def export_carried_voice(parts: str | Path, out: str | Path, scratch: str | Path
     return export_checkpoint(trainer, carry / "codec", out)
 
 
+def _fresh_items(work: Path, plan: Plan, carried: list, max_frames: int,
+                 make_fresh: Callable[[Path, Plan, int], int], summary: dict) -> list:
+    """The call's fresh utterances (``Plan.lm_fresh_hours``; none at 0): synthesised after the
+    last call's (or the carried codes') last id, encoded with the carried codec; where they
+    ended goes into the carry (``FRESH_FILE``)."""
+    from breezert_train.lm_data import encode_shards, load_utterances
+
+    if plan.lm_fresh_hours <= 0:
+        return []
+    start = time.monotonic()
+    carry = work / "carry"
+    marker = carry / "lm" / FRESH_FILE
+    after = (json.loads(marker.read_text())["after_id"] if marker.is_file()
+             else max((u.utterance_id for u in carried), default=-1))
+    last = make_fresh(work / "fresh", plan, after)
+    encode_shards(work / "fresh", carry / "codec", work / "fresh_codes", device=plan.device)
+    items = load_utterances(work / "fresh_codes", max_frames)
+    marker.parent.mkdir(parents=True, exist_ok=True)
+    marker.write_text(json.dumps({"after_id": last}))
+    summary["stages"].append({
+        "fresh_after_id": after, "fresh_last_id": last, "fresh_utterances": len(items),
+        "fresh_hours": round(sum(int(u.codes.shape[0]) for u in items) * 0.08 / 3600, 3),
+        "fresh_min": round((time.monotonic() - start) / 60, 2)})
+    return items
+
+
 def _lm_stage(work: Path, plan: Plan, minutes: float, lm_overrides: dict,
-              wer: run_wer.InRunWer | None = None) -> tuple[Path, dict]:
+              wer: run_wer.InRunWer | None = None,
+              make_fresh: Callable[[Path, Plan, int], int] = _generate_fresh,
+              summary: dict | None = None) -> tuple[Path, dict]:
     from breezert_train.lm_data import BatchStream, encode_shards, load_utterances, split_heldout
     from breezert_train.lm_train import (
         _RECIPES,
@@ -376,6 +458,7 @@ def _lm_stage(work: Path, plan: Plan, minutes: float, lm_overrides: dict,
         train,
     )
 
+    stage_start = time.monotonic()
     carry, run = work / "carry", work / "lm_run"
     run.mkdir(parents=True, exist_ok=True)
     if not (run / "state.pt").is_file():  # a fresh machine: go on from the carried snapshot
@@ -388,7 +471,16 @@ def _lm_stage(work: Path, plan: Plan, minutes: float, lm_overrides: dict,
     if torch.device(plan.device).type == "cuda":
         cfg = fit_batch_to_card(cfg, torch.cuda.get_device_properties(plan.device).total_memory)
         print(f"LM batch: {cfg.max_tokens} padded positions on this card", flush=True)
-    items, heldout = split_heldout(load_utterances(carry / "codes", cfg.max_frames))
+    carried = load_utterances(carry / "codes", cfg.max_frames)  # none once fresh hours replace them
+    fresh = _fresh_items(work, plan, carried, cfg.max_frames, make_fresh,
+                         summary if summary is not None else {"stages": []})
+    if not carried and not fresh:
+        raise ValueError("no LM data: the state carries no codes (it was packed for fresh "
+                         "hours) and this call makes none: give --lm-fresh-hours")
+    items, heldout = split_heldout(carried or fresh)  # held out from the carried codes if any
+    if carried:
+        items += fresh
+    minutes = max(0.0, minutes - (time.monotonic() - stage_start) / 60)  # the codes took some
     scoring = _Scoring(wer, run_wer.VOICE, plan, work / WER_DIR,
                        lambda t, path: export_checkpoint(t, carry / "codec", path))
     with stop_on_signals() as stop:
@@ -443,8 +535,8 @@ def run_pipeline(work: str | Path, minutes_total: float, out: str | Path,
                  carry_in: str | Path | None = None, plan: Plan = Plan(),
                  make_teacher: Callable[[Path, Plan], None] = _generate_teacher,
                  codec_overrides: dict | None = None, lm_overrides: dict | None = None,
-                 make_wer: Callable[[Path, Plan, bool], run_wer.InRunWer | None] = default_wer
-                 ) -> dict:
+                 make_wer: Callable[[Path, Plan, bool], run_wer.InRunWer | None] = default_wer,
+                 make_fresh: Callable[[Path, Plan, int], int] = _generate_fresh) -> dict:
     """One call: resume from ``carry_in`` parts, run what is left within ``minutes_total``,
     write the state parts, the logs, the WER curve and ``summary.json`` to ``out``; returns the
     summary."""
@@ -493,7 +585,8 @@ def run_pipeline(work: str | Path, minutes_total: float, out: str | Path,
             return _pack(carry, out, summary, start)
         if wer is None:
             wer = make_wer(work, plan, False)
-        voice, verdict = _lm_stage(work, plan, max(0.0, left()), lm_overrides or {}, wer)
+        voice, verdict = _lm_stage(work, plan, max(0.0, left()), lm_overrides or {}, wer,
+                                   make_fresh, summary)
         summary["wer"]["voice"] = verdict
         summary["stages"].append({"lm_done_min": round((time.monotonic() - start) / 60, 2)})
         from breezert_train.lm_train import folder_bytes
@@ -517,6 +610,15 @@ def _drop_finished_codec_log(carry: Path) -> None:
         (carry / CODEC_LOG).unlink(missing_ok=True)
 
 
+def _drop_codes_for_fresh(carry: Path, fresh_hours: float) -> None:
+    """With fresh hours (``Plan.lm_fresh_hours``) the carried codes leave the state once
+    ``FRESH_FILE`` says where the fresh hours go on: the carry with the teacher's wheel fits
+    64 MiB only without them (bench/README.md, queue item 3), and the fresh hours replace
+    them."""
+    if fresh_hours > 0 and (carry / "lm" / FRESH_FILE).is_file():
+        shutil.rmtree(carry / "codes", ignore_errors=True)
+
+
 def _pack(carry: Path, out: Path, summary: dict, start: float) -> dict:
     """The carried state as parts in ``out``, with the logs and ``summary.json``."""
     out.mkdir(parents=True, exist_ok=True)
@@ -527,6 +629,7 @@ def _pack(carry: Path, out: Path, summary: dict, start: float) -> dict:
             shutil.copy(carry / name, out / target)
     _drop_placeholder_lm(carry / "codec")
     _drop_finished_codec_log(carry)
+    _drop_codes_for_fresh(carry, summary["plan"]["lm_fresh_hours"])
     summary["parts"] = [p.name for p in state_shards.split_dir(carry, out, PARTS_PREFIX)]
     summary["minutes"] = round((time.monotonic() - start) / 60, 2)
     (out / "summary.json").write_text(json.dumps(summary, indent=1))
@@ -553,6 +656,7 @@ def main(argv: list[str] | None = None) -> None:
     defaults = Plan()
     names = ("hours", "workers", "codec_minutes", "codec_preset", "codec_recipe",
              "codec_batch_size", "codec_latent_mel_weight", "codec_autocast_bf16", "lm_recipe",
+             "lm_fresh_hours",
              "reserve_minutes", "wer_workers", "wer_every_min", "wer_label", "wer_goal",
              "wer_min_gain", "wer_window_min", "wer_drain_s", "device")
     for name in names:

@@ -1,7 +1,8 @@
 """Training state moved between GPU calls as files of bounded size: a folder <-> numbered parts.
 
-Owns: packing a folder as one deterministic tar stream, gzip-compressed (the logs shrink about
-4x, bf16 weights a little; parts written before compression was added still join), cut into
+Owns: packing a folder as one deterministic tar stream, xz-compressed (the logs shrink about
+4x, bf16 weights a little: the voice's state of 7 Dec 19.0 MB gzip'd, 16.2 xz'd, which the LM
+calls' carry needs; parts written gzip'd or before compression was added still join), cut into
 ``<prefix>.NNN`` parts of at most ``max_bytes`` (16 MiB by default, what a device call returns
 per file), a
 ``<prefix>.json`` manifest with each part's size and SHA-256, and the reverse (parts checked
@@ -15,7 +16,7 @@ imported by serving code.
 from __future__ import annotations
 
 import argparse
-import gzip
+import lzma
 import hashlib
 import io
 import json
@@ -51,8 +52,8 @@ def split_dir(src: str | Path, dst: str | Path, prefix: str = "state",
     for old in dst.glob(f"{prefix}.[0-9][0-9][0-9]"):
         old.unlink()
     data = _tar_bytes(src)
-    if compress:  # mtime 0: the same folder gives the same bytes
-        data = gzip.compress(data, compresslevel=6, mtime=0)
+    if compress:  # one thread, a fixed preset: the same folder gives the same bytes
+        data = lzma.compress(data, format=lzma.FORMAT_XZ, preset=6)
     parts = []
     for index, start in enumerate(range(0, max(len(data), 1), max_bytes)):
         piece = data[start : start + max_bytes]
@@ -62,7 +63,7 @@ def split_dir(src: str | Path, dst: str | Path, prefix: str = "state",
                       "sha256": hashlib.sha256(piece).hexdigest()})
     manifest = dst / f"{prefix}.json"
     manifest.write_text(json.dumps({"total_bytes": len(data), "parts": parts,
-                                    **({"compression": "gzip"} if compress else {})}, indent=1))
+                                    **({"compression": "xz"} if compress else {})}, indent=1))
     return [dst / p["name"] for p in parts] + [manifest]
 
 
@@ -82,7 +83,7 @@ def join_dir(src: str | Path, dst: str | Path, prefix: str = "state") -> Path:
             raise StateShardError(f"part {path} does not match {manifest.name}")
         pieces.append(piece)
     dst.mkdir(parents=True, exist_ok=True)
-    with tarfile.open(fileobj=io.BytesIO(b"".join(pieces)), mode="r:*") as tar:  # gzip or not
+    with tarfile.open(fileobj=io.BytesIO(b"".join(pieces)), mode="r:*") as tar:  # xz, gz, none
         tar.extractall(dst, filter="data")
     return dst
 

@@ -251,11 +251,15 @@ def generate(out: Path, hours: float, workers: int = 1, shard_mb: float = 16.0, 
              config: SplitConfig | None = None, exclude: Path | None = EVAL_SET,
              teacher_factory: Callable[[], TeacherLike] = default_teacher,
              passages: Callable[[], dict[str, Any]] = read_sources,
-             stop_after: int | None = None, log: Callable[[str], None] = print) -> dict:
+             stop_after: int | None = None, log: Callable[[str], None] = print,
+             after_id: int = -1) -> dict:
     """Synthesise training utterances in corpus order until the shards hold ``hours`` of audio.
 
     Resumable: utterances already in a complete shard are skipped. ``stop_after`` ends the run
-    abruptly after that many new utterances, without flushing (what a kill leaves behind)."""
+    abruptly after that many new utterances, without flushing (what a kill leaves behind).
+    ``after_id``: only utterances whose id is above it (ids follow corpus order): the next
+    hours after those another folder holds, e.g. an LM call's fresh hours past the carried
+    codes'."""
     out.mkdir(parents=True, exist_ok=True)
     for name in shard_io.remove_partial(out):
         log(f"removed partial {name}")
@@ -264,7 +268,8 @@ def generate(out: Path, hours: float, workers: int = 1, shard_mb: float = 16.0, 
     done = {i for shard in found for i in shard.utterance_ids}
     samples = sum(shard.num_samples for shard in found)
     target = int(hours * 3600 * SAMPLE_RATE)
-    pending = [(u.utterance_id, u.source, u.text) for u in train if u.utterance_id not in done]
+    pending = [(u.utterance_id, u.source, u.text) for u in train
+               if u.utterance_id not in done and u.utterance_id > after_id]
     log(f"{len(found)} shards, {samples / SAMPLE_RATE:.1f} s already; target {hours} h, "
         f"{len(pending)} utterances left in the corpus")
     if samples >= target:
