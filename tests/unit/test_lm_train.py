@@ -194,6 +194,17 @@ def test_a_carry_snapshot_resumes_with_bf16_weights_and_a_fresh_optimizer(tmp_pa
     assert again.step == 5
 
 
+def test_a_carry_snapshot_resumes_on_a_card_of_another_batch_size() -> None:
+    """The next call's card may fit another batch (``fit_batch_to_card``: 32,768 positions on
+    an H100, 65,536 on an H200): a carry snapshot loads across ``max_tokens``, not across the
+    run's other settings."""
+    trainer = LMTrainer(CFG)
+    snap = trainer.snapshot()
+    LMTrainer(replace(CFG, max_tokens=CFG.max_tokens * 2)).load_snapshot(snap)
+    with pytest.raises(ValueError, match="learning_rate"):
+        LMTrainer(replace(CFG, learning_rate=CFG.learning_rate / 2)).load_snapshot(snap)
+
+
 def test_end_of_speech_comes_on_time_after_overfitting_two_utterances() -> None:
     batch = [make_utterance(TOK, 1, "the cat sat", _codes("the cat sat")[:6]),
              make_utterance(TOK, 2, "a dog ran far", _codes("a dog ran far")[:10])]

@@ -346,11 +346,13 @@ class LMTrainer:
         self.step, self.reset_step = int(state["step"]), int(state["reset_step"])
         self.train_time_s = float(state["train_time_s"])
 
-    def _check_config(self, saved_json: dict[str, Any]) -> None:
+    def _check_config(self, saved_json: dict[str, Any], free: tuple[str, ...] = ()) -> None:
+        """The saved run's config must be this one, but for the ``free`` fields."""
         saved = LMTrainConfig.from_json(saved_json)
-        if saved != self.cfg:
-            diff = [f"{f.name}: saved {getattr(saved, f.name)!r}, now {getattr(self.cfg, f.name)!r}"
-                    for f in fields(saved) if getattr(saved, f.name) != getattr(self.cfg, f.name)]
+        diff = [f"{f.name}: saved {getattr(saved, f.name)!r}, now {getattr(self.cfg, f.name)!r}"
+                for f in fields(saved)
+                if f.name not in free and getattr(saved, f.name) != getattr(self.cfg, f.name)]
+        if diff:
             raise ValueError("the saved run used another config: " + "; ".join(diff))
 
     def snapshot(self, audio_rows: torch.Tensor | None = None) -> dict[str, Any]:
@@ -380,7 +382,9 @@ class LMTrainer:
         return snap
 
     def load_snapshot(self, snap: dict[str, Any]) -> None:
-        self._check_config(snap["config"])
+        """A carry snapshot; its batch size may differ from this run's (``fit_batch_to_card``:
+        the card of the next call may be another), since AdamW restarts anyway."""
+        self._check_config(snap["config"], free=("max_tokens",))
         weights = {k: v.float() for k, v in snap["weights"].items()}
         for name, key in ((TEXT_TABLE, "text"), (AUDIO_TABLE, "audio")):
             if f"{key}_rows" in snap:  # kept as its used rows, the others zero
