@@ -12,16 +12,17 @@ carried snapshot (bf16 weights of encoder, decoder and discriminator, about 23 M
 moments: they restart with a short re-warmup) and carries the snapshot on. The call that finishes
 the codec exports it and goes on to the codes and the LM. With ``Plan.lm_fresh_hours`` an LM
 call first synthesises that much more teacher speech, the corpus's next hours after the last
-call's, encodes it and trains on it beside the carried codes (not carried: each call has new
-hours, so the LM does not see 10 h forty times). What the LM calls carry (about 37 MB
+call's, encodes it and trains on it (beside the carried codes while the state holds them; its
+pack then drops them for the marker ``FRESH_FILE``), so that the LM does not see 10 h forty
+times. What the LM calls carry (about 37 MB
 for ``small`` plus the codes; the device call's carry limit is 64 MiB with the working tree, and
 what comes back is at most 8 files of 16 MiB, 64 MiB in all): the codec export (bf16, 22 MB,
 without the random placeholder LM its export holds: rebuilt after the carry-in), the codes cache
 (11-bit packed, about 1.2 MB per hour of speech) and the LM's carry snapshot (bf16 weights, no
 optimiser moments: AdamW restarts with a short re-warmup; its audio table cut to the rows the
 codes read, 8.8 MB, 6.4 gzip'd, for ``small``). Not carried: the teacher audio (173
-MB per hour), so LM calls train on the codes already made (they need neither the teacher wheel
-nor its corpus). The GPU image's own onnxruntime runs the teacher, so its wheel stays home.
+MB per hour), so LM calls without fresh hours train on the codes already made (they need
+neither the teacher's wheel nor its corpus). The GPU image's own onnxruntime runs the teacher.
 
 In-run WER (``run_wer``): from the call's teacher data on, ``wer_workers`` CPU processes score
 the codec (its resynthesis of the teacher's dev audio) every ``wer_every_min`` training minutes
@@ -89,10 +90,11 @@ class Plan:
     lm_recipe: str = "small-gpu"
     """``lm_train`` recipe of the LM run."""
     lm_fresh_hours: float = 0.0
-    """Teacher speech each LM call synthesises afresh and trains on beside the carried codes,
-    the corpus's next hours after the last call's (``lm/fresh.json`` carries where they
-    ended; their audio and codes are not carried). 0: the carried codes only. It needs the
-    teacher's wheel on the machine, which the LM snapshot's cut audio table makes room for."""
+    """Teacher speech each LM call synthesises afresh and trains on, the corpus's next hours
+    after the last call's (``FRESH_FILE`` carries where they ended; their audio and codes are
+    not carried, and the carried codes leave the state once it is there). 0: the carried
+    codes only. It needs the teacher's wheel on the machine (``.whl-train``), for which the
+    cut LM snapshot and the xz'd parts make room in the carry."""
     reserve_minutes: float = 0.7
     """Kept at the end for the export, the sample and packing."""
     sample_max_frames: int = 150
@@ -231,8 +233,9 @@ def restate(parts: str | Path, scratch: str | Path, plan: Plan = Plan(),
     it (one snapshot, stale parts stripped, a finished codec's log dropped): an unfinished
     codec's snapshot is loaded into ``plan``'s recipe and snapshotted again (no discriminator
     before it starts, no decoder codebook copies, no inactive codebooks:
-    ``CodecTrainer.snapshot``; its preset and discriminator width kept), the parts compressed. Trains nothing; returns the files
-    written."""
+    ``CodecTrainer.snapshot``; its preset and discriminator width kept), the LM snapshot cut
+    and, with fresh hours, the codes dropped for ``FRESH_FILE`` (``_restate_lm``), the parts
+    compressed. Trains nothing; returns the files written."""
     from breezert_train.codec_train import CodecTrainer, config_from_json
 
     carry = Path(scratch) / "carry"
@@ -480,7 +483,8 @@ def _lm_stage(work: Path, plan: Plan, minutes: float, lm_overrides: dict,
     items, heldout = split_heldout(carried or fresh)  # held out from the carried codes if any
     if carried:
         items += fresh
-    minutes = max(0.0, minutes - (time.monotonic() - stage_start) / 60)  # the codes took some
+    # encoding and the fresh hours come out of the stage's minutes
+    minutes = max(0.0, minutes - (time.monotonic() - stage_start) / 60)
     scoring = _Scoring(wer, run_wer.VOICE, plan, work / WER_DIR,
                        lambda t, path: export_checkpoint(t, carry / "codec", path))
     with stop_on_signals() as stop:
