@@ -106,8 +106,8 @@ case "$phase" in
     # history and names them in voice-state.ref, out of the tree every other call carries.
     # Carry .whl, .whl-train and .whl-asr (make train-wheels) and
     # .traindata (corpus.json.gz, built here); a call that trains only the LM needs no
-    # .whl-train, unless it synthesises fresh hours (--lm-fresh-hours). VOICE_ARGS: more pipeline flags, e.g. "--wer-label r2-lr2 --codec-batch-size
-    # 32". VOICE_MINUTES: the call's minutes (9.3), less where the session's device budget is
+    # .whl-train, unless it synthesises fresh hours (--lm-fresh-hours). VOICE_ARGS: more
+    # pipeline flags, e.g. "--wer-label r2-lr2 --codec-batch-size 32". VOICE_MINUTES: the call's minutes (9.3), less where the session's device budget is
     # short.
     mkdir -p /tmp/voice/teacher
     [ ! -f .traindata/corpus.json.gz ] || cp .traindata/corpus.json.gz /tmp/voice/teacher/

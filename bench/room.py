@@ -398,6 +398,11 @@ def source_dry_s(audio_in: Sequence[Sequence[float]] | None) -> float | None:
     return round(longest, 4)
 
 
+def heard_quiet_gap(turn: dict[str, Any]) -> bool:
+    """Whether the turn's listener heard a quiet gap (NetEq filled a hole)."""
+    return any(g["kind"] == "quiet" for g in (turn.get("heard") or {}).get("gaps", []))
+
+
 def source_dry_summary(turns: Sequence[dict[str, Any]]) -> dict[str, Any]:
     """Turns whose agent ran out of audio mid-turn (``source_dry_s`` >= ``SOURCE_DRY_MIN_S``),
     the longest, how many of the turns with a quiet gap heard had one (a quiet gap whose agent
@@ -411,8 +416,7 @@ def source_dry_summary(turns: Sequence[dict[str, Any]]) -> dict[str, Any]:
         if dry is not None:
             recorded.append((turn, agent, dry))
     with_dry = [(agent, dry) for _, agent, dry in recorded if dry >= SOURCE_DRY_MIN_S]
-    quiet = [dry for turn, _, dry in recorded
-             if any(g["kind"] == "quiet" for g in (turn.get("heard") or {}).get("gaps", []))]
+    quiet = [dry for turn, _, dry in recorded if heard_quiet_gap(turn)]
     return {"recorded": len(recorded), "turns_with": len(with_dry),
             "longest_s": max((dry for _, _, dry in recorded), default=None),
             "quiet_gap_turns": len(quiet),
@@ -451,8 +455,7 @@ def gc_full_summary(turns: Sequence[dict[str, Any]]) -> dict[str, Any]:
     source while it runs)."""
     recorded = [(t, t["agent"]["gc_full"]) for t in turns
                 if (t.get("agent") or {}).get("gc_full") is not None]
-    quiet = [gc_full for t, gc_full in recorded
-             if any(g["kind"] == "quiet" for g in (t.get("heard") or {}).get("gaps", []))]
+    quiet = [gc_full for t, gc_full in recorded if heard_quiet_gap(t)]
     return {"recorded": len(recorded),
             "turns_with": sum(g["count"] > 0 for _, g in recorded),
             "longest_s": max((g["longest_s"] for _, g in recorded), default=None),

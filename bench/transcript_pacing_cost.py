@@ -33,7 +33,6 @@ def hyphenate_ms() -> tuple[float, float]:
     return 1e3 * first, 1e3 * (time.perf_counter() - t)
 
 
-
 async def speaking_rate_ms() -> list[float]:
     """The speaking-rate stream over 1 s of noise, three fresh streams, in ms."""
     frame = rtc.AudioFrame(data=(np.random.default_rng(0).standard_normal(24000) * 3000)

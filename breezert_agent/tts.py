@@ -323,13 +323,11 @@ class TTS(tts.TTS[Literal["metrics_collected", "error"]]):  # no events of its o
             await self._client.aclose()
 
 
-# ----------------------------------------------------------------------------- one turn
+# ----------------------------------------------------------------------------- the process
 
 
 _pacing_lock = threading.Lock()
 _pacing_thread: threading.Thread | None = None
-
-
 _heap_lock = threading.Lock()
 _heap_frozen = False
 
@@ -373,6 +371,9 @@ def warm_transcript_pacing() -> threading.Thread:
                 name="breezert-warm-pacing", daemon=True)
             _pacing_thread.start()
         return _pacing_thread
+
+
+# ----------------------------------------------------------------------------- one turn
 
 
 def _api_error(exc: Exception, *, audio_pushed: bool) -> APIError:

@@ -54,6 +54,7 @@ from typing import Any
 
 import torch
 
+from breezert.constants import FRAME_S
 from breezert_train import run_wer, state_shards
 from breezert_train.checkpoint import (
     LOG_FILE,
@@ -442,7 +443,7 @@ def _fresh_items(work: Path, plan: Plan, carried: list, max_frames: int,
     marker.write_text(json.dumps({"after_id": last}))
     summary["stages"].append({
         "fresh_after_id": after, "fresh_last_id": last, "fresh_utterances": len(items),
-        "fresh_hours": round(sum(int(u.codes.shape[0]) for u in items) * 0.08 / 3600, 3),
+        "fresh_hours": round(sum(int(u.codes.shape[0]) for u in items) * FRAME_S / 3600, 3),
         "fresh_min": round((time.monotonic() - start) / 60, 2)})
     return items
 

@@ -16,10 +16,10 @@ imported by serving code.
 from __future__ import annotations
 
 import argparse
-import lzma
 import hashlib
 import io
 import json
+import lzma
 import tarfile
 from pathlib import Path
 
