@@ -2,10 +2,17 @@
 one process on one GPU.
 
 Usage (GPU machine, repo root): ``PYTHONPATH=runtime:bench python bench/codec_ab.py --change
-state|snake|upsampler [--precision tf32] [--out X.json]``; ``--plot X.json`` (any machine) draws a
-recorded run as ``X.png``.
+layout|state|snake|snake-tile|upsampler [--precision tf32] [--out X.json]``; ``--plot X.json``
+(any machine) draws a recorded run as ``X.png``.
 
 Changes (``before`` is defined here, ``after`` is the runtime):
+- ``layout`` (a candidate, 7 Dec: ``before`` is the runtime as served, ``after`` the runtime's
+  ``StreamingCodec(channels_last=True)``, each on its own copy of the weights): the decoder's
+  activations channels-last and its convs as 2-D channels-last convolutions. cuDNN runs NHWC
+  kernels either way, but the 1-D path makes each conv's input contiguous and transposes it to
+  NHWC and back (52 of a CODEC step's 372 launches at 256 streams x 1 frame on the H200, 1.9 of
+  its 16.2 ms, ``bench/results/h200-census-256-20261206-10.txt``), and the activations' mixed
+  layouts send adds and copies through torch's strided kernels (38 launches, 2.6 ms there).
 - ``upsampler``: the decoder's first block upsamples 1536 -> 768 channels as one GEMM
   (``_CausalTransConv._gemm``) on ``[B, 1 + T, Cin]``. Read as the transposed view of the ``[B,
   Cin, 1 + T]`` activation, its leading dimension is ``1 + T`` (always odd), and cuBLAS ran an
@@ -39,6 +46,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import copy
 import json
 from collections.abc import Iterator
 from pathlib import Path
@@ -192,8 +200,12 @@ CHANGES = {
     "state": ("state gathered and scattered", "state in place",
               lambda: patched(StreamingCodec, "decode", gathered_decode), RUNTIME),
 }
+CHANGES["layout"] = ("channels-first (served)", "channels-last", RUNTIME, RUNTIME)
 """change -> (before's label, after's label, a context that installs before, one that installs
 after; ``RUNTIME``: the runtime as it is)."""
+CODEC_OPTIONS = {"layout": ({"channels_last": False}, {"channels_last": True})}
+"""Changes whose two sides are ``StreamingCodec.for_serving`` options: each side gets its own
+codec on its own copy of the weights (``channels_last`` restrides them in place)."""
 
 
 def one_step(codec: StreamingCodec, streams: int, frames: int) -> tuple[float, torch.Tensor]:
@@ -247,16 +259,21 @@ def main() -> None:
         print(plot(args.plot))
         return
     _, _, base = build_random("full", seed=0, device="cuda")
-    codec = StreamingCodec.for_serving(base, max(s for s, _ in SHAPES), args.precision, fast=True)
+    slots = max(s for s, _ in SHAPES)
+    before_opts, after_opts = CODEC_OPTIONS.get(args.change, ({}, {}))
+    before_codec = StreamingCodec.for_serving(copy.deepcopy(base) if after_opts else base, slots,
+                                              args.precision, fast=True, **before_opts)
+    after_codec = (StreamingCodec.for_serving(base, slots, args.precision, fast=True,
+                                              **after_opts) if after_opts else before_codec)
     rows = []
     for streams, frames in SHAPES:
         result = {"streams": streams, "frames": frames}
         waves = {}
         _, _, install_before, install_after = CHANGES[args.change]
         with install_before():
-            result["before_ms"], waves["before"] = one_step(codec, streams, frames)
+            result["before_ms"], waves["before"] = one_step(before_codec, streams, frames)
         with install_after():
-            result["after_ms"], waves["after"] = one_step(codec, streams, frames)
+            result["after_ms"], waves["after"] = one_step(after_codec, streams, frames)
         n = streams * frames
         result["max_abs_diff"] = float((waves["before"] - waves["after"]).abs().max())
         result["after_tflops"] = GFLOP_PER_FRAME * n / result["after_ms"]

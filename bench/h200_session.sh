@@ -14,7 +14,8 @@
 #        latency-nocap | predictor | predictor-edf | capacity-closed | capacity-open | capacity-tests | capacity-256 |
 #        burst | slack | voice | te-tokens | admit | path | tune-decode | trace | prefill |
 #        prefill-bench | before-after | gc | tests-changed |
-#        codec-precision | codec-upsampler | codec-state | big-batch | steady | census-256 | margin |
+#        codec-precision | codec-upsampler | codec-state | codec-layout | big-batch | steady |
+#        census-256 | margin |
 #        depth-gemm | timeline |
 #        decode-attention | capacity-ab (carry .prevtree too) |
 #        room (issue 34: carry=[".roombundle"] alone, built by `make room-bundle`; see the phase) |
@@ -394,6 +395,20 @@ case "$phase" in
       --variant 'new32=config;scheduler.max_text_encode_requests=32;scheduler.max_prefill_requests=32' \
       --variant 'new64=config;scheduler.max_text_encode_requests=64;scheduler.max_prefill_requests=64' \
       --out "$out/h200-burst.json" 2>&1 | grep '^\[bench' ;;
+  codec-layout)  # issue 31: the channels-last codec candidate (graph.codec_channels_last): the
+    # codec's GPU tests (its own among them: same waveform as the served layout, SNR bounds,
+    # chunking, a mixed-size graph replay), its A/B against the served layout in one process
+    # (bench/codec_ab.py --change layout, TF32 as served), then the channels-last CODEC census
+    # at 256 rows x 1 frame (launches, the transposes left; the served layout's census is
+    # phase census-256's, bench/results/h*-census-256-*.txt)
+    timeout 240 python3 -m pytest tests/gpu/test_gpu_codec.py -q -p no:cacheprovider 2>&1 \
+      | tee "$out/codec_tests.log" | tail -4
+    timeout 300 python3 bench/codec_ab.py --change layout --out "$out/h200-codec-layout-ab.json" \
+      2>&1 | grep -v Warn | tail -12
+    timeout 200 python3 bench/profile_stages.py --preset full --batch 256 --codec-frames 1 \
+      --fused --fused-decode --fused-codec --codec-channels-last --top 30 2>&1 | grep -v Warn \
+      > "$out/h200-census-codec-cl-256.txt" || true
+    grep -A12 CODEC "$out/h200-census-codec-cl-256.txt" || true ;;
   codec-upsampler)  # issue 31: the serving codec's step with the wide upsampler's GEMM on a
     # row-major copy (the runtime) against the transposed view it replaced (cuBLAS's unaligned
     # kernel: 6.4 of 36 ms at 256 x 1 on the H100), one process; then the codec's GPU tests

@@ -286,6 +286,11 @@ class GraphConfig(_Frozen):
     """The codec's serving kernels: SnakeBeta fused with each conv's carried history (one Triton
     launch instead of six, CUDA only), one gather per codebook group, the widest upsampler as a
     GEMM. Same arithmetic up to rounding order."""
+    codec_channels_last: bool = False
+    """With ``fused_codec``: the codec decoder's activations channels-last and its convs as 2-D
+    channels-last convolutions (``StreamingCodec(channels_last=True)``), so no conv transposes
+    its input and output. Same values up to rounding order; a candidate until its GPU A/B
+    (``bench/codec_ab.py --change layout``) and the codec's GPU tests have run."""
     codec_replay_cost_frames: float = Field(default=24.0, ge=0)
     """Fixed cost of one CODEC replay in frame-equivalents: chunks of different sizes share a
     replay (each row decodes its own frames), grouped to minimise padded frames plus this per
@@ -302,6 +307,8 @@ class GraphConfig(_Frozen):
             "codec_buckets",
         ):
             _check_buckets(name, getattr(self, name))
+        if self.codec_channels_last and not self.fused_codec:
+            raise ValueError("graph.codec_channels_last needs graph.fused_codec = true")
         return self
 
 

@@ -6,6 +6,8 @@ Run on a CUDA machine: ``python -m pytest tests/gpu -q`` (skipped without CUDA).
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 
@@ -82,13 +84,34 @@ def test_fast_kernels_match_the_reference_at_tf32(
     assert _snr_db(ref, fast) >= 50.0
 
 
+@pytest.mark.parametrize("precision", ["tf32", "fp16"])
+def test_channels_last_codec_streams_the_served_codecs_waveform(
+    decoder: torch.nn.Module, codes: torch.Tensor, strict: torch.Tensor, precision: str
+) -> None:
+    """The channels-last candidate (``graph.codec_channels_last``, on its own copy of the
+    weights: it restrides them) against the served layout at the same precision: rounding
+    differences only, its SNR bound against strict fp32, any chunking its one-shot waveform."""
+    served = _ramp(StreamingCodec.for_serving(decoder, 5, precision, fast=True), codes)
+    sc = StreamingCodec.for_serving(copy.deepcopy(decoder), 5, precision, fast=True,
+                                    channels_last=True)
+    streamed = _ramp(sc, codes)
+    assert _snr_db(served, streamed) >= 50.0
+    assert _snr_db(strict, streamed) >= MIN_SNR_DB[precision]
+    sc.reset(torch.arange(4, device="cuda"))
+    one_shot = sc.decode(torch.arange(4, device="cuda"), codes).float()
+    assert _snr_db(one_shot, streamed) >= MIN_SNR_DB[precision] + 6
+
+
+@pytest.mark.parametrize("channels_last", [False, True])
 def test_mixed_size_graph_replay_equals_per_size_decoding(
-    decoder: torch.nn.Module, codes: torch.Tensor
+    decoder: torch.nn.Module, codes: torch.Tensor, channels_last: bool
 ) -> None:
     """One captured (4 streams, 16 frames) replay with per-row counts 16, 1, 5, 0 leaves every
-    slot where per-size eager decoding leaves it, and gives its audio."""
+    slot where per-size eager decoding leaves it, and gives its audio (the replayed codec
+    channels-last too: ``graph.codec_channels_last``)."""
     # strict fp32: the comparison sees the per-row bookkeeping, not TF32's shape-dependent rounding
-    mixed = StreamingCodec.for_serving(decoder, 5, "fp32", fast=True)
+    mixed = StreamingCodec.for_serving(copy.deepcopy(decoder) if channels_last else decoder, 5,
+                                       "fp32", fast=True, channels_last=channels_last)
     plain = StreamingCodec.for_serving(decoder, 5, "fp32", fast=True)
     graphs = GraphRunner("codec", lambda **kw: codec_step(mixed, **kw), enabled=True,
                          device=torch.device("cuda"))

@@ -65,7 +65,7 @@ def stream_two_rows(run, schedule, full: torch.Tensor) -> list[int]:  # noqa: AN
     return cursor
 
 
-def check_streaming(kv_heads: int) -> None:
+def check_streaming(kv_heads: int, channels_last: bool = False) -> None:
     import dataclasses
 
     from breezert.models.codec import CodecDecoder, StreamingCodec, init_codec_random_
@@ -77,9 +77,15 @@ def check_streaming(kv_heads: int) -> None:
     full = dec.decode(codes)
     from breezert.kernels import codec_attention
 
+    from breezert.kernels import snake
+
     calls, kernel = [], codec_attention.ring_attention
     codec_attention.ring_attention = lambda *a: calls.append(1) or kernel(*a)
-    sc = StreamingCodec(dec, max_slots=3, fast=True)  # the kernel (the interpreter's)
+    cl_cats, cl_kernel = [], snake.snake_cat_cl_triton
+    snake.snake_cat_cl_triton = lambda *a: cl_cats.append(a[0].shape) or cl_kernel(*a)
+    # the kernel (the interpreter's); ``channels_last``: the conv inputs built channels-last
+    # by the snake kernels, the convs as 2-D channels-last convolutions
+    sc = StreamingCodec(dec, max_slots=3, fast=True, channels_last=channels_last)
     slots = torch.tensor([2, 0])
 
     def run(sizes: list[int], cursor: list[int]) -> torch.Tensor:
@@ -91,6 +97,8 @@ def check_streaming(kv_heads: int) -> None:
     cursor = stream_two_rows(run, ([1, 3], [4, 4], [2, 1], [16, 16], [1, 5], [6, 1]), full)
     assert sc.positions[slots].tolist() == cursor
     assert len(calls) == 6 * cfg.num_layers  # every step's every layer ran the kernel
+    # every conv input built by the channels-last kernel (33 a step), or none of them
+    assert len(cl_cats) == (6 * 33 if channels_last else 0)
 
 
 def check_stage_rows() -> None:
@@ -148,6 +156,11 @@ def test_ring_attention_matches_the_torch_ring(heads: int, kv_heads: int, head_d
 def test_a_streaming_codec_on_the_kernel_equals_the_offline_decode() -> None:
     # grouped K/V heads are the kernel tests' (4, 2) and (2, 1) cases; the served codec has none
     run_in_interpreter(__name__, "check_streaming(2)")
+
+
+@needs_triton
+def test_a_channels_last_codec_on_the_kernels_equals_the_offline_decode() -> None:
+    run_in_interpreter(__name__, "check_streaming(1, channels_last=True)")
 
 
 @needs_triton

@@ -93,6 +93,7 @@ def test_unknown_keys_are_rejected_with_their_path(tmp_path: Path) -> None:
         ("[model]\ndevice = \"cpu\"\n[graph]\nfused_prefill = true", "fused_prefill"),
         ("[model]\ndevice = \"cpu\"\n[graph]\nfused_text_encoder = true", "fused_text_encoder"),
         ("[model]\ndevice = \"cpu\"\n[graph]\npdl = true", "graph.pdl"),
+        ("[graph]\ncodec_channels_last = true", "graph.codec_channels_last"),
         # switches deleted in issue 32: an old config naming one fails, naming it
         *((f"[graph]\n{name} = false", f"graph.{name}") for name in (
             "device_slot_state", "async_uploads", "pdl_decode", "compile_backbone",

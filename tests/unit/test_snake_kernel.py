@@ -125,3 +125,52 @@ def check_widths() -> None:
 @needs_triton
 def test_every_tile_shape_matches_eager() -> None:
     run_in_interpreter(__name__, "check_widths()")
+
+
+def check_channels_last(dtype: str) -> None:
+    """The channels-last cat (``snake_cat_cl_triton``) gives the channels-first kernel's values
+    bit for bit, laid out ``[B, H + T, C]``, from a channels-first or a channels-last ``x``,
+    with histories by batch row, from an arena by slot, or none; ``keep_tail_triton`` writes
+    the same new histories from it. Channels 6 (2 a program), 32 and 96 (32)."""
+    from breezert.kernels.snake import (
+        channel_block,
+        keep_tail_triton,
+        snake_cat_cl_triton,
+        snake_cat_triton,
+    )
+
+    assert [channel_block(c) for c in (1, 6, 96, 192, 384, 768, 1024, 1536)] == \
+        [1, 2, 32, 64, 128, 128, 128, 128]
+    torch.manual_seed(3)
+    dt = getattr(torch, dtype)
+    slots, frames, per_frame = 5, 3, 8
+    ids = torch.tensor([4, 0])
+    for channels in (6, 32, 96):
+        log_alpha, log_beta = torch.randn(channels) * 0.1, torch.randn(channels) * 0.1
+        plain = (torch.randn(2, channels, frames * per_frame) * 2).to(dt)
+        for x in (plain, plain.transpose(1, 2).contiguous().transpose(1, 2)):
+            for h in (0, 6):
+                arena = torch.randn(slots, channels, h).to(dt)
+                for act in (True, False):
+                    la, lb = (log_alpha, log_beta) if act else (None, None)
+                    for rows in (None, ids) if h else (None,):
+                        hist = None if h == 0 else arena if rows is not None else arena[:2]
+                        got = snake_cat_cl_triton(x, la, lb, hist, rows)
+                        want = snake_cat_triton(x, la, lb, hist, rows)
+                        assert got.shape == want.shape and got.dtype == dt
+                        assert got.stride() == (channels * (h + x.shape[-1]), 1, channels)
+                        assert torch.equal(got, want)
+                        if rows is None or not act:
+                            continue
+                        for num_frames in (torch.tensor([3, 1]), None):
+                            got_arena, want_arena = arena.clone(), arena.clone()
+                            keep_tail_triton(got, got_arena, rows, num_frames, frames)
+                            keep_tail_triton(want, want_arena, rows, num_frames, frames)
+                            assert torch.equal(got_arena, want_arena)
+                            assert not torch.equal(got_arena, arena)
+
+
+@needs_triton
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_channels_last_cat_gives_the_same_values_and_histories(dtype: str) -> None:
+    run_in_interpreter(__name__, f"check_channels_last({dtype!r})")

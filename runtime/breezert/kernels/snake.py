@@ -2,21 +2,23 @@
 it feeds, and the new history written back into the stream's state, one Triton launch each.
 
 Owns: ``snake_cat_triton`` (``cat([history, snake(x)], -1)`` in one pass: read ``x`` and the
-history once, write the conv's input once; without SnakeBeta, the plain ``cat``; programs of
-rows x columns sized from the row width, ``block_cols``; its torch reference),
-``keep_tail_triton`` (each row's new history, the samples of the conv's input that end at its
-last real frame, written into its slot of the state arena; ``models.codec.real_tail`` is its
-arithmetic). The eager codec spends five launches and five full passes over the activation on
-SnakeBeta (``exp``, ``mul``, ``sin``, ``pow``, ``mul``/``add``) and one more on the
-concatenation; at the decoder's 24 kHz end (96 channels x 1920 samples a frame) those passes,
-not the convolutions, were half of a CODEC step
-(``bench/results/h200-codec-conv-kernels-20261201.json``). Both kernels read the history from
-the arena by slot (``rows``), so a step gathers and scatters no conv state. Must not:
-change the formula (``x + sin^2(x * e^alpha) / (e^beta + 1e-9)``, fp32 math, stored in ``x``'s
-dtype).
+history once, write the conv's input once; without SnakeBeta, the plain ``cat``; programs of rows x
+columns sized from the row width, ``block_cols``; its torch reference), ``snake_cat_cl_triton``
+(the same values written channels-last, ``[B, H + T, C]`` in memory, for the channels-last decoder:
+``StreamingCodec(channels_last=True)``), ``keep_tail_triton`` (each row's new history, the samples
+of the conv's input that end at its last real frame, written into its slot of the state arena;
+``models.codec.real_tail`` is its arithmetic). The eager codec spends five launches and five full
+passes over the activation on SnakeBeta (``exp``, ``mul``, ``sin``, ``pow``, ``mul``/``add``) and
+one more on the concatenation; at the decoder's 24 kHz end (96 channels x 1920 samples a frame)
+those passes, not the convolutions, were half of a CODEC step
+(``bench/results/h200-codec-conv-kernels-20261201.json``). Both kernels read the history from the
+arena by slot (``rows``), so a step gathers and scatters no conv state. Must not: change the
+formula (``x + sin^2(x * e^alpha) / (e^beta + 1e-9)``, fp32 math, stored in ``x``'s dtype).
 """
 
 from __future__ import annotations
+
+import math
 
 import torch
 import triton
@@ -78,10 +80,12 @@ def _snake_cat_kernel(x_ptr, hist_ptr, rows_ptr, la_ptr, lb_ptr, out_ptr, C, T, 
 
 @triton.jit(do_not_specialize=["C", "W", "L", "scale", "total"])
 def _keep_tail_kernel(full_ptr, hist_ptr, rows_ptr, frames_ptr, C, W, L, scale, total,
-                      sh_s, sh_c, BLOCK: tl.constexpr, HAS_FRAMES: tl.constexpr):
+                      sf_b, sf_c, sf_t, sh_s, sh_c, BLOCK: tl.constexpr,
+                      HAS_FRAMES: tl.constexpr):
     """Program ``j``: the flat elements ``j * BLOCK ...`` of the new histories ``[B, C, L]``:
     ``hist[rows[b], c, i] = full[b, c, start_b + i]`` with ``start_b = frames[b] * scale``
-    (``HAS_FRAMES``) or ``W - L``; ``full [B, C, W]`` is contiguous."""
+    (``HAS_FRAMES``) or ``W - L``; ``full [B, C, W]`` is read through its strides (dense
+    channels-first, or channels-last from ``snake_cat_cl_triton``)."""
     idx = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     row = idx // L
     i = idx - row * L
@@ -92,9 +96,46 @@ def _keep_tail_kernel(full_ptr, hist_ptr, rows_ptr, frames_ptr, C, W, L, scale, 
         start = tl.load(frames_ptr + b, mask=inside, other=0) * scale
     else:
         start = W - L
-    val = tl.load(full_ptr + (b * C + c) * W + start + i, mask=inside, other=0.0)
+    val = tl.load(full_ptr + b * sf_b + c * sf_c + (start + i) * sf_t, mask=inside, other=0.0)
     slot = tl.load(rows_ptr + b, mask=inside, other=0)
     tl.store(hist_ptr + slot * sh_s + c * sh_c + i, val, mask=inside)
+
+
+@triton.jit(do_not_specialize=["C", "T", "H", "t_blocks", "c_blocks"])
+def _snake_cat_cl_kernel(x_ptr, hist_ptr, rows_ptr, la_ptr, lb_ptr, out_ptr, C, T, H,
+                         t_blocks, c_blocks, sx_b, sx_c, sx_t, sh_b, sh_c,
+                         BLOCK_T: tl.constexpr, BLOCK_C: tl.constexpr, APPLY: tl.constexpr,
+                         HAS_HIST: tl.constexpr, HAS_ROWS: tl.constexpr):
+    """``_snake_cat_kernel`` writing channels-last: program ``(b * t_blocks + j) * c_blocks +
+    k`` fills ``out[b, j * BLOCK_T ..., k * BLOCK_C ...]`` of ``out [B, H + T, C]``
+    (contiguous; ``BLOCK_C`` divides ``C``), channels along the lanes, so its loads of a
+    channels-last ``x`` (any strides ``sx_*``) and its stores are coalesced. The history (an
+    arena's rows ``[C, H]``, samples dense) is read across channels: at most 54 samples a row."""
+    pid = tl.program_id(0)
+    k = pid % c_blocks
+    bt = pid // c_blocks
+    b = (bt // t_blocks).to(tl.int64)  # the offsets may pass 2**31
+    t = ((bt % t_blocks) * BLOCK_T + tl.arange(0, BLOCK_T))[:, None]  # [BLOCK_T, 1]
+    c = k * BLOCK_C + tl.arange(0, BLOCK_C)  # [BLOCK_C]
+    width = H + T
+    inside = t < width
+    x = tl.load(x_ptr + b * sx_b + c[None, :] * sx_c + (t - H) * sx_t,
+                mask=inside & (t >= H), other=0.0).to(tl.float32)
+    if APPLY:
+        alpha = tl.exp(tl.load(la_ptr + c).to(tl.float32))[None, :]  # [1, BLOCK_C]
+        inv_beta = (1.0 / (tl.exp(tl.load(lb_ptr + c).to(tl.float32)) + 1e-9))[None, :]
+        s = tl.sin(x * alpha)
+        x = x + inv_beta * (s * s)
+    if HAS_HIST:
+        in_hist = t < H
+        if HAS_ROWS:
+            hb = tl.load(rows_ptr + b)
+        else:
+            hb = b
+        h = tl.load(hist_ptr + hb * sh_b + c[None, :] * sh_c + t, mask=in_hist, other=0.0)
+        x = tl.where(in_hist, h.to(tl.float32), x)
+    out = out_ptr + b * width * C + t * C + c[None, :]
+    tl.store(out, x.to(out_ptr.dtype.element_ty), mask=inside)
 
 
 def snake_cat_reference(x: Tensor, log_alpha: Tensor | None, log_beta: Tensor | None,
@@ -177,21 +218,53 @@ def snake_cat_triton(x: Tensor, log_alpha: Tensor | None, log_beta: Tensor | Non
     return out
 
 
+def channel_block(channels: int) -> int:
+    """``_snake_cat_cl_kernel``'s channels a program: the largest power of two <= 128 that
+    divides ``channels`` (the served decoder's 96-1536: 32-128)."""
+    return math.gcd(channels, 128)
+
+
+def snake_cat_cl_triton(x: Tensor, log_alpha: Tensor | None, log_beta: Tensor | None,
+                        history: Tensor | None, rows: Tensor | None = None) -> Tensor:
+    """``snake_cat_triton`` with a channels-last result: the same values ``[B, C, H + T]``, as
+    the view of a contiguous ``[B, H + T, C]`` (what a channels-last convolution reads without
+    a transpose). ``x [B, C, T]`` may have any strides (channels-last from the conv before, or
+    channels-first); the history as ``snake_cat_triton`` takes it (samples dense)."""
+    bsz, channels, t = x.shape
+    hist = x if history is None else history
+    h = 0 if history is None else history.shape[-1]
+    assert history is None or history.stride(2) == 1, "a history's samples are read dense"
+    assert rows is None or rows.is_contiguous(), "rows are read by raw pointer: dense [B]"
+    out = torch.empty(bsz, h + t, channels, device=x.device, dtype=x.dtype)
+    if out.numel() == 0:
+        return out.transpose(1, 2)
+    apply = log_alpha is not None
+    block_c = channel_block(channels)
+    block_t = max(1, _TILE // block_c)
+    t_blocks, c_blocks = triton.cdiv(h + t, block_t), channels // block_c
+    _snake_cat_cl_kernel[(bsz * t_blocks * c_blocks,)](
+        x, hist, x if rows is None else rows, log_alpha if apply else x,
+        log_beta if apply else x, out, channels, t, h, t_blocks, c_blocks, *x.stride(),
+        hist.stride(0), hist.stride(1), BLOCK_T=block_t, BLOCK_C=block_c, APPLY=apply,
+        HAS_HIST=history is not None, HAS_ROWS=rows is not None)
+    return out.transpose(1, 2)
+
+
 def keep_tail_triton(full: Tensor, history: Tensor, rows: Tensor, num_frames: Tensor | None,
                      total_frames: int) -> None:
-    """Writes each row's new history into the arena: ``history [S, C, L]`` at ``rows [B]``
-    gets the ``L`` samples of ``full [B, C, L + T]`` (the conv's input: old history, then the
-    step's ``T`` samples) that end at the row's last real frame (``num_frames [B]`` of the
-    step's ``total_frames``; ``None``: all). In place; padding rows may share a slot (any one
-    of them wins). The kernel (CUDA, or CPU tensors under ``TRITON_INTERPRET=1``);
+    """Writes each row's new history into the arena: ``history [S, C, L]`` at ``rows [B]`` gets the
+    ``L`` samples of ``full [B, C, L + T]`` (the conv's input: old history, then the step's ``T``
+    samples; any strides) that end at the row's last real frame (``num_frames [B]`` of the step's
+    ``total_frames``; ``None``: all). In place; padding rows may share a slot (any one of them
+    wins). The kernel (CUDA, or CPU tensors under ``TRITON_INTERPRET=1``);
     ``breezert.models.codec.real_tail`` is its arithmetic."""
     bsz, channels, width = full.shape
     length = history.shape[-1]
-    assert full.is_contiguous() and history.stride(2) == 1
+    assert history.stride(2) == 1
     for ids in (rows, num_frames):  # read by raw pointer: element b at b
         assert ids is None or ids.is_contiguous(), "rows, frame counts: dense [B]"
     total = bsz * channels * length
     _keep_tail_kernel[(triton.cdiv(total, _BLOCK),)](
         full, history, rows, rows if num_frames is None else num_frames, channels, width, length,
-        (width - length) // max(total_frames, 1), total, history.stride(0), history.stride(1),
-        BLOCK=_BLOCK, HAS_FRAMES=num_frames is not None)
+        (width - length) // max(total_frames, 1), total, *full.stride(), history.stride(0),
+        history.stride(1), BLOCK=_BLOCK, HAS_FRAMES=num_frames is not None)

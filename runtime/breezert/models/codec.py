@@ -101,12 +101,15 @@ class _Carry:
     frames after it are computed and dropped), so rows of different chunk sizes share one step.
     ``fast``: where the kernels run (CUDA, or the CPU interpreter), SnakeBeta, the history
     concatenation and the write-back run as Triton kernels (``kernels/snake.py``); elsewhere the
-    eager arithmetic.
+    eager arithmetic. ``channels_last`` (with ``fast``): the convs run as 2-D channels-last
+    convolutions (``_conv_cl``) and the kernels build their inputs channels-last, so no conv
+    transposes its input or output (``StreamingCodec(channels_last=True)``).
     """
 
     def __init__(self, flat: Tensor, spec: tuple[tuple[str, int, int], ...],
                  num_frames: Tensor | None = None, total_frames: int = 0,
-                 fast: bool = False, slot_ids: Tensor | None = None) -> None:
+                 fast: bool = False, slot_ids: Tensor | None = None,
+                 channels_last: bool = False) -> None:
         sizes = [c * n for _, c, n in spec]
         chunks = flat.split(sizes, dim=1)  # each [B or S, C * n]
         self._old = [x.view(flat.shape[0], c, n) for x, (_, c, n) in zip(chunks, spec, strict=True)]
@@ -115,6 +118,11 @@ class _Carry:
         self._visited = 0
         self.slot_ids = slot_ids
         self.num_frames, self.total_frames, self.fast = num_frames, total_frames, fast
+        self.channels_last = channels_last and fast
+
+    def _cat(self):  # noqa: ANN202 - the kernel that builds a conv's input in this layout
+        return (_snake().snake_cat_cl_triton if self.channels_last
+                else _snake().snake_cat_triton)
 
     def _kernels(self, x: Tensor) -> bool:
         return self.fast and _kernels_run_on(x)
@@ -128,8 +136,8 @@ class _Carry:
         assert (channels, expect) == (x.shape[1], length), f"state spec mismatch at {name}"
         old, rows = self._old[i], self.slot_ids
         if self._kernels(x):
-            full = _snake().snake_cat_triton(x, None if act is None else act.alpha,
-                                             None if act is None else act.beta, old, rows)
+            full = self._cat()(x, None if act is None else act.alpha,
+                               None if act is None else act.beta, old, rows)
             if rows is not None:
                 _snake().keep_tail_triton(full, old, rows, self.num_frames, self.total_frames)
                 return full
@@ -146,7 +154,7 @@ class _Carry:
     def activate(self, x: Tensor, act: SnakeBeta) -> Tensor:
         """``act(x)`` for a conv that keeps no history."""
         if self._kernels(x):
-            return _snake().snake_cat_triton(x, act.alpha, act.beta, None)
+            return self._cat()(x, act.alpha, act.beta, None)
         return act(x)
 
     def flat(self) -> Tensor:
@@ -185,6 +193,31 @@ def _snake():  # noqa: ANN202 - the kernel module imports Triton: only where its
 
 
 # ------------------------------------------------------------------------------- conv modules
+def _conv_cl(conv: nn.Conv1d | nn.ConvTranspose1d, x: Tensor) -> Tensor:
+    """``conv(x)`` for ``x [B, C, T]`` as a 2-D convolution over ``[B, C, 1, T]``: given a
+    channels-last input and the weight restrided by ``channels_last_weights_``, cuDNN runs its
+    NHWC kernels on them directly (the 1-D path makes every input contiguous and transposes it
+    to NHWC and back around each conv: 52 launches of a CODEC step at 256 streams on the H200,
+    ``bench/results/h200-census-256-20261206-10.txt``). The output is channels-last too."""
+    w = conv.weight.unsqueeze(2)
+    if isinstance(conv, nn.ConvTranspose1d):
+        y = F.conv_transpose2d(x.unsqueeze(2), w, conv.bias, stride=(1, conv.stride[0]))
+    else:
+        y = F.conv2d(x.unsqueeze(2), w, conv.bias, dilation=(1, conv.dilation[0]),
+                     groups=conv.groups)
+    return y.squeeze(2)
+
+
+def channels_last_weights_(module: nn.Module) -> None:
+    """Restrides every conv weight under ``module`` in place as a 2-D channels-last weight
+    (``[O, I, k]`` stored as ``[O, k, I]``): the same values, so every path still reads them,
+    but ``_conv_cl`` hands cuDNN an NHWC weight it need not convert on each call."""
+    for conv in module.modules():
+        if isinstance(conv, (nn.Conv1d, nn.ConvTranspose1d)):
+            w = conv.weight.data.unsqueeze(2).contiguous(memory_format=torch.channels_last)
+            conv.weight.data = w.squeeze(2)
+
+
 class _CausalConv(nn.Module):
     """Causal stride-1 Conv1d: left context comes from the carried history, never zero padding."""
 
@@ -201,6 +234,8 @@ class _CausalConv(nn.Module):
             x = carry.extend(x, self.history, act)
         elif act is not None:
             x = carry.activate(x, act)
+        if carry.channels_last:
+            return _conv_cl(self.conv, x)
         return self.conv(x)  # [B, cout, T]
 
 
@@ -213,15 +248,21 @@ class _CausalTransConv(nn.Module):
         self.stride = stride
         self.history = (kernel - 1) // stride
         self.gemm_weight: Tensor | None = None  # [Cin, k * Cout], set by prepare_fast
+        self.gemm_bias: Tensor | None = None  # [k * Cout] where kernel == stride
 
-    def prepare_fast(self) -> None:
+    def prepare_fast(self, channels_last: bool = False) -> None:
         """Wide upsamplers (kernel 2s, Cin >= 1024) run as one GEMM on the fast path: on the
         H200 1536 -> 768 took 1.17 ms as a cuDNN transposed conv and 0.21 ms as a GEMM (TF32,
         256 frames); narrower ones are faster in cuDNN (h200-codec-conv-kernels-20261201)."""
         w = self.conv.weight  # [Cin, Cout, k]
         if (w.shape[2] == 2 * self.stride and self.history == 1
-                and w.shape[0] >= GEMM_UPSAMPLE_MIN_CHANNELS):
+                and w.shape[0] >= GEMM_UPSAMPLE_MIN_CHANNELS) or (
+                channels_last and w.shape[2] == self.stride):
+            # channels-last, kernel == stride (the latent upsamplers): outputs do not overlap,
+            # so one GEMM of the rows as they lie, [B * T, Cin] @ [Cin, s * Cout]
             self.gemm_weight = w.permute(0, 2, 1).reshape(w.shape[0], -1).contiguous()
+            if self.history == 0:
+                self.gemm_bias = self.conv.bias.detach().repeat(self.stride)
 
     def forward(self, x: Tensor, carry: _Carry, act: SnakeBeta | None = None) -> Tensor:
         num_new = x.shape[-1]
@@ -230,11 +271,12 @@ class _CausalTransConv(nn.Module):
         elif act is not None:
             x = carry.activate(x, act)
         if carry.fast and self.gemm_weight is not None:
-            return self._gemm(x, num_new)
+            return self._gemm(x, num_new, carry.channels_last)
         start = self.history * self.stride
-        return self.conv(x)[..., start : start + num_new * self.stride]  # [B, cout, T * s]
+        y = _conv_cl(self.conv, x) if carry.channels_last else self.conv(x)
+        return y[..., start : start + num_new * self.stride]  # [B, cout, T * s]
 
-    def _gemm(self, x: Tensor, num_new: int) -> Tensor:
+    def _gemm(self, x: Tensor, num_new: int, channels_last: bool = False) -> Tensor:
         # x [B, Cin, 1 + T]: output block i (samples i*s .. i*s+s-1 after the history's) takes
         # taps 0..s-1 of input 1 + i and taps s..2s-1 of input i.
         b, s = x.shape[0], self.stride
@@ -242,10 +284,18 @@ class _CausalTransConv(nn.Module):
         # One [B * (1 + T), Cin] operand, copied row-major: the transposed view's leading
         # dimension is 1 + T (odd), which sends cuBLAS to its unaligned kernels (H100, 256
         # streams x 1 frame: 6.4 ms for this GEMM; the copy is B * (1 + T) * Cin values).
+        # Channels-last (``channels_last``): the rows as they lie, no copy, and the result
+        # stays channels-last.
+        if self.history == 0:  # kernel == stride: every output block from one input
+            rows = x.transpose(1, 2).reshape(b * num_new, x.shape[1])
+            out = torch.addmm(self.gemm_bias, rows, self.gemm_weight)
+            out = out.view(b, num_new * s, cout).transpose(1, 2)
+            return out if channels_last else out.contiguous()  # [B, cout, T * s]
         rows = x.transpose(1, 2).reshape(b * (num_new + 1), x.shape[1])
         y = (rows @ self.gemm_weight).view(b, num_new + 1, 2, s, cout)
         out = (y[:, 1:, 0] + y[:, :-1, 1]).reshape(b, num_new * s, cout)
-        return (out + self.conv.bias).transpose(1, 2).contiguous()  # [B, cout, T * s]
+        out = (out + self.conv.bias).transpose(1, 2)
+        return out if channels_last else out.contiguous()  # [B, cout, T * s]
 
 
 class SnakeBeta(nn.Module):
@@ -415,8 +465,10 @@ class _SplitQuantizer(nn.Module):
         """Divides each group's codebooks by their usage once."""
         self.tables = self.divided_tables()
 
-    def decode_fast(self, codes: Tensor) -> Tensor:
-        """``decode`` with one gather per group (the sum's order may differ in the last bit)."""
+    def decode_fast(self, codes: Tensor, channels_last: bool = False) -> Tensor:
+        """``decode`` with one gather per group (the sum's order may differ in the last bit);
+        ``channels_last``: each group's 1x1 projection as a GEMM of the rows as they lie, the
+        result channels-last."""
         assert self.tables is not None, "prepare_fast() first"
         out = None
         for table, group, part in zip(self.tables, (self.rvq_first, self.rvq_rest),
@@ -425,7 +477,10 @@ class _SplitQuantizer(nn.Module):
             size = group.vq.layers[0]._codebook.embedding_sum.shape[0]
             offsets = torch.arange(part.shape[-1], device=codes.device) * size
             summed = F.embedding(part + offsets, table).sum(dim=2)  # [B, T, dim]
-            proj = group.output_proj(summed.transpose(1, 2))
+            if channels_last:
+                proj = F.linear(summed, group.output_proj.weight[..., 0]).transpose(1, 2)
+            else:
+                proj = group.output_proj(summed.transpose(1, 2))
             out = proj if out is None else out + proj
         return out  # [B, codebook_dim, T]
 
@@ -718,14 +773,20 @@ class CodecDecoder(nn.Module):
         )
 
     @torch.no_grad()
-    def prepare_fast(self) -> None:
+    def prepare_fast(self, channels_last: bool = False) -> None:
         """Precomputes what the fast path reads (per-group codebook tables, GEMM layouts of the
         wide upsamplers, the transformer's packed q/k/v and gate/up weights); call after the
-        weights are loaded and cast."""
+        weights are loaded and cast. ``channels_last``: also the latent upsamplers as GEMMs
+        and every conv weight restrided for channels-last convolutions
+        (``channels_last_weights_``)."""
         self.quantizer.prepare_fast()
         for module in self.modules():
-            if isinstance(module, (_CausalTransConv, _Attention, _Mlp)):
+            if isinstance(module, _CausalTransConv):
+                module.prepare_fast(channels_last)
+            elif isinstance(module, (_Attention, _Mlp)):
                 module.prepare_fast()
+        if channels_last:
+            channels_last_weights_(self)
 
     @torch.no_grad()
     def step(self, codes: Tensor, state: CodecStreamState, num_frames: Tensor | None = None,
@@ -750,14 +811,18 @@ class CodecDecoder(nn.Module):
         return self.decode_latent(self.latent(codes, fast, tables), state, num_frames, fast)
 
     def latent(self, codes: Tensor, fast: bool = False,
-               tables: tuple[Tensor, Tensor] | None = None) -> Tensor:
+               tables: tuple[Tensor, Tensor] | None = None,
+               channels_last: bool = False) -> Tensor:
         """The quantizer's ``[B, codebook_dim, F]`` for ``codes [B, F, num_quantizers]``
-        (``fast``, ``tables``: as ``step`` takes them); ValueError on another shape."""
+        (``fast``, ``tables``: as ``step`` takes them; ``channels_last`` with ``fast``: laid
+        out ``[B, F, codebook_dim]``); ValueError on another shape."""
         if codes.dim() != 3 or codes.shape[-1] != self.cfg.num_quantizers:
             raise ValueError(
                 f"codes must be [B, F, {self.cfg.num_quantizers}], got {tuple(codes.shape)}"
             )
-        return self.quantizer.decode_fast(codes) if fast else self.quantizer.decode(codes, tables)
+        if fast:
+            return self.quantizer.decode_fast(codes, channels_last)
+        return self.quantizer.decode(codes, tables)
 
     def decode_latent(self, latent: Tensor, state: CodecStreamState,
                       num_frames: Tensor | None = None,
@@ -841,12 +906,18 @@ class StreamingCodec:
         *,
         fast: bool = False,
         tf32: bool | None = None,
+        channels_last: bool = False,
     ) -> None:
+        """``channels_last`` (needs ``fast``): the decoder's convs run channels-last
+        (``_conv_cl``; ``prepare_fast(channels_last=True)`` restrides ``decoder``'s conv
+        weights in place: the same values)."""
+        if channels_last and not fast:
+            raise ValueError("a channels-last codec runs the fast path: pass fast=True")
         self.decoder = decoder
         self.max_slots = max_slots
-        self.fast, self.tf32 = fast, tf32
+        self.fast, self.tf32, self.channels_last = fast, tf32, channels_last
         if fast:
-            decoder.prepare_fast()
+            decoder.prepare_fast(channels_last)
         self.tables = None if fast else decoder.quantizer.divided_tables()
         """The codebooks divided once: like ``fast``'s tables, a snapshot of the decoder's
         codebooks at construction (serving weights do not change; build a new
@@ -856,7 +927,7 @@ class StreamingCodec:
 
     @classmethod
     def for_serving(cls, decoder: CodecDecoder, max_slots: int, precision: str = "tf32",
-                    fast: bool = True) -> StreamingCodec:
+                    fast: bool = True, channels_last: bool = False) -> StreamingCodec:
         """The serving codec at ``precision`` (one of ``CODEC_PRECISIONS``); ``bf16`` and
         ``fp16`` work on a copy of ``decoder`` in that dtype (the original stays fp32 for the
         reference paths). Raises ValueError when a weight or buffer (a codebook's
@@ -873,7 +944,8 @@ class StreamingCodec:
                                  f"more) overflow {HALF_PRECISION_DTYPES[precision]}; serve "
                                  f"this codec at tf32 or bf16")
         tf32 = None if device.type != "cuda" else precision == "tf32"
-        return cls(decoder, max_slots, device=device, fast=fast, tf32=tf32)
+        return cls(decoder, max_slots, device=device, fast=fast, tf32=tf32,
+                   channels_last=channels_last)
 
     @property
     def positions(self) -> Tensor:
@@ -903,11 +975,11 @@ class StreamingCodec:
         pos = state.pos[slot_ids]
         frames = codes.shape[1]
         carry = _Carry(state.conv, self.decoder._state_spec, num_frames, frames, self.fast,
-                       slot_ids=slot_ids)
+                       slot_ids=slot_ids, channels_last=self.channels_last)
         ring = _ArenaRing(state.kv, slot_ids, pos, num_frames, self.decoder.cfg.sliding_window,
                           self.fast)
         with tf32_math(self.tf32):
-            latent = self.decoder.latent(codes, self.fast, self.tables)
+            latent = self.decoder.latent(codes, self.fast, self.tables, self.channels_last)
             wav = self.decoder.forward_rows(latent, carry, pos, ring)
         state.pos.index_copy_(0, slot_ids, pos + (frames if num_frames is None else num_frames))
         return wav
