@@ -281,9 +281,6 @@ class _CausalTransConv(nn.Module):
         # taps 0..s-1 of input 1 + i and taps s..2s-1 of input i.
         b, s = x.shape[0], self.stride
         cout = self.conv.weight.shape[1]
-        # One [B * (1 + T), Cin] operand, copied row-major: the transposed view's leading
-        # dimension is 1 + T (odd), which sends cuBLAS to its unaligned kernels (H100, 256
-        # streams x 1 frame: 6.4 ms for this GEMM; the copy is B * (1 + T) * Cin values).
         # Channels-last (``channels_last``): the rows as they lie, no copy, and the result
         # stays channels-last.
         if self.history == 0:  # kernel == stride: every output block from one input
@@ -291,6 +288,9 @@ class _CausalTransConv(nn.Module):
             out = torch.addmm(self.gemm_bias, rows, self.gemm_weight)
             out = out.view(b, num_new * s, cout).transpose(1, 2)
             return out if channels_last else out.contiguous()  # [B, cout, T * s]
+        # Channels-first: one [B * (1 + T), Cin] operand, copied row-major: the transposed
+        # view's leading dimension is 1 + T (odd), which sends cuBLAS to its unaligned kernels
+        # (H100, 256 streams x 1 frame: 6.4 ms for this GEMM; the copy is B * (1 + T) * Cin).
         rows = x.transpose(1, 2).reshape(b * (num_new + 1), x.shape[1])
         y = (rows @ self.gemm_weight).view(b, num_new + 1, 2, s, cout)
         out = (y[:, 1:, 0] + y[:, :-1, 1]).reshape(b, num_new * s, cout)
