@@ -82,7 +82,9 @@ def check_streaming(kv_heads: int, channels_last: bool = False) -> None:
     calls, kernel = [], codec_attention.ring_attention
     codec_attention.ring_attention = lambda *a: calls.append(1) or kernel(*a)
     cl_cats, cl_kernel = [], snake.snake_cat_cl_triton
-    snake.snake_cat_cl_triton = lambda *a: cl_cats.append(a[0].shape) or cl_kernel(*a)
+    snake.snake_cat_cl_triton = lambda *a, **k: cl_cats.append(a[0].shape) or cl_kernel(*a, **k)
+    residuals, residual_kernel = [], snake.bias_residual_triton
+    snake.bias_residual_triton = lambda *a: residuals.append(1) or residual_kernel(*a)
     # the kernel (the interpreter's); ``channels_last``: the conv inputs built channels-last
     # by the snake kernels, the convs as 2-D channels-last convolutions
     sc = StreamingCodec(dec, max_slots=3, fast=True, channels_last=channels_last)
@@ -97,8 +99,10 @@ def check_streaming(kv_heads: int, channels_last: bool = False) -> None:
     cursor = stream_two_rows(run, ([1, 3], [4, 4], [2, 1], [16, 16], [1, 5], [6, 1]), full)
     assert sc.positions[slots].tolist() == cursor
     assert len(calls) == 6 * cfg.num_layers  # every step's every layer ran the kernel
-    # every conv input built by the channels-last kernel (33 a step), or none of them
+    # every conv input built by the channels-last kernel (33 a step), or none of them, and
+    # each residual unit's skip added with its last conv's bias in one pass (12 a step)
     assert len(cl_cats) == (6 * 33 if channels_last else 0)
+    assert len(residuals) == (6 * 12 if channels_last else 0)
 
 
 def check_stage_rows() -> None:

@@ -160,6 +160,14 @@ def check_channels_last(dtype: str) -> None:
                         assert got.shape == want.shape and got.dtype == dt
                         assert got.stride() == (channels * (h + x.shape[-1]), 1, channels)
                         assert torch.equal(got, want)
+                        if act and h == 0:  # a conv's output whose bias it left out
+                            bias = torch.randn(channels)
+                            got = snake_cat_cl_triton(x, la, lb, None, bias=bias).float()
+                            want = snake_cat_triton(x.float() + bias[:, None], la, lb, None)
+                            if dt == torch.float32:  # the same fp32 sum first
+                                assert torch.equal(got, want)
+                            else:  # then one rounding to bf16 (the interpreter's)
+                                torch.testing.assert_close(got, want, atol=2e-2, rtol=2e-2)
                         if rows is None or not act:
                             continue
                         for num_frames in (torch.tensor([3, 1]), None):
@@ -174,3 +182,30 @@ def check_channels_last(dtype: str) -> None:
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_channels_last_cat_gives_the_same_values_and_histories(dtype: str) -> None:
     run_in_interpreter(__name__, f"check_channels_last({dtype!r})")
+
+
+def check_bias_residual(dtype: str) -> None:
+    """A residual unit's skip plus its last conv's output and that conv's bias, in one pass:
+    ``x + (y + bias)`` bit for bit, channels-last; 3 x 96 x 700 values (several programs, a
+    ragged last one); ``x`` a slice of longer rows, as a transposed conv's trimmed output."""
+    from breezert.kernels.snake import bias_residual_triton, rows_channels_last
+
+    torch.manual_seed(4)
+    dt = getattr(torch, dtype)
+    x = torch.randn(3, 710, 96).to(dt).transpose(1, 2)[..., 5:705]
+    y = torch.randn(3, 700, 96).to(dt).transpose(1, 2)
+    bias = torch.randn(96)
+    got = bias_residual_triton(x, y, bias)
+    assert got.transpose(1, 2).is_contiguous() and got.dtype == dt
+    want = x.float() + (y.float() + bias[:, None])
+    if dt == torch.float32:  # the same fp32 sums in the same order
+        assert torch.equal(got, want)
+    else:  # then one rounding to bf16 (the interpreter's)
+        torch.testing.assert_close(got.float(), want, atol=2e-2, rtol=2e-2)
+    assert rows_channels_last(x) and not rows_channels_last(x.contiguous())
+
+
+@needs_triton
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_bias_residual_gives_the_skip_plus_the_biased_conv(dtype: str) -> None:
+    run_in_interpreter(__name__, f"check_bias_residual({dtype!r})")

@@ -5,12 +5,13 @@ Owns: ``snake_cat_triton`` (``cat([history, snake(x)], -1)`` in one pass: read `
 history once, write the conv's input once; without SnakeBeta, the plain ``cat``; programs of rows x
 columns sized from the row width, ``block_cols``; its torch reference), ``snake_cat_cl_triton``
 (the same values written channels-last, ``[B, H + T, C]`` in memory, for the channels-last decoder:
-``StreamingCodec(channels_last=True)``), ``keep_tail_triton`` (each row's new history, the samples
-of the conv's input that end at its last real frame, written into its slot of the state arena;
-``models.codec.real_tail`` is its arithmetic). The eager codec spends five launches and five full
-passes over the activation on SnakeBeta (``exp``, ``mul``, ``sin``, ``pow``, ``mul``/``add``) and
-one more on the concatenation; at the decoder's 24 kHz end (96 channels x 1920 samples a frame)
-those passes, not the convolutions, were half of a CODEC step
+``StreamingCodec(channels_last=True)``; with a conv's bias added first), ``bias_residual_triton``
+(a channels-last residual unit's skip and its last conv's bias in one pass), ``keep_tail_triton``
+(each row's new history, the samples of the conv's input that end at its last real frame, written
+into its slot of the state arena; ``models.codec.real_tail`` is its arithmetic). The eager codec
+spends five launches and five full passes over the activation on SnakeBeta (``exp``, ``mul``,
+``sin``, ``pow``, ``mul``/``add``) and one more on the concatenation; at the decoder's 24 kHz end
+(96 channels x 1920 samples a frame) those passes, not the convolutions, were half of a CODEC step
 (``bench/results/h200-codec-conv-kernels-20261201.json``). Both kernels read the history from the
 arena by slot (``rows``), so a step gathers and scatters no conv state. Must not: change the
 formula (``x + sin^2(x * e^alpha) / (e^beta + 1e-9)``, fp32 math, stored in ``x``'s dtype).
@@ -102,15 +103,17 @@ def _keep_tail_kernel(full_ptr, hist_ptr, rows_ptr, frames_ptr, C, W, L, scale, 
 
 
 @triton.jit(do_not_specialize=["C", "T", "H", "t_blocks", "c_blocks"])
-def _snake_cat_cl_kernel(x_ptr, hist_ptr, rows_ptr, la_ptr, lb_ptr, out_ptr, C, T, H,
+def _snake_cat_cl_kernel(x_ptr, hist_ptr, rows_ptr, la_ptr, lb_ptr, bias_ptr, out_ptr, C, T, H,
                          t_blocks, c_blocks, sx_b, sx_c, sx_t, sh_b, sh_c,
                          BLOCK_T: tl.constexpr, BLOCK_C: tl.constexpr, APPLY: tl.constexpr,
-                         HAS_HIST: tl.constexpr, HAS_ROWS: tl.constexpr):
+                         HAS_HIST: tl.constexpr, HAS_ROWS: tl.constexpr,
+                         HAS_BIAS: tl.constexpr):
     """``_snake_cat_kernel`` writing channels-last: program ``(b * t_blocks + j) * c_blocks +
     k`` fills ``out[b, j * BLOCK_T ..., k * BLOCK_C ...]`` of ``out [B, H + T, C]``
     (contiguous; ``BLOCK_C`` divides ``C``), channels along the lanes, so its loads of a
     channels-last ``x`` (any strides ``sx_*``) and its stores are coalesced. The history (an
-    arena's rows ``[C, H]``, samples dense) is read across channels: at most 54 samples a row."""
+    arena's rows ``[C, H]``, samples dense) is read across channels: at most 54 samples a row.
+    ``HAS_BIAS``: ``x`` is a conv's output before its bias, added here first (fp32)."""
     pid = tl.program_id(0)
     k = pid % c_blocks
     bt = pid // c_blocks
@@ -121,6 +124,8 @@ def _snake_cat_cl_kernel(x_ptr, hist_ptr, rows_ptr, la_ptr, lb_ptr, out_ptr, C, 
     inside = t < width
     x = tl.load(x_ptr + b * sx_b + c[None, :] * sx_c + (t - H) * sx_t,
                 mask=inside & (t >= H), other=0.0).to(tl.float32)
+    if HAS_BIAS:
+        x = x + tl.load(bias_ptr + c).to(tl.float32)[None, :]
     if APPLY:
         alpha = tl.exp(tl.load(la_ptr + c).to(tl.float32))[None, :]  # [1, BLOCK_C]
         inv_beta = (1.0 / (tl.exp(tl.load(lb_ptr + c).to(tl.float32)) + 1e-9))[None, :]
@@ -225,11 +230,14 @@ def channel_block(channels: int) -> int:
 
 
 def snake_cat_cl_triton(x: Tensor, log_alpha: Tensor | None, log_beta: Tensor | None,
-                        history: Tensor | None, rows: Tensor | None = None) -> Tensor:
+                        history: Tensor | None, rows: Tensor | None = None,
+                        bias: Tensor | None = None) -> Tensor:
     """``snake_cat_triton`` with a channels-last result: the same values ``[B, C, H + T]``, as
     the view of a contiguous ``[B, H + T, C]`` (what a channels-last convolution reads without
     a transpose). ``x [B, C, T]`` may have any strides (channels-last from the conv before, or
-    channels-first); the history as ``snake_cat_triton`` takes it (samples dense)."""
+    channels-first); the history as ``snake_cat_triton`` takes it (samples dense). ``bias
+    [C]``: the conv that made ``x`` left its bias out; it is added to ``x`` first, as the conv
+    would have (one pass over its output fewer)."""
     bsz, channels, t = x.shape
     hist = x if history is None else history
     h = 0 if history is None else history.shape[-1]
@@ -244,9 +252,10 @@ def snake_cat_cl_triton(x: Tensor, log_alpha: Tensor | None, log_beta: Tensor | 
     t_blocks, c_blocks = triton.cdiv(h + t, block_t), channels // block_c
     _snake_cat_cl_kernel[(bsz * t_blocks * c_blocks,)](
         x, hist, x if rows is None else rows, log_alpha if apply else x,
-        log_beta if apply else x, out, channels, t, h, t_blocks, c_blocks, *x.stride(),
-        hist.stride(0), hist.stride(1), BLOCK_T=block_t, BLOCK_C=block_c, APPLY=apply,
-        HAS_HIST=history is not None, HAS_ROWS=rows is not None)
+        log_beta if apply else x, x if bias is None else bias, out, channels, t, h, t_blocks,
+        c_blocks, *x.stride(), hist.stride(0), hist.stride(1), BLOCK_T=block_t, BLOCK_C=block_c,
+        APPLY=apply, HAS_HIST=history is not None, HAS_ROWS=rows is not None,
+        HAS_BIAS=bias is not None)
     return out.transpose(1, 2)
 
 
@@ -268,3 +277,41 @@ def keep_tail_triton(full: Tensor, history: Tensor, rows: Tensor, num_frames: Te
         full, history, rows, rows if num_frames is None else num_frames, channels, width, length,
         (width - length) // max(total_frames, 1), total, *full.stride(), history.stride(0),
         history.stride(1), BLOCK=_BLOCK, HAS_FRAMES=num_frames is not None)
+
+
+@triton.jit(do_not_specialize=["C", "row", "total", "sx_b", "sy_b"])
+def _bias_residual_kernel(x_ptr, y_ptr, bias_ptr, out_ptr, C, row, total, sx_b, sy_b,
+                          BLOCK: tl.constexpr):
+    """Program ``j``: flat elements ``j * BLOCK ...`` of the contiguous ``out [B, T, C]``
+    (``row`` = T * C a batch row): ``out = x + (y + bias[c])`` in fp32; ``x`` and ``y`` are
+    channels-last within a batch row (their batch strides ``sx_b``, ``sy_b`` any)."""
+    idx = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    inside = idx < total
+    c = idx % C
+    b = idx // row
+    within = idx - b * row
+    x = tl.load(x_ptr + b * sx_b + within, mask=inside, other=0.0).to(tl.float32)
+    y = tl.load(y_ptr + b * sy_b + within, mask=inside, other=0.0).to(tl.float32)
+    b = tl.load(bias_ptr + c, mask=inside, other=0.0).to(tl.float32)
+    tl.store(out_ptr + idx, (x + (y + b)).to(out_ptr.dtype.element_ty), mask=inside)
+
+
+def rows_channels_last(x: Tensor) -> bool:
+    """Whether each batch row of ``x [B, C, T]`` is a contiguous ``[T, C]`` (channels-last; the
+    rows themselves may lie apart, as in a slice of a longer output)."""
+    return x[:1].transpose(1, 2).is_contiguous()
+
+
+def bias_residual_triton(x: Tensor, y: Tensor, bias: Tensor) -> Tensor:
+    """``x + (y + bias[:, None])`` for channels-last ``x``, ``y [B, C, T]`` (each batch row
+    contiguous: see ``rows_channels_last``), in one pass: a residual unit's skip added to its last
+    conv's output, whose bias the conv left out (cuDNN adds a conv's bias in a pass of its own).
+    The same fp32 sums in the same order as the conv's bias, then the skip. Channels-last out."""
+    assert rows_channels_last(x) and rows_channels_last(y) and x.shape == y.shape
+    out = torch.empty(x.shape[0], x.shape[2], x.shape[1], device=x.device, dtype=x.dtype)
+    total = out.numel()
+    if total:
+        _bias_residual_kernel[(triton.cdiv(total, _BLOCK),)](
+            x, y, bias, out, x.shape[1], x.shape[1] * x.shape[2], total, x.stride(0),
+            y.stride(0), BLOCK=_BLOCK)
+    return out.transpose(1, 2)

@@ -151,11 +151,25 @@ class _Carry:
             old.index_copy_(0, rows, new)
         return full  # [B, C, length + T]
 
-    def activate(self, x: Tensor, act: SnakeBeta) -> Tensor:
-        """``act(x)`` for a conv that keeps no history."""
+    def activate(self, x: Tensor, act: SnakeBeta, bias: Tensor | None = None) -> Tensor:
+        """``act(x)`` for a conv that keeps no history; ``bias`` (channels-last only): ``x`` is
+        a conv's output without its bias, ``act(x + bias)``."""
+        if bias is not None:
+            assert self.channels_last, "a conv leaves its bias out only channels-last"
+            if self._kernels(x):
+                return _snake().snake_cat_cl_triton(x, act.alpha, act.beta, None, bias=bias)
+            return act(x + bias[:, None])
         if self._kernels(x):
             return self._cat()(x, act.alpha, act.beta, None)
         return act(x)
+
+    def bias_residual(self, x: Tensor, y: Tensor, bias: Tensor) -> Tensor:
+        """``x + (y + bias)``: a residual unit's skip and its last conv's output ``y`` without
+        that conv's bias (channels-last: one kernel pass where both are)."""
+        snake = _snake() if self._kernels(x) else None
+        if snake is not None and snake.rows_channels_last(x) and snake.rows_channels_last(y):
+            return snake.bias_residual_triton(x, y, bias)
+        return x + (y + bias[:, None])
 
     def flat(self) -> Tensor:
         """The new histories of rows ``_Carry(flat)`` joined: ``[B, num_conv_values]``."""
@@ -193,18 +207,19 @@ def _snake():  # noqa: ANN202 - the kernel module imports Triton: only where its
 
 
 # ------------------------------------------------------------------------------- conv modules
-def _conv_cl(conv: nn.Conv1d | nn.ConvTranspose1d, x: Tensor) -> Tensor:
+def _conv_cl(conv: nn.Conv1d | nn.ConvTranspose1d, x: Tensor, bias: bool = True) -> Tensor:
     """``conv(x)`` for ``x [B, C, T]`` as a 2-D convolution over ``[B, C, 1, T]``: given a
     channels-last input and the weight restrided by ``channels_last_weights_``, cuDNN runs its
     NHWC kernels on them directly (the 1-D path makes every input contiguous and transposes it
     to NHWC and back around each conv: 52 launches of a CODEC step at 256 streams on the H200,
-    ``bench/results/h200-census-256-20261206-10.txt``). The output is channels-last too."""
-    w = conv.weight.unsqueeze(2)
+    ``bench/results/h200-census-256-20261206-10.txt``). The output is channels-last too.
+    ``bias=False``: without the conv's bias (cuDNN's convs add it in a pass over the output of
+    their own: 38 launches, 2.6 ms of that step), for a consumer that adds it as it reads."""
+    w, b = conv.weight.unsqueeze(2), conv.bias if bias else None
     if isinstance(conv, nn.ConvTranspose1d):
-        y = F.conv_transpose2d(x.unsqueeze(2), w, conv.bias, stride=(1, conv.stride[0]))
+        y = F.conv_transpose2d(x.unsqueeze(2), w, b, stride=(1, conv.stride[0]))
     else:
-        y = F.conv2d(x.unsqueeze(2), w, conv.bias, dilation=(1, conv.dilation[0]),
-                     groups=conv.groups)
+        y = F.conv2d(x.unsqueeze(2), w, b, dilation=(1, conv.dilation[0]), groups=conv.groups)
     return y.squeeze(2)
 
 
@@ -228,14 +243,17 @@ class _CausalConv(nn.Module):
         self.conv = nn.Conv1d(cin, cout, kernel, dilation=dilation, groups=groups)
         self.history = (kernel - 1) * dilation
 
-    def forward(self, x: Tensor, carry: _Carry, act: SnakeBeta | None = None) -> Tensor:
-        """``conv(act(x))`` with the carried history in front."""
+    def forward(self, x: Tensor, carry: _Carry, act: SnakeBeta | None = None,
+                bias: bool = True) -> Tensor:
+        """``conv(act(x))`` with the carried history in front; ``bias=False`` (channels-last
+        only): without the conv's bias, which the consumer adds in a pass it makes anyway."""
         if self.history:
             x = carry.extend(x, self.history, act)
         elif act is not None:
             x = carry.activate(x, act)
         if carry.channels_last:
-            return _conv_cl(self.conv, x)
+            return _conv_cl(self.conv, x, bias)
+        assert bias, "a conv leaves its bias out only channels-last"
         return self.conv(x)  # [B, cout, T]
 
 
@@ -366,6 +384,11 @@ class _ResidualUnit(nn.Module):
         self.conv2 = _CausalConv(dim, dim, 1)
 
     def forward(self, x: Tensor, carry: _Carry) -> Tensor:
+        if carry.channels_last:  # each conv's bias added by the pass that reads its output
+            h = self.conv1(x, carry, self.act1, bias=False)
+            y = _conv_cl(self.conv2.conv, carry.activate(h, self.act2, self.conv1.conv.bias),
+                         bias=False)
+            return carry.bias_residual(x, y, self.conv2.conv.bias)
         h = self.conv1(x, carry, self.act1)
         return x + self.conv2(h, carry, self.act2)
 
