@@ -395,16 +395,17 @@ case "$phase" in
       --variant 'new32=config;scheduler.max_text_encode_requests=32;scheduler.max_prefill_requests=32' \
       --variant 'new64=config;scheduler.max_text_encode_requests=64;scheduler.max_prefill_requests=64' \
       --out "$out/h200-burst.json" 2>&1 | grep '^\[bench' ;;
-  codec-layout)  # issue 31: the channels-last codec candidate (graph.codec_channels_last): the
-    # codec's GPU tests (its own among them: same waveform as the served layout, SNR bounds,
-    # chunking, a mixed-size graph replay), its A/B against the served layout in one process
-    # (bench/codec_ab.py --change layout, TF32 as served), then the channels-last CODEC census
-    # at 256 rows x 1 frame (launches, the transposes left; the served layout's census is
-    # phase census-256's, bench/results/h*-census-256-*.txt)
-    timeout 240 python3 -m pytest tests/gpu/test_gpu_codec.py -q -p no:cacheprovider 2>&1 \
-      | tee "$out/codec_tests.log" | tail -4
+  codec-layout)  # issue 31: the channels-last codec candidate (graph.codec_channels_last): its
+    # A/B against the served layout in one process (bench/codec_ab.py --change layout, TF32 as
+    # served; the two waveforms' max difference per shape), the codec's GPU tests (its own
+    # among them: same waveform as the served layout, SNR bounds, chunking, a mixed-size graph
+    # replay), then the channels-last CODEC census at 256 rows x 1 frame (launches, the
+    # transposes left; the served layout's census is phase census-256's,
+    # bench/results/h*-census-256-*.txt)
     timeout 300 python3 bench/codec_ab.py --change layout --out "$out/h200-codec-layout-ab.json" \
       2>&1 | grep -v Warn | tail -12
+    timeout 240 python3 -m pytest tests/gpu/test_gpu_codec.py -q -p no:cacheprovider 2>&1 \
+      | tee "$out/codec_tests.log" | tail -4
     timeout 200 python3 bench/profile_stages.py --preset full --batch 256 --codec-frames 1 \
       --fused --fused-decode --fused-codec --codec-channels-last --top 30 2>&1 | grep -v Warn \
       > "$out/h200-census-codec-cl-256.txt" || true
