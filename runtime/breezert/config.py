@@ -289,8 +289,9 @@ class GraphConfig(_Frozen):
     codec_channels_last: bool = False
     """With ``fused_codec``: the codec decoder's activations channels-last and its convs as 2-D
     channels-last convolutions (``StreamingCodec(channels_last=True)``), so no conv transposes
-    its input and output. Same values up to rounding order; a candidate until its GPU A/B
-    (``bench/codec_ab.py --change layout``) and the codec's GPU tests have run."""
+    its input and output and the residual units' conv biases ride passes made anyway. Same
+    values up to rounding order; 18-22 % off a CODEC step at every shape from 1 x 1 to 32 x 16
+    (H100, ``bench/results/h100-codec-layout-ab-20261207-15.json``)."""
     codec_replay_cost_frames: float = Field(default=24.0, ge=0)
     """Fixed cost of one CODEC replay in frame-equivalents: chunks of different sizes share a
     replay (each row decodes its own frames), grouped to minimise padded frames plus this per

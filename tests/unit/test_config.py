@@ -40,6 +40,7 @@ def test_profiles_have_the_promised_settings() -> None:
     assert (h200.model.preset, h200.model.dtype, h200.model.device) == ("full", "bfloat16", "cuda")
     assert h200.graph.enable_cuda_graphs and h200.graph.compile_depth and h200.graph.fused_depth
     assert h200.scheduler.max_running_requests == 64
+    assert h200.graph.fused_codec and h200.graph.codec_channels_last
     assert max(h200.graph.decode_batch_buckets) >= 2 * 64  # CFG rows
     assert h200.cache.num_blocks is None and h200.worst_case_num_blocks() == 32768
 
