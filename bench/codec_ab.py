@@ -254,10 +254,15 @@ def main() -> None:
     parser.add_argument("--precision", default="tf32")
     parser.add_argument("--out", default=None)
     parser.add_argument("--plot", default=None, help="draw this recorded JSON and exit")
+    parser.add_argument("--cudnn-benchmark", action="store_true",
+                        help="cuDNN picks each convolution's algorithm by timing them "
+                             "(torch.backends.cudnn.benchmark) instead of its heuristics, for "
+                             "the whole process: compare two processes' runs")
     args = parser.parse_args()
     if args.plot:
         print(plot(args.plot))
         return
+    torch.backends.cudnn.benchmark = args.cudnn_benchmark
     _, _, base = build_random("full", seed=0, device="cuda")
     slots = max(s for s, _ in SHAPES)
     before_opts, after_opts = CODEC_OPTIONS.get(args.change, ({}, {}))
@@ -284,7 +289,8 @@ def main() -> None:
               flush=True)
     if args.out:
         with open(args.out, "w") as f:
-            json.dump({**provenance(precision=args.precision, change=args.change), "rows": rows},
+            json.dump({**provenance(precision=args.precision, change=args.change,
+                                    cudnn_benchmark=args.cudnn_benchmark), "rows": rows},
                       f, indent=1)
         plot(args.out)
 

@@ -399,13 +399,17 @@ case "$phase" in
     # A/B against the served layout in one process (bench/codec_ab.py --change layout, TF32 as
     # served; the two waveforms' max difference per shape), the codec's GPU tests (its own
     # among them: same waveform as the served layout, SNR bounds, chunking, a mixed-size graph
-    # replay), then the channels-last CODEC census at 256 rows x 1 frame (launches, the
-    # transposes left; the served layout's census is phase census-256's,
-    # bench/results/h*-census-256-*.txt)
+    # replay), the A/B again with cuDNN's algorithms timed (--cudnn-benchmark), then the
+    # channels-last CODEC census at 256 rows x 1 frame (launches, the transposes left; the
+    # served layout's census is phase census-256's, bench/results/h*-census-256-*.txt)
     timeout 300 python3 bench/codec_ab.py --change layout --out "$out/h200-codec-layout-ab.json" \
       2>&1 | grep -v Warn | tail -12
     timeout 240 python3 -m pytest tests/gpu/test_gpu_codec.py -q -p no:cacheprovider 2>&1 \
       | tee "$out/codec_tests.log" | tail -4
+    # cuDNN's algorithms by timing instead of its heuristics (whole process; the census of 7
+    # Dec: some of its heuristic picks write NCHW output and convert it, 19 launches at 256 x 1)
+    timeout 300 python3 bench/codec_ab.py --change layout --cudnn-benchmark \
+      --out "$out/h200-codec-layout-ab-cudnn-benchmark.json" 2>&1 | grep -v Warn | tail -12
     timeout 200 python3 bench/profile_stages.py --preset full --batch 256 --codec-frames 1 \
       --fused --fused-decode --fused-codec --codec-channels-last --top 30 2>&1 | grep -v Warn \
       > "$out/h200-census-codec-cl-256.txt" || true
