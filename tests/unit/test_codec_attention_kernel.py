@@ -105,7 +105,7 @@ def check_streaming(kv_heads: int, channels_last: bool = False) -> None:
     assert len(residuals) == (6 * 12 if channels_last else 0)
 
 
-def check_stage_rows() -> None:
+def check_stage_rows(channels_last: bool = False) -> None:
     """The codec stage's replays through both kernels: ``codec_from_ring`` hands ``decode`` its
     slot ids as a column of ``rows [B, 1 + F]`` (stride 1 + F, not 1), padding rows all on the
     scratch slot with 0 frames, and a real row that has finished decodes 0 frames. Each real
@@ -121,7 +121,8 @@ def check_stage_rows() -> None:
     dec = init_codec_random_(CodecDecoder(cfg), torch.Generator().manual_seed(2)).eval()
     codes = torch.randint(0, 2048, (2, 12, 16), generator=torch.Generator().manual_seed(1))
     full = dec.decode(codes)
-    sc = StreamingCodec(dec, max_slots=4, fast=True)  # slot 3: the stage's scratch slot
+    # slot 3: the stage's scratch slot; ``channels_last``: as both serving profiles run it
+    sc = StreamingCodec(dec, max_slots=4, fast=True, channels_last=channels_last)
 
     class Table:  # a slot table's ``codec_codes``: frame f of slot s's request
         ring = torch.zeros(4, 12, 16, dtype=torch.long)
@@ -168,5 +169,6 @@ def test_a_channels_last_codec_on_the_kernels_equals_the_offline_decode() -> Non
 
 
 @needs_triton
-def test_the_codec_stages_rows_decode_in_their_slots() -> None:
-    run_in_interpreter(__name__, "check_stage_rows()")
+@pytest.mark.parametrize("channels_last", [False, True])
+def test_the_codec_stages_rows_decode_in_their_slots(channels_last: bool) -> None:
+    run_in_interpreter(__name__, f"check_stage_rows({channels_last})")
