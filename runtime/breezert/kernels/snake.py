@@ -292,8 +292,8 @@ def _bias_residual_kernel(x_ptr, y_ptr, bias_ptr, out_ptr, C, row, total, sx_b, 
     within = idx - b * row
     x = tl.load(x_ptr + b * sx_b + within, mask=inside, other=0.0).to(tl.float32)
     y = tl.load(y_ptr + b * sy_b + within, mask=inside, other=0.0).to(tl.float32)
-    b = tl.load(bias_ptr + c, mask=inside, other=0.0).to(tl.float32)
-    tl.store(out_ptr + idx, (x + (y + b)).to(out_ptr.dtype.element_ty), mask=inside)
+    bias = tl.load(bias_ptr + c, mask=inside, other=0.0).to(tl.float32)
+    tl.store(out_ptr + idx, (x + (y + bias)).to(out_ptr.dtype.element_ty), mask=inside)
 
 
 def rows_channels_last(x: Tensor) -> bool:
