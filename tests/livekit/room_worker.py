@@ -74,13 +74,13 @@ SEED = int(os.environ["BREEZERT_TEST_SEED"]) if os.environ.get("BREEZERT_TEST_SE
 
 
 def engine_config() -> Any:
-    """The embedded cpu-tiny profile with the Predictor on, so the listener's reports steer it,
-    and ``predictor_first_chunk_cover`` with it (``BREEZERT_TEST_PREDICTOR=0``: the profile as
-    shipped; ``BREEZERT_TEST_FIRST_CHUNK_COVER=0``: the Predictor without the cover).
+    """The embedded cpu-tiny profile as shipped: the Predictor on, so the listener's reports
+    steer it, with ``predictor_first_chunk_cover`` (``BREEZERT_TEST_PREDICTOR=0``: without the
+    Predictor; ``BREEZERT_TEST_FIRST_CHUNK_COVER=0``: the Predictor without the cover).
 
-    The cover is on because CI's two-core boxes run this engine at 0.6-0.9 of real time (step
-    time over audio), where a one-frame first chunk runs out before the next chunk is made: the
-    holes heard there sat right after it, and runs with the cover heard none there
+    The cover is in the profile because CI's two-core boxes run this engine at 0.6-0.9 of real
+    time (step time over audio), where a one-frame first chunk runs out before the next chunk is
+    made: the holes heard there sat right after it, and runs with the cover heard none there
     (bench/README.md, "the first chunk sized to cover the next"). It follows the measured step
     times, so on a box where a frame and a CODEC step take under 30 ms the first chunk stays one
     frame; on two quiet Xeon cores it took two frames and 37 ms of TTFB at the median
@@ -89,10 +89,10 @@ def engine_config() -> Any:
 
     config = resolve_config(None)
     update: dict[str, Any] = {}
-    if os.environ.get("BREEZERT_TEST_PREDICTOR", "1") != "0":
-        update["use_predictor"] = True
-        update["predictor_first_chunk_cover"] = (
-            os.environ.get("BREEZERT_TEST_FIRST_CHUNK_COVER", "1") != "0")
+    if os.environ.get("BREEZERT_TEST_PREDICTOR") == "0":
+        update["use_predictor"] = update["predictor_first_chunk_cover"] = False
+    elif os.environ.get("BREEZERT_TEST_FIRST_CHUNK_COVER") == "0":
+        update["predictor_first_chunk_cover"] = False
     for name, variable in (("max_running_requests", "BREEZERT_TEST_MAX_RUNNING"),
                            ("max_queued_requests", "BREEZERT_TEST_MAX_QUEUED")):
         if os.environ.get(variable):
