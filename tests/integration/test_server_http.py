@@ -80,7 +80,7 @@ async def test_streamed_pcm_arrives_chunk_by_chunk(
             buffer = b""
             async for data, end_of_chunk in r.content.iter_chunks():
                 buffer += data
-                if end_of_chunk:
+                if end_of_chunk and buffer:  # (not the body's zero-length last chunk)
                     pieces.append((time.monotonic() - start, len(buffer)))
                     buffer = b""
     sizes = [n for _, n in pieces]
