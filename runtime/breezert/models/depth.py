@@ -23,8 +23,9 @@ from breezert.models.config import DepthConfig
 
 class StepRope(NamedTuple):
     """One depth position's attention inputs, made once per step for every layer: ``cos`` and
-    the sign-folded ``sin_signed`` (``apply_rope_signed``), both ``[R, 1, D]`` (broadcast over
-    the q and k heads), and the slot mask ``[1, 1, 1, P]`` (slot <= position)."""
+    the sign-folded ``sin_signed`` (``apply_rope_signed``), both ``[R, 1, D]`` or ``[1, 1, D]``
+    (broadcast over the q and k heads, and the rows), and the slot mask ``[1, 1, 1, P]``
+    (slot <= position)."""
 
     cos: torch.Tensor
     sin_signed: torch.Tensor
@@ -125,6 +126,8 @@ class DepthDecoder(nn.Module):
         self.codebooks_head = CodebooksHead(cfg)
         self.heads_fp32: torch.Tensor | None = None  # fp32 copy, set by fuse_projections_()
         self._frame_tables: dict[tuple[torch.device, torch.dtype], FrameRope] = {}
+        self._step_rope_tables: dict[tuple[torch.device, torch.dtype],
+                                     list[tuple[StepRope, torch.Tensor]]] = {}
         self.rope = Rope(
             llama3_inv_freq(
                 cfg.head_dim,
@@ -165,10 +168,37 @@ class DepthDecoder(nn.Module):
         """
         if not 0 <= position < self.max_positions:
             raise ValueError(f"depth position {position} outside 0..{self.max_positions - 1}")
+        if "run_layers" not in vars(self):  # not swapped for a compiled or fused unit
+            ropes = self._step_ropes(x.device, x.dtype)
+            if ropes is not None:
+                rope, pos = ropes[position]
+                return self._layers(x, rope, cache, pos)
         positions, cos, sin = self._frame_rope(x.device, x.dtype)
         rows = x.shape[0]
         return self.run_layers(x, cos[position].expand(rows, -1), sin[position].expand(rows, -1),
                                cache, positions[position])
+
+    def _step_ropes(self, device: torch.device,
+                    dtype: torch.dtype) -> list[tuple[StepRope, torch.Tensor]] | None:
+        """Each position's ``StepRope`` (broadcast over rows) and position tensor, made once per
+        device and dtype for the eager ``step``: ``run_layers`` builds its step's from tensor
+        inputs (the compiled unit's contract), ~100 us of tiny operators a step on the CPU, a
+        sixth of the tiny model's step. Same values, so the same bits. None while a graph
+        capture runs without them (that call builds its own, as ``_frame_rope``)."""
+        key = (device, dtype)
+        if key in self._step_rope_tables:
+            return self._step_rope_tables[key]
+        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+            return None
+        positions, cos, sin = self._frame_rope(device, dtype)
+        with torch.inference_mode(False), torch.no_grad():
+            slots = torch.arange(self.max_positions, device=device)
+            ropes = [(StepRope(cos[p].to(dtype)[None, None, :],
+                               fold_rotation_sign(sin[p].to(dtype))[None, None, :],
+                               (slots <= positions[p]).view(1, 1, 1, -1)), positions[p])
+                     for p in range(self.max_positions)]
+        self._step_rope_tables[key] = ropes
+        return ropes
 
     def _frame_rope(self, device: torch.device, dtype: torch.dtype) -> FrameRope:
         """``(positions, cos, sin)`` of the frame's positions: ``[P]`` one-element long tensors
@@ -201,6 +231,11 @@ class DepthDecoder(nn.Module):
         rope = StepRope(cos.to(x.dtype)[:, None, :],
                         fold_rotation_sign(sin.to(x.dtype))[:, None, :],
                         (slots <= pos).view(1, 1, 1, -1))
+        return self._layers(x, rope, cache, pos)
+
+    def _layers(self, x: torch.Tensor, rope: StepRope, cache: torch.Tensor,
+                pos: torch.Tensor) -> torch.Tensor:
+        """Projector, layers and final norm with the step's ``rope`` made."""
         h = F.linear(x, self.model.inputs_embeds_projector.weight)  # [R, d]
         for i, layer in enumerate(self.model.layers):
             h = layer.forward(h, rope, cache[i], pos)  # (no module-call overhead)
