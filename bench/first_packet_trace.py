@@ -1,6 +1,7 @@
 """One request's first packet on the serving engine, step by step on the host and on the GPU.
 
-Usage (GPU machine, repo root): ``PYTHONPATH=runtime python bench/first_packet_trace.py
+Usage (GPU machine, repo root; on the CPU ``--config runtime/breezert/profiles/cpu-tiny.toml``,
+host times only): ``PYTHONPATH=runtime python bench/first_packet_trace.py
 --config configs/h200-latency.toml --texts .benchdata/texts_en.tsv --tokenizer
 .benchdata/tokenizer.json [--requests 5] [--set graph.fused_prefill=true] [--out X.json]``. Builds the engine (graphs captured),
 warms it with a few requests, then for each of ``--requests`` sentences submits one request to
@@ -39,7 +40,8 @@ from breezert_bench.workload import load_texts, make_workload
 
 class StepClock:
     """Wraps the engine's ``runner.execute``: host start/end of each step (ms from ``base``)
-    and CUDA events around its work."""
+    and CUDA events around its work (on the CPU, where the host does the work, its times
+    stand for the device's)."""
 
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
@@ -48,35 +50,43 @@ class StepClock:
         self.records: list[dict[str, Any]] = []
         self.base_host = 0.0
         self.base_event: torch.cuda.Event | None = None
+        self.cuda = engine.runner.device.type == "cuda"
 
     def start(self) -> None:
         self.records.clear()
-        self.base_event = torch.cuda.Event(enable_timing=True)
-        self.base_event.record()
+        if self.cuda:
+            self.base_event = torch.cuda.Event(enable_timing=True)
+            self.base_event.record()
         self.base_host = time.perf_counter()
 
     def _timed(self, plan: Any) -> Any:
-        begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        events = None
+        if self.cuda:
+            events = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         host_start = time.perf_counter()
-        begin.record()
+        if events:
+            events[0].record()
         out = self._execute(plan)
-        end.record()
+        if events:
+            events[1].record()
         self.records.append({"stage": plan.stage.value, "rows": plan.num_rows,
-                             "host": (host_start, time.perf_counter()), "gpu": (begin, end)})
+                             "host": (host_start, time.perf_counter()), "gpu": events})
         return out
 
     def timeline(self) -> list[dict[str, Any]]:
         """Each step: stage, rows, host and GPU start/end in ms from ``start``."""
-        torch.cuda.synchronize()
-        assert self.base_event is not None
+        if self.cuda:
+            torch.cuda.synchronize()
         rows = []
         for r in self.records:
-            (h0, h1), (g0, g1) = r["host"], r["gpu"]
-            rows.append({"stage": r["stage"], "rows": r["rows"],
-                         "host_ms": [round((h0 - self.base_host) * 1000, 3),
-                                     round((h1 - self.base_host) * 1000, 3)],
-                         "gpu_ms": [round(self.base_event.elapsed_time(g0), 3),
-                                    round(self.base_event.elapsed_time(g1), 3)]})
+            (h0, h1) = r["host"]
+            host = [round((h0 - self.base_host) * 1000, 3), round((h1 - self.base_host) * 1000, 3)]
+            device = host
+            if r["gpu"] is not None:
+                assert self.base_event is not None
+                device = [round(self.base_event.elapsed_time(event), 3) for event in r["gpu"]]
+            rows.append({"stage": r["stage"], "rows": r["rows"], "host_ms": host,
+                         "gpu_ms": device})
         return rows
 
 
@@ -110,7 +120,16 @@ def gpu_idle_ms(steps: list[dict[str, Any]], end_ms: float) -> float:
     return idle + max(0.0, end_ms - reach)
 
 
-def census(prof: Any, top: int = 15) -> dict[str, Any]:
+def census(prof: Any, cuda: bool, top: int = 15) -> dict[str, Any]:
+    """The kernels of a CUDA run (launches, busy time, the top by time); on the CPU the
+    operators instead (calls, self time)."""
+    if not cuda:
+        ops = list(prof.key_averages())
+        ranked = sorted(ops, key=lambda e: e.self_cpu_time_total, reverse=True)
+        return {"launches": sum(e.count for e in ops),
+                "busy_ms": sum(e.self_cpu_time_total for e in ops) / 1000,
+                "top": [{"name": e.key[:100], "count": e.count, "ms": e.self_cpu_time_total / 1000}
+                        for e in ranked[:top]]}
     kernels = [e for e in prof.key_averages() if e.device_type == torch.autograd.DeviceType.CUDA]
     ranked = sorted(kernels, key=lambda e: e.device_time_total, reverse=True)
     return {"launches": sum(e.count for e in kernels),
@@ -181,7 +200,8 @@ def main() -> None:
     for n, item in enumerate(items[args.warmup:]):
         last = n == args.requests - 1
         if last:
-            with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            activities = [ProfilerActivity.CPU] + [ProfilerActivity.CUDA] * clock.cuda
+            with profile(activities=activities) as prof:
                 ttfb, steps = first_packet(engine, clock, item.text, item.seed, f"r-{item.index}")
         else:
             ttfb, steps = first_packet(engine, clock, item.text, item.seed, f"r-{item.index}")
@@ -193,7 +213,7 @@ def main() -> None:
         for s in steps:
             print(f"  {s['stage']:12s} rows {s['rows']:3d}  host {s['host_ms'][0]:7.2f} - "
                   f"{s['host_ms'][1]:7.2f}  GPU {s['gpu_ms'][0]:7.2f} - {s['gpu_ms'][1]:7.2f}")
-    kernels = census(prof)
+    kernels = census(prof, clock.cuda)
     print(f"census of the last first packet: {kernels['launches']} launches, "
           f"{kernels['busy_ms']:.2f} ms busy")
     for k in kernels["top"]:
