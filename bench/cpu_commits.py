@@ -7,9 +7,11 @@ out into a git worktree under ``.cache/cpu-commits/`` and every round runs one c
 per commit (``PYTHONPATH`` at its ``runtime/``), base and head alternating, so both see the
 box's load the same way. A child times, on one thread: one DEPTH frame (1 and 4 rows, the
 15-step loop with sampling), one CODEC step (1 row, 1 / 4 / 16 frames), one DECODE step (1 row,
-64 cached tokens) and one whole request through ``Engine`` (25 frames of the packaged
-``cpu-tiny`` profile, its chunk schedule). Reported per commit: the best and the median round
-(each round's figure is already the best of several repeats). Writes JSON and a PNG beside it.
+64 cached tokens), one whole request through ``Engine`` (25 frames of the packaged
+``cpu-tiny`` profile, its chunk schedule) and, on that engine, a request's first chunk (from
+``add_request``, with the profile's Predictor and first-chunk cover). Reported per commit: the
+best and the median round (each round's figure is already the best of several repeats). Writes
+JSON and a PNG beside it.
 Must not: change either commit's tree (the worktrees are detached, registered in ``.git`` and
 left for reuse; ``git worktree prune`` forgets them once ``.cache/`` is gone).
 """
@@ -37,6 +39,7 @@ from breezert.config import EngineConfig
 from breezert.constants import Stage
 from breezert.engine import Engine
 from breezert.options import SynthesisOptions
+from breezert.outputs import AudioChunk
 from breezert.profiles import resolve_config
 from breezert.request import SynthesisRequest
 from breezert.runtime_setup import build_runner, load_engine_checkpoint
@@ -77,6 +80,17 @@ def request():
     while engine.has_work():
         engine.step()
 out["request_25_frames_ms"] = best_ms(request, 2, reps=3)
+def first_chunk_s():
+    options = SynthesisOptions(seed=next(seeds))
+    engine.add_request(SynthesisRequest(text="Hello from the agent.", max_frames=25,
+                                        ignore_eos=True, options=options))
+    start, first = time.perf_counter(), None
+    while engine.has_work():
+        outputs = engine.step()
+        if first is None and any(isinstance(o, AudioChunk) for o in outputs):
+            first = time.perf_counter() - start
+    return first
+out["first_chunk_ms"] = min(first_chunk_s() for _ in range(5)) * 1e3
 print(json.dumps(out))
 """
 
