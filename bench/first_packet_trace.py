@@ -1,17 +1,17 @@
 """One request's first packet on the serving engine, step by step on the host and on the GPU.
 
-Usage (GPU machine, repo root; on the CPU ``--config runtime/breezert/profiles/cpu-tiny.toml``,
-host times only): ``PYTHONPATH=runtime python bench/first_packet_trace.py
---config configs/h200-latency.toml --texts .benchdata/texts_en.tsv --tokenizer
-.benchdata/tokenizer.json [--requests 5] [--set graph.fused_prefill=true]
-[--out X.json]``. Builds the engine (graphs captured), warms it with a few requests, then for
-each of ``--requests`` sentences submits one request to the idle engine and steps it on this
-thread (``Engine.step``, no event loop) until its first chunk. Each step is bracketed by CUDA events on the stream its work runs on, so the run shows,
-per step, when the host ran it and when the GPU ran its work (the start event completes when
-the GPU reaches the step's first kernel), and so where the GPU sat idle waiting for the host.
-The last request runs under ``torch.profiler`` for the kernel census of the whole first packet
-(launches, busy time, the top kernels). Prints a table per request and the medians; writes JSON
-with the GPU, torch version, commit and date.
+Usage (GPU machine, repo root; on the CPU ``--config runtime/breezert/profiles/cpu-tiny.toml``, host
+times only): ``PYTHONPATH=runtime python bench/first_packet_trace.py --config
+configs/h200-latency.toml --texts .benchdata/texts_en.tsv --tokenizer .benchdata/tokenizer.json
+[--requests 5] [--set graph.fused_prefill=true] [--out X.json]``. Builds the engine (graphs
+captured), warms it with a few requests, then for each of ``--requests`` sentences submits one
+request to the idle engine and steps it on this thread (``Engine.step``, no event loop) until its
+first chunk. Each step is bracketed by CUDA events on the stream its work runs on, so the run shows,
+per step, when the host ran it and when the GPU ran its work (the start event completes when the GPU
+reaches the step's first kernel), and so where the GPU sat idle waiting for the host. The last
+request runs under ``torch.profiler`` for the kernel census of the whole first packet (launches,
+busy time, the top kernels). Prints a table per request and the medians; writes JSON with the GPU,
+torch version, commit and date.
 
 Owns nothing the runtime uses. Must not: be read as a loaded engine's first packet (one request
 at a time, no event loop beside the engine thread: the c=1 figure of ``breezert-bench`` is that).
