@@ -12,7 +12,8 @@ the figures' p95 times ``--margin`` (2.0: a regression that doubles the tail goe
 of a two-core box does not), rounded up to the millisecond, and at most a listener's perceptual
 limit where one applies (``CAPS``: the interrupt, 200 ms). Bounds of a tier not measured this
 time keep their entry. Records the date, commit, machine and the foreign CPU load (other
-processes on the box) during each tier's runs, since figures from a busy box are wider.
+processes on the box) during each tier's runs, since figures from a busy box are wider; each
+bound names its CPU (the file's ``machine`` is the last measurement's).
 """
 
 from __future__ import annotations
@@ -83,6 +84,19 @@ def _machine() -> dict[str, Any]:
             "python": platform.python_version()}
 
 
+def _name_machines(doc: dict[str, Any]) -> None:
+    """Names the machine in every bound (``cpu``) and run (``machine``) measured before each
+    carried its own (the file's one ``machine`` was theirs), so that a tier measured again on
+    another box leaves the others' provenance true."""
+    old = doc.get("machine")
+    if not old:
+        return
+    for entry in doc.get("bounds", {}).values():
+        entry.setdefault("cpu", old["cpu"])
+    for run in doc.get("runs", []):
+        run.setdefault("machine", old)
+
+
 def _commit() -> str:
     """The commit the bounds were measured at (``breezert_bench.provenance``), with a note
     when the tree had uncommitted changes."""
@@ -135,7 +149,7 @@ def bound_entry(name: str, values: list[float], margin: float, tests: list[str],
     entry = {"bound_ms": bound_ms(name, p95, margin), "p50_ms": round(float(np.median(data)), 1),
              "p95_ms": p95, "max_ms": round(float(data.max()), 1), "n": int(data.size),
              "tier": tier, "tests": tests, "foreign_load_cores": load,
-             "measured": datetime.date.today().isoformat()}
+             "measured": datetime.date.today().isoformat(), "cpu": _machine()["cpu"]}
     return {**entry, **_cap(name)}
 
 
@@ -158,6 +172,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"{args.out} holds bounds at margin {doc['margin']}: measure every tier "
                      "again into a new file to change it")
     tiers = [] if args.recompute else TIERS if args.tier == "all" else [args.tier]
+    _name_machines(doc)
     for name, entry in doc["bounds"].items() if args.recompute else ():
         entry.update(bound_ms=bound_ms(name, entry["p95_ms"], args.margin), **_cap(name))
     for tier in tiers:
@@ -182,8 +197,8 @@ def main(argv: list[str] | None = None) -> int:
                 "machine": _machine()})
     runs = doc.setdefault("runs", [])
     for tier in tiers:
-        runs.append({"tier": tier, "commit": _commit(), "command_line": "bench/latency_bounds.py "
-                     + " ".join(argv or sys.argv[1:]),
+        runs.append({"tier": tier, "commit": _commit(), "machine": _machine(),
+                     "command_line": "bench/latency_bounds.py " + " ".join(argv or sys.argv[1:]),
                      "date": datetime.datetime.now(datetime.timezone.utc).isoformat(
                          timespec="seconds")})
     doc["bounds"] = dict(sorted(doc["bounds"].items()))

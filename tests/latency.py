@@ -42,7 +42,8 @@ def describe(name: str) -> str:
     cap = (f", capped at {entry['cap_ms']:.0f} ms: {entry['cap_reason']}" if "cap_ms" in entry
            else "")
     return (f"bound {entry['bound_ms']:.0f} ms (p95 {entry['p95_ms']:.0f} ms x {doc['margin']} "
-            f"over {entry['n']} measurements on {doc['machine']['cores']} cores, "
+            f"over {entry['n']} measurements on {doc['machine']['cores']} cores of "
+            f"{entry.get('cpu', doc['machine']['cpu'])}, "
             f"{entry['measured']}, {BOUNDS_FILE.name}{cap})")
 
 
