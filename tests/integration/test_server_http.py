@@ -20,6 +20,7 @@ import av
 import pytest
 from aiohttp import web
 from breezert.async_engine import AsyncEngine
+from breezert.outputs import AudioChunk
 
 from tests.integration._server import (
     FRAMES_PER_TURN,
@@ -65,7 +66,7 @@ async def test_streamed_pcm_arrives_chunk_by_chunk(
 
     async def stream(request_id: str, **kwargs: Any) -> Any:
         async for item in real_stream(request_id, **kwargs):
-            if hasattr(item, "pcm"):
+            if isinstance(item, AudioChunk):
                 made.append(len(item.pcm) * 2)
             yield item
 
