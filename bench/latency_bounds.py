@@ -128,9 +128,12 @@ def measure(tier: str, runs: int) -> tuple[dict[str, list[float]], float, list[s
                   flush=True)
             if done.returncode != 0:
                 failures.append(tail[0])
+                errors = [line for line in done.stdout.splitlines() if line.startswith("E ")]
                 for line in done.stdout.splitlines():  # pytest's short summary of each failure
                     if line.startswith(("FAILED", "ERROR")):
                         print(f"  {line[:300]}", flush=True)
+                for line in errors[:4]:  # what the first failure asserted
+                    print(f"    {line[:300]}", flush=True)
         for line in record.read_text().splitlines() if record.exists() else []:
             row = json.loads(line)
             figures.setdefault(row["name"], []).append(float(row["ms"]))
