@@ -192,6 +192,25 @@ def test_depth_step_is_the_module_composition_bit_for_bit(tiny: BreezeModel, pac
         assert torch.equal(fast, slow)
 
 
+@torch.no_grad()
+def test_depth_step_tables_are_run_layers_bit_for_bit(tiny: BreezeModel) -> None:
+    """The eager step reads each position's RoPE tables and mask made once; ``run_layers`` (the
+    compiled and fused units' contract) makes them from its tensor inputs: the same bits, and
+    the same cache written, at every position."""
+    depth = copy.deepcopy(tiny).depth_decoder
+    tabled, built = depth.new_cache(3), depth.new_cache(3)
+    positions, cos, sin = depth._frame_rope(torch.device("cpu"), torch.float32)
+    gen = torch.Generator().manual_seed(5)
+    for position in range(depth.max_positions):
+        x = (torch.randn(3, 64, generator=gen) if position == 0 else
+             depth.embed_code(torch.randint(0, 2048, (3,), generator=gen), position - 1))
+        assert torch.equal(
+            depth.step(x, position, tabled),
+            depth.run_layers(x, cos[position].expand(3, -1), sin[position].expand(3, -1), built,
+                             positions[position]))
+        assert torch.equal(tabled, built)
+
+
 def test_depth_step_after_an_inference_mode_warm_up_runs_under_autograd(tiny: BreezeModel) -> None:
     """The frame's RoPE tables are kept from the first call; made under inference mode (the
     engine's warm-up) they must still serve a later call that autograd records (the GPU graph
