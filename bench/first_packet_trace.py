@@ -123,19 +123,16 @@ def gpu_idle_ms(steps: list[dict[str, Any]], end_ms: float) -> float:
 def census(prof: Any, cuda: bool, top: int = 15) -> dict[str, Any]:
     """The kernels of a CUDA run (launches, busy time, the top by time); on the CPU the
     operators instead (calls, self time)."""
-    if not cuda:
-        ops = list(prof.key_averages())
-        ranked = sorted(ops, key=lambda e: e.self_cpu_time_total, reverse=True)
-        return {"launches": sum(e.count for e in ops),
-                "busy_ms": sum(e.self_cpu_time_total for e in ops) / 1000,
-                "top": [{"name": e.key[:100], "count": e.count, "ms": e.self_cpu_time_total / 1000}
-                        for e in ranked[:top]]}
-    kernels = [e for e in prof.key_averages() if e.device_type == torch.autograd.DeviceType.CUDA]
-    ranked = sorted(kernels, key=lambda e: e.device_time_total, reverse=True)
-    return {"launches": sum(e.count for e in kernels),
-            "busy_ms": sum(e.device_time_total for e in kernels) / 1000,
-            "top": [{"name": e.key[:100], "count": e.count, "ms": e.device_time_total / 1000}
-                    for e in ranked[:top]]}
+    events = list(prof.key_averages())
+    if cuda:
+        events = [e for e in events if e.device_type == torch.autograd.DeviceType.CUDA]
+
+    def ms(e: Any) -> float:
+        return (e.device_time_total if cuda else e.self_cpu_time_total) / 1000
+
+    ranked = sorted(events, key=ms, reverse=True)
+    return {"launches": sum(e.count for e in events), "busy_ms": sum(ms(e) for e in events),
+            "top": [{"name": e.key[:100], "count": e.count, "ms": ms(e)} for e in ranked[:top]]}
 
 
 def plot(paths: list[str], png: str) -> None:
