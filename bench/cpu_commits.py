@@ -73,17 +73,17 @@ with torch.inference_mode():
     out["decode_step_ms"] = best_ms(lambda: decode.graphs.fn(**inputs), 20)
 engine = Engine(resolve_config("cpu-tiny"))
 seeds = iter(range(1, 1000))
-def request():
+def submit():
     options = SynthesisOptions(seed=next(seeds))
     engine.add_request(SynthesisRequest(text="Hello from the agent.", max_frames=25,
                                         ignore_eos=True, options=options))
+def request():
+    submit()
     while engine.has_work():
         engine.step()
 out["request_25_frames_ms"] = best_ms(request, 2, reps=3)
 def first_chunk_s():
-    options = SynthesisOptions(seed=next(seeds))
-    engine.add_request(SynthesisRequest(text="Hello from the agent.", max_frames=25,
-                                        ignore_eos=True, options=options))
+    submit()
     start, first = time.perf_counter(), None
     while engine.has_work():
         outputs = engine.step()
