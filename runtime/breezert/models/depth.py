@@ -23,7 +23,7 @@ from breezert.models.config import DepthConfig
 
 class StepRope(NamedTuple):
     """One depth position's attention inputs, made once per step for every layer: ``cos`` and
-    the sign-folded ``sin_signed`` (``apply_rope_signed``), both ``[R, 1, D]`` or ``[1, 1, D]``
+    the sign-folded ``sin_signed`` (``apply_rope_signed``), both ``[R, 1, D]`` or ``[1, D]``
     (broadcast over the q and k heads, and the rows), and the slot mask ``[1, 1, 1, P]``
     (slot <= position)."""
 
@@ -97,6 +97,15 @@ class DepthModel(nn.Module):
         )
         self.layers = nn.ModuleList(DepthLayer(cfg) for _ in range(cfg.num_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+
+
+def _step_rope(cos: torch.Tensor, sin: torch.Tensor, pos: torch.Tensor, num_slots: int,
+               dtype: torch.dtype) -> StepRope:
+    """A position's ``StepRope`` from its ``cos``/``sin`` rows (``[R, D]`` per row, or ``[D]``
+    for every row) and its one-element ``pos``, over a frame cache of ``num_slots``."""
+    slots = torch.arange(num_slots, device=pos.device)
+    return StepRope(cos.to(dtype).unsqueeze(-2), fold_rotation_sign(sin.to(dtype)).unsqueeze(-2),
+                    (slots <= pos).view(1, 1, 1, -1))
 
 
 FrameRope = tuple[list[torch.Tensor], torch.Tensor, torch.Tensor]
@@ -192,11 +201,8 @@ class DepthDecoder(nn.Module):
             return None
         positions, cos, sin = self._frame_rope(device, dtype)
         with torch.inference_mode(False), torch.no_grad():
-            slots = torch.arange(self.max_positions, device=device)
-            ropes = [(StepRope(cos[p].to(dtype)[None, None, :],
-                               fold_rotation_sign(sin[p].to(dtype))[None, None, :],
-                               (slots <= positions[p]).view(1, 1, 1, -1)), positions[p])
-                     for p in range(self.max_positions)]
+            ropes = [(_step_rope(cos[p], sin[p], positions[p], self.max_positions, dtype),
+                      positions[p]) for p in range(self.max_positions)]
         self._step_rope_tables[key] = ropes
         return ropes
 
@@ -227,11 +233,7 @@ class DepthDecoder(nn.Module):
         """Projector, layers and final norm for one position (``pos`` a 1-element tensor): the
         unit ``worker/compile.py`` compiles, identical for every step and batch size. The
         step's RoPE tables and slot mask are made here once for all layers."""
-        slots = torch.arange(cache.shape[4], device=x.device)
-        rope = StepRope(cos.to(x.dtype)[:, None, :],
-                        fold_rotation_sign(sin.to(x.dtype))[:, None, :],
-                        (slots <= pos).view(1, 1, 1, -1))
-        return self._layers(x, rope, cache, pos)
+        return self._layers(x, _step_rope(cos, sin, pos, cache.shape[4], x.dtype), cache, pos)
 
     def _layers(self, x: torch.Tensor, rope: StepRope, cache: torch.Tensor,
                 pos: torch.Tensor) -> torch.Tensor:
