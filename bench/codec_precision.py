@@ -31,7 +31,7 @@ from breezert_bench.provenance import provenance
 PRECISIONS = ("fp32", "fp32-strict", "tf32", "bf16", "fp16", "tf32-fast", "bf16-fast",
               "fp16-fast")
 """``-fast``: the serving kernels (``graph.fused_codec``: SnakeBeta fused with each conv's
-history, codebook tables, the widest upsampler as a GEMM)."""
+history, codebook tables, the upsamplers as GEMMs, activations and convs channels-last)."""
 SHAPES = ((1, 1), (16, 1), (64, 1), (256, 1), (16, 4), (64, 4), (16, 16), (32, 16))
 SLOTS = max(streams for streams, _ in SHAPES)
 """The codec arena's slots: every timed shape's streams get their own (a slot past the arena
@@ -45,8 +45,9 @@ def math_flags(precision: str) -> contextlib.AbstractContextManager[None]:
 
 
 def make_codec(base: torch.nn.Module, precision: str, slots: int) -> StreamingCodec:
-    if precision.endswith("-fast"):
-        return StreamingCodec.for_serving(base, slots, precision.removesuffix("-fast"), fast=True)
+    if precision.endswith("-fast"):  # on its own copy: the fast codec restrides the conv weights
+        return StreamingCodec.for_serving(copy.deepcopy(base), slots,
+                                          precision.removesuffix("-fast"), fast=True)
     dtype = HALF_PRECISION_DTYPES.get(precision, torch.float32)
     decoder = copy.deepcopy(base).to(dtype) if dtype != torch.float32 else base
     return StreamingCodec(decoder, slots, device="cuda", dtype=dtype)

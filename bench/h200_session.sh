@@ -395,28 +395,26 @@ case "$phase" in
       --variant 'new32=config;scheduler.max_text_encode_requests=32;scheduler.max_prefill_requests=32' \
       --variant 'new64=config;scheduler.max_text_encode_requests=64;scheduler.max_prefill_requests=64' \
       --out "$out/h200-burst.json" 2>&1 | grep '^\[bench' ;;
-  codec-layout)  # issue 31: the channels-last codec candidate (graph.codec_channels_last): its
-    # A/B against the served layout in one process (bench/codec_ab.py --change layout, TF32 as
-    # served; the two waveforms' max difference per shape), the codec's GPU tests (its own
-    # among them: same waveform as the served layout, SNR bounds, chunking, a mixed-size graph
-    # replay), the A/B again with cuDNN's algorithms timed (--cudnn-benchmark), then the
-    # channels-last CODEC census at 256 rows x 1 frame (launches, the transposes left; the
-    # served layout's census is phase census-256's, bench/results/h*-census-256-*.txt)
-    timeout 300 python3 bench/codec_ab.py --change layout --out "$out/h200-codec-layout-ab.json" \
-      2>&1 | grep -v Warn | tail -12
+  codec-layout)  # issue 31: the fast codec's layout (channels-last, the only one since the
+    # channels-first fast path was deleted): the codec's GPU tests (same waveform as the eager
+    # modules, SNR bounds, chunking, a mixed-size graph replay), the served step timed with
+    # cuDNN's heuristics and then with its algorithms timed (--cudnn-benchmark: the census of 7
+    # Dec had 19 convertTensor launches at 256 x 1; compare the two runs' "after" columns, the
+    # runtime's codec), then its CODEC census at 256 rows x 1 frame (launches, the transposes left)
     timeout 240 python3 -m pytest tests/gpu/test_gpu_codec.py -q -p no:cacheprovider 2>&1 \
       | tee "$out/codec_tests.log" | tail -4
-    # cuDNN's algorithms by timing instead of its heuristics (whole process; the census of 7
-    # Dec: some of its heuristic picks write NCHW output and convert it, 19 launches at 256 x 1)
-    timeout 300 python3 bench/codec_ab.py --change layout --cudnn-benchmark \
-      --out "$out/h200-codec-layout-ab-cudnn-benchmark.json" 2>&1 | grep -v Warn | tail -12
+    for bench_mode in heuristics cudnn-benchmark; do
+      flag=""; [ "$bench_mode" = heuristics ] || flag=--cudnn-benchmark
+      timeout 240 python3 bench/codec_ab.py --change upsampler $flag \
+        --out "$out/h200-codec-served-$bench_mode.json" 2>&1 | grep -v Warn | tail -9
+    done
     timeout 200 python3 bench/profile_stages.py --preset full --batch 256 --codec-frames 1 \
-      --fused --fused-decode --fused-codec --codec-channels-last --top 30 2>&1 | grep -v Warn \
+      --fused --fused-decode --fused-codec --top 30 2>&1 | grep -v Warn \
       > "$out/h200-census-codec-cl-256.txt" || true
     grep -A12 CODEC "$out/h200-census-codec-cl-256.txt" || true ;;
-  codec-upsampler)  # issue 31: the serving codec's step with the wide upsampler's GEMM on a
-    # row-major copy (the runtime) against the transposed view it replaced (cuBLAS's unaligned
-    # kernel: 6.4 of 36 ms at 256 x 1 on the H100), one process; then the codec's GPU tests
+  codec-upsampler)  # issue 31: the serving codec's step with the wide upsampler's GEMM on the
+    # rows as they lie (the runtime) against the transposed view of 5 Dec, its output made
+    # channels-first (bench/codec_ab.py), one process; then the codec's GPU tests
     timeout 300 python3 bench/codec_ab.py --change upsampler \
       --out "$out/h200-codec-upsampler-ab.json" \
       2>&1 | grep -v Warn | tail -12
@@ -424,18 +422,12 @@ case "$phase" in
       | tee "$out/codec_tests.log" | tail -3 ;;
   codec-state)  # issue 31: the codec's state read and written in its slots (K/V rings one
     # kernel a layer, conv histories by the kernels around each conv) against the whole state
-    # gathered and scattered around the step; then the snake kernel's programs across rows
-    # against a program per row, and against the flat layout it replaced on 6 Dec
-    # (bench/codec_ab.py, one process each); the GPU tests first: the
+    # gathered and scattered around the step (bench/codec_ab.py); the GPU tests first: the
     # codec's (the kernels' own too) and the engine's graphs (the stage's strided slot column)
     timeout 300 python3 -m pytest tests/gpu/test_gpu_codec.py tests/gpu/test_gpu_graphs.py -q \
       -p no:cacheprovider 2>&1 | tee "$out/codec_tests.log" | tail -4
     timeout 300 python3 bench/codec_ab.py --change state --out "$out/h200-codec-state-ab.json" \
-      2>&1 | grep -v Warn | tail -12
-    timeout 240 python3 bench/codec_ab.py --change snake --out "$out/h200-codec-snake-ab.json" \
-      2>&1 | grep -v Warn | tail -12
-    timeout 240 python3 bench/codec_ab.py --change snake-tile \
-      --out "$out/h200-codec-snake-tile-ab.json" 2>&1 | grep -v Warn | tail -12 ;;
+      2>&1 | grep -v Warn | tail -12 ;;
   codec-precision)  # issue 31: the codec's precisions side by side (bench/codec_precision.py:
     # SNR against strict fp32, streamed against one-shot, step ms at 1-256 streams; fp16 new on
     # 5 Dec), then the codec's GPU tests (fp16 held to TF32's SNR bound)

@@ -64,11 +64,8 @@ def main() -> None:
     parser.add_argument("--fused-text-encoder", action="store_true",
                         help="the fused Triton text-encoder layers")
     parser.add_argument("--fused-codec", action="store_true",
-                        help="the serving codec's kernels (graph.fused_codec; off: the eager "
-                             "SnakeBeta and convolutions)")
-    parser.add_argument("--codec-channels-last", action="store_true",
-                        help="with --fused-codec: the codec channels-last "
-                             "(graph.codec_channels_last)")
+                        help="the serving codec's kernels, channels-last (graph.fused_codec; "
+                             "off: the eager SnakeBeta and convolutions)")
     parser.add_argument("--codec-frames", type=int, default=0,
                         help="also one CODEC replay of this many frames per row (--batch rows)")
     parser.add_argument("--top", type=int, default=15)
@@ -93,8 +90,7 @@ def main() -> None:
                   "fused_decode": args.fused_decode and cuda,
                   "fused_text_encoder": args.fused_text_encoder and cuda,
                   "pdl": args.pdl and cuda,
-                  "fused_codec": args.fused_codec and cuda,
-                  "codec_channels_last": args.codec_channels_last and args.fused_codec and cuda},
+                  "fused_codec": args.fused_codec and cuda},
     })
     runner = build_runner(cfg, load_engine_checkpoint(cfg.model))
     depth, decode = runner.stages[Stage.DEPTH], runner.stages[Stage.DECODE]

@@ -283,31 +283,31 @@ def _text_encoder(pdl: bool, wide: bool = False) -> tuple[Warm, Callable[[], Non
 
 
 def _snake() -> tuple[Warm, Callable[[], None]]:
-    from breezert.kernels.snake import keep_tail_triton, snake_cat_triton
+    from breezert.kernels.snake import bias_residual_triton, keep_tail_triton, snake_cat_cl_triton
 
-    def serve() -> None:  # with and without a history (the kernel's shapes are arguments), the
-        # serving codec's histories read from and written to the arena by slot, in every codec
-        # precision's dtype (bf16 and fp16 serve a 16-bit decoder and state); rows 8-14 and
-        # 1920-1974 samples wide: the decoder's narrowest and widest at one frame
-        for dtype, (t, h) in itertools.product((torch.float32, torch.bfloat16, torch.float16),
-                                               ((8, 6), (1920, 54))):
-            x = torch.zeros(4, 64, t, dtype=dtype, device="meta")
-            alpha = torch.zeros(64, dtype=dtype, device="meta")
-            snake_cat_triton(x, alpha, alpha, None)
-            snake_cat_triton(x, alpha, alpha, torch.zeros(4, 64, h, dtype=dtype, device="meta"))
-            arena = torch.zeros(5, 64, h, dtype=dtype, device="meta")
+    def serve() -> None:  # with and without a history (the kernels' shapes are arguments), the
+        # serving codec's histories read from and written to the arena by slot, a conv's bias
+        # added first, a residual unit's skip, in every codec precision's dtype (bf16 and fp16
+        # serve a 16-bit decoder and state); rows 8-14 and 1920-1974 samples wide: the
+        # decoder's narrowest and widest at one frame; 96, 192 and 1536 channels: 32, 64 and 128
+        # channels a program (``channel_block``)
+        for dtype, (t, h), channels in itertools.product(
+                (torch.float32, torch.bfloat16, torch.float16), ((8, 6), (1920, 54)),
+                (96, 192, 1536)):
+            # channels-last, as a conv's output
+            x = torch.zeros(4, t, channels, dtype=dtype, device="meta").transpose(1, 2)
+            alpha = torch.zeros(channels, dtype=dtype, device="meta")
+            snake_cat_cl_triton(x, alpha, alpha, None)
+            snake_cat_cl_triton(x, alpha, alpha, None, bias=alpha)
+            snake_cat_cl_triton(x, alpha, alpha,
+                                torch.zeros(4, channels, h, dtype=dtype, device="meta"))
+            arena = torch.zeros(5, channels, h, dtype=dtype, device="meta")
             rows = torch.zeros(4, dtype=torch.long, device="meta")
             for log_alpha in (alpha, None):
-                full = snake_cat_triton(x, log_alpha, log_alpha, arena, rows)
+                full = snake_cat_cl_triton(x, log_alpha, log_alpha, arena, rows)
             for frames in (rows, None):
                 keep_tail_triton(full, arena, rows, frames, 1)
-        # the tile shapes between (32 to 512 columns a program, ``block_cols``) on the serving
-        # path: bf16, SnakeBeta, the history read from the arena by slot
-        alpha = torch.zeros(64, dtype=torch.bfloat16, device="meta")
-        arena = torch.zeros(5, 64, 6, dtype=torch.bfloat16, device="meta")
-        for width in (86, 641, 694, 1025, 1500):
-            x = torch.zeros(4, 64, width - 6, dtype=torch.bfloat16, device="meta")
-            snake_cat_triton(x, alpha, alpha, arena, rows)
+            bias_residual_triton(x, x, alpha)
 
     return None, serve
 

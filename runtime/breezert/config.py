@@ -283,15 +283,14 @@ class GraphConfig(_Frozen):
     codec_buckets: tuple[int, ...] = (1, 2, 4, 8, 16)
     """CODEC batch sizes in streams."""
     fused_codec: bool = False
-    """The codec's serving kernels: SnakeBeta fused with each conv's carried history (one Triton
-    launch instead of six, CUDA only), one gather per codebook group, the widest upsampler as a
-    GEMM. Same arithmetic up to rounding order."""
-    codec_channels_last: bool = False
-    """With ``fused_codec``: the codec decoder's activations channels-last and its convs as 2-D
-    channels-last convolutions (``StreamingCodec(channels_last=True)``), so no conv transposes
-    its input and output and the residual units' conv biases ride passes made anyway. Same
-    values up to rounding order; 18-22 % off a CODEC step at every shape from 1 x 1 to 32 x 16
-    (H100, ``bench/results/h100-codec-layout-ab-20261207-15.json``)."""
+    """The codec's serving path (``StreamingCodec(fast=True)``): SnakeBeta fused with each
+    conv's carried history (one Triton launch instead of six, CUDA only), one gather per
+    codebook group, the upsamplers as GEMMs, the decoder's activations channels-last and its
+    convs as 2-D channels-last convolutions, so no conv transposes its input and output and the
+    residual units' conv biases ride passes made anyway (18-22 % off a CODEC step at every shape
+    from 1 x 1 to 32 x 16 against channels-first, H100,
+    ``bench/results/h100-codec-layout-ab-20261207-15.json``). Same arithmetic up to rounding
+    order."""
     codec_replay_cost_frames: float = Field(default=24.0, ge=0)
     """Fixed cost of one CODEC replay in frame-equivalents: chunks of different sizes share a
     replay (each row decodes its own frames), grouped to minimise padded frames plus this per
@@ -308,8 +307,6 @@ class GraphConfig(_Frozen):
             "codec_buckets",
         ):
             _check_buckets(name, getattr(self, name))
-        if self.codec_channels_last and not self.fused_codec:
-            raise ValueError("graph.codec_channels_last needs graph.fused_codec = true")
         return self
 
 

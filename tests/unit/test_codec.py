@@ -215,29 +215,27 @@ def _stream_mixed(sc: StreamingCodec, codes: torch.Tensor, schedules: list[list[
 MIXED = [[1, 2, 4, 8, 16, 16, 16, 16, 16, 5], [16] * 6 + [4], [3] * 34]
 
 
-@pytest.mark.parametrize(("fast", "channels_last"), [(False, False), (True, False),
-                                                    (True, True)])
+@pytest.mark.parametrize("fast", [False, True])
 def test_rows_of_different_chunk_sizes_share_a_step(
     decoder: CodecDecoder, codes: torch.Tensor, full_wav: torch.Tensor, fast: bool,
-    channels_last: bool,
 ) -> None:
     """Per-row frame counts (``num_frames``): each row equals its one-shot decode, and a row
     that decodes 0 frames in a step keeps its state (rows finish at different steps here).
-    ``channels_last``: the convs as 2-D channels-last convolutions on restrided weights (the
-    kernels that build their inputs channels-last: ``test_codec_attention_kernel.py``)."""
-    dec = copy.deepcopy(decoder) if channels_last else decoder
-    sc = StreamingCodec(dec, max_slots=3, fast=fast, channels_last=channels_last)
+    ``fast``: the convs as 2-D channels-last convolutions on restrided weights (the kernels
+    that build their inputs channels-last: ``test_codec_attention_kernel.py``)."""
+    dec = copy.deepcopy(decoder) if fast else decoder
+    sc = StreamingCodec(dec, max_slots=3, fast=fast)
     wav = _stream_mixed(sc, codes, MIXED)
     torch.testing.assert_close(wav, full_wav, atol=ATOL, rtol=0)
     assert sc.positions.tolist() == [NUM_FRAMES] * 3
 
 
-def test_channels_last_restrides_the_weights_keeping_their_values(
+def test_the_fast_path_restrides_the_weights_keeping_their_values(
         decoder: CodecDecoder) -> None:
-    """``StreamingCodec(channels_last=True)`` stores every conv weight as a 2-D channels-last
-    weight, the same values; the latent upsamplers become GEMMs; it needs the fast path."""
+    """``StreamingCodec(fast=True)`` stores every conv weight as a 2-D channels-last weight,
+    the same values; the latent upsamplers become GEMMs."""
     dec = copy.deepcopy(decoder)
-    StreamingCodec(dec, max_slots=1, fast=True, channels_last=True)
+    StreamingCodec(dec, max_slots=1, fast=True)
     convs = [m for m in dec.modules() if isinstance(m, (torch.nn.Conv1d,
                                                          torch.nn.ConvTranspose1d))]
     assert all(m.weight.unsqueeze(2).is_contiguous(memory_format=torch.channels_last)
@@ -246,8 +244,6 @@ def test_channels_last_restrides_the_weights_keeping_their_values(
     assert all(torch.equal(t, want[name]) for name, t in dec.state_dict().items())
     latent = [m for m, _ in dec.upsample]
     assert all(m.gemm_weight is not None and m.gemm_bias is not None for m in latent)
-    with pytest.raises(ValueError, match="fast=True"):
-        StreamingCodec(copy.deepcopy(decoder), max_slots=1, channels_last=True)
 
 
 def test_fast_path_matches_the_reference_with_the_gemm_upsampler(
@@ -261,7 +257,7 @@ def test_fast_path_matches_the_reference_with_the_gemm_upsampler(
     dec = CodecDecoder(BreezeConfig.tiny().codec)
     init_codec_random_(dec, torch.Generator().manual_seed(0))
     sc = StreamingCodec(dec.eval(), max_slots=3, fast=True)
-    gemms = [m for m in dec.modules() if getattr(m, "gemm_weight", None) is not None]
+    gemms = [m for m in dec.decoder.modules() if getattr(m, "gemm_weight", None) is not None]
     assert len(gemms) == len(dec.cfg.upsample_rates)
     wav = _stream_mixed(sc, codes, MIXED)
     torch.testing.assert_close(wav, full_wav, atol=ATOL, rtol=0)

@@ -65,7 +65,7 @@ def stream_two_rows(run, schedule, full: torch.Tensor) -> list[int]:  # noqa: AN
     return cursor
 
 
-def check_streaming(kv_heads: int, channels_last: bool = False) -> None:
+def check_streaming(kv_heads: int) -> None:
     import dataclasses
 
     from breezert.models.codec import CodecDecoder, StreamingCodec, init_codec_random_
@@ -85,9 +85,9 @@ def check_streaming(kv_heads: int, channels_last: bool = False) -> None:
     snake.snake_cat_cl_triton = lambda *a, **k: cl_cats.append(a[0].shape) or cl_kernel(*a, **k)
     residuals, residual_kernel = [], snake.bias_residual_triton
     snake.bias_residual_triton = lambda *a: residuals.append(1) or residual_kernel(*a)
-    # the kernel (the interpreter's); ``channels_last``: the conv inputs built channels-last
-    # by the snake kernels, the convs as 2-D channels-last convolutions
-    sc = StreamingCodec(dec, max_slots=3, fast=True, channels_last=channels_last)
+    # the kernels (the interpreter's): the conv inputs built channels-last by the snake
+    # kernels, the convs as 2-D channels-last convolutions
+    sc = StreamingCodec(dec, max_slots=3, fast=True)
     slots = torch.tensor([2, 0])
 
     def run(sizes: list[int], cursor: list[int]) -> torch.Tensor:
@@ -99,13 +99,13 @@ def check_streaming(kv_heads: int, channels_last: bool = False) -> None:
     cursor = stream_two_rows(run, ([1, 3], [4, 4], [2, 1], [16, 16], [1, 5], [6, 1]), full)
     assert sc.positions[slots].tolist() == cursor
     assert len(calls) == 6 * cfg.num_layers  # every step's every layer ran the kernel
-    # every conv input built by the channels-last kernel (33 a step), or none of them, and
-    # each residual unit's skip added with its last conv's bias in one pass (12 a step)
-    assert len(cl_cats) == (6 * 33 if channels_last else 0)
-    assert len(residuals) == (6 * 12 if channels_last else 0)
+    # every conv input built by the channels-last kernel (33 a step), and each residual
+    # unit's skip added with its last conv's bias in one pass (12 a step)
+    assert len(cl_cats) == 6 * 33
+    assert len(residuals) == 6 * 12
 
 
-def check_stage_rows(channels_last: bool = False) -> None:
+def check_stage_rows() -> None:
     """The codec stage's replays through both kernels: ``codec_from_ring`` hands ``decode`` its
     slot ids as a column of ``rows [B, 1 + F]`` (stride 1 + F, not 1), padding rows all on the
     scratch slot with 0 frames, and a real row that has finished decodes 0 frames. Each real
@@ -121,8 +121,7 @@ def check_stage_rows(channels_last: bool = False) -> None:
     dec = init_codec_random_(CodecDecoder(cfg), torch.Generator().manual_seed(2)).eval()
     codes = torch.randint(0, 2048, (2, 12, 16), generator=torch.Generator().manual_seed(1))
     full = dec.decode(codes)
-    # slot 3: the stage's scratch slot; ``channels_last``: as both serving profiles run it
-    sc = StreamingCodec(dec, max_slots=4, fast=True, channels_last=channels_last)
+    sc = StreamingCodec(dec, max_slots=4, fast=True)  # slot 3: the stage's scratch slot
 
     class Table:  # a slot table's ``codec_codes``: frame f of slot s's request
         ring = torch.zeros(4, 12, 16, dtype=torch.long)
@@ -158,17 +157,13 @@ def test_ring_attention_matches_the_torch_ring(heads: int, kv_heads: int, head_d
 
 
 @needs_triton
-def test_a_streaming_codec_on_the_kernel_equals_the_offline_decode() -> None:
-    # grouped K/V heads are the kernel tests' (4, 2) and (2, 1) cases; the served codec has none
-    run_in_interpreter(__name__, "check_streaming(2)")
+@pytest.mark.parametrize("kv_heads", [2, 1])
+def test_a_streaming_codec_on_the_kernels_equals_the_offline_decode(kv_heads: int) -> None:
+    # 2 K/V heads for 2 query heads, as the served codec has; 1: grouped, as the kernel tests'
+    # (4, 2) and (2, 1) cases
+    run_in_interpreter(__name__, f"check_streaming({kv_heads})")
 
 
 @needs_triton
-def test_a_channels_last_codec_on_the_kernels_equals_the_offline_decode() -> None:
-    run_in_interpreter(__name__, "check_streaming(1, channels_last=True)")
-
-
-@needs_triton
-@pytest.mark.parametrize("channels_last", [False, True])
-def test_the_codec_stages_rows_decode_in_their_slots(channels_last: bool) -> None:
-    run_in_interpreter(__name__, f"check_stage_rows({channels_last})")
+def test_the_codec_stages_rows_decode_in_their_slots() -> None:
+    run_in_interpreter(__name__, "check_stage_rows()")

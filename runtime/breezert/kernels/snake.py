@@ -1,20 +1,20 @@
 """The causal convs' histories on the device: SnakeBeta fused with the history in front of the conv
 it feeds, and the new history written back into the stream's state, one Triton launch each.
 
-Owns: ``snake_cat_triton`` (``cat([history, snake(x)], -1)`` in one pass: read ``x`` and the
-history once, write the conv's input once; without SnakeBeta, the plain ``cat``; programs of rows x
-columns sized from the row width, ``block_cols``; its torch reference), ``snake_cat_cl_triton``
-(the same values written channels-last, ``[B, H + T, C]`` in memory, for the channels-last decoder:
-``StreamingCodec(channels_last=True)``; with a conv's bias added first), ``bias_residual_triton``
-(a channels-last residual unit's skip and its last conv's bias in one pass), ``keep_tail_triton``
-(each row's new history, the samples of the conv's input that end at its last real frame, written
-into its slot of the state arena; ``models.codec.real_tail`` is its arithmetic). The eager codec
-spends five launches and five full passes over the activation on SnakeBeta (``exp``, ``mul``,
-``sin``, ``pow``, ``mul``/``add``) and one more on the concatenation; at the decoder's 24 kHz end
-(96 channels x 1920 samples a frame) those passes, not the convolutions, were half of a CODEC step
-(``bench/results/h200-codec-conv-kernels-20261201.json``). Both kernels read the history from the
-arena by slot (``rows``), so a step gathers and scatters no conv state. Must not: change the
-formula (``x + sin^2(x * e^alpha) / (e^beta + 1e-9)``, fp32 math, stored in ``x``'s dtype).
+Owns: ``snake_cat_cl_triton`` (``cat([history, snake(x)], -1)`` in one pass, written
+channels-last, ``[B, H + T, C]`` in memory, for the fast codec's channels-last convolutions: read
+``x`` and the history once, write the conv's input once; without SnakeBeta, the plain ``cat``;
+with a conv's bias added first; its torch reference), ``bias_residual_triton`` (a residual unit's
+skip and its last conv's bias in one pass), ``keep_tail_triton`` (each row's new history, the
+samples of the conv's input that end at its last real frame, written into its slot of the state
+arena; ``models.codec.real_tail`` is its arithmetic). The eager codec spends five launches and
+five full passes over the activation on SnakeBeta (``exp``, ``mul``, ``sin``, ``pow``,
+``mul``/``add``) and one more on the concatenation; at the decoder's 24 kHz end (96 channels x
+1920 samples a frame) those passes, not the convolutions, were half of a CODEC step
+(``bench/results/h200-codec-conv-kernels-20261201.json``). The cat and ``keep_tail`` read and
+write the history in the arena by slot (``rows``), so a step gathers and scatters no conv state.
+Must not: change the formula (``x + sin^2(x * e^alpha) / (e^beta + 1e-9)``, fp32 math, stored in
+``x``'s dtype).
 """
 
 from __future__ import annotations
@@ -26,57 +26,8 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-_BLOCK = 1024  # keep_tail's elements a program
-_TILE = 1024  # snake_cat's elements a program: ROWS x BLOCK_T
-_MAX_ELEMENTS = 2**31  # a launch's output elements (int32 indices)
-_MAX_WASTE = 1.15  # padded / real columns a row may take in its column blocks
-
-
-@triton.jit(do_not_specialize=["C", "T", "H", "num_rows"])
-def _snake_cat_kernel(x_ptr, hist_ptr, rows_ptr, la_ptr, lb_ptr, out_ptr, C, T, H, num_rows,
-                      sx_b, sx_c, sh_b, sh_c, ROWS: tl.constexpr, BLOCK_T: tl.constexpr,
-                      APPLY: tl.constexpr, HAS_HIST: tl.constexpr, HAS_ROWS: tl.constexpr):
-    """Program ``i * cdiv(H + T, BLOCK_T) + j``: a tile of ``ROWS`` rows (``i * ROWS ...`` of the
-    ``B * C`` rows of ``out [B, C, H + T]``, contiguous) by ``BLOCK_T`` columns (``j * BLOCK_T
-    ...``; a 1-D grid: a launch's column blocks may pass the grid's 65535 in y); row ``b``'s
-    history (``HAS_HIST``, else H = 0) is ``hist[rows[b]]`` with ``HAS_ROWS``, else ``hist[b]``;
-    ``APPLY``: SnakeBeta on ``x``, else ``x`` as it is. A row's batch, channel, history row and
-    scales are taken once for the row and broadcast along its columns.
-
-    NOTE: the host picks ``BLOCK_T`` from the row width (``block_cols``). Two layouts came
-    before: a program per (row, 1024 columns) ran every lane of its block through the formula
-    however short the row (at 256 streams x 1 frame the first block's rows are 7-86 samples
-    wide: 6.5 ms of a 36 ms CODEC step on the H100), and 1024 flat elements a program across
-    rows paid two integer divisions, two scale gathers and two ``exp`` per element, which lost
-    on long rows (16 x 16 frames: 16.60 -> 17.92 ms a step on the H100). Row tiles beat the flat
-    layout at every shape but one stream x one frame, a tie (1.62 / 1.63 ms), bit for bit
-    (H100, 6 Dec: ``bench/results/h100-codec-snake-tile-ab-20261206.json``).
-    """
-    width = H + T
-    col_blocks = tl.cdiv(width, BLOCK_T)
-    tile = tl.program_id(0) // col_blocks
-    row = tile * ROWS + tl.arange(0, ROWS)  # [ROWS] int32: rows * width < 2**31 (the caller)
-    col = ((tl.program_id(0) - tile * col_blocks) * BLOCK_T + tl.arange(0, BLOCK_T))[None, :]
-    b = (row // C).to(tl.int64)  # the inputs' offsets may pass 2**31
-    c = row % C  # in range on the tile's padding rows too
-    inside = (row < num_rows)[:, None] & (col < width)  # [ROWS, BLOCK_T]
-    x = tl.load(x_ptr + (b * sx_b + c * sx_c - H)[:, None] + col, mask=inside & (col >= H),
-                other=0.0).to(tl.float32)
-    if APPLY:
-        alpha = tl.exp(tl.load(la_ptr + c).to(tl.float32))[:, None]  # [ROWS, 1]
-        inv_beta = (1.0 / (tl.exp(tl.load(lb_ptr + c).to(tl.float32)) + 1e-9))[:, None]
-        s = tl.sin(x * alpha)
-        x = x + inv_beta * (s * s)
-    if HAS_HIST:
-        in_hist = inside & (col < H)
-        if HAS_ROWS:
-            hb = tl.load(rows_ptr + b, mask=row < num_rows, other=0)
-        else:
-            hb = b
-        h = tl.load(hist_ptr + (hb * sh_b + c * sh_c)[:, None] + col, mask=in_hist, other=0.0)
-        x = tl.where(in_hist, h.to(tl.float32), x)
-    out = out_ptr + (row * width)[:, None] + col
-    tl.store(out, x.to(out_ptr.dtype.element_ty), mask=inside)
+_BLOCK = 1024  # keep_tail's and bias_residual's elements a program
+_TILE = 1024  # snake_cat's elements a program: BLOCK_T x BLOCK_C
 
 
 @triton.jit(do_not_specialize=["C", "W", "L", "scale", "total"])
@@ -85,8 +36,8 @@ def _keep_tail_kernel(full_ptr, hist_ptr, rows_ptr, frames_ptr, C, W, L, scale, 
                       HAS_FRAMES: tl.constexpr):
     """Program ``j``: the flat elements ``j * BLOCK ...`` of the new histories ``[B, C, L]``:
     ``hist[rows[b], c, i] = full[b, c, start_b + i]`` with ``start_b = frames[b] * scale``
-    (``HAS_FRAMES``) or ``W - L``; ``full [B, C, W]`` is read through its strides (dense
-    channels-first, or channels-last from ``snake_cat_cl_triton``)."""
+    (``HAS_FRAMES``) or ``W - L``; ``full [B, C, W]`` is read through its strides (the codec's:
+    channels-last, from ``snake_cat_cl_triton``)."""
     idx = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     row = idx // L
     i = idx - row * L
@@ -108,12 +59,13 @@ def _snake_cat_cl_kernel(x_ptr, hist_ptr, rows_ptr, la_ptr, lb_ptr, bias_ptr, ou
                          BLOCK_T: tl.constexpr, BLOCK_C: tl.constexpr, APPLY: tl.constexpr,
                          HAS_HIST: tl.constexpr, HAS_ROWS: tl.constexpr,
                          HAS_BIAS: tl.constexpr):
-    """``_snake_cat_kernel`` writing channels-last: program ``(b * t_blocks + j) * c_blocks +
-    k`` fills ``out[b, j * BLOCK_T ..., k * BLOCK_C ...]`` of ``out [B, H + T, C]``
-    (contiguous; ``BLOCK_C`` divides ``C``), channels along the lanes, so its loads of a
-    channels-last ``x`` (any strides ``sx_*``) and its stores are coalesced. The history (an
-    arena's rows ``[C, H]``, samples dense) is read across channels: at most 54 samples a row.
-    ``HAS_BIAS``: ``x`` is a conv's output before its bias, added here first (fp32)."""
+    """Program ``(b * t_blocks + j) * c_blocks + k`` fills ``out[b, j * BLOCK_T ..., k *
+    BLOCK_C ...]`` of ``out [B, H + T, C]`` (contiguous; ``BLOCK_C`` divides ``C``), channels
+    along the lanes, so its loads of a channels-last ``x`` (any strides ``sx_*``) and its stores
+    are coalesced. Row ``b``'s history (``HAS_HIST``, else H = 0) is ``hist[rows[b]]`` with
+    ``HAS_ROWS``, else ``hist[b]`` (``[C, H]``, samples dense), read across channels: at most 54
+    samples a row. ``APPLY``: SnakeBeta on ``x``, else ``x`` as it is. ``HAS_BIAS``: ``x`` is a
+    conv's output before its bias, added here first (fp32)."""
     pid = tl.program_id(0)
     k = pid % c_blocks
     bt = pid // c_blocks
@@ -156,73 +108,6 @@ def snake_cat_reference(x: Tensor, log_alpha: Tensor | None, log_beta: Tensor | 
     return torch.cat([history if rows is None else history[rows], y], dim=-1)
 
 
-def snake_cat_operands(x: Tensor, history: Tensor | None,
-                       rows: Tensor | None) -> tuple[Tensor, Tensor, int, Tensor]:
-    """What ``snake_cat_triton``'s kernel reads and writes: ``x`` with a dense last dim, the
-    history it reads (``x`` itself when there is none: never read), the history's length ``H``
-    and the empty output ``[B, C, H + T]``; an arena's history (``rows``) must already be dense
-    along its last dim, and ``rows`` dense (both read by raw pointer)."""
-    bsz, channels, t = x.shape
-    if x.stride(2) != 1:
-        x = x.contiguous()
-    if history is None:
-        hist, h = x, 0  # never read (every column is a new one)
-    else:
-        hist, h = history, history.shape[-1]
-        if hist.stride(2) != 1:
-            assert rows is None, "an arena's history is read in place: its last dim is dense"
-            hist = hist.contiguous()
-    assert rows is None or rows.is_contiguous(), "rows are read by raw pointer: dense [B]"
-    return x, hist, h, torch.empty(bsz, channels, h + t, device=x.device, dtype=x.dtype)
-
-
-def block_cols(width: int) -> int:
-    """A ``_snake_cat_kernel`` tile's columns for rows ``width`` wide: the largest power of two
-    in [16, 1024] whose column blocks pad a row by less than ``_MAX_WASTE``, else the one that
-    pads it least (the larger on a tie). Short rows share a program (1024 / ``BLOCK_T`` rows),
-    long rows take full-width blocks."""
-    best, best_waste = _TILE, float("inf")
-    for block_t in (1024, 512, 256, 128, 64, 32, 16):
-        waste = triton.cdiv(width, block_t) * block_t / width
-        if waste < _MAX_WASTE:
-            return block_t
-        if waste < best_waste:
-            best, best_waste = block_t, waste
-    return best
-
-
-def snake_cat_triton(x: Tensor, log_alpha: Tensor | None, log_beta: Tensor | None,
-                     history: Tensor | None, rows: Tensor | None = None) -> Tensor:
-    """``cat([history, SnakeBeta(x)], -1)`` for ``x [B, C, T]``, ``history [B, C, H]`` (or
-    ``None``: H = 0; with ``rows [B]``, ``history [S, C, H]`` is an arena and row ``b``'s
-    history is ``history[rows[b]]``); ``log_alpha`` ``None``: no SnakeBeta. The kernel on row
-    tiles (CUDA, or CPU tensors under ``TRITON_INTERPRET=1``); ``snake_cat_reference`` is its
-    arithmetic."""
-    x, hist, h, out = snake_cat_operands(x, history, rows)
-    bsz, channels, t = x.shape
-    apply = log_alpha is not None
-    if out.numel() == 0:
-        return out
-    block_t = block_cols(h + t)
-    rows_a_program = _TILE // block_t
-    # the kernel indexes its output in int32: a batch past 2**31 elements (an ungraphed step of
-    # > ~11k frames at the decoder's end) runs as several launches over slices of its rows
-    per_launch = max(1, (_MAX_ELEMENTS - 1) // (channels * (h + t)))
-    for b0 in range(0, bsz, per_launch):
-        b1 = min(bsz, b0 + per_launch)
-        part = out[b0:b1]
-        own_hist = hist if rows is not None or history is None else hist[b0:b1]
-        num_rows = (b1 - b0) * channels
-        grid = (triton.cdiv(num_rows, rows_a_program) * triton.cdiv(h + t, block_t),)
-        _snake_cat_kernel[grid](
-            x[b0:b1], own_hist, x if rows is None else rows[b0:b1],
-            log_alpha if apply else x, log_beta if apply else x, part, channels, t, h,
-            num_rows, x.stride(0), x.stride(1), hist.stride(0), hist.stride(1),
-            ROWS=rows_a_program, BLOCK_T=block_t, APPLY=apply, HAS_HIST=history is not None,
-            HAS_ROWS=rows is not None)
-    return out
-
-
 def channel_block(channels: int) -> int:
     """``_snake_cat_cl_kernel``'s channels a program: the largest power of two <= 128 that
     divides ``channels`` (the served decoder's 96-1536: 32-128)."""
@@ -232,12 +117,15 @@ def channel_block(channels: int) -> int:
 def snake_cat_cl_triton(x: Tensor, log_alpha: Tensor | None, log_beta: Tensor | None,
                         history: Tensor | None, rows: Tensor | None = None,
                         bias: Tensor | None = None) -> Tensor:
-    """``snake_cat_triton`` with a channels-last result: the same values ``[B, C, H + T]``, as
-    the view of a contiguous ``[B, H + T, C]`` (what a channels-last convolution reads without
-    a transpose). ``x [B, C, T]`` may have any strides (channels-last from the conv before, or
-    channels-first); the history as ``snake_cat_triton`` takes it (samples dense). ``bias
-    [C]``: the conv that made ``x`` left its bias out; it is added to ``x`` first, as the conv
-    would have (one pass over its output fewer)."""
+    """``cat([history, SnakeBeta(x)], -1)`` for ``x [B, C, T]`` (any strides: channels-last
+    from the conv before, or channels-first), ``history [B, C, H]`` (or ``None``: H = 0; with
+    ``rows [B]``, ``history [S, C, H]`` is an arena and row ``b``'s history is
+    ``history[rows[b]]``; samples dense); ``log_alpha`` ``None``: no SnakeBeta. The result
+    ``[B, C, H + T]`` is the view of a contiguous ``[B, H + T, C]`` (what a channels-last
+    convolution reads without a transpose). ``bias [C]``: the conv that made ``x`` left its
+    bias out; it is added to ``x`` first, as the conv would have (one pass over its output
+    fewer). The kernel (CUDA, or CPU tensors under ``TRITON_INTERPRET=1``);
+    ``snake_cat_reference`` is its arithmetic (of ``x + bias[:, None]`` with ``bias``)."""
     bsz, channels, t = x.shape
     hist = x if history is None else history
     h = 0 if history is None else history.shape[-1]

@@ -99,17 +99,15 @@ class _Carry:
     ``num_frames [B]`` (optional): frames each row really decodes this step, at most the step's
     ``total_frames``; a row's new history then ends at its own last real sample (the padded
     frames after it are computed and dropped), so rows of different chunk sizes share one step.
-    ``fast``: where the kernels run (CUDA, or the CPU interpreter), SnakeBeta, the history
-    concatenation and the write-back run as Triton kernels (``kernels/snake.py``); elsewhere the
-    eager arithmetic. ``channels_last`` (with ``fast``): the convs run as 2-D channels-last
-    convolutions (``_conv_cl``) and the kernels build their inputs channels-last, so no conv
-    transposes its input or output (``StreamingCodec(channels_last=True)``).
+    ``fast``: the convs run as 2-D channels-last convolutions (``_conv_cl``); where the kernels
+    run (CUDA, or the CPU interpreter), SnakeBeta, the history concatenation and the write-back
+    run as Triton kernels that build each conv's input channels-last (``kernels/snake.py``), so
+    no conv transposes its input or output; elsewhere the eager arithmetic.
     """
 
     def __init__(self, flat: Tensor, spec: tuple[tuple[str, int, int], ...],
                  num_frames: Tensor | None = None, total_frames: int = 0,
-                 fast: bool = False, slot_ids: Tensor | None = None,
-                 channels_last: bool = False) -> None:
+                 fast: bool = False, slot_ids: Tensor | None = None) -> None:
         sizes = [c * n for _, c, n in spec]
         chunks = flat.split(sizes, dim=1)  # each [B or S, C * n]
         self._old = [x.view(flat.shape[0], c, n) for x, (_, c, n) in zip(chunks, spec, strict=True)]
@@ -118,11 +116,6 @@ class _Carry:
         self._visited = 0
         self.slot_ids = slot_ids
         self.num_frames, self.total_frames, self.fast = num_frames, total_frames, fast
-        self.channels_last = channels_last and fast
-
-    def _cat(self):  # noqa: ANN202 - the kernel that builds a conv's input in this layout
-        return (_snake().snake_cat_cl_triton if self.channels_last
-                else _snake().snake_cat_triton)
 
     def _kernels(self, x: Tensor) -> bool:
         return self.fast and _kernels_run_on(x)
@@ -136,8 +129,8 @@ class _Carry:
         assert (channels, expect) == (x.shape[1], length), f"state spec mismatch at {name}"
         old, rows = self._old[i], self.slot_ids
         if self._kernels(x):
-            full = self._cat()(x, None if act is None else act.alpha,
-                               None if act is None else act.beta, old, rows)
+            full = _snake().snake_cat_cl_triton(x, None if act is None else act.alpha,
+                                                None if act is None else act.beta, old, rows)
             if rows is not None:
                 _snake().keep_tail_triton(full, old, rows, self.num_frames, self.total_frames)
                 return full
@@ -152,20 +145,16 @@ class _Carry:
         return full  # [B, C, length + T]
 
     def activate(self, x: Tensor, act: SnakeBeta, bias: Tensor | None = None) -> Tensor:
-        """``act(x)`` for a conv that keeps no history; ``bias`` (channels-last only): ``x`` is
-        a conv's output without its bias, ``act(x + bias)``."""
-        if bias is not None:
-            assert self.channels_last, "a conv leaves its bias out only channels-last"
-            if self._kernels(x):
-                return _snake().snake_cat_cl_triton(x, act.alpha, act.beta, None, bias=bias)
-            return act(x + bias[:, None])
+        """``act(x)`` for a conv that keeps no history; ``bias`` (``fast`` only): ``x`` is a
+        conv's output without its bias, ``act(x + bias)``."""
+        assert bias is None or self.fast, "a conv leaves its bias out only on the fast path"
         if self._kernels(x):
-            return self._cat()(x, act.alpha, act.beta, None)
-        return act(x)
+            return _snake().snake_cat_cl_triton(x, act.alpha, act.beta, None, bias=bias)
+        return act(x if bias is None else x + bias[:, None])
 
     def bias_residual(self, x: Tensor, y: Tensor, bias: Tensor) -> Tensor:
         """``x + (y + bias)``: a residual unit's skip and its last conv's output ``y`` without
-        that conv's bias (channels-last: one kernel pass where both are)."""
+        that conv's bias (one kernel pass where the kernels run and both are channels-last)."""
         snake = _snake() if self._kernels(x) else None
         if snake is not None and snake.rows_channels_last(x) and snake.rows_channels_last(y):
             return snake.bias_residual_triton(x, y, bias)
@@ -245,15 +234,15 @@ class _CausalConv(nn.Module):
 
     def forward(self, x: Tensor, carry: _Carry, act: SnakeBeta | None = None,
                 bias: bool = True) -> Tensor:
-        """``conv(act(x))`` with the carried history in front; ``bias=False`` (channels-last
-        only): without the conv's bias, which the consumer adds in a pass it makes anyway."""
+        """``conv(act(x))`` with the carried history in front; ``bias=False`` (``fast`` only):
+        without the conv's bias, which the consumer adds in a pass it makes anyway."""
         if self.history:
             x = carry.extend(x, self.history, act)
         elif act is not None:
             x = carry.activate(x, act)
-        if carry.channels_last:
+        if carry.fast:
             return _conv_cl(self.conv, x, bias)
-        assert bias, "a conv leaves its bias out only channels-last"
+        assert bias, "a conv leaves its bias out only on the fast path"
         return self.conv(x)  # [B, cout, T]
 
 
@@ -268,16 +257,15 @@ class _CausalTransConv(nn.Module):
         self.gemm_weight: Tensor | None = None  # [Cin, k * Cout], set by prepare_fast
         self.gemm_bias: Tensor | None = None  # [k * Cout] where kernel == stride
 
-    def prepare_fast(self, channels_last: bool = False) -> None:
+    def prepare_fast(self) -> None:
         """Wide upsamplers (kernel 2s, Cin >= 1024) run as one GEMM on the fast path: on the
         H200 1536 -> 768 took 1.17 ms as a cuDNN transposed conv and 0.21 ms as a GEMM (TF32,
         256 frames); narrower ones are faster in cuDNN (h200-codec-conv-kernels-20261201)."""
         w = self.conv.weight  # [Cin, Cout, k]
         if (w.shape[2] == 2 * self.stride and self.history == 1
-                and w.shape[0] >= GEMM_UPSAMPLE_MIN_CHANNELS) or (
-                channels_last and w.shape[2] == self.stride):
-            # channels-last, kernel == stride (the latent upsamplers): outputs do not overlap,
-            # so one GEMM of the rows as they lie, [B * T, Cin] @ [Cin, s * Cout]
+                and w.shape[0] >= GEMM_UPSAMPLE_MIN_CHANNELS) or w.shape[2] == self.stride:
+            # kernel == stride (the latent upsamplers): outputs do not overlap, so one GEMM of
+            # the rows as they lie, [B * T, Cin] @ [Cin, s * Cout]
             self.gemm_weight = w.permute(0, 2, 1).reshape(w.shape[0], -1).contiguous()
             if self.history == 0:
                 self.gemm_bias = self.conv.bias.detach().repeat(self.stride)
@@ -289,31 +277,28 @@ class _CausalTransConv(nn.Module):
         elif act is not None:
             x = carry.activate(x, act)
         if carry.fast and self.gemm_weight is not None:
-            return self._gemm(x, num_new, carry.channels_last)
+            return self._gemm(x, num_new)
         start = self.history * self.stride
-        y = _conv_cl(self.conv, x) if carry.channels_last else self.conv(x)
+        y = _conv_cl(self.conv, x) if carry.fast else self.conv(x)
         return y[..., start : start + num_new * self.stride]  # [B, cout, T * s]
 
-    def _gemm(self, x: Tensor, num_new: int, channels_last: bool = False) -> Tensor:
+    def _gemm(self, x: Tensor, num_new: int) -> Tensor:
         # x [B, Cin, 1 + T]: output block i (samples i*s .. i*s+s-1 after the history's) takes
         # taps 0..s-1 of input 1 + i and taps s..2s-1 of input i.
         b, s = x.shape[0], self.stride
         cout = self.conv.weight.shape[1]
-        # Channels-last (``channels_last``): the rows as they lie, no copy, and the result
-        # stays channels-last.
+        # The rows of a channels-last ``x`` as they lie, no copy (where the kernels do not run,
+        # ``x`` is channels-first and ``reshape`` copies it row-major: a transposed view's
+        # leading dimension, 1 + T, is odd and sends cuBLAS to its unaligned kernels); the
+        # result stays channels-last.
         if self.history == 0:  # kernel == stride: every output block from one input
             rows = x.transpose(1, 2).reshape(b * num_new, x.shape[1])
             out = torch.addmm(self.gemm_bias, rows, self.gemm_weight)
-            out = out.view(b, num_new * s, cout).transpose(1, 2)
-            return out if channels_last else out.contiguous()  # [B, cout, T * s]
-        # Channels-first: one [B * (1 + T), Cin] operand, copied row-major: the transposed
-        # view's leading dimension is 1 + T (odd), which sends cuBLAS to its unaligned kernels
-        # (H100, 256 streams x 1 frame: 6.4 ms for this GEMM; the copy is B * (1 + T) * Cin).
+            return out.view(b, num_new * s, cout).transpose(1, 2)  # [B, cout, T * s]
         rows = x.transpose(1, 2).reshape(b * (num_new + 1), x.shape[1])
         y = (rows @ self.gemm_weight).view(b, num_new + 1, 2, s, cout)
         out = (y[:, 1:, 0] + y[:, :-1, 1]).reshape(b, num_new * s, cout)
-        out = (out + self.conv.bias).transpose(1, 2)
-        return out if channels_last else out.contiguous()  # [B, cout, T * s]
+        return (out + self.conv.bias).transpose(1, 2)  # [B, cout, T * s]
 
 
 class SnakeBeta(nn.Module):
@@ -384,7 +369,7 @@ class _ResidualUnit(nn.Module):
         self.conv2 = _CausalConv(dim, dim, 1)
 
     def forward(self, x: Tensor, carry: _Carry) -> Tensor:
-        if carry.channels_last:  # each conv's bias added by the pass that reads its output
+        if carry.fast:  # each conv's bias added by the pass that reads its output
             h = self.conv1(x, carry, self.act1, bias=False)
             y = _conv_cl(self.conv2.conv, carry.activate(h, self.act2, self.conv1.conv.bias),
                          bias=False)
@@ -488,10 +473,9 @@ class _SplitQuantizer(nn.Module):
         """Divides each group's codebooks by their usage once."""
         self.tables = self.divided_tables()
 
-    def decode_fast(self, codes: Tensor, channels_last: bool = False) -> Tensor:
-        """``decode`` with one gather per group (the sum's order may differ in the last bit);
-        ``channels_last``: each group's 1x1 projection as a GEMM of the rows as they lie, the
-        result channels-last."""
+    def decode_fast(self, codes: Tensor) -> Tensor:
+        """``decode`` with one gather per group (the sum's order may differ in the last bit),
+        each group's 1x1 projection as a GEMM of the rows as they lie: the result channels-last."""
         assert self.tables is not None, "prepare_fast() first"
         out = None
         for table, group, part in zip(self.tables, (self.rvq_first, self.rvq_rest),
@@ -500,10 +484,7 @@ class _SplitQuantizer(nn.Module):
             size = group.vq.layers[0]._codebook.embedding_sum.shape[0]
             offsets = torch.arange(part.shape[-1], device=codes.device) * size
             summed = F.embedding(part + offsets, table).sum(dim=2)  # [B, T, dim]
-            if channels_last:
-                proj = F.linear(summed, group.output_proj.weight[..., 0]).transpose(1, 2)
-            else:
-                proj = group.output_proj(summed.transpose(1, 2))
+            proj = F.linear(summed, group.output_proj.weight[..., 0]).transpose(1, 2)
             out = proj if out is None else out + proj
         return out  # [B, codebook_dim, T]
 
@@ -796,20 +777,16 @@ class CodecDecoder(nn.Module):
         )
 
     @torch.no_grad()
-    def prepare_fast(self, channels_last: bool = False) -> None:
+    def prepare_fast(self) -> None:
         """Precomputes what the fast path reads (per-group codebook tables, GEMM layouts of the
-        wide upsamplers, the transformer's packed q/k/v and gate/up weights); call after the
-        weights are loaded and cast. ``channels_last``: also the latent upsamplers as GEMMs
-        and every conv weight restrided for channels-last convolutions
-        (``channels_last_weights_``)."""
+        latent and the wide upsamplers, the transformer's packed q/k/v and gate/up weights) and
+        restrides every conv weight for channels-last convolutions (``channels_last_weights_``);
+        call after the weights are loaded and cast."""
         self.quantizer.prepare_fast()
         for module in self.modules():
-            if isinstance(module, _CausalTransConv):
-                module.prepare_fast(channels_last)
-            elif isinstance(module, (_Attention, _Mlp)):
+            if isinstance(module, (_CausalTransConv, _Attention, _Mlp)):
                 module.prepare_fast()
-        if channels_last:
-            channels_last_weights_(self)
+        channels_last_weights_(self)
 
     @torch.no_grad()
     def step(self, codes: Tensor, state: CodecStreamState, num_frames: Tensor | None = None,
@@ -822,8 +799,9 @@ class CodecDecoder(nn.Module):
             state: per-row state (``B`` leading); left untouched.
             num_frames: ``[B]`` int64, frames of each row that are real (1..F; the rest are
                 padding: decoded, then dropped from the state); ``None``: all ``F``.
-            fast: the serving kernels (fused SnakeBeta + history, codebook tables, GEMM
-                upsamplers; ``prepare_fast`` first): the same arithmetic up to rounding order.
+            fast: the serving path (channels-last activations and convs, fused SnakeBeta +
+                history, codebook tables, GEMM upsamplers; ``prepare_fast`` first): the same
+                arithmetic up to rounding order.
             tables: without ``fast``, the quantizer's ``divided_tables()`` made once: the
                 same bits as without them, in fewer operators.
 
@@ -834,17 +812,16 @@ class CodecDecoder(nn.Module):
         return self.decode_latent(self.latent(codes, fast, tables), state, num_frames, fast)
 
     def latent(self, codes: Tensor, fast: bool = False,
-               tables: tuple[Tensor, Tensor] | None = None,
-               channels_last: bool = False) -> Tensor:
+               tables: tuple[Tensor, Tensor] | None = None) -> Tensor:
         """The quantizer's ``[B, codebook_dim, F]`` for ``codes [B, F, num_quantizers]``
-        (``fast``, ``tables``: as ``step`` takes them; ``channels_last`` with ``fast``: laid
-        out ``[B, F, codebook_dim]``); ValueError on another shape."""
+        (``fast``, ``tables``: as ``step`` takes them; with ``fast`` laid out ``[B, F,
+        codebook_dim]``); ValueError on another shape."""
         if codes.dim() != 3 or codes.shape[-1] != self.cfg.num_quantizers:
             raise ValueError(
                 f"codes must be [B, F, {self.cfg.num_quantizers}], got {tuple(codes.shape)}"
             )
         if fast:
-            return self.quantizer.decode_fast(codes, channels_last)
+            return self.quantizer.decode_fast(codes)
         return self.quantizer.decode(codes, tables)
 
     def decode_latent(self, latent: Tensor, state: CodecStreamState,
@@ -929,18 +906,14 @@ class StreamingCodec:
         *,
         fast: bool = False,
         tf32: bool | None = None,
-        channels_last: bool = False,
     ) -> None:
-        """``channels_last`` (needs ``fast``): the decoder's convs run channels-last
-        (``_conv_cl``; ``prepare_fast(channels_last=True)`` restrides ``decoder``'s conv
-        weights in place: the same values)."""
-        if channels_last and not fast:
-            raise ValueError("a channels-last codec runs the fast path: pass fast=True")
+        """``fast``: the serving path (``CodecDecoder.step``); its ``prepare_fast`` restrides
+        ``decoder``'s conv weights in place (the same values) for its channels-last convs."""
         self.decoder = decoder
         self.max_slots = max_slots
-        self.fast, self.tf32, self.channels_last = fast, tf32, channels_last
+        self.fast, self.tf32 = fast, tf32
         if fast:
-            decoder.prepare_fast(channels_last)
+            decoder.prepare_fast()
         self.tables = None if fast else decoder.quantizer.divided_tables()
         """The codebooks divided once: like ``fast``'s tables, a snapshot of the decoder's
         codebooks at construction (serving weights do not change; build a new
@@ -950,7 +923,7 @@ class StreamingCodec:
 
     @classmethod
     def for_serving(cls, decoder: CodecDecoder, max_slots: int, precision: str = "tf32",
-                    fast: bool = True, channels_last: bool = False) -> StreamingCodec:
+                    fast: bool = True) -> StreamingCodec:
         """The serving codec at ``precision`` (one of ``CODEC_PRECISIONS``); ``bf16`` and
         ``fp16`` work on a copy of ``decoder`` in that dtype (the original stays fp32 for the
         reference paths). Raises ValueError when a weight or buffer (a codebook's
@@ -967,8 +940,7 @@ class StreamingCodec:
                                  f"more) overflow {HALF_PRECISION_DTYPES[precision]}; serve "
                                  f"this codec at tf32 or bf16")
         tf32 = None if device.type != "cuda" else precision == "tf32"
-        return cls(decoder, max_slots, device=device, fast=fast, tf32=tf32,
-                   channels_last=channels_last)
+        return cls(decoder, max_slots, device=device, fast=fast, tf32=tf32)
 
     @property
     def positions(self) -> Tensor:
@@ -998,11 +970,11 @@ class StreamingCodec:
         pos = state.pos[slot_ids]
         frames = codes.shape[1]
         carry = _Carry(state.conv, self.decoder._state_spec, num_frames, frames, self.fast,
-                       slot_ids=slot_ids, channels_last=self.channels_last)
+                       slot_ids=slot_ids)
         ring = _ArenaRing(state.kv, slot_ids, pos, num_frames, self.decoder.cfg.sliding_window,
                           self.fast)
         with tf32_math(self.tf32):
-            latent = self.decoder.latent(codes, self.fast, self.tables, self.channels_last)
+            latent = self.decoder.latent(codes, self.fast, self.tables)
             wav = self.decoder.forward_rows(latent, carry, pos, ring)
         state.pos.index_copy_(0, slot_ids, pos + (frames if num_frames is None else num_frames))
         return wav

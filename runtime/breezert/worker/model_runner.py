@@ -90,8 +90,7 @@ class ModelRunner:
         )
         # One arena slot more than the batch: bucket padding decodes into it.
         self.codec = StreamingCodec.for_serving(
-            checkpoint.codec, max_slots + 1, codec_precision, fast=graph.fused_codec,
-            channels_last=graph.codec_channels_last)
+            checkpoint.codec, max_slots + 1, codec_precision, fast=graph.fused_codec)
         longest = max(max_model_len, *graph.decode_context_buckets)  # keys a DECODE row reads
         self.slots = SlotTable(
             max_slots, vocab_size=bb.vocab_size, hidden_size=checkpoint.config.hidden_size,
