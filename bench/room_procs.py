@@ -253,11 +253,26 @@ def pinned_gpus(config: str | None, overrides: str, count: int) -> list[str] | N
     return gpus[:count]
 
 
-def summed_counters(states: Sequence[Path]) -> dict[str, int]:
+def summed_counters(states: Sequence[Path], timeout_s: float = 3.0) -> dict[str, int]:
     """The engine counters summed over the state folders (the workers', or the engine
-    server's)."""
+    server's), from ``metrics.json`` snapshots written after this call began (each is rewritten
+    every second: an older one can miss a run's last requests, as one did on 8 Dec, 4 of 6
+    finished), or the latest there is at ``timeout_s``."""
+    since = time.monotonic()
+    while time.monotonic() - since <= timeout_s and not all(
+            _snapshot_time(state) >= since for state in states):
+        time.sleep(0.1)
     total: dict[str, int] = {}
     for state in states:
         for key, value in engine_counters(state).items():
             total[key] = total.get(key, 0) + value
     return total
+
+
+def _snapshot_time(state: Path) -> float:
+    """When ``state``'s ``metrics.json`` was written (the writer's ``time.monotonic()``), or
+    ``-inf`` where there is none yet."""
+    try:
+        return float(json.loads((state / "metrics.json").read_text())["t"])
+    except (OSError, ValueError, KeyError):
+        return float("-inf")
